@@ -1,0 +1,1 @@
+"""prepjit: trace NumPy-style functions once, replay prepared kernels with new shapes."""

@@ -1,0 +1,29 @@
+"""The error classes of the public contract (API.md); every layer raises these."""
+
+
+class PrepjitError(Exception):
+    """Base class of every error prepjit raises on purpose."""
+
+
+class VarError(PrepjitError, ValueError):
+    """An unknown or fixed var was supplied, or a var is missing."""
+
+
+class VarBoundError(VarError):
+    """A var value lies outside its inclusive [min, max] bounds."""
+
+
+class SignatureError(PrepjitError, TypeError):
+    """Arguments do not fit the prepared signature or the `shapes` spec."""
+
+
+class TraceError(PrepjitError, TypeError):
+    """The function cannot be traced (data-dependent control flow, unsupported op or argument)."""
+
+
+class DeviceError(PrepjitError, RuntimeError):
+    """The device is unavailable; the message says how to install it."""
+
+
+class CompileError(PrepjitError, RuntimeError):
+    """Generated code failed to compile; the message holds the source."""

@@ -1,0 +1,91 @@
+"""Scalar dtypes of the IR and NumPy's promotion rules between them."""
+from __future__ import annotations
+
+import attrs
+import numpy as np
+
+
+@attrs.frozen(repr=False)
+class DType:
+    name: str
+    itemsize: int
+    kind: str  # "b" bool, "i" signed int, "u" unsigned int, "f" float
+
+    @property
+    def np(self) -> np.dtype:
+        return np.dtype(self.name)
+
+    @property
+    def is_float(self) -> bool:
+        return self.kind == "f"
+
+    @property
+    def is_int(self) -> bool:
+        return self.kind in "iu"
+
+    @property
+    def is_unsigned(self) -> bool:
+        return self.kind == "u"
+
+    @property
+    def bits(self) -> int:
+        return 1 if self.kind == "b" else self.itemsize * 8
+
+    def min(self):
+        if self.kind == "b":
+            return False
+        return float("-inf") if self.is_float else int(np.iinfo(self.np).min)
+
+    def max(self):
+        if self.kind == "b":
+            return True
+        return float("inf") if self.is_float else int(np.iinfo(self.np).max)
+
+    def __repr__(self) -> str:
+        return f"dtypes.{self.name}"
+
+
+class dtypes:
+    bool = DType("bool", 1, "b")
+    int8 = DType("int8", 1, "i")
+    int16 = DType("int16", 2, "i")
+    int32 = DType("int32", 4, "i")
+    int64 = DType("int64", 8, "i")
+    uint8 = DType("uint8", 1, "u")
+    uint16 = DType("uint16", 2, "u")
+    uint32 = DType("uint32", 4, "u")
+    uint64 = DType("uint64", 8, "u")
+    float16 = DType("float16", 2, "f")
+    float32 = DType("float32", 4, "f")
+    float64 = DType("float64", 8, "f")
+    index = int64  # symbolic integers (shapes, indices, vars) are int64
+
+    all: tuple[DType, ...] = ()
+
+
+dtypes.all = (dtypes.bool, dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64, dtypes.uint8,
+              dtypes.uint16, dtypes.uint32, dtypes.uint64, dtypes.float16, dtypes.float32, dtypes.float64)
+_BY_NAME = {d.name: d for d in dtypes.all}
+
+
+def to_dtype(x) -> DType:
+    """A DType from a DType, a NumPy dtype or type, or a name ("float32", "f4", float, ...)."""
+    if isinstance(x, DType):
+        return x
+    try:
+        name = np.dtype(x).name
+    except TypeError:
+        raise TypeError(f"not a dtype: {x!r}") from None
+    if name not in _BY_NAME:
+        raise TypeError(f"dtype {name} is not supported (supported: {', '.join(_BY_NAME)})")
+    return _BY_NAME[name]
+
+
+def promote(*operands: tuple[DType, bool]) -> DType:
+    """NumPy 2 (NEP 50) promotion of (dtype, is_weak_python_scalar) operands."""
+    strong = [d.np for d, weak in operands if not weak]
+    weak = [{"b": False, "i": 0, "u": 0, "f": 0.0}[d.kind] for d, w in operands if w]
+    if not strong:  # only Python scalars: the widest kind wins, at Python's default width
+        kind = max((d.kind for d, _ in operands), key="biuf".index)
+        return {"b": dtypes.bool, "i": dtypes.int64, "u": dtypes.int64, "f": dtypes.float64}[kind]
+    return to_dtype(np.result_type(*strong, *weak))

@@ -1,0 +1,53 @@
+"""The operations of the IR, from traced array ops down to kernel loads and stores."""
+from enum import Enum, auto
+
+
+class Ops(Enum):
+    # leaves
+    CONST = auto()          # arg: Python value
+    DEFINE_VAR = auto()     # arg: (name, min, max); an int64 symbolic variable
+    INPUT = auto()          # traced only; arg: (input number, shape)
+    DEFINE_GLOBAL = auto()  # kernel only; arg: buffer slot; dtype: element dtype
+    RANGE = auto()          # kernel only; src: (end,); arg: (axis, "loop" | "reduce")
+    # unary
+    NEG = auto(); NOT = auto(); ABS = auto(); SIGN = auto()
+    EXP = auto(); EXP2 = auto(); LOG = auto(); LOG2 = auto(); SQRT = auto()
+    SIN = auto(); COS = auto(); TANH = auto(); ERF = auto()
+    FLOOR = auto(); CEIL = auto(); RINT = auto()
+    # binary
+    ADD = auto(); SUB = auto(); MUL = auto(); FDIV = auto(); IDIV = auto(); MOD = auto()
+    MAX = auto(); MIN = auto(); POW = auto()
+    CMPLT = auto(); CMPEQ = auto(); CMPNE = auto()
+    AND = auto(); OR = auto(); XOR = auto(); SHL = auto(); SHR = auto()
+    # ternary
+    WHERE = auto()
+    CAST = auto()           # dtype: target
+    # movement (traced graphs only)
+    RESHAPE = auto()        # arg: new shape
+    PERMUTE = auto()        # arg: axis order
+    EXPAND = auto()         # arg: new shape
+    SHRINK = auto()         # arg: ((start, step, size), ...) per dim
+    PAD = auto()            # arg: ((before, after), ...) per dim
+    # reductions
+    REDUCE_AXIS = auto()    # traced; arg: (reduce op, axes); the reduced dims become 1
+    REDUCE = auto()         # kernel; src: (value, *reduce ranges); arg: reduce op
+    # fori_loop (traced graphs only)
+    CARRY = auto()          # placeholder for a loop carry inside the body; arg: (loop id, index, shape)
+    LOOP = auto()           # src: initial carries; arg: LoopInfo
+    LOOP_OUT = auto()       # src: (LOOP,); arg: carry index
+    # kernels
+    LOAD = auto()           # src: (DEFINE_GLOBAL, index[, gate])
+    STORE = auto()          # src: (DEFINE_GLOBAL, index, value)
+    SINK = auto()           # src: stores or traced outputs; arg: kernel name or None
+
+
+UNARY = {Ops.NEG, Ops.NOT, Ops.ABS, Ops.SIGN, Ops.EXP, Ops.EXP2, Ops.LOG, Ops.LOG2, Ops.SQRT,
+         Ops.SIN, Ops.COS, Ops.TANH, Ops.ERF, Ops.FLOOR, Ops.CEIL, Ops.RINT}
+BINARY = {Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.MIN, Ops.POW,
+          Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR}
+ALU = UNARY | BINARY | {Ops.WHERE}
+ELEMENTWISE = ALU | {Ops.CAST}
+COMPARISON = {Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE}
+COMMUTATIVE = {Ops.ADD, Ops.MUL, Ops.MAX, Ops.MIN, Ops.CMPEQ, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR}
+MOVEMENT = {Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.SHRINK, Ops.PAD}
+REDUCE_OPS = {Ops.ADD, Ops.MUL, Ops.MAX, Ops.MIN, Ops.AND, Ops.OR}

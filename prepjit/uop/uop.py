@@ -1,0 +1,272 @@
+"""UOp: the one immutable, hash-consed node type of the IR, with symbolic-int operators and bounds."""
+from __future__ import annotations
+
+import functools
+import math
+import weakref
+from typing import Any, Union
+
+from ..errors import TraceError
+from .dtypes import DType, dtypes
+from .ops import COMPARISON, Ops
+
+
+def _arg_key(arg):
+    """A key that tells apart args equal under ==, e.g. 0.0 / -0.0 and 1 / 1.0 / True."""
+    if isinstance(arg, float):
+        return ("f", repr(arg))
+    if isinstance(arg, tuple):
+        return tuple(_arg_key(a) for a in arg)
+    if isinstance(arg, (bool, int)):
+        return (type(arg).__name__, arg)
+    return arg
+
+
+class UOp:
+    """A node: `op` applied to `src` with a static `arg`, producing `dtype`.
+
+    Equal nodes are the same object, so identity is equality and graphs hash cheaply.
+    Integer UOps double as symbolic ints: `+ - * // %` and comparisons build simplified
+    expressions; `vmin`/`vmax` are their interval bounds.
+    """
+
+    __slots__ = ("op", "dtype", "src", "arg", "__weakref__", "__dict__")
+    _cache: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+    def __new__(cls, op: Ops, dtype: DType = dtypes.index, src: tuple = (), arg: Any = None):
+        key = (op, dtype, src, _arg_key(arg))
+        node = UOp._cache.get(key)
+        if node is None:
+            node = object.__new__(cls)
+            node.op, node.dtype, node.src, node.arg = op, dtype, src, arg
+            UOp._cache[key] = node
+        return node
+
+    def __reduce__(self):
+        return (UOp, (self.op, self.dtype, self.src, self.arg))
+
+    def __repr__(self) -> str:
+        return self.render()
+
+    # ---- construction helpers ----
+    @staticmethod
+    def const(value, dtype: DType = dtypes.index) -> "UOp":
+        if dtype.is_float:
+            value = float(value)
+        elif dtype == dtypes.bool:
+            value = bool(value)
+        else:
+            value = int(value)
+        return UOp(Ops.CONST, dtype, (), value)
+
+    @staticmethod
+    def variable(name: str, vmin: int, vmax: int) -> "UOp":
+        return UOp(Ops.DEFINE_VAR, dtypes.index, (), (name, int(vmin), int(vmax)))
+
+    def alu(self, op: Ops, *others: "UOp", dtype: DType | None = None) -> "UOp":
+        out = dtype or (dtypes.bool if op in COMPARISON else (others[-1].dtype if op is Ops.WHERE else self.dtype))
+        return UOp(op, out, (self, *others))
+
+    def cast(self, dtype: DType) -> "UOp":
+        return self if self.dtype == dtype else UOp(Ops.CAST, dtype, (self,))
+
+    # ---- walking ----
+    def toposort(self) -> list["UOp"]:
+        order, seen, stack = [], set(), [(self, False)]
+        while stack:
+            node, done = stack.pop()
+            if done:
+                order.append(node)
+                continue
+            if node in seen:
+                continue
+            seen.add(node)
+            stack.append((node, True))
+            stack.extend((s, False) for s in reversed(node.src) if s not in seen)
+        return order
+
+    def variables(self) -> list["UOp"]:
+        """The DEFINE_VARs reachable from this node, sorted by name."""
+        return sorted((u for u in self.toposort() if u.op is Ops.DEFINE_VAR), key=lambda u: u.arg[0])
+
+    def substitute(self, mapping: dict) -> "UOp":
+        memo: dict = dict(mapping)
+        for node in self.toposort():
+            if node not in memo:
+                src = tuple(memo[s] for s in node.src)
+                memo[node] = node if src == node.src else UOp(node.op, node.dtype, src, node.arg)
+        return memo[self]
+
+    # ---- symbolic int algebra ----
+    def _sym(self, op: Ops, other, reverse=False) -> "UOp":
+        if isinstance(other, bool) or not isinstance(other, (int, UOp)):
+            return NotImplemented
+        other = other if isinstance(other, UOp) else UOp.const(other, self.dtype)
+        a, b = (other, self) if reverse else (self, other)
+        from .symbolic import simplify
+        return simplify(a.alu(op, b))
+
+    def __add__(self, o): return self._sym(Ops.ADD, o)
+    def __radd__(self, o): return self._sym(Ops.ADD, o, True)
+    def __sub__(self, o): return self._sym(Ops.SUB, o)
+    def __rsub__(self, o): return self._sym(Ops.SUB, o, True)
+    def __mul__(self, o): return self._sym(Ops.MUL, o)
+    def __rmul__(self, o): return self._sym(Ops.MUL, o, True)
+    def __floordiv__(self, o): return self._sym(Ops.IDIV, o)
+    def __rfloordiv__(self, o): return self._sym(Ops.IDIV, o, True)
+    def __mod__(self, o): return self._sym(Ops.MOD, o)
+    def __rmod__(self, o): return self._sym(Ops.MOD, o, True)
+    def __lt__(self, o): return self._sym(Ops.CMPLT, o)
+    def __gt__(self, o): return self._sym(Ops.CMPLT, o, True)
+    def __le__(self, o): return self._sym(Ops.CMPLT, o + 1 if isinstance(o, (int, UOp)) else o)
+    def __ge__(self, o): return self._sym(Ops.CMPLT, o - 1 if isinstance(o, (int, UOp)) else o, True)
+    def __neg__(self): return self * -1
+    def eq(self, o): return self._sym(Ops.CMPEQ, o)
+    def ne(self, o): return self._sym(Ops.CMPNE, o)
+    def smax(self, o): return self._sym(Ops.MAX, o)
+    def smin(self, o): return self._sym(Ops.MIN, o)
+    __hash__ = object.__hash__
+
+    def __bool__(self):
+        if self.op is Ops.CONST:
+            return bool(self.arg)
+        raise TraceError(f"the truth value of the symbolic expression {self.render()} is not known while "
+                         "tracing; use pnp.where for data-dependent choices, or make the value a static argument")
+
+    def __index__(self):
+        if self.op is Ops.CONST and self.dtype.is_int:
+            return self.arg
+        raise TraceError(f"symbolic value {self.render()} has no Python int while tracing; keep it symbolic "
+                         "(shapes, slices and arithmetic accept it) or make it a static argument")
+
+    __int__ = __index__
+
+    # ---- bounds ----
+    @functools.cached_property
+    def bounds(self) -> tuple:
+        return _bounds(self)
+
+    @property
+    def vmin(self):
+        return self.bounds[0]
+
+    @property
+    def vmax(self):
+        return self.bounds[1]
+
+    # ---- printing ----
+    def render(self) -> str:
+        """Infix text of a symbolic expression; other nodes print as op(...)."""
+        op, s = self.op, self.src
+        if op is Ops.CONST:
+            return repr(self.arg)
+        if op is Ops.DEFINE_VAR:
+            return self.arg[0]
+        if op is Ops.RANGE:
+            return f"r{self.arg[0]}" if self.arg[1] == "loop" else f"rr{self.arg[0]}"
+        infix = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.IDIV: "//", Ops.MOD: "%", Ops.CMPLT: "<",
+                 Ops.CMPEQ: "==", Ops.CMPNE: "!=", Ops.AND: "&", Ops.OR: "|", Ops.FDIV: "/"}
+        if op in infix and len(s) == 2:
+            return f"({s[0].render()}{infix[op]}{s[1].render()})"
+        if op in (Ops.MAX, Ops.MIN):
+            return f"{op.name.lower()}({s[0].render()}, {s[1].render()})"
+        inner = ", ".join(x.render() for x in s)
+        return f"{op.name}({inner}{', ' if inner and self.arg is not None else ''}{'' if self.arg is None else self.arg})"
+
+
+sint = Union[int, UOp]
+
+
+def _bounds(u: UOp) -> tuple:
+    dt = u.dtype
+    if u.op is Ops.CONST:
+        return (u.arg, u.arg)
+    if u.op is Ops.DEFINE_VAR:
+        return (u.arg[1], u.arg[2])
+    if u.op is Ops.RANGE:
+        return (0, max(0, u.src[0].vmax - 1))
+    if dt == dtypes.bool and u.op not in (Ops.CONST,):
+        if u.op in COMPARISON:
+            return _compare_bounds(u)
+        return (False, True)
+    if not dt.is_int:
+        return (dt.min(), dt.max())
+    s = [x.bounds for x in u.src]
+    if u.op is Ops.ADD:
+        return (s[0][0] + s[1][0], s[0][1] + s[1][1])
+    if u.op is Ops.SUB:
+        return (s[0][0] - s[1][1], s[0][1] - s[1][0])
+    if u.op is Ops.MUL:
+        c = [a * b for a in s[0] for b in s[1]]
+        return (min(c), max(c))
+    if u.op is Ops.MAX:
+        return (max(s[0][0], s[1][0]), max(s[0][1], s[1][1]))
+    if u.op is Ops.MIN:
+        return (min(s[0][0], s[1][0]), min(s[0][1], s[1][1]))
+    if u.op is Ops.IDIV and s[1][0] > 0:
+        c = [a // b for a in s[0] for b in s[1]]
+        return (min(c), max(c))
+    if u.op is Ops.MOD and s[1][0] > 0:
+        if s[0][0] >= 0 and s[0][1] < s[1][0]:
+            return s[0]
+        return (0, s[1][1] - 1)
+    if u.op is Ops.WHERE:
+        return (min(s[1][0], s[2][0]), max(s[1][1], s[2][1]))
+    if u.op is Ops.CAST and u.src[0].dtype.is_int or u.src and u.src[0].dtype == dtypes.bool and u.op is Ops.CAST:
+        lo, hi = int(s[0][0]), int(s[0][1])
+        if dt.min() <= lo and hi <= dt.max():
+            return (lo, hi)
+    return (dt.min(), dt.max())
+
+
+def _compare_bounds(u: UOp) -> tuple:
+    if not all(x.dtype.is_int for x in u.src):
+        return (False, True)
+    (a0, a1), (b0, b1) = u.src[0].bounds, u.src[1].bounds
+    if u.op is Ops.CMPLT:
+        return (a1 < b0, a0 < b1)  # always true / possibly true
+    always_eq = a0 == a1 == b0 == b1
+    never_eq = a1 < b0 or b1 < a0
+    if u.op is Ops.CMPEQ:
+        return (always_eq, not never_eq)
+    return (never_eq, not always_eq)
+
+
+def as_uop(x: sint) -> UOp:
+    return x if isinstance(x, UOp) else UOp.const(x)
+
+
+def as_int_if_const(x: sint) -> sint:
+    return x.arg if isinstance(x, UOp) and x.op is Ops.CONST else x
+
+
+def sym_prod(xs) -> sint:
+    out: sint = 1
+    for x in xs:
+        out = out * x
+    return as_int_if_const(out)
+
+
+def eval_uop(u: UOp, values: dict[str, int]):
+    """Evaluate an integer expression given var values (used at prepare time; replay uses compiled lambdas)."""
+    return eval(compile(render_python(u), "<expr>", "eval"), {"math": math}, {"v": values})
+
+
+def render_python(u: UOp) -> str:
+    """Python source for an integer expression, reading vars from a dict named `v`."""
+    op, s = u.op, u.src
+    if op is Ops.CONST:
+        return repr(u.arg)
+    if op is Ops.DEFINE_VAR:
+        return f"v[{u.arg[0]!r}]"
+    py = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.IDIV: "//", Ops.MOD: "%", Ops.CMPLT: "<",
+          Ops.CMPEQ: "==", Ops.CMPNE: "!=", Ops.AND: "&", Ops.OR: "|"}
+    if op in py:
+        return f"({render_python(s[0])}{py[op]}{render_python(s[1])})"
+    if op in (Ops.MAX, Ops.MIN):
+        return f"{op.name.lower()}({render_python(s[0])}, {render_python(s[1])})"
+    if op is Ops.WHERE:
+        return f"({render_python(s[1])} if {render_python(s[0])} else {render_python(s[2])})"
+    if op is Ops.CAST:
+        return f"int({render_python(s[0])})"
+    raise ValueError(f"cannot render {op} as a Python int expression")
