@@ -1,1 +1,13 @@
 """prepjit: trace NumPy-style functions once, replay prepared kernels with new shapes."""
+from .errors import CompileError, DeviceError, PrepjitError, SignatureError, TraceError, VarBoundError, VarError
+from .prepare import PreparedFunction, prepare, trace
+from .runtime.array import Array
+from .runtime.cache import CachedKernel
+from .runtime.plan import ExecutionPlan, PreparedKernel, RuntimeVar
+from .trace.loop import fori_loop
+from .uop.var import BoundVar, Var
+
+__all__ = ["CompileError", "DeviceError", "PrepjitError", "SignatureError", "TraceError", "VarBoundError", "VarError",
+           "PreparedFunction", "prepare", "trace", "Array", "CachedKernel", "ExecutionPlan", "PreparedKernel",
+           "RuntimeVar", "fori_loop", "BoundVar", "Var"]
+__version__ = "0.1.0"

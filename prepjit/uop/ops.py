@@ -8,6 +8,7 @@ class Ops(Enum):
     DEFINE_VAR = auto()     # arg: (name, min, max); an int64 symbolic variable
     INPUT = auto()          # traced only; arg: (input number, shape)
     DEFINE_GLOBAL = auto()  # kernel only; arg: buffer slot; dtype: element dtype
+    IOTA = auto()           # traced only; arg: (shape, axis); element = its index along axis
     RANGE = auto()          # kernel only; src: (end,); arg: (axis, "loop" | "reduce")
     # unary
     NEG = auto(); NOT = auto(); ABS = auto(); SIGN = auto()

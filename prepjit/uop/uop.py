@@ -141,6 +141,12 @@ class UOp:
 
     __int__ = __index__
 
+    @functools.cached_property
+    def shape(self) -> tuple:
+        """The array shape of a traced-graph node (ints, or UOps for symbolic dims)."""
+        from .shape import shape_of
+        return shape_of(self)
+
     # ---- bounds ----
     @functools.cached_property
     def bounds(self) -> tuple:
@@ -252,21 +258,21 @@ def eval_uop(u: UOp, values: dict[str, int]):
     return eval(compile(render_python(u), "<expr>", "eval"), {"math": math}, {"v": values})
 
 
-def render_python(u: UOp) -> str:
-    """Python source for an integer expression, reading vars from a dict named `v`."""
+def render_python(u: UOp, var=lambda name: f"v[{name!r}]") -> str:
+    """Python source for an integer expression; `var(name)` spells a var (default: `v[name]`)."""
     op, s = u.op, u.src
     if op is Ops.CONST:
         return repr(u.arg)
     if op is Ops.DEFINE_VAR:
-        return f"v[{u.arg[0]!r}]"
+        return var(u.arg[0])
     py = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.IDIV: "//", Ops.MOD: "%", Ops.CMPLT: "<",
           Ops.CMPEQ: "==", Ops.CMPNE: "!=", Ops.AND: "&", Ops.OR: "|"}
     if op in py:
-        return f"({render_python(s[0])}{py[op]}{render_python(s[1])})"
+        return f"({render_python(s[0], var)}{py[op]}{render_python(s[1], var)})"
     if op in (Ops.MAX, Ops.MIN):
-        return f"{op.name.lower()}({render_python(s[0])}, {render_python(s[1])})"
+        return f"{op.name.lower()}({render_python(s[0], var)}, {render_python(s[1], var)})"
     if op is Ops.WHERE:
-        return f"({render_python(s[1])} if {render_python(s[0])} else {render_python(s[2])})"
+        return f"({render_python(s[1], var)} if {render_python(s[0], var)} else {render_python(s[2], var)})"
     if op is Ops.CAST:
-        return f"int({render_python(s[0])})"
+        return f"int({render_python(s[0], var)})"
     raise ValueError(f"cannot render {op} as a Python int expression")

@@ -1,0 +1,124 @@
+"""Lowering: one kernel's traced subgraph -> a kernel AST of ranges, loads, ALU ops, a reduce and a store.
+
+Movement ops are index maps: each one rewrites the index tuple on its way to the load that
+reads a realized buffer, so views cost no copies. Index expressions and gates are simplified
+with the symbolic rules, which folds static-shape indexing to affine forms.
+"""
+from __future__ import annotations
+
+import re
+
+from ..uop import Ops, UOp, as_uop, dtypes, simplify, sint
+from ..uop.ops import ELEMENTWISE
+
+REALIZED = {Ops.INPUT, Ops.CARRY, Ops.REDUCE_AXIS, Ops.LOOP_OUT}
+
+
+def strides_of(shape: tuple[sint, ...]) -> list[UOp]:
+    out, acc = [], UOp.const(1)
+    for d in reversed(shape):
+        out.append(acc)
+        acc = acc * d
+    return out[::-1]
+
+
+def linear_index(idx, shape) -> UOp:
+    total = UOp.const(0)
+    for i, st in zip(idx, strides_of(shape)):
+        total = UOp(Ops.ADD, dtypes.index, (total, UOp(Ops.MUL, dtypes.index, (i, st))))
+    return total
+
+
+class _Lowerer:
+    def __init__(self, is_buffer):
+        self.is_buffer = is_buffer
+        self.buffers: list[UOp] = []
+        self.memo: dict = {}
+
+    def global_of(self, node: UOp) -> UOp:
+        if node not in self.buffers:
+            self.buffers.append(node)
+        return UOp(Ops.DEFINE_GLOBAL, node.dtype, (), self.buffers.index(node) + 1)
+
+    def build(self, node: UOp, idx: tuple, gate: UOp | None) -> UOp:
+        key = (node, idx, gate)
+        if key not in self.memo:
+            self.memo[key] = self._build(node, idx, gate)
+        return self.memo[key]
+
+    def _build(self, node: UOp, idx: tuple, gate: UOp | None) -> UOp:
+        op = node.op
+        if self.is_buffer(node):
+            index = simplify(linear_index(idx, node.shape))
+            src = (self.global_of(node), index) + (() if gate is None else (gate,))
+            return UOp(Ops.LOAD, node.dtype, src)
+        if op in (Ops.CONST, Ops.DEFINE_VAR):
+            return node
+        if op is Ops.IOTA:
+            return idx[node.arg[1]]
+        if op in ELEMENTWISE:
+            return UOp(op, node.dtype, tuple(self.build(s, idx, gate) for s in node.src), node.arg)
+        src = node.src[0]
+        if op is Ops.RESHAPE:
+            flat = linear_index(idx, node.shape)
+            new = tuple(simplify(UOp(Ops.MOD, dtypes.index, (UOp(Ops.IDIV, dtypes.index, (flat, st)), as_uop(d))))
+                        for st, d in zip(strides_of(src.shape), src.shape))
+            return self.build(src, new, gate)
+        if op is Ops.PERMUTE:
+            new = [None] * len(idx)
+            for i, o in enumerate(node.arg):
+                new[o] = idx[i]
+            return self.build(src, tuple(new), gate)
+        if op is Ops.EXPAND:
+            new = tuple(UOp.const(0) if isinstance(sd, int) and sd == 1 else i for i, sd in zip(idx, src.shape))
+            return self.build(src, new, gate)
+        if op is Ops.SHRINK:
+            new = tuple(simplify(as_uop(start) + i * step) for i, (start, step, _) in zip(idx, node.arg))
+            return self.build(src, new, gate)
+        if op is Ops.PAD:
+            valid, new = UOp.const(True, dtypes.bool), []
+            for i, d, (before, _) in zip(idx, src.shape, node.arg):
+                inside = UOp(Ops.AND, dtypes.bool, (UOp(Ops.CMPLT, dtypes.bool, (as_uop(before) - 1, i)),
+                                                     UOp(Ops.CMPLT, dtypes.bool, (i, as_uop(before) + d))))
+                valid = UOp(Ops.AND, dtypes.bool, (valid, inside))
+                new.append(simplify(i - before) if isinstance(before, UOp) or before else i)
+            valid = simplify(valid)
+            if valid.op is Ops.CONST and valid.arg:
+                return self.build(src, tuple(new), gate)
+            inner_gate = valid if gate is None else simplify(UOp(Ops.AND, dtypes.bool, (gate, valid)))
+            value = self.build(src, tuple(new), inner_gate)
+            return UOp(Ops.WHERE, node.dtype, (valid, value, UOp.const(0, node.dtype)))
+        raise NotImplementedError(f"cannot lower {op} inside a kernel")
+
+
+def _range(end: sint, axis: int, kind: str) -> UOp:
+    end = simplify(as_uop(end))
+    if end.op is Ops.CONST and end.arg == 1:
+        return UOp.const(0)
+    return UOp(Ops.RANGE, dtypes.index, (end,), (axis, kind))
+
+
+def _kernel_name(reduce: bool, shape) -> str:
+    dims = "_".join(re.sub(r"\W+", "", d.render() if isinstance(d, UOp) else str(d)) or "x" for d in shape)
+    return ("r_" if reduce else "E_") + (dims or "1")
+
+
+def lower_kernel(root: UOp, is_buffer) -> tuple[UOp, list[UOp]]:
+    """The kernel AST computing `root` into slot 0, and the realized nodes it reads (slots 1..)."""
+    low = _Lowerer(is_buffer)
+    shape = root.shape
+    idx = tuple(_range(d, i, "loop") for i, d in enumerate(shape))
+    if root.op is Ops.REDUCE_AXIS:
+        red_op, axes = root.arg
+        src = root.src[0]
+        red_ranges = {a: _range(src.shape[a], len(shape) + k, "reduce") for k, a in enumerate(axes)}
+        inner = tuple(red_ranges.get(i, r) for i, r in enumerate(idx))
+        value = low.build(src, inner, None)
+        ranges = tuple(r for r in red_ranges.values() if r.op is Ops.RANGE)
+        if ranges:
+            value = UOp(Ops.REDUCE, root.dtype, (value, *ranges), red_op)
+    else:
+        value = low.build(root, idx, None)
+    out = UOp(Ops.DEFINE_GLOBAL, root.dtype, (), 0)
+    store = UOp(Ops.STORE, dtypes.bool, (out, simplify(linear_index(idx, shape)), value))
+    return UOp(Ops.SINK, dtypes.bool, (store,), _kernel_name(root.op is Ops.REDUCE_AXIS, shape)), low.buffers

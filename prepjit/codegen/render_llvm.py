@@ -1,0 +1,341 @@
+"""The LLVM IR renderer: a kernel AST -> one LLVM function for the cpu device.
+
+ABI: `void name(ptr bufs, ptr vals, i64 start, i64 end)`: `bufs` holds the buffer pointers in
+slot order, `vals` the int64 var values in `var_names` order, and [start, end) is the slice of
+the outermost loop range this call computes (CPU threads split it). The body is an internal,
+always-inlined function taking every buffer as a `noalias` pointer, so LLVM can vectorise.
+float16 values live in registers as float and are rounded to half after each op, like NumPy.
+"""
+from __future__ import annotations
+
+import struct
+
+from ..uop import DType, Ops, UOp, dtypes
+from .kernel import KernelSource, kernel_vars, parallel_range
+
+_LLTYPE = {"b": "i1", 1: "i8", 2: "i16", 4: "i32", 8: "i64"}
+_FLOAT = {dtypes.float16: "float", dtypes.float32: "float", dtypes.float64: "double"}
+_MATH = {Ops.EXP: "exp", Ops.EXP2: "exp2", Ops.LOG: "log", Ops.LOG2: "log2", Ops.SQRT: "sqrt", Ops.SIN: "sin",
+         Ops.COS: "cos", Ops.FLOOR: "floor", Ops.CEIL: "ceil", Ops.RINT: "rint", Ops.ABS: "fabs"}
+_LIBM = {Ops.TANH: "tanh", Ops.ERF: "erf"}
+
+
+def reg_type(dt: DType) -> str:
+    """The LLVM type a value of `dt` has in registers."""
+    return _FLOAT[dt] if dt.is_float else _LLTYPE["b" if dt == dtypes.bool else dt.itemsize]
+
+
+def mem_type(dt: DType) -> str:
+    """The LLVM type of `dt` in memory."""
+    return "half" if dt == dtypes.float16 else "i8" if dt == dtypes.bool else reg_type(dt)
+
+
+def const_literal(value, dt: DType) -> str:
+    if dt == dtypes.bool:
+        return "true" if value else "false"
+    if dt.is_float:
+        if dt != dtypes.float64:  # round to the storage precision first, then spell it as a double
+            value = float(dt.np.type(value))
+        return "0x%016X" % struct.unpack("<Q", struct.pack("<d", value))[0]
+    return str(int(value))
+
+
+def _identity(op: Ops, dt: DType):
+    if op is Ops.ADD or op is Ops.OR:
+        return 0
+    if op is Ops.MUL or op is Ops.AND:
+        return 1
+    if op is Ops.MAX:
+        return dt.min()
+    return dt.max()
+
+
+class _Renderer:
+    def __init__(self, ast: UOp):
+        self.ast = ast
+        self.lines: list[str] = []
+        self.allocas: list[str] = []
+        self.decls: set[str] = set()
+        self.scopes: list[dict] = [{}]
+        self.n = 0
+        self.vars = [v.arg[0] for v in kernel_vars(ast)]
+        self.prange = parallel_range(ast)
+
+    def tmp(self, prefix="t") -> str:
+        self.n += 1
+        return f"%{prefix}{self.n}"
+
+    def emit(self, line: str):
+        self.lines.append("  " + line)
+
+    def op(self, rhs: str, prefix="t") -> str:
+        name = self.tmp(prefix)
+        self.emit(f"{name} = {rhs}")
+        return name
+
+    def call(self, fn: str, ret: str, args: list[tuple[str, str]]) -> str:
+        self.decls.add(f"declare {ret} @{fn}({', '.join(t for t, _ in args)})")
+        return self.op(f"call {ret} @{fn}({', '.join(f'{t} {v}' for t, v in args)})")
+
+    # ---- values ----
+    def value(self, u: UOp) -> str:
+        for scope in reversed(self.scopes):
+            if u in scope:
+                return scope[u]
+        out = self.render(u)
+        if u.dtype == dtypes.float16 and u.op not in (Ops.CONST, Ops.LOAD, Ops.REDUCE) and u.op is not Ops.CAST:
+            out = self.round_half(out)
+        self.scopes[-1][u] = out
+        return out
+
+    def round_half(self, v: str) -> str:
+        h = self.op(f"fptrunc float {v} to half")
+        return self.op(f"fpext half {h} to float")
+
+    def render(self, u: UOp) -> str:
+        op, dt = u.op, u.dtype
+        if op is Ops.CONST:
+            return const_literal(u.arg, dt)
+        if op is Ops.DEFINE_VAR:
+            return f"%var_{u.arg[0]}"
+        if op is Ops.RANGE:
+            raise RuntimeError(f"range {u.render()} used outside its loop")
+        if op is Ops.LOAD:
+            return self.load(u)
+        if op is Ops.REDUCE:
+            return self.reduce(u)
+        if op is Ops.CAST:
+            return self.cast(self.value(u.src[0]), u.src[0].dtype, dt)
+        srcs = [self.value(s) for s in u.src]
+        return self.alu(op, dt, u.src[0].dtype if u.src else dt, srcs)
+
+    def alu(self, op: Ops, dt: DType, sdt: DType, s: list[str]) -> str:
+        t, st = reg_type(dt), reg_type(sdt)
+        fl, signed = sdt.is_float, sdt.kind == "i"
+        if op is Ops.WHERE:
+            return self.op(f"select i1 {s[0]}, {t} {s[1]}, {t} {s[2]}")
+        if op in (Ops.ADD, Ops.SUB, Ops.MUL):
+            return self.op(f"{'f' if fl else ''}{op.name.lower()} {t} {s[0]}, {s[1]}")
+        if op is Ops.FDIV:
+            return self.op(f"fdiv {t} {s[0]}, {s[1]}")
+        if op in (Ops.IDIV, Ops.MOD):
+            return self.divmod(op, sdt, s[0], s[1])
+        if op in (Ops.MAX, Ops.MIN):
+            if sdt == dtypes.bool:
+                return self.op(f"{'or' if op is Ops.MAX else 'and'} i1 {s[0]}, {s[1]}")
+            name = ("maximum" if op is Ops.MAX else "minimum") if fl else \
+                (("s" if signed else "u") + ("max" if op is Ops.MAX else "min"))
+            return self.call(f"llvm.{name}.{'f32' if t == 'float' else 'f64' if fl else t}", t, [(t, s[0]), (t, s[1])])
+        if op is Ops.POW:
+            return self.call(f"llvm.pow.{'f32' if t == 'float' else 'f64'}", t, [(t, s[0]), (t, s[1])])
+        if op in (Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE):
+            if fl:
+                cond = {Ops.CMPLT: "olt", Ops.CMPEQ: "oeq", Ops.CMPNE: "une"}[op]
+                return self.op(f"fcmp {cond} {st} {s[0]}, {s[1]}")
+            cond = {Ops.CMPLT: "slt" if signed else "ult", Ops.CMPEQ: "eq", Ops.CMPNE: "ne"}[op]
+            return self.op(f"icmp {cond} {st} {s[0]}, {s[1]}")
+        if op in (Ops.AND, Ops.OR, Ops.XOR):
+            return self.op(f"{op.name.lower()} {t} {s[0]}, {s[1]}")
+        if op in (Ops.SHL, Ops.SHR):
+            return self.shift(op, dt, s[0], s[1])
+        if op is Ops.NEG:
+            return self.op(f"fneg {t} {s[0]}" if fl else f"sub {t} 0, {s[0]}")
+        if op is Ops.NOT:
+            return self.op(f"xor {t} {s[0]}, {'true' if dt == dtypes.bool else -1}")
+        if op is Ops.ABS and not fl:
+            return s[0] if not signed else self.call(f"llvm.abs.{t}", t, [(t, s[0]), ("i1", "false")])
+        if op is Ops.SIGN:
+            return self.sign(dt, s[0])
+        if op in _MATH:
+            return self.call(f"llvm.{_MATH[op]}.{'f32' if t == 'float' else 'f64'}", t, [(t, s[0])])
+        if op in _LIBM:
+            return self.call(_LIBM[op] + ("f" if t == "float" else ""), t, [(t, s[0])])
+        raise NotImplementedError(f"LLVM renderer: {op} on {dt}")
+
+    def divmod(self, op: Ops, dt: DType, a: str, b: str) -> str:
+        """NumPy integer floor division / modulo: x // 0 == x % 0 == 0, and no trap on MIN // -1."""
+        t = reg_type(dt)
+        if dt.is_float:  # only MOD reaches here: fmod with the sign of the divisor
+            r = self.op(f"frem {t} {a}, {b}")
+            nonzero = self.op(f"fcmp une {t} {r}, 0.0")
+            signs_differ = self.op(f"xor i1 {self.op(f'fcmp olt {t} {r}, 0.0')}, {self.op(f'fcmp olt {t} {b}, 0.0')}")
+            fix = self.op(f"and i1 {nonzero}, {signs_differ}")
+            return self.op(f"select i1 {fix}, {t} {self.op(f'fadd {t} {r}, {b}')}, {t} {r}")
+        zero = self.op(f"icmp eq {t} {b}, 0")
+        if dt.kind != "i":
+            safe = self.op(f"select i1 {zero}, {t} 1, {t} {b}")
+            res = self.op(f"{'udiv' if op is Ops.IDIV else 'urem'} {t} {a}, {safe}")
+            return self.op(f"select i1 {zero}, {t} 0, {t} {res}")
+        minus1 = self.op(f"icmp eq {t} {b}, -1")
+        safe = self.op(f"select i1 {self.op(f'or i1 {zero}, {minus1}')}, {t} 1, {t} {b}")
+        q = self.op(f"sdiv {t} {a}, {safe}")
+        r = self.op(f"srem {t} {a}, {safe}")
+        signs_differ = self.op(f"icmp slt {t} {self.op(f'xor {t} {r}, {safe}')}, 0")
+        adjust = self.op(f"and i1 {self.op(f'icmp ne {t} {r}, 0')}, {signs_differ}")
+        if op is Ops.IDIV:
+            q = self.op(f"sub {t} {q}, {self.op(f'zext i1 {adjust} to {t}')}")
+            q = self.op(f"select i1 {minus1}, {t} {self.op(f'sub {t} 0, {a}')}, {t} {q}")
+            return self.op(f"select i1 {zero}, {t} 0, {t} {q}")
+        r = self.op(f"select i1 {adjust}, {t} {self.op(f'add {t} {r}, {safe}')}, {t} {r}")
+        return self.op(f"select i1 {self.op(f'or i1 {zero}, {minus1}')}, {t} 0, {t} {r}")
+
+    def shift(self, op: Ops, dt: DType, a: str, b: str) -> str:
+        t = reg_type(dt)
+        bits = dt.itemsize * 8
+        out_of_range = self.op(f"icmp uge {t} {b}, {bits}")
+        safe = self.op(f"select i1 {out_of_range}, {t} 0, {t} {b}")
+        if op is Ops.SHL:
+            return self.op(f"select i1 {out_of_range}, {t} 0, {t} {self.op(f'shl {t} {a}, {safe}')}")
+        if dt.kind == "i":
+            fill = self.op(f"ashr {t} {a}, {bits - 1}")
+            return self.op(f"select i1 {out_of_range}, {t} {fill}, {t} {self.op(f'ashr {t} {a}, {safe}')}")
+        return self.op(f"select i1 {out_of_range}, {t} 0, {t} {self.op(f'lshr {t} {a}, {safe}')}")
+
+    def sign(self, dt: DType, x: str) -> str:
+        t = reg_type(dt)
+        if dt == dtypes.bool:
+            return x
+        if dt.is_float:
+            pos = self.op(f"uitofp i1 {self.op(f'fcmp ogt {t} {x}, 0.0')} to {t}")
+            neg = self.op(f"uitofp i1 {self.op(f'fcmp olt {t} {x}, 0.0')} to {t}")
+            s = self.op(f"fsub {t} {pos}, {neg}")
+            return self.op(f"select i1 {self.op(f'fcmp uno {t} {x}, 0.0')}, {t} {x}, {t} {s}")
+        gt = "sgt" if dt.kind == "i" else "ugt"
+        pos = self.op(f"zext i1 {self.op(f'icmp {gt} {t} {x}, 0')} to {t}")
+        neg = self.op(f"zext i1 {self.op(f'icmp slt {t} {x}, 0')} to {t}") if dt.kind == "i" else "0"
+        return self.op(f"sub {t} {pos}, {neg}")
+
+    def cast(self, v: str, src: DType, dst: DType) -> str:
+        st, dt_ = reg_type(src), reg_type(dst)
+        if dst == dtypes.bool:
+            return self.op(f"fcmp une {st} {v}, 0.0" if src.is_float else f"icmp ne {st} {v}, 0")
+        if src == dtypes.bool:
+            return self.op(f"uitofp i1 {v} to {dt_}" if dst.is_float else f"zext i1 {v} to {dt_}")
+        if src.is_float and dst.is_float:
+            if st == dt_:
+                return self.round_half(v) if dst == dtypes.float16 else v
+            out = self.op(f"{'fpext' if dt_ == 'double' else 'fptrunc'} {st} {v} to {dt_}")
+            return self.round_half(out) if dst == dtypes.float16 else out
+        if src.is_float:
+            name = f"llvm.fpto{'s' if dst.kind == 'i' else 'u'}i.sat.{dt_}.{'f32' if st == 'float' else 'f64'}"
+            return self.call(name, dt_, [(st, v)])
+        if dst.is_float:
+            out = self.op(f"{'sitofp' if src.kind == 'i' else 'uitofp'} {st} {v} to {dt_}")
+            return self.round_half(out) if dst == dtypes.float16 else out
+        if src.itemsize == dst.itemsize:
+            return v
+        if src.itemsize > dst.itemsize:
+            return self.op(f"trunc {st} {v} to {dt_}")
+        return self.op(f"{'sext' if src.kind == 'i' else 'zext'} {st} {v} to {dt_}")
+
+    # ---- memory ----
+    def address(self, buf: UOp, index: str) -> str:
+        return self.op(f"getelementptr inbounds {mem_type(buf.dtype)}, ptr %buf{buf.arg}, i64 {index}", "p")
+
+    def load(self, u: UOp) -> str:
+        buf, idx = u.src[0], self.value(u.src[1])
+        gate = self.value(u.src[2]) if len(u.src) > 2 else None
+        if gate is not None:
+            idx = self.op(f"select i1 {gate}, i64 {idx}, i64 0")
+        mt = mem_type(u.dtype)
+        raw = self.op(f"load {mt}, ptr {self.address(buf, idx)}")
+        if u.dtype == dtypes.bool:
+            raw = self.op(f"icmp ne i8 {raw}, 0")
+        elif u.dtype == dtypes.float16:
+            raw = self.op(f"fpext half {raw} to float")
+        if gate is not None:
+            raw = self.op(f"select i1 {gate}, {reg_type(u.dtype)} {raw}, {reg_type(u.dtype)} "
+                          f"{const_literal(0, u.dtype)}")
+        return raw
+
+    def store(self, u: UOp):
+        buf, idx, val = u.src
+        i, v = self.value(idx), self.value(val)
+        if val.dtype == dtypes.bool:
+            v = self.op(f"zext i1 {v} to i8")
+        elif val.dtype == dtypes.float16:
+            v = self.op(f"fptrunc float {v} to half")
+        self.emit(f"store {mem_type(val.dtype)} {v}, ptr {self.address(buf, i)}")
+
+    # ---- loops ----
+    def open_loop(self, r: UOp | None, start: str, end: str) -> tuple:
+        ptr = self.tmp("ctr")
+        self.allocas.append(f"  {ptr} = alloca i64")
+        self.emit(f"store i64 {start}, ptr {ptr}")
+        label = self.tmp("L")[1:]
+        self.emit(f"br label %{label}.cond")
+        self.lines.append(f"{label}.cond:")
+        cur = self.op(f"load i64, ptr {ptr}", "r")
+        self.emit(f"br i1 {self.op(f'icmp slt i64 {cur}, {end}')}, label %{label}.body, label %{label}.exit")
+        self.lines.append(f"{label}.body:")
+        self.scopes.append({} if r is None else {r: cur})
+        return ptr, label, cur
+
+    def close_loop(self, loop: tuple):
+        ptr, label, cur = loop
+        self.scopes.pop()
+        self.emit(f"store i64 {self.op(f'add i64 {cur}, 1')}, ptr {ptr}")
+        self.emit(f"br label %{label}.cond")
+        self.lines.append(f"{label}.exit:")
+
+    def reduce(self, u: UOp) -> str:
+        t = reg_type(u.dtype)
+        acc = self.tmp("acc")
+        self.allocas.append(f"  {acc} = alloca {t}")
+        self.emit(f"store {t} {const_literal(_identity(u.arg, u.dtype), u.dtype)}, ptr {acc}")
+        loops = [self.open_loop(r, "0", self.value(r.src[0])) for r in u.src[1:]]
+        v = self.value(u.src[0])
+        cur = self.op(f"load {t}, ptr {acc}")
+        if u.arg is Ops.ADD and u.dtype.is_float:
+            new = self.op(f"fadd reassoc {t} {cur}, {v}")
+        else:
+            new = self.alu(u.arg, u.dtype, u.dtype, [cur, v])
+        self.emit(f"store {t} {new}, ptr {acc}")
+        for loop in reversed(loops):
+            self.close_loop(loop)
+        out = self.op(f"load {t}, ptr {acc}")
+        return self.round_half(out) if u.dtype == dtypes.float16 else out
+
+    # ---- the function ----
+    def kernel(self) -> str:
+        store = self.ast.src[0]
+        ranges = sorted({r for r in store.toposort() if r.op is Ops.RANGE and r.arg[1] == "loop"}, key=lambda r: r.arg[0])
+        loops = []
+        for r in ranges:
+            if r is self.prange:
+                self.emit(f"%end.clamped = call i64 @llvm.smin.i64(i64 %end, i64 {self.value(r.src[0])})")
+                self.decls.add("declare i64 @llvm.smin.i64(i64, i64)")
+                loops.append(self.open_loop(r, "%start", "%end.clamped"))
+            else:
+                loops.append(self.open_loop(r, "0", self.value(r.src[0])))
+        if not ranges:  # a single element: run once, in the call whose slice holds index 0
+            self.emit("%end.one = call i64 @llvm.smin.i64(i64 %end, i64 1)")
+            self.decls.add("declare i64 @llvm.smin.i64(i64, i64)")
+            loops.append(self.open_loop(None, "%start", "%end.one"))
+        self.store(store)
+        for loop in reversed(loops):
+            self.close_loop(loop)
+        n_bufs = 1 + max((u.arg for u in self.ast.toposort() if u.op is Ops.DEFINE_GLOBAL), default=0)
+        name = self.ast.arg
+        params = [f"ptr noalias %buf{i}" for i in range(n_bufs)] + [f"i64 %var_{v}" for v in self.vars]
+        body = [f"define internal void @{name}_body({', '.join(params + ['i64 %start', 'i64 %end'])}) "
+                "alwaysinline nounwind {", "entry:", *self.allocas, *self.lines, "  ret void", "}"]
+        wrap = [f"define void @{name}(ptr %bufs, ptr %vals, i64 %start, i64 %end) nounwind {{", "entry:"]
+        args = []
+        for i in range(n_bufs):
+            wrap.append(f"  %bp{i} = getelementptr ptr, ptr %bufs, i64 {i}")
+            wrap.append(f"  %b{i} = load ptr, ptr %bp{i}")
+            args.append(f"ptr %b{i}")
+        for j, v in enumerate(self.vars):
+            wrap.append(f"  %vp{j} = getelementptr i64, ptr %vals, i64 {j}")
+            wrap.append(f"  %v{j} = load i64, ptr %vp{j}")
+            args.append(f"i64 %v{j}")
+        wrap += [f"  call void @{name}_body({', '.join(args + ['i64 %start', 'i64 %end'])})", "  ret void", "}"]
+        return "\n".join(sorted(self.decls) + [""] + body + [""] + wrap) + "\n"
+
+
+def render_llvm(ast: UOp) -> KernelSource:
+    r = _Renderer(ast)
+    source = r.kernel()
+    size = (r.prange.src[0],) if r.prange is not None else (UOp.const(1),)
+    return KernelSource(ast.arg, source, "llvm", tuple(r.vars), size)

@@ -1,0 +1,125 @@
+"""Scheduling: cut a traced graph into kernels, give every realized value a buffer, unroll fori_loops.
+
+A value is realized (gets a buffer) when it is an input, a reduction, a loop carry or an
+output; everything elementwise or a view is inlined into the kernels that read it. Kernels are
+emitted in dependency order.
+"""
+from __future__ import annotations
+
+import attrs
+
+from ..uop import DType, Ops, UOp, sint
+from .lower import REALIZED, lower_kernel
+
+
+@attrs.frozen
+class BufferSpec:
+    dtype: DType
+    shape: tuple  # ints and symbolic UOps: the live shape
+    max_size: int  # elements at the vars' maxima
+
+
+@attrs.frozen
+class ScheduledKernel:
+    ast: UOp
+    buffers: tuple[int, ...]  # plan buffer indices in kernel slot order; slot 0 is written
+    fixedvars: tuple[tuple[str, int], ...] = ()
+
+
+@attrs.frozen
+class Schedule:
+    buffers: tuple[BufferSpec, ...]
+    kernels: tuple[ScheduledKernel, ...]
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+
+
+def _max_size(shape: tuple[sint, ...]) -> int:
+    size = 1
+    for d in shape:
+        size *= d if isinstance(d, int) else max(0, d.vmax)
+    return size
+
+
+class _Scheduler:
+    def __init__(self):
+        self.buffers: list[BufferSpec] = []
+        self.kernels: list[ScheduledKernel] = []
+
+    def new_buffer(self, node: UOp) -> int:
+        self.buffers.append(BufferSpec(node.dtype, tuple(node.shape), _max_size(node.shape)))
+        return len(self.buffers) - 1
+
+    def deps(self, node: UOp) -> list[UOp]:
+        """The realized nodes a kernel computing `node` reads (the walk stops at them)."""
+        out, seen, stack = [], set(), list(node.src)
+        while stack:
+            n = stack.pop()
+            if n in seen:
+                continue
+            seen.add(n)
+            if n.op in REALIZED:
+                out.append(n)
+            else:
+                stack.extend(n.src)
+        return out
+
+    def realize(self, node: UOp, env: dict) -> int:
+        if node not in env:
+            if node.op is Ops.LOOP_OUT:
+                self.schedule_loop(node.src[0], env)
+            elif node.op is Ops.REDUCE_AXIS:
+                self.compute_into(node, self.new_buffer(node), env)
+            else:
+                raise RuntimeError(f"{node.op} has no buffer")
+        return env[node]
+
+    def compute_into(self, node: UOp, buf: int, env: dict):
+        for dep in self.deps(node):
+            self.realize(dep, env)
+        ast, reads = lower_kernel(node, lambda n: n.op in REALIZED)
+        self.kernels.append(ScheduledKernel(ast, (buf, *(env[r] for r in reads))))
+        if node.op is Ops.REDUCE_AXIS and node not in env:
+            env[node] = buf
+
+    def schedule_loop(self, loop: UOp, env: dict):
+        info = loop.arg
+        bufs_a = [self.new_buffer(c) for c in info.carries]
+        bufs_b = [self.new_buffer(c) for c in info.carries]
+        for init, a in zip(loop.src, bufs_a):
+            self.compute_into(init, a, env)
+        inner = set(info.carries) | {info.var}
+        for node in UOp(Ops.SINK, loop.dtype, info.body_outputs).toposort():  # hoist loop-invariant reductions
+            if node.op in (Ops.REDUCE_AXIS, Ops.LOOP_OUT) and not inner & set(node.toposort()):
+                self.realize(node, env)
+        body_env = dict(env)
+        body_env.update(zip(info.carries, bufs_a))
+        start = len(self.kernels)
+        for out, b in zip(info.body_outputs, bufs_b):
+            self.compute_into(out, b, body_env)
+        body = self.kernels[start:]
+        del self.kernels[start:]
+        swap = dict(zip(bufs_a, bufs_b)) | dict(zip(bufs_b, bufs_a))
+        name = info.var.arg[0]
+        for k in range(info.lower, info.upper):
+            odd = (k - info.lower) % 2 == 1
+            for kern in body:
+                bufs = tuple(swap.get(b, b) for b in kern.buffers) if odd else kern.buffers
+                self.kernels.append(ScheduledKernel(kern.ast, bufs, ((name, k),) + kern.fixedvars))
+        final = bufs_b if (info.upper - info.lower) % 2 else bufs_a
+        for j, c in enumerate(info.carries):
+            env[UOp(Ops.LOOP_OUT, c.dtype, (loop,), j)] = final[j]
+
+
+def schedule(outputs: list[UOp], inputs: list[UOp]) -> Schedule:
+    """Kernels and buffers computing `outputs` from `inputs`; each output gets a fresh buffer."""
+    s = _Scheduler()
+    env = {node: s.new_buffer(node) for node in inputs}
+    input_bufs = tuple(env[n] for n in inputs)
+    output_bufs, done = [], {}
+    for node in outputs:
+        if node not in done:
+            done[node] = s.new_buffer(node)
+            s.compute_into(node, done[node], env)
+        output_bufs.append(done[node])
+    return Schedule(tuple(s.buffers), tuple(s.kernels), input_bufs, tuple(output_bufs))

@@ -1,0 +1,188 @@
+"""@pj.prepare: trace once per signature, freeze an ExecutionPlan, replay it on every later call."""
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import sys
+import threading
+
+import attrs
+import numpy as np
+
+from .errors import SignatureError
+from .planner import build_plan
+from .runtime.array import Array
+from .runtime.devices import get_device
+from .runtime.plan import ExecutionPlan
+from .signature import CallInfo, Signature, explain_retrace
+from .trace.pytree import TreeDef
+from .trace.tracing import Traced, trace_call
+from .uop.var import Var
+
+log = logging.getLogger("prepjit")
+
+
+def _configure_logging():
+    mode = os.environ.get("PREPJIT_LOG", "")
+    if mode in ("compiles", "source") and not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("prepjit: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.DEBUG if mode == "source" else logging.INFO)
+
+
+_configure_logging()
+
+
+@attrs.define
+class _Entry:
+    """A prepared signature: its plan, output structure and how to build outputs."""
+
+    plan: ExecutionPlan
+    out_tree: TreeDef
+    descriptions: list
+    out_dtypes: list
+    out_shape_fns: list
+    duplicate: list  # per output: True when an earlier output shares its buffer (copy it)
+
+
+def _normalize_vars(vars_) -> dict[str, Var]:
+    out: dict[str, Var] = {}
+    items = vars_.items() if isinstance(vars_, dict) else ((v.name, v) for v in (vars_ or ()))
+    for name, spec in items:
+        if isinstance(spec, Var):
+            var = spec
+        elif isinstance(spec, (tuple, list)) and len(spec) == 2:
+            var = Var(name, *spec)
+        else:
+            raise ValueError(f"vars[{name!r}] must be (min, max) or a pj.Var, got {spec!r}")
+        if var.name != name:
+            raise ValueError(f"vars[{name!r}] is a Var named {var.name!r}")
+        out[name] = var
+    return out
+
+
+def _collect_spec_vars(shapes, vars_: dict[str, Var]):
+    """Vars given as pj.Var objects inside `shapes` join `vars` (same name must mean the same bounds)."""
+    def walk(x):
+        if isinstance(x, Var):
+            if x.name in vars_ and vars_[x.name] != x:
+                raise ValueError(f"two different vars are named {x.name!r}: {vars_[x.name]} and {x}")
+            vars_[x.name] = x
+        elif isinstance(x, (tuple, list)):
+            for y in x:
+                walk(y)
+        elif isinstance(x, dict):
+            for y in x.values():
+                walk(y)
+    walk(shapes)
+
+
+class PreparedFunction:
+    """A function prepared for replay; call it like the original."""
+
+    def __init__(self, fn, vars=None, shapes=None, device=None):
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+        self.vars = _normalize_vars(vars)
+        self.shapes = dict(shapes or {})
+        _collect_spec_vars(self.shapes, self.vars)
+        self.signature = Signature(fn, self.vars, self.shapes)
+        self.device_name = device
+        self.entries: dict[tuple, _Entry] = {}
+        self.lock = threading.RLock()
+        self._stats = {"traces": 0, "compiles": 0, "replays": 0, "plans": 0}
+
+    @property
+    def device(self):
+        return get_device(self.device_name)
+
+    @property
+    def stats(self) -> dict:
+        return dict(self._stats)
+
+    def __get__(self, obj, objtype=None):  # decorating a method binds like a function
+        return self if obj is None else functools.partial(self, obj)
+
+    # ---- preparing ----
+    def _entry(self, info: CallInfo) -> _Entry:
+        device = self.device
+        key = info.key + (device.name,)
+        entry = self.entries.get(key)
+        if entry is not None:
+            return entry
+        with self.lock:
+            entry = self.entries.get(key)
+            if entry is None:
+                reason = explain_retrace(self._closest(info), info.descriptions)
+                log.info("trace %s: %s", self.__name__, reason)
+                traced = self._trace(info)
+                plan, compiles = build_plan(traced, device)
+                self._stats["traces"] += 1
+                self._stats["compiles"] += compiles
+                self._stats["plans"] += 1
+                entry = self._freeze(plan, traced, info)
+                self.entries[key] = entry
+        return entry
+
+    def _closest(self, info: CallInfo) -> list:
+        best, score = [], -1
+        for entry in self.entries.values():
+            same = sum(a == b for a, b in zip(entry.descriptions, info.descriptions))
+            if same > score:
+                best, score = entry.descriptions, same
+        return best
+
+    def _trace(self, info: CallInfo) -> Traced:
+        return trace_call(self.fn, info.build_args, info.leaves)
+
+    def _freeze(self, plan: ExecutionPlan, traced: Traced, info: CallInfo) -> _Entry:
+        seen, duplicate = set(), []
+        for b in plan.outputs:
+            duplicate.append(b in seen)
+            seen.add(b)
+        bufs = plan.buffers
+        return _Entry(plan, traced.out_tree, info.descriptions, [bufs[b].dtype for b in plan.outputs],
+                      [bufs[b].shape_fn for b in plan.outputs], duplicate)
+
+    def plan(self, *args, **kwargs) -> ExecutionPlan:
+        """The ExecutionPlan for these arguments, prepared (traced and compiled) if needed, without running."""
+        return self._entry(self.signature.read(args, kwargs)).plan
+
+    def trace(self, *args, **kwargs) -> Traced:
+        """The traced UOp graph for these arguments, without compiling."""
+        return self._trace(self.signature.read(args, kwargs))
+
+    # ---- calling ----
+    def __call__(self, *args, **kwargs):
+        info = self.signature.read(args, kwargs)
+        entry = self._entry(info)
+        plan, values = entry.plan, info.var_values
+        missing = [n for n in plan.vars if n not in values]
+        if missing:
+            raise SignatureError(f"vars {missing} are used by {self.__name__} but no argument gives their value")
+        outputs, unique = [], {}
+        for b, dup, dtype, shape_fn in zip(plan.outputs, entry.duplicate, entry.out_dtypes, entry.out_shape_fns):
+            if not dup:
+                unique[b] = np.empty(shape_fn(values), dtype)
+            outputs.append(unique[b])
+        plan.run_with_io({n: values[n] for n in plan.vars}, [a.ctypes.data for a in info.arrays],
+                         list(unique.values()))
+        self._stats["replays"] += 1
+        device = plan.device
+        results = [Array(o.copy() if dup else o, device) for o, dup in zip(outputs, entry.duplicate)]
+        return entry.out_tree.unflatten(results)
+
+
+def prepare(fn=None, *, vars=None, shapes=None, device=None):
+    """Decorator: `@pj.prepare` or `@pj.prepare(vars=..., shapes=..., device=...)`."""
+    if fn is None:
+        return lambda f: PreparedFunction(f, vars=vars, shapes=shapes, device=device)
+    return PreparedFunction(fn, vars=vars, shapes=shapes, device=device)
+
+
+def trace(fn, *args, **kwargs) -> Traced:
+    """The traced UOp graph of `fn` (a prepared function, or any function with static shapes) on these arguments."""
+    prepared = fn if isinstance(fn, PreparedFunction) else PreparedFunction(fn)
+    return prepared.trace(*args, **kwargs)

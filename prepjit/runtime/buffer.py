@@ -1,0 +1,35 @@
+"""Buffer: a device allocation sized for the vars' maxima; on the cpu, aligned host memory."""
+from __future__ import annotations
+
+import numpy as np
+
+ALIGN = 64
+
+
+def aligned_empty(nbytes: int) -> np.ndarray:
+    """A uint8 array of at least `nbytes` (and at least 1 element) starting on a 64-byte boundary."""
+    raw = np.empty(max(nbytes, 1) + ALIGN, np.uint8)
+    offset = (-raw.ctypes.data) % ALIGN
+    return raw[offset:offset + max(nbytes, 1)]
+
+
+class HostBuffer:
+    """Host memory for `size` elements of `dtype`; `ptr` is stable for the buffer's lifetime."""
+
+    def __init__(self, dtype: np.dtype, size: int):
+        self.dtype, self.size = np.dtype(dtype), size
+        self.memory = aligned_empty(self.dtype.itemsize * size)
+        self.ptr = self.memory.ctypes.data
+
+    @property
+    def nbytes(self) -> int:
+        return self.dtype.itemsize * self.size
+
+    def view(self, shape: tuple[int, ...]) -> np.ndarray:
+        """The first prod(shape) elements as an array of `shape` (no copy)."""
+        count = int(np.prod(shape, dtype=np.int64))
+        return self.memory[:count * self.dtype.itemsize].view(self.dtype).reshape(shape)
+
+    def write(self, array: np.ndarray):
+        flat = np.ascontiguousarray(array, dtype=self.dtype).reshape(-1)
+        self.memory[:flat.nbytes] = flat.view(np.uint8)

@@ -1,0 +1,179 @@
+"""ExecutionPlan: a frozen list of PreparedKernels over owned buffers, replayed with new var values."""
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import attrs
+import numpy as np
+
+from ..errors import SignatureError, VarBoundError, VarError
+from .cache import CachedKernel
+
+
+@attrs.frozen
+class RuntimeVar:
+    name: str
+    min_val: int
+    max_val: int
+
+
+@attrs.define(eq=False)
+class PreparedKernel:
+    """A compiled kernel bound to plan buffers and positional var values (the seed's fields)."""
+
+    id: int
+    ast: object
+    kernel: CachedKernel
+    device: str
+    buffer_indices: list[int]
+    output_indices: list[int]
+    vals: list[int]
+    fixedvars: dict[str, int]
+    dependencies: list[int]
+    buffer_ptrs: list[int]
+    buffer_ids: list[int]
+    runtime_vars: list[RuntimeVar]
+
+
+@attrs.frozen
+class PlanBuffer:
+    """What the plan knows of a buffer: its allocation and live shape (a function of the vars)."""
+
+    memory: object
+    dtype: np.dtype
+    shape_fn: object   # dict of var values -> live shape tuple
+    shape_text: str
+
+
+class _Launch:
+    """The ctypes argument arrays of one PreparedKernel, built once; replay patches slots in place."""
+
+    def __init__(self, pk: PreparedKernel):
+        self.pk = pk
+        self.bufs = (ctypes.c_void_p * max(1, len(pk.buffer_ptrs)))(*pk.buffer_ptrs)
+        self.vals = (ctypes.c_int64 * max(1, len(pk.vals)))(*pk.vals)
+        self.bufs_ptr, self.vals_ptr = ctypes.addressof(self.bufs), ctypes.addressof(self.vals)
+        self.program = pk.kernel.program
+        size = pk.kernel.global_size_fn
+        self.static_size = size(pk.vals)[0] if not any(n not in pk.fixedvars for n in pk.kernel.var_names) else None
+        self.size_fn = size
+        self.var_slots = [(i, n) for i, n in enumerate(pk.kernel.var_names) if n not in pk.fixedvars]
+
+    def run(self):
+        size = self.static_size if self.static_size is not None else self.size_fn(self.vals)[0]
+        if size > 0:
+            self.program(self.bufs_ptr, self.vals_ptr, 0, size)
+
+
+class ExecutionPlan:
+    """Owns its buffers and PreparedKernels (in a valid execution order); replays them."""
+
+    def __init__(self, device: str, buffers: list[PlanBuffer], kernels: list[PreparedKernel],
+                 inputs: tuple[int, ...], outputs: tuple[int, ...], var_bounds: dict[str, tuple[int, int]]):
+        self.device, self._buffers, self.kernels = device, buffers, kernels
+        self.inputs, self.outputs = tuple(inputs), tuple(outputs)
+        self.vars = dict(var_bounds)
+        self.bindings: dict[str, int] = {}
+        self.lock = threading.Lock()
+        self._launches = [_Launch(k) for k in kernels]
+        self._fixed = {name for k in kernels for name in k.fixedvars}
+        io = set(self.inputs) | set(self.outputs)
+        self._io_slots = {b: [(launch, slot) for launch in self._launches
+                              for slot, bi in enumerate(launch.pk.buffer_indices) if bi == b] for b in io}
+
+    @property
+    def buffers(self) -> list[PlanBuffer]:
+        return self._buffers
+
+    # ---- vars ----
+    def validate_vars(self, values: dict[str, int]) -> dict[str, int]:
+        """Check every value (unknown, fixed, type, bounds) before anything changes; return them as ints."""
+        checked = {}
+        for name, value in values.items():
+            if name in self._fixed:
+                raise VarError(f"var {name!r} is fixed by the plan (a loop counter) and cannot be supplied")
+            if name not in self.vars:
+                raise VarError(f"unknown var {name!r}; this plan's vars are {sorted(self.vars) or 'none'}")
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise VarError(f"var {name!r} must be an int, got {type(value).__name__}")
+            lo, hi = self.vars[name]
+            if not lo <= value <= hi:
+                raise VarBoundError(f"var {name!r} = {value} is outside its bounds [{lo}, {hi}]")
+            checked[name] = int(value)
+        return checked
+
+    def _bind(self, values: dict[str, int]):
+        self.bindings.update(values)
+        for launch in self._launches:
+            for slot, name in launch.var_slots:
+                if name in values:
+                    launch.vals[slot] = values[name]
+                    launch.pk.vals[slot] = values[name]
+
+    def execute_with_vars(self, values: dict[str, int]):
+        """Validate all values, then bind them (they stay for later `execute()` calls) and run."""
+        checked = self.validate_vars(values)
+        with self.lock:
+            self._bind(checked)
+            self._run_owned()
+
+    def execute(self):
+        with self.lock:
+            self._run_owned()
+
+    def _run_owned(self):
+        missing = sorted(set(self.vars) - set(self.bindings))
+        if missing:
+            raise VarError(f"vars {missing} have no value yet; use execute_with_vars")
+        self._patch({b: self._buffers[b].memory.ptr for b in self._io_slots})
+        for launch in self._launches:
+            launch.run()
+
+    def _patch(self, ptrs: dict[int, int]):
+        for b, ptr in ptrs.items():
+            for launch, slot in self._io_slots[b]:
+                launch.bufs[slot] = ptr
+
+    # ---- I/O on owned buffers ----
+    def live_shape(self, buffer_index: int) -> tuple[int, ...]:
+        return self._buffers[buffer_index].shape_fn(self.bindings)
+
+    def write_input(self, i: int, array):
+        buf = self._buffers[self.inputs[i]]
+        array = np.asarray(array)
+        if array.dtype != buf.dtype:
+            raise SignatureError(f"input {i} has dtype {buf.dtype}, got {array.dtype}")
+        if array.size > buf.memory.size:
+            raise SignatureError(f"input {i} holds at most {buf.memory.size} elements, got {array.size}")
+        buf.memory.write(array)
+
+    def read_output(self, i: int) -> np.ndarray:
+        b = self.outputs[i]
+        return self._buffers[b].memory.view(self.live_shape(b)).copy()
+
+    # ---- replay with caller-owned I/O ----
+    def run_with_io(self, values: dict[str, int], input_ptrs: list[int], outputs: list[np.ndarray]):
+        """The prepared-call path: values already validated; inputs read in place; outputs written in place."""
+        with self.lock:
+            self._bind(values)
+            ptrs = dict(zip(self.inputs, input_ptrs))
+            ptrs.update((b, o.ctypes.data) for b, o in zip(self.outputs, outputs))
+            self._patch(ptrs)
+            for launch in self._launches:
+                launch.run()
+
+    def __str__(self) -> str:
+        rows = [("#", "kernel", "device", "buffers", "vars", "fixedvars")]
+        for k in self.kernels:
+            rows.append((str(k.id), k.kernel.name, k.device, ",".join(map(str, k.buffer_indices)),
+                         ",".join(k.kernel.var_names) or "-",
+                         ",".join(f"{n}={v}" for n, v in k.fixedvars.items()) or "-"))
+        widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+        lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+        bufs = [f"  buf{i}: {b.dtype} {b.shape_text} ({b.memory.nbytes} bytes)" for i, b in enumerate(self._buffers)]
+        head = (f"ExecutionPlan on {self.device}: {len(self.kernels)} kernels, {len(self._buffers)} buffers, "
+                f"inputs {list(self.inputs)}, outputs {list(self.outputs)}, vars {self.vars}")
+        return "\n".join([head, *lines, "buffers:", *bufs])
+
+    __repr__ = __str__

@@ -1,0 +1,244 @@
+"""Call signatures: bind arguments, classify leaves (array / scalar var / static), read var values.
+
+A signature is the pytree structure + static values + static dims + dtypes (+ device, added by
+the caller). Reading a call checks ranks and static dims against `shapes`, that a var agrees
+everywhere it appears, and every var's bounds, before anything runs.
+"""
+from __future__ import annotations
+
+import inspect
+
+import attrs
+import numpy as np
+
+from .errors import SignatureError, VarBoundError
+from .runtime.array import Array
+from .trace.pytree import flatten
+from .trace.tracing import ArrayLeaf, VarLeaf
+from .uop import to_dtype
+from .uop.var import BoundVar, Var
+
+def parse_dims(spec, vars_: dict[str, Var], where: str) -> tuple:
+    """A shape spec ("n, 64", ("n", 64), (Var, None)) -> tuple of int | Var | None."""
+    if isinstance(spec, str):
+        spec = tuple(s.strip() for s in spec.strip("()").split(",") if s.strip())
+    if not isinstance(spec, (tuple, list)):
+        raise SignatureError(f"shapes[{where}] must be a tuple of dims or a string, got {spec!r}")
+    dims = []
+    for d in spec:
+        if d is None or isinstance(d, Var):
+            dims.append(d)
+        elif isinstance(d, (int, np.integer)) and not isinstance(d, bool):
+            dims.append(int(d))
+        elif isinstance(d, str) and d.lstrip("-").isdigit():
+            dims.append(int(d))
+        elif isinstance(d, str) and d in ("None", "_", "?"):
+            dims.append(None)
+        elif isinstance(d, str):
+            if d not in vars_:
+                raise SignatureError(f"shapes[{where}] names var {d!r}, which is not in vars {sorted(vars_)}")
+            dims.append(vars_[d])
+        else:
+            raise SignatureError(f"shapes[{where}]: a dim must be an int, a var name, a Var or None, got {d!r}")
+    return tuple(dims)
+
+
+def _is_dims_spec(spec) -> bool:
+    return isinstance(spec, str) or isinstance(spec, (tuple, list)) and all(
+        d is None or isinstance(d, (int, str, Var, np.integer)) for d in spec)
+
+
+def is_array_like(x) -> bool:
+    if isinstance(x, (bool, int, float, complex, str, bytes)) or x is None:
+        return False
+    return isinstance(x, (np.ndarray, np.generic, Array)) or hasattr(x, "__array__")
+
+
+@attrs.frozen
+class CallInfo:
+    key: tuple
+    leaves: list           # ArrayLeaf | VarLeaf | static value, in order (for tracing)
+    arrays: list           # the array arguments as contiguous NumPy arrays, in order
+    var_values: dict       # name -> int
+    descriptions: list     # (path, key part) for explaining retraces
+    build_args: object     # leaf values -> (args, kwargs)
+
+
+class Signature:
+    """How a prepared function reads its arguments, from `vars` and `shapes`."""
+
+    def __init__(self, fn, vars_: dict[str, Var], shapes: dict):
+        self.fn_name = getattr(fn, "__name__", "f")
+        self.sig = inspect.signature(fn)
+        self.params = list(self.sig.parameters.values())
+        self.vars = vars_
+        names = {p.name for p in self.params}
+        for name in shapes:
+            if name not in names:
+                raise SignatureError(f"shapes names {name!r}, which is not a parameter of {self.fn_name}")
+        self.shapes = shapes
+        self.scalar_vars = {n for n in vars_ if n in names and n not in shapes}
+        self.simple = all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in self.params)
+
+    def bind(self, args, kwargs) -> list[tuple[str, object]]:
+        if self.simple and not kwargs and len(args) == len(self.params):
+            return [(p.name, a) for p, a in zip(self.params, args)]
+        try:
+            bound = self.sig.bind(*args, **kwargs)
+        except TypeError as e:
+            raise SignatureError(f"{self.fn_name}(): {e}") from None
+        bound.apply_defaults()
+        return list(bound.arguments.items())
+
+    def _rebuilder(self, params: list[tuple[str, object]], counts: list[tuple]):
+        def build(values):
+            it = iter(values)
+            arguments = {}
+            for (name, _), (kind, tree) in zip(params, counts):
+                arguments[name] = next(it) if kind == "var" else tree.unflatten([next(it) for _ in range(tree.num_leaves)])
+            bound = inspect.BoundArguments(self.sig, arguments)
+            return bound.args, bound.kwargs
+        return build
+
+    def read(self, args, kwargs) -> CallInfo:
+        params = self.bind(args, kwargs)
+        key, leaves, arrays, descriptions, structure = [], [], [], [], []
+        var_values: dict[str, tuple[int, str]] = {}
+        for name, value in params:
+            if name in self.scalar_vars:
+                v = self._scalar_var(name, value)
+                self._record(var_values, self.vars[name], v, name)
+                leaves.append(VarLeaf(self.vars[name].uop))
+                key.append(("var",))
+                descriptions.append((name, ("var",)))
+                structure.append(("var", None))
+                continue
+            values, paths, tree = flatten(value, is_array_like, name)
+            specs = self._leaf_specs(name, value)
+            key.append(("tree", tree))
+            structure.append(("tree", tree))
+            for leaf, path in zip(values, paths):
+                if is_array_like(leaf):
+                    part, arr, shape = self._array(leaf, specs.get(path), path, var_values)
+                    leaves.append(ArrayLeaf(to_dtype(arr.dtype), shape))
+                    arrays.append(arr)
+                else:
+                    part = self._static(leaf, path)
+                    leaves.append(leaf)
+                key.append(part)
+                descriptions.append((path, part))
+        for vname, (v, where) in var_values.items():
+            self.vars[vname].check(v, where)
+        return CallInfo(tuple(key), leaves, arrays, {n: v for n, (v, _) in var_values.items()}, descriptions,
+                        self._rebuilder(params, structure))
+
+    def _scalar_var(self, name: str, value) -> int:
+        if isinstance(value, BoundVar):
+            if value.name != name:
+                raise SignatureError(f"argument {name!r} got a BoundVar of var {value.name!r}")
+            value = value.value
+        if isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "iu":
+            value = value.item()
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+            raise SignatureError(f"argument {name!r} is the var {name!r}: pass a Python int, got "
+                                 f"{type(value).__name__}")
+        return int(value)
+
+    def _leaf_specs(self, name: str, value) -> dict:
+        """path -> dims spec for each array leaf of parameter `name` that has one."""
+        spec = self.shapes.get(name)
+        out: dict = {}
+        if spec is not None:
+            self._match_spec(value, spec, name, out)
+        return out
+
+    def _match_spec(self, value, spec, path: str, out: dict):
+        if spec is None:
+            return
+        if is_array_like(value) or not isinstance(value, (dict, list, tuple)):
+            if not _is_dims_spec(spec):
+                raise SignatureError(f"{path}: shapes gives a pytree spec {spec!r} but the argument is an array")
+            out[path] = parse_dims(spec, self.vars, path)
+            return
+        if isinstance(value, dict):
+            if not isinstance(spec, dict) or set(spec) - set(value):
+                raise SignatureError(f"{path}: the argument's structure (dict with keys {list(value)}) does not fit "
+                                     f"its shapes spec {spec!r}")
+            for k in value:
+                self._match_spec(value[k], spec.get(k), f"{path}[{k!r}]", out)
+            return
+        if not isinstance(spec, (list, tuple)) or len(spec) != len(value):
+            raise SignatureError(f"{path}: the argument's structure ({type(value).__name__} of {len(value)}) does not "
+                                 f"fit its shapes spec {spec!r}")
+        for i, (v, s) in enumerate(zip(value, spec)):
+            self._match_spec(v, s, f"{path}[{i}]", out)
+
+    def _array(self, leaf, dims, path: str, var_values: dict):
+        arr = leaf._data if isinstance(leaf, Array) else np.asarray(leaf)
+        try:
+            dtype = to_dtype(arr.dtype)
+        except TypeError as e:
+            raise SignatureError(f"{path}: {e}") from None
+        if not arr.flags.c_contiguous:
+            arr = np.ascontiguousarray(arr)
+        shape = arr.shape
+        if dims is None:
+            return ("array", dtype.name, shape), arr, shape
+        if len(dims) != len(shape):
+            raise SignatureError(f"{path} has rank {len(shape)} (shape {shape}), but shapes declares rank {len(dims)} "
+                                 f"{_fmt_dims(dims)}")
+        key_dims, trace_shape = [], []
+        for i, (d, n) in enumerate(zip(dims, shape)):
+            if isinstance(d, Var):
+                self._record(var_values, d, n, f"{path}.shape[{i}]")
+                key_dims.append(d.name)
+                trace_shape.append(d.uop)
+            else:
+                if isinstance(d, int) and d != n:
+                    raise SignatureError(f"{path}.shape[{i}] is {n}, but shapes declares it static {d} "
+                                         f"{_fmt_dims(dims)}")
+                key_dims.append(n)
+                trace_shape.append(n)
+        return ("array", dtype.name, tuple(key_dims)), arr, tuple(trace_shape)
+
+    @staticmethod
+    def _record(var_values: dict, var: Var, value: int, where: str):
+        seen = var_values.get(var.name)
+        if seen is None:
+            var_values[var.name] = (value, where)
+        elif seen[0] != value:
+            raise SignatureError(f"var {var.name!r} disagrees: {seen[1]} = {seen[0]} but {where} = {value}")
+
+    @staticmethod
+    def _static(leaf, path: str):
+        try:
+            hash(leaf)
+        except TypeError:
+            raise SignatureError(f"{path}: static argument of type {type(leaf).__name__} is not hashable; pass arrays "
+                                 "as NumPy arrays and other values as ints, floats, strings or tuples") from None
+        return ("static", type(leaf).__name__, repr(leaf) if isinstance(leaf, float) else leaf)
+
+
+def _fmt_dims(dims) -> str:
+    return "(" + ", ".join(d.name if isinstance(d, Var) else "None" if d is None else str(d) for d in dims) + ")"
+
+
+def explain_retrace(old: list, new: list) -> str:
+    """Why a call needed a new trace, given the descriptions of the closest old signature and the new one."""
+    if not old:
+        return "first call"
+    if len(old) != len(new) or [p for p, _ in old] != [p for p, _ in new]:
+        return "new argument structure"
+    for (path, a), (_, b) in zip(old, new):
+        if a == b:
+            continue
+        if a[0] == "array" and b[0] == "array":
+            if a[1] != b[1]:
+                return f"new dtype for {path} ({a[1]} -> {b[1]})"
+            if len(a[2]) != len(b[2]):
+                return f"new rank for {path} ({len(a[2])} -> {len(b[2])})"
+            return f"new static shape for {path} ({a[2]} -> {b[2]})"
+        if a[0] == "static" and b[0] == "static":
+            return f"new static value for {path} ({a[2]} -> {b[2]})"
+        return f"{path} changed kind ({a[0]} -> {b[0]})"
+    return "new signature"

@@ -1,0 +1,113 @@
+"""Basic indexing of traced arrays: ints, slices with steps, None and `...`, with static or symbolic bounds."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import TraceError
+from ..uop import UOp, as_int_if_const, simplify, sint
+from . import prims
+from .prims import to_sint
+from .tracer import Tracer
+
+
+def _is_int_like(k) -> bool:
+    if isinstance(k, (bool, np.bool_)):
+        return False
+    if isinstance(k, (int, np.integer, UOp)):
+        return True
+    return isinstance(k, Tracer) and k.ndim == 0 and k.dtype.is_int
+
+
+def _clamp(v: sint, lo: sint, hi: sint) -> sint:
+    return as_int_if_const(simplify((UOp.const(0) + v).smax(lo).smin(hi)))
+
+
+def _slice_spec(s: slice, dim: sint):
+    """(start, step, size) for slice `s` over a dim, NumPy semantics (negative bounds count from the end)."""
+    step = 1 if s.step is None else s.step
+    if isinstance(step, (UOp, Tracer)) or not isinstance(step, (int, np.integer)):
+        raise TraceError("slice steps must be static ints")
+    step = int(step)
+    if step == 0:
+        raise ValueError("slice step cannot be zero")
+    if isinstance(dim, int) and all(v is None or isinstance(v, (int, np.integer)) for v in (s.start, s.stop)):
+        start, stop, step = slice(s.start, s.stop, step).indices(dim)
+        return start, step, len(range(start, stop, step))
+    start, stop = (None if v is None else to_sint(v, "a slice bound") for v in (s.start, s.stop))
+    for v in (start, stop):
+        if isinstance(v, UOp) and v.vmin < 0:
+            raise TraceError(f"symbolic slice bound {v.render()} may be negative; symbolic bounds must be >= 0")
+
+    def norm(v, default, lo, hi):
+        if v is None:
+            return default
+        if isinstance(v, int) and v < 0:
+            v = UOp.const(0) + dim + v
+        return _clamp(v, lo, hi)
+
+    if step > 0:
+        start = norm(start, 0, 0, dim)
+        stop = norm(stop, dim, 0, dim)
+        size = (UOp.const(0) + stop - start + step - 1) // step
+    else:
+        start = norm(start, UOp.const(0) + dim - 1, -1, UOp.const(0) + dim - 1)
+        stop = norm(stop, -1, -1, UOp.const(0) + dim - 1)
+        size = (UOp.const(0) + start - stop + (-step) - 1) // (-step)
+    return as_int_if_const(start), step, as_int_if_const(simplify(size.smax(0)))
+
+
+def _index_int(k, dim: sint):
+    """A (start, step, size=1) spec for an integer index; symbolic indices wrap negatives and clamp like JAX."""
+    if isinstance(k, (int, np.integer)):
+        k = int(k)
+        if isinstance(dim, int):
+            if not -dim <= k < dim:
+                raise IndexError(f"index {k} is out of bounds for axis with size {dim}")
+            return k % dim, 1, 1
+        if k >= 0:
+            if k >= dim.vmax:
+                raise IndexError(f"index {k} is out of bounds for axis with size {dim.render()} (at most {dim.vmax})")
+            return _clamp(k, 0, UOp.const(0) + dim - 1), 1, 1
+        if -k > dim.vmax:
+            raise IndexError(f"index {k} is out of bounds for axis with size {dim.render()} (at most {dim.vmax})")
+        return _clamp(UOp.const(0) + dim + k, 0, UOp.const(0) + dim - 1), 1, 1
+    v = to_sint(k, "an index")
+    if isinstance(v, UOp) and v.vmin < 0:
+        raise TraceError(f"symbolic index {v.render()} may be negative; symbolic indices must be >= 0")
+    return _clamp(v, 0, UOp.const(0) + dim - 1), 1, 1
+
+
+def getitem(x: Tracer, key) -> Tracer:
+    if not isinstance(key, tuple):
+        key = (key,)
+    for k in key:
+        if isinstance(k, (list, np.ndarray)) or isinstance(k, Tracer) and not (k.ndim == 0 and k.dtype.is_int):
+            raise TraceError("integer-array and boolean indexing of traced arrays is not supported yet; use basic "
+                             "indexing (ints, slices, None, ...)")
+    n_ellipsis = sum(1 for k in key if k is Ellipsis)
+    if n_ellipsis > 1:
+        raise IndexError("an index can only have a single ellipsis ('...')")
+    n_real = sum(1 for k in key if k is not None and k is not Ellipsis)
+    if n_real > x.ndim:
+        raise IndexError(f"too many indices for array: array is {x.ndim}-dimensional, but {n_real} were indexed")
+    if n_ellipsis:
+        i = next(i for i, k in enumerate(key) if k is Ellipsis)
+        key = key[:i] + (slice(None),) * (x.ndim - n_real) + key[i + 1:]
+    else:
+        key = key + (slice(None),) * (x.ndim - n_real)
+    spec, out_shape, dim_i = [], [], 0
+    for k in key:
+        if k is None:
+            out_shape.append(1)
+            continue
+        dim = x.uop.shape[dim_i]
+        if isinstance(k, slice):
+            start, step, size = _slice_spec(k, dim)
+            out_shape.append(size)
+        elif _is_int_like(k):
+            start, step, size = _index_int(k, dim)
+        else:
+            raise IndexError(f"only integers, slices, None and ... are valid indices, got {type(k).__name__}")
+        spec.append((start, step, size))
+        dim_i += 1
+    return prims.reshape(prims.shrink(x, spec), out_shape)

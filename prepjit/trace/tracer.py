@@ -1,0 +1,145 @@
+"""Tracer: the array a traced function sees; its operators record UOps instead of computing."""
+from __future__ import annotations
+
+from ..errors import TraceError
+from ..uop import DType, UOp
+
+
+class Tracer:
+    """A traced array: a node of the traced graph with NumPy's array interface.
+
+    `weak` marks values that came from Python scalars (or vars), which take part in
+    dtype promotion like NumPy's Python scalars do.
+    """
+
+    __slots__ = ("uop", "weak")
+    __array_priority__ = 1000  # so ndarray <op> Tracer defers to us
+
+    def __init__(self, uop: UOp, weak: bool = False):
+        self.uop, self.weak = uop, weak
+
+    # ---- metadata ----
+    @property
+    def dtype(self) -> DType:
+        return self.uop.dtype
+
+    @property
+    def shape(self) -> tuple:
+        """Dims as ints; symbolic dims as 0-d int64 Tracers usable in arithmetic, shapes and slices."""
+        return tuple(d if isinstance(d, int) else Tracer(d, weak=True) for d in self.uop.shape)
+
+    @property
+    def shape_str(self) -> str:
+        from .prims import fmt_shape
+        return fmt_shape(self.uop.shape)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.uop.shape)
+
+    @property
+    def size(self):
+        from ..uop import sym_prod
+        s = sym_prod(self.uop.shape)
+        return s if isinstance(s, int) else Tracer(s, weak=True)
+
+    @property
+    def T(self) -> "Tracer":
+        return _np().transpose(self)
+
+    def __repr__(self) -> str:
+        return f"Tracer(shape={self.shape_str}, dtype={self.dtype.name})"
+
+    # ---- methods ----
+    def reshape(self, *shape) -> "Tracer":
+        return _np().reshape(self, shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape)
+
+    def transpose(self, *axes) -> "Tracer":
+        axes = axes[0] if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else (axes or None)
+        return _np().transpose(self, axes)
+
+    def astype(self, dtype) -> "Tracer":
+        return _np().astype(self, dtype)
+
+    def sum(self, axis=None, keepdims=False, dtype=None):
+        return _np().sum(self, axis=axis, keepdims=keepdims, dtype=dtype)
+
+    def mean(self, axis=None, keepdims=False):
+        return _np().mean(self, axis=axis, keepdims=keepdims)
+
+    def max(self, axis=None, keepdims=False):
+        return _np().max(self, axis=axis, keepdims=keepdims)
+
+    def min(self, axis=None, keepdims=False):
+        return _np().min(self, axis=axis, keepdims=keepdims)
+
+    def flatten(self) -> "Tracer":
+        return _np().reshape(self, (-1,))
+
+    def __getitem__(self, key) -> "Tracer":
+        from .indexing import getitem
+        return getitem(self, key)
+
+    def __len__(self) -> int:
+        if not self.uop.shape:
+            raise TypeError("len() of unsized object")
+        d = self.uop.shape[0]
+        if not isinstance(d, int):
+            raise TraceError("len() of an array with a symbolic first dim has no Python int; use x.shape[0]")
+        return d
+
+    # ---- operators ----
+    def __add__(self, o): return _np().add(self, o)
+    def __radd__(self, o): return _np().add(o, self)
+    def __sub__(self, o): return _np().subtract(self, o)
+    def __rsub__(self, o): return _np().subtract(o, self)
+    def __mul__(self, o): return _np().multiply(self, o)
+    def __rmul__(self, o): return _np().multiply(o, self)
+    def __truediv__(self, o): return _np().true_divide(self, o)
+    def __rtruediv__(self, o): return _np().true_divide(o, self)
+    def __floordiv__(self, o): return _np().floor_divide(self, o)
+    def __rfloordiv__(self, o): return _np().floor_divide(o, self)
+    def __mod__(self, o): return _np().mod(self, o)
+    def __rmod__(self, o): return _np().mod(o, self)
+    def __pow__(self, o): return _np().power(self, o)
+    def __rpow__(self, o): return _np().power(o, self)
+    def __matmul__(self, o): return _np().matmul(self, o)
+    def __rmatmul__(self, o): return _np().matmul(o, self)
+    def __neg__(self): return _np().negative(self)
+    def __pos__(self): return self
+    def __abs__(self): return _np().abs(self)
+    def __invert__(self): return _np().invert(self)
+    def __and__(self, o): return _np().bitwise_and(self, o)
+    def __rand__(self, o): return _np().bitwise_and(o, self)
+    def __or__(self, o): return _np().bitwise_or(self, o)
+    def __ror__(self, o): return _np().bitwise_or(o, self)
+    def __xor__(self, o): return _np().bitwise_xor(self, o)
+    def __rxor__(self, o): return _np().bitwise_xor(o, self)
+    def __lt__(self, o): return _np().less(self, o)
+    def __le__(self, o): return _np().less_equal(self, o)
+    def __gt__(self, o): return _np().greater(self, o)
+    def __ge__(self, o): return _np().greater_equal(self, o)
+    def __eq__(self, o): return _np().equal(self, o)  # type: ignore[override]
+    def __ne__(self, o): return _np().not_equal(self, o)  # type: ignore[override]
+    __hash__ = object.__hash__
+
+    # ---- what cannot be traced ----
+    def _concrete(self, what: str):
+        raise TraceError(
+            f"{what} of a traced array (shape {self.shape_str}, {self.dtype.name}) is not known while tracing: "
+            "Python control flow cannot depend on array values. Use pnp.where(cond, a, b) for elementwise "
+            "choices, pass the value as a static argument, or make it a var (vars={...}) if it is a size")
+
+    def __bool__(self): self._concrete("the truth value")
+    def __int__(self): self._concrete("the int value")
+    def __float__(self): self._concrete("the float value")
+    def __index__(self): self._concrete("the index value")
+    def __array__(self, *a, **k): self._concrete("a NumPy array")
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+
+def _np():
+    from . import numpy_api
+    return numpy_api

@@ -1,0 +1,49 @@
+"""Var: a named symbolic integer with inclusive bounds, and BoundVar, a var with a value."""
+from __future__ import annotations
+
+import attrs
+
+from ..errors import VarBoundError
+from .uop import UOp
+
+
+@attrs.frozen
+class Var:
+    """A symbolic variable `name` in [min, max] (inclusive), usable in shapes and as a scalar argument."""
+
+    name: str
+    min: int = attrs.field(converter=int)
+    max: int = attrs.field(converter=int)
+
+    def __attrs_post_init__(self):
+        if not isinstance(self.name, str) or not self.name.isidentifier():
+            raise ValueError(f"Var name must be an identifier, got {self.name!r}")
+        if self.min > self.max:
+            raise ValueError(f"Var {self.name!r}: min {self.min} > max {self.max}")
+
+    @property
+    def uop(self) -> UOp:
+        return UOp.variable(self.name, self.min, self.max)
+
+    def check(self, value: int, where: str = "") -> int:
+        if not self.min <= value <= self.max:
+            src = f" (from {where})" if where else ""
+            raise VarBoundError(f"var {self.name!r} = {value}{src} is outside its bounds [{self.min}, {self.max}]")
+        return value
+
+    def bind(self, value: int) -> "BoundVar":
+        if isinstance(value, bool) or not isinstance(value, int) and not hasattr(value, "__index__"):
+            raise TypeError(f"Var {self.name!r} binds to an int, got {type(value).__name__}")
+        return BoundVar(self, self.check(int(value)))
+
+
+@attrs.frozen
+class BoundVar:
+    """A Var together with a value inside its bounds."""
+
+    var: Var
+    value: int
+
+    @property
+    def name(self) -> str:
+        return self.var.name
