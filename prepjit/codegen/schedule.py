@@ -52,7 +52,7 @@ class _Scheduler:
 
     def deps(self, node: UOp) -> list[UOp]:
         """The realized nodes a kernel computing `node` reads (the walk stops at them)."""
-        out, seen, stack = [], set(), list(node.src)
+        out, seen, stack = [], set(), list(node.src) if node.op is Ops.REDUCE_AXIS else [node]
         while stack:
             n = stack.pop()
             if n in seen:
