@@ -82,4 +82,4 @@ def build_plan(traced: Traced, device) -> tuple[ExecutionPlan, int]:
                 for v in d.variables():
                     bounds[v.arg[0]] = (v.arg[1], v.arg[2])
     var_bounds = {n: b for n, b in sorted(bounds.items()) if n not in fixed_names}
-    return ExecutionPlan(device.name, buffers, kernels, sched.inputs, sched.outputs, var_bounds), compiles
+    return ExecutionPlan(device, buffers, kernels, sched.inputs, sched.outputs, var_bounds), compiles

@@ -8,11 +8,8 @@ import sys
 import threading
 
 import attrs
-import numpy as np
-
 from .errors import SignatureError
 from .planner import build_plan
-from .runtime.array import Array
 from .runtime.devices import get_device
 from .runtime.plan import ExecutionPlan
 from .signature import CallInfo, Signature, explain_retrace
@@ -42,9 +39,9 @@ class _Entry:
     plan: ExecutionPlan
     out_tree: TreeDef
     descriptions: list
-    out_dtypes: list
-    out_shape_fns: list
-    duplicate: list  # per output: True when an earlier output shares its buffer (copy it)
+    out_shape_fns: list  # per distinct output buffer
+    duplicate: list      # per output: True when an earlier output shares its buffer (copy it)
+    first_of: list       # per output: the index of the first output with the same buffer
 
 
 def _normalize_vars(vars_) -> dict[str, Var]:
@@ -138,13 +135,13 @@ class PreparedFunction:
         return trace_call(self.fn, info.build_args, info.leaves)
 
     def _freeze(self, plan: ExecutionPlan, traced: Traced, info: CallInfo) -> _Entry:
-        seen, duplicate = set(), []
-        for b in plan.outputs:
-            duplicate.append(b in seen)
-            seen.add(b)
-        bufs = plan.buffers
-        return _Entry(plan, traced.out_tree, info.descriptions, [bufs[b].dtype for b in plan.outputs],
-                      [bufs[b].shape_fn for b in plan.outputs], duplicate)
+        first: dict[int, int] = {}
+        for i, b in enumerate(plan.outputs):
+            first.setdefault(b, i)
+        duplicate = [first[b] != i for i, b in enumerate(plan.outputs)]
+        shape_fns = [plan.buffers[b].shape_fn for b in first]
+        return _Entry(plan, traced.out_tree, info.descriptions, shape_fns, duplicate,
+                      [first[b] for b in plan.outputs])
 
     def plan(self, *args, **kwargs) -> ExecutionPlan:
         """The ExecutionPlan for these arguments, prepared (traced and compiled) if needed, without running."""
@@ -162,16 +159,12 @@ class PreparedFunction:
         missing = [n for n in plan.vars if n not in values]
         if missing:
             raise SignatureError(f"vars {missing} are used by {self.__name__} but no argument gives their value")
-        outputs, unique = [], {}
-        for b, dup, dtype, shape_fn in zip(plan.outputs, entry.duplicate, entry.out_dtypes, entry.out_shape_fns):
-            if not dup:
-                unique[b] = np.empty(shape_fn(values), dtype)
-            outputs.append(unique[b])
-        plan.run_with_io({n: values[n] for n in plan.vars}, [a.ctypes.data for a in info.arrays],
-                         list(unique.values()))
+        distinct = plan.run_with_io({n: values[n] for n in plan.vars}, info.arrays,
+                                    [fn(values) for fn in entry.out_shape_fns])
         self._stats["replays"] += 1
-        device = plan.device
-        results = [Array(o.copy() if dup else o, device) for o, dup in zip(outputs, entry.duplicate)]
+        results, it = [], iter(distinct)
+        for dup, index in zip(entry.duplicate, entry.first_of):
+            results.append(plan.copy_array(results[index]) if dup else next(it))
         return entry.out_tree.unflatten(results)
 
 

@@ -174,12 +174,12 @@ class Signature:
             self._match_spec(v, s, f"{path}[{i}]", out)
 
     def _array(self, leaf, dims, path: str, var_values: dict):
-        arr = leaf._data if isinstance(leaf, Array) else np.asarray(leaf)
+        arr = leaf if isinstance(leaf, Array) else np.asarray(leaf)
         try:
             dtype = to_dtype(arr.dtype)
         except TypeError as e:
             raise SignatureError(f"{path}: {e}") from None
-        if not arr.flags.c_contiguous:
+        if isinstance(arr, np.ndarray) and not arr.flags.c_contiguous:
             arr = np.ascontiguousarray(arr)
         shape = arr.shape
         if dims is None:

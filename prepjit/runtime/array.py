@@ -5,60 +5,64 @@ import numpy as np
 
 
 class Array:
-    """A device array returned by a prepared function; `np.asarray(a)` / `a.numpy()` read it."""
+    """A device array returned by a prepared function; `np.asarray(a)` / `a.numpy()` read it.
 
-    __slots__ = ("_data", "device")
+    On the cpu the buffer is a NumPy array; on other devices it is device memory that is read
+    only when asked, and passed to another prepared function on the same device without a copy.
+    """
 
-    def __init__(self, data: np.ndarray, device: str = "cpu"):
-        self._data, self.device = data, device
+    __slots__ = ("buffer", "shape", "dtype", "_device")
+
+    def __init__(self, buffer, shape: tuple[int, ...], dtype: np.dtype, device):
+        self.buffer, self.shape, self.dtype, self._device = buffer, tuple(shape), np.dtype(dtype), device
 
     @property
-    def shape(self) -> tuple[int, ...]:
-        return self._data.shape
-
-    @property
-    def dtype(self) -> np.dtype:
-        return self._data.dtype
+    def device(self) -> str:
+        return self._device.name
 
     @property
     def ndim(self) -> int:
-        return self._data.ndim
+        return len(self.shape)
 
     @property
     def size(self) -> int:
-        return self._data.size
+        return int(np.prod(self.shape, dtype=np.int64))
 
     def numpy(self) -> np.ndarray:
         """A NumPy copy of the data."""
-        return self._data.copy()
+        return self._device.to_numpy(self.buffer, self.shape, self.dtype, copy=True)
 
     def __array__(self, dtype=None, copy=None):
-        if copy is False and dtype is not None and np.dtype(dtype) != self._data.dtype:
-            raise ValueError("a copy is needed to change the dtype")
-        out = self._data if dtype is None else self._data.astype(dtype, copy=False)
-        return out.copy() if copy else out
+        out = self._device.to_numpy(self.buffer, self.shape, self.dtype, copy=bool(copy))
+        if dtype is not None and np.dtype(dtype) != out.dtype:
+            if copy is False:
+                raise ValueError("a copy is needed to change the dtype")
+            out = out.astype(dtype)
+        return out
 
     def __len__(self) -> int:
-        return len(self._data)
+        if not self.shape:
+            raise TypeError("len() of unsized object")
+        return self.shape[0]
 
     def __getitem__(self, key):
-        return self._data[key].copy()
+        return np.asarray(self)[key].copy()
 
     def __iter__(self):
         return iter(self.numpy())
 
     def item(self):
-        return self._data.item()
+        return np.asarray(self).item()
 
     def __float__(self):
-        return float(self._data)
+        return float(np.asarray(self))
 
     def __int__(self):
-        return int(self._data)
+        return int(np.asarray(self))
 
     def __bool__(self):
-        return bool(self._data)
+        return bool(np.asarray(self))
 
     def __repr__(self) -> str:
-        body = np.array2string(self._data, separator=", ", prefix="pj.Array(")
+        body = np.array2string(np.asarray(self), separator=", ", prefix="pj.Array(")
         return f"pj.Array({body}, dtype={self.dtype}, device={self.device!r})"

@@ -25,6 +25,18 @@ def get_device(name: str | None = None):
         return _devices[name]
 
 
+def available_devices() -> list[str]:
+    """The devices that can run here (cpu always; others when their driver loads)."""
+    out = []
+    for name in KNOWN:
+        try:
+            get_device(name)
+        except DeviceError:
+            continue
+        out.append(name)
+    return out
+
+
 def _create(name: str):
     if name == "cpu":
         from .cpu import CPUDevice

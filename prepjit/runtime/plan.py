@@ -1,7 +1,6 @@
 """ExecutionPlan: a frozen list of PreparedKernels over owned buffers, replayed with new var values."""
 from __future__ import annotations
 
-import ctypes
 import threading
 
 import attrs
@@ -46,41 +45,33 @@ class PlanBuffer:
     shape_text: str
 
 
-class _Launch:
-    """The ctypes argument arrays of one PreparedKernel, built once; replay patches slots in place."""
-
-    def __init__(self, pk: PreparedKernel):
-        self.pk = pk
-        self.bufs = (ctypes.c_void_p * max(1, len(pk.buffer_ptrs)))(*pk.buffer_ptrs)
-        self.vals = (ctypes.c_int64 * max(1, len(pk.vals)))(*pk.vals)
-        self.bufs_ptr, self.vals_ptr = ctypes.addressof(self.bufs), ctypes.addressof(self.vals)
-        self.program = pk.kernel.program
-        size = pk.kernel.global_size_fn
-        self.static_size = size(pk.vals)[0] if not any(n not in pk.fixedvars for n in pk.kernel.var_names) else None
-        self.size_fn = size
-        self.var_slots = [(i, n) for i, n in enumerate(pk.kernel.var_names) if n not in pk.fixedvars]
-
-    def run(self):
-        size = self.static_size if self.static_size is not None else self.size_fn(self.vals)[0]
-        if size > 0:
-            self.program(self.bufs_ptr, self.vals_ptr, 0, size)
-
-
 class ExecutionPlan:
     """Owns its buffers and PreparedKernels (in a valid execution order); replays them."""
 
-    def __init__(self, device: str, buffers: list[PlanBuffer], kernels: list[PreparedKernel],
+    def __init__(self, device, buffers: list[PlanBuffer], kernels: list[PreparedKernel],
                  inputs: tuple[int, ...], outputs: tuple[int, ...], var_bounds: dict[str, tuple[int, int]]):
-        self.device, self._buffers, self.kernels = device, buffers, kernels
+        self._device, self._buffers, self.kernels = device, buffers, kernels
+        self.device = device.name
         self.inputs, self.outputs = tuple(inputs), tuple(outputs)
         self.vars = dict(var_bounds)
         self.bindings: dict[str, int] = {}
         self.lock = threading.Lock()
-        self._launches = [_Launch(k) for k in kernels]
+        self._launches = [self._launcher(k) for k in kernels]
         self._fixed = {name for k in kernels for name in k.fixedvars}
+        self._distinct_outputs = list(dict.fromkeys(self.outputs))
         io = set(self.inputs) | set(self.outputs)
         self._io_slots = {b: [(launch, slot) for launch in self._launches
                               for slot, bi in enumerate(launch.pk.buffer_indices) if bi == b] for b in io}
+
+    def _launcher(self, pk: PreparedKernel):
+        kernel = pk.kernel
+        runtime = [(i, n) for i, n in enumerate(kernel.var_names) if n not in pk.fixedvars]
+        static_size = None if runtime else kernel.global_size_fn(pk.vals)[0]
+        launcher = self._device.launcher(kernel.program, [self._device.handle(self._buffers[b].memory)
+                                                          for b in pk.buffer_indices],
+                                         pk.vals, kernel.global_size_fn, static_size)
+        launcher.pk, launcher.var_slots = pk, runtime
+        return launcher
 
     @property
     def buffers(self) -> list[PlanBuffer]:
@@ -108,7 +99,7 @@ class ExecutionPlan:
         for launch in self._launches:
             for slot, name in launch.var_slots:
                 if name in values:
-                    launch.vals[slot] = values[name]
+                    launch.set_val(slot, values[name])
                     launch.pk.vals[slot] = values[name]
 
     def execute_with_vars(self, values: dict[str, int]):
@@ -126,14 +117,14 @@ class ExecutionPlan:
         missing = sorted(set(self.vars) - set(self.bindings))
         if missing:
             raise VarError(f"vars {missing} have no value yet; use execute_with_vars")
-        self._patch({b: self._buffers[b].memory.ptr for b in self._io_slots})
+        self._patch({b: self._device.handle(self._buffers[b].memory) for b in self._io_slots})
         for launch in self._launches:
             launch.run()
 
     def _patch(self, ptrs: dict[int, int]):
         for b, ptr in ptrs.items():
             for launch, slot in self._io_slots[b]:
-                launch.bufs[slot] = ptr
+                launch.set_buffer(slot, ptr)
 
     # ---- I/O on owned buffers ----
     def live_shape(self, buffer_index: int) -> tuple[int, ...]:
@@ -146,22 +137,38 @@ class ExecutionPlan:
             raise SignatureError(f"input {i} has dtype {buf.dtype}, got {array.dtype}")
         if array.size > buf.memory.size:
             raise SignatureError(f"input {i} holds at most {buf.memory.size} elements, got {array.size}")
-        buf.memory.write(array)
+        self._device.write_buffer(buf.memory, array)
 
     def read_output(self, i: int) -> np.ndarray:
         b = self.outputs[i]
-        return self._buffers[b].memory.view(self.live_shape(b)).copy()
+        return self._device.read_buffer(self._buffers[b].memory, self.live_shape(b))
 
     # ---- replay with caller-owned I/O ----
-    def run_with_io(self, values: dict[str, int], input_ptrs: list[int], outputs: list[np.ndarray]):
-        """The prepared-call path: values already validated; inputs read in place; outputs written in place."""
+    def run_with_io(self, values: dict[str, int], args: list, output_shapes: list) -> list:
+        """The prepared-call path: values already validated; returns one fresh pj.Array per distinct output.
+
+        Inputs are handed to the device (the cpu reads NumPy arrays in place) and kernels write
+        straight into newly allocated outputs, so no intermediate is allocated and nothing is copied.
+        """
+        device = self._device
         with self.lock:
             self._bind(values)
-            ptrs = dict(zip(self.inputs, input_ptrs))
-            ptrs.update((b, o.ctypes.data) for b, o in zip(self.outputs, outputs))
-            self._patch(ptrs)
+            handles, keep = {}, []
+            for b, arg in zip(self.inputs, args):
+                handles[b], alive = device.input_handle(arg, self._buffers[b].memory)
+                keep.append(alive)
+            results = []
+            for b, shape in zip(self._distinct_outputs, output_shapes):
+                handles[b], array = device.new_output(shape, self._buffers[b].dtype)
+                results.append(array)
+            self._patch(handles)
             for launch in self._launches:
                 launch.run()
+            device.synchronize()
+        return results
+
+    def copy_array(self, array):
+        return self._device.copy_array(array)
 
     def __str__(self) -> str:
         rows = [("#", "kernel", "device", "buffers", "vars", "fixedvars")]
