@@ -114,8 +114,7 @@ class PreparedFunction:
             if entry is None:
                 reason = explain_retrace(self._closest(info), info.descriptions)
                 log.info("trace %s: %s", self.__name__, reason)
-                traced = self._trace(info)
-                plan, compiles = build_plan(traced, device)
+                traced, (plan, compiles) = _with_deep_stack(lambda: _trace_and_plan(self.fn, info, device))
                 self._stats["traces"] += 1
                 self._stats["compiles"] += compiles
                 self._stats["plans"] += 1
@@ -132,7 +131,7 @@ class PreparedFunction:
         return best
 
     def _trace(self, info: CallInfo) -> Traced:
-        return trace_call(self.fn, info.build_args, info.leaves)
+        return _with_deep_stack(lambda: trace_call(self.fn, info.build_args, info.leaves))
 
     def _freeze(self, plan: ExecutionPlan, traced: Traced, info: CallInfo) -> _Entry:
         first: dict[int, int] = {}
@@ -166,6 +165,40 @@ class PreparedFunction:
         for dup, index in zip(entry.duplicate, entry.first_of):
             results.append(plan.copy_array(results[index]) if dup else next(it))
         return entry.out_tree.unflatten(results)
+
+
+def _trace_and_plan(fn, info: CallInfo, device):
+    traced = trace_call(fn, info.build_args, info.leaves)
+    return traced, build_plan(traced, device)
+
+
+def _with_deep_stack(work):
+    """Run `work` in a thread with a large stack and recursion limit: graph walks recurse per node,
+    and a user's Python loop can chain thousands of ops. Its exception is re-raised here."""
+    result: dict = {}
+
+    def run():
+        try:
+            result["value"] = work()
+        except BaseException as e:  # noqa: BLE001 - handed back to the caller's thread
+            result["error"] = e
+
+    with _stack_lock:
+        old_size, old_limit = threading.stack_size(512 * 2**20), sys.getrecursionlimit()
+        sys.setrecursionlimit(max(old_limit, 100_000))
+        try:
+            thread = threading.Thread(target=run, name="prepjit-trace")
+            thread.start()
+            thread.join()
+        finally:
+            threading.stack_size(old_size)
+            sys.setrecursionlimit(old_limit)
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
+_stack_lock = threading.Lock()
 
 
 def prepare(fn=None, *, vars=None, shapes=None, device=None):
