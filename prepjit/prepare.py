@@ -14,6 +14,7 @@ from .runtime.devices import get_device
 from .runtime.plan import ExecutionPlan
 from .signature import CallInfo, Signature, explain_retrace
 from .trace.pytree import TreeDef
+from .trace.tracer import Tracer
 from .trace.tracing import Traced, trace_call
 from .uop.var import Var
 
@@ -152,6 +153,8 @@ class PreparedFunction:
 
     # ---- calling ----
     def __call__(self, *args, **kwargs):
+        if _has_tracer(args, kwargs):  # called inside another traced function: inline, like nested jax.jit
+            return self.fn(*args, **kwargs)
         info = self.signature.read(args, kwargs)
         entry = self._entry(info)
         plan, values = entry.plan, info.var_values
@@ -167,6 +170,11 @@ class PreparedFunction:
         return entry.out_tree.unflatten(results)
 
 
+def _has_tracer(args, kwargs) -> bool:
+    """Whether a top-level argument is traced (checked cheaply: this is on the replay path)."""
+    return any(type(a) is Tracer for a in args) or bool(kwargs) and any(type(a) is Tracer for a in kwargs.values())
+
+
 def _trace_and_plan(fn, info: CallInfo, device):
     traced = trace_call(fn, info.build_args, info.leaves)
     return traced, build_plan(traced, device)
@@ -175,6 +183,8 @@ def _trace_and_plan(fn, info: CallInfo, device):
 def _with_deep_stack(work):
     """Run `work` in a thread with a large stack and recursion limit: graph walks recurse per node,
     and a user's Python loop can chain thousands of ops. Its exception is re-raised here."""
+    if threading.current_thread().name == _TRACE_THREAD:
+        return work()
     result: dict = {}
 
     def run():
@@ -183,22 +193,30 @@ def _with_deep_stack(work):
         except BaseException as e:  # noqa: BLE001 - handed back to the caller's thread
             result["error"] = e
 
-    with _stack_lock:
-        old_size, old_limit = threading.stack_size(512 * 2**20), sys.getrecursionlimit()
-        sys.setrecursionlimit(max(old_limit, 100_000))
+    with _deep_lock:
+        if _deep_state["active"] == 0:
+            _deep_state["limit"] = sys.getrecursionlimit()
+            sys.setrecursionlimit(max(_deep_state["limit"], 100_000))
+        _deep_state["active"] += 1
+        old_size = threading.stack_size(512 * 2**20)
         try:
-            thread = threading.Thread(target=run, name="prepjit-trace")
+            thread = threading.Thread(target=run, name=_TRACE_THREAD)
             thread.start()
-            thread.join()
         finally:
             threading.stack_size(old_size)
-            sys.setrecursionlimit(old_limit)
+    thread.join()
+    with _deep_lock:
+        _deep_state["active"] -= 1
+        if _deep_state["active"] == 0:
+            sys.setrecursionlimit(_deep_state["limit"])
     if "error" in result:
         raise result["error"]
     return result["value"]
 
 
-_stack_lock = threading.Lock()
+_TRACE_THREAD = "prepjit-trace"
+_deep_lock = threading.Lock()
+_deep_state = {"active": 0, "limit": 1000}
 
 
 def prepare(fn=None, *, vars=None, shapes=None, device=None):
