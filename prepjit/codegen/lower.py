@@ -88,7 +88,19 @@ class _Lowerer:
             inner_gate = valid if gate is None else simplify(UOp(Ops.AND, dtypes.bool, (gate, valid)))
             value = self.build(src, tuple(new), inner_gate)
             return UOp(Ops.WHERE, node.dtype, (valid, value, UOp.const(0, node.dtype)))
+        if op is Ops.GATHER:
+            new = tuple(idx[n] if kind == "dim" else self.gather_index(node.src[1 + n], idx, gate, d)
+                        for (kind, n), d in zip(node.arg, src.shape))
+            return self.build(src, new, gate)
         raise NotImplementedError(f"cannot lower {op} inside a kernel")
+
+    def gather_index(self, indices: UOp, idx: tuple, gate: UOp | None, dim: sint) -> UOp:
+        """A loaded index: negatives wrap once (NumPy), then clamp into [0, dim) like JAX, so no read is out of bounds."""
+        v = self.build(indices, idx, gate)
+        v = v if v.dtype == dtypes.index else UOp(Ops.CAST, dtypes.index, (v,))
+        d = as_uop(dim)
+        wrapped = UOp(Ops.WHERE, dtypes.index, (UOp(Ops.CMPLT, dtypes.bool, (v, UOp.const(0))), v + d, v))
+        return simplify(wrapped.smin(d - 1).smax(0))
 
 
 def _range(end: sint, axis: int, kind: str) -> UOp:

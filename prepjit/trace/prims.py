@@ -225,3 +225,24 @@ def pad(x: Tracer, widths) -> Tracer:
     if all(isinstance(b, int) and isinstance(a, int) and b == a == 0 for b, a in widths):
         return x
     return Tracer(UOp(Ops.PAD, x.dtype, (x.uop,), widths), weak=x.weak)
+
+
+def gather(x: Tracer, indices, dims) -> Tracer:
+    """out[i] = x[j] where, per x dim m, j[m] = i[n] for dims[m] == ("dim", n) or the value of indices[k][i]
+    for dims[m] == ("index", k). Every index array has the output's shape; negative values wrap once and
+    out-of-range values clamp (so no read is out of bounds)."""
+    indices = [to_tracer(t) for t in indices]
+    out_shape = indices[0].uop.shape
+    for t in indices:
+        if not t.dtype.is_int:
+            raise TraceError(f"gather indices must be integers, not {t.dtype.name}")
+        if t.uop.shape != out_shape:
+            raise TraceError("gather index arrays must share one shape")
+    dims = tuple((kind, int(n)) for kind, n in dims)
+    if len(dims) != x.ndim:
+        raise TraceError(f"gather needs one spec per dim of {fmt_shape(x.uop.shape)}, got {len(dims)}")
+    for (kind, n), d in zip(dims, x.uop.shape):
+        if kind == "dim" and not dims_equal(out_shape[n], d) and not (isinstance(d, int) and d == 1):
+            raise TraceError(f"gather: output dim {n} does not match {fmt_shape(x.uop.shape)}")
+    x = broadcast_to(x, tuple(out_shape[n] if kind == "dim" else d for (kind, n), d in zip(dims, x.uop.shape)))
+    return Tracer(UOp(Ops.GATHER, x.dtype, (x.uop, *(t.uop for t in indices)), dims))

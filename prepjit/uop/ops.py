@@ -29,6 +29,8 @@ class Ops(Enum):
     EXPAND = auto()         # arg: new shape
     SHRINK = auto()         # arg: ((start, step, size), ...) per dim
     PAD = auto()            # arg: ((before, after), ...) per dim
+    GATHER = auto()         # traced only; src: (x, *indices); arg: per x dim ("dim", out dim) or ("index", j):
+                            # out[i] = x[...], that dim read at i[out dim] or at indices[j][i] (wrapped, clamped)
     # reductions
     REDUCE_AXIS = auto()    # traced; arg: (reduce op, axes); the reduced dims become 1
     REDUCE = auto()         # kernel; src: (value, *reduce ranges); arg: reduce op
