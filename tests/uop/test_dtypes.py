@@ -1,0 +1,33 @@
+"""Dtypes of the IR and NumPy 2 (NEP 50) promotion."""
+import itertools
+
+import numpy as np
+import pytest
+
+from prepjit.uop import dtypes, promote, to_dtype
+
+NAMES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32",
+         "float64"]
+
+
+@pytest.mark.parametrize("a,b", list(itertools.combinations_with_replacement(NAMES, 2)))
+def test_promotion_of_arrays_matches_numpy(a, b):
+    want = np.result_type(np.dtype(a), np.dtype(b))
+    assert promote((to_dtype(a), False), (to_dtype(b), False)).np == want
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("scalar", [True, 3, 2.5])
+def test_promotion_with_python_scalars_matches_numpy(name, scalar):
+    want = (np.zeros(1, name) + scalar).dtype if not (name == "bool" and isinstance(scalar, bool)) else np.dtype(bool)
+    kind = dtypes.bool if isinstance(scalar, bool) else dtypes.int64 if isinstance(scalar, int) else dtypes.float64
+    assert promote((to_dtype(name), False), (kind, True)).np == want
+
+
+def test_to_dtype_accepts_numpy_and_names():
+    assert to_dtype(np.float32) is dtypes.float32
+    assert to_dtype("f4") is dtypes.float32
+    assert to_dtype(np.dtype("int8")) is dtypes.int8
+    assert to_dtype(bool) is dtypes.bool
+    with pytest.raises(TypeError):
+        to_dtype(np.complex64)
