@@ -211,6 +211,8 @@ class Signature:
 
     @staticmethod
     def _static(leaf, path: str):
+        if isinstance(leaf, slice):  # slices hash only from Python 3.12 on
+            return ("static", "slice", tuple(Signature._static(v, path)[2] for v in (leaf.start, leaf.stop, leaf.step)))
         try:
             hash(leaf)
         except TypeError:

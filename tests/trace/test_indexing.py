@@ -1,0 +1,90 @@
+"""Basic indexing of traced arrays (ints, slices with steps, None, ...) with static and symbolic bounds."""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import prepjit as pj
+from tests.helpers import assert_matches
+
+X = np.arange(5 * 6 * 3, dtype=np.float32).reshape(5, 6, 3)
+
+KEYS = [
+    1, -1, (1, 2), (-2, -3, 0), slice(None), slice(1, 4), slice(None, None, 2), slice(None, None, -1),
+    slice(4, 0, -2), slice(-2, None), slice(-100, 100), slice(3, 3), slice(4, 1), (slice(None), 2),
+    (Ellipsis, 1), (1, Ellipsis), (None,), (None, 1, None), (slice(None, None, -2), None, slice(1, None, 2), 0),
+    (Ellipsis, None), (2, slice(None, None, -3), Ellipsis),
+]
+
+
+@pytest.mark.parametrize("key", KEYS, ids=repr)
+def test_basic_indexing_matches_numpy(key, device):
+    assert_matches(pj.prepare(lambda x: x[key], device=device)(X), X[key])
+
+
+def _slice_strategy(n):
+    bound = st.one_of(st.none(), st.integers(-n - 2, n + 2))
+    step = st.one_of(st.none(), st.integers(-3, 3).filter(lambda s: s != 0))
+    return st.builds(slice, bound, bound, step)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.tuples(st.one_of(_slice_strategy(5), st.integers(-5, 4)), _slice_strategy(6),
+                 st.one_of(_slice_strategy(3), st.just(Ellipsis), st.none())))
+def test_random_slices_match_numpy(key):
+    assert_matches(pj.prepare(lambda x: x[key])(X), X[key])
+
+
+def test_index_errors():
+    f = pj.prepare(lambda x, k: x[k])
+    with pytest.raises(IndexError):
+        f(X, 5)
+    with pytest.raises(IndexError):
+        f(X, (0, 0, 0, 0))
+    with pytest.raises(IndexError):
+        f(X, (Ellipsis, Ellipsis))
+    with pytest.raises(ValueError):
+        f(X, slice(None, None, 0))
+
+
+# ---- symbolic bounds ----
+
+V = {"n": (1, 16), "pos": (0, 15)}
+SHAPES = {"x": ("n", 6)}
+
+
+def xs(n):
+    return np.arange(n * 6, dtype=np.float32).reshape(n, 6) - 7
+
+
+SYMBOLIC = {
+    "x[pos]": (lambda x, pos: x[pos], lambda n, pos: pos < n),
+    "x[:, :pos+1]": (lambda x, pos: x[:, :pos + 1], None),
+    "x[:pos+1]": (lambda x, pos: x[:pos + 1], None),
+    "x[pos:]": (lambda x, pos: x[pos:], None),
+    "x[pos:pos+2]": (lambda x, pos: x[pos:pos + 2], None),
+    "x[pos::2]": (lambda x, pos: x[pos::2], None),
+    "x[:pos:-1]": (lambda x, pos: x[:pos:-1], None),
+    "x[::-1]": (lambda x, pos: x[::-1], None),
+    "x[-1]": (lambda x, pos: x[-1], None),
+    "x[1:-1, ::-2]": (lambda x, pos: x[1:-1, ::-2], None),
+    "x[None, ..., pos % 6]": (lambda x, pos: x[None, ..., pos % 6], None),
+    "x[n-1]": (lambda x, pos: x[x.shape[0] - 1], None),
+    "x[:n//2]": (lambda x, pos: x[:x.shape[0] // 2], None),
+}
+
+
+@pytest.mark.parametrize("name", list(SYMBOLIC))
+def test_symbolic_indexing_replays_for_many_values(name, device):
+    fn, valid = SYMBOLIC[name]
+    f = pj.prepare(fn, vars=V, shapes=SHAPES, device=device)
+    cases = [(n, pos) for n, pos in [(1, 0), (4, 2), (16, 15), (5, 5), (3, 7), (9, 0)] if valid is None or valid(n, pos)]
+    for n, pos in cases:
+        assert_matches(f(xs(n), pos), fn(xs(n), pos))
+    assert f.stats["traces"] == 1 and f.stats["replays"] == len(cases)
+
+
+def test_symbolic_slice_output_shape_is_symbolic():
+    traced = pj.trace(pj.prepare(lambda x, pos: x[:, :pos + 1], vars=V, shapes=SHAPES), xs(3), 1)
+    shape = traced.outputs[0].shape
+    assert shape[0].render() == "n" and "pos" in shape[1].render()
+
