@@ -1,0 +1,100 @@
+"""Running cases: time prepjit and each available peer on the same inputs, check results, collect a record."""
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import time
+
+import numpy as np
+
+from .cases import Case
+from .peers import Peer
+from .timing import time_per_call
+
+
+def prepjit_function(case: Case):
+    import prepjit as pj
+    import prepjit.numpy as pnp
+    return pj.prepare(functools.partial(case.fn, pnp), **case.prepare_kwargs)
+
+
+def plan_memory(prepared, arrays) -> dict:
+    """Bytes of a plan's buffers: all of them, and the intermediates (neither an input nor an output)."""
+    plan = prepared.plan(*arrays)
+    io = set(plan.inputs) | set(plan.outputs)
+    sizes = [b.memory.nbytes for b in plan.buffers]
+    return {"plan_bytes": sum(sizes), "intermediate_bytes": sum(s for i, s in enumerate(sizes) if i not in io),
+            "kernels": len(plan.kernels)}
+
+
+def _prepare_seconds(make_call, arrays, smoke: bool) -> float:
+    """Median time of a first call (trace + compile) with fresh state each round."""
+    samples = []
+    for _ in range(1 if smoke else 3):
+        call = make_call()
+        start = time.perf_counter()
+        call(*arrays)
+        samples.append(time.perf_counter() - start)
+    return float(np.median(samples))
+
+
+def run_case(case: Case, peers: list[Peer], smoke: bool = False, seed: int = 0) -> dict:
+    from prepjit.runtime.cache import kernel_cache
+    rng = np.random.default_rng(seed)
+    arrays = case.make_inputs(rng, smoke)
+    reference = case.fn(np, *arrays)
+    record: dict = {"case": case.name, "shapes": [list(a.shape) for a in arrays], "kind": case.kind}
+    times: dict[str, float] = {}
+    if case.kind == "prepare":
+        os.environ["PREPJIT_CACHE"] = "0"
+
+        def fresh():
+            kernel_cache.clear()
+            return prepjit_function(case)
+        times["prepjit"] = _prepare_seconds(fresh, arrays, smoke)
+        prepared = prepjit_function(case)
+    else:
+        prepared = prepjit_function(case)
+        times["prepjit"] = time_per_call(lambda: prepared(*arrays), smoke=smoke)
+    np.testing.assert_allclose(np.asarray(prepared(*arrays)), reference, rtol=case.rtol, atol=case.atol,
+                               err_msg=f"prepjit's result for {case.name} differs from NumPy's")
+    record.update(plan_memory(prepared, arrays))
+    for peer in peers:
+        if case.kind == "prepare" and peer.name == "numpy":
+            continue
+        try:
+            if case.kind == "prepare":
+                if peer.name != "jax":
+                    continue
+                times[peer.name] = _prepare_seconds(lambda: peer.prepare(functools.partial(case.fn, peer.namespace())),
+                                                    arrays, smoke)
+            else:
+                call = peer.prepare(functools.partial(case.fn, peer.namespace()))
+                times[peer.name] = time_per_call(lambda: call(*arrays), smoke=smoke)
+        except Exception as e:  # a peer that cannot run a case is reported, not fatal
+            record.setdefault("peer_errors", {})[peer.name] = f"{type(e).__name__}: {e}"[:200]
+    record["seconds"] = times
+    record["ratio_vs"] = {p: times["prepjit"] / t for p, t in times.items() if p != "prepjit" and t > 0}
+    if case.work is not None:
+        amount, unit = case.work(arrays)
+        scale = 1e9
+        record["rate_unit"] = unit
+        record["rates"] = {p: amount / t / scale for p, t in times.items()}
+    if case.goal is not None:
+        peer, limit = case.goal
+        ratio = record["ratio_vs"].get(peer)
+        record["goal"] = {"peer": peer, "max_ratio": limit, "ratio": ratio,
+                          "met": None if ratio is None else ratio <= limit}
+    return record
+
+
+def machine_info() -> dict:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform(),
+            "python": platform.python_version(), "numpy": np.__version__}
