@@ -5,6 +5,7 @@ import logging
 import time
 
 from .codegen.render_llvm import render_llvm
+from .codegen.render_opencl import render_opencl
 from .codegen.schedule import schedule
 from .errors import CompileError
 from .runtime.cache import CachedKernel, kernel_cache
@@ -14,7 +15,7 @@ from .uop import UOp, render_python
 from .uop.printer import format_graph
 
 log = logging.getLogger("prepjit")
-RENDERERS = {"llvm": render_llvm}
+RENDERERS = {"llvm": render_llvm, "opencl": render_opencl}
 
 
 def compile_shape_fn(shape: tuple):

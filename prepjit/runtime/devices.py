@@ -41,6 +41,8 @@ def _create(name: str):
     if name == "cpu":
         from .cpu import CPUDevice
         return CPUDevice()
-    hint = {"opencl": "pip install 'prepjit[opencl]' (pyopencl and pocl-binary-distribution)",
-            "cuda": "pip install 'prepjit[cuda]' (pycuda) on a machine with an NVIDIA GPU"}[name]
+    if name == "opencl":
+        from .opencl import OpenCLDevice
+        return OpenCLDevice()
+    hint = {"cuda": "pip install 'prepjit[cuda]' (pycuda) on a machine with an NVIDIA GPU"}[name]
     raise DeviceError(f"device {name!r} is not available in this build of prepjit yet; it will need: {hint}")

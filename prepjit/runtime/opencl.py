@@ -1,0 +1,197 @@
+"""The opencl device: OpenCL C kernels built and launched through pyopencl, buffers in device memory.
+
+Picks a GPU when one is present, else the first device (PoCL's CPU device from PyPI runs
+anywhere); `PREPJIT_OPENCL_DEVICE` picks one by index or by a substring of "platform device".
+Each PreparedKernel gets its own `cl.Kernel` with every argument set once; replay only patches
+var values and I/O buffers and enqueues it. Results stay on the device until read.
+"""
+from __future__ import annotations
+
+import os
+import re
+import threading
+
+import numpy as np
+
+from ..errors import CompileError, DeviceError
+from .array import Array
+
+INSTALL_HINT = ("pip install 'prepjit[opencl]' (pyopencl and pocl-binary-distribution, a CPU OpenCL platform), "
+                "or install your GPU vendor's OpenCL driver")
+ELEMENTWISE_GROUP = 128   # work-group size of kernels that do not require one
+
+
+def _import_pyopencl():
+    try:
+        import pyopencl
+        import pyopencl.tools  # noqa: F401  (MemoryPool)
+    except ImportError as e:
+        raise DeviceError(f"device 'opencl' needs pyopencl, which failed to import ({e}); {INSTALL_HINT}") from e
+    return pyopencl
+
+
+def pick_device(cl, spec: str | None):
+    """The OpenCL device `spec` names (an index or a name substring), else the first GPU, else the first."""
+    try:
+        devices = [d for p in cl.get_platforms() for d in p.get_devices()]
+    except cl.Error as e:
+        raise DeviceError(f"no OpenCL platform found ({e}); {INSTALL_HINT}") from e
+    if not devices:
+        raise DeviceError(f"the OpenCL platforms found have no devices; {INSTALL_HINT}")
+    names = [f"{d.platform.name} {d.name}" for d in devices]
+    if spec:
+        if spec.strip().isdigit() and int(spec) < len(devices):
+            return devices[int(spec)]
+        for d, name in zip(devices, names):
+            if spec.lower() in name.lower():
+                return d
+        listing = "; ".join(f"{i}: {n}" for i, n in enumerate(names))
+        raise DeviceError(f"PREPJIT_OPENCL_DEVICE={spec!r} matches no OpenCL device (found {listing})")
+    gpus = [d for d in devices if d.type & cl.device_type.GPU]
+    return (gpus or devices)[0]
+
+
+class OpenCLBuffer:
+    """A plan buffer: device memory for `size` elements of `dtype` (at least one byte)."""
+
+    def __init__(self, cl, context, dtype: np.dtype, size: int):
+        self.dtype, self.size = np.dtype(dtype), size
+        self.memory = cl.Buffer(context, cl.mem_flags.READ_WRITE, max(self.nbytes, 1))
+        self.ptr = self.memory.int_ptr
+
+    @property
+    def nbytes(self) -> int:
+        return self.dtype.itemsize * self.size
+
+
+class OpenCLProgram:
+    """A built program, the name of its kernel and the work-group size its launches use."""
+
+    def __init__(self, program, name: str, local_size: int):
+        self.program, self.name, self.local_size = program, name, local_size
+
+
+class OpenCLLauncher:
+    """One PreparedKernel's own `cl.Kernel`, arguments set once; replay patches slots and enqueues."""
+
+    def __init__(self, cl, queue, program: OpenCLProgram, buffer_handles, vals, size_fn, static_size):
+        self.enqueue, self.queue = cl.enqueue_nd_range_kernel, queue
+        self.kernel = cl.Kernel(program.program, program.name)
+        self.n_bufs, self.vals = len(buffer_handles), list(vals)
+        for slot, handle in enumerate(buffer_handles):
+            self.kernel.set_arg(slot, handle)
+        for slot, value in enumerate(self.vals):
+            self.kernel.set_arg(self.n_bufs + slot, np.int64(value))
+        self.local = (program.local_size,)
+        self.size_fn, self.static_size = size_fn, static_size
+
+    def set_buffer(self, slot: int, handle):
+        self.kernel.set_arg(slot, handle)
+
+    def set_val(self, slot: int, value: int):
+        self.vals[slot] = value
+        self.kernel.set_arg(self.n_bufs + slot, np.int64(value))
+
+    def run(self):
+        size = self.static_size if self.static_size is not None else self.size_fn(self.vals)[0]
+        if size > 0:
+            group = self.local[0]
+            self.enqueue(self.queue, self.kernel, (-(-size // group) * group,), self.local)
+
+
+class OpenCLDevice:
+    """Builds OpenCL C with pyopencl for one device and keeps results in its memory."""
+
+    name = "opencl"
+    language = "opencl"
+
+    def __init__(self):
+        cl = self.cl = _import_pyopencl()
+        self.device = pick_device(cl, os.environ.get("PREPJIT_OPENCL_DEVICE"))
+        self.context = cl.Context([self.device])
+        self.queue = cl.CommandQueue(self.context, self.device)
+        self.pool = cl.tools.MemoryPool(cl.tools.ImmediateAllocator(self.queue))
+        self.pool_lock = threading.Lock()
+        platform = self.device.platform
+        self.description = f"{platform.name} / {self.device.name}"
+        self.compiler_id = (f"opencl-{platform.name}-{platform.version}-{self.device.name}-"
+                            f"{self.device.driver_version}-pyopencl-{cl.VERSION_TEXT}")
+        self.extensions = set(self.device.extensions.split())
+        exact = self.device.single_fp_config & cl.device_fp_config.CORRECTLY_ROUNDED_DIVIDE_SQRT
+        self.build_options = ["-cl-fp32-correctly-rounded-divide-sqrt"] if exact else []
+        cache = os.environ.get("PREPJIT_CACHE", "1") != "0"
+        root = os.environ.get("PREPJIT_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "prepjit")
+        self.cache_dir = os.path.join(root, "opencl") if cache else False
+
+    # ---- compiling and launching ----
+    def compile(self, name: str, source: str) -> OpenCLProgram:
+        cl = self.cl
+        for ext in re.findall(r"#pragma OPENCL EXTENSION (\w+) : enable", source):
+            if ext not in self.extensions:
+                raise CompileError(f"kernel {name} needs {ext} ({'float64' if ext == 'cl_khr_fp64' else ext}), "
+                                   f"which the OpenCL device {self.description} does not support\n"
+                                   f"--- source ---\n{source}")
+        try:
+            program = cl.Program(self.context, source).build(options=self.build_options, cache_dir=self.cache_dir)
+            kernel = cl.Kernel(program, name)
+        except cl.Error as e:
+            raise CompileError(f"OpenCL ({self.description}) failed to build kernel {name}: {e}\n"
+                               f"--- source ---\n{source}") from e
+        info = cl.kernel_work_group_info
+        most = kernel.get_work_group_info(info.WORK_GROUP_SIZE, self.device)
+        required = kernel.get_work_group_info(info.COMPILE_WORK_GROUP_SIZE, self.device)[0]
+        if required > most:
+            raise CompileError(f"kernel {name} needs work-groups of {required} work-items; the OpenCL device "
+                               f"{self.description} allows at most {most} for it\n--- source ---\n{source}")
+        return OpenCLProgram(program, name, required or min(ELEMENTWISE_GROUP, most))
+
+    def launcher(self, program: OpenCLProgram, buffer_handles, vals, size_fn, static_size) -> OpenCLLauncher:
+        return OpenCLLauncher(self.cl, self.queue, program, buffer_handles, vals, size_fn, static_size)
+
+    # ---- memory ----
+    def allocate(self, dtype: np.dtype, size: int) -> OpenCLBuffer:
+        return OpenCLBuffer(self.cl, self.context, dtype, size)
+
+    def handle(self, buffer: OpenCLBuffer):
+        return buffer.memory
+
+    def _pooled(self, nbytes: int):
+        with self.pool_lock:
+            return self.pool.allocate(max(nbytes, 1))
+
+    def input_handle(self, arg, staging: OpenCLBuffer) -> tuple[object, object]:
+        """(kernel argument, object to keep alive): this device's arrays pass as they are; NumPy is staged."""
+        if isinstance(arg, Array) and arg._device is self:
+            return arg.buffer, arg
+        data = np.ascontiguousarray(arg)
+        if data.nbytes:
+            self.cl.enqueue_copy(self.queue, staging.memory, data, is_blocking=False)
+        return staging.memory, data
+
+    def new_output(self, shape: tuple[int, ...], dtype: np.dtype) -> tuple[object, Array]:
+        memory = self._pooled(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize)
+        return memory, Array(memory, shape, dtype, self)
+
+    def copy_array(self, array: Array) -> Array:
+        nbytes = array.size * array.dtype.itemsize
+        memory = self._pooled(nbytes)
+        if nbytes:
+            self.cl.enqueue_copy(self.queue, memory, array.buffer, byte_count=nbytes)
+        return Array(memory, array.shape, array.dtype, self)
+
+    def to_numpy(self, buffer, shape, dtype, copy: bool) -> np.ndarray:
+        out = np.empty(shape, dtype)
+        if out.nbytes:
+            self.cl.enqueue_copy(self.queue, out, buffer, is_blocking=True)
+        return out
+
+    def read_buffer(self, buffer: OpenCLBuffer, shape) -> np.ndarray:
+        return self.to_numpy(buffer.memory, shape, buffer.dtype, copy=True)
+
+    def write_buffer(self, buffer: OpenCLBuffer, array: np.ndarray):
+        flat = np.ascontiguousarray(array, dtype=buffer.dtype).reshape(-1)
+        if flat.nbytes:
+            self.cl.enqueue_copy(self.queue, buffer.memory, flat, is_blocking=True)
+
+    def synchronize(self):
+        self.queue.finish()
