@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import TraceError
-from ..uop import UOp, as_int_if_const, simplify, sint
+from ..uop import UOp, as_int_if_const, dtypes, simplify, sint
 from . import prims
-from .prims import to_sint
+from .prims import is_symbolic, to_sint
 from .tracer import Tracer
 
 
@@ -56,7 +56,7 @@ def _slice_spec(s: slice, dim: sint):
     return as_int_if_const(start), step, as_int_if_const(simplify(size.smax(0)))
 
 
-def _index_int(k, dim: sint):
+def index_int(k, dim: sint):
     """A (start, step, size=1) spec for an integer index; symbolic indices wrap negatives and clamp like JAX."""
     if isinstance(k, (int, np.integer)):
         k = int(k)
@@ -77,13 +77,21 @@ def _index_int(k, dim: sint):
     return _clamp(v, 0, UOp.const(0) + dim - 1), 1, 1
 
 
+def is_array_index(k) -> bool:
+    """An integer-array index (a gather): a traced int array, or a 0-d one whose value depends on data."""
+    if isinstance(k, (list, np.ndarray)) or isinstance(k, Tracer) and k.dtype == dtypes.bool:
+        raise TraceError("boolean and constant-array indexing of traced arrays is not supported: a boolean mask "
+                         "gives a data-dependent shape (use pnp.where), and constant index arrays must be passed "
+                         "as arguments of the prepared function")
+    return isinstance(k, Tracer) and k.dtype.is_int and (k.ndim > 0 or not is_symbolic(k.uop))
+
+
 def getitem(x: Tracer, key) -> Tracer:
     if not isinstance(key, tuple):
         key = (key,)
-    for k in key:
-        if isinstance(k, (list, np.ndarray)) or isinstance(k, Tracer) and not (k.ndim == 0 and k.dtype.is_int):
-            raise TraceError("integer-array and boolean indexing of traced arrays is not supported yet; use basic "
-                             "indexing (ints, slices, None, ...)")
+    if any(is_array_index(k) for k in key):
+        from .numpy_index import advanced_getitem
+        return advanced_getitem(x, key)
     n_ellipsis = sum(1 for k in key if k is Ellipsis)
     if n_ellipsis > 1:
         raise IndexError("an index can only have a single ellipsis ('...')")
@@ -105,7 +113,7 @@ def getitem(x: Tracer, key) -> Tracer:
             start, step, size = _slice_spec(k, dim)
             out_shape.append(size)
         elif _is_int_like(k):
-            start, step, size = _index_int(k, dim)
+            start, step, size = index_int(k, dim)
         else:
             raise IndexError(f"only integers, slices, None and ... are valid indices, got {type(k).__name__}")
         spec.append((start, step, size))

@@ -1,9 +1,12 @@
-"""NumPy-named linear algebra on traced arrays: matmul (batched and vector cases), dot, outer."""
+"""NumPy-named linear algebra on traced arrays: matmul (batched and vector cases), dot, outer, tensordot, einsum."""
 from __future__ import annotations
+
+import string
 
 from ..errors import TraceError
 from . import prims
-from .numpy_math import multiply, sum
+from .numpy_math import multiply
+from .numpy_reduce import sum
 from .numpy_shape import expand_dims, reshape, swapaxes
 from .prims import to_tracer
 from .tracer import Tracer
@@ -30,14 +33,95 @@ def matmul(a, b) -> Tracer:
 
 
 def dot(a, b) -> Tracer:
+    """NumPy's dot: a product with scalars, matmul up to 2-d, else a sum over a's last and b's second-to-last axis."""
     a, b = to_tracer(a), to_tracer(b)
     if a.ndim == 0 or b.ndim == 0:
         return multiply(a, b)
-    if b.ndim > 2:
-        raise TraceError("dot with a >2-d second operand is not supported; use matmul or einsum")
-    return matmul(a, b)
+    if b.ndim <= 2:
+        return matmul(a, b)
+    return tensordot(a, b, axes=([a.ndim - 1], [b.ndim - 2]))
+
+
+def tensordot(a, b, axes=2) -> Tracer:
+    a, b = to_tracer(a), to_tracer(b)
+    if isinstance(axes, int):
+        axes_a, axes_b = list(range(a.ndim - axes, a.ndim)), list(range(axes))
+    else:
+        axes_a, axes_b = ([x] if isinstance(x, int) else list(x) for x in axes)
+    axes_a = [prims.normalize_axis(x, a.ndim) for x in axes_a]
+    axes_b = [prims.normalize_axis(x, b.ndim) for x in axes_b]
+    if len(axes_a) != len(axes_b):
+        raise ValueError("shape-mismatch for sum")
+    letters = iter(string.ascii_letters)
+    sub_a = [next(letters) for _ in range(a.ndim)]
+    sub_b = [next(letters) for _ in range(b.ndim)]
+    for i, j in zip(axes_a, axes_b):
+        sub_b[j] = sub_a[i]
+    out = [c for i, c in enumerate(sub_a) if i not in axes_a] + [c for j, c in enumerate(sub_b) if j not in axes_b]
+    return einsum(f"{''.join(sub_a)},{''.join(sub_b)}->{''.join(out)}", a, b)
 
 
 def outer(a, b) -> Tracer:
     a, b = to_tracer(a), to_tracer(b)
     return multiply(reshape(a, (-1, 1)), reshape(b, (1, -1)))
+
+
+def einsum(subscripts: str, *operands) -> Tracer:
+    """NumPy's einsum (explicit or implicit output, `...` broadcasting): align every operand to one index
+    space, multiply, sum the contracted letters. Repeated letters within one operand are not supported."""
+    xs = [to_tracer(x) for x in operands]
+    inputs, output = _parse_einsum(subscripts.replace(" ", ""), xs)
+    sizes: dict = {}
+    for subs, x in zip(inputs, xs):
+        if len(set(subs)) != len(subs):
+            raise TraceError(f"einsum: repeated index in {''.join(subs)!r} (a diagonal) is not supported yet")
+        for c, d in zip(subs, x.uop.shape):
+            if c in sizes and not (isinstance(d, int) and d == 1):
+                if isinstance(sizes[c], int) and sizes[c] == 1:
+                    sizes[c] = d
+                elif not prims.dims_equal(sizes[c], d):
+                    raise ValueError(f"einsum: dimension of index {c!r} differs between operands")
+            else:
+                sizes.setdefault(c, d)
+    contracted = sorted(set(sizes) - set(output))
+    order = list(output) + contracted
+    dt = prims.result_dtype(*xs)
+    aligned = []
+    for subs, x in zip(inputs, xs):
+        x = prims.permute(prims.cast(x, dt), [subs.index(c) for c in order if c in subs])
+        present = [c for c in order if c in subs]
+        aligned.append(reshape(x, [x.uop.shape[present.index(c)] if c in subs else 1 for c in order]))
+    product = aligned[0]
+    for x in aligned[1:]:
+        product = multiply(product, x)
+    product = prims.broadcast_to(product, [sizes[c] for c in order])
+    return sum(product, axis=tuple(range(len(output), len(order))), dtype=dt) if contracted else product
+
+
+def _parse_einsum(subscripts: str, xs: list) -> tuple[list[list[str]], list[str]]:
+    """Per-operand letter lists and the output letters, with `...` expanded to unused letters."""
+    lhs, arrow, rhs = subscripts.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(xs):
+        raise ValueError(f"einsum: {len(terms)} operand subscripts for {len(xs)} operands")
+    used = set(subscripts)
+    spare = [c for c in string.ascii_letters if c not in used]
+    ell_rank = max([x.ndim - len(t.replace("...", "")) for t, x in zip(terms, xs) if "..." in t], default=0)
+    ell = spare[:ell_rank]
+    inputs = []
+    for t, x in zip(terms, xs):
+        if "..." in t:
+            before, _, after = t.partition("...")
+            n = x.ndim - len(before) - len(after)
+            subs = list(before) + ell[ell_rank - n:] + list(after)
+        else:
+            subs = list(t)
+        if len(subs) != x.ndim:
+            raise ValueError(f"einsum: subscripts {t!r} do not match an operand of dimension {x.ndim}")
+        inputs.append(subs)
+    if arrow:
+        output = list(rhs.replace("...", "".join(ell))) if "..." in rhs else list(rhs)
+    else:
+        letters = [c for subs in inputs for c in subs]
+        output = ell + sorted(c for c in set(letters) if letters.count(c) == 1 and c not in ell)
+    return inputs, output

@@ -1,15 +1,18 @@
-"""NumPy-named elementwise math and reductions on traced arrays, with NumPy's dtype rules."""
+"""NumPy-named elementwise math on traced arrays, with NumPy's dtype rules (reductions: numpy_reduce.py)."""
 from __future__ import annotations
 
+import builtins
 import functools
 
 import numpy as np
 
 from ..errors import TraceError
-from ..uop import DType, Ops, dtypes, sym_prod, to_dtype
+from ..uop import DType, Ops, dtypes, to_dtype
 from . import prims
 from .prims import elementwise, to_tracer
 from .tracer import Tracer
+
+builtins_abs = builtins.abs
 
 
 @functools.lru_cache(maxsize=None)
@@ -39,12 +42,12 @@ def _binary(name: str, op: Ops):
     return fn
 
 
-def _compare(name: str, op: Ops, swap=False, negate=False):
+def _compare(name: str, op: Ops, swap=False, or_equal=False):
     def fn(a, b):
         a, b = to_tracer(a), to_tracer(b)
         dt = prims.result_dtype(a, b)
         out = elementwise(op, *((b, a) if swap else (a, b)), dtype=dt)
-        return logical_not(out) if negate else out
+        return elementwise(Ops.OR, out, elementwise(Ops.CMPEQ, a, b, dtype=dt)) if or_equal else out
     fn.__name__ = name
     fn.__doc__ = f"NumPy's `{name}` on traced arrays."
     return fn
@@ -77,8 +80,6 @@ subtract = _binary("subtract", Ops.SUB)
 true_divide = _binary("true_divide", Ops.FDIV)
 divide = true_divide
 floor_divide_int = _binary("floor_divide", Ops.IDIV)
-mod_ = _binary("mod", Ops.MOD)
-power = _binary("power", Ops.POW)
 maximum = _binary("maximum", Ops.MAX)
 minimum = _binary("minimum", Ops.MIN)
 bitwise_and = _binary("bitwise_and", Ops.AND)
@@ -88,8 +89,8 @@ left_shift = _binary("left_shift", Ops.SHL)
 right_shift = _binary("right_shift", Ops.SHR)
 less = _compare("less", Ops.CMPLT)
 greater = _compare("greater", Ops.CMPLT, swap=True)
-less_equal = _compare("less_equal", Ops.CMPLT, swap=True, negate=True)
-greater_equal = _compare("greater_equal", Ops.CMPLT, negate=True)
+less_equal = _compare("less_equal", Ops.CMPLT, or_equal=True)
+greater_equal = _compare("greater_equal", Ops.CMPLT, swap=True, or_equal=True)
 equal = _compare("equal", Ops.CMPEQ)
 not_equal = _compare("not_equal", Ops.CMPNE)
 exp = _unary("exp", Ops.EXP)
@@ -103,6 +104,8 @@ tanh = _unary("tanh", Ops.TANH)
 floor = _unary("floor", Ops.FLOOR)
 ceil = _unary("ceil", Ops.CEIL)
 rint = _unary("rint", Ops.RINT)
+erf = _unary("exp", Ops.ERF)  # NumPy has no erf: it takes exp's dtypes (ints -> float)
+erf.__name__, erf.__doc__ = "erf", "The error function (math.erf) on traced arrays."
 absolute = _unary("absolute", Ops.ABS)
 abs = absolute  # noqa: A001 - NumPy's name
 sign = _unary("sign", Ops.SIGN)
@@ -131,17 +134,99 @@ def logical_or(a, b):
     return elementwise(Ops.OR, prims.cast(to_tracer(a), dtypes.bool), prims.cast(to_tracer(b), dtypes.bool))
 
 
+def logical_xor(a, b):
+    return elementwise(Ops.XOR, prims.cast(to_tracer(a), dtypes.bool), prims.cast(to_tracer(b), dtypes.bool))
+
+
 def floor_divide(a, b):
+    """NumPy's floor_divide; for floats, NumPy's divmod algorithm: (a - a % b) / b, rounded to the nearest int."""
     a, b = to_tracer(a), to_tracer(b)
     dt = ufunc_dtype("floor_divide", a, b)
-    return floor(true_divide(a, b)) if dt.is_float else floor_divide_int(a, b)
+    if not dt.is_float:
+        return floor_divide_int(a, b)
+    a, b = prims.cast(a, dt), prims.cast(b, dt)
+    div = true_divide(subtract(a, mod(a, b)), b)
+    floored = floor(div)
+    floored = where(greater(subtract(div, floored), 0.5), add(floored, 1), floored)
+    quotient = true_divide(a, b)
+    floored = where(equal(div, 0), where(less(quotient, 0), -0.0, 0.0), floored)
+    return where(equal(b, 0), quotient, floored)
 
 
-def mod(a, b):
-    return mod_(a, b)
-
-
+mod = _binary("mod", Ops.MOD)
 remainder = mod
+
+
+def power(a, b):
+    """NumPy's power; integer powers by repeated squaring (wrapping like NumPy), floats through pow."""
+    a, b = to_tracer(a), to_tracer(b)
+    dt = ufunc_dtype("power", a, b)
+    if dt.is_float:
+        return elementwise(Ops.POW, a, b, dtype=dt)
+    if b.uop.op is Ops.CONST and b.weak:
+        if b.uop.arg < 0:
+            raise ValueError("Integers to negative integer powers are not allowed.")
+        return _int_power_static(prims.cast(a, dt), int(b.uop.arg), dt)
+    base, exponent = prims.cast(a, dt), prims.cast(b, dt)
+    result = prims.cast(to_tracer(1), dt)
+    for _ in range(dt.bits):
+        result = where(not_equal(bitwise_and(exponent, 1), 0), multiply(result, base), result)
+        base, exponent = multiply(base, base), right_shift(exponent, 1)
+    return result
+
+
+def _int_power_static(base: Tracer, exponent: int, dt: DType) -> Tracer:
+    result = None
+    while exponent:
+        if exponent & 1:
+            result = base if result is None else multiply(result, base)
+        exponent >>= 1
+        if exponent:
+            base = multiply(base, base)
+    return prims.cast(to_tracer(1), dt) if result is None else result
+
+
+def rsqrt(x):
+    """1 / sqrt(x) (an extension: NumPy has no rsqrt), with sqrt's dtypes."""
+    root = sqrt(x)
+    return true_divide(prims.cast(to_tracer(1), root.dtype), root)
+
+
+def round(x, decimals: int = 0):  # noqa: A001 - NumPy's name
+    """NumPy's round: half to even, at `decimals` places (floats: scale, rint, unscale, as NumPy does)."""
+    x = to_tracer(x)
+    if not x.dtype.is_float:
+        if decimals < 0:
+            raise TraceError("round of an integer array to negative decimals is not supported yet")
+        return x
+    if decimals == 0:
+        return rint(x)
+    scale = prims.cast(to_tracer(10.0 ** builtins_abs(decimals)), x.dtype)
+    if decimals > 0:
+        return true_divide(rint(multiply(x, scale)), scale)
+    return multiply(rint(true_divide(x, scale)), scale)
+
+
+around = round
+
+
+def isnan(x):
+    x = to_tracer(x)
+    return not_equal(x, x) if x.dtype.is_float else full_bool(x, False)
+
+
+def isinf(x):
+    x = to_tracer(x)
+    return equal(absolute(x), float("inf")) if x.dtype.is_float else full_bool(x, False)
+
+
+def isfinite(x):
+    x = to_tracer(x)
+    return less(absolute(x), float("inf")) if x.dtype.is_float else full_bool(x, True)
+
+
+def full_bool(x: Tracer, value: bool) -> Tracer:
+    return prims.broadcast_to(Tracer(prims.cast(to_tracer(value), dtypes.bool).uop), x.uop.shape)
 
 
 def square(x):
@@ -170,57 +255,3 @@ def where(cond, a, b):
 
 def astype(x, dtype) -> Tracer:
     return prims.cast(to_tracer(x), to_dtype(dtype))
-
-
-# ---------- reductions ----------
-
-def _reduction_dtype(name: str, x: Tracer, dtype) -> DType:
-    if dtype is not None:
-        return to_dtype(dtype)
-    with np.errstate(all="ignore"):
-        return to_dtype(getattr(np, name)(np.ones(1, x.dtype.np)).dtype)
-
-
-def sum(x, axis=None, keepdims=False, dtype=None):  # noqa: A001 - NumPy's name
-    x = to_tracer(x)
-    dt = _reduction_dtype("sum", x, dtype)
-    if dt == dtypes.bool:
-        return prims.reduce(prims.cast(x, dt), Ops.OR, axis, keepdims)
-    return prims.reduce(prims.cast(x, dt), Ops.ADD, axis, keepdims)
-
-
-def prod(x, axis=None, keepdims=False, dtype=None):
-    x = to_tracer(x)
-    dt = _reduction_dtype("prod", x, dtype)
-    return prims.reduce(prims.cast(x, dt), Ops.AND if dt == dtypes.bool else Ops.MUL, axis, keepdims)
-
-
-def max(x, axis=None, keepdims=False):  # noqa: A001 - NumPy's name
-    x = to_tracer(x)
-    return prims.reduce(x, Ops.OR if x.dtype == dtypes.bool else Ops.MAX, axis, keepdims)
-
-
-def min(x, axis=None, keepdims=False):  # noqa: A001 - NumPy's name
-    x = to_tracer(x)
-    return prims.reduce(x, Ops.AND if x.dtype == dtypes.bool else Ops.MIN, axis, keepdims)
-
-
-amax, amin = max, min
-
-
-def mean(x, axis=None, keepdims=False):
-    x = to_tracer(x)
-    dt = _reduction_dtype("mean", x, None)
-    acc = dtypes.float32 if dt == dtypes.float16 else dt
-    axes = prims.normalize_axes(axis, x.ndim)
-    count = sym_prod(x.uop.shape[a] for a in axes)
-    total = sum(prims.cast(x, acc), axis=axes, keepdims=keepdims)
-    return prims.cast(true_divide(total, prims.cast(to_tracer(count), acc)), dt)
-
-
-def all(x, axis=None, keepdims=False):  # noqa: A001 - NumPy's name
-    return prims.reduce(prims.cast(to_tracer(x), dtypes.bool), Ops.AND, axis, keepdims)
-
-
-def any(x, axis=None, keepdims=False):  # noqa: A001 - NumPy's name
-    return prims.reduce(prims.cast(to_tracer(x), dtypes.bool), Ops.OR, axis, keepdims)

@@ -1,11 +1,19 @@
-"""NumPy-named movement and creation functions on traced arrays (reshape, transpose, concatenate, zeros...)."""
+"""NumPy-named movement functions on traced arrays: reshape, transpose, concatenate, pad, flip, roll, tile, ..."""
 from __future__ import annotations
 
+import builtins
+
+import numpy as np
+
 from ..errors import TraceError
-from ..uop import Ops, UOp, dtypes, to_dtype
+from ..uop import Ops, UOp, as_int_if_const, as_uop, dtypes
 from . import prims
+from .indexing import getitem
+from .numpy_create import iota
 from .prims import normalize_axis, to_sint, to_tracer
 from .tracer import Tracer
+
+builtins_max = builtins.max
 
 
 def reshape(x, shape) -> Tracer:
@@ -76,13 +84,16 @@ def concatenate(arrays, axis=0) -> Tracer:
                 raise ValueError(f"concatenate: dimension {i} differs: {xs[0].shape_str} vs {x.shape_str}")
     sizes = [x.uop.shape[axis] for x in xs]
     total = sum(sizes[1:], start=UOp.const(0) + sizes[0])
-    out, before = None, 0
+    out, before, position = None, 0, None
     for x, size in zip(xs, sizes):
-        after = total - before - size
         widths = [(0, 0)] * ndim
-        widths[axis] = (before, after)
+        widths[axis] = (before, total - before - size)
         padded = prims.pad(x, widths)
-        out = padded if out is None else prims.elementwise(Ops.OR if dt == dtypes.bool else Ops.ADD, out, padded)
+        if out is None:
+            out = padded
+        else:  # select, rather than add, so that values (-0.0 included) come through exactly
+            position = iota(padded.uop.shape, axis) if position is None else position
+            out = prims.elementwise(Ops.WHERE, prims.elementwise(Ops.CMPLT, position, before), out, padded)
         before = before + size
     return out
 
@@ -94,58 +105,155 @@ def stack(arrays, axis=0) -> Tracer:
     return concatenate([expand_dims(x, axis) for x in xs], axis=axis)
 
 
-# ---------- creation ----------
-
-def _shape_arg(shape) -> tuple:
-    shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
-    return tuple(to_sint(d, "a dimension") for d in shape)
-
-
-def full(shape, fill_value, dtype=None) -> Tracer:
-    value = to_tracer(fill_value)
-    dt = to_dtype(dtype) if dtype is not None else (value.dtype if not value.weak else
-                                                     {"b": dtypes.bool, "i": dtypes.int64, "u": dtypes.int64,
-                                                      "f": dtypes.float64}[value.dtype.kind])
-    return prims.broadcast_to(Tracer(prims.cast(value, dt).uop), _shape_arg(shape))
-
-
-def zeros(shape, dtype=None) -> Tracer:
-    return full(shape, 0, dtypes.float64 if dtype is None else dtype)
-
-
-def ones(shape, dtype=None) -> Tracer:
-    return full(shape, 1, dtypes.float64 if dtype is None else dtype)
-
-
-def full_like(x, fill_value, dtype=None) -> Tracer:
+def moveaxis(x, source, destination) -> Tracer:
     x = to_tracer(x)
-    return full(x.uop.shape, fill_value, x.dtype if dtype is None else dtype)
+    src = [normalize_axis(a, x.ndim) for a in (source if isinstance(source, (tuple, list)) else (source,))]
+    dst = [normalize_axis(a, x.ndim) for a in (destination if isinstance(destination, (tuple, list)) else (destination,))]
+    if len(src) != len(dst):
+        raise ValueError("`source` and `destination` arguments must have the same number of elements")
+    order = [a for a in range(x.ndim) if a not in src]
+    for d, s in sorted(zip(dst, src)):
+        order.insert(d, s)
+    return prims.permute(x, order)
 
 
-def zeros_like(x, dtype=None) -> Tracer:
-    return full_like(x, 0, dtype)
+def flip(x, axis=None) -> Tracer:
+    x = to_tracer(x)
+    axes = prims.normalize_axes(axis, x.ndim)
+    spec = [((UOp.const(0) + d - 1), -1, d) if i in axes else (0, 1, d) for i, d in enumerate(x.uop.shape)]
+    return prims.shrink(x, [(as_int_if_const(s) if isinstance(s, UOp) else s, st, n) for s, st, n in spec])
 
 
-def ones_like(x, dtype=None) -> Tracer:
-    return full_like(x, 1, dtype)
+def roll(x, shift, axis=None) -> Tracer:
+    """NumPy's roll: out[i] = x[(i - shift) mod n] along each axis (shifts may be symbolic)."""
+    x = to_tracer(x)
+    if axis is None:
+        return prims.reshape(roll(ravel(x), shift, 0), x.uop.shape)
+    shifts = shift if isinstance(shift, (tuple, list)) else (shift,)
+    axes = axis if isinstance(axis, (tuple, list)) else (axis,)
+    if len(shifts) == 1:
+        shifts = shifts * len(axes)
+    if len(axes) == 1:
+        axes = axes * len(shifts)
+    if len(shifts) != len(axes):
+        raise ValueError("'shift' and 'axis' should be scalars or 1D sequences of the same length")
+    total = {}
+    for s, a in zip(shifts, axes):
+        a = normalize_axis(a, x.ndim)
+        total[a] = UOp.const(0) + total.get(a, 0) + to_sint(s, "a roll shift")
+    if not x.ndim:
+        return x
+    shape = x.uop.shape
+    dims = []
+    indices = []
+    for a in range(x.ndim):
+        if a in total:
+            position = prims.elementwise(Ops.SUB, iota(shape, a), Tracer(as_uop(total[a])))
+            indices.append(prims.elementwise(Ops.MOD, position, Tracer(as_uop(shape[a]))))
+            dims.append(("index", len(indices) - 1))
+        else:
+            dims.append(("dim", a))
+    if not indices:
+        return x
+    return prims.gather(x, indices, dims)
 
 
-def iota(shape, axis: int, dtype=dtypes.int64) -> Tracer:
-    """An array whose elements are their own index along `axis`."""
-    shape = _shape_arg(shape)
-    return prims.cast(Tracer(UOp(Ops.IOTA, dtypes.int64, (), (shape, axis))), to_dtype(dtype))
+def tile(x, reps) -> Tracer:
+    x = to_tracer(x)
+    reps = tuple(reps) if isinstance(reps, (tuple, list)) else (reps,)
+    reps = tuple(to_sint(r, "a tile count") for r in reps)
+    ndim = builtins_max(len(reps), x.ndim)
+    reps = (1,) * (ndim - len(reps)) + reps
+    shape = (1,) * (ndim - x.ndim) + tuple(x.uop.shape)
+    interleaved = [v for d in shape for v in (1, d)]
+    expanded = [v for r, d in zip(reps, shape) for v in (r, d)]
+    out = prims.broadcast_to(prims.reshape(x, interleaved), expanded)
+    return prims.reshape(out, [UOp.const(0) + r * d if isinstance(r, UOp) or isinstance(d, UOp) else r * d
+                               for r, d in zip(reps, shape)])
 
 
-def arange(start, stop=None, step=1, dtype=None) -> Tracer:
-    if stop is None:
-        start, stop = 0, start
-    floats = any(isinstance(v, float) for v in (start, stop, step))
-    if floats:
-        raise TraceError("arange with float bounds is not supported yet; use integer bounds and scale the result")
-    start, stop, step = to_sint(start, "arange start"), to_sint(stop, "arange stop"), to_sint(step, "arange step")
-    if not isinstance(step, int) or step == 0:
-        raise TraceError("arange step must be a non-zero static int")
-    size = (UOp.const(0) + stop - start + (step - 1 if step > 0 else step + 1)) // step
-    size = to_sint(size.smax(0), "arange size")
-    out = prims.elementwise(Ops.ADD, prims.elementwise(Ops.MUL, iota((size,), 0), step), start)
-    return prims.cast(out, dtypes.int64 if dtype is None else to_dtype(dtype))
+def repeat(x, repeats, axis=None) -> Tracer:
+    """NumPy's repeat with one (static or symbolic) count for every element."""
+    x = to_tracer(x)
+    if isinstance(repeats, (tuple, list)) or isinstance(repeats, Tracer) and repeats.ndim:
+        raise TraceError("repeat with per-element counts gives a data-dependent shape; pass one int count")
+    r = to_sint(repeats, "a repeat count")
+    if axis is None:
+        x, axis = ravel(x), 0
+    axis = normalize_axis(axis, x.ndim)
+    shape = tuple(x.uop.shape)
+    split_shape = shape[:axis + 1] + (1,) + shape[axis + 1:]
+    out = prims.broadcast_to(prims.reshape(x, split_shape), shape[:axis + 1] + (r,) + shape[axis + 1:])
+    return prims.reshape(out, shape[:axis] + (UOp.const(0) + shape[axis] * r,) + shape[axis + 1:])
+
+
+def _triangle(x, k: int, lower: bool) -> Tracer:
+    x = to_tracer(x)
+    if x.ndim < 2:
+        raise ValueError("input array must be at least 2-d")
+    shape = x.uop.shape
+    rows, cols = iota(shape, x.ndim - 2), iota(shape, x.ndim - 1)
+    if lower:  # keep j <= i + k
+        keep = prims.elementwise(Ops.CMPLT, cols, prims.elementwise(Ops.ADD, rows, k + 1))
+    else:  # keep j >= i + k
+        keep = prims.elementwise(Ops.CMPLT, prims.elementwise(Ops.ADD, rows, k - 1), cols)
+    return prims.elementwise(Ops.WHERE, keep, x, prims.cast(to_tracer(0), x.dtype))
+
+
+def tril(x, k: int = 0) -> Tracer:
+    return _triangle(x, k, lower=True)
+
+
+def triu(x, k: int = 0) -> Tracer:
+    return _triangle(x, k, lower=False)
+
+
+def pad(x, pad_width, mode: str = "constant", constant_values=0) -> Tracer:
+    """NumPy's pad in constant mode; widths may be symbolic ints."""
+    x = to_tracer(x)
+    if mode != "constant":
+        raise TraceError(f"pad mode {mode!r} is not supported yet; only mode='constant'")
+    widths = _pad_widths(pad_width, x.ndim)
+    padded = prims.pad(x, widths)
+    if isinstance(constant_values, (tuple, list)):
+        raise TraceError("pad with per-side constant_values is not supported yet; pass one scalar")
+    fill = prims.cast(to_tracer(constant_values), x.dtype)
+    if fill.uop.op is Ops.CONST and fill.uop.arg == 0 and np.signbit(fill.uop.arg) == 0:
+        return padded
+    inside = prims.pad(prims.broadcast_to(Tracer(UOp.const(True, dtypes.bool)), x.uop.shape), widths)
+    return prims.elementwise(Ops.WHERE, inside, padded, Tracer(fill.uop, weak=True))
+
+
+def _pad_widths(pad_width, ndim: int) -> tuple:
+    if isinstance(pad_width, (int, np.integer, UOp, Tracer)):
+        return ((pad_width, pad_width),) * ndim
+    pw = tuple(pad_width)
+    if pw and not isinstance(pw[0], (tuple, list)):
+        pw = (pw,)
+    pw = tuple(tuple(p) if len(p) == 2 else (p[0], p[0]) for p in pw)
+    if len(pw) == 1:
+        pw = pw * ndim
+    if len(pw) != ndim:
+        raise ValueError(f"pad_width has {len(pw)} entries for an array of dimension {ndim}")
+    return pw
+
+
+def split(x, indices_or_sections, axis=0) -> list:
+    """NumPy's split: equal sections (an int, dims may be symbolic) or a list of split points."""
+    x = to_tracer(x)
+    axis = normalize_axis(axis, x.ndim)
+    n = x.uop.shape[axis]
+    if isinstance(indices_or_sections, (tuple, list)):
+        points = [0, *indices_or_sections, None]
+    else:
+        sections = to_sint(indices_or_sections, "a section count")
+        if not isinstance(sections, int) or sections <= 0:
+            raise TraceError("split needs a static positive number of sections")
+        size = as_int_if_const(UOp.const(0) + n) // sections if isinstance(n, int) else (UOp.const(0) + n) // sections
+        if not prims.dims_equal(UOp.const(0) + size * sections, n):
+            raise ValueError("array split does not result in an equal division")
+        points = [as_int_if_const(UOp.const(0) + size * i) for i in range(sections)] + [None]
+    pieces = []
+    for lo, hi in zip(points[:-1], points[1:]):
+        pieces.append(getitem(x, (slice(None),) * axis + (slice(lo, hi),)))
+    return pieces

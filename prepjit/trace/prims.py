@@ -47,13 +47,14 @@ def to_sint(x, what: str = "value") -> sint:
     if isinstance(x, Var):
         return x.uop
     u = x.uop if isinstance(x, Tracer) else x if isinstance(x, UOp) else None
-    if u is None or not u.dtype.is_int or u.shape != () or not _is_symbolic(u):
+    if u is None or not u.dtype.is_int or u.shape != () or not is_symbolic(u):
         raise TraceError(f"{what} must be an int or a symbolic int (a var or an expression of vars), "
                          f"not {_describe(x)}")
     return as_int_if_const(simplify(u))
 
 
-def _is_symbolic(u: UOp) -> bool:
+def is_symbolic(u: UOp) -> bool:
+    """True for integer expressions of constants and vars only (no array data)."""
     allowed = {Ops.CONST, Ops.DEFINE_VAR, Ops.ADD, Ops.SUB, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.MIN, Ops.CAST}
     return all(n.op in allowed and n.dtype.is_int for n in u.toposort())
 
@@ -149,7 +150,7 @@ def elementwise(op: Ops, *operands, dtype: DType | None = None, out_dtype: DType
             x = cast(x, compute)
         srcs.append(broadcast_to(x, shape).uop)
     out = out_dtype or (dtypes.bool if op in (Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE) else compute)
-    weak = all(x.weak for x in xs)
+    weak = all(x.weak for x in (xs[1:] if op is Ops.WHERE else xs))
     return Tracer(UOp(op, out, tuple(srcs)), weak=weak)
 
 

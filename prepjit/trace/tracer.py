@@ -64,8 +64,8 @@ class Tracer:
     def sum(self, axis=None, keepdims=False, dtype=None):
         return _np().sum(self, axis=axis, keepdims=keepdims, dtype=dtype)
 
-    def mean(self, axis=None, keepdims=False):
-        return _np().mean(self, axis=axis, keepdims=keepdims)
+    def mean(self, axis=None, keepdims=False, dtype=None):
+        return _np().mean(self, axis=axis, keepdims=keepdims, dtype=dtype)
 
     def max(self, axis=None, keepdims=False):
         return _np().max(self, axis=axis, keepdims=keepdims)
@@ -73,8 +73,55 @@ class Tracer:
     def min(self, axis=None, keepdims=False):
         return _np().min(self, axis=axis, keepdims=keepdims)
 
+    def prod(self, axis=None, keepdims=False, dtype=None):
+        return _np().prod(self, axis=axis, keepdims=keepdims, dtype=dtype)
+
+    def all(self, axis=None, keepdims=False):
+        return _np().all(self, axis=axis, keepdims=keepdims)
+
+    def any(self, axis=None, keepdims=False):
+        return _np().any(self, axis=axis, keepdims=keepdims)
+
+    def argmax(self, axis=None, keepdims=False):
+        return _np().argmax(self, axis=axis, keepdims=keepdims)
+
+    def argmin(self, axis=None, keepdims=False):
+        return _np().argmin(self, axis=axis, keepdims=keepdims)
+
+    def var(self, axis=None, dtype=None, ddof=0, keepdims=False):
+        return _np().var(self, axis=axis, dtype=dtype, ddof=ddof, keepdims=keepdims)
+
+    def std(self, axis=None, dtype=None, ddof=0, keepdims=False):
+        return _np().std(self, axis=axis, dtype=dtype, ddof=ddof, keepdims=keepdims)
+
+    def cumsum(self, axis=None, dtype=None):
+        return _np().cumsum(self, axis=axis, dtype=dtype)
+
+    def cumprod(self, axis=None, dtype=None):
+        return _np().cumprod(self, axis=axis, dtype=dtype)
+
+    def clip(self, min=None, max=None):  # noqa: A002 - NumPy's names
+        return _np().clip(self, min, max)
+
+    def round(self, decimals=0):
+        return _np().round(self, decimals)
+
+    def squeeze(self, axis=None):
+        return _np().squeeze(self, axis)
+
+    def swapaxes(self, a, b):
+        return _np().swapaxes(self, a, b)
+
+    def repeat(self, repeats, axis=None):
+        return _np().repeat(self, repeats, axis)
+
+    def take(self, indices, axis=None, mode=None):
+        return _np().take(self, indices, axis=axis, mode=mode)
+
     def flatten(self) -> "Tracer":
         return _np().reshape(self, (-1,))
+
+    ravel = flatten
 
     def __getitem__(self, key) -> "Tracer":
         from .indexing import getitem
