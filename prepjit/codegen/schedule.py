@@ -111,6 +111,17 @@ class _Scheduler:
             env[UOp(Ops.LOOP_OUT, c.dtype, (loop,), j)] = final[j]
 
 
+def _reduction_under_reshapes(node: UOp, env: dict) -> UOp | None:
+    """The unrealized reduction an output merely reshapes (e.g. `x.sum(axis=1)`), else None.
+
+    A reshape keeps the row-major order of elements, so the reduction can store straight into
+    the output's buffer instead of into its own buffer followed by a copy kernel.
+    """
+    while node.op is Ops.RESHAPE:
+        node = node.src[0]
+    return node if node.op is Ops.REDUCE_AXIS and node not in env else None
+
+
 def schedule(outputs: list[UOp], inputs: list[UOp]) -> Schedule:
     """Kernels and buffers computing `outputs` from `inputs`; each output gets a fresh buffer."""
     s = _Scheduler()
@@ -120,6 +131,7 @@ def schedule(outputs: list[UOp], inputs: list[UOp]) -> Schedule:
     for node in outputs:
         if node not in done:
             done[node] = s.new_buffer(node)
-            s.compute_into(node, done[node], env)
+            reduction = _reduction_under_reshapes(node, env)
+            s.compute_into(node if reduction is None else reduction, done[node], env)
         output_bufs.append(done[node])
     return Schedule(tuple(s.buffers), tuple(s.kernels), input_bufs, tuple(output_bufs))

@@ -79,7 +79,10 @@ class ExecutionPlan:
 
     # ---- vars ----
     def validate_vars(self, values: dict[str, int]) -> dict[str, int]:
-        """Check every value (unknown, fixed, type, bounds) before anything changes; return them as ints."""
+        """Check every value (unknown, fixed, type, bounds, none missing) before anything changes; return them as ints."""
+        missing = sorted(set(self.vars) - set(self.bindings) - set(values))
+        if missing:
+            raise VarError(f"vars {missing} have no value yet; pass them to execute_with_vars")
         checked = {}
         for name, value in values.items():
             if name in self._fixed:

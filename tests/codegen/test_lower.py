@@ -1,0 +1,75 @@
+"""Lowering to kernel ASTs: index maps folded to affine forms, symbolic ranges, and the LLVM source."""
+import numpy as np
+
+import prepjit as pj
+from prepjit.codegen.lower import REALIZED, lower_kernel
+from prepjit.codegen.render_llvm import render_llvm
+from prepjit.uop import Ops
+
+A = np.arange(24, dtype=np.float32).reshape(4, 6)
+
+
+def kernel_of(fn, *args, **prepare_kwargs):
+    traced = pj.trace(pj.prepare(fn, **prepare_kwargs), *args)
+    ast, reads = lower_kernel(traced.outputs[0], lambda n: n.op in REALIZED)
+    return ast, reads
+
+
+def loads(ast):
+    return [u for u in ast.toposort() if u.op is Ops.LOAD]
+
+
+def test_kernel_ast_is_sink_of_one_store():
+    ast, reads = kernel_of(lambda a, b: a * b + 1, A, A)
+    assert ast.op is Ops.SINK and len(ast.src) == 1
+    store = ast.src[0]
+    assert store.op is Ops.STORE and store.src[0].op is Ops.DEFINE_GLOBAL and store.src[0].arg == 0
+    assert sorted(ld.src[0].arg for ld in loads(ast)) == [1, 2]
+    assert len(reads) == 2
+
+
+def test_reshape_round_trip_folds_to_the_plain_index():
+    """(4, 6) -> (24,) -> (2, 12) -> (4, 6): every load index is the store index."""
+    ast, _ = kernel_of(lambda a: a.reshape(-1).reshape(2, 12).reshape(4, 6) + 1, A)
+    (ld,) = loads(ast)
+    assert ld.src[1] is ast.src[0].src[1]
+    assert not any(u.op in (Ops.IDIV, Ops.MOD) for u in ld.src[1].toposort())
+
+
+def test_transpose_index_is_affine():
+    ast, _ = kernel_of(lambda a: a.T * 2, A)
+    (ld,) = loads(ast)
+    assert not any(u.op in (Ops.IDIV, Ops.MOD) for u in ld.src[1].toposort())
+
+
+def test_symbolic_shape_ranges_take_var_arguments():
+    ast, _ = kernel_of(lambda x, pos: x[:, :pos + 1] * 2, np.ones((3, 8), np.float32), 2,
+                       vars={"n": (1, 10), "pos": (0, 7)}, shapes={"x": ("n", 8)})
+    ranges = [u for u in ast.toposort() if u.op is Ops.RANGE]
+    assert {r.src[0].render() for r in ranges} == {"n", "(pos+1)"}
+    assert [v.arg[0] for v in ast.variables()] == ["n", "pos"]
+    (ld,) = loads(ast)
+    assert not any(u.op in (Ops.IDIV, Ops.MOD) for u in ld.src[1].toposort())
+    src = render_llvm(ast)
+    assert src.var_names == ("n", "pos")
+    assert "define void @" + src.name in src.source
+
+
+def test_reduction_lowers_to_reduce_over_a_reduce_range():
+    ast, _ = kernel_of(lambda a: a.sum(axis=1, keepdims=True), A)
+    (red,) = [u for u in ast.toposort() if u.op is Ops.REDUCE]
+    assert red.arg is Ops.ADD
+    assert all(r.op is Ops.RANGE and r.arg[1] == "reduce" for r in red.src[1:])
+
+
+def test_pad_from_concatenate_is_gated():
+    import prepjit.numpy as pnp
+    ast, _ = kernel_of(lambda a: pnp.concatenate([a, a], axis=1), A)
+    assert any(u.op is Ops.WHERE for u in ast.toposort())
+
+
+def test_llvm_source_is_on_the_prepared_kernel():
+    plan = pj.prepare(lambda a: a * 2).plan(A)
+    kernel = plan.kernels[0].kernel
+    assert "define void @" + kernel.name in kernel.source
+    assert kernel.var_names == ()

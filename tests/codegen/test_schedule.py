@@ -1,0 +1,77 @@
+"""Scheduling: which values get buffers, fusion of elementwise work, kernel counts, loop unrolling."""
+import numpy as np
+
+import prepjit as pj
+import prepjit.numpy as pnp
+from prepjit.codegen.schedule import schedule
+from prepjit.uop import Ops
+from tests.helpers import assert_matches
+
+A = np.arange(12, dtype=np.float32).reshape(3, 4)
+
+
+def sched(fn, *args, **prepare_kwargs):
+    traced = pj.trace(pj.prepare(fn, **prepare_kwargs), *args)
+    return schedule(list(traced.outputs), list(traced.inputs))
+
+
+def test_elementwise_chain_is_one_kernel():
+    s = sched(lambda a, b: a * b + 1, A, A)
+    assert len(s.kernels) == 1
+    assert len(s.buffers) == 3 and s.inputs == (0, 1) and s.outputs == (2,)
+    assert s.kernels[0].buffers == (2, 0, 1)
+
+
+def test_views_are_fused_not_copied():
+    s = sched(lambda a: (a.T[::-1] * 2).reshape(2, 6)[:, 1:] + pnp.expand_dims(a, 0).sum(axis=0)[0, 0], A)
+    assert sum(1 for k in s.kernels if "r_" not in k.ast.arg) == 1
+
+
+def test_softmax_over_rows_is_at_most_three_kernels(device):
+    def softmax(x):
+        e = pnp.exp(x - x.max(axis=1, keepdims=True))
+        return e / e.sum(axis=1, keepdims=True)
+
+    s = sched(softmax, A)
+    assert len(s.kernels) <= 3
+    out = pj.prepare(softmax, device=device)(A)
+    e = np.exp(A - A.max(1, keepdims=True))
+    assert_matches(out, e / e.sum(1, keepdims=True))
+
+
+def test_reduction_gets_a_buffer_and_matmul_is_one_kernel():
+    s = sched(lambda a, b: a @ b, A, A.T.copy())
+    assert len(s.kernels) == 1
+    assert s.kernels[0].ast.toposort()[-1].op is Ops.SINK
+    assert any(u.op is Ops.REDUCE for u in s.kernels[0].ast.toposort())
+
+
+def test_repeated_output_is_computed_once():
+    traced = pj.trace(lambda a: (a + 1, a + 1), A)
+    s = schedule(list(traced.outputs), list(traced.inputs))
+    assert len(s.kernels) == 1 and s.outputs[0] == s.outputs[1]
+
+
+def test_buffers_are_sized_for_var_maxima():
+    s = sched(lambda x, pos: x[:, :pos + 1] * 2, np.ones((3, 8), np.float32), 2,
+              vars={"n": (1, 10), "pos": (0, 7)}, shapes={"x": ("n", 8)})
+    out = s.buffers[s.outputs[0]]
+    assert out.max_size == 10 * 8
+    assert s.buffers[s.inputs[0]].max_size == 10 * 8
+
+
+def test_fori_loop_unrolls_with_ping_pong_buffers_and_fixedvars():
+    s = sched(lambda x: pj.fori_loop(2, 6, lambda i, c: c * 2 + i, x), A)
+    body = [k for k in s.kernels if k.fixedvars]
+    assert [dict(k.fixedvars) for k in body] == [{"i": k} for k in range(2, 6)]
+    assert len({k.ast for k in body}) == 1
+    writes = [k.buffers[0] for k in body]
+    reads = [k.buffers[1] for k in body]
+    assert writes[0] != writes[1] and writes[0] == writes[2]
+    assert reads[1:] == writes[:-1]
+
+
+def test_loop_invariant_reduction_is_hoisted():
+    s = sched(lambda x: pj.fori_loop(0, 5, lambda i, c: c + x.sum(), x), A)
+    reduces = [k for k in s.kernels if any(u.op is Ops.REDUCE for u in k.ast.toposort())]
+    assert len(reduces) == 1 and not reduces[0].fixedvars

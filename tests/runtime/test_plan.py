@@ -1,0 +1,145 @@
+"""ExecutionPlan and PreparedKernel: introspection, owned-buffer I/O, execute_with_vars validation."""
+import attrs
+import numpy as np
+import pytest
+
+import prepjit as pj
+import prepjit.numpy as pnp
+
+SEED_FIELDS = ["id", "ast", "kernel", "device", "buffer_indices", "output_indices", "vals", "fixedvars",
+               "dependencies", "buffer_ptrs", "buffer_ids", "runtime_vars"]
+R = np.random.default_rng(0)
+XMAX = R.standard_normal((16, 8)).astype(np.float32)
+W = R.standard_normal((8, 12)).astype(np.float32)
+
+
+def make_plan(device):
+    @pj.prepare(vars={"n": (1, 16), "pos": (0, 11)}, shapes={"x": ("n", 8)}, device=device)
+    def f(x, w, pos):
+        return pnp.tanh(x @ w)[:, :pos + 1] * 2
+
+    return f, f.plan(XMAX[:3], W, 4)
+
+
+def ref(n, pos):
+    return (np.tanh(XMAX[:n] @ W)[:, :pos + 1] * 2).astype(np.float32)
+
+
+def test_prepared_kernel_has_exactly_the_seed_fields(device):
+    _, plan = make_plan(device)
+    assert [f.name for f in attrs.fields(pj.PreparedKernel)] == SEED_FIELDS
+    for i, k in enumerate(plan.kernels):
+        assert isinstance(k, pj.PreparedKernel) and isinstance(k.kernel, pj.CachedKernel)
+        assert k.device == device and k.id == i
+        assert len(k.vals) == len(k.kernel.var_names)
+        assert len(k.buffer_ptrs) == len(k.buffer_indices) == len(k.buffer_ids)
+        assert all(0 <= o < len(k.buffer_indices) for o in k.output_indices)
+        assert all(d < k.id for d in k.dependencies)
+        names = [rv.name for rv in k.runtime_vars]
+        assert names == sorted(set(v.arg[0] for v in k.ast.variables()))
+        assert all(isinstance(rv, pj.RuntimeVar) for rv in k.runtime_vars)
+
+
+def test_plan_introspection(device):
+    _, plan = make_plan(device)
+    assert plan.vars == {"n": (1, 16), "pos": (0, 11)}
+    assert len(plan.inputs) == 2 and len(plan.outputs) == 1
+    assert all(0 <= b < len(plan.buffers) for b in plan.inputs + plan.outputs)
+    assert plan.kernels[-1].dependencies == [plan.kernels[0].id]
+    text = str(plan)
+    for word in ("kernel", "device", "buffers", "vars", "fixedvars", device, plan.kernels[0].kernel.name):
+        assert word in text
+    assert "define void" in plan.kernels[0].kernel.source or device != "cpu"
+
+
+def test_write_input_execute_with_vars_read_output(device):
+    _, plan = make_plan(device)
+    plan.write_input(1, W)
+    for n, pos in [(5, 3), (16, 11), (1, 0)]:
+        plan.write_input(0, XMAX[:n])
+        plan.execute_with_vars({"n": n, "pos": pos})
+        out = plan.read_output(0)
+        assert out.shape == (n, pos + 1)
+        np.testing.assert_allclose(out, ref(n, pos), rtol=1e-4, atol=1e-5)
+    # bindings stay for the next execute()
+    plan.write_input(0, XMAX[:1] * 0)
+    plan.execute()
+    np.testing.assert_allclose(plan.read_output(0), np.zeros((1, 1), np.float32))
+
+
+@pytest.mark.parametrize("bad,error,words", [
+    ({"m": 3}, pj.VarError, ["'m'", "unknown"]),
+    ({"n": 17}, pj.VarBoundError, ["'n'", "17", "[1, 16]"]),
+    ({"n": 0}, pj.VarBoundError, ["'n'", "0", "[1, 16]"]),
+    ({"n": 4, "pos": 12}, pj.VarBoundError, ["'pos'", "12", "[0, 11]"]),
+    ({"pos": 3, "zz": 1}, pj.VarError, ["'zz'"]),
+    ({"n": 2.5}, pj.VarError, ["'n'"]),
+])
+def test_execute_with_vars_validates_everything_first(device, bad, error, words):
+    _, plan = make_plan(device)
+    plan.write_input(1, W)
+    plan.write_input(0, XMAX[:5])
+    plan.execute_with_vars({"n": 5, "pos": 3})
+    before = plan.read_output(0)
+    vals_before = [list(k.vals) for k in plan.kernels]
+    with pytest.raises(error) as info:
+        plan.execute_with_vars(bad)
+    assert all(w in str(info.value) for w in words), str(info.value)
+    assert [list(k.vals) for k in plan.kernels] == vals_before
+    assert plan.bindings == {"n": 5, "pos": 3}
+    np.testing.assert_array_equal(plan.read_output(0), before)
+    plan.write_input(0, XMAX[:7])
+    plan.execute_with_vars({"n": 7, "pos": 2})
+    np.testing.assert_allclose(plan.read_output(0), ref(7, 2), rtol=1e-4, atol=1e-5)
+
+
+def test_missing_var_changes_nothing(device):
+    _, plan = make_plan(device)
+    fresh_vals = [list(k.vals) for k in plan.kernels]
+    bindings = dict(plan.bindings)
+    if bindings:
+        pytest.skip("plan already bound by an earlier call")
+    with pytest.raises(pj.VarError, match="pos"):
+        plan.execute_with_vars({"n": 3})
+    assert plan.bindings == {} and [list(k.vals) for k in plan.kernels] == fresh_vals
+
+
+def test_vals_are_patched_positionally(device):
+    _, plan = make_plan(device)
+    plan.write_input(0, XMAX[:9])
+    plan.write_input(1, W)
+    plan.execute_with_vars({"n": 9, "pos": 6})
+    for k in plan.kernels:
+        assert k.vals == [{"n": 9, "pos": 6}[name] for name in k.kernel.var_names]
+
+
+def fori_plan(device):
+    @pj.prepare(vars={"n": (1, 8)}, shapes={"x": ("n",)}, device=device)
+    def f(x):
+        return pj.fori_loop(0, 4, lambda i, c: c * 2 + i, x)
+    return f, f.plan(np.ones(3, np.float32))
+
+
+def test_fixed_vars_cannot_be_supplied(device):
+    _, plan = fori_plan(device)
+    assert "i" not in plan.vars and plan.vars == {"n": (1, 8)}
+    with pytest.raises(pj.VarError, match="'i'"):
+        plan.execute_with_vars({"n": 3, "i": 1})
+    assert plan.bindings == {}
+    plan.write_input(0, np.ones(3, np.float32))
+    plan.execute_with_vars({"n": 3})
+    want = np.ones(3, np.float32)
+    for i in range(4):
+        want = want * 2 + i
+    np.testing.assert_allclose(plan.read_output(0), want)
+    body = [k for k in plan.kernels if k.fixedvars]
+    assert [k.fixedvars for k in body] == [{"i": k} for k in range(4)]
+    assert all(k.vals[k.kernel.var_names.index("i")] == k.fixedvars["i"] for k in body)
+
+
+def test_write_input_checks_dtype_and_capacity(device):
+    _, plan = make_plan(device)
+    with pytest.raises(pj.SignatureError):
+        plan.write_input(0, XMAX.astype(np.float64))
+    with pytest.raises(pj.SignatureError):
+        plan.write_input(0, np.ones((17, 8), np.float32))
