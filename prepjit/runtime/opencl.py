@@ -37,7 +37,7 @@ def pick_device(cl, spec: str | None):
     except cl.Error as e:
         raise DeviceError(f"no OpenCL platform found ({e}); {INSTALL_HINT}") from e
     if not devices:
-        raise DeviceError(f"the OpenCL platforms found have no devices; {INSTALL_HINT}")
+        raise DeviceError(f"no OpenCL platform with a device found; {INSTALL_HINT}")
     names = [f"{d.platform.name} {d.name}" for d in devices]
     if spec:
         if spec.strip().isdigit() and int(spec) < len(devices):
