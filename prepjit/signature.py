@@ -179,6 +179,8 @@ class Signature:
             dtype = to_dtype(arr.dtype)
         except TypeError as e:
             raise SignatureError(f"{path}: {e}") from None
+        if isinstance(arr, np.ndarray) and not arr.dtype.isnative:  # kernels read native byte order
+            arr = arr.astype(arr.dtype.newbyteorder("="))
         if isinstance(arr, np.ndarray) and not arr.flags.c_contiguous:
             arr = np.ascontiguousarray(arr)
         shape = arr.shape

@@ -406,3 +406,39 @@ def test_keeps_working_after_each_error_class(device):
 def test_unknown_device_is_device_error():
     with pytest.raises(pj.DeviceError):
         pj.prepare(lambda a: a, device="tpu")(np.ones(2, np.float32))
+
+
+def test_non_native_and_non_contiguous_inputs(device):
+    f = pj.prepare(lambda a: a + 1, device=device)
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    assert_matches(f(a.astype(">f4")), a + 1)
+    assert_matches(f(np.asfortranarray(a)), a + 1)
+    assert_matches(f(np.arange(12, dtype=np.float32).reshape(2, 6)[:, ::2]), np.arange(12, dtype=np.float32).reshape(2, 6)[:, ::2] + 1)
+
+
+def test_loop_var_does_not_capture_an_outer_var_of_the_same_name(device):
+    def body(x, i):
+        outer = i
+        return pj.fori_loop(0, 3, lambda i, c: c + outer + i, x)
+
+    f = pj.prepare(body, vars={"i": (0, 10)}, device=device)
+    a = np.arange(4, dtype=np.float32)
+    assert_matches(f(a, 7), a + 3 * 7 + 3)
+    assert_matches(f(a, 2), a + 3 * 2 + 3)
+    plan = f.plan(a, 2)
+    assert "i" in plan.vars
+    assert sorted(k.fixedvars.popitem()[1] for k in plan.kernels if k.fixedvars) == [0, 1, 2]
+
+
+def test_sequential_loops_both_use_the_body_parameter_name(device):
+    def two_loops(x):
+        y = pj.fori_loop(0, 2, lambda i, c: c + i, x)
+        return pj.fori_loop(0, 3, lambda i, c: c * 2 + i, y)
+
+    f = pj.prepare(two_loops, device=device)
+    a = np.arange(3, dtype=np.float32)
+    want = a + 1
+    for i in range(3):
+        want = want * 2 + i
+    assert_matches(f(a), want)
+    assert [k.fixedvars for k in f.plan(a).kernels if k.fixedvars] == [{"i": k} for k in (0, 1, 0, 1, 2)]

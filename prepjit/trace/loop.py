@@ -11,6 +11,7 @@ from ..uop import Ops, UOp
 from . import prims
 from .pytree import flatten
 from .tracer import Tracer
+from .tracing import reserved_var_name
 
 _loop_ids = itertools.count()
 
@@ -26,16 +27,12 @@ class LoopInfo:
     body_outputs: tuple
 
 
-def _loop_var_name(body, taken: set) -> str:
+def _loop_var_base(body) -> str:
     try:
         params = list(inspect.signature(body).parameters)
-        name = params[0] if params else "i"
+        return params[0] if params else "i"
     except (TypeError, ValueError):
-        name = "i"
-    base, n = name, 1
-    while name in taken:
-        name, n = f"{base}{n}", n + 1
-    return name
+        return "i"
 
 
 def fori_loop(lower: int, upper: int, body, carry):
@@ -52,10 +49,11 @@ def fori_loop(lower: int, upper: int, body, carry):
     if upper <= lower:
         return treedef.unflatten(inits)
     taken = {v.arg[0] for x in inits for v in x.uop.variables()}
-    var = UOp.variable(_loop_var_name(body, taken), lower, upper - 1)
     loop_id = next(_loop_ids)
     carries = tuple(UOp(Ops.CARRY, x.dtype, (), (loop_id, j, x.uop.shape)) for j, x in enumerate(inits))
-    result = body(Tracer(var, weak=True), treedef.unflatten([Tracer(c) for c in carries]))
+    with reserved_var_name(_loop_var_base(body), taken) as name:  # unique while the body (and nested loops) trace
+        var = UOp.variable(name, lower, upper - 1)
+        result = body(Tracer(var, weak=True), treedef.unflatten([Tracer(c) for c in carries]))
     out_leaves, _, out_tree = flatten(result)
     if out_tree != treedef:
         raise TraceError(f"fori_loop body must return the carry's structure {treedef.describe()}, "

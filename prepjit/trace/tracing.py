@@ -1,6 +1,9 @@
 """Running a Python function on tracers: argument leaves in, traced output UOps and structure out."""
 from __future__ import annotations
 
+import contextlib
+import threading
+
 import attrs
 
 from ..errors import TraceError
@@ -40,6 +43,25 @@ class Traced:
     __repr__ = __str__
 
 
+_active = threading.local()  # .var_names: the var names in use by the trace running on this thread
+
+
+@contextlib.contextmanager
+def reserved_var_name(base: str, taken: set):
+    """A var name (`base`, `base1`, ...) that neither `taken` nor the running trace uses, reserved while inside."""
+    in_use = getattr(_active, "var_names", None)
+    if in_use is None:
+        in_use = set()
+    name, n = base, 1
+    while name in in_use or name in taken:
+        name, n = f"{base}{n}", n + 1
+    in_use.add(name)
+    try:
+        yield name
+    finally:
+        in_use.discard(name)
+
+
 def input_tracer(number: int, dtype: DType, shape: tuple[sint, ...]) -> Tracer:
     return Tracer(UOp(Ops.INPUT, dtype, (), (number, tuple(shape))))
 
@@ -60,7 +82,12 @@ def trace_call(fn, build_args, leaves: list) -> Traced:
         else:
             values.append(leaf)
     args, kwargs = build_args(values)
-    result = fn(*args, **kwargs)
+    outer = getattr(_active, "var_names", None)
+    _active.var_names = _leaf_var_names(leaves)
+    try:
+        result = fn(*args, **kwargs)
+    finally:
+        _active.var_names = outer
     out_leaves, paths, out_tree = flatten(result)
     outputs = []
     for leaf, path in zip(out_leaves, paths):
@@ -73,3 +100,13 @@ def trace_call(fn, build_args, leaves: list) -> Traced:
             t = prims.cast(Tracer(t.uop), t.dtype)
         outputs.append(t.uop)
     return Traced(tuple(inputs), tuple(outputs), out_tree)
+
+
+def _leaf_var_names(leaves: list) -> set[str]:
+    names = set()
+    for leaf in leaves:
+        if isinstance(leaf, VarLeaf):
+            names.add(leaf.var.arg[0])
+        elif isinstance(leaf, ArrayLeaf):
+            names |= {v.arg[0] for d in leaf.shape if isinstance(d, UOp) for v in d.variables()}
+    return names
