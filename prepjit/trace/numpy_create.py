@@ -63,8 +63,11 @@ def arange(start, stop=None, step=1, dtype=None) -> Tracer:
     start, stop, step = to_sint(start, "arange start"), to_sint(stop, "arange stop"), to_sint(step, "arange step")
     if not isinstance(step, int) or step == 0:
         raise TraceError("arange step must be a non-zero static int")
-    size = (UOp.const(0) + stop - start + (step - 1 if step > 0 else step + 1)) // step
-    size = to_sint(size.smax(0), "arange size")
+    if isinstance(start, int) and isinstance(stop, int):
+        size = len(range(start, stop, step))
+    else:  # ceil((stop - start) / step), with a positive divisor so that bounds stay tight
+        span = UOp.const(0) + (stop - start if step > 0 else start - stop)
+        size = to_sint(((span + (abs(step) - 1)) // abs(step)).smax(0), "arange size")
     out = prims.elementwise(Ops.ADD, prims.elementwise(Ops.MUL, iota((size,), 0), step), start)
     return prims.cast(out, dtypes.int64 if dtype is None else to_dtype(dtype))
 

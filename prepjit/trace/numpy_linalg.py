@@ -34,7 +34,7 @@ def matmul(a, b) -> Tracer:
 
 def dot(a, b) -> Tracer:
     """NumPy's dot: a product with scalars, matmul up to 2-d, else a sum over a's last and b's second-to-last axis."""
-    a, b = to_tracer(a), to_tracer(b)
+    a, b = (Tracer(t.uop) for t in (to_tracer(a), to_tracer(b)))  # dot converts scalars to arrays: no weak scalars
     if a.ndim == 0 or b.ndim == 0:
         return multiply(a, b)
     if b.ndim <= 2:
