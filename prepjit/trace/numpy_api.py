@@ -8,7 +8,7 @@ from .numpy_math import (abs, absolute, add, around, astype, bitwise_and, bitwis
                          divide, equal, erf, exp, exp2, floor, floor_divide, greater, greater_equal, invert, isfinite,
                          isinf, isnan, left_shift, less, less_equal, log, log2, logical_and, logical_not, logical_or,
                          logical_xor, maximum, minimum, mod, multiply, negative, not_equal, power, reciprocal,
-                         remainder, right_shift, rint, round, rsqrt, sign, sin, sqrt, square, subtract, tanh,
+                         remainder, right_shift, rint, round, rsqrt, sign, signbit, sin, sqrt, square, subtract, tanh,
                          true_divide, where)
 from .numpy_reduce import (all, amax, amin, any, argmax, argmin, cumprod, cumsum, max, mean, min, prod, std, sum,
                            var)

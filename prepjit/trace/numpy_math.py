@@ -80,6 +80,7 @@ subtract = _binary("subtract", Ops.SUB)
 true_divide = _binary("true_divide", Ops.FDIV)
 divide = true_divide
 floor_divide_int = _binary("floor_divide", Ops.IDIV)
+mod_int = _binary("remainder", Ops.MOD)
 maximum = _binary("maximum", Ops.MAX)
 minimum = _binary("minimum", Ops.MIN)
 bitwise_and = _binary("bitwise_and", Ops.AND)
@@ -139,22 +140,51 @@ def logical_xor(a, b):
 
 
 def floor_divide(a, b):
-    """NumPy's floor_divide; for floats, NumPy's divmod algorithm: (a - a % b) / b, rounded to the nearest int."""
     a, b = to_tracer(a), to_tracer(b)
     dt = ufunc_dtype("floor_divide", a, b)
-    if not dt.is_float:
-        return floor_divide_int(a, b)
-    a, b = prims.cast(a, dt), prims.cast(b, dt)
-    div = true_divide(subtract(a, mod(a, b)), b)
+    return _float_divmod(a, b, dt)[0] if dt.is_float else floor_divide_int(a, b)
+
+
+def mod(a, b):
+    a, b = to_tracer(a), to_tracer(b)
+    dt = ufunc_dtype("remainder", a, b)
+    return _float_divmod(a, b, dt)[1] if dt.is_float else mod_int(a, b)
+
+
+remainder = mod
+
+
+def _float_divmod(a: Tracer, b: Tracer, dt: DType) -> tuple[Tracer, Tracer]:
+    """NumPy's npy_divmod step by step (float16 computed in float32, as NumPy does): C fmod, then the
+    floor correction, the quotient rounded to an integer, and the signs of zero results."""
+    work = dtypes.float32 if dt == dtypes.float16 else dt
+    a, b = prims.cast(a, work), prims.cast(b, work)
+    magnitude = elementwise(Ops.MOD, absolute(a), absolute(b))  # operands >= 0: the MOD op is plain fmod
+    fmod = where(signbit(a), negative(magnitude), magnitude)
+    div = true_divide(subtract(a, fmod), b)
+    nonzero = not_equal(fmod, 0)
+    adjust = logical_and(nonzero, not_equal(less(b, 0), less(fmod, 0)))
+    modulus = where(adjust, add(fmod, b), where(nonzero, fmod, _signed_zero(b)))
+    div = where(adjust, subtract(div, 1), div)
     floored = floor(div)
     floored = where(greater(subtract(div, floored), 0.5), add(floored, 1), floored)
     quotient = true_divide(a, b)
-    floored = where(equal(div, 0), where(less(quotient, 0), -0.0, 0.0), floored)
-    return where(equal(b, 0), quotient, floored)
+    floored = where(not_equal(div, 0), floored, _signed_zero(quotient))
+    by_zero = equal(b, 0)
+    floored, modulus = where(by_zero, quotient, floored), where(by_zero, fmod, modulus)
+    return prims.cast(floored, dt), prims.cast(modulus, dt)
 
 
-mod = _binary("mod", Ops.MOD)
-remainder = mod
+def signbit(x):
+    """True where the sign bit is set (-0.0 included); NaN's sign is not tracked (False)."""
+    x = to_tracer(x)
+    if not x.dtype.is_float:
+        return less(x, 0)
+    return logical_or(less(x, 0), logical_and(equal(x, 0), less(true_divide(1, x), 0)))
+
+
+def _signed_zero(like: Tracer) -> Tracer:
+    return where(signbit(like), -0.0, 0.0)
 
 
 def power(a, b):
