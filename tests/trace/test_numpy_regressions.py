@@ -1,0 +1,119 @@
+"""Regression tests for bugs found by the parity table and the fuzzer, and the errors NumPy's semantics need."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import prepjit as pj
+import prepjit.numpy as pnp
+
+
+def run(fn, *args, **prepare_kwargs):
+    out = pj.prepare(**prepare_kwargs)(fn)(*args)
+    return [np.asarray(o) for o in out] if isinstance(out, (tuple, list)) else np.asarray(out)
+
+
+# ---- found while building the parity table and fuzzing ----
+
+def test_less_equal_and_greater_equal_are_false_on_nan():
+    x = np.array([np.nan, 1.0, 2.0], np.float32)
+    got = run(lambda x: (x <= 1.0, x >= 1.0, pnp.less_equal(1.0, x)), x)
+    with np.errstate(invalid="ignore"):
+        want = (x <= 1.0, x >= 1.0, np.less_equal(1.0, x))
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_where_of_python_scalars_keeps_the_array_dtype():
+    """A bool condition is not a weak operand: where(c, -0.0, 0.0) * float32 stays float32."""
+    x = np.array([1.0, -2.0], np.float32)
+    assert run(lambda x: pnp.where(x > 0, 1.5, 0.0) * x, x).dtype == np.float32
+
+
+def test_ellipsis_between_index_arrays_puts_the_gathered_dims_first():
+    t = np.arange(27, dtype=np.float32).reshape(3, 3, 3)
+    ids = np.array([2, 0], np.int64)
+    np.testing.assert_array_equal(run(lambda t, i: t[None, i, ..., 1], t, ids), t[None, ids, ..., 1])
+
+
+def test_float_floor_division_and_modulo_keep_numpy_signed_zeros_and_infinite_divisors():
+    a = np.array([-0.0, 3.0, -0.5, 0.5], np.float64)
+    b = np.array([1.0, -3.0, np.inf, -np.inf])
+    got = run(lambda a, b: (a // b, a % b), a, b)
+    for g, w in zip(got, (a // b, a % b)):
+        np.testing.assert_array_equal(g, w)
+        np.testing.assert_array_equal(np.signbit(g), np.signbit(w))
+
+
+def test_arange_with_negative_step_sizes_its_buffer_statically():
+    got = run(lambda x: pnp.arange(5, 0, -2) + x, np.int64(1))
+    np.testing.assert_array_equal(got, np.arange(5, 0, -2) + 1)
+
+
+def test_dot_with_a_python_scalar_promotes_like_an_array():
+    x = np.ones(3, np.float32)
+    assert run(lambda x: pnp.dot(x, 2.0), x).dtype == np.dot(x, 2.0).dtype
+
+
+def test_concatenate_keeps_negative_zero():
+    x = np.array([-0.0, 1.0], np.float32)
+    got = run(lambda x: pnp.concatenate([x, x]), x)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(np.concatenate([x, x])))
+
+
+def test_integer_power_wraps_like_numpy():
+    a = np.array([3, -2, 7, 0], np.int8)
+    b = np.array([5, 7, 3, 0], np.int8)
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(run(lambda a, b: (a ** b), a, b), a ** b)
+
+
+# ---- errors ----
+
+def test_static_out_of_range_int_index_raises_index_error():
+    with pytest.raises(IndexError):
+        run(lambda x: x[3], np.zeros(3, np.float32))
+    with pytest.raises(IndexError):
+        run(lambda x, i: x[i, 5], np.zeros((3, 3), np.float32), np.zeros(2, np.int32))
+
+
+def test_out_of_range_gather_ids_are_clamped_never_read_outside():
+    table = np.arange(6, dtype=np.float32).reshape(3, 2)
+    ids = np.array([100, -100, -1], np.int64)
+    np.testing.assert_array_equal(run(lambda t, i: t[i], table, ids), table[[2, 0, 2]])
+
+
+def test_max_over_an_empty_static_axis_raises_like_numpy():
+    with pytest.raises(ValueError, match="zero-size"):
+        run(lambda x: x.max(axis=0), np.zeros((0, 2), np.float32))
+    with pytest.raises(ValueError, match="empty sequence"):
+        run(lambda x: pnp.argmax(x, axis=0), np.zeros((0, 2), np.float32))
+
+
+@pytest.mark.parametrize("fn, why", [
+    (lambda x: x[x > 0], "boolean"),
+    (lambda x: pnp.pad(x, 1, mode="reflect"), "reflect"),
+    (lambda x: pnp.repeat(x, [1, 2, 3]), "data-dependent"),
+    (lambda x: pnp.einsum("ii->i", x.reshape(1, 3)), "diagonal"),
+    (lambda x: x[[0, 1]], "constant"),
+])
+def test_unsupported_forms_raise_trace_error(fn, why):
+    with pytest.raises(pj.TraceError, match=why):
+        run(fn, np.zeros(3, np.float32))
+
+
+def test_negative_integer_power_of_a_static_exponent_raises():
+    with pytest.raises(ValueError, match="negative integer powers"):
+        run(lambda x: x ** -1, np.ones(3, np.int32))
+
+
+def test_size_zero_cache_window_gives_numpy_results():
+    f = pj.prepare(vars={"pos": (0, 7)})(lambda cache, pos: (cache[:pos], cache[:pos].sum(0), cache[:pos].mean(0)))
+    cache = np.arange(16, dtype=np.float32).reshape(8, 2)
+    for pos in (0, 3):
+        with np.errstate(invalid="ignore", divide="ignore"):
+            want = (cache[:pos], cache[:pos].sum(0), cache[:pos].mean(0))
+        for g, w in zip(f(cache, pos), want):
+            assert np.asarray(g).shape == w.shape
+            np.testing.assert_array_equal(np.asarray(g), w)
+    assert f.stats["traces"] == 1
