@@ -442,3 +442,20 @@ def test_sequential_loops_both_use_the_body_parameter_name(device):
         want = want * 2 + i
     assert_matches(f(a), want)
     assert [k.fixedvars for k in f.plan(a).kernels if k.fixedvars] == [{"i": k} for k in (0, 1, 0, 1, 2)]
+
+
+def test_pj_array_argument_is_not_read_through_the_host(device, monkeypatch):
+    from prepjit.runtime.devices import get_device
+    f = pj.prepare(lambda a: a * 2, device=device)
+    a = np.arange(5, dtype=np.float32)
+    r = f(a)
+    f(a)  # warm: the replay path is prepared
+
+    def no_host_read(*args, **kwargs):
+        raise AssertionError("a pj.Array argument was read back to the host")
+
+    monkeypatch.setattr(get_device(device), "to_numpy", no_host_read)
+    out = f(r)
+    monkeypatch.undo()
+    assert_matches(out, a * 4)
+    assert_matches(r, a * 2)

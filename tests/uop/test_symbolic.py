@@ -101,48 +101,54 @@ def test_bool_of_symbolic_raises_trace_error():
     assert bool(UOp.const(3) < 5)
 
 
-# ---- soundness: a simplified expression evaluates like the original, for every var value ----
+# ---- soundness: a simplified expression evaluates like the original, for every var and range value ----
 
-VARS = [var("a", -6, 9), var("b", 0, 7), var("c", 1, 5)]
+A, B, C = var("a", -6, 9), var("b", 0, 7), var("c", 1, 5)
+R_SYM, R_STATIC = rng(C, 0), rng(4, 1)  # a range with a symbolic end, and one with a static end
+LEAVES = [A, B, C, R_SYM, R_STATIC]
+OPS = {"+": Ops.ADD, "-": Ops.SUB, "*": Ops.MUL, "//": Ops.IDIV, "%": Ops.MOD, "max": Ops.MAX, "min": Ops.MIN,
+       "<": Ops.CMPLT, "==": Ops.CMPEQ}
 
 
-def _expr(draw_ops, depth):
-    leaves = st.one_of(st.sampled_from(VARS), st.integers(-8, 8).map(UOp.const))
+def _trees(depth):
+    leaves = st.one_of(st.sampled_from(LEAVES), st.integers(-8, 8).map(UOp.const))
     if depth == 0:
         return leaves
-    sub = _expr(draw_ops, depth - 1)
-    return st.one_of(
-        leaves,
-        st.tuples(st.sampled_from(["+", "-", "*"]), sub, sub),
-        st.tuples(st.sampled_from(["//", "%"]), sub, st.one_of(st.integers(1, 9).map(UOp.const), st.just(VARS[2]))),
-        st.tuples(st.sampled_from(["max", "min"]), sub, sub))
+    sub = _trees(depth - 1)
+    divisor = st.one_of(st.integers(1, 9).map(UOp.const), st.just(C), st.just(C + 2))
+    return st.one_of(leaves, st.tuples(st.sampled_from(["+", "-", "*", "max", "min", "<", "=="]), sub, sub),
+                     st.tuples(st.sampled_from(["//", "%"]), sub, divisor))
 
 
-def _build(t, raw: bool):
-    """The expression from a drawn tree: raw=True builds unsimplified nodes, False uses UOp operators."""
-    if isinstance(t, UOp):
-        return t
-    op, a, b = t
-    a, b = _build(a, raw), _build(b, raw)
-    ops = {"+": Ops.ADD, "-": Ops.SUB, "*": Ops.MUL, "//": Ops.IDIV, "%": Ops.MOD, "max": Ops.MAX, "min": Ops.MIN}
+def _build(tree, raw: bool):
+    """The expression of a drawn tree: raw nodes (raw=True) or built with the UOp operators (which simplify)."""
+    if isinstance(tree, UOp):
+        return tree
+    op, a, b = tree
+    a, b = (x.cast(dtypes.index) for x in (_build(a, raw), _build(b, raw)))
     if raw:
-        return UOp(ops[op], dtypes.index, (a, b))
-    return {"+": a.__add__, "-": a.__sub__, "*": a.__mul__, "//": a.__floordiv__, "%": a.__mod__,
-            "max": a.smax, "min": a.smin}[op](b)
+        return UOp(OPS[op], dtypes.bool if op in ("<", "==") else dtypes.index, (a, b))
+    return {"+": a.__add__, "-": a.__sub__, "*": a.__mul__, "//": a.__floordiv__, "%": a.__mod__, "max": a.smax,
+            "min": a.smin, "<": a.__lt__, "==": a.eq}[op](b)
 
 
-@settings(max_examples=300, deadline=None)
-@given(_expr(None, 3))
+def _eval(u, env):
+    ranges = {R_SYM: UOp.const(env["r0"]), R_STATIC: UOp.const(env["r1"])}
+    return eval_uop(u.substitute(ranges), env)
+
+
+@settings(max_examples=250, deadline=None)
+@given(_trees(3))
 def test_simplify_is_sound(tree):
     raw = _build(tree, raw=True)
-    simple = simplify(raw)
-    built = _build(tree, raw=False)
-    for values in itertools.product(range(-6, 10, 5), range(0, 8, 3), range(1, 6, 2)):
-        env = dict(zip("abc", values))
-        want = eval_uop(raw, env)
-        assert eval_uop(simple, env) == want, (raw.render(), simple.render(), env)
-        assert eval_uop(built, env) == want, (raw.render(), built.render(), env)
-        assert simple.vmin <= want <= simple.vmax, (simple.render(), simple.bounds, env)
+    simple, built = simplify(raw), _build(tree, raw=False)
+    for a, b, c in itertools.product(range(-6, 10, 5), range(0, 8, 3), (1, 2, 5)):
+        for r0, r1 in ((0, 0), (c - 1, 3)):
+            env = {"a": a, "b": b, "c": c, "r0": r0, "r1": r1}
+            want = _eval(raw, env)
+            assert _eval(simple, env) == want, (raw.render(), simple.render(), env)
+            assert _eval(built, env) == want, (raw.render(), built.render(), env)
+            assert simple.vmin <= want <= simple.vmax, (simple.render(), simple.bounds, env)
 
 
 def test_simplify_reaches_fixed_point():
