@@ -13,10 +13,17 @@ from .peers import Peer
 from .timing import time_per_call
 
 
+def bind_namespace(fn, xp):
+    """`fn(xp, *arrays)` as a function of the arrays alone, keeping its parameter names and name."""
+    bound = functools.partial(fn, xp)
+    bound.__name__ = fn.__name__
+    return bound
+
+
 def prepjit_function(case: Case):
     import prepjit as pj
     import prepjit.numpy as pnp
-    return pj.prepare(functools.partial(case.fn, pnp), **case.prepare_kwargs)
+    return pj.prepare(bind_namespace(case.fn, pnp), **case.prepare_kwargs)
 
 
 def plan_memory(prepared, arrays) -> dict:
@@ -67,10 +74,10 @@ def run_case(case: Case, peers: list[Peer], smoke: bool = False, seed: int = 0) 
             if case.kind == "prepare":
                 if peer.name != "jax":
                     continue
-                times[peer.name] = _prepare_seconds(lambda: peer.prepare(functools.partial(case.fn, peer.namespace())),
+                times[peer.name] = _prepare_seconds(lambda: peer.prepare(bind_namespace(case.fn, peer.namespace())),
                                                     arrays, smoke)
             else:
-                call = peer.prepare(functools.partial(case.fn, peer.namespace()))
+                call = peer.prepare(bind_namespace(case.fn, peer.namespace()))
                 times[peer.name] = time_per_call(lambda: call(*arrays), smoke=smoke)
         except Exception as e:  # a peer that cannot run a case is reported, not fatal
             record.setdefault("peer_errors", {})[peer.name] = f"{type(e).__name__}: {e}"[:200]

@@ -10,7 +10,8 @@ import threading
 import attrs
 from .errors import SignatureError
 from .planner import build_plan
-from .runtime.devices import get_device
+from .replay import MISS, FastCalls
+from .runtime.devices import default_device, get_device
 from .runtime.plan import ExecutionPlan
 from .signature import CallInfo, Signature, explain_retrace
 from .trace.pytree import TreeDef
@@ -87,6 +88,7 @@ class PreparedFunction:
         self.shapes = dict(shapes or {})
         _collect_spec_vars(self.shapes, self.vars)
         self.signature = Signature(fn, self.vars, self.shapes)
+        self._fast_calls = FastCalls(self.signature)
         self.device_name = device
         self.entries: dict[tuple, _Entry] = {}
         self.lock = threading.RLock()
@@ -153,10 +155,17 @@ class PreparedFunction:
 
     # ---- calling ----
     def __call__(self, *args, **kwargs):
+        if not kwargs:  # the fast path (replay.py): a known concrete call replays without re-reading it
+            out = self._fast_calls(args, self.device_name or default_device())
+            if out is not MISS:
+                self._stats["replays"] += 1
+                return out
         if _has_tracer(args, kwargs):  # called inside another traced function: inline, like nested jax.jit
             return self.fn(*args, **kwargs)
         info = self.signature.read(args, kwargs)
         entry = self._entry(info)
+        if not kwargs:
+            self._fast_calls.learn(args, self.device_name or default_device(), info, entry, self.device)
         plan, values = entry.plan, info.var_values
         missing = [n for n in plan.vars if n not in values]
         if missing:

@@ -1,15 +1,23 @@
-"""The cpu device: LLVM IR compiled by llvmlite for the host CPU, launched through ctypes."""
+"""The cpu device: LLVM IR compiled by llvmlite for the host CPU, launched through ctypes.
+
+Kernels with enough work split their outermost range over a small thread pool (ctypes calls
+release the GIL); a plan's small kernels run back to back in one native call (cpu_replay.py).
+"""
 from __future__ import annotations
 
 import ctypes
 import hashlib
+import os
+import queue
 import threading
 
 import numpy as np
 
 from ..errors import CompileError
+from ..uop import Ops
 from .array import Array
 from .buffer import HostBuffer
+from .cpu_replay import INT64_MAX, REPLAY_FN, REPLAY_IR, NativeProgram, layout_self_test
 
 KERNEL_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
 
@@ -21,6 +29,48 @@ class CPUProgram:
         self.engine, self.fn = engine, fn
 
 
+# A kernel is split over threads when its loop iterations (outer range x inner iterations) reach this.
+PARALLEL_MIN_ITERATIONS = 1 << 17
+
+
+def thread_count() -> int:
+    """Threads for one kernel: PREPJIT_THREADS, else the cores this process may run on."""
+    if os.environ.get("PREPJIT_THREADS"):
+        return max(1, int(os.environ["PREPJIT_THREADS"]))
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+class ThreadPool:
+    """Persistent worker threads that each run one slice [start, end) of a kernel's outermost range."""
+
+    def __init__(self, threads: int):
+        self.threads = threads
+        self.lock = threading.Lock()
+        self.done: queue.SimpleQueue = queue.SimpleQueue()
+        self.tasks = [queue.SimpleQueue() for _ in range(threads - 1)]
+        for q in self.tasks:
+            threading.Thread(target=self._work, args=(q,), daemon=True, name="prepjit-cpu").start()
+
+    def _work(self, tasks: queue.SimpleQueue):
+        while True:
+            fn, bufs, vals, start, end = tasks.get()
+            try:
+                fn(bufs, vals, start, end)
+            finally:
+                self.done.put(None)
+
+    def run_split(self, fn, bufs: int, vals: int, size: int):
+        """fn over [0, size), cut into one contiguous slice per thread; the calling thread runs the first."""
+        parts = min(self.threads, size)
+        bounds = [size * i // parts for i in range(parts + 1)]
+        with self.lock:
+            for q, start, end in zip(self.tasks, bounds[1:-1], bounds[2:]):
+                q.put((fn, bufs, vals, start, end))
+            fn(bufs, vals, 0, bounds[1])
+            for _ in range(parts - 1):
+                self.done.get()
+
+
 class CPULauncher:
     """The ctypes argument arrays of one PreparedKernel, built once; replay patches slots in place."""
 
@@ -30,6 +80,8 @@ class CPULauncher:
         self.vals = (ctypes.c_int64 * max(1, len(vals)))(*vals)
         self.bufs_ptr, self.vals_ptr = ctypes.addressof(self.bufs), ctypes.addressof(self.vals)
         self.size_fn, self.static_size = size_fn, static_size
+        self.pool: ThreadPool | None = None
+        self.inner_iterations = 1   # loop iterations per index of the outermost range (at the vars' maxima)
 
     def set_buffer(self, slot: int, handle: int):
         self.bufs[slot] = handle
@@ -37,10 +89,94 @@ class CPULauncher:
     def set_val(self, slot: int, value: int):
         self.vals[slot] = value
 
+    def use_threads(self, pool: ThreadPool, inner_iterations: int):
+        self.pool, self.inner_iterations = pool, inner_iterations
+
     def run(self):
         size = self.static_size if self.static_size is not None else self.size_fn(self.vals)[0]
-        if size > 0:
+        if size <= 0:
+            return
+        if self.pool is not None and size > 1 and size * self.inner_iterations >= PARALLEL_MIN_ITERATIONS:
+            self.pool.run_split(self.fn, self.bufs_ptr, self.vals_ptr, size)
+        else:
             self.fn(self.bufs_ptr, self.vals_ptr, 0, size)
+
+
+def _loop_iterations(ast) -> tuple[int, int]:
+    """(outermost range size, iterations of everything inside it), both at the vars' maxima."""
+    ranges = [u for u in ast.toposort() if u.op is Ops.RANGE]
+    loops = [r for r in ranges if r.arg[1] == "loop"]
+    outer = min(loops, key=lambda r: r.arg[0]) if loops else None
+    inner = 1
+    for r in ranges:
+        if r is not outer:
+            inner *= max(1, int(r.src[0].vmax))
+    return (max(0, int(outer.src[0].vmax)) if outer is not None else 1), inner
+
+
+class CPUPlanRunner:
+    """Replays one ExecutionPlan's launches: small kernels in native batches, large ones split over threads.
+
+    `run(arrays, values)` takes the I/O arrays (in `io_buffers` order: NumPy, C-contiguous) and the
+    var values (in `var_names` order) and returns False, having run nothing, when an array is
+    misaligned for its dtype. `run_launches()` runs the kernels with the arguments already patched.
+    """
+
+    def __init__(self, device: "CPUDevice", launchers: list[CPULauncher], io_buffers: list[int],
+                 io_slots: dict, var_names: list[str], dtypes: list[np.dtype]):
+        self.table = (ctypes.c_int64 * max(1, len(io_buffers) + len(var_names)))()
+        self.n_io = len(io_buffers)
+        var_slot = {n: self.n_io + j for j, n in enumerate(var_names)}
+        patches = [(ctypes.addressof(launch.bufs) + 8 * slot, i)
+                   for i, b in enumerate(io_buffers) for launch, slot in io_slots[b]]
+        patches += [(ctypes.addressof(launch.vals) + 8 * slot, var_slot[name])
+                    for launch in launchers for slot, name in launch.var_slots]
+        groups = self._group(device.pool, launchers)
+        first = groups.pop(0) if groups and isinstance(groups[0], list) else []
+        masks = [dt.alignment - 1 for dt in dtypes]
+        self.program = NativeProgram(device.replay_fn, self.table, masks, patches, first)
+        self.native_reads = device.native_reads_arrays
+        self.replay, self.prog_ptr = device.replay_fn, self.program.prog_ptr
+        if not self.native_reads:
+            self.program.read_arrays_in_python()
+        self.rest = [NativeProgram(device.replay_fn, self.table, [], [], g) if isinstance(g, list) else g.run
+                     for g in groups]
+        self.first_launches = NativeProgram(device.replay_fn, self.table, [], [], first)
+
+    @staticmethod
+    def _group(pool, launchers: list[CPULauncher]) -> list:
+        """Runs of small launches as lists of (fn, bufs, vals, end) quads; each large launch alone (it may split)."""
+        groups: list = []
+        for launch in launchers:
+            outer, inner = _loop_iterations(launch.pk.ast)
+            if pool is not None and outer > 1 and outer * inner >= PARALLEL_MIN_ITERATIONS:
+                launch.use_threads(pool, inner)
+                groups.append(launch)
+                continue
+            quad = (ctypes.cast(launch.fn, ctypes.c_void_p).value, launch.bufs_ptr, launch.vals_ptr, INT64_MAX)
+            if groups and isinstance(groups[-1], list):
+                groups[-1].append(quad)
+            else:
+                groups.append([quad])
+        return groups
+
+    def run_launches(self):
+        self.first_launches()
+        for segment in self.rest:
+            segment()
+
+    def run(self, arrays: tuple, values) -> bool:
+        table, n_io = self.table, self.n_io
+        for j, value in enumerate(values):
+            table[n_io + j] = value
+        if not self.native_reads:
+            for i, a in enumerate(arrays):
+                table[i] = a.ctypes.data
+        if self.replay(self.prog_ptr, arrays):
+            return False
+        for segment in self.rest:
+            segment()
+        return True
 
 
 class CPUDevice:
@@ -56,14 +192,27 @@ class CPUDevice:
         llvm.initialize_native_asmprinter()
         target = llvm.Target.from_default_triple()
         self.cpu_name, features = llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
-        self.target_machine = target.create_target_machine(cpu=self.cpu_name, features=features, opt=3,
-                                                           reloc="pic", codemodel="default")
+        # an MCJIT engine owns (and frees) the target machine it is given: each engine gets its own
+        self.new_target_machine = lambda: target.create_target_machine(cpu=self.cpu_name, features=features, opt=3,
+                                                                       reloc="pic", codemodel="default")
+        self.target_machine = self.new_target_machine()
         version = ".".join(map(str, llvm.llvm_version_info))
         self.compiler_id = f"llvm-{version}-{self.cpu_name}-{hashlib.sha1(features.encode()).hexdigest()[:12]}"
         self.lock = threading.Lock()
+        threads = thread_count()
+        self.pool = ThreadPool(threads) if threads > 1 else None
+        replay = self._jit("prepjit_replay", REPLAY_IR)
+        self.replay_fn = REPLAY_FN(replay.engine.get_function_address("prepjit_replay"))
+        self._replay_engine = replay.engine
+        self.native_reads_arrays = layout_self_test(self.replay_fn)
 
     # ---- compiling and launching ----
     def compile(self, name: str, source: str) -> CPUProgram:
+        program = self._jit(name, source)
+        program.fn = KERNEL_FN(program.engine.get_function_address(name))
+        return program
+
+    def _jit(self, name: str, source: str) -> CPUProgram:
         llvm = self.llvm
         with self.lock:
             try:
@@ -76,15 +225,19 @@ class CPUDevice:
                 options.slp_vectorization = True
                 builder = llvm.create_pass_builder(self.target_machine, options)
                 builder.getModulePassManager().run(module, builder)
-                engine = llvm.create_mcjit_compiler(module, self.target_machine)
+                engine = llvm.create_mcjit_compiler(module, self.new_target_machine())
                 engine.finalize_object()
             except RuntimeError as e:
                 raise CompileError(f"LLVM failed to compile kernel {name}: {e}\n--- source ---\n{source}") from e
-            fn = KERNEL_FN(engine.get_function_address(name))
-        return CPUProgram(engine, fn)
+        return CPUProgram(engine, None)
 
     def launcher(self, program: CPUProgram, buffer_handles, vals, size_fn, static_size) -> CPULauncher:
         return CPULauncher(program, buffer_handles, vals, size_fn, static_size)
+
+    def plan_runner(self, launchers: list[CPULauncher], io_buffers: list[int], io_slots: dict, var_names: list[str],
+                    dtypes: list[np.dtype]) -> CPUPlanRunner:
+        """Native replay of a plan's launchers (see CPUPlanRunner); `io_slots`: buffer -> [(launcher, slot)]."""
+        return CPUPlanRunner(self, launchers, io_buffers, io_slots, var_names, dtypes)
 
     # ---- memory ----
     def allocate(self, dtype: np.dtype, size: int) -> HostBuffer:

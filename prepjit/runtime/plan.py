@@ -62,6 +62,18 @@ class ExecutionPlan:
         io = set(self.inputs) | set(self.outputs)
         self._io_slots = {b: [(launch, slot) for launch in self._launches
                               for slot, bi in enumerate(launch.pk.buffer_indices) if bi == b] for b in io}
+        self._runner = self._native_runner()
+
+    def _native_runner(self):
+        """The device's whole-plan replay (the cpu's runs kernels back to back natively), or None."""
+        io_order = list(self.inputs) + self._distinct_outputs
+        if not hasattr(self._device, "plan_runner") or len(set(io_order)) != len(io_order):
+            return None
+        var_names = list(self.vars)
+        self._val_refs = [(launch.pk.vals, slot, var_names.index(name))
+                          for launch in self._launches for slot, name in launch.var_slots]
+        return self._device.plan_runner(self._launches, io_order, self._io_slots, var_names,
+                                        [self._buffers[b].dtype for b in io_order])
 
     def _launcher(self, pk: PreparedKernel):
         kernel = pk.kernel
@@ -121,6 +133,12 @@ class ExecutionPlan:
         if missing:
             raise VarError(f"vars {missing} have no value yet; use execute_with_vars")
         self._patch({b: self._device.handle(self._buffers[b].memory) for b in self._io_slots})
+        self._run_launches()
+
+    def _run_launches(self):
+        if self._runner is not None:
+            self._runner.run_launches()
+            return
         for launch in self._launches:
             launch.run()
 
@@ -165,10 +183,28 @@ class ExecutionPlan:
                 handles[b], array = device.new_output(shape, self._buffers[b].dtype)
                 results.append(array)
             self._patch(handles)
-            for launch in self._launches:
-                launch.run()
+            self._run_launches()
             device.synchronize()
         return results
+
+    @property
+    def replays_arrays(self) -> bool:
+        """Whether `run_arrays` is available (the device replays whole plans on host arrays)."""
+        return self._runner is not None
+
+    def run_arrays(self, arrays: tuple, values: tuple) -> bool:
+        """The prepared-call fast path on host devices: `arrays` are the inputs then the distinct outputs
+        (C-contiguous NumPy arrays, outputs freshly allocated), `values` the var values, validated, in
+        `self.vars` order. Returns False, having run nothing, when an array is not aligned for its dtype.
+        """
+        with self.lock:
+            if not self._runner.run(arrays, values):
+                return False
+            if values:
+                self.bindings.update(zip(self.vars, values))
+                for vals, slot, j in self._val_refs:
+                    vals[slot] = values[j]
+        return True
 
     def copy_array(self, array):
         return self._device.copy_array(array)

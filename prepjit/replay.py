@@ -1,0 +1,131 @@
+"""The prepared-call fast path: per-signature closures that replay a plan straight on NumPy arrays.
+
+A call whose arguments are all flat (NumPy arrays, cpu pj.Arrays, ints, strings, bools, None)
+and positional is looked up by a cheap key: each array's dtype, shape and strides, each static
+value, and a marker for each scalar var. The first call with a key goes through the full path
+(`Signature.read`, which checks everything); after it, `FastCalls.learn` records what that call
+decided: the plan, the var values read off the shapes (already checked), the output shapes and
+dtypes, and bound checks for the scalar vars. Later calls with the key skip straight to
+`ExecutionPlan.run_arrays`: inputs are read in place, each output is one `np.empty`. Anything
+unusual (a bound violation, a var that disagrees, a misaligned array) falls back to the full
+path, which raises the proper error or copies.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .runtime.array import Array
+
+MISS = object()
+MAX_KEYS = 4096  # distinct concrete shapes remembered per prepared function
+
+
+class _FastCall:
+    """What one concrete call signature replays: plan, argument positions, var checks and outputs."""
+
+    def __init__(self, entry, info, array_args: list[tuple[int, bool]], n_args: int, var_args: list[tuple[int, str]],
+                 device):
+        plan = entry.plan
+        self.plan, self.device, self.out_tree = plan, device, entry.out_tree
+        self.array_args = array_args
+        self.args_are_inputs = [i for i, _ in array_args] == list(range(n_args)) and not any(p for _, p in array_args)
+        self.var_names = list(plan.vars)
+        self.base_values = dict(info.var_values)
+        self.var_checks = [(i, name, plan.vars[name][0], plan.vars[name][1], self.base_values.get(name))
+                           for i, name in var_args if name in plan.vars]
+        self.shape_fns = entry.out_shape_fns
+        self.dtypes = [plan.buffers[b].dtype for b in dict.fromkeys(plan.outputs)]
+        self.values = tuple(self.base_values[n] for n in self.var_names)
+        self.shapes = [fn(self.base_values) for fn in self.shape_fns]
+        self.out_specs = list(zip(self.shapes, self.dtypes))
+        self.single = entry.out_tree.kind == "leaf"
+        self.run = self._run_with_vars if self.var_checks else self._run
+
+    def _inputs(self, args: tuple) -> tuple:
+        if self.args_are_inputs:
+            return args
+        return tuple(args[i].buffer if is_pj else args[i] for i, is_pj in self.array_args)
+
+    def _run(self, args: tuple):
+        """A call whose var values all come from the (keyed) shapes: outputs and values are fixed."""
+        inputs = self._inputs(args)
+        outputs = [np.empty(shape, dtype) for shape, dtype in self.out_specs]
+        return self._replay(inputs, outputs, self.values, self.shapes)
+
+    def _run_with_vars(self, args: tuple):
+        """A call with scalar vars: check their bounds (and agreement with the shapes) first."""
+        current = dict(self.base_values)
+        for i, name, lo, hi, from_shapes in self.var_checks:
+            v = args[i]
+            if not lo <= v <= hi or (from_shapes is not None and v != from_shapes):
+                return MISS
+            current[name] = v
+        shapes = [fn(current) for fn in self.shape_fns]
+        outputs = [np.empty(shape, dtype) for shape, dtype in zip(shapes, self.dtypes)]
+        return self._replay(self._inputs(args), outputs, tuple(current[n] for n in self.var_names), shapes)
+
+    def _replay(self, inputs: tuple, outputs: list, values: tuple, shapes: list):
+        if not self.plan.run_arrays(inputs + tuple(outputs), values):
+            inputs = tuple(np.require(a, requirements=("C", "A")) for a in inputs)  # misaligned: aligned copies
+            if not self.plan.run_arrays(inputs + tuple(outputs), values):
+                return MISS
+        device = self.device
+        if self.single:
+            return Array(outputs[0], shapes[0], self.dtypes[0], device)
+        return self.out_tree.unflatten([Array(o, shape, dtype, device)
+                                        for o, shape, dtype in zip(outputs, shapes, self.dtypes)])
+
+
+class FastCalls:
+    """The fast-path table of one prepared function: concrete call key -> its _FastCall's run."""
+
+    def __init__(self, signature):
+        self.enabled = signature.simple
+        self.var_positions = {i: p.name for i, p in enumerate(signature.params) if p.name in signature.scalar_vars}
+        self.calls: dict = {}
+
+    def key(self, args: tuple, device_name) -> tuple | None:
+        """The concrete key of a positional call, or None when an argument is not of a fast kind."""
+        parts = [device_name]
+        var_positions = self.var_positions
+        for i, a in enumerate(args):
+            t = type(a)
+            if t is np.ndarray:
+                parts.append((a.dtype, a.shape, a.strides))
+            elif t is int:
+                parts.append(int if i in var_positions else a)
+            elif t is Array:
+                parts.append((Array, a._device, a.dtype, a.shape))
+            elif t is str or t is bool or a is None:
+                parts.append((t, a))
+            else:
+                return None
+        return tuple(parts)
+
+    def __call__(self, args: tuple, device_name):
+        if not self.enabled:
+            return MISS
+        run = self.calls.get(self.key(args, device_name))
+        return MISS if run is None else run(args)
+
+    def learn(self, args: tuple, device_name, info, entry, device):
+        """Remember the call that just went through the full path, when the fast path can replay it."""
+        plan = entry.plan
+        if not self.enabled or not plan.replays_arrays or any(entry.duplicate) or len(self.calls) >= MAX_KEYS:
+            return
+        key = self.key(args, device_name)
+        if key is None or key in self.calls:
+            return
+        array_args, var_args = [], []
+        for i, a in enumerate(args):
+            if type(a) is np.ndarray or type(a) is Array:
+                data = a.buffer if type(a) is Array else a
+                if type(data) is not np.ndarray or not data.flags.c_contiguous:
+                    return
+                array_args.append((i, type(a) is Array))
+            elif i in self.var_positions:
+                var_args.append((i, self.var_positions[i]))
+        if len(array_args) != len(plan.inputs) or len(info.arrays) != len(array_args) \
+                or any(n not in info.var_values for n in plan.vars):
+            return
+        self.calls[key] = _FastCall(entry, info, array_args, len(args), var_args, device).run

@@ -1,0 +1,143 @@
+"""Native replay for the cpu: one ctypes call reads the I/O pointers, patches them and the vars into
+every kernel's argument arrays, and runs a plan's kernels back to back.
+
+A plan's launches are compiled into a small program (ctypes int64 arrays built once):
+
+    prog: [n_arrays, table, align_masks, n_patches, patches, n_launches, launches]
+    table:    int64 slots: the I/O data pointers (read from the arrays), then the var values
+    patches:  (destination address, table slot) pairs: a kernel's buffer or var argument slot
+    launches: (kernel fn, bufs, vals, end) quads, each run as fn(bufs, vals, 0, end)
+
+`prepjit_replay(prog, arrays)` takes `arrays` as a Python tuple of NumPy arrays and reads their
+data pointers itself (CPython's tuple items and NumPy's `data` field, whose offsets are checked
+by a self-test before use; if the check fails, Python fills the table instead). It returns 0, or
+1 + the index of an array whose data is not aligned for its dtype. Kernels clamp `end` to their
+range, so a launch with end = INT64_MAX computes its whole range whatever the var values are.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+INT64_MAX = (1 << 63) - 1
+TUPLE_ITEMS_OFFSET = tuple.__basicsize__   # ob_item follows PyObject_VAR_HEAD
+ARRAY_DATA_OFFSET = object.__basicsize__   # PyArrayObject's `data` follows PyObject_HEAD
+
+REPLAY_FN = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.py_object)
+
+REPLAY_IR = f"""
+define i64 @prepjit_replay(ptr %prog, ptr %arrays) nounwind {{
+entry:
+  %n_arrays = load i64, ptr %prog
+  %p1 = getelementptr i64, ptr %prog, i64 1
+  %table = load ptr, ptr %p1
+  %p2 = getelementptr i64, ptr %prog, i64 2
+  %masks = load ptr, ptr %p2
+  %p3 = getelementptr i64, ptr %prog, i64 3
+  %n_patches = load i64, ptr %p3
+  %p4 = getelementptr i64, ptr %prog, i64 4
+  %patches = load ptr, ptr %p4
+  %p5 = getelementptr i64, ptr %prog, i64 5
+  %n_launches = load i64, ptr %p5
+  %p6 = getelementptr i64, ptr %prog, i64 6
+  %launches = load ptr, ptr %p6
+  br label %arr.cond
+arr.cond:
+  %i = phi i64 [0, %entry], [%i.next, %arr.store]
+  %arr.more = icmp slt i64 %i, %n_arrays
+  br i1 %arr.more, label %arr.body, label %patch.cond
+arr.body:
+  %item.off = mul i64 %i, 8
+  %item.off2 = add i64 %item.off, {TUPLE_ITEMS_OFFSET}
+  %item.p = getelementptr i8, ptr %arrays, i64 %item.off2
+  %obj = load ptr, ptr %item.p
+  %data.p = getelementptr i8, ptr %obj, i64 {ARRAY_DATA_OFFSET}
+  %data = load i64, ptr %data.p
+  %mask.p = getelementptr i64, ptr %masks, i64 %i
+  %mask = load i64, ptr %mask.p
+  %low = and i64 %data, %mask
+  %misaligned = icmp ne i64 %low, 0
+  br i1 %misaligned, label %fail, label %arr.store
+arr.store:
+  %slot.p = getelementptr i64, ptr %table, i64 %i
+  store i64 %data, ptr %slot.p
+  %i.next = add i64 %i, 1
+  br label %arr.cond
+fail:
+  %code = add i64 %i, 1
+  ret i64 %code
+patch.cond:
+  %j = phi i64 [0, %arr.cond], [%j.next, %patch.body]
+  %patch.more = icmp slt i64 %j, %n_patches
+  br i1 %patch.more, label %patch.body, label %launch.cond
+patch.body:
+  %pj = mul i64 %j, 2
+  %dest.p = getelementptr i64, ptr %patches, i64 %pj
+  %dest = load ptr, ptr %dest.p
+  %pj1 = add i64 %pj, 1
+  %src.p = getelementptr i64, ptr %patches, i64 %pj1
+  %src = load i64, ptr %src.p
+  %value.p = getelementptr i64, ptr %table, i64 %src
+  %value = load i64, ptr %value.p
+  store i64 %value, ptr %dest
+  %j.next = add i64 %j, 1
+  br label %patch.cond
+launch.cond:
+  %k = phi i64 [0, %patch.cond], [%k.next, %launch.body]
+  %launch.more = icmp slt i64 %k, %n_launches
+  br i1 %launch.more, label %launch.body, label %done
+launch.body:
+  %lk = mul i64 %k, 4
+  %fn.p = getelementptr i64, ptr %launches, i64 %lk
+  %fn = load ptr, ptr %fn.p
+  %lk1 = add i64 %lk, 1
+  %bufs.p = getelementptr i64, ptr %launches, i64 %lk1
+  %bufs = load ptr, ptr %bufs.p
+  %lk2 = add i64 %lk, 2
+  %vals.p = getelementptr i64, ptr %launches, i64 %lk2
+  %vals = load ptr, ptr %vals.p
+  %lk3 = add i64 %lk, 3
+  %end.p = getelementptr i64, ptr %launches, i64 %lk3
+  %end = load i64, ptr %end.p
+  call void %fn(ptr %bufs, ptr %vals, i64 0, i64 %end)
+  %k.next = add i64 %k, 1
+  br label %launch.cond
+done:
+  ret i64 0
+}}
+"""
+
+
+def _int64s(values) -> ctypes.Array:
+    values = list(values)
+    return (ctypes.c_int64 * max(1, len(values)))(*values)
+
+
+class NativeProgram:
+    """One prepjit_replay program: its arrays kept alive, and a call that runs it."""
+
+    def __init__(self, replay, table, masks: list[int], patches: list[tuple[int, int]], launches: list[tuple]):
+        self.replay, self.table = replay, table
+        self.masks = _int64s(masks)
+        self.patches = _int64s(x for pair in patches for x in pair)
+        self.launches = _int64s(x for quad in launches for x in quad)
+        self.n_arrays = len(masks)
+        self.prog = _int64s([len(masks), ctypes.addressof(table), ctypes.addressof(self.masks), len(patches),
+                             ctypes.addressof(self.patches), len(launches), ctypes.addressof(self.launches)])
+        self.prog_ptr = ctypes.addressof(self.prog)
+
+    def read_arrays_in_python(self):
+        """Fallback when the layout self-test failed: the caller fills the table; the program only patches and runs."""
+        self.prog[0] = 0
+
+    def __call__(self, arrays: tuple = ()) -> int:
+        return self.replay(self.prog_ptr, arrays)
+
+
+def layout_self_test(replay) -> bool:
+    """Does prepjit_replay read the same data pointers NumPy reports? (CPython and NumPy struct layouts.)"""
+    arrays = (np.arange(3, dtype=np.float32), np.zeros((2, 5), np.int64)[1:])
+    table = _int64s([0, 0])
+    program = NativeProgram(replay, table, [0, 0], [], [])
+    return program(arrays) == 0 and list(table) == [a.ctypes.data for a in arrays]

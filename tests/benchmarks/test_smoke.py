@@ -1,0 +1,27 @@
+"""The benchmark suite runs: every case once at tiny size, prepjit checked against NumPy (no timing claims)."""
+import json
+
+import pytest
+
+from benchmarks.__main__ import main
+from benchmarks.cases import CASES
+from benchmarks.peers import available_peers
+from benchmarks.runner import run_case
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_case_runs_and_matches_numpy(case):
+    record = run_case(case, available_peers(["numpy"]), smoke=True)
+    assert record["seconds"]["prepjit"] > 0
+    assert record["plan_bytes"] >= record["intermediate_bytes"] >= 0
+    if case.kind == "call":
+        assert "numpy" in record["ratio_vs"]
+
+
+def test_command_line_writes_json(tmp_path, capsys):
+    out = tmp_path / "results.json"
+    assert main(["--smoke", "--peers", "numpy", "--case", "replay", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert {c["case"] for c in result["cases"]} == {"replay_elementwise_16", "replay_reduction_chain_10"}
+    assert result["machine"]["cores"] >= 1
+    assert "replay_elementwise_16" in capsys.readouterr().out
