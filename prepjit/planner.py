@@ -50,6 +50,26 @@ def get_kernel(ast: UOp, device) -> tuple[CachedKernel, bool]:
     return kernel_cache.get_or_build((ast, device.name, device.compiler_id), build)
 
 
+class _Hazards:
+    """Kernel dependencies over plan buffers: read-after-write, write-after-read and write-after-write."""
+
+    def __init__(self):
+        self.last_writer: dict[int, int] = {}
+        self.readers: dict[int, set[int]] = {}  # buffer -> kernels that read it since its last write
+
+    def add(self, kernel: int, writes: int, reads) -> list[int]:
+        """The kernels that must complete before `kernel`, which writes buffer `writes` and reads `reads`."""
+        deps = {self.last_writer[b] for b in reads if b in self.last_writer}
+        deps |= self.readers.get(writes, set())
+        if writes in self.last_writer:
+            deps.add(self.last_writer[writes])
+        for b in reads:
+            self.readers.setdefault(b, set()).add(kernel)
+        self.last_writer[writes], self.readers[writes] = kernel, set()
+        deps.discard(kernel)
+        return sorted(deps)
+
+
 def build_plan(traced: Traced, device) -> tuple[ExecutionPlan, int]:
     """An ExecutionPlan for a traced function, and how many kernels were compiled (cache misses)."""
     sched = schedule(list(traced.outputs), list(traced.inputs))
@@ -58,7 +78,7 @@ def build_plan(traced: Traced, device) -> tuple[ExecutionPlan, int]:
         memory = device.allocate(spec.dtype.np, spec.max_size)
         text = "(" + ", ".join(d.render() if isinstance(d, UOp) else str(d) for d in spec.shape) + ")"
         buffers.append(PlanBuffer(memory, spec.dtype.np, compile_shape_fn(spec.shape), text))
-    kernels, compiles, last_writer = [], 0, {}
+    kernels, compiles, hazards = [], 0, _Hazards()
     bounds: dict[str, tuple[int, int]] = {}
     fixed_names = set()
     for i, item in enumerate(sched.kernels):
@@ -70,13 +90,12 @@ def build_plan(traced: Traced, device) -> tuple[ExecutionPlan, int]:
         for rv in runtime_vars:
             bounds[rv.name] = (rv.min_val, rv.max_val)
         vals = [fixed.get(n, bounds[n][0]) for n in kernel.var_names]
-        deps = sorted({last_writer[b] for b in item.buffers[1:] if b in last_writer})
+        deps = hazards.add(i, writes=item.buffers[0], reads=item.buffers[1:])
         kernels.append(PreparedKernel(
             id=i, ast=item.ast, kernel=kernel, device=device.name, buffer_indices=list(item.buffers),
             output_indices=[0], vals=vals, fixedvars=fixed, dependencies=deps,
             buffer_ptrs=[buffers[b].memory.ptr for b in item.buffers], buffer_ids=list(item.buffers),
             runtime_vars=runtime_vars))
-        last_writer[item.buffers[0]] = i
     for spec in sched.buffers:
         for d in spec.shape:
             if isinstance(d, UOp):

@@ -141,3 +141,27 @@ def test_write_input_checks_dtype_and_capacity(device):
         plan.write_input(0, XMAX.astype(np.float64))
     with pytest.raises(pj.SignatureError):
         plan.write_input(0, np.ones((17, 8), np.float32))
+
+
+def _conflicts(a, b) -> bool:
+    """Whether kernel b (later) must wait for kernel a: read-after-write, write-after-read or write-after-write."""
+    wa, wb = {a.buffer_indices[i] for i in a.output_indices}, {b.buffer_indices[i] for i in b.output_indices}
+    ra, rb = set(a.buffer_indices) - wa, set(b.buffer_indices) - wb
+    return bool(wa & rb or ra & wb or wa & wb)
+
+
+def test_dependencies_order_every_conflicting_pair(device):
+    """A kernel depends (transitively) on every earlier kernel it conflicts with, so any executor honouring
+    `dependencies` is correct; the loop here makes write-after-read hazards on its ping-pong buffers."""
+    @pj.prepare(device=device)
+    def f(x, y):
+        return pj.fori_loop(0, 4, lambda i, c: (c[0] * 2, c[1] + c[0].sum()), (x, y))
+
+    plan = f.plan(np.ones(3, np.float32), np.ones(2, np.float32))
+    before = {}
+    for k in plan.kernels:
+        before[k.id] = set(k.dependencies).union(*(before[d] for d in k.dependencies))
+    for j, later in enumerate(plan.kernels):
+        for earlier in plan.kernels[:j]:
+            if _conflicts(earlier, later):
+                assert earlier.id in before[later.id], (earlier.id, later.id)
