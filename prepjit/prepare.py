@@ -8,7 +8,7 @@ import sys
 import threading
 
 import attrs
-from .errors import SignatureError
+from .errors import VarError
 from .planner import build_plan
 from .replay import MISS, FastCalls
 from .runtime.devices import default_device, get_device
@@ -169,7 +169,8 @@ class PreparedFunction:
         plan, values = entry.plan, info.var_values
         missing = [n for n in plan.vars if n not in values]
         if missing:
-            raise SignatureError(f"vars {missing} are used by {self.__name__} but no argument gives their value")
+            raise VarError(f"vars {missing} are used by {self.__name__} but no argument gives their value; "
+                           "add a parameter whose shape (in `shapes`) or value (a scalar var) carries them")
         distinct = plan.run_with_io({n: values[n] for n in plan.vars}, info.arrays,
                                     [fn(values) for fn in entry.out_shape_fns])
         self._stats["replays"] += 1

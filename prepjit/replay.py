@@ -120,7 +120,7 @@ class FastCalls:
         for i, a in enumerate(args):
             if type(a) is np.ndarray or type(a) is Array:
                 data = a.buffer if type(a) is Array else a
-                if type(data) is not np.ndarray or not data.flags.c_contiguous:
+                if type(data) is not np.ndarray or not data.flags.c_contiguous or not data.dtype.isnative:
                     return
                 array_args.append((i, type(a) is Array))
             elif i in self.var_positions:

@@ -460,3 +460,11 @@ def test_pj_array_argument_is_not_read_through_the_host(device, monkeypatch):
     monkeypatch.undo()
     assert_matches(out, a * 4)
     assert_matches(r, a * 2)
+
+
+def test_var_no_argument_carries_is_var_error(device):
+    n = pj.Var("n", 1, 8)
+    f = pj.prepare(lambda x: x[:n] * 2, device=device)
+    with pytest.raises(pj.VarError, match="'n'"):
+        f(np.ones(8, np.float32))
+    assert f.plan(np.ones(8, np.float32)).vars == {"n": (1, 8)}
