@@ -46,6 +46,8 @@ def _compare(name: str, op: Ops, swap=False, or_equal=False):
     def fn(a, b):
         a, b = to_tracer(a), to_tracer(b)
         dt = prims.result_dtype(a, b)
+        if not (prims.python_int_fits(a, dt) and prims.python_int_fits(b, dt)):
+            dt = dtypes.int64  # NumPy 2 compares out-of-range Python ints by value (uint64 not covered)
         out = elementwise(op, *((b, a) if swap else (a, b)), dtype=dt)
         return elementwise(Ops.OR, out, elementwise(Ops.CMPEQ, a, b, dtype=dt)) if or_equal else out
     fn.__name__ = name

@@ -120,6 +120,18 @@ def cast(x: Tracer, dtype) -> Tracer:
     return Tracer(UOp(Ops.CAST, dtype, (x.uop,)))
 
 
+def python_int_fits(x: Tracer, dtype: DType) -> bool:
+    """False for a Python int constant outside an integer dtype's range (NumPy 2 raises for those)."""
+    if not (x.weak and x.uop.op is Ops.CONST and dtype.is_int and x.dtype.is_int):
+        return True
+    return dtype.min() <= x.uop.arg <= dtype.max()
+
+
+def check_python_int_fits(x: Tracer, dtype: DType):
+    if not python_int_fits(x, dtype):
+        raise OverflowError(f"Python integer {x.uop.arg} out of bounds for {dtype.name}")
+
+
 def broadcast_to(x: Tracer, shape: tuple) -> Tracer:
     shape = tuple(to_sint(d, "a dimension") for d in shape)
     if x.uop.shape == shape:
@@ -147,6 +159,7 @@ def elementwise(op: Ops, *operands, dtype: DType | None = None, out_dtype: DType
     srcs = []
     for i, x in enumerate(xs):
         if not (op is Ops.WHERE and i == 0):
+            check_python_int_fits(x, compute)
             x = cast(x, compute)
         srcs.append(broadcast_to(x, shape).uop)
     out = out_dtype or (dtypes.bool if op in (Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE) else compute)

@@ -187,7 +187,7 @@ def numpy_reference(program, x, ids):
     with np.errstate(all="ignore"):
         try:
             return run_program(np, program, x, ids)
-        except (IndexError, ValueError, TypeError, np.exceptions.AxisError):
+        except (IndexError, ValueError, TypeError, OverflowError, np.exceptions.AxisError):
             return None  # NumPy rejects this example; so may we
 
 

@@ -68,6 +68,15 @@ def test_integer_power_wraps_like_numpy():
         np.testing.assert_array_equal(run(lambda a, b: (a ** b), a, b), a ** b)
 
 
+def test_python_int_out_of_range_for_the_array_dtype():
+    x = np.array([0, 5, 255], np.uint8)
+    with pytest.raises(OverflowError):
+        run(lambda x: x + -3, x)
+    got = run(lambda x: (x < -3, x > 300, x == 256), x)
+    for g, w in zip(got, (x < -3, x > 300, x == 256)):
+        np.testing.assert_array_equal(g, w)
+
+
 # ---- errors ----
 
 def test_static_out_of_range_int_index_raises_index_error():
