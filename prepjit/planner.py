@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import time
 
+from .codegen.optimize import optimize
 from .codegen.render_llvm import render_llvm
 from .codegen.render_opencl import render_opencl
 from .codegen.schedule import schedule
@@ -34,7 +35,7 @@ def compile_positional_fn(exprs: tuple[UOp, ...], var_names: tuple[str, ...]):
 def get_kernel(ast: UOp, device) -> tuple[CachedKernel, bool]:
     """The compiled kernel for `ast` on `device` from the kernel cache; (kernel, compiled now?)."""
     def build() -> CachedKernel:
-        src = RENDERERS[device.language](ast)
+        src = RENDERERS[device.language](optimize(ast, device.language))
         start = time.perf_counter()
         try:
             program = device.compile(src.name, src.source)

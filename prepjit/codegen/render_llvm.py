@@ -2,7 +2,8 @@
 
 ABI: `void name(ptr bufs, ptr vals, i64 start, i64 end)`: `bufs` holds the buffer pointers in
 slot order, `vals` the int64 var values in `var_names` order, and [start, end) is the slice of
-the outermost loop range this call computes (CPU threads split it). The body is an internal,
+the outermost loop range this call computes (CPU threads split it); `end` is clamped to the
+range, so (0, INT64_MAX) computes all of it. The body is an internal,
 always-inlined function taking every buffer as a `noalias` pointer, so LLVM can vectorise.
 float16 values live in registers as float and are rounded to half after each op, like NumPy.
 """
@@ -60,6 +61,10 @@ class _Renderer:
         self.n = 0
         self.vars = [v.arg[0] for v in kernel_vars(ast)]
         self.prange = parallel_range(ast)
+        self.reduce_groups: dict = {}
+        for u in ast.toposort():
+            if u.op is Ops.REDUCE:
+                self.reduce_groups.setdefault((u.arg, u.dtype, u.src[1:]), []).append(u)
 
     def tmp(self, prefix="t") -> str:
         self.n += 1
@@ -279,27 +284,45 @@ class _Renderer:
         self.lines.append(f"{label}.exit:")
 
     def reduce(self, u: UOp) -> str:
-        t = reg_type(u.dtype)
-        acc = self.tmp("acc")
-        self.allocas.append(f"  {acc} = alloca {t}")
-        self.emit(f"store {t} {const_literal(_identity(u.arg, u.dtype), u.dtype)}, ptr {acc}")
+        """`u` and every not yet rendered reduction over the same ranges (an upcast block) in one loop nest.
+
+        A lone float sum is reassociated so LLVM vectorises its loop; a block's sums are not (its
+        accumulators vectorise across the block instead) and fuse their multiply-adds.
+        """
+        group = [u] + [r for r in self.reduce_groups[(u.arg, u.dtype, u.src[1:])]
+                       if r is not u and not any(r in scope for scope in self.scopes)]
+        t, block = reg_type(u.dtype), len(group) > 1
+        accs = [self.tmp("acc") for _ in group]
+        for acc in accs:
+            self.allocas.append(f"  {acc} = alloca {t}")
+            self.emit(f"store {t} {const_literal(_identity(u.arg, u.dtype), u.dtype)}, ptr {acc}")
         loops = [self.open_loop(r, "0", self.value(r.src[0])) for r in u.src[1:]]
-        v = self.value(u.src[0])
-        cur = self.op(f"load {t}, ptr {acc}")
-        if u.arg is Ops.ADD and u.dtype.is_float:
-            new = self.op(f"fadd reassoc {t} {cur}, {v}")
-        else:
-            new = self.alu(u.arg, u.dtype, u.dtype, [cur, v])
-        self.emit(f"store {t} {new}, ptr {acc}")
+        for r, acc in zip(group, accs):
+            x = r.src[0]
+            if block and u.arg is Ops.ADD and u.dtype.is_float and x.op is Ops.MUL:
+                v = self.op(f"fmul contract {t} {self.value(x.src[0])}, {self.value(x.src[1])}")
+            else:
+                v = self.value(x)
+            cur = self.op(f"load {t}, ptr {acc}")
+            if u.arg is Ops.ADD and u.dtype.is_float:
+                new = self.op(f"fadd {'contract' if block else 'reassoc'} {t} {cur}, {v}")
+            else:
+                new = self.alu(u.arg, u.dtype, u.dtype, [cur, v])
+            self.emit(f"store {t} {new}, ptr {acc}")
         for loop in reversed(loops):
             self.close_loop(loop)
-        out = self.op(f"load {t}, ptr {acc}")
-        return self.round_half(out) if u.dtype == dtypes.float16 else out
+        outs = []
+        for acc in accs:
+            out = self.op(f"load {t}, ptr {acc}")
+            outs.append(self.round_half(out) if u.dtype == dtypes.float16 else out)
+        for r, out in zip(group[1:], outs[1:]):
+            self.scopes[-1][r] = out
+        return outs[0]
 
     # ---- the function ----
     def kernel(self) -> str:
-        store = self.ast.src[0]
-        ranges = sorted({r for r in store.toposort() if r.op is Ops.RANGE and r.arg[1] == "loop"}, key=lambda r: r.arg[0])
+        ranges = sorted({r for r in self.ast.toposort() if r.op is Ops.RANGE and r.arg[1] == "loop"},
+                        key=lambda r: r.arg[0])
         loops = []
         for r in ranges:
             if r is self.prange:
@@ -312,7 +335,8 @@ class _Renderer:
             self.emit("%end.one = call i64 @llvm.smin.i64(i64 %end, i64 1)")
             self.decls.add("declare i64 @llvm.smin.i64(i64, i64)")
             loops.append(self.open_loop(None, "%start", "%end.one"))
-        self.store(store)
+        for store in self.ast.src:
+            self.store(store)
         for loop in reversed(loops):
             self.close_loop(loop)
         n_bufs = 1 + max((u.arg for u in self.ast.toposort() if u.op is Ops.DEFINE_GLOBAL), default=0)

@@ -1,0 +1,92 @@
+"""Kernel optimisation passes on the kernel AST, applied before rendering.
+
+Register blocking for contractions (matmul and its relatives): a kernel that stores one float
+sum-reduction per output element, where the output is contiguous along a loop axis `j` and some
+operand does not depend on another loop axis `i`, is upcast: `j` and `i` are split into an outer
+range and a constant unrolled offset (j = j_o * UJ + uj, i = i_o * UI + ui), giving UI x UJ
+stores whose reductions share their reduce ranges. Renderers compute reductions over the same
+ranges in one loop nest, so each loaded operand is reused UJ (or UI) times from registers and
+the UJ contiguous loads and accumulators vectorise. The blocked output axis `j` becomes the
+outermost loop, so a thread's slice of it keeps its panel of the other operand in cache.
+"""
+from __future__ import annotations
+
+from ..uop import Ops, UOp, dtypes, simplify
+
+UPCAST_J = (32, 16, 8)   # contiguous output columns per block, largest that divides the axis first
+UPCAST_I = (8, 4, 2)     # rows per block
+
+
+def _const_end(r: UOp) -> int | None:
+    end = r.src[0]
+    return end.arg if end.op is Ops.CONST else None
+
+
+def _stride(index: UOp, r: UOp) -> int | None:
+    """The constant step of `index` when range `r` steps by one, or None."""
+    step = simplify(index.substitute({r: r + 1}) - index)
+    return step.arg if step.op is Ops.CONST else None
+
+
+def _pick(end: int | None, choices: tuple) -> int:
+    return next((u for u in choices if end is not None and end % u == 0 and end > u), 1)
+
+
+def upcast_contraction(ast: UOp) -> UOp:
+    """Register-block a kernel computing one float ADD reduction per output element; others are returned as is."""
+    if ast.op is not Ops.SINK or len(ast.src) != 1:
+        return ast
+    store = ast.src[0]
+    out, index, value = store.src
+    if value.op is not Ops.REDUCE or value.arg is not Ops.ADD or value.dtype not in (dtypes.float32, dtypes.float64):
+        return ast
+    loops = sorted({u for u in store.toposort() if u.op is Ops.RANGE and u.arg[1] == "loop"}, key=lambda r: r.arg[0])
+    loads = [u for u in value.toposort() if u.op is Ops.LOAD]
+    j = next((r for r in reversed(loops) if _stride(index, r) == 1 and _const_end(r)), None)
+    if j is None or not any(j in ld.src[1].toposort() for ld in loads) \
+            or not any(j not in ld.src[1].toposort() for ld in loads):
+        return ast
+    uj = _pick(_const_end(j), UPCAST_J)
+    others = [r for r in loops if r is not j and _const_end(r)
+              and any(r not in ld.src[1].toposort() for ld in loads if j in ld.src[1].toposort())]
+    i = others[-1] if others else None
+    ui = _pick(_const_end(i), UPCAST_I) if i is not None else 1
+    if uj == 1:
+        return ast
+    axes = max(r.arg[0] for r in value.toposort() + store.toposort() if r.op is Ops.RANGE) + 1
+    j_outer = UOp(Ops.RANGE, dtypes.index, (UOp.const(_const_end(j) // uj),), (-1, "loop"))
+    mapping_base = {}
+    i_outer = None
+    if ui > 1:
+        i_outer = UOp(Ops.RANGE, dtypes.index, (UOp.const(_const_end(i) // ui),), (axes, "loop"))
+    stores = []
+    for a in range(ui):
+        for b in range(uj):
+            mapping = dict(mapping_base)
+            mapping[j] = j_outer * uj + b
+            if i_outer is not None:
+                mapping[i] = i_outer * ui + a
+            new_value = UOp(Ops.REDUCE, value.dtype, (simplify_loads(value.src[0].substitute(mapping)), *value.src[1:]),
+                            value.arg)
+            stores.append(UOp(Ops.STORE, store.dtype, (out, simplify(index.substitute(mapping)), new_value)))
+    return _renumber(UOp(Ops.SINK, ast.dtype, tuple(stores), ast.arg))
+
+
+def simplify_loads(u: UOp) -> UOp:
+    """Simplify the index (and gate) of every load in `u` after a substitution."""
+    mapping = {ld: UOp(Ops.LOAD, ld.dtype, (ld.src[0], *(simplify(s) for s in ld.src[1:])), ld.arg)
+               for ld in u.toposort() if ld.op is Ops.LOAD}
+    return u.substitute(mapping)
+
+
+def _renumber(ast: UOp) -> UOp:
+    """Give the ranges axis numbers 0, 1, ... in their current order (loops first, then reduces)."""
+    ranges = sorted({u for u in ast.toposort() if u.op is Ops.RANGE}, key=lambda r: (r.arg[1] != "loop", r.arg[0]))
+    return ast.substitute({r: UOp(Ops.RANGE, r.dtype, r.src, (n, r.arg[1])) for n, r in enumerate(ranges)})
+
+
+def optimize(ast: UOp, language: str) -> UOp:
+    """The optimised AST for a renderer; renderers that cannot yet take multi-store kernels get it unchanged."""
+    if language != "llvm":
+        return ast
+    return upcast_contraction(ast)
