@@ -58,7 +58,10 @@ def _compare(name: str, op: Ops, swap=False, or_equal=False):
 def _unary(name: str, op: Ops):
     def fn(x):
         x = to_tracer(x)
-        return elementwise(op, x, dtype=ufunc_dtype(name, x))
+        dt = ufunc_dtype(name, x)
+        if op in (Ops.FLOOR, Ops.CEIL, Ops.RINT) and not dt.is_float:
+            return prims.cast(x, dt)  # NumPy 2 rounds integers to themselves
+        return elementwise(op, x, dtype=dt)
     fn.__name__ = name
     fn.__doc__ = f"NumPy's `{name}` on traced arrays."
     return fn

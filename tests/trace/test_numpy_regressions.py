@@ -77,6 +77,14 @@ def test_python_int_out_of_range_for_the_array_dtype():
         np.testing.assert_array_equal(g, w)
 
 
+def test_floor_ceil_rint_of_integers_keep_the_integer_dtype():
+    x = np.array([-3, 0, 7], np.int8)
+    got = run(lambda x: (pnp.floor(x), pnp.ceil(x), pnp.rint(x)), x)
+    for g, w in zip(got, (np.floor(x), np.ceil(x), np.rint(x))):
+        assert g.dtype == w.dtype
+        np.testing.assert_array_equal(g, w)
+
+
 # ---- errors ----
 
 def test_static_out_of_range_int_index_raises_index_error():
