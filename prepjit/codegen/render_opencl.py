@@ -125,6 +125,7 @@ class _Renderer:
         self.locals: list[str] = []
         self.helpers: dict[str, str] = {}
         self.scopes: list[dict] = [{}]
+        self.index_memo: dict[UOp, bool] = {}
         self.depth = 1
         self.n = 0
         self.vars = [v.arg[0] for v in kernel_vars(ast)]
@@ -176,12 +177,20 @@ class _Renderer:
             return self.let(dt, f"{srcs[0]} {_PLAIN_INT[op]} {srcs[1]}")
         return self.alu(op, dt, u.src[0].dtype if u.src else dt, srcs)
 
-    @staticmethod
-    def is_exact(u: UOp) -> bool:
-        """No overflow (the bounds fit the dtype) and, for // and %, non-negative operands and divisor."""
+    def is_exact(self, u: UOp) -> bool:
+        """Index math (no loaded data: bounds stay small) that cannot overflow, and for // and %,
+        a non-negative dividend and a positive divisor."""
+        if not self.is_index(u):
+            return False
         if u.op in (Ops.IDIV, Ops.MOD):
             return u.src[0].vmin >= 0 and u.src[1].vmin > 0
         return u.dtype.min() <= u.vmin and u.vmax <= u.dtype.max() and u.dtype.itemsize >= 4
+
+    def is_index(self, u: UOp) -> bool:
+        if u not in self.index_memo:
+            self.index_memo[u] = u.op in (Ops.RANGE, Ops.DEFINE_VAR, Ops.CONST) or \
+                (u.op in _PLAIN_INT and all(self.is_index(x) for x in u.src))
+        return self.index_memo[u]
 
     def alu(self, op: Ops, dt: DType, sdt: DType, s: list[str]) -> str:
         t, fl = ctype(dt), sdt.is_float
