@@ -184,6 +184,15 @@ sint = Union[int, UOp]
 
 
 def _bounds(u: UOp) -> tuple:
+    """Interval bounds; integer bounds that could overflow the dtype widen to its whole range."""
+    lo, hi = _raw_bounds(u)
+    dt = u.dtype
+    if dt.is_int and not (dt.min() <= lo and hi <= dt.max()):
+        return (dt.min(), dt.max())
+    return (lo, hi)
+
+
+def _raw_bounds(u: UOp) -> tuple:
     dt = u.dtype
     if u.op is Ops.CONST:
         return (u.arg, u.arg)
