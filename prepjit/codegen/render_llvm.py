@@ -151,11 +151,38 @@ class _Renderer:
             return s[0] if not signed else self.call(f"llvm.abs.{t}", t, [(t, s[0]), ("i1", "false")])
         if op is Ops.SIGN:
             return self.sign(dt, s[0])
+        if op is Ops.EXP and t == "float":
+            return self.exp_f32(s[0])
         if op in _MATH:
             return self.call(f"llvm.{_MATH[op]}.{'f32' if t == 'float' else 'f64'}", t, [(t, s[0])])
         if op in _LIBM:
             return self.call(_LIBM[op] + ("f" if t == "float" else ""), t, [(t, s[0])])
         raise NotImplementedError(f"LLVM renderer: {op} on {dt}")
+
+    def exp_f32(self, x: str) -> str:
+        """exp on float as inline IR that vectorises (libm's expf does not): Cephes' range reduction
+        x = n ln2 + r and degree-5 polynomial (about 1 ulp), scaled by 2^n as two exact powers of two so
+        results stay right down to the denormals; NaN propagates, overflow gives inf, -inf gives 0."""
+        c = lambda v: const_literal(v, dtypes.float32)  # noqa: E731
+        x = self.op(f"select i1 {self.op(f'fcmp olt float {x}, {c(-104.0)}')}, float {c(-104.0)}, float {x}")
+        x = self.op(f"select i1 {self.op(f'fcmp ogt float {x}, {c(89.0)}')}, float {c(89.0)}, float {x}")
+        scaled = self.op(f"fadd float {self.op(f'fmul float {x}, {c(1.44269504088896341)}')}, {c(0.5)}")
+        n = self.call("llvm.floor.f32", "float", [("float", scaled)])
+        r = self.op(f"fsub float {x}, {self.op(f'fmul float {n}, {c(0.693359375)}')}")
+        r = self.op(f"fsub float {r}, {self.op(f'fmul float {n}, {c(-2.12194440e-4)}')}")
+        p = c(1.9875691500e-4)
+        for coef in (1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1):
+            p = self.op(f"fadd float {self.op(f'fmul float {p}, {r}')}, {c(coef)}")
+        r2 = self.op(f"fmul float {r}, {r}")
+        y = self.op(f"fadd float {self.op(f'fmul float {p}, {r2}')}, {r}")
+        y = self.op(f"fadd float {y}, {c(1.0)}")
+        finite_n = self.op(f"select i1 {self.op(f'fcmp uno float {n}, {n}')}, float {c(0.0)}, float {n}")
+        k = self.op(f"fptosi float {finite_n} to i32")  # in [-150, 129] once NaN is out of the way
+        half = self.op(f"ashr i32 {k}, 1")
+        for part in (half, self.op(f"sub i32 {k}, {half}")):
+            bits = self.op(f"shl i32 {self.op(f'add i32 {part}, 127')}, 23")
+            y = self.op(f"fmul float {y}, {self.op(f'bitcast i32 {bits} to float')}")
+        return y
 
     def divmod(self, op: Ops, dt: DType, a: str, b: str) -> str:
         """NumPy integer floor division / modulo: x // 0 == x % 0 == 0, and no trap on MIN // -1."""
