@@ -89,8 +89,9 @@ class OpenCLLauncher:
         self.kernel.set_arg(slot, handle)
 
     def set_val(self, slot: int, value: int):
-        self.vals[slot] = value
-        self.kernel.set_arg(self.n_bufs + slot, np.int64(value))
+        if self.vals[slot] != value:
+            self.vals[slot] = value
+            self.kernel.set_arg(self.n_bufs + slot, np.int64(value))
 
     def run(self):
         size = self.static_size if self.static_size is not None else self.size_fn(self.vals)[0]
