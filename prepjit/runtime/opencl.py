@@ -109,8 +109,11 @@ class OpenCLDevice:
     def __init__(self):
         cl = self.cl = _import_pyopencl()
         self.device = pick_device(cl, os.environ.get("PREPJIT_OPENCL_DEVICE"))
-        self.context = cl.Context([self.device])
-        self.queue = cl.CommandQueue(self.context, self.device)
+        try:
+            self.context = cl.Context([self.device])
+            self.queue = cl.CommandQueue(self.context, self.device)
+        except cl.Error as e:
+            raise DeviceError(f"the OpenCL device {self.device.name} failed to start ({e}); {INSTALL_HINT}") from e
         self.pool = cl.tools.MemoryPool(cl.tools.ImmediateAllocator(self.queue))
         self.pool_lock = threading.Lock()
         platform = self.device.platform
