@@ -94,12 +94,13 @@ def _matmul_case(n: int) -> Case:
 
 def _mlp_inputs(rng, smoke):
     n, d, h = (4, 8, 16) if smoke else (256, 512, 1024)
-    return [_f32(rng, n, d), _f32(rng, d, h) / np.sqrt(d), _f32(rng, h), _f32(rng, h, d) / np.sqrt(h), _f32(rng, d)]
+    return [_f32(rng, n, d), _f32(rng, d, h) / np.float32(np.sqrt(d)), _f32(rng, h), _f32(rng, h, d) / np.float32(np.sqrt(h)),
+            _f32(rng, d)]
 
 
 def _model_inputs(rng, smoke):
     n, d = (4, 8) if smoke else (64, 256)
-    return [_f32(rng, n, d)] + [_f32(rng, d, d) / np.sqrt(d) for _ in range(4)]
+    return [_f32(rng, n, d)] + [_f32(rng, d, d) / np.float32(np.sqrt(d)) for _ in range(4)]
 
 
 CASES = (

@@ -83,6 +83,11 @@ class _TorchNamespace:
     def mean(x, axis=None, keepdims=False):
         return x.mean() if axis is None else x.mean(dim=axis, keepdim=keepdims)
 
+    @staticmethod
+    def maximum(a, b):
+        import torch
+        return torch.clamp(a, min=b) if isinstance(b, (int, float)) else torch.maximum(a, b)
+
     def __getattr__(self, name):
         import torch
         return getattr(torch, name)
