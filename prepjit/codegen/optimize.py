@@ -55,15 +55,11 @@ def upcast_contraction(ast: UOp) -> UOp:
         return ast
     axes = max(r.arg[0] for r in value.toposort() + store.toposort() if r.op is Ops.RANGE) + 1
     j_outer = UOp(Ops.RANGE, dtypes.index, (UOp.const(_const_end(j) // uj),), (-1, "loop"))
-    mapping_base = {}
-    i_outer = None
-    if ui > 1:
-        i_outer = UOp(Ops.RANGE, dtypes.index, (UOp.const(_const_end(i) // ui),), (axes, "loop"))
+    i_outer = UOp(Ops.RANGE, dtypes.index, (UOp.const(_const_end(i) // ui),), (axes, "loop")) if ui > 1 else None
     stores = []
     for a in range(ui):
         for b in range(uj):
-            mapping = dict(mapping_base)
-            mapping[j] = j_outer * uj + b
+            mapping = {j: j_outer * uj + b}
             if i_outer is not None:
                 mapping[i] = i_outer * ui + a
             new_value = UOp(Ops.REDUCE, value.dtype, (simplify_loads(value.src[0].substitute(mapping)), *value.src[1:]),
