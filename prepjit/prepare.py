@@ -116,7 +116,7 @@ class PreparedFunction:
             entry = self.entries.get(key)
             if entry is None:
                 reason = explain_retrace(self._closest(info), info.descriptions)
-                log.info("trace %s: %s", self.__name__, reason)
+                log.info("trace %s: %s", self.signature.fn_name, reason)
                 traced, (plan, compiles) = _with_deep_stack(lambda: _trace_and_plan(self.fn, info, device))
                 self._stats["traces"] += 1
                 self._stats["compiles"] += compiles
@@ -169,7 +169,7 @@ class PreparedFunction:
         plan, values = entry.plan, info.var_values
         missing = [n for n in plan.vars if n not in values]
         if missing:
-            raise VarError(f"vars {missing} are used by {self.__name__} but no argument gives their value; "
+            raise VarError(f"vars {missing} are used by {self.signature.fn_name} but no argument gives their value; "
                            "add a parameter whose shape (in `shapes`) or value (a scalar var) carries them")
         distinct = plan.run_with_io({n: values[n] for n in plan.vars}, info.arrays,
                                     [fn(values) for fn in entry.out_shape_fns])

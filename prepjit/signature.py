@@ -68,7 +68,7 @@ class Signature:
     """How a prepared function reads its arguments, from `vars` and `shapes`."""
 
     def __init__(self, fn, vars_: dict[str, Var], shapes: dict):
-        self.fn_name = getattr(fn, "__name__", "f")
+        self.fn_name = getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", "f")
         self.sig = inspect.signature(fn)
         self.params = list(self.sig.parameters.values())
         self.vars = vars_
