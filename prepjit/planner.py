@@ -4,6 +4,9 @@ from __future__ import annotations
 import logging
 import time
 
+import numpy as np
+
+from .codegen.memory import nbytes, share_memory
 from .codegen.optimize import optimize
 from .codegen.render_llvm import render_llvm
 from .codegen.render_opencl import render_opencl
@@ -74,9 +77,14 @@ class _Hazards:
 def build_plan(traced: Traced, device) -> tuple[ExecutionPlan, int]:
     """An ExecutionPlan for a traced function, and how many kernels were compiled (cache misses)."""
     sched = schedule(list(traced.outputs), list(traced.inputs))
+    home = share_memory(sched)
+    allocation_bytes = {}
+    for b, h in enumerate(home):
+        allocation_bytes[h] = max(allocation_bytes.get(h, 1), nbytes(sched.buffers[b]))
+    allocations = {h: device.allocate(np.uint8, size) for h, size in allocation_bytes.items()}
     buffers = []
-    for spec in sched.buffers:
-        memory = device.allocate(spec.dtype.np, spec.max_size)
+    for spec, h in zip(sched.buffers, home):
+        memory = device.alias(allocations[h], spec.dtype.np, spec.max_size)
         text = "(" + ", ".join(d.render() if isinstance(d, UOp) else str(d) for d in spec.shape) + ")"
         buffers.append(PlanBuffer(memory, spec.dtype.np, compile_shape_fn(spec.shape), text))
     kernels, compiles, hazards = [], 0, _Hazards()
@@ -91,11 +99,11 @@ def build_plan(traced: Traced, device) -> tuple[ExecutionPlan, int]:
         for rv in runtime_vars:
             bounds[rv.name] = (rv.min_val, rv.max_val)
         vals = [fixed.get(n, bounds[n][0]) for n in kernel.var_names]
-        deps = hazards.add(i, writes=item.buffers[0], reads=item.buffers[1:])
+        deps = hazards.add(i, writes=home[item.buffers[0]], reads=[home[b] for b in item.buffers[1:]])
         kernels.append(PreparedKernel(
             id=i, ast=item.ast, kernel=kernel, device=device.name, buffer_indices=list(item.buffers),
             output_indices=[0], vals=vals, fixedvars=fixed, dependencies=deps,
-            buffer_ptrs=[buffers[b].memory.ptr for b in item.buffers], buffer_ids=list(item.buffers),
+            buffer_ptrs=[buffers[b].memory.ptr for b in item.buffers], buffer_ids=[home[b] for b in item.buffers],
             runtime_vars=runtime_vars))
     for spec in sched.buffers:
         for d in spec.shape:
@@ -103,4 +111,6 @@ def build_plan(traced: Traced, device) -> tuple[ExecutionPlan, int]:
                 for v in d.variables():
                     bounds[v.arg[0]] = (v.arg[1], v.arg[2])
     var_bounds = {n: b for n, b in sorted(bounds.items()) if n not in fixed_names}
-    return ExecutionPlan(device, buffers, kernels, sched.inputs, sched.outputs, var_bounds), compiles
+    plan = ExecutionPlan(device, buffers, kernels, sched.inputs, sched.outputs, var_bounds,
+                         memory_bytes=sum(allocation_bytes.values()))
+    return plan, compiles

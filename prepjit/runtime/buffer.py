@@ -14,11 +14,14 @@ def aligned_empty(nbytes: int) -> np.ndarray:
 
 
 class HostBuffer:
-    """Host memory for `size` elements of `dtype`; `ptr` is stable for the buffer's lifetime."""
+    """Host memory for `size` elements of `dtype`; `ptr` is stable for the buffer's lifetime.
 
-    def __init__(self, dtype: np.dtype, size: int):
+    `memory` (a uint8 array) lets several buffers whose lifetimes do not overlap share one allocation.
+    """
+
+    def __init__(self, dtype: np.dtype, size: int, memory: np.ndarray | None = None):
         self.dtype, self.size = np.dtype(dtype), size
-        self.memory = aligned_empty(self.dtype.itemsize * size)
+        self.memory = aligned_empty(self.dtype.itemsize * size) if memory is None else memory
         self.ptr = self.memory.ctypes.data
 
     @property

@@ -243,6 +243,10 @@ class CPUDevice:
     def allocate(self, dtype: np.dtype, size: int) -> HostBuffer:
         return HostBuffer(dtype, size)
 
+    def alias(self, buffer: HostBuffer, dtype: np.dtype, size: int) -> HostBuffer:
+        """A buffer of another dtype/size on `buffer`'s memory (for intermediates whose lifetimes do not overlap)."""
+        return HostBuffer(dtype, size, buffer.memory)
+
     def handle(self, buffer: HostBuffer) -> int:
         return buffer.ptr
 

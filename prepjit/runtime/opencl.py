@@ -54,9 +54,9 @@ def pick_device(cl, spec: str | None):
 class OpenCLBuffer:
     """A plan buffer: device memory for `size` elements of `dtype` (at least one byte)."""
 
-    def __init__(self, cl, context, dtype: np.dtype, size: int):
+    def __init__(self, cl, context, dtype: np.dtype, size: int, memory=None):
         self.dtype, self.size = np.dtype(dtype), size
-        self.memory = cl.Buffer(context, cl.mem_flags.READ_WRITE, max(self.nbytes, 1))
+        self.memory = cl.Buffer(context, cl.mem_flags.READ_WRITE, max(self.nbytes, 1)) if memory is None else memory
         self.ptr = self.memory.int_ptr
 
     @property
@@ -155,6 +155,10 @@ class OpenCLDevice:
     # ---- memory ----
     def allocate(self, dtype: np.dtype, size: int) -> OpenCLBuffer:
         return OpenCLBuffer(self.cl, self.context, dtype, size)
+
+    def alias(self, buffer: OpenCLBuffer, dtype: np.dtype, size: int) -> OpenCLBuffer:
+        """A buffer of another dtype/size on `buffer`'s memory (for intermediates whose lifetimes do not overlap)."""
+        return OpenCLBuffer(self.cl, self.context, dtype, size, buffer.memory)
 
     def handle(self, buffer: OpenCLBuffer):
         return buffer.memory

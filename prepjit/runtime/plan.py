@@ -49,8 +49,10 @@ class ExecutionPlan:
     """Owns its buffers and PreparedKernels (in a valid execution order); replays them."""
 
     def __init__(self, device, buffers: list[PlanBuffer], kernels: list[PreparedKernel],
-                 inputs: tuple[int, ...], outputs: tuple[int, ...], var_bounds: dict[str, tuple[int, int]]):
+                 inputs: tuple[int, ...], outputs: tuple[int, ...], var_bounds: dict[str, tuple[int, int]],
+                 memory_bytes: int = 0):
         self._device, self._buffers, self.kernels = device, buffers, kernels
+        self.memory_bytes = memory_bytes  # peak device memory the plan holds (shared allocations counted once)
         self.device = device.name
         self.inputs, self.outputs = tuple(inputs), tuple(outputs)
         self.vars = dict(var_bounds)
@@ -218,7 +220,8 @@ class ExecutionPlan:
         widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
         lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
         bufs = [f"  buf{i}: {b.dtype} {b.shape_text} ({b.memory.nbytes} bytes)" for i, b in enumerate(self._buffers)]
-        head = (f"ExecutionPlan on {self.device}: {len(self.kernels)} kernels, {len(self._buffers)} buffers, "
+        head = (f"ExecutionPlan on {self.device}: {len(self.kernels)} kernels, {len(self._buffers)} buffers "
+                f"in {self.memory_bytes} bytes, "
                 f"inputs {list(self.inputs)}, outputs {list(self.outputs)}, vars {self.vars}")
         return "\n".join([head, *lines, "buffers:", *bufs])
 
