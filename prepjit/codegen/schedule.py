@@ -1,14 +1,15 @@
 """Scheduling: cut a traced graph into kernels, give every realized value a buffer, unroll fori_loops.
 
-A value is realized (gets a buffer) when it is an input, a reduction, a loop carry or an
-output; everything elementwise or a view is inlined into the kernels that read it. Kernels are
-emitted in dependency order.
+A value is realized (gets a buffer) when it is an input, a reduction, a loop carry, an output,
+or an elementwise value that fusion.py finds worth computing once; everything else elementwise
+or a view is inlined into the kernels that read it. Kernels are emitted in dependency order.
 """
 from __future__ import annotations
 
 import attrs
 
 from ..uop import DType, Ops, UOp, sint
+from .fusion import choose_materialized
 from .lower import REALIZED, lower_kernel
 
 
@@ -42,9 +43,13 @@ def _max_size(shape: tuple[sint, ...]) -> int:
 
 
 class _Scheduler:
-    def __init__(self):
+    def __init__(self, materialized: set[UOp]):
         self.buffers: list[BufferSpec] = []
         self.kernels: list[ScheduledKernel] = []
+        self.materialized = materialized
+
+    def has_buffer(self, node: UOp) -> bool:
+        return node.op in REALIZED or node in self.materialized
 
     def new_buffer(self, node: UOp) -> int:
         self.buffers.append(BufferSpec(node.dtype, tuple(node.shape), _max_size(node.shape)))
@@ -52,13 +57,14 @@ class _Scheduler:
 
     def deps(self, node: UOp) -> list[UOp]:
         """The realized nodes a kernel computing `node` reads (the walk stops at them)."""
-        out, seen, stack = [], set(), list(node.src) if node.op is Ops.REDUCE_AXIS else [node]
+        computed_here = node.op is Ops.REDUCE_AXIS or node in self.materialized
+        out, seen, stack = [], set(), list(node.src) if computed_here else [node]
         while stack:
             n = stack.pop()
             if n in seen:
                 continue
             seen.add(n)
-            if n.op in REALIZED:
+            if self.has_buffer(n):
                 out.append(n)
             else:
                 stack.extend(n.src)
@@ -68,7 +74,7 @@ class _Scheduler:
         if node not in env:
             if node.op is Ops.LOOP_OUT:
                 self.schedule_loop(node.src[0], env)
-            elif node.op is Ops.REDUCE_AXIS:
+            elif node.op is Ops.REDUCE_AXIS or node in self.materialized:
                 self.compute_into(node, self.new_buffer(node), env)
             else:
                 raise RuntimeError(f"{node.op} has no buffer")
@@ -77,9 +83,9 @@ class _Scheduler:
     def compute_into(self, node: UOp, buf: int, env: dict):
         for dep in self.deps(node):
             self.realize(dep, env)
-        ast, reads = lower_kernel(node, lambda n: n.op in REALIZED)
+        ast, reads = lower_kernel(node, lambda n: n.op in REALIZED or (n in self.materialized and n is not node))
         self.kernels.append(ScheduledKernel(ast, (buf, *(env[r] for r in reads))))
-        if node.op is Ops.REDUCE_AXIS and node not in env:
+        if (node.op is Ops.REDUCE_AXIS or node in self.materialized) and node not in env:
             env[node] = buf
 
     def schedule_loop(self, loop: UOp, env: dict):
@@ -124,7 +130,7 @@ def _reduction_under_reshapes(node: UOp, env: dict) -> UOp | None:
 
 def schedule(outputs: list[UOp], inputs: list[UOp]) -> Schedule:
     """Kernels and buffers computing `outputs` from `inputs`; each output gets a fresh buffer."""
-    s = _Scheduler()
+    s = _Scheduler(choose_materialized(outputs))
     env = {node: s.new_buffer(node) for node in inputs}
     input_bufs = tuple(env[n] for n in inputs)
     output_bufs, done = [], {}
