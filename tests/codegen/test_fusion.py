@@ -39,6 +39,6 @@ def test_small_chains_stay_fused_but_kernels_stay_bounded(rng):
     assert len(short.kernels) == 11  # ten reductions and the result: recomputing 16 elements is cheaper
     _, long = _schedule(lambda a, b: chain(a, b, 80), a, b)
     biggest = max(len(k.ast.toposort()) for k in long.kernels)
-    assert biggest < 2000  # without materialising, the last kernels would inline all 80 steps
+    assert biggest < 200  # without materialising, the last kernel inlines all 80 steps (over 400 nodes)
     f = pj.prepare(lambda a, b: chain(a, b, 80))
     np.testing.assert_allclose(np.asarray(f(a, b)), chain(a, b, 80), rtol=1e-4, atol=1e-4)
