@@ -6,7 +6,7 @@ value, and a marker for each scalar var. The first call with a key goes through 
 (`Signature.read`, which checks everything); after it, `FastCalls.learn` records what that call
 decided: the plan, the var values read off the shapes (already checked), the output shapes and
 dtypes, and bound checks for the scalar vars. Later calls with the key skip straight to
-`ExecutionPlan.run_arrays`: inputs are read in place, each output is one `np.empty`. Anything
+`ExecutionPlan.run_arrays`: inputs are read in place, each output is one `host_pool.empty`. Anything
 unusual (a bound violation, a var that disagrees, a misaligned array) falls back to the full
 path, which raises the proper error or copies.
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from .runtime.array import Array
+from .runtime.host_pool import allocator_for, empty
 
 MISS = object()
 MAX_KEYS = 4096  # distinct concrete shapes remembered per prepared function
@@ -37,7 +38,7 @@ class _FastCall:
         self.dtypes = [plan.buffers[b].dtype for b in dict.fromkeys(plan.outputs)]
         self.values = tuple(self.base_values[n] for n in self.var_names)
         self.shapes = [fn(self.base_values) for fn in self.shape_fns]
-        self.out_specs = list(zip(self.shapes, self.dtypes))
+        self.out_specs = [(allocator_for(s, dt), s, dt) for s, dt in zip(self.shapes, self.dtypes)]
         self.single = entry.out_tree.kind == "leaf"
         self.run = self._run_with_vars if self.var_checks else self._run
 
@@ -49,7 +50,7 @@ class _FastCall:
     def _run(self, args: tuple):
         """A call whose var values all come from the (keyed) shapes: outputs and values are fixed."""
         inputs = self._inputs(args)
-        outputs = [np.empty(shape, dtype) for shape, dtype in self.out_specs]
+        outputs = [alloc(shape, dtype) for alloc, shape, dtype in self.out_specs]
         return self._replay(inputs, outputs, self.values, self.shapes)
 
     def _run_with_vars(self, args: tuple):
@@ -61,7 +62,7 @@ class _FastCall:
                 return MISS
             current[name] = v
         shapes = [fn(current) for fn in self.shape_fns]
-        outputs = [np.empty(shape, dtype) for shape, dtype in zip(shapes, self.dtypes)]
+        outputs = [empty(shape, dtype) for shape, dtype in zip(shapes, self.dtypes)]
         return self._replay(self._inputs(args), outputs, tuple(current[n] for n in self.var_names), shapes)
 
     def _replay(self, inputs: tuple, outputs: list, values: tuple, shapes: list):

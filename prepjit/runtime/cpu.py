@@ -17,6 +17,7 @@ from ..errors import CompileError
 from ..uop import Ops
 from .array import Array
 from .buffer import HostBuffer
+from .host_pool import empty
 from .cpu_replay import INT64_MAX, REPLAY_FN, REPLAY_IR, NativeProgram, layout_self_test
 
 KERNEL_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
@@ -256,7 +257,7 @@ class CPUDevice:
         return data.ctypes.data, data
 
     def new_output(self, shape: tuple[int, ...], dtype: np.dtype) -> tuple[int, Array]:
-        data = np.empty(shape, dtype)
+        data = empty(shape, dtype)
         return data.ctypes.data, Array(data, shape, dtype, self)
 
     def copy_array(self, array: Array) -> Array:
