@@ -8,6 +8,12 @@ stores whose reductions share their reduce ranges. Renderers compute reductions 
 ranges in one loop nest, so each loaded operand is reused UJ (or UI) times from registers and
 the UJ contiguous loads and accumulators vectorise. The blocked output axis `j` becomes the
 outermost loop, so a thread's slice of it keeps its panel of the other operand in cache.
+
+Rows are blocked whatever their count: a static count that some UI divides is cut exactly;
+any other count (symbolic, like a batch var, or static and indivisible) runs ceil(rows / UI)
+blocks whose last one clamps its row index to the last row (i = min(i_o * UI + ui, rows - 1)),
+so rows past the end recompute and rewrite the last row with the same value instead of reading
+or writing out of bounds; a count of 0 runs no block.
 """
 from __future__ import annotations
 
@@ -32,6 +38,15 @@ def _pick(end: int | None, choices: tuple) -> int:
     return next((u for u in choices if end is not None and end % u == 0 and end > u), 1)
 
 
+def _row_block(end: UOp) -> tuple[int, bool]:
+    """(rows per block, whether the last block clamps) for a row range ending at `end`."""
+    exact = _pick(end.arg if end.op is Ops.CONST else None, UPCAST_I)
+    if exact > 1:
+        return exact, False
+    clamped = next((u for u in UPCAST_I if end.vmax > u), 1)
+    return clamped, clamped > 1
+
+
 def upcast_contraction(ast: UOp) -> UOp:
     """Register-block a kernel computing one float ADD reduction per output element; others are returned as is."""
     if ast.op is not Ops.SINK or len(ast.src) != 1:
@@ -47,32 +62,46 @@ def upcast_contraction(ast: UOp) -> UOp:
             or not any(j not in ld.src[1].toposort() for ld in loads):
         return ast
     uj = _pick(_const_end(j), UPCAST_J)
-    others = [r for r in loops if r is not j and _const_end(r)
+    others = [r for r in loops if r is not j
               and any(r not in ld.src[1].toposort() for ld in loads if j in ld.src[1].toposort())]
     i = others[-1] if others else None
-    ui = _pick(_const_end(i), UPCAST_I) if i is not None else 1
+    ui, clamp = _row_block(i.src[0]) if i is not None else (1, False)
     if uj == 1:
         return ast
     axes = max(r.arg[0] for r in value.toposort() + store.toposort() if r.op is Ops.RANGE) + 1
     j_outer = UOp(Ops.RANGE, dtypes.index, (UOp.const(_const_end(j) // uj),), (-1, "loop"))
-    i_outer = UOp(Ops.RANGE, dtypes.index, (UOp.const(_const_end(i) // ui),), (axes, "loop")) if ui > 1 else None
-    stores = []
-    for a in range(ui):
-        for b in range(uj):
-            mapping = {j: j_outer * uj + b}
-            if i_outer is not None:
-                mapping[i] = i_outer * ui + a
-            new_value = UOp(Ops.REDUCE, value.dtype, (simplify_loads(value.src[0].substitute(mapping)), *value.src[1:]),
-                            value.arg)
-            stores.append(UOp(Ops.STORE, store.dtype, (out, simplify(index.substitute(mapping)), new_value)))
+    i_outer = UOp(Ops.RANGE, dtypes.index, (simplify((i.src[0] + (ui - 1)) // ui),), (axes, "loop")) \
+        if ui > 1 else None
+    cols = [j_outer * uj + b for b in range(uj)]
+    rows = [None] if i_outer is None else \
+        [(i_outer * ui + a).smin(i.src[0] - 1) if clamp and a else i_outer * ui + a for a in range(ui)]
+    stores, simplified = [], {}
+    for row in rows:
+        row_mapping = {j: cols[0]} if row is None else {j: cols[0], i: row}
+        row_index = simplify(index.substitute(row_mapping))  # the store index steps by 1 along j
+        for b, col in enumerate(cols):
+            mapping = {j: col} if row is None else {j: col, i: row}
+            new_value = UOp(Ops.REDUCE, value.dtype, (_blocked_loads(value.src[0], mapping, simplified),
+                                                      *value.src[1:]), value.arg)
+            store_index = UOp(Ops.ADD, dtypes.index, (row_index, UOp.const(b))) if b else row_index
+            stores.append(UOp(Ops.STORE, store.dtype, (out, store_index, new_value)))
     return _renumber(UOp(Ops.SINK, ast.dtype, tuple(stores), ast.arg))
 
 
-def simplify_loads(u: UOp) -> UOp:
-    """Simplify the index (and gate) of every load in `u` after a substitution."""
-    mapping = {ld: UOp(Ops.LOAD, ld.dtype, (ld.src[0], *(simplify(s) for s in ld.src[1:])), ld.arg)
-               for ld in u.toposort() if ld.op is Ops.LOAD}
-    return u.substitute(mapping)
+def _blocked_loads(u: UOp, mapping: dict, simplified: dict) -> UOp:
+    """`u` with `mapping` substituted and the index (and gate) of every load simplified.
+
+    `simplified` memoises across a kernel's blocks: an operand that depends on one blocked axis only
+    has as many distinct indices as that axis has offsets, so each is simplified once.
+    """
+    def simple(x: UOp) -> UOp:
+        x = x.substitute(mapping)
+        if x not in simplified:
+            simplified[x] = simplify(x)
+        return simplified[x]
+    loads = {ld: UOp(Ops.LOAD, ld.dtype, (ld.src[0], *(simple(s) for s in ld.src[1:])), ld.arg)
+             for ld in u.toposort() if ld.op is Ops.LOAD}
+    return u.substitute(loads)
 
 
 def _renumber(ast: UOp) -> UOp:

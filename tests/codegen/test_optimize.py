@@ -48,3 +48,47 @@ def test_row_sums_and_integer_contractions_untouched_but_correct(rng):
     g = pj.prepare(lambda x: x.sum(axis=1), device="cpu")
     xf = x.astype(np.float32)
     np.testing.assert_allclose(np.asarray(g(xf)), xf.sum(axis=1))
+
+
+def _clamped_rows(ast) -> int:
+    """How many stores of a blocked kernel clamp their row (a MIN in the store index)."""
+    return sum(any(u.op is Ops.MIN for u in s.src[1].toposort()) for s in ast.src)
+
+
+def test_symbolic_rows_are_blocked_with_clamped_last_block(rng):
+    w = rng.standard_normal((24, 64)).astype(np.float32)
+    f = pj.prepare(lambda x, w: x @ w, vars={"n": (0, 300)}, shapes={"x": ("n", 24)}, device="cpu")
+    for n in list(range(0, 20)) + [31, 32, 33, 63, 64, 65, 255, 256, 257, 299, 300]:
+        x = rng.standard_normal((n, 24)).astype(np.float32)
+        np.testing.assert_allclose(np.asarray(f(x, w)), x @ w, rtol=1e-4, atol=1e-4, err_msg=f"n={n}")
+    (kernel,) = f.plan(x, w).kernels
+    blocked = optimize(kernel.ast, "llvm")
+    assert len(blocked.src) == 8 * 32 and _clamped_rows(blocked) == 7 * 32
+
+
+@pytest.mark.parametrize("m", [5, 13, 999])
+def test_static_row_counts_no_block_divides_are_clamped(rng, m):
+    a, b = rng.standard_normal((m, 16)).astype(np.float32), rng.standard_normal((16, 32)).astype(np.float32)
+    f = pj.prepare(lambda a, b: a @ b, device="cpu")
+    np.testing.assert_allclose(np.asarray(f(a, b)), a @ b, rtol=1e-4, atol=1e-4)
+    (kernel,) = f.plan(a, b).kernels
+    assert _clamped_rows(optimize(kernel.ast, "llvm")) > 0
+
+
+def test_symbolic_rows_in_a_batched_fused_mlp(rng):
+    w1, b1 = rng.standard_normal((16, 64)).astype(np.float32), rng.standard_normal(64).astype(np.float32)
+    w2 = rng.standard_normal((64, 32)).astype(np.float32)
+    f = pj.prepare(lambda x, w1, b1, w2: pnp.maximum(x @ w1 + b1, 0) @ w2, vars={"b": (1, 3), "n": (0, 40)},
+                   shapes={"x": ("b", "n", 16)}, device="cpu")
+    for b, n in [(1, 0), (1, 1), (2, 7), (3, 9), (1, 40), (3, 17)]:
+        x = rng.standard_normal((b, n, 16)).astype(np.float32)
+        ref = np.maximum(x @ w1 + b1, 0) @ w2
+        np.testing.assert_allclose(np.asarray(f(x, w1, b1, w2)), ref, rtol=1e-4, atol=1e-4, err_msg=f"b={b} n={n}")
+
+
+def test_symbolic_rows_of_a_transposed_operand_and_float64(rng):
+    w = rng.standard_normal((32, 12))
+    f = pj.prepare(lambda x, w: x @ w.T, vars={"n": (1, 50)}, shapes={"x": ("n", 12)}, device="cpu")
+    for n in (1, 2, 9, 23, 50):
+        x = rng.standard_normal((n, 12))
+        np.testing.assert_allclose(np.asarray(f(x, w)), x @ w.T, rtol=1e-10, atol=1e-10)
