@@ -44,8 +44,9 @@ def main(argv=None) -> int:
     os.environ.setdefault("DEV", "CPU")
     peers = available_peers(args.peers.split(",") if args.peers else None)
     cases = [c for c in CASES if not args.case or any(s in c.name for s in args.case)]
-    machine = machine_info()
-    print(f"machine: {machine['cpu']}, {machine['cores']} cores, Python {machine['python']}, NumPy {machine['numpy']}")
+    machine = machine_info(measure_bandwidth=not args.smoke)
+    print(f"machine: {machine['cpu']}, {machine['cores']} cores, Python {machine['python']}, NumPy {machine['numpy']}"
+          + (f", memory copy {machine['copy_gb_per_s']} GB/s" if "copy_gb_per_s" in machine else ""))
     print("peers: " + (", ".join(f"{p.name} {p.version()}" for p in peers) or "none"))
     names = [p.name for p in peers]
     print("case".ljust(28) + "  " + "prepjit".rjust(10) + "  " + "  ".join(n.rjust(18) for n in names)

@@ -124,5 +124,6 @@ CASES = (
     _matmul_case(1024),
     Case("mlp_forward_symbolic_batch", mlp, _mlp_inputs,
          prepare_kwargs={"vars": {"n": (1, 1024)}, "shapes": {"x": ("n", None)}}, rtol=1e-3, atol=1e-3),
+    Case("mlp_forward_static_batch", mlp, _mlp_inputs, rtol=1e-3, atol=1e-3),
     Case("prepare_time_model", model, _model_inputs, kind="prepare", rtol=1e-3, atol=1e-4),
 )

@@ -12,7 +12,8 @@ PEERS = ("numpy", "jax", "tinygrad", "torch")
 
 def markdown(result: dict) -> str:
     m = result["machine"]
-    lines = [f"Machine: {m['cpu']}, {m['cores']} cores, {m['platform']}, Python {m['python']}, NumPy {m['numpy']}; "
+    copy = f", memory copy {m['copy_gb_per_s']} GB/s (read + write)" if "copy_gb_per_s" in m else ""
+    lines = [f"Machine: {m['cpu']}, {m['cores']} cores{copy}, {m['platform']}, Python {m['python']}, NumPy {m['numpy']}; "
              + ", ".join(f"{p} {v}" for p, v in result["peers"].items() if p != "numpy") + f" ({result['date']}).",
              "", "| case | prepjit | " + " | ".join(PEERS) + " | rate | goal |",
              "|---|---:|" + "---:|" * len(PEERS) + "---:|---|"]

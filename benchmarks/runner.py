@@ -96,12 +96,33 @@ def run_case(case: Case, peers: list[Peer], smoke: bool = False, seed: int = 0) 
     return record
 
 
-def machine_info() -> dict:
+def copy_bandwidth(nbytes: int = 64 << 20, rounds: int = 5) -> float:
+    """GB/s of NumPy copying `nbytes` into a warm buffer on every core (bytes read + bytes written):
+    the memory bandwidth a streaming kernel can hope for on this machine, for the rate column."""
+    from concurrent.futures import ThreadPoolExecutor
+    threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    src = np.ones(nbytes, np.uint8)
+    dst = np.zeros_like(src)
+    bounds = [nbytes * k // threads for k in range(threads + 1)]
+    slices = [slice(a, b) for a, b in zip(bounds, bounds[1:])]
+    best = float("inf")
+    with ThreadPoolExecutor(threads) as pool:
+        for _ in range(rounds):
+            start = time.perf_counter()
+            list(pool.map(lambda s: np.copyto(dst[s], src[s]), slices))
+            best = min(best, time.perf_counter() - start)
+    return 2 * nbytes / best / 1e9
+
+
+def machine_info(measure_bandwidth: bool = True) -> dict:
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
             cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform(),
+    info = {"cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform(),
             "python": platform.python_version(), "numpy": np.__version__}
+    if measure_bandwidth:
+        info["copy_gb_per_s"] = round(copy_bandwidth(), 1)
+    return info
