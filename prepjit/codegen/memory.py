@@ -9,8 +9,11 @@ from __future__ import annotations
 from .schedule import Schedule
 
 
+MIN_BYTES = 16  # a gated or clamped load of an empty buffer still reads element 0: keep it allocated
+
+
 def nbytes(spec) -> int:
-    return max(1, spec.dtype.itemsize * spec.max_size)
+    return max(MIN_BYTES, spec.dtype.itemsize * spec.max_size)
 
 
 def share_memory(sched: Schedule) -> list[int]:
