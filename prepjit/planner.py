@@ -12,6 +12,7 @@ from .codegen.render_llvm import render_llvm
 from .codegen.render_opencl import render_opencl
 from .codegen.schedule import schedule
 from .errors import CompileError
+from .runtime import disk_cache
 from .runtime.cache import CachedKernel, kernel_cache
 from .runtime.plan import ExecutionPlan, PlanBuffer, PreparedKernel, RuntimeVar
 from .trace.tracing import Traced
@@ -35,23 +36,61 @@ def compile_positional_fn(exprs: tuple[UOp, ...], var_names: tuple[str, ...]):
     return eval(f"lambda v: ({body},)")
 
 
-def get_kernel(ast: UOp, device) -> tuple[CachedKernel, bool]:
-    """The compiled kernel for `ast` on `device` from the kernel cache; (kernel, compiled now?)."""
+def get_kernel(ast: UOp, device) -> tuple[CachedKernel, str]:
+    """The compiled kernel for `ast` on `device`, and where it came from: "memory" (this process's kernel
+    cache), "disk" (a binary another process compiled; see runtime/disk_cache.py) or "compiled" (now)."""
+    origin = "memory"
+
     def build() -> CachedKernel:
-        src = RENDERERS[device.language](optimize(ast, device.language))
-        start = time.perf_counter()
-        try:
-            program = device.compile(src.name, src.source)
-        except CompileError:
-            raise
-        except Exception as e:  # a renderer or driver bug must still say which kernel and show its source
-            raise CompileError(f"{device.name} failed to compile {src.name}: {e}\n--- source ---\n{src.source}") from e
-        log.info("compile %s on %s in %.1f ms", src.name, device.name, 1e3 * (time.perf_counter() - start))
+        nonlocal origin
+        key = disk_cache.kernel_key(ast, device.name, device.compiler_id)
+        entry = disk_cache.read(key) if key else None
+        kernel = _load_entry(entry, device) if entry is not None else None
+        origin = "disk" if kernel is not None else "compiled"
+        if kernel is None:
+            entry = _compile_entry(ast, device)
+            kernel = _kernel_from_entry(entry, device)
+            if key:
+                disk_cache.write(key, entry)
         if log.isEnabledFor(logging.DEBUG):
-            log.debug("source of %s:\n%s\nast:\n%s", src.name, src.source, format_graph(ast))
-        return CachedKernel(src.name, src.source, src.var_names, src.global_size, src.local_size, program,
-                            compile_positional_fn(src.global_size, src.var_names))
-    return kernel_cache.get_or_build((ast, device.name, device.compiler_id), build)
+            log.debug("source of %s:\n%s\nast:\n%s", kernel.name, kernel.source, format_graph(ast))
+        return kernel
+    kernel, _ = kernel_cache.get_or_build((ast, device.name, device.compiler_id), build)
+    return kernel, origin
+
+
+def _compile_entry(ast: UOp, device) -> dict:
+    """Render and compile `ast`: everything a CachedKernel is rebuilt from, the device binary included."""
+    src = RENDERERS[device.language](optimize(ast, device.language))
+    start = time.perf_counter()
+    try:
+        binary = device.compile(src.name, src.source)
+    except CompileError:
+        raise
+    except Exception as e:  # a renderer or driver bug must still say which kernel and show its source
+        raise CompileError(f"{device.name} failed to compile {src.name}: {e}\n--- source ---\n{src.source}") from e
+    log.info("compile %s on %s in %.1f ms", src.name, device.name, 1e3 * (time.perf_counter() - start))
+    return {"name": src.name, "source": src.source, "var_names": src.var_names, "global_size": src.global_size,
+            "local_size": src.local_size, "binary": binary}
+
+
+def _kernel_from_entry(entry: dict, device) -> CachedKernel:
+    return CachedKernel(entry["name"], entry["source"], entry["var_names"], entry["global_size"],
+                        entry["local_size"], device.load(entry["name"], entry["binary"]),
+                        compile_positional_fn(entry["global_size"], entry["var_names"]))
+
+
+def _load_entry(entry: dict, device) -> CachedKernel | None:
+    """A disk cache entry as a kernel, or None (logged) when it does not load: the caller compiles instead."""
+    start = time.perf_counter()
+    try:
+        kernel = _kernel_from_entry(entry, device)
+    except Exception as e:  # an unusable entry is rebuilt, whatever the reason
+        log.info("a disk cache entry on %s is unusable (%s: %s); compiling it again", device.name, type(e).__name__, e)
+        return None
+    log.info("load %s on %s from the disk cache in %.1f ms", kernel.name, device.name,
+             1e3 * (time.perf_counter() - start))
+    return kernel
 
 
 class _Hazards:
@@ -74,8 +113,9 @@ class _Hazards:
         return sorted(deps)
 
 
-def build_plan(traced: Traced, device) -> tuple[ExecutionPlan, int]:
-    """An ExecutionPlan for a traced function, and how many kernels were compiled (cache misses)."""
+def build_plan(traced: Traced, device) -> tuple[ExecutionPlan, dict[str, int]]:
+    """An ExecutionPlan for a traced function, and how many of its kernels were compiled now
+    ("compiles") or loaded from the disk cache ("disk_hits")."""
     sched = schedule(list(traced.outputs), list(traced.inputs))
     home = share_memory(sched)
     allocation_bytes = {}
@@ -87,12 +127,13 @@ def build_plan(traced: Traced, device) -> tuple[ExecutionPlan, int]:
         memory = device.alias(allocations[h], spec.dtype.np, spec.max_size)
         text = "(" + ", ".join(d.render() if isinstance(d, UOp) else str(d) for d in spec.shape) + ")"
         buffers.append(PlanBuffer(memory, spec.dtype.np, compile_shape_fn(spec.shape), text))
-    kernels, compiles, hazards = [], 0, _Hazards()
+    kernels, counts, hazards = [], {"compiles": 0, "disk_hits": 0}, _Hazards()
     bounds: dict[str, tuple[int, int]] = {}
     fixed_names = set()
     for i, item in enumerate(sched.kernels):
-        kernel, compiled = get_kernel(item.ast, device)
-        compiles += compiled
+        kernel, origin = get_kernel(item.ast, device)
+        counts["compiles"] += origin == "compiled"
+        counts["disk_hits"] += origin == "disk"
         fixed = dict(item.fixedvars)
         fixed_names |= set(fixed)
         runtime_vars = [RuntimeVar(v.arg[0], v.arg[1], v.arg[2]) for v in item.ast.variables()]
@@ -113,4 +154,4 @@ def build_plan(traced: Traced, device) -> tuple[ExecutionPlan, int]:
     var_bounds = {n: b for n, b in sorted(bounds.items()) if n not in fixed_names}
     plan = ExecutionPlan(device, buffers, kernels, sched.inputs, sched.outputs, var_bounds,
                          memory_bytes=sum(allocation_bytes.values()))
-    return plan, compiles
+    return plan, counts

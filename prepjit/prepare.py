@@ -92,7 +92,9 @@ class PreparedFunction:
         self.device_name = device
         self.entries: dict[tuple, _Entry] = {}
         self.lock = threading.RLock()
-        self._stats = {"traces": 0, "compiles": 0, "replays": 0, "plans": 0}
+        # compiles: kernels compiled by this function's prepares; disk_hits: kernels loaded instead from the
+        # disk cache (compiled by an earlier process); kernels another prepared function already built count in neither
+        self._stats = {"traces": 0, "compiles": 0, "disk_hits": 0, "replays": 0, "plans": 0}
 
     @property
     def device(self):
@@ -117,9 +119,10 @@ class PreparedFunction:
             if entry is None:
                 reason = explain_retrace(self._closest(info), info.descriptions)
                 log.info("trace %s: %s", self.signature.fn_name, reason)
-                traced, (plan, compiles) = _with_deep_stack(lambda: _trace_and_plan(self.fn, info, device))
+                traced, (plan, kernel_counts) = _with_deep_stack(lambda: _trace_and_plan(self.fn, info, device))
                 self._stats["traces"] += 1
-                self._stats["compiles"] += compiles
+                for name, count in kernel_counts.items():
+                    self._stats[name] += count
                 self._stats["plans"] += 1
                 entry = self._freeze(plan, traced, info)
                 self.entries[key] = entry

@@ -1,9 +1,15 @@
-"""Shared fixtures: `device` runs a device-independent test once on every available device."""
+"""Shared fixtures: `device` runs a device-independent test once on every available device; every test
+session (and the processes its tests start) uses a fresh kernel disk cache, never ~/.cache/prepjit."""
+import os
+import tempfile
+
 import numpy as np
 import pytest
 
 from prepjit.runtime.devices import available_devices
 
+_session_cache = tempfile.TemporaryDirectory(prefix="prepjit-test-cache-")
+os.environ["PREPJIT_CACHE_DIR"] = _session_cache.name  # read on every use, so setting it here covers every test
 DEVICES = available_devices()
 
 

@@ -202,18 +202,14 @@ class CPUDevice:
         self.lock = threading.Lock()
         threads = thread_count()
         self.pool = ThreadPool(threads) if threads > 1 else None
-        replay = self._jit("prepjit_replay", REPLAY_IR)
-        self.replay_fn = REPLAY_FN(replay.engine.get_function_address("prepjit_replay"))
-        self._replay_engine = replay.engine
+        replay_object = self.compile("prepjit_replay", REPLAY_IR)
+        self._replay_engine, replay_address = self._load_object("prepjit_replay", replay_object)
+        self.replay_fn = REPLAY_FN(replay_address)
         self.native_reads_arrays = layout_self_test(self.replay_fn)
 
     # ---- compiling and launching ----
-    def compile(self, name: str, source: str) -> CPUProgram:
-        program = self._jit(name, source)
-        program.fn = KERNEL_FN(program.engine.get_function_address(name))
-        return program
-
-    def _jit(self, name: str, source: str) -> CPUProgram:
+    def compile(self, name: str, source: str) -> bytes:
+        """LLVM IR -> optimised object code for this CPU (the expensive step; `load` makes it callable)."""
         llvm = self.llvm
         with self.lock:
             try:
@@ -226,11 +222,26 @@ class CPUDevice:
                 options.slp_vectorization = True
                 builder = llvm.create_pass_builder(self.target_machine, options)
                 builder.getModulePassManager().run(module, builder)
-                engine = llvm.create_mcjit_compiler(module, self.new_target_machine())
-                engine.finalize_object()
+                return bytes(self.target_machine.emit_object(module))
             except RuntimeError as e:
                 raise CompileError(f"LLVM failed to compile kernel {name}: {e}\n--- source ---\n{source}") from e
-        return CPUProgram(engine, None)
+
+    def load(self, name: str, binary: bytes) -> CPUProgram:
+        """Object code from `compile` (this process's or the disk cache's) -> kernel `name` in its own JIT engine."""
+        engine, address = self._load_object(name, binary)
+        return CPUProgram(engine, KERNEL_FN(address))
+
+    def _load_object(self, name: str, binary: bytes):
+        """(JIT engine holding the object code, address of function `name` in it)."""
+        llvm = self.llvm
+        with self.lock:
+            engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), self.new_target_machine())
+            engine.add_object_file(llvm.ObjectFileRef.from_data(binary))
+            engine.finalize_object()
+            address = engine.get_function_address(name)
+        if not address:
+            raise CompileError(f"the object code loaded for kernel {name} does not define {name}")
+        return engine, address
 
     def launcher(self, program: CPUProgram, buffer_handles, vals, size_fn, static_size) -> CPULauncher:
         return CPULauncher(program, buffer_handles, vals, size_fn, static_size)

@@ -123,12 +123,11 @@ class OpenCLDevice:
         self.extensions = set(self.device.extensions.split())
         exact = self.device.single_fp_config & cl.device_fp_config.CORRECTLY_ROUNDED_DIVIDE_SQRT
         self.build_options = ["-cl-fp32-correctly-rounded-divide-sqrt"] if exact else []
-        cache = os.environ.get("PREPJIT_CACHE", "1") != "0"
-        root = os.environ.get("PREPJIT_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "prepjit")
-        self.cache_dir = os.path.join(root, "opencl") if cache else False
 
     # ---- compiling and launching ----
-    def compile(self, name: str, source: str) -> OpenCLProgram:
+    def compile(self, name: str, source: str) -> bytes:
+        """OpenCL C -> the device's program binary (the expensive step; `load` makes it launchable).
+        pyopencl's own binary cache is off: prepjit's disk cache (disk_cache.py) keeps these binaries."""
         cl = self.cl
         for ext in re.findall(r"#pragma OPENCL EXTENSION (\w+) : enable", source):
             if ext not in self.extensions:
@@ -136,18 +135,31 @@ class OpenCLDevice:
                                    f"which the OpenCL device {self.description} does not support\n"
                                    f"--- source ---\n{source}")
         try:
-            program = cl.Program(self.context, source).build(options=self.build_options, cache_dir=self.cache_dir)
-            kernel = cl.Kernel(program, name)
+            program = cl.Program(self.context, source).build(options=self.build_options, cache_dir=False)
+            required, most = self._group_sizes(cl.Kernel(program, name))
         except cl.Error as e:
             raise CompileError(f"OpenCL ({self.description}) failed to build kernel {name}: {e}\n"
                                f"--- source ---\n{source}") from e
-        info = cl.kernel_work_group_info
-        most = kernel.get_work_group_info(info.WORK_GROUP_SIZE, self.device)
-        required = kernel.get_work_group_info(info.COMPILE_WORK_GROUP_SIZE, self.device)[0]
         if required > most:
             raise CompileError(f"kernel {name} needs work-groups of {required} work-items; the OpenCL device "
                                f"{self.description} allows at most {most} for it\n--- source ---\n{source}")
+        return bytes(program.get_info(cl.program_info.BINARIES)[0])
+
+    def load(self, name: str, binary: bytes) -> OpenCLProgram:
+        """A program binary from `compile` (this process's or the disk cache's) -> kernel `name`, ready to launch."""
+        cl = self.cl
+        try:
+            program = cl.Program(self.context, [self.device], [binary]).build(options=self.build_options)
+            required, most = self._group_sizes(cl.Kernel(program, name))
+        except cl.Error as e:
+            raise CompileError(f"OpenCL ({self.description}) failed to load the binary of kernel {name}: {e}") from e
         return OpenCLProgram(program, name, required or min(ELEMENTWISE_GROUP, most))
+
+    def _group_sizes(self, kernel) -> tuple[int, int]:
+        """(the work-group size the kernel requires or 0, the most the device allows for it)."""
+        info = self.cl.kernel_work_group_info
+        return (kernel.get_work_group_info(info.COMPILE_WORK_GROUP_SIZE, self.device)[0],
+                kernel.get_work_group_info(info.WORK_GROUP_SIZE, self.device))
 
     def launcher(self, program: OpenCLProgram, buffer_handles, vals, size_fn, static_size) -> OpenCLLauncher:
         return OpenCLLauncher(self.cl, self.queue, program, buffer_handles, vals, size_fn, static_size)

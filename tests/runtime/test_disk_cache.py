@@ -1,0 +1,175 @@
+"""The disk cache: a second process loads compiled kernels instead of compiling them; entries are
+written atomically, survive corruption and concurrent writers, and PREPJIT_CACHE=0 turns it off."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import prepjit as pj
+from prepjit.runtime import disk_cache
+from prepjit.runtime.devices import get_device
+
+# prepares a function of a few kernels (matmul, reductions, a var-sized slice), runs it on two shapes and
+# prints its stats and its largest error against NumPy as JSON
+SCRIPT = """
+import json, sys
+import numpy as np
+import prepjit as pj
+import prepjit.numpy as pnp
+
+@pj.prepare(vars={"n": (1, 64), "pos": (0, 15)}, shapes={"x": ("n", 16)}, device=sys.argv[1])
+def layer(x, w, pos):
+    h = pnp.tanh(x @ w)
+    e = pnp.exp(h - h.max(axis=1, keepdims=True))
+    return (e / e.sum(axis=1, keepdims=True))[:, :pos + 1] * 1.75
+
+rng = np.random.default_rng(0)
+w = rng.standard_normal((16, 16)).astype(np.float32) / 4
+error = 0.0
+for n, pos in [(3, 2), (40, 15)]:
+    x = rng.standard_normal((n, 16)).astype(np.float32)
+    h = np.tanh(x @ w)
+    e = np.exp(h - h.max(1, keepdims=True))
+    want = (e / e.sum(1, keepdims=True))[:, :pos + 1] * np.float32(1.75)
+    error = max(error, float(np.abs(np.asarray(layer(x, w, pos)) - want).max()))
+print(json.dumps({"stats": layer.stats, "error": error, "package": pj.__file__}))
+"""
+
+
+@pytest.fixture(scope="module")
+def code(tmp_path_factory):
+    """A frozen copy of the prepjit package for the test processes to import. Keys include a fingerprint of
+    prepjit's source, so a source file edited between two processes (as in a shared working tree) would
+    rightly make the second miss; a copy makes "two processes running the same code" hold."""
+    root = tmp_path_factory.mktemp("code")
+    shutil.copytree(disk_cache.PACKAGE_ROOT, root / "prepjit", ignore=shutil.ignore_patterns("__pycache__"))
+    return root
+
+
+def start(device: str, cache_dir, code, cache: str = "1") -> subprocess.Popen:
+    env = {**os.environ, "PREPJIT_CACHE_DIR": str(cache_dir), "PREPJIT_CACHE": cache, "PREPJIT_LOG": "compiles",
+           "PYTHONPATH": str(code)}
+    return subprocess.Popen([sys.executable, "-c", SCRIPT, device], env=env, cwd=code, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def finish(process: subprocess.Popen, code) -> dict:
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 0, err
+    result = json.loads(out)
+    assert result["error"] < 1e-5
+    assert os.path.realpath(result["package"]).startswith(os.path.realpath(code))
+    result["log"] = [line for line in err.splitlines() if line.startswith("prepjit:")]
+    return result
+
+
+def run(device: str, cache_dir, code, cache: str = "1") -> dict:
+    return finish(start(device, cache_dir, code, cache), code)
+
+
+def entries(cache_dir) -> list:
+    kernels = cache_dir / "kernels"
+    return sorted(kernels.iterdir()) if kernels.exists() else []
+
+
+def test_second_process_loads_every_kernel_from_disk(device, tmp_path, code):
+    first = run(device, tmp_path, code)
+    kernels = first["stats"]["compiles"]
+    assert kernels >= 3 and first["stats"]["disk_hits"] == 0
+    assert len(entries(tmp_path)) == kernels
+    second = run(device, tmp_path, code)
+    assert second["stats"]["compiles"] == 0 and second["stats"]["disk_hits"] == kernels
+    assert sum("from the disk cache" in line for line in second["log"]) == kernels
+    assert not any(line.startswith("prepjit: compile") for line in second["log"])
+
+
+def test_cache_off_reads_and_writes_nothing(device, tmp_path, code):
+    run(device, tmp_path, code)
+    written = [p.read_bytes() for p in entries(tmp_path)]
+    off = run(device, tmp_path, code, cache="0")
+    assert off["stats"]["disk_hits"] == 0 and off["stats"]["compiles"] == len(written)
+    assert [p.read_bytes() for p in entries(tmp_path)] == written
+    fresh = tmp_path / "fresh"
+    run(device, fresh, code, cache="0")
+    assert not fresh.exists()
+
+
+def test_corrupt_truncated_and_misplaced_entries_are_rebuilt(device, tmp_path, code):
+    run(device, tmp_path, code)
+    paths = entries(tmp_path)
+    assert len(paths) >= 3
+    good = [p.read_bytes() for p in paths]
+    paths[0].write_bytes(good[0][:len(good[0]) // 2])                 # truncated
+    paths[1].write_bytes(good[1][:-1] + bytes([good[1][-1] ^ 0xFF]))   # one byte of the payload flipped
+    paths[2].write_bytes(good[0])                                     # another kernel's intact entry
+    for path in paths[3:]:
+        path.write_bytes(b"")                                         # empty
+    rebuilt = run(device, tmp_path, code)
+    assert rebuilt["stats"]["compiles"] == len(paths) and rebuilt["stats"]["disk_hits"] == 0
+    assert [p.read_bytes() for p in entries(tmp_path)] == good
+    assert run(device, tmp_path, code)["stats"]["disk_hits"] == len(paths)
+
+
+def test_concurrent_writers_leave_whole_entries(device, tmp_path, code):
+    writers = [start(device, tmp_path, code) for _ in range(2)]
+    results = [finish(w, code) for w in writers]
+    kernels = max(r["stats"]["compiles"] + r["stats"]["disk_hits"] for r in results)
+    assert [p.name for p in (tmp_path / "kernels").iterdir() if p.name.startswith(".")] == []  # no temp files left
+    assert len(entries(tmp_path)) == kernels
+    reader = run(device, tmp_path, code)
+    assert reader["stats"]["compiles"] == 0 and reader["stats"]["disk_hits"] == kernels
+
+
+def test_unwritable_cache_dir_is_silently_skipped(monkeypatch, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("PREPJIT_CACHE_DIR", str(blocker / "cache"))
+    monkeypatch.setenv("PREPJIT_CACHE", "1")
+    assert disk_cache.write("0" * 64, {"binary": b""}) is False
+    assert disk_cache.read("0" * 64) is None
+    f = pj.prepare(lambda x: x * 4.5 + 0.75)  # constants no other test uses: this process compiles the kernel
+    np.testing.assert_array_equal(np.asarray(f(np.ones(3, np.float32))), np.full(3, 5.25, np.float32))
+    assert f.stats["compiles"] == 1
+
+
+KEY_SCRIPT = """
+import numpy as np, prepjit as pj
+from prepjit.runtime import disk_cache
+from prepjit.runtime.devices import get_device
+ast = pj.prepare(lambda x: x * 2.5).plan(np.ones(4, np.float32)).kernels[0].ast
+print(disk_cache.kernel_key(ast, "cpu", get_device("cpu").compiler_id))
+"""
+
+
+def test_key_is_the_same_in_every_process(code):
+    keys = [subprocess.run([sys.executable, "-c", KEY_SCRIPT], cwd=code, env={**os.environ, "PYTHONPATH": str(code)},
+                           capture_output=True, text=True, check=True, timeout=120).stdout.strip() for _ in range(2)]
+    assert len(keys[0]) == 64 and keys[0] == keys[1]
+
+
+def test_key_tells_kernels_devices_and_compilers_apart():
+    def ast_of(fn):
+        return pj.prepare(fn).plan(np.ones(4, np.float32)).kernels[0].ast
+    compiler = get_device("cpu").compiler_id
+    base = ast_of(lambda x: x * 0.0)
+    keys = {disk_cache.kernel_key(base, "cpu", compiler),
+            disk_cache.kernel_key(ast_of(lambda x: x * -0.0), "cpu", compiler),
+            disk_cache.kernel_key(ast_of(lambda x: x * 0.0 + 1), "cpu", compiler),
+            disk_cache.kernel_key(base, "opencl", compiler),
+            disk_cache.kernel_key(base, "cpu", compiler + "-other")}
+    assert len(keys) == 5 and None not in keys
+    assert disk_cache.kernel_key(base, "cpu", compiler) == disk_cache.kernel_key(base, "cpu", compiler)
+
+
+@pytest.mark.parametrize("payload", [b"", b"prepjit", os.urandom(200)])
+def test_garbage_files_read_as_misses(monkeypatch, tmp_path, payload):
+    monkeypatch.setenv("PREPJIT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("PREPJIT_CACHE", "1")
+    assert disk_cache.write("k" * 64, {"answer": 42})
+    assert disk_cache.read("k" * 64) == {"answer": 42}
+    (tmp_path / "kernels" / ("k" * 64)).write_bytes(payload)
+    assert disk_cache.read("k" * 64) is None
