@@ -76,20 +76,22 @@ def upcast_contraction(ast: UOp) -> UOp:
     rows = [None] if i_outer is None else \
         [(i_outer * ui + a).smin(i.src[0] - 1) if clamp and a else i_outer * ui + a for a in range(ui)]
     stores, simplified = [], {}
+    reduced = value.src[0]
+    loads = [u for u in reduced.toposort() if u.op is Ops.LOAD]
     for row in rows:
         row_mapping = {j: cols[0]} if row is None else {j: cols[0], i: row}
         row_index = simplify(index.substitute(row_mapping))  # the store index steps by 1 along j
         for b, col in enumerate(cols):
             mapping = {j: col} if row is None else {j: col, i: row}
-            new_value = UOp(Ops.REDUCE, value.dtype, (_blocked_loads(value.src[0], mapping, simplified),
+            new_value = UOp(Ops.REDUCE, value.dtype, (_blocked_loads(reduced, loads, mapping, simplified),
                                                       *value.src[1:]), value.arg)
             store_index = UOp(Ops.ADD, dtypes.index, (row_index, UOp.const(b))) if b else row_index
             stores.append(UOp(Ops.STORE, store.dtype, (out, store_index, new_value)))
     return _renumber(UOp(Ops.SINK, ast.dtype, tuple(stores), ast.arg))
 
 
-def _blocked_loads(u: UOp, mapping: dict, simplified: dict) -> UOp:
-    """`u` with `mapping` substituted and the index (and gate) of every load simplified.
+def _blocked_loads(u: UOp, loads: list[UOp], mapping: dict, simplified: dict) -> UOp:
+    """`u` with `mapping` substituted and the index (and gate) of each of its `loads` simplified.
 
     `simplified` memoises across a kernel's blocks: an operand that depends on one blocked axis only
     has as many distinct indices as that axis has offsets, so each is simplified once.
@@ -99,9 +101,8 @@ def _blocked_loads(u: UOp, mapping: dict, simplified: dict) -> UOp:
         if x not in simplified:
             simplified[x] = simplify(x)
         return simplified[x]
-    loads = {ld: UOp(Ops.LOAD, ld.dtype, (ld.src[0], *(simple(s) for s in ld.src[1:])), ld.arg)
-             for ld in u.toposort() if ld.op is Ops.LOAD}
-    return u.substitute(loads)
+    return u.substitute({ld: UOp(Ops.LOAD, ld.dtype, (ld.src[0], *(simple(s) for s in ld.src[1:])), ld.arg)
+                         for ld in loads})
 
 
 def _renumber(ast: UOp) -> UOp:
