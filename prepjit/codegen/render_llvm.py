@@ -19,6 +19,9 @@ _FLOAT = {dtypes.float16: "float", dtypes.float32: "float", dtypes.float64: "dou
 _MATH = {Ops.EXP: "exp", Ops.EXP2: "exp2", Ops.LOG: "log", Ops.LOG2: "log2", Ops.SQRT: "sqrt", Ops.SIN: "sin",
          Ops.COS: "cos", Ops.FLOOR: "floor", Ops.CEIL: "ceil", Ops.RINT: "rint", Ops.ABS: "fabs"}
 _LIBM = {Ops.TANH: "tanh", Ops.ERF: "erf"}
+# x86 backends default to 256-bit vectors even where 512-bit ones exist; a register-blocked contraction's
+# accumulators then need twice the registers and spill. Targets without 512-bit vectors ignore this.
+FUNCTION_ATTRIBUTES = 'nounwind "prefer-vector-width"="512"'
 
 
 def reg_type(dt: DType) -> str:
@@ -370,8 +373,8 @@ class _Renderer:
         name = self.ast.arg
         params = [f"ptr noalias %buf{i}" for i in range(n_bufs)] + [f"i64 %var_{v}" for v in self.vars]
         body = [f"define internal void @{name}_body({', '.join(params + ['i64 %start', 'i64 %end'])}) "
-                "alwaysinline nounwind {", "entry:", *self.allocas, *self.lines, "  ret void", "}"]
-        wrap = [f"define void @{name}(ptr %bufs, ptr %vals, i64 %start, i64 %end) nounwind {{", "entry:"]
+                f"alwaysinline {FUNCTION_ATTRIBUTES} {{", "entry:", *self.allocas, *self.lines, "  ret void", "}"]
+        wrap = [f"define void @{name}(ptr %bufs, ptr %vals, i64 %start, i64 %end) {FUNCTION_ATTRIBUTES} {{", "entry:"]
         args = []
         for i in range(n_bufs):
             wrap.append(f"  %bp{i} = getelementptr ptr, ptr %bufs, i64 {i}")
