@@ -17,8 +17,8 @@ from ..errors import CompileError
 from ..uop import Ops
 from .array import Array
 from .buffer import HostBuffer
-from .host_pool import empty
 from .cpu_replay import INT64_MAX, REPLAY_FN, REPLAY_IR, NativeProgram, layout_self_test
+from .host_pool import empty
 
 KERNEL_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
 
