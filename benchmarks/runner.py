@@ -54,12 +54,18 @@ def run_case(case: Case, peers: list[Peer], smoke: bool = False, seed: int = 0) 
     record: dict = {"case": case.name, "shapes": [list(a.shape) for a in arrays], "kind": case.kind}
     times: dict[str, float] = {}
     if case.kind == "prepare":
-        os.environ["PREPJIT_CACHE"] = "0"
-
         def fresh():
             kernel_cache.clear()
             return prepjit_function(case)
-        times["prepjit"] = _prepare_seconds(fresh, arrays, smoke)
+        saved = os.environ.get("PREPJIT_CACHE")
+        os.environ["PREPJIT_CACHE"] = "0"  # first-call time: compile for real, not load from disk
+        try:
+            times["prepjit"] = _prepare_seconds(fresh, arrays, smoke)
+        finally:
+            if saved is None:
+                del os.environ["PREPJIT_CACHE"]
+            else:
+                os.environ["PREPJIT_CACHE"] = saved
         prepared = prepjit_function(case)
     else:
         prepared = prepjit_function(case)
