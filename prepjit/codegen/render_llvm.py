@@ -13,6 +13,7 @@ import struct
 
 from ..uop import DType, Ops, UOp, dtypes
 from .kernel import KernelSource, kernel_vars, parallel_range
+from .renderer import KernelRenderer
 
 _LLTYPE = {"b": "i1", 1: "i8", 2: "i16", 4: "i32", 8: "i64"}
 _FLOAT = {dtypes.float16: "float", dtypes.float32: "float", dtypes.float64: "double"}
@@ -54,13 +55,12 @@ def _identity(op: Ops, dt: DType):
     return dt.max()
 
 
-class _Renderer:
+class _Renderer(KernelRenderer):
     def __init__(self, ast: UOp):
-        self.ast = ast
+        super().__init__(ast)
         self.lines: list[str] = []
         self.allocas: list[str] = []
         self.decls: set[str] = set()
-        self.scopes: list[dict] = [{}]
         self.n = 0
         self.vars = [v.arg[0] for v in kernel_vars(ast)]
         self.prange = parallel_range(ast)
@@ -85,37 +85,16 @@ class _Renderer:
         self.decls.add(f"declare {ret} @{fn}({', '.join(t for t, _ in args)})")
         return self.op(f"call {ret} @{fn}({', '.join(f'{t} {v}' for t, v in args)})")
 
-    # ---- values ----
-    def value(self, u: UOp) -> str:
-        for scope in reversed(self.scopes):
-            if u in scope:
-                return scope[u]
-        out = self.render(u)
-        if u.dtype == dtypes.float16 and u.op not in (Ops.CONST, Ops.LOAD, Ops.REDUCE) and u.op is not Ops.CAST:
-            out = self.round_half(out)
-        self.scopes[-1][u] = out
-        return out
+    # ---- values (the shared parts are in KernelRenderer) ----
+    literal = staticmethod(const_literal)
+
+    @staticmethod
+    def var_name(name: str) -> str:
+        return f"%var_{name}"
 
     def round_half(self, v: str) -> str:
         h = self.op(f"fptrunc float {v} to half")
         return self.op(f"fpext half {h} to float")
-
-    def render(self, u: UOp) -> str:
-        op, dt = u.op, u.dtype
-        if op is Ops.CONST:
-            return const_literal(u.arg, dt)
-        if op is Ops.DEFINE_VAR:
-            return f"%var_{u.arg[0]}"
-        if op is Ops.RANGE:
-            raise RuntimeError(f"range {u.render()} used outside its loop")
-        if op is Ops.LOAD:
-            return self.load(u)
-        if op is Ops.REDUCE:
-            return self.reduce(u)
-        if op is Ops.CAST:
-            return self.cast(self.value(u.src[0]), u.src[0].dtype, dt)
-        srcs = [self.value(s) for s in u.src]
-        return self.alu(op, dt, u.src[0].dtype if u.src else dt, srcs)
 
     def alu(self, op: Ops, dt: DType, sdt: DType, s: list[str]) -> str:
         t, st = reg_type(dt), reg_type(sdt)

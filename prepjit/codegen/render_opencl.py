@@ -21,6 +21,7 @@ import re
 from ..uop import DType, Ops, UOp, dtypes, sym_prod
 from ..uop.uop import as_uop
 from .kernel import KernelSource, kernel_vars
+from .renderer import KernelRenderer
 
 REDUCE_GROUP = 128        # work-items per output in a grouped reduction (a power of two)
 GROUP_REDUCE_MIN = 256    # reductions of more iterations than this use a work-group per output
@@ -118,13 +119,12 @@ def uses_grouped_reduce(ast: UOp) -> bool:
                for u in ast.toposort() if u.op is Ops.REDUCE)
 
 
-class _Renderer:
+class _Renderer(KernelRenderer):
     def __init__(self, ast: UOp):
-        self.ast = ast
+        super().__init__(ast)
         self.lines: list[str] = []
         self.locals: list[str] = []
         self.helpers: dict[str, str] = {}
-        self.scopes: list[dict] = [{}]
         self.index_memo: dict[UOp, bool] = {}
         self.depth = 1
         self.n = 0
@@ -144,38 +144,17 @@ class _Renderer:
         self.helpers.setdefault(name, text)
         return name
 
-    # ---- values ----
-    def value(self, u: UOp) -> str:
-        for scope in reversed(self.scopes):
-            if u in scope:
-                return scope[u]
-        out = self.render(u)
-        if u.dtype == dtypes.float16 and u.op not in (Ops.CONST, Ops.LOAD, Ops.REDUCE, Ops.CAST):
-            out = self.round_half(out)
-        self.scopes[-1][u] = out
-        return out
+    # ---- values (the shared parts are in KernelRenderer) ----
+    literal = staticmethod(const_literal)
+    var_name = staticmethod(_c_name)
 
     def round_half(self, v: str) -> str:
         return self.let(dtypes.float16, f"{self.helper('pj_round_half', _ROUND_HALF)}({v})")
 
-    def render(self, u: UOp) -> str:
-        op, dt = u.op, u.dtype
-        if op is Ops.CONST:
-            return const_literal(u.arg, dt)
-        if op is Ops.DEFINE_VAR:
-            return _c_name(u.arg[0])
-        if op is Ops.RANGE:
-            raise RuntimeError(f"range {u.render()} used outside its loop")
-        if op is Ops.LOAD:
-            return self.load(u)
-        if op is Ops.REDUCE:
-            return self.reduce(u)
-        if op is Ops.CAST:
-            return self.cast(self.value(u.src[0]), u.src[0].dtype, dt)
-        srcs = [self.value(s) for s in u.src]
-        if dt.is_int and op in _PLAIN_INT and self.is_exact(u):  # index math: C's operators are NumPy's here
-            return self.let(dt, f"{srcs[0]} {_PLAIN_INT[op]} {srcs[1]}")
-        return self.alu(op, dt, u.src[0].dtype if u.src else dt, srcs)
+    def alu_node(self, u: UOp, srcs: list[str]) -> str:
+        if u.dtype.is_int and u.op in _PLAIN_INT and self.is_exact(u):  # index math: C's operators are NumPy's here
+            return self.let(u.dtype, f"{srcs[0]} {_PLAIN_INT[u.op]} {srcs[1]}")
+        return super().alu_node(u, srcs)
 
     def is_exact(self, u: UOp) -> bool:
         """Index math (no loaded data: bounds stay small) that cannot overflow, and for // and %,

@@ -1,0 +1,43 @@
+"""What every kernel renderer shares: one rendered value per UOp per loop scope, float16 rounding
+after each op (NumPy computes half in float and rounds every result), and the dispatch of a kernel
+AST node to the renderer's own hooks (`literal`, `var_name`, `load`, `reduce`, `cast`, `alu`)."""
+from __future__ import annotations
+
+from ..uop import Ops, UOp, dtypes
+
+_NOT_ROUNDED = (Ops.CONST, Ops.LOAD, Ops.REDUCE, Ops.CAST)  # already exact halves, or rounded by their hook
+
+
+class KernelRenderer:
+    def __init__(self, ast: UOp):
+        self.ast = ast
+        self.scopes: list[dict] = [{}]  # the innermost loop's values last; a loop's scope ends with it
+
+    def value(self, u: UOp) -> str:
+        for scope in reversed(self.scopes):
+            if u in scope:
+                return scope[u]
+        out = self.render(u)
+        if u.dtype == dtypes.float16 and u.op not in _NOT_ROUNDED:
+            out = self.round_half(out)
+        self.scopes[-1][u] = out
+        return out
+
+    def render(self, u: UOp) -> str:
+        op = u.op
+        if op is Ops.CONST:
+            return self.literal(u.arg, u.dtype)
+        if op is Ops.DEFINE_VAR:
+            return self.var_name(u.arg[0])
+        if op is Ops.RANGE:
+            raise RuntimeError(f"range {u.render()} used outside its loop")
+        if op is Ops.LOAD:
+            return self.load(u)
+        if op is Ops.REDUCE:
+            return self.reduce(u)
+        if op is Ops.CAST:
+            return self.cast(self.value(u.src[0]), u.src[0].dtype, u.dtype)
+        return self.alu_node(u, [self.value(s) for s in u.src])
+
+    def alu_node(self, u: UOp, srcs: list[str]) -> str:
+        return self.alu(u.op, u.dtype, u.src[0].dtype if u.src else u.dtype, srcs)
