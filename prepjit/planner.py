@@ -116,7 +116,7 @@ class _Hazards:
 def build_plan(traced: Traced, device) -> tuple[ExecutionPlan, dict[str, int]]:
     """An ExecutionPlan for a traced function, and how many of its kernels were compiled now
     ("compiles") or loaded from the disk cache ("disk_hits")."""
-    sched = schedule(list(traced.outputs), list(traced.inputs))
+    sched = schedule(list(traced.outputs), list(traced.inputs), pack_contractions=device.language == "llvm")
     home = share_memory(sched)
     allocation_bytes = {}
     for b, h in enumerate(home):

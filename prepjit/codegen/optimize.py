@@ -23,24 +23,24 @@ UPCAST_J = (32, 16, 8)   # contiguous output columns per block, largest that div
 UPCAST_I = (8, 4, 2)     # rows per block
 
 
-def _const_end(r: UOp) -> int | None:
+def const_end(r: UOp) -> int | None:
     end = r.src[0]
     return end.arg if end.op is Ops.CONST else None
 
 
-def _stride(index: UOp, r: UOp) -> int | None:
+def stride_along(index: UOp, r: UOp) -> int | None:
     """The constant step of `index` when range `r` steps by one, or None."""
     step = simplify(index.substitute({r: r + 1}) - index)
     return step.arg if step.op is Ops.CONST else None
 
 
-def _pick(end: int | None, choices: tuple) -> int:
+def pick_block(end: int | None, choices: tuple) -> int:
     return next((u for u in choices if end is not None and end % u == 0 and end > u), 1)
 
 
 def _row_block(end: UOp) -> tuple[int, bool]:
     """(rows per block, whether the last block clamps) for a row range ending at `end`."""
-    exact = _pick(end.arg if end.op is Ops.CONST else None, UPCAST_I)
+    exact = pick_block(end.arg if end.op is Ops.CONST else None, UPCAST_I)
     if exact > 1:
         return exact, False
     clamped = next((u for u in UPCAST_I if end.vmax > u), 1)
@@ -57,11 +57,11 @@ def upcast_contraction(ast: UOp) -> UOp:
         return ast
     loops = sorted({u for u in store.toposort() if u.op is Ops.RANGE and u.arg[1] == "loop"}, key=lambda r: r.arg[0])
     loads = [u for u in value.toposort() if u.op is Ops.LOAD]
-    j = next((r for r in reversed(loops) if _stride(index, r) == 1 and _const_end(r)), None)
+    j = next((r for r in reversed(loops) if stride_along(index, r) == 1 and const_end(r)), None)
     if j is None or not any(j in ld.src[1].toposort() for ld in loads) \
             or not any(j not in ld.src[1].toposort() for ld in loads):
         return ast
-    uj = _pick(_const_end(j), UPCAST_J)
+    uj = pick_block(const_end(j), UPCAST_J)
     others = [r for r in loops if r is not j
               and any(r not in ld.src[1].toposort() for ld in loads if j in ld.src[1].toposort())]
     i = others[-1] if others else None
@@ -69,7 +69,7 @@ def upcast_contraction(ast: UOp) -> UOp:
     if uj == 1:
         return ast
     axes = max(r.arg[0] for r in value.toposort() + store.toposort() if r.op is Ops.RANGE) + 1
-    j_outer = UOp(Ops.RANGE, dtypes.index, (UOp.const(_const_end(j) // uj),), (-1, "loop"))
+    j_outer = UOp(Ops.RANGE, dtypes.index, (UOp.const(const_end(j) // uj),), (-1, "loop"))
     i_outer = UOp(Ops.RANGE, dtypes.index, (simplify((i.src[0] + (ui - 1)) // ui),), (axes, "loop")) \
         if ui > 1 else None
     cols = [j_outer * uj + b for b in range(uj)]

@@ -11,6 +11,7 @@ import attrs
 from ..uop import DType, Ops, UOp, sint
 from .fusion import choose_materialized
 from .lower import REALIZED, lower_kernel
+from .packing import pack_contraction
 
 
 @attrs.frozen
@@ -43,10 +44,11 @@ def _max_size(shape: tuple[sint, ...]) -> int:
 
 
 class _Scheduler:
-    def __init__(self, materialized: set[UOp]):
+    def __init__(self, materialized: set[UOp], pack_contractions: bool):
         self.buffers: list[BufferSpec] = []
         self.kernels: list[ScheduledKernel] = []
         self.materialized = materialized
+        self.pack_contractions = pack_contractions
 
     def has_buffer(self, node: UOp) -> bool:
         return node.op in REALIZED or node in self.materialized
@@ -84,7 +86,14 @@ class _Scheduler:
         for dep in self.deps(node):
             self.realize(dep, env)
         ast, reads = lower_kernel(node, lambda n: n.op in REALIZED or (n in self.materialized and n is not node))
-        self.kernels.append(ScheduledKernel(ast, (buf, *(env[r] for r in reads))))
+        slots = (buf, *(env[r] for r in reads))
+        packed = pack_contraction(ast, len(slots)) if self.pack_contractions else None
+        if packed is not None:  # the packing kernel reads the contraction's inputs and writes slot 0
+            pack_ast, ast, shape = packed
+            self.buffers.append(BufferSpec(pack_ast.src[0].src[2].dtype, shape, _max_size(shape)))
+            self.kernels.append(ScheduledKernel(pack_ast, (len(self.buffers) - 1, *slots[1:])))
+            slots = (*slots, len(self.buffers) - 1)
+        self.kernels.append(ScheduledKernel(ast, slots))
         if (node.op is Ops.REDUCE_AXIS or node in self.materialized) and node not in env:
             env[node] = buf
 
@@ -128,9 +137,13 @@ def _reduction_under_reshapes(node: UOp, env: dict) -> UOp | None:
     return node if node.op is Ops.REDUCE_AXIS and node not in env else None
 
 
-def schedule(outputs: list[UOp], inputs: list[UOp]) -> Schedule:
-    """Kernels and buffers computing `outputs` from `inputs`; each output gets a fresh buffer."""
-    s = _Scheduler(choose_materialized(outputs))
+def schedule(outputs: list[UOp], inputs: list[UOp], pack_contractions: bool = False) -> Schedule:
+    """Kernels and buffers computing `outputs` from `inputs`; each output gets a fresh buffer.
+
+    With `pack_contractions` (for devices that register-block contractions), large contractions
+    first copy their column operand into contiguous panels (packing.py).
+    """
+    s = _Scheduler(choose_materialized(outputs), pack_contractions)
     env = {node: s.new_buffer(node) for node in inputs}
     input_bufs = tuple(env[n] for n in inputs)
     output_bufs, done = [], {}

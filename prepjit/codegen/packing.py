@@ -1,0 +1,73 @@
+"""Operand packing for large contractions: copy the column operand into contiguous register-block panels.
+
+A register-blocked contraction (optimize.py) keeps a block of UI x UJ outputs in registers and, for
+every step of its reduction, reads UJ contiguous values of the column operand `y` (one row of a
+panel of UJ columns). When `y`'s rows lie a power-of-two stride apart (B of a 1024 x 1024 matmul:
+4 KB), a panel's rows all fall into a few cache sets, so the panel does not stay in cache between
+row blocks and is fetched from memory again for each of them. Packing computes `y` once into a
+buffer laid out as (other loops..., J / UJ, reduce ranges..., UJ): each panel is then one
+contiguous run that stays in L2 while every row block uses it. The copy reads and writes `y`
+once, so it is made only when enough rows reuse each panel (`MIN_ROWS`) and the panel is long.
+"""
+from __future__ import annotations
+
+from ..uop import Ops, UOp, dtypes, simplify
+from .lower import linear_index
+from .optimize import UPCAST_J, const_end, pick_block, stride_along
+
+MIN_ROWS = 64      # rows of the other operand that reuse each packed panel, at least
+MIN_REDUCE = 64    # reduction length, at least: shorter panels sit in cache unpacked
+
+
+def _size(end: UOp) -> int:
+    return end.arg if end.op is Ops.CONST else max(0, end.vmax)
+
+
+def pack_contraction(ast: UOp, slot: int) -> tuple[UOp, UOp, tuple] | None:
+    """(packing kernel AST, contraction AST reading the packed copy from buffer `slot`, packed shape), or None.
+
+    The packing kernel writes slot 0 and reads the contraction's own input slots, so it runs on the
+    same buffer list with the packed buffer in slot 0.
+    """
+    if ast.op is not Ops.SINK or len(ast.src) != 1:
+        return None
+    store = ast.src[0]
+    _, index, value = store.src
+    if value.op is not Ops.REDUCE or value.arg is not Ops.ADD or value.dtype not in (dtypes.float32, dtypes.float64) \
+            or value.src[0].op is not Ops.MUL:
+        return None
+    reduces = list(value.src[1:])
+    loops = sorted({u for u in store.toposort() if u.op is Ops.RANGE and u.arg[1] == "loop"}, key=lambda r: r.arg[0])
+    j = next((r for r in reversed(loops) if stride_along(index, r) == 1 and const_end(r)), None)
+    if j is None:
+        return None
+    width = pick_block(const_end(j), UPCAST_J)
+    x, y = value.src[0].src
+    if j in x.toposort():
+        x, y = y, x
+    y_ranges = set(y.toposort())
+    if width == 1 or j not in y_ranges or j in x.toposort() or not all(k in y_ranges for k in reduces):
+        return None
+    rows = [r for r in loops if r not in y_ranges]
+    reuse = 1
+    for r in rows:
+        reuse *= _size(r.src[0])
+    reduce_size = 1
+    for k in reduces:
+        reduce_size *= _size(k.src[0])
+    if not rows or reuse < MIN_ROWS or reduce_size < MIN_REDUCE:
+        return None
+    outer = [r for r in loops if r in y_ranges and r is not j]
+    shape = tuple(r.src[0] for r in outer) + (UOp.const(const_end(j) // width),) + \
+        tuple(k.src[0] for k in reduces) + (UOp.const(width),)
+    new = [UOp(Ops.RANGE, dtypes.index, (end,), (n, "loop")) for n, end in enumerate(shape)]
+    mapping = dict(zip(outer, new)) | dict(zip(reduces, new[len(outer) + 1:-1]))
+    mapping[j] = new[len(outer)] * width + new[-1]
+    packed_value = y.substitute(mapping)
+    pack_store = UOp(Ops.STORE, dtypes.bool, (UOp(Ops.DEFINE_GLOBAL, y.dtype, (), 0),
+                                             simplify(linear_index(new, shape)), packed_value))
+    pack = UOp(Ops.SINK, dtypes.bool, (pack_store,), "pack_" + ast.arg)
+    read_index = simplify(linear_index(tuple(outer) + (j // width,) + tuple(reduces) + (j % width,), shape))
+    packed_load = UOp(Ops.LOAD, y.dtype, (UOp(Ops.DEFINE_GLOBAL, y.dtype, (), slot), read_index))
+    contraction = ast.substitute({y: packed_load})
+    return pack, contraction, tuple(s.arg if s.op is Ops.CONST else s for s in shape)

@@ -1,0 +1,66 @@
+"""Packing of large contractions' column operands (codegen/packing.py): packed plans equal NumPy."""
+import numpy as np
+import pytest
+
+import prepjit as pj
+import prepjit.numpy as pnp
+
+
+def _close(got, want, dtype=np.float32):
+    tol = 1e-4 if dtype == np.float32 else 1e-10
+    np.testing.assert_allclose(np.asarray(got), want, rtol=tol, atol=tol)
+
+
+def test_large_matmul_packs_its_column_operand_first(rng):
+    a, b = rng.standard_normal((128, 96)).astype(np.float32), rng.standard_normal((96, 64)).astype(np.float32)
+    f = pj.prepare(lambda a, b: a @ b, device="cpu")
+    names = [k.ast.arg for k in f.plan(a, b).kernels]
+    assert len(names) == 2 and names[0].startswith("pack_")
+    _close(f(a, b), a @ b)
+
+
+def test_small_contractions_are_not_packed(rng):
+    a, b = rng.standard_normal((8, 96)).astype(np.float32), rng.standard_normal((96, 64)).astype(np.float32)
+    assert len(pj.prepare(lambda a, b: a @ b, device="cpu").plan(a, b).kernels) == 1
+
+
+@pytest.mark.parametrize("m,k,n", [(64, 64, 64), (200, 100, 96), (65, 130, 1000), (100, 64, 40), (70, 67, 33)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_packed_matmul_shapes(rng, m, k, n, dtype):
+    a, b = rng.standard_normal((m, k)).astype(dtype), rng.standard_normal((k, n)).astype(dtype)
+    f = pj.prepare(lambda a, b: a @ b, device="cpu")
+    _close(f(a, b), a @ b, dtype)
+
+
+def test_packed_transposed_and_padded_operands(rng):
+    a, b = rng.standard_normal((96, 80)).astype(np.float32), rng.standard_normal((64, 80)).astype(np.float32)
+    f = pj.prepare(lambda a, b: (a @ b.T, a @ pnp.pad(b.T[:70], ((5, 5), (0, 0)))), device="cpu")
+    got_t, got_pad = f(a, b)
+    _close(got_t, a @ b.T)
+    _close(got_pad, a @ np.pad(b.T[:70], ((5, 5), (0, 0))))
+
+
+def test_packed_batched_matmuls(rng):
+    x = rng.standard_normal((3, 70, 64)).astype(np.float32)
+    w = rng.standard_normal((64, 48)).astype(np.float32)
+    ws = rng.standard_normal((3, 64, 48)).astype(np.float32)
+    f = pj.prepare(lambda x, w, ws: (x @ w, x @ ws), device="cpu")
+    got_shared, got_batched = f(x, w, ws)
+    _close(got_shared, x @ w)
+    _close(got_batched, x @ ws)
+
+
+def test_packed_einsum_over_two_axes(rng):
+    a = rng.standard_normal((80, 8, 16)).astype(np.float32)
+    b = rng.standard_normal((8, 16, 64)).astype(np.float32)
+    f = pj.prepare(lambda a, b: pnp.einsum("ikl,klj->ij", a, b), device="cpu")
+    _close(f(a, b), np.einsum("ikl,klj->ij", a, b))
+
+
+def test_packed_symbolic_batch_rows(rng):
+    w = rng.standard_normal((64, 96)).astype(np.float32)
+    f = pj.prepare(lambda x, w: pnp.maximum(x @ w, 0) @ w.T, vars={"n": (1, 300)}, shapes={"x": ("n", 64)},
+                   device="cpu")
+    for n in (1, 63, 300):
+        x = rng.standard_normal((n, 64)).astype(np.float32)
+        _close(f(x, w), np.maximum(x @ w, 0) @ w.T)
