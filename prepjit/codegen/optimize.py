@@ -6,8 +6,10 @@ operand does not depend on another loop axis `i`, is upcast: `j` and `i` are spl
 range and a constant unrolled offset (j = j_o * UJ + uj, i = i_o * UI + ui), giving UI x UJ
 stores whose reductions share their reduce ranges. Renderers compute reductions over the same
 ranges in one loop nest, so each loaded operand is reused UJ (or UI) times from registers and
-the UJ contiguous loads and accumulators vectorise. The blocked output axis `j` becomes the
-outermost loop, so a thread's slice of it keeps its panel of the other operand in cache.
+the UJ contiguous loads and accumulators vectorise. The column blocks (panels) are grouped: the
+group index is the outermost loop (threads split it) and a group's panels the innermost, inside
+the row blocks, so a group's panels of the other operand (packed contiguous by packing.py when
+large) stay in L2 while every row block uses them, and each row block is fetched once per group.
 
 Rows are blocked whatever their count: a static count that some UI divides is cut exactly;
 any other count (symbolic, like a batch var, or static and indivisible) runs ceil(rows / UI)
@@ -21,6 +23,8 @@ from ..uop import Ops, UOp, dtypes, simplify
 
 UPCAST_J = (32, 16, 8)   # contiguous output columns per block, largest that divides the axis first
 UPCAST_I = (8, 4, 2)     # rows per block
+PANEL_GROUP_BYTES = 1 << 20  # column panels a group of blocks keeps in (L2) cache while every row block uses them
+MIN_PANEL_GROUPS = 4         # groups to split over threads, at least
 
 
 def const_end(r: UOp) -> int | None:
@@ -47,6 +51,12 @@ def _row_block(end: UOp) -> tuple[int, bool]:
     return clamped, clamped > 1
 
 
+def _panel_group(panels: int, panel_bytes: int) -> int:
+    """Column panels per group: the most that divide `panels`, fit PANEL_GROUP_BYTES and leave MIN_PANEL_GROUPS."""
+    most = min(PANEL_GROUP_BYTES // max(1, panel_bytes), panels // MIN_PANEL_GROUPS)
+    return next((g for g in range(most, 1, -1) if panels % g == 0), 1)
+
+
 def upcast_contraction(ast: UOp) -> UOp:
     """Register-block a kernel computing one float ADD reduction per output element; others are returned as is."""
     if ast.op is not Ops.SINK or len(ast.src) != 1:
@@ -69,7 +79,15 @@ def upcast_contraction(ast: UOp) -> UOp:
     if uj == 1:
         return ast
     axes = max(r.arg[0] for r in value.toposort() + store.toposort() if r.op is Ops.RANGE) + 1
-    j_outer = UOp(Ops.RANGE, dtypes.index, (UOp.const(const_end(j) // uj),), (-1, "loop"))
+    panels, reduce_size = const_end(j) // uj, 1
+    for r in value.src[1:]:
+        reduce_size *= max(1, int(r.src[0].vmax))
+    group = _panel_group(panels, uj * reduce_size * value.dtype.itemsize)
+    if group > 1:  # groups of panels outermost, each group's panels innermost: they stay in cache for all rows
+        j_outer = UOp(Ops.RANGE, dtypes.index, (UOp.const(panels // group),), (-1, "loop")) * group + \
+            UOp(Ops.RANGE, dtypes.index, (UOp.const(group),), (axes + 1, "loop"))
+    else:
+        j_outer = UOp(Ops.RANGE, dtypes.index, (UOp.const(panels),), (-1, "loop"))
     i_outer = UOp(Ops.RANGE, dtypes.index, (simplify((i.src[0] + (ui - 1)) // ui),), (axes, "loop")) \
         if ui > 1 else None
     cols = [j_outer * uj + b for b in range(uj)]
