@@ -30,7 +30,7 @@ def plan_memory(prepared, arrays) -> dict:
     """Bytes of a plan's buffers: all of them, and the intermediates (neither an input nor an output)."""
     plan = prepared.plan(*arrays)
     io = set(plan.inputs) | set(plan.outputs)
-    sizes = [b.memory.nbytes for b in plan.buffers]
+    sizes = [b.nbytes for b in plan.buffers]
     return {"plan_bytes": sum(sizes), "intermediate_bytes": sum(s for i, s in enumerate(sizes) if i not in io),
             "kernels": len(plan.kernels)}
 

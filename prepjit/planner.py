@@ -113,20 +113,36 @@ class _Hazards:
         return sorted(deps)
 
 
+def _bounds_text(sched) -> str:
+    names = {v.arg for spec in sched.buffers for d in spec.shape if isinstance(d, UOp) for v in d.variables()}
+    return ", ".join(f"{n} <= {hi}" for n, _, hi in sorted(names)) or "static shapes"
+
+
 def build_plan(traced: Traced, device) -> tuple[ExecutionPlan, dict[str, int]]:
     """An ExecutionPlan for a traced function, and how many of its kernels were compiled now
     ("compiles") or loaded from the disk cache ("disk_hits")."""
     sched = schedule(list(traced.outputs), list(traced.inputs), pack_contractions=device.language == "llvm")
     home = share_memory(sched)
+    io = set(sched.inputs) | set(sched.outputs)
     allocation_bytes = {}
     for b, h in enumerate(home):
-        allocation_bytes[h] = max(allocation_bytes.get(h, 1), nbytes(sched.buffers[b]))
-    allocations = {h: device.allocate(np.uint8, size) for h, size in allocation_bytes.items()}
+        if b not in io:
+            allocation_bytes[h] = max(allocation_bytes.get(h, 1), nbytes(sched.buffers[b]))
+    try:
+        allocations = {h: device.allocate(np.uint8, size) for h, size in allocation_bytes.items()}
+    except MemoryError as e:
+        raise MemoryError(f"the plan's intermediates need {sum(allocation_bytes.values())} bytes at the vars' "
+                          f"maxima ({_bounds_text(sched)}); narrow the var bounds ({e})") from None
     buffers = []
-    for spec, h in zip(sched.buffers, home):
-        memory = device.alias(allocations[h], spec.dtype.np, spec.max_size)
+    for b, (spec, h) in enumerate(zip(sched.buffers, home)):
         text = "(" + ", ".join(d.render() if isinstance(d, UOp) else str(d) for d in spec.shape) + ")"
-        buffers.append(PlanBuffer(memory, spec.dtype.np, compile_shape_fn(spec.shape), text))
+        dtype, shape_fn = spec.dtype.np, compile_shape_fn(spec.shape)
+        if b in io:
+            buffers.append(PlanBuffer(dtype, spec.max_size, shape_fn, text,
+                                      allocate=lambda dtype=dtype, size=spec.max_size: device.allocate(dtype, size)))
+        else:
+            buffers.append(PlanBuffer(dtype, spec.max_size, shape_fn, text,
+                                      memory=device.alias(allocations[h], dtype, spec.max_size)))
     kernels, counts, hazards = [], {"compiles": 0, "disk_hits": 0}, _Hazards()
     bounds: dict[str, tuple[int, int]] = {}
     fixed_names = set()
@@ -144,7 +160,7 @@ def build_plan(traced: Traced, device) -> tuple[ExecutionPlan, dict[str, int]]:
         kernels.append(PreparedKernel(
             id=i, ast=item.ast, kernel=kernel, device=device.name, buffer_indices=list(item.buffers),
             output_indices=[0], vals=vals, fixedvars=fixed, dependencies=deps,
-            buffer_ptrs=[buffers[b].memory.ptr for b in item.buffers], buffer_ids=[home[b] for b in item.buffers],
+            buffer_ptrs=[buffers[b].memory.ptr if buffers[b].allocated else 0 for b in item.buffers], buffer_ids=[home[b] for b in item.buffers],
             runtime_vars=runtime_vars))
     for spec in sched.buffers:
         for d in spec.shape:

@@ -262,7 +262,7 @@ class CPUDevice:
     def handle(self, buffer: HostBuffer) -> int:
         return buffer.ptr
 
-    def input_handle(self, arg, staging: HostBuffer) -> tuple[int, object]:
+    def input_handle(self, arg) -> tuple[int, object]:
         """(kernel handle, object to keep alive) for an argument; NumPy arrays are read in place."""
         data = arg.buffer if isinstance(arg, Array) and arg._device is self else np.asarray(arg)
         return data.ctypes.data, data

@@ -179,14 +179,16 @@ class OpenCLDevice:
         with self.pool_lock:
             return self.pool.allocate(max(nbytes, 1))
 
-    def input_handle(self, arg, staging: OpenCLBuffer) -> tuple[object, object]:
-        """(kernel argument, object to keep alive): this device's arrays pass as they are; NumPy is staged."""
+    def input_handle(self, arg) -> tuple[object, object]:
+        """(kernel argument, object to keep alive): this device's arrays pass as they are; NumPy is copied
+        into a pooled buffer of its own size (kept alive, with the array, until the call synchronises)."""
         if isinstance(arg, Array) and arg._device is self:
             return arg.buffer, arg
         data = np.ascontiguousarray(arg)
+        memory = self._pooled(data.nbytes)
         if data.nbytes:
-            self.cl.enqueue_copy(self.queue, staging.memory, data, is_blocking=False)
-        return staging.memory, data
+            self.cl.enqueue_copy(self.queue, memory, data, is_blocking=False)
+        return memory, (memory, data)
 
     def new_output(self, shape: tuple[int, ...], dtype: np.dtype) -> tuple[object, Array]:
         memory = self._pooled(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize)

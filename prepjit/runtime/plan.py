@@ -35,14 +35,34 @@ class PreparedKernel:
     runtime_vars: list[RuntimeVar]
 
 
-@attrs.frozen
 class PlanBuffer:
-    """What the plan knows of a buffer: its allocation and live shape (a function of the vars)."""
+    """What the plan knows of a buffer: dtype, planned size, live shape (a function of the vars), memory.
 
-    memory: object
-    dtype: np.dtype
-    shape_fn: object   # dict of var values -> live shape tuple
-    shape_text: str
+    An intermediate's memory exists from the start. An input's or output's memory is only the staging
+    area of `write_input` / `read_output` / `execute` (prepared calls bring their own arrays), so it is
+    allocated on first use: a plan whose var bounds are generous does not hold I/O buffers sized for them.
+    """
+
+    def __init__(self, dtype: np.dtype, size: int, shape_fn, shape_text: str, memory=None, allocate=None):
+        self.dtype, self.size, self.shape_fn, self.shape_text = np.dtype(dtype), size, shape_fn, shape_text
+        self._memory, self._allocate = memory, allocate
+        self._lock = threading.Lock()
+
+    @property
+    def nbytes(self) -> int:
+        return self.dtype.itemsize * self.size
+
+    @property
+    def allocated(self) -> bool:
+        return self._memory is not None
+
+    @property
+    def memory(self):
+        if self._memory is None:
+            with self._lock:
+                if self._memory is None:
+                    self._memory = self._allocate()
+        return self._memory
 
 
 class ExecutionPlan:
@@ -52,7 +72,7 @@ class ExecutionPlan:
                  inputs: tuple[int, ...], outputs: tuple[int, ...], var_bounds: dict[str, tuple[int, int]],
                  memory_bytes: int = 0):
         self._device, self._buffers, self.kernels = device, buffers, kernels
-        self.memory_bytes = memory_bytes  # peak device memory the plan holds (shared allocations counted once)
+        self.memory_bytes = memory_bytes  # device memory the plan holds for intermediates (shared ones counted once)
         self.device = device.name
         self.inputs, self.outputs = tuple(inputs), tuple(outputs)
         self.vars = dict(var_bounds)
@@ -81,8 +101,9 @@ class ExecutionPlan:
         kernel = pk.kernel
         runtime = [(i, n) for i, n in enumerate(kernel.var_names) if n not in pk.fixedvars]
         static_size = None if runtime else kernel.global_size_fn(pk.vals)[0]
-        launcher = self._device.launcher(kernel.program, [self._device.handle(self._buffers[b].memory)
-                                                          for b in pk.buffer_indices],
+        handles = [self._device.handle(self._buffers[b].memory) if self._buffers[b].allocated else None
+                   for b in pk.buffer_indices]  # unallocated I/O slots are patched before every run
+        launcher = self._device.launcher(kernel.program, handles,
                                          pk.vals, kernel.global_size_fn, static_size)
         launcher.pk, launcher.var_slots = pk, runtime
         return launcher
@@ -178,7 +199,7 @@ class ExecutionPlan:
             self._bind(values)
             handles, keep = {}, []
             for b, arg in zip(self.inputs, args):
-                handles[b], alive = device.input_handle(arg, self._buffers[b].memory)
+                handles[b], alive = device.input_handle(arg)
                 keep.append(alive)
             results = []
             for b, shape in zip(self._distinct_outputs, output_shapes):
@@ -219,7 +240,7 @@ class ExecutionPlan:
                          ",".join(f"{n}={v}" for n, v in k.fixedvars.items()) or "-"))
         widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
         lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
-        bufs = [f"  buf{i}: {b.dtype} {b.shape_text} ({b.memory.nbytes} bytes)" for i, b in enumerate(self._buffers)]
+        bufs = [f"  buf{i}: {b.dtype} {b.shape_text} ({b.nbytes} bytes)" for i, b in enumerate(self._buffers)]
         head = (f"ExecutionPlan on {self.device}: {len(self.kernels)} kernels, {len(self._buffers)} buffers "
                 f"in {self.memory_bytes} bytes, "
                 f"inputs {list(self.inputs)}, outputs {list(self.outputs)}, vars {self.vars}")
