@@ -91,9 +91,9 @@ class _Scheduler:
         if packed is not None:  # the packing kernel reads the contraction's inputs and writes slot 0
             pack_ast, ast, shape = packed
             self.buffers.append(BufferSpec(pack_ast.src[0].src[2].dtype, shape, _max_size(shape)))
-            self.kernels.append(ScheduledKernel(pack_ast, (len(self.buffers) - 1, *slots[1:])))
+            self.kernels.append(ScheduledKernel(*_drop_unused_slots(pack_ast, (len(self.buffers) - 1, *slots[1:]))))
             slots = (*slots, len(self.buffers) - 1)
-        self.kernels.append(ScheduledKernel(ast, slots))
+        self.kernels.append(ScheduledKernel(*_drop_unused_slots(ast, slots)))
         if (node.op is Ops.REDUCE_AXIS or node in self.materialized) and node not in env:
             env[node] = buf
 
@@ -124,6 +124,15 @@ class _Scheduler:
         final = bufs_b if (info.upper - info.lower) % 2 else bufs_a
         for j, c in enumerate(info.carries):
             env[UOp(Ops.LOOP_OUT, c.dtype, (loop,), j)] = final[j]
+
+
+def _drop_unused_slots(ast: UOp, buffers: tuple[int, ...]) -> tuple[UOp, tuple[int, ...]]:
+    """The kernel with its buffer slots renumbered to those it reads or writes, and those buffers."""
+    globals_ = [u for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL]
+    used = sorted({u.arg for u in globals_})
+    renumber = {old: new for new, old in enumerate(used)}
+    ast = ast.substitute({u: UOp(Ops.DEFINE_GLOBAL, u.dtype, (), renumber[u.arg]) for u in globals_})
+    return ast, tuple(buffers[i] for i in used)
 
 
 def _reduction_under_reshapes(node: UOp, env: dict) -> UOp | None:
