@@ -26,22 +26,15 @@ ARRAY_DATA_OFFSET = object.__basicsize__   # PyArrayObject's `data` follows PyOb
 
 REPLAY_FN = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.py_object)
 
+PROG_FIELDS = (("n_arrays", "i64"), ("table", "ptr"), ("masks", "ptr"), ("n_patches", "i64"),
+               ("patches", "ptr"), ("n_launches", "i64"), ("launches", "ptr"))  # the layout of `prog`
+_READ_PROG = "\n".join(f"  %{name}.p = getelementptr i64, ptr %prog, i64 {i}\n  %{name} = load {kind}, ptr %{name}.p"
+                       for i, (name, kind) in enumerate(PROG_FIELDS))
+
 REPLAY_IR = f"""
 define i64 @prepjit_replay(ptr %prog, ptr %arrays) nounwind {{
 entry:
-  %n_arrays = load i64, ptr %prog
-  %p1 = getelementptr i64, ptr %prog, i64 1
-  %table = load ptr, ptr %p1
-  %p2 = getelementptr i64, ptr %prog, i64 2
-  %masks = load ptr, ptr %p2
-  %p3 = getelementptr i64, ptr %prog, i64 3
-  %n_patches = load i64, ptr %p3
-  %p4 = getelementptr i64, ptr %prog, i64 4
-  %patches = load ptr, ptr %p4
-  %p5 = getelementptr i64, ptr %prog, i64 5
-  %n_launches = load i64, ptr %p5
-  %p6 = getelementptr i64, ptr %prog, i64 6
-  %launches = load ptr, ptr %p6
+{_READ_PROG}
   br label %arr.cond
 arr.cond:
   %i = phi i64 [0, %entry], [%i.next, %arr.store]

@@ -77,6 +77,7 @@ class ExecutionPlan:
         self.inputs, self.outputs = tuple(inputs), tuple(outputs)
         self.vars = dict(var_bounds)
         self.bindings: dict[str, int] = {}
+        self._fast_values: tuple | None = None  # the values run_arrays last bound
         self.lock = threading.Lock()
         self._launches = [self._launcher(k) for k in kernels]
         self._fixed = {name for k in kernels for name in k.fixedvars}
@@ -133,6 +134,7 @@ class ExecutionPlan:
         return checked
 
     def _bind(self, values: dict[str, int]):
+        self._fast_values = None  # run_arrays' record of what is bound is stale now
         self.bindings.update(values)
         for launch in self._launches:
             for slot, name in launch.var_slots:
@@ -223,7 +225,8 @@ class ExecutionPlan:
         with self.lock:
             if not self._runner.run(arrays, values):
                 return False
-            if values:
+            if values and values != self._fast_values:  # keep bindings and PreparedKernel.vals current
+                self._fast_values = values
                 self.bindings.update(zip(self.vars, values))
                 for vals, slot, j in self._val_refs:
                     vals[slot] = values[j]
