@@ -193,9 +193,13 @@ class CPUDevice:
         llvm.initialize_native_asmprinter()
         target = llvm.Target.from_default_triple()
         self.cpu_name, features = llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
-        # an MCJIT engine owns (and frees) the target machine it is given: each engine gets its own
+        # an MCJIT engine owns (and frees) the target machine it is given: each engine gets its own.
+        # The large code model addresses constants, other sections and external symbols with 64-bit
+        # absolute relocations, so no relocation can overflow wherever the JIT's memory manager puts a
+        # module's sections (in a crowded address space they land > 2 GB apart and the small model's
+        # 32-bit PC-relative fixups abort the process inside LLVM). It costs a few movabs per kernel.
         self.new_target_machine = lambda: target.create_target_machine(cpu=self.cpu_name, features=features, opt=3,
-                                                                       reloc="pic", codemodel="default")
+                                                                       reloc="pic", codemodel="large")
         self.target_machine = self.new_target_machine()
         version = ".".join(map(str, llvm.llvm_version_info))
         self.compiler_id = f"llvm-{version}-{self.cpu_name}-{hashlib.sha1(features.encode()).hexdigest()[:12]}"
