@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from ..uop import Ops, UOp, as_uop, dtypes, simplify, sint
+from ..uop import Ops, UOp, as_uop, dtypes, simplify, sint, sym_prod
 from ..uop.ops import ELEMENTWISE
 
 REALIZED = {Ops.INPUT, Ops.CARRY, Ops.REDUCE_AXIS, Ops.LOOP_OUT}
@@ -27,6 +27,54 @@ def linear_index(idx, shape) -> UOp:
     for i, st in zip(idx, strides_of(shape)):
         total = UOp(Ops.ADD, dtypes.index, (total, UOp(Ops.MUL, dtypes.index, (i, st))))
     return total
+
+
+def _same_size(a: sint, b: sint) -> bool:
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
+    d = simplify(as_uop(a) - b)
+    return d.op is Ops.CONST and d.arg == 0
+
+
+def _dim_groups(out_shape: tuple, src_shape: tuple) -> list[tuple[list[int], list[int]]]:
+    """Runs of non-unit output and source dims with equal products, from the right (the whole shapes
+    as one run where no shorter runs match)."""
+    outs = [k for k, d in enumerate(out_shape) if not (isinstance(d, int) and d == 1)]
+    srcs = [k for k, d in enumerate(src_shape) if not (isinstance(d, int) and d == 1)]
+    groups, o, s = [], len(outs), len(srcs)
+    while o > 0 and s > 0:
+        cut = None
+        for width in range(2, o + s + 1):  # the shortest pair of runs ending at (o, s) with equal products
+            for wo in range(max(1, width - s), min(o, width - 1) + 1):
+                ws = width - wo
+                if _same_size(sym_prod(out_shape[k] for k in outs[o - wo:o]),
+                              sym_prod(src_shape[k] for k in srcs[s - ws:s])):
+                    cut = (wo, ws)
+                    break
+            if cut:
+                break
+        if cut is None:
+            break
+        groups.append((outs[o - cut[0]:o], srcs[s - cut[1]:s]))
+        o, s = o - cut[0], s - cut[1]
+    if o or s:
+        groups.append((outs[:o], srcs[:s]))
+    return groups
+
+
+def reshape_index(idx: tuple, out_shape: tuple, src_shape: tuple) -> tuple:
+    """The source index of a reshape's output index `idx`: dims are matched in runs of equal size, so a
+    reshape that only adds or drops unit dims, or merges or splits some dims, divides only within a run."""
+    new = [UOp.const(0)] * len(src_shape)
+    for outs, srcs in _dim_groups(out_shape, src_shape):
+        if len(outs) == 1 and len(srcs) == 1:
+            new[srcs[0]] = idx[outs[0]]
+            continue
+        flat = linear_index([idx[k] for k in outs], [out_shape[k] for k in outs])
+        for n, (k, st) in enumerate(zip(srcs, strides_of([src_shape[k] for k in srcs]))):
+            x = flat if n == len(srcs) - 1 else UOp(Ops.IDIV, dtypes.index, (flat, st))
+            new[k] = simplify(x if n == 0 else UOp(Ops.MOD, dtypes.index, (x, as_uop(src_shape[k]))))
+    return tuple(new)
 
 
 class _Lowerer:
@@ -60,10 +108,7 @@ class _Lowerer:
             return UOp(op, node.dtype, tuple(self.build(s, idx, gate) for s in node.src), node.arg)
         src = node.src[0]
         if op is Ops.RESHAPE:
-            flat = linear_index(idx, node.shape)
-            new = tuple(simplify(UOp(Ops.MOD, dtypes.index, (UOp(Ops.IDIV, dtypes.index, (flat, st)), as_uop(d))))
-                        for st, d in zip(strides_of(src.shape), src.shape))
-            return self.build(src, new, gate)
+            return self.build(src, reshape_index(idx, node.shape, src.shape), gate)
         if op is Ops.PERMUTE:
             new = [None] * len(idx)
             for i, o in enumerate(node.arg):

@@ -73,3 +73,16 @@ def test_llvm_source_is_on_the_prepared_kernel():
     kernel = plan.kernels[0].kernel
     assert "define void @" + kernel.name in kernel.source
     assert kernel.var_names == ()
+
+
+def test_symbolic_reshapes_divide_only_within_matched_dims():
+    """Unit dims added or dropped on symbolic shapes (batched matmul) and a merge of (s, 16) map straight
+    through: no division by a var; splitting a merged dim divides by the split-off size only."""
+    q = np.ones((2, 3, 5, 16), np.float32)
+    ast, _ = kernel_of(lambda q, k: q @ k.transpose(0, 1, 3, 2), q, q,
+                       vars={"b": (1, 8), "s": (1, 64)}, shapes={"q": ("b", 3, "s", 16), "k": ("b", 3, "s", 16)})
+    assert all(not any(u.op in (Ops.IDIV, Ops.MOD) for u in ld.src[1].toposort()) for ld in loads(ast))
+    ast, _ = kernel_of(lambda x: x.reshape(x.shape[0], -1).reshape(x.shape[0], x.shape[1], 4, 4) * 2, q[0],
+                       vars={"s": (1, 64)}, shapes={"x": (3, "s", 16)})
+    (ld,) = loads(ast)
+    assert not any(u.op in (Ops.IDIV, Ops.MOD) for u in ld.src[1].toposort())
