@@ -6,14 +6,17 @@ import logging
 import os
 import sys
 import threading
+import time
 
 import attrs
 from .errors import VarError
 from .planner import build_plan
+from .profiler import log_timed_call
 from .replay import MISS, FastCalls
 from .runtime.devices import default_device, get_device
 from .runtime.plan import ExecutionPlan
 from .signature import CallInfo, Signature, explain_retrace
+from .stages import describe, stage, tally
 from .trace.pytree import TreeDef
 from .trace.tracer import Tracer
 from .trace.tracing import Traced, trace_call
@@ -22,13 +25,19 @@ from .uop.var import Var
 log = logging.getLogger("prepjit")
 
 
+LOG_MODES = set(os.environ.get("PREPJIT_LOG", "").replace(" ", "").split(",")) - {""}  # e.g. "compiles,profile"
+PROFILE_CALLS = "profile" in LOG_MODES  # every call runs kernel by kernel and logs its pj.Profile
+
+
 def _configure_logging():
-    mode = os.environ.get("PREPJIT_LOG", "")
-    if mode in ("compiles", "source") and not log.handlers:
+    if LOG_MODES & {"compiles", "source", "profile"} and not log.handlers:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("prepjit: %(message)s"))
         log.addHandler(handler)
-        log.setLevel(logging.DEBUG if mode == "source" else logging.INFO)
+        log.setLevel(logging.DEBUG if "source" in LOG_MODES else logging.INFO if "compiles" in LOG_MODES
+                     else logging.WARNING)
+        if PROFILE_CALLS:
+            logging.getLogger("prepjit.profile").setLevel(logging.INFO)
 
 
 _configure_logging()
@@ -119,7 +128,11 @@ class PreparedFunction:
             if entry is None:
                 reason = explain_retrace(self._closest(info), info.descriptions)
                 log.info("trace %s: %s", self.signature.fn_name, reason)
-                traced, (plan, kernel_counts) = _with_deep_stack(lambda: _trace_and_plan(self.fn, info, device))
+                start = time.perf_counter()
+                traced, (plan, kernel_counts), times = _with_deep_stack(lambda: _trace_and_plan(self.fn, info, device))
+                log.info("prepared %s in %s (%d kernels: %d compiled, %d loaded from disk)", self.signature.fn_name,
+                         describe(times, time.perf_counter() - start), len(plan.kernels),
+                         kernel_counts["compiles"], kernel_counts["disk_hits"])
                 self._stats["traces"] += 1
                 for name, count in kernel_counts.items():
                     self._stats[name] += count
@@ -158,7 +171,7 @@ class PreparedFunction:
 
     # ---- calling ----
     def __call__(self, *args, **kwargs):
-        if not kwargs:  # the fast path (replay.py): a known concrete call replays without re-reading it
+        if not kwargs and not PROFILE_CALLS:  # the fast path (replay.py): a known concrete call replays at once
             out = self._fast_calls(args, self.device_name or default_device())
             if out is not MISS:
                 self._stats["replays"] += 1
@@ -167,15 +180,21 @@ class PreparedFunction:
             return self.fn(*args, **kwargs)
         info = self.signature.read(args, kwargs)
         entry = self._entry(info)
+        if PROFILE_CALLS:
+            return log_timed_call(self, entry, info)
         if not kwargs:
             self._fast_calls.learn(args, self.device_name or default_device(), info, entry, self.device)
+        return self._run(entry, info)
+
+    def _run(self, entry: _Entry, info: CallInfo, timings: list | None = None):
+        """Replay `entry`'s plan on this call's arguments (kernel by kernel, timed, with `timings`: profiler.py)."""
         plan, values = entry.plan, info.var_values
         missing = [n for n in plan.vars if n not in values]
         if missing:
             raise VarError(f"vars {missing} are used by {self.signature.fn_name} but no argument gives their value; "
                            "add a parameter whose shape (in `shapes`) or value (a scalar var) carries them")
         distinct = plan.run_with_io({n: values[n] for n in plan.vars}, info.arrays,
-                                    [fn(values) for fn in entry.out_shape_fns])
+                                    [fn(values) for fn in entry.out_shape_fns], timings)
         self._stats["replays"] += 1
         results, it = [], iter(distinct)
         for dup, index in zip(entry.duplicate, entry.first_of):
@@ -189,8 +208,10 @@ def _has_tracer(args, kwargs) -> bool:
 
 
 def _trace_and_plan(fn, info: CallInfo, device):
-    traced = trace_call(fn, info.build_args, info.leaves)
-    return traced, build_plan(traced, device)
+    with tally() as times:
+        with stage("tracing"):
+            traced = trace_call(fn, info.build_args, info.leaves)
+        return traced, build_plan(traced, device), times
 
 
 def _with_deep_stack(work):

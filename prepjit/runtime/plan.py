@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import attrs
 import numpy as np
@@ -190,11 +191,13 @@ class ExecutionPlan:
         return self._device.read_buffer(self._buffers[b].memory, self.live_shape(b))
 
     # ---- replay with caller-owned I/O ----
-    def run_with_io(self, values: dict[str, int], args: list, output_shapes: list) -> list:
+    def run_with_io(self, values: dict[str, int], args: list, output_shapes: list, timings: list | None = None) -> list:
         """The prepared-call path: values already validated; returns one fresh pj.Array per distinct output.
 
         Inputs are handed to the device (the cpu reads NumPy arrays in place) and kernels write
         straight into newly allocated outputs, so no intermediate is allocated and nothing is copied.
+        With `timings` (the profiler's replay), kernels run one at a time, each waited for, and each
+        one's wall time in seconds is appended.
         """
         device = self._device
         with self.lock:
@@ -208,9 +211,20 @@ class ExecutionPlan:
                 handles[b], array = device.new_output(shape, self._buffers[b].dtype)
                 results.append(array)
             self._patch(handles)
-            self._run_launches()
+            if timings is None:
+                self._run_launches()
+            else:
+                self._run_timed(timings)
             device.synchronize()
         return results
+
+    def _run_timed(self, timings: list):
+        self._device.synchronize()  # inputs staged on the device are not part of the first kernel's time
+        for launch in self._launches:
+            start = time.perf_counter()
+            launch.run()
+            self._device.synchronize()
+            timings.append(time.perf_counter() - start)
 
     @property
     def replays_arrays(self) -> bool:
