@@ -1,5 +1,5 @@
-"""Where prepare time goes: a per-thread tally of named stages (tracing, scheduling and lowering, optimising,
-rendering, compiling, loading compiled code) that `PREPJIT_LOG=compiles` reports after each prepare."""
+"""Where prepare time goes: a per-thread tally of named stages (tracing, scheduling and lowering, optimisation,
+rendering, compilation, loading compiled code) that `PREPJIT_LOG=compiles` reports after each prepare."""
 from __future__ import annotations
 
 import threading
