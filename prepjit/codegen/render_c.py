@@ -1,0 +1,430 @@
+"""The C-style renderer family: a kernel AST -> one GPU kernel function in a C dialect (OpenCL C, CUDA C).
+
+The kernel's structure is decided here once for every dialect, so every change reaches every GPU
+renderer; a `Dialect` (render_opencl.py, render_cuda.py) only spells things: type names, literal
+suffixes, qualifiers, work-item ids, barriers, float16 storage and math function names.
+Parallelism: the loop ranges are flattened into one work-item index (the innermost range varies
+fastest, so neighbouring work-items touch neighbouring memory); the launch size is the product of
+the loop ends, an expression over the vars evaluated at replay. A kernel whose reduction may run
+long (more than GROUP_REDUCE_MIN iterations at the vars' maxima) gives each output a work-group of
+REDUCE_GROUP work-items that split the reduction and combine partials in local memory; it declares
+that size (OpenCL `reqd_work_group_size`, CUDA `__launch_bounds__`), and the runtime reads it off
+the compiled kernel.
+
+ABI: `kernel void name(T0 *buf0, ..., int64 v_<var>, ...)`, vars in `var_names` order. float16 is
+stored as 16-bit halves, computed in float and rounded to half after every op, like NumPy; bool is
+stored as one byte. Integer arithmetic wraps (computed in unsigned types), // and % floor like
+NumPy (x // 0 == x % 0 == 0), float -> int casts saturate with NaN -> 0, max/min propagate NaN.
+"""
+from __future__ import annotations
+
+import math
+import re
+from typing import Callable
+
+import attrs
+
+from ..uop import DType, Ops, UOp, dtypes, sym_prod
+from ..uop.uop import as_uop
+from .kernel import KernelSource, kernel_vars
+from .renderer import KernelRenderer
+
+REDUCE_GROUP = 128        # work-items per output in a grouped reduction (a power of two)
+GROUP_REDUCE_MIN = 256    # reductions of more iterations than this use a work-group per output
+
+_MATH = {Ops.EXP: "exp", Ops.EXP2: "exp2", Ops.LOG: "log", Ops.LOG2: "log2", Ops.SQRT: "sqrt", Ops.SIN: "sin",
+         Ops.COS: "cos", Ops.TANH: "tanh", Ops.ERF: "erf", Ops.FLOOR: "floor", Ops.CEIL: "ceil",
+         Ops.RINT: "rint", Ops.ABS: "fabs"}
+_PLAIN_INT = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.IDIV: "/", Ops.MOD: "%"}
+_INFIX = {Ops.CMPLT: "<", Ops.CMPEQ: "==", Ops.CMPNE: "!=", Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^"}
+# ops NumPy has only for integers / only for floats (the front end casts before them): others are refused
+INTEGER_ONLY = frozenset({Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.NOT, Ops.IDIV})
+FLOAT_ONLY = frozenset(set(_MATH) - {Ops.ABS} | {Ops.POW, Ops.FDIV})
+
+_FMAX = "{t} pj_{name}_{n}({t} a, {t} b) {{ return (a != a || b != b) ? a + b : {fn}(a, b); }}"
+_IDIV_SIGNED = """{t} pj_idiv_{n}({t} a, {t} b) {{
+  if (b == 0) return 0;
+  if (b == -1) return ({t})(0 - ({u})a);
+  {t} q = a / b, r = a % b;
+  return (r != 0 && ((r ^ b) < 0)) ? q - 1 : q;
+}}"""
+_MOD_SIGNED = """{t} pj_mod_{n}({t} a, {t} b) {{
+  if (b == 0 || b == -1) return 0;
+  {t} r = a % b;
+  return (r != 0 && ((r ^ b) < 0)) ? r + b : r;
+}}"""
+_DIVMOD_UNSIGNED = "{t} pj_{name}_{n}({t} a, {t} b) {{ return b == 0 ? 0 : a {sym} b; }}"
+_FMOD = """{t} pj_mod_{n}({t} a, {t} b) {{
+  {t} r = {fn}(a, b);
+  return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}}"""
+_SATURATE = """{t} pj_sat_{n}_{fn}({f} x) {{
+  return x != x ? ({t})0 : x <= {lo} ? {tmin} : x >= {hi} ? {tmax} : ({t})x;
+}}"""
+
+
+@attrs.frozen
+class Dialect:
+    """How one C dialect spells what the C-style renderer emits."""
+
+    language: str
+    types: dict                    # DType -> the register type (float16 computes in float)
+    half_type: str                 # the element type of float16 buffers
+    long_suffix: str               # int64 literals
+    ulong_suffix: str              # unsigned literals
+    inf: Callable[[DType], str]    # +infinity of a float type (negated for -inf)
+    nan: Callable[[DType], str]
+    math: Callable[[str, DType], str]   # a C math function's name for a float type ("exp" -> "expf" in CUDA)
+    func: str                      # qualifier of helper functions
+    kernel_head: str               # format: {bounds}, {name}, {params}
+    bounds: str                    # format: {n}, the declared work-group size
+    always_bounded: bool           # whether every kernel declares its work-group size (CUDA) or grouped ones only
+    elementwise_group: int         # the declared size of a kernel that is not grouped (when always_bounded)
+    global_ptr: str                # format: {const}, {type}, {name}
+    global_id: str
+    group_id: str
+    local_id: str
+    barrier: str
+    local_array: str               # format: {type}, {name}, {n}
+    load_half: str                 # format: {ptr}, {idx}
+    store_half: str                # format: {ptr}, {idx}, {v}
+    round_half_helper: str         # defines `float pj_round_half(float)` (and what it needs)
+    preamble: Callable[[UOp], list[str]]   # lines before everything (extension pragmas)
+
+    def ctype(self, dt: DType) -> str:
+        return self.types[dt]
+
+    def mem_type(self, dt: DType) -> str:
+        """The element type of a `dt` buffer."""
+        return self.half_type if dt == dtypes.float16 else self.types[dtypes.uint8] if dt == dtypes.bool \
+            else self.types[dt]
+
+    def literal(self, value, dt: DType) -> str:
+        if dt == dtypes.bool:
+            return "true" if value else "false"
+        if dt.is_float:
+            value = float(dt.np.type(value)) if dt != dtypes.float64 else float(value)
+            if math.isnan(value):
+                return self.nan(dt)
+            if math.isinf(value):
+                return f"(-{self.inf(dt)})" if value < 0 else self.inf(dt)
+            return f"{value.hex()}{'' if dt == dtypes.float64 else 'f'}"
+        value = int(value)
+        if dt == dtypes.int64:
+            return f"(-9223372036854775807{self.long_suffix} - 1)" if value == -2**63 else f"{value}{self.long_suffix}"
+        if dt == dtypes.int32 and value > -2**31:
+            return str(value)
+        return f"(({self.ctype(dt)}){value}{self.ulong_suffix if dt.is_unsigned else self.long_suffix})"
+
+
+def _wide_unsigned(dt: DType) -> DType:
+    """The unsigned type integer arithmetic wraps in (no signed overflow, no promotion to int)."""
+    return dtypes.uint64 if dt.itemsize == 8 else dtypes.uint32
+
+
+def _identity(op: Ops, dt: DType):
+    if op is Ops.ADD or op is Ops.OR:
+        return 0
+    if op is Ops.MUL or op is Ops.AND:
+        return 1
+    return dt.min() if op is Ops.MAX else dt.max()
+
+
+def _c_name(name: str) -> str:
+    return "v_" + re.sub(r"\W", "_", name)
+
+
+def _loop_ranges(ast: UOp) -> list[UOp]:
+    return sorted({u for u in ast.toposort() if u.op is Ops.RANGE and u.arg[1] == "loop"}, key=lambda r: r.arg[0])
+
+
+def _range_name(r: UOp) -> str:
+    return f"r{r.arg[0]}" if r.arg[1] == "loop" else f"rr{r.arg[0]}"
+
+
+def uses_grouped_reduce(ast: UOp) -> bool:
+    """Whether a reduction of this kernel may run long enough to split it over a work-group."""
+    return any(math.prod(r.src[0].vmax for r in u.src[1:]) > GROUP_REDUCE_MIN
+               for u in ast.toposort() if u.op is Ops.REDUCE)
+
+
+class CStyleRenderer(KernelRenderer):
+    def __init__(self, ast: UOp, dialect: Dialect):
+        super().__init__(ast)
+        self.d = dialect
+        self.lines: list[str] = []
+        self.locals: list[str] = []
+        self.helpers: dict[str, str] = {}
+        self.index_memo: dict[UOp, bool] = {}
+        self.depth = 1
+        self.n = 0
+        self.vars = [v.arg[0] for v in kernel_vars(ast)]
+        self.grouped = uses_grouped_reduce(ast)
+        self.long = dialect.ctype(dtypes.int64)
+
+    def emit(self, line: str):
+        self.lines.append("  " * self.depth + line)
+
+    def let(self, dt: DType, expr: str, prefix="t") -> str:
+        self.n += 1
+        name = f"{prefix}{self.n}"
+        self.emit(f"{self.d.ctype(dt)} {name} = {expr};")
+        return name
+
+    def helper(self, name: str, text: str) -> str:
+        self.helpers.setdefault(name, self.d.func + text)
+        return name
+
+    # ---- values (the shared parts are in KernelRenderer) ----
+    def literal(self, value, dt: DType) -> str:
+        return self.d.literal(value, dt)
+
+    var_name = staticmethod(_c_name)
+
+    def round_half(self, v: str) -> str:
+        self.helpers.setdefault("pj_round_half", self.d.round_half_helper)
+        return self.let(dtypes.float16, f"pj_round_half({v})")
+
+    def alu_node(self, u: UOp, srcs: list[str]) -> str:
+        if u.dtype.is_int and u.op in _PLAIN_INT and self.is_exact(u):  # index math: C's operators are NumPy's here
+            return self.let(u.dtype, f"{srcs[0]} {_PLAIN_INT[u.op]} {srcs[1]}")
+        return super().alu_node(u, srcs)
+
+    def is_exact(self, u: UOp) -> bool:
+        """Index math (no loaded data: bounds stay small) that cannot overflow, and for // and %,
+        a non-negative dividend and a positive divisor."""
+        if not self.is_index(u):
+            return False
+        if u.op in (Ops.IDIV, Ops.MOD):
+            return u.src[0].vmin >= 0 and u.src[1].vmin > 0
+        return u.dtype.min() <= u.vmin and u.vmax <= u.dtype.max() and u.dtype.itemsize >= 4
+
+    def is_index(self, u: UOp) -> bool:
+        if u not in self.index_memo:
+            self.index_memo[u] = u.op in (Ops.RANGE, Ops.DEFINE_VAR, Ops.CONST) or \
+                (u.op in _PLAIN_INT and all(self.is_index(x) for x in u.src))
+        return self.index_memo[u]
+
+    def alu(self, op: Ops, dt: DType, sdt: DType, s: list[str]) -> str:
+        t, fl = self.d.ctype(dt), sdt.is_float
+        if op in (INTEGER_ONLY if fl else FLOAT_ONLY):
+            raise NotImplementedError(f"{self.d.language} renderer: {op} on {sdt} (NumPy has it only for "
+                                      f"{'integers' if fl else 'floats'})")
+        if op is Ops.WHERE:
+            return self.let(dt, f"{s[0]} ? {s[1]} : {s[2]}")
+        if op in (Ops.ADD, Ops.SUB, Ops.MUL):
+            sym = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*"}[op]
+            if fl or dt == dtypes.bool:
+                return self.let(dt, f"{s[0]} {sym} {s[1]}")
+            u = self.d.ctype(_wide_unsigned(dt))
+            return self.let(dt, f"({t})(({u}){s[0]} {sym} ({u}){s[1]})")
+        if op is Ops.FDIV:
+            return self.let(dt, f"{s[0]} / {s[1]}")
+        if op in (Ops.IDIV, Ops.MOD):
+            return self.let(dt, f"{self.divmod_helper(op, sdt)}({s[0]}, {s[1]})")
+        if op in (Ops.MAX, Ops.MIN):
+            if sdt == dtypes.bool:
+                return self.let(dt, f"{s[0]} {'||' if op is Ops.MAX else '&&'} {s[1]}")
+            name = op.name.lower()
+            if fl:  # NaN-propagating, like np.maximum / np.minimum
+                fn = self.helper(f"pj_{name}_{sdt.name}", _FMAX.format(t=t, name=name, n=sdt.name,
+                                                                       fn=self.d.math(f"f{name}", sdt)))
+                return self.let(dt, f"{fn}({s[0]}, {s[1]})")
+            return self.let(dt, f"{s[0]} {'>' if op is Ops.MAX else '<'} {s[1]} ? {s[0]} : {s[1]}")
+        if op is Ops.POW:
+            return self.let(dt, f"{self.d.math('pow', sdt)}({s[0]}, {s[1]})")
+        if op in _INFIX:
+            return self.let(dt, f"{s[0]} {_INFIX[op]} {s[1]}")
+        if op in (Ops.SHL, Ops.SHR):
+            return self.shift(op, dt, s[0], s[1])
+        if op is Ops.NEG:
+            return self.let(dt, f"-{s[0]}" if fl else f"({t})(0 - ({self.d.ctype(_wide_unsigned(dt))}){s[0]})")
+        if op is Ops.NOT:
+            return self.let(dt, f"!{s[0]}" if dt == dtypes.bool else f"({t})~{s[0]}")
+        if op is Ops.ABS and not fl:  # abs(MIN) wraps to MIN, like NumPy
+            if sdt.kind != "i":
+                return s[0]
+            u = self.d.ctype(_wide_unsigned(dt))
+            return self.let(dt, f"{s[0]} < 0 ? ({t})(0 - ({u}){s[0]}) : {s[0]}")
+        if op is Ops.SIGN:
+            return self.sign(dt, s[0])
+        if op in _MATH:
+            return self.let(dt, f"{self.d.math(_MATH[op], sdt)}({s[0]})")
+        raise NotImplementedError(f"{self.d.language} renderer: {op} on {dt}")
+
+    def divmod_helper(self, op: Ops, dt: DType) -> str:
+        """NumPy floor division / modulo: x // 0 == x % 0 == 0, no trap on MIN // -1; float mod takes b's sign."""
+        t, name = self.d.ctype(dt), "idiv" if op is Ops.IDIV else "mod"
+        if dt.is_float:
+            text = _FMOD.format(t=t, n=dt.name, fn=self.d.math("fmod", dt))
+        elif dt.kind == "i":
+            text = (_IDIV_SIGNED if op is Ops.IDIV else _MOD_SIGNED).format(
+                t=t, n=dt.name, u=self.d.ctype(_wide_unsigned(dt)))
+        else:
+            text = _DIVMOD_UNSIGNED.format(t=t, n=dt.name, name=name, sym="/" if op is Ops.IDIV else "%")
+        return self.helper(f"pj_{name}_{dt.name}", text)
+
+    def shift(self, op: Ops, dt: DType, a: str, b: str) -> str:
+        t, bits = self.d.ctype(dt), dt.itemsize * 8
+        out_of_range = f"({self.d.ctype(_wide_unsigned(dt))}){b} >= {bits}"  # negative amounts count as huge
+        if op is Ops.SHL:
+            return self.let(dt, f"{out_of_range} ? ({t})0 : ({t})({a} << {b})")
+        fill = f"({t})({a} >> {bits - 1})" if dt.kind == "i" else f"({t})0"
+        return self.let(dt, f"{out_of_range} ? {fill} : ({t})({a} >> {b})")
+
+    def sign(self, dt: DType, x: str) -> str:
+        t = self.d.ctype(dt)
+        if dt == dtypes.bool:
+            return x
+        if dt.is_float:
+            return self.let(dt, f"{x} != {x} ? {x} : ({t})({x} > 0) - ({t})({x} < 0)")
+        if dt.kind == "u":
+            return self.let(dt, f"({t})({x} > 0)")
+        return self.let(dt, f"({t})(({x} > 0) - ({x} < 0))")
+
+    def cast(self, v: str, src: DType, dst: DType) -> str:
+        t = self.d.ctype(dst)
+        if dst == dtypes.bool:
+            return self.let(dst, f"{v} != 0")
+        if src.is_float and not dst.is_float:  # saturating, NaN -> 0 (like llvm.fpto*i.sat)
+            return self.let(dst, f"{self.saturate_helper(src, dst)}({v})")
+        if src.is_float and dst.is_float and self.d.ctype(src) == t:
+            return self.round_half(v) if dst == dtypes.float16 else v
+        if src.itemsize == dst.itemsize and src.is_int and dst.is_int and src.kind == dst.kind:
+            return v
+        out = self.let(dst, f"({t}){v}")
+        return self.round_half(out) if dst == dtypes.float16 else out
+
+    def saturate_helper(self, src: DType, dst: DType) -> str:
+        """float -> integer, truncating, clamped to the integer's range (the float bounds round outward)."""
+        f = dtypes.float64 if src == dtypes.float64 else dtypes.float32
+        lo, hi = float(f.np.type(dst.min())), float(f.np.type(dst.max()))
+        text = _SATURATE.format(t=self.d.ctype(dst), n=dst.name, fn=f.name, f=self.d.ctype(f),
+                                lo=self.d.literal(lo, f), hi=self.d.literal(hi, f),
+                                tmin=self.d.literal(dst.min(), dst), tmax=self.d.literal(dst.max(), dst))
+        return self.helper(f"pj_sat_{dst.name}_{f.name}", text)
+
+    # ---- memory ----
+    def load(self, u: UOp) -> str:
+        buf, idx = u.src[0], self.value(u.src[1])
+        gate = self.value(u.src[2]) if len(u.src) > 2 else None
+        if gate is not None:  # a gated-off load reads element 0 and yields 0
+            idx = self.let(dtypes.int64, f"{gate} ? {idx} : 0")
+        ptr = f"buf{buf.arg}"
+        if u.dtype == dtypes.float16:
+            raw = self.d.load_half.format(ptr=ptr, idx=idx)
+        elif u.dtype == dtypes.bool:
+            raw = f"{ptr}[{idx}] != 0"
+        else:
+            raw = f"{ptr}[{idx}]"
+        if gate is not None:
+            raw = f"{gate} ? {raw} : {self.d.literal(0, u.dtype)}"
+        return self.let(u.dtype, raw, "ld")
+
+    def store_line(self, u: UOp) -> str:
+        buf, idx, val = u.src
+        i, v = self.value(idx), self.value(val)
+        if val.dtype == dtypes.float16:
+            return self.d.store_half.format(v=v, idx=i, ptr=f"buf{buf.arg}") + ";"
+        cast = f"({self.d.ctype(dtypes.uint8)})" if val.dtype == dtypes.bool else ""
+        return f"buf{buf.arg}[{i}] = {cast}{v};"
+
+    # ---- loops and reductions ----
+    def open_block(self, header: str, bindings: dict):
+        self.emit(header + " {")
+        self.depth += 1
+        self.scopes.append(bindings)
+
+    def close_block(self):
+        self.scopes.pop()
+        self.depth -= 1
+        self.emit("}")
+
+    def combine(self, op: Ops, dt: DType, acc: str, v: str) -> str:
+        return self.alu(op, dt, dt, [acc, v])
+
+    def reduce(self, u: UOp) -> str:
+        dt, ranges = u.dtype, list(u.src[1:])
+        self.n += 1
+        acc = f"acc{self.n}"
+        self.emit(f"{self.d.ctype(dt)} {acc} = {self.d.literal(_identity(u.arg, dt), dt)};")
+        if self.grouped:  # work-item `lid` takes iterations lid, lid + REDUCE_GROUP, ...
+            count, flat = self.value(as_uop(sym_prod(r.src[0] for r in ranges))), f"f{self.n}"
+            self.open_block(f"for ({self.long} {flat} = lid; {flat} < {count}; {flat} += {REDUCE_GROUP})", {})
+            self.scopes[-1].update(self.unflatten(flat, ranges))
+        else:
+            for r in ranges:
+                name = _range_name(r)
+                self.open_block(f"for ({self.long} {name} = 0; {name} < {self.value(r.src[0])}; {name}++)", {r: name})
+        self.emit(f"{acc} = {self.combine(u.arg, dt, acc, self.value(u.src[0]))};")
+        for _ in (ranges if not self.grouped else ranges[:1]):
+            self.close_block()
+        if self.grouped:
+            acc = self.combine_group(u.arg, dt, acc)
+        return self.round_half(acc) if dt == dtypes.float16 else acc
+
+    def combine_group(self, op: Ops, dt: DType, acc: str) -> str:
+        """Tree-combine the work-group's partial accumulators in local memory; every work-item gets the result."""
+        part = f"part{self.n}"
+        self.locals.append(self.d.local_array.format(type=self.d.ctype(dt), name=part, n=REDUCE_GROUP) + ";")
+        self.emit(f"{part}[lid] = {acc};")
+        self.emit(self.d.barrier)
+        self.open_block(f"for (int s = {REDUCE_GROUP // 2}; s > 0; s >>= 1)", {})
+        self.open_block("if (lid < s)", {})
+        self.emit(f"{part}[lid] = {self.combine(op, dt, f'{part}[lid]', f'{part}[lid + s]')};")
+        self.close_block()
+        self.emit(self.d.barrier)
+        self.close_block()
+        return self.let(dt, f"{part}[0]", "red")
+
+    def unflatten(self, flat: str, ranges: list[UOp]) -> dict:
+        """Bind each range to its digit of a flat index (the last range varies fastest)."""
+        bindings, rest = {}, flat
+        for k, r in enumerate(reversed(ranges)):
+            name = _range_name(r)
+            if k == len(ranges) - 1:
+                self.emit(f"{self.long} {name} = {rest};")
+            else:
+                end = self.value(r.src[0])
+                self.emit(f"{self.long} {name} = {rest} % {end};")
+                self.emit(f"{self.long} q{name} = {rest} / {end};")
+                rest = f"q{name}"
+            bindings[r] = name
+        return bindings
+
+    # ---- the kernel ----
+    def group_size(self) -> int | None:
+        """The work-group size the kernel declares, or None when the runtime chooses one."""
+        return REDUCE_GROUP if self.grouped else self.d.elementwise_group if self.d.always_bounded else None
+
+    def kernel(self) -> tuple[str, UOp]:
+        store = self.ast.src[0]
+        ranges = _loop_ranges(self.ast)
+        outputs = as_uop(sym_prod(r.src[0] for r in ranges))
+        if self.grouped:  # one work-group per output: every work-item reaches the barriers
+            self.emit(f"const {self.long} gid = {self.d.group_id};")
+            self.emit(f"const int lid = {self.d.local_id};")
+        else:
+            self.emit(f"const {self.long} gid = {self.d.global_id};")
+            self.emit(f"if (gid >= {self.value(outputs)}) return;")
+        self.scopes[-1].update(self.unflatten("gid", ranges))
+        line = self.store_line(store)
+        self.emit(f"if (lid == 0) {line}" if self.grouped else line)
+        dtype_of = {u.arg: u.dtype for u in self.ast.toposort() if u.op is Ops.DEFINE_GLOBAL}
+        params = [self.d.global_ptr.format(const="" if i == 0 else "const ", type=self.d.mem_type(dt), name=f"buf{i}")
+                  for i, dt in sorted(dtype_of.items())]
+        params += [f"{self.long} {_c_name(v)}" for v in self.vars]
+        group = self.group_size()
+        bounds = self.d.bounds.format(n=group) if group else ""
+        head = self.d.kernel_head.format(bounds=bounds, name=self.ast.arg, params=", ".join(params))
+        text = "\n".join(self.d.preamble(self.ast) + list(self.helpers.values()) +
+                         [head + " {", *("  " + decl for decl in self.locals), *self.lines, "}"]) + "\n"
+        size = outputs * REDUCE_GROUP if self.grouped else outputs
+        return text, size
+
+
+def render_c(ast: UOp, dialect: Dialect) -> KernelSource:
+    r = CStyleRenderer(ast, dialect)
+    source, size = r.kernel()
+    group = r.group_size()
+    return KernelSource(ast.arg, source, dialect.language, tuple(r.vars), (size,), (group,) if group else ())

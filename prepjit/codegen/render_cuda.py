@@ -1,0 +1,60 @@
+"""The CUDA C dialect of the C-style renderer (render_c.py): a kernel AST -> one `extern "C" __global__`
+function, compiled with NVRTC by the cuda device.
+
+ABI: `__global__ void name(T0 *buf0, ..., long long v_<var>, ...)`. Every kernel declares its block size
+with `__launch_bounds__` (the runtime reads it back as the function's maximum threads per block).
+float16 is stored as 16-bit integers and converted with PTX `cvt` (no cuda_fp16.h needed); infinities
+and NaNs are spelled as bit patterns (NVRTC has no math.h macros).
+"""
+from __future__ import annotations
+
+from ..uop import DType, UOp, dtypes
+from .kernel import KernelSource
+from .render_c import Dialect, render_c
+
+ELEMENTWISE_GROUP = 256   # threads per block of kernels that are not grouped reductions
+
+_HALF = """__device__ __forceinline__ float pj_half_to_float(unsigned short h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}
+__device__ __forceinline__ unsigned short pj_float_to_half(float f) {
+  unsigned short h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}"""
+_ROUND_HALF = "__device__ __forceinline__ float pj_round_half(float x) { return pj_half_to_float(pj_float_to_half(x)); }"
+
+
+def _bits(dt: DType, single: str, double: str) -> str:
+    return f"__longlong_as_double({double}LL)" if dt == dtypes.float64 else f"__int_as_float({single})"
+
+
+CUDA = Dialect(
+    language="cuda",
+    types={dtypes.bool: "bool", dtypes.int8: "signed char", dtypes.int16: "short", dtypes.int32: "int",
+           dtypes.int64: "long long", dtypes.uint8: "unsigned char", dtypes.uint16: "unsigned short",
+           dtypes.uint32: "unsigned int", dtypes.uint64: "unsigned long long", dtypes.float16: "float",
+           dtypes.float32: "float", dtypes.float64: "double"},
+    half_type="unsigned short", long_suffix="LL", ulong_suffix="ULL",
+    inf=lambda dt: _bits(dt, "0x7f800000", "0x7ff0000000000000"),
+    nan=lambda dt: _bits(dt, "0x7fc00000", "0x7ff8000000000000"),
+    math=lambda name, dt: name if dt == dtypes.float64 else name + "f",
+    func="__device__ ",
+    kernel_head='extern "C" __global__ void {bounds}{name}({params})',
+    bounds="__launch_bounds__({n}) ",
+    always_bounded=True, elementwise_group=ELEMENTWISE_GROUP,
+    global_ptr="{const}{type} *__restrict__ {name}",
+    global_id="(long long)blockIdx.x * blockDim.x + threadIdx.x", group_id="(long long)blockIdx.x",
+    local_id="(int)threadIdx.x",
+    barrier="__syncthreads();",
+    local_array="__shared__ {type} {name}[{n}]",
+    load_half="pj_half_to_float({ptr}[{idx}])", store_half="{ptr}[{idx}] = pj_float_to_half({v})",
+    round_half_helper=_ROUND_HALF,
+    preamble=lambda ast: [_HALF] if any(u.dtype == dtypes.float16 for u in ast.toposort()) else [],
+)
+
+
+def render_cuda(ast: UOp) -> KernelSource:
+    return render_c(ast, CUDA)
