@@ -14,6 +14,7 @@ from .codegen.schedule import schedule
 from .errors import CompileError
 from .runtime import disk_cache
 from .runtime.cache import CachedKernel, kernel_cache
+from .runtime.compile_pool import run_now
 from .runtime.plan import ExecutionPlan, PlanBuffer, PreparedKernel, RuntimeVar
 from .stages import stage
 from .trace.tracing import Traced
@@ -37,62 +38,98 @@ def compile_positional_fn(exprs: tuple[UOp, ...], var_names: tuple[str, ...]):
     return eval(f"lambda v: ({body},)")
 
 
-def get_kernel(ast: UOp, device) -> tuple[CachedKernel, str]:
-    """The compiled kernel for `ast` on `device`, and where it came from: "memory" (this process's kernel
-    cache), "disk" (a binary another process compiled; see runtime/disk_cache.py) or "compiled" (now)."""
-    origin = "memory"
+def get_kernels(asts: list[UOp], device) -> tuple[list[CachedKernel], dict[str, int]]:
+    """The compiled kernel of each AST on `device` (identical ASTs share one), and how many were compiled now
+    ("compiles") or loaded from the disk cache ("disk_hits"; see runtime/disk_cache.py); the rest came from
+    this process's kernel cache. Misses are optimised and rendered here, in order, while the earlier ones
+    compile, in worker processes when the device has them (`compile_parallel`). Nothing is optimised or
+    compiled twice, even by threads preparing at once: a kernel another thread is building is waited for."""
+    futures, claims = {}, {}
+    for ast in dict.fromkeys(asts):
+        key = (ast, device.name, device.compiler_id)
+        futures[ast], mine = kernel_cache.claim(key)
+        if mine:
+            claims[ast] = key
+    counts = {"compiles": 0, "disk_hits": 0}
+    try:
+        for ast, kernel in _build(list(claims), device, counts):
+            key = claims.pop(ast)
+            kernel_cache.failed(key, kernel) if isinstance(kernel, Exception) else kernel_cache.done(key, kernel)
+    except BaseException as e:  # interrupted: what is left unbuilt is built again by a later prepare
+        for key in claims.values():
+            kernel_cache.failed(key, e)
+        raise
+    return [futures[ast].result() for ast in asts], counts
 
-    def build() -> CachedKernel:
-        nonlocal origin
+
+def _build(asts: list[UOp], device, counts: dict):
+    """(ast, its kernel or the exception that stopped it) for each AST: from the disk cache, else compiled."""
+    misses = []
+    for ast in asts:
         key = disk_cache.kernel_key(ast, device.name, device.compiler_id)
-        entry = disk_cache.read(key) if key else None
-        kernel = _load_entry(entry, device) if entry is not None else None
-        origin = "disk" if kernel is not None else "compiled"
+        kernel = _load_entry(key, device) if key else None
         if kernel is None:
-            entry = _compile_entry(ast, device)
-            kernel = _kernel_from_entry(entry, device)
-            if key:
-                disk_cache.write(key, entry)
+            misses.append((ast, key))
+        else:
+            counts["disk_hits"] += 1
+            yield ast, kernel
+    parallel = getattr(device, "compile_parallel", None)
+    submit = parallel(len(misses)) if parallel else lambda name, source: run_now(device.compile, name, source)
+    jobs = []
+    for ast, key in misses:  # the workers compile earlier kernels while later ones are optimised and rendered
+        try:
+            with stage("optimisation"):
+                optimized = optimize(ast, device.language)
+            with stage("rendering"):
+                src = RENDERERS[device.language](optimized)
+        except Exception as e:
+            yield ast, e
+            continue
+        jobs.append((ast, key, src, submit(src.name, src.source)))
+    for ast, key, src, job in jobs:
+        try:
+            with stage("compilation"):
+                binary = job.result()
+        except CompileError as e:
+            yield ast, e
+            continue
+        except Exception as e:  # a renderer or driver bug must still say which kernel and show its source
+            error = CompileError(f"{device.name} failed to compile {src.name}: {e}\n--- source ---\n{src.source}")
+            error.__cause__ = e
+            yield ast, error
+            continue
+        log.info("compile %s on %s in %.1f ms", src.name, device.name, 1e3 * job.seconds)
+        fields = {"name": src.name, "source": src.source, "var_names": src.var_names,
+                  "global_size": src.global_size, "local_size": src.local_size}
+        try:
+            kernel = _kernel_from_entry(fields, binary, device)
+        except Exception as e:
+            yield ast, e
+            continue
+        if key:
+            disk_cache.write(key, fields, binary)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("source of %s:\n%s\nast:\n%s", kernel.name, kernel.source, format_graph(ast))
-        return kernel
-    kernel, _ = kernel_cache.get_or_build((ast, device.name, device.compiler_id), build)
-    return kernel, origin
+        counts["compiles"] += 1
+        yield ast, kernel
 
 
-def _compile_entry(ast: UOp, device) -> dict:
-    """Render and compile `ast`: everything a CachedKernel is rebuilt from, the device binary included."""
-    with stage("optimisation"):
-        optimized = optimize(ast, device.language)
-    with stage("rendering"):
-        src = RENDERERS[device.language](optimized)
-    start = time.perf_counter()
-    try:
-        with stage("compilation"):
-            binary = device.compile(src.name, src.source)
-    except CompileError:
-        raise
-    except Exception as e:  # a renderer or driver bug must still say which kernel and show its source
-        raise CompileError(f"{device.name} failed to compile {src.name}: {e}\n--- source ---\n{src.source}") from e
-    log.info("compile %s on %s in %.1f ms", src.name, device.name, 1e3 * (time.perf_counter() - start))
-    return {"name": src.name, "source": src.source, "var_names": src.var_names, "global_size": src.global_size,
-            "local_size": src.local_size, "binary": binary}
-
-
-def _kernel_from_entry(entry: dict, device) -> CachedKernel:
+def _kernel_from_entry(fields: dict, binary: bytes, device) -> CachedKernel:
     with stage("loading"):
-        program = device.load(entry["name"], entry["binary"])
-    return CachedKernel(entry["name"], entry["source"], entry["var_names"], entry["global_size"],
-                        entry["local_size"], program,
-                        compile_positional_fn(entry["global_size"], entry["var_names"]))
+        program = device.load(fields["name"], binary)
+    return CachedKernel(**fields, program=program,
+                        global_size_fn=compile_positional_fn(fields["global_size"], fields["var_names"]))
 
 
-def _load_entry(entry: dict, device) -> CachedKernel | None:
-    """A disk cache entry as a kernel, or None (logged) when it does not load: the caller compiles instead."""
+def _load_entry(key: str, device) -> CachedKernel | None:
+    """The disk cache's kernel under `key`, or None (logged when the entry is unusable): the caller compiles."""
     start = time.perf_counter()
+    entry = disk_cache.read(key)
+    if entry is None:
+        return None
     try:
-        kernel = _kernel_from_entry(entry, device)
-    except Exception as e:  # an unusable entry is rebuilt, whatever the reason
+        kernel = _kernel_from_entry(*entry, device)
+    except Exception as e:  # an unusable entry is rebuilt (and replaced), whatever the reason
         log.info("a disk cache entry on %s is unusable (%s: %s); compiling it again", device.name, type(e).__name__, e)
         return None
     log.info("load %s on %s from the disk cache in %.1f ms", kernel.name, device.name,
@@ -151,13 +188,11 @@ def build_plan(traced: Traced, device) -> tuple[ExecutionPlan, dict[str, int]]:
         else:
             buffers.append(PlanBuffer(dtype, spec.max_size, shape_fn, text,
                                       memory=device.alias(allocations[h], dtype, spec.max_size)))
-    kernels, counts, hazards = [], {"compiles": 0, "disk_hits": 0}, _Hazards()
+    compiled, counts = get_kernels([item.ast for item in sched.kernels], device)
+    kernels, hazards = [], _Hazards()
     bounds: dict[str, tuple[int, int]] = {}
     fixed_names = set()
-    for i, item in enumerate(sched.kernels):
-        kernel, origin = get_kernel(item.ast, device)
-        counts["compiles"] += origin == "compiled"
-        counts["disk_hits"] += origin == "disk"
+    for i, (item, kernel) in enumerate(zip(sched.kernels, compiled)):
         fixed = dict(item.fixedvars)
         fixed_names |= set(fixed)
         runtime_vars = [RuntimeVar(v.arg[0], v.arg[1], v.arg[2]) for v in item.ast.variables()]

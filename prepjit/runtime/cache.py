@@ -1,7 +1,11 @@
-"""The kernel cache: one compiled kernel per (AST, device, compiler identity) per process."""
+"""The kernel cache: one compiled kernel per (AST, device, compiler identity) per process.
+
+Each key holds a Future, so a kernel that one thread is building is waited for, never built twice.
+"""
 from __future__ import annotations
 
 import threading
+from concurrent.futures import Future
 from typing import Callable
 
 import attrs
@@ -21,28 +25,35 @@ class CachedKernel:
 
 
 class KernelCache:
-    """In-memory kernel cache; `get_or_build` compiles on a miss and reports whether it did."""
+    """In-memory kernel cache. `claim(key)` gives the key's Future and whether the caller must build it:
+    the builder then calls `done(key, kernel)` or `failed(key, error)` (a failure is not kept)."""
 
     def __init__(self):
         self.entries: dict = {}
         self.lock = threading.Lock()
         self.hits = self.misses = 0
 
-    def get_or_build(self, key, build: Callable[[], CachedKernel]) -> tuple[CachedKernel, bool]:
+    def claim(self, key) -> tuple[Future, bool]:
         with self.lock:
-            kernel = self.entries.get(key)
-            if kernel is not None:
+            future = self.entries.get(key)
+            if future is not None:
                 self.hits += 1
-                return kernel, False
-        kernel = build()
-        with self.lock:
-            kernel = self.entries.setdefault(key, kernel)
+                return future, False
+            self.entries[key] = future = Future()
             self.misses += 1
-        return kernel, True
+            return future, True
+
+    def done(self, key, kernel: CachedKernel):
+        self.entries[key].set_result(kernel)
+
+    def failed(self, key, error: BaseException):
+        with self.lock:
+            future = self.entries.pop(key)
+        future.set_exception(error)
 
     def clear(self):
         with self.lock:
-            self.entries.clear()
+            self.entries = {k: f for k, f in self.entries.items() if not f.done()}  # builds in flight stay claimed
 
 
 kernel_cache = KernelCache()

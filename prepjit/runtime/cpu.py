@@ -1,5 +1,6 @@
 """The cpu device: LLVM IR compiled by llvmlite for the host CPU, launched through ctypes.
 
+A plan's kernels compile in worker processes when there are several (compile_pool.py).
 Kernels with enough work split their outermost range over a small thread pool (ctypes calls
 release the GIL); a plan's small kernels run back to back in one native call (cpu_replay.py).
 """
@@ -15,10 +16,12 @@ import numpy as np
 
 from ..errors import CompileError
 from ..uop import Ops
+from . import compile_pool
 from .array import Array
 from .buffer import HostBuffer
 from .cpu_replay import INT64_MAX, REPLAY_FN, REPLAY_IR, NativeProgram, layout_self_test
 from .host_pool import empty
+from .llvm_compile import compile_object, target_machine
 
 KERNEL_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
 
@@ -191,15 +194,16 @@ class CPUDevice:
         self.llvm = llvm
         llvm.initialize_native_target()
         llvm.initialize_native_asmprinter()
-        target = llvm.Target.from_default_triple()
         self.cpu_name, features = llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
-        # an MCJIT engine owns (and frees) the target machine it is given: each engine gets its own.
+        # The target machine, as data so compile workers build the same one (llvm_compile.py).
         # The large code model addresses constants, other sections and external symbols with 64-bit
         # absolute relocations, so no relocation can overflow wherever the JIT's memory manager puts a
         # module's sections (in a crowded address space they land > 2 GB apart and the small model's
         # 32-bit PC-relative fixups abort the process inside LLVM). It costs a few movabs per kernel.
-        self.new_target_machine = lambda: target.create_target_machine(cpu=self.cpu_name, features=features, opt=3,
-                                                                       reloc="pic", codemodel="large")
+        self.target_options = {"triple": llvm.get_default_triple(), "cpu": self.cpu_name, "features": features,
+                               "opt": 3, "reloc": "pic", "codemodel": "large"}
+        # an MCJIT engine owns (and frees) the target machine it is given: each engine gets its own
+        self.new_target_machine = lambda: target_machine(llvm, self.target_options)
         self.target_machine = self.new_target_machine()
         version = ".".join(map(str, llvm.llvm_version_info))
         self.compiler_id = f"llvm-{version}-{self.cpu_name}-{hashlib.sha1(features.encode()).hexdigest()[:12]}"
@@ -213,22 +217,22 @@ class CPUDevice:
 
     # ---- compiling and launching ----
     def compile(self, name: str, source: str) -> bytes:
-        """LLVM IR -> optimised object code for this CPU (the expensive step; `load` makes it callable)."""
-        llvm = self.llvm
+        """LLVM IR -> optimised object code for this CPU, in this process (the expensive step; `load` makes it
+        callable)."""
         with self.lock:
             try:
-                module = llvm.parse_assembly(source)
-                module.triple = self.target_machine.triple
-                module.data_layout = str(self.target_machine.target_data)
-                module.verify()
-                options = llvm.create_pipeline_tuning_options(speed_level=3)
-                options.loop_vectorization = True
-                options.slp_vectorization = True
-                builder = llvm.create_pass_builder(self.target_machine, options)
-                builder.getModulePassManager().run(module, builder)
-                return bytes(self.target_machine.emit_object(module))
+                return compile_object(self.llvm, self.target_machine, source)
             except RuntimeError as e:
-                raise CompileError(f"LLVM failed to compile kernel {name}: {e}\n--- source ---\n{source}") from e
+                raise compile_pool.compile_error(name, source, str(e)) from e
+
+    def compile_parallel(self, count: int):
+        """submit(name, source) -> Future of `compile`'s bytes, for a batch of `count` kernels: compile worker
+        processes when the batch is large enough and several cores are free, else this process."""
+        pool = compile_pool.shared_pool(self.target_options, thread_count(), self.compile) \
+            if count >= compile_pool.MIN_KERNELS else None
+        if pool is not None:
+            return pool.submit
+        return lambda name, source: compile_pool.run_now(self.compile, name, source)
 
     def load(self, name: str, binary: bytes) -> CPUProgram:
         """Object code from `compile` (this process's or the disk cache's) -> kernel `name` in its own JIT engine."""

@@ -1,39 +1,48 @@
-"""The disk cache: compiled kernels kept across processes under PREPJIT_CACHE_DIR.
+"""The disk cache: compiled kernels kept across processes under PREPJIT_CACHE_DIR (`kernels/` in it).
 
-An entry is one file named by a stable key: the sha256 of a canonical text dump of the kernel AST
-(op, dtype, arg and sources by position; never `id`/`hash`, which differ per process), the device
-name, its compiler identity and a fingerprint of prepjit's own source code (so an edited or
-upgraded prepjit never reuses a kernel an older code generator produced). Files are written to a
-temporary name in the same directory and renamed into place, so readers see a whole entry or none;
-a checksum over the key and the payload rejects truncated, corrupt or misplaced files. Every failure (unreadable, corrupt, read-only or
-missing directory) reads as a miss or a skipped write, never an error.
-`PREPJIT_CACHE=0` turns reads and writes off. Entries are pickles: the cache directory must be as
-trusted as the rest of the user's ~/.cache (pyopencl's and numba's caches make the same assumption).
+An entry is one file named by a stable key: the sha256 of the kernel AST before optimisation (in the
+canonical data form of uop/serial.py, never `id`/`hash`, which differ per process), the device name,
+its compiler identity and a fingerprint of prepjit's own source code (so an edited or upgraded
+prepjit never reuses a kernel an older code generator produced). A hit therefore skips optimising,
+rendering and compiling. Entries are data files (datafile.py: JSON metadata, the binary, a checksum
+bound to the key), never pickles.
+
+The cache is a trust boundary, since it holds native code that will run: a directory that is not
+owned by this user or is writable by group or others is refused (warned once; prepare then runs
+without the disk cache); directories are created 0700 and entries 0600; only regular files of
+this user up to MAX_ENTRY_BYTES are read (a symlink, FIFO or device is a miss, read without
+blocking). Entries are written to a temporary name and renamed into place, so readers see a
+whole entry or none. Every other failure (unreadable, corrupt, truncated, read-only or missing
+directory) is a miss or a skipped write; a rebuilt entry replaces the bad one.
+`PREPJIT_CACHE=0` turns reads and writes off.
 """
 from __future__ import annotations
 
-import enum
 import hashlib
+import json
 import os
 import pathlib
-import pickle
-import tempfile
+import stat
+import warnings
 
-from ..uop import UOp
-from ..uop.dtypes import DType
+from ..uop import UOp, serial
+from . import datafile
 
-MAGIC = b"prepjit-kernel-cache-v1\n"
-DIGEST_BYTES = 32
+KIND, VERSION = b"kernel", 1
+MAX_ENTRY_BYTES = 256 << 20
 PACKAGE_ROOT = pathlib.Path(__file__).resolve().parents[1]
+_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
+_HEX = frozenset("0123456789abcdef")
 _code_fingerprint: str | None = None
+_refused: set[str] = set()  # directories already warned about in this process
 
 
-def cache_dir() -> pathlib.Path | None:
-    """The directory entries live in, or None when PREPJIT_CACHE=0 (read on every use)."""
+def cache_root() -> pathlib.Path | None:
+    """PREPJIT_CACHE_DIR (default ~/.cache/prepjit), or None when PREPJIT_CACHE=0 (read on every use)."""
     if os.environ.get("PREPJIT_CACHE", "1") == "0":
         return None
     root = os.environ.get("PREPJIT_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "prepjit")
-    return pathlib.Path(root) / "kernels"
+    return pathlib.Path(root)
 
 
 def code_fingerprint() -> str:
@@ -47,89 +56,124 @@ def code_fingerprint() -> str:
     return _code_fingerprint
 
 
-class _Unsupported(Exception):
-    """An AST arg with no canonical text: the kernel is simply not cached on disk."""
-
-
-def _canonical_arg(arg) -> str:
-    if arg is None:
-        return "N"
-    if isinstance(arg, bool):
-        return "T" if arg else "F"
-    if isinstance(arg, int):
-        return f"i{arg}"
-    if isinstance(arg, float):
-        return f"f{arg.hex()}"  # exact, and tells -0.0 from 0.0
-    if isinstance(arg, str):
-        return "s" + repr(arg)
-    if isinstance(arg, enum.Enum):
-        return f"e{type(arg).__name__}.{arg.name}"
-    if isinstance(arg, DType):
-        return f"d{arg.name}"
-    if isinstance(arg, (tuple, list)):
-        return "(" + ",".join(_canonical_arg(a) for a in arg) + ")"
-    raise _Unsupported(type(arg).__name__)
-
-
-def canonical_dump(ast: UOp) -> str:
-    """One line per node in topological order: op, dtype, canonical arg, source positions."""
-    nodes = ast.toposort()
-    position = {n: i for i, n in enumerate(nodes)}
-    return "\n".join(f"{n.op.name} {n.dtype.name} {_canonical_arg(n.arg)} {[position[s] for s in n.src]}"
-                     for n in nodes)
-
-
 def kernel_key(ast: UOp, device_name: str, compiler_id: str) -> str | None:
-    """The stable key of a kernel on a device, or None when its AST cannot be dumped canonically."""
+    """The stable key of a kernel on a device, or None when its AST has no data form (it is then not cached)."""
     try:
-        dump = canonical_dump(ast)
-    except _Unsupported:
+        graph = json.dumps(serial.to_data((ast,)), separators=(",", ":"))
+    except ValueError:
         return None
-    text = "\n".join((MAGIC.decode().strip(), code_fingerprint(), device_name, compiler_id, dump))
+    text = "\n".join((f"prepjit-{KIND.decode()}-v{VERSION}", code_fingerprint(), device_name, compiler_id, graph))
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _checksum(key: str, payload: bytes) -> bytes:
-    return hashlib.sha256(key.encode() + b"\0" + payload).digest()
+def _private(fd: int, path) -> bool:
+    """Whether the open directory `fd` is this user's and writable by nobody else; warns (once) if not."""
+    info = os.fstat(fd)
+    if info.st_uid == os.geteuid() and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return True
+    if str(path) not in _refused:
+        _refused.add(str(path))
+        warnings.warn(f"prepjit: not using the disk cache in {path}: it is "
+                      f"{'not owned by this user' if info.st_uid != os.geteuid() else 'writable by group or others'} "
+                      f"(mode {stat.filemode(info.st_mode)}); compiled kernels are native code, so the cache must be "
+                      f"private: `chmod 700 {path}` or point PREPJIT_CACHE_DIR elsewhere", RuntimeWarning, stacklevel=2)
+    return False
 
 
-def read(key: str):
-    """The value stored under `key`, or None when there is none or it cannot be read back intact."""
-    directory = cache_dir()
-    if directory is None:
+def _open_entries() -> int | None:
+    """An fd of the private entries directory (made 0700 if missing), or None: cache off, unusable or refused."""
+    root = cache_root()
+    if root is None:
         return None
+    fds = []
     try:
-        data = (directory / key).read_bytes()
+        root.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.mkdir(root, 0o700)
+        except FileExistsError:
+            pass
+        fds.append(os.open(root, _DIR_FLAGS))
+        if not _private(fds[0], root):
+            return None
+        try:
+            os.mkdir("kernels", 0o700, dir_fd=fds[0])
+        except FileExistsError:
+            pass
+        fds.append(os.open("kernels", _DIR_FLAGS | getattr(os, "O_NOFOLLOW", 0), dir_fd=fds[0]))
+        if not _private(fds[1], root / "kernels"):
+            return None
+        return fds.pop()
     except OSError:
         return None
-    header = len(MAGIC) + DIGEST_BYTES
-    payload = data[header:]
-    if data[:len(MAGIC)] != MAGIC or data[len(MAGIC):header] != _checksum(key, payload):
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _valid(key: str) -> bool:
+    return len(key) == 64 and set(key) <= _HEX
+
+
+def _fields(meta: dict) -> dict:
+    """The kernel fields of an entry's metadata, checked; ValueError when they are not well formed."""
+    fields = {"name": meta.get("name"), "source": meta.get("source"), "var_names": meta.get("var_names"),
+              "global_size": serial.from_data(meta.get("global_size")), "local_size": meta.get("local_size")}
+    if not (isinstance(fields["name"], str) and isinstance(fields["source"], str)
+            and isinstance(fields["var_names"], list) and all(isinstance(n, str) for n in fields["var_names"])
+            and isinstance(fields["local_size"], list) and all(type(n) is int for n in fields["local_size"])):
+        raise ValueError("malformed kernel metadata")
+    fields["var_names"], fields["local_size"] = tuple(fields["var_names"]), tuple(fields["local_size"])
+    return fields
+
+
+def read(key: str) -> tuple[dict, bytes] | None:
+    """(kernel fields, binary) stored under `key`, or None when there is none or it cannot be read back intact.
+    The fields are CachedKernel's name, source, var_names, global_size (UOps) and local_size."""
+    if not _valid(key):
+        return None
+    fd = _open_entries()
+    if fd is None:
         return None
     try:
-        return pickle.loads(payload)
-    except Exception:  # a checksummed payload from an incompatible build: treat as a miss
+        meta, binary = datafile.unpack(datafile.read_regular(key, MAX_ENTRY_BYTES, dir_fd=fd), KIND, VERSION,
+                                       key.encode())
+        return _fields(meta), binary
+    except (OSError, MemoryError, ValueError, RecursionError):  # FormatError is a ValueError
         return None
+    finally:
+        os.close(fd)
 
 
-def write(key: str, value) -> bool:
-    """Store `value` under `key` atomically; False (and nothing written) when the cache is off or unwritable."""
-    directory = cache_dir()
-    if directory is None:
+def write(key: str, fields: dict, binary: bytes) -> bool:
+    """Store a kernel's fields (as `read` returns them) and binary under `key`, atomically; False (and nothing
+    written) when the cache is off, refused or unwritable, or a field has no data form."""
+    if not _valid(key):
         return False
-    payload = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-    temp = None
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        fd, temp = tempfile.mkstemp(dir=directory, prefix=f".{key[:16]}-", suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            f.write(MAGIC + _checksum(key, payload) + payload)
-        os.replace(temp, directory / key)
+        meta = {**fields, "global_size": serial.to_data(tuple(fields["global_size"]))}
+        data = datafile.pack(KIND, VERSION, meta, binary, key.encode())
+    except (ValueError, TypeError):
+        return False
+    fd = _open_entries()
+    if fd is None:
+        return False
+    temp = f".{key[:16]}-{os.urandom(8).hex()}.tmp"
+    try:
+        out = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+                      | getattr(os, "O_CLOEXEC", 0), 0o600, dir_fd=fd)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(out, view):]
+        finally:
+            os.close(out)
+        os.replace(temp, key, src_dir_fd=fd, dst_dir_fd=fd)
         return True
     except OSError:
-        if temp is not None:
-            try:
-                os.unlink(temp)
-            except OSError:
-                pass
+        try:
+            os.unlink(temp, dir_fd=fd)
+        except OSError:
+            pass
         return False
+    finally:
+        os.close(fd)

@@ -1,4 +1,7 @@
-"""The kernel cache: identical kernels compile once per process and are shared."""
+"""The kernel cache: identical kernels compile once per process and are shared, also between threads."""
+import threading
+import time
+
 import numpy as np
 
 import prepjit as pj
@@ -28,3 +31,37 @@ def test_kernels_shared_within_a_plan():
     assert len(plan.kernels) == 2
     assert plan.kernels[0].kernel is plan.kernels[1].kernel
     assert f.stats["compiles"] <= 1
+
+
+def test_threads_preparing_the_same_kernels_build_each_once(monkeypatch):
+    import prepjit.planner
+    optimized = []
+    optimize = prepjit.planner.optimize
+
+    def slow_optimize(ast, *args):  # holds the build open so that the other thread arrives during it
+        optimized.append(ast)
+        time.sleep(0.2)
+        return optimize(ast, *args)
+    monkeypatch.setattr(prepjit.planner, "optimize", slow_optimize)
+
+    def body(x):
+        return (x * 1.625).sum(axis=0) - 0.0625  # constants no other test uses
+
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    functions = [pj.prepare(body), pj.prepare(body)]
+    start = threading.Barrier(2)
+    results = [None, None]
+
+    def call(i):
+        start.wait()
+        results[i] = np.asarray(functions[i](x))
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for r in results:
+        np.testing.assert_allclose(r, (x * np.float32(1.625)).sum(0) - np.float32(0.0625), rtol=1e-6)
+    kernels = {k.kernel for f in functions for k in f.plan(x).kernels}
+    assert len(optimized) == len(set(optimized)) == len(kernels)
+    assert sum(f.stats["compiles"] for f in functions) == len(kernels)

@@ -1,10 +1,17 @@
-"""The disk cache: a second process loads compiled kernels instead of compiling them; entries are
-written atomically, survive corruption and concurrent writers, and PREPJIT_CACHE=0 turns it off."""
+"""The disk cache: a second process loads compiled kernels instead of optimising and compiling them; entries
+are data files written atomically, survive corruption and concurrent writers, and PREPJIT_CACHE=0 turns it
+off. It is a trust boundary: forged, FIFO, symlinked, oversized or foreign entries are never executed or
+waited on, and a directory others can write is refused with a warning."""
+import hashlib
 import json
 import os
+import pickle
 import shutil
+import stat
 import subprocess
 import sys
+import threading
+import warnings
 
 import numpy as np
 import pytest
@@ -14,12 +21,17 @@ from prepjit.runtime import disk_cache
 from prepjit.runtime.devices import get_device
 
 # prepares a function of a few kernels (matmul, reductions, a var-sized slice), runs it on two shapes and
-# prints its stats and its largest error against NumPy as JSON
+# prints its stats, how many kernels it optimised and its largest error against NumPy as JSON
 SCRIPT = """
 import json, sys
 import numpy as np
 import prepjit as pj
 import prepjit.numpy as pnp
+import prepjit.planner
+
+optimized = []
+optimize = prepjit.planner.optimize
+prepjit.planner.optimize = lambda ast, *a: optimized.append(ast) or optimize(ast, *a)
 
 @pj.prepare(vars={"n": (1, 64), "pos": (0, 15)}, shapes={"x": ("n", 16)}, device=sys.argv[1])
 def layer(x, w, pos):
@@ -36,7 +48,7 @@ for n, pos in [(3, 2), (40, 15)]:
     e = np.exp(h - h.max(1, keepdims=True))
     want = (e / e.sum(1, keepdims=True))[:, :pos + 1] * np.float32(1.75)
     error = max(error, float(np.abs(np.asarray(layer(x, w, pos)) - want).max()))
-print(json.dumps({"stats": layer.stats, "error": error, "package": pj.__file__}))
+print(json.dumps({"stats": layer.stats, "error": error, "package": pj.__file__, "optimized": len(optimized)}))
 """
 
 
@@ -81,8 +93,10 @@ def test_second_process_loads_every_kernel_from_disk(device, tmp_path, code):
     kernels = first["stats"]["compiles"]
     assert kernels >= 3 and first["stats"]["disk_hits"] == 0
     assert len(entries(tmp_path)) == kernels
+    assert first["optimized"] == kernels
     second = run(device, tmp_path, code)
     assert second["stats"]["compiles"] == 0 and second["stats"]["disk_hits"] == kernels
+    assert second["optimized"] == 0  # a hit skips optimisation and rendering, not only compiling
     assert sum("from the disk cache" in line for line in second["log"]) == kernels
     assert not any(line.startswith("prepjit: compile") for line in second["log"])
 
@@ -129,7 +143,7 @@ def test_unwritable_cache_dir_is_silently_skipped(monkeypatch, tmp_path):
     blocker.write_text("not a directory")
     monkeypatch.setenv("PREPJIT_CACHE_DIR", str(blocker / "cache"))
     monkeypatch.setenv("PREPJIT_CACHE", "1")
-    assert disk_cache.write("0" * 64, {"binary": b""}) is False
+    assert disk_cache.write("0" * 64, FIELDS, b"") is False
     assert disk_cache.read("0" * 64) is None
     f = pj.prepare(lambda x: x * 4.5 + 0.75)  # constants no other test uses: this process compiles the kernel
     np.testing.assert_array_equal(np.asarray(f(np.ones(3, np.float32))), np.full(3, 5.25, np.float32))
@@ -165,11 +179,134 @@ def test_key_tells_kernels_devices_and_compilers_apart():
     assert disk_cache.kernel_key(base, "cpu", compiler) == disk_cache.kernel_key(base, "cpu", compiler)
 
 
-@pytest.mark.parametrize("payload", [b"", b"prepjit", os.urandom(200)])
-def test_garbage_files_read_as_misses(monkeypatch, tmp_path, payload):
-    monkeypatch.setenv("PREPJIT_CACHE_DIR", str(tmp_path))
+FIELDS = {"name": "E_1", "source": "; ir", "var_names": ("n",), "global_size": (pj.Var("n", 1, 8).uop * 2,),
+          "local_size": ()}
+KEY = "ab" * 32
+
+
+@pytest.fixture
+def cache(monkeypatch, tmp_path):
+    """A private, empty cache directory for this test; yields its entries directory."""
+    monkeypatch.setenv("PREPJIT_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("PREPJIT_CACHE", "1")
-    assert disk_cache.write("k" * 64, {"answer": 42})
-    assert disk_cache.read("k" * 64) == {"answer": 42}
-    (tmp_path / "kernels" / ("k" * 64)).write_bytes(payload)
-    assert disk_cache.read("k" * 64) is None
+    return tmp_path / "cache" / "kernels"
+
+
+def test_entries_are_private_data_files(cache):
+    assert disk_cache.write(KEY, FIELDS, b"\x7fELF object code")
+    assert disk_cache.read(KEY) == (FIELDS, b"\x7fELF object code")
+    assert stat.S_IMODE(cache.stat().st_mode) == 0o700 and stat.S_IMODE(cache.parent.stat().st_mode) == 0o700
+    assert stat.S_IMODE((cache / KEY).stat().st_mode) == 0o600
+    data = (cache / KEY).read_bytes()
+    assert data.startswith(b"PREPJIT\0kernel") and b'"name":"E_1"' in data and b"pickle" not in data
+    assert disk_cache.read("../" + KEY[3:]) is None and not disk_cache.write("../" + KEY[3:], FIELDS, b"")
+
+
+@pytest.mark.parametrize("payload", [b"", b"prepjit", os.urandom(200)])
+def test_garbage_files_read_as_misses(cache, payload):
+    assert disk_cache.write(KEY, FIELDS, b"code")
+    assert disk_cache.read(KEY) is not None
+    (cache / KEY).write_bytes(payload)
+    assert disk_cache.read(KEY) is None
+
+
+def test_other_version_oversized_and_foreign_entries_are_misses(cache, monkeypatch):
+    assert disk_cache.write(KEY, FIELDS, b"code" * 100)
+    monkeypatch.setattr(disk_cache, "VERSION", disk_cache.VERSION + 1)
+    assert disk_cache.read(KEY) is None
+    monkeypatch.undo()
+    monkeypatch.setenv("PREPJIT_CACHE_DIR", str(cache.parent))
+    monkeypatch.setenv("PREPJIT_CACHE", "1")
+    assert disk_cache.read(KEY) is not None
+    monkeypatch.setattr(disk_cache, "MAX_ENTRY_BYTES", 100)
+    assert disk_cache.read(KEY) is None
+    monkeypatch.setattr(disk_cache, "MAX_ENTRY_BYTES", 1 << 20)
+    if os.geteuid() == 0:  # root can hand the entry to another user
+        os.chown(cache / KEY, 65534, 65534)
+        assert disk_cache.read(KEY) is None
+
+
+class Payload:
+    """Unpickling this runs a shell command, as a forged pickle entry would."""
+
+    def __init__(self, command):
+        self.command = command
+
+    def __reduce__(self):
+        return os.system, (self.command,)
+
+
+def test_forged_pickle_entries_are_never_executed(device, tmp_path, code):
+    run(device, tmp_path, code)
+    marker = tmp_path / "executed"
+    evil = pickle.dumps(Payload(f"touch {marker}"))
+    paths = entries(tmp_path)
+    for i, path in enumerate(paths):
+        key = path.name.encode()
+        old_format = b"prepjit-kernel-cache-v1\n" + hashlib.sha256(key + b"\0" + evil).digest() + evil
+        path.write_bytes([old_format, evil][i % 2])
+    rebuilt = run(device, tmp_path, code)
+    assert not marker.exists()
+    assert rebuilt["stats"]["compiles"] == len(paths) and rebuilt["stats"]["disk_hits"] == 0
+    assert all(p.read_bytes().startswith(b"PREPJIT\0kernel") for p in entries(tmp_path))
+    assert run(device, tmp_path, code)["stats"]["disk_hits"] == len(paths)
+
+
+def test_fifo_and_symlink_entries_are_skipped_without_blocking(device, tmp_path, code):
+    run(device, tmp_path, code)
+    paths = entries(tmp_path)
+    for i, path in enumerate(paths):
+        path.unlink()
+        if i % 2:
+            os.symlink("/dev/zero", path)
+        else:
+            os.mkfifo(path)
+    rebuilt = run(device, tmp_path, code)  # communicate() times out if a read blocks on the FIFO
+    assert rebuilt["stats"]["compiles"] == len(paths) and rebuilt["stats"]["disk_hits"] == 0
+    assert all(stat.S_ISREG(p.lstat().st_mode) for p in entries(tmp_path))  # each bad entry was replaced
+    assert run(device, tmp_path, code)["stats"]["disk_hits"] == len(paths)
+
+
+def test_fifo_read_returns_at_once(cache):
+    assert disk_cache.write(KEY, FIELDS, b"code")
+    (cache / KEY).unlink()
+    os.mkfifo(cache / KEY)
+    result = []
+    reader = threading.Thread(target=lambda: result.append(disk_cache.read(KEY)), daemon=True)
+    reader.start()
+    reader.join(10)
+    assert result == [None]
+
+
+def test_symlinked_entry_is_a_miss(cache, tmp_path):
+    assert disk_cache.write(KEY, FIELDS, b"code")
+    other = "cd" * 32
+    os.symlink(cache / KEY, cache / other)  # even a link to a good entry: entries are regular files only
+    assert disk_cache.read(other) is None
+    (cache / KEY).unlink()
+    os.symlink("/dev/zero", cache / KEY)
+    assert disk_cache.read(KEY) is None
+
+
+@pytest.mark.parametrize("where", ["root", "kernels"])
+def test_directory_others_can_write_is_refused_with_one_warning(cache, where):
+    assert disk_cache.write(KEY, FIELDS, b"code")
+    os.chmod(cache.parent if where == "root" else cache, 0o777)
+    with pytest.warns(RuntimeWarning, match="writable by group or others"):
+        assert disk_cache.read(KEY) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once: later uses are silent
+        assert disk_cache.read(KEY) is None and not disk_cache.write(KEY, FIELDS, b"other")
+        scale = {"root": 6.5, "kernels": 7.5}[where]  # constants no other test uses: this process compiles it
+        f = pj.prepare(lambda x: x * scale - 0.375)
+        np.testing.assert_array_equal(np.asarray(f(np.ones(3, np.float32))), np.full(3, scale - 0.375, np.float32))
+    assert f.stats["compiles"] == 1 and f.stats["disk_hits"] == 0
+    assert os.listdir(cache) == [KEY]  # nothing written into the refused directory
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the directory to another user")
+def test_directory_of_another_user_is_refused(cache):
+    assert disk_cache.write(KEY, FIELDS, b"code")
+    os.chown(cache, 65534, 65534)
+    with pytest.warns(RuntimeWarning, match="not owned by this user"):
+        assert disk_cache.read(KEY) is None

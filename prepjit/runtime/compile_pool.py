@@ -1,0 +1,131 @@
+"""Compile worker processes: a plan's kernels compile in parallel, since llvmlite serialises calls in one process.
+
+A pool is one target machine's set of `python -I llvm_compile.py` workers (plain subprocesses
+speaking a small binary protocol: no pickling, and no re-import of the user's `__main__` as
+multiprocessing's spawn and forkserver start methods do). It is started lazily, on the first
+batch of at least MIN_KERNELS kernels, and reused by later batches; a forked child starts its
+own. `submit(name, source)` returns a Future (a Compile) of the object code; an LLVM failure arrives as
+the same pj.CompileError (with the source) as an in-process compile. If a worker cannot start
+or dies, its job and every later one compile in this process instead (logged once).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import Future
+from pathlib import Path
+from queue import SimpleQueue
+
+from ..errors import CompileError
+from . import llvm_compile
+
+log = logging.getLogger("prepjit")
+MIN_KERNELS = 3   # smaller batches compile in this process (a worker costs ~50 ms of CPU to start)
+_pools: dict[str, "CompilePool"] = {}
+_pools_lock = threading.Lock()
+
+
+def compile_error(name: str, source: str, message: str) -> CompileError:
+    return CompileError(f"LLVM failed to compile kernel {name}: {message}\n--- source ---\n{source}")
+
+
+class Compile(Future):
+    """A compile job's object code (or error); `seconds` is how long the compile itself took."""
+    seconds = 0.0
+
+    def run(self, compile_fn, *args):
+        start = time.perf_counter()
+        try:
+            result = compile_fn(*args)
+        except BaseException as e:
+            self.seconds = time.perf_counter() - start
+            self.set_exception(e)
+        else:
+            self.seconds = time.perf_counter() - start
+            self.set_result(result)
+
+
+def run_now(compile_fn, name: str, source: str) -> Compile:
+    """compile_fn(name, source) in this thread, as a finished Compile."""
+    job = Compile()
+    job.run(compile_fn, name, source)
+    return job
+
+
+class CompilePool:
+    """`workers` compile processes for one target (llvm_compile.py options); `fallback(name, source)` compiles
+    in this process once a worker has failed."""
+
+    def __init__(self, options: dict, workers: int, fallback):
+        import llvmlite
+        self.fallback, self.broken, self.pid = fallback, False, os.getpid()
+        self.jobs: SimpleQueue = SimpleQueue()
+        command = [sys.executable, "-I", str(Path(llvm_compile.__file__)), json.dumps(options),
+                   str(Path(llvmlite.__file__).resolve().parents[1])]
+        self.processes = [subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                          for _ in range(workers)]
+        for process in self.processes:
+            threading.Thread(target=self._serve, args=(process,), daemon=True, name="prepjit-compile").start()
+
+    def submit(self, name: str, source: str) -> Compile:
+        job = Compile()
+        self.jobs.put((job, name, source))
+        return job
+
+    def _serve(self, process: subprocess.Popen):
+        while True:
+            job, name, source = self.jobs.get()
+            job.run(self._compile, process, name, source)
+
+    def _compile(self, process: subprocess.Popen, name: str, source: str) -> bytes:
+        if not self.broken:
+            reply = self._ask(process, source.encode())
+            if reply is not None:
+                status, data = reply
+                if status == llvm_compile.OK:
+                    return data
+                if status == llvm_compile.LLVM_ERROR:
+                    raise compile_error(name, source, data.decode(errors="replace"))
+                raise RuntimeError(data.decode(errors="replace"))
+            if not self.broken:
+                self.broken = True
+                log.info("a compile worker failed (exit code %s); compiling in this process", process.poll())
+            process.kill()
+        return self.fallback(name, source)
+
+    @staticmethod
+    def _ask(process: subprocess.Popen, source: bytes) -> tuple[int, bytes] | None:
+        """(status, data) of the worker's reply, or None when it is gone."""
+        try:
+            process.stdin.write(llvm_compile.REQUEST.pack(len(source)) + source)
+            process.stdin.flush()
+            header = llvm_compile.read_exact(process.stdout, llvm_compile.REPLY.size)
+            if header is None:
+                return None
+            status, size = llvm_compile.REPLY.unpack(header)
+            data = llvm_compile.read_exact(process.stdout, size)
+        except (OSError, ValueError):
+            return None
+        return None if data is None else (status, data)
+
+
+def shared_pool(options: dict, workers: int, fallback) -> CompilePool | None:
+    """This process's pool for target `options` (started now if there is none), or None when it cannot run
+    (one core, no Python executable to start, a pool that broke, or a failed start)."""
+    if workers < 2 or not sys.executable or getattr(sys, "frozen", False):
+        return None
+    key = json.dumps(options, sort_keys=True)
+    with _pools_lock:
+        pool = _pools.get(key)
+        if pool is None or pool.pid != os.getpid():
+            try:
+                pool = _pools[key] = CompilePool(options, workers, fallback)
+            except (OSError, ImportError) as e:
+                log.info("compile workers did not start (%s); compiling in this process", e)
+                return None
+    return None if pool.broken else pool
