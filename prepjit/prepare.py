@@ -130,8 +130,8 @@ class PreparedFunction:
                 log.info("trace %s: %s", self.signature.fn_name, reason)
                 start = time.perf_counter()
                 traced, (plan, kernel_counts), times = _with_deep_stack(lambda: _trace_and_plan(self.fn, info, device))
-                log.info("prepared %s in %s (%d kernels: %d compiled, %d loaded from disk)", self.signature.fn_name,
-                         describe(times, time.perf_counter() - start), len(plan.kernels),
+                log.info("prepared %s in %s (kernels: %d, of which %d compiled and %d loaded from disk)",
+                         self.signature.fn_name, describe(times, time.perf_counter() - start), len(plan.kernels),
                          kernel_counts["compiles"], kernel_counts["disk_hits"])
                 self._stats["traces"] += 1
                 for name, count in kernel_counts.items():
@@ -254,7 +254,34 @@ _deep_state = {"active": 0, "limit": 1000}
 
 
 def prepare(fn=None, *, vars=None, shapes=None, device=None):
-    """Decorator: `@pj.prepare` or `@pj.prepare(vars=..., shapes=..., device=...)`."""
+    """Prepare `fn` for replay: trace it once per signature, compile its kernels once, replay the plan after.
+
+    Use as `@pj.prepare`, `@pj.prepare(vars=..., shapes=..., device=...)` or `pj.prepare(fn, ...)`::
+
+        @pj.prepare(vars={"n": (1, 1024), "pos": (0, 511)}, shapes={"x": ("n", 64)})
+        def f(x, w, pos):
+            return pnp.tanh(x @ w)[:, :pos + 1]
+
+    vars: symbolic ints, {name: (min, max)} with inclusive bounds (or pj.Var objects). Intermediate
+        buffers are sized for the maxima; every value is checked against its bounds before anything runs.
+    shapes: per array parameter, one spec per dim: an int (static, checked), a var name or pj.Var
+        (symbolic: the call's size is the var's value), or None (static, any size); a tuple or a string
+        like "n, 64"; a pytree parameter takes a pytree of specs. Unnamed parameters are fully static.
+        A parameter named in `vars` but not in `shapes` is a scalar var: the caller passes an int.
+    device: "cpu" (LLVM, the default) or "opencl"; None reads PREPJIT_DEVICE.
+
+    The signature of a call is its pytree structure, static values (non-array arguments), static dims,
+    dtypes and device. The first call with a signature runs `fn` on traced arrays (write it with
+    `prepjit.numpy`) and prepares a pj.ExecutionPlan; later calls replay it without running `fn` or
+    compiling. Results are fresh pj.Arrays in `fn`'s output pytree; inputs are never written; calls may
+    come from several threads. Errors: pj.VarBoundError (a var out of bounds), pj.SignatureError
+    (arguments that contradict `shapes` or disagree on a var), pj.TraceError (untraceable code such as
+    `if x.sum() > 0`), pj.DeviceError, pj.CompileError; after one, the function keeps working.
+
+    The prepared function also has `.stats` (traces, compiles, disk_hits, replays, plans), `.plan(*args)`
+    (the ExecutionPlan, prepared without running) and `.trace(*args)`; see pj.profile for per-kernel
+    timing, and docs/ in the prepjit repository for the full reference.
+    """
     if fn is None:
         return lambda f: PreparedFunction(f, vars=vars, shapes=shapes, device=device)
     return PreparedFunction(fn, vars=vars, shapes=shapes, device=device)
