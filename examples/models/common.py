@@ -67,3 +67,27 @@ class Stopwatch:
     def __exit__(self, *exc):
         self.seconds += time.perf_counter() - self._start
         self.count += 1
+
+
+def top_kernels(prepared, *args, count: int = 8) -> str:
+    """The kernels that take the most time in one call of `prepared(*args)`, from `pj.profile` (kernels of the
+    same name, e.g. one per layer, are summed), or a line saying why there is no such table."""
+    import prepjit as pj
+    profile = getattr(pj, "profile", None)
+    if profile is None:
+        return "top kernels: this prepjit has no pj.profile (set PREPJIT_LOG=profile once it does)"
+    prof = profile(prepared, *args)
+    groups: dict[str, list] = {}
+    for row in prof.rows:
+        g = groups.setdefault(row["kernel"], [0, 0.0, 0, 0])
+        g[0] += 1
+        g[1] += row["time_s"]
+        g[2] += row["bytes"]
+        g[3] += row["flops"]
+    total = sum(g[1] for g in groups.values()) or 1e-12
+    lines = [f"top kernels ({len(prof.rows)} launches, {total * 1e3:.2f} ms in kernels):",
+             f"  {'kernel':<40} {'calls':>5} {'ms':>9} {'share':>6} {'GB/s':>7} {'GFLOP/s':>8}"]
+    for name, (n, seconds, moved, flops) in sorted(groups.items(), key=lambda kv: -kv[1][1])[:count]:
+        lines.append(f"  {name[:40]:<40} {n:>5} {seconds * 1e3:>9.3f} {seconds / total:>6.1%} "
+                     f"{moved / seconds / 1e9 if seconds else 0:>7.2f} {flops / seconds / 1e9 if seconds else 0:>8.2f}")
+    return "\n".join(lines)

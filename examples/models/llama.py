@@ -13,6 +13,7 @@ RoPE layout, undone here the way transformers' GGUF loader does. The tokenizer i
 from __future__ import annotations
 
 import functools
+import math
 
 import attrs
 import numpy as np
@@ -61,8 +62,13 @@ def read_config(reader) -> Config:
 
 
 def open_gguf(path: str | None = None):
-    gguf = require("gguf", INSTALL)
-    return gguf.GGUFReader(path or gguf_path())
+    """The file's reader (memory-mapped; parsing its metadata takes seconds, so one reader per path is kept)."""
+    return _reader(path or gguf_path())
+
+
+@functools.lru_cache(maxsize=2)
+def _reader(path: str):
+    return require("gguf", INSTALL).GGUFReader(path)
 
 
 def unpermute_rows(w: np.ndarray, heads: int) -> np.ndarray:
@@ -214,7 +220,7 @@ def prefill(xp, cfg: Config, params, ids, cos, sin):
         keys.append(k)
         values.append(v)
         q = q.reshape(kv_heads, group, t, hd)
-        scores = q @ xp.swapaxes(k, 1, 2)[:, None] * (1 / np.sqrt(hd))  # (KV, group, T, T)
+        scores = q @ xp.swapaxes(k, 1, 2)[:, None] * (1 / math.sqrt(hd))  # (KV, group, T, T)
         p = softmax(xp, xp.where(causal, scores, -1e30))
         ctx = (p @ v[:, None]).reshape(heads, t, hd)
         h = h + xp.swapaxes(ctx, 0, 1).reshape(t, heads * hd) @ bp["wo"]
@@ -241,7 +247,7 @@ def decode(xp, cfg: Config, params, ids, pos, k_cache, v_cache, cos, sin):
         values.append(v)
         k_all = xp.where(is_new, k[:, None, :], k_cache[layer, :, :pos + 1])  # (KV, pos+1, hd)
         v_all = xp.where(is_new, v[:, None, :], v_cache[layer, :, :pos + 1])
-        scores = q.reshape(kv_heads, group, hd) @ xp.swapaxes(k_all, 1, 2) * (1 / np.sqrt(hd))  # (KV, group, pos+1)
+        scores = q.reshape(kv_heads, group, hd) @ xp.swapaxes(k_all, 1, 2) * (1 / math.sqrt(hd))  # (KV, group, pos+1)
         ctx = (softmax(xp, scores) @ v_all).reshape(heads * hd)
         h = h + ctx @ bp["wo"]
         h = h + swiglu(xp, bp, rms_norm(xp, h, bp["ffn_norm"], eps))

