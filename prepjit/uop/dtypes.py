@@ -5,7 +5,7 @@ import attrs
 import numpy as np
 
 
-@attrs.frozen(repr=False)
+@attrs.frozen(repr=False, cache_hash=True)
 class DType:
     name: str
     itemsize: int

@@ -43,6 +43,8 @@ class Ops(Enum):
     STORE = auto()          # src: (DEFINE_GLOBAL, index, value)
     SINK = auto()           # src: stores or traced outputs; arg: kernel name or None
 
+    __hash__ = object.__hash__  # members are singletons; Enum's own hash (of the name, in Python) is slow
+
 
 UNARY = {Ops.NEG, Ops.NOT, Ops.ABS, Ops.SIGN, Ops.EXP, Ops.EXP2, Ops.LOG, Ops.LOG2, Ops.SQRT,
          Ops.SIN, Ops.COS, Ops.TANH, Ops.ERF, Ops.FLOOR, Ops.CEIL, Ops.RINT}

@@ -2,54 +2,94 @@
 
 Index expressions are kept as sums of monomials with integer coefficients, so that what
 static shapes produce folds to plain affine forms: `(x//c)*c + x%c -> x`,
-`(a*c + r)//c -> a` when `0 <= r < c`, and likewise for symbolic divisors.
+`(a*c + r)//c -> a` when `0 <= r < c`, and likewise for symbolic divisors (`(2n)//(2n) -> 1`).
+
+Cost stays proportional to what is new: every node caches its polynomial (`poly`) and its simplified
+form, so simplifying `a + b` whose operands are simplified runs the rules at the new node only.
+Proofs (`provably_lt` and the folds of //, %, min, max and comparisons) are interval bounds of a
+polynomial difference in which loop ranges whose term has a known sign are replaced by their extreme
+(0 or end - 1) so that symbolic terms cancel: they build no nodes and never recurse into simplify.
 """
 from __future__ import annotations
 
 import functools
+import math
 import operator
 
 from .dtypes import dtypes
 from .ops import Ops
-from .rewrite import PatternMatcher, UPat, graph_rewrite
+from .rewrite import PatternMatcher, UPat
 from .uop import UOp
 
-Poly = dict  # {monomial (sorted tuple of factor UOps): int coefficient}; () is the constant term
+Poly = dict  # {monomial: int coefficient}; a monomial is a tuple of factor UOps sorted by .key, () the constant
+_FIXED = object()  # UOp._simple of a node that is its own simplified form (no self-reference, no cycle)
 
 _FOLD = {Ops.ADD: operator.add, Ops.SUB: operator.sub, Ops.MUL: operator.mul, Ops.MAX: max, Ops.MIN: min,
          Ops.CMPLT: operator.lt, Ops.CMPEQ: operator.eq, Ops.CMPNE: operator.ne,
          Ops.AND: operator.and_, Ops.OR: operator.or_, Ops.XOR: operator.xor}
+_factor_key = operator.attrgetter("key")
 
 
-def _sortkey(u: UOp) -> str:
-    return u.render()
-
+# ---------- polynomials ----------
 
 def poly(u: UOp) -> Poly:
-    """The polynomial normal form of an integer expression."""
-    if u.op is Ops.CONST:
-        return {(): u.arg} if u.arg else {}
-    if u.op in (Ops.ADD, Ops.SUB):
-        a, b = poly(u.src[0]), poly(u.src[1])
-        sign = 1 if u.op is Ops.ADD else -1
-        out = dict(a)
-        for m, c in b.items():
-            out[m] = out.get(m, 0) + sign * c
-        return {m: c for m, c in out.items() if c}
-    if u.op is Ops.MUL:
-        a, b = poly(u.src[0]), poly(u.src[1])
-        out: Poly = {}
-        for ma, ca in a.items():
-            for mb, cb in b.items():
-                m = tuple(sorted(ma + mb, key=_sortkey))
-                out[m] = out.get(m, 0) + ca * cb
-        return {m: c for m, c in out.items() if c}
+    """The polynomial normal form of an integer expression (cached on the node: do not mutate it)."""
+    p = u._poly
+    if p is None:
+        p = u._poly = _make_poly(u)
+    return p
+
+
+def _make_poly(u: UOp) -> Poly:
+    if u.dtype.is_int:
+        if u.op is Ops.CONST:
+            return {(): u.arg} if u.arg else {}
+        if u.op is Ops.ADD:
+            return _add(poly(u.src[0]), poly(u.src[1]))
+        if u.op is Ops.SUB:
+            return _add(poly(u.src[0]), poly(u.src[1]), -1)
+        if u.op is Ops.MUL:
+            return _mul(poly(u.src[0]), poly(u.src[1]))
     return {(u,): 1}
 
 
+def _add(a: Poly, b: Poly, scale: int = 1) -> Poly:
+    """a + scale * b."""
+    out = dict(a)
+    for m, c in b.items():
+        v = out.get(m, 0) + scale * c
+        if v:
+            out[m] = v
+        else:
+            out.pop(m, None)
+    return out
+
+
+def _mul(a: Poly, b: Poly) -> Poly:
+    out: Poly = {}
+    for ma, ca in a.items():
+        for mb, cb in b.items():
+            m = mb if not ma else ma if not mb else tuple(sorted(ma + mb, key=_factor_key))
+            out[m] = out.get(m, 0) + ca * cb
+    return {m: c for m, c in out.items() if c}
+
+
+def _mono_div(m: tuple, d: tuple) -> tuple | None:
+    """The monomial m / d, or None when d's factors are not all in m."""
+    if not d:
+        return m
+    rest = list(m)
+    for f in d:
+        if f not in rest:
+            return None
+        rest.remove(f)
+    return tuple(rest)
+
+
 def from_poly(p: Poly, dtype=dtypes.index) -> UOp:
+    """The canonical expression of a polynomial: monomials in key order, coefficients last, the constant last."""
     out = None
-    for m in sorted((m for m in p if m), key=lambda m: [_sortkey(f) for f in m]):
+    for m in sorted((m for m in p if m), key=lambda m: tuple(f.key for f in m)):
         term = functools.reduce(lambda a, b: UOp(Ops.MUL, dtype, (a, b)), m)
         if p[m] != 1:
             term = UOp(Ops.MUL, dtype, (term, UOp.const(p[m], dtype)))
@@ -60,71 +100,137 @@ def from_poly(p: Poly, dtype=dtypes.index) -> UOp:
     return out if c == 0 else UOp(Ops.ADD, dtype, (out, UOp.const(c, dtype)))
 
 
-def upper_bound(u: UOp) -> UOp:
-    """An expression >= u: each loop range with a positive coefficient replaced by its end - 1."""
-    p = poly(u)
-    subs = {}
+# ---------- bounds of polynomials ----------
+
+def _mono_bounds(m: tuple) -> tuple:
+    lo = hi = 1
+    for f in m:
+        a, b = f.bounds
+        c = (lo * a, lo * b, hi * a, hi * b)
+        lo, hi = min(c), max(c)
+    return lo, hi
+
+
+def _interval(p: Poly) -> tuple:
+    lo = hi = 0
     for m, c in p.items():
-        for f in m:
-            if f.op is Ops.RANGE:
-                subs[f] = f.src[0] - 1 if c > 0 else UOp.const(0)
-    return simplify(u.substitute(subs)) if subs else u
+        a, b = _mono_bounds(m)
+        lo, hi = (lo + c * a, hi + c * b) if c > 0 else (lo + c * b, hi + c * a)
+    return lo, hi
+
+
+def poly_min(p: Poly):
+    """A lower bound of p over every var and range value.
+
+    A term c * rest * ranges whose c * rest is >= 0 is smallest with its ranges at 0 (so >= 0: dropped); one
+    whose c * rest is <= 0 is smallest with each range at its end - 1 (substituted, so that it can cancel
+    against the other terms); the rest is bounded by intervals.
+    """
+    lo = _interval(p)[0]
+    if not any(f.op is Ops.RANGE for m in p for f in m):
+        return lo
+    q: Poly = {}
+    for m, c in p.items():
+        ranges = [f for f in m if f.op is Ops.RANGE]
+        term = {m: c}
+        if ranges:
+            rest = tuple(f for f in m if f.op is not Ops.RANGE)
+            a, b = _mono_bounds(rest)
+            a, b = (c * a, c * b) if c > 0 else (c * b, c * a)
+            if a >= 0:
+                continue
+            if b <= 0:
+                term = {rest: c}
+                for r in ranges:
+                    term = _mul(term, _add(poly(r.src[0]), {(): 1}, -1))
+        q = _add(q, term)
+    return max(lo, _interval(q)[0])
+
+
+def poly_max(p: Poly):
+    """An upper bound of p over every var and range value."""
+    return -poly_min({m: -c for m, c in p.items()})
 
 
 def provably_lt(a: UOp, b: UOp) -> bool:
-    """True when a < b for every value of the vars and ranges."""
-    if (b - a).vmin > 0:
-        return True
-    return (b - upper_bound(a)).vmin > 0
+    """True when a < b for every value of the vars and ranges (a sound, bounded check: False may be unknown)."""
+    return poly_min(_add(poly(b), poly(a), -1)) > 0
 
+
+# ---------- rules ----------
 
 def _canonical(x: UOp):
     if not x.dtype.is_int:
         return None
-    return from_poly(poly(x), x.dtype)
+    out = from_poly(_merge_divmod(poly(x)), x.dtype)
+    # its sums and products are canonical and their factors simplified (the rewrite's sources are): fixed points
+    for node in out.postorder(lambda u: u._simple is None and u.op in (Ops.ADD, Ops.MUL)):
+        node._simple = _FIXED
+    return out
 
 
-def _merge_divmod(x: UOp):
-    """(e//d)*d + e%d -> e, for constant or symbolic d, inside a sum."""
-    p = poly(x)
-    changed = False
-    for m in list(p):
-        if len(m) != 1 or m[0].op is not Ops.MOD or m not in p:
-            continue
-        mod = m[0]
-        e, d = mod.src
-        div = UOp(Ops.IDIV, x.dtype, (e, d))
-        k = p[m]
-        dp = poly(UOp(Ops.MUL, x.dtype, (div, d)))
-        if all(p.get(dm, 0) == k * dc for dm, dc in dp.items()):
-            for dm, dc in dp.items():
-                p[dm] -= k * dc
-            del p[m]
-            for em, ec in poly(e).items():
-                p[em] = p.get(em, 0) + k * ec
-            p = {mm: c for mm, c in p.items() if c}
-            changed = True
-    return from_poly(p, x.dtype) if changed else None
+def _merge_divmod(p: Poly) -> Poly:
+    """k*(e//d)*d + k*(e%d) -> k*e, for constant or symbolic d."""
+    merged = True
+    while merged:
+        merged = False
+        for m, k in p.items():
+            if len(m) != 1 or m[0].op is not Ops.MOD:
+                continue
+            e, d = m[0].src
+            div = UOp(Ops.IDIV, m[0].dtype, (e, d))
+            dp = {tuple(sorted((div,) + dm, key=_factor_key)): k * dc for dm, dc in poly(d).items()}
+            if all(p.get(dm) == dc for dm, dc in dp.items()):
+                p = _add(_add(_add(p, dp, -1), {m: k}, -1), poly(e), k)
+                merged = True
+                break
+    return p
 
 
-def _split_by_divisor(p: Poly, d: UOp):
-    """Split a polynomial into (quotient, remainder) with p = d*quotient + remainder, term by term."""
+def _monomial_divisor(d: UOp) -> tuple | None:
+    """d as (positive coefficient, monomial), or None when d is a sum."""
+    p = poly(d)
+    if len(p) != 1:
+        return None
+    (m, c), = p.items()
+    return (c, m) if c > 0 else None
+
+
+def _split(p: Poly, c_d: int, m_d: tuple) -> tuple[Poly, Poly]:
+    """(q, r) with p = (c_d * m_d) * q + r, term by term; coefficients split toward zero, so r's keep their sign."""
     q: Poly = {}
     r: Poly = {}
     for m, c in p.items():
-        if d.op is Ops.CONST:
-            qc, rc = divmod(c, d.arg)
-            if qc:
-                q[m] = qc
-            if rc:
-                r[m] = rc
-        elif d in m:
-            rest = list(m)
-            rest.remove(d)
-            q[tuple(rest)] = q.get(tuple(rest), 0) + c
-        else:
-            r[m] = c
+        rest = _mono_div(m, m_d)
+        qc = 0 if rest is None else (abs(c) // c_d) * (1 if c > 0 else -1)
+        if qc:
+            q[rest] = qc
+        if c - qc * c_d:
+            r[m] = c - qc * c_d
     return q, r
+
+
+def _exact_quotient(p: Poly, d: Poly) -> Poly | None:
+    """p / d when the polynomial d divides p exactly (division by leading terms in graded order), else None."""
+    def order(m):
+        return (len(m), tuple(f.key for f in reversed(m)))
+    lead = max(d, key=order)
+    q: Poly = {}
+    for _ in range(4 * len(p) + 4):
+        if not p:
+            return q
+        m = max(p, key=order)
+        mq = _mono_div(m, lead)
+        if mq is None or p[m] % d[lead]:
+            return None
+        step = {mq: p[m] // d[lead]}
+        q, p = _add(q, step), _add(p, _mul(step, d), -1)
+    return None
+
+
+def _below(r: Poly, d: UOp) -> bool:
+    """0 <= r < d."""
+    return poly_min(r) >= 0 and poly_min(_add(poly(d), r, -1)) > 0
 
 
 def _fold_idiv(x: UOp, d: UOp):
@@ -132,17 +238,28 @@ def _fold_idiv(x: UOp, d: UOp):
         return None
     if d.op is Ops.CONST and d.arg == 1:
         return x
-    if x.op is Ops.IDIV and d.op is Ops.CONST and x.src[1].op is Ops.CONST and x.src[1].arg > 0:
-        return x.src[0] // (x.src[1].arg * d.arg)
-    q, r = _split_by_divisor(poly(x), d)
-    rem = from_poly(r, x.dtype)
-    if rem.vmin >= 0 and provably_lt(rem, d):
+    if x.op is Ops.IDIV and x.src[1].vmin > 0:
+        return UOp(Ops.IDIV, x.dtype, (x.src[0], x.src[1] * d))
+    div = _monomial_divisor(d)
+    if div is None:  # a sum: exact multiples and small values only
+        if _below(poly(x), d):
+            return UOp.const(0, x.dtype)
+        q = _exact_quotient(poly(x), poly(d))
+        return None if q is None else from_poly(q, x.dtype)
+    q, r = _split(poly(x), *div)
+    rlo, rhi = poly_min(r), poly_max(r)
+    if rlo >= 0 and _below(r, d):
         return from_poly(q, x.dtype)
-    if d.op is Ops.CONST and rem.vmin // d.arg == rem.vmax // d.arg:
-        return from_poly(q, x.dtype) + rem.vmin // d.arg
-    if q:
-        return from_poly(q, x.dtype) + UOp(Ops.IDIV, x.dtype, (rem, d))
-    return None
+    if d.op is Ops.CONST and rlo // d.arg == rhi // d.arg:
+        return from_poly(_add(q, {(): rlo // d.arg}), x.dtype)
+    if rhi < 0 and poly_min(_add(r, poly(d))) >= 0:  # -d <= r < 0
+        return from_poly(_add(q, {(): -1}), x.dtype)
+    g = math.gcd(div[0], *r.values())
+    if not q and g == 1:
+        return None
+    rest = UOp(Ops.IDIV, x.dtype, (from_poly({m: c // g for m, c in r.items()}, x.dtype),
+                                   from_poly({div[1]: div[0] // g}, x.dtype)))
+    return UOp(Ops.ADD, x.dtype, (from_poly(q, x.dtype), rest)) if q else rest
 
 
 def _fold_mod(x: UOp, d: UOp):
@@ -150,15 +267,29 @@ def _fold_mod(x: UOp, d: UOp):
         return None
     if d.op is Ops.CONST and d.arg == 1:
         return UOp.const(0, x.dtype)
-    q, r = _split_by_divisor(poly(x), d)
-    rem = from_poly(r, x.dtype)
-    if rem.vmin >= 0 and provably_lt(rem, d):
-        return rem
-    if d.op is Ops.CONST and rem.vmin // d.arg == rem.vmax // d.arg:
-        return rem - (rem.vmin // d.arg) * d.arg
-    if q:
-        return UOp(Ops.MOD, x.dtype, (rem, d))
-    return None
+    div = _monomial_divisor(d)
+    if div is None:
+        if _below(poly(x), d):
+            return x
+        return None if _exact_quotient(poly(x), poly(d)) is None else UOp.const(0, x.dtype)
+    q, r = _split(poly(x), *div)
+    rlo, rhi = poly_min(r), poly_max(r)
+    if rlo >= 0 and _below(r, d):
+        return from_poly(r, x.dtype)
+    if d.op is Ops.CONST and rlo // d.arg == rhi // d.arg:
+        return from_poly(_add(r, {(): -(rlo // d.arg) * d.arg}), x.dtype)
+    if rhi < 0 and poly_min(_add(r, poly(d))) >= 0:  # -d <= r < 0
+        return from_poly(_add(r, poly(d)), x.dtype)
+    if len(r) == 1 and next(iter(r.values())) == 1 and len(m := next(iter(r))) == 1 and m[0].op is Ops.MOD:
+        inner = m[0].src[1]  # (y % e) % d -> y % d when d divides e
+        if inner is d or inner.op is Ops.CONST and d.op is Ops.CONST and inner.arg % d.arg == 0:
+            return UOp(Ops.MOD, x.dtype, (m[0].src[0], d))
+    g = math.gcd(div[0], *r.values())
+    if g > 1:  # (g*a) % (g*b) -> g * (a % b)
+        inner = UOp(Ops.MOD, x.dtype, (from_poly({m: c // g for m, c in r.items()}, x.dtype),
+                                       from_poly({div[1]: div[0] // g}, x.dtype)))
+        return UOp(Ops.MUL, x.dtype, (inner, UOp.const(g, x.dtype)))
+    return UOp(Ops.MOD, x.dtype, (from_poly(r, x.dtype), d)) if q else None
 
 
 def _fold_const(x: UOp):
@@ -176,13 +307,38 @@ def _fold_by_bounds(x: UOp):
     return UOp.const(lo, x.dtype) if lo == hi else None
 
 
-def _fold_lt(a: UOp, b: UOp):
+def _difference(a: UOp, b: UOp) -> tuple | None:
+    """Bounds of a - b for integer a, b (None otherwise)."""
     if not (a.dtype.is_int and b.dtype.is_int):
         return None
-    if provably_lt(a, b):
-        return UOp.const(True, dtypes.bool)
-    if provably_lt(b, a + 1):
-        return UOp.const(False, dtypes.bool)
+    p = _add(poly(a), poly(b), -1)
+    return poly_min(p), poly_max(p)
+
+
+def _fold_lt(a: UOp, b: UOp):
+    d = _difference(a, b)
+    if d is None:
+        return None
+    return UOp.const(True, dtypes.bool) if d[1] < 0 else UOp.const(False, dtypes.bool) if d[0] >= 0 else None
+
+
+def _fold_eq(x: UOp, a: UOp, b: UOp):
+    d = _difference(a, b)
+    if d is None or not (d[0] == d[1] == 0 or d[0] > 0 or d[1] < 0):
+        return None
+    return UOp.const((d[0] == 0) == (x.op is Ops.CMPEQ), dtypes.bool)
+
+
+def _fold_minmax(x: UOp, a: UOp, b: UOp):
+    if a is b:
+        return a
+    d = _difference(a, b)
+    if d is None:
+        return None
+    if d[0] >= 0:  # a >= b
+        return a if x.op is Ops.MAX else b
+    if d[1] <= 0:
+        return b if x.op is Ops.MAX else a
     return None
 
 
@@ -190,16 +346,13 @@ _INT = tuple(d for d in dtypes.all if d.is_int)
 
 symbolic_rules = PatternMatcher([
     (UPat((Ops.ADD, Ops.SUB, Ops.MUL), name="x"), lambda x: _fold_const(x) or _canonical(x)),
-    (UPat(Ops.ADD, name="x"), _merge_divmod),
     (UPat(Ops.IDIV, src=(UPat.var("x"), UPat.var("d"))), _fold_idiv),
     (UPat(Ops.MOD, src=(UPat.var("x"), UPat.var("d"))), _fold_mod),
-    (UPat(Ops.CMPLT, src=(UPat.var("a"), UPat.var("b"))), _fold_lt),
     (UPat((Ops.CMPEQ, Ops.CMPNE, Ops.MAX, Ops.MIN, Ops.AND, Ops.OR, Ops.XOR, Ops.CMPLT), name="x"),
      lambda x: _fold_const(x) or _fold_by_bounds(x)),
-    (UPat(Ops.MAX, src=(UPat.var("a"), UPat.var("b"))),
-     lambda a, b: a if a.dtype.is_int and a.vmin >= b.vmax else (b if a.dtype.is_int and b.vmin >= a.vmax else None)),
-    (UPat(Ops.MIN, src=(UPat.var("a"), UPat.var("b"))),
-     lambda a, b: a if a.dtype.is_int and a.vmax <= b.vmin else (b if a.dtype.is_int and b.vmax <= a.vmin else None)),
+    (UPat(Ops.CMPLT, src=(UPat.var("a"), UPat.var("b"))), _fold_lt),
+    (UPat((Ops.CMPEQ, Ops.CMPNE), src=(UPat.var("a"), UPat.var("b")), name="x"), _fold_eq),
+    (UPat((Ops.MAX, Ops.MIN), src=(UPat.var("a"), UPat.var("b")), name="x"), _fold_minmax),
     (UPat(Ops.AND, dtype=dtypes.bool, src=(UPat.var("x"), UPat.cvar("c")), commutative=True),
      lambda x, c: x if c.arg else c),
     (UPat(Ops.OR, dtype=dtypes.bool, src=(UPat.var("x"), UPat.cvar("c")), commutative=True),
@@ -213,5 +366,31 @@ symbolic_rules = PatternMatcher([
 ])
 
 
+# ---------- the memoised rewrite ----------
+
+def _done(u: UOp) -> UOp:
+    s = u._simple
+    return u if s is _FIXED else s
+
+
 def simplify(u: UOp) -> UOp:
-    return graph_rewrite(u, symbolic_rules)
+    """The simplified form of u: the symbolic rules applied bottom-up to a fixed point.
+
+    Memoised per node (UOp._simple), so a node is rewritten once for the life of the process and simplifying
+    an expression built from simplified parts costs only its new nodes.
+    """
+    if u._simple is not None:
+        return _done(u)
+    for node in u.postorder(lambda n: n._simple is None):
+        src = tuple(_done(s) for s in node.src)
+        rebuilt = node if src == node.src else UOp(node.op, node.dtype, src, node.arg)
+        if rebuilt._simple is None:
+            nxt = symbolic_rules.rewrite(rebuilt)
+            out = rebuilt if nxt is None else simplify(nxt)
+            rebuilt._simple = _FIXED if out is rebuilt else out
+            if out._simple is None:
+                out._simple = _FIXED
+        if node is not rebuilt:
+            out = _done(rebuilt)
+            node._simple = _FIXED if out is node else out
+    return _done(u)

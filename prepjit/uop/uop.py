@@ -6,6 +6,8 @@ import math
 import weakref
 from typing import Any, Union
 
+import attrs
+
 from ..errors import TraceError
 from .dtypes import DType, dtypes
 from .ops import COMPARISON, Ops
@@ -22,6 +24,36 @@ def _arg_key(arg):
     return arg
 
 
+def _order_arg(arg) -> tuple:
+    """An arg as a type-tagged tuple: any two compare with < and the order is the same in every process."""
+    if arg is None:
+        return (0,)
+    if isinstance(arg, bool):
+        return (1, int(arg))
+    if isinstance(arg, int):
+        return (2, arg)
+    if isinstance(arg, float):
+        return (3, repr(arg))
+    if isinstance(arg, str):
+        return (4, arg)
+    if isinstance(arg, tuple):
+        return (5, tuple(_order_arg(a) for a in arg))
+    if isinstance(arg, Ops):
+        return (6, arg.name)
+    return (7, type(arg).__name__, repr(arg))
+
+
+def _arg_uops(arg) -> list:
+    """The UOps inside an arg: in tuples and in attrs classes (a fori_loop's LoopInfo)."""
+    if isinstance(arg, UOp):
+        return [arg]
+    if isinstance(arg, tuple):
+        return [u for a in arg for u in _arg_uops(a)]
+    if attrs.has(type(arg)):
+        return [u for f in attrs.fields(type(arg)) for u in _arg_uops(getattr(arg, f.name))]
+    return []
+
+
 class UOp:
     """A node: `op` applied to `src` with a static `arg`, producing `dtype`.
 
@@ -30,7 +62,8 @@ class UOp:
     expressions; `vmin`/`vmax` are their interval bounds.
     """
 
-    __slots__ = ("op", "dtype", "src", "arg", "__weakref__", "__dict__")
+    # _key, _poly, _simple: per-node caches of the sort key and of symbolic.py's polynomial and simplified form
+    __slots__ = ("op", "dtype", "src", "arg", "_key", "_poly", "_simple", "__weakref__", "__dict__")
     _cache: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
     def __new__(cls, op: Ops, dtype: DType = dtypes.index, src: tuple = (), arg: Any = None):
@@ -39,6 +72,7 @@ class UOp:
         if node is None:
             node = object.__new__(cls)
             node.op, node.dtype, node.src, node.arg = op, dtype, src, arg
+            node._key = node._poly = node._simple = None
             UOp._cache[key] = node
         return node
 
@@ -47,6 +81,15 @@ class UOp:
 
     def __repr__(self) -> str:
         return self.render()
+
+    @property
+    def key(self) -> tuple:
+        """A canonical order of nodes (nested tuples, cached per node): structural, so the same in every
+        process and independent of creation order; symbolic sums and products sort their terms by it."""
+        if self._key is None:
+            for node in self.postorder(lambda u: u._key is None):
+                node._key = (node.op.value, node.dtype.name, _order_arg(node.arg), tuple(s._key for s in node.src))
+        return self._key
 
     # ---- construction helpers ----
     @staticmethod
@@ -84,6 +127,35 @@ class UOp:
             stack.append((node, True))
             stack.extend((s, False) for s in reversed(node.src) if s not in seen)
         return order
+
+    def postorder(self, todo) -> list["UOp"]:
+        """The nodes `n` under this one (itself included) with `todo(n)`, children first, each once; the walk does
+        not enter a node without `todo` (a cache filled below it), so it costs only the nodes still to do."""
+        order, seen, stack = [], set(), [(self, False)]
+        while stack:
+            node, done = stack.pop()
+            if done:
+                order.append(node)
+            elif node not in seen and todo(node):
+                seen.add(node)
+                stack.append((node, True))
+                stack.extend((s, False) for s in reversed(node.src) if s not in seen)
+        return order
+
+    def depends_on(self, targets) -> bool:
+        """Whether this traced node reads any of `targets` through its sources or the UOps inside args (symbolic
+        shapes, slice starts, a loop's body): a slice `xs[t]` depends on `t` though `t` is no source."""
+        seen, stack = set(), [self]
+        while stack:
+            node = stack.pop()
+            if node in seen:
+                continue
+            if node in targets:
+                return True
+            seen.add(node)
+            stack.extend(node.src)
+            stack.extend(_arg_uops(node.arg))
+        return False
 
     def variables(self) -> list["UOp"]:
         """The DEFINE_VARs reachable from this node, sorted by name."""

@@ -155,3 +155,87 @@ def test_simplify_reaches_fixed_point():
     e = simplify(UOp(Ops.ADD, dtypes.index, (UOp(Ops.MUL, dtypes.index, (x, UOp.const(2))), x)))
     assert simplify(e) is e
     assert e is x * 3
+
+
+# ---- symbolic shapes that real programs produce ----
+
+L = var("L", 0, 64)
+
+
+def test_min_max_fold_by_the_difference_of_their_operands():
+    assert (L - 1).smin(L) is L - 1          # x[1:] - x[:-1]: the two lengths agree
+    assert (L + 2).smax(L) is L + 2
+    assert L.smin(L) is L
+    assert (n - 1).smin(n - 1).smax(-1) + 1 is n  # x[n-1::-1]: the clamped start of a reversed slice
+
+
+def test_division_by_a_symbolic_monomial():
+    assert (n * 2) // (n * 2) is UOp.const(1)
+    assert (n * 2) % (n * 2) is UOp.const(0)
+    b = var("b", 1, 8)
+    assert (b * 60) // (b * 3) is UOp.const(20)       # x.reshape(b, 3, -1) of (b, 3, 4, 5)
+    assert (n * 8) // (n * 2) is UOp.const(4)         # concatenate([x, x]).reshape(2 * n, -1) of (n, 4)
+    assert (n * b * 6 + b) // b is n * 6 + 1
+    assert (n * 4 + 3) // (n * 4) is UOp.const(1) and (n * 4 + 3) % (n * 4) is UOp.const(3)  # 3 < 4n as n >= 1
+
+
+def test_exact_division_by_a_sum():
+    b = var("b", 1, 8)
+    assert (b * n + b) // (n + 1) is b               # reshape(-1, n + 1) of (b, n + 1)
+    assert (b * n + b) % (n + 1) is UOp.const(0)
+    assert (b * n + b + 1) // (n + 1) is not b
+
+
+def test_gcd_and_nested_mod():
+    b = var("b", 0, 7)
+    assert (b * 2) // 4 is b // 2
+    assert (b * 6 + 2) % 4 is ((b * 3 + 1) % 2) * 2
+    assert (x % 12) % 4 is x % 4
+    assert (x % n) % n is x % n
+    assert (x * 4 - 1) // 4 is x - 1  # floor of a negative remainder
+    assert (x * 4 - 1) % 4 is UOp.const(3)
+
+
+def test_comparisons_fold_by_the_difference():
+    assert (L - 1 < L).arg is True
+    assert (L < L).arg is False
+    assert (L + 1).eq(L + 1).arg is True
+    assert (L + 1).ne(L).arg is True
+    assert (L * 2).eq(L).op is Ops.CMPEQ  # equal at L = 0 only
+
+
+def test_provably_lt_is_sound_for_ranges_times_signed_vars():
+    """r * s < s * 3 + 1 fails at s = -1, r = 0; a range's end may only replace it where its term's sign is known."""
+    s, r = var("s", -5, 5), rng(4)
+    assert not provably_lt(r * s, s * 3 + 1)
+    assert provably_lt(r * var("t", 0, 5), var("t", 0, 5) * 3 + 1)
+
+
+def test_simplify_is_memoised_per_node():
+    from prepjit.uop import symbolic
+    calls = []
+    rewrite = symbolic.symbolic_rules.rewrite
+
+    def counting(u):
+        calls.append(u)
+        return rewrite(u)
+    symbolic.symbolic_rules.rewrite = counting
+    try:
+        w = var("memo_w", 0, 100)
+        total = UOp.const(0)
+        for i in range(300):  # each + rewrites a bounded number of nodes, not the whole sum again
+            total = total + w * (i % 7) + i
+        assert len(calls) < 40 * 300
+        before = len(calls)
+        assert simplify(total) is total and simplify(UOp(Ops.ADD, dtypes.index, (total, UOp.const(0)))) is total
+        assert len(calls) - before <= 2
+    finally:
+        symbolic.symbolic_rules.rewrite = rewrite
+
+
+def test_canonical_order_does_not_depend_on_creation_order():
+    p, q = var("ord_p", 0, 9), var("ord_q", 0, 9)
+    first = q * 3 + p
+    assert p + q * 3 is first
+    assert [f.arg[0] for f in first.variables()] == ["ord_p", "ord_q"]
+    assert first.render() == "(ord_p+(ord_q*3))"
