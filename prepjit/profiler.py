@@ -125,7 +125,8 @@ class Profile:
         left = {1, 2}  # names read left-aligned, numbers right-aligned
         lines = ["  ".join(cell.ljust(w) if c in left else cell.rjust(w) for c, (cell, w) in
                            enumerate(zip(row, widths))).rstrip() for row in table]
-        return "\n".join([f"profile of {self.name} on {self.device}: {len(self.rows)} kernels", *lines])
+        count = f"{len(self.rows)} kernel{'' if len(self.rows) == 1 else 's'}"
+        return "\n".join([f"profile of {self.name} on {self.device}: {count}", *lines])
 
     __repr__ = __str__
 

@@ -105,5 +105,5 @@ def test_prepjit_log_profile_prints_a_table_after_every_call():
     run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == ["6.0", "10.0"]
-    assert run.stderr.count("prepjit: profile of <lambda> on cpu: 1 kernels") == 2
+    assert run.stderr.count("prepjit: profile of <lambda> on cpu: 1 kernel\n") == 2
     assert "GFLOP/s" in run.stderr and "compile" not in run.stderr  # profile alone does not log compiles
