@@ -105,7 +105,7 @@ class _Scheduler:
             self.compute_into(init, a, env)
         inner = set(info.carries) | {info.var}
         for node in UOp(Ops.SINK, loop.dtype, info.body_outputs).toposort():  # hoist loop-invariant reductions
-            if node.op in (Ops.REDUCE_AXIS, Ops.LOOP_OUT) and not inner & set(node.toposort()):
+            if node.op in (Ops.REDUCE_AXIS, Ops.LOOP_OUT) and not node.depends_on(inner):
                 self.realize(node, env)
         body_env = dict(env)
         body_env.update(zip(info.carries, bufs_a))
