@@ -4,8 +4,8 @@ bytes moved, FLOPs and rates (`PREPJIT_LOG=profile` does it on every call).
 Counts come from the kernel AST (before the device-specific optimisations, which change how the work
 is done but not how much): analysed once per AST into sums of products of loop extents, then evaluated
 at the live var values.
-- FLOPs: every ALU op on data (not on indices) once per iteration of the ranges its value depends on;
-  a reduction adds one op per step, so a multiply-accumulate counts 2 and a matmul 2*M*N*K.
+- FLOPs: every ALU op on loaded data (not index arithmetic) once per iteration of the ranges its value
+  depends on; a reduction adds one op per step, so a multiply-accumulate counts 2 and a matmul 2*M*N*K.
 - Bytes: each buffer the kernel loads or stores, once per distinct element its index reaches (the
   product of the ranges the index depends on), at most the buffer's live size.
 """
@@ -26,7 +26,10 @@ class KernelCounts:
 
     def __init__(self, ast: UOp):
         deps: dict[UOp, frozenset] = {}   # node -> the RANGEs its value varies with
+        loaded = set()                     # nodes whose value depends on data loaded from a buffer
         for u in ast.toposort():
+            if u.op in (Ops.LOAD, Ops.REDUCE) or any(s in loaded for s in u.src):
+                loaded.add(u)
             if u.op is Ops.RANGE:
                 deps[u] = frozenset((u,)).union(*(deps[s] for s in u.src))
             else:
@@ -36,20 +39,21 @@ class KernelCounts:
         flops: dict[frozenset, int] = {}   # ranges -> ops executed once per iteration of them
         accesses: dict[int, dict[frozenset, int]] = {}  # buffer slot -> ranges -> elements per iteration
         for u in _data_nodes(ast):
-            if u.op in ALU:
+            if u.op in ALU and u in loaded:  # index arithmetic that reaches a value (iota, pad masks) is not counted
                 flops[deps[u]] = flops.get(deps[u], 0) + 1
             elif u.op is Ops.REDUCE:
                 steps = deps[u] | set(u.src[1:])
                 flops[steps] = flops.get(steps, 0) + 1
         for u in ast.toposort():
-            if u.op in (Ops.LOAD, Ops.STORE):
-                where = frozenset().union(*(deps[s] for s in u.src[1:] if u.op is Ops.LOAD or s is not u.src[2]))
+            if u.op in (Ops.LOAD, Ops.STORE):  # LOAD: (buffer, index[, gate]); STORE: (buffer, index, value[, gate])
+                addressing = u.src[1:] if u.op is Ops.LOAD else u.src[1:2] + u.src[3:]
+                where = frozenset().union(*(deps[s] for s in addressing))
                 per_slot = accesses.setdefault(u.src[0].arg, {})
                 per_slot[where] = per_slot.get(where, 0) + 1
         ranges = sorted({r for terms in [flops, *accesses.values()] for key in terms for r in key},
                         key=lambda r: r.arg[0])
         slot = {r: i for i, r in enumerate(ranges)}
-        self._extents = compile_shape_fn(tuple(r.src[0] for r in ranges)) if ranges else lambda v: ()
+        self._extents = compile_shape_fn(tuple(_extent(r) for r in ranges)) if ranges else lambda v: ()
         self._flops = [(n, tuple(slot[r] for r in key)) for key, n in flops.items()]
         self._accesses = {b: [(n, tuple(slot[r] for r in key)) for key, n in terms.items()]
                           for b, terms in accesses.items()}
@@ -66,6 +70,12 @@ class KernelCounts:
                 out += n
             return out
         return total(self._flops), {b: total(terms) for b, terms in self._accesses.items()}
+
+
+def _extent(r: UOp) -> UOp:
+    """A range's trip count over the vars: its end, or its largest value when the end depends on another range."""
+    end = r.src[0]
+    return UOp.const(int(end.vmax)) if any(u.op is Ops.RANGE for u in end.toposort()) else end
 
 
 def _data_nodes(ast: UOp) -> list[UOp]:

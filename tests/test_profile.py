@@ -77,6 +77,14 @@ def test_fori_loop_rows_carry_their_iteration(rng):
     assert sum(r["flops"] for r in prof.rows) == 3 * 2 * 10
 
 
+def test_index_arithmetic_is_not_counted_as_flops():
+    x = np.ones((6, 5), np.float32)
+    (row,) = pj.profile(lambda a: pnp.tril(a), x).rows
+    assert row["flops"] == 30 and row["bytes"] == 2 * 30 * 4   # one select per element; the mask is index math
+    (row,) = pj.profile(lambda a: pnp.arange(10, dtype=np.int64) + a[0].astype(np.int64), x[0]).rows
+    assert row["flops"] == 10                                  # the add; the iota's arithmetic is not counted
+
+
 def test_profile_prepares_a_plain_function_and_checks_its_arguments(rng):
     x = rng.standard_normal(8).astype(np.float32)
     (row,) = pj.profile(lambda a: pnp.sqrt(a * a), x).rows
