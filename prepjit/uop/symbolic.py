@@ -119,14 +119,22 @@ def _interval(p: Poly) -> tuple:
     return lo, hi
 
 
-def poly_min(p: Poly):
+def poly_min(p: Poly, splits: int = 2):
     """A lower bound of p over every var and range value.
 
-    A term c * rest * ranges whose c * rest is >= 0 is smallest with its ranges at 0 (so >= 0: dropped); one
-    whose c * rest is <= 0 is smallest with each range at its end - 1 (substituted, so that it can cancel
-    against the other terms); the rest is bounded by intervals.
+    A term c * max(a, b) (or min) is split into the cases a and b, `splits` deep: c * max(a, b) with c > 0 is
+    at least either case, with c < 0 it is the smaller one. A term c * rest * ranges whose c * rest is >= 0
+    is smallest with its ranges at 0 (so >= 0: dropped); one whose c * rest is <= 0 is smallest with each
+    range at its end - 1 (substituted, so that it can cancel against the other terms); the rest is bounded
+    by intervals.
     """
     lo = _interval(p)[0]
+    if splits:
+        for m, c in p.items():
+            if len(m) == 1 and m[0].op in (Ops.MAX, Ops.MIN) and m[0].dtype.is_int:
+                rest = {k: v for k, v in p.items() if k != m}
+                cases = [poly_min(_add(rest, poly(s), c), splits - 1) for s in m[0].src]
+                return max(lo, min(cases) if (m[0].op is Ops.MAX) == (c < 0) else max(cases))
     if not any(f.op is Ops.RANGE for m in p for f in m):
         return lo
     q: Poly = {}
@@ -162,11 +170,31 @@ def provably_lt(a: UOp, b: UOp) -> bool:
 def _canonical(x: UOp):
     if not x.dtype.is_int:
         return None
-    out = from_poly(_merge_divmod(poly(x)), x.dtype)
+    p = _merge_divmod(poly(x))
+    pushed = _push_into_minmax(p, x.dtype)
+    if pushed is not None:
+        return pushed
+    out = from_poly(p, x.dtype)
     # its sums and products are canonical and their factors simplified (the rewrite's sources are): fixed points
     for node in out.postorder(lambda u: u._simple is None and u.op in (Ops.ADD, Ops.MUL)):
         node._simple = _FIXED
     return out
+
+
+def _push_into_minmax(p: Poly, dtype) -> UOp | None:
+    """rest + c * max(a, b) -> max(rest + c*a, rest + c*b) (min for c < 0; likewise min), when terms cancel:
+    `L - min(1, L)` becomes `max(L - 1, 0)`, the form other expressions of the same length have."""
+    for m, c in p.items():
+        if len(m) != 1 or m[0].op not in (Ops.MAX, Ops.MIN) or not m[0].dtype.is_int:
+            continue
+        rest = {k: v for k, v in p.items() if k != m}
+        if not rest:
+            continue
+        cases = [_add(rest, poly(s), c) for s in m[0].src]
+        if sum(map(len, cases)) < 2 * len(rest) + sum(len(poly(s)) for s in m[0].src):
+            op = m[0].op if c > 0 else (Ops.MIN if m[0].op is Ops.MAX else Ops.MAX)
+            return UOp(op, dtype, tuple(from_poly(q, dtype) for q in cases))
+    return None
 
 
 def _merge_divmod(p: Poly) -> Poly:

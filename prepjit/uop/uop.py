@@ -115,31 +115,43 @@ class UOp:
 
     # ---- walking ----
     def toposort(self) -> list["UOp"]:
-        order, seen, stack = [], set(), [(self, False)]
+        """Every node under this one (itself included), children first, each once (postorder's walk, unfiltered:
+        graph walks are hot)."""
+        order, done, entered, stack = [], set(), set(), [self]
         while stack:
-            node, done = stack.pop()
-            if done:
+            node = stack.pop()
+            if node in done:
+                continue
+            if node in entered:
+                done.add(node)
                 order.append(node)
-                continue
-            if node in seen:
-                continue
-            seen.add(node)
-            stack.append((node, True))
-            stack.extend((s, False) for s in reversed(node.src) if s not in seen)
+            else:
+                entered.add(node)
+                stack.append(node)
+                for s in reversed(node.src):
+                    if s not in done:
+                        stack.append(s)
         return order
 
     def postorder(self, todo) -> list["UOp"]:
         """The nodes `n` under this one (itself included) with `todo(n)`, children first, each once; the walk does
         not enter a node without `todo` (a cache filled below it), so it costs only the nodes still to do."""
-        order, seen, stack = [], set(), [(self, False)]
+        order, done, entered, stack = [], set(), set(), [self]
         while stack:
-            node, done = stack.pop()
-            if done:
+            node = stack.pop()
+            if node in done:
+                continue
+            if node in entered:  # second visit: its sources are done
+                done.add(node)
                 order.append(node)
-            elif node not in seen and todo(node):
-                seen.add(node)
-                stack.append((node, True))
-                stack.extend((s, False) for s in reversed(node.src) if s not in seen)
+            elif todo(node):
+                entered.add(node)
+                stack.append(node)
+                for s in reversed(node.src):
+                    if s not in done:
+                        stack.append(s)
+            else:
+                done.add(node)
         return order
 
     def depends_on(self, targets) -> bool:

@@ -167,6 +167,9 @@ def test_min_max_fold_by_the_difference_of_their_operands():
     assert (L + 2).smax(L) is L + 2
     assert L.smin(L) is L
     assert (n - 1).smin(n - 1).smax(-1) + 1 is n  # x[n-1::-1]: the clamped start of a reversed slice
+    assert L - UOp.const(1).smin(L) is (L - 1).smax(0)  # x[1:] of length L: sums move into a min/max that cancels
+    assert (L - 1).smax(0).smin(L) is (L - 1).smax(0)    # x[:-1]: each case of the max is <= L
+    assert (x + 10).smax(n) is x + 10 and (x + 5).smax(n).op is Ops.MAX
 
 
 def test_division_by_a_symbolic_monomial():
