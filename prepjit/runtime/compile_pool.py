@@ -26,6 +26,7 @@ from . import llvm_compile
 
 log = logging.getLogger("prepjit")
 MIN_KERNELS = 3   # smaller batches compile in this process (a worker costs ~50 ms of CPU to start)
+MAX_WORKERS = 16  # each holds an LLVM (~50 MB); more rarely pays on a plan's few hundred kernels
 _pools: dict[str, "CompilePool"] = {}
 _pools_lock = threading.Lock()
 
@@ -58,23 +59,37 @@ def run_now(compile_fn, name: str, source: str) -> Compile:
 
 
 class CompilePool:
-    """`workers` compile processes for one target (llvm_compile.py options); `fallback(name, source)` compiles
-    in this process once a worker has failed."""
+    """Up to `workers` (at most MAX_WORKERS) compile processes for one target (llvm_compile.py options), one
+    started per submitted job until there are that many; `fallback(name, source)` compiles in this process
+    once a worker has failed. The first worker starts at once (OSError if it cannot)."""
 
     def __init__(self, options: dict, workers: int, fallback):
         import llvmlite
         self.fallback, self.broken, self.pid = fallback, False, os.getpid()
+        self.max_workers = min(workers, MAX_WORKERS)
         self.jobs: SimpleQueue = SimpleQueue()
-        command = [sys.executable, "-I", str(Path(llvm_compile.__file__)), json.dumps(options),
-                   str(Path(llvmlite.__file__).resolve().parents[1])]
-        self.processes = [subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-                          for _ in range(workers)]
-        for process in self.processes:
-            threading.Thread(target=self._serve, args=(process,), daemon=True, name="prepjit-compile").start()
+        self.lock = threading.Lock()
+        self.command = [sys.executable, "-I", str(Path(llvm_compile.__file__)), json.dumps(options),
+                        str(Path(llvmlite.__file__).resolve().parents[1])]
+        self.processes: list[subprocess.Popen] = []
+        self.submitted = 0
+        self._start_worker()
+
+    def _start_worker(self):
+        process = subprocess.Popen(self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.processes.append(process)
+        threading.Thread(target=self._serve, args=(process,), daemon=True, name="prepjit-compile").start()
 
     def submit(self, name: str, source: str) -> Compile:
         job = Compile()
         self.jobs.put((job, name, source))
+        with self.lock:
+            self.submitted += 1
+            if len(self.processes) < min(self.max_workers, self.submitted) and not self.broken:
+                try:
+                    self._start_worker()
+                except OSError:  # the workers already running take the job
+                    self.max_workers = len(self.processes)
         return job
 
     def _serve(self, process: subprocess.Popen):

@@ -31,6 +31,15 @@ def test_workers_build_the_parents_target_machine(monkeypatch):
     jobs = [submit("add_one", IR) for _ in range(4)]
     assert {job.result(timeout=60) for job in jobs} == {cpu.compile("add_one", IR)}  # identical object code
     assert cpu.compile_parallel(compile_pool.MIN_KERNELS).__self__ is submit.__self__  # started once, reused
+    assert len(submit.__self__.processes) == 2  # one worker per job, up to the cores
+
+
+def test_workers_start_with_the_jobs():
+    cpu = get_device("cpu")
+    pool = compile_pool.CompilePool(cpu.target_options, 8, cpu.compile)
+    assert len(pool.processes) == 1
+    jobs = [pool.submit("add_one", IR) for _ in range(3)]
+    assert len({job.result(timeout=60) for job in jobs}) == 1 and len(pool.processes) == 3
 
 
 def test_llvm_errors_arrive_as_the_same_compile_error(monkeypatch):
@@ -49,12 +58,11 @@ def test_llvm_errors_arrive_as_the_same_compile_error(monkeypatch):
 def test_a_dead_worker_falls_back_to_compiling_in_process():
     cpu = get_device("cpu")
     calls = []
-    pool = compile_pool.CompilePool(cpu.target_options, 2, lambda *job: calls.append(job) or cpu.compile(*job))
+    pool = compile_pool.CompilePool(cpu.target_options, 1, lambda *job: calls.append(job) or cpu.compile(*job))
     first = pool.submit("add_one", IR).result(timeout=60)
-    assert not pool.broken and calls == []
-    for process in pool.processes:
-        process.kill()
-        process.wait()
+    assert not pool.broken and calls == [] and len(pool.processes) == 1
+    pool.processes[0].kill()
+    pool.processes[0].wait()
     assert pool.submit("add_one", IR).result(timeout=60) == first
     assert pool.broken and calls == [("add_one", IR)]
 
