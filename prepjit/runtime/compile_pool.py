@@ -10,6 +10,7 @@ or dies, its job and every later one compile in this process instead (logged onc
 """
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -131,8 +132,9 @@ class CompilePool:
 
 def shared_pool(options: dict, workers: int, fallback) -> CompilePool | None:
     """This process's pool for target `options` (started now if there is none), or None when it cannot run
-    (one core, no Python executable to start, a pool that broke, or a failed start)."""
-    if workers < 2 or not sys.executable or getattr(sys, "frozen", False):
+    (one core, a pool that broke, a failed start, or no Python interpreter to start: a frozen app, or one
+    that embeds Python, whose sys.executable is the app itself)."""
+    if workers < 2 or getattr(sys, "frozen", False) or not Path(sys.executable or "-").name.startswith("python"):
         return None
     key = json.dumps(options, sort_keys=True)
     with _pools_lock:
@@ -144,3 +146,16 @@ def shared_pool(options: dict, workers: int, fallback) -> CompilePool | None:
                 log.info("compile workers did not start (%s); compiling in this process", e)
                 return None
     return None if pool.broken else pool
+
+
+@atexit.register
+def _stop_workers():
+    """Close this process's workers' input (they exit at its end) and reap them."""
+    for pool in _pools.values():
+        if pool.pid == os.getpid():
+            for process in pool.processes:
+                try:
+                    process.stdin.close()
+                    process.wait(timeout=1)
+                except (OSError, ValueError, subprocess.TimeoutExpired):
+                    process.kill()
