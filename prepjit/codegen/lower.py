@@ -82,6 +82,7 @@ class _Lowerer:
         self.is_buffer = is_buffer
         self.buffers: list[UOp] = []
         self.memo: dict = {}
+        self.next_axis = 0  # the axis number of the next reduce range
 
     def global_of(self, node: UOp) -> UOp:
         if node not in self.buffers:
@@ -107,6 +108,15 @@ class _Lowerer:
         if op in ELEMENTWISE:
             return UOp(op, node.dtype, tuple(self.build(s, idx, gate) for s in node.src), node.arg)
         src = node.src[0]
+        if op is Ops.REDUCE_AXIS:  # the kernel's root, or a reduction fused into the kernel that reads it
+            red_op, axes = node.arg
+            red_ranges = {}
+            for a in axes:
+                red_ranges[a] = _range(src.shape[a], self.next_axis, "reduce")
+                self.next_axis += 1
+            value = self.build(src, tuple(red_ranges.get(k, i) for k, i in enumerate(idx)), gate)
+            ranges = tuple(r for r in red_ranges.values() if r.op is Ops.RANGE)
+            return UOp(Ops.REDUCE, node.dtype, (value, *ranges), red_op) if ranges else value
         if op is Ops.RESHAPE:
             return self.build(src, reshape_index(idx, node.shape, src.shape), gate)
         if op is Ops.PERMUTE:
@@ -162,20 +172,12 @@ def _kernel_name(reduce: bool, shape) -> str:
 
 def lower_kernel(root: UOp, is_buffer) -> tuple[UOp, list[UOp]]:
     """The kernel AST computing `root` into slot 0, and the realized nodes it reads (slots 1..)."""
-    low = _Lowerer(is_buffer)
+    low = _Lowerer(lambda n: is_buffer(n) and (n is not root or n.op in (Ops.INPUT, Ops.CARRY, Ops.LOOP_OUT)))
     shape = root.shape
     idx = tuple(_range(d, i, "loop") for i, d in enumerate(shape))
-    if root.op is Ops.REDUCE_AXIS:
-        red_op, axes = root.arg
-        src = root.src[0]
-        red_ranges = {a: _range(src.shape[a], len(shape) + k, "reduce") for k, a in enumerate(axes)}
-        inner = tuple(red_ranges.get(i, r) for i, r in enumerate(idx))
-        value = low.build(src, inner, None)
-        ranges = tuple(r for r in red_ranges.values() if r.op is Ops.RANGE)
-        if ranges:
-            value = UOp(Ops.REDUCE, root.dtype, (value, *ranges), red_op)
-    else:
-        value = low.build(root, idx, None)
+    low.next_axis = len(shape)
+    value = low.build(root, idx, None)
     out = UOp(Ops.DEFINE_GLOBAL, root.dtype, (), 0)
     store = UOp(Ops.STORE, dtypes.bool, (out, simplify(linear_index(idx, shape)), value))
-    return UOp(Ops.SINK, dtypes.bool, (store,), _kernel_name(root.op is Ops.REDUCE_AXIS, shape)), low.buffers
+    reduces = root.op is Ops.REDUCE_AXIS or any(u.op is Ops.REDUCE for u in value.toposort())
+    return UOp(Ops.SINK, dtypes.bool, (store,), _kernel_name(reduces, shape)), low.buffers

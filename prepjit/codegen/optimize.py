@@ -1,30 +1,45 @@
 """Kernel optimisation passes on the kernel AST, applied before rendering.
 
 Register blocking for contractions (matmul and its relatives): a kernel that stores one float
-sum-reduction per output element, where the output is contiguous along a loop axis `j` and some
-operand does not depend on another loop axis `i`, is upcast: `j` and `i` are split into an outer
-range and a constant unrolled offset (j = j_o * UJ + uj, i = i_o * UI + ui), giving UI x UJ
-stores whose reductions share their reduce ranges. Renderers compute reductions over the same
-ranges in one loop nest, so each loaded operand is reused UJ (or UI) times from registers and
-the UJ contiguous loads and accumulators vectorise. The column blocks (panels) are grouped: the
-group index is the outermost loop (threads split it) and a group's panels the innermost, inside
-the row blocks, so a group's panels of the other operand (packed contiguous by packing.py when
-large) stay in L2 while every row block uses them, and each row block is fetched once per group.
+sum-reduction per output element (possibly inside an elementwise epilogue such as a bias and an
+activation), where the output is contiguous along a loop axis `j` and some operand does not depend
+on another loop axis `i`, is upcast: `j` and `i` are split into an outer range and a constant
+unrolled offset (j = j_o * UJ + uj, i = i_o * UI + ui), giving UI x UJ stores whose reductions share
+their reduce ranges. Renderers compute reductions over the same ranges in one loop nest, so each
+loaded operand is reused UJ (or UI) times from registers and the UJ contiguous loads and
+accumulators vectorise.
 
-Rows are blocked whatever their count: a static count that some UI divides is cut exactly;
-any other count (symbolic, like a batch var, or static and indivisible) runs ceil(rows / UI)
-blocks whose last one clamps its row index to the last row (i = min(i_o * UI + ui, rows - 1)),
-so rows past the end recompute and rewrite the last row with the same value instead of reading
-or writing out of bounds; a count of 0 runs no block.
+The block shape comes from the target CPU (target.py): UJ is two vectors of columns and UI fills
+the vector registers with accumulators, leaving room for the column operand's vectors (loaded one
+step ahead) and a broadcast row value: 8 x 32 float32 with AVX-512's 32 registers, 5 x 16 with
+AVX2's 16. More accumulators than MAX_ACCUMULATORS spill in LLVM's schedule (measured).
+
+Neither the block shape nor the loop order depends on the extents being static. Rows are blocked
+whatever their count: a count the block divides is cut exactly; any other (symbolic, like a batch
+var, or static and indivisible) runs ceil(rows / UI) blocks whose last one clamps its row index to
+the last row (i = min(i_o * UI + ui, rows - 1), for every row of every block: one min per row block, and the
+bounds proof sees each row below `rows`), so rows past the end recompute and rewrite the last row with
+the same value instead of reading or writing out of bounds. Columns whose count the
+block does not divide (symbolic, or static and indivisible) run J // UJ full blocks and a peeled
+tail loop over the last J % UJ columns, each tail step computing one column of every row of the
+row block: loops are (other loops..., row blocks, {column blocks, tail}), so the tail shares every
+loop that threads split. A count of 0 runs nothing.
+
+When the block divides the columns exactly, the column panels are grouped: the group index is the
+outermost loop (threads split it) and a group's panels the innermost, inside the row blocks, so a
+group's panels of the other operand (packed contiguous by packing.py when large) stay in L2 while
+every row block uses them, and each row block is fetched once per group.
 """
 from __future__ import annotations
 
-from ..uop import Ops, UOp, dtypes, simplify
+import functools
 
-UPCAST_J = (32, 16, 8)   # contiguous output columns per block, largest that divides the axis first
-UPCAST_I = (8, 4, 2)     # rows per block
-PANEL_GROUP_BYTES = 1 << 20  # column panels a group of blocks keeps in (L2) cache while every row block uses them
-MIN_PANEL_GROUPS = 4         # groups to split over threads, at least
+from ..uop import Ops, UOp, dtypes, simplify
+from .target import CPUTarget, host_target
+
+MAX_ACCUMULATORS = 16     # vector accumulators a block keeps in registers, at most
+COLUMN_VECTORS = 2        # vectors of contiguous output columns per block row
+MIN_PANEL_GROUPS = 4      # groups to split over threads, at least
 
 
 def const_end(r: UOp) -> int | None:
@@ -38,89 +53,137 @@ def stride_along(index: UOp, r: UOp) -> int | None:
     return step.arg if step.op is Ops.CONST else None
 
 
-def pick_block(end: int | None, choices: tuple) -> int:
-    return next((u for u in choices if end is not None and end % u == 0 and end > u), 1)
+def register_block(target: CPUTarget, itemsize: int) -> tuple[int, int]:
+    """(rows, columns) of the register block of a contraction with elements of `itemsize` bytes."""
+    budget = min(target.vector_registers - 2 * COLUMN_VECTORS - 2, MAX_ACCUMULATORS)
+    return max(1, budget // COLUMN_VECTORS), COLUMN_VECTORS * target.lanes(itemsize)
 
 
-def _row_block(end: UOp) -> tuple[int, bool]:
+def column_block(target: CPUTarget, itemsize: int, end: UOp) -> tuple[int, bool]:
+    """(columns per block, whether a peeled tail follows the full blocks) for a column range ending at `end`.
+
+    A static count takes the widest block (down to one vector) that divides it; others take the full
+    width and a tail, or a narrower block where even the most columns are fewer than the full width."""
+    _, width = register_block(target, itemsize)
+    widths = [w for w in (width, width // 2, target.lanes(itemsize)) if w > 1]
+    if end.op is Ops.CONST:
+        exact = next((w for w in widths if end.arg % w == 0 and end.arg >= w), None)
+        if exact:
+            return exact, False
+    most = end.vmax
+    return next(((w, True) for w in widths if most >= w), (1, False))
+
+
+def _row_block(rows: int, end: UOp) -> tuple[int, bool]:
     """(rows per block, whether the last block clamps) for a row range ending at `end`."""
-    exact = pick_block(end.arg if end.op is Ops.CONST else None, UPCAST_I)
-    if exact > 1:
-        return exact, False
-    clamped = next((u for u in UPCAST_I if end.vmax > u), 1)
-    return clamped, clamped > 1
+    if end.op is Ops.CONST:
+        if end.arg <= rows:
+            return max(1, end.arg), False
+        return rows, end.arg % rows != 0
+    rows = min(rows, max(1, end.vmax))
+    return rows, rows > 1
 
 
-def _panel_group(panels: int, panel_bytes: int) -> int:
-    """Column panels per group: the most that divide `panels`, fit PANEL_GROUP_BYTES and leave MIN_PANEL_GROUPS."""
-    most = min(PANEL_GROUP_BYTES // max(1, panel_bytes), panels // MIN_PANEL_GROUPS)
+def _panel_group(panels: int, panel_bytes: int, target: CPUTarget) -> int:
+    """Column panels per group: the most that divide `panels`, fit half the L2 cache and leave MIN_PANEL_GROUPS."""
+    most = min(target.l2_bytes // 2 // max(1, panel_bytes), panels // MIN_PANEL_GROUPS)
     return next((g for g in range(most, 1, -1) if panels % g == 0), 1)
 
 
-def upcast_contraction(ast: UOp) -> UOp:
-    """Register-block a kernel computing one float ADD reduction per output element; others are returned as is."""
+def _contraction(ast: UOp):
+    """(store, the float ADD reduction its value computes) of a one-store kernel, or None."""
     if ast.op is not Ops.SINK or len(ast.src) != 1:
-        return ast
+        return None
     store = ast.src[0]
-    out, index, value = store.src
-    if value.op is not Ops.REDUCE or value.arg is not Ops.ADD or value.dtype not in (dtypes.float32, dtypes.float64):
-        return ast
+    reduces = [u for u in store.src[2].toposort() if u.op is Ops.REDUCE]
+    if len(reduces) != 1 or reduces[0].arg is not Ops.ADD or reduces[0].dtype not in (dtypes.float32, dtypes.float64):
+        return None
+    return store, reduces[0]
+
+
+def contraction_axes(ast: UOp):
+    """(store, reduction, loop ranges in order, column axis j, row axis i or None) of a blockable contraction, or None.
+
+    `j` is the innermost loop along which the output is contiguous and some operand varies while another
+    does not; `i` is the innermost other loop that the operand varying along `j` does not depend on."""
+    found = _contraction(ast)
+    if found is None:
+        return None
+    store, red = found
+    index = store.src[1]
     loops = sorted({u for u in store.toposort() if u.op is Ops.RANGE and u.arg[1] == "loop"}, key=lambda r: r.arg[0])
-    loads = [u for u in value.toposort() if u.op is Ops.LOAD]
-    j = next((r for r in reversed(loops) if stride_along(index, r) == 1 and const_end(r)), None)
-    if j is None or not any(j in ld.src[1].toposort() for ld in loads) \
-            or not any(j not in ld.src[1].toposort() for ld in loads):
+    loads = [u for u in red.toposort() if u.op is Ops.LOAD]
+    uses = {ld: set(ld.src[1].toposort()) for ld in loads}
+    j = next((r for r in reversed(loops) if stride_along(index, r) == 1), None)
+    if j is None or not any(j in u for u in uses.values()) or all(j in u for u in uses.values()):
+        return None
+    others = [r for r in loops if r is not j and any(r not in u for u in uses.values() if j in u)]
+    return store, red, loops, j, others[-1] if others else None
+
+
+def upcast_contraction(ast: UOp, target: CPUTarget) -> UOp:
+    """Register-block a kernel computing one float ADD reduction per output element; others are returned as is."""
+    axes_found = contraction_axes(ast)
+    if axes_found is None:
         return ast
-    uj = pick_block(const_end(j), UPCAST_J)
-    others = [r for r in loops if r is not j
-              and any(r not in ld.src[1].toposort() for ld in loads if j in ld.src[1].toposort())]
-    i = others[-1] if others else None
-    ui, clamp = _row_block(i.src[0]) if i is not None else (1, False)
-    if uj == 1:
+    store, red, loops, j, i = axes_found
+    out, index, value = store.src
+    rows_per_block, _ = register_block(target, value.dtype.itemsize)
+    uj, tail = column_block(target, value.dtype.itemsize, j.src[0])
+    if uj == 1 or tail and loops == [j]:  # a tail needs a loop it shares with the blocks, for threads to split
         return ast
-    axes = max(r.arg[0] for r in value.toposort() + store.toposort() if r.op is Ops.RANGE) + 1
-    panels, reduce_size = const_end(j) // uj, 1
-    for r in value.src[1:]:
-        reduce_size *= max(1, int(r.src[0].vmax))
-    group = _panel_group(panels, uj * reduce_size * value.dtype.itemsize)
-    if group > 1:  # groups of panels outermost, each group's panels innermost: they stay in cache for all rows
-        j_outer = UOp(Ops.RANGE, dtypes.index, (UOp.const(panels // group),), (-1, "loop")) * group + \
-            UOp(Ops.RANGE, dtypes.index, (UOp.const(group),), (axes + 1, "loop"))
-    else:
-        j_outer = UOp(Ops.RANGE, dtypes.index, (UOp.const(panels),), (-1, "loop"))
-    i_outer = UOp(Ops.RANGE, dtypes.index, (simplify((i.src[0] + (ui - 1)) // ui),), (axes, "loop")) \
-        if ui > 1 else None
-    cols = [j_outer * uj + b for b in range(uj)]
-    rows = [None] if i_outer is None else \
-        [(i_outer * ui + a).smin(i.src[0] - 1) if clamp and a else i_outer * ui + a for a in range(ui)]
-    stores, simplified = [], {}
-    reduced = value.src[0]
-    loads = [u for u in reduced.toposort() if u.op is Ops.LOAD]
-    for row in rows:
-        row_mapping = {j: cols[0]} if row is None else {j: cols[0], i: row}
-        row_index = simplify(index.substitute(row_mapping))  # the store index steps by 1 along j
-        for b, col in enumerate(cols):
-            mapping = {j: col} if row is None else {j: col, i: row}
-            new_value = UOp(Ops.REDUCE, value.dtype, (_blocked_loads(reduced, loads, mapping, simplified),
-                                                      *value.src[1:]), value.arg)
-            store_index = UOp(Ops.ADD, dtypes.index, (row_index, UOp.const(b))) if b else row_index
-            stores.append(UOp(Ops.STORE, store.dtype, (out, store_index, new_value)))
+    ui, clamp = _row_block(rows_per_block, i.src[0]) if i is not None else (1, False)
+    axis = max(r.arg[0] for r in ast.toposort() if r.op is Ops.RANGE) + 1
+    new_range = lambda end, n: UOp(Ops.RANGE, dtypes.index, (simplify(end),), (n, "loop"))  # noqa: E731
+    i_outer = new_range((i.src[0] + (ui - 1)) // ui, axis) if ui > 1 else None
+    rows = [i] if i is not None and ui == 1 else [None] if i is None else \
+        [(i_outer * ui + a).smin(i.src[0] - 1) if clamp else i_outer * ui + a for a in range(ui)]
+    memo: dict = {}
+    if not tail:
+        panels, reduce_size = j.src[0].arg // uj, 1
+        for r in red.src[1:]:
+            reduce_size *= max(1, int(r.src[0].vmax))
+        group = _panel_group(panels, uj * reduce_size * value.dtype.itemsize, target)
+        if group > 1:  # groups of panels outermost, each group's panels innermost: they stay in cache for all rows
+            j_outer = new_range(UOp.const(panels // group), -1) * group + new_range(UOp.const(group), axis + 1)
+        else:
+            j_outer = new_range(UOp.const(panels), -1)
+        stores = _block_stores(store, j, i, [j_outer * uj + b for b in range(uj)], rows, memo)
+    else:  # row blocks outermost (after the other loops), then the full column blocks, then the peeled tail
+        full = simplify(j.src[0] // uj)
+        j_outer = new_range(full, axis + 1)
+        stores = _block_stores(store, j, i, [j_outer * uj + b for b in range(uj)], rows, memo)
+        t = new_range(j.src[0] - full * uj, axis + 2)  # the tail's columns, last first: J - 1 - t
+        stores += _block_stores(store, j, i, [j.src[0] - 1 - t], rows, memo)
     return _renumber(UOp(Ops.SINK, ast.dtype, tuple(stores), ast.arg))
 
 
-def _blocked_loads(u: UOp, loads: list[UOp], mapping: dict, simplified: dict) -> UOp:
-    """`u` with `mapping` substituted and the index (and gate) of each of its `loads` simplified.
+def _block_stores(store: UOp, j: UOp, i: UOp | None, cols: list, rows: list, memo: dict) -> list[UOp]:
+    """The stores of `store` at every (row, column) of a block: its index and value with `j` and `i` replaced."""
+    out, index, value = store.src
+    stores = []
+    for row in rows:
+        base = {j: cols[0]} if row is None or row is i else {j: cols[0], i: row}
+        row_index = simplify(index.substitute(base))  # the store index steps by 1 along j
+        for b, col in enumerate(cols):
+            mapping = {**base, j: col}
+            store_index = UOp(Ops.ADD, dtypes.index, (row_index, UOp.const(b))) if b else row_index
+            stores.append(UOp(Ops.STORE, store.dtype, (out, store_index, _instantiate(value, mapping, memo))))
+    return stores
 
-    `simplified` memoises across a kernel's blocks: an operand that depends on one blocked axis only
-    has as many distinct indices as that axis has offsets, so each is simplified once.
-    """
+
+def _instantiate(u: UOp, mapping: dict, memo: dict) -> UOp:
+    """`u` with `mapping` substituted and the index (and gate) of each of its loads simplified.
+
+    `memo` keeps the simplified indices across a kernel's blocks: an operand that depends on one blocked
+    axis only has as many distinct indices as that axis has offsets, so each is simplified once."""
     def simple(x: UOp) -> UOp:
-        x = x.substitute(mapping)
-        if x not in simplified:
-            simplified[x] = simplify(x)
-        return simplified[x]
+        if x not in memo:
+            memo[x] = simplify(x)
+        return memo[x]
+    u = u.substitute(mapping)
     return u.substitute({ld: UOp(Ops.LOAD, ld.dtype, (ld.src[0], *(simple(s) for s in ld.src[1:])), ld.arg)
-                         for ld in loads})
+                         for ld in u.toposort() if ld.op is Ops.LOAD})
 
 
 def _renumber(ast: UOp) -> UOp:
@@ -129,8 +192,11 @@ def _renumber(ast: UOp) -> UOp:
     return ast.substitute({r: UOp(Ops.RANGE, r.dtype, r.src, (n, r.arg[1])) for n, r in enumerate(ranges)})
 
 
-def optimize(ast: UOp, language: str) -> UOp:
-    """The optimised AST for a renderer; renderers that cannot yet take multi-store kernels get it unchanged."""
+@functools.lru_cache(maxsize=4096)
+def optimize(ast: UOp, language: str, target: CPUTarget | None = None) -> UOp:
+    """The optimised AST for a renderer (for llvm, blocked for `target`, by default this host's CPU);
+    renderers that cannot yet take multi-store kernels get it unchanged. Memoised: the bounds proof and
+    the renderer ask for the same kernel."""
     if language != "llvm":
         return ast
-    return upcast_contraction(ast)
+    return upcast_contraction(ast, target or host_target())

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from ..uop import Ops, UOp, dtypes, simplify
 from .lower import linear_index
-from .optimize import UPCAST_J, const_end, pick_block, stride_along
+from .optimize import column_block, contraction_axes
+from .target import CPUTarget, host_target
 
 MIN_ROWS = 64      # rows of the other operand that reuse each packed panel, at least
 MIN_REDUCE = 64    # reduction length, at least: shorter panels sit in cache unpacked
@@ -23,30 +24,26 @@ def _size(end: UOp) -> int:
     return end.arg if end.op is Ops.CONST else max(0, end.vmax)
 
 
-def pack_contraction(ast: UOp, slot: int) -> tuple[UOp, UOp, tuple] | None:
+def pack_contraction(ast: UOp, slot: int, target: CPUTarget | None = None) -> tuple[UOp, UOp, tuple] | None:
     """(packing kernel AST, contraction AST reading the packed copy from buffer `slot`, packed shape), or None.
 
     The packing kernel writes slot 0 and reads the contraction's own input slots, so it runs on the
-    same buffer list with the packed buffer in slot 0.
+    same buffer list with the packed buffer in slot 0. Panels are as wide as optimize.py's column blocks
+    for `target` (by default this host's CPU); columns that end in a peeled tail are not packed.
     """
-    if ast.op is not Ops.SINK or len(ast.src) != 1:
+    found = contraction_axes(ast)
+    if found is None:
         return None
-    store = ast.src[0]
-    _, index, value = store.src
-    if value.op is not Ops.REDUCE or value.arg is not Ops.ADD or value.dtype not in (dtypes.float32, dtypes.float64) \
-            or value.src[0].op is not Ops.MUL:
+    _, value, loops, j, _ = found
+    if value.src[0].op is not Ops.MUL or j.src[0].op is not Ops.CONST:
         return None
     reduces = list(value.src[1:])
-    loops = sorted({u for u in store.toposort() if u.op is Ops.RANGE and u.arg[1] == "loop"}, key=lambda r: r.arg[0])
-    j = next((r for r in reversed(loops) if stride_along(index, r) == 1 and const_end(r)), None)
-    if j is None:
-        return None
-    width = pick_block(const_end(j), UPCAST_J)
+    width, tail = column_block(target or host_target(), value.dtype.itemsize, j.src[0])
     x, y = value.src[0].src
     if j in x.toposort():
         x, y = y, x
     y_ranges = set(y.toposort())
-    if width == 1 or j not in y_ranges or j in x.toposort() or not all(k in y_ranges for k in reduces):
+    if width == 1 or tail or j not in y_ranges or j in x.toposort() or not all(k in y_ranges for k in reduces):
         return None
     rows = [r for r in loops if r not in y_ranges]
     reuse = 1
@@ -58,7 +55,7 @@ def pack_contraction(ast: UOp, slot: int) -> tuple[UOp, UOp, tuple] | None:
     if not rows or reuse < MIN_ROWS or reduce_size < MIN_REDUCE:
         return None
     outer = [r for r in loops if r in y_ranges and r is not j]
-    shape = tuple(r.src[0] for r in outer) + (UOp.const(const_end(j) // width),) + \
+    shape = tuple(r.src[0] for r in outer) + (UOp.const(j.src[0].arg // width),) + \
         tuple(k.src[0] for k in reduces) + (UOp.const(width),)
     new = [UOp(Ops.RANGE, dtypes.index, (end,), (n, "loop")) for n, end in enumerate(shape)]
     mapping = dict(zip(outer, new)) | dict(zip(reduces, new[len(outer) + 1:-1]))

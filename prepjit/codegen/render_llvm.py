@@ -14,15 +14,19 @@ import struct
 from ..uop import DType, Ops, UOp, dtypes
 from .kernel import KernelSource, kernel_vars, parallel_range
 from .renderer import KernelRenderer
+from .target import CPUTarget, host_target
 
 _LLTYPE = {"b": "i1", 1: "i8", 2: "i16", 4: "i32", 8: "i64"}
 _FLOAT = {dtypes.float16: "float", dtypes.float32: "float", dtypes.float64: "double"}
 _MATH = {Ops.EXP: "exp", Ops.EXP2: "exp2", Ops.LOG: "log", Ops.LOG2: "log2", Ops.SQRT: "sqrt", Ops.SIN: "sin",
          Ops.COS: "cos", Ops.FLOOR: "floor", Ops.CEIL: "ceil", Ops.RINT: "rint", Ops.ABS: "fabs"}
 _LIBM = {Ops.TANH: "tanh", Ops.ERF: "erf"}
-# x86 backends default to 256-bit vectors even where 512-bit ones exist; a register-blocked contraction's
-# accumulators then need twice the registers and spill. Targets without 512-bit vectors ignore this.
-FUNCTION_ATTRIBUTES = 'nounwind "prefer-vector-width"="512"'
+
+
+def function_attributes(target: CPUTarget) -> str:
+    """x86 backends default to 256-bit vectors even where 512-bit ones exist; a register-blocked contraction's
+    accumulators then need twice the registers and spill. So kernels ask for the target's full width."""
+    return f'nounwind "prefer-vector-width"="{8 * target.vector_bytes}"'
 
 
 def reg_type(dt: DType) -> str:
@@ -55,9 +59,15 @@ def _identity(op: Ops, dt: DType):
     return dt.max()
 
 
+def _loop_ranges(u: UOp) -> list[UOp]:
+    return sorted({r for r in u.toposort() if r.op is Ops.RANGE and r.arg[1] == "loop"}, key=lambda r: r.arg[0])
+
+
 class _Renderer(KernelRenderer):
-    def __init__(self, ast: UOp):
+    def __init__(self, ast: UOp, target: CPUTarget):
         super().__init__(ast)
+        self.attributes = function_attributes(target)
+        self.open_ranges: list[UOp] = []  # the loop ranges open where the renderer is, outermost first
         self.lines: list[str] = []
         self.allocas: list[str] = []
         self.decls: set[str] = set()
@@ -65,9 +75,11 @@ class _Renderer(KernelRenderer):
         self.vars = [v.arg[0] for v in kernel_vars(ast)]
         self.prange = parallel_range(ast)
         self.reduce_groups: dict = {}
+        self.reduce_loops: dict[UOp, set] = {}  # the loop ranges each reduction's value depends on
         for u in ast.toposort():
             if u.op is Ops.REDUCE:
                 self.reduce_groups.setdefault((u.arg, u.dtype, u.src[1:]), []).append(u)
+                self.reduce_loops[u] = set(_loop_ranges(u))
 
     def tmp(self, prefix="t") -> str:
         self.n += 1
@@ -293,13 +305,15 @@ class _Renderer(KernelRenderer):
         self.lines.append(f"{label}.exit:")
 
     def reduce(self, u: UOp) -> str:
-        """`u` and every not yet rendered reduction over the same ranges (an upcast block) in one loop nest.
+        """`u` and every not yet rendered reduction over the same ranges (an upcast block) whose loops are
+        open here, in one loop nest.
 
         A lone float sum is reassociated so LLVM vectorises its loop; a block's sums are not (its
         accumulators vectorise across the block instead) and fuse their multiply-adds.
         """
+        here = set(self.open_ranges)
         group = [u] + [r for r in self.reduce_groups[(u.arg, u.dtype, u.src[1:])]
-                       if r is not u and not any(r in scope for scope in self.scopes)]
+                       if r is not u and self.reduce_loops[r] <= here and not any(r in scope for scope in self.scopes)]
         t, block = reg_type(u.dtype), len(group) > 1
         accs = [self.tmp("acc") for _ in group]
         for acc in accs:
@@ -329,31 +343,47 @@ class _Renderer(KernelRenderer):
         return outs[0]
 
     # ---- the function ----
+    def open_range(self, r: UOp) -> tuple:
+        self.open_ranges.append(r)
+        if r is not self.prange:
+            return self.open_loop(r, "0", self.value(r.src[0]))
+        self.emit(f"%end.clamped = call i64 @llvm.smin.i64(i64 %end, i64 {self.value(r.src[0])})")
+        self.decls.add("declare i64 @llvm.smin.i64(i64, i64)")
+        return self.open_loop(r, "%start", "%end.clamped")
+
     def kernel(self) -> str:
-        ranges = sorted({r for r in self.ast.toposort() if r.op is Ops.RANGE and r.arg[1] == "loop"},
-                        key=lambda r: r.arg[0])
+        """The stores in order, each inside the loops of the ranges it depends on: consecutive stores share
+        the loops their ranges have in common (outermost first), so stores over other ranges (a peeled tail)
+        get loop nests of their own inside the shared ones. Every store is inside the parallel range."""
         loops = []
-        for r in ranges:
-            if r is self.prange:
-                self.emit(f"%end.clamped = call i64 @llvm.smin.i64(i64 %end, i64 {self.value(r.src[0])})")
-                self.decls.add("declare i64 @llvm.smin.i64(i64, i64)")
-                loops.append(self.open_loop(r, "%start", "%end.clamped"))
-            else:
-                loops.append(self.open_loop(r, "0", self.value(r.src[0])))
-        if not ranges:  # a single element: run once, in the call whose slice holds index 0
+        if self.prange is None:  # a single element: run once, in the call whose slice holds index 0
             self.emit("%end.one = call i64 @llvm.smin.i64(i64 %end, i64 1)")
             self.decls.add("declare i64 @llvm.smin.i64(i64, i64)")
             loops.append(self.open_loop(None, "%start", "%end.one"))
+        base = len(loops)
         for store in self.ast.src:
+            need = _loop_ranges(store)
+            if self.prange is not None and (not need or need[0] is not self.prange):
+                raise RuntimeError(f"a store of {self.ast.arg} is outside the parallel range")
+            keep = 0
+            while keep < min(len(need), len(self.open_ranges)) and need[keep] is self.open_ranges[keep]:
+                keep += 1
+            while len(self.open_ranges) > keep:
+                self.open_ranges.pop()
+                self.close_loop(loops.pop())
+            for r in need[keep:]:
+                loops.append(self.open_range(r))
             self.store(store)
-        for loop in reversed(loops):
-            self.close_loop(loop)
+        while len(loops) > base:
+            self.close_loop(loops.pop())
+        if base:
+            self.close_loop(loops.pop())
         n_bufs = 1 + max((u.arg for u in self.ast.toposort() if u.op is Ops.DEFINE_GLOBAL), default=0)
         name = self.ast.arg
         params = [f"ptr noalias %buf{i}" for i in range(n_bufs)] + [f"i64 %var_{v}" for v in self.vars]
         body = [f"define internal void @{name}_body({', '.join(params + ['i64 %start', 'i64 %end'])}) "
-                f"alwaysinline {FUNCTION_ATTRIBUTES} {{", "entry:", *self.allocas, *self.lines, "  ret void", "}"]
-        wrap = [f"define void @{name}(ptr %bufs, ptr %vals, i64 %start, i64 %end) {FUNCTION_ATTRIBUTES} {{", "entry:"]
+                f"alwaysinline {self.attributes} {{", "entry:", *self.allocas, *self.lines, "  ret void", "}"]
+        wrap = [f"define void @{name}(ptr %bufs, ptr %vals, i64 %start, i64 %end) {self.attributes} {{", "entry:"]
         args = []
         for i in range(n_bufs):
             wrap.append(f"  %bp{i} = getelementptr ptr, ptr %bufs, i64 {i}")
@@ -367,8 +397,9 @@ class _Renderer(KernelRenderer):
         return "\n".join(sorted(self.decls) + [""] + body + [""] + wrap) + "\n"
 
 
-def render_llvm(ast: UOp) -> KernelSource:
-    r = _Renderer(ast)
+def render_llvm(ast: UOp, target: CPUTarget | None = None) -> KernelSource:
+    """The LLVM IR of a kernel, for `target` (by default this host's CPU)."""
+    r = _Renderer(ast, target or host_target())
     source = r.kernel()
     size = (r.prange.src[0],) if r.prange is not None else (UOp.const(1),)
     return KernelSource(ast.arg, source, "llvm", tuple(r.vars), size)

@@ -2,14 +2,15 @@
 
 A value is realized (gets a buffer) when it is an input, a reduction, a loop carry, an output,
 or an elementwise value that fusion.py finds worth computing once; everything else elementwise
-or a view is inlined into the kernels that read it. Kernels are emitted in dependency order.
+or a view is inlined into the kernels that read it, and so are the reductions fusion.py computes
+inside their only reader. Kernels are emitted in dependency order.
 """
 from __future__ import annotations
 
 import attrs
 
 from ..uop import DType, Ops, UOp, sint
-from .fusion import choose_materialized
+from .fusion import choose_materialized, fused_reductions
 from .lower import REALIZED, lower_kernel
 from .packing import pack_contraction
 
@@ -44,14 +45,15 @@ def _max_size(shape: tuple[sint, ...]) -> int:
 
 
 class _Scheduler:
-    def __init__(self, materialized: set[UOp], pack_contractions: bool):
+    def __init__(self, materialized: set[UOp], fused: set[UOp], pack_contractions: bool):
         self.buffers: list[BufferSpec] = []
         self.kernels: list[ScheduledKernel] = []
         self.materialized = materialized
+        self.fused = fused
         self.pack_contractions = pack_contractions
 
     def has_buffer(self, node: UOp) -> bool:
-        return node.op in REALIZED or node in self.materialized
+        return node.op in REALIZED and node not in self.fused or node in self.materialized
 
     def new_buffer(self, node: UOp) -> int:
         self.buffers.append(BufferSpec(node.dtype, tuple(node.shape), _max_size(node.shape)))
@@ -85,7 +87,7 @@ class _Scheduler:
     def compute_into(self, node: UOp, buf: int, env: dict):
         for dep in self.deps(node):
             self.realize(dep, env)
-        ast, reads = lower_kernel(node, lambda n: n.op in REALIZED or (n in self.materialized and n is not node))
+        ast, reads = lower_kernel(node, self.has_buffer)
         slots = (buf, *(env[r] for r in reads))
         packed = pack_contraction(ast, len(slots)) if self.pack_contractions else None
         if packed is not None:  # the packing kernel reads the contraction's inputs and writes slot 0
@@ -135,31 +137,20 @@ def _drop_unused_slots(ast: UOp, buffers: tuple[int, ...]) -> tuple[UOp, tuple[i
     return ast, tuple(buffers[i] for i in used)
 
 
-def _reduction_under_reshapes(node: UOp, env: dict) -> UOp | None:
-    """The unrealized reduction an output merely reshapes (e.g. `x.sum(axis=1)`), else None.
-
-    A reshape keeps the row-major order of elements, so the reduction can store straight into
-    the output's buffer instead of into its own buffer followed by a copy kernel.
-    """
-    while node.op is Ops.RESHAPE:
-        node = node.src[0]
-    return node if node.op is Ops.REDUCE_AXIS and node not in env else None
-
-
 def schedule(outputs: list[UOp], inputs: list[UOp], pack_contractions: bool = False) -> Schedule:
     """Kernels and buffers computing `outputs` from `inputs`; each output gets a fresh buffer.
 
     With `pack_contractions` (for devices that register-block contractions), large contractions
     first copy their column operand into contiguous panels (packing.py).
     """
-    s = _Scheduler(choose_materialized(outputs), pack_contractions)
+    materialized = choose_materialized(outputs)
+    s = _Scheduler(materialized, fused_reductions(outputs, materialized), pack_contractions)
     env = {node: s.new_buffer(node) for node in inputs}
     input_bufs = tuple(env[n] for n in inputs)
     output_bufs, done = [], {}
     for node in outputs:
         if node not in done:
             done[node] = s.new_buffer(node)
-            reduction = _reduction_under_reshapes(node, env)
-            s.compute_into(node if reduction is None else reduction, done[node], env)
+            s.compute_into(node, done[node], env)
         output_bufs.append(done[node])
     return Schedule(tuple(s.buffers), tuple(s.kernels), input_bufs, tuple(output_bufs))

@@ -4,7 +4,9 @@ import pytest
 
 import prepjit as pj
 import prepjit.numpy as pnp
-from prepjit.codegen.optimize import optimize
+from prepjit.codegen.optimize import optimize, register_block
+from prepjit.codegen.render_llvm import render_llvm
+from prepjit.codegen.target import AVX2, AVX512
 from prepjit.uop import Ops
 
 
@@ -15,12 +17,20 @@ def test_matmul_shapes_match_numpy(rng, m, k, n):
     np.testing.assert_allclose(np.asarray(f(a, b)), a @ b, rtol=1e-4, atol=1e-4)
 
 
-def test_blocked_kernel_stores_a_block_per_iteration(rng):
-    a, b = rng.standard_normal((64, 16)).astype(np.float32), rng.standard_normal((16, 64)).astype(np.float32)
+def test_block_shapes_come_from_the_target():
+    """AVX-512's 32 registers hold 8 x 2 accumulators of 16 floats; AVX2's 16 hold 5 x 2 of 8."""
+    assert register_block(AVX512, 4) == (8, 32) and register_block(AVX512, 8) == (8, 16)
+    assert register_block(AVX2, 4) == (5, 16) and register_block(AVX2, 8) == (5, 8)
+
+
+@pytest.mark.parametrize("target,rows,cols,width", [(AVX512, 8, 32, 512), (AVX2, 5, 16, 256)])
+def test_blocked_kernel_stores_a_block_per_iteration(rng, target, rows, cols, width):
+    a, b = rng.standard_normal((80, 16)).astype(np.float32), rng.standard_normal((16, 64)).astype(np.float32)
     plan = pj.prepare(lambda a, b: a @ b, device="cpu").plan(a, b)
     (kernel,) = plan.kernels
-    blocked = optimize(kernel.ast, "llvm")
-    assert len(blocked.src) == 8 * 32 and all(s.op is Ops.STORE for s in blocked.src)
+    blocked = optimize(kernel.ast, "llvm", target)
+    assert len(blocked.src) == rows * cols and all(s.op is Ops.STORE for s in blocked.src)
+    assert f'"prefer-vector-width"="{width}"' in render_llvm(blocked, target).source
     assert optimize(kernel.ast, "opencl") is kernel.ast
 
 
@@ -62,17 +72,21 @@ def test_symbolic_rows_are_blocked_with_clamped_last_block(rng):
         x = rng.standard_normal((n, 24)).astype(np.float32)
         np.testing.assert_allclose(np.asarray(f(x, w)), x @ w, rtol=1e-4, atol=1e-4, err_msg=f"n={n}")
     (kernel,) = f.plan(x, w).kernels
-    blocked = optimize(kernel.ast, "llvm")
-    assert len(blocked.src) == 8 * 32 and _clamped_rows(blocked) == 7 * 32
+    blocked = optimize(kernel.ast, "llvm", AVX512)
+    assert len(blocked.src) == 8 * 32 and _clamped_rows(blocked) == 8 * 32
+    blocked = optimize(kernel.ast, "llvm", AVX2)
+    assert len(blocked.src) == 5 * 16 and _clamped_rows(blocked) == 5 * 16
 
 
 @pytest.mark.parametrize("m", [5, 13, 999])
 def test_static_row_counts_no_block_divides_are_clamped(rng, m):
+    """Fewer rows than a block: one exact block of them all; more, and no block divides them: the last clamps."""
     a, b = rng.standard_normal((m, 16)).astype(np.float32), rng.standard_normal((16, 32)).astype(np.float32)
     f = pj.prepare(lambda a, b: a @ b, device="cpu")
     np.testing.assert_allclose(np.asarray(f(a, b)), a @ b, rtol=1e-4, atol=1e-4)
     (kernel,) = f.plan(a, b).kernels
-    assert _clamped_rows(optimize(kernel.ast, "llvm")) > 0
+    blocked = optimize(kernel.ast, "llvm", AVX512)
+    assert len(blocked.src) == min(m, 8) * 32 and (_clamped_rows(blocked) > 0) == (m > 8)
 
 
 def test_symbolic_rows_in_a_batched_fused_mlp(rng):
@@ -92,3 +106,33 @@ def test_symbolic_rows_of_a_transposed_operand_and_float64(rng):
     for n in (1, 2, 9, 23, 50):
         x = rng.standard_normal((n, 12))
         np.testing.assert_allclose(np.asarray(f(x, w)), x @ w.T, rtol=1e-10, atol=1e-10)
+
+
+def _tail_stores(ast) -> int:
+    """How many stores of a blocked kernel sit in the peeled column tail (their loops include the tail range)."""
+    last = max(u.arg[0] for u in ast.toposort() if u.op is Ops.RANGE and u.arg[1] == "loop")
+    return sum(any(u.op is Ops.RANGE and u.arg == (last, "loop") for u in s.toposort()) for s in ast.src)
+
+
+def test_symbolic_columns_get_full_blocks_and_a_peeled_tail(rng):
+    """Batched q @ k.T with symbolic batch and sequence: the same 8 x 32 blocks as a static shape, then one
+    tail column per row; every sequence length (below, at and across block edges) equals NumPy."""
+    f = pj.prepare(lambda q, k: q @ k.transpose(0, 1, 3, 2), vars={"b": (1, 3), "s": (0, 80)},
+                   shapes={"q": ("b", 2, "s", 16), "k": ("b", 2, "s", 16)}, device="cpu")
+    for b, s in [(1, 0), (1, 1), (2, 7), (1, 31), (3, 32), (2, 33), (1, 64), (2, 71), (1, 80)]:
+        q, k = (rng.standard_normal((b, 2, s, 16)).astype(np.float32) for _ in range(2))
+        np.testing.assert_allclose(np.asarray(f(q, k)), q @ k.transpose(0, 1, 3, 2), rtol=1e-4, atol=1e-4,
+                                   err_msg=f"b={b} s={s}")
+    (kernel,) = f.plan(q, k).kernels
+    blocked = optimize(kernel.ast, "llvm", AVX512)
+    assert len(blocked.src) == 8 * 32 + 8 and _tail_stores(blocked) == 8
+    assert _tail_stores(optimize(kernel.ast, "llvm", AVX2)) == 5
+
+
+@pytest.mark.parametrize("n", [20, 40, 100])
+def test_static_columns_no_block_divides_are_peeled(rng, n):
+    a, b = rng.standard_normal((37, 24)).astype(np.float32), rng.standard_normal((24, n)).astype(np.float32)
+    f = pj.prepare(lambda a, b: a @ b, device="cpu")
+    np.testing.assert_allclose(np.asarray(f(a, b)), a @ b, rtol=1e-4, atol=1e-4)
+    (kernel,) = f.plan(a, b).kernels
+    assert _tail_stores(optimize(kernel.ast, "llvm", AVX512)) == 8

@@ -1,0 +1,79 @@
+"""The CPU that LLVM kernels are compiled for, as the facts the optimisation passes size blocks by.
+
+`host_target()` reads them from the machine this process runs on: the vector width and number of
+vector registers from LLVM's view of the host CPU (the CPU name and feature flags the cpu device
+also compiles for), the data cache sizes from the kernel's cache description. Passes take a
+`CPUTarget` argument, so a test can ask what a kernel becomes on another host (`AVX2`, `AVX512`).
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import attrs
+
+
+@attrs.frozen
+class CPUTarget:
+    cpu: str                 # LLVM's name of the CPU
+    vector_bytes: int        # widest vector register the kernels use (64: AVX-512, 32: AVX/AVX2, 16: SSE, NEON)
+    vector_registers: int    # architectural vector registers (32: AVX-512, NEON; 16: AVX2, SSE)
+    l1_bytes: int = 32 << 10
+    l2_bytes: int = 1 << 20
+
+    def lanes(self, itemsize: int) -> int:
+        return max(1, self.vector_bytes // itemsize)
+
+
+AVX2 = CPUTarget("haswell", 32, 16)
+AVX512 = CPUTarget("skylake-avx512", 64, 32)
+
+
+def vector_unit(features: dict, triple: str) -> tuple[int, int]:
+    """(vector bytes, vector registers) of a CPU with LLVM feature flags `features` (name -> enabled)."""
+    if features.get("avx512f"):
+        return 64, 32
+    if features.get("avx"):
+        return 32, 16
+    if triple.startswith(("aarch64", "arm64")):
+        return 16, 32
+    return 16, 16
+
+
+def _cache_bytes(level: int) -> int | None:
+    """The size of this CPU's level-`level` data (or unified) cache, or None when the system does not say."""
+    root = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for entry in sorted(os.listdir(root)):
+            path = os.path.join(root, entry)
+            with open(os.path.join(path, "level")) as f:
+                if int(f.read()) != level:
+                    continue
+            with open(os.path.join(path, "type")) as f:
+                if f.read().strip() == "Instruction":
+                    continue
+            with open(os.path.join(path, "size")) as f:
+                text = f.read().strip().upper()
+            scale = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
+            return int(text.rstrip("KM")) * scale
+    except (OSError, ValueError):
+        pass
+    name = {1: "SC_LEVEL1_DCACHE_SIZE", 2: "SC_LEVEL2_CACHE_SIZE"}[level]
+    try:
+        size = os.sysconf(name)
+    except (ValueError, OSError):
+        return None
+    return size if size > 0 else None
+
+
+@functools.cache
+def host_target() -> CPUTarget:
+    """The facts of the CPU this process runs on."""
+    import llvmlite.binding as llvm
+    try:
+        features = dict(llvm.get_host_cpu_features())
+    except RuntimeError:  # LLVM cannot read the flags on this host: assume the baseline vector unit
+        features = {}
+    vector_bytes, registers = vector_unit(features, llvm.get_default_triple())
+    l1, l2 = _cache_bytes(1), _cache_bytes(2)
+    return CPUTarget(llvm.get_host_cpu_name(), vector_bytes, registers, l1 or 32 << 10, l2 or 1 << 20)
