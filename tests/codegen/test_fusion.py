@@ -1,9 +1,13 @@
 """Fusion decisions: a value several kernels read is computed once when recomputing it costs more."""
+import math
+
 import numpy as np
 
 import prepjit as pj
+import prepjit.numpy as pnp
 from prepjit.codegen.fusion import choose_materialized
 from prepjit.codegen.schedule import schedule
+from prepjit.uop import Ops
 
 
 def chain(a, b, steps):
@@ -42,3 +46,65 @@ def test_small_chains_stay_fused_but_kernels_stay_bounded(rng):
     assert biggest < 200  # without materialising, the last kernel inlines all 80 steps (over 400 nodes)
     f = pj.prepare(lambda a, b: chain(a, b, 80))
     np.testing.assert_allclose(np.asarray(f(a, b)), chain(a, b, 80), rtol=1e-4, atol=1e-4)
+
+
+def _ops(kernel):
+    return {u.op for u in kernel.ast.toposort()}
+
+
+def _gelu_ffn(x, w1, b1, w2, b2):
+    h = x @ w1 + b1
+    return (h * 0.5 * (1 + pnp.erf(h * np.float32(0.7071067811865476)))) @ w2 + b2
+
+
+def test_contraction_operand_is_materialised_not_recomputed_per_column(device, rng):
+    """GELU of an up-projection feeds a down-projection that reads each of its values once per output
+    column: the erf runs in one kernel (the up-projection's, as its epilogue), the down-projection reads
+    a buffer, and each projection is one kernel with its bias."""
+    x = rng.standard_normal((16, 32)).astype(np.float32)
+    w1, w2 = rng.standard_normal((32, 64)).astype(np.float32), rng.standard_normal((64, 32)).astype(np.float32)
+    b1, b2 = rng.standard_normal(64).astype(np.float32), rng.standard_normal(32).astype(np.float32)
+    _, sched = _schedule(_gelu_ffn, x, w1, b1, w2, b2)
+    assert len(sched.kernels) == 2
+    up, down = sched.kernels
+    assert Ops.ERF in _ops(up) and Ops.REDUCE in _ops(up)
+    assert Ops.ERF not in _ops(down) and Ops.REDUCE in _ops(down)
+    f = pj.prepare(device=device, vars={"n": (1, 64)}, shapes={"x": ("n", None)})(_gelu_ffn)
+    h = x @ w1 + b1
+    want = (h * 0.5 * (1 + np.vectorize(math.erf)(h * 0.7071067811865476))).astype(np.float32) @ w2 + b2
+    np.testing.assert_allclose(np.asarray(f(x, w1, b1, w2, b2)), want, rtol=1e-4, atol=1e-4)
+
+
+def test_relu_operand_of_a_contraction_is_computed_once(rng):
+    x = rng.standard_normal((64, 16)).astype(np.float32)
+    w = rng.standard_normal((16, 64)).astype(np.float32)
+    _, sched = _schedule(lambda x, w: pnp.maximum(x @ w + 1, 0) @ w.T, x, w)
+    assert [Ops.MAX in _ops(k) for k in sched.kernels] == [True, False]
+
+
+def test_value_broadcast_into_a_reduction_is_materialised(device, rng):
+    """exp(a) broadcast along the middle axis of a reduction would be evaluated 64 times per value inlined."""
+    a, b = rng.standard_normal((8, 32)).astype(np.float32), rng.standard_normal((64, 32)).astype(np.float32)
+    fn = lambda a, b: (pnp.exp(a)[:, None, :] * b[None, :, :]).sum(axis=-1)  # noqa: E731
+    _, sched = _schedule(fn, a, b)
+    exps = [k for k in sched.kernels if Ops.EXP in _ops(k)]
+    assert len(exps) == 1 and Ops.REDUCE not in _ops(exps[0])
+    got = pj.prepare(device=device)(fn)(a, b)
+    np.testing.assert_allclose(np.asarray(got), (np.exp(a)[:, None, :] * b[None]).sum(-1), rtol=1e-4, atol=1e-4)
+
+
+def test_reduction_read_element_for_element_is_computed_in_its_reader(device, rng):
+    """A bias after a matmul and a reshape of a sum store from the reduction's kernel; a reduction read
+    broadcast (x - mean) keeps its own kernel."""
+    x = rng.standard_normal((16, 24)).astype(np.float32)
+    w, b = rng.standard_normal((24, 8)).astype(np.float32), rng.standard_normal(8).astype(np.float32)
+    _, sched = _schedule(lambda x, w, b: pnp.tanh(x @ w + b), x, w, b)
+    assert len(sched.kernels) == 1
+    _, sched = _schedule(lambda x: x.sum(axis=1).reshape(4, 4) * 2, x)
+    assert len(sched.kernels) == 1
+    _, sched = _schedule(lambda x: x - x.mean(axis=1, keepdims=True), x)
+    assert len(sched.kernels) == 2
+    f = pj.prepare(device=device)(lambda x, w, b: (pnp.tanh(x @ w + b), x.sum(axis=1).reshape(4, 4) * 2))
+    got_mm, got_sum = f(x, w, b)
+    np.testing.assert_allclose(np.asarray(got_mm), np.tanh(x @ w + b), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(got_sum), x.sum(axis=1).reshape(4, 4) * 2, rtol=1e-5, atol=1e-5)
