@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 import weakref
+from _weakref import _remove_dead_weakref
 from typing import Any, Union
 
 import attrs
@@ -64,16 +66,21 @@ class UOp:
 
     # _key, _poly, _simple: per-node caches of the sort key and of symbolic.py's polynomial and simplified form
     __slots__ = ("op", "dtype", "src", "arg", "_key", "_poly", "_simple", "__weakref__", "__dict__")
-    _cache: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+    _cache: dict = {}  # (op, dtype, src, arg key) -> weak reference to the one live node (a dead one removes itself)
 
     def __new__(cls, op: Ops, dtype: DType = dtypes.index, src: tuple = (), arg: Any = None):
-        key = (op, dtype, src, _arg_key(arg))
-        node = UOp._cache.get(key)
+        key = (op, dtype, src, None if arg is None else _arg_key(arg))
+        ref = _nodes.get(key)
+        node = None if ref is None else ref()
         if node is None:
-            node = object.__new__(cls)
-            node.op, node.dtype, node.src, node.arg = op, dtype, src, arg
-            node._key = node._poly = node._simple = None
-            UOp._cache[key] = node
+            with _new_lock:  # threads building the same node get one object
+                ref = _nodes.get(key)
+                node = None if ref is None else ref()
+                if node is None:
+                    node = object.__new__(cls)
+                    node.op, node.dtype, node.src, node.arg = op, dtype, src, arg
+                    node._key = node._poly = node._simple = None
+                    _nodes[key] = weakref.KeyedRef(node, _forget, key)
         return node
 
     def __reduce__(self):
@@ -177,7 +184,7 @@ class UOp:
         memo: dict = dict(mapping)
         for node in self.toposort():
             if node not in memo:
-                src = tuple(memo[s] for s in node.src)
+                src = tuple([memo[s] for s in node.src])
                 memo[node] = node if src == node.src else UOp(node.op, node.dtype, src, node.arg)
         return memo[self]
 
@@ -265,6 +272,15 @@ class UOp:
 
 
 sint = Union[int, UOp]
+_nodes = UOp._cache
+
+
+_new_lock = threading.Lock()
+
+
+def _forget(ref: weakref.KeyedRef):
+    """A node died: drop its entry if it is still dead (atomic: a newer node under the key stays)."""
+    _remove_dead_weakref(_nodes, ref.key)
 
 
 def _bounds(u: UOp) -> tuple:

@@ -71,3 +71,24 @@ def test_format_graph_lists_every_node():
     text = format_graph(e)
     assert len(text.splitlines()) == len(e.toposort())
     assert "DEFINE_VAR" in text and "n in [1, 8]" in text
+
+
+def test_threads_building_the_same_nodes_get_one_object():
+    import sys
+    import threading
+    results = [[] for _ in range(4)]
+
+    def build(out):
+        for i in range(3000):
+            out.append(UOp(Ops.ADD, dtypes.index, (UOp.variable("thr", 0, 9), UOp.const(i))))
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=build, args=(r,)) for r in results]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert all(a is b for r in results[1:] for a, b in zip(results[0], r))
