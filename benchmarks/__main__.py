@@ -43,7 +43,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("DEV", "CPU")
     peers = available_peers(args.peers.split(",") if args.peers else None)
-    cases = [c for c in CASES if not args.case or any(s in c.name for s in args.case)]
+    cases = [c for c in CASES if any(s in c.name for s in args.case)] if args.case else [
+        c for c in CASES if c.smoke or not args.smoke]
     machine = machine_info(measure_bandwidth=not args.smoke)
     print(f"machine: {machine['cpu']}, {machine['cores']} cores, Python {machine['python']}, NumPy {machine['numpy']}"
           + (f", memory copy {machine['copy_gb_per_s']} GB/s" if "copy_gb_per_s" in machine else ""))

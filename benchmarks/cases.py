@@ -3,6 +3,7 @@
 A case's `fn(xp, *arrays)` is written once against a NumPy-like namespace `xp` (prepjit.numpy,
 numpy, jax.numpy, or the torch/tinygrad adapters in peers.py), so every framework runs the same
 computation. `goal` is (peer, the largest allowed prepjit/peer time ratio) where the issue sets one.
+The example models' cases (model_cases.py) join them in CASES.
 """
 from __future__ import annotations
 
@@ -21,6 +22,9 @@ class Case:
     rtol: float = 1e-5
     atol: float = 1e-5
     kind: str = "call"               # "call": time a replay; "prepare": time the first call (trace + compile)
+    peers: tuple | None = None       # the namespace peers (numpy, jax, ...) that run `fn` (None: all of them)
+    peer_fns: dict = {}              # peer name -> (arrays) -> call(*arrays): a library's own model (e.g. transformers)
+    smoke: bool = True               # in `--smoke`'s default selection
 
 
 def _f32(rng, *shape):
@@ -103,7 +107,7 @@ def _model_inputs(rng, smoke):
     return [_f32(rng, n, d)] + [_f32(rng, d, d) / np.float32(np.sqrt(d)) for _ in range(4)]
 
 
-CASES = (
+KERNEL_CASES = (
     Case("replay_elementwise_16", elementwise_small, lambda rng, smoke: [_f32(rng, 16), _f32(rng, 16)],
          goal=("jax", 0.5)),
     Case("replay_reduction_chain_10", reduction_chain, lambda rng, smoke: [_f32(rng, 16), _f32(rng, 16)],
@@ -127,3 +131,7 @@ CASES = (
     Case("mlp_forward_static_batch", mlp, _mlp_inputs, rtol=1e-3, atol=1e-3),
     Case("prepare_time_model", model, _model_inputs, kind="prepare", rtol=1e-3, atol=1e-4),
 )
+
+from .model_cases import MODEL_CASES  # noqa: E402 - they are built from Case above
+
+CASES = KERNEL_CASES + MODEL_CASES

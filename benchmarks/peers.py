@@ -3,6 +3,8 @@
 Each peer is optional; `available_peers()` lists those importable here. A peer's `prepare(fn)`
 takes a function written against that framework's array namespace (handed in by the case) and
 returns a callable taking and returning NumPy arrays, so every peer pays the same I/O cost.
+Library peers (sentence-transformers, transformers) run a case's model their own way, through the
+case's `peer_fns`.
 """
 from __future__ import annotations
 
@@ -137,12 +139,35 @@ class _TinygradNamespace:
     def maximum(a, b):
         return a.maximum(b)
 
+    @staticmethod
+    def swapaxes(x, a, b):
+        return x.transpose(a, b)
+
     def __getattr__(self, name):
         from tinygrad import Tensor
         return getattr(Tensor, name)
 
 
-PEERS = (NumPyPeer(), JaxPeer(), TinygradPeer(), TorchPeer())
+class LibraryPeer(Peer):
+    """A library that runs a whole model its own way (no array namespace): only cases with a `peer_fns` entry
+    for it use it."""
+
+    namespace = None
+
+    def version(self) -> str:
+        from importlib.metadata import version
+        return version(self.distribution)
+
+
+class SentenceTransformersPeer(LibraryPeer):
+    name, module, distribution = "sentence-transformers", "sentence_transformers", "sentence-transformers"
+
+
+class TransformersPeer(LibraryPeer):
+    name, module, distribution = "transformers", "transformers", "transformers"
+
+
+PEERS = (NumPyPeer(), JaxPeer(), TinygradPeer(), TorchPeer(), SentenceTransformersPeer(), TransformersPeer())
 
 
 def available_peers(names=None) -> list[Peer]:

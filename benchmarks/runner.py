@@ -51,7 +51,8 @@ def run_case(case: Case, peers: list[Peer], smoke: bool = False, seed: int = 0) 
     rng = np.random.default_rng(seed)
     arrays = case.make_inputs(rng, smoke)
     reference = case.fn(np, *arrays)
-    record: dict = {"case": case.name, "shapes": [list(a.shape) for a in arrays], "kind": case.kind}
+    record: dict = {"case": case.name, "kind": case.kind,
+                    "shapes": [list(a.shape) if hasattr(a, "shape") else type(a).__name__ for a in arrays]}
     times: dict[str, float] = {}
     if case.kind == "prepare":
         def fresh():
@@ -70,20 +71,24 @@ def run_case(case: Case, peers: list[Peer], smoke: bool = False, seed: int = 0) 
     else:
         prepared = prepjit_function(case)
         times["prepjit"] = time_per_call(lambda: prepared(*arrays), smoke=smoke)
-    np.testing.assert_allclose(np.asarray(prepared(*arrays)), reference, rtol=case.rtol, atol=case.atol,
-                               err_msg=f"prepjit's result for {case.name} differs from NumPy's")
+    results = prepared(*arrays)
+    pairs = zip(results, reference) if isinstance(reference, tuple) else [(results, reference)]
+    for got, want in pairs:
+        np.testing.assert_allclose(np.asarray(got), want, rtol=case.rtol, atol=case.atol,
+                                   err_msg=f"prepjit's result for {case.name} differs from NumPy's")
     record.update(plan_memory(prepared, arrays))
     for peer in peers:
-        if case.kind == "prepare" and peer.name == "numpy":
+        own = case.peer_fns.get(peer.name)
+        if own is None and (peer.namespace is None or (case.peers is not None and peer.name not in case.peers)):
+            continue
+        if case.kind == "prepare" and peer.name != "jax":
             continue
         try:
             if case.kind == "prepare":
-                if peer.name != "jax":
-                    continue
                 times[peer.name] = _prepare_seconds(lambda: peer.prepare(bind_namespace(case.fn, peer.namespace())),
                                                     arrays, smoke)
             else:
-                call = peer.prepare(bind_namespace(case.fn, peer.namespace()))
+                call = own(arrays) if own is not None else peer.prepare(bind_namespace(case.fn, peer.namespace()))
                 times[peer.name] = time_per_call(lambda: call(*arrays), smoke=smoke)
         except Exception as e:  # a peer that cannot run a case is reported, not fatal
             record.setdefault("peer_errors", {})[peer.name] = f"{type(e).__name__}: {e}"[:200]

@@ -9,7 +9,7 @@ from benchmarks.peers import available_peers
 from benchmarks.runner import run_case
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("case", [c for c in CASES if c.smoke], ids=lambda c: c.name)  # as `--smoke` runs them
 def test_case_runs_and_matches_numpy(case):
     record = run_case(case, available_peers(["numpy"]), smoke=True)
     assert record["seconds"]["prepjit"] > 0
