@@ -9,6 +9,7 @@ import numpy as np
 from .codegen.memory import nbytes, share_memory
 from .codegen.optimize import optimize
 from .codegen.render_llvm import render_llvm
+from .codegen.render_cuda import render_cuda
 from .codegen.render_opencl import render_opencl
 from .codegen.schedule import schedule
 from .errors import CompileError
@@ -22,7 +23,7 @@ from .uop import UOp, render_python
 from .uop.printer import format_graph
 
 log = logging.getLogger("prepjit")
-RENDERERS = {"llvm": render_llvm, "opencl": render_opencl}
+RENDERERS = {"llvm": render_llvm, "opencl": render_opencl, "cuda": render_cuda}
 
 
 def compile_shape_fn(shape: tuple):

@@ -1,4 +1,4 @@
-"""The device registry: names -> device objects, created on first use."""
+"""The device registry: names -> device objects, created on first use ("cuda" is "cuda:0", "cuda:N" GPU N)."""
 from __future__ import annotations
 
 import os
@@ -15,10 +15,20 @@ def default_device() -> str:
     return os.environ.get("PREPJIT_DEVICE", "cpu")
 
 
-def get_device(name: str | None = None):
-    name = (name or default_device()).lower()
+def _canonical(name: str) -> str:
+    """The registry's name for a device: "cuda:0" is "cuda", "cuda:N" stays; other names must be known."""
+    kind, _, index = name.partition(":")
+    if kind == "cuda" and index:
+        if not index.isdigit():
+            raise DeviceError(f"unknown device {name!r}; CUDA devices are 'cuda' or 'cuda:N' (N a GPU index)")
+        return "cuda" if int(index) == 0 else f"cuda:{int(index)}"
     if name not in KNOWN:
-        raise DeviceError(f"unknown device {name!r}; choose one of {', '.join(KNOWN)}")
+        raise DeviceError(f"unknown device {name!r}; choose one of {', '.join(KNOWN)} (or cuda:N)")
+    return name
+
+
+def get_device(name: str | None = None):
+    name = _canonical((name or default_device()).lower())
     with _lock:
         if name not in _devices:
             _devices[name] = _create(name)
@@ -44,5 +54,5 @@ def _create(name: str):
     if name == "opencl":
         from .opencl import OpenCLDevice
         return OpenCLDevice()
-    hint = {"cuda": "pip install 'prepjit[cuda]' (pycuda) on a machine with an NVIDIA GPU"}[name]
-    raise DeviceError(f"device {name!r} is not available in this build of prepjit yet; it will need: {hint}")
+    from .cuda import CUDADevice
+    return CUDADevice(int(name.partition(":")[2] or 0))

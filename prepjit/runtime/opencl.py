@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import os
 import re
-import threading
 
 import numpy as np
 
 from ..errors import CompileError, DeviceError
-from .array import Array
+from .device_base import DeviceBase
 
 INSTALL_HINT = ("pip install 'prepjit[opencl]' (pyopencl and pocl-binary-distribution, a CPU OpenCL platform), "
                 "or install your GPU vendor's OpenCL driver")
 ELEMENTWISE_GROUP = 128   # work-group size of kernels that do not require one
+_PROBE = "__kernel void pj_probe(__global int *a) { a[0] = 1; }"
 
 
 def _import_pyopencl():
@@ -49,19 +49,6 @@ def pick_device(cl, spec: str | None):
         raise DeviceError(f"PREPJIT_OPENCL_DEVICE={spec!r} matches no OpenCL device (found {listing})")
     gpus = [d for d in devices if d.type & cl.device_type.GPU]
     return (gpus or devices)[0]
-
-
-class OpenCLBuffer:
-    """A plan buffer: device memory for `size` elements of `dtype` (at least one byte)."""
-
-    def __init__(self, cl, context, dtype: np.dtype, size: int, memory=None):
-        self.dtype, self.size = np.dtype(dtype), size
-        self.memory = cl.Buffer(context, cl.mem_flags.READ_WRITE, max(self.nbytes, 1)) if memory is None else memory
-        self.ptr = self.memory.int_ptr
-
-    @property
-    def nbytes(self) -> int:
-        return self.dtype.itemsize * self.size
 
 
 class OpenCLProgram:
@@ -100,13 +87,14 @@ class OpenCLLauncher:
             self.enqueue(self.queue, self.kernel, (-(-size // group) * group,), self.local)
 
 
-class OpenCLDevice:
+class OpenCLDevice(DeviceBase):
     """Builds OpenCL C with pyopencl for one device and keeps results in its memory."""
 
     name = "opencl"
     language = "opencl"
 
     def __init__(self):
+        super().__init__()
         cl = self.cl = _import_pyopencl()
         self.device = pick_device(cl, os.environ.get("PREPJIT_OPENCL_DEVICE"))
         try:
@@ -115,7 +103,6 @@ class OpenCLDevice:
         except cl.Error as e:
             raise DeviceError(f"the OpenCL device {self.device.name} failed to start ({e}); {INSTALL_HINT}") from e
         self.pool = cl.tools.MemoryPool(cl.tools.ImmediateAllocator(self.queue))
-        self.pool_lock = threading.Lock()
         platform = self.device.platform
         self.description = f"{platform.name} / {self.device.name}"
         self.compiler_id = (f"opencl-{platform.name}-{platform.version}-{self.device.name}-"
@@ -123,6 +110,11 @@ class OpenCLDevice:
         self.extensions = set(self.device.extensions.split())
         exact = self.device.single_fp_config & cl.device_fp_config.CORRECTLY_ROUNDED_DIVIDE_SQRT
         self.build_options = ["-cl-fp32-correctly-rounded-divide-sqrt"] if exact else []
+        try:  # a platform that builds nothing (a PoCL whose compiler does not know the host CPU, say) is no device
+            cl.Program(self.context, _PROBE).build(options=self.build_options, cache_dir=False)
+        except cl.Error as e:
+            raise DeviceError(f"the OpenCL device {self.description} cannot build kernels "
+                              f"({str(e).strip().splitlines()[0]}); {INSTALL_HINT}") from e
 
     # ---- compiling and launching ----
     def compile(self, name: str, source: str) -> bytes:
@@ -164,56 +156,27 @@ class OpenCLDevice:
     def launcher(self, program: OpenCLProgram, buffer_handles, vals, size_fn, static_size) -> OpenCLLauncher:
         return OpenCLLauncher(self.cl, self.queue, program, buffer_handles, vals, size_fn, static_size)
 
-    # ---- memory ----
-    def allocate(self, dtype: np.dtype, size: int) -> OpenCLBuffer:
-        return OpenCLBuffer(self.cl, self.context, dtype, size)
+    # ---- memory (DeviceBase's primitives) ----
+    def _alloc(self, nbytes: int):
+        return self.cl.Buffer(self.context, self.cl.mem_flags.READ_WRITE, nbytes)
 
-    def alias(self, buffer: OpenCLBuffer, dtype: np.dtype, size: int) -> OpenCLBuffer:
-        """A buffer of another dtype/size on `buffer`'s memory (for intermediates whose lifetimes do not overlap)."""
-        return OpenCLBuffer(self.cl, self.context, dtype, size, buffer.memory)
+    def _pool_alloc(self, nbytes: int):
+        return self.pool.allocate(nbytes)
 
-    def handle(self, buffer: OpenCLBuffer):
-        return buffer.memory
+    def _address(self, memory) -> int:
+        return memory.int_ptr
 
-    def _pooled(self, nbytes: int):
-        with self.pool_lock:
-            return self.pool.allocate(max(nbytes, 1))
+    def arg(self, memory):
+        return memory
 
-    def input_handle(self, arg) -> tuple[object, object]:
-        """(kernel argument, object to keep alive): this device's arrays pass as they are; NumPy is copied
-        into a pooled buffer of its own size (kept alive, with the array, until the call synchronises)."""
-        if isinstance(arg, Array) and arg._device is self:
-            return arg.buffer, arg
-        data = np.ascontiguousarray(arg)
-        memory = self._pooled(data.nbytes)
-        if data.nbytes:
-            self.cl.enqueue_copy(self.queue, memory, data, is_blocking=False)
-        return memory, (memory, data)
+    def _upload(self, memory, host: np.ndarray):
+        self.cl.enqueue_copy(self.queue, memory, host, is_blocking=False)
 
-    def new_output(self, shape: tuple[int, ...], dtype: np.dtype) -> tuple[object, Array]:
-        memory = self._pooled(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize)
-        return memory, Array(memory, shape, dtype, self)
+    def _download(self, host: np.ndarray, memory):
+        self.cl.enqueue_copy(self.queue, host, memory, is_blocking=True)
 
-    def copy_array(self, array: Array) -> Array:
-        nbytes = array.size * array.dtype.itemsize
-        memory = self._pooled(nbytes)
-        if nbytes:
-            self.cl.enqueue_copy(self.queue, memory, array.buffer, byte_count=nbytes)
-        return Array(memory, array.shape, array.dtype, self)
-
-    def to_numpy(self, buffer, shape, dtype, copy: bool) -> np.ndarray:
-        out = np.empty(shape, dtype)
-        if out.nbytes:
-            self.cl.enqueue_copy(self.queue, out, buffer, is_blocking=True)
-        return out
-
-    def read_buffer(self, buffer: OpenCLBuffer, shape) -> np.ndarray:
-        return self.to_numpy(buffer.memory, shape, buffer.dtype, copy=True)
-
-    def write_buffer(self, buffer: OpenCLBuffer, array: np.ndarray):
-        flat = np.ascontiguousarray(array, dtype=buffer.dtype).reshape(-1)
-        if flat.nbytes:
-            self.cl.enqueue_copy(self.queue, buffer.memory, flat, is_blocking=True)
+    def _copy(self, dst, src, nbytes: int):
+        self.cl.enqueue_copy(self.queue, dst, src, byte_count=nbytes)
 
     def synchronize(self):
         self.queue.finish()
