@@ -14,7 +14,7 @@ from .codegen.render_opencl import render_opencl
 from .codegen.schedule import schedule
 from .errors import CompileError
 from .runtime import disk_cache
-from .runtime.cache import CachedKernel, kernel_cache
+from .runtime.cache import Abandoned, CachedKernel, kernel_cache
 from .runtime.compile_pool import run_now
 from .runtime.plan import ExecutionPlan, PlanBuffer, PreparedKernel, RuntimeVar
 from .stages import stage
@@ -56,11 +56,18 @@ def get_kernels(asts: list[UOp], device) -> tuple[list[CachedKernel], dict[str, 
         for ast, kernel in _build(list(claims), device, counts):
             key = claims.pop(ast)
             kernel_cache.failed(key, kernel) if isinstance(kernel, Exception) else kernel_cache.done(key, kernel)
-    except BaseException as e:  # interrupted: what is left unbuilt is built again by a later prepare
+    except BaseException:  # interrupted: what is left unbuilt is built by whoever needs it next
         for key in claims.values():
-            kernel_cache.failed(key, e)
+            kernel_cache.failed(key, Abandoned())
         raise
-    return [futures[ast].result() for ast in asts], counts
+    kernels = {}
+    for ast, future in futures.items():
+        try:
+            kernels[ast] = future.result()
+        except Abandoned:  # the thread building it was interrupted: build it here
+            (kernels[ast],), more = get_kernels([ast], device)
+            counts = {k: counts[k] + more[k] for k in counts}
+    return [kernels[ast] for ast in asts], counts
 
 
 def _build(asts: list[UOp], device, counts: dict):

@@ -11,6 +11,10 @@ from typing import Callable
 import attrs
 
 
+class Abandoned(Exception):
+    """The thread building a kernel stopped (interrupted) before it finished: a waiter builds it itself."""
+
+
 @attrs.define(eq=False)
 class CachedKernel:
     """A compiled kernel shared by every PreparedKernel with the same AST on the same device."""

@@ -65,3 +65,40 @@ def test_threads_preparing_the_same_kernels_build_each_once(monkeypatch):
     kernels = {k.kernel for f in functions for k in f.plan(x).kernels}
     assert len(optimized) == len(set(optimized)) == len(kernels)
     assert sum(f.stats["compiles"] for f in functions) == len(kernels)
+
+
+def test_a_kernel_whose_builder_is_interrupted_is_built_by_its_waiter(monkeypatch):
+    import prepjit.planner
+    optimized = []
+    optimize = prepjit.planner.optimize
+
+    def interrupted_once(ast, *args):  # the first build stops as Ctrl-C would stop it, after the waiter arrived
+        optimized.append(ast)
+        if len(optimized) == 1:
+            time.sleep(0.3)
+            raise KeyboardInterrupt
+        return optimize(ast, *args)
+    monkeypatch.setattr(prepjit.planner, "optimize", interrupted_once)
+
+    def body(x):
+        return x * 2.875 + 0.4375  # constants no other test uses: one kernel, built here
+
+    x = np.arange(6, dtype=np.float32)
+    outcome = {}
+
+    def call(name, delay):
+        time.sleep(delay)
+        try:
+            outcome[name] = np.asarray(pj.prepare(body)(x))
+        except KeyboardInterrupt:
+            outcome[name] = "interrupted"
+    threads = [threading.Thread(target=call, args=("first", 0)), threading.Thread(target=call, args=("waiter", 0.1))]
+    hits = kernel_cache.hits
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert outcome["first"] == "interrupted"
+    np.testing.assert_allclose(outcome["waiter"], x * np.float32(2.875) + np.float32(0.4375))
+    assert kernel_cache.hits > hits  # the waiter found the first build in flight and waited for it
+    assert len(optimized) == 2 and optimized[0] is optimized[1]  # then built it itself after the interruption
