@@ -268,7 +268,7 @@ def prepare(fn=None, *, vars=None, shapes=None, device=None):
         (symbolic: the call's size is the var's value), or None (static, any size); a tuple or a string
         like "n, 64"; a pytree parameter takes a pytree of specs. Unnamed parameters are fully static.
         A parameter named in `vars` but not in `shapes` is a scalar var: the caller passes an int.
-    device: "cpu" (LLVM, the default) or "opencl"; None reads PREPJIT_DEVICE.
+    device: "cpu" (LLVM, the default), "opencl", "cuda" or "cuda:N"; None reads PREPJIT_DEVICE.
 
     The signature of a call is its pytree structure, static values (non-array arguments), static dims,
     dtypes and device. The first call with a signature runs `fn` on traced arrays (write it with
