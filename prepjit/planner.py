@@ -93,7 +93,8 @@ def _build(asts: list[UOp], device, counts: dict):
         except Exception as e:
             yield ast, e
             continue
-        jobs.append((ast, key, src, submit(src.name, src.source)))
+        with stage("compilation"):  # compiling itself when the device compiles in this process
+            jobs.append((ast, key, src, submit(src.name, src.source)))
     for ast, key, src, job in jobs:
         try:
             with stage("compilation"):
