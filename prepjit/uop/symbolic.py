@@ -12,7 +12,6 @@ polynomial difference in which loop ranges whose term has a known sign are repla
 """
 from __future__ import annotations
 
-import functools
 import math
 import operator
 
@@ -86,18 +85,34 @@ def _mono_div(m: tuple, d: tuple) -> tuple | None:
     return tuple(rest)
 
 
+def _mono_key(m: tuple) -> list:
+    return [f._key if f._key is not None else f.key for f in m]
+
+
 def from_poly(p: Poly, dtype=dtypes.index) -> UOp:
     """The canonical expression of a polynomial: monomials in key order, coefficients last, the constant last."""
+    return _build(p, dtype, False)
+
+
+def _build(p: Poly, dtype, fixed: bool) -> UOp:
+    """from_poly; with `fixed`, the sums and products it builds are marked as their own simplified form."""
+    def node(op, src):
+        u = UOp(op, dtype, src)
+        if fixed and u._simple is None:
+            u._simple = _FIXED
+        return u
     out = None
-    for m in sorted((m for m in p if m), key=lambda m: tuple(f.key for f in m)):
-        term = functools.reduce(lambda a, b: UOp(Ops.MUL, dtype, (a, b)), m)
+    for m in sorted((m for m in p if m), key=_mono_key) if len(p) > 1 else (m for m in p if m):
+        term = m[0]
+        for f in m[1:]:
+            term = node(Ops.MUL, (term, f))
         if p[m] != 1:
-            term = UOp(Ops.MUL, dtype, (term, UOp.const(p[m], dtype)))
-        out = term if out is None else UOp(Ops.ADD, dtype, (out, term))
+            term = node(Ops.MUL, (term, UOp.const(p[m], dtype)))
+        out = term if out is None else node(Ops.ADD, (out, term))
     c = p.get((), 0)
     if out is None:
         return UOp.const(c, dtype)
-    return out if c == 0 else UOp(Ops.ADD, dtype, (out, UOp.const(c, dtype)))
+    return out if c == 0 else node(Ops.ADD, (out, UOp.const(c, dtype)))
 
 
 # ---------- bounds of polynomials ----------
@@ -174,11 +189,8 @@ def _canonical(x: UOp):
     pushed = _push_into_minmax(p, x.dtype)
     if pushed is not None:
         return pushed
-    out = from_poly(p, x.dtype)
     # its sums and products are canonical and their factors simplified (the rewrite's sources are): fixed points
-    for node in out.postorder(lambda u: u._simple is None and u.op in (Ops.ADD, Ops.MUL)):
-        node._simple = _FIXED
-    return out
+    return _build(p, x.dtype, True)
 
 
 def _push_into_minmax(p: Poly, dtype) -> UOp | None:

@@ -101,6 +101,8 @@ class UOp:
     # ---- construction helpers ----
     @staticmethod
     def const(value, dtype: DType = dtypes.index) -> "UOp":
+        if type(value) is int and dtype is dtypes.index:
+            return _index_const(value)
         if dtype.is_float:
             value = float(value)
         elif dtype == dtypes.bool:
@@ -278,9 +280,16 @@ _nodes = UOp._cache
 _new_lock = threading.Lock()
 
 
-def _forget(ref: weakref.KeyedRef):
-    """A node died: drop its entry if it is still dead (atomic: a newer node under the key stays)."""
-    _remove_dead_weakref(_nodes, ref.key)
+@functools.lru_cache(maxsize=4096)
+def _index_const(value: int) -> UOp:
+    """Index constants, the most built nodes, kept alive for reuse."""
+    return UOp(Ops.CONST, dtypes.index, (), value)
+
+
+def _forget(ref: weakref.KeyedRef, remove=_remove_dead_weakref, nodes=_nodes):
+    """A node died: drop its entry if it is still dead (atomic: a newer node under the key stays). The defaults
+    keep what it calls alive while the interpreter shuts down."""
+    remove(nodes, ref.key)
 
 
 def _bounds(u: UOp) -> tuple:
