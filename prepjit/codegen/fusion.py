@@ -20,7 +20,7 @@ from ..uop import Ops, UOp
 from ..uop.ops import ELEMENTWISE
 from .lower import REALIZED
 
-MEMORY_COST = 4        # ops-equivalent of writing an element and reading it back once
+MEMORY_COST = 6        # ops-equivalent of writing an element and reading it back once
 LAUNCH_COST = 2000     # ops-equivalent of one more kernel launch
 MAX_INLINE_COST = 256  # a value this costly is materialised whenever two kernels read it
 OP_COST = {Ops.EXP: 4, Ops.EXP2: 4, Ops.LOG: 8, Ops.LOG2: 8, Ops.SQRT: 2, Ops.FDIV: 2, Ops.IDIV: 8, Ops.MOD: 8,
@@ -54,8 +54,8 @@ def choose_materialized(outputs: list[UOp]) -> set[UOp]:
     graph, roots = kernel_roots(outputs)
     is_root = set(roots)
     cost: dict[UOp, int] = {}
-    for node in reversed(graph):  # children first: inline cost, ignoring later cuts (an over-estimate)
-        inline = [cost[s] for s in node.src if s.op not in REALIZED and s in cost]
+    for node in reversed(graph):  # children first: inline cost (its ops and loads), ignoring later cuts
+        inline = [1 if s.op in REALIZED else cost[s] for s in node.src if s.op in REALIZED or s in cost]
         own = OP_COST.get(node.op, 1) if node.op in ELEMENTWISE else 0
         cost[node] = min(10**9, own + sum(inline))
     chosen: set[UOp] = set()
@@ -78,8 +78,8 @@ def _worth_materialising(node: UOp, readers: set, cost: dict) -> bool:
     c, size = cost[node], _elements(node)
     if len(readers) >= 2 and c >= MAX_INLINE_COST:
         return True
-    evaluations = sum(_iterations(r) for r in readers)
-    return c * (evaluations - size) > MEMORY_COST * size + evaluations + LAUNCH_COST
+    evaluations = sum(_iterations(r) for r in readers)  # inlined: each costs c; materialised: one load
+    return (c - 1) * evaluations > (c + MEMORY_COST) * size + LAUNCH_COST
 
 
 def fused_reductions(outputs: list[UOp], materialized: set[UOp]) -> set[UOp]:

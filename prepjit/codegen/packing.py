@@ -7,13 +7,15 @@ panel of UJ columns). When `y`'s rows lie a power-of-two stride apart (B of a 10
 row blocks and is fetched from memory again for each of them. Packing computes `y` once into a
 buffer laid out as (other loops..., J / UJ, reduce ranges..., UJ): each panel is then one
 contiguous run that stays in L2 while every row block uses it. The copy reads and writes `y`
-once, so it is made only when enough rows reuse each panel (`MIN_ROWS`) and the panel is long.
+once, so it is made only when enough rows reuse each panel (`MIN_ROWS`) and the panel is long,
+or whatever the panel's length when `y` is not contiguous along the output's columns (`k.T` in
+attention scores): then every block would gather its UJ values one by one instead of loading vectors.
 """
 from __future__ import annotations
 
 from ..uop import Ops, UOp, dtypes, simplify
 from .lower import linear_index
-from .optimize import column_block, contraction_axes
+from .optimize import column_block, contraction_axes, stride_along
 from .target import CPUTarget, host_target
 
 MIN_ROWS = 64      # rows of the other operand that reuse each packed panel, at least
@@ -52,7 +54,9 @@ def pack_contraction(ast: UOp, slot: int, target: CPUTarget | None = None) -> tu
     reduce_size = 1
     for k in reduces:
         reduce_size *= _size(k.src[0])
-    if not rows or reuse < MIN_ROWS or reduce_size < MIN_REDUCE:
+    gathers = any(ld.op is Ops.LOAD and j in ld.src[1].toposort() and stride_along(ld.src[1], j) != 1
+                  for ld in y.toposort())
+    if not rows or reuse < MIN_ROWS or reduce_size < MIN_REDUCE and not gathers:
         return None
     outer = [r for r in loops if r in y_ranges and r is not j]
     shape = tuple(r.src[0] for r in outer) + (UOp.const(j.src[0].arg // width),) + \

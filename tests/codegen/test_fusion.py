@@ -108,3 +108,13 @@ def test_reduction_read_element_for_element_is_computed_in_its_reader(device, rn
     got_mm, got_sum = f(x, w, b)
     np.testing.assert_allclose(np.asarray(got_mm), np.tanh(x @ w + b), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(np.asarray(got_sum), x.sum(axis=1).reshape(4, 4) * 2, rtol=1e-5, atol=1e-5)
+
+
+def test_cheap_operand_read_once_per_output_column_is_materialised(rng):
+    """A bias add (one op, two loads) read by a contraction with 256 output columns: computed once."""
+    x, b = rng.standard_normal((64, 32)).astype(np.float32), rng.standard_normal(32).astype(np.float32)
+    w = rng.standard_normal((32, 256)).astype(np.float32)
+    traced, sched = _schedule(lambda x, b, w: (x + b) @ w, x, b, w)
+    assert len(choose_materialized(list(traced.outputs))) == 1 and len(sched.kernels) == 2
+    np.testing.assert_allclose(np.asarray(pj.prepare(lambda x, b, w: (x + b) @ w)(x, b, w)), (x + b) @ w,
+                               rtol=1e-4, atol=1e-4)

@@ -64,3 +64,15 @@ def test_packed_symbolic_batch_rows(rng):
     for n in (1, 63, 300):
         x = rng.standard_normal((n, 64)).astype(np.float32)
         _close(f(x, w), np.maximum(x @ w, 0) @ w.T)
+
+
+def test_column_operand_strided_along_the_columns_is_packed_even_for_short_reductions(rng):
+    """Attention scores q @ k.T over heads of 32: k's values for consecutive output columns lie a row of 384
+    apart, so the blocked kernel would gather them; packing makes them contiguous (reduction of only 32)."""
+    q, k = (rng.standard_normal((2, 128, 384)).astype(np.float32) for _ in range(2))
+    heads = lambda x: pnp.swapaxes(x.reshape(2, 128, 12, 32), 1, 2)  # noqa: E731
+    f = pj.prepare(lambda q, k: heads(q) @ pnp.swapaxes(heads(k), 2, 3), device="cpu")
+    names = [kern.ast.arg for kern in f.plan(q, k).kernels]
+    assert len(names) == 2 and names[0].startswith("pack_")
+    qh, kh = (x.reshape(2, 128, 12, 32).transpose(0, 2, 1, 3) for x in (q, k))
+    _close(f(q, k), qh @ kh.transpose(0, 1, 3, 2))
