@@ -101,8 +101,9 @@ def load_params(reader=None, layers: int | None = None) -> tuple[Config, dict]:
             "wk": np.ascontiguousarray(unpermute_rows(weight(p + "attn_k.weight"), cfg.kv_heads).T),
             "wv": np.ascontiguousarray(weight(p + "attn_v.weight").T),
             "wo": np.ascontiguousarray(weight(p + "attn_output.weight").T),
-            "gate": np.ascontiguousarray(weight(p + "ffn_gate.weight").T),
-            "up": np.ascontiguousarray(weight(p + "ffn_up.weight").T),
+            # gate and up side by side: one contraction (ff | ff columns), split after it
+            "gate_up": np.ascontiguousarray(np.concatenate([weight(p + "ffn_gate.weight"),
+                                                            weight(p + "ffn_up.weight")]).T),
             "down": np.ascontiguousarray(weight(p + "ffn_down.weight").T),
         })
     embed = weight("token_embd.weight")
@@ -118,8 +119,8 @@ def random_params(rng, cfg: Config) -> dict:
     d, kv = cfg.dim, cfg.kv_heads * cfg.head_dim
     blocks = [{"attn_norm": 1 + f32(d, scale=0.1), "ffn_norm": 1 + f32(d, scale=0.1),
                "wq": f32(d, d, scale=d ** -0.5), "wk": f32(d, kv, scale=d ** -0.5), "wv": f32(d, kv, scale=d ** -0.5),
-               "wo": f32(d, d, scale=d ** -0.5), "gate": f32(d, cfg.ff, scale=d ** -0.5),
-               "up": f32(d, cfg.ff, scale=d ** -0.5), "down": f32(cfg.ff, d, scale=cfg.ff ** -0.5)}
+               "wo": f32(d, d, scale=d ** -0.5), "gate_up": f32(d, 2 * cfg.ff, scale=d ** -0.5),
+               "down": f32(cfg.ff, d, scale=cfg.ff ** -0.5)}
               for _ in range(cfg.layers)]
     embed = f32(cfg.vocab, d)
     return {"embed": embed, "head": embed, "norm": 1 + f32(d, scale=0.1), "blocks": blocks}
@@ -197,9 +198,11 @@ def softmax(xp, x):
     return e / xp.sum(e, axis=-1, keepdims=True)
 
 
-def swiglu(xp, bp, x):
-    g = x @ bp["gate"]
-    return (g / (xp.exp(-g) + 1) * (x @ bp["up"])) @ bp["down"]
+def swiglu(xp, bp, x, ff: int):
+    """down(silu(gate(x)) * up(x)), gate and up computed by one contraction."""
+    h = x @ bp["gate_up"]
+    g, up = h[..., :ff], h[..., ff:]
+    return (g / (xp.exp(-g) + 1) * up) @ bp["down"]
 
 
 def prefill(xp, cfg: Config, params, ids, cos, sin):
@@ -224,7 +227,7 @@ def prefill(xp, cfg: Config, params, ids, cos, sin):
         p = softmax(xp, xp.where(causal, scores, -1e30))
         ctx = (p @ v[:, None]).reshape(heads, t, hd)
         h = h + xp.swapaxes(ctx, 0, 1).reshape(t, heads * hd) @ bp["wo"]
-        h = h + swiglu(xp, bp, rms_norm(xp, h, bp["ffn_norm"], eps))
+        h = h + swiglu(xp, bp, rms_norm(xp, h, bp["ffn_norm"], eps), cfg.ff)
     last = rms_norm(xp, h[t - 1], params["norm"], eps)
     return params["head"] @ last, xp.stack(keys), xp.stack(values)
 
@@ -250,7 +253,7 @@ def decode(xp, cfg: Config, params, ids, pos, k_cache, v_cache, cos, sin):
         scores = q.reshape(kv_heads, group, hd) @ xp.swapaxes(k_all, 1, 2) * (1 / math.sqrt(hd))  # (KV, group, pos+1)
         ctx = (softmax(xp, scores) @ v_all).reshape(heads * hd)
         h = h + ctx @ bp["wo"]
-        h = h + swiglu(xp, bp, rms_norm(xp, h, bp["ffn_norm"], eps))
+        h = h + swiglu(xp, bp, rms_norm(xp, h, bp["ffn_norm"], eps), cfg.ff)
     return params["head"] @ rms_norm(xp, h, params["norm"], eps), xp.stack(keys), xp.stack(values)
 
 
