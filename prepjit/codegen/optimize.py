@@ -74,6 +74,11 @@ def column_block(target: CPUTarget, itemsize: int, end: UOp) -> tuple[int, bool]
     return next(((w, True) for w in widths if most >= w), (1, False))
 
 
+def in_full_blocks(j: UOp, width: int) -> UOp:
+    """Whether column `j` lies in a full block of `width` columns (not in the peeled tail)."""
+    return UOp(Ops.CMPLT, dtypes.bool, (j, simplify(j.src[0] // width * width)))
+
+
 def _row_block(rows: int, end: UOp) -> tuple[int, bool]:
     """(rows per block, whether the last block clamps) for a row range ending at `end`."""
     if end.op is Ops.CONST:
@@ -152,15 +157,20 @@ def upcast_contraction(ast: UOp, target: CPUTarget) -> UOp:
     else:  # row blocks outermost (after the other loops), then the full column blocks, then the peeled tail
         full = simplify(j.src[0] // uj)
         j_outer = new_range(full, axis + 1)
-        stores = _block_stores(store, j, i, [j_outer * uj + b for b in range(uj)], rows, memo)
+        inside = in_full_blocks(j, uj)  # what packing asked of each column: resolved here, per block
+        stores = _block_stores(store, j, i, [j_outer * uj + b for b in range(uj)], rows, memo,
+                               {inside: UOp.const(True, dtypes.bool)})
         t = new_range(j.src[0] - full * uj, axis + 2)  # the tail's columns, last first: J - 1 - t
-        stores += _block_stores(store, j, i, [j.src[0] - 1 - t], rows, memo)
+        stores += _block_stores(store, j, i, [j.src[0] - 1 - t], rows, memo, {inside: UOp.const(False, dtypes.bool)})
     return _renumber(UOp(Ops.SINK, ast.dtype, tuple(stores), ast.arg))
 
 
-def _block_stores(store: UOp, j: UOp, i: UOp | None, cols: list, rows: list, memo: dict) -> list[UOp]:
-    """The stores of `store` at every (row, column) of a block: its index and value with `j` and `i` replaced."""
+def _block_stores(store: UOp, j: UOp, i: UOp | None, cols: list, rows: list, memo: dict,
+                  known: dict | None = None) -> list[UOp]:
+    """The stores of `store` at every (row, column) of a block: its index and value with `j` and `i` replaced
+    (and the conditions in `known` by their values)."""
     out, index, value = store.src
+    value = _resolve(value, known) if known else value
     stores = []
     for row in rows:
         base = {j: cols[0]} if row is None or row is i else {j: cols[0], i: row}
@@ -170,6 +180,13 @@ def _block_stores(store: UOp, j: UOp, i: UOp | None, cols: list, rows: list, mem
             store_index = UOp(Ops.ADD, dtypes.index, (row_index, UOp.const(b))) if b else row_index
             stores.append(UOp(Ops.STORE, store.dtype, (out, store_index, _instantiate(value, mapping, memo))))
     return stores
+
+
+def _resolve(u: UOp, known: dict) -> UOp:
+    """`u` with the conditions in `known` replaced by their values and the wheres on them by the branch taken."""
+    u = u.substitute(known)
+    return u.substitute({w: w.src[1] if w.src[0].arg else w.src[2] for w in u.toposort()
+                         if w.op is Ops.WHERE and w.src[0].op is Ops.CONST})
 
 
 def _instantiate(u: UOp, mapping: dict, memo: dict) -> UOp:

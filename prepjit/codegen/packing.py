@@ -10,12 +10,14 @@ contiguous run that stays in L2 while every row block uses it. The copy reads an
 once, so it is made only when enough rows reuse each panel (`MIN_ROWS`) and the panel is long,
 or whatever the panel's length when `y` is not contiguous along the output's columns (`k.T` in
 attention scores): then every block would gather its UJ values one by one instead of loading vectors.
+Where the columns end in a peeled tail (a symbolic count), the full panels are packed and the operand
+becomes `where(j < full columns, packed, y)`, which the blocking resolves per block (optimize.py).
 """
 from __future__ import annotations
 
 from ..uop import Ops, UOp, dtypes, simplify
 from .lower import linear_index
-from .optimize import column_block, contraction_axes, stride_along
+from .optimize import column_block, contraction_axes, in_full_blocks, stride_along
 from .target import CPUTarget, host_target
 
 MIN_ROWS = 64      # rows of the other operand that reuse each packed panel, at least
@@ -37,7 +39,7 @@ def pack_contraction(ast: UOp, slot: int, target: CPUTarget | None = None) -> tu
     if found is None:
         return None
     _, value, loops, j, _ = found
-    if value.src[0].op is not Ops.MUL or j.src[0].op is not Ops.CONST:
+    if value.src[0].op is not Ops.MUL:
         return None
     reduces = list(value.src[1:])
     width, tail = column_block(target or host_target(), value.dtype.itemsize, j.src[0])
@@ -45,7 +47,7 @@ def pack_contraction(ast: UOp, slot: int, target: CPUTarget | None = None) -> tu
     if j in x.toposort():
         x, y = y, x
     y_ranges = set(y.toposort())
-    if width == 1 or tail or j not in y_ranges or j in x.toposort() or not all(k in y_ranges for k in reduces):
+    if width == 1 or j not in y_ranges or j in x.toposort() or not all(k in y_ranges for k in reduces):
         return None
     rows = [r for r in loops if r not in y_ranges]
     reuse = 1
@@ -56,10 +58,10 @@ def pack_contraction(ast: UOp, slot: int, target: CPUTarget | None = None) -> tu
         reduce_size *= _size(k.src[0])
     gathers = any(ld.op is Ops.LOAD and j in ld.src[1].toposort() and stride_along(ld.src[1], j) != 1
                   for ld in y.toposort())
-    if not rows or reuse < MIN_ROWS or reduce_size < MIN_REDUCE and not gathers:
+    if not rows or reuse < MIN_ROWS or reduce_size < MIN_REDUCE and not gathers or tail and not gathers:
         return None
     outer = [r for r in loops if r in y_ranges and r is not j]
-    shape = tuple(r.src[0] for r in outer) + (UOp.const(j.src[0].arg // width),) + \
+    shape = tuple(r.src[0] for r in outer) + (simplify(j.src[0] // width),) + \
         tuple(k.src[0] for k in reduces) + (UOp.const(width),)
     new = [UOp(Ops.RANGE, dtypes.index, (end,), (n, "loop")) for n, end in enumerate(shape)]
     mapping = dict(zip(outer, new)) | dict(zip(reduces, new[len(outer) + 1:-1]))
@@ -70,5 +72,7 @@ def pack_contraction(ast: UOp, slot: int, target: CPUTarget | None = None) -> tu
     pack = UOp(Ops.SINK, dtypes.bool, (pack_store,), "pack_" + ast.arg)
     read_index = simplify(linear_index(tuple(outer) + (j // width,) + tuple(reduces) + (j % width,), shape))
     packed_load = UOp(Ops.LOAD, y.dtype, (UOp(Ops.DEFINE_GLOBAL, y.dtype, (), slot), read_index))
+    if tail:  # only the full panels are packed; the peeled tail's columns read `y` itself
+        packed_load = UOp(Ops.WHERE, y.dtype, (in_full_blocks(j, width), packed_load, y))
     contraction = ast.substitute({y: packed_load})
     return pack, contraction, tuple(s.arg if s.op is Ops.CONST else s for s in shape)
