@@ -1,4 +1,8 @@
-"""The disk cache: compiled kernels kept across processes under PREPJIT_CACHE_DIR (`kernels/` in it).
+"""The disk cache: compiled kernels (and other costly results) kept across processes under PREPJIT_CACHE_DIR.
+
+Records of one kind live in their own directory (`kernels/` for compiled kernels); `record_key`
+makes a stable key for any other kind, such as a tuning winner or a bounds proof, which then gets
+the same storage and the same trust rules through `read_record` / `write_record`.
 
 An entry is one file named by a stable key: the sha256 of the kernel AST before optimisation (in the
 canonical data form of uop/serial.py, never `id`/`hash`, which differ per process), the device name,
@@ -28,7 +32,7 @@ import warnings
 from ..uop import UOp, serial
 from . import datafile
 
-KIND, VERSION = b"kernel", 1
+VERSION = 1
 MAX_ENTRY_BYTES = 256 << 20
 PACKAGE_ROOT = pathlib.Path(__file__).resolve().parents[1]
 _DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -56,14 +60,19 @@ def code_fingerprint() -> str:
     return _code_fingerprint
 
 
+def record_key(*parts: str) -> str:
+    """A stable key for a record described by `parts`, which also names this format version and prepjit's code."""
+    text = "\n".join((f"prepjit-v{VERSION}", code_fingerprint(), *parts))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def kernel_key(ast: UOp, device_name: str, compiler_id: str) -> str | None:
     """The stable key of a kernel on a device, or None when its AST has no data form (it is then not cached)."""
     try:
         graph = json.dumps(serial.to_data((ast,)), separators=(",", ":"))
     except ValueError:
         return None
-    text = "\n".join((f"prepjit-{KIND.decode()}-v{VERSION}", code_fingerprint(), device_name, compiler_id, graph))
-    return hashlib.sha256(text.encode()).hexdigest()
+    return record_key("kernel", device_name, compiler_id, graph)
 
 
 def _private(fd: int, path) -> bool:
@@ -80,8 +89,9 @@ def _private(fd: int, path) -> bool:
     return False
 
 
-def _open_entries() -> int | None:
-    """An fd of the private entries directory (made 0700 if missing), or None: cache off, unusable or refused."""
+def _open_entries(kind: str) -> int | None:
+    """An fd of the private directory of `kind` records (made 0700 if missing), or None: cache off, unusable
+    or refused."""
     root = cache_root()
     if root is None:
         return None
@@ -96,11 +106,11 @@ def _open_entries() -> int | None:
         if not _private(fds[0], root):
             return None
         try:
-            os.mkdir("kernels", 0o700, dir_fd=fds[0])
+            os.mkdir(f"{kind}s", 0o700, dir_fd=fds[0])
         except FileExistsError:
             pass
-        fds.append(os.open("kernels", _DIR_FLAGS | getattr(os, "O_NOFOLLOW", 0), dir_fd=fds[0]))
-        if not _private(fds[1], root / "kernels"):
+        fds.append(os.open(f"{kind}s", _DIR_FLAGS | getattr(os, "O_NOFOLLOW", 0), dir_fd=fds[0]))
+        if not _private(fds[1], root / f"{kind}s"):
             return None
         return fds.pop()
     except OSError:
@@ -110,51 +120,38 @@ def _open_entries() -> int | None:
             os.close(fd)
 
 
-def _valid(key: str) -> bool:
-    return len(key) == 64 and set(key) <= _HEX
+def _valid(kind: str, key: str) -> bool:
+    return len(key) == 64 and set(key) <= _HEX and kind.isascii() and kind.isalpha() and 0 < len(kind) <= 8
 
 
-def _fields(meta: dict) -> dict:
-    """The kernel fields of an entry's metadata, checked; ValueError when they are not well formed."""
-    fields = {"name": meta.get("name"), "source": meta.get("source"), "var_names": meta.get("var_names"),
-              "global_size": serial.from_data(meta.get("global_size")), "local_size": meta.get("local_size")}
-    if not (isinstance(fields["name"], str) and isinstance(fields["source"], str)
-            and isinstance(fields["var_names"], list) and all(isinstance(n, str) for n in fields["var_names"])
-            and isinstance(fields["local_size"], list) and all(type(n) is int for n in fields["local_size"])):
-        raise ValueError("malformed kernel metadata")
-    fields["var_names"], fields["local_size"] = tuple(fields["var_names"]), tuple(fields["local_size"])
-    return fields
-
-
-def read(key: str) -> tuple[dict, bytes] | None:
-    """(kernel fields, binary) stored under `key`, or None when there is none or it cannot be read back intact.
-    The fields are CachedKernel's name, source, var_names, global_size (UOps) and local_size."""
-    if not _valid(key):
+def read_record(kind: str, key: str) -> tuple[dict, bytes] | None:
+    """(metadata, payload) of the `kind` record under `key` (64 hex digits), or None when there is none or it
+    cannot be read back intact. Kinds (short lowercase words) are separate stores: "kernel" holds compiled
+    kernels; others suit any result that is costly to recompute and safe to keep, such as a tuning winner."""
+    if not _valid(kind, key):
         return None
-    fd = _open_entries()
+    fd = _open_entries(kind)
     if fd is None:
         return None
     try:
-        meta, binary = datafile.unpack(datafile.read_regular(key, MAX_ENTRY_BYTES, dir_fd=fd), KIND, VERSION,
-                                       key.encode())
-        return _fields(meta), binary
-    except (OSError, MemoryError, ValueError, RecursionError):  # FormatError is a ValueError
+        return datafile.unpack(datafile.read_regular(key, MAX_ENTRY_BYTES, dir_fd=fd), kind.encode(), VERSION,
+                               key.encode())
+    except (OSError, MemoryError, ValueError):  # FormatError is a ValueError
         return None
     finally:
         os.close(fd)
 
 
-def write(key: str, fields: dict, binary: bytes) -> bool:
-    """Store a kernel's fields (as `read` returns them) and binary under `key`, atomically; False (and nothing
-    written) when the cache is off, refused or unwritable, or a field has no data form."""
-    if not _valid(key):
+def write_record(kind: str, key: str, meta: dict, payload: bytes = b"") -> bool:
+    """Store a `kind` record (JSON-able `meta`, raw `payload`) under `key`, atomically; False (and nothing
+    written) when the cache is off, refused or unwritable, or `meta` is not JSON data."""
+    if not _valid(kind, key):
         return False
     try:
-        meta = {**fields, "global_size": serial.to_data(tuple(fields["global_size"]))}
-        data = datafile.pack(KIND, VERSION, meta, binary, key.encode())
+        data = datafile.pack(kind.encode(), VERSION, meta, payload, key.encode())
     except (ValueError, TypeError):
         return False
-    fd = _open_entries()
+    fd = _open_entries(kind)
     if fd is None:
         return False
     temp = f".{key[:16]}-{os.urandom(8).hex()}.tmp"
@@ -177,3 +174,32 @@ def write(key: str, fields: dict, binary: bytes) -> bool:
         return False
     finally:
         os.close(fd)
+
+
+def read(key: str) -> tuple[dict, bytes] | None:
+    """(kernel fields, binary) stored under `key`, or None when there is none or it cannot be read back intact.
+    The fields are CachedKernel's name, source, var_names, global_size (UOps) and local_size."""
+    record = read_record("kernel", key)
+    if record is None:
+        return None
+    meta, binary = record
+    try:
+        fields = {"name": meta.get("name"), "source": meta.get("source"), "var_names": meta.get("var_names"),
+                  "global_size": serial.from_data(meta.get("global_size")), "local_size": meta.get("local_size")}
+    except (ValueError, RecursionError):
+        return None
+    if not (isinstance(fields["name"], str) and isinstance(fields["source"], str)
+            and isinstance(fields["var_names"], list) and all(isinstance(n, str) for n in fields["var_names"])
+            and isinstance(fields["local_size"], list) and all(type(n) is int for n in fields["local_size"])):
+        return None
+    fields["var_names"], fields["local_size"] = tuple(fields["var_names"]), tuple(fields["local_size"])
+    return fields, binary
+
+
+def write(key: str, fields: dict, binary: bytes) -> bool:
+    """Store a kernel's fields (as `read` returns them) and binary under `key`; False when not written."""
+    try:
+        meta = {**fields, "global_size": serial.to_data(tuple(fields["global_size"]))}
+    except ValueError:
+        return False
+    return write_record("kernel", key, meta, binary)

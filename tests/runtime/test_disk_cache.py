@@ -310,3 +310,14 @@ def test_directory_of_another_user_is_refused(cache):
     os.chown(cache, 65534, 65534)
     with pytest.warns(RuntimeWarning, match="not owned by this user"):
         assert disk_cache.read(KEY) is None
+
+
+def test_records_of_other_kinds_share_the_rules_but_not_the_store(cache):
+    key = disk_cache.record_key("tune", "matmul 1024", "avx2")
+    assert key == disk_cache.record_key("tune", "matmul 1024", "avx2") != disk_cache.record_key("tune", "other")
+    assert disk_cache.write_record("tune", key, {"block": [5, 16]})
+    assert disk_cache.read_record("tune", key) == ({"block": [5, 16]}, b"")
+    assert disk_cache.read_record("proof", key) is None and disk_cache.read(key) is None  # kinds are apart
+    assert stat.S_IMODE((cache.parent / "tunes").stat().st_mode) == 0o700
+    assert disk_cache.write_record("tune", key, {"bad": {1, 2}}) is False  # not JSON data
+    assert disk_cache.read_record("../kernel", key) is None and not disk_cache.write_record("x/y", key, {})
