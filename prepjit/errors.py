@@ -27,3 +27,7 @@ class DeviceError(PrepjitError, RuntimeError):
 
 class CompileError(PrepjitError, RuntimeError):
     """Generated code failed to compile; the message holds the source."""
+
+
+class IndexBoundError(PrepjitError, IndexError):
+    """An index or gather id is out of range for the live shape (NumPy would raise IndexError); nothing is returned."""

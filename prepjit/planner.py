@@ -6,6 +6,7 @@ import time
 
 import numpy as np
 
+from .codegen.bounds import prove_optimized
 from .codegen.memory import nbytes, share_memory
 from .codegen.optimize import optimize
 from .codegen.render_llvm import render_llvm
@@ -175,7 +176,11 @@ def build_plan(traced: Traced, device) -> tuple[ExecutionPlan, dict[str, int]]:
     """An ExecutionPlan for a traced function, and how many of its kernels were compiled now
     ("compiles") or loaded from the disk cache ("disk_hits")."""
     with stage("scheduling and lowering"):
-        sched = schedule(list(traced.outputs), list(traced.inputs), pack_contractions=device.language == "llvm")
+        sched = schedule(list(traced.outputs) + [f for f, _ in traced.flags], list(traced.inputs),
+                         pack_contractions=device.language == "llvm")
+    with stage("bounds proof"):  # every access of every kernel inside its buffer, or CompileError
+        proven = sum(prove_optimized(k.ast, device.language, [sched.buffers[b].shape for b in k.buffers],
+                                     [c.cond for c in traced.constraints]) for k in sched.kernels)
     home = share_memory(sched)
     io = set(sched.inputs) | set(sched.outputs)
     allocation_bytes = {}
@@ -219,7 +224,12 @@ def build_plan(traced: Traced, device) -> tuple[ExecutionPlan, dict[str, int]]:
             if isinstance(d, UOp):
                 for v in d.variables():
                     bounds[v.arg[0]] = (v.arg[1], v.arg[2])
+    for v in (v for c in traced.constraints for v in c.cond.variables()):
+        bounds[v.arg[0]] = (v.arg[1], v.arg[2])
     var_bounds = {n: b for n, b in sorted(bounds.items()) if n not in fixed_names}
-    plan = ExecutionPlan(device, buffers, kernels, sched.inputs, sched.outputs, var_bounds,
-                         memory_bytes=sum(allocation_bytes.values()))
-    return plan, counts
+    n_out = len(traced.outputs)
+    plan = ExecutionPlan(device, buffers, kernels, sched.inputs, sched.outputs[:n_out], var_bounds,
+                         memory_bytes=sum(allocation_bytes.values()), constraints=traced.constraints,
+                         flags=[(b, what) for b, (_, what) in zip(sched.outputs[n_out:], traced.flags)],
+                         proven_accesses=proven)
+    return plan, {**counts, "proven_accesses": proven}

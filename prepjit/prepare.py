@@ -103,7 +103,8 @@ class PreparedFunction:
         self.lock = threading.RLock()
         # compiles: kernels compiled by this function's prepares; disk_hits: kernels loaded instead from the
         # disk cache (compiled by an earlier process); kernels another prepared function already built count in neither
-        self._stats = {"traces": 0, "compiles": 0, "disk_hits": 0, "replays": 0, "plans": 0}
+        self._stats = {"traces": 0, "compiles": 0, "disk_hits": 0, "replays": 0, "plans": 0,
+                       "proven_accesses": 0}
 
     @property
     def device(self):
@@ -137,6 +138,7 @@ class PreparedFunction:
                 for name, count in kernel_counts.items():
                     self._stats[name] += count
                 self._stats["plans"] += 1
+                plan.var_sources.update(info.var_sources)  # IndexBoundError messages say where values come from
                 entry = self._freeze(plan, traced, info)
                 self.entries[key] = entry
         return entry

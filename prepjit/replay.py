@@ -5,7 +5,8 @@ and positional is looked up by a cheap key: each array's dtype, shape and stride
 value, and a marker for each scalar var. The first call with a key goes through the full path
 (`Signature.read`, which checks everything); after it, `FastCalls.learn` records what that call
 decided: the plan, the var values read off the shapes (already checked), the output shapes and
-dtypes, and bound checks for the scalar vars. Later calls with the key skip straight to
+dtypes, and one compiled check of every declared scalar var's bounds (used by the plan or not) and the
+plan's index constraints. Later calls with the key skip straight to
 `ExecutionPlan.run_arrays`: inputs are read in place, each output is one `host_pool.empty`. Anything
 unusual (a bound violation, a var that disagrees, a misaligned array) falls back to the full
 path, which raises the proper error or copies.
@@ -16,6 +17,7 @@ import numpy as np
 
 from .runtime.array import Array
 from .runtime.host_pool import allocator_for, empty
+from .uop import render_python
 
 MISS = object()
 MAX_KEYS = 4096  # distinct concrete shapes remembered per prepared function
@@ -25,15 +27,15 @@ class _FastCall:
     """What one concrete call signature replays: plan, argument positions, var checks and outputs."""
 
     def __init__(self, entry, info, array_args: list[tuple[int, bool]], n_args: int, var_args: list[tuple[int, str]],
-                 device):
+                 bounds: dict, device):
         plan = entry.plan
         self.plan, self.device, self.out_tree = plan, device, entry.out_tree
         self.array_args = array_args
         self.args_are_inputs = [i for i, _ in array_args] == list(range(n_args)) and not any(p for _, p in array_args)
         self.var_names = list(plan.vars)
         self.base_values = dict(info.var_values)
-        self.var_checks = [(i, name, plan.vars[name][0], plan.vars[name][1], self.base_values.get(name))
-                           for i, name in var_args if name in plan.vars]
+        self.var_checks = var_args
+        self.check = _compile_check(plan, var_args, bounds, info)
         self.shape_fns = entry.out_shape_fns
         self.dtypes = [plan.buffers[b].dtype for b in dict.fromkeys(plan.outputs)]
         self.values = tuple(self.base_values[n] for n in self.var_names)
@@ -54,16 +56,15 @@ class _FastCall:
         return self._replay(inputs, outputs, self.values, self.shapes)
 
     def _run_with_vars(self, args: tuple):
-        """A call with scalar vars: check their bounds (and agreement with the shapes) first."""
-        current = dict(self.base_values)
-        for i, name, lo, hi, from_shapes in self.var_checks:
-            v = args[i]
-            if not lo <= v <= hi or (from_shapes is not None and v != from_shapes):
-                return MISS
-            current[name] = v
+        """A call with scalar vars: check their bounds, agreement with the shapes and the index constraints
+        first (one compiled function); anything off goes to the full path, which raises the proper error."""
+        values = self.check(args)
+        if values is None:
+            return MISS
+        current = dict(zip(self.var_names, values))
         shapes = [fn(current) for fn in self.shape_fns]
         outputs = [empty(shape, dtype) for shape, dtype in zip(shapes, self.dtypes)]
-        return self._replay(self._inputs(args), outputs, tuple(current[n] for n in self.var_names), shapes)
+        return self._replay(self._inputs(args), outputs, values, shapes)
 
     def _replay(self, inputs: tuple, outputs: list, values: tuple, shapes: list):
         if not self.plan.run_arrays(inputs + tuple(outputs), values):
@@ -77,12 +78,36 @@ class _FastCall:
                                         for o, shape, dtype in zip(outputs, shapes, self.dtypes)])
 
 
+def _compile_check(plan, var_args: list[tuple[int, str]], bounds: dict, info):
+    """args -> the plan's var values (in plan.vars order), or None when a scalar var is outside its declared
+    bounds (used by the plan or not), disagrees with a shape, or an index constraint fails."""
+    slot = {}  # var name -> Python expression of its value
+    lines = ["def check(a):"]
+    for i, name in var_args:
+        local = f"v{len(slot)}"
+        lo, hi = bounds[name]
+        lines.append(f"    {local} = a[{i}]")
+        lines.append(f"    if not {lo} <= {local} <= {hi}: return None")
+        if name in info.shape_vars:
+            lines.append(f"    if {local} != {info.var_values[name]}: return None")
+        slot[name] = local
+    for name in plan.vars:
+        slot.setdefault(name, repr(info.var_values[name]))
+    for c in plan.constraints:
+        lines.append(f"    if not {render_python(c.cond, lambda n: slot[n])}: return None")
+    lines.append(f"    return ({''.join(slot[n] + ', ' for n in plan.vars)})")
+    scope: dict = {}
+    exec("\n".join(lines), scope)
+    return scope["check"]
+
+
 class FastCalls:
     """The fast-path table of one prepared function: concrete call key -> its _FastCall's run."""
 
     def __init__(self, signature):
         self.enabled = signature.simple
         self.var_positions = {i: p.name for i, p in enumerate(signature.params) if p.name in signature.scalar_vars}
+        self.bounds = {name: (v.min, v.max) for name, v in signature.vars.items()}
         self.calls: dict = {}
 
     def key(self, args: tuple, device_name) -> tuple | None:
@@ -127,6 +152,7 @@ class FastCalls:
             elif i in self.var_positions:
                 var_args.append((i, self.var_positions[i]))
         if len(array_args) != len(plan.inputs) or len(info.arrays) != len(array_args) \
-                or any(n not in info.var_values for n in plan.vars):
-            return
-        self.calls[key] = _FastCall(entry, info, array_args, len(args), var_args, device).run
+                or any(n not in info.var_values for n in plan.vars) \
+                or plan.check_constraints(tuple(info.var_values[n] for n in plan.vars)) >= 0:
+            return  # (a call that breaks an index constraint raises on the full path, and is not remembered)
+        self.calls[key] = _FastCall(entry, info, array_args, len(args), var_args, self.bounds, device).run

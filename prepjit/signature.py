@@ -15,7 +15,7 @@ from .errors import SignatureError, VarBoundError
 from .runtime.array import Array
 from .trace.pytree import flatten
 from .trace.tracing import ArrayLeaf, VarLeaf
-from .uop import to_dtype
+from .uop import UOp, to_dtype
 from .uop.var import BoundVar, Var
 
 def parse_dims(spec, vars_: dict[str, Var], where: str) -> tuple:
@@ -62,6 +62,8 @@ class CallInfo:
     var_values: dict       # name -> int
     descriptions: list     # (path, key part) for explaining retraces
     build_args: object     # leaf values -> (args, kwargs)
+    var_sources: dict = attrs.field(factory=dict)  # name -> where its value was read ("pos", "x.shape[0]")
+    shape_vars: frozenset = frozenset()            # vars some array's shape gives
 
 
 class Signature:
@@ -104,6 +106,7 @@ class Signature:
         params = self.bind(args, kwargs)
         key, leaves, arrays, descriptions, structure = [], [], [], [], []
         var_values: dict[str, tuple[int, str]] = {}
+        shape_vars: set[str] = set()
         for name, value in params:
             if name in self.scalar_vars:
                 v = self._scalar_var(name, value)
@@ -120,6 +123,7 @@ class Signature:
             for leaf, path in zip(values, paths):
                 if is_array_like(leaf):
                     part, arr, shape = self._array(leaf, specs.get(path), path, var_values)
+                    shape_vars.update(v.arg[0] for d in shape if isinstance(d, UOp) for v in d.variables())
                     leaves.append(ArrayLeaf(to_dtype(arr.dtype), shape))
                     arrays.append(arr)
                 else:
@@ -130,7 +134,8 @@ class Signature:
         for vname, (v, where) in var_values.items():
             self.vars[vname].check(v, where)
         return CallInfo(tuple(key), leaves, arrays, {n: v for n, (v, _) in var_values.items()}, descriptions,
-                        self._rebuilder(params, structure))
+                        self._rebuilder(params, structure), {n: w for n, (_, w) in var_values.items()},
+                        frozenset(shape_vars))
 
     def _scalar_var(self, name: str, value) -> int:
         if isinstance(value, BoundVar):

@@ -144,18 +144,28 @@ class _Lowerer:
             value = self.build(src, tuple(new), inner_gate)
             return UOp(Ops.WHERE, node.dtype, (valid, value, UOp.const(0, node.dtype)))
         if op is Ops.GATHER:
-            new = tuple(idx[n] if kind == "dim" else self.gather_index(node.src[1 + n], idx, gate, d)
-                        for (kind, n), d in zip(node.arg, src.shape))
-            return self.build(src, new, gate)
+            new, inner_gate = [], gate
+            for (kind, n), d in zip(node.arg, src.shape):
+                if kind == "dim":
+                    new.append(idx[n])
+                    continue
+                at, inside = self.gather_index(node.src[1 + n], idx, gate, d)
+                new.append(at)
+                inner_gate = inside if inner_gate is None else simplify(UOp(Ops.AND, dtypes.bool, (inner_gate, inside)))
+            return self.build(src, tuple(new), inner_gate)
         raise NotImplementedError(f"cannot lower {op} inside a kernel")
 
-    def gather_index(self, indices: UOp, idx: tuple, gate: UOp | None, dim: sint) -> UOp:
-        """A loaded index: negatives wrap once (NumPy), then clamp into [0, dim) like JAX, so no read is out of bounds."""
+    def gather_index(self, indices: UOp, idx: tuple, gate: UOp | None, dim: sint) -> tuple[UOp, UOp]:
+        """A loaded index, negatives wrapped once (NumPy), and whether it lies in [0, dim): the reads at it are
+        gated on that, so an out-of-range id (flagged by the trace, see trace/numpy_index.py) or an empty
+        source reads nothing and yields 0."""
         v = self.build(indices, idx, gate)
         v = v if v.dtype == dtypes.index else UOp(Ops.CAST, dtypes.index, (v,))
         d = as_uop(dim)
-        wrapped = UOp(Ops.WHERE, dtypes.index, (UOp(Ops.CMPLT, dtypes.bool, (v, UOp.const(0))), v + d, v))
-        return simplify(wrapped.smin(d - 1).smax(0))
+        at = simplify(UOp(Ops.WHERE, dtypes.index, (UOp(Ops.CMPLT, dtypes.bool, (v, UOp.const(0))), v + d, v)))
+        inside = UOp(Ops.AND, dtypes.bool, (UOp(Ops.CMPLT, dtypes.bool, (UOp.const(-1), at)),
+                                            UOp(Ops.CMPLT, dtypes.bool, (at, d))))
+        return at, simplify(inside)
 
 
 def _range(end: sint, axis: int, kind: str) -> UOp:

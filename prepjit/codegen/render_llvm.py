@@ -261,8 +261,13 @@ class _Renderer(KernelRenderer):
     def load(self, u: UOp) -> str:
         buf, idx = u.src[0], self.value(u.src[1])
         gate = self.value(u.src[2]) if len(u.src) > 2 else None
-        if gate is not None:
-            idx = self.op(f"select i1 {gate}, i64 {idx}, i64 0")
+        rt = reg_type(u.dtype)
+        if gate is not None:  # branch around the load: a gated-off load reads nothing (its buffer may be empty)
+            slot, label = self.tmp("gl"), self.tmp("G")[1:]
+            self.allocas.append(f"  {slot} = alloca {rt}")
+            self.emit(f"store {rt} {const_literal(0, u.dtype)}, ptr {slot}")
+            self.emit(f"br i1 {gate}, label %{label}.load, label %{label}.done")
+            self.lines.append(f"{label}.load:")
         mt = mem_type(u.dtype)
         raw = self.op(f"load {mt}, ptr {self.address(buf, idx)}")
         if u.dtype == dtypes.bool:
@@ -270,8 +275,10 @@ class _Renderer(KernelRenderer):
         elif u.dtype == dtypes.float16:
             raw = self.op(f"fpext half {raw} to float")
         if gate is not None:
-            raw = self.op(f"select i1 {gate}, {reg_type(u.dtype)} {raw}, {reg_type(u.dtype)} "
-                          f"{const_literal(0, u.dtype)}")
+            self.emit(f"store {rt} {raw}, ptr {slot}")
+            self.emit(f"br label %{label}.done")
+            self.lines.append(f"{label}.done:")
+            raw = self.op(f"load {rt}, ptr {slot}")
         return raw
 
     def store(self, u: UOp):

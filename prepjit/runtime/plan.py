@@ -7,7 +7,8 @@ import time
 import attrs
 import numpy as np
 
-from ..errors import SignatureError, VarBoundError, VarError
+from ..errors import IndexBoundError, SignatureError, VarBoundError, VarError
+from ..uop.constraint import compile_checks
 from .cache import CachedKernel
 
 
@@ -71,8 +72,17 @@ class ExecutionPlan:
 
     def __init__(self, device, buffers: list[PlanBuffer], kernels: list[PreparedKernel],
                  inputs: tuple[int, ...], outputs: tuple[int, ...], var_bounds: dict[str, tuple[int, int]],
-                 memory_bytes: int = 0):
+                 memory_bytes: int = 0, constraints=(), flags=(), proven_accesses: int = 0):
         self._device, self._buffers, self.kernels = device, buffers, kernels
+        self.constraints = tuple(constraints)  # IndexConstraints over the vars, checked before every run
+        self.check_constraints = compile_checks(self.constraints, list(var_bounds))  # values -> violated one or -1
+        merged: dict[int, list[str]] = {}
+        for b, what in flags:  # gathers of the same ids from the same dim share one flag
+            merged.setdefault(b, []).append(what)
+        # (buffer, what): a 0-d bool a gather sets when it met an out-of-range id
+        self.flags = tuple((b, "; ".join(dict.fromkeys(whats))) for b, whats in merged.items())
+        self.proven_accesses = proven_accesses  # loads and stores the bounds proof showed inside their buffers
+        self.var_sources: dict[str, str] = {}  # var -> where calls read it (an argument, a shape), for messages
         self.memory_bytes = memory_bytes  # device memory the plan holds for intermediates (shared ones counted once)
         self.device = device.name
         self.inputs, self.outputs = tuple(inputs), tuple(outputs)
@@ -83,14 +93,15 @@ class ExecutionPlan:
         self._launches = [self._launcher(k) for k in kernels]
         self._fixed = {name for k in kernels for name in k.fixedvars}
         self._distinct_outputs = list(dict.fromkeys(self.outputs))
-        io = set(self.inputs) | set(self.outputs)
+        self._flag_arrays = tuple(np.zeros((), np.bool_) for _ in self.flags)  # the fast path's flag outputs
+        io = set(self.inputs) | set(self.outputs) | {b for b, _ in self.flags}
         self._io_slots = {b: [(launch, slot) for launch in self._launches
                               for slot, bi in enumerate(launch.pk.buffer_indices) if bi == b] for b in io}
         self._runner = self._native_runner()
 
     def _native_runner(self):
         """The device's whole-plan replay (the cpu's runs kernels back to back natively), or None."""
-        io_order = list(self.inputs) + self._distinct_outputs
+        io_order = list(self.inputs) + self._distinct_outputs + [b for b, _ in self.flags]
         if not hasattr(self._device, "plan_runner") or len(set(io_order)) != len(io_order):
             return None
         var_names = list(self.vars)
@@ -120,7 +131,7 @@ class ExecutionPlan:
         missing = sorted(set(self.vars) - set(self.bindings) - set(values))
         if missing:
             raise VarError(f"vars {missing} have no value yet; pass them to execute_with_vars")
-        checked = {}
+        checked: dict[str, int] = {}
         for name, value in values.items():
             if name in self._fixed:
                 raise VarError(f"var {name!r} is fixed by the plan (a loop counter) and cannot be supplied")
@@ -132,7 +143,22 @@ class ExecutionPlan:
             if not lo <= value <= hi:
                 raise VarBoundError(f"var {name!r} = {value} is outside its bounds [{lo}, {hi}]")
             checked[name] = int(value)
+        self.require({**self.bindings, **checked})
         return checked
+
+    def require(self, values: dict[str, int]):
+        """Raise IndexBoundError when `values` (every var of the plan) violate an index constraint."""
+        if self.constraints:
+            failed = self.check_constraints(tuple(values[n] for n in self.vars))
+            if failed >= 0:
+                raise self.constraints[failed].error(values, self.var_sources)
+
+    def _raise_flagged(self, set_flags):
+        """After a run: IndexBoundError when a gather flagged an out-of-range id (outputs are dropped)."""
+        hit = [what for (_, what), on in zip(self.flags, set_flags) if on]
+        if hit:
+            raise IndexBoundError(f"{'; '.join(hit)}; no output is returned (NumPy raises IndexError; pass "
+                                  "mode='clip', 'wrap' or 'fill' to pnp.take / take_along_axis to choose otherwise)")
 
     def _bind(self, values: dict[str, int]):
         self._fast_values = None  # run_arrays' record of what is bound is stale now
@@ -160,6 +186,9 @@ class ExecutionPlan:
             raise VarError(f"vars {missing} have no value yet; use execute_with_vars")
         self._patch({b: self._device.handle(self._buffers[b].memory) for b in self._io_slots})
         self._run_launches()
+        if self.flags:
+            self._raise_flagged([self._device.read_buffer(self._buffers[b].memory, ()).item()
+                                 for b, _ in self.flags])
 
     def _run_launches(self):
         if self._runner is not None:
@@ -200,6 +229,7 @@ class ExecutionPlan:
         one's wall time in seconds is appended.
         """
         device = self._device
+        self.require(values)
         with self.lock:
             self._bind(values)
             handles, keep = {}, []
@@ -210,12 +240,18 @@ class ExecutionPlan:
             for b, shape in zip(self._distinct_outputs, output_shapes):
                 handles[b], array = device.new_output(shape, self._buffers[b].dtype)
                 results.append(array)
+            flags = []
+            for b, _ in self.flags:
+                handles[b], array = device.new_output((), np.dtype(np.bool_))
+                flags.append(array)
             self._patch(handles)
             if timings is None:
                 self._run_launches()
             else:
                 self._run_timed(timings)
             device.synchronize()
+        if flags:
+            self._raise_flagged([bool(np.asarray(f)) for f in flags])
         return results
 
     def _run_timed(self, timings: list):
@@ -234,16 +270,21 @@ class ExecutionPlan:
     def run_arrays(self, arrays: tuple, values: tuple) -> bool:
         """The prepared-call fast path on host devices: `arrays` are the inputs then the distinct outputs
         (C-contiguous NumPy arrays, outputs freshly allocated), `values` the var values, validated, in
-        `self.vars` order. Returns False, having run nothing, when an array is not aligned for its dtype.
+        `self.vars` order, index constraints met. Returns False, having run nothing, when an array is not
+        aligned for its dtype; raises IndexBoundError when a gather flagged an out-of-range id.
         """
+        flags = self._flag_arrays
         with self.lock:
-            if not self._runner.run(arrays, values):
+            if not self._runner.run(arrays + flags if flags else arrays, values):
                 return False
             if values and values != self._fast_values:  # keep bindings and PreparedKernel.vals current
                 self._fast_values = values
                 self.bindings.update(zip(self.vars, values))
                 for vals, slot, j in self._val_refs:
                     vals[slot] = values[j]
+            set_flags = flags and [bool(f) for f in flags]
+        if set_flags and any(set_flags):
+            self._raise_flagged(set_flags)
         return True
 
     def copy_array(self, array):

@@ -1,11 +1,14 @@
-"""Basic indexing of traced arrays: ints, slices with steps, None and `...`, with static or symbolic bounds."""
+"""Basic indexing of traced arrays: ints, slices with steps, None and `...`, with static or symbolic bounds.
+
+Slices clamp like NumPy's; an integer index that depends on vars is a constraint checked per call (checks.py)."""
 from __future__ import annotations
 
 import numpy as np
 
-from ..errors import TraceError
-from ..uop import UOp, as_int_if_const, dtypes, simplify, sint
+from ..errors import IndexBoundError, TraceError
+from ..uop import Ops, UOp, as_int_if_const, dtypes, simplify, sint
 from . import prims
+from .checks import require
 from .prims import is_symbolic, to_sint
 from .tracer import Tracer
 
@@ -56,25 +59,31 @@ def _slice_spec(s: slice, dim: sint):
     return as_int_if_const(start), step, as_int_if_const(simplify(size.smax(0)))
 
 
-def index_int(k, dim: sint):
-    """A (start, step, size=1) spec for an integer index; symbolic indices wrap negatives and clamp like JAX."""
-    if isinstance(k, (int, np.integer)):
-        k = int(k)
-        if isinstance(dim, int):
-            if not -dim <= k < dim:
-                raise IndexError(f"index {k} is out of bounds for axis with size {dim}")
-            return k % dim, 1, 1
-        if k >= 0:
-            if k >= dim.vmax:
-                raise IndexError(f"index {k} is out of bounds for axis with size {dim.render()} (at most {dim.vmax})")
-            return _clamp(k, 0, UOp.const(0) + dim - 1), 1, 1
-        if -k > dim.vmax:
-            raise IndexError(f"index {k} is out of bounds for axis with size {dim.render()} (at most {dim.vmax})")
-        return _clamp(UOp.const(0) + dim + k, 0, UOp.const(0) + dim - 1), 1, 1
-    v = to_sint(k, "an index")
-    if isinstance(v, UOp) and v.vmin < 0:
-        raise TraceError(f"symbolic index {v.render()} may be negative; symbolic indices must be >= 0")
-    return _clamp(v, 0, UOp.const(0) + dim - 1), 1, 1
+def index_int(k, dim: sint, where: str = "an axis"):
+    """A (start, step, size=1) spec for an integer index; negatives count from the end (NumPy).
+
+    A static index out of range for a static dim raises IndexBoundError now; an index or dim that
+    depends on vars records the constraints `-dim <= k < dim` (checks.py), checked on every call.
+    """
+    k = to_sint(k, "an index")
+    if isinstance(k, int) and isinstance(dim, int):
+        if not -dim <= k < dim:
+            raise IndexBoundError(f"index {k} is out of bounds for {where} with size {dim}")
+        return k % dim, 1, 1
+    text = f"index {_text(k)} on {where} (size {_text(dim)})"
+    require(k, dim, True, text)
+    if (k if isinstance(k, int) else k.vmin) >= 0:
+        return k, 1, 1
+    size = _text(dim)
+    require(UOp.const(0) - dim, k, False, text, f"-{size if size.isidentifier() else f'({size})'} <= {_text(k)}")
+    if (k if isinstance(k, int) else k.vmax) < 0:
+        return as_int_if_const(simplify(UOp.const(0) + dim + k)), 1, 1
+    negative = UOp(Ops.CMPLT, dtypes.bool, (k, UOp.const(0)))
+    return simplify(UOp(Ops.WHERE, dtypes.index, (negative, k + dim, k))), 1, 1
+
+
+def _text(d: sint) -> str:
+    return d.render() if isinstance(d, UOp) else str(d)
 
 
 def is_array_index(k) -> bool:
@@ -113,7 +122,7 @@ def getitem(x: Tracer, key) -> Tracer:
             start, step, size = _slice_spec(k, dim)
             out_shape.append(size)
         elif _is_int_like(k):
-            start, step, size = index_int(k, dim)
+            start, step, size = index_int(k, dim, f"axis {dim_i}")
         else:
             raise IndexError(f"only integers, slices, None and ... are valid indices, got {type(k).__name__}")
         spec.append((start, step, size))

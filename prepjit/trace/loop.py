@@ -7,8 +7,8 @@ import itertools
 import attrs
 
 from ..errors import TraceError
-from ..uop import Ops, UOp
-from . import prims
+from ..uop import Ops, UOp, dtypes
+from . import checks, prims
 from .pytree import flatten
 from .tracer import Tracer
 from .tracing import reserved_var_name
@@ -53,7 +53,8 @@ def fori_loop(lower: int, upper: int, body, carry):
     carries = tuple(UOp(Ops.CARRY, x.dtype, (), (loop_id, j, x.uop.shape)) for j, x in enumerate(inits))
     with reserved_var_name(_loop_var_base(body), taken) as name:  # unique while the body (and nested loops) trace
         var = UOp.variable(name, lower, upper - 1)
-        result = body(Tracer(var, weak=True), treedef.unflatten([Tracer(c) for c in carries]))
+        with checks.loop_body() as recorded:
+            result = body(Tracer(var, weak=True), treedef.unflatten([Tracer(c) for c in carries]))
     out_leaves, _, out_tree = flatten(result)
     if out_tree != treedef:
         raise TraceError(f"fori_loop body must return the carry's structure {treedef.describe()}, "
@@ -68,6 +69,17 @@ def fori_loop(lower: int, upper: int, body, carry):
             raise TraceError(f"fori_loop carry {j}: body returns shape {out.shape_str}, the initial carry has "
                              f"{init.shape_str}")
         outs.append(out.uop)
+    n = len(inits)
+    if recorded.flags:  # the body's gather range flags, or-ed over the iterations in an extra carry
+        inits = inits + [prims.cast(Tracer(UOp.const(False, dtypes.bool)), dtypes.bool)]
+        carries += (UOp(Ops.CARRY, dtypes.bool, (), (loop_id, n, ())),)
+        flag = Tracer(carries[-1])
+        for f, _ in recorded.flags:
+            flag = prims.elementwise(Ops.OR, flag, f)
+        outs.append(flag.uop)
     info = LoopInfo(var, lower, upper, carries, tuple(outs))
     loop = UOp(Ops.LOOP, init.dtype, tuple(x.uop for x in inits), info)
-    return treedef.unflatten([Tracer(UOp(Ops.LOOP_OUT, x.dtype, (loop,), j)) for j, x in enumerate(inits)])
+    if recorded.flags:
+        checks.record_flag(Tracer(UOp(Ops.LOOP_OUT, dtypes.bool, (loop,), n)),
+                           "in a fori_loop body, " + "; ".join(what for _, what in recorded.flags))
+    return treedef.unflatten([Tracer(UOp(Ops.LOOP_OUT, x.dtype, (loop,), j)) for j, x in enumerate(inits[:n])])

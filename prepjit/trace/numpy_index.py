@@ -1,23 +1,30 @@
 """Gathers: integer-array indexing (`table[ids]`, `x[:, ids]`, `x[i, j]`), take and take_along_axis.
 
 Everything becomes one GATHER node: index arrays are broadcast to the output shape, and the
-lowering reads the source at the loaded positions. Negative indices wrap once like NumPy's;
-out-of-range values are clamped (as in JAX) since they cannot be checked while tracing, so no
-read ever leaves the array. Static out-of-range ints still raise IndexError like NumPy.
+lowering reads the source at the loaded positions, negative ids wrapped once (NumPy), gated on the
+id being in range, so no read ever leaves the array. The mode says what an out-of-range id does:
+None / "raise" (NumPy's): the call raises IndexBoundError (a flag the trace returns, checks.py);
+"clip" / "wrap": clamped / taken modulo the dim (a non-empty gather from an empty axis still raises);
+"fill": reads `fill_value` (JAX's). Static out-of-range ints raise IndexBoundError at once.
 """
 from __future__ import annotations
 
 from ..errors import TraceError
-from ..uop import UOp
+from ..uop import Ops, UOp, as_int_if_const, dtypes, simplify
 from . import prims
+from .checks import record_flag
 from .indexing import getitem, index_int, is_array_index
-from .numpy_math import clip, mod
+from .numpy_math import clip, greater_equal, less, logical_and, logical_or, mod, where
+from .numpy_reduce import any as any_
 from .numpy_shape import ravel
 from .prims import normalize_axis, to_tracer
 from .tracer import Tracer
 
 
-def advanced_getitem(x: Tracer, key: tuple) -> Tracer:
+MODES = (None, "raise", "clip", "wrap", "fill")
+
+
+def advanced_getitem(x: Tracer, key: tuple, mode=None, fill_value=None) -> Tracer:
     """NumPy advanced indexing with integer arrays mixed with ints, slices, None and `...`."""
     n_real = sum(1 for k in key if k is not None and k is not Ellipsis)
     if sum(1 for k in key if k is Ellipsis) > 1:
@@ -41,7 +48,7 @@ def advanced_getitem(x: Tracer, key: tuple) -> Tracer:
         if is_array_index(k):
             index = to_tracer(k)
         else:  # an int next to an index array is itself an (0-d) index array, as in NumPy
-            start, _, _ = index_int(k, x.uop.shape[x_dim])
+            start, _, _ = index_int(k, x.uop.shape[x_dim], f"axis {x_dim}")
             index = Tracer(start if isinstance(start, UOp) else UOp.const(start))
         positions.append(len(basic))
         indices.append(index)
@@ -63,30 +70,72 @@ def advanced_getitem(x: Tracer, key: tuple) -> Tracer:
         else:
             dims.append(("dim", rest_i if rest_i < first else rest_i + len(batch)))
             rest_i += 1
-    return prims.gather(y, placed, dims)
+    sizes = [y.uop.shape[p] for p in y_positions]
+    return checked_gather(y, placed, dims, indices, sizes, mode, fill_value)
 
 
-def take(a, indices, axis=None, mode=None) -> Tracer:
-    """NumPy's take. mode None/'raise' wraps negatives then clamps (out-of-range ids cannot raise while
-    tracing); 'wrap' takes indices modulo the dim; 'clip' clamps without wrapping negatives."""
+def _in_range(ids: Tracer, size) -> Tracer:
+    """ids in [-size, size): NumPy's valid range, negatives wrapping once."""
+    return logical_and(greater_equal(ids, UOp.const(0) - size), less(ids, size))
+
+
+def checked_gather(x: Tracer, placed: list, dims: list, indices: list, sizes: list, mode, fill_value) -> Tracer:
+    """The gather of `x` at `placed` (indices broadcast to the output), with `mode`'s out-of-range rule.
+
+    `indices` are the index arrays before broadcasting and `sizes` the dims they index (for the flag).
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(repr(m) for m in MODES[1:])} (got {mode!r})")
+    if mode == "fill":
+        out = prims.gather(x, placed, dims)
+        inside = None
+        for t, d in zip(placed, sizes):
+            inside = _in_range(t, d) if inside is None else logical_and(inside, _in_range(t, d))
+        fill = prims.to_tracer(0 if fill_value is None else fill_value)
+        return prims.cast(where(inside, out, fill if fill.weak else prims.cast(fill, x.dtype)), x.dtype)
+    if fill_value is not None:
+        raise ValueError("fill_value is only used with mode='fill'")
+    if mode in ("clip", "wrap"):
+        placed = [clip(t, 0, UOp.const(0) + d - 1) if mode == "clip" else mod(t, d) for t, d in zip(placed, sizes)]
+    bad = None
+    for t, d in zip(indices, sizes):
+        if mode in (None, "raise"):
+            wrong = ~_in_range(t, d)
+        elif (d if isinstance(d, int) else d.vmin) <= 0:  # clip / wrap: only an empty axis is out of range
+            wrong = prims.broadcast_to(prims.to_tracer(UOp(Ops.CMPLT, dtypes.bool, (UOp.const(0) + d, UOp.const(1)))),
+                                       t.uop.shape)
+        else:
+            continue
+        bad = wrong if bad is None else logical_or(bad, wrong)
+    if bad is not None:
+        what = " (a non-empty gather from an empty axis)" if mode in ("clip", "wrap") else ": an index is out of range"
+        record_flag(any_(bad), f"a gather from {x.shape_str}{what}")
+    return prims.gather(x, placed, dims)
+
+
+def take(a, indices, axis=None, mode=None, fill_value=None) -> Tracer:
+    """NumPy's take (out-of-range ids raise IndexBoundError), with JAX's 'fill' mode as well."""
     a = to_tracer(a)
     if axis is None:
         a, axis = ravel(a), 0
     axis = normalize_axis(axis, a.ndim)
     if isinstance(indices, (list, tuple)):
         raise TraceError("take with a constant list of indices is not supported; pass the indices as an argument")
-    n = a.uop.shape[axis]
-    if isinstance(indices, Tracer) and mode == "wrap":
-        indices = mod(indices, n)
-    elif isinstance(indices, Tracer) and mode == "clip":
-        indices = clip(indices, 0, n - 1)
-    elif mode not in (None, "raise", "wrap", "clip"):
-        raise ValueError(f"clipmode must be one of 'clip', 'raise', or 'wrap' (got {mode!r})")
-    key = (slice(None),) * axis + (indices,)
-    return advanced_getitem(a, key) if is_array_index(indices) else getitem(a, key)
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(repr(m) for m in MODES[1:])} (got {mode!r})")
+    if is_array_index(indices):
+        return advanced_getitem(a, (slice(None),) * axis + (indices,), mode, fill_value)
+    if mode == "fill":
+        raise TraceError("take with mode='fill' needs an array of indices; a scalar index raises when out of range")
+    n, k = UOp.const(0) + a.uop.shape[axis], UOp.const(0) + prims.to_sint(indices, "an index")
+    if mode == "clip":  # an empty axis leaves -1: the index constraint then raises, as NumPy does
+        k = k.smax(0).smin(n - 1)
+    elif mode == "wrap":
+        k = UOp(Ops.WHERE, dtypes.index, (UOp(Ops.CMPLT, dtypes.bool, (UOp.const(0), n)), k % n.smax(1), UOp.const(0)))
+    return getitem(a, (slice(None),) * axis + (as_int_if_const(simplify(k)),))
 
 
-def take_along_axis(arr, indices, axis) -> Tracer:
+def take_along_axis(arr, indices, axis, mode=None, fill_value=None) -> Tracer:
     """NumPy's take_along_axis: out[..., i, ...] = arr[..., indices[..., i, ...], ...], other dims broadcast."""
     arr, indices = to_tracer(arr), to_tracer(indices)
     if axis is None:
@@ -103,4 +152,5 @@ def take_along_axis(arr, indices, axis) -> Tracer:
     out_shape = tuple(indices.uop.shape[axis] if i == axis else d for i, d in enumerate(others))
     arr = prims.broadcast_to(arr, tuple(arr.uop.shape[axis] if i == axis else d for i, d in enumerate(others)))
     dims = [("index", 0) if i == axis else ("dim", i) for i in range(arr.ndim)]
-    return prims.gather(arr, [prims.broadcast_to(indices, out_shape)], dims)
+    return checked_gather(arr, [prims.broadcast_to(indices, out_shape)], dims, [indices], [arr.uop.shape[axis]],
+                          mode, fill_value)

@@ -115,8 +115,8 @@ class Tracer:
     def repeat(self, repeats, axis=None):
         return _np().repeat(self, repeats, axis)
 
-    def take(self, indices, axis=None, mode=None):
-        return _np().take(self, indices, axis=axis, mode=mode)
+    def take(self, indices, axis=None, mode=None, fill_value=None):
+        return _np().take(self, indices, axis=axis, mode=mode, fill_value=fill_value)
 
     def flatten(self) -> "Tracer":
         return _np().reshape(self, (-1,))

@@ -9,7 +9,7 @@ import attrs
 from ..errors import TraceError
 from ..uop import DType, Ops, UOp, sint
 from ..uop.printer import format_graph
-from . import prims
+from . import checks, prims
 from .pytree import TreeDef, flatten
 from .tracer import Tracer
 
@@ -32,6 +32,8 @@ class Traced:
     inputs: tuple[UOp, ...]
     outputs: tuple[UOp, ...]
     out_tree: TreeDef
+    constraints: tuple = ()  # IndexConstraints every call must meet (checks.py)
+    flags: tuple = ()        # (0-d bool UOp, what): a gather read an out-of-range id when true
 
     @property
     def sink(self) -> UOp:
@@ -85,7 +87,8 @@ def trace_call(fn, build_args, leaves: list) -> Traced:
     outer = getattr(_active, "var_names", None)
     _active.var_names = _leaf_var_names(leaves)
     try:
-        result = fn(*args, **kwargs)
+        with checks.recording(set(_active.var_names)) as recorded:
+            result = fn(*args, **kwargs)
     finally:
         _active.var_names = outer
     out_leaves, paths, out_tree = flatten(result)
@@ -99,7 +102,8 @@ def trace_call(fn, build_args, leaves: list) -> Traced:
         if t.weak:  # a bare Python scalar or var result becomes a 0-d array of its default dtype
             t = prims.cast(Tracer(t.uop), t.dtype)
         outputs.append(t.uop)
-    return Traced(tuple(inputs), tuple(outputs), out_tree)
+    return Traced(tuple(inputs), tuple(outputs), out_tree, tuple(recorded.constraints),
+                  tuple((prims.to_tracer(f).uop, what) for f, what in recorded.flags))
 
 
 def _leaf_var_names(leaves: list) -> set[str]:

@@ -20,6 +20,9 @@ class Var:
             raise ValueError(f"Var name must be an identifier, got {self.name!r}")
         if self.min > self.max:
             raise ValueError(f"Var {self.name!r}: min {self.min} > max {self.max}")
+        if not (-2**63 <= self.min and self.max < 2**63):
+            raise ValueError(f"Var {self.name!r}: bounds [{self.min}, {self.max}] do not fit int64 (kernels take vars "
+                             "as 64-bit ints)")
 
     @property
     def uop(self) -> UOp:

@@ -3,9 +3,12 @@
 A program is a short list of steps, each valid for any shape of the rank it is applied to; it is
 run by `run_program` with `m = np` and, inside a prepared function whose first dim is the var
 "n", with `m = pnp`. Several var values replay one plan (no retrace). Examples NumPy itself
-rejects (an IndexError, a reduction over nothing) are skipped. CI runs a bounded number of
-examples; `pytest -m fuzz` (or PREPJIT_FUZZ_EXAMPLES=N) runs the larger profile. Every failure
-found becomes a test in `test_numpy_regressions.py`.
+rejects (an IndexError, a reduction over nothing) are skipped; where NumPy raises IndexError, the
+prepared function must raise pj.IndexBoundError. Every input sits right before a PROT_NONE guard
+page (tests/guard_pages.py) and every program also runs at the var's minimum, n = 0, so a kernel
+reading outside an argument crashes the run. CI runs a bounded number of examples; `pytest -m fuzz`
+(or PREPJIT_FUZZ_EXAMPLES=N) runs the larger profile. Every failure found becomes a test in
+`test_numpy_regressions.py`.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from hypothesis import strategies as st
 import prepjit as pj
 import prepjit.nn as pnn
 import prepjit.numpy as pnp
+from tests.guard_pages import guarded
 
 DTYPES = ["float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8", "bool"]
 UNARY = ["negative", "abs", "sign", "square", "tanh", "sin", "floor", "sqrt_abs", "exp_clipped", "log_abs", "erf",
@@ -96,7 +100,7 @@ def run_program(m, program, x, ids):
     for step in program:
         kind, args = step[0], step[1:]
         nd = x.ndim
-        ax = args[-1] % nd if nd and isinstance(args[-1], int) and kind not in ("scalar", "cast") else 0
+        ax = args[-1] % nd if nd and args and isinstance(args[-1], int) and kind not in ("scalar", "cast") else 0
         if kind == "unary":
             x = unary(m, args[0], x)
         elif kind == "self":  # x op (x flipped along an axis, cast to another dtype)
@@ -184,10 +188,13 @@ def make_input(rng, shape, dtype):
 
 
 def numpy_reference(program, x, ids):
+    """NumPy's result, IndexError when NumPy raises one (prepjit must raise IndexBoundError), or None."""
     with np.errstate(all="ignore"):
         try:
             return run_program(np, program, x, ids)
-        except (IndexError, ValueError, TypeError, OverflowError, np.exceptions.AxisError):
+        except IndexError:
+            return IndexError
+        except (ValueError, TypeError, OverflowError, np.exceptions.AxisError):
             return None  # NumPy rejects this example; so may we
 
 
@@ -210,13 +217,17 @@ def check_program(program, dtype, rest_shape, n_values, seed):
     f = pj.prepare(vars={"n": (0, 6)}, shapes={"x": ("n",) + tuple(rest_shape), "ids": (3,)})(
         lambda x, ids: run_program(pnp, program, x, ids))
     checked = 0
-    for n in n_values:
-        x = make_input(rng, (n,) + tuple(rest_shape), dtype)
-        ids = rng.integers(-4, 5, 3).astype(np.int32)
+    for n in dict.fromkeys([0, *n_values]):  # the var's minimum first: empty arguments
+        x = guarded(make_input(rng, (n,) + tuple(rest_shape), dtype))
+        ids = guarded(rng.integers(-4, 5, 3).astype(np.int32))
         want = numpy_reference(program, x, ids)
         if want is None:
             continue
         note = f"program={program} dtype={dtype} shape={x.shape}"
+        if want is IndexError:
+            with pytest.raises(pj.IndexBoundError), np.errstate(all="ignore"):
+                f(x, ids)
+            continue
         with np.errstate(all="ignore"):
             got = f(x, ids)
         compare(got, want, note)

@@ -94,10 +94,13 @@ def test_static_out_of_range_int_index_raises_index_error():
         run(lambda x, i: x[i, 5], np.zeros((3, 3), np.float32), np.zeros(2, np.int32))
 
 
-def test_out_of_range_gather_ids_are_clamped_never_read_outside():
+def test_out_of_range_gather_ids_raise_like_numpy_or_clip_on_request():
     table = np.arange(6, dtype=np.float32).reshape(3, 2)
     ids = np.array([100, -100, -1], np.int64)
-    np.testing.assert_array_equal(run(lambda t, i: t[i], table, ids), table[[2, 0, 2]])
+    with pytest.raises(pj.IndexBoundError, match="out of range"):
+        run(lambda t, i: t[i], table, ids)
+    np.testing.assert_array_equal(run(lambda t, i: pnp.take(t, i, axis=0, mode="clip"), table, ids),
+                                  np.take(table, ids, axis=0, mode="clip"))
 
 
 def test_max_over_an_empty_static_axis_raises_like_numpy():

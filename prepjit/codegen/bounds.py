@@ -1,0 +1,325 @@
+"""The bounds proof: every load and store index of a kernel lies in [0, size) of its buffer, for every var value.
+
+Run on the optimised kernel AST right before rendering. A buffer's size is the product of its live
+(symbolic) shape, so caller arrays, empty ones included, are covered like intermediates.
+
+An index is bounded by symbolic expressions of the vars: `upper(e)` gives options, each a list of
+expressions whose maximum is >= e (any one option is a valid bound), `lower(e)` the same from below.
+Loop ranges are bounded by their end (an access inside a loop only runs when the loop does, so its end
+is >= 1), mins, maxes and wheres combine their operands' options, and `facts` sharpen atoms: the load's
+gate (a gated load reads nothing where its gate is false), the condition of an enclosing where, the
+plan's index constraints (checked on every call before anything runs) and `end >= 1` for every
+enclosing range. Facts are linear inequalities `expr >= 0` turned into bounds for each atom with a
+unit coefficient. The last step checks with interval bounds (vmin) that `size - 1 - bound >= 0` and
+`bound >= 0`, both simplified to polynomials first so that symbolic sizes cancel.
+"""
+from __future__ import annotations
+
+import functools
+
+from ..errors import CompileError
+from ..uop import Ops, UOp, simplify
+from ..uop.symbolic import from_poly, poly
+from .optimize import optimize
+
+MAX_OPTIONS = 12       # bound options kept per node
+MAX_OPTION_TERMS = 32  # expressions per option (a max of that many)
+MAX_FACT_DEPTH = 2     # facts are expanded through facts this deep (facts refer to each other)
+MAX_NONNEG_DEPTH = 3   # a bound's terms are shown >= 0 through their own bounds this deep
+MAX_SPLITS = 4         # mins and maxes of vars split into cases per access (2**MAX_SPLITS cases at most)
+
+
+def _is_int(u: UOp) -> bool:
+    return u.dtype.is_int
+
+
+def _ge0_terms(cond: UOp, truth: bool) -> list[UOp]:
+    """Integer expressions that are >= 0 whenever bool `cond` == truth (what can be read off it)."""
+    if cond.op is Ops.AND and truth or cond.op is Ops.OR and not truth:
+        return _ge0_terms(cond.src[0], truth) + _ge0_terms(cond.src[1], truth)
+    if cond.op is Ops.NOT:
+        return _ge0_terms(cond.src[0], not truth)
+    if cond.op is Ops.CMPLT and all(_is_int(s) for s in cond.src):
+        a, b = cond.src
+        return [simplify(b - a - 1)] if truth else [simplify(a - b)]
+    if cond.op is Ops.CMPEQ and truth and all(_is_int(s) for s in cond.src):
+        a, b = cond.src
+        return [simplify(a - b), simplify(b - a)]
+    return []
+
+
+class Facts:
+    """Bounds for atoms, read off expressions known to be >= 0: atom -> (lower bounds, upper bounds).
+
+    `c * atom + rest >= 0` bounds the atom when `rest` is free of loops and data."""
+
+    def __init__(self, ge0: frozenset):
+        self.ge0 = ge0
+        self.atoms: dict[UOp, tuple[list, list]] = {}
+        self.var_atoms: set[UOp] = set()  # vars with bounds from facts (expressions of them are not exact)
+        for e in ge0:
+            self._add(e, 0)
+
+    def with_terms(self, terms) -> "Facts":
+        return _facts(self.ge0 | frozenset(terms))
+
+    def _bound(self, atom: UOp, value: UOp, is_lower: bool):
+        lows, highs = self.atoms.setdefault(atom, ([], []))
+        (lows if is_lower else highs).append(value)
+
+    def _add(self, e: UOp, depth: int):
+        p = poly(e)
+        for m, c in p.items():
+            if len(m) != 1 or m[0].op is Ops.CONST:
+                continue
+            rest = from_poly({k: v for k, v in p.items() if k != m}, e.dtype)
+            atom = m[0]
+            if _has_loop_or_data(rest):  # only bounds free of loops and data: they end the search
+                continue
+            # c * atom + rest >= 0:  atom >= ceil(-rest / c) (c > 0), atom <= floor(rest / -c) (c < 0)
+            self._bound(atom, simplify((c - 1 - rest) // c) if c > 0 else simplify(rest // -c), c > 0)
+            if atom.op is Ops.DEFINE_VAR:
+                self.var_atoms.add(atom)
+            if depth < 2 and c == 1 and atom.op is Ops.IDIV and atom.src[1].op is Ops.CONST and atom.src[1].arg > 0:
+                # x // k >= t  <=>  x >= t * k
+                self._add(simplify(atom.src[0] + rest * atom.src[1].arg), depth + 1)
+        if depth < 2 and len(p) <= 2 and p.get((), 0) <= -1:  # c * a * b - t >= 0 with a, b >= 0: a, b >= 1
+            prods = [(m, c) for m, c in p.items() if m]
+            if len(prods) == 1 and prods[0][1] > 0 and len(prods[0][0]) > 1 and all(f.vmin >= 0 for f in prods[0][0]):
+                for f in prods[0][0]:
+                    self._add(simplify(f - 1), depth + 1)
+
+
+@functools.lru_cache(maxsize=4096)
+def _facts(ge0: frozenset) -> Facts:
+    return Facts(ge0)
+
+
+def _options(opts: list, upper: bool) -> list:
+    """The best few options: distinct, fewest terms first, none whose terms include another option's
+    (a max over more terms is no tighter), of single terms differing by a constant only the tightest."""
+    best: dict = {}
+    kept: list = []
+    for o in sorted((list(dict.fromkeys(o)) for o in opts), key=len):
+        if len(o) > MAX_OPTION_TERMS or any(set(k) <= set(o) for k in kept):
+            continue
+        if len(o) == 1:
+            p = poly(o[0])
+            shape, c = frozenset((k, v) for k, v in p.items() if k), p.get((), 0)
+            if shape in best:
+                if best[shape][0] <= c if upper else best[shape][0] >= c:
+                    continue
+                kept[best[shape][1]] = o
+                best[shape] = (c, best[shape][1])
+                continue
+            best[shape] = (c, len(kept))
+        kept.append(o)
+    return kept[:MAX_OPTIONS]
+
+
+def _combine(a: list, b: list, fn, upper: bool) -> list:
+    """Options of fn(x, y) from options of x and of y, the pairs of better-ranked options first."""
+    pairs = sorted(((i, j) for i in range(len(a)) for j in range(len(b))), key=lambda ij: ij[0] + ij[1])
+    return _options([[simplify(fn(x, y)) for x in a[i] for y in b[j]] for i, j in pairs], upper)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _polynomial(u: UOp) -> bool:
+    return all(x.op in (Ops.CONST, Ops.DEFINE_VAR, Ops.ADD, Ops.SUB, Ops.MUL) for x in u.toposort())
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _has_loop_or_data(u: UOp) -> bool:
+    return any(x.op in (Ops.RANGE, Ops.LOAD, Ops.REDUCE) for x in u.toposort())
+
+
+class _Prover:
+    def __init__(self):
+        self.memo: dict = {}
+
+    def bound(self, e: UOp, facts: Facts, upper: bool, depth: int = 0) -> list:
+        key = (e, facts.ge0, upper, depth)
+        if key not in self.memo:
+            self.memo[key] = self._bound(e, facts, upper, depth)
+        return self.memo[key]
+
+    def _bound(self, e: UOp, facts: Facts, upper: bool, depth: int) -> list:
+        exact = not _has_loop_or_data(e)
+        opts = [[e]] if exact else []
+        if exact and (e.op in (Ops.CONST, Ops.DEFINE_VAR) and e not in facts.atoms
+                      or _polynomial(e) and not any(v in facts.var_atoms for v in e.variables())):
+            return opts
+        if depth < MAX_FACT_DEPTH and e in facts.atoms:
+            for b in facts.atoms[e][1 if upper else 0]:
+                opts += self.bound(b, facts, upper, depth + 1)
+        if e.op is not Ops.DEFINE_VAR:
+            opts += self._structural(e, facts, upper, depth)
+        return _options(opts, upper)
+
+    def _structural(self, e: UOp, facts: Facts, upper: bool, depth: int) -> list:
+        op, s = e.op, e.src
+        b = functools.partial(self.bound, facts=facts, depth=depth)
+        if op in (Ops.CONST, Ops.DEFINE_VAR):
+            return [[e]]
+        if op is Ops.RANGE:
+            if not upper:
+                return [[UOp.const(0)]]
+            return _options([[simplify(x - 1) for x in o] for o in b(s[0], upper=True)], True)
+        if op is Ops.ADD:
+            return _combine(b(s[0], upper=upper), b(s[1], upper=upper), lambda x, y: x + y, upper)
+        if op is Ops.SUB:
+            return _combine(b(s[0], upper=upper), b(s[1], upper=not upper), lambda x, y: x - y, upper)
+        if op is Ops.MUL:
+            return self._mul(e, facts, upper, depth)
+        positive = op in (Ops.IDIV, Ops.MOD) and not _has_loop_or_data(s[1]) and self.nonneg(s[1] - 1, facts)
+        if op is Ops.IDIV and positive:
+            return _options([[simplify(x // s[1]) for x in o] for o in b(s[0], upper=upper)], upper)
+        if op is Ops.MOD and positive:  # floor modulo: in [0, d - 1]
+            if not upper:
+                return [[UOp.const(0)]]
+            own = [o for o in b(s[0], upper=True)] if self.nonneg(s[0], facts) else []
+            return _options([[simplify(s[1] - 1)]] + own, True)
+        if op in (Ops.MAX, Ops.MIN):
+            either = (op is Ops.MIN) == upper  # min <= each operand; max >= each operand
+            a, c = b(s[0], upper=upper), b(s[1], upper=upper)
+            return _options(a + c, upper) if either else _options([oa + oc for oa in a for oc in c], upper)
+        if op is Ops.WHERE and _is_int(e):
+            t = self.bound(s[1], facts.with_terms(_ge0_terms(s[0], True)), upper, depth)
+            f = self.bound(s[2], facts.with_terms(_ge0_terms(s[0], False)), upper, depth)
+            return _options([ot + of for ot in t for of in f], upper)
+        if op is Ops.CAST and _is_int(s[0]) and e.dtype.is_int and \
+                e.dtype.min() <= s[0].dtype.min() and s[0].dtype.max() <= e.dtype.max():
+            return b(s[0], upper=upper)
+        return [[UOp.const(e.vmax if upper else e.vmin)]]
+
+    def _mul(self, e: UOp, facts: Facts, upper: bool, depth: int) -> list:
+        a, c = e.src
+        b = functools.partial(self.bound, facts=facts, depth=depth)
+        if c.op is Ops.CONST or not _has_loop_or_data(c) and a.op is not Ops.CONST:
+            pass
+        else:
+            a, c = c, a
+        out = []
+        if c.op is Ops.CONST and a.op is Ops.IDIV and a.src[1].op is Ops.CONST and a.src[1].arg > 0 \
+                and c.arg % a.src[1].arg == 0:  # c * (x // k), k | c:  k * (x // k) in [x - k + 1, x]
+            k, x = a.src[1].arg, a.src[0]
+            tight = upper == (c.arg > 0)
+            out += [[simplify((y if tight else y - k + 1) * (c.arg // k)) for y in o] for o in b(x, upper=tight)]
+        if not _has_loop_or_data(c):  # a * c with c free of loops and data: bound a, keep c when its sign is known
+            if c.vmin >= 0:
+                out += [[simplify(x * c) for x in o] for o in b(a, upper=upper)]
+            elif c.vmax <= 0:
+                out += [[simplify(x * c) for x in o] for o in b(a, upper=not upper)]
+            if not _has_loop_or_data(a) and a.vmin >= 0 and c.op is not Ops.CONST:
+                out += [[simplify(a * x) for x in o] for o in b(c, upper=upper)]
+        elif upper and self.nonneg(a, facts) and self.nonneg(c, facts):
+            out += _combine(b(a, upper=True), b(c, upper=True), lambda x, y: x * y, True)
+        elif not upper and self.nonneg(a, facts) and self.nonneg(c, facts):
+            out += [[UOp.const(0)]]
+        return _options(out, upper) or [[UOp.const(e.vmax if upper else e.vmin)]]
+
+    def nonneg(self, e: UOp, facts: Facts, depth: int = 0) -> bool:
+        """Whether e >= 0 for every var value in bounds (given the facts)."""
+        e = simplify(e)
+        if e.vmin >= 0:
+            return True
+        if depth >= MAX_NONNEG_DEPTH:
+            return False
+        key = ("nonneg", e, facts.ge0, depth)
+        if key not in self.memo:
+            self.memo[key] = any(all(x is not e and self.nonneg(x, facts, depth + 1) for x in o)
+                                 for o in self.bound(e, facts, upper=False))
+        return self.memo[key]
+
+    def in_bounds(self, index: UOp, size: UOp, terms: frozenset, splits: int = 0) -> tuple[bool, str]:
+        """Whether 0 <= index < size; a min or max of vars is split into its two cases (correlated uses)."""
+        choice = next((u for u in _outside_ranges(index, size) if u.op in (Ops.MIN, Ops.MAX)
+                       and not _has_loop_or_data(u)), None) if splits < MAX_SPLITS else None
+        if choice is not None:
+            a, b = choice.src
+            why = ""
+            keep = {r: r for x in (index, size) for r in _ranges(x)}  # ranges (and their ends) stay as they are
+            for pick, other in ((a, b), (b, a)):  # min(a, b) = a when b - a >= 0; max(a, b) = a when a - b >= 0
+                fact = simplify(other - pick if choice.op is Ops.MIN else pick - other)
+                sub = {**keep, choice: pick}
+                case_terms = frozenset(simplify(t.substitute(sub)) for t in terms) | {fact}
+                ok, why = self.in_bounds(simplify(index.substitute(sub)), simplify(size.substitute(sub)),
+                                         case_terms, splits + 1)
+                if not ok:
+                    return False, why
+            return True, why
+        facts = _facts(terms)
+        if not self.nonneg(index, facts):
+            return False, "may be negative"
+        for o in self.bound(index, facts, upper=True):
+            if all(self.nonneg(size - 1 - x, facts) for x in o):
+                return True, ""
+        return False, f"may reach the buffer's size {size.render()}"
+
+
+def _outside_ranges(*roots: UOp) -> list[UOp]:
+    """The nodes under `roots`, not looking inside a range (its end is part of the range)."""
+    out, seen, stack = [], set(), list(roots)
+    while stack:
+        u = stack.pop()
+        if u in seen:
+            continue
+        seen.add(u)
+        out.append(u)
+        if u.op is not Ops.RANGE:
+            stack.extend(u.src)
+    return out
+
+
+def _ranges(u: UOp) -> list[UOp]:
+    return [x for x in u.toposort() if x.op is Ops.RANGE]
+
+
+def buffer_size(shape: tuple) -> UOp:
+    size = UOp.const(1)
+    for d in shape:
+        size = size * d
+    return simplify(size)
+
+
+def prove_kernel(ast: UOp, shapes: list[tuple], constraints=()) -> int:
+    """Check every access of kernel `ast` (slot i has live shape shapes[i]); return how many were proven.
+
+    `constraints` are bool expressions over the vars known true on every run (checked before it).
+    Raises CompileError naming the kernel, the access and its index when one cannot be proven.
+    """
+    sizes = [buffer_size(s) for s in shapes]
+    base = frozenset(t for c in constraints for t in _ge0_terms(c, True))
+    prover, count = _Prover(), 0
+    for u in ast.toposort():
+        if u.op not in (Ops.LOAD, Ops.STORE):
+            continue
+        buf, index = u.src[0], simplify(u.src[1])  # facts and index in one canonical form
+        gate = simplify(u.src[2]) if u.op is Ops.LOAD and len(u.src) > 2 else None
+        terms = set(base)
+        for r in _ranges(u.src[1]) + (_ranges(u.src[2]) if gate is not None else []):
+            terms.add(simplify(r.src[0] - 1))  # an access inside a loop runs only when the loop does
+        if gate is not None:
+            terms |= set(_ge0_terms(gate, True))
+        ok, why = prover.in_bounds(index, sizes[buf.arg], frozenset(terms))
+        if not ok:
+            kind = "load from" if u.op is Ops.LOAD else "store to"
+            gated = f" under gate {gate.render()}" if gate is not None else ""
+            raise CompileError(f"kernel {ast.arg}: cannot prove the {kind} buffer slot {buf.arg} in bounds: index "
+                               f"{index.render()}{gated} {why} (shape {shapes[buf.arg]}); refusing to compile it")
+        count += 1
+    return count
+
+
+_proof_cache: dict = {}
+
+
+def prove_optimized(ast: UOp, language: str, shapes: list[tuple], constraints=()) -> int:
+    """prove_kernel on the kernel `language`'s renderer compiles (optimize(ast)), memoised: fori_loop
+    iterations and repeated prepares share one proof."""
+    key = (ast, language, tuple(tuple(s) for s in shapes), tuple(constraints))
+    if key not in _proof_cache:
+        if len(_proof_cache) > 4096:
+            _proof_cache.clear()
+        _proof_cache[key] = prove_kernel(optimize(ast, language), shapes, constraints)
+    return _proof_cache[key]
