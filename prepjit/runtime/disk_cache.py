@@ -42,8 +42,9 @@ _refused: set[str] = set()  # directories already warned about in this process
 
 
 def cache_root() -> pathlib.Path | None:
-    """PREPJIT_CACHE_DIR (default ~/.cache/prepjit), or None when PREPJIT_CACHE=0 (read on every use)."""
-    if os.environ.get("PREPJIT_CACHE", "1") == "0":
+    """PREPJIT_CACHE_DIR (default ~/.cache/prepjit), or None when PREPJIT_CACHE=0 (read on every use) or off
+    POSIX (the trust checks need file owners, modes and directory fds)."""
+    if os.environ.get("PREPJIT_CACHE", "1") == "0" or os.name != "posix":
         return None
     root = os.environ.get("PREPJIT_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "prepjit")
     return pathlib.Path(root)
