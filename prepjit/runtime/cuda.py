@@ -1,25 +1,32 @@
-"""The cuda device: CUDA C kernels compiled by NVRTC to cubin for the GPU's arch, loaded and launched
-through pycuda on one stream, buffers in device memory.
+"""The cuda device: CUDA C kernels compiled by NVRTC to cubin for the GPU's arch, loaded and launched through
+the driver (cuda_driver.py) on one stream; pycuda provides the context, the stream, memory and copies.
 
 `device="cuda"` is GPU 0, `"cuda:N"` GPU N. Compiling is `source -> cubin bytes` (nvrtc.py), so
 binaries go to the kernel and disk caches keyed by the compiler identity: GPU name, arch, driver and
 NVRTC versions. Each PreparedKernel gets its own packed argument buffer (8 bytes a slot: buffer
-addresses, then int64 vars), built once; replay patches only the var slots and I/O addresses and
-launches it with `cuLaunchKernel`'s buffer form. Results stay on the GPU until read; arrays of this
-device passed to another prepared function on it are used in place. Importing prepjit never imports
-pycuda: the device is created on first use, and without pycuda, a driver or a GPU it raises
-`DeviceError` saying what to install.
+addresses, then int64 vars), built once; replay patches only the var slots and I/O addresses.
+Launches wait for the next stream operation (a copy or a sync); a sequence of launches seen twice runs
+from a CUDA graph after that, updating only the kernel nodes whose arguments or grid changed
+(`PREPJIT_CUDA_GRAPHS=0` launches each kernel at once instead). Results stay on the GPU until read;
+arrays of this device passed to another prepared function on it are used in place. Importing prepjit
+never imports pycuda: the device is created on first use, and without pycuda, a driver or a GPU it
+raises `DeviceError` saying what to install.
 """
 from __future__ import annotations
 
+import atexit
+import collections
 import contextlib
 import ctypes
-import ctypes.util
+import logging
+import os
 import struct
+import threading
 
 import numpy as np
 
 from ..errors import CompileError, DeviceError
+from .cuda_driver import Driver, Graph, KernelNodeParams, PackedArgs
 from .device_base import MIN_BYTES, DeviceBase
 
 INSTALL_HINT = "pip install 'prepjit[cuda]' (pycuda, built against the CUDA toolkit) on a machine with an NVIDIA GPU"
@@ -29,6 +36,9 @@ _VAL = struct.Struct("<q")     # an int64 var
 # start that in any thread, outside any context (pycuda then aborts the process). So the pool always holds
 # one block of a size no allocation asks for (they all are at least MIN_BYTES): it never stops holding.
 _RESERVE_BYTES = MIN_BYTES // 2
+GRAPH_CACHE_SIZE = 256          # launch sequences remembered (graphs of those seen twice)
+_UNSEEN, _SEEN_ONCE = object(), object()
+log = logging.getLogger("prepjit")
 
 
 def _import_pycuda():
@@ -45,40 +55,64 @@ def _import_pycuda():
 class CUDAProgram:
     """A loaded module, its kernel function and the block size the kernel declares."""
 
-    def __init__(self, module, function, name: str, block: int):
-        self.module, self.function, self.name, self.block = module, function, name, block
+    def __init__(self, device, module, function, name: str, block: int):
+        self.device, self.module, self.function, self.name, self.block = device, module, function, name, block
+
+    def __del__(self):
+        with contextlib.suppress(Exception):  # at interpreter exit the driver may be gone already
+            self.device.current()
+            self.device.driver.unload(self.module)
 
 
 class CUDALauncher:
-    """One PreparedKernel's packed argument buffer; replay patches slots in place and launches."""
+    """One PreparedKernel's packed argument buffer; replay patches slots in place and queues the launch on
+    the device (which launches it at once, or with the rest of the plan from a CUDA graph)."""
 
-    def __init__(self, stream, program: CUDAProgram, buffer_handles, vals, size_fn, static_size):
-        self.launch, self.stream = program.function._launch_kernel, stream
+    def __init__(self, device, program: CUDAProgram, buffer_handles, vals, size_fn, static_size):
+        self.device, self.program = device, program
+        self.queued = False   # waiting in the device's queue: its arguments must not change before it launches
         self.n_bufs, self.vals = len(buffer_handles), list(vals)
-        self.args = bytearray(8 * (self.n_bufs + len(self.vals)))
+        self.args = PackedArgs(self.n_bufs + len(self.vals))
         for slot, handle in enumerate(buffer_handles):
             self.set_buffer(slot, handle or 0)
         for slot, value in enumerate(self.vals):
-            _VAL.pack_into(self.args, 8 * (self.n_bufs + slot), value)
-        self.block = (program.block, 1, 1)
-        self.size_fn, self.static_size = size_fn, static_size
-        self.grid = None if static_size is None else self.grid_for(static_size)
-
-    def grid_for(self, size: int) -> tuple[int, int, int]:
-        return (-(-size // self.block[0]), 1, 1)
+            _VAL.pack_into(self.args.buffer, 8 * (self.n_bufs + slot), value)
+        self.block = program.block
+        self.size_fn = size_fn
+        self.static_grid = None if static_size is None else -(-static_size // self.block)
+        self.grid = 0   # the grid of the launch queued last
 
     def set_buffer(self, slot: int, handle: int):
-        _SLOT.pack_into(self.args, 8 * slot, handle)
+        if self.queued:
+            self.device.flush()
+        _SLOT.pack_into(self.args.buffer, 8 * slot, handle)
 
     def set_val(self, slot: int, value: int):
         if self.vals[slot] != value:
+            if self.queued:
+                self.device.flush()
             self.vals[slot] = value
-            _VAL.pack_into(self.args, 8 * (self.n_bufs + slot), value)
+            _VAL.pack_into(self.args.buffer, 8 * (self.n_bufs + slot), value)
 
     def run(self):
-        grid = self.grid if self.grid is not None else self.grid_for(self.size_fn(self.vals)[0])
-        if grid[0] > 0:
-            self.launch(grid, self.block, self.args, 0, self.stream)
+        if self.queued:
+            self.device.flush()
+        self.grid = self.static_grid if self.static_grid is not None else -(-self.size_fn(self.vals)[0] // self.block)
+        if self.grid > 0:
+            self.device.enqueue(self)
+
+    def launch(self, stream):
+        self.device.driver.check(self.device.driver.lib.cuLaunchKernel(
+            self.program.function, self.grid, 1, 1, self.block, 1, 1, 0, stream, None, self.args.extra),
+            "cuLaunchKernel")
+
+    def state(self) -> tuple:
+        """What a graph node of this launch must match: grid and argument bytes."""
+        return self.grid, self.args.buffer.raw
+
+    def node_params(self) -> KernelNodeParams:
+        return KernelNodeParams(func=self.program.function.value, grid=(self.grid, 1, 1), block=(self.block, 1, 1),
+                                shared=0, kernel_params=None, extra=ctypes.addressof(self.args.extra))
 
 
 class CUDADevice(DeviceBase):
@@ -103,12 +137,19 @@ class CUDADevice(DeviceBase):
         self.nvrtc = NVRTC()
         self.device = drv.Device(index)
         self.context = self.device.retain_primary_context()
-        self._driver = ctypes.CDLL(ctypes.util.find_library("cuda") or "libcuda.so.1")
+        self.driver = Driver()
+        self._main_pushed = False
         self._handle = ctypes.c_void_p(self.context.handle)
         with self.pycuda_context():
             self.stream = drv.Stream()
             self.pool = pycuda.tools.DeviceMemoryPool()
             self.pool.allocate(_RESERVE_BYTES).free()
+        self._stream = ctypes.c_void_p(self.stream.handle)
+        self.use_graphs = os.environ.get("PREPJIT_CUDA_GRAPHS", "1") != "0"
+        self._pending: list[CUDALauncher] = []
+        self._graphs: collections.OrderedDict = collections.OrderedDict()
+        self._queue_lock = threading.Lock()
+        self.stats = {"graphs_built": 0, "graph_replays": 0, "node_updates": 0, "stream_launches": 0}
         major, minor = self.device.compute_capability()
         self.arch = f"sm_{major}{minor}"
         self.description = f"{self.device.name()} ({self.arch})"
@@ -120,15 +161,21 @@ class CUDADevice(DeviceBase):
     def current(self):
         """Make the GPU's primary context current in the calling thread (at the driver: nothing to undo later).
         Launches, copies and syncs need only this; every replay reaches it (handle / input_handle) first."""
-        now = ctypes.c_void_p()
-        self._driver.cuCtxGetCurrent(ctypes.byref(now))
-        if now.value != self._handle.value:
-            self._driver.cuCtxSetCurrent(self._handle)
+        self.driver.make_current(self._handle)
 
     @contextlib.contextmanager
     def pycuda_context(self):
-        """Around what creates pycuda objects (memory, modules, streams): the context on pycuda's stack, then off
-        again (a thread that ends with it there aborts the process)."""
+        """Around what creates pycuda objects (memory, streams): the context on pycuda's stack, then off again
+        (a thread that ends with it there aborts the process). The main thread keeps it there until exit."""
+        if self._main_pushed and threading.current_thread() is threading.main_thread():
+            yield
+            return
+        if threading.current_thread() is threading.main_thread():
+            self.context.push()
+            self._main_pushed = True
+            atexit.register(self.drv.Context.pop)
+            yield
+            return
         if self.drv.Context.get_current() == self.context:
             yield
             return
@@ -147,17 +194,56 @@ class CUDADevice(DeviceBase):
     def load(self, name: str, binary: bytes) -> CUDAProgram:
         """A cubin from `compile` (this process's or the disk cache's) -> kernel `name`, ready to launch.
         The block size is the kernel's `__launch_bounds__`, read back as its maximum threads per block."""
-        drv = self.drv
+        self.current()
         try:
-            with self.pycuda_context():
-                module = drv.module_from_buffer(binary)
-                function = module.get_function(name)
-        except drv.Error as e:
+            module, function, block = self.driver.load(binary, name)
+        except RuntimeError as e:
             raise CompileError(f"CUDA ({self.description}) failed to load the cubin of kernel {name}: {e}") from e
-        return CUDAProgram(module, function, name, function.get_attribute(drv.function_attribute.MAX_THREADS_PER_BLOCK))
+        return CUDAProgram(self, module, function, name, block)
 
     def launcher(self, program: CUDAProgram, buffer_handles, vals, size_fn, static_size) -> CUDALauncher:
-        return CUDALauncher(self.stream, program, buffer_handles, vals, size_fn, static_size)
+        return CUDALauncher(self, program, buffer_handles, vals, size_fn, static_size)
+
+    # ---- graph replay: launches wait for the next stream operation, then run as one CUDA graph ----
+    def enqueue(self, launch: CUDALauncher):
+        if not self.use_graphs:
+            launch.launch(self._stream)
+            self.stats["stream_launches"] += 1
+            return
+        with self._queue_lock:
+            launch.queued = True
+            self._pending.append(launch)
+
+    def flush(self):
+        """Launch what is queued, in order: from the CUDA graph of this sequence of launches (built the second
+        time it is seen; only nodes whose grid or arguments changed are updated), or on the stream."""
+        if not self._pending:
+            return
+        with self._queue_lock:
+            launches, self._pending = self._pending, []
+            for launch in launches:
+                launch.queued = False
+            key = tuple(launches)
+            graph = self._graphs.get(key, _UNSEEN) if len(launches) > 1 else None
+            if graph is _UNSEEN:   # first sight: remember it; a second builds the graph
+                self._graphs[key] = _SEEN_ONCE
+                if len(self._graphs) > GRAPH_CACHE_SIZE:
+                    self._graphs.popitem(last=False)
+            elif graph is _SEEN_ONCE:
+                try:
+                    graph = self._graphs[key] = Graph(self.driver, launches)
+                    self.stats["graphs_built"] += 1
+                except RuntimeError as e:  # not capturable here: stream launches from now on
+                    log.info("cuda: a plan of %d kernels cannot run as a CUDA graph (%s)", len(launches), e)
+                    graph = self._graphs[key] = None
+            if isinstance(graph, Graph):
+                self._graphs.move_to_end(key)
+                self.stats["node_updates"] += graph.launch(launches, self._stream)
+                self.stats["graph_replays"] += 1
+                return
+            for launch in launches:
+                launch.launch(self._stream)
+            self.stats["stream_launches"] += len(launches)
 
     # ---- memory (DeviceBase's primitives) ----
     def _pool_alloc(self, nbytes: int):
@@ -186,17 +272,22 @@ class CUDADevice(DeviceBase):
         return super().input_handle(arg)
 
     def _upload(self, memory, host: np.ndarray):
+        self.current()
+        self.flush()
         self.drv.memcpy_htod_async(int(memory), host, self.stream)
 
     def _download(self, host: np.ndarray, memory):
         self.current()
+        self.flush()
         self.drv.memcpy_dtoh_async(host, int(memory), self.stream)
         self.stream.synchronize()
 
     def _copy(self, dst, src, nbytes: int):
         self.current()
+        self.flush()
         self.drv.memcpy_dtod_async(int(dst), int(src), nbytes, self.stream)
 
     def synchronize(self):
         self.current()
+        self.flush()
         self.stream.synchronize()

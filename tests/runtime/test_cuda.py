@@ -197,3 +197,31 @@ def test_cuda_is_the_default_device_when_the_env_says_so(monkeypatch):
     out = pj.prepare(lambda x: x + 1)(np.arange(3, dtype=np.float32))
     assert out.device == "cuda"
     np.testing.assert_array_equal(out.numpy(), [1, 2, 3])
+
+
+@gpu
+@pytest.mark.parametrize("graphs", [True, False])
+def test_graph_replay_updates_changed_nodes_and_matches_stream_launches(monkeypatch, graphs):
+    device = get_device("cuda")
+    monkeypatch.setattr(device, "use_graphs", graphs)
+
+    @pj.prepare(vars={"n": (1, 4096)}, shapes={"x": ("n", 8)}, device="cuda")
+    def chain(x):
+        for _ in range(4):
+            x = x - x.max(axis=1, keepdims=True) * 0.5
+        return x.sum(axis=0)
+
+    def expected(x):
+        for _ in range(4):
+            x = x - x.max(axis=1, keepdims=True) * np.float32(0.5)
+        return x.sum(axis=0)
+    before = dict(device.stats)
+    rng = np.random.default_rng(1)
+    for n in (5, 5, 5, 300, 300, 7, 5):
+        x = rng.standard_normal((n, 8)).astype(np.float32)
+        np.testing.assert_allclose(np.asarray(chain(x)), expected(x), rtol=1e-5, atol=1e-5)
+    delta = {k: device.stats[k] - before[k] for k in before}
+    if graphs:   # seen once, then a graph; new n values update nodes instead of rebuilding
+        assert delta["graphs_built"] == 1 and delta["graph_replays"] == 6 and delta["node_updates"] > 0
+    else:
+        assert delta["graphs_built"] == delta["graph_replays"] == 0 and delta["stream_launches"] >= 7 * 5

@@ -1,0 +1,125 @@
+"""The few CUDA driver calls the cuda device makes itself, through ctypes on libcuda: loading cubins, launching
+kernels with a packed argument buffer, and CUDA graphs (pycuda wraps neither graphs nor raw launches).
+
+pycuda still owns initialisation, the primary context, streams, memory and copies; everything here runs in
+that context, made current by the device.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+
+from ..errors import DeviceError
+
+CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 0
+_BUFFER_POINTER, _BUFFER_SIZE, _END = 1, 2, 0   # CU_LAUNCH_PARAM_*
+
+
+class KernelNodeParams(ctypes.Structure):
+    """CUDA_KERNEL_NODE_PARAMS_v2 (its first fields are v1's)."""
+    _fields_ = [("func", ctypes.c_void_p), ("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3),
+                ("shared", ctypes.c_uint), ("kernel_params", ctypes.c_void_p), ("extra", ctypes.c_void_p),
+                ("kern", ctypes.c_void_p), ("ctx", ctypes.c_void_p)]
+
+
+class Driver:
+    def __init__(self):
+        try:
+            self.lib = lib = ctypes.CDLL(ctypes.util.find_library("cuda") or "libcuda.so.1")
+        except OSError as e:
+            raise DeviceError(f"the NVIDIA driver library libcuda could not be loaded ({e})") from e
+        out, ptr, params = ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.POINTER(KernelNodeParams)
+        self.add_kernel_node = getattr(lib, "cuGraphAddKernelNode_v2", None) or lib.cuGraphAddKernelNode
+        self.set_kernel_node = getattr(lib, "cuGraphExecKernelNodeSetParams_v2", None) or \
+            lib.cuGraphExecKernelNodeSetParams
+        for fn, args in [(lib.cuGetErrorString, [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]),
+                         (lib.cuCtxGetCurrent, [out]), (lib.cuCtxSetCurrent, [ptr]),
+                         (lib.cuModuleLoadData, [out, ctypes.c_char_p]), (lib.cuModuleUnload, [ptr]),
+                         (lib.cuModuleGetFunction, [out, ptr, ctypes.c_char_p]),
+                         (lib.cuFuncGetAttribute, [ctypes.POINTER(ctypes.c_int), ctypes.c_int, ptr]),
+                         (lib.cuLaunchKernel, [ptr] + [ctypes.c_uint] * 7 + [ptr] * 3),
+                         (lib.cuGraphCreate, [out, ctypes.c_uint]),
+                         (self.add_kernel_node, [out, ptr, out, ctypes.c_size_t, params]),
+                         (lib.cuGraphInstantiateWithFlags, [out, ptr, ctypes.c_ulonglong]),
+                         (self.set_kernel_node, [ptr, ptr, params]), (lib.cuGraphLaunch, [ptr, ptr]),
+                         (lib.cuGraphExecDestroy, [ptr]), (lib.cuGraphDestroy, [ptr])]:
+            fn.argtypes = args
+
+    def check(self, status: int, what: str):
+        if status != 0:
+            text = ctypes.c_char_p()
+            self.lib.cuGetErrorString(status, ctypes.byref(text))
+            raise RuntimeError(f"CUDA {what} failed: {(text.value or b'error %d' % status).decode()}")
+
+    # ---- contexts ----
+    def make_current(self, context: ctypes.c_void_p):
+        now = ctypes.c_void_p()
+        self.lib.cuCtxGetCurrent(ctypes.byref(now))
+        if now.value != context.value:
+            self.check(self.lib.cuCtxSetCurrent(context), "cuCtxSetCurrent")
+
+    # ---- modules ----
+    def load(self, cubin: bytes, name: str) -> tuple[ctypes.c_void_p, ctypes.c_void_p, int]:
+        """(module, function, its maximum threads per block) for kernel `name` of `cubin`."""
+        module, function, most = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_int()
+        self.check(self.lib.cuModuleLoadData(ctypes.byref(module), cubin), "cuModuleLoadData")
+        self.check(self.lib.cuModuleGetFunction(ctypes.byref(function), module, name.encode()), "cuModuleGetFunction")
+        self.check(self.lib.cuFuncGetAttribute(ctypes.byref(most), CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
+                                               function), "cuFuncGetAttribute")
+        return module, function, most.value
+
+    def unload(self, module: ctypes.c_void_p):
+        self.lib.cuModuleUnload(module)
+
+
+class PackedArgs:
+    """A kernel's argument buffer (8-byte slots) and the `extra` array that hands it to a launch."""
+
+    def __init__(self, slots: int):
+        self.buffer = (ctypes.c_char * (8 * max(slots, 1)))()
+        self._size = ctypes.c_size_t(8 * slots)
+        self.extra = (ctypes.c_void_p * 5)(_BUFFER_POINTER, ctypes.addressof(self.buffer),
+                                           _BUFFER_SIZE, ctypes.addressof(self._size), _END)
+
+
+class Graph:
+    """A CUDA graph of kernel nodes run one after another, instantiated once; replays update only the nodes
+    whose arguments or grid changed since the last launch."""
+
+    def __init__(self, driver: Driver, launches: list):
+        self.driver, lib = driver, driver.lib
+        self.graph, self.exec = ctypes.c_void_p(), ctypes.c_void_p()
+        driver.check(lib.cuGraphCreate(ctypes.byref(self.graph), 0), "cuGraphCreate")
+        self.nodes, self.seen, previous = [], [], None
+        for launch in launches:
+            node, params = ctypes.c_void_p(), launch.node_params()
+            deps = (ctypes.c_void_p * 1)(previous) if previous is not None else None
+            driver.check(driver.add_kernel_node(ctypes.byref(node), self.graph, deps, 1 if deps else 0,
+                                                ctypes.byref(params)), "cuGraphAddKernelNode")
+            self.nodes.append(node)
+            self.seen.append(launch.state())
+            previous = node.value
+        driver.check(lib.cuGraphInstantiateWithFlags(ctypes.byref(self.exec), self.graph, 0),
+                     "cuGraphInstantiateWithFlags")
+
+    def launch(self, launches: list, stream: ctypes.c_void_p) -> int:
+        """Update the nodes whose launch changed, launch the graph on `stream`; returns how many were updated."""
+        updated = 0
+        for k, launch in enumerate(launches):
+            state = launch.state()
+            if state != self.seen[k]:
+                self.driver.check(self.driver.set_kernel_node(self.exec, self.nodes[k],
+                                                              ctypes.byref(launch.node_params())),
+                                  "cuGraphExecKernelNodeSetParams")
+                self.seen[k] = state
+                updated += 1
+        self.driver.check(self.driver.lib.cuGraphLaunch(self.exec, stream), "cuGraphLaunch")
+        return updated
+
+    def __del__(self):
+        with contextlib.suppress(Exception):  # at interpreter exit the driver may be gone already
+            if self.exec:
+                self.driver.lib.cuGraphExecDestroy(self.exec)
+            if self.graph:
+                self.driver.lib.cuGraphDestroy(self.graph)
