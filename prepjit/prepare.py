@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import os
 import sys
@@ -9,7 +10,7 @@ import threading
 import time
 
 import attrs
-from .errors import VarError
+from .errors import CompileError, PrepjitError, TraceError, VarError
 from .planner import build_plan
 from .profiler import log_timed_call
 from .replay import MISS, FastCalls
@@ -19,7 +20,7 @@ from .signature import CallInfo, Signature, explain_retrace
 from .stages import describe, stage, tally
 from .trace.pytree import TreeDef
 from .trace.tracer import Tracer
-from .trace.tracing import Traced, trace_call
+from .trace.tracing import Traced, trace_call, wrap_error
 from .uop.var import Var
 
 log = logging.getLogger("prepjit")
@@ -103,8 +104,10 @@ class PreparedFunction:
         self.lock = threading.RLock()
         # compiles: kernels compiled by this function's prepares; disk_hits: kernels loaded instead from the
         # disk cache (compiled by an earlier process); kernels another prepared function already built count in neither
-        self._stats = {"traces": 0, "compiles": 0, "disk_hits": 0, "replays": 0, "plans": 0,
-                       "proven_accesses": 0}
+        # (changed under self.lock); replays count on the replay path, without a lock: see `stats`
+        self._stats = {"traces": 0, "compiles": 0, "disk_hits": 0, "plans": 0, "proven_accesses": 0}
+        self._replays = itertools.count()  # next() is atomic: each call takes one number
+        self._stats_reads = 0
 
     @property
     def device(self):
@@ -112,7 +115,10 @@ class PreparedFunction:
 
     @property
     def stats(self) -> dict:
-        return dict(self._stats)
+        with self.lock:  # each read takes one number from the replay counter too: subtract the reads so far
+            replays = next(self._replays) - self._stats_reads
+            self._stats_reads += 1
+            return {**self._stats, "replays": replays}
 
     def __get__(self, obj, objtype=None):  # decorating a method binds like a function
         return self if obj is None else functools.partial(self, obj)
@@ -127,10 +133,11 @@ class PreparedFunction:
         with self.lock:
             entry = self.entries.get(key)
             if entry is None:
+                self._check_not_tracing()
                 reason = explain_retrace(self._closest(info), info.descriptions)
                 log.info("trace %s: %s", self.signature.fn_name, reason)
                 start = time.perf_counter()
-                traced, (plan, kernel_counts), times = _with_deep_stack(lambda: _trace_and_plan(self.fn, info, device))
+                traced, (plan, kernel_counts), times = self._traced_here(lambda: _trace_and_plan(self.fn, info, device))
                 log.info("prepared %s in %s (kernels: %d, of which %d compiled and %d loaded from disk)",
                          self.signature.fn_name, describe(times, time.perf_counter() - start), len(plan.kernels),
                          kernel_counts["compiles"], kernel_counts["disk_hits"])
@@ -152,7 +159,28 @@ class PreparedFunction:
         return best
 
     def _trace(self, info: CallInfo) -> Traced:
-        return _with_deep_stack(lambda: trace_call(self.fn, info.build_args, info.leaves))
+        self._check_not_tracing()
+        return self._traced_here(lambda: trace_call(self.fn, info.build_args, info.leaves))
+
+    def _check_not_tracing(self):
+        if self in _tracing_now():
+            raise TraceError(f"{self.signature.fn_name} called itself with concrete (non-traced) arguments while it "
+                             "is being traced: that call would need the plan being built. Call it on traced values "
+                             "(it is then inlined), or compute the value outside and pass it as an argument")
+
+    def _traced_here(self, work):
+        """Run `work` (a trace, and a plan) marked as tracing this function on this thread. The trace's errors
+        are prepjit's already (trace_call wraps them); the plan's other errors become CompileErrors."""
+        tracing = _tracing_now()
+        tracing.add(self)
+        try:
+            return work()
+        except PrepjitError:
+            raise
+        except Exception as e:  # noqa: BLE001 - rewrapped, the original chained
+            raise wrap_error(e, CompileError) from e
+        finally:
+            tracing.discard(self)
 
     def _freeze(self, plan: ExecutionPlan, traced: Traced, info: CallInfo) -> _Entry:
         first: dict[int, int] = {}
@@ -176,7 +204,7 @@ class PreparedFunction:
         if not kwargs and not PROFILE_CALLS:  # the fast path (replay.py): a known concrete call replays at once
             out = self._fast_calls(args, self.device_name or default_device())
             if out is not MISS:
-                self._stats["replays"] += 1
+                next(self._replays)
                 return out
         if _has_tracer(args, kwargs):  # called inside another traced function: inline, like nested jax.jit
             return self.fn(*args, **kwargs)
@@ -197,7 +225,7 @@ class PreparedFunction:
                            "add a parameter whose shape (in `shapes`) or value (a scalar var) carries them")
         distinct = plan.run_with_io({n: values[n] for n in plan.vars}, info.arrays,
                                     [fn(values) for fn in entry.out_shape_fns], timings)
-        self._stats["replays"] += 1
+        next(self._replays)
         results, it = [], iter(distinct)
         for dup, index in zip(entry.duplicate, entry.first_of):
             results.append(plan.copy_array(results[index]) if dup else next(it))
@@ -216,43 +244,14 @@ def _trace_and_plan(fn, info: CallInfo, device):
         return traced, build_plan(traced, device), times
 
 
-def _with_deep_stack(work):
-    """Run `work` in a thread with a large stack and recursion limit: graph walks recurse per node,
-    and a user's Python loop can chain thousands of ops. Its exception is re-raised here."""
-    if threading.current_thread().name == _TRACE_THREAD:
-        return work()
-    result: dict = {}
-
-    def run():
-        try:
-            result["value"] = work()
-        except BaseException as e:  # noqa: BLE001 - handed back to the caller's thread
-            result["error"] = e
-
-    with _deep_lock:
-        if _deep_state["active"] == 0:
-            _deep_state["limit"] = sys.getrecursionlimit()
-            sys.setrecursionlimit(max(_deep_state["limit"], 100_000))
-        _deep_state["active"] += 1
-        old_size = threading.stack_size(512 * 2**20)
-        try:
-            thread = threading.Thread(target=run, name=_TRACE_THREAD)
-            thread.start()
-        finally:
-            threading.stack_size(old_size)
-    thread.join()
-    with _deep_lock:
-        _deep_state["active"] -= 1
-        if _deep_state["active"] == 0:
-            sys.setrecursionlimit(_deep_state["limit"])
-    if "error" in result:
-        raise result["error"]
-    return result["value"]
+_tracing = threading.local()  # .fns: the prepared functions being traced on this thread (self-calls raise)
 
 
-_TRACE_THREAD = "prepjit-trace"
-_deep_lock = threading.Lock()
-_deep_state = {"active": 0, "limit": 1000}
+def _tracing_now() -> set:
+    fns = getattr(_tracing, "fns", None)
+    if fns is None:
+        fns = _tracing.fns = set()
+    return fns
 
 
 def prepare(fn=None, *, vars=None, shapes=None, device=None):

@@ -116,7 +116,7 @@ class Signature:
                 descriptions.append((name, ("var",)))
                 structure.append(("var", None))
                 continue
-            values, paths, tree = flatten(value, is_array_like, name)
+            values, paths, tree = flatten(value, is_array_like, name, error=SignatureError)
             specs = self._leaf_specs(name, value)
             key.append(("tree", tree))
             structure.append(("tree", tree))

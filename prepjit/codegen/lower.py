@@ -90,12 +90,27 @@ class _Lowerer:
         return UOp(Ops.DEFINE_GLOBAL, node.dtype, (), self.buffers.index(node) + 1)
 
     def build(self, node: UOp, idx: tuple, gate: UOp | None) -> UOp:
+        """The lowered value of `node` at `idx`. `_build` is a generator that yields each (node, idx, gate) it
+        needs; this loop feeds them from an explicit stack, so a chain of thousands of ops does not recurse."""
         key = (node, idx, gate)
-        if key not in self.memo:
-            self.memo[key] = self._build(node, idx, gate)
-        return self.memo[key]
+        if key in self.memo:
+            return self.memo[key]
+        stack, value = [(key, self._build(*key))], None
+        while stack:
+            key, steps = stack[-1]
+            try:
+                need = steps.send(value)
+            except StopIteration as done:
+                stack.pop()
+                value = self.memo[key] = done.value
+                continue
+            value = self.memo.get(need)
+            if value is None:
+                stack.append((need, self._build(*need)))
+        return value
 
-    def _build(self, node: UOp, idx: tuple, gate: UOp | None) -> UOp:
+    def _build(self, node: UOp, idx: tuple, gate: UOp | None):
+        """Lower one node (a generator: yields the (node, idx, gate) values it reads, returns its value)."""
         op = node.op
         if self.is_buffer(node):
             index = simplify(linear_index(idx, node.shape))
@@ -106,7 +121,10 @@ class _Lowerer:
         if op is Ops.IOTA:
             return idx[node.arg[1]]
         if op in ELEMENTWISE:
-            return UOp(op, node.dtype, tuple(self.build(s, idx, gate) for s in node.src), node.arg)
+            srcs = []
+            for s in node.src:
+                srcs.append((yield (s, idx, gate)))
+            return UOp(op, node.dtype, tuple(srcs), node.arg)
         src = node.src[0]
         if op is Ops.REDUCE_AXIS:  # the kernel's root, or a reduction fused into the kernel that reads it
             red_op, axes = node.arg
@@ -114,22 +132,22 @@ class _Lowerer:
             for a in axes:
                 red_ranges[a] = _range(src.shape[a], self.next_axis, "reduce")
                 self.next_axis += 1
-            value = self.build(src, tuple(red_ranges.get(k, i) for k, i in enumerate(idx)), gate)
+            value = yield (src, tuple(red_ranges.get(k, i) for k, i in enumerate(idx)), gate)
             ranges = tuple(r for r in red_ranges.values() if r.op is Ops.RANGE)
             return UOp(Ops.REDUCE, node.dtype, (value, *ranges), red_op) if ranges else value
         if op is Ops.RESHAPE:
-            return self.build(src, reshape_index(idx, node.shape, src.shape), gate)
+            return (yield (src, reshape_index(idx, node.shape, src.shape), gate))
         if op is Ops.PERMUTE:
             new = [None] * len(idx)
             for i, o in enumerate(node.arg):
                 new[o] = idx[i]
-            return self.build(src, tuple(new), gate)
+            return (yield (src, tuple(new), gate))
         if op is Ops.EXPAND:
             new = tuple(UOp.const(0) if isinstance(sd, int) and sd == 1 else i for i, sd in zip(idx, src.shape))
-            return self.build(src, new, gate)
+            return (yield (src, new, gate))
         if op is Ops.SHRINK:
             new = tuple(simplify(as_uop(start) + i * step) for i, (start, step, _) in zip(idx, node.arg))
-            return self.build(src, new, gate)
+            return (yield (src, new, gate))
         if op is Ops.PAD:
             valid, new = UOp.const(True, dtypes.bool), []
             for i, d, (before, _) in zip(idx, src.shape, node.arg):
@@ -139,9 +157,9 @@ class _Lowerer:
                 new.append(simplify(i - before) if isinstance(before, UOp) or before else i)
             valid = simplify(valid)
             if valid.op is Ops.CONST and valid.arg:
-                return self.build(src, tuple(new), gate)
+                return (yield (src, tuple(new), gate))
             inner_gate = valid if gate is None else simplify(UOp(Ops.AND, dtypes.bool, (gate, valid)))
-            value = self.build(src, tuple(new), inner_gate)
+            value = yield (src, tuple(new), inner_gate)
             return UOp(Ops.WHERE, node.dtype, (valid, value, UOp.const(0, node.dtype)))
         if op is Ops.GATHER:
             new, inner_gate = [], gate
@@ -149,17 +167,17 @@ class _Lowerer:
                 if kind == "dim":
                     new.append(idx[n])
                     continue
-                at, inside = self.gather_index(node.src[1 + n], idx, gate, d)
+                at, inside = yield from self.gather_index(node.src[1 + n], idx, gate, d)
                 new.append(at)
                 inner_gate = inside if inner_gate is None else simplify(UOp(Ops.AND, dtypes.bool, (inner_gate, inside)))
-            return self.build(src, tuple(new), inner_gate)
+            return (yield (src, tuple(new), inner_gate))
         raise NotImplementedError(f"cannot lower {op} inside a kernel")
 
-    def gather_index(self, indices: UOp, idx: tuple, gate: UOp | None, dim: sint) -> tuple[UOp, UOp]:
-        """A loaded index, negatives wrapped once (NumPy), and whether it lies in [0, dim): the reads at it are
-        gated on that, so an out-of-range id (flagged by the trace, see trace/numpy_index.py) or an empty
-        source reads nothing and yields 0."""
-        v = self.build(indices, idx, gate)
+    def gather_index(self, indices: UOp, idx: tuple, gate: UOp | None, dim: sint):
+        """(A generator step of `_build`.) A loaded index, negatives wrapped once (NumPy), and whether it lies in
+        [0, dim): the reads at it are gated on that, so an out-of-range id (flagged by the trace, see
+        trace/numpy_index.py) or an empty source reads nothing and yields 0."""
+        v = yield (indices, idx, gate)
         v = v if v.dtype == dtypes.index else UOp(Ops.CAST, dtypes.index, (v,))
         d = as_uop(dim)
         at = simplify(UOp(Ops.WHERE, dtypes.index, (UOp(Ops.CMPLT, dtypes.bool, (v, UOp.const(0))), v + d, v)))

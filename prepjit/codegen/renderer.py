@@ -6,6 +6,7 @@ from __future__ import annotations
 from ..uop import Ops, UOp, dtypes
 
 _NOT_ROUNDED = (Ops.CONST, Ops.LOAD, Ops.REDUCE, Ops.CAST)  # already exact halves, or rounded by their hook
+_OWN_WALK = (Ops.LOAD, Ops.REDUCE)  # their hooks render their operands themselves (inside a loop, for a reduce)
 
 
 class KernelRenderer:
@@ -14,14 +15,39 @@ class KernelRenderer:
         self.scopes: list[dict] = [{}]  # the innermost loop's values last; a loop's scope ends with it
 
     def value(self, u: UOp) -> str:
-        for scope in reversed(self.scopes):
-            if u in scope:
-                return scope[u]
+        found = self._rendered(u)
+        if found is not None:
+            return found
+        for operand in self._operands_first(u):  # so `render` below finds its operands rendered: no deep recursion
+            self.value(operand)
         out = self.render(u)
         if u.dtype == dtypes.float16 and u.op not in _NOT_ROUNDED:
             out = self.round_half(out)
         self.scopes[-1][u] = out
         return out
+
+    def _rendered(self, u: UOp) -> str | None:
+        for scope in reversed(self.scopes):
+            if u in scope:
+                return scope[u]
+        return None
+
+    def _operands_first(self, u: UOp) -> list[UOp]:
+        """The unrendered operands `render(u)` would reach through casts and ALU ops, in the order it would
+        render them (depth first, operands left to right), found with an explicit stack."""
+        order, seen, stack = [], set(), [(u, False)]
+        while stack:
+            node, done = stack.pop()
+            if done:
+                order.append(node)
+                continue
+            if node in seen:
+                continue
+            seen.add(node)
+            stack.append((node, True))
+            if node.op not in _OWN_WALK:
+                stack.extend((s, False) for s in reversed(node.src) if s not in seen and self._rendered(s) is None)
+        return order[:-1]
 
     def render(self, u: UOp) -> str:
         op = u.op

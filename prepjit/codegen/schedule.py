@@ -75,18 +75,35 @@ class _Scheduler:
         return out
 
     def realize(self, node: UOp, env: dict) -> int:
-        if node not in env:
+        self.realize_all([node], env)
+        return env[node]
+
+    def realize_all(self, nodes: list[UOp], env: dict):
+        """Realize `nodes` and, before each, the realized values it reads: a depth-first walk on an explicit
+        stack (a user's Python loop can chain thousands of kernels)."""
+        stack = [(None, None, iter(nodes))]  # (node to emit once its deps are done, its buffer, deps left)
+        while stack:
+            node = next(stack[-1][2], None)
+            if node is None:
+                done, buf, _ = stack.pop()
+                if done is not None:
+                    self.emit(done, buf, env)
+                continue
+            if node in env:
+                continue
             if node.op is Ops.LOOP_OUT:
                 self.schedule_loop(node.src[0], env)
             elif node.op is Ops.REDUCE_AXIS or node in self.materialized:
-                self.compute_into(node, self.new_buffer(node), env)
+                stack.append((node, self.new_buffer(node), iter(self.deps(node))))
             else:
                 raise RuntimeError(f"{node.op} has no buffer")
-        return env[node]
 
     def compute_into(self, node: UOp, buf: int, env: dict):
-        for dep in self.deps(node):
-            self.realize(dep, env)
+        self.realize_all(self.deps(node), env)
+        self.emit(node, buf, env)
+
+    def emit(self, node: UOp, buf: int, env: dict):
+        """The kernel(s) computing `node` into `buf`, once everything it reads is realized."""
         ast, reads = lower_kernel(node, self.has_buffer)
         slots = (buf, *(env[r] for r in reads))
         packed = pack_contraction(ast, len(slots)) if self.pack_contractions else None

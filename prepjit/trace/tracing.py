@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import sys
 import threading
 
 import attrs
 
-from ..errors import TraceError
+from ..errors import PrepjitError, TraceError
 from ..uop import DType, Ops, UOp, sint
 from ..uop.printer import format_graph
 from . import checks, prims
@@ -89,6 +91,10 @@ def trace_call(fn, build_args, leaves: list) -> Traced:
     try:
         with checks.recording(set(_active.var_names)) as recorded:
             result = fn(*args, **kwargs)
+    except PrepjitError:
+        raise
+    except Exception as e:  # noqa: BLE001 - every failure reaches the user as a prepjit error (of e's class too)
+        raise wrap_error(e, TraceError) from e
     finally:
         _active.var_names = outer
     out_leaves, paths, out_tree = flatten(result)
@@ -114,3 +120,21 @@ def _leaf_var_names(leaves: list) -> set[str]:
         elif isinstance(leaf, ArrayLeaf):
             names |= {v.arg[0] for d in leaf.shape if isinstance(d, UOp) for v in d.variables()}
     return names
+
+
+def wrap_error(e: Exception, base: type[PrepjitError]) -> PrepjitError:
+    """`e` as a `base` (TraceError, CompileError) that is still an instance of `e`'s own class, so that
+    `except ValueError` or NumPy's AxisError keep catching it; same message (RecursionError: explained)."""
+    message = str(e)
+    if isinstance(e, RecursionError):
+        message = (f"Python's recursion limit ({sys.getrecursionlimit()}) was exceeded while tracing: the traced "
+                   f"function recurses too deeply (does it call itself on traced values?) ({e})")
+    try:
+        return _combined(base, type(e))(message)
+    except Exception:  # noqa: BLE001 - a class that cannot be combined, or built from one message: `base` alone
+        return base(f"{type(e).__name__}: {message}")
+
+
+@functools.lru_cache(maxsize=None)
+def _combined(base: type, cls: type) -> type:
+    return type(f"{base.__name__}({cls.__name__})", (cls, base), {"__module__": base.__module__})
