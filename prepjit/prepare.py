@@ -276,10 +276,11 @@ def prepare(fn=None, *, vars=None, shapes=None, device=None):
     `prepjit.numpy`) and prepares a pj.ExecutionPlan; later calls replay it without running `fn` or
     compiling. Results are fresh pj.Arrays in `fn`'s output pytree; inputs are never written; calls may
     come from several threads. Errors: pj.VarBoundError (a var out of bounds), pj.SignatureError
-    (arguments that contradict `shapes` or disagree on a var), pj.TraceError (untraceable code such as
-    `if x.sum() > 0`), pj.DeviceError, pj.CompileError; after one, the function keeps working.
+    (arguments that contradict `shapes` or disagree on a var), pj.IndexBoundError (an index or gather id
+    out of range for this call), pj.TraceError (untraceable code such as `if x.sum() > 0`),
+    pj.DeviceError, pj.CompileError; after one, the function keeps working.
 
-    The prepared function also has `.stats` (traces, compiles, disk_hits, replays, plans), `.plan(*args)`
+    The prepared function also has `.stats` (traces, compiles, disk_hits, replays, plans, ...), `.plan(*args)`
     (the ExecutionPlan, prepared without running) and `.trace(*args)`; see pj.profile for per-kernel
     timing, and docs/ in the prepjit repository for the full reference.
     """
