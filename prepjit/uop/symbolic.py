@@ -134,6 +134,33 @@ def _interval(p: Poly) -> tuple:
     return lo, hi
 
 
+def _lower(p: Poly, depth: int = 2):
+    """Interval lower bound of p, sharpened by factoring out the nonnegative factor most monomials share:
+    p = f * inner + rest >= min(f) * min(inner) or max(f) * min(inner), + min(rest) (`B*T - T` is >= 0)."""
+    lo = _interval(p)[0]
+    if depth == 0 or len(p) < 2:
+        return lo
+    counts: dict = {}
+    for m in p:
+        for f in dict.fromkeys(m):
+            counts[f] = counts.get(f, 0) + 1
+    shared = [f for f, k in counts.items() if k >= 2 and f.vmin >= 0]
+    if not shared:
+        return lo
+    best = max(shared, key=lambda f: (counts[f], f.key))
+    inner: Poly = {}
+    rest: Poly = {}
+    for m, c in p.items():
+        if best in m:
+            i = m.index(best)
+            inner[m[:i] + m[i + 1:]] = c
+        else:
+            rest[m] = c
+    flo, fhi = best.bounds
+    ilo = _lower(inner, depth - 1)
+    return max(lo, _lower(rest, depth - 1) + min(flo * ilo, fhi * ilo))
+
+
 def poly_min(p: Poly, splits: int = 2):
     """A lower bound of p over every var and range value.
 
@@ -143,7 +170,7 @@ def poly_min(p: Poly, splits: int = 2):
     range at its end - 1 (substituted, so that it can cancel against the other terms); the rest is bounded
     by intervals.
     """
-    lo = _interval(p)[0]
+    lo = _lower(p)
     if splits:
         for m, c in p.items():
             if len(m) == 1 and m[0].op in (Ops.MAX, Ops.MIN) and m[0].dtype.is_int:
@@ -167,7 +194,7 @@ def poly_min(p: Poly, splits: int = 2):
                 for r in ranges:
                     term = _mul(term, _add(poly(r.src[0]), {(): 1}, -1))
         q = _add(q, term)
-    return max(lo, _interval(q)[0])
+    return max(lo, _lower(q))
 
 
 def poly_max(p: Poly):

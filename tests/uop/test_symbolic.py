@@ -242,3 +242,35 @@ def test_canonical_order_does_not_depend_on_creation_order():
     assert p + q * 3 is first
     assert [f.arg[0] for f in first.variables()] == ["ord_p", "ord_q"]
     assert first.render() == "(ord_p+(ord_q*3))"
+
+
+def test_canonical_forms_are_the_same_in_every_process():
+    """Terms sort by structure, not by creation order or hashes: two processes that build an expression's vars
+    and terms in different orders (set iteration follows the string hash seed) print the same forms."""
+    import os
+    import subprocess
+    import sys
+    code = """
+from prepjit.uop import UOp
+names = list({f"v{i}" for i in range(12)})
+vs = {n: UOp.variable(n, 0, 9) for n in names}
+e = UOp.const(0)
+for n in names:
+    e = e + vs[n] * (int(n[1:]) + 1) + vs[n] * vs["v3"] + vs[n] % 4
+print(",".join(names))
+print(e.render(), (e // 3).render(), (e % 5).render(), e.smin(vs["v1"] * 200).render())
+"""
+    outs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": seed}).stdout.splitlines() for seed in ("1", "2")]
+    assert outs[0][0] != outs[1][0]  # the creation orders differ
+    assert outs[0][1] == outs[1][1]
+
+
+def test_bounds_of_sums_see_through_ranges_and_shared_factors():
+    """vmin/vmax of a sum come from its polynomial too, so the bounds proof of kernel indices gets them."""
+    b, t = var("B", 1, 32), var("T", 1, 128)
+    r = rng(t)
+    assert (t - 1 - r).bounds == (0, 127)      # a reversed index: r <= T - 1
+    assert (b * t - t).vmin == 0                # T * (B - 1)
+    assert (b * t - 1 - (t - 1 - r)).vmin >= 0  # inside a (B, T) buffer
+    assert (r * 4 + 3).vmax == 4 * 127 + 3 and (t * 4 - (r * 4 + 3)).vmin == 1
