@@ -84,6 +84,8 @@ class Dialect:
     global_id: str
     group_id: str
     local_id: str
+    local_size: str                # the work-group's width
+    items_per_thread: int          # outputs each work-item of a kernel that is not grouped stores
     barrier: str
     local_array: str               # format: {type}, {name}, {n}
     load_half: str                 # format: {ptr}, {idx}
@@ -378,16 +380,18 @@ class CStyleRenderer(KernelRenderer):
         return self.let(dt, f"{part}[0]", "red")
 
     def unflatten(self, flat: str, ranges: list[UOp]) -> dict:
-        """Bind each range to its digit of a flat index (the last range varies fastest)."""
+        """Bind each range to its digit of a flat index (the last range varies fastest). The divisions are
+        32-bit when the flat index fits (64-bit integer division is many times slower on GPUs)."""
         bindings, rest = {}, flat
+        narrow = f"({self.d.ctype(dtypes.uint32)})" if math.prod(r.src[0].vmax for r in ranges) < 2**32 else ""
         for k, r in enumerate(reversed(ranges)):
             name = _range_name(r)
             if k == len(ranges) - 1:
                 self.emit(f"{self.long} {name} = {rest};")
             else:
                 end = self.value(r.src[0])
-                self.emit(f"{self.long} {name} = {rest} % {end};")
-                self.emit(f"{self.long} q{name} = {rest} / {end};")
+                self.emit(f"{self.long} {name} = {narrow}{rest} % {narrow}{end};")
+                self.emit(f"{self.long} q{name} = {narrow}{rest} / {narrow}{end};")
                 rest = f"q{name}"
             bindings[r] = name
         return bindings
@@ -404,12 +408,34 @@ class CStyleRenderer(KernelRenderer):
         if self.grouped:  # one work-group per output: every work-item reaches the barriers
             self.emit(f"const {self.long} gid = {self.d.group_id};")
             self.emit(f"const int lid = {self.d.local_id};")
+        elif self.d.items_per_thread > 1:
+            self.strided_outputs(store, ranges, outputs)
+            return self.kernel_text((outputs + (self.d.items_per_thread - 1)) // self.d.items_per_thread)
         else:
             self.emit(f"const {self.long} gid = {self.d.global_id};")
             self.emit(f"if (gid >= {self.value(outputs)}) return;")
         self.scopes[-1].update(self.unflatten("gid", ranges))
         line = self.store_line(store)
         self.emit(f"if (lid == 0) {line}" if self.grouped else line)
+        return self.kernel_text(outputs * REDUCE_GROUP if self.grouped else outputs)
+
+    def strided_outputs(self, store: UOp, ranges: list[UOp], outputs: UOp):
+        """Each work-item stores `items_per_thread` outputs a work-group's width apart: a group covers a contiguous
+        run of outputs (coalesced), and every work-item has several loads in flight."""
+        per, width = self.d.items_per_thread, self.d.local_size
+        count = self.value(outputs)
+        self.emit(f"const {self.long} base = {self.d.group_id} * ({width} * {per}) + {self.d.local_id};")
+        self.emit("#pragma unroll")
+        self.open_block(f"for (int e = 0; e < {per}; e++)", {})
+        self.emit(f"const {self.long} gid = base + ({self.long})e * {width};")
+        self.open_block(f"if (gid < {count})", {})
+        self.scopes[-1].update(self.unflatten("gid", ranges))
+        self.emit(self.store_line(store))
+        self.close_block()
+        self.close_block()
+
+    def kernel_text(self, size: UOp) -> tuple[str, UOp]:
+        """The whole kernel around the body emitted so far, and its launch size (work-items)."""
         dtype_of = {u.arg: u.dtype for u in self.ast.toposort() if u.op is Ops.DEFINE_GLOBAL}
         params = [self.d.global_ptr.format(const="" if i == 0 else "const ", type=self.d.mem_type(dt), name=f"buf{i}")
                   for i, dt in sorted(dtype_of.items())]
@@ -419,7 +445,6 @@ class CStyleRenderer(KernelRenderer):
         head = self.d.kernel_head.format(bounds=bounds, name=self.ast.arg, params=", ".join(params))
         text = "\n".join(self.d.preamble(self.ast) + list(self.helpers.values()) +
                          [head + " {", *("  " + decl for decl in self.locals), *self.lines, "}"]) + "\n"
-        size = outputs * REDUCE_GROUP if self.grouped else outputs
         return text, size
 
 

@@ -13,6 +13,7 @@ from .kernel import KernelSource
 from .render_c import Dialect, render_c
 
 ELEMENTWISE_GROUP = 256   # threads per block of kernels that are not grouped reductions
+ITEMS_PER_THREAD = 4      # outputs per thread of those (a block's width apart: coalesced, more loads in flight)
 
 _HALF = """__device__ __forceinline__ float pj_half_to_float(unsigned short h) {
   float f;
@@ -48,6 +49,7 @@ CUDA = Dialect(
     global_ptr="{const}{type} *__restrict__ {name}",
     global_id="(long long)blockIdx.x * blockDim.x + threadIdx.x", group_id="(long long)blockIdx.x",
     local_id="(int)threadIdx.x",
+    local_size="blockDim.x", items_per_thread=ITEMS_PER_THREAD,
     barrier="__syncthreads();",
     local_array="__shared__ {type} {name}[{n}]",
     load_half="pj_half_to_float({ptr}[{idx}])", store_half="{ptr}[{idx}] = pj_float_to_half({v})",

@@ -43,6 +43,7 @@ OPENCL = Dialect(
     always_bounded=False, elementwise_group=0,
     global_ptr="__global {const}{type} *restrict {name}",
     global_id="get_global_id(0)", group_id="get_group_id(0)", local_id="get_local_id(0)",
+    local_size="get_local_size(0)", items_per_thread=1,
     barrier="barrier(CLK_LOCAL_MEM_FENCE);",
     local_array="__local {type} {name}[{n}]",
     load_half="vload_half({idx}, {ptr})", store_half="vstore_half_rte({v}, {idx}, {ptr})",

@@ -4,7 +4,7 @@ dialect's spelling, and every op x dtype kernel that renders also compiles on ea
 import pytest
 
 from prepjit.codegen.render_c import FLOAT_ONLY, INTEGER_ONLY, REDUCE_GROUP
-from prepjit.codegen.render_cuda import ELEMENTWISE_GROUP, render_cuda
+from prepjit.codegen.render_cuda import ELEMENTWISE_GROUP, ITEMS_PER_THREAD, render_cuda
 from prepjit.codegen.render_llvm import render_llvm
 from prepjit.codegen.render_opencl import render_opencl
 from prepjit.runtime.devices import available_devices, get_device
@@ -54,7 +54,9 @@ def test_both_dialects_share_launch_sizes_and_grouping():
     assert "__syncthreads();" in cuda.source and f"__shared__ float part" in cuda.source
     assert f"__launch_bounds__({REDUCE_GROUP})" in cuda.source
     elementwise = render_cuda(kernel(load(1, dtypes.float32, r0) + UOp.const(1.0, dtypes.float32), r0))
-    assert elementwise.local_size == (ELEMENTWISE_GROUP,) and "if (gid >= v_n) return;" in elementwise.source
+    assert elementwise.local_size == (ELEMENTWISE_GROUP,) and "if (gid < v_n) {" in elementwise.source
+    assert "#pragma unroll" in elementwise.source and f"e < {ITEMS_PER_THREAD}; e++" in elementwise.source
+    assert [eval_uop(e, {"n": 9}) for e in elementwise.global_size] == [-(-9 // ITEMS_PER_THREAD)]
 
 
 def test_cuda_float16_goes_through_ptx_conversions():
