@@ -26,6 +26,7 @@ MAX_OPTIONS = 12       # bound options kept per node
 MAX_OPTION_TERMS = 32  # expressions per option (a max of that many)
 MAX_FACT_DEPTH = 2     # facts are expanded through facts this deep (facts refer to each other)
 MAX_NONNEG_DEPTH = 3   # a bound's terms are shown >= 0 through their own bounds this deep
+MAX_NESTING = 120      # bounds worked out inside one another (Python's stack holds ~3 frames each)
 MAX_SPLITS = 4         # mins and maxes of vars split into cases per access (2**MAX_SPLITS cases at most)
 
 
@@ -41,11 +42,27 @@ def _ge0_terms(cond: UOp, truth: bool) -> list[UOp]:
         return _ge0_terms(cond.src[0], not truth)
     if cond.op is Ops.CMPLT and all(_is_int(s) for s in cond.src):
         a, b = cond.src
-        return [simplify(b - a - 1)] if truth else [simplify(a - b)]
+        return [_linear(b, a, -1)] if truth else [_linear(a, b)]
     if cond.op is Ops.CMPEQ and truth and all(_is_int(s) for s in cond.src):
         a, b = cond.src
-        return [simplify(a - b), simplify(b - a)]
+        return [_linear(a, b), _linear(b, a)]
     return []
+
+
+def _linear(a: UOp, b: UOp | None = None, c: int = 0) -> UOp:
+    """a - b + c as a sum of monomials, not simplified further: what facts are read from (simplify may fold
+    a sum into a min or max, which no longer bounds its terms)."""
+    p = dict(poly(a))
+    for m, k in (poly(b).items() if b is not None else ()):
+        p[m] = p.get(m, 0) - k
+    out = {(): c}
+    for m, k in p.items():  # each factor simplified on its own (matching the simplified index), then expanded
+        term = UOp.const(k, a.dtype)
+        for f in m:
+            term = UOp(Ops.MUL, a.dtype, (term, simplify(f)))
+        for tm, tk in poly(term).items():
+            out[tm] = out.get(tm, 0) + tk
+    return from_poly({m: k for m, k in out.items() if k}, a.dtype)
 
 
 class Facts:
@@ -59,6 +76,26 @@ class Facts:
         self.var_atoms: set[UOp] = set()  # vars with bounds from facts (expressions of them are not exact)
         for e in ge0:
             self._add(e, 0)
+        for e in ge0:  # c * v + rest >= 0 with loops or data in rest: bound them by their facts, then bound v
+            relaxed = self._var_only_upper(e)
+            if relaxed is not None:
+                self._add(relaxed, 1)
+
+    def _var_only_upper(self, e: UOp) -> UOp | None:
+        """An expression >= e free of loops and data (each such atom replaced by a fact bound), or None."""
+        p, out, changed = poly(e), {}, False
+        for m, c in p.items():
+            if not any(_has_loop_or_data(f) for f in m):
+                out[m] = out.get(m, 0) + c
+                continue
+            bounds = self.atoms.get(m[0], ([], []))[1 if c > 0 else 0] if len(m) == 1 else []
+            bound = next((b for b in bounds if not _has_loop_or_data(b)), None)
+            if bound is None:
+                return None
+            for bm, bc in poly(bound).items():
+                out[bm] = out.get(bm, 0) + bc * c
+            changed = True
+        return from_poly({m: c for m, c in out.items() if c}, e.dtype) if changed else None
 
     def with_terms(self, terms) -> "Facts":
         return _facts(self.ge0 | frozenset(terms))
@@ -74,6 +111,9 @@ class Facts:
                 continue
             rest = from_poly({k: v for k, v in p.items() if k != m}, e.dtype)
             atom = m[0]
+            if atom.op is Ops.MIN and c > 0 and depth < 2:  # c * min(a, b) + rest >= 0: so are a's and b's
+                for x in atom.src:
+                    self._add(simplify(x * c + rest), depth + 1)
             if _has_loop_or_data(rest):  # only bounds free of loops and data: they end the search
                 continue
             # c * atom + rest >= 0:  atom >= ceil(-rest / c) (c > 0), atom <= floor(rest / -c) (c < 0)
@@ -123,6 +163,27 @@ def _combine(a: list, b: list, fn, upper: bool) -> list:
     return _options([[simplify(fn(x, y)) for x in a[i] for y in b[j]] for i, j in pairs], upper)
 
 
+def _relax_divisions(e: UOp, upper: bool) -> UOp | None:
+    """`e` with each term c * f * (x // k) (k | c, f a product of factors >= 0) replaced by its bound
+    (c / k) * f * x, or (c / k) * f * (x - k + 1): k * (x // k) lies in [x - k + 1, x]. None if no term has one."""
+    p, out, changed = poly(e), {}, False
+    for m, c in p.items():
+        div = next((f for f in m if f.op is Ops.IDIV and f.src[1].op is Ops.CONST and f.src[1].arg > 0
+                    and c % f.src[1].arg == 0), None)
+        rest = list(m)
+        if div is not None:
+            rest.remove(div)
+        if div is None or not all(f.vmin >= 0 for f in rest):
+            out[m] = out.get(m, 0) + c
+            continue
+        k, x = div.src[1].arg, div.src[0]
+        term = from_poly({tuple(rest): c // k}, e.dtype) * (x if upper == (c > 0) else x - (k - 1))
+        for tm, tc in poly(term).items():
+            out[tm] = out.get(tm, 0) + tc
+        changed = True
+    return simplify(from_poly({m: c for m, c in out.items() if c}, e.dtype)) if changed else None
+
+
 @functools.lru_cache(maxsize=1 << 16)
 def _polynomial(u: UOp) -> bool:
     return all(x.op in (Ops.CONST, Ops.DEFINE_VAR, Ops.ADD, Ops.SUB, Ops.MUL) for x in u.toposort())
@@ -136,11 +197,18 @@ def _has_loop_or_data(u: UOp) -> bool:
 class _Prover:
     def __init__(self):
         self.memo: dict = {}
+        self.active: set = set()  # the bounds and checks being worked out (a cycle gives up on its node)
 
     def bound(self, e: UOp, facts: Facts, upper: bool, depth: int = 0) -> list:
         key = (e, facts.ge0, upper, depth)
         if key not in self.memo:
-            self.memo[key] = self._bound(e, facts, upper, depth)
+            if key in self.active or len(self.active) > MAX_NESTING:
+                return [[UOp.const(e.vmax if upper else e.vmin)]]
+            self.active.add(key)
+            try:
+                self.memo[key] = self._bound(e, facts, upper, depth)
+            finally:
+                self.active.discard(key)
         return self.memo[key]
 
     def _bound(self, e: UOp, facts: Facts, upper: bool, depth: int) -> list:
@@ -154,6 +222,9 @@ class _Prover:
                 opts += self.bound(b, facts, upper, depth + 1)
         if e.op is not Ops.DEFINE_VAR:
             opts += self._structural(e, facts, upper, depth)
+        relaxed = _relax_divisions(e, upper) if e.op in (Ops.ADD, Ops.MUL) else None
+        if relaxed is not None:
+            opts += self.bound(relaxed, facts, upper, depth)
         return _options(opts, upper)
 
     def _structural(self, e: UOp, facts: Facts, upper: bool, depth: int) -> list:
@@ -171,12 +242,17 @@ class _Prover:
             return _combine(b(s[0], upper=upper), b(s[1], upper=not upper), lambda x, y: x - y, upper)
         if op is Ops.MUL:
             return self._mul(e, facts, upper, depth)
-        positive = op in (Ops.IDIV, Ops.MOD) and not _has_loop_or_data(s[1]) and self.nonneg(s[1] - 1, facts)
+        # floor division and modulo; the renderers give x // 0 == x % 0 == 0 (NumPy's integer rule)
+        divisor_free = op in (Ops.IDIV, Ops.MOD) and not _has_loop_or_data(s[1])
+        if divisor_free and not upper and self.nonneg(s[1], facts) and (op is Ops.MOD or self.nonneg(s[0], facts)):
+            opts = [[UOp.const(0)]]  # x % d >= 0 and (x >= 0) x // d >= 0 for d >= 0
+            if op is Ops.IDIV and self.nonneg(s[1] - 1, facts):
+                opts += [[simplify(x // s[1]) for x in o] for o in b(s[0], upper=False)]
+            return _options(opts, upper)
+        positive = divisor_free and self.nonneg(s[1] - 1, facts)
         if op is Ops.IDIV and positive:
             return _options([[simplify(x // s[1]) for x in o] for o in b(s[0], upper=upper)], upper)
         if op is Ops.MOD and positive:  # floor modulo: in [0, d - 1]
-            if not upper:
-                return [[UOp.const(0)]]
             own = [o for o in b(s[0], upper=True)] if self.nonneg(s[0], facts) else []
             return _options([[simplify(s[1] - 1)]] + own, True)
         if op in (Ops.MAX, Ops.MIN):
@@ -227,28 +303,36 @@ class _Prover:
             return False
         key = ("nonneg", e, facts.ge0, depth)
         if key not in self.memo:
-            self.memo[key] = any(all(x is not e and self.nonneg(x, facts, depth + 1) for x in o)
-                                 for o in self.bound(e, facts, upper=False))
+            if key in self.active or len(self.active) > MAX_NESTING:
+                return False
+            self.active.add(key)
+            try:
+                self.memo[key] = any(all(x is not e and self.nonneg(x, facts, depth + 1) for x in o)
+                                     for o in self.bound(e, facts, upper=False))
+            finally:
+                self.active.discard(key)
         return self.memo[key]
 
     def in_bounds(self, index: UOp, size: UOp, terms: frozenset, splits: int = 0) -> tuple[bool, str]:
         """Whether 0 <= index < size; a min or max of vars is split into its two cases (correlated uses)."""
-        choice = next((u for u in _outside_ranges(index, size) if u.op in (Ops.MIN, Ops.MAX)
-                       and not _has_loop_or_data(u)), None) if splits < MAX_SPLITS else None
+        ok, why = self._in_bounds(index, size, _facts(terms))
+        choice = next((u for u in _outside_ranges(index, size, *terms) if u.op in (Ops.MIN, Ops.MAX)
+                       and not _has_loop_or_data(u)), None) if splits < MAX_SPLITS and not ok else None
         if choice is not None:
             a, b = choice.src
             why = ""
-            keep = {r: r for x in (index, size) for r in _ranges(x)}  # ranges (and their ends) stay as they are
+            keep = {r: r for x in (index, size, *terms) for r in _ranges(x)}  # ranges (and their ends) stay
             for pick, other in ((a, b), (b, a)):  # min(a, b) = a when b - a >= 0; max(a, b) = a when a - b >= 0
-                fact = simplify(other - pick if choice.op is Ops.MIN else pick - other)
+                fact = _linear(other, pick) if choice.op is Ops.MIN else _linear(pick, other)
                 sub = {**keep, choice: pick}
-                case_terms = frozenset(simplify(t.substitute(sub)) for t in terms) | {fact}
+                case_terms = frozenset(_linear(t.substitute(sub)) for t in terms) | {fact}
                 ok, why = self.in_bounds(simplify(index.substitute(sub)), simplify(size.substitute(sub)),
                                          case_terms, splits + 1)
                 if not ok:
                     return False, why
-            return True, why
-        facts = _facts(terms)
+        return ok, why
+
+    def _in_bounds(self, index: UOp, size: UOp, facts: Facts) -> tuple[bool, str]:
         if not self.nonneg(index, facts):
             return False, "may be negative"
         for o in self.bound(index, facts, upper=True):
@@ -296,9 +380,12 @@ def prove_kernel(ast: UOp, shapes: list[tuple], constraints=()) -> int:
             continue
         buf, index = u.src[0], simplify(u.src[1])  # facts and index in one canonical form
         gate = simplify(u.src[2]) if u.op is Ops.LOAD and len(u.src) > 2 else None
+        if gate is not None and gate.op is Ops.CONST and not gate.arg:  # never runs
+            count += 1
+            continue
         terms = set(base)
         for r in _ranges(u.src[1]) + (_ranges(u.src[2]) if gate is not None else []):
-            terms.add(simplify(r.src[0] - 1))  # an access inside a loop runs only when the loop does
+            terms.add(_linear(r.src[0], None, -1))  # an access inside a loop runs only when the loop does
         if gate is not None:
             terms |= set(_ge0_terms(gate, True))
         ok, why = prover.in_bounds(index, sizes[buf.arg], frozenset(terms))
