@@ -251,7 +251,7 @@ def main(argv=None) -> int:
         ok = check(args, gen, ids) if args.check else True
         if args.bench:
             bench(args, gen, ids)
-    except MissingPackage as e:
+    except (MissingPackage, ValueError) as e:  # a package to install, a prompt longer than --context
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0 if ok else 1
