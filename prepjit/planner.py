@@ -1,6 +1,7 @@
 """Planning: a traced graph -> schedule -> rendered, compiled (cached) kernels -> an ExecutionPlan."""
 from __future__ import annotations
 
+import json
 import logging
 import time
 
@@ -20,7 +21,7 @@ from .runtime.compile_pool import run_now
 from .runtime.plan import ExecutionPlan, PlanBuffer, PreparedKernel, RuntimeVar
 from .stages import stage
 from .trace.tracing import Traced
-from .uop import UOp, render_python
+from .uop import UOp, render_python, serial
 from .uop.printer import format_graph
 
 log = logging.getLogger("prepjit")
@@ -147,6 +148,25 @@ def _load_entry(key: str, device) -> CachedKernel | None:
     return kernel
 
 
+def _prove(ast: UOp, device, shapes: tuple, constraints: list) -> int:
+    """prove_optimized, remembered in the disk cache: a process that loads the kernel from disk does not
+    optimise it again just to prove it (a failed proof is never remembered: it raises every time)."""
+    key = disk_cache.kernel_key(ast, device.name, device.compiler_id)
+    if key is not None:
+        try:
+            key = disk_cache.record_key("proof", key, json.dumps(serial.to_data(tuple(constraints))), json.dumps(
+                [[d if isinstance(d, int) else serial.to_data((d,)) for d in shape] for shape in shapes]))
+        except ValueError:
+            key = None
+    record = disk_cache.read_record("proof", key) if key else None
+    if record is not None and type(record[0].get("proven")) is int:
+        return record[0]["proven"]
+    proven = prove_optimized(ast, device.language, list(shapes), constraints)
+    if key:
+        disk_cache.write_record("proof", key, {"proven": proven})
+    return proven
+
+
 class _Hazards:
     """Kernel dependencies over plan buffers: read-after-write, write-after-read and write-after-write."""
 
@@ -179,8 +199,12 @@ def build_plan(traced: Traced, device) -> tuple[ExecutionPlan, dict[str, int]]:
         sched = schedule(list(traced.outputs) + [f for f, _ in traced.flags], list(traced.inputs),
                          pack_contractions=device.language == "llvm")
     with stage("bounds proof"):  # every access of every kernel inside its buffer, or CompileError
-        proven = sum(prove_optimized(k.ast, device.language, [sched.buffers[b].shape for b in k.buffers],
-                                     [c.cond for c in traced.constraints]) for k in sched.kernels)
+        constraints, proofs, proven = [c.cond for c in traced.constraints], {}, 0
+        for k in sched.kernels:  # once per distinct kernel (a fori_loop's iterations share one)
+            shapes = tuple(tuple(sched.buffers[b].shape) for b in k.buffers)
+            if (k.ast, shapes) not in proofs:
+                proofs[k.ast, shapes] = _prove(k.ast, device, shapes, constraints)
+            proven += proofs[k.ast, shapes]
     home = share_memory(sched)
     io = set(sched.inputs) | set(sched.outputs)
     allocation_bytes = {}
