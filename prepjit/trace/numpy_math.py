@@ -201,7 +201,8 @@ def power(a, b):
     if b.uop.op is Ops.CONST and b.weak:
         if b.uop.arg < 0:
             raise ValueError("Integers to negative integer powers are not allowed.")
-        return _int_power_static(prims.cast(a, dt), int(b.uop.arg), dt)
+        base = prims.cast(a, dt)
+        return prims.broadcast_to(_int_power_static(base, int(b.uop.arg), dt), base.uop.shape)
     base, exponent = prims.cast(a, dt), prims.cast(b, dt)
     result = prims.cast(to_tracer(1), dt)
     for _ in range(dt.bits):
@@ -228,12 +229,18 @@ def rsqrt(x):
 
 
 def round(x, decimals: int = 0):  # noqa: A001 - NumPy's name
-    """NumPy's round: half to even, at `decimals` places (floats: scale, rint, unscale, as NumPy does)."""
+    """NumPy's round: half to even, at `decimals` places (scale, rint, unscale, as NumPy does; integers to
+    negative decimals in float64 and back; bool only to 0 decimals, as float16)."""
     x = to_tracer(x)
+    if decimals == 0 and x.dtype == dtypes.bool:
+        return rint(x)
+    if x.dtype == dtypes.bool:
+        raise TraceError(f"round of a bool array to {decimals} decimals: NumPy cannot cast the scaled float64 "
+                         "back to bool either")
     if not x.dtype.is_float:
-        if decimals < 0:
-            raise TraceError("round of an integer array to negative decimals is not supported yet")
-        return x
+        if decimals >= 0:
+            return x
+        return prims.cast(round(prims.cast(x, dtypes.float64), decimals), x.dtype)
     if decimals == 0:
         return rint(x)
     scale = prims.cast(to_tracer(10.0 ** builtins_abs(decimals)), x.dtype)
@@ -266,16 +273,33 @@ def full_bool(x: Tracer, value: bool) -> Tracer:
 
 def square(x):
     x = to_tracer(x)
-    return multiply(x, x)
+    return elementwise(Ops.MUL, x, x, dtype=ufunc_dtype("square", x))  # bool squares to int8, like NumPy
 
 
 def reciprocal(x):
+    """1 / x; integers as NumPy computes them, (int)(1.0 / x): 1 and -1 keep, others truncate to 0, and 0
+    gives the float-to-int conversion of inf (the dtype's minimum for 32- and 64-bit signed ints, else 0)."""
     x = to_tracer(x)
-    return true_divide(prims.cast(to_tracer(1), x.dtype) if x.dtype.is_float else 1, x)
+    dt = ufunc_dtype("reciprocal", x)
+    if dt.is_float:
+        return true_divide(prims.cast(to_tracer(1), dt), x)
+    x = prims.cast(x, dt)
+
+    def const(v) -> Tracer:
+        return Tracer(prims.cast(to_tracer(v), dt).uop)
+    out = where(equal(x, 1), const(1), const(0))
+    if dt.kind == "i":
+        out = where(equal(x, -1), const(-1), out)
+    return where(equal(x, 0), const(dt.min() if dt.kind == "i" and dt.bits >= 32 else 0), out)
 
 
 def clip(x, a_min=None, a_max=None):
     x = to_tracer(x)
+    if x.dtype.is_int:  # NumPy drops Python-int bounds beyond the dtype's range
+        if type(a_min) is int and a_min <= x.dtype.min():
+            a_min = None
+        if type(a_max) is int and a_max >= x.dtype.max():
+            a_max = None
     if a_min is not None:
         x = maximum(x, a_min)
     if a_max is not None:

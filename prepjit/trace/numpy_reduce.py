@@ -19,6 +19,17 @@ def _reduction_dtype(name: str, x: Tracer, dtype) -> DType:
         return to_dtype(getattr(np, name)(np.ones(1, x.dtype.np)).dtype)
 
 
+def _axis_of(x: Tracer, axis, scalar_axis_ok: bool = True):
+    """`axis` for a reduction of `x`. On a 0-d array NumPy's ufunc reductions take axis 0 or -1 (they reduce
+    nothing: axis None here); tuples, and the mean family, raise AxisError."""
+    if x.ndim or axis is None or axis == ():
+        return axis
+    if scalar_axis_ok and isinstance(axis, (int, np.integer)) and not isinstance(axis, bool) and -1 <= axis <= 0:
+        return None
+    bad = axis[0] if isinstance(axis, (tuple, list)) else axis
+    raise np.exceptions.AxisError(f"axis {bad} is out of bounds for array of dimension 0")
+
+
 def _check_not_empty(x: Tracer, axis, name: str):
     """NumPy raises for max/min/argmax over an empty static axis (there is no identity)."""
     for a in prims.normalize_axes(axis, x.ndim):
@@ -29,23 +40,25 @@ def _check_not_empty(x: Tracer, axis, name: str):
 def sum(x, axis=None, keepdims=False, dtype=None):  # noqa: A001 - NumPy's name
     x = to_tracer(x)
     dt = _reduction_dtype("sum", x, dtype)
-    return prims.reduce(prims.cast(x, dt), Ops.OR if dt == dtypes.bool else Ops.ADD, axis, keepdims)
+    return prims.reduce(prims.cast(x, dt), Ops.OR if dt == dtypes.bool else Ops.ADD, _axis_of(x, axis), keepdims)
 
 
 def prod(x, axis=None, keepdims=False, dtype=None):
     x = to_tracer(x)
     dt = _reduction_dtype("prod", x, dtype)
-    return prims.reduce(prims.cast(x, dt), Ops.AND if dt == dtypes.bool else Ops.MUL, axis, keepdims)
+    return prims.reduce(prims.cast(x, dt), Ops.AND if dt == dtypes.bool else Ops.MUL, _axis_of(x, axis), keepdims)
 
 
 def max(x, axis=None, keepdims=False):  # noqa: A001 - NumPy's name
     x = to_tracer(x)
+    axis = _axis_of(x, axis)
     _check_not_empty(x, axis, "maximum")
     return prims.reduce(x, Ops.OR if x.dtype == dtypes.bool else Ops.MAX, axis, keepdims)
 
 
 def min(x, axis=None, keepdims=False):  # noqa: A001 - NumPy's name
     x = to_tracer(x)
+    axis = _axis_of(x, axis)
     _check_not_empty(x, axis, "minimum")
     return prims.reduce(x, Ops.AND if x.dtype == dtypes.bool else Ops.MIN, axis, keepdims)
 
@@ -54,11 +67,13 @@ amax, amin = max, min
 
 
 def all(x, axis=None, keepdims=False):  # noqa: A001 - NumPy's name
-    return prims.reduce(prims.cast(to_tracer(x), dtypes.bool), Ops.AND, axis, keepdims)
+    x = to_tracer(x)
+    return prims.reduce(prims.cast(x, dtypes.bool), Ops.AND, _axis_of(x, axis), keepdims)
 
 
 def any(x, axis=None, keepdims=False):  # noqa: A001 - NumPy's name
-    return prims.reduce(prims.cast(to_tracer(x), dtypes.bool), Ops.OR, axis, keepdims)
+    x = to_tracer(x)
+    return prims.reduce(prims.cast(x, dtypes.bool), Ops.OR, _axis_of(x, axis), keepdims)
 
 
 def _count(x: Tracer, axis) -> Tracer:
@@ -73,6 +88,7 @@ def _float_work_dtype(x: Tracer, dtype) -> tuple[DType, DType]:
 
 def mean(x, axis=None, keepdims=False, dtype=None):
     x = to_tracer(x)
+    axis = _axis_of(x, axis, scalar_axis_ok=False)
     dt, acc = _float_work_dtype(x, dtype)
     total = sum(prims.cast(x, acc), axis=axis, keepdims=keepdims)
     return prims.cast(true_divide(total, prims.cast(_count(x, axis), acc)), dt)
@@ -81,6 +97,7 @@ def mean(x, axis=None, keepdims=False, dtype=None):
 def var(x, axis=None, dtype=None, ddof=0, keepdims=False):
     """NumPy's var: mean of squared deviations from the mean, divided by max(n - ddof, 0)."""
     x = to_tracer(x)
+    axis = _axis_of(x, axis, scalar_axis_ok=False)
     dt, acc = _float_work_dtype(x, dtype)
     xa = prims.cast(x, acc)
     centered = subtract(xa, mean(xa, axis=axis, keepdims=True))
@@ -96,6 +113,7 @@ def std(x, axis=None, dtype=None, ddof=0, keepdims=False):
 def _arg_extreme(x, axis, keepdims, extreme, name: str) -> Tracer:
     """The first index of the extreme value along `axis` (the first NaN if any, like NumPy)."""
     x = to_tracer(x)
+    axis = _axis_of(x, axis)
     if axis is None:
         out = _arg_extreme(ravel(x), 0, False, extreme, name)
         return prims.reshape(out, (1,) * x.ndim) if keepdims else out
@@ -119,19 +137,30 @@ def argmin(x, axis=None, keepdims=False):
 
 
 def _scan(x, axis, dtype, name: str, op: Ops) -> Tracer:
-    """out[..., i] = op-reduction of x[..., :i + 1] along `axis`: a masked reduction over a square."""
+    """out[..., i] = op-reduction of x[..., :i + 1] along `axis`, as a log-step (Hillis-Steele) scan: step k
+    combines each element with the one 2**k before it, so ceil(log2(n)) steps of n elements (n at its
+    maximum for a symbolic length) do O(n log n) work."""
     x = to_tracer(x)
-    if axis is None:
+    if axis is None or x.ndim == 0:  # NumPy scans a 0-d array as a 1-d one
+        if axis is not None:
+            prims.normalize_axis(axis, 1)
         x, axis = ravel(x), 0
     axis = prims.normalize_axis(axis, x.ndim)
     dt = _reduction_dtype(name, x, dtype)
-    moved = moveaxis(prims.cast(x, dt), axis, -1)
-    n = moved.uop.shape[-1]
-    square = prims.broadcast_to(prims.reshape(moved, moved.uop.shape[:-1] + (1, n)), moved.uop.shape + (n,))
-    keep = prims.elementwise(Ops.CMPLT, iota((n, n), 1), prims.elementwise(Ops.ADD, iota((n, n), 0), 1))  # j <= i
-    kept = where(keep, square, prims.cast(to_tracer(0 if op is Ops.ADD else 1), dt))
-    reduce_op = {Ops.ADD: Ops.OR, Ops.MUL: Ops.AND}[op] if dt == dtypes.bool else op
-    return moveaxis(prims.reduce(kept, reduce_op, -1), -1, axis)
+    op = {Ops.ADD: Ops.OR, Ops.MUL: Ops.AND}[op] if dt == dtypes.bool else op
+    identity = prims.cast(to_tracer(0 if op in (Ops.ADD, Ops.OR) else 1), dt)
+    out = prims.cast(x, dt)
+    n = out.uop.shape[axis]
+    longest = n if isinstance(n, int) else n.vmax
+    position = iota(out.uop.shape, axis)
+    step = 1
+    while step < longest:  # out[i] = op(out[i], out[i - step]) where i >= step
+        before = prims.pad(out, [(step, 0) if d == axis else (0, 0) for d in range(out.ndim)])
+        before = prims.shrink(before, [(0, 1, size) for size in out.uop.shape])
+        out = prims.materialize(prims.elementwise(op, out, where(prims.elementwise(Ops.CMPLT, position, step),
+                                                                   identity, before)))
+        step *= 2
+    return out
 
 
 def cumsum(x, axis=None, dtype=None):

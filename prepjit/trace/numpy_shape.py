@@ -178,7 +178,9 @@ def repeat(x, repeats, axis=None) -> Tracer:
     if isinstance(repeats, (tuple, list)) or isinstance(repeats, Tracer) and repeats.ndim:
         raise TraceError("repeat with per-element counts gives a data-dependent shape; pass one int count")
     r = to_sint(repeats, "a repeat count")
-    if axis is None:
+    if axis is None or x.ndim == 0:  # NumPy repeats a 0-d array as a 1-d one (axis 0 or -1)
+        if axis is not None:
+            normalize_axis(axis, 1)
         x, axis = ravel(x), 0
     axis = normalize_axis(axis, x.ndim)
     shape = tuple(x.uop.shape)

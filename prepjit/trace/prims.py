@@ -180,6 +180,15 @@ def reduce(x: Tracer, op: Ops, axis=None, keepdims: bool = False) -> Tracer:
     return reshape(red, tuple(d for i, d in enumerate(shape) if i not in axes))
 
 
+def materialize(x: Tracer) -> Tracer:
+    """`x` computed once into a buffer of its own rather than inlined into its readers (for values a kernel
+    would read at several indices, like a scan's steps): a reduction over an added unit axis, which the
+    scheduler always realizes."""
+    column = reshape(x, tuple(x.uop.shape) + (1,))
+    op = Ops.OR if x.dtype == dtypes.bool else Ops.ADD
+    return reshape(Tracer(UOp(Ops.REDUCE_AXIS, x.dtype, (column.uop,), (op, (x.ndim,)))), x.uop.shape)
+
+
 # ---------- movement ----------
 
 def reshape(x: Tracer, shape) -> Tracer:

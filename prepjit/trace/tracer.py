@@ -51,59 +51,77 @@ class Tracer:
         return f"Tracer(shape={self.shape_str}, dtype={self.dtype.name})"
 
     # ---- methods ----
-    def reshape(self, *shape) -> "Tracer":
+    def reshape(self, *shape, order="C") -> "Tracer":
+        if order != "C":
+            raise TraceError(f"reshape with order={order!r} is not supported; traced arrays are row-major (order='C')")
         return _np().reshape(self, shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape)
 
     def transpose(self, *axes) -> "Tracer":
-        axes = axes[0] if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else (axes or None)
+        axes = axes[0] if len(axes) == 1 and (axes[0] is None or isinstance(axes[0], (tuple, list))) else (axes or None)
         return _np().transpose(self, axes)
 
     def astype(self, dtype) -> "Tracer":
         return _np().astype(self, dtype)
 
-    def sum(self, axis=None, keepdims=False, dtype=None):
+    # NumPy's functions (np.sum(x), np.cumsum(x), ...) call these methods with `out=` and their other keywords
+    def sum(self, axis=None, dtype=None, out=None, keepdims=False, initial=None, where=None):
+        _unsupported(out=out, initial=initial, where=where)
         return _np().sum(self, axis=axis, keepdims=keepdims, dtype=dtype)
 
-    def mean(self, axis=None, keepdims=False, dtype=None):
+    def mean(self, axis=None, dtype=None, out=None, keepdims=False, where=None):
+        _unsupported(out=out, where=where)
         return _np().mean(self, axis=axis, keepdims=keepdims, dtype=dtype)
 
-    def max(self, axis=None, keepdims=False):
+    def max(self, axis=None, out=None, keepdims=False, initial=None, where=None):
+        _unsupported(out=out, initial=initial, where=where)
         return _np().max(self, axis=axis, keepdims=keepdims)
 
-    def min(self, axis=None, keepdims=False):
+    def min(self, axis=None, out=None, keepdims=False, initial=None, where=None):
+        _unsupported(out=out, initial=initial, where=where)
         return _np().min(self, axis=axis, keepdims=keepdims)
 
-    def prod(self, axis=None, keepdims=False, dtype=None):
+    def prod(self, axis=None, dtype=None, out=None, keepdims=False, initial=None, where=None):
+        _unsupported(out=out, initial=initial, where=where)
         return _np().prod(self, axis=axis, keepdims=keepdims, dtype=dtype)
 
-    def all(self, axis=None, keepdims=False):
+    def all(self, axis=None, out=None, keepdims=False, where=None):
+        _unsupported(out=out, where=where)
         return _np().all(self, axis=axis, keepdims=keepdims)
 
-    def any(self, axis=None, keepdims=False):
+    def any(self, axis=None, out=None, keepdims=False, where=None):
+        _unsupported(out=out, where=where)
         return _np().any(self, axis=axis, keepdims=keepdims)
 
-    def argmax(self, axis=None, keepdims=False):
+    def argmax(self, axis=None, out=None, keepdims=False):
+        _unsupported(out=out)
         return _np().argmax(self, axis=axis, keepdims=keepdims)
 
-    def argmin(self, axis=None, keepdims=False):
+    def argmin(self, axis=None, out=None, keepdims=False):
+        _unsupported(out=out)
         return _np().argmin(self, axis=axis, keepdims=keepdims)
 
-    def var(self, axis=None, dtype=None, ddof=0, keepdims=False):
+    def var(self, axis=None, dtype=None, out=None, ddof=0, keepdims=False, where=None):
+        _unsupported(out=out, where=where)
         return _np().var(self, axis=axis, dtype=dtype, ddof=ddof, keepdims=keepdims)
 
-    def std(self, axis=None, dtype=None, ddof=0, keepdims=False):
+    def std(self, axis=None, dtype=None, out=None, ddof=0, keepdims=False, where=None):
+        _unsupported(out=out, where=where)
         return _np().std(self, axis=axis, dtype=dtype, ddof=ddof, keepdims=keepdims)
 
-    def cumsum(self, axis=None, dtype=None):
+    def cumsum(self, axis=None, dtype=None, out=None):
+        _unsupported(out=out)
         return _np().cumsum(self, axis=axis, dtype=dtype)
 
-    def cumprod(self, axis=None, dtype=None):
+    def cumprod(self, axis=None, dtype=None, out=None):
+        _unsupported(out=out)
         return _np().cumprod(self, axis=axis, dtype=dtype)
 
-    def clip(self, min=None, max=None):  # noqa: A002 - NumPy's names
+    def clip(self, min=None, max=None, out=None):  # noqa: A002 - NumPy's names
+        _unsupported(out=out)
         return _np().clip(self, min, max)
 
-    def round(self, decimals=0):
+    def round(self, decimals=0, out=None):
+        _unsupported(out=out)
         return _np().round(self, decimals)
 
     def squeeze(self, axis=None):
@@ -190,3 +208,11 @@ class Tracer:
 def _np():
     from . import numpy_api
     return numpy_api
+
+
+def _unsupported(**given):
+    """NumPy's `out=`, `initial=` and `where=` keywords are accepted at their defaults only."""
+    for name, value in given.items():
+        if value is not None:
+            raise TraceError(f"{name}= is not supported on traced arrays: results are new arrays (drop {name}=, "
+                             "and use pnp.where for masks)")

@@ -6,6 +6,7 @@ import pytest
 
 import prepjit as pj
 import prepjit.numpy as pnp
+from prepjit.uop import Ops
 
 
 def run(fn, *args, **prepare_kwargs):
@@ -137,3 +138,102 @@ def test_size_zero_cache_window_gives_numpy_results():
             assert np.asarray(g).shape == w.shape
             np.testing.assert_array_equal(np.asarray(g), w)
     assert f.stats["traces"] == 1
+
+
+# ---- found by the adversarial review (issue 10): dtypes, 0-d axes, NumPy's functions on traced arrays ----
+
+def _same(got, want):
+    got = np.asarray(got)
+    assert got.dtype == want.dtype and got.shape == want.shape, (got.dtype, got.shape, want.dtype, want.shape)
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("name, fn, x", [
+    ("power(int, 0)", lambda m, x: m.power(x, 0), np.array([3, -2], np.int32)),
+    ("power(bool, 0)", lambda m, x: m.power(x, 0), np.array([True, False])),
+    ("square(bool)", lambda m, x: m.square(x), np.array([True, False])),
+    ("reciprocal(int32)", lambda m, x: m.reciprocal(x), np.array([1, -1, 2, -3, 7], np.int32)),
+    ("reciprocal(uint8)", lambda m, x: m.reciprocal(x), np.array([1, 2, 255], np.uint8)),
+    ("reciprocal(bool)", lambda m, x: m.reciprocal(x), np.array([True, True])),
+    ("round(bool)", lambda m, x: m.round(x), np.array([True, False])),
+    ("round(int, -1)", lambda m, x: m.round(x, -1), np.array([14, 15, 25, -15, 7, 125], np.int32)),
+    ("clip(uint8, -20, 20)", lambda m, x: m.clip(x, -20, 20), np.array([1, 200], np.uint8)),
+    ("clip(int8, -300, 300)", lambda m, x: m.clip(x, -300, 300), np.array([-5, 100], np.int8)),
+    ("repeat(0-d, axis=0)", lambda m, x: m.repeat(x, 3, axis=0), np.array(2.5, np.float32)),
+    ("min(0-d, axis=0)", lambda m, x: m.min(x, axis=0), np.array(2.5, np.float32)),
+    ("sum(0-d, axis=-1)", lambda m, x: m.sum(x, axis=-1), np.array(4, np.int32)),
+    ("argmax(0-d, axis=0)", lambda m, x: m.argmax(x, axis=0), np.array(1.0, np.float32)),
+    ("cumsum(0-d, axis=0)", lambda m, x: m.cumsum(x, axis=0), np.array(3.0, np.float32)),
+])
+def test_numpy_dtypes_and_shapes_of_edge_cases(name, fn, x):
+    with np.errstate(all="ignore"):
+        want = np.asarray(fn(np, x))
+    _same(run(lambda x: fn(pnp, x), x), want)
+
+
+@pytest.mark.parametrize("fn, numpy_error", [
+    (lambda m, x: m.clip(x, 300, 400), OverflowError),         # 300 is not a uint8 and not beyond uint8's max
+    (lambda m, x: m.max(x[0], axis=(0,)), np.exceptions.AxisError),
+    (lambda m, x: m.mean(x[0], axis=0), np.exceptions.AxisError),
+    (lambda m, x: m.min(x[0], axis=1), np.exceptions.AxisError),
+])
+def test_numpy_errors_are_trace_errors_of_numpys_class(fn, numpy_error):
+    x = np.array([1, 200], np.uint8)
+    with pytest.raises(numpy_error):
+        fn(np, x)
+    f = pj.prepare(lambda x: fn(pnp, x))
+    with pytest.raises(pj.TraceError) as info:
+        f(x)
+    assert isinstance(info.value, numpy_error)
+
+
+def test_round_of_bool_to_decimals_raises_like_numpy():
+    with pytest.raises(TypeError):
+        np.round(np.array([True]), 1)
+    with pytest.raises(pj.TraceError):
+        run(lambda x: pnp.round(x, 1), np.array([True]))
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: np.sum(x), lambda x: np.sum(x, axis=0, keepdims=True), lambda x: np.mean(x), lambda x: np.max(x, 1),
+    lambda x: np.min(x), lambda x: np.prod(x, axis=1), lambda x: np.std(x), lambda x: np.var(x, ddof=1),
+    lambda x: np.all(x), lambda x: np.any(x, axis=0), lambda x: np.argmax(x), lambda x: np.argmin(x, axis=1),
+    lambda x: np.cumsum(x, axis=1), lambda x: np.cumprod(x), lambda x: np.round(x, 1), lambda x: np.clip(x, 0, 1),
+    lambda x: np.transpose(x), lambda x: np.reshape(x, (3, 2)),
+])
+def test_numpy_functions_work_on_traced_arrays(fn):
+    x = np.array([[0.5, -1.25, 2.0], [1.5, 0.25, -0.75]], np.float32)
+    np.testing.assert_allclose(run(fn, x), fn(x), rtol=1e-6)
+
+
+def test_numpy_out_argument_on_a_traced_array_is_a_trace_error():
+    with pytest.raises(pj.TraceError, match="out="):
+        run(lambda x: np.sum(x, out=np.zeros(())), np.ones(3, np.float32))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int32, np.bool_])
+def test_cumsum_and_cumprod_match_numpy(dtype):
+    rng = np.random.default_rng(0)
+    x = (rng.random((3, 37)) * 2).astype(dtype)
+    for axis in (None, 0, 1, -1):
+        for name in ("cumsum", "cumprod"):
+            want = getattr(np, name)(x, axis=axis)
+            got = run(lambda x: getattr(pnp, name)(x, axis=axis), x)
+            assert got.dtype == want.dtype
+            np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def test_cumsum_with_a_symbolic_length_matches_numpy_at_every_length():
+    f = pj.prepare(lambda x: pnp.cumsum(x, axis=0), vars={"n": (0, 70)}, shapes={"x": ("n", 2)})
+    for n in (0, 1, 2, 5, 64, 70):
+        x = np.arange(2 * n, dtype=np.float32).reshape(n, 2) - n
+        np.testing.assert_allclose(np.asarray(f(x)), np.cumsum(x, axis=0), rtol=1e-6)
+    assert f.stats["traces"] == 1
+
+
+def test_cumsum_does_o_n_log_n_work():
+    """A log-step scan: ceil(log2(n)) kernels of n elements, not one n-by-n masked reduction."""
+    x = np.ones(4096, np.float32)
+    plan = pj.prepare(lambda x: pnp.cumsum(x)).plan(x)
+    assert len(plan.kernels) <= 13
+    assert not [u for k in plan.kernels for u in k.ast.toposort() if u.op is Ops.RANGE and u.arg[1] == "reduce"]
