@@ -138,14 +138,15 @@ def _lower(p: Poly, depth: int = 2):
     """Interval lower bound of p, sharpened by factoring out the nonnegative factor most monomials share:
     p = f * inner + rest >= min(f) * min(inner) or max(f) * min(inner), + min(rest) (`B*T - T` is >= 0)."""
     lo = _interval(p)[0]
-    if depth == 0 or len(p) < 2:
+    if depth == 0 or len(p) - (() in p) < 2:
         return lo
     counts: dict = {}
     for m in p:
         for f in dict.fromkeys(m):
             counts[f] = counts.get(f, 0) + 1
     shared = [f for f, k in counts.items() if k >= 2 and f.vmin >= 0]
-    if not shared:
+    signs = {c > 0 for m, c in p.items() if m}
+    if not shared or len(signs) == 1 and all(f.vmin >= 0 for f in counts):  # one sign, factors >= 0: exact
         return lo
     best = max(shared, key=lambda f: (counts[f], f.key))
     inner: Poly = {}
@@ -180,6 +181,7 @@ def poly_min(p: Poly, splits: int = 2):
     if not any(f.op is Ops.RANGE for m in p for f in m):
         return lo
     q: Poly = {}
+    substituted = False
     for m, c in p.items():
         ranges = [f for f in m if f.op is Ops.RANGE]
         term = {m: c}
@@ -187,14 +189,15 @@ def poly_min(p: Poly, splits: int = 2):
             rest = tuple(f for f in m if f.op is not Ops.RANGE)
             a, b = _mono_bounds(rest)
             a, b = (c * a, c * b) if c > 0 else (c * b, c * a)
-            if a >= 0:
+            if a >= 0:  # its interval is >= 0 as well: dropping it does not sharpen anything
                 continue
             if b <= 0:
-                term = {rest: c}
+                substituted, term = True, {rest: c}
                 for r in ranges:
                     term = _mul(term, _add(poly(r.src[0]), {(): 1}, -1))
-        q = _add(q, term)
-    return max(lo, _lower(q))
+        for tm, tc in term.items():
+            q[tm] = q.get(tm, 0) + tc
+    return max(lo, _lower({m: c for m, c in q.items() if c})) if substituted else lo
 
 
 def poly_max(p: Poly):

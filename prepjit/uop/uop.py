@@ -316,16 +316,16 @@ def _raw_bounds(u: UOp) -> tuple:
     if not dt.is_int:
         return (dt.min(), dt.max())
     s = [x.bounds for x in u.src]
-    if u.op in (Ops.ADD, Ops.SUB, Ops.MUL):  # intervals of the operands, sharpened by those of the polynomial
-        if u.op is Ops.MUL:
-            c = [a * b for a in s[0] for b in s[1]]
-            lo, hi = min(c), max(c)
-        else:
-            lo, hi = (s[0][0] + s[1][0], s[0][1] + s[1][1]) if u.op is Ops.ADD else \
-                (s[0][0] - s[1][1], s[0][1] - s[1][0])
+    if u.op in (Ops.ADD, Ops.SUB):  # intervals of the operands, sharpened by those of the polynomial
+        lo, hi = (s[0][0] + s[1][0], s[0][1] + s[1][1]) if u.op is Ops.ADD else (s[0][0] - s[1][1], s[0][1] - s[1][0])
         from .symbolic import poly, poly_max, poly_min
         p = poly(u)
+        if all(c > 0 for c in p.values()) and all(f.vmin >= 0 for m in p for f in m):
+            return (lo, hi)  # positive terms of nonnegative factors: the intervals are exact
         return (max(lo, poly_min(p)), min(hi, poly_max(p)))
+    if u.op is Ops.MUL:
+        c = [a * b for a in s[0] for b in s[1]]
+        return (min(c), max(c))
     if u.op is Ops.MAX:
         return (max(s[0][0], s[1][0]), max(s[0][1], s[1][1]))
     if u.op is Ops.MIN:
