@@ -27,6 +27,8 @@ import attrs
 from ..uop import DType, Ops, UOp, dtypes, sym_prod
 from ..uop.uop import as_uop
 from .kernel import KernelSource, kernel_vars
+from .render_tiles import TILE_THREADS, emit_contraction, match_contraction
+from .render_tiles import launch_size as contraction_size
 from .renderer import KernelRenderer
 
 REDUCE_GROUP = 128        # work-items per output in a grouped reduction (a power of two)
@@ -161,7 +163,8 @@ class CStyleRenderer(KernelRenderer):
         self.depth = 1
         self.n = 0
         self.vars = [v.arg[0] for v in kernel_vars(ast)]
-        self.grouped = uses_grouped_reduce(ast)
+        self.contraction = match_contraction(ast)
+        self.grouped = self.contraction is None and uses_grouped_reduce(ast)
         self.long = dialect.ctype(dtypes.int64)
 
     def emit(self, line: str):
@@ -399,12 +402,17 @@ class CStyleRenderer(KernelRenderer):
     # ---- the kernel ----
     def group_size(self) -> int | None:
         """The work-group size the kernel declares, or None when the runtime chooses one."""
+        if self.contraction is not None:
+            return TILE_THREADS
         return REDUCE_GROUP if self.grouped else self.d.elementwise_group if self.d.always_bounded else None
 
     def kernel(self) -> tuple[str, UOp]:
         store = self.ast.src[0]
         ranges = _loop_ranges(self.ast)
         outputs = as_uop(sym_prod(r.src[0] for r in ranges))
+        if self.contraction is not None:
+            emit_contraction(self, self.contraction)
+            return self.kernel_text(contraction_size(self.contraction))
         if self.grouped:  # one work-group per output: every work-item reaches the barriers
             self.emit(f"const {self.long} gid = {self.d.group_id};")
             self.emit(f"const int lid = {self.d.local_id};")

@@ -7,6 +7,7 @@ from prepjit.codegen.render_c import FLOAT_ONLY, INTEGER_ONLY, REDUCE_GROUP
 from prepjit.codegen.render_cuda import ELEMENTWISE_GROUP, ITEMS_PER_THREAD, render_cuda
 from prepjit.codegen.render_llvm import render_llvm
 from prepjit.codegen.render_opencl import render_opencl
+from prepjit.codegen.render_tiles import TILE, TILE_THREADS
 from prepjit.runtime.devices import available_devices, get_device
 from prepjit.uop import Ops, UOp, dtypes, eval_uop
 from prepjit.uop.ops import ALU
@@ -81,3 +82,24 @@ def test_every_rendered_op_compiles(language):
         except Exception as e:  # noqa: BLE001  (collect every failure, then report them all)
             failed.append(f"{name}: {str(e).splitlines()[0]}")
     assert not failed, f"{len(failed)} of {len(op_kernels())} kernels do not compile:\n" + "\n".join(failed)
+
+
+def matmul_kernel(m_max=256):
+    m, n, k = UOp.variable("m", 1, m_max), UOp.variable("n", 1, 300), UOp.variable("k", 1, 500)
+    i, j, r = loop(m, 0), loop(n, 1), UOp(Ops.RANGE, dtypes.index, (k,), (2, "reduce"))
+    prod = load(1, dtypes.float32, i * k + r) * load(2, dtypes.float32, r * n + j)
+    total = UOp(Ops.REDUCE, dtypes.float32, (prod, r), Ops.ADD)
+    return kernel(total + UOp.const(1.0, dtypes.float32), i * n + j, "r_m_n")
+
+
+@pytest.mark.parametrize("language", ["cuda", "opencl"])
+def test_contractions_are_tiled_and_compile(language):
+    src = RENDERERS[language](matmul_kernel())
+    assert src.local_size == (TILE_THREADS,) and "As[" in src.source and "Bs[" in src.source
+    tiles = lambda e: -(-e // TILE)  # noqa: E731
+    assert [eval_uop(e, {"m": 70, "n": 129, "k": 3}) for e in src.global_size] == [tiles(70) * tiles(129) * TILE_THREADS]
+    thin = RENDERERS[language](matmul_kernel(m_max=TILE // 2 - 1))   # a thin one stays a reduction
+    assert "As[" not in thin.source
+    if language in available_devices():
+        device = get_device(language)
+        device.load(src.name, device.compile(src.name, src.source))
