@@ -79,7 +79,7 @@ def cases(device: str, t: Torch, quick: bool):
     yield (f"elementwise_fma_{n}", 16 * n, "bytes", lambda: fused(da, db, dc),
            {"torch_eager": t.sync(lambda: ta * tb + tc), "torch_compile": t.sync(lambda: compiled(ta, tb, tc))})
 
-    for size in ((1024, 2048) if not quick else (256,)):
+    for size in ((1024, 2048, 4096) if not quick else (256,)):
         x, w = (rng.standard_normal((size, size)).astype(np.float32) for _ in range(2))
         mm = pj.prepare(lambda x, w: x @ w, device=device)
         dx, dw, tx, tw = to_device(x), to_device(w), t.tensor(x), t.tensor(w)

@@ -14,7 +14,7 @@ import attrs
 from ..uop import Ops, UOp, dtypes, sym_prod
 from ..uop.uop import as_uop
 
-TILE, TILE_K, REG = 64, 16, 4
+TILE, TILE_K, REG = 128, 16, 8
 TILE_THREADS = (TILE // REG) ** 2
 SIDE = TILE // REG                # work-items along each side of the tile
 
