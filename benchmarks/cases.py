@@ -7,24 +7,10 @@ The example models' cases (model_cases.py) join them in CASES.
 """
 from __future__ import annotations
 
-import attrs
 import numpy as np
 
-
-@attrs.frozen
-class Case:
-    name: str
-    fn: object                       # (xp, *arrays) -> array
-    make_inputs: object              # (rng, smoke) -> list of arrays
-    prepare_kwargs: dict = {}        # vars / shapes for @pj.prepare
-    work: object = None              # (arrays) -> (amount, unit) e.g. (bytes, "GB/s") for a rate column
-    goal: tuple | None = None        # (peer name, max prepjit/peer time ratio)
-    rtol: float = 1e-5
-    atol: float = 1e-5
-    kind: str = "call"               # "call": time a replay; "prepare": time the first call (trace + compile)
-    peers: tuple | None = None       # the namespace peers (numpy, jax, ...) that run `fn` (None: all of them)
-    peer_fns: dict = {}              # peer name -> (arrays) -> call(*arrays): a library's own model (e.g. transformers)
-    smoke: bool = True               # in `--smoke`'s default selection
+from .case import Case
+from .model_cases import MODEL_CASES
 
 
 def _f32(rng, *shape):
@@ -131,7 +117,5 @@ KERNEL_CASES = (
     Case("mlp_forward_static_batch", mlp, _mlp_inputs, rtol=1e-3, atol=1e-3),
     Case("prepare_time_model", model, _model_inputs, kind="prepare", rtol=1e-3, atol=1e-4),
 )
-
-from .model_cases import MODEL_CASES  # noqa: E402 - they are built from Case above
 
 CASES = KERNEL_CASES + MODEL_CASES

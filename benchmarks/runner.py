@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from .cases import Case
+from .case import Case
 from .peers import Peer
 from .timing import time_per_call
 

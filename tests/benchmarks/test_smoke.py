@@ -14,7 +14,7 @@ def test_case_runs_and_matches_numpy(case):
     record = run_case(case, available_peers(["numpy"]), smoke=True)
     assert record["seconds"]["prepjit"] > 0
     assert record["plan_bytes"] >= record["intermediate_bytes"] >= 0
-    if case.kind == "call":
+    if case.kind == "call" and (case.peers is None or "numpy" in case.peers):
         assert "numpy" in record["ratio_vs"]
 
 
