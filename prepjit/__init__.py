@@ -1,15 +1,17 @@
 """prepjit: trace NumPy-style functions once, replay prepared kernels with new shapes."""
-from .errors import (CompileError, DeviceError, IndexBoundError, PrepjitError, SignatureError, TraceError,
-                     VarBoundError, VarError)
+from .errors import (CompileError, DeviceError, IndexBoundError, PlanFileError, PrepjitError, SignatureError,
+                     TraceError, VarBoundError, VarError)
 from .prepare import PreparedFunction, prepare, trace
 from .profiler import Profile, profile
 from .runtime.array import Array
 from .runtime.cache import CachedKernel
 from .runtime.plan import ExecutionPlan, PreparedKernel, RuntimeVar
+from .saved import load
 from .trace.loop import fori_loop
 from .uop.var import BoundVar, Var
 
-__all__ = ["CompileError", "DeviceError", "IndexBoundError", "PrepjitError", "SignatureError", "TraceError",
-           "VarBoundError", "VarError", "PreparedFunction", "prepare", "trace", "Profile", "profile", "Array",
-           "CachedKernel", "ExecutionPlan", "PreparedKernel", "RuntimeVar", "fori_loop", "BoundVar", "Var"]
+__all__ = ["CompileError", "DeviceError", "IndexBoundError", "PlanFileError", "PrepjitError", "SignatureError",
+           "TraceError", "VarBoundError", "VarError", "PreparedFunction", "prepare", "trace", "load", "Profile",
+           "profile", "Array", "CachedKernel", "ExecutionPlan", "PreparedKernel", "RuntimeVar", "fori_loop", "BoundVar",
+           "Var"]
 __version__ = "0.1.0"

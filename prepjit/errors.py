@@ -31,3 +31,7 @@ class CompileError(PrepjitError, RuntimeError):
 
 class IndexBoundError(PrepjitError, IndexError):
     """An index or gather id is out of range for the live shape (NumPy would raise IndexError); nothing is returned."""
+
+
+class PlanFileError(PrepjitError, ValueError):
+    """A saved plan file is malformed, truncated, of another format version or for another device."""

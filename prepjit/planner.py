@@ -5,6 +5,7 @@ import json
 import logging
 import time
 
+import attrs
 import numpy as np
 
 from .codegen.bounds import prove_optimized
@@ -128,7 +129,7 @@ def _build(asts: list[UOp], device, counts: dict):
 def _kernel_from_entry(fields: dict, binary: bytes, device) -> CachedKernel:
     with stage("loading"):
         program = device.load(fields["name"], binary)
-    return CachedKernel(**fields, program=program,
+    return CachedKernel(**fields, program=program, binary=binary,
                         global_size_fn=compile_positional_fn(fields["global_size"], fields["var_names"]))
 
 
@@ -187,9 +188,38 @@ class _Hazards:
         return sorted(deps)
 
 
-def _bounds_text(sched) -> str:
-    names = {v.arg for spec in sched.buffers for d in spec.shape if isinstance(d, UOp) for v in d.variables()}
+def _bounds_text(spec) -> str:
+    names = {v.arg for buf in spec.buffers for d in buf.shape if isinstance(d, UOp) for v in d.variables()}
     return ", ".join(f"{n} <= {hi}" for n, _, hi in sorted(names)) or "static shapes"
+
+
+@attrs.frozen
+class PlanSpec:
+    """A plan as data, before any device: its buffers (dtype, live shape over the vars, size at the maxima),
+    which buffers share memory, its kernels (AST, buffer slots, fixedvars) in execution order, I/O buffers,
+    index constraints, gather flags ((buffer, what)) and proven accesses. `instantiate` puts it on a device;
+    saved.py writes it to a file and reads it back."""
+
+    buffers: tuple   # BufferSpec per plan buffer
+    home: tuple      # per buffer, the buffer whose allocation it lives in (codegen/memory.py)
+    kernels: tuple   # ScheduledKernel per launch
+    inputs: tuple
+    outputs: tuple
+    constraints: tuple = ()
+    flags: tuple = ()
+    proven_accesses: int = 0
+
+
+def prove_plan(kernels, buffers, constraints, device) -> int:
+    """The bounds proof of every kernel (once per distinct kernel: a fori_loop's iterations share one):
+    how many accesses were proven, or CompileError."""
+    conds, proofs, proven = [c.cond for c in constraints], {}, 0
+    for k in kernels:
+        shapes = tuple(tuple(buffers[b].shape) for b in k.buffers)
+        if (k.ast, shapes) not in proofs:
+            proofs[k.ast, shapes] = _prove(k.ast, device, shapes, conds)
+        proven += proofs[k.ast, shapes]
+    return proven
 
 
 def build_plan(traced: Traced, device) -> tuple[ExecutionPlan, dict[str, int]]:
@@ -199,38 +229,43 @@ def build_plan(traced: Traced, device) -> tuple[ExecutionPlan, dict[str, int]]:
         sched = schedule(list(traced.outputs) + [f for f, _ in traced.flags], list(traced.inputs),
                          pack_contractions=device.language == "llvm")
     with stage("bounds proof"):  # every access of every kernel inside its buffer, or CompileError
-        constraints, proofs, proven = [c.cond for c in traced.constraints], {}, 0
-        for k in sched.kernels:  # once per distinct kernel (a fori_loop's iterations share one)
-            shapes = tuple(tuple(sched.buffers[b].shape) for b in k.buffers)
-            if (k.ast, shapes) not in proofs:
-                proofs[k.ast, shapes] = _prove(k.ast, device, shapes, constraints)
-            proven += proofs[k.ast, shapes]
-    home = share_memory(sched)
-    io = set(sched.inputs) | set(sched.outputs)
+        proven = prove_plan(sched.kernels, sched.buffers, traced.constraints, device)
+    n_out = len(traced.outputs)
+    spec = PlanSpec(sched.buffers, tuple(share_memory(sched)), sched.kernels, sched.inputs, sched.outputs[:n_out],
+                    tuple(traced.constraints), tuple((b, what) for b, (_, what) in zip(sched.outputs[n_out:],
+                                                                                     traced.flags)), proven)
+    compiled, counts = get_kernels([item.ast for item in sched.kernels], device)
+    return instantiate(spec, compiled, device), {**counts, "proven_accesses": proven}
+
+
+def instantiate(spec: PlanSpec, compiled: list[CachedKernel], device) -> ExecutionPlan:
+    """The ExecutionPlan of `spec` on `device`, `compiled[i]` running `spec.kernels[i]`. Var bounds are read
+    off the kernels' ASTs, the buffer shapes and the constraints (never taken from elsewhere)."""
+    home = spec.home
+    io = set(spec.inputs) | set(spec.outputs) | {b for b, _ in spec.flags}
     allocation_bytes = {}
     for b, h in enumerate(home):
         if b not in io:
-            allocation_bytes[h] = max(allocation_bytes.get(h, 1), nbytes(sched.buffers[b]))
+            allocation_bytes[h] = max(allocation_bytes.get(h, 1), nbytes(spec.buffers[b]))
     try:
         allocations = {h: device.allocate(np.uint8, size) for h, size in allocation_bytes.items()}
     except MemoryError as e:
         raise MemoryError(f"the plan's intermediates need {sum(allocation_bytes.values())} bytes at the vars' "
-                          f"maxima ({_bounds_text(sched)}); narrow the var bounds ({e})") from None
+                          f"maxima ({_bounds_text(spec)}); narrow the var bounds ({e})") from None
     buffers = []
-    for b, (spec, h) in enumerate(zip(sched.buffers, home)):
-        text = "(" + ", ".join(d.render() if isinstance(d, UOp) else str(d) for d in spec.shape) + ")"
-        dtype, shape_fn = spec.dtype.np, compile_shape_fn(spec.shape)
+    for b, (buf, h) in enumerate(zip(spec.buffers, home)):
+        text = "(" + ", ".join(d.render() if isinstance(d, UOp) else str(d) for d in buf.shape) + ")"
+        dtype, shape_fn = buf.dtype.np, compile_shape_fn(buf.shape)
         if b in io:
-            buffers.append(PlanBuffer(dtype, spec.max_size, shape_fn, text,
-                                      allocate=lambda dtype=dtype, size=spec.max_size: device.allocate(dtype, size)))
+            buffers.append(PlanBuffer(dtype, buf.max_size, shape_fn, text,
+                                      allocate=lambda dtype=dtype, size=buf.max_size: device.allocate(dtype, size)))
         else:
-            buffers.append(PlanBuffer(dtype, spec.max_size, shape_fn, text,
-                                      memory=device.alias(allocations[h], dtype, spec.max_size)))
-    compiled, counts = get_kernels([item.ast for item in sched.kernels], device)
+            buffers.append(PlanBuffer(dtype, buf.max_size, shape_fn, text,
+                                      memory=device.alias(allocations[h], dtype, buf.max_size)))
     kernels, hazards = [], _Hazards()
     bounds: dict[str, tuple[int, int]] = {}
     fixed_names = set()
-    for i, (item, kernel) in enumerate(zip(sched.kernels, compiled)):
+    for i, (item, kernel) in enumerate(zip(spec.kernels, compiled)):
         fixed = dict(item.fixedvars)
         fixed_names |= set(fixed)
         runtime_vars = [RuntimeVar(v.arg[0], v.arg[1], v.arg[2]) for v in item.ast.variables()]
@@ -243,17 +278,14 @@ def build_plan(traced: Traced, device) -> tuple[ExecutionPlan, dict[str, int]]:
             output_indices=[0], vals=vals, fixedvars=fixed, dependencies=deps,
             buffer_ptrs=[buffers[b].memory.ptr if buffers[b].allocated else 0 for b in item.buffers], buffer_ids=[home[b] for b in item.buffers],
             runtime_vars=runtime_vars))
-    for spec in sched.buffers:
-        for d in spec.shape:
+    for buf in spec.buffers:
+        for d in buf.shape:
             if isinstance(d, UOp):
                 for v in d.variables():
                     bounds[v.arg[0]] = (v.arg[1], v.arg[2])
-    for v in (v for c in traced.constraints for v in c.cond.variables()):
+    for v in (v for c in spec.constraints for v in c.cond.variables()):
         bounds[v.arg[0]] = (v.arg[1], v.arg[2])
     var_bounds = {n: b for n, b in sorted(bounds.items()) if n not in fixed_names}
-    n_out = len(traced.outputs)
-    plan = ExecutionPlan(device, buffers, kernels, sched.inputs, sched.outputs[:n_out], var_bounds,
-                         memory_bytes=sum(allocation_bytes.values()), constraints=traced.constraints,
-                         flags=[(b, what) for b, (_, what) in zip(sched.outputs[n_out:], traced.flags)],
-                         proven_accesses=proven)
-    return plan, {**counts, "proven_accesses": proven}
+    return ExecutionPlan(device, buffers, kernels, spec.inputs, spec.outputs, var_bounds,
+                         memory_bytes=sum(allocation_bytes.values()), constraints=spec.constraints,
+                         flags=spec.flags, proven_accesses=spec.proven_accesses, spec=spec)

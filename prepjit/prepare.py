@@ -146,7 +146,7 @@ class PreparedFunction:
                     self._stats[name] += count
                 self._stats["plans"] += 1
                 plan.var_sources.update(info.var_sources)  # IndexBoundError messages say where values come from
-                entry = self._freeze(plan, traced, info)
+                entry = freeze(plan, traced.out_tree, info.descriptions)
                 self.entries[key] = entry
         return entry
 
@@ -182,15 +182,6 @@ class PreparedFunction:
         finally:
             tracing.discard(self)
 
-    def _freeze(self, plan: ExecutionPlan, traced: Traced, info: CallInfo) -> _Entry:
-        first: dict[int, int] = {}
-        for i, b in enumerate(plan.outputs):
-            first.setdefault(b, i)
-        duplicate = [first[b] != i for i, b in enumerate(plan.outputs)]
-        shape_fns = [plan.buffers[b].shape_fn for b in first]
-        return _Entry(plan, traced.out_tree, info.descriptions, shape_fns, duplicate,
-                      [first[b] for b in plan.outputs])
-
     def plan(self, *args, **kwargs) -> ExecutionPlan:
         """The ExecutionPlan for these arguments, prepared (traced and compiled) if needed, without running."""
         return self._entry(self.signature.read(args, kwargs)).plan
@@ -198,6 +189,11 @@ class PreparedFunction:
     def trace(self, *args, **kwargs) -> Traced:
         """The traced UOp graph for these arguments, without compiling."""
         return self._trace(self.signature.read(args, kwargs))
+
+    def save(self, path, *args, **kwargs):
+        """Write the plan for these arguments' signature (prepared if needed) to `path`; `pj.load` reads it."""
+        from .saved import save  # saved.py builds on this module
+        save(self, path, self.signature.read(args, kwargs))
 
     # ---- calling ----
     def __call__(self, *args, **kwargs):
@@ -230,6 +226,16 @@ class PreparedFunction:
         for dup, index in zip(entry.duplicate, entry.first_of):
             results.append(plan.copy_array(results[index]) if dup else next(it))
         return entry.out_tree.unflatten(results)
+
+
+def freeze(plan: ExecutionPlan, out_tree: TreeDef, descriptions: list) -> _Entry:
+    """A prepared signature's entry: `plan`, the output structure and which outputs share a buffer."""
+    first: dict[int, int] = {}
+    for i, b in enumerate(plan.outputs):
+        first.setdefault(b, i)
+    duplicate = [first[b] != i for i, b in enumerate(plan.outputs)]
+    shape_fns = [plan.buffers[b].shape_fn for b in first]
+    return _Entry(plan, out_tree, descriptions, shape_fns, duplicate, [first[b] for b in plan.outputs])
 
 
 def _has_tracer(args, kwargs) -> bool:

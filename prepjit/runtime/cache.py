@@ -26,6 +26,7 @@ class CachedKernel:
     local_size: tuple
     program: object             # the device's callable program
     global_size_fn: Callable    # positional var values -> launch size tuple
+    binary: bytes = b""         # the compiled code `program` was loaded from (saved plans store it)
 
 
 class KernelCache:

@@ -72,8 +72,9 @@ class ExecutionPlan:
 
     def __init__(self, device, buffers: list[PlanBuffer], kernels: list[PreparedKernel],
                  inputs: tuple[int, ...], outputs: tuple[int, ...], var_bounds: dict[str, tuple[int, int]],
-                 memory_bytes: int = 0, constraints=(), flags=(), proven_accesses: int = 0):
+                 memory_bytes: int = 0, constraints=(), flags=(), proven_accesses: int = 0, spec=None):
         self._device, self._buffers, self.kernels = device, buffers, kernels
+        self.spec = spec  # the data-only description it was built from (planner.PlanSpec): what saved plans store
         self.constraints = tuple(constraints)  # IndexConstraints over the vars, checked before every run
         self.check_constraints = compile_checks(self.constraints, list(var_bounds))  # values -> violated one or -1
         merged: dict[int, list[str]] = {}

@@ -1,0 +1,349 @@
+"""Saved plans: `f.save(path, *args)` writes one prepared signature to a file, `load(path)` replays it anywhere.
+
+A plan file is a datafile.py file of kind "plan": JSON metadata (the call signature, the plan's
+data description, planner.PlanSpec: buffers, kernels, I/O, constraints, every UOp in the data
+form of uop/serial.py) and a payload of the kernels' compiled code, back to back. Nothing in it
+is unpickled or evaluated: metadata is decoded into known types and checked, and a file that is
+malformed, truncated, of another format version or for another device (name or compiler) raises
+PlanFileError. Var bounds are read off the kernels' ASTs (planner.instantiate) and must equal the
+signature's. Loading a file runs its compiled code, so load files you trust; `recompile=True`
+compiles every kernel here from its AST and proves every access inside its buffer again (the code
+in the file is not used), which is what an untrusted file needs.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+import stat
+
+from .codegen.schedule import BufferSpec, ScheduledKernel, _max_size
+from .errors import PlanFileError, SignatureError, TraceError
+from .planner import PlanSpec, _kernel_from_entry, get_kernels, instantiate, prove_plan
+from .prepare import PreparedFunction, freeze
+from .runtime import datafile
+from .runtime.devices import get_device
+from .signature import CallInfo, explain_retrace
+from .trace.pytree import TreeDef
+from .uop import UOp, serial
+from .uop.constraint import IndexConstraint
+from .uop.dtypes import dtypes
+from .uop.ops import Ops
+from .uop.var import Var
+
+KIND, VERSION = b"plan", 1
+MAX_FILE_BYTES = 4 << 30
+_DTYPES = {d.name: d for d in dtypes.all}
+_KINDS = [inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.VAR_POSITIONAL,
+          inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.VAR_KEYWORD]
+
+
+# ---- plain values (signature keys, static arguments, pytree structures) <-> JSON ----
+def _enc(x):
+    if x is None or isinstance(x, (bool, int, str)):
+        return x
+    if isinstance(x, float):
+        return {"f": x.hex()}
+    if isinstance(x, tuple):
+        return {"t": [_enc(v) for v in x]}
+    if isinstance(x, TreeDef):
+        return {"tree": [x.kind, [_enc(k) for k in x.keys], [_enc(c) for c in x.children]]}
+    raise SignatureError(f"a value of type {type(x).__name__} ({x!r:.60}) in the call's signature has no data form, "
+                         "so this plan cannot be saved; pass static arguments as ints, floats, strings, bools, "
+                         "None or tuples of those")
+
+
+def _dec(x):
+    if x is None or isinstance(x, (bool, int, str)):
+        return x
+    if isinstance(x, dict) and len(x) == 1:
+        (tag, v), = x.items()
+        if tag == "f" and isinstance(v, str):
+            return float.fromhex(v)
+        if tag == "t" and isinstance(v, list):
+            return tuple(_dec(e) for e in v)
+        if tag == "tree" and isinstance(v, list) and len(v) == 3 and v[0] in ("leaf", "list", "tuple", "dict", "none"):
+            return TreeDef(v[0], tuple(_dec(k) for k in v[1]), tuple(_tree(c) for c in v[2]))
+    raise ValueError(f"not a signature value: {x!r:.60}")
+
+
+def _tree(x) -> TreeDef:
+    tree = _dec(x)
+    if not isinstance(tree, TreeDef):
+        raise ValueError("not a pytree structure")
+    return tree
+
+
+def _enc_spec(spec):
+    """A `shapes` spec (dims, pytrees of dims) as data."""
+    if spec is None or isinstance(spec, (int, str)):
+        return spec
+    if isinstance(spec, Var):
+        return {"var": spec.name}
+    if isinstance(spec, (tuple, list)):
+        return [_enc_spec(s) for s in spec]
+    if isinstance(spec, dict):
+        return {"dict": [[_enc(k), _enc_spec(v)] for k, v in spec.items()]}
+    raise SignatureError(f"a shapes spec {spec!r:.60} has no data form")
+
+
+def _dec_spec(data, vars_: dict):
+    if data is None or isinstance(data, (int, str)):
+        return data
+    if isinstance(data, list):
+        return tuple(_dec_spec(s, vars_) for s in data)
+    if isinstance(data, dict) and set(data) == {"var"}:
+        return vars_[data["var"]]
+    if isinstance(data, dict) and set(data) == {"dict"}:
+        return {_dec(k): _dec_spec(v, vars_) for k, v in data["dict"]}
+    raise ValueError(f"not a shapes spec: {data!r:.60}")
+
+
+# ---- saving ----
+def save(fn: PreparedFunction, path, info: CallInfo):
+    """Write the plan of `info`'s signature (prepared now if needed) to `path`, atomically."""
+    entry = fn._entry(info)
+    plan, spec = entry.plan, entry.plan.spec
+    device = fn.device
+    asts = list(dict.fromkeys(k.ast for k in spec.kernels))
+    ast_index = {a: i for i, a in enumerate(asts)}
+    programs = {}
+    for pk in plan.kernels:
+        programs.setdefault(pk.ast, pk.kernel)
+    roots: list[UOp] = list(asts)
+    root_index = dict(ast_index)
+
+    def ref(u: UOp) -> int:
+        if u not in root_index:
+            root_index[u] = len(roots)
+            roots.append(u)
+        return root_index[u]
+
+    buffers = [[b.dtype.name, [d if isinstance(d, int) else {"u": ref(d)} for d in b.shape], b.max_size, h]
+               for b, h in zip(spec.buffers, spec.home)]
+    constraints = [[ref(c.cond), c.text, c.what] for c in spec.constraints]
+    payload, codes = [], []
+    for ast in asts:
+        k = programs[ast]
+        if not k.binary:
+            raise PlanFileError(f"kernel {k.name} has no compiled code to save")
+        codes.append({"name": k.name, "source": k.source, "var_names": list(k.var_names),
+                      "global_size": [ref(g) for g in k.global_size], "local_size": list(k.local_size),
+                      "bytes": len(k.binary)})
+        payload.append(k.binary)
+    try:
+        graph = serial.to_data(tuple(roots))
+    except ValueError as e:
+        raise SignatureError(f"this plan cannot be saved: {e}") from None
+    sig = fn.signature
+    params = []
+    for p in sig.params:
+        default = None
+        if p.default is not p.empty:
+            try:
+                default = {"value": _enc(p.default)}
+            except SignatureError:
+                default = None  # a default with no data form: the loaded function needs the argument
+        params.append([p.name, _KINDS.index(p.kind), default])
+    meta = {
+        "function": sig.fn_name, "device": device.name, "compiler_id": device.compiler_id,
+        "params": params, "vars": [[v.name, v.min, v.max] for v in sig.vars.values()],
+        "shapes": {name: _enc_spec(s) for name, s in sig.shapes.items()},
+        "key": _enc(info.key), "descriptions": [[p, _enc(part)] for p, part in entry.descriptions],
+        "out_tree": _enc(entry.out_tree), "var_sources": dict(plan.var_sources),
+        "graph": graph, "asts": len(asts), "buffers": buffers,
+        "kernels": [[ast_index[k.ast], list(k.buffers), [[n, v] for n, v in k.fixedvars]] for k in spec.kernels],
+        "inputs": list(spec.inputs), "outputs": list(spec.outputs), "constraints": constraints,
+        "flags": [[b, what] for b, what in spec.flags], "proven": spec.proven_accesses, "codes": codes,
+    }
+    data = datafile.pack(KIND, VERSION, meta, b"".join(payload))
+    path = os.fspath(path)
+    temp = f"{path}.{os.urandom(6).hex()}.tmp"
+    try:
+        with open(temp, "xb") as out:
+            out.write(data)
+        os.replace(temp, path)
+    except BaseException:
+        try:
+            os.unlink(temp)
+        except OSError:
+            pass
+        raise
+
+
+# ---- loading ----
+class LoadedFunction(PreparedFunction):
+    """A prepared function read from a plan file: one signature, every call guarantee of `pj.prepare`."""
+
+    def __init__(self, stub, vars_, shapes, device_name, path):
+        super().__init__(stub, vars=vars_, shapes=shapes, device=device_name)
+        self.path = path
+
+    @property
+    def plan(self):
+        """The ExecutionPlan read from the file."""
+        return next(iter(self.entries.values())).plan
+
+    def _entry(self, info: CallInfo):
+        entry = self.entries.get(info.key + (self.device.name,))
+        if entry is None:
+            saved = next(iter(self.entries.values()))
+            raise SignatureError(f"{self.signature.fn_name} was loaded from {self.path}, a plan for one signature; "
+                                 f"this call needs another ({explain_retrace(saved.descriptions, info.descriptions)})")
+        return entry
+
+    def save(self, path, *args, **kwargs):
+        from .saved import save as save_plan
+        save_plan(self, path, self.signature.read(args, kwargs))
+
+
+def _read(path) -> bytes:
+    fd = os.open(os.fspath(path), os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise PlanFileError(f"{path} is not a regular file")
+        if info.st_size > MAX_FILE_BYTES:
+            raise PlanFileError(f"{path} is larger than {MAX_FILE_BYTES} bytes")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read(info.st_size + 1)
+    finally:
+        os.close(fd)
+
+
+def load(path, recompile: bool = False) -> LoadedFunction:
+    """The prepared function saved in `path` (see PreparedFunction.save): it takes the saved signature's calls
+    and replays the saved plan; stats["compiles"] == 0. With `recompile`, every kernel is compiled here from
+    its stored AST and the bounds proof runs again (for a file you do not trust)."""
+    data = _read(path)
+    try:
+        meta, payload = datafile.unpack(data, KIND, VERSION)
+    except datafile.FormatError as e:
+        raise PlanFileError(f"{path} is not a usable plan file: {e}") from None
+    device_name = meta.get("device")
+    if not isinstance(device_name, str):
+        raise PlanFileError(f"{path} is malformed: no device")
+    try:
+        device = get_device(device_name)
+    except Exception as e:  # noqa: BLE001 - any failure to reach the file's device
+        raise PlanFileError(f"{path} is a plan for device {device_name!r}, which is not available here ({e})") from None
+    if meta.get("compiler_id") != device.compiler_id and not recompile:
+        raise PlanFileError(f"{path} was compiled for another {device.name} ({meta.get('compiler_id')!r}; this one "
+                            f"is {device.compiler_id!r}); load it with recompile=True to compile it here")
+    try:
+        fn, spec, codes, graph = _decode(meta, payload, path, device_name)
+    except PlanFileError:
+        raise
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, RecursionError) as e:
+        raise PlanFileError(f"{path} is malformed: {type(e).__name__}: {e}") from None
+    if recompile:
+        spec = PlanSpec(tuple(BufferSpec(b.dtype, b.shape, _max_size(b.shape)) for b in spec.buffers), *(
+            getattr(spec, f) for f in ("home", "kernels", "inputs", "outputs", "constraints", "flags")),
+            proven_accesses=prove_plan(spec.kernels, spec.buffers, spec.constraints, device))
+        compiled, counts = get_kernels([k.ast for k in spec.kernels], device)
+        fn._stats.update(counts)
+    else:
+        try:
+            programs = [_kernel_from_entry(fields, binary, device) for fields, binary in codes]
+        except Exception as e:  # noqa: BLE001 - code the device cannot load
+            raise PlanFileError(f"{path}: the {device.name} cannot load its compiled code ({e})") from None
+        asts = list(dict.fromkeys(k.ast for k in spec.kernels))
+        by_ast = dict(zip(asts, programs))
+        compiled = [by_ast[k.ast] for k in spec.kernels]
+    plan = instantiate(spec, compiled, device)
+    for name, (lo, hi) in plan.vars.items():
+        var = fn.vars.get(name)
+        if var is not None and (var.min, var.max) != (lo, hi):
+            raise PlanFileError(f"{path} is inconsistent: var {name!r} is [{var.min}, {var.max}] in the signature but "
+                                f"[{lo}, {hi}] in the kernels")
+    plan.var_sources.update(meta["var_sources"])
+    entry = freeze(plan, _tree(meta["out_tree"]), [(p, _dec(part)) for p, part in meta["descriptions"]])
+    fn.entries[_dec(meta["key"]) + (device.name,)] = entry
+    fn._stats.update(plans=1, proven_accesses=plan.proven_accesses)
+    return fn
+
+
+def _decode(meta: dict, payload: bytes, path, device_name: str):
+    """(the LoadedFunction without its plan, the PlanSpec, [(kernel fields, code)], UOps), or a decoding error."""
+    vars_ = {}
+    for name, lo, hi in meta["vars"]:
+        vars_[name] = Var(name, lo, hi)
+    shapes = {name: _dec_spec(s, vars_) for name, s in meta["shapes"].items()}
+    params = [inspect.Parameter(name, _KINDS[kind], **({} if default is None else {"default": _dec(default["value"])}))
+              for name, kind, default in meta["params"]]
+    fn_name = meta["function"]
+
+    def stub(*args, **kwargs):
+        raise TraceError(f"{fn_name} was loaded from a plan file and has no Python code to trace; call it "
+                         "outside traced functions")
+    stub.__name__ = stub.__qualname__ = str(fn_name)
+    stub.__signature__ = inspect.Signature(params)
+    fn = LoadedFunction(stub, vars_, shapes, device_name, os.fspath(path))
+
+    graph = serial.from_data(meta["graph"])
+    n_asts = meta["asts"]
+    if not 0 < n_asts <= len(graph) or any(a.op is not Ops.SINK for a in graph[:n_asts]):
+        raise ValueError("kernel ASTs are not SINKs")
+
+    def dim(d):
+        if type(d) is int and d >= 0:
+            return d
+        u = graph[d["u"]]
+        if u.dtype is not dtypes.int64:
+            raise ValueError("a shape expression is not an int64 expression")
+        return u
+    buffers = tuple(BufferSpec(_DTYPES[dt], tuple(dim(d) for d in shape), int(size)) for dt, shape, size, _ in
+                    meta["buffers"])
+    n = len(buffers)
+    home = tuple(_index(h, n) for *_, h in meta["buffers"])
+    kernels = []
+    for a, slots, fixed in meta["kernels"]:
+        ast = graph[_index(a, n_asts)]
+        slots = tuple(_index(b, n) for b in slots)
+        params_seen = [u for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL]
+        if sorted(u.arg for u in params_seen) != list(range(len(slots))) or any(
+                u.dtype is not buffers[slots[u.arg]].dtype for u in params_seen):
+            raise ValueError("a kernel's buffer slots do not match its AST")
+        kernels.append(ScheduledKernel(ast, slots, tuple((str(k), int(v)) for k, v in fixed)))
+    inputs = tuple(_index(b, n) for b in meta["inputs"])
+    outputs = tuple(_index(b, n) for b in meta["outputs"])
+    constraints = tuple(IndexConstraint(graph[c], str(text), str(what)) for c, text, what in meta["constraints"])
+    flags = tuple((_index(b, n), str(what)) for b, what in meta["flags"])
+    spec = PlanSpec(buffers, home, tuple(kernels), inputs, outputs, constraints, flags, int(meta["proven"]))
+    _check_io(fn, meta, spec)
+    codes, offset = [], 0
+    for c in meta["codes"]:
+        size = c["bytes"]
+        if type(size) is not int or size <= 0 or offset + size > len(payload):
+            raise ValueError("code sizes do not match the payload")
+        fields = {"name": str(c["name"]), "source": str(c["source"]), "var_names": tuple(map(str, c["var_names"])),
+                  "global_size": tuple(graph[g] for g in c["global_size"]),
+                  "local_size": tuple(int(s) for s in c["local_size"])}
+        codes.append((fields, payload[offset:offset + size]))
+        offset += size
+    if offset != len(payload) or len(codes) != n_asts:
+        raise ValueError("code sizes do not match the payload")
+    return fn, spec, codes, graph
+
+
+def _index(i, n: int) -> int:
+    if type(i) is not int or not 0 <= i < n:
+        raise ValueError(f"index {i!r} out of range")
+    return i
+
+
+def _check_io(fn: LoadedFunction, meta: dict, spec: PlanSpec):
+    """The signature's array leaves are the plan's inputs (same dtypes and shapes) and its outputs fill the output
+    structure; PlanFileError otherwise (a call would hand kernels arrays of another size)."""
+    key = _dec(meta["key"])
+    arrays = [part for part in key if isinstance(part, tuple) and part and part[0] == "array"]
+    if len(arrays) != len(spec.inputs) or _tree(meta["out_tree"]).num_leaves != len(spec.outputs):
+        raise PlanFileError("the plan's inputs or outputs do not match its signature")
+    for (_, dtype, dims), b in zip(arrays, spec.inputs):
+        buf = spec.buffers[b]
+        same = buf.dtype.name == dtype and len(dims) == len(buf.shape) and all(
+            d == s if isinstance(d, int) else isinstance(s, UOp) and s.op is Ops.DEFINE_VAR and s.arg[0] == d
+            and d in fn.vars and (fn.vars[d].min, fn.vars[d].max) == tuple(s.arg[1:])
+            for d, s in zip(dims, buf.shape))
+        if not same:
+            raise PlanFileError(f"the plan's input buffer {b} ({buf.dtype.name} {buf.shape}) does not match its "
+                                f"signature ({dtype} {dims})")
