@@ -135,12 +135,14 @@ def upcast_contraction(ast: UOp, target: CPUTarget) -> UOp:
     out, index, value = store.src
     rows_per_block, _ = register_block(target, value.dtype.itemsize)
     uj, tail = column_block(target, value.dtype.itemsize, j.src[0])
-    if uj == 1 or tail and loops == [j]:  # a tail needs a loop it shares with the blocks, for threads to split
+    if uj == 1:
         return ast
     ui, clamp = _row_block(rows_per_block, i.src[0]) if i is not None else (1, False)
     axis = max(r.arg[0] for r in ast.toposort() if r.op is Ops.RANGE) + 1
-    new_range = lambda end, n: UOp(Ops.RANGE, dtypes.index, (simplify(end),), (n, "loop"))  # noqa: E731
-    i_outer = new_range((i.src[0] + (ui - 1)) // ui, axis) if ui > 1 else None
+    i_outer = _new_range((i.src[0] + (ui - 1)) // ui, axis) if ui > 1 else None
+    shared = [r for r in loops if r is not j and (r is not i or ui == 1)] + [i_outer]
+    if tail and not any(r is not None and r.op is Ops.RANGE for r in shared):
+        return ast  # a tail needs a loop it shares with the blocks, for threads to split
     rows = [i] if i is not None and ui == 1 else [None] if i is None else \
         [(i_outer * ui + a).smin(i.src[0] - 1) if clamp else i_outer * ui + a for a in range(ui)]
     memo: dict = {}
@@ -150,19 +152,25 @@ def upcast_contraction(ast: UOp, target: CPUTarget) -> UOp:
             reduce_size *= max(1, int(r.src[0].vmax))
         group = _panel_group(panels, uj * reduce_size * value.dtype.itemsize, target)
         if group > 1:  # groups of panels outermost, each group's panels innermost: they stay in cache for all rows
-            j_outer = new_range(UOp.const(panels // group), -1) * group + new_range(UOp.const(group), axis + 1)
+            j_outer = _new_range(UOp.const(panels // group), -1) * group + _new_range(UOp.const(group), axis + 1)
         else:
-            j_outer = new_range(UOp.const(panels), -1)
+            j_outer = _new_range(UOp.const(panels), -1)
         stores = _block_stores(store, j, i, [j_outer * uj + b for b in range(uj)], rows, memo)
     else:  # row blocks outermost (after the other loops), then the full column blocks, then the peeled tail
         full = simplify(j.src[0] // uj)
-        j_outer = new_range(full, axis + 1)
+        j_outer = _new_range(full, axis + 1)
         inside = in_full_blocks(j, uj)  # what packing asked of each column: resolved here, per block
         stores = _block_stores(store, j, i, [j_outer * uj + b for b in range(uj)], rows, memo,
                                {inside: UOp.const(True, dtypes.bool)})
-        t = new_range(j.src[0] - full * uj, axis + 2)  # the tail's columns, last first: J - 1 - t
+        t = _new_range(j.src[0] - full * uj, axis + 2)  # the tail's columns, last first: J - 1 - t
         stores += _block_stores(store, j, i, [j.src[0] - 1 - t], rows, memo, {inside: UOp.const(False, dtypes.bool)})
     return _renumber(UOp(Ops.SINK, ast.dtype, tuple(stores), ast.arg))
+
+
+def _new_range(end: UOp, axis: int) -> UOp:
+    """A loop range ending at `end`; one of a single iteration is its index 0 (the simplifier folds it so)."""
+    end = simplify(end)
+    return UOp.const(0) if end.op is Ops.CONST and end.arg == 1 else UOp(Ops.RANGE, dtypes.index, (end,), (axis, "loop"))
 
 
 def _block_stores(store: UOp, j: UOp, i: UOp | None, cols: list, rows: list, memo: dict,

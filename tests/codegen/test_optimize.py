@@ -137,3 +137,14 @@ def test_static_columns_no_block_divides_are_peeled(rng, n):
     np.testing.assert_allclose(np.asarray(f(a, b)), a @ b, rtol=1e-4, atol=1e-4)
     (kernel,) = f.plan(a, b).kernels
     assert _tail_stores(optimize(kernel.ast, "llvm", AVX512)) == 8
+
+
+
+def test_symbolic_rows_in_one_block_and_columns_in_one_block_plus_tail(rng):
+    """At most 4 rows (one row block: its range folds to a single iteration) and at most 32 columns (at most one
+    full block, then the tail): the blocks and the tail must still share a loop, or stay unblocked."""
+    f = pj.prepare(lambda x, w: x @ w, vars={"n": (1, 4), "s": (1, 32)}, shapes={"x": ("n", 16), "w": (16, "s")},
+                   device="cpu")
+    for n, s in [(1, 1), (4, 32), (3, 31), (2, 5)]:
+        x, w = rng.standard_normal((n, 16)).astype(np.float32), rng.standard_normal((16, s)).astype(np.float32)
+        np.testing.assert_allclose(np.asarray(f(x, w)), x @ w, rtol=1e-4, atol=1e-4, err_msg=f"n={n} s={s}")
