@@ -24,7 +24,7 @@ MEMORY_COST = 6        # ops-equivalent of writing an element and reading it bac
 LAUNCH_COST = 2000     # ops-equivalent of one more kernel launch
 MAX_INLINE_COST = 256  # a value this costly is materialised whenever two kernels read it
 OP_COST = {Ops.EXP: 4, Ops.EXP2: 4, Ops.LOG: 8, Ops.LOG2: 8, Ops.SQRT: 2, Ops.FDIV: 2, Ops.IDIV: 8, Ops.MOD: 8,
-           Ops.SIN: 16, Ops.COS: 16, Ops.TANH: 24, Ops.ERF: 24, Ops.POW: 24}  # ops-equivalents; others cost 1
+           Ops.SIN: 16, Ops.COS: 16, Ops.TANH: 24, Ops.ERF: 24, Ops.POW: 24, Ops.ATAN2: 32}  # ops-equivalents; others cost 1
 
 
 def _elements(node: UOp) -> int:

@@ -135,6 +135,8 @@ class _Renderer(KernelRenderer):
             return self.call(f"llvm.{name}.{'f32' if t == 'float' else 'f64' if fl else t}", t, [(t, s[0]), (t, s[1])])
         if op is Ops.POW:
             return self.call(f"llvm.pow.{'f32' if t == 'float' else 'f64'}", t, [(t, s[0]), (t, s[1])])
+        if op is Ops.ATAN2:
+            return self.call("atan2" + ("f" if t == "float" else ""), t, [(t, s[0]), (t, s[1])])
         if op in (Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE):
             if fl:
                 cond = {Ops.CMPLT: "olt", Ops.CMPEQ: "oeq", Ops.CMPNE: "une"}[op]

@@ -12,6 +12,8 @@ from .numpy_math import (abs, absolute, add, around, astype, bitwise_and, bitwis
                          true_divide, where)
 from .numpy_reduce import (all, amax, amin, any, argmax, argmin, cumprod, cumsum, max, mean, min, prod, std, sum,
                            var)
+from .numpy_transcend import (arccos, arccosh, arcsin, arcsinh, arctan, arctan2, arctanh, cosh, expm1, hypot,
+                               log1p, logaddexp, nan_to_num, sinh, tan)
 from .numpy_shape import (broadcast_to, concatenate, expand_dims, flip, moveaxis, pad, ravel, repeat, reshape, roll,
                           split, squeeze, stack, swapaxes, tile, transpose, tril, triu)
 

@@ -17,7 +17,7 @@ class Ops(Enum):
     FLOOR = auto(); CEIL = auto(); RINT = auto()
     # binary
     ADD = auto(); SUB = auto(); MUL = auto(); FDIV = auto(); IDIV = auto(); MOD = auto()
-    MAX = auto(); MIN = auto(); POW = auto()
+    MAX = auto(); MIN = auto(); POW = auto(); ATAN2 = auto()  # ATAN2(y, x): libm's atan2
     CMPLT = auto(); CMPEQ = auto(); CMPNE = auto()
     AND = auto(); OR = auto(); XOR = auto(); SHL = auto(); SHR = auto()
     # ternary
@@ -48,7 +48,7 @@ class Ops(Enum):
 
 UNARY = {Ops.NEG, Ops.NOT, Ops.ABS, Ops.SIGN, Ops.EXP, Ops.EXP2, Ops.LOG, Ops.LOG2, Ops.SQRT,
          Ops.SIN, Ops.COS, Ops.TANH, Ops.ERF, Ops.FLOOR, Ops.CEIL, Ops.RINT}
-BINARY = {Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.MIN, Ops.POW,
+BINARY = {Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.MIN, Ops.POW, Ops.ATAN2,
           Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR}
 ALU = UNARY | BINARY | {Ops.WHERE}
 ELEMENTWISE = ALU | {Ops.CAST}
