@@ -80,6 +80,13 @@ class Facts:
             relaxed = self._var_only_upper(e)
             if relaxed is not None:
                 self._add(relaxed, 1)
+        for atom, (lows, highs) in list(self.atoms.items()):  # an atom's lower bound is at most its upper one
+            if atom.op is Ops.RANGE:
+                lows, highs = lows + [UOp.const(0)], highs + [_linear(atom.src[0], None, -1)]
+            for lo in lows:
+                for hi in highs:
+                    if not (_has_loop_or_data(lo) or _has_loop_or_data(hi)) and not (lo.op is hi.op is Ops.CONST):
+                        self._add(_linear(hi, lo), 1)
 
     def _var_only_upper(self, e: UOp) -> UOp | None:
         """An expression >= e free of loops and data (each such atom replaced by a fact bound), or None."""
@@ -251,7 +258,7 @@ class _Prover:
             return _options(opts, upper)
         positive = divisor_free and self.nonneg(s[1] - 1, facts)
         if op is Ops.IDIV and positive:
-            return _options([[simplify(x // s[1]) for x in o] for o in b(s[0], upper=upper)], upper)
+            return _options([[self._quotient(x, s[1], facts) for x in o] for o in b(s[0], upper=upper)], upper)
         if op is Ops.MOD and positive:  # floor modulo: in [0, d - 1]
             own = [o for o in b(s[0], upper=True)] if self.nonneg(s[0], facts) else []
             return _options([[simplify(s[1] - 1)]] + own, True)
@@ -267,6 +274,25 @@ class _Prover:
                 e.dtype.min() <= s[0].dtype.min() and s[0].dtype.max() <= e.dtype.max():
             return b(s[0], upper=upper)
         return [[UOp.const(e.vmax if upper else e.vmin)]]
+
+    def _quotient(self, x: UOp, d: UOp, facts: Facts) -> UOp:
+        """x // d for d >= 1: with x = q * d + r (term by term), q when 0 <= r < d and q - 1 when -d <= r < 0."""
+        q: dict = {}
+        r: dict = {}
+        for m, c in poly(x).items():  # the terms with d as a factor make q * d
+            if d in m:
+                rest = list(m)
+                rest.remove(d)
+                q[tuple(rest)] = q.get(tuple(rest), 0) + c
+            else:
+                r[m] = c
+        if q and d.op is not Ops.CONST:
+            q, r = from_poly(q, x.dtype), from_poly(r, x.dtype)
+            if self.nonneg(r, facts) and self.nonneg(d - 1 - r, facts):
+                return simplify(q)
+            if self.nonneg(-1 - r, facts) and self.nonneg(r + d, facts):
+                return simplify(q - 1)
+        return simplify(x // d)
 
     def _mul(self, e: UOp, facts: Facts, upper: bool, depth: int) -> list:
         a, c = e.src
@@ -359,6 +385,26 @@ def _ranges(u: UOp) -> list[UOp]:
     return [x for x in u.toposort() if x.op is Ops.RANGE]
 
 
+def _enclosing_ranges(ast: UOp) -> dict:
+    """Per access, the ranges whose loops surely enclose it: the kernel's loop ranges (the renderers compute
+    every store's value inside the whole loop nest), and a reduce's ranges for values read only inside it."""
+    loops = [u for u in ast.toposort() if u.op is Ops.RANGE and u.arg[1] == "loop"]
+    inside: dict = {}  # node -> frozenset of reduce ranges around every use seen
+    stack = [(s, frozenset()) for s in ast.src]
+    while stack:
+        u, ranges = stack.pop()
+        if u in inside and inside[u] <= ranges:
+            continue
+        ranges = inside[u] & ranges if u in inside else ranges
+        inside[u] = ranges
+        if u.op is Ops.REDUCE:
+            stack.append((u.src[0], ranges | frozenset(u.src[1:])))
+            stack.extend((x, ranges) for x in u.src[1:])
+        else:
+            stack.extend((x, ranges) for x in u.src)
+    return {u: loops + sorted(r, key=lambda x: x.arg) for u, r in inside.items() if u.op in (Ops.LOAD, Ops.STORE)}
+
+
 def buffer_size(shape: tuple) -> UOp:
     size = UOp.const(1)
     for d in shape:
@@ -375,6 +421,7 @@ def prove_kernel(ast: UOp, shapes: list[tuple], constraints=()) -> int:
     sizes = [buffer_size(s) for s in shapes]
     base = frozenset(t for c in constraints for t in _ge0_terms(c, True))
     prover, count = _Prover(), 0
+    enclosing = _enclosing_ranges(ast)
     for u in ast.toposort():
         if u.op not in (Ops.LOAD, Ops.STORE):
             continue
@@ -384,7 +431,7 @@ def prove_kernel(ast: UOp, shapes: list[tuple], constraints=()) -> int:
             count += 1
             continue
         terms = set(base)
-        for r in _ranges(u.src[1]) + (_ranges(u.src[2]) if gate is not None else []):
+        for r in _ranges(u.src[1]) + (_ranges(u.src[2]) if gate is not None else []) + enclosing[u]:
             terms.add(_linear(r.src[0], None, -1))  # an access inside a loop runs only when the loop does
         if gate is not None:
             terms |= set(_ge0_terms(gate, True))
