@@ -1,8 +1,8 @@
 """The CPU that LLVM kernels are compiled for, as the facts the optimisation passes size blocks by.
 
 `host_target()` reads them from the machine this process runs on: the vector width and number of
-vector registers from LLVM's view of the host CPU (the CPU name and feature flags the cpu device
-also compiles for), the data cache sizes from the kernel's cache description. Passes take a
+vector registers of the CPU the cpu device compiles for (llvm_cpu.py: the host's, or PREPJIT_CPU's),
+the data cache sizes from the kernel's cache description. Passes take a
 `CPUTarget` argument, so a test can ask what a kernel becomes on another host (`AVX2`, `AVX512`).
 """
 from __future__ import annotations
@@ -11,6 +11,8 @@ import functools
 import os
 
 import attrs
+
+from ..llvm_cpu import compile_cpu
 
 
 @attrs.frozen
@@ -27,17 +29,6 @@ class CPUTarget:
 
 AVX2 = CPUTarget("haswell", 32, 16)
 AVX512 = CPUTarget("skylake-avx512", 64, 32)
-
-
-def vector_unit(features: dict, triple: str) -> tuple[int, int]:
-    """(vector bytes, vector registers) of a CPU with LLVM feature flags `features` (name -> enabled)."""
-    if features.get("avx512f"):
-        return 64, 32
-    if features.get("avx"):
-        return 32, 16
-    if triple.startswith(("aarch64", "arm64")):
-        return 16, 32
-    return 16, 16
 
 
 def _cache_bytes(level: int) -> int | None:
@@ -68,12 +59,7 @@ def _cache_bytes(level: int) -> int | None:
 
 @functools.cache
 def host_target() -> CPUTarget:
-    """The facts of the CPU this process runs on."""
-    import llvmlite.binding as llvm
-    try:
-        features = dict(llvm.get_host_cpu_features())
-    except RuntimeError:  # LLVM cannot read the flags on this host: assume the baseline vector unit
-        features = {}
-    vector_bytes, registers = vector_unit(features, llvm.get_default_triple())
+    """The facts of the CPU this process runs on (its vector unit: that of the CPU the kernels compile for)."""
+    cpu = compile_cpu()
     l1, l2 = _cache_bytes(1), _cache_bytes(2)
-    return CPUTarget(llvm.get_host_cpu_name(), vector_bytes, registers, l1 or 32 << 10, l2 or 1 << 20)
+    return CPUTarget(cpu.name, cpu.vector_bytes, cpu.vector_registers, l1 or 32 << 10, l2 or 1 << 20)

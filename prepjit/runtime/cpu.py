@@ -1,4 +1,5 @@
-"""The cpu device: LLVM IR compiled by llvmlite for the host CPU, launched through ctypes.
+"""The cpu device: LLVM IR compiled by llvmlite for the host CPU (or PREPJIT_CPU's: llvm_cpu.py), launched
+through ctypes.
 
 A plan's kernels compile in worker processes when there are several (compile_pool.py).
 Kernels with enough work split their outermost range over a small thread pool (ctypes calls
@@ -15,6 +16,7 @@ import threading
 import numpy as np
 
 from ..errors import CompileError
+from ..llvm_cpu import compile_cpu
 from ..uop import Ops
 from . import compile_pool
 from .array import Array
@@ -194,13 +196,14 @@ class CPUDevice:
         self.llvm = llvm
         llvm.initialize_native_target()
         llvm.initialize_native_asmprinter()
-        self.cpu_name, features = llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
+        cpu = compile_cpu()  # the host's CPU, or PREPJIT_CPU's
+        self.cpu_name, features = cpu.name, cpu.features
         # The target machine, as data so compile workers build the same one (llvm_compile.py).
         # The large code model addresses constants, other sections and external symbols with 64-bit
         # absolute relocations, so no relocation can overflow wherever the JIT's memory manager puts a
         # module's sections (in a crowded address space they land > 2 GB apart and the small model's
         # 32-bit PC-relative fixups abort the process inside LLVM). It costs a few movabs per kernel.
-        self.target_options = {"triple": llvm.get_default_triple(), "cpu": self.cpu_name, "features": features,
+        self.target_options = {"triple": cpu.triple, "cpu": self.cpu_name, "features": features,
                                "opt": 3, "reloc": "pic", "codemodel": "large"}
         # an MCJIT engine owns (and frees) the target machine it is given: each engine gets its own
         self.new_target_machine = lambda: target_machine(llvm, self.target_options)
