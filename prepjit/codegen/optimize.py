@@ -224,4 +224,6 @@ def optimize(ast: UOp, language: str, target: CPUTarget | None = None) -> UOp:
     the renderer ask for the same kernel."""
     if language != "llvm":
         return ast
-    return upcast_contraction(ast, target or host_target())
+    from .matvec import matvec  # matvec.py builds on this module's contraction analysis
+    found = matvec(ast)
+    return found if found is not None else upcast_contraction(ast, target or host_target())

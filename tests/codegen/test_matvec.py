@@ -1,0 +1,61 @@
+"""Matrix-vector contractions (codegen/matvec.py): both weight layouts, static and symbolic, equal NumPy."""
+import numpy as np
+import pytest
+
+import prepjit as pj
+from prepjit.codegen.matvec import MAX_ROWS, matvec_axes
+from prepjit.codegen.optimize import optimize
+from prepjit.uop import Ops
+
+
+def _kernel_ast(f, *args):
+    (kernel,) = f.plan(*args).kernels
+    return kernel.ast
+
+
+@pytest.mark.parametrize("dtype,tol", [(np.float32, 1e-4), (np.float64, 1e-10)])
+@pytest.mark.parametrize("n,k", [(577, 64), (49153, 17), (33, 577)])
+def test_rows_contiguous_weight_matches_numpy_and_is_a_matvec(rng, dtype, tol, n, k):
+    """W @ h and h @ W.T (the weight contiguous along the reduction): one lone sum per output, the output
+    columns the outermost loop (threads split it)."""
+    w, h = rng.standard_normal((n, k)).astype(dtype), rng.standard_normal(k).astype(dtype)
+    for fn in (lambda w, h: w @ h, lambda w, h: h @ w.T, lambda w, h: h[None] @ w.T):
+        f = pj.prepare(fn, device="cpu")
+        np.testing.assert_allclose(np.asarray(f(w, h)), fn(w, h), rtol=tol, atol=tol)
+        ast = _kernel_ast(f, w, h)
+        assert matvec_axes(ast) is not None
+        out = optimize(ast, "llvm")
+        assert len(out.src) == 1  # not register-blocked
+        loops = sorted((u for u in out.toposort() if u.op is Ops.RANGE and u.arg[1] == "loop"), key=lambda r: r.arg[0])
+        assert loops[0].src[0].arg == n
+
+
+def test_a_few_rows_keep_the_columns_outermost(rng):
+    w, x = rng.standard_normal((300, 40)).astype(np.float32), rng.standard_normal((3, 40)).astype(np.float32)
+    f = pj.prepare(lambda x, w: x @ w.T, device="cpu")
+    np.testing.assert_allclose(np.asarray(f(x, w)), x @ w.T, rtol=1e-4, atol=1e-4)
+    out = optimize(_kernel_ast(f, x, w), "llvm")
+    outer = min((u for u in out.toposort() if u.op is Ops.RANGE and u.arg[1] == "loop"), key=lambda r: r.arg[0])
+    assert outer.src[0].arg == 300
+
+
+def test_symbolic_columns_and_rows(rng):
+    f = pj.prepare(lambda x, w: x @ w.T, vars={"n": (1, 2000), "m": (1, MAX_ROWS)},
+                   shapes={"x": ("m", 65), "w": ("n", 65)}, device="cpu")
+    for m, n in ((1, 1), (1, 1999), (MAX_ROWS, 577)):
+        x, w = rng.standard_normal((m, 65)).astype(np.float32), rng.standard_normal((n, 65)).astype(np.float32)
+        np.testing.assert_allclose(np.asarray(f(x, w)), x @ w.T, rtol=1e-4, atol=1e-4)
+    x, w = rng.standard_normal((2, 65)).astype(np.float32), rng.standard_normal((9, 65)).astype(np.float32)
+    assert matvec_axes(_kernel_ast(f, x, w)) is not None
+
+
+def test_columns_contiguous_weight_and_many_rows_stay_blocked(rng):
+    """h @ W (the weight contiguous along the output) and matrices of many rows keep optimize.py's blocking."""
+    h, w = rng.standard_normal(577).astype(np.float32), rng.standard_normal((577, 100)).astype(np.float32)
+    f = pj.prepare(lambda h, w: h @ w, device="cpu")
+    np.testing.assert_allclose(np.asarray(f(h, w)), h @ w, rtol=1e-4, atol=1e-4)
+    assert matvec_axes(_kernel_ast(f, h, w)) is None
+    x = rng.standard_normal((MAX_ROWS + 1, 577)).astype(np.float32)
+    g = pj.prepare(lambda x, w: x @ w.T, device="cpu")
+    np.testing.assert_allclose(np.asarray(g(x, w.T.copy())), x @ w, rtol=1e-4, atol=1e-4)
+    assert matvec_axes(_kernel_ast(g, x, w.T.copy())) is None
