@@ -14,12 +14,12 @@ from .codegen.optimize import optimize
 from .codegen.render_llvm import render_llvm
 from .codegen.render_cuda import render_cuda
 from .codegen.render_opencl import render_opencl
-from .codegen.schedule import schedule
+from .codegen.schedule import LoopKernels, schedule
 from .errors import CompileError
 from .runtime import disk_cache
 from .runtime.cache import Abandoned, CachedKernel, kernel_cache
 from .runtime.compile_pool import run_now
-from .runtime.plan import ExecutionPlan, PlanBuffer, PreparedKernel, RuntimeVar
+from .runtime.plan import ExecutionPlan, LoopLaunches, PlanBuffer, PreparedKernel, PreparedKernels, RuntimeVar
 from .stages import stage
 from .trace.tracing import Traced
 from .uop import UOp, render_python, serial
@@ -214,11 +214,11 @@ def prove_plan(kernels, buffers, constraints, device) -> int:
     """The bounds proof of every kernel (once per distinct kernel: a fori_loop's iterations share one):
     how many accesses were proven, or CompileError."""
     conds, proofs, proven = [c.cond for c in constraints], {}, 0
-    for k in kernels:
+    for k, count in kernels.counted():
         shapes = tuple(tuple(buffers[b].shape) for b in k.buffers)
         if (k.ast, shapes) not in proofs:
             proofs[k.ast, shapes] = _prove(k.ast, device, shapes, conds)
-        proven += proofs[k.ast, shapes]
+        proven += count * proofs[k.ast, shapes]
     return proven
 
 
@@ -234,13 +234,14 @@ def build_plan(traced: Traced, device) -> tuple[ExecutionPlan, dict[str, int]]:
     spec = PlanSpec(sched.buffers, tuple(share_memory(sched)), sched.kernels, sched.inputs, sched.outputs[:n_out],
                     tuple(traced.constraints), tuple((b, what) for b, (_, what) in zip(sched.outputs[n_out:],
                                                                                      traced.flags)), proven)
-    compiled, counts = get_kernels([item.ast for item in sched.kernels], device)
-    return instantiate(spec, compiled, device), {**counts, "proven_accesses": proven}
+    asts = sched.kernels.asts()
+    compiled, counts = get_kernels(asts, device)
+    return instantiate(spec, dict(zip(asts, compiled)), device), {**counts, "proven_accesses": proven}
 
 
-def instantiate(spec: PlanSpec, compiled: list[CachedKernel], device) -> ExecutionPlan:
-    """The ExecutionPlan of `spec` on `device`, `compiled[i]` running `spec.kernels[i]`. Var bounds are read
-    off the kernels' ASTs, the buffer shapes and the constraints (never taken from elsewhere)."""
+def instantiate(spec: PlanSpec, compiled: dict[UOp, CachedKernel], device) -> ExecutionPlan:
+    """The ExecutionPlan of `spec` on `device`, `compiled[ast]` running the kernels with that AST. Var bounds
+    are read off the kernels' ASTs, the buffer shapes and the constraints (never taken from elsewhere)."""
     home = spec.home
     io = set(spec.inputs) | set(spec.outputs) | {b for b, _ in spec.flags}
     allocation_bytes = {}
@@ -262,22 +263,36 @@ def instantiate(spec: PlanSpec, compiled: list[CachedKernel], device) -> Executi
         else:
             buffers.append(PlanBuffer(dtype, buf.max_size, shape_fn, text,
                                       memory=device.alias(allocations[h], dtype, buf.max_size)))
-    kernels, hazards = [], _Hazards()
-    bounds: dict[str, tuple[int, int]] = {}
-    fixed_names = set()
-    for i, (item, kernel) in enumerate(zip(spec.kernels, compiled)):
-        fixed = dict(item.fixedvars)
-        fixed_names |= set(fixed)
-        runtime_vars = [RuntimeVar(v.arg[0], v.arg[1], v.arg[2]) for v in item.ast.variables()]
+    hazards, bounds, fixed_names = _Hazards(), {}, set()
+    ast_vars: dict[UOp, list[RuntimeVar]] = {}  # a fori_loop's iterations share their kernels' ASTs
+
+    def prepared(i: int, item) -> PreparedKernel:
+        kernel, fixed = compiled[item.ast], dict(item.fixedvars)
+        fixed_names.update(fixed)
+        if item.ast not in ast_vars:
+            ast_vars[item.ast] = [RuntimeVar(v.arg[0], v.arg[1], v.arg[2]) for v in item.ast.variables()]
+        runtime_vars = list(ast_vars[item.ast])
         for rv in runtime_vars:
             bounds[rv.name] = (rv.min_val, rv.max_val)
-        vals = [fixed.get(n, bounds[n][0]) for n in kernel.var_names]
-        deps = hazards.add(i, writes=home[item.buffers[0]], reads=[home[b] for b in item.buffers[1:]])
-        kernels.append(PreparedKernel(
+        return PreparedKernel(
             id=i, ast=item.ast, kernel=kernel, device=device.name, buffer_indices=list(item.buffers),
-            output_indices=[0], vals=vals, fixedvars=fixed, dependencies=deps,
-            buffer_ptrs=[buffers[b].memory.ptr if buffers[b].allocated else 0 for b in item.buffers], buffer_ids=[home[b] for b in item.buffers],
-            runtime_vars=runtime_vars))
+            output_indices=[0], vals=[fixed.get(n, bounds[n][0]) for n in kernel.var_names], fixedvars=fixed,
+            dependencies=hazards.add(i, writes=home[item.buffers[0]], reads=[home[b] for b in item.buffers[1:]]),
+            buffer_ptrs=[buffers[b].memory.ptr if buffers[b].allocated else 0 for b in item.buffers],
+            buffer_ids=[home[b] for b in item.buffers], runtime_vars=runtime_vars)
+
+    segments = []
+    for seg, start in zip(spec.kernels.segments, spec.kernels.starts):
+        if not isinstance(seg, LoopKernels):
+            segments.append(prepared(start, seg))
+            continue
+        n, width = seg.upper - seg.lower, len(seg.body)
+        first = [prepared(start + i, seg.item(i)) for i in range(min(n, 4) * width)]
+        for i in range(max(4, n - 2) * width, n * width):  # the last iterations leave the hazards after the loop
+            item = seg.item(i)
+            hazards.add(start + i, writes=home[item.buffers[0]], reads=[home[b] for b in item.buffers[1:]])
+        segments.append(LoopLaunches(seg.name, seg.lower, seg.upper, start, (first[:width], first[width:2 * width]),
+                                     tuple(tuple(pk.dependencies) for pk in first)))
     for buf in spec.buffers:
         for d in buf.shape:
             if isinstance(d, UOp):
@@ -286,6 +301,6 @@ def instantiate(spec: PlanSpec, compiled: list[CachedKernel], device) -> Executi
     for v in (v for c in spec.constraints for v in c.cond.variables()):
         bounds[v.arg[0]] = (v.arg[1], v.arg[2])
     var_bounds = {n: b for n, b in sorted(bounds.items()) if n not in fixed_names}
-    return ExecutionPlan(device, buffers, kernels, spec.inputs, spec.outputs, var_bounds,
+    return ExecutionPlan(device, buffers, PreparedKernels(segments), spec.inputs, spec.outputs, var_bounds,
                          memory_bytes=sum(allocation_bytes.values()), constraints=spec.constraints,
                          flags=spec.flags, proven_accesses=spec.proven_accesses, spec=spec)

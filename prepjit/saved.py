@@ -16,7 +16,7 @@ import inspect
 import os
 import stat
 
-from .codegen.schedule import BufferSpec, ScheduledKernel, _max_size
+from .codegen.schedule import BufferSpec, KernelSequence, LoopKernels, ScheduledKernel, _max_size
 from .errors import PlanFileError, SignatureError, TraceError
 from .planner import PlanSpec, _kernel_from_entry, get_kernels, instantiate, prove_plan
 from .prepare import PreparedFunction, freeze
@@ -104,11 +104,12 @@ def save(fn: PreparedFunction, path, info: CallInfo):
     entry = fn._entry(info)
     plan, spec = entry.plan, entry.plan.spec
     device = fn.device
-    asts = list(dict.fromkeys(k.ast for k in spec.kernels))
+    asts = spec.kernels.asts()
     ast_index = {a: i for i, a in enumerate(asts)}
     programs = {}
-    for pk in plan.kernels:
-        programs.setdefault(pk.ast, pk.kernel)
+    for step in plan.kernels.launches():
+        for pk in (step[1] + step[2] if isinstance(step, tuple) else (step,)):
+            programs.setdefault(pk.ast, pk.kernel)
     roots: list[UOp] = list(asts)
     root_index = dict(ast_index)
 
@@ -151,7 +152,7 @@ def save(fn: PreparedFunction, path, info: CallInfo):
         "key": _enc(info.key), "descriptions": [[p, _enc(part)] for p, part in entry.descriptions],
         "out_tree": _enc(entry.out_tree), "var_sources": dict(plan.var_sources),
         "graph": graph, "asts": len(asts), "buffers": buffers,
-        "kernels": [[ast_index[k.ast], list(k.buffers), [[n, v] for n, v in k.fixedvars]] for k in spec.kernels],
+        "kernels": [_enc_kernels(seg, ast_index) for seg in spec.kernels.segments],
         "inputs": list(spec.inputs), "outputs": list(spec.outputs), "constraints": constraints,
         "flags": [[b, what] for b, what in spec.flags], "proven": spec.proven_accesses, "codes": codes,
     }
@@ -168,6 +169,14 @@ def save(fn: PreparedFunction, path, info: CallInfo):
         except OSError:
             pass
         raise
+
+
+def _enc_kernels(seg, ast_index: dict):
+    """A kernel as [ast, buffers, fixedvars], or a fori_loop as {"loop": [var, lower, upper, swap, body]}."""
+    if isinstance(seg, LoopKernels):
+        return {"loop": [seg.name, seg.lower, seg.upper, [list(p) for p in seg.swap],
+                         [_enc_kernels(k, ast_index) for k in seg.body]]}
+    return [ast_index[seg.ast], list(seg.buffers), [[n, v] for n, v in seg.fixedvars]]
 
 
 # ---- loading ----
@@ -239,16 +248,16 @@ def load(path, recompile: bool = False) -> LoadedFunction:
         spec = PlanSpec(tuple(BufferSpec(b.dtype, b.shape, _max_size(b.shape)) for b in spec.buffers), *(
             getattr(spec, f) for f in ("home", "kernels", "inputs", "outputs", "constraints", "flags")),
             proven_accesses=prove_plan(spec.kernels, spec.buffers, spec.constraints, device))
-        compiled, counts = get_kernels([k.ast for k in spec.kernels], device)
+        asts = spec.kernels.asts()
+        compiled, counts = get_kernels(asts, device)
+        compiled = dict(zip(asts, compiled))
         fn._stats.update(counts)
     else:
         try:
             programs = [_kernel_from_entry(fields, binary, device) for fields, binary in codes]
         except Exception as e:  # noqa: BLE001 - code the device cannot load
             raise PlanFileError(f"{path}: the {device.name} cannot load its compiled code ({e})") from None
-        asts = list(dict.fromkeys(k.ast for k in spec.kernels))
-        by_ast = dict(zip(asts, programs))
-        compiled = [by_ast[k.ast] for k in spec.kernels]
+        compiled = dict(zip(spec.kernels.asts(), programs))
     plan = instantiate(spec, compiled, device)
     for name, (lo, hi) in plan.vars.items():
         var = fn.vars.get(name)
@@ -295,20 +304,30 @@ def _decode(meta: dict, payload: bytes, path, device_name: str):
                     meta["buffers"])
     n = len(buffers)
     home = tuple(_index(h, n) for *_, h in meta["buffers"])
-    kernels = []
-    for a, slots, fixed in meta["kernels"]:
+    slot_dtypes = {}  # per AST: its buffer slots' dtypes
+
+    def kernel(data, depth=0):
+        if isinstance(data, dict):
+            (name, lower, upper, swap, body), = data.values() if set(data) == {"loop"} else ((),)
+            if depth or type(lower) is not int or type(upper) is not int or not lower < upper:
+                raise ValueError("not a fori_loop")
+            return LoopKernels(tuple(kernel(k, 1) for k in body), str(name), lower, upper,
+                               tuple((_index(a, n), _index(b, n)) for a, b in swap))
+        a, slots, fixed = data
         ast = graph[_index(a, n_asts)]
         slots = tuple(_index(b, n) for b in slots)
-        params_seen = [u for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL]
-        if sorted(u.arg for u in params_seen) != list(range(len(slots))) or any(
-                u.dtype is not buffers[slots[u.arg]].dtype for u in params_seen):
+        if ast not in slot_dtypes:
+            globals_ = {u.arg: u.dtype for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL}
+            slot_dtypes[ast] = [globals_.get(i) for i in range(len(globals_))]
+        if slot_dtypes[ast] != [buffers[b].dtype for b in slots]:
             raise ValueError("a kernel's buffer slots do not match its AST")
-        kernels.append(ScheduledKernel(ast, slots, tuple((str(k), int(v)) for k, v in fixed)))
+        return ScheduledKernel(ast, slots, tuple((str(k), int(v)) for k, v in fixed))
+    kernels = [kernel(k) for k in meta["kernels"]]
     inputs = tuple(_index(b, n) for b in meta["inputs"])
     outputs = tuple(_index(b, n) for b in meta["outputs"])
     constraints = tuple(IndexConstraint(graph[c], str(text), str(what)) for c, text, what in meta["constraints"])
     flags = tuple((_index(b, n), str(what)) for b, what in meta["flags"])
-    spec = PlanSpec(buffers, home, tuple(kernels), inputs, outputs, constraints, flags, int(meta["proven"]))
+    spec = PlanSpec(buffers, home, KernelSequence(kernels), inputs, outputs, constraints, flags, int(meta["proven"]))
     _check_io(fn, meta, spec)
     codes, offset = [], 0
     for c in meta["codes"]:

@@ -205,18 +205,21 @@ def test_recompile_compiles_from_the_asts_and_proves_again(saved, rng):
         pj.load(path, recompile=True)
 
 
-def test_a_fori_loop_plan_roundtrips(tmp_path):
+@pytest.mark.parametrize("iterations", [5, 10_000])
+def test_a_fori_loop_plan_roundtrips(tmp_path, iterations):
     @pj.prepare(vars={"n": (1, 32)}, shapes={"x": ("n",)})
     def f(x):
-        return pj.fori_loop(0, 5, lambda i, acc: acc * 2 + i, x)
+        return pj.fori_loop(0, iterations, lambda i, acc: acc * 0.5 + i, x)
 
     x = np.arange(6, dtype=np.float32)
     path = tmp_path / "loop.pjplan"
     f.save(path, x)
     g = pj.load(path)
-    assert [k.fixedvars for k in g.plan.kernels] == [k.fixedvars for k in f.plan(x).kernels]
+    assert path.stat().st_size < 100_000  # the loop is stored once, not per iteration
+    assert [k.fixedvars for k in g.plan.kernels[:50]] == [k.fixedvars for k in f.plan(x).kernels[:50]]
+    assert len(g.plan.kernels) == len(f.plan(x).kernels) and g.plan.kernels[-2].fixedvars == f.plan(x).kernels[-2].fixedvars
     y = np.arange(11, dtype=np.float32)
     want = y.copy()
-    for i in range(5):
-        want = want * 2 + i
-    np.testing.assert_allclose(np.asarray(g(y)), want)
+    for i in range(iterations):
+        want = want * np.float32(0.5) + np.float32(i)
+    np.testing.assert_allclose(np.asarray(g(y)), want, rtol=1e-5)

@@ -20,7 +20,7 @@ def share_memory(sched: Schedule) -> list[int]:
     """For each buffer, the buffer whose allocation it lives in (itself when it has its own)."""
     first: dict[int, int] = {}
     last: dict[int, int] = {}
-    for k, kernel in enumerate(sched.kernels):
+    for k, kernel in sched.kernels.boundary():  # a loop's first and last iterations stand for all of them
         for b in kernel.buffers:
             first.setdefault(b, k)
             last[b] = k

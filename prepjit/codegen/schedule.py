@@ -10,6 +10,7 @@ from __future__ import annotations
 import attrs
 
 from ..uop import DType, Ops, UOp, sint
+from ..uop.segments import Run, Segments
 from .fusion import choose_materialized, fused_reductions
 from .lower import REALIZED, lower_kernel
 from .packing import pack_contraction
@@ -30,9 +31,69 @@ class ScheduledKernel:
 
 
 @attrs.frozen
+class LoopKernels(Run):
+    """A fori_loop's kernels: `body` once per k in [lower, upper) with fixedvar name = k first; odd
+    iterations (counted from lower) read and write the buffers `swap` exchanges (its ping-pong carries)."""
+
+    body: tuple[ScheduledKernel, ...]
+    name: str
+    lower: int
+    upper: int
+    swap: tuple[tuple[int, int], ...]
+
+    def __len__(self) -> int:
+        return len(self.body) * (self.upper - self.lower)
+
+    def parity(self, odd: bool) -> tuple[tuple[int, ...], ...]:
+        """The buffer slots of each body kernel in an even or odd iteration."""
+        swap = dict(self.swap)
+        return tuple(tuple(swap.get(b, b) for b in k.buffers) if odd else k.buffers for k in self.body)
+
+    def item(self, i: int) -> ScheduledKernel:
+        """The i-th kernel of the unrolled loop."""
+        k, j = self.lower + i // len(self.body), i % len(self.body)
+        body = self.body[j]
+        return ScheduledKernel(body.ast, self.parity((k - self.lower) % 2 == 1)[j], ((self.name, k),) + body.fixedvars)
+
+
+class KernelSequence(Segments):
+    """Kernels in execution order, as a Sequence of ScheduledKernel; a fori_loop's iterations are one
+    LoopKernels segment whose kernels are built on access."""
+
+    def counted(self):
+        """(kernel, how many times it runs with these buffers) for each kernel and each parity of a loop body
+        (fixedvars aside): what a pass that does not depend on the loop var's value needs to see."""
+        for seg in self.segments:
+            if not isinstance(seg, LoopKernels):
+                yield seg, 1
+                continue
+            n = seg.upper - seg.lower
+            for odd, count in ((False, (n + 1) // 2), (True, n // 2)):
+                if count:
+                    for body, bufs in zip(seg.body, seg.parity(odd)):
+                        yield ScheduledKernel(body.ast, bufs, body.fixedvars), count
+
+    def boundary(self):
+        """(index, kernel) for every kernel outside loops and for the first two and last two iterations of each
+        loop: enough to find where each buffer is first and last used."""
+        for seg, start in zip(self.segments, self.starts):
+            if not isinstance(seg, LoopKernels):
+                yield start, seg
+                continue
+            n, width = seg.upper - seg.lower, len(seg.body)
+            for k in sorted({0, 1, n - 2, n - 1} & set(range(n))):
+                for j in range(width):
+                    yield start + k * width + j, seg.item(k * width + j)
+
+    def asts(self) -> list[UOp]:
+        """The distinct kernel ASTs, in order of first use."""
+        return list(dict.fromkeys(k.ast for k, _ in self.counted()))
+
+
+@attrs.frozen
 class Schedule:
     buffers: tuple[BufferSpec, ...]
-    kernels: tuple[ScheduledKernel, ...]
+    kernels: KernelSequence
     inputs: tuple[int, ...]
     outputs: tuple[int, ...]
 
@@ -47,7 +108,7 @@ def _max_size(shape: tuple[sint, ...]) -> int:
 class _Scheduler:
     def __init__(self, materialized: set[UOp], fused: set[UOp], pack_contractions: bool):
         self.buffers: list[BufferSpec] = []
-        self.kernels: list[ScheduledKernel] = []
+        self.kernels: list[ScheduledKernel | LoopKernels] = []
         self.materialized = materialized
         self.fused = fused
         self.pack_contractions = pack_contractions
@@ -131,15 +192,11 @@ class _Scheduler:
         start = len(self.kernels)
         for out, b in zip(info.body_outputs, bufs_b):
             self.compute_into(out, b, body_env)
-        body = self.kernels[start:]
+        body = tuple(KernelSequence(self.kernels[start:]))  # a loop nested in the body is unrolled in it
         del self.kernels[start:]
         swap = dict(zip(bufs_a, bufs_b)) | dict(zip(bufs_b, bufs_a))
-        name = info.var.arg[0]
-        for k in range(info.lower, info.upper):
-            odd = (k - info.lower) % 2 == 1
-            for kern in body:
-                bufs = tuple(swap.get(b, b) for b in kern.buffers) if odd else kern.buffers
-                self.kernels.append(ScheduledKernel(kern.ast, bufs, ((name, k),) + kern.fixedvars))
+        if body:
+            self.kernels.append(LoopKernels(body, info.var.arg[0], info.lower, info.upper, tuple(swap.items())))
         final = bufs_b if (info.upper - info.lower) % 2 else bufs_a
         for j, c in enumerate(info.carries):
             env[UOp(Ops.LOOP_OUT, c.dtype, (loop,), j)] = final[j]
@@ -170,4 +227,4 @@ def schedule(outputs: list[UOp], inputs: list[UOp], pack_contractions: bool = Fa
             done[node] = s.new_buffer(node)
             s.compute_into(node, done[node], env)
         output_bufs.append(done[node])
-    return Schedule(tuple(s.buffers), tuple(s.kernels), input_bufs, tuple(output_bufs))
+    return Schedule(tuple(s.buffers), KernelSequence(s.kernels), input_bufs, tuple(output_bufs))

@@ -8,6 +8,7 @@ release the GIL); a plan's small kernels run back to back in one native call (cp
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import queue
@@ -120,6 +121,17 @@ def _loop_iterations(ast) -> tuple[int, int]:
     return (max(0, int(outer.src[0].vmax)) if outer is not None else 1), inner
 
 
+def _run_loop(lower: int, upper: int, bodies: list, slots: list):
+    """A fori_loop's iterations: the loop var written into its kernels' argument slots, then the even or odd
+    iteration's launches."""
+    for k in range(lower, upper):
+        odd = (k - lower) & 1
+        for vals, slot in slots[odd]:
+            vals[slot] = k
+        for run in bodies[odd]:
+            run()
+
+
 class CPUPlanRunner:
     """Replays one ExecutionPlan's launches: small kernels in native batches, large ones split over threads.
 
@@ -128,8 +140,10 @@ class CPUPlanRunner:
     misaligned for its dtype. `run_launches()` runs the kernels with the arguments already patched.
     """
 
-    def __init__(self, device: "CPUDevice", launchers: list[CPULauncher], io_buffers: list[int],
+    def __init__(self, device: "CPUDevice", steps: list, io_buffers: list[int],
                  io_slots: dict, var_names: list[str], dtypes: list[np.dtype]):
+        launchers = [launch for step in steps for launch in (step[1] + step[2] if isinstance(step, tuple) else (step,))]
+        self.device = device
         self.table = (ctypes.c_int64 * max(1, len(io_buffers) + len(var_names)))()
         self.n_io = len(io_buffers)
         var_slot = {n: self.n_io + j for j, n in enumerate(var_names)}
@@ -137,7 +151,7 @@ class CPUPlanRunner:
                    for i, b in enumerate(io_buffers) for launch, slot in io_slots[b]]
         patches += [(ctypes.addressof(launch.vals) + 8 * slot, var_slot[name])
                     for launch in launchers for slot, name in launch.var_slots]
-        groups = self._group(device.pool, launchers)
+        groups = self._group(steps, {})
         first = groups.pop(0) if groups and isinstance(groups[0], list) else []
         masks = [dt.alignment - 1 for dt in dtypes]
         self.program = NativeProgram(device.replay_fn, self.table, masks, patches, first)
@@ -145,19 +159,32 @@ class CPUPlanRunner:
         self.replay, self.prog_ptr = device.replay_fn, self.program.prog_ptr
         if not self.native_reads:
             self.program.read_arrays_in_python()
-        self.rest = [NativeProgram(device.replay_fn, self.table, [], [], g) if isinstance(g, list) else g.run
-                     for g in groups]
+        self.rest = self._callables(groups)
         self.first_launches = NativeProgram(device.replay_fn, self.table, [], [], first)
 
-    @staticmethod
-    def _group(pool, launchers: list[CPULauncher]) -> list:
-        """Runs of small launches as lists of (fn, bufs, vals, end) quads; each large launch alone (it may split)."""
+    def _callables(self, groups: list) -> list:
+        return [NativeProgram(self.device.replay_fn, self.table, [], [], g) if isinstance(g, list) else g
+                for g in groups]
+
+    def _group(self, steps: list, iterations: dict) -> list:
+        """Runs of small launches as lists of (fn, bufs, vals, end) quads; each large launch alone (it may split)
+        and each fori_loop as a call that runs its iterations (`steps`: ExecutionPlan's)."""
         groups: list = []
-        for launch in launchers:
-            outer, inner = _loop_iterations(launch.pk.ast)
+        pool = self.device.pool
+        for launch in steps:
+            if isinstance(launch, tuple):
+                loop, even, odd = launch
+                bodies = [self._callables(self._group(body, iterations)) for body in (even, odd)]
+                slots = [[(x.vals, slot) for x in body for slot in x.loop_slots] for body in (even, odd)]
+                groups.append(functools.partial(_run_loop, loop.lower, loop.upper, bodies, slots))
+                continue
+            ast = launch.pk.ast
+            if ast not in iterations:
+                iterations[ast] = _loop_iterations(ast)
+            outer, inner = iterations[ast]
             if pool is not None and outer > 1 and outer * inner >= PARALLEL_MIN_ITERATIONS:
                 launch.use_threads(pool, inner)
-                groups.append(launch)
+                groups.append(launch.run)
                 continue
             quad = (ctypes.cast(launch.fn, ctypes.c_void_p).value, launch.bufs_ptr, launch.vals_ptr, INT64_MAX)
             if groups and isinstance(groups[-1], list):
@@ -257,10 +284,10 @@ class CPUDevice:
     def launcher(self, program: CPUProgram, buffer_handles, vals, size_fn, static_size) -> CPULauncher:
         return CPULauncher(program, buffer_handles, vals, size_fn, static_size)
 
-    def plan_runner(self, launchers: list[CPULauncher], io_buffers: list[int], io_slots: dict, var_names: list[str],
+    def plan_runner(self, steps: list, io_buffers: list[int], io_slots: dict, var_names: list[str],
                     dtypes: list[np.dtype]) -> CPUPlanRunner:
-        """Native replay of a plan's launchers (see CPUPlanRunner); `io_slots`: buffer -> [(launcher, slot)]."""
-        return CPUPlanRunner(self, launchers, io_buffers, io_slots, var_names, dtypes)
+        """Native replay of a plan's launch steps (see CPUPlanRunner); `io_slots`: buffer -> [(launcher, slot)]."""
+        return CPUPlanRunner(self, steps, io_buffers, io_slots, var_names, dtypes)
 
     # ---- memory ----
     def allocate(self, dtype: np.dtype, size: int) -> HostBuffer:

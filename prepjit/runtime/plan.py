@@ -9,6 +9,7 @@ import numpy as np
 
 from ..errors import IndexBoundError, SignatureError, VarBoundError, VarError
 from ..uop.constraint import compile_checks
+from ..uop.segments import Run, Segments
 from .cache import CachedKernel
 
 
@@ -35,6 +36,47 @@ class PreparedKernel:
     buffer_ptrs: list[int]
     buffer_ids: list[int]
     runtime_vars: list[RuntimeVar]
+
+
+@attrs.frozen
+class LoopLaunches(Run):
+    """A fori_loop's PreparedKernels, built on access: `templates` are the body's kernels in an even and an odd
+    iteration (those are launched, the loop var patched per iteration); `first_deps` holds the dependencies
+    of the first four iterations' kernels, and later iterations repeat those of iterations 2 and 3, shifted."""
+
+    name: str
+    lower: int
+    upper: int
+    start: int        # the plan index of its first kernel
+    templates: tuple  # (even iteration's PreparedKernels, odd iteration's)
+    first_deps: tuple
+
+    def __len__(self) -> int:
+        return len(self.templates[0]) * (self.upper - self.lower)
+
+    def item(self, i: int) -> PreparedKernel:
+        width = len(self.templates[0])
+        r, j = divmod(i, width)
+        t = self.templates[r % 2][j]
+        k = self.lower + r
+        if r < 4:
+            deps = list(self.first_deps[i])
+        else:
+            base = 2 + r % 2
+            shift = (r - base) * width
+            deps = [d + shift if d >= self.start else d for d in self.first_deps[base * width + j]]
+        vals = [k if n == self.name else v for n, v in zip(t.kernel.var_names, t.vals)]
+        return PreparedKernel(self.start + i, t.ast, t.kernel, t.device, t.buffer_indices, t.output_indices, vals,
+                              {**t.fixedvars, self.name: k}, deps, t.buffer_ptrs, t.buffer_ids, t.runtime_vars)
+
+
+class PreparedKernels(Segments):
+    """A plan's PreparedKernels in execution order (a Sequence): single kernels, and each fori_loop as one
+    LoopLaunches whose iterations are built on access."""
+
+    def launches(self) -> list:
+        """What runs, in order: a PreparedKernel, or (loop, even templates, odd templates) for a loop."""
+        return [(seg, *seg.templates) if isinstance(seg, LoopLaunches) else seg for seg in self.segments]
 
 
 class PlanBuffer:
@@ -91,8 +133,19 @@ class ExecutionPlan:
         self.bindings: dict[str, int] = {}
         self._fast_values: tuple | None = None  # the values run_arrays last bound
         self.lock = threading.Lock()
-        self._launches = [self._launcher(k) for k in kernels]
-        self._fixed = {name for k in kernels for name in k.fixedvars}
+        if not isinstance(kernels, PreparedKernels):
+            self.kernels = kernels = PreparedKernels(kernels)
+        self._steps = []  # what runs in order: a launcher, or (loop, even iteration's launchers, odd one's)
+        for step in kernels.launches():
+            if isinstance(step, PreparedKernel):
+                self._steps.append(self._launcher(step))
+            else:
+                loop, even, odd = step
+                self._steps.append((loop, [self._launcher(k, loop.name) for k in even],
+                                    [self._launcher(k, loop.name) for k in odd]))
+        self._launches = [launch for step in self._steps
+                          for launch in (step[1] + step[2] if isinstance(step, tuple) else (step,))]
+        self._fixed = {name for launch in self._launches for name in launch.pk.fixedvars}
         self._distinct_outputs = list(dict.fromkeys(self.outputs))
         self._flag_arrays = tuple(np.zeros((), np.bool_) for _ in self.flags)  # the fast path's flag outputs
         io = set(self.inputs) | set(self.outputs) | {b for b, _ in self.flags}
@@ -108,19 +161,34 @@ class ExecutionPlan:
         var_names = list(self.vars)
         self._val_refs = [(launch.pk.vals, slot, var_names.index(name))
                           for launch in self._launches for slot, name in launch.var_slots]
-        return self._device.plan_runner(self._launches, io_order, self._io_slots, var_names,
+        return self._device.plan_runner(self._steps, io_order, self._io_slots, var_names,
                                         [self._buffers[b].dtype for b in io_order])
 
-    def _launcher(self, pk: PreparedKernel):
+    def _launcher(self, pk: PreparedKernel, loop_var: str | None = None):
+        """A launcher of `pk`; in a fori_loop's body (`loop_var`), its loop var slots are patched per iteration."""
         kernel = pk.kernel
         runtime = [(i, n) for i, n in enumerate(kernel.var_names) if n not in pk.fixedvars]
-        static_size = None if runtime else kernel.global_size_fn(pk.vals)[0]
+        loop_slots = [i for i, n in enumerate(kernel.var_names) if n == loop_var]
+        static_size = None if runtime or loop_slots else kernel.global_size_fn(pk.vals)[0]
         handles = [self._device.handle(self._buffers[b].memory) if self._buffers[b].allocated else None
                    for b in pk.buffer_indices]  # unallocated I/O slots are patched before every run
         launcher = self._device.launcher(kernel.program, handles,
                                          pk.vals, kernel.global_size_fn, static_size)
-        launcher.pk, launcher.var_slots = pk, runtime
+        launcher.pk, launcher.var_slots, launcher.loop_slots = pk, runtime, loop_slots
         return launcher
+
+    def _ordered(self):
+        """Every launch in execution order (a loop's launchers once per iteration, the loop var patched first)."""
+        for step in self._steps:
+            if not isinstance(step, tuple):
+                yield step
+                continue
+            loop, even, odd = step
+            for k in range(loop.lower, loop.upper):
+                for launch in odd if (k - loop.lower) % 2 else even:
+                    for slot in launch.loop_slots:
+                        launch.set_val(slot, k)
+                    yield launch
 
     @property
     def buffers(self) -> list[PlanBuffer]:
@@ -195,7 +263,7 @@ class ExecutionPlan:
         if self._runner is not None:
             self._runner.run_launches()
             return
-        for launch in self._launches:
+        for launch in self._ordered():
             launch.run()
 
     def _patch(self, ptrs: dict[int, int]):
@@ -257,7 +325,7 @@ class ExecutionPlan:
 
     def _run_timed(self, timings: list):
         self._device.synchronize()  # inputs staged on the device are not part of the first kernel's time
-        for launch in self._launches:
+        for launch in self._ordered():
             start = time.perf_counter()
             launch.run()
             self._device.synchronize()

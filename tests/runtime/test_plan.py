@@ -165,3 +165,27 @@ def test_dependencies_order_every_conflicting_pair(device):
         for earlier in plan.kernels[:j]:
             if _conflicts(earlier, later):
                 assert earlier.id in before[later.id], (earlier.id, later.id)
+
+
+def test_a_long_fori_loop_keeps_one_kernel_per_iteration_built_on_access(device):
+    """plan.kernels is a Sequence of one PreparedKernel per iteration (with its fixedvars), built when read: the
+    plan holds the loop body once, not an object per iteration."""
+    @pj.prepare(vars={"n": (1, 8)}, shapes={"x": ("n",)}, device=device)
+    def f(x):
+        return pj.fori_loop(3, 20_003, lambda i, acc: acc * 0.5 + (i % 7), x)
+
+    x = np.arange(5, dtype=np.float32)
+    plan = f.plan(x)
+    assert len(plan.kernels) >= 20_000 and len(plan.kernels.segments) < 10
+    start = next(k.id for k in plan.kernels if k.fixedvars)
+    width = sum(k.fixedvars.get("i") == 3 for k in plan.kernels[start:start + 10])
+    for r in (0, 1, 2, 10_000, 19_999):
+        k = plan.kernels[start + r * width]
+        assert k.id == start + r * width and k.fixedvars == {"i": 3 + r}
+        assert k.vals[k.kernel.var_names.index("i")] == 3 + r and all(d < k.id for d in k.dependencies)
+    assert plan.kernels[start + 20_000 * width - 1].fixedvars == {"i": 20_002}
+    assert not plan.kernels[start + 20_000 * width:] or not plan.kernels[-1].fixedvars
+    want = x.copy()
+    for i in range(3, 20_003):
+        want = want * np.float32(0.5) + np.float32(i % 7)
+    np.testing.assert_allclose(np.asarray(f(x)), want, rtol=1e-5)
