@@ -341,6 +341,8 @@ class _Prover:
 
     def in_bounds(self, index: UOp, size: UOp, terms: frozenset, splits: int = 0) -> tuple[bool, str]:
         """Whether 0 <= index < size; a min or max of vars is split into its two cases (correlated uses)."""
+        if any(not _has_loop_or_data(t) and simplify(t).vmax < 0 for t in terms):  # the facts contradict: never runs
+            return True, ""
         ok, why = self._in_bounds(index, size, _facts(terms))
         choice = next((u for u in _outside_ranges(index, size, *terms) if u.op in (Ops.MIN, Ops.MAX)
                        and not _has_loop_or_data(u)), None) if splits < MAX_SPLITS and not ok else None
