@@ -1,9 +1,11 @@
 """The NumPy-named namespace for traced arrays (re-exported as `prepjit.numpy`)."""
+from types import SimpleNamespace as _Namespace
+
 from ..uop import dtypes as _dtypes
 from .numpy_create import (arange, eye, full, full_like, identity, iota, linspace, ones, ones_like, tri, zeros,
                            zeros_like)
 from .numpy_index import take, take_along_axis
-from .numpy_linalg import dot, einsum, matmul, outer, tensordot
+from .numpy_linalg import dot, einsum, matmul, norm as _norm, outer, tensordot
 from .numpy_math import (abs, absolute, add, around, astype, bitwise_and, bitwise_or, bitwise_xor, ceil, clip, cos,
                          divide, equal, erf, exp, exp2, floor, floor_divide, greater, greater_equal, invert, isfinite,
                          isinf, isnan, left_shift, less, less_equal, log, log2, logical_and, logical_not, logical_or,
@@ -22,6 +24,7 @@ int8, int16, int32, int64 = _dtypes.int8, _dtypes.int16, _dtypes.int32, _dtypes.
 uint8, uint16, uint32, uint64 = _dtypes.uint8, _dtypes.uint16, _dtypes.uint32, _dtypes.uint64
 float16, float32, float64 = _dtypes.float16, _dtypes.float32, _dtypes.float64
 globals()["bool"] = bool_
+linalg = _Namespace(norm=_norm)  # pnp.linalg.norm
 pow = power  # noqa: A001 - NumPy 2's alias
 
 __all__ = [n for n in dir() if not n.startswith("_")]

@@ -1,12 +1,17 @@
-"""NumPy-named linear algebra on traced arrays: matmul (batched and vector cases), dot, outer, tensordot, einsum."""
+"""NumPy-named linear algebra on traced arrays: matmul (batched and vector cases), dot, outer, tensordot, einsum,
+and `linalg.norm`."""
 from __future__ import annotations
 
 import string
 
+import numpy as np
+
 from ..errors import TraceError
+from ..uop import dtypes
 from . import prims
-from .numpy_math import multiply
-from .numpy_reduce import sum
+from .numpy_create import iota
+from .numpy_math import absolute, multiply, not_equal, power, sqrt
+from .numpy_reduce import amax, amin, sum
 from .numpy_shape import expand_dims, reshape, swapaxes
 from .prims import to_tracer
 from .tracer import Tracer
@@ -71,10 +76,10 @@ def einsum(subscripts: str, *operands) -> Tracer:
     space, multiply, sum the contracted letters. Repeated letters within one operand are not supported."""
     xs = [to_tracer(x) for x in operands]
     inputs, output = _parse_einsum(subscripts.replace(" ", ""), xs)
+    for k, (subs, x) in enumerate(zip(inputs, xs)):
+        inputs[k], xs[k] = _diagonals(subs, x)
     sizes: dict = {}
     for subs, x in zip(inputs, xs):
-        if len(set(subs)) != len(subs):
-            raise TraceError(f"einsum: repeated index in {''.join(subs)!r} (a diagonal) is not supported yet")
         for c, d in zip(subs, x.uop.shape):
             if c in sizes and not (isinstance(d, int) and d == 1):
                 if isinstance(sizes[c], int) and sizes[c] == 1:
@@ -96,6 +101,22 @@ def einsum(subscripts: str, *operands) -> Tracer:
         product = multiply(product, x)
     product = prims.broadcast_to(product, [sizes[c] for c in order])
     return sum(product, axis=tuple(range(len(output), len(order))), dtype=dt) if contracted else product
+
+
+def _diagonals(subs: list[str], x: Tracer) -> tuple[list[str], Tracer]:
+    """An operand with a letter repeated (`ii`, `bii`) reduced to its diagonal along those axes, the letter kept once."""
+    while len(set(subs)) != len(subs):
+        c = next(c for c in subs if subs.count(c) > 1)
+        i, j = subs.index(c), subs.index(c, subs.index(c) + 1)
+        shape = x.uop.shape
+        if not prims.dims_equal(shape[i], shape[j]):
+            raise ValueError(f"einsum: dimensions in operand for collapsing index {c!r} don't match "
+                             f"({prims.fmt_shape(shape)})")
+        out_shape = tuple(d for m, d in enumerate(shape) if m != j)
+        dims = [("index", 0) if m == j else ("dim", m if m < j else m - 1) for m in range(x.ndim)]
+        x = prims.gather(x, [iota(out_shape, i)], dims)
+        subs = subs[:j] + subs[j + 1:]
+    return subs, x
 
 
 def _parse_einsum(subscripts: str, xs: list) -> tuple[list[list[str]], list[str]]:
@@ -125,3 +146,59 @@ def _parse_einsum(subscripts: str, xs: list) -> tuple[list[list[str]], list[str]
         letters = [c for subs in inputs for c in subs]
         output = ell + sorted(c for c in set(letters) if letters.count(c) == 1 and c not in ell)
     return inputs, output
+
+
+def norm(x, ord=None, axis=None, keepdims: bool = False) -> Tracer:  # noqa: A002 - NumPy's name
+    """NumPy's linalg.norm: vector norms (ord None/2, 1, inf, -inf, 0, any p) and matrix norms ('fro', 1, -1,
+    inf, -inf; 2 and 'nuc' need singular values and are refused); integer input is computed in float64."""
+    x = to_tracer(x)
+    if not x.dtype.is_float:
+        x = prims.cast(x, dtypes.float64)
+    if axis is None:
+        if ord is None:
+            return sqrt(sum(multiply(x, x), axis=None, keepdims=keepdims))
+        if x.ndim not in (1, 2):
+            raise ValueError("Improper number of dimensions to norm.")
+        axes = tuple(range(x.ndim))
+    else:
+        axes = tuple(prims.normalize_axis(a, x.ndim) for a in (axis if isinstance(axis, tuple) else (axis,)))
+    if len(axes) == 1:
+        return _vector_norm(x, ord, axes[0], keepdims)
+    if len(axes) == 2:
+        return _matrix_norm(x, ord, axes, keepdims)
+    raise ValueError("Improper number of dimensions to norm.")
+
+
+def _vector_norm(x: Tracer, ord, axis: int, keepdims: bool) -> Tracer:  # noqa: A002
+    if ord is None or ord == 2:
+        return sqrt(sum(multiply(x, x), axis=axis, keepdims=keepdims))
+    if isinstance(ord, str):
+        raise ValueError(f"Invalid norm order '{ord}' for vectors")
+    a = absolute(x)
+    if ord == np.inf:
+        return amax(a, axis=axis, keepdims=keepdims)
+    if ord == -np.inf:
+        return amin(a, axis=axis, keepdims=keepdims)
+    if ord == 0:
+        return sum(prims.cast(not_equal(x, 0), x.dtype), axis=axis, keepdims=keepdims)
+    if ord == 1:
+        return sum(a, axis=axis, keepdims=keepdims)
+    p = float(ord)
+    return power(sum(power(a, prims.cast(to_tracer(p), x.dtype)), axis=axis, keepdims=keepdims),
+                 prims.cast(to_tracer(1.0 / p), x.dtype))
+
+
+def _matrix_norm(x: Tracer, ord, axes: tuple, keepdims: bool) -> Tracer:  # noqa: A002
+    row, col = axes
+    if row == col:
+        raise ValueError("Duplicate axes given.")
+    if ord in (None, "fro"):
+        return sqrt(sum(multiply(x, x), axis=axes, keepdims=keepdims))
+    if ord in (1, -1, np.inf, -np.inf):
+        inner, outer_axis = (row, col) if ord in (1, -1) else (col, row)
+        sums = sum(absolute(x), axis=inner, keepdims=True)
+        out = (amax if ord > 0 else amin)(sums, axis=outer_axis, keepdims=True)
+        return out if keepdims else prims.reshape(out, tuple(d for m, d in enumerate(x.uop.shape) if m not in axes))
+    if ord in (2, -2, "nuc"):
+        raise TraceError(f"linalg.norm with ord={ord!r} needs singular values, which traced arrays do not have yet")
+    raise ValueError(f"Invalid norm order {ord!r} for matrices")

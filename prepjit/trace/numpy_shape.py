@@ -10,6 +10,7 @@ from ..uop import Ops, UOp, as_int_if_const, as_uop, dtypes
 from . import prims
 from .indexing import getitem
 from .numpy_create import iota
+from .numpy_math import clip, less, mod, subtract, where
 from .prims import normalize_axis, to_sint, to_tracer
 from .tracer import Tracer
 
@@ -211,11 +212,15 @@ def triu(x, k: int = 0) -> Tracer:
 
 
 def pad(x, pad_width, mode: str = "constant", constant_values=0) -> Tracer:
-    """NumPy's pad in constant mode; widths may be symbolic ints."""
+    """NumPy's pad in modes constant, edge, wrap, reflect and symmetric; widths may be symbolic ints."""
     x = to_tracer(x)
-    if mode != "constant":
-        raise TraceError(f"pad mode {mode!r} is not supported yet; only mode='constant'")
     widths = _pad_widths(pad_width, x.ndim)
+    if mode in _PAD_SOURCE:
+        for axis, (before, after) in enumerate(widths):
+            x = _pad_by_gather(x, axis, to_sint(before, "a pad width"), to_sint(after, "a pad width"), mode)
+        return x
+    if mode != "constant":
+        raise ValueError(f"mode {mode!r} is not supported: pad takes constant, edge, wrap, reflect or symmetric")
     padded = prims.pad(x, widths)
     if isinstance(constant_values, (tuple, list)):
         raise TraceError("pad with per-side constant_values is not supported yet; pass one scalar")
@@ -224,6 +229,35 @@ def pad(x, pad_width, mode: str = "constant", constant_values=0) -> Tracer:
         return padded
     inside = prims.pad(prims.broadcast_to(Tracer(UOp.const(True, dtypes.bool)), x.uop.shape), widths)
     return prims.elementwise(Ops.WHERE, inside, padded, Tracer(fill.uop, weak=True))
+
+
+# per mode: the source index along the axis of output position p - before (any int), in an axis of size n
+_PAD_SOURCE = {
+    "edge": lambda q, n: clip(q, 0, n - 1),
+    "wrap": lambda q, n: mod(q, n),
+    "reflect": lambda q, n: _fold(mod(q, 2 * n - 2), n, 2 * n - 2),
+    "symmetric": lambda q, n: _fold(mod(q, 2 * n), n, 2 * n - 1),
+}
+
+
+def _fold(q, n, mirror):
+    return where(less(q, n), q, subtract(mirror, q))
+
+
+def _pad_by_gather(x: Tracer, axis: int, before, after, mode: str) -> Tracer:
+    if isinstance(before, int) and isinstance(after, int) and before == after == 0:
+        return x
+    n = x.uop.shape[axis]
+    if (n if isinstance(n, int) else n.vmin) < 1:
+        if isinstance(n, int):
+            raise ValueError(f"can't extend empty axis {axis} using modes other than 'constant' or 'empty'")
+        raise TraceError(f"pad mode {mode!r} along axis {axis}, whose size {n.render()} may be 0: NumPy cannot "
+                         "extend an empty axis; give the var a minimum of 1")
+    shape = tuple(as_int_if_const(as_uop(d) + before + after) if i == axis else d for i, d in enumerate(x.uop.shape))
+    n_index = n if isinstance(n, int) else Tracer(n, weak=True)
+    source = _PAD_SOURCE[mode](subtract(iota(shape, axis), to_tracer(before)), n_index)
+    dims = [("index", 0) if m == axis else ("dim", m) for m in range(x.ndim)]
+    return prims.gather(x, [source], dims)
 
 
 def _pad_widths(pad_width, ndim: int) -> tuple:
