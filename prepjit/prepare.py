@@ -58,6 +58,10 @@ class _Entry:
 
 def _normalize_vars(vars_) -> dict[str, Var]:
     out: dict[str, Var] = {}
+    if not isinstance(vars_, dict) and any(not isinstance(v, Var) for v in ([vars_] if isinstance(vars_, str) else
+                                                                           vars_ or ())):
+        raise ValueError(f"vars must be a dict of name -> (min, max) (or a list of pj.Var), got {vars_!r}: "
+                         "write e.g. vars={\"n\": (1, 1024)}")
     items = vars_.items() if isinstance(vars_, dict) else ((v.name, v) for v in (vars_ or ()))
     for name, spec in items:
         if isinstance(spec, Var):
@@ -91,13 +95,13 @@ def _collect_spec_vars(shapes, vars_: dict[str, Var]):
 class PreparedFunction:
     """A function prepared for replay; call it like the original."""
 
-    def __init__(self, fn, vars=None, shapes=None, device=None):
+    def __init__(self, fn, vars=None, shapes=None, device=None, static_argnums=(), static_argnames=()):
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.vars = _normalize_vars(vars)
         self.shapes = dict(shapes or {})
         _collect_spec_vars(self.shapes, self.vars)
-        self.signature = Signature(fn, self.vars, self.shapes)
+        self.signature = Signature(fn, self.vars, self.shapes, static_argnums, static_argnames)
         self._fast_calls = FastCalls(self.signature)
         self.device_name = device
         self.entries: dict[tuple, _Entry] = {}
@@ -260,7 +264,7 @@ def _tracing_now() -> set:
     return fns
 
 
-def prepare(fn=None, *, vars=None, shapes=None, device=None):
+def prepare(fn=None, *, vars=None, shapes=None, device=None, static_argnums=(), static_argnames=()):
     """Prepare `fn` for replay: trace it once per signature, compile its kernels once, replay the plan after.
 
     Use as `@pj.prepare`, `@pj.prepare(vars=..., shapes=..., device=...)` or `pj.prepare(fn, ...)`::
@@ -276,6 +280,9 @@ def prepare(fn=None, *, vars=None, shapes=None, device=None):
         like "n, 64"; a pytree parameter takes a pytree of specs. Unnamed parameters are fully static.
         A parameter named in `vars` but not in `shapes` is a scalar var: the caller passes an int.
     device: "cpu" (LLVM, the default), "opencl", "cuda" or "cuda:N"; None reads PREPJIT_DEVICE.
+    static_argnums / static_argnames: parameters (by position or name, as in jax.jit) whose whole value is
+        static even when it is array-like (a NumPy scalar, an object with __array__): it must be hashable,
+        a new value traces a new plan, and `fn` sees the value itself.
 
     The signature of a call is its pytree structure, static values (non-array arguments), static dims,
     dtypes and device. The first call with a signature runs `fn` on traced arrays (write it with
@@ -290,9 +297,11 @@ def prepare(fn=None, *, vars=None, shapes=None, device=None):
     (the ExecutionPlan, prepared without running) and `.trace(*args)`; see pj.profile for per-kernel
     timing, and docs/ in the prepjit repository for the full reference.
     """
+    options = dict(vars=vars, shapes=shapes, device=device, static_argnums=static_argnums,
+                   static_argnames=static_argnames)
     if fn is None:
-        return lambda f: PreparedFunction(f, vars=vars, shapes=shapes, device=device)
-    return PreparedFunction(fn, vars=vars, shapes=shapes, device=device)
+        return lambda f: PreparedFunction(f, **options)
+    return PreparedFunction(fn, **options)
 
 
 def trace(fn, *args, **kwargs) -> Traced:

@@ -107,6 +107,7 @@ class FastCalls:
     def __init__(self, signature):
         self.enabled = signature.simple
         self.var_positions = {i: p.name for i, p in enumerate(signature.params) if p.name in signature.scalar_vars}
+        self.static_positions = {i for i, p in enumerate(signature.params) if p.name in signature.static}
         self.bounds = {name: (v.min, v.max) for name, v in signature.vars.items()}
         self.calls: dict = {}
 
@@ -114,9 +115,14 @@ class FastCalls:
         """The concrete key of a positional call, or None when an argument is not of a fast kind."""
         parts = [device_name]
         var_positions = self.var_positions
+        static_positions = self.static_positions
         for i, a in enumerate(args):
             t = type(a)
-            if t is np.ndarray:
+            if static_positions and i in static_positions:  # keyed by value (static_argnums / static_argnames)
+                if t not in (int, float, str, bool) and a is not None:
+                    return None
+                parts.append((t, a))
+            elif t is np.ndarray:
                 parts.append((a.dtype, a.shape, a.strides))
             elif t is int:
                 parts.append(int if i in var_positions else a)
@@ -144,6 +150,8 @@ class FastCalls:
             return
         array_args, var_args = [], []
         for i, a in enumerate(args):
+            if i in self.static_positions:
+                continue
             if type(a) is np.ndarray or type(a) is Array:
                 data = a.buffer if type(a) is Array else a
                 if type(data) is not np.ndarray or not data.flags.c_contiguous or not data.dtype.isnative:

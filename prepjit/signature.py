@@ -69,7 +69,7 @@ class CallInfo:
 class Signature:
     """How a prepared function reads its arguments, from `vars` and `shapes`."""
 
-    def __init__(self, fn, vars_: dict[str, Var], shapes: dict):
+    def __init__(self, fn, vars_: dict[str, Var], shapes: dict, static_argnums=(), static_argnames=()):
         self.fn_name = getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", "f")
         self.sig = inspect.signature(fn)
         self.params = list(self.sig.parameters.values())
@@ -79,8 +79,29 @@ class Signature:
             if name not in names:
                 raise SignatureError(f"shapes names {name!r}, which is not a parameter of {self.fn_name}")
         self.shapes = shapes
+        self.static = self._static_names(static_argnums, static_argnames)
+        for name in sorted(self.static & (set(shapes) | set(vars_))):
+            raise ValueError(f"{name!r} is static (static_argnums / static_argnames) and also in "
+                             f"{'shapes' if name in shapes else 'vars'}: a parameter is one or the other")
         self.scalar_vars = {n for n in vars_ if n in names and n not in shapes}
         self.simple = all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in self.params)
+
+    def _static_names(self, argnums, argnames) -> frozenset:
+        """The parameters named static, as jax.jit's static_argnums (positions) and static_argnames (names)."""
+        argnums = (argnums,) if isinstance(argnums, int) else tuple(argnums or ())
+        argnames = (argnames,) if isinstance(argnames, str) else tuple(argnames or ())
+        positional = [p.name for p in self.params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        out = set()
+        for i in argnums:
+            if isinstance(i, bool) or not isinstance(i, int) or not -len(positional) <= i < len(positional):
+                raise ValueError(f"static_argnums {i!r} is not a positional parameter index of {self.fn_name} "
+                                 f"(its positional parameters: {positional})")
+            out.add(positional[i])
+        for name in argnames:
+            if name not in {p.name for p in self.params}:
+                raise ValueError(f"static_argnames names {name!r}, which is not a parameter of {self.fn_name}")
+            out.add(name)
+        return frozenset(out)
 
     def bind(self, args, kwargs) -> list[tuple[str, object]]:
         if self.simple and not kwargs and len(args) == len(self.params):
@@ -97,7 +118,8 @@ class Signature:
             it = iter(values)
             arguments = {}
             for (name, _), (kind, tree) in zip(params, counts):
-                arguments[name] = next(it) if kind == "var" else tree.unflatten([next(it) for _ in range(tree.num_leaves)])
+                arguments[name] = next(it) if kind in ("var", "static") else \
+                    tree.unflatten([next(it) for _ in range(tree.num_leaves)])
             bound = inspect.BoundArguments(self.sig, arguments)
             return bound.args, bound.kwargs
         return build
@@ -115,6 +137,13 @@ class Signature:
                 key.append(("var",))
                 descriptions.append((name, ("var",)))
                 structure.append(("var", None))
+                continue
+            if name in self.static:  # the whole value, array-like or not, is part of the signature
+                part = self._static(value, name, declared=True)
+                leaves.append(value)
+                key.append(part)
+                descriptions.append((name, part))
+                structure.append(("static", None))
                 continue
             values, paths, tree = flatten(value, is_array_like, name, error=SignatureError)
             specs = self._leaf_specs(name, value)
@@ -217,12 +246,17 @@ class Signature:
             raise SignatureError(f"var {var.name!r} disagrees: {seen[1]} = {seen[0]} but {where} = {value}")
 
     @staticmethod
-    def _static(leaf, path: str):
+    def _static(leaf, path: str, declared: bool = False):
         if isinstance(leaf, slice):  # slices hash only from Python 3.12 on
             return ("static", "slice", tuple(Signature._static(v, path)[2] for v in (leaf.start, leaf.stop, leaf.step)))
         try:
             hash(leaf)
         except TypeError:
+            if declared:
+                raise SignatureError(f"{path} is static (static_argnums / static_argnames), so its value is part of "
+                                     f"the signature and must be hashable, but a {type(leaf).__name__} is not: "
+                                     "pass a tuple (or another hashable value), or drop it from the static "
+                                     "arguments to trace it as an array") from None
             raise SignatureError(f"{path}: static argument of type {type(leaf).__name__} is not hashable; pass arrays "
                                  "as NumPy arrays and other values as ints, floats, strings or tuples") from None
         return ("static", type(leaf).__name__, repr(leaf) if isinstance(leaf, float) else leaf)

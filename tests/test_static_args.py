@@ -1,0 +1,82 @@
+"""static_argnums / static_argnames on pj.prepare (as in jax.jit) and the error for a `vars` that is not a dict."""
+import numpy as np
+import pytest
+
+import prepjit as pj
+import prepjit.numpy as pnp
+
+
+class Scale:
+    """A hashable array-like value: without static_argnames it would be traced as an array."""
+
+    def __init__(self, v):
+        self.v = v
+
+    def __array__(self, dtype=None, copy=None):
+        return np.asarray(self.v, dtype)
+
+    def __hash__(self):
+        return hash(self.v)
+
+    def __eq__(self, other):
+        return isinstance(other, Scale) and other.v == self.v
+
+
+def test_static_argnames_array_like_values_are_part_of_the_signature():
+    seen = []
+
+    @pj.prepare(static_argnames=("k",))
+    def f(x, k):
+        seen.append(type(k))
+        return x * float(k.v if isinstance(k, Scale) else k)
+
+    x = np.arange(4, dtype=np.float32)
+    np.testing.assert_array_equal(np.asarray(f(x, np.float32(2))), x * 2)
+    np.testing.assert_array_equal(np.asarray(f(x, np.float32(2))), x * 2)
+    assert f.stats["traces"] == 1
+    np.testing.assert_array_equal(np.asarray(f(x, np.float32(3))), x * 3)
+    assert f.stats["traces"] == 2
+    np.testing.assert_array_equal(np.asarray(f(x, k=Scale(5))), x * 5)
+    np.testing.assert_array_equal(np.asarray(f(x, Scale(5))), x * 5)
+    assert f.stats["traces"] == 3
+    assert seen == [np.float32, np.float32, Scale]  # the function sees the value itself, not a traced array
+
+
+def test_static_argnums_drive_python_control_flow_and_the_fast_path():
+    @pj.prepare(static_argnums=1)
+    def f(x, n):
+        for _ in range(n):  # n is a plain int here
+            x = x + 1
+        return x
+
+    x = np.zeros(3, np.float32)
+    for n in (1, 2, 1, 2, 3, 3):
+        np.testing.assert_array_equal(np.asarray(f(x, n)), x + n)
+    assert f.stats["traces"] == 3
+    g = pj.prepare(lambda x, shape: x.reshape(shape), static_argnums=(-1,))
+    assert np.asarray(g(np.arange(6), (2, 3))).shape == (2, 3)
+    assert np.asarray(g(np.arange(6), (3, 2))).shape == (3, 2)
+
+
+def test_static_argument_errors():
+    f = pj.prepare(lambda x, k: x * k.sum(), static_argnames="k")
+    with pytest.raises(pj.SignatureError, match="static .* hashable"):
+        f(np.ones(3, np.float32), np.ones(2, np.float32))
+    with pytest.raises(ValueError, match="static_argnums 2"):
+        pj.prepare(lambda x, k: x, static_argnums=2)
+    with pytest.raises(ValueError, match="static_argnames names 'q'"):
+        pj.prepare(lambda x, k: x, static_argnames=["q"])
+    with pytest.raises(ValueError, match="also in shapes"):
+        pj.prepare(lambda x, k: x, static_argnames=["x"], shapes={"x": ("n",)}, vars={"n": (1, 4)})
+
+
+@pytest.mark.parametrize("bad", [["n"], "n", ("n", "m")])
+def test_vars_must_be_a_dict(bad):
+    with pytest.raises(ValueError, match=r"dict of name -> \(min, max\)"):
+        pj.prepare(lambda x: x, vars=bad, shapes={"x": ("n",)})
+
+
+def test_vars_may_still_be_a_list_of_var_objects():
+    n = pj.Var("n", 1, 8)
+    f = pj.prepare(lambda x: pnp.sum(x), vars=[n], shapes={"x": ("n",)})
+    assert float(np.asarray(f(np.ones(5, np.float32)))) == 5.0
