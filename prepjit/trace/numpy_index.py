@@ -10,7 +10,7 @@ None / "raise" (NumPy's): the call raises IndexBoundError (a flag the trace retu
 from __future__ import annotations
 
 from ..errors import TraceError
-from ..uop import Ops, UOp, as_int_if_const, dtypes, simplify
+from ..uop import Ops, UOp, as_int_if_const, dtypes, simplify, sym_prod
 from . import prims
 from .checks import record_flag
 from .indexing import getitem, index_int, is_array_index
@@ -24,7 +24,7 @@ from .tracer import Tracer
 MODES = (None, "raise", "clip", "wrap", "fill")
 
 
-def advanced_getitem(x: Tracer, key: tuple, mode=None, fill_value=None) -> Tracer:
+def advanced_getitem(x: Tracer, key: tuple, mode=None, fill_value=None, checked_if=None) -> Tracer:
     """NumPy advanced indexing with integer arrays mixed with ints, slices, None and `...`."""
     n_real = sum(1 for k in key if k is not None and k is not Ellipsis)
     if sum(1 for k in key if k is Ellipsis) > 1:
@@ -71,7 +71,7 @@ def advanced_getitem(x: Tracer, key: tuple, mode=None, fill_value=None) -> Trace
             dims.append(("dim", rest_i if rest_i < first else rest_i + len(batch)))
             rest_i += 1
     sizes = [y.uop.shape[p] for p in y_positions]
-    return checked_gather(y, placed, dims, indices, sizes, mode, fill_value)
+    return checked_gather(y, placed, dims, indices, sizes, mode, fill_value, checked_if)
 
 
 def _in_range(ids: Tracer, size) -> Tracer:
@@ -79,10 +79,13 @@ def _in_range(ids: Tracer, size) -> Tracer:
     return logical_and(greater_equal(ids, UOp.const(0) - size), less(ids, size))
 
 
-def checked_gather(x: Tracer, placed: list, dims: list, indices: list, sizes: list, mode, fill_value) -> Tracer:
+def checked_gather(x: Tracer, placed: list, dims: list, indices: list, sizes: list, mode, fill_value,
+                   checked_if=None) -> Tracer:
     """The gather of `x` at `placed` (indices broadcast to the output), with `mode`'s out-of-range rule.
 
-    `indices` are the index arrays before broadcasting and `sizes` the dims they index (for the flag).
+    `indices` are the index arrays before broadcasting and `sizes` the dims they index (for the flag);
+    `checked_if` (a symbolic bool) is when ids are checked at all (NumPy's take checks none when the dims
+    before its axis hold no element).
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(repr(m) for m in MODES[1:])} (got {mode!r})")
@@ -107,6 +110,8 @@ def checked_gather(x: Tracer, placed: list, dims: list, indices: list, sizes: li
         else:
             continue
         bad = wrong if bad is None else logical_or(bad, wrong)
+    if bad is not None and checked_if is not None:
+        bad = logical_and(bad, prims.to_tracer(checked_if))
     if bad is not None:
         what = " (a non-empty gather from an empty axis)" if mode in ("clip", "wrap") else ": an index is out of range"
         record_flag(any_(bad), f"a gather from {x.shape_str}{what}")
@@ -124,7 +129,9 @@ def take(a, indices, axis=None, mode=None, fill_value=None) -> Tracer:
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(repr(m) for m in MODES[1:])} (got {mode!r})")
     if is_array_index(indices):
-        return advanced_getitem(a, (slice(None),) * axis + (indices,), mode, fill_value)
+        outer = simplify(UOp(Ops.CMPLT, dtypes.bool, (UOp.const(0), UOp.const(0) + sym_prod(a.uop.shape[:axis]))))
+        return advanced_getitem(a, (slice(None),) * axis + (indices,), mode, fill_value,
+                                None if outer.op is Ops.CONST and outer.arg else outer)
     if mode == "fill":
         raise TraceError("take with mode='fill' needs an array of indices; a scalar index raises when out of range")
     n, k = UOp.const(0) + a.uop.shape[axis], UOp.const(0) + prims.to_sint(indices, "an index")

@@ -206,3 +206,18 @@ def test_every_access_is_proven_and_counted():
     plan = f.plan(x, 1)
     assert plan.proven_accesses >= 4  # each kernel's loads and store
     assert f.stats["proven_accesses"] == plan.proven_accesses
+
+
+def test_take_checks_ids_only_when_numpy_does(device):
+    """NumPy's take reads (and checks) no id when the dims before its axis hold no element."""
+    f = pj.prepare(vars={"n": (0, 4), "k": (0, 4)}, shapes={"a": ("n", "k"), "ids": (3,)}, device=device)(
+        lambda a, ids: pnp.take(a, ids, axis=1))
+    ids = guarded(np.array([0, 5, -9], np.int64))
+    empty = guarded(np.zeros((0, 0), np.float32))
+    assert_matches(f(empty, ids), np.take(empty, ids, axis=1))
+    with pytest.raises(IndexError):
+        np.take(np.zeros((2, 0), np.float32), ids, axis=1)
+    raises_index(f, guarded(np.zeros((2, 0), np.float32)), ids)
+    a = guarded(np.arange(8, dtype=np.float32).reshape(2, 4))
+    ok = guarded(np.array([0, 3, -4], np.int64))
+    assert_matches(f(a, ok), np.take(a, ok, axis=1))
