@@ -16,7 +16,8 @@ import inspect
 import os
 import stat
 
-from .codegen.schedule import BufferSpec, KernelSequence, LoopKernels, ScheduledKernel, _max_size
+from .codegen.memory import share_memory
+from .codegen.schedule import BufferSpec, KernelSequence, LoopKernels, Schedule, ScheduledKernel, _max_size
 from .errors import PlanFileError, SignatureError, TraceError
 from .planner import PlanSpec, _kernel_from_entry, get_kernels, instantiate, prove_plan
 from .prepare import PreparedFunction, freeze
@@ -200,10 +201,6 @@ class LoadedFunction(PreparedFunction):
                                  f"this call needs another ({explain_retrace(saved.descriptions, info.descriptions)})")
         return entry
 
-    def save(self, path, *args, **kwargs):
-        from .saved import save as save_plan
-        save_plan(self, path, self.signature.read(args, kwargs))
-
 
 def _read(path) -> bytes:
     fd = os.open(os.fspath(path), os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
@@ -239,15 +236,17 @@ def load(path, recompile: bool = False) -> LoadedFunction:
         raise PlanFileError(f"{path} was compiled for another {device.name} ({meta.get('compiler_id')!r}; this one "
                             f"is {device.compiler_id!r}); load it with recompile=True to compile it here")
     try:
-        fn, spec, codes, graph = _decode(meta, payload, path, device_name)
+        fn, spec, codes = _decode(meta, payload, path, device_name)
     except PlanFileError:
         raise
     except (KeyError, TypeError, ValueError, IndexError, AttributeError, RecursionError) as e:
         raise PlanFileError(f"{path} is malformed: {type(e).__name__}: {e}") from None
-    if recompile:
-        spec = PlanSpec(tuple(BufferSpec(b.dtype, b.shape, _max_size(b.shape)) for b in spec.buffers), *(
-            getattr(spec, f) for f in ("home", "kernels", "inputs", "outputs", "constraints", "flags")),
-            proven_accesses=prove_plan(spec.kernels, spec.buffers, spec.constraints, device))
+    if recompile:  # sizes, shared memory and the proof are derived here, not read from the file
+        buffers = tuple(BufferSpec(b.dtype, b.shape, _max_size(b.shape)) for b in spec.buffers)
+        home = share_memory(Schedule(buffers, spec.kernels, spec.inputs,
+                                     spec.outputs + tuple(b for b, _ in spec.flags)))
+        spec = PlanSpec(buffers, tuple(home), spec.kernels, spec.inputs, spec.outputs, spec.constraints, spec.flags,
+                        prove_plan(spec.kernels, buffers, spec.constraints, device))
         asts = spec.kernels.asts()
         compiled, counts = get_kernels(asts, device)
         compiled = dict(zip(asts, compiled))
@@ -272,7 +271,7 @@ def load(path, recompile: bool = False) -> LoadedFunction:
 
 
 def _decode(meta: dict, payload: bytes, path, device_name: str):
-    """(the LoadedFunction without its plan, the PlanSpec, [(kernel fields, code)], UOps), or a decoding error."""
+    """(the LoadedFunction without its plan, the PlanSpec, [(kernel fields, code)]), or a decoding error."""
     vars_ = {}
     for name, lo, hi in meta["vars"]:
         vars_[name] = Var(name, lo, hi)
@@ -341,7 +340,7 @@ def _decode(meta: dict, payload: bytes, path, device_name: str):
         offset += size
     if offset != len(payload) or len(codes) != n_asts:
         raise ValueError("code sizes do not match the payload")
-    return fn, spec, codes, graph
+    return fn, spec, codes
 
 
 def _index(i, n: int) -> int:
