@@ -9,13 +9,24 @@ rows a row's length apart for every step. Such a kernel is left as one lone sum 
 reordered so the output columns are the outermost loop (threads split them) and the rows inside: the
 renderer reassociates a lone float sum, so LLVM vectorises it along the contiguous reduction with several
 independent accumulators (interleaved) and adds them up at the end. No operand is packed.
+
+A single row against a weight contiguous along the columns keeps optimize.py's blocking, with blocks of
+MATVEC_COLUMN_VECTORS vectors of columns instead of two: with no row accumulators the registers are free,
+and each reduction step then reads 4 vectors (256 bytes with AVX2, 512 with AVX-512) of one weight row,
+so the weight streams in longer runs (the columns of two-vector blocks are only one cache line of each
+row: measured here, x (576) @ W (576, 3072) cold: 8.5 GB/s with two vectors, 22 with four, 13 with eight).
+Only column counts such blocks divide are blocked so; others keep optimize.py's blocks.
 """
 from __future__ import annotations
 
-from ..uop import Ops, UOp
-from .optimize import contraction_axes, stride_along
+import attrs
 
-MAX_ROWS = 8   # output rows (product of the loops the weight does not depend on) of a matvec, at most
+from ..uop import Ops, UOp
+from .optimize import COLUMN_VECTORS, column_block, contraction_axes, stride_along, upcast_contraction
+from .target import CPUTarget
+
+MAX_ROWS = 8                 # output rows (product of the loops the weight does not depend on) of a matvec, at most
+MATVEC_COLUMN_VECTORS = 4    # vectors of contiguous output columns per block of a one-row contraction
 
 
 def matvec_axes(ast: UOp):
@@ -40,12 +51,20 @@ def matvec_axes(ast: UOp):
     return (j, [r for r in loops if r is not j]) if rows <= MAX_ROWS else None
 
 
-def matvec(ast: UOp) -> UOp | None:
+def matvec(ast: UOp, target: CPUTarget) -> UOp | None:
     """The kernel of a matvec contraction (see matvec_axes) with its output columns the outermost loop and
-    every other loop inside, in order; None for other kernels."""
+    every other loop inside, in order; a one-row contraction over a weight contiguous along the columns
+    blocked MATVEC_COLUMN_VECTORS vectors wide; None for other kernels (optimize.py blocks them)."""
     found = matvec_axes(ast)
     if found is None:
-        return None
+        axes = contraction_axes(ast)
+        if axes is None or axes[4] is not None:
+            return None
+        # optimize.py's blocks are COLUMN_VECTORS vectors wide: a target of proportionally wider vectors
+        # gives MATVEC_COLUMN_VECTORS (rendering still uses the real target's vectors)
+        wide = attrs.evolve(target, vector_bytes=target.vector_bytes * MATVEC_COLUMN_VECTORS // COLUMN_VECTORS)
+        width, tail = column_block(wide, axes[1].dtype.itemsize, axes[3].src[0])
+        return upcast_contraction(ast, wide) if width > 1 and not tail else None
     j, others = found
     order = [j] + others + sorted({u for u in ast.toposort() if u.op is Ops.RANGE and u.arg[1] == "reduce"},
                                   key=lambda r: r.arg[0])

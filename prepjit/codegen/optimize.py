@@ -225,5 +225,5 @@ def optimize(ast: UOp, language: str, target: CPUTarget | None = None) -> UOp:
     if language != "llvm":
         return ast
     from .matvec import matvec  # matvec.py builds on this module's contraction analysis
-    found = matvec(ast)
+    found = matvec(ast, target or host_target())
     return found if found is not None else upcast_contraction(ast, target or host_target())

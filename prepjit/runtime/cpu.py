@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import CompileError
 from ..llvm_cpu import compile_cpu
-from ..uop import Ops
+from ..uop import Ops, render_python
 from . import compile_pool
 from .array import Array
 from .buffer import HostBuffer
@@ -88,7 +88,7 @@ class CPULauncher:
         self.bufs_ptr, self.vals_ptr = ctypes.addressof(self.bufs), ctypes.addressof(self.vals)
         self.size_fn, self.static_size = size_fn, static_size
         self.pool: ThreadPool | None = None
-        self.inner_iterations = 1   # loop iterations per index of the outermost range (at the vars' maxima)
+        self.work_fn = None         # positional var values -> the kernel's work at them (see _work_fn)
 
     def set_buffer(self, slot: int, handle: int):
         self.bufs[slot] = handle
@@ -96,14 +96,15 @@ class CPULauncher:
     def set_val(self, slot: int, value: int):
         self.vals[slot] = value
 
-    def use_threads(self, pool: ThreadPool, inner_iterations: int):
-        self.pool, self.inner_iterations = pool, inner_iterations
+    def use_threads(self, pool: ThreadPool):
+        self.pool = pool
+        self.work_fn = _work_fn(self.pk.ast, self.pk.kernel.var_names)
 
     def run(self):
         size = self.static_size if self.static_size is not None else self.size_fn(self.vals)[0]
         if size <= 0:
             return
-        if self.pool is not None and size > 1 and size * self.inner_iterations >= PARALLEL_MIN_ITERATIONS:
+        if self.pool is not None and size > 1 and self.work_fn(self.vals) >= PARALLEL_MIN_ITERATIONS:
             self.pool.run_split(self.fn, self.bufs_ptr, self.vals_ptr, size)
         else:
             self.fn(self.bufs_ptr, self.vals_ptr, 0, size)
@@ -119,6 +120,19 @@ def _loop_iterations(ast) -> tuple[int, int]:
         if r is not outer:
             inner *= max(1, int(r.src[0].vmax))
     return (max(0, int(outer.src[0].vmax)) if outer is not None else 1), inner
+
+
+def _work_fn(ast, var_names):
+    """positional var values (in `var_names` order) -> the iterations of all of `ast`'s ranges (the loops and
+    reductions of the kernel as lowered, before blocking) times its stores, at those values: a kernel whose
+    extents depend on a var (a decode step's `pos + 1` keys) is split over threads only when it is large now,
+    not because it would be at the vars' maxima. A var the compiled kernel does not take counts at its maximum."""
+    ranges = [u for u in ast.toposort() if u.op is Ops.RANGE]
+    slot = {n: i for i, n in enumerate(var_names)}
+    vmax = {v.arg[0]: v.arg[2] for v in ast.variables()}
+    spell = lambda name: f"v[{slot[name]}]" if name in slot else repr(vmax[name])  # noqa: E731
+    factors = [f"max(0, {render_python(r.src[0], spell)})" for r in ranges] + [str(len(ast.src))]
+    return eval(f"lambda v: {' * '.join(factors)}")
 
 
 def _run_loop(lower: int, upper: int, bodies: list, slots: list):
@@ -183,7 +197,7 @@ class CPUPlanRunner:
                 iterations[ast] = _loop_iterations(ast)
             outer, inner = iterations[ast]
             if pool is not None and outer > 1 and outer * inner >= PARALLEL_MIN_ITERATIONS:
-                launch.use_threads(pool, inner)
+                launch.use_threads(pool)
                 groups.append(launch.run)
                 continue
             quad = (ctypes.cast(launch.fn, ctypes.c_void_p).value, launch.bufs_ptr, launch.vals_ptr, INT64_MAX)

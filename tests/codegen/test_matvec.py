@@ -3,8 +3,9 @@ import numpy as np
 import pytest
 
 import prepjit as pj
-from prepjit.codegen.matvec import MAX_ROWS, matvec_axes
+from prepjit.codegen.matvec import MATVEC_COLUMN_VECTORS, MAX_ROWS, matvec_axes
 from prepjit.codegen.optimize import optimize
+from prepjit.codegen.target import AVX2, AVX512
 from prepjit.uop import Ops
 
 
@@ -47,6 +48,17 @@ def test_symbolic_columns_and_rows(rng):
         np.testing.assert_allclose(np.asarray(f(x, w)), x @ w.T, rtol=1e-4, atol=1e-4)
     x, w = rng.standard_normal((2, 65)).astype(np.float32), rng.standard_normal((9, 65)).astype(np.float32)
     assert matvec_axes(_kernel_ast(f, x, w)) is not None
+
+
+@pytest.mark.parametrize("dtype,tol", [(np.float32, 1e-4), (np.float64, 1e-10)])
+@pytest.mark.parametrize("target", [AVX2, AVX512])
+def test_one_row_columns_contiguous_weight_is_blocked_wide(rng, dtype, tol, target):
+    """h @ W (the weight contiguous along the output columns): blocks of MATVEC_COLUMN_VECTORS vectors."""
+    h, w = rng.standard_normal(577).astype(dtype), rng.standard_normal((577, 256)).astype(dtype)
+    f = pj.prepare(lambda h, w: h @ w, device="cpu")
+    np.testing.assert_allclose(np.asarray(f(h, w)), h @ w, rtol=tol, atol=tol)
+    ast = _kernel_ast(f, h, w)
+    assert len(optimize(ast, "llvm", target).src) == MATVEC_COLUMN_VECTORS * target.lanes(np.dtype(dtype).itemsize)
 
 
 def test_columns_contiguous_weight_and_many_rows_stay_blocked(rng):
