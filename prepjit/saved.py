@@ -103,6 +103,10 @@ def _dec_spec(data, vars_: dict):
 def save(fn: PreparedFunction, path, info: CallInfo):
     """Write the plan of `info`'s signature (prepared now if needed) to `path`, atomically."""
     entry = fn._entry(info)
+    if entry.constants:
+        raise SignatureError(f"{fn.signature.fn_name} reads {len(entry.constants)} captured array(s) (closure, "
+                             "global or attribute): a plan file does not hold them yet; pass them as arguments "
+                             "to save this plan")
     plan, spec = entry.plan, entry.plan.spec
     device = fn.device
     asts = spec.kernels.asts()
@@ -236,7 +240,7 @@ def load(path, recompile: bool = False) -> LoadedFunction:
         raise PlanFileError(f"{path} was compiled for another {device.name} ({meta.get('compiler_id')!r}; this one "
                             f"is {device.compiler_id!r}); load it with recompile=True to compile it here")
     try:
-        fn, spec, codes = _decode(meta, payload, path, device_name)
+        fn, spec, codes, call = _decode(meta, payload, path, device_name)
     except PlanFileError:
         raise
     except (KeyError, TypeError, ValueError, IndexError, AttributeError, RecursionError) as e:
@@ -263,15 +267,16 @@ def load(path, recompile: bool = False) -> LoadedFunction:
         if var is not None and (var.min, var.max) != (lo, hi):
             raise PlanFileError(f"{path} is inconsistent: var {name!r} is [{var.min}, {var.max}] in the signature but "
                                 f"[{lo}, {hi}] in the kernels")
-    plan.var_sources.update(meta["var_sources"])
-    entry = freeze(plan, _tree(meta["out_tree"]), [(p, _dec(part)) for p, part in meta["descriptions"]])
-    fn.entries[_dec(meta["key"]) + (device.name,)] = entry
+    key, out_tree, descriptions, sources = call
+    plan.var_sources.update(sources)
+    fn.entries[key + (device.name,)] = freeze(plan, out_tree, descriptions)
     fn._stats.update(plans=1, proven_accesses=plan.proven_accesses)
     return fn
 
 
 def _decode(meta: dict, payload: bytes, path, device_name: str):
-    """(the LoadedFunction without its plan, the PlanSpec, [(kernel fields, code)]), or a decoding error."""
+    """(the LoadedFunction without its plan, the PlanSpec, [(kernel fields, code)], (signature key, output
+    structure, descriptions, var sources)), or a decoding error."""
     vars_ = {}
     for name, lo, hi in meta["vars"]:
         vars_[name] = Var(name, lo, hi)
@@ -295,7 +300,7 @@ def _decode(meta: dict, payload: bytes, path, device_name: str):
     def dim(d):
         if type(d) is int and d >= 0:
             return d
-        u = graph[d["u"]]
+        u = graph[_index(d["u"], len(graph))]
         if u.dtype is not dtypes.int64:
             raise ValueError("a shape expression is not an int64 expression")
         return u
@@ -324,7 +329,8 @@ def _decode(meta: dict, payload: bytes, path, device_name: str):
     kernels = [kernel(k) for k in meta["kernels"]]
     inputs = tuple(_index(b, n) for b in meta["inputs"])
     outputs = tuple(_index(b, n) for b in meta["outputs"])
-    constraints = tuple(IndexConstraint(graph[c], str(text), str(what)) for c, text, what in meta["constraints"])
+    constraints = tuple(IndexConstraint(graph[_index(c, len(graph))], str(text), str(what))
+                        for c, text, what in meta["constraints"])
     flags = tuple((_index(b, n), str(what)) for b, what in meta["flags"])
     spec = PlanSpec(buffers, home, KernelSequence(kernels), inputs, outputs, constraints, flags, int(meta["proven"]))
     _check_io(fn, meta, spec)
@@ -334,13 +340,19 @@ def _decode(meta: dict, payload: bytes, path, device_name: str):
         if type(size) is not int or size <= 0 or offset + size > len(payload):
             raise ValueError("code sizes do not match the payload")
         fields = {"name": str(c["name"]), "source": str(c["source"]), "var_names": tuple(map(str, c["var_names"])),
-                  "global_size": tuple(graph[g] for g in c["global_size"]),
+                  "global_size": tuple(graph[_index(g, len(graph))] for g in c["global_size"]),
                   "local_size": tuple(int(s) for s in c["local_size"])}
+        if not set(fields["var_names"]) <= {v.arg[0] for v in graph[_index(len(codes), n_asts)].variables()}:
+            raise ValueError(f"kernel {fields['name']} takes vars its AST does not have")
         codes.append((fields, payload[offset:offset + size]))
         offset += size
     if offset != len(payload) or len(codes) != n_asts:
         raise ValueError("code sizes do not match the payload")
-    return fn, spec, codes
+    call = (_dec(meta["key"]), _tree(meta["out_tree"]), [(str(p), _dec(part)) for p, part in meta["descriptions"]],
+            {str(k): str(v) for k, v in meta["var_sources"].items()})
+    if not isinstance(call[0], tuple):
+        raise ValueError("the signature key is not a tuple")
+    return fn, spec, codes, call
 
 
 def _index(i, n: int) -> int:

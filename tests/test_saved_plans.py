@@ -227,3 +227,17 @@ def test_a_fori_loop_plan_roundtrips(tmp_path, iterations):
     for i in range(iterations):
         want = want * np.float32(0.5) + np.float32(i)
     np.testing.assert_allclose(np.asarray(g(y)), want, rtol=1e-5)
+
+
+def test_forged_signature_parts_are_refused(saved):
+    path, _ = saved
+    data = path.read_bytes()
+    for edit in (lambda m: m.__setitem__("descriptions", [[1, {"t": {"x": 1}}]]),
+                 lambda m: m.__setitem__("key", {"t": [{"t": [{"t": []}]}] * 3} | {"x": 1}),
+                 lambda m: m.__setitem__("out_tree", {"tree": ["dict", [], [{"tree": ["leaf", [], []]}] * 9]}),
+                 lambda m: m["codes"][0].__setitem__("var_names", ["not_a_var"]),
+                 lambda m: m["codes"][0].__setitem__("global_size", [-1])):
+        path.write_bytes(data)
+        repack(path, edit)
+        with pytest.raises(pj.PlanFileError):
+            pj.load(path)
