@@ -220,8 +220,9 @@ def test_a_fori_loop_plan_roundtrips(tmp_path, iterations):
     f.save(path, x)
     g = pj.load(path)
     assert path.stat().st_size < 100_000  # the loop is stored once, not per iteration
-    assert [k.fixedvars for k in g.plan.kernels[:50]] == [k.fixedvars for k in f.plan(x).kernels[:50]]
-    assert len(g.plan.kernels) == len(f.plan(x).kernels) and g.plan.kernels[-2].fixedvars == f.plan(x).kernels[-2].fixedvars
+    saved_kernels, kernels = g.plan.kernels, f.plan(x).kernels
+    assert [k.fixedvars for k in saved_kernels[:50]] == [k.fixedvars for k in kernels[:50]]
+    assert len(saved_kernels) == len(kernels) and saved_kernels[-2].fixedvars == kernels[-2].fixedvars
     y = np.arange(11, dtype=np.float32)
     want = y.copy()
     for i in range(iterations):
