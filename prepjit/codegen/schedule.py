@@ -81,7 +81,7 @@ class KernelSequence(Segments):
                 yield start, seg
                 continue
             n, width = seg.upper - seg.lower, len(seg.body)
-            for k in sorted({0, 1, n - 2, n - 1} & set(range(n))):
+            for k in sorted(k for k in {0, 1, n - 2, n - 1} if 0 <= k < n):
                 for j in range(width):
                     yield start + k * width + j, seg.item(k * width + j)
 
