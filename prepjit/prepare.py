@@ -10,17 +10,22 @@ import threading
 import time
 
 import attrs
+import numpy as np
+
 from .errors import CompileError, PrepjitError, TraceError, VarError
 from .planner import build_plan
 from .profiler import log_timed_call
 from .replay import MISS, FastCalls
+from .runtime.array import Array
+from .runtime.device_base import DeviceBase
 from .runtime.devices import default_device, get_device
 from .runtime.plan import ExecutionPlan
 from .signature import CallInfo, Signature, explain_retrace
 from .stages import describe, stage, tally
 from .trace.pytree import TreeDef
 from .trace.tracer import Tracer
-from .trace.tracing import Traced, trace_call, wrap_error
+from .trace.constants import capture_key
+from .trace.tracing import ArrayLeaf, Traced, VarLeaf, trace_call, wrap_error
 from .uop.var import Var
 
 log = logging.getLogger("prepjit")
@@ -54,6 +59,7 @@ class _Entry:
     out_shape_fns: list  # per distinct output buffer
     duplicate: list      # per output: True when an earlier output shares its buffer (copy it)
     first_of: list       # per output: the index of the first output with the same buffer
+    constants: tuple = ()  # captured arrays (trace/constants.py) on the plan's device: its last inputs
 
 
 def _normalize_vars(vars_) -> dict[str, Var]:
@@ -130,7 +136,8 @@ class PreparedFunction:
     # ---- preparing ----
     def _entry(self, info: CallInfo) -> _Entry:
         device = self.device
-        key = info.key + (device.name,)
+        key = info.key + (device.name,) + capture_key(self.fn, [v for v in info.leaves if not isinstance(
+            v, (ArrayLeaf, VarLeaf))])
         entry = self.entries.get(key)
         if entry is not None:
             return entry
@@ -151,6 +158,7 @@ class PreparedFunction:
                 self._stats["plans"] += 1
                 plan.var_sources.update(info.var_sources)  # IndexBoundError messages say where values come from
                 entry = freeze(plan, traced.out_tree, info.descriptions)
+                entry.constants = tuple(_on_device(device, value) for value in traced.constants)
                 self.entries[key] = entry
         return entry
 
@@ -223,7 +231,8 @@ class PreparedFunction:
         if missing:
             raise VarError(f"vars {missing} are used by {self.signature.fn_name} but no argument gives their value; "
                            "add a parameter whose shape (in `shapes`) or value (a scalar var) carries them")
-        distinct = plan.run_with_io({n: values[n] for n in plan.vars}, info.arrays,
+        arrays = info.arrays + list(entry.constants) if entry.constants else info.arrays
+        distinct = plan.run_with_io({n: values[n] for n in plan.vars}, arrays,
                                     [fn(values) for fn in entry.out_shape_fns], timings)
         next(self._replays)
         results, it = [], iter(distinct)
@@ -240,6 +249,15 @@ def freeze(plan: ExecutionPlan, out_tree: TreeDef, descriptions: list) -> _Entry
     duplicate = [first[b] != i for i, b in enumerate(plan.outputs)]
     shape_fns = [plan.buffers[b].shape_fn for b in first]
     return _Entry(plan, out_tree, descriptions, shape_fns, duplicate, [first[b] for b in plan.outputs])
+
+
+def _on_device(device, value: np.ndarray):
+    """A captured array where the plan reads it: the cpu reads the (trace-time copy) in place, other devices
+    get it uploaded once, as a pj.Array of theirs."""
+    if not isinstance(device, DeviceBase):
+        return value
+    _, (memory, _) = device.input_handle(value)
+    return Array(memory, value.shape, value.dtype, device)
 
 
 def _has_tracer(args, kwargs) -> bool:

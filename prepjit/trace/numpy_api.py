@@ -2,7 +2,7 @@
 from types import SimpleNamespace as _Namespace
 
 from ..uop import dtypes as _dtypes
-from .numpy_create import (arange, eye, full, full_like, identity, iota, linspace, ones, ones_like, tri, zeros,
+from .numpy_create import (arange, array, asarray, eye, full, full_like, identity, iota, linspace, ones, ones_like, tri, zeros,
                            zeros_like)
 from .numpy_index import take, take_along_axis
 from .numpy_linalg import dot, einsum, matmul, norm as _norm, outer, tensordot

@@ -48,6 +48,18 @@ def ones_like(x, dtype=None) -> Tracer:
     return full_like(x, 1, dtype)
 
 
+def asarray(a, dtype=None) -> Tracer:
+    """A traced array from a traced array, a scalar, a NumPy array or nested lists (captured as a plan constant:
+    trace/constants.py)."""
+    if isinstance(a, (list, tuple)):
+        a = np.asarray(a)
+    t = to_tracer(a)
+    return t if dtype is None else prims.cast(t, to_dtype(dtype))
+
+
+array = asarray
+
+
 def iota(shape, axis: int, dtype=dtypes.int64) -> Tracer:
     """An array whose elements are their own index along `axis`."""
     shape = _shape_arg(shape)

@@ -35,8 +35,8 @@ def to_tracer(x, dtype: DType | None = None) -> Tracer:
     if isinstance(x, BoundVar):
         raise TraceError("a BoundVar is an argument value; pass it to the prepared function, not inside it")
     if isinstance(x, np.ndarray) or hasattr(x, "__array__"):
-        raise TraceError("NumPy arrays cannot be captured by a traced function yet: pass the array as an "
-                         "argument of the prepared function instead")
+        from .constants import capture  # a captured array: a constant of the plan (constants.py)
+        return capture(x)
     raise TraceError(f"cannot use a value of type {type(x).__name__} in a traced computation")
 
 

@@ -203,7 +203,12 @@ class Tracer:
     def __int__(self): self._concrete("the int value")
     def __float__(self): self._concrete("the float value")
     def __index__(self): self._concrete("the index value")
-    def __array__(self, *a, **k): self._concrete("a NumPy array")
+    def __array__(self, *a, **k):
+        raise TraceError(
+            f"a traced array (shape {self.shape_str}, {self.dtype.name}) cannot become a NumPy array while tracing: "
+            "its values are not known yet. Use prepjit.numpy functions on it; a NumPy array it meets (indexed by "
+            "it, as in table[ids], or combined by a NumPy function) becomes a traced constant with "
+            "pnp.asarray(table)")
 
     def __iter__(self):
         return (self[i] for i in range(len(self)))

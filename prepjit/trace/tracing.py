@@ -12,6 +12,7 @@ from ..errors import PrepjitError, TraceError
 from ..uop import DType, Ops, UOp, sint
 from ..uop.printer import format_graph
 from . import checks, prims
+from .constants import capturing
 from .pytree import TreeDef, flatten
 from .tracer import Tracer
 
@@ -36,6 +37,7 @@ class Traced:
     out_tree: TreeDef
     constraints: tuple = ()  # IndexConstraints every call must meet (checks.py)
     flags: tuple = ()        # (0-d bool UOp, what): a gather read an out-of-range id when true
+    constants: tuple = ()    # captured arrays (constants.py), copied at trace time: the last inputs' values
 
     @property
     def sink(self) -> UOp:
@@ -89,27 +91,31 @@ def trace_call(fn, build_args, leaves: list) -> Traced:
     outer = getattr(_active, "var_names", None)
     _active.var_names = _leaf_var_names(leaves)
     try:
-        with checks.recording(set(_active.var_names)) as recorded:
+        with checks.recording(set(_active.var_names)) as recorded, capturing(len(inputs)) as captured:
             result = fn(*args, **kwargs)
+            out_leaves, paths, out_tree = flatten(result)
+            results = [_result_tracer(leaf, path) for leaf, path in zip(out_leaves, paths)]
     except PrepjitError:
         raise
     except Exception as e:  # noqa: BLE001 - every failure reaches the user as a prepjit error (of e's class too)
         raise wrap_error(e, TraceError) from e
     finally:
         _active.var_names = outer
-    out_leaves, paths, out_tree = flatten(result)
-    outputs = []
-    for leaf, path in zip(out_leaves, paths):
-        try:
-            t = prims.to_tracer(leaf)
-        except TraceError as e:
-            raise TraceError(f"the function returned {type(leaf).__name__} at result{path}: results must be "
-                             f"arrays computed from the arguments ({e})") from None
-        if t.weak:  # a bare Python scalar or var result becomes a 0-d array of its default dtype
-            t = prims.cast(Tracer(t.uop), t.dtype)
-        outputs.append(t.uop)
-    return Traced(tuple(inputs), tuple(outputs), out_tree, tuple(recorded.constraints),
-                  tuple((prims.to_tracer(f).uop, what) for f, what in recorded.flags))
+    inputs += [captured.by_id[id(x)].uop for x in captured.originals]
+    return Traced(tuple(inputs), tuple(results), out_tree, tuple(recorded.constraints),
+                  tuple((prims.to_tracer(f).uop, what) for f, what in recorded.flags), tuple(captured.values))
+
+
+def _result_tracer(leaf, path: str) -> UOp:
+    """A result leaf as a traced array (a NumPy array returned as it is is captured, like one read)."""
+    try:
+        t = prims.to_tracer(leaf)
+    except TraceError as e:
+        raise TraceError(f"the function returned {type(leaf).__name__} at result{path}: results must be "
+                         f"arrays computed from the arguments ({e})") from None
+    if t.weak:  # a bare Python scalar or var result becomes a 0-d array of its default dtype
+        t = prims.cast(Tracer(t.uop), t.dtype)
+    return t.uop
 
 
 def _leaf_var_names(leaves: list) -> set[str]:
