@@ -11,11 +11,11 @@ renderer reassociates a lone float sum, so LLVM vectorises it along the contiguo
 independent accumulators (interleaved) and adds them up at the end. No operand is packed.
 
 A single row against a weight contiguous along the columns keeps optimize.py's blocking, with blocks of
-MATVEC_COLUMN_VECTORS vectors of columns instead of two: with no row accumulators the registers are free,
-and each reduction step then reads 4 vectors (256 bytes with AVX2, 512 with AVX-512) of one weight row,
-so the weight streams in longer runs (the columns of two-vector blocks are only one cache line of each
-row: measured here, x (576) @ W (576, 3072) cold: 8.5 GB/s with two vectors, 22 with four, 13 with eight).
-Only column counts such blocks divide are blocked so; others keep optimize.py's blocks.
+MATVEC_ROW_BYTES of columns instead of two vectors: with no row accumulators the registers are free, and
+each reduction step then reads 4 cache lines of one weight row, so the weight streams in longer runs
+(measured on Zen 5, AVX-512, x (576) @ W (576, 3072) float32 with W not in cache: 8.5 GB/s with 64 bytes
+per row and step, 22 with 256, 14 with 512, 13 with 1024; torch 25 in the same runs). Only column counts
+such blocks divide are blocked so; others keep optimize.py's blocks.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from .optimize import COLUMN_VECTORS, column_block, contraction_axes, stride_alo
 from .target import CPUTarget
 
 MAX_ROWS = 8                 # output rows (product of the loops the weight does not depend on) of a matvec, at most
-MATVEC_COLUMN_VECTORS = 4    # vectors of contiguous output columns per block of a one-row contraction
+MATVEC_ROW_BYTES = 256       # bytes of contiguous output columns per block of a one-row contraction
 
 
 def matvec_axes(ast: UOp):
@@ -54,15 +54,15 @@ def matvec_axes(ast: UOp):
 def matvec(ast: UOp, target: CPUTarget) -> UOp | None:
     """The kernel of a matvec contraction (see matvec_axes) with its output columns the outermost loop and
     every other loop inside, in order; a one-row contraction over a weight contiguous along the columns
-    blocked MATVEC_COLUMN_VECTORS vectors wide; None for other kernels (optimize.py blocks them)."""
+    blocked MATVEC_ROW_BYTES wide; None for other kernels (optimize.py blocks them)."""
     found = matvec_axes(ast)
     if found is None:
         axes = contraction_axes(ast)
         if axes is None or axes[4] is not None:
             return None
         # optimize.py's blocks are COLUMN_VECTORS vectors wide: a target of proportionally wider vectors
-        # gives MATVEC_COLUMN_VECTORS (rendering still uses the real target's vectors)
-        wide = attrs.evolve(target, vector_bytes=target.vector_bytes * MATVEC_COLUMN_VECTORS // COLUMN_VECTORS)
+        # gives MATVEC_ROW_BYTES (rendering still uses the real target's vectors)
+        wide = attrs.evolve(target, vector_bytes=max(target.vector_bytes, MATVEC_ROW_BYTES // COLUMN_VECTORS))
         width, tail = column_block(wide, axes[1].dtype.itemsize, axes[3].src[0])
         return upcast_contraction(ast, wide) if width > 1 and not tail else None
     j, others = found

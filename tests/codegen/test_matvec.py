@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import prepjit as pj
-from prepjit.codegen.matvec import MATVEC_COLUMN_VECTORS, MAX_ROWS, matvec_axes
+from prepjit.codegen.matvec import MATVEC_ROW_BYTES, MAX_ROWS, matvec_axes
 from prepjit.codegen.optimize import optimize
 from prepjit.codegen.target import AVX2, AVX512
 from prepjit.uop import Ops
@@ -53,12 +53,12 @@ def test_symbolic_columns_and_rows(rng):
 @pytest.mark.parametrize("dtype,tol", [(np.float32, 1e-4), (np.float64, 1e-10)])
 @pytest.mark.parametrize("target", [AVX2, AVX512])
 def test_one_row_columns_contiguous_weight_is_blocked_wide(rng, dtype, tol, target):
-    """h @ W (the weight contiguous along the output columns): blocks of MATVEC_COLUMN_VECTORS vectors."""
+    """h @ W (the weight contiguous along the output columns): blocks of MATVEC_ROW_BYTES of columns."""
     h, w = rng.standard_normal(577).astype(dtype), rng.standard_normal((577, 256)).astype(dtype)
     f = pj.prepare(lambda h, w: h @ w, device="cpu")
     np.testing.assert_allclose(np.asarray(f(h, w)), h @ w, rtol=tol, atol=tol)
     ast = _kernel_ast(f, h, w)
-    assert len(optimize(ast, "llvm", target).src) == MATVEC_COLUMN_VECTORS * target.lanes(np.dtype(dtype).itemsize)
+    assert len(optimize(ast, "llvm", target).src) == MATVEC_ROW_BYTES // np.dtype(dtype).itemsize
 
 
 def test_columns_contiguous_weight_and_many_rows_stay_blocked(rng):
