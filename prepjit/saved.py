@@ -152,7 +152,7 @@ def save(fn: PreparedFunction, path, info: CallInfo):
         params.append([p.name, _KINDS.index(p.kind), default])
     meta = {
         "function": sig.fn_name, "device": device.name, "compiler_id": device.compiler_id,
-        "params": params, "vars": [[v.name, v.min, v.max] for v in sig.vars.values()],
+        "params": params, "vars": [[v.name, v.min, v.max] for v in sig.vars.values()], "static": sorted(sig.static),
         "shapes": {name: _enc_spec(s) for name, s in sig.shapes.items()},
         "key": _enc(info.key), "descriptions": [[p, _enc(part)] for p, part in entry.descriptions],
         "out_tree": _enc(entry.out_tree), "var_sources": dict(plan.var_sources),
@@ -188,8 +188,8 @@ def _enc_kernels(seg, ast_index: dict):
 class LoadedFunction(PreparedFunction):
     """A prepared function read from a plan file: one signature, every call guarantee of `pj.prepare`."""
 
-    def __init__(self, stub, vars_, shapes, device_name, path):
-        super().__init__(stub, vars=vars_, shapes=shapes, device=device_name)
+    def __init__(self, stub, vars_, shapes, device_name, path, static_argnames=()):
+        super().__init__(stub, vars=vars_, shapes=shapes, device=device_name, static_argnames=static_argnames)
         self.path = path
 
     @property
@@ -290,7 +290,7 @@ def _decode(meta: dict, payload: bytes, path, device_name: str):
                          "outside traced functions")
     stub.__name__ = stub.__qualname__ = str(fn_name)
     stub.__signature__ = inspect.Signature(params)
-    fn = LoadedFunction(stub, vars_, shapes, device_name, os.fspath(path))
+    fn = LoadedFunction(stub, vars_, shapes, device_name, os.fspath(path), tuple(map(str, meta["static"])))
 
     graph = serial.from_data(meta["graph"])
     n_asts = meta["asts"]

@@ -242,3 +242,17 @@ def test_forged_signature_parts_are_refused(saved):
         repack(path, edit)
         with pytest.raises(pj.PlanFileError):
             pj.load(path)
+
+
+def test_static_arguments_stay_static(tmp_path):
+    @pj.prepare(static_argnames=("axes",))
+    def f(x, axes, scale=0.5):
+        return x.sum(axis=axes) * scale
+
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    path = tmp_path / "static.pjplan"
+    f.save(path, x, (0, 2))
+    g = pj.load(path)
+    np.testing.assert_allclose(np.asarray(g(x + 1, (0, 2))), (x + 1).sum(axis=(0, 2)) * 0.5)
+    with pytest.raises(pj.SignatureError):
+        g(x, (1,))
