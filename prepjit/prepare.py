@@ -24,7 +24,7 @@ from .signature import CallInfo, Signature, explain_retrace
 from .stages import describe, stage, tally
 from .trace.pytree import TreeDef
 from .trace.tracer import Tracer
-from .trace.constants import capture_key
+from .trace.constants import capture_key, reachable_arrays
 from .trace.tracing import ArrayLeaf, Traced, VarLeaf, trace_call, wrap_error
 from .uop.var import Var
 
@@ -60,6 +60,7 @@ class _Entry:
     duplicate: list      # per output: True when an earlier output shares its buffer (copy it)
     first_of: list       # per output: the index of the first output with the same buffer
     constants: tuple = ()  # captured arrays (trace/constants.py) on the plan's device: its last inputs
+    reachable: tuple = ()  # the arrays whose ids key this entry, kept alive so no other array takes an id
 
 
 def _normalize_vars(vars_) -> dict[str, Var]:
@@ -136,8 +137,8 @@ class PreparedFunction:
     # ---- preparing ----
     def _entry(self, info: CallInfo) -> _Entry:
         device = self.device
-        key = info.key + (device.name,) + capture_key(self.fn, [v for v in info.leaves if not isinstance(
-            v, (ArrayLeaf, VarLeaf))])
+        reachable = reachable_arrays(self.fn, [v for v in info.leaves if not isinstance(v, (ArrayLeaf, VarLeaf))])
+        key = info.key + (device.name,) + capture_key(reachable)
         entry = self.entries.get(key)
         if entry is not None:
             return entry
@@ -159,6 +160,7 @@ class PreparedFunction:
                 plan.var_sources.update(info.var_sources)  # IndexBoundError messages say where values come from
                 entry = freeze(plan, traced.out_tree, info.descriptions)
                 entry.constants = tuple(_on_device(device, value) for value in traced.constants)
+                entry.reachable = tuple(reachable)
                 self.entries[key] = entry
         return entry
 

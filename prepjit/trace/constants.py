@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import types
 
 import numpy as np
 
@@ -63,40 +64,60 @@ def capture(x) -> Tracer:
     return t
 
 
-def capture_key(fn, static_values) -> tuple:
-    """The identity, dtype and shape of every NumPy array `fn` can reach without being called: its closure
-    cells, the globals its code names, and the attributes of static arguments (`self`); part of the signature."""
-    found = []
-    seen_fns = set()
+def reachable_arrays(fn, static_values) -> list[np.ndarray]:
+    """Every NumPy array `fn` can reach without being called: through its closure cells, the globals its code
+    names and the static arguments (`self`), following helper functions of the same module, attributes,
+    lists, tuples and dicts a few levels deep. Their identities, dtypes and shapes are part of the signature
+    (`capture_key`); the prepared function keeps them alive so that an id is never reused while it keys a plan."""
+    found: list = []
+    seen: set = set()
     root_globals = getattr(getattr(fn, "__func__", fn), "__globals__", None)
 
-    def scan_fn(f):
-        f = getattr(f, "__func__", f)
+    def scan_fn(f, depth: int):
         code = getattr(f, "__code__", None)
-        if code is None or id(f) in seen_fns or seen_fns and f.__globals__ is not root_globals:
+        if code is None or f.__globals__ is not root_globals and seen:
             return  # (helpers of other modules, such as prepjit's or NumPy's own, are not followed)
-        seen_fns.add(id(f))
         for cell in f.__closure__ or ():
             try:
-                scan_value(cell.cell_contents)
+                scan(cell.cell_contents, depth)
             except ValueError:  # an empty cell
                 pass
-        g = getattr(f, "__globals__", {})
+        g = f.__globals__
         for name in code.co_names:
             if name in g:
-                scan_value(g[name])
+                scan(g[name], depth)
 
-    def scan_value(v):
+    def scan(v, depth: int):
         if type(v) is np.ndarray:
-            found.append((id(v), v.dtype.str, v.shape))
-        elif callable(v) and hasattr(getattr(v, "__func__", v), "__code__") and not isinstance(v, type):
-            scan_fn(v)
+            found.append(v)
+            return
+        if depth > _SCAN_DEPTH or id(v) in seen or isinstance(v, _OPAQUE) or v is None:
+            return
+        seen.add(id(v))
+        if isinstance(v, (list, tuple)):
+            for x in v:
+                scan(x, depth + 1)
+        elif isinstance(v, dict):
+            for x in v.values():
+                scan(x, depth + 1)
+        elif isinstance(v, (types.FunctionType, types.MethodType)):
+            if isinstance(v, types.MethodType):
+                scan(v.__self__, depth + 1)
+            scan_fn(getattr(v, "__func__", v), depth + 1)
+        elif isinstance(getattr(v, "__dict__", None), dict):
+            for x in vars(v).values():
+                scan(x, depth + 1)
 
-    scan_fn(fn)
+    seen.add(id(fn))
+    scan_fn(getattr(fn, "__func__", fn), 0)
     for v in static_values:
-        attrs = getattr(v, "__dict__", None)
-        if isinstance(attrs, dict) and not isinstance(v, type):
-            for a in attrs.values():
-                if type(a) is np.ndarray:
-                    found.append((id(a), a.dtype.str, a.shape))
-    return tuple(found)
+        scan(v, 0)
+    return found
+
+
+def capture_key(arrays: list[np.ndarray]) -> tuple:
+    return tuple((id(a), a.dtype.str, a.shape) for a in arrays)
+
+
+_SCAN_DEPTH = 3
+_OPAQUE = (type, types.ModuleType, str, bytes, int, float, complex, bool, np.generic, Tracer, UOp)

@@ -93,3 +93,22 @@ def test_a_captured_array_cannot_be_saved(tmp_path):
     f = pj.prepare(lambda x: x + w)
     with pytest.raises(pj.SignatureError, match="captured"):
         f.save(tmp_path / "f.pjplan", np.ones(3, np.float32))
+
+
+class Model:
+    def __init__(self):
+        self.layers = [Linear(np.eye(2, dtype=np.float32), np.zeros(2, np.float32))]
+
+    @pj.prepare
+    def __call__(self, x):
+        return self.layers[0].w.sum() * x
+
+
+def test_rebinding_a_nested_attribute_traces_again():
+    m = Model()
+    x = np.ones(2, np.float32)
+    np.testing.assert_array_equal(np.asarray(m(x)), 2 * x)
+    m.layers[0].w = np.full((2, 2), 3.0, np.float32)
+    np.testing.assert_array_equal(np.asarray(m(x)), 12 * x)
+    np.testing.assert_array_equal(np.asarray(m(x)), 12 * x)
+    assert Model.__call__.stats["traces"] == 2
