@@ -2,8 +2,8 @@
 from types import SimpleNamespace as _Namespace
 
 from ..uop import dtypes as _dtypes
-from .numpy_create import (arange, array, asarray, eye, full, full_like, identity, iota, linspace, ones, ones_like, tri, zeros,
-                           zeros_like)
+from .numpy_create import (arange, array, asarray, eye, full, full_like, identity, iota, linspace, ones, ones_like,
+                           tri, zeros, zeros_like)
 from .numpy_index import take, take_along_axis
 from .numpy_linalg import dot, einsum, matmul, norm as _norm, outer, tensordot
 from .numpy_math import (abs, absolute, add, around, astype, bitwise_and, bitwise_or, bitwise_xor, ceil, clip, cos,

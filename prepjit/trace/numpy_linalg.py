@@ -104,7 +104,8 @@ def einsum(subscripts: str, *operands) -> Tracer:
 
 
 def _diagonals(subs: list[str], x: Tracer) -> tuple[list[str], Tracer]:
-    """An operand with a letter repeated (`ii`, `bii`) reduced to its diagonal along those axes, the letter kept once."""
+    """An operand with a letter repeated (`ii`, `bii`) reduced to its diagonal along those axes, the letter kept
+    once."""
     while len(set(subs)) != len(subs):
         c = next(c for c in subs if subs.count(c) > 1)
         i, j = subs.index(c), subs.index(c, subs.index(c) + 1)

@@ -12,8 +12,8 @@ import numpy as np
 
 from ..uop import DType, Ops, dtypes
 from . import prims
-from .numpy_math import (absolute, add, equal, exp, greater, less, log, logical_or, maximum, minimum, multiply, negative,
-                         signbit, sin, cos, sqrt, subtract, true_divide, ufunc_dtype, where, isinf, isnan)
+from .numpy_math import (absolute, add, cos, equal, exp, greater, isinf, isnan, less, log, logical_or, maximum, minimum,
+                         multiply, negative, signbit, sin, sqrt, subtract, true_divide, ufunc_dtype, where)
 from .prims import elementwise, to_tracer
 from .tracer import Tracer
 

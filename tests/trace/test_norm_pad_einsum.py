@@ -76,7 +76,8 @@ def test_einsum_diagonals(spec, shapes, device, rng):
 
 
 def test_einsum_diagonal_symbolic_and_errors():
-    f = pj.prepare(vars={"n": (0, 8)}, shapes={"x": ("n", "n")})(lambda x: (pnp.einsum("ii->i", x), pnp.einsum("ii", x)))
+    f = pj.prepare(vars={"n": (0, 8)}, shapes={"x": ("n", "n")})(
+        lambda x: (pnp.einsum("ii->i", x), pnp.einsum("ii", x)))
     for n in (0, 1, 5):
         x = np.arange(n * n, dtype=np.float32).reshape(n, n)
         d, t = f(x)
