@@ -112,6 +112,14 @@ KERNEL_CASES = (
     _matmul_case(128),
     _matmul_case(512),
     _matmul_case(1024),
+    # decode-step matrix-vector products (codegen/matvec.py): the tied-embedding head, weight rows along the
+    # reduction, and a feed-forward projection, weight rows along the outputs; bound by memory bandwidth
+    Case("matvec_head_49152x576", matmul,
+         lambda rng, smoke: [_f32(rng, *((40, 24) if smoke else (49152, 576))), _f32(rng, 24 if smoke else 576)],
+         work=_bytes(), rtol=1e-4, atol=1e-3),
+    Case("matvec_576x3072", matmul,
+         lambda rng, smoke: [_f32(rng, 24 if smoke else 576), _f32(rng, *((24, 64) if smoke else (576, 3072)))],
+         work=_bytes(), rtol=1e-4, atol=1e-3),
     Case("mlp_forward_symbolic_batch", mlp, _mlp_inputs,
          prepare_kwargs={"vars": {"n": (1, 1024)}, "shapes": {"x": ("n", None)}}, rtol=1e-3, atol=1e-3),
     Case("mlp_forward_static_batch", mlp, _mlp_inputs, rtol=1e-3, atol=1e-3),
