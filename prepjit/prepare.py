@@ -109,7 +109,7 @@ class PreparedFunction:
         self.shapes = dict(shapes or {})
         _collect_spec_vars(self.shapes, self.vars)
         self.signature = Signature(fn, self.vars, self.shapes, static_argnums, static_argnames)
-        self._fast_calls = FastCalls(self.signature)
+        self._fast_calls = FastCalls(self.signature, fn)
         self.device_name = device
         self.entries: dict[tuple, _Entry] = {}
         self.lock = threading.RLock()

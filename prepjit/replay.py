@@ -17,6 +17,7 @@ import numpy as np
 
 from .runtime.array import Array
 from .runtime.host_pool import allocator_for, empty
+from .trace.constants import capture_key, reachable_arrays
 from .uop import render_python
 
 MISS = object()
@@ -27,11 +28,14 @@ class _FastCall:
     """What one concrete call signature replays: plan, argument positions, var checks and outputs."""
 
     def __init__(self, entry, info, array_args: list[tuple[int, bool]], n_args: int, var_args: list[tuple[int, str]],
-                 bounds: dict, device):
+                 bounds: dict, device, fn):
         plan = entry.plan
         self.plan, self.device, self.out_tree = plan, device, entry.out_tree
         self.array_args = array_args
-        self.args_are_inputs = [i for i, _ in array_args] == list(range(n_args)) and not any(p for _, p in array_args)
+        self.constants = tuple(entry.constants)  # captured arrays (trace/constants.py): the plan's last inputs
+        self.args_are_inputs = [i for i, _ in array_args] == list(range(n_args)) and not any(
+            p for _, p in array_args) and not self.constants
+        self.fn, self.reachable = fn, capture_key(list(entry.reachable))
         self.var_names = list(plan.vars)
         self.base_values = dict(info.var_values)
         self.var_checks = var_args
@@ -47,10 +51,17 @@ class _FastCall:
     def _inputs(self, args: tuple) -> tuple:
         if self.args_are_inputs:
             return args
-        return tuple(args[i].buffer if is_pj else args[i] for i, is_pj in self.array_args)
+        return tuple(args[i].buffer if is_pj else args[i] for i, is_pj in self.array_args) + self.constants
+
+    def _same_captures(self) -> bool:
+        """Whether the arrays the function reaches are still the ones this plan was traced with (see
+        trace/constants.py); a rebound one goes to the full path, which traces again."""
+        return not self.reachable or capture_key(reachable_arrays(self.fn, ())) == self.reachable
 
     def _run(self, args: tuple):
         """A call whose var values all come from the (keyed) shapes: outputs and values are fixed."""
+        if not self._same_captures():
+            return MISS
         inputs = self._inputs(args)
         outputs = [alloc(shape, dtype) for alloc, shape, dtype in self.out_specs]
         return self._replay(inputs, outputs, self.values, self.shapes)
@@ -59,7 +70,7 @@ class _FastCall:
         """A call with scalar vars: check their bounds, agreement with the shapes and the index constraints
         first (one compiled function); anything off goes to the full path, which raises the proper error."""
         values = self.check(args)
-        if values is None:
+        if values is None or not self._same_captures():
             return MISS
         current = dict(zip(self.var_names, values))
         shapes = [fn(current) for fn in self.shape_fns]
@@ -104,7 +115,8 @@ def _compile_check(plan, var_args: list[tuple[int, str]], bounds: dict, info):
 class FastCalls:
     """The fast-path table of one prepared function: concrete call key -> its _FastCall's run."""
 
-    def __init__(self, signature):
+    def __init__(self, signature, fn):
+        self.fn = fn
         self.enabled = signature.simple
         self.var_positions = {i: p.name for i, p in enumerate(signature.params) if p.name in signature.scalar_vars}
         self.static_positions = {i for i, p in enumerate(signature.params) if p.name in signature.static}
@@ -159,8 +171,8 @@ class FastCalls:
                 array_args.append((i, type(a) is Array))
             elif i in self.var_positions:
                 var_args.append((i, self.var_positions[i]))
-        if len(array_args) != len(plan.inputs) or len(info.arrays) != len(array_args) \
+        if len(array_args) + len(entry.constants) != len(plan.inputs) or len(info.arrays) != len(array_args) \
                 or any(n not in info.var_values for n in plan.vars) \
                 or plan.check_constraints(tuple(info.var_values[n] for n in plan.vars)) >= 0:
             return  # (a call that breaks an index constraint raises on the full path, and is not remembered)
-        self.calls[key] = _FastCall(entry, info, array_args, len(args), var_args, self.bounds, device).run
+        self.calls[key] = _FastCall(entry, info, array_args, len(args), var_args, self.bounds, device, self.fn).run
