@@ -52,9 +52,10 @@ def matvec_axes(ast: UOp):
 
 
 def matvec(ast: UOp, target: CPUTarget) -> UOp | None:
-    """The kernel of a matvec contraction (see matvec_axes) with its output columns the outermost loop and
-    every other loop inside, in order; a one-row contraction over a weight contiguous along the columns
-    blocked MATVEC_ROW_BYTES wide; None for other kernels (optimize.py blocks them)."""
+    """The kernel of a matvec contraction (see matvec_axes), unblocked, with its output columns the outermost
+    loop and every other loop inside, in order (unless another loop is larger, like a batch of matrices: then
+    the loops keep their order); a one-row contraction over a weight contiguous along the columns blocked
+    MATVEC_ROW_BYTES wide; None for other kernels (optimize.py blocks them)."""
     found = matvec_axes(ast)
     if found is None:
         axes = contraction_axes(ast)
@@ -66,6 +67,8 @@ def matvec(ast: UOp, target: CPUTarget) -> UOp | None:
         width, tail = column_block(wide, axes[1].dtype.itemsize, axes[3].src[0])
         return upcast_contraction(ast, wide) if width > 1 and not tail else None
     j, others = found
+    if any(r.src[0].vmax > j.src[0].vmax for r in others):  # a larger loop (a batch) stays where it is
+        return ast
     order = [j] + others + sorted({u for u in ast.toposort() if u.op is Ops.RANGE and u.arg[1] == "reduce"},
                                   key=lambda r: r.arg[0])
     return ast.substitute({r: UOp(Ops.RANGE, r.dtype, r.src, (n, r.arg[1])) for n, r in enumerate(order)})

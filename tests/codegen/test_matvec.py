@@ -40,6 +40,14 @@ def test_a_few_rows_keep_the_columns_outermost(rng):
     assert outer.src[0].arg == 300
 
 
+def test_a_batch_of_matvecs_keeps_the_batch_outermost(rng):
+    a, x = rng.standard_normal((64, 3, 40)).astype(np.float32), rng.standard_normal((64, 40)).astype(np.float32)
+    f = pj.prepare(lambda a, x: (a @ x[:, :, None])[:, :, 0], device="cpu")
+    np.testing.assert_allclose(np.asarray(f(a, x)), (a @ x[:, :, None])[:, :, 0], rtol=1e-4, atol=1e-4)
+    ast = _kernel_ast(f, a, x)
+    assert matvec_axes(ast) is not None and optimize(ast, "llvm") is ast
+
+
 def test_symbolic_columns_and_rows(rng):
     f = pj.prepare(lambda x, w: x @ w.T, vars={"n": (1, 2000), "m": (1, MAX_ROWS)},
                    shapes={"x": ("m", 65), "w": ("n", 65)}, device="cpu")
