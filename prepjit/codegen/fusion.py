@@ -12,7 +12,9 @@ loop chaining reductions recomputes the whole chain in every kernel otherwise).
 
 A reduction read by exactly one kernel, element for element (through elementwise ops and reshapes
 only: a bias and an activation after a matmul, a reshape of a sum), is computed inside that kernel:
-its reader stores `f(reduce(...))` directly, without a buffer and a pass of its own.
+its reader stores `f(reduce(...))` directly, without a buffer and a pass of its own. Where kernels are
+loop nests (llvm), so is a row reduction its reader broadcasts along trailing axes: the renderer
+computes it once per row, where the row's loops are open, before the loops it is broadcast along.
 """
 from __future__ import annotations
 
@@ -82,38 +84,68 @@ def _worth_materialising(node: UOp, readers: set, cost: dict) -> bool:
     return (c - 1) * evaluations > (c + MEMORY_COST) * size + LAUNCH_COST
 
 
-def fused_reductions(outputs: list[UOp], materialized: set[UOp]) -> set[UOp]:
-    """The reductions computed inside their only reader's kernel (see the module docstring)."""
+def fused_reductions(outputs: list[UOp], materialized: set[UOp], rows: bool = False) -> set[UOp]:
+    """The reductions computed inside their only reader's kernel (see the module docstring); with `rows`
+    (kernels that are loop nests, which compute a value where its loops are open), also those it reads
+    broadcast along trailing axes only (a row's max or sum in softmax, layernorm's mean and variance)."""
     graph, roots = kernel_roots(outputs)
     explicit = set(roots) - {n for n in roots if n.op is Ops.REDUCE_AXIS} | set(outputs)
     in_loops = {n for node in graph if node.op is Ops.LOOP
                 for n in UOp(Ops.SINK, node.dtype, node.arg.body_outputs).toposort()}
-    reads: dict[UOp, list] = {}  # reduction -> [(reader root, whether it reads it element for element)]
-    for root in dict.fromkeys(roots + sorted(materialized, key=graph.index)):
-        for red, direct in _reductions_read(root, materialized):
-            reads.setdefault(red, []).append((root, direct))
-    fused = set()
-    for red, readers in reads.items():
-        root = readers[0][0]
-        if red in explicit or red in in_loops or root in in_loops or root.op is Ops.REDUCE_AXIS:
-            continue
-        if all(r is root and direct for r, direct in readers):
-            fused.add(red)
-    return fused
+    ok = {_DIRECT, _RESHAPED, _ROW} if rows else {_DIRECT, _RESHAPED}
+    fused: set[UOp] = set()
+    while True:  # a fused reduction's reads become its reader's: the reductions it read may fuse next
+        reads: dict[UOp, list] = {}  # reduction -> [(reader root, how it reads it)]
+        for root in dict.fromkeys([r for r in roots if r not in fused] + sorted(materialized, key=graph.index)):
+            for red, how in _reductions_read(root, materialized, fused):
+                reads.setdefault(red, []).append((root, how))
+        more = set()
+        for red, readers in reads.items():
+            root = readers[0][0]
+            if red in explicit or red in in_loops or root in in_loops or root.op is Ops.REDUCE_AXIS:
+                continue
+            if all(r is root and how in ok for r, how in readers):
+                more.add(red)
+        if more <= fused:
+            return fused
+        fused |= more
 
 
-def _reductions_read(root: UOp, materialized: set[UOp]) -> list[tuple[UOp, bool]]:
-    """The reductions the kernel computing `root` reads, each with whether a path reaches it through more
-    than elementwise ops and reshapes (False: then some of its values are read more than once, or not at all)."""
-    out, seen, stack = [], set(), [(root, root.op is not Ops.REDUCE_AXIS)]
+_DIRECT, _RESHAPED, _ROW, _INNER, _OTHER = range(5)  # how a kernel's index reaches a node: element for element,
+# through reshapes too, broadcast along trailing axes (each value read for a run of the innermost loops), inside a
+# fused row reduction (only a broadcast along its trailing axes is read once per row there), or otherwise
+
+
+def _step(how: int, n: UOp) -> int:
+    """How the kernel's index reaches the operands of `n`, reaching `n` itself `how`."""
+    if n.op is Ops.REDUCE_AXIS:  # a fused one: its operands are read inside it
+        return _INNER if how in (_DIRECT, _ROW) else _OTHER
+    if n.op in ELEMENTWISE:
+        return how
+    if n.op is Ops.RESHAPE:
+        return _RESHAPED if how in (_DIRECT, _RESHAPED) else _OTHER
+    if n.op is Ops.EXPAND and how in (_DIRECT, _ROW, _INNER):
+        src = n.src[0].shape
+        grown = [k for k, (a, b) in enumerate(zip(src, n.shape)) if isinstance(a, int) and a == 1 and not (
+            isinstance(b, int) and b == 1)]
+        varying = [k for k, a in enumerate(src) if not (isinstance(a, int) and a == 1)]
+        if grown and varying and min(grown) > max(varying):
+            return _ROW
+    return _OTHER
+
+
+def _reductions_read(root: UOp, materialized: set[UOp], fused: set[UOp]) -> list[tuple[UOp, int]]:
+    """The reductions the kernel computing `root` reads, each with how its index reaches it (`_step`); the walk
+    goes on into the `fused` ones (their kernel is this one), reading their operands as `_OTHER`."""
+    out, seen, stack = [], set(), [(root, _OTHER if root.op is Ops.REDUCE_AXIS else _DIRECT)]
     while stack:
-        n, direct = stack.pop()
-        if (n, direct) in seen:
+        n, how = stack.pop()
+        if (n, how) in seen:
             continue
-        seen.add((n, direct))
-        if n is not root and n.op is Ops.REDUCE_AXIS:
-            out.append((n, direct))
-        if n is root or not (n.op in REALIZED or n in materialized):
-            keep = direct and (n.op in ELEMENTWISE or n.op is Ops.RESHAPE)
-            stack.extend((s, keep) for s in n.src)
+        seen.add((n, how))
+        if n is not root and n.op is Ops.REDUCE_AXIS and n not in fused:
+            out.append((n, how))
+        if n is root or n in fused or not (n.op in REALIZED or n in materialized):
+            below = _OTHER if n is root and root.op is Ops.REDUCE_AXIS else _step(how, n)
+            stack.extend((s, below) for s in n.src)
     return out

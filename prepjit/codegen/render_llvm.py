@@ -84,10 +84,14 @@ class _Renderer(KernelRenderer):
         self.prange = parallel_range(ast)
         self.reduce_groups: dict = {}
         self.reduce_loops: dict[UOp, set] = {}  # the loop ranges each reduction's value depends on
-        for u in ast.toposort():
+        self.reduce_free: dict[UOp, set] = {}   # all the ranges it depends on that no reduction in it binds
+        for u in ast.toposort():  # operands first
             if u.op is Ops.REDUCE:
                 self.reduce_groups.setdefault((u.arg, u.dtype, u.src[1:]), []).append(u)
                 self.reduce_loops[u] = set(_loop_ranges(u))
+                inner = [x for x in u.toposort() if x.op in (Ops.RANGE, Ops.REDUCE)]
+                bound = {r for x in inner if x.op is Ops.REDUCE for r in x.src[1:]}
+                self.reduce_free[u] = {x for x in inner if x.op is Ops.RANGE} - bound
 
     def tmp(self, prefix="t") -> str:
         self.n += 1
@@ -391,6 +395,14 @@ class _Renderer(KernelRenderer):
         self.decls.add("declare i64 @llvm.smin.i64(i64, i64)")
         return self.open_loop(r, "%start", "%end.clamped")
 
+    def hoist_reductions(self):
+        """Render every reduction whose ranges are all open now, operands first, so that one broadcast along
+        the loops still to open (a row's sum read by each of its elements) is computed once per row."""
+        here = set(self.open_ranges)
+        for u, free in self.reduce_free.items():
+            if free <= here and not any(u in scope for scope in self.scopes):
+                self.value(u)
+
     def kernel(self) -> str:
         """The stores in order, each inside the loops of the ranges it depends on: consecutive stores share
         the loops their ranges have in common (outermost first), so stores over other ranges (a peeled tail)
@@ -413,6 +425,7 @@ class _Renderer(KernelRenderer):
                 self.close_loop(loops.pop())
             for r in need[keep:]:
                 loops.append(self.open_range(r))
+                self.hoist_reductions()
             self.store(store)
         while len(loops) > base:
             self.close_loop(loops.pop())

@@ -214,11 +214,12 @@ def _drop_unused_slots(ast: UOp, buffers: tuple[int, ...]) -> tuple[UOp, tuple[i
 def schedule(outputs: list[UOp], inputs: list[UOp], pack_contractions: bool = False) -> Schedule:
     """Kernels and buffers computing `outputs` from `inputs`; each output gets a fresh buffer.
 
-    With `pack_contractions` (for devices that register-block contractions), large contractions
+    With `pack_contractions` (for devices whose kernels are register-blocking loop nests: llvm), row
+    reductions are computed inside the kernel that broadcasts them (fusion.py) and large contractions
     first copy their column operand into contiguous panels (packing.py).
     """
     materialized = choose_materialized(outputs)
-    s = _Scheduler(materialized, fused_reductions(outputs, materialized), pack_contractions)
+    s = _Scheduler(materialized, fused_reductions(outputs, materialized, rows=pack_contractions), pack_contractions)
     env = {node: s.new_buffer(node) for node in inputs}
     input_bufs = tuple(env[n] for n in inputs)
     output_bufs, done = [], {}

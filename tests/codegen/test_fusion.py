@@ -118,3 +118,21 @@ def test_cheap_operand_read_once_per_output_column_is_materialised(rng):
     assert len(choose_materialized(list(traced.outputs))) == 1 and len(sched.kernels) == 2
     np.testing.assert_allclose(np.asarray(pj.prepare(lambda x, b, w: (x + b) @ w)(x, b, w)), (x + b) @ w,
                                rtol=1e-4, atol=1e-4)
+
+
+def test_row_reductions_are_computed_in_the_kernel_that_broadcasts_them(device, rng):
+    """On loop-nest kernels (llvm) softmax over rows is one kernel: its max and sum are computed once per row
+    before the row's elements; reductions broadcast down columns keep kernels of their own."""
+    x = rng.standard_normal((16, 48)).astype(np.float32)
+
+    def softmax(x):
+        e = pnp.exp(x - x.max(axis=1, keepdims=True))
+        return e / e.sum(axis=1, keepdims=True)
+    traced = pj.trace(softmax, x)
+    assert len(schedule(list(traced.outputs), list(traced.inputs), pack_contractions=True).kernels) == 1
+    assert len(schedule(list(traced.outputs), list(traced.inputs)).kernels) == 3  # C-style renderers: one per step
+    columns = pj.trace(lambda x: x - x.max(axis=0, keepdims=True), x)
+    assert len(schedule(list(columns.outputs), list(columns.inputs), pack_contractions=True).kernels) == 2
+    e = np.exp(x - x.max(1, keepdims=True))
+    f = pj.prepare(vars={"n": (1, 64)}, shapes={"x": ("n", 48)}, device=device)(softmax)
+    np.testing.assert_allclose(np.asarray(f(x)), e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-6)

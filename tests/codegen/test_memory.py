@@ -7,9 +7,9 @@ from prepjit.codegen.schedule import schedule
 
 
 def chain(x):
-    s = x.sum(axis=1, keepdims=True)
-    for _ in range(4):  # each reduction reads only the previous one, so older ones are dead
-        s = (x * s).max(axis=1, keepdims=True) * 0.5
+    s = x.sum(axis=0, keepdims=True)
+    for _ in range(4):  # each reduction reads only the previous one, so older ones are dead (column reductions
+        s = (x * s).max(axis=0, keepdims=True) * 0.5  # broadcast down the rows: kernels of their own)
     return s
 
 
