@@ -185,7 +185,7 @@ def _transformers_decode(arrays):
     def call(params, ids, pos_, k_cache, v_cache, cos, sin):
         with torch.no_grad():
             logits = model(torch.from_numpy(ids)[None], use_cache=True, **{key: cache}).logits
-        cache.crop(pos)
+        cache.crop(-1)  # drop the token just added
         return logits[0, -1].numpy()
     return call
 
