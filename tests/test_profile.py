@@ -15,9 +15,9 @@ from tests.helpers import assert_matches
 
 def test_a_row_for_every_kernel(device, rng):
     @pj.prepare(vars={"n": (1, 64)}, shapes={"x": ("n", 48)}, device=device)
-    def softmax(x):
-        e = pnp.exp(x - x.max(axis=1, keepdims=True))
-        return e / e.sum(axis=1, keepdims=True)
+    def softmax(x):  # over columns: on the cpu a softmax over rows is one kernel (codegen/fusion.py)
+        e = pnp.exp(x - x.max(axis=0, keepdims=True))
+        return e / e.sum(axis=0, keepdims=True)
     x = rng.standard_normal((5, 48)).astype(np.float32)
     prof = pj.profile(softmax, x)
     plan = softmax.plan(x)
@@ -34,8 +34,8 @@ def test_a_row_for_every_kernel(device, rng):
         assert word in text
     assert len(text.splitlines()) == len(prof.rows) + 3  # title, header, kernels, total
     assert softmax.stats["replays"] == 1 and softmax.stats["traces"] == 1  # the profiled run is a real call
-    e = np.exp(x - x.max(1, keepdims=True))
-    assert_matches(softmax(x), e / e.sum(1, keepdims=True))
+    e = np.exp(x - x.max(0, keepdims=True))
+    assert_matches(softmax(x), e / e.sum(0, keepdims=True))
 
 
 def test_elementwise_bytes_and_flops_are_exact_at_the_live_size(device, rng):
