@@ -15,7 +15,7 @@ def _kernel_ast(f, *args):
 
 
 @pytest.mark.parametrize("dtype,tol", [(np.float32, 1e-4), (np.float64, 1e-10)])
-@pytest.mark.parametrize("n,k", [(577, 64), (49153, 17), (33, 577)])
+@pytest.mark.parametrize("n,k", [(577, 64), (49153, 17), (33, 577), (1536, 576)])
 def test_rows_contiguous_weight_matches_numpy_and_is_a_matvec(rng, dtype, tol, n, k):
     """W @ h and h @ W.T (the weight contiguous along the reduction): one lone sum per output, the output
     columns the outermost loop (threads split it)."""
