@@ -19,7 +19,7 @@ import functools
 
 from ..errors import CompileError
 from ..uop import Ops, UOp, simplify
-from ..uop.symbolic import from_poly, poly
+from ..uop.symbolic import from_poly, poly, poly_min, provably_lt
 from .optimize import optimize
 
 MAX_OPTIONS = 12       # bound options kept per node
@@ -339,34 +339,39 @@ class _Prover:
                 self.active.discard(key)
         return self.memo[key]
 
-    def in_bounds(self, index: UOp, size: UOp, terms: frozenset, splits: int = 0) -> tuple[bool, str]:
-        """Whether 0 <= index < size; a min or max of vars is split into its two cases (correlated uses)."""
+    def in_bounds(self, index: UOp, size: UOp, terms: frozenset, splits: int = 0,
+                  halves: tuple = ("lower", "upper")) -> tuple[bool, str]:
+        """Whether 0 <= index (half "lower") and index < size ("upper"); a min or max of vars is split into its
+        two cases (correlated uses), for the halves not proven without it."""
         if any(not _has_loop_or_data(t) and simplify(t).vmax < 0 for t in terms):  # the facts contradict: never runs
             return True, ""
-        ok, why = self._in_bounds(index, size, _facts(terms))
+        facts = _facts(terms)
+        failed = tuple(h for h in halves if not self._half(index, size, facts, h))
+        if not failed:
+            return True, ""
+        why = "may be negative" if failed[0] == "lower" else f"may reach the buffer's size {size.render()}"
         choice = next((u for u in _outside_ranges(index, size, *terms) if u.op in (Ops.MIN, Ops.MAX)
-                       and not _has_loop_or_data(u)), None) if splits < MAX_SPLITS and not ok else None
-        if choice is not None:
-            a, b = choice.src
-            why = ""
-            keep = {r: r for x in (index, size, *terms) for r in _ranges(x)}  # ranges (and their ends) stay
-            for pick, other in ((a, b), (b, a)):  # min(a, b) = a when b - a >= 0; max(a, b) = a when a - b >= 0
-                fact = _linear(other, pick) if choice.op is Ops.MIN else _linear(pick, other)
-                sub = {**keep, choice: pick}
-                case_terms = frozenset(_linear(t.substitute(sub)) for t in terms) | {fact}
-                ok, why = self.in_bounds(simplify(index.substitute(sub)), simplify(size.substitute(sub)),
-                                         case_terms, splits + 1)
-                if not ok:
-                    return False, why
-        return ok, why
+                       and not _has_loop_or_data(u)), None) if splits < MAX_SPLITS else None
+        if choice is None:
+            return False, why
+        a, b = choice.src
+        keep = {r: r for x in (index, size, *terms) for r in _ranges(x)}  # ranges (and their ends) stay
+        for pick, other in ((a, b), (b, a)):  # min(a, b) = a when b - a >= 0; max(a, b) = a when a - b >= 0
+            fact = _linear(other, pick) if choice.op is Ops.MIN else _linear(pick, other)
+            sub = {**keep, choice: pick}
+            case_terms = frozenset(_linear(t.substitute(sub)) for t in terms) | {fact}
+            ok, why = self.in_bounds(simplify(index.substitute(sub)), simplify(size.substitute(sub)),
+                                     case_terms, splits + 1, failed)
+            if not ok:
+                return False, why
+        return True, ""
 
-    def _in_bounds(self, index: UOp, size: UOp, facts: Facts) -> tuple[bool, str]:
-        if not self.nonneg(index, facts):
-            return False, "may be negative"
-        for o in self.bound(index, facts, upper=True):
-            if all(self.nonneg(size - 1 - x, facts) for x in o):
-                return True, ""
-        return False, f"may reach the buffer's size {size.render()}"
+    def _half(self, index: UOp, size: UOp, facts: Facts, half: str) -> bool:
+        """One half of in_bounds without case splits: interval bounds first (no facts needed), then the bounds."""
+        if half == "lower":
+            return poly_min(poly(index)) >= 0 or self.nonneg(index, facts)
+        return provably_lt(index, size) or \
+            any(all(self.nonneg(size - 1 - x, facts) for x in o) for o in self.bound(index, facts, upper=True))
 
 
 def _outside_ranges(*roots: UOp) -> list[UOp]:
@@ -414,36 +419,76 @@ def buffer_size(shape: tuple) -> UOp:
     return simplify(size)
 
 
+def _opaque_loads(exprs: list) -> list:
+    """`exprs` with each outermost load replaced by a placeholder load (the i-th distinct one, in order): the
+    proof knows a loaded value by its dtype only, so accesses that differ only inside their loads' indices
+    (an upcast gather's lanes) share one proof."""
+    loads: dict = {}
+    for e in exprs:
+        for u in _outside_loads(e):
+            loads.setdefault(u, UOp(Ops.LOAD, u.dtype, (u.src[0], UOp.const(len(loads)))))
+    return [e.substitute(loads) if loads else e for e in exprs]
+
+
+def _outside_loads(root: UOp) -> list[UOp]:
+    """The loads under `root` that no other load's index holds, in a fixed order."""
+    out, seen, stack = [], set(), [root]
+    while stack:
+        u = stack.pop()
+        if u in seen:
+            continue
+        seen.add(u)
+        if u.op is Ops.LOAD:
+            out.append(u)
+        else:
+            stack.extend(reversed(u.src))
+    return out
+
+
 def prove_kernel(ast: UOp, shapes: list[tuple], constraints=()) -> int:
     """Check every access of kernel `ast` (slot i has live shape shapes[i]); return how many were proven.
 
     `constraints` are bool expressions over the vars known true on every run (checked before it).
     Raises CompileError naming the kernel, the access and its index when one cannot be proven.
+    Accesses are grouped first: identical ones (loads made opaque) are proven once, and ungated ones of one
+    buffer whose indices differ by a constant only at their smallest and largest offsets (the facts are the
+    same, so every offset in between lies between those two).
     """
     sizes = [buffer_size(s) for s in shapes]
     base = frozenset(t for c in constraints for t in _ge0_terms(c, True))
-    prover, count = _Prover(), 0
     enclosing = _enclosing_ranges(ast)
+    groups: dict = {}  # (slot, opaque index less its constant, opaque gate, facts) -> {offset: access}
+    count = 0
     for u in ast.toposort():
         if u.op not in (Ops.LOAD, Ops.STORE):
             continue
-        buf, index = u.src[0], simplify(u.src[1])  # facts and index in one canonical form
+        index = simplify(u.src[1])  # facts and index in one canonical form
         gate = simplify(u.src[2]) if u.op is Ops.LOAD and len(u.src) > 2 else None
+        count += 1
         if gate is not None and gate.op is Ops.CONST and not gate.arg:  # never runs
-            count += 1
             continue
         terms = set(base)
         for r in _ranges(u.src[1]) + (_ranges(u.src[2]) if gate is not None else []) + enclosing[u]:
             terms.add(_linear(r.src[0], None, -1))  # an access inside a loop runs only when the loop does
-        if gate is not None:
-            terms |= set(_ge0_terms(gate, True))
-        ok, why = prover.in_bounds(index, sizes[buf.arg], frozenset(terms))
-        if not ok:
-            kind = "load from" if u.op is Ops.LOAD else "store to"
-            gated = f" under gate {gate.render()}" if gate is not None else ""
-            raise CompileError(f"kernel {ast.arg}: cannot prove the {kind} buffer slot {buf.arg} in bounds: index "
-                               f"{index.render()}{gated} {why} (shape {shapes[buf.arg]}); refusing to compile it")
-        count += 1
+        opaque = [simplify(e) for e in _opaque_loads([index] + ([gate] if gate is not None else []))]
+        offset = 0
+        if gate is None:
+            p = poly(opaque[0])
+            offset, opaque[0] = p.get((), 0), from_poly({m: k for m, k in p.items() if m}, index.dtype)
+        else:
+            terms |= set(_ge0_terms(opaque[1], True))
+        key = (u.src[0].arg, *opaque, frozenset(t for t in terms if t.op is not Ops.CONST or t.arg < 0))
+        groups.setdefault(key, {}).setdefault(offset, (u, index, gate))
+    prover = _Prover()
+    for (slot, opaque, *gate_part, terms), accesses in groups.items():
+        for offset in sorted({min(accesses), max(accesses)}):
+            ok, why = prover.in_bounds(opaque if gate_part else opaque + offset, sizes[slot], terms)
+            if not ok:
+                u, index, gate = accesses[offset]
+                kind = "load from" if u.op is Ops.LOAD else "store to"
+                gated = f" under gate {gate.render()}" if gate is not None else ""
+                raise CompileError(f"kernel {ast.arg}: cannot prove the {kind} buffer slot {slot} in bounds: index "
+                                   f"{index.render()}{gated} {why} (shape {shapes[slot]}); refusing to compile it")
     return count
 
 
