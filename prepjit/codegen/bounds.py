@@ -49,6 +49,7 @@ def _ge0_terms(cond: UOp, truth: bool) -> list[UOp]:
     return []
 
 
+@functools.lru_cache(maxsize=1 << 14)
 def _linear(a: UOp, b: UOp | None = None, c: int = 0) -> UOp:
     """a - b + c as a sum of monomials, not simplified further: what facts are read from (simplify may fold
     a sum into a min or max, which no longer bounds its terms)."""
@@ -388,8 +389,9 @@ def _outside_ranges(*roots: UOp) -> list[UOp]:
     return out
 
 
-def _ranges(u: UOp) -> list[UOp]:
-    return [x for x in u.toposort() if x.op is Ops.RANGE]
+@functools.lru_cache(maxsize=1 << 14)
+def _ranges(u: UOp) -> tuple[UOp, ...]:
+    return tuple(x for x in u.toposort() if x.op is Ops.RANGE)
 
 
 def _enclosing_ranges(ast: UOp) -> dict:
@@ -468,7 +470,7 @@ def prove_kernel(ast: UOp, shapes: list[tuple], constraints=()) -> int:
         if gate is not None and gate.op is Ops.CONST and not gate.arg:  # never runs
             continue
         terms = set(base)
-        for r in _ranges(u.src[1]) + (_ranges(u.src[2]) if gate is not None else []) + enclosing[u]:
+        for r in (*_ranges(u.src[1]), *(_ranges(u.src[2]) if gate is not None else ()), *enclosing[u]):
             terms.add(_linear(r.src[0], None, -1))  # an access inside a loop runs only when the loop does
         opaque = [simplify(e) for e in _opaque_loads([index] + ([gate] if gate is not None else []))]
         offset = 0

@@ -48,3 +48,37 @@ def test_constraints_are_assumed():
     with pytest.raises(pj.CompileError):
         prove_kernel(k, [(4,), (n, 4)])
     assert prove_kernel(k, [(4,), (n, 4)], [UOp(Ops.CMPLT, dtypes.bool, (pos, n))]) == 2
+
+
+def sum_kernel(indices, gates=None, name="E_lanes"):
+    """out[r] = sum of buf1[index] (the i-th load gated on gates[i]), over r in range(n): an upcast's lanes."""
+    loads = [UOp(Ops.LOAD, dtypes.float32, (UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), 1), index)
+                 + (() if gates is None or gates[i] is None else (gates[i],))) for i, index in enumerate(indices)]
+    value = loads[0]
+    for x in loads[1:]:
+        value = UOp(Ops.ADD, dtypes.float32, (value, x))
+    store = UOp(Ops.STORE, dtypes.bool, (UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), 0), r, value))
+    return UOp(Ops.SINK, dtypes.bool, (store,), name)
+
+
+def test_lanes_at_constant_offsets_are_all_counted_and_the_last_one_checked():
+    lanes = [simplify(r * 4 + c) for c in range(4)]
+    assert prove_kernel(sum_kernel(lanes), [(n,), (n, 4)]) == 5
+    with pytest.raises(pj.CompileError, match=r"index \(\(r0\*4\)\+4\) may reach"):  # one lane past the end: refused by name
+        prove_kernel(sum_kernel(lanes + [simplify(r * 4 + 4)]), [(n,), (n, 4)])
+
+
+def gathered(k):
+    """buf1[ids[r + k]] (ids: int32 slot 2 of shape (n + 1,)) and the gate 0 <= ids[r + k] < n."""
+    ids = UOp(Ops.LOAD, dtypes.int32, (UOp(Ops.DEFINE_GLOBAL, dtypes.int32, (), 2), simplify(r + k)))
+    i = UOp(Ops.CAST, dtypes.index, (ids,))
+    gate = UOp(Ops.AND, dtypes.bool, (UOp(Ops.CMPLT, dtypes.bool, (UOp.const(-1), i)),
+                                      UOp(Ops.CMPLT, dtypes.bool, (i, n))))
+    return i, gate
+
+
+def test_gathers_share_a_proof_but_a_gate_on_another_load_does_not_count():
+    (i0, g0), (i1, g1) = gathered(0), gathered(1)
+    assert prove_kernel(sum_kernel([i0, i1], [g0, g1]), [(n,), (n,), (n + 1,)]) == 5
+    with pytest.raises(pj.CompileError, match="load from buffer slot 1"):  # ids[r + 1] checked, ids[r] read
+        prove_kernel(sum_kernel([i0, i1], [g1, g1]), [(n,), (n,), (n + 1,)])
