@@ -27,11 +27,13 @@ def prepjit_function(case: Case):
 
 
 def plan_memory(prepared, arrays) -> dict:
-    """Bytes of a plan's buffers: all of them, and the intermediates (neither an input nor an output)."""
+    """Bytes of a plan's buffers at the var bounds' maxima: all of them and the intermediates (neither an input nor
+    an output), each counted alone, and the plan's own `memory_bytes` (intermediates sharing memory counted once)."""
     plan = prepared.plan(*arrays)
     io = set(plan.inputs) | set(plan.outputs)
     sizes = [b.nbytes for b in plan.buffers]
     return {"plan_bytes": sum(sizes), "intermediate_bytes": sum(s for i, s in enumerate(sizes) if i not in io),
+            "memory_bytes": plan.memory_bytes,  # what the plan holds for intermediates, shared buffers once
             "kernels": len(plan.kernels)}
 
 
