@@ -80,6 +80,7 @@ def reduce_step(m, name, x, axis, keepdims):
         if m is pnp:
             return pnn.logsumexp(x, axis=axis, keepdims=keepdims)
         mx = x.max(axis=axis, keepdims=True)
+        mx = np.where(np.isfinite(mx), mx, 0)  # scipy.special.logsumexp's shift: logsumexp([-inf]) is -inf, not nan
         out = np.log(np.exp(x - mx).sum(axis=axis, keepdims=True)) + mx
         return out if keepdims else np.squeeze(out, axis)
     return getattr(m, name)(x, axis=axis, keepdims=keepdims)
