@@ -7,7 +7,7 @@ import sys
 
 from .__main__ import _fmt_seconds
 
-PEERS = ("numpy", "jax", "tinygrad", "torch")
+PEERS = ("numpy", "jax", "tinygrad", "torch", "sentence-transformers", "transformers")
 
 
 def markdown(result: dict) -> str:
