@@ -192,6 +192,16 @@ def _relax_divisions(e: UOp, upper: bool) -> UOp | None:
     return simplify(from_poly({m: c for m, c in out.items() if c}, e.dtype)) if changed else None
 
 
+def _divide_monomial(m: tuple, by: tuple) -> tuple | None:
+    """The monomial m / by (factor tuples, sorted), or None when `by` does not divide m."""
+    rest = list(m)
+    for f in by:
+        if f not in rest:
+            return None
+        rest.remove(f)
+    return tuple(rest)
+
+
 @functools.lru_cache(maxsize=1 << 16)
 def _polynomial(u: UOp) -> bool:
     return all(x.op in (Ops.CONST, Ops.DEFINE_VAR, Ops.ADD, Ops.SUB, Ops.MUL) for x in u.toposort())
@@ -277,16 +287,18 @@ class _Prover:
         return [[UOp.const(e.vmax if upper else e.vmin)]]
 
     def _quotient(self, x: UOp, d: UOp, facts: Facts) -> UOp:
-        """x // d for d >= 1: with x = q * d + r (term by term), q when 0 <= r < d and q - 1 when -d <= r < 0."""
+        """x // d for d >= 1: with x = q * d + r (term by term), q when 0 <= r < d and q - 1 when -d <= r < 0.
+        d is a factor, or a constant multiple k * m of one monomial m (4n - 1 = 2 * (2n) - 1)."""
         q: dict = {}
         r: dict = {}
+        dp = poly(d)
+        (dm, dk), = dp.items() if len(dp) == 1 else (((d,), 1),)
         for m, c in poly(x).items():  # the terms with d as a factor make q * d
-            if d in m:
-                rest = list(m)
-                rest.remove(d)
-                q[tuple(rest)] = q.get(tuple(rest), 0) + c
+            rest = _divide_monomial(m, dm) if dk > 0 and c % dk == 0 else None
+            if rest is None:
+                r[m] = r.get(m, 0) + c
             else:
-                r[m] = c
+                q[rest] = q.get(rest, 0) + c // dk
         if q and d.op is not Ops.CONST:
             q, r = from_poly(q, x.dtype), from_poly(r, x.dtype)
             if self.nonneg(r, facts) and self.nonneg(d - 1 - r, facts):

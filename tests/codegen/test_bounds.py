@@ -82,3 +82,23 @@ def test_gathers_share_a_proof_but_a_gate_on_another_load_does_not_count():
     assert prove_kernel(sum_kernel([i0, i1], [g0, g1]), [(n,), (n,), (n + 1,)]) == 5
     with pytest.raises(pj.CompileError, match="load from buffer slot 1"):  # ids[r + 1] checked, ids[r] read
         prove_kernel(sum_kernel([i0, i1], [g1, g1]), [(n,), (n,), (n + 1,)])
+
+
+def test_quotients_by_a_multiple_of_a_var_are_bounded():
+    """x.transpose(1, 2, 0).reshape(-1) on x of shape (n, 2, 2): the read index (r // 2n) * 2 + (r % n) * 4 +
+    (r // n) % 2 over r < 4n needs (4n - 1) // 2n == 1 (it was refused: only divisors that are a factor counted)."""
+    r4 = UOp(Ops.RANGE, dtypes.index, (n * 4,), (0, "loop"))
+    index = (r4 // (n * 2)) * 2 + (r4 % n) * 4 + (r4 // n) % 2
+    assert prove_kernel(kernel(index, out_index=r4), [(n * 4,), (n, 2, 2)]) == 2
+    with pytest.raises(pj.CompileError, match="may reach the buffer's size"):
+        prove_kernel(kernel(index + 1, out_index=r4), [(n * 4,), (n, 2, 2)])
+
+
+def test_a_transposed_flatten_on_a_symbolic_dim_is_proven_and_matches_numpy():
+    import numpy as np
+    import prepjit.numpy as pnp
+    f = pj.prepare(lambda x: pnp.transpose(x, (1, 2, 0)).reshape(-1), vars={"n": (0, 6)}, shapes={"x": ("n", 2, 2)})
+    for size in (0, 1, 3, 6):
+        x = np.arange(size * 4, dtype=np.float32).reshape(size, 2, 2)
+        np.testing.assert_array_equal(np.asarray(f(x)), np.transpose(x, (1, 2, 0)).reshape(-1))
+    assert f.stats["traces"] == 1
