@@ -128,9 +128,11 @@ class Facts:
             self._bound(atom, simplify((c - 1 - rest) // c) if c > 0 else simplify(rest // -c), c > 0)
             if atom.op is Ops.DEFINE_VAR:
                 self.var_atoms.add(atom)
-            if depth < 2 and c == 1 and atom.op is Ops.IDIV and atom.src[1].op is Ops.CONST and atom.src[1].arg > 0:
-                # x // k >= t  <=>  x >= t * k
-                self._add(simplify(atom.src[0] + rest * atom.src[1].arg), depth + 1)
+            if depth < 2 and c in (1, -1) and atom.op is Ops.IDIV and atom.src[1].op is Ops.CONST \
+                    and atom.src[1].arg > 0:
+                x, k = atom.src[0], atom.src[1].arg
+                # x // k >= t  <=>  x >= t * k;   x // k <= t  <=>  x <= t * k + k - 1
+                self._add(simplify(x + rest * k) if c == 1 else simplify(rest * k + (k - 1) - x), depth + 1)
         if depth < 2 and len(p) <= 2 and p.get((), 0) <= -1:  # c * a * b - t >= 0 with a, b >= 0: a, b >= 1
             prods = [(m, c) for m, c in p.items() if m]
             if len(prods) == 1 and prods[0][1] > 0 and len(prods[0][0]) > 1 and all(f.vmin >= 0 for f in prods[0][0]):

@@ -102,3 +102,13 @@ def test_a_transposed_flatten_on_a_symbolic_dim_is_proven_and_matches_numpy():
         x = np.arange(size * 4, dtype=np.float32).reshape(size, 2, 2)
         np.testing.assert_array_equal(np.asarray(f(x)), np.transpose(x, (1, 2, 0)).reshape(-1))
     assert f.stats["traces"] == 1
+
+
+def test_an_upper_bound_on_a_quotient_bounds_its_dividend():
+    """repeat(concatenate([repeat(x, 2)] * 2), 2): out[r] reads x[r // 4] under the gate r // 2 < 2n (the
+    concatenation's first half); x // 2 <= 2n - 1 gives x <= 4n - 1, so x // 4 <= n - 1."""
+    r8 = UOp(Ops.RANGE, dtypes.index, (n * 8,), (0, "loop"))
+    gate = r8 // 2 < n * 2
+    assert prove_kernel(kernel(r8 // 4, gate=gate, out_index=r8), [(n * 8,), (n,)]) == 2
+    with pytest.raises(pj.CompileError, match="may reach the buffer's size"):
+        prove_kernel(kernel(r8 // 4, gate=r8 // 2 < n * 2 + 1, out_index=r8), [(n * 8,), (n,)])
