@@ -245,7 +245,29 @@ class _Prover:
         relaxed = _relax_divisions(e, upper) if e.op in (Ops.ADD, Ops.MUL) else None
         if relaxed is not None:
             opts += self.bound(relaxed, facts, upper, depth)
+        if e.op is Ops.ADD:
+            opts += self._factored(e, facts, upper, depth)
         return _options(opts, upper)
+
+    def _factored(self, e: UOp, facts: Facts, upper: bool, depth: int) -> list:
+        """Bounds of a sum r * c + rest with a range r in several terms (n*r - r = r * (n - 1)): bounding the
+        terms apart loses that they share r; c free of loops and data, of known sign."""
+        p = poly(e)
+        for r in dict.fromkeys(f for m in p for f in m if f.op is Ops.RANGE):
+            with_r = {m: c for m, c in p.items() if r in m}
+            if len(with_r) < 2:
+                continue
+            coef = from_poly({_divide_monomial(m, (r,)): c for m, c in with_r.items()}, e.dtype)
+            if _has_loop_or_data(coef):
+                continue
+            rest = from_poly({m: c for m, c in p.items() if m not in with_r}, e.dtype)
+            sign = 1 if self.nonneg(coef, facts) else -1 if self.nonneg(-coef, facts) else 0
+            if sign == 0:
+                continue
+            r_opts = self.bound(r, facts, upper == (sign > 0), depth)
+            return _combine([[simplify(x * coef) for x in o] for o in r_opts], self.bound(rest, facts, upper, depth),
+                            lambda x, y: x + y, upper)
+        return []
 
     def _structural(self, e: UOp, facts: Facts, upper: bool, depth: int) -> list:
         op, s = e.op, e.src

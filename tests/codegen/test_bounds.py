@@ -112,3 +112,17 @@ def test_an_upper_bound_on_a_quotient_bounds_its_dividend():
     assert prove_kernel(kernel(r8 // 4, gate=gate, out_index=r8), [(n * 8,), (n,)]) == 2
     with pytest.raises(pj.CompileError, match="may reach the buffer's size"):
         prove_kernel(kernel(r8 // 4, gate=r8 // 2 < n * 2 + 1, out_index=r8), [(n * 8,), (n,)])
+
+
+def test_a_range_shared_by_several_terms_is_bounded_as_one_factor():
+    """x[1:].T on x of shape (n, 2): the store index r0 * max(n - 1, 0) + r1 becomes n*r0 - r0 + r1 in the case
+    n >= 1; bounding n*r0 and -r0 apart loses that they share r0 (it was refused)."""
+    m = (n - 1).smax(0)
+    r0 = UOp(Ops.RANGE, dtypes.index, (UOp.const(2),), (0, "loop"))
+    r1 = UOp(Ops.RANGE, dtypes.index, (m,), (1, "loop"))
+    load = UOp(Ops.LOAD, dtypes.float32, (UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), 1), r1 * 2 + r0 + 2))
+    store = UOp(Ops.STORE, dtypes.bool, (UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), 0), r0 * m + r1, load))
+    ast = UOp(Ops.SINK, dtypes.bool, (store,), "E_test")
+    assert prove_kernel(ast, [(2, m), (n, 2)]) == 2
+    with pytest.raises(pj.CompileError, match="store to buffer slot 0"):
+        prove_kernel(ast, [(2, simplify(m - 1)), (n, 2)])
