@@ -19,7 +19,7 @@ import functools
 
 from ..errors import CompileError
 from ..uop import Ops, UOp, simplify
-from ..uop.symbolic import from_poly, poly, poly_min, provably_lt
+from ..uop.symbolic import from_poly, mono_div, poly, poly_min, provably_lt
 from .optimize import optimize
 
 MAX_OPTIONS = 12       # bound options kept per node
@@ -194,16 +194,6 @@ def _relax_divisions(e: UOp, upper: bool) -> UOp | None:
     return simplify(from_poly({m: c for m, c in out.items() if c}, e.dtype)) if changed else None
 
 
-def _divide_monomial(m: tuple, by: tuple) -> tuple | None:
-    """The monomial m / by (factor tuples, sorted), or None when `by` does not divide m."""
-    rest = list(m)
-    for f in by:
-        if f not in rest:
-            return None
-        rest.remove(f)
-    return tuple(rest)
-
-
 @functools.lru_cache(maxsize=1 << 16)
 def _polynomial(u: UOp) -> bool:
     return all(x.op in (Ops.CONST, Ops.DEFINE_VAR, Ops.ADD, Ops.SUB, Ops.MUL) for x in u.toposort())
@@ -257,7 +247,7 @@ class _Prover:
             with_r = {m: c for m, c in p.items() if r in m}
             if len(with_r) < 2:
                 continue
-            coef = from_poly({_divide_monomial(m, (r,)): c for m, c in with_r.items()}, e.dtype)
+            coef = from_poly({mono_div(m, (r,)): c for m, c in with_r.items()}, e.dtype)
             if _has_loop_or_data(coef):
                 continue
             rest = from_poly({m: c for m, c in p.items() if m not in with_r}, e.dtype)
@@ -318,7 +308,7 @@ class _Prover:
         dp = poly(d)
         (dm, dk), = dp.items() if len(dp) == 1 else (((d,), 1),)
         for m, c in poly(x).items():  # the terms with d as a factor make q * d
-            rest = _divide_monomial(m, dm) if dk > 0 and c % dk == 0 else None
+            rest = mono_div(m, dm) if dk > 0 and c % dk == 0 else None
             if rest is None:
                 r[m] = r.get(m, 0) + c
             else:

@@ -73,7 +73,7 @@ def _mul(a: Poly, b: Poly) -> Poly:
     return {m: c for m, c in out.items() if c}
 
 
-def _mono_div(m: tuple, d: tuple) -> tuple | None:
+def mono_div(m: tuple, d: tuple) -> tuple | None:
     """The monomial m / d, or None when d's factors are not all in m."""
     if not d:
         return m
@@ -271,7 +271,7 @@ def _split(p: Poly, c_d: int, m_d: tuple) -> tuple[Poly, Poly]:
     q: Poly = {}
     r: Poly = {}
     for m, c in p.items():
-        rest = _mono_div(m, m_d)
+        rest = mono_div(m, m_d)
         qc = 0 if rest is None else (abs(c) // c_d) * (1 if c > 0 else -1)
         if qc:
             q[rest] = qc
@@ -290,7 +290,7 @@ def _exact_quotient(p: Poly, d: Poly) -> Poly | None:
         if not p:
             return q
         m = max(p, key=order)
-        mq = _mono_div(m, lead)
+        mq = mono_div(m, lead)
         if mq is None or p[m] % d[lead]:
             return None
         step = {mq: p[m] // d[lead]}
