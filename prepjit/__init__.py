@@ -1,4 +1,5 @@
 """prepjit: trace NumPy-style functions once, replay prepared kernels with new shapes."""
+from . import random
 from .errors import (CompileError, DeviceError, IndexBoundError, PlanFileError, PrepjitError, SignatureError,
                      TraceError, VarBoundError, VarError)
 from .prepare import PreparedFunction, prepare, trace
@@ -13,5 +14,5 @@ from .uop.var import BoundVar, Var
 __all__ = ["CompileError", "DeviceError", "IndexBoundError", "PlanFileError", "PrepjitError", "SignatureError",
            "TraceError", "VarBoundError", "VarError", "PreparedFunction", "prepare", "trace", "load", "Profile",
            "profile", "Array", "CachedKernel", "ExecutionPlan", "PreparedKernel", "RuntimeVar", "fori_loop", "BoundVar",
-           "Var"]
+           "Var", "random"]
 __version__ = "0.1.0"

@@ -1,0 +1,256 @@
+"""pj.random: Threefry-2x32 streams equal to jax.random's, deterministic per key, the same eager and prepared and
+on every device, symbolic shapes on one plan, and the samplers' distributions (fixed seeds: never flaky)."""
+import math
+
+import numpy as np
+import pytest
+
+import prepjit as pj
+import prepjit.random as pr
+
+def _jax():
+    jax = pytest.importorskip("jax")
+    return jax, jax.numpy
+
+
+KEY = pr.key(42)
+
+
+# ---------- keys ----------
+
+def test_key_words():
+    np.testing.assert_array_equal(pr.key(0), [0, 0])
+    np.testing.assert_array_equal(pr.key(42), [0, 42])
+    np.testing.assert_array_equal(pr.key(2 ** 40 + 7), [256, 7])
+    np.testing.assert_array_equal(pr.key(-1), [0xFFFFFFFF, 0xFFFFFFFF])
+    np.testing.assert_array_equal(pr.key(np.int32(-1)), [0, 0xFFFFFFFF])  # a 32-bit seed: high word 0
+    assert pr.key(3).dtype == np.uint32
+    with pytest.raises(TypeError, match="integer"):
+        pr.key(1.5)
+    with pytest.raises(OverflowError):
+        pr.key(2 ** 64)
+
+
+def test_traced_seed_matches_eager_key():
+    f = pj.prepare(vars={"seed": (-2 ** 40, 2 ** 40)})(lambda seed: pr.key(seed))
+    for seed in (0, 42, -1, 2 ** 40 - 3):
+        np.testing.assert_array_equal(np.asarray(f(seed)), pr.key(seed))
+    assert f.stats["traces"] == 1
+
+
+def test_bad_key_is_a_type_error():
+    with pytest.raises(TypeError, match=r"\(2,\) uint32"):
+        pr.normal(np.array([1, 2], np.int32), (3,))
+    f = pj.prepare(lambda k: pr.normal(k, (3,)))
+    with pytest.raises(pj.TraceError, match=r"\(2,\) uint32"):
+        f(np.zeros(3, np.uint32))
+    np.testing.assert_array_equal(np.asarray(f(KEY)), pr.normal(KEY, (3,)))  # still works
+
+
+def test_bad_dtypes():
+    with pytest.raises(ValueError, match="float dtype"):
+        pr.uniform(KEY, (3,), np.int32)
+    with pytest.raises(ValueError, match="float dtype"):
+        pr.normal(KEY, (3,), np.int64)
+    with pytest.raises(TypeError, match="integer dtypes"):
+        pr.randint(KEY, (3,), 0, 5, np.float32)
+    with pytest.raises(TypeError, match="floating dtype"):
+        pr.bernoulli(KEY, np.array([1, 0]))
+
+
+# ---------- equal to jax.random, bit for bit ----------
+
+@pytest.mark.parametrize("shape", [(), (7,), (3, 5), (2, 3, 4)])
+def test_bits_equal_jax(shape):
+    jax, jnp = _jax()
+    jk = jax.random.key(42)
+    np.testing.assert_array_equal(pr.bits(KEY, shape), np.asarray(jax.random.bits(jk, shape)))
+    for dt in (np.uint8, np.uint16):
+        np.testing.assert_array_equal(pr.bits(KEY, shape, dt), np.asarray(jax.random.bits(jk, shape, dt)))
+
+
+def test_split_and_fold_in_equal_jax():
+    jax, _ = _jax()
+    jk = jax.random.key(7)
+    np.testing.assert_array_equal(pr.split(pr.key(7)), jax.random.key_data(jax.random.split(jk)))
+    np.testing.assert_array_equal(pr.split(pr.key(7), 5), jax.random.key_data(jax.random.split(jk, 5)))
+    np.testing.assert_array_equal(pr.split(pr.key(7), (2, 3)), jax.random.key_data(jax.random.split(jk, (2, 3))))
+    for data in (0, 1, 12345, 2 ** 31 + 5):
+        np.testing.assert_array_equal(pr.fold_in(pr.key(7), data), jax.random.key_data(jax.random.fold_in(jk, data)))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_uniform_equal_jax(dtype):
+    jax, jnp = _jax()
+    jk = jax.random.key(42)
+    np.testing.assert_array_equal(pr.uniform(KEY, (1000,), dtype), np.asarray(jax.random.uniform(jk, (1000,), dtype)))
+    np.testing.assert_array_equal(pr.uniform(KEY, (10, 30), dtype, -3, 5),
+                                  np.asarray(jax.random.uniform(jk, (10, 30), dtype, -3, 5)))
+
+
+def test_bernoulli_and_randint_equal_jax():
+    jax, jnp = _jax()
+    jk = jax.random.key(3)
+    k = pr.key(3)
+    np.testing.assert_array_equal(pr.bernoulli(k, 0.3, (500,)), np.asarray(jax.random.bernoulli(jk, 0.3, (500,))))
+    p = np.linspace(0, 1, 12, dtype=np.float32).reshape(3, 4)
+    np.testing.assert_array_equal(pr.bernoulli(k, p), np.asarray(jax.random.bernoulli(jk, p)))
+    cases = [((500,), 0, 10, "int32"), ((20, 25), -7, 1000003, "int32"), ((500,), 0, 256, "uint8"),
+             ((500,), -128, 128, "int8"), ((50,), 5, 5, "int32"), ((50,), 9, 2, "int32"), ((300,), 0, 2 ** 31 - 1, "int32")]
+    for shape, lo, hi, dt in cases:
+        np.testing.assert_array_equal(pr.randint(k, shape, lo, hi, dt),
+                                      np.asarray(jax.random.randint(jk, shape, lo, hi, dt)), err_msg=str((lo, hi, dt)))
+
+
+def test_normal_matches_jax_to_an_ulp():
+    """Same uniform bits and Giles' erfinv as XLA; the log1p inside differs by an ulp at times."""
+    jax, jnp = _jax()
+    ours = pr.normal(KEY, (20000,))
+    theirs = np.asarray(jax.random.normal(jax.random.key(42), (20000,)))
+    assert ours.dtype == np.float32
+    np.testing.assert_allclose(ours, theirs, rtol=2e-6, atol=1e-6)
+    assert np.mean(ours == theirs) > 0.9
+    np.testing.assert_array_equal(pr.normal(KEY, (2000,), "float16"),
+                                  np.asarray(jax.random.normal(jax.random.key(42), (2000,), jnp.float16)))
+
+
+def test_float64_equal_jax_x64():
+    jax, jnp = _jax()
+    jax.config.update("jax_enable_x64", True)
+    try:
+        jk = jax.random.key(5)
+        np.testing.assert_array_equal(pr.uniform(pr.key(5), (999,), np.float64),
+                                      np.asarray(jax.random.uniform(jk, (999,), jnp.float64)))
+        np.testing.assert_array_equal(pr.bits(pr.key(5), (9,), np.uint64), np.asarray(jax.random.bits(jk, (9,), jnp.uint64)))
+        np.testing.assert_allclose(pr.normal(pr.key(5), (5000,), np.float64),
+                                   np.asarray(jax.random.normal(jk, (5000,), jnp.float64)), rtol=1e-14, atol=1e-15)
+        np.testing.assert_array_equal(pr.randint(pr.key(5), (300,), -5, 2 ** 40, np.int64),
+                                      np.asarray(jax.random.randint(jk, (300,), -5, 2 ** 40, jnp.int64)))
+        np.testing.assert_array_equal(pr.key(-3), jax.random.key_data(jax.random.key(-3)))
+    finally:
+        jax.config.update("jax_enable_x64", False)
+
+
+# ---------- determinism, keys, eager vs prepared, devices ----------
+
+def test_deterministic_and_keys_differ():
+    a, b = pr.normal(KEY, (1000,)), pr.normal(KEY, (1000,))
+    np.testing.assert_array_equal(a, b)
+    assert isinstance(a, np.ndarray)
+    c = pr.normal(pr.key(43), (1000,))
+    assert np.mean(a == c) < 0.01
+
+
+def test_split_keys_are_independent():
+    keys = pr.split(KEY, 4)
+    assert keys.shape == (4, 2) and keys.dtype == np.uint32
+    assert len({tuple(k) for k in keys} | {tuple(KEY)}) == 5
+    draws = np.stack([pr.normal(k, (20000,)) for k in keys] + [pr.normal(KEY, (20000,))])
+    corr = np.corrcoef(draws)
+    assert np.max(np.abs(corr - np.eye(5))) < 0.03  # 4.2 sigma for n = 20000
+    assert not np.array_equal(pr.split(keys[0]), pr.split(keys[1]))
+
+
+def test_prepared_equals_eager_and_new_keys_draw_new_numbers(device):
+    @pj.prepare(device=device)
+    def draw(k):
+        k1, k2 = pr.split(k)
+        return pr.normal(k1, (4, 8)), pr.uniform(k2, (5,), minval=-1, maxval=1), pr.randint(k, (6,), 0, 100)
+
+    for seed in (0, 1, 2):
+        k = pr.key(seed)
+        n, u, i = (np.asarray(o) for o in draw(k))
+        k1, k2 = pr.split(k)
+        np.testing.assert_array_equal(n, pr.normal(k1, (4, 8)))
+        np.testing.assert_array_equal(u, pr.uniform(k2, (5,), minval=-1, maxval=1))
+        np.testing.assert_array_equal(i, pr.randint(k, (6,), 0, 100))
+    assert draw.stats["traces"] == 1 and draw.stats["replays"] == 3
+
+
+def test_bits_equal_jax_on_every_device(device):
+    jax, _ = _jax()
+    f = pj.prepare(device=device)(lambda k: (pr.bits(k, (33,)), pr.uniform(k, (33,)), pr.split(k, 3)))
+    bits, u, keys = (np.asarray(o) for o in f(KEY))
+    jk = jax.random.key(42)
+    np.testing.assert_array_equal(bits, np.asarray(jax.random.bits(jk, (33,))))
+    np.testing.assert_array_equal(u, np.asarray(jax.random.uniform(jk, (33,))))
+    np.testing.assert_array_equal(keys, jax.random.key_data(jax.random.split(jk, 3)))
+
+
+def test_symbolic_shapes_one_trace():
+    @pj.prepare(vars={"n": (1, 4096)}, shapes={"x": ("n", 16)})
+    def noisy(x, k):
+        return x + pr.normal(k, x.shape), pr.bernoulli(k, 0.5, (x.shape[0],)), pr.randint(k, (x.shape[0], 3), 0, 9)
+
+    for n in (5, 100, 37, 4096):
+        x = np.zeros((n, 16), np.float32)
+        y, b, i = (np.asarray(o) for o in noisy(x, KEY))
+        np.testing.assert_array_equal(y, pr.normal(KEY, (n, 16)))
+        np.testing.assert_array_equal(b, pr.bernoulli(KEY, 0.5, (n,)))
+        np.testing.assert_array_equal(i, pr.randint(KEY, (n, 3), 0, 9))
+    assert noisy.stats["traces"] == 1
+    # a row's numbers depend only on the key and its flat index: a longer batch extends a shorter one
+    np.testing.assert_array_equal(pr.normal(KEY, (100, 16))[:37], pr.normal(KEY, (37, 16)))
+
+
+def test_fold_in_a_scalar_var_step():
+    @pj.prepare(vars={"step": (0, 10 ** 6)})
+    def noise(k, step):
+        return pr.uniform(pr.fold_in(k, step), (8,))
+
+    for step in (0, 1, 999):
+        np.testing.assert_array_equal(np.asarray(noise(KEY, step)), pr.uniform(pr.fold_in(KEY, step), (8,)))
+    assert noise.stats["traces"] == 1
+
+
+def test_array_bounds_broadcast():
+    lo = np.array([0.0, 10.0, -5.0], np.float32)
+    u = pr.uniform(KEY, (1000, 3), minval=lo, maxval=lo + 1)
+    assert u.shape == (1000, 3)
+    assert np.all(u >= lo) and np.all(u < lo + 1)
+    i = pr.randint(KEY, (1000, 3), np.array([0, 10, -5]), np.array([2, 20, 5]))
+    assert np.all(i >= [0, 10, -5]) and np.all(i < [2, 20, 5])
+
+
+# ---------- distributions (fixed keys: deterministic) ----------
+
+def _ks(samples: np.ndarray, cdf) -> float:
+    x = np.sort(samples.astype(np.float64))
+    f = cdf(x)
+    n = len(x)
+    return float(max(np.max(np.arange(1, n + 1) / n - f), np.max(f - np.arange(n) / n)))
+
+
+N = 100_000
+KS_LIMIT = 1.63 / math.sqrt(N)  # Kolmogorov-Smirnov at 1%
+
+
+def test_uniform_distribution():
+    u = pr.uniform(KEY, (N,))
+    assert u.min() >= 0 and u.max() < 1
+    assert abs(u.mean() - 0.5) < 4 * math.sqrt(1 / 12 / N)
+    assert abs(u.var() - 1 / 12) < 0.002
+    assert _ks(u, lambda x: x) < KS_LIMIT
+    w = pr.uniform(pr.key(1), (N,), np.float64, -2.0, 3.0)
+    assert w.min() >= -2 and w.max() < 3 and _ks(w, lambda x: (x + 2) / 5) < KS_LIMIT
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_normal_distribution(dtype):
+    z = pr.normal(pr.key(11), (N,), dtype)
+    assert z.dtype == dtype and np.all(np.isfinite(z))
+    assert abs(z.mean()) < 4 / math.sqrt(N)
+    assert abs(z.var() - 1) < 4 * math.sqrt(2 / N)
+    cdf = np.vectorize(lambda v: 0.5 * (1 + math.erf(v / math.sqrt(2))))
+    assert _ks(z, cdf) < KS_LIMIT
+    assert abs(np.mean(z ** 4) - 3) < 0.1  # the tails: kurtosis of a normal
+
+
+def test_bernoulli_and_randint_distributions():
+    b = pr.bernoulli(KEY, 0.3, (N,))
+    assert b.dtype == np.bool_ and abs(b.mean() - 0.3) < 4 * math.sqrt(0.21 / N)
+    i = pr.randint(KEY, (N,), -3, 7)
+    assert i.dtype == np.int32 and i.min() == -3 and i.max() == 6
+    counts = np.bincount(i + 3, minlength=10)
+    chi2 = float(np.sum((counts - N / 10) ** 2 / (N / 10)))
+    assert chi2 < 27.9  # chi-square, 9 degrees of freedom, 0.1%
