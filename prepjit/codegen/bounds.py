@@ -423,7 +423,7 @@ def _ranges(u: UOp) -> tuple[UOp, ...]:
 def _enclosing_ranges(ast: UOp) -> dict:
     """Per access, the ranges whose loops surely enclose it: the kernel's loop ranges (the renderers compute
     every store's value inside the whole loop nest), and a reduce's ranges for values read only inside it."""
-    loops = [u for u in ast.toposort() if u.op is Ops.RANGE and u.arg[1] == "loop"]
+    loops = [u for u in ast.toposort() if u.op is Ops.RANGE and u.arg[1] in ("loop", "serial")]
     inside: dict = {}  # node -> frozenset of reduce ranges around every use seen
     stack = [(s, frozenset()) for s in ast.src]
     while stack:
@@ -491,12 +491,13 @@ def prove_kernel(ast: UOp, shapes: list[tuple], constraints=()) -> int:
         if u.op not in (Ops.LOAD, Ops.STORE):
             continue
         index = simplify(u.src[1])  # facts and index in one canonical form
-        gate = simplify(u.src[2]) if u.op is Ops.LOAD and len(u.src) > 2 else None
+        gated = 2 if u.op is Ops.LOAD else 3  # LOAD: (buffer, index[, gate]); STORE: (buffer, index, value[, gate])
+        gate = simplify(u.src[gated]) if len(u.src) > gated else None
         count += 1
         if gate is not None and gate.op is Ops.CONST and not gate.arg:  # never runs
             continue
         terms = set(base)
-        for r in (*_ranges(u.src[1]), *(_ranges(u.src[2]) if gate is not None else ()), *enclosing[u]):
+        for r in (*_ranges(u.src[1]), *(_ranges(u.src[gated]) if gate is not None else ()), *enclosing[u]):
             terms.add(_linear(r.src[0], None, -1))  # an access inside a loop runs only when the loop does
         opaque = [simplify(e) for e in _opaque_loads([index] + ([gate] if gate is not None else []))]
         offset = 0

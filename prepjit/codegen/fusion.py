@@ -48,7 +48,7 @@ def kernel_roots(outputs: list[UOp]) -> tuple[list[UOp], list[UOp]]:
         if node.op is Ops.LOOP:
             roots += list(node.src) + list(node.arg.body_outputs)
     graph = UOp(Ops.SINK, outputs[0].dtype, tuple(roots)).toposort()[::-1] if roots else []
-    roots += [n for n in graph if n.op is Ops.REDUCE_AXIS]
+    roots += [n for n in graph if n.op in (Ops.REDUCE_AXIS, Ops.SCATTER)]
     return graph, roots
 
 

@@ -11,7 +11,7 @@ import re
 from ..uop import Ops, UOp, as_uop, dtypes, simplify, sint, sym_prod
 from ..uop.ops import ELEMENTWISE
 
-REALIZED = {Ops.INPUT, Ops.CARRY, Ops.REDUCE_AXIS, Ops.LOOP_OUT}
+REALIZED = {Ops.INPUT, Ops.CARRY, Ops.REDUCE_AXIS, Ops.LOOP_OUT, Ops.SCATTER}
 
 
 def strides_of(shape: tuple[sint, ...]) -> list[UOp]:
@@ -177,13 +177,17 @@ class _Lowerer:
         """(A generator step of `_build`.) A loaded index, negatives wrapped once (NumPy), and whether it lies in
         [0, dim): the reads at it are gated on that, so an out-of-range id (flagged by the trace, see
         trace/numpy_index.py) or an empty source reads nothing and yields 0."""
-        v = yield (indices, idx, gate)
-        v = v if v.dtype == dtypes.index else UOp(Ops.CAST, dtypes.index, (v,))
-        d = as_uop(dim)
-        at = simplify(UOp(Ops.WHERE, dtypes.index, (UOp(Ops.CMPLT, dtypes.bool, (v, UOp.const(0))), v + d, v)))
-        inside = UOp(Ops.AND, dtypes.bool, (UOp(Ops.CMPLT, dtypes.bool, (UOp.const(-1), at)),
-                                            UOp(Ops.CMPLT, dtypes.bool, (at, d))))
-        return at, simplify(inside)
+        return wrapped_index((yield (indices, idx, gate)), dim)
+
+
+def wrapped_index(v: UOp, dim: sint) -> tuple[UOp, UOp]:
+    """(`v` as an index with negatives wrapped once, whether that lies in [0, dim))."""
+    v = v if v.dtype == dtypes.index else UOp(Ops.CAST, dtypes.index, (v,))
+    d = as_uop(dim)
+    at = simplify(UOp(Ops.WHERE, dtypes.index, (UOp(Ops.CMPLT, dtypes.bool, (v, UOp.const(0))), v + d, v)))
+    inside = UOp(Ops.AND, dtypes.bool, (UOp(Ops.CMPLT, dtypes.bool, (UOp.const(-1), at)),
+                                        UOp(Ops.CMPLT, dtypes.bool, (at, d))))
+    return at, simplify(inside)
 
 
 def _range(end: sint, axis: int, kind: str) -> UOp:
@@ -193,9 +197,9 @@ def _range(end: sint, axis: int, kind: str) -> UOp:
     return UOp(Ops.RANGE, dtypes.index, (end,), (axis, kind))
 
 
-def _kernel_name(reduce: bool, shape) -> str:
+def _kernel_name(prefix: str, shape) -> str:
     dims = "_".join(re.sub(r"\W+", "", d.render() if isinstance(d, UOp) else str(d)) or "x" for d in shape)
-    return ("r_" if reduce else "E_") + (dims or "1")
+    return prefix + (dims or "1")
 
 
 def lower_kernel(root: UOp, is_buffer) -> tuple[UOp, list[UOp]]:
@@ -208,4 +212,38 @@ def lower_kernel(root: UOp, is_buffer) -> tuple[UOp, list[UOp]]:
     out = UOp(Ops.DEFINE_GLOBAL, root.dtype, (), 0)
     store = UOp(Ops.STORE, dtypes.bool, (out, simplify(linear_index(idx, shape)), value))
     reduces = root.op is Ops.REDUCE_AXIS or any(u.op is Ops.REDUCE for u in value.toposort())
-    return UOp(Ops.SINK, dtypes.bool, (store,), _kernel_name(reduces, shape)), low.buffers
+    return UOp(Ops.SINK, dtypes.bool, (store,), _kernel_name("r_" if reduces else "E_", shape)), low.buffers
+
+
+def lower_copy(node: UOp, is_buffer) -> tuple[UOp, list[UOp]]:
+    """The kernel copying realized `node` into slot 0 (a scatter's buffer starts as a copy of its target)."""
+    return lower_kernel(UOp(Ops.RESHAPE, node.dtype, (node,), node.shape), is_buffer)
+
+
+def lower_scatter(root: UOp, is_buffer) -> tuple[UOp, list[UOp]]:
+    """The kernel writing SCATTER `root`'s updates into slot 0 (which already holds the target's value), and
+    the realized nodes it reads (slots 1..). One store over the updates' index space, gated on the ids being
+    in range; a combining scatter reads, combines and writes back (STORE's arg). Its loops are serial (never
+    split over CPU threads) unless updates dim 0 is a dim of the target: then threads own distinct rows."""
+    target, updates, *indices = root.src
+    dims, combine = root.arg
+    kind = "loop" if ("dim", 0) in dims else "serial"
+    shape = updates.shape
+    idx = tuple(_range(d, i, kind) for i, d in enumerate(shape))
+    low = _Lowerer(is_buffer)
+    low.next_axis = len(shape)
+    value = low.build(updates, idx, None)
+    at, gate = [], UOp.const(True, dtypes.bool)
+    for (k, n), d in zip(dims, target.shape):
+        if k == "dim":
+            at.append(idx[n])
+            continue
+        i, inside = wrapped_index(low.build(indices[n], idx, None), d)
+        at.append(i)
+        gate = UOp(Ops.AND, dtypes.bool, (gate, inside))
+    gate = simplify(gate)
+    out = UOp(Ops.DEFINE_GLOBAL, root.dtype, (), 0)
+    always = gate.op is Ops.CONST and gate.arg
+    src = (out, simplify(linear_index(at, target.shape)), value) + (() if always else (gate,))
+    store = UOp(Ops.STORE, dtypes.bool, src, combine)
+    return UOp(Ops.SINK, dtypes.bool, (store,), _kernel_name("S_", shape)), low.buffers

@@ -68,7 +68,8 @@ def _identity(op: Ops, dt: DType):
 
 
 def _loop_ranges(u: UOp) -> list[UOp]:
-    return sorted({r for r in u.toposort() if r.op is Ops.RANGE and r.arg[1] == "loop"}, key=lambda r: r.arg[0])
+    return sorted({r for r in u.toposort() if r.op is Ops.RANGE and r.arg[1] in ("loop", "serial")},
+                  key=lambda r: r.arg[0])
 
 
 class _Renderer(KernelRenderer):
@@ -319,13 +320,29 @@ class _Renderer(KernelRenderer):
         return raw
 
     def store(self, u: UOp):
-        buf, idx, val = u.src
+        """A store, branched around when gated; with an op (a scatter's combine) it reads the element first."""
+        buf, idx, val = u.src[:3]
         i, v = self.value(idx), self.value(val)
+        if len(u.src) > 3:
+            label = self.tmp("S")[1:]
+            self.emit(f"br i1 {self.value(u.src[3])}, label %{label}.store, label %{label}.done")
+            self.lines.append(f"{label}.store:")
+        ptr, mt = self.address(buf, i), mem_type(val.dtype)
+        if u.arg is not None:
+            old = self.op(f"load {mt}, ptr {ptr}")
+            old = self.op(f"icmp ne i8 {old}, 0") if val.dtype == dtypes.bool else \
+                self.op(f"fpext half {old} to float") if val.dtype == dtypes.float16 else old
+            v = self.alu(u.arg, val.dtype, val.dtype, [old, v])
+            if val.dtype == dtypes.float16:
+                v = self.round_half(v)
         if val.dtype == dtypes.bool:
             v = self.op(f"zext i1 {v} to i8")
         elif val.dtype == dtypes.float16:
             v = self.op(f"fptrunc float {v} to half")
-        self.emit(f"store {mem_type(val.dtype)} {v}, ptr {self.address(buf, i)}")
+        self.emit(f"store {mt} {v}, ptr {ptr}")
+        if len(u.src) > 3:
+            self.emit(f"br label %{label}.done")
+            self.lines.append(f"{label}.done:")
 
     # ---- loops ----
     def open_loop(self, r: UOp | None, start: str, end: str) -> tuple:

@@ -1,9 +1,13 @@
 """Scheduling: cut a traced graph into kernels, give every realized value a buffer, unroll fori_loops.
 
-A value is realized (gets a buffer) when it is an input, a reduction, a loop carry, an output,
-or an elementwise value that fusion.py finds worth computing once; everything else elementwise
+A value is realized (gets a buffer) when it is an input, a reduction, a scatter, a loop carry, an
+output, or an elementwise value that fusion.py finds worth computing once; everything else elementwise
 or a view is inlined into the kernels that read it, and so are the reductions fusion.py computes
 inside their only reader. Kernels are emitted in dependency order.
+
+A scatter's buffer first takes its target's value: the target computed straight into it when the
+scatter is its only reader (a chain `x.at[i].set(a).at[j].add(b)` then writes one buffer in place), else
+a copy of the target's buffer; then one kernel per scatter of the chain writes the updates (lower.py).
 """
 from __future__ import annotations
 
@@ -11,8 +15,8 @@ import attrs
 
 from ..uop import DType, Ops, UOp, sint
 from ..uop.segments import Run, Segments
-from .fusion import choose_materialized, fused_reductions
-from .lower import REALIZED, lower_kernel
+from .fusion import choose_materialized, fused_reductions, kernel_roots
+from .lower import REALIZED, lower_copy, lower_kernel, lower_scatter
 from .packing import pack_contraction
 
 
@@ -106,7 +110,8 @@ def _max_size(shape: tuple[sint, ...]) -> int:
 
 
 class _Scheduler:
-    def __init__(self, materialized: set[UOp], fused: set[UOp], pack_contractions: bool):
+    def __init__(self, materialized: set[UOp], fused: set[UOp], pack_contractions: bool, readers: dict):
+        self.readers = readers  # node -> how many nodes (and outputs, loop bodies) read it
         self.buffers: list[BufferSpec] = []
         self.kernels: list[ScheduledKernel | LoopKernels] = []
         self.materialized = materialized
@@ -121,9 +126,17 @@ class _Scheduler:
         return len(self.buffers) - 1
 
     def deps(self, node: UOp) -> list[UOp]:
-        """The realized nodes a kernel computing `node` reads (the walk stops at them)."""
+        """The realized nodes a kernel computing `node` reads (the walk stops at them); for a scatter, those
+        of every kernel of its chain (`scatter_chain`)."""
+        if node.op is Ops.SCATTER:
+            chain, base = self.scatter_chain(node)
+            start = [s for c in chain for s in c.src[1:]]
+            return self.reads(start) + ([base] if self.copies(base) else self.deps(base))
         computed_here = node.op is Ops.REDUCE_AXIS or node in self.materialized
-        out, seen, stack = [], set(), list(node.src) if computed_here else [node]
+        return self.reads(list(node.src) if computed_here else [node])
+
+    def reads(self, start: list[UOp]) -> list[UOp]:
+        out, seen, stack = [], set(), list(start)
         while stack:
             n = stack.pop()
             if n in seen:
@@ -134,6 +147,19 @@ class _Scheduler:
             else:
                 stack.extend(n.src)
         return out
+
+    def copies(self, target: UOp) -> bool:
+        """Whether a scatter of `target` copies its buffer (it has its own: an input, a carry, or a value others
+        read too) rather than computing `target` into the scatter's buffer."""
+        return self.has_buffer(target) and (target.op in (Ops.INPUT, Ops.CARRY, Ops.LOOP_OUT) or
+                                            self.readers.get(target, 0) > 1)
+
+    def scatter_chain(self, node: UOp) -> tuple[list[UOp], UOp]:
+        """(the scatters writing `node`'s buffer in place, innermost first, the target they start from)."""
+        chain = [node]
+        while chain[-1].src[0].op is Ops.SCATTER and not self.copies(chain[-1].src[0]):
+            chain.append(chain[-1].src[0])
+        return chain[::-1], chain[-1].src[0]
 
     def realize(self, node: UOp, env: dict) -> int:
         self.realize_all([node], env)
@@ -154,7 +180,7 @@ class _Scheduler:
                 continue
             if node.op is Ops.LOOP_OUT:
                 self.schedule_loop(node.src[0], env)
-            elif node.op is Ops.REDUCE_AXIS or node in self.materialized:
+            elif node.op in (Ops.REDUCE_AXIS, Ops.SCATTER) or node in self.materialized:
                 stack.append((node, self.new_buffer(node), iter(self.deps(node))))
             else:
                 raise RuntimeError(f"{node.op} has no buffer")
@@ -163,8 +189,11 @@ class _Scheduler:
         self.realize_all(self.deps(node), env)
         self.emit(node, buf, env)
 
-    def emit(self, node: UOp, buf: int, env: dict):
-        """The kernel(s) computing `node` into `buf`, once everything it reads is realized."""
+    def emit(self, node: UOp, buf: int, env: dict, keep: bool = True):
+        """The kernel(s) computing `node` into `buf`, once everything it reads is realized; `keep` records `buf`
+        as `node`'s buffer (not so for a scatter's target: the scatter overwrites it)."""
+        if node.op is Ops.SCATTER:
+            return self.emit_scatter(node, buf, env)
         ast, reads = lower_kernel(node, self.has_buffer)
         slots = (buf, *(env[r] for r in reads))
         packed = pack_contraction(ast, len(slots)) if self.pack_contractions else None
@@ -174,7 +203,20 @@ class _Scheduler:
             self.kernels.append(ScheduledKernel(*_drop_unused_slots(pack_ast, (len(self.buffers) - 1, *slots[1:]))))
             slots = (*slots, len(self.buffers) - 1)
         self.kernels.append(ScheduledKernel(*_drop_unused_slots(ast, slots)))
-        if (node.op is Ops.REDUCE_AXIS or node in self.materialized) and node not in env:
+        if keep and (node.op is Ops.REDUCE_AXIS or node in self.materialized) and node not in env:
+            env[node] = buf
+
+    def emit_scatter(self, node: UOp, buf: int, env: dict):
+        chain, base = self.scatter_chain(node)
+        if base in env or self.copies(base):
+            ast, reads = lower_copy(base, self.has_buffer)
+            self.kernels.append(ScheduledKernel(*_drop_unused_slots(ast, (buf, *(env[r] for r in reads)))))
+        else:
+            self.emit(base, buf, env, keep=False)
+        for s in chain:
+            ast, reads = lower_scatter(s, self.has_buffer)
+            self.kernels.append(ScheduledKernel(*_drop_unused_slots(ast, (buf, *(env[r] for r in reads)))))
+        if node not in env:
             env[node] = buf
 
     def schedule_loop(self, loop: UOp, env: dict):
@@ -185,7 +227,7 @@ class _Scheduler:
             self.compute_into(init, a, env)
         inner = set(info.carries) | {info.var}
         for node in UOp(Ops.SINK, loop.dtype, info.body_outputs).toposort():  # hoist loop-invariant reductions
-            if node.op in (Ops.REDUCE_AXIS, Ops.LOOP_OUT) and not node.depends_on(inner):
+            if node.op in (Ops.REDUCE_AXIS, Ops.LOOP_OUT, Ops.SCATTER) and not node.depends_on(inner):
                 self.realize(node, env)
         body_env = dict(env)
         body_env.update(zip(info.carries, bufs_a))
@@ -211,6 +253,19 @@ def _drop_unused_slots(ast: UOp, buffers: tuple[int, ...]) -> tuple[UOp, tuple[i
     return ast, tuple(buffers[i] for i in used)
 
 
+def _readers(outputs: list[UOp]) -> dict:
+    """How many nodes read each node, counting each output and loop body output as one reader more."""
+    count: dict = {}
+    graph, _ = kernel_roots(outputs)
+    extra = list(outputs) + [o for n in graph if n.op is Ops.LOOP for o in n.arg.body_outputs]
+    for n in graph:
+        for s in set(n.src):
+            count[s] = count.get(s, 0) + 1
+    for o in extra:
+        count[o] = count.get(o, 0) + 1
+    return count
+
+
 def schedule(outputs: list[UOp], inputs: list[UOp], pack_contractions: bool = False) -> Schedule:
     """Kernels and buffers computing `outputs` from `inputs`; each output gets a fresh buffer.
 
@@ -219,7 +274,8 @@ def schedule(outputs: list[UOp], inputs: list[UOp], pack_contractions: bool = Fa
     first copy their column operand into contiguous panels (packing.py).
     """
     materialized = choose_materialized(outputs)
-    s = _Scheduler(materialized, fused_reductions(outputs, materialized, rows=pack_contractions), pack_contractions)
+    s = _Scheduler(materialized, fused_reductions(outputs, materialized, rows=pack_contractions), pack_contractions,
+                   _readers(outputs))
     env = {node: s.new_buffer(node) for node in inputs}
     input_bufs = tuple(env[n] for n in inputs)
     output_bufs, done = [], {}

@@ -47,6 +47,12 @@ class Tracer:
     def T(self) -> "Tracer":
         return _np().transpose(self)
 
+    @property
+    def at(self):
+        """JAX's functional updates: `x.at[idx].set(v)`, `.add(v)`, `.multiply(v)`, `.min(v)`, `.max(v)`."""
+        from .numpy_at import AtIndexer
+        return AtIndexer(self)
+
     def __repr__(self) -> str:
         return f"Tracer(shape={self.shape_str}, dtype={self.dtype.name})"
 
@@ -135,6 +141,19 @@ class Tracer:
 
     def take(self, indices, axis=None, mode=None, fill_value=None):
         return _np().take(self, indices, axis=axis, mode=mode, fill_value=fill_value)
+
+    def argsort(self, axis=-1, kind=None, order=None, *, stable=None):
+        return _np().argsort(self, axis, kind, order, stable=stable)
+
+    def sort(self, axis=-1, kind=None, order=None, *, stable=None):
+        """A sorted copy, as JAX's Array.sort (a traced array cannot be sorted in place)."""
+        return _np().sort(self, axis, kind, order, stable=stable)
+
+    def searchsorted(self, v, side="left", sorter=None):
+        return _np().searchsorted(self, v, side, sorter)
+
+    def nonzero(self, *, size=None, fill_value=None):
+        return _np().nonzero(self, size=size, fill_value=fill_value)
 
     def flatten(self) -> "Tracer":
         return _np().reshape(self, (-1,))

@@ -9,7 +9,8 @@ class Ops(Enum):
     INPUT = auto()          # traced only; arg: (input number, shape)
     DEFINE_GLOBAL = auto()  # kernel only; arg: buffer slot; dtype: element dtype
     IOTA = auto()           # traced only; arg: (shape, axis); element = its index along axis
-    RANGE = auto()          # kernel only; src: (end,); arg: (axis, "loop" | "reduce")
+    RANGE = auto()          # kernel only; src: (end,); arg: (axis, "loop" | "reduce" | "serial"); a serial loop
+                            # is never split over CPU threads (a scatter whose updates may collide)
     # unary
     NEG = auto(); NOT = auto(); ABS = auto(); SIGN = auto()
     EXP = auto(); EXP2 = auto(); LOG = auto(); LOG2 = auto(); SQRT = auto()
@@ -31,6 +32,8 @@ class Ops(Enum):
     PAD = auto()            # arg: ((before, after), ...) per dim
     GATHER = auto()         # traced only; src: (x, *indices); arg: per x dim ("dim", out dim) or ("index", j):
                             # out[i] = x[...], that dim read at i[out dim] or at indices[j][i] (wrapped, clamped)
+    SCATTER = auto()        # traced only; src: (target, updates, *indices); arg: (dims as GATHER's, combine op or
+                            # None): target with updates[i] set or combined into it (trace/scatter.py)
     # reductions
     REDUCE_AXIS = auto()    # traced; arg: (reduce op, axes); the reduced dims become 1
     REDUCE = auto()         # kernel; src: (value, *reduce ranges); arg: reduce op
@@ -40,7 +43,8 @@ class Ops(Enum):
     LOOP_OUT = auto()       # src: (LOOP,); arg: carry index
     # kernels
     LOAD = auto()           # src: (DEFINE_GLOBAL, index[, gate])
-    STORE = auto()          # src: (DEFINE_GLOBAL, index, value)
+    STORE = auto()          # src: (DEFINE_GLOBAL, index, value[, gate]); arg: None, or an op: a read-modify-write
+                            # buf[index] = op(buf[index], value) (a scatter's combine)
     SINK = auto()           # src: stores or traced outputs; arg: kernel name or None
 
     __hash__ = object.__hash__  # members are singletons; Enum's own hash (of the name, in Python) is slow

@@ -20,6 +20,8 @@ def shape_of(u: UOp) -> tuple[sint, ...]:
         return tuple(size for _, _, size in u.arg)
     if op is Ops.GATHER:
         return u.src[1].shape
+    if op is Ops.SCATTER:
+        return u.src[0].shape
     if op is Ops.PAD:
         return tuple(as_int_if_const(d + b + a) for d, (b, a) in zip(u.src[0].shape, u.arg))
     if op is Ops.REDUCE_AXIS:
