@@ -37,16 +37,11 @@ def _slice_spec(s: slice, dim: sint):
         start, stop, step = slice(s.start, s.stop, step).indices(dim)
         return start, step, len(range(start, stop, step))
     start, stop = (None if v is None else to_sint(v, "a slice bound") for v in (s.start, s.stop))
-    for v in (start, stop):
-        if isinstance(v, UOp) and v.vmin < 0:
-            raise TraceError(f"symbolic slice bound {v.render()} may be negative; symbolic bounds must be >= 0")
 
     def norm(v, default, lo, hi):
         if v is None:
             return default
-        if isinstance(v, int) and v < 0:
-            v = UOp.const(0) + dim + v
-        return _clamp(v, lo, hi)
+        return _clamp(_from_end(v, dim), lo, hi)
 
     if step > 0:
         start = norm(start, 0, 0, dim)
@@ -57,6 +52,18 @@ def _slice_spec(s: slice, dim: sint):
         stop = norm(stop, -1, -1, UOp.const(0) + dim - 1)
         size = (UOp.const(0) + start - stop + (-step) - 1) // (-step)
     return as_int_if_const(start), step, as_int_if_const(simplify(size.smax(0)))
+
+
+def _from_end(v: sint, dim: sint) -> sint:
+    """A slice bound that may be negative counts from the end, as NumPy's do: v < 0 reads as dim + v.
+
+    Written with min/max only (so it can be a dim): for an int v, -min(0, max(-1, v)) is 1 when v < 0, else 0."""
+    if (v if isinstance(v, int) else v.vmin) >= 0:
+        return v
+    if (v if isinstance(v, int) else v.vmax) < 0:
+        return UOp.const(0) + dim + v
+    negative = UOp.const(0) - (UOp.const(0) + v).smax(-1).smin(0)
+    return v + negative * dim
 
 
 def index_int(k, dim: sint, where: str = "an axis"):

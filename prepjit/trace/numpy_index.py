@@ -128,12 +128,16 @@ def take(a, indices, axis=None, mode=None, fill_value=None) -> Tracer:
         raise TraceError("take with a constant list of indices is not supported; pass the indices as an argument")
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(repr(m) for m in MODES[1:])} (got {mode!r})")
+    if mode == "fill" and not is_array_index(indices):  # a scalar index: a gather of one id, so it can miss
+        out_shape = tuple(d for i, d in enumerate(a.uop.shape) if i != axis)
+        k = prims.cast(Tracer(UOp.const(0) + prims.to_sint(indices, "an index")), dtypes.int64)
+        k = prims.broadcast_to(k, out_shape)
+        dims = [("index", 0) if i == axis else ("dim", i - (i > axis)) for i in range(a.ndim)]
+        return checked_gather(a, [k], dims, [k], [a.uop.shape[axis]], mode, fill_value)
     if is_array_index(indices):
         outer = simplify(UOp(Ops.CMPLT, dtypes.bool, (UOp.const(0), UOp.const(0) + sym_prod(a.uop.shape[:axis]))))
         return advanced_getitem(a, (slice(None),) * axis + (indices,), mode, fill_value,
                                 None if outer.op is Ops.CONST and outer.arg else outer)
-    if mode == "fill":
-        raise TraceError("take with mode='fill' needs an array of indices; a scalar index raises when out of range")
     n, k = UOp.const(0) + a.uop.shape[axis], UOp.const(0) + prims.to_sint(indices, "an index")
     if mode == "clip":  # an empty axis leaves -1: the index constraint then raises, as NumPy does
         k = k.smax(0).smin(n - 1)

@@ -161,6 +161,17 @@ def test_take_fill_mode(device):
     assert_matches(f(guarded(np.zeros(0, np.float32)), ids), np.full(4, -1, np.float32))
 
 
+def test_take_fill_mode_with_a_scalar_var_index(device):
+    f = pj.prepare(vars={"n": (0, 6), "i": (-9, 9)}, shapes={"t": (2, "n")}, device=device)(
+        lambda t, i: pnp.take(t, i, axis=1, mode="fill", fill_value=-1.0))
+    for n in (0, 1, 6):
+        t = guarded(np.arange(2 * n, dtype=np.float32).reshape(2, n))
+        for i in (-9, -n - 1, -1, 0, n - 1, n, 9):
+            want = t[:, i] if -n <= i < n else np.full(2, -1, np.float32)
+            assert_matches(f(t, i), want)
+    assert f.stats["traces"] == 1
+
+
 def test_take_along_axis_out_of_range_and_empty(device):
     f = pj.prepare(vars={"n": (0, 8)}, shapes={"a": (3, "n"), "ids": (3, 1)}, device=device)(
         lambda a, ids: pnp.take_along_axis(a, ids, 1) * 2)

@@ -83,6 +83,26 @@ def test_symbolic_indexing_replays_for_many_values(name, device):
     assert f.stats["traces"] == 1 and f.stats["replays"] == len(cases)
 
 
+NEGATIVE_BOUNDS = {
+    "x[k:]": lambda x, k: x[k:],
+    "x[:k]": lambda x, k: x[:k],
+    "x[k:k+3]": lambda x, k: x[k:k + 3],
+    "x[k::-1]": lambda x, k: x[k::-1],
+    "x[:k:-2]": lambda x, k: x[:k:-2],
+}
+
+
+@pytest.mark.parametrize("name", list(NEGATIVE_BOUNDS))
+def test_symbolic_slice_bounds_that_may_be_negative_count_from_the_end(name, device):
+    fn = NEGATIVE_BOUNDS[name]
+    f = pj.prepare(fn, vars={"n": (0, 9), "k": (-12, 12)}, shapes={"x": ("n",)}, device=device)
+    for n in (0, 1, 5, 9):
+        x = np.arange(n, dtype=np.float32)
+        for k in (-12, -9, -3, -1, 0, 2, 8, 12):
+            assert_matches(f(x, k), fn(x, k))
+    assert f.stats["traces"] == 1
+
+
 def test_symbolic_slice_output_shape_is_symbolic():
     traced = pj.trace(pj.prepare(lambda x, pos: x[:, :pos + 1], vars=V, shapes=SHAPES), xs(3), 1)
     shape = traced.outputs[0].shape
