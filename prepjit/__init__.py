@@ -1,5 +1,6 @@
 """prepjit: trace NumPy-style functions once, replay prepared kernels with new shapes."""
 from . import random
+from . import lax
 from .errors import (CompileError, DeviceError, IndexBoundError, PlanFileError, PrepjitError, SignatureError,
                      TraceError, VarBoundError, VarError)
 from .prepare import PreparedFunction, prepare, trace
@@ -14,5 +15,5 @@ from .uop.var import BoundVar, Var
 __all__ = ["CompileError", "DeviceError", "IndexBoundError", "PlanFileError", "PrepjitError", "SignatureError",
            "TraceError", "VarBoundError", "VarError", "PreparedFunction", "prepare", "trace", "load", "Profile",
            "profile", "Array", "CachedKernel", "ExecutionPlan", "PreparedKernel", "RuntimeVar", "fori_loop", "BoundVar",
-           "Var", "random"]
+           "Var", "random", "lax"]
 __version__ = "0.1.0"

@@ -11,11 +11,13 @@ from .numpy_math import (abs, absolute, add, around, astype, bitwise_and, bitwis
                          isinf, isnan, left_shift, less, less_equal, log, log2, logical_and, logical_not, logical_or,
                          logical_xor, maximum, minimum, mod, multiply, negative, not_equal, power, reciprocal,
                          remainder, right_shift, rint, round, rsqrt, sign, signbit, sin, sqrt, square, subtract, tanh,
-                         true_divide, where)
+                         true_divide)
 from .numpy_reduce import (all, amax, amin, any, argmax, argmin, cumprod, cumsum, max, mean, min, prod, std, sum,
                            var)
 from .numpy_transcend import (arccos, arccosh, arcsin, arcsinh, arctan, arctan2, arctanh, cosh, expm1, hypot,
                                log1p, logaddexp, nan_to_num, sinh, tan)
+from .numpy_select import argwhere, flatnonzero, nonzero, searchsorted, unique, where
+from .numpy_sort import argpartition, argsort, partition, sort
 from .numpy_shape import (broadcast_to, concatenate, expand_dims, flip, moveaxis, pad, ravel, repeat, reshape, roll,
                           split, squeeze, stack, swapaxes, tile, transpose, tril, triu)
 

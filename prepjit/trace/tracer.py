@@ -142,6 +142,19 @@ class Tracer:
     def take(self, indices, axis=None, mode=None, fill_value=None):
         return _np().take(self, indices, axis=axis, mode=mode, fill_value=fill_value)
 
+    def argsort(self, axis=-1, kind=None, order=None, *, stable=None):
+        return _np().argsort(self, axis, kind, order, stable=stable)
+
+    def sort(self, axis=-1, kind=None, order=None, *, stable=None):
+        """A sorted copy, as JAX's Array.sort (a traced array cannot be sorted in place)."""
+        return _np().sort(self, axis, kind, order, stable=stable)
+
+    def searchsorted(self, v, side="left", sorter=None):
+        return _np().searchsorted(self, v, side, sorter)
+
+    def nonzero(self, *, size=None, fill_value=None):
+        return _np().nonzero(self, size=size, fill_value=fill_value)
+
     def flatten(self) -> "Tracer":
         return _np().reshape(self, (-1,))
 

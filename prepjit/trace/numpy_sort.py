@@ -1,0 +1,196 @@
+"""Sorting on traced arrays: sort, argsort, partition, argpartition, top_k (for `prepjit.lax`).
+
+Every sort is one bitonic network over the sorted axis padded to a power of two N (at the dim's maximum
+when it is a var), built from existing primitives only (gathers, comparisons, where) so that it runs on
+every device with no code of its own. The network's L(L + 1) / 2 stages (L = log2 N) are one
+`pj.fori_loop`: the stage's distances are computed from the loop counter, so the plan compiles a single
+stage kernel and replays it once per stage (O(N log^2 N) work, no O(N^2) step).
+
+What the network moves is a 32-bit (64-bit past 2**29 elements) code per element, `position + N * band`,
+and it compares the elements' keys, read through the codes, then the codes: band 0 holds the ordinary
+values, band 1 NaNs (NumPy sorts them last), band 2 the padding. Codes are unique, so the order is total
+and equal keys keep their positions' order: every sort is stable, whatever `kind=` asks for. A descending
+sort (top_k) negates the keys (inverts integers) and puts NaNs first, as jax.lax.top_k does.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import TraceError
+from ..uop import DType, Ops, UOp, dtypes
+from . import checks, prims
+from .loop import fori_loop
+from .numpy_create import iota
+from .numpy_shape import moveaxis, ravel
+from .prims import normalize_axis, to_tracer
+from .tracer import Tracer
+
+KINDS = (None, "quicksort", "mergesort", "heapsort", "stable")
+
+
+def _elementwise(op: Ops, *xs, dtype: DType | None = None) -> Tracer:
+    return prims.elementwise(op, *xs, dtype=dtype)
+
+
+def _gather_last(x: Tracer, index: Tracer) -> Tracer:
+    """x[..., index[..., i]] along the last axis (index in range by construction: no range flag)."""
+    return prims.gather(x, [index], [("dim", d) for d in range(x.ndim - 1)] + [("index", 0)])
+
+
+def _max_len(n) -> int:
+    return n if isinstance(n, int) else n.vmax
+
+
+def _stage_distances(t: Tracer, stages: int, dt: DType) -> tuple[Tracer, Tracer]:
+    """(j, k) of bitonic stage t: phase p (1-based) sorts blocks of k = 2**p and its stages compare elements
+    j = 2**(p-1), ..., 1 apart; phase p starts at stage p(p-1)/2. Both are sums of comparisons of t (no
+    products, which the simplifier would expand)."""
+    one = prims.cast(to_tracer(1), dt)
+    p, start, phase = one, prims.cast(to_tracer(0), dt), 2
+    while phase * (phase - 1) // 2 < stages:
+        reached = prims.cast(_elementwise(Ops.CMPLT, phase * (phase - 1) // 2 - 1, t), dt)
+        p = _elementwise(Ops.ADD, p, reached)
+        start = _elementwise(Ops.ADD, start, _elementwise(Ops.MUL, reached, phase - 1))
+        phase += 1
+    q = _elementwise(Ops.SUB, _elementwise(Ops.SUB, p, one), _elementwise(Ops.SUB, prims.cast(t, dt), start))
+    return _elementwise(Ops.SHL, one, q), _elementwise(Ops.SHL, one, p)
+
+
+def _keys(x: Tracer, descending: bool) -> tuple[Tracer, Tracer]:
+    """(key, band) per element: keys compare as the sort orders; NaNs get an infinite key and their band."""
+    if x.dtype == dtypes.bool:
+        x = prims.cast(x, dtypes.int8)
+    zero_band = prims.cast(to_tracer(0), dtypes.int8)
+    if not x.dtype.is_float:
+        return (_elementwise(Ops.NOT, x) if descending else x), prims.broadcast_to(zero_band, x.uop.shape)
+    nan = _elementwise(Ops.CMPNE, x, x)
+    inf = prims.cast(to_tracer(float("-inf") if descending else float("inf")), x.dtype)
+    key = _elementwise(Ops.WHERE, nan, inf, _elementwise(Ops.NEG, x) if descending else x)
+    band = prims.cast(_elementwise(Ops.NOT, nan) if descending else nan, dtypes.int8)
+    return key, band
+
+
+def sort_order(x: Tracer, descending: bool = False) -> Tracer:
+    """The stable sorting permutation of `x` along its last axis (int64), ascending or descending."""
+    n = x.uop.shape[-1]
+    longest = _max_len(n)
+    if longest <= 1:
+        return iota(x.uop.shape, x.ndim - 1)
+    size = 1 << (longest - 1).bit_length()
+    levels = size.bit_length() - 1
+    code_dtype = dtypes.int32 if 3 * size < 2 ** 31 else dtypes.int64
+    key, band = _keys(x, descending)
+    tail = [(0, 0)] * (x.ndim - 1) + [(0, UOp.const(0) + size - n if not isinstance(n, int) else size - n)]
+    shape = tuple(x.uop.shape[:-1]) + (size,)
+    position = iota(shape, x.ndim - 1, code_dtype)
+    padding = _elementwise(Ops.CMPLT, position, prims.cast(to_tracer(n), code_dtype) if not isinstance(n, int) else n)
+    padding = _elementwise(Ops.NOT, padding)
+    top = prims.cast(to_tracer(float("inf") if key.dtype.is_float else key.dtype.max()), key.dtype)
+    key = prims.materialize(_elementwise(Ops.WHERE, padding, top, prims.pad(key, tail)))
+    band = _elementwise(Ops.WHERE, padding, prims.cast(to_tracer(2), dtypes.int8), prims.pad(band, tail))
+    codes = _elementwise(Ops.ADD, position, _elementwise(Ops.MUL, prims.cast(band, code_dtype), size))
+    mask = prims.cast(to_tracer(size - 1), code_dtype)
+
+    def stage(t, codes):
+        j, k = _stage_distances(t, levels * (levels + 1) // 2, code_dtype)
+        partner = _elementwise(Ops.XOR, position, j)
+        other = _gather_last(codes, partner)
+        mine_key = _gather_last(key, _elementwise(Ops.AND, codes, mask))
+        other_key = _gather_last(key, _elementwise(Ops.AND, other, mask))
+        before = _elementwise(Ops.OR, _elementwise(Ops.CMPLT, mine_key, other_key),
+                              _elementwise(Ops.AND, _elementwise(Ops.CMPEQ, mine_key, other_key),
+                                           _elementwise(Ops.CMPLT, codes, other)))
+        lower = _elementwise(Ops.CMPEQ, _elementwise(Ops.AND, position, j), 0)
+        ascending = _elementwise(Ops.CMPEQ, _elementwise(Ops.AND, position, k), 0)
+        keep = _elementwise(Ops.CMPEQ, before, _elementwise(Ops.CMPEQ, lower, ascending))
+        return _elementwise(Ops.WHERE, keep, codes, other)
+
+    codes = fori_loop(0, levels * (levels + 1) // 2, stage, codes)
+    codes = prims.shrink(codes, [(0, 1, d) for d in x.uop.shape])
+    return prims.cast(_elementwise(Ops.AND, codes, mask), dtypes.int64)
+
+
+def _check_kind(kind, order_arg=None):
+    """Every kind (and stable=True or False) gives the stable sort, which is a valid order for each."""
+    if kind not in KINDS:
+        raise ValueError(f"sort kind must be one of 'quicksort', 'mergesort', 'heapsort' or 'stable' (got {kind!r})")
+    if order_arg is not None:
+        raise TraceError("sort order= (fields of structured arrays) is not supported on traced arrays")
+
+
+def _along(x, axis):
+    """(x with `axis` last, the axis) ; axis=None flattens, as NumPy's sort does."""
+    x = to_tracer(x)
+    if axis is None:
+        return ravel(x), None
+    if x.ndim == 0:
+        raise np.exceptions.AxisError(f"axis {axis} is out of bounds for array of dimension 0")
+    axis = normalize_axis(axis, x.ndim)
+    return moveaxis(x, axis, -1), axis
+
+
+def argsort(a, axis=-1, kind=None, order=None, *, stable=None) -> Tracer:
+    """NumPy's argsort (int64 indices), always stable; NaNs last."""
+    _check_kind(kind, order)
+    x, ax = _along(a, axis)
+    out = sort_order(x)
+    return out if ax is None else moveaxis(out, -1, ax)
+
+
+def sort(a, axis=-1, kind=None, order=None, *, stable=None) -> Tracer:
+    """NumPy's sort (a new array), NaNs last."""
+    _check_kind(kind, order)
+    x, ax = _along(a, axis)
+    out = _gather_last(x, sort_order(x))
+    return out if ax is None else moveaxis(out, -1, ax)
+
+
+def _check_kth(kth, n, name: str):
+    """NumPy's partition checks each kth against the axis length (a var's length: on every call)."""
+    for k in np.atleast_1d(np.asarray(kth)).tolist():
+        if isinstance(k, bool) or not isinstance(k, int):
+            raise TypeError(f"{name}: kth must be an int or a sequence of ints, not {k!r}")
+        if isinstance(n, int):
+            if not -n <= k < n:
+                raise ValueError(f"kth(={k}) out of bounds ({n})")
+        elif k >= 0:
+            checks.require(UOp.const(k), n, True, f"{name} kth={k}", f"{k} < {n.render()}")
+        else:
+            checks.require(UOp.const(-k), n, False, f"{name} kth={k}", f"{-k} <= {n.render()}")
+
+
+def partition(a, kth, axis=-1, kind="introselect", order=None) -> Tracer:
+    """NumPy's partition. The result is fully sorted along the axis, one of the orders NumPy allows (the
+    kth element in place, none larger before it, none smaller after it)."""
+    x, ax = _along(a, axis)
+    _check_kth(kth, x.uop.shape[-1], "partition")
+    return sort(a, axis, None, order)
+
+
+def argpartition(a, kth, axis=-1, kind="introselect", order=None) -> Tracer:
+    """NumPy's argpartition: the stable argsort, one of the permutations NumPy allows."""
+    x, ax = _along(a, axis)
+    _check_kth(kth, x.uop.shape[-1], "argpartition")
+    return argsort(a, axis, None, order)
+
+
+def top_k(operand, k: int, *, axis: int = -1) -> tuple[Tracer, Tracer]:
+    """jax.lax.top_k: the k largest entries along `axis` (last by default) in descending order and their
+    int32 indices; equal values keep index order, NaNs count as the largest."""
+    x = to_tracer(operand)
+    if x.ndim == 0:
+        raise TraceError("top_k needs an array of at least one dimension")
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
+        raise TraceError(f"top_k: k must be a static non-negative int, got {k!r}")
+    k = int(k)
+    axis = normalize_axis(axis, x.ndim)
+    x = moveaxis(x, axis, -1)
+    n = x.uop.shape[-1]
+    if isinstance(n, int):
+        if k > n:
+            raise ValueError(f"top_k: k={k} is larger than the axis ({n})")
+    else:
+        checks.require(UOp.const(k), n, False, f"top_k with k={k}", f"{k} <= {n.render()}")
+    perm = prims.shrink(sort_order(x, descending=True), [(0, 1, d) for d in x.uop.shape[:-1]] + [(0, 1, k)])
+    values, indices = _gather_last(x, perm), prims.cast(perm, dtypes.int32)
+    return moveaxis(values, -1, axis), moveaxis(indices, -1, axis)
