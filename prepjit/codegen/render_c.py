@@ -93,6 +93,8 @@ class Dialect:
     load_half: str                 # format: {ptr}, {idx}
     store_half: str                # format: {ptr}, {idx}, {v}
     round_half_helper: str         # defines `float pj_round_half(float)` (and what it needs)
+    atomic_cas: dict               # element bytes -> (a pragma it needs or "", format {ptr}, {cmp}, {val}: an atomic
+                                   # compare-and-swap of the unsigned bits at ptr, returning the old bits)
     preamble: Callable[[UOp], list[str]]   # lines before everything (extension pragmas)
 
     def ctype(self, dt: DType) -> str:
@@ -138,8 +140,9 @@ def _c_name(name: str) -> str:
     return "v_" + re.sub(r"\W", "_", name)
 
 
-def _loop_ranges(ast: UOp) -> list[UOp]:
-    return sorted({u for u in ast.toposort() if u.op is Ops.RANGE and u.arg[1] == "loop"}, key=lambda r: r.arg[0])
+def _loop_ranges(ast: UOp) -> list[UOp]:  # a scatter's serial loops are work-items too (its combines are atomic)
+    return sorted({u for u in ast.toposort() if u.op is Ops.RANGE and u.arg[1] in ("loop", "serial")},
+                  key=lambda r: r.arg[0])
 
 
 def _range_name(r: UOp) -> str:
@@ -327,12 +330,44 @@ class CStyleRenderer(KernelRenderer):
         return self.let(u.dtype, raw, "ld")
 
     def store_line(self, u: UOp) -> str:
-        buf, idx, val = u.src
+        """One statement; a scatter's store is gated (src[3]) and may combine (arg: an atomic read-modify-write)."""
+        buf, idx, val = u.src[:3]
         i, v = self.value(idx), self.value(val)
-        if val.dtype == dtypes.float16:
-            return self.d.store_half.format(v=v, idx=i, ptr=f"buf{buf.arg}") + ";"
-        cast = f"({self.d.ctype(dtypes.uint8)})" if val.dtype == dtypes.bool else ""
-        return f"buf{buf.arg}[{i}] = {cast}{v};"
+        if u.arg is not None:
+            line = f"{self.atomic_helper(u.arg, val.dtype)}(buf{buf.arg} + {i}, {v});"
+        elif val.dtype == dtypes.float16:
+            line = self.d.store_half.format(v=v, idx=i, ptr=f"buf{buf.arg}") + ";"
+        else:
+            cast = f"({self.d.ctype(dtypes.uint8)})" if val.dtype == dtypes.bool else ""
+            line = f"buf{buf.arg}[{i}] = {cast}{v};"
+        return f"if ({self.value(u.src[3])}) {{ {line} }}" if len(u.src) > 3 else line
+
+    def atomic_helper(self, op: Ops, dt: DType) -> str:
+        """`void pj_atomic_<op>_<dtype>(T *p, T v)`: *p = op(*p, v) atomically, a compare-and-swap loop on the
+        element's bits (so float add, mul, min and max work alike); 4- and 8-byte elements only."""
+        if dt.itemsize not in self.d.atomic_cas or dt == dtypes.float16:
+            raise NotImplementedError(f"{self.d.language} renderer: a combining scatter into {dt.name} (atomics "
+                                      f"need 4- or 8-byte elements)")
+        pragma, cas = self.d.atomic_cas[dt.itemsize]
+        t, bits = self.d.ctype(dt), self.d.ctype(dtypes.uint32 if dt.itemsize == 4 else dtypes.uint64)
+        if op in (Ops.MAX, Ops.MIN) and dt.is_float:
+            n = op.name.lower()  # NaN-propagating, like np.maximum.at
+            fn = self.helper(f"pj_{n}_{dt.name}", _FMAX.format(t=t, name=n, n=dt.name, fn=self.d.math(f"f{n}", dt)))
+            combined = f"{fn}(old.v, v)"
+        elif op in (Ops.MAX, Ops.MIN):
+            combined = f"old.v {'>' if op is Ops.MAX else '<'} v ? old.v : v"
+        else:
+            sym = "+" if op is Ops.ADD else "*"
+            combined = f"old.v {sym} v" if dt.is_float else f"({t})(({bits})old.v {sym} ({bits})v)"
+        name = f"pj_atomic_{op.name.lower()}_{dt.name}"
+        ptr = self.d.global_ptr.format(const="", type=t, name="p")
+        text = (f"void {name}({ptr}, {t} v) {{\n  union {{ {t} v; {bits} u; }} old, next;\n  old.v = *p;\n"
+                f"  for (;;) {{\n    next.v = {combined};\n"
+                f"    {bits} seen = {cas.format(ptr='p', cmp='old.u', val='next.u')};\n"
+                f"    if (seen == old.u) break;\n    old.u = seen;\n  }}\n}}")
+        if pragma:
+            self.helpers.setdefault(pragma, pragma)
+        return self.helper(name, text)
 
     # ---- loops and reductions ----
     def open_block(self, header: str, bindings: dict):

@@ -54,6 +54,8 @@ CUDA = Dialect(
     local_array="__shared__ {type} {name}[{n}]",
     load_half="pj_half_to_float({ptr}[{idx}])", store_half="{ptr}[{idx}] = pj_float_to_half({v})",
     round_half_helper=_ROUND_HALF,
+    atomic_cas={4: ("", "atomicCAS((unsigned int *){ptr}, {cmp}, {val})"),
+                8: ("", "atomicCAS((unsigned long long *){ptr}, {cmp}, {val})")},
     preamble=lambda ast: [_HALF] if any(u.dtype == dtypes.float16 for u in ast.toposort()) else [],
 )
 

@@ -48,6 +48,9 @@ OPENCL = Dialect(
     local_array="__local {type} {name}[{n}]",
     load_half="vload_half({idx}, {ptr})", store_half="vstore_half_rte({v}, {idx}, {ptr})",
     round_half_helper=_ROUND_HALF,
+    atomic_cas={4: ("", "atomic_cmpxchg((volatile __global uint *){ptr}, {cmp}, {val})"),
+                8: ("#pragma OPENCL EXTENSION cl_khr_int64_base_atomics : enable",
+                    "atom_cmpxchg((volatile __global ulong *){ptr}, {cmp}, {val})")},
     preamble=_fp64_pragma,
 )
 
