@@ -1,6 +1,7 @@
 """prepjit: trace NumPy-style functions once, replay prepared kernels with new shapes."""
 from . import random
 from . import lax
+from .autodiff import grad, value_and_grad, vjp
 from .errors import (CompileError, DeviceError, IndexBoundError, PlanFileError, PrepjitError, SignatureError,
                      TraceError, VarBoundError, VarError)
 from .prepare import PreparedFunction, prepare, trace
@@ -15,5 +16,5 @@ from .uop.var import BoundVar, Var
 __all__ = ["CompileError", "DeviceError", "IndexBoundError", "PlanFileError", "PrepjitError", "SignatureError",
            "TraceError", "VarBoundError", "VarError", "PreparedFunction", "prepare", "trace", "load", "Profile",
            "profile", "Array", "CachedKernel", "ExecutionPlan", "PreparedKernel", "RuntimeVar", "fori_loop", "BoundVar",
-           "Var", "random", "lax"]
+           "Var", "random", "lax", "grad", "value_and_grad", "vjp"]
 __version__ = "0.1.0"

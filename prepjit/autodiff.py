@@ -1,0 +1,116 @@
+"""pj.grad, pj.value_and_grad and pj.vjp: reverse-mode autodiff, traced (trace/autodiff.py) or eager.
+
+Inside a traced function (a prepared function's body, a loop body) they trace the backward pass into the same
+graph, so the gradient is part of the plan and replays on new shapes. Called on NumPy arguments they prepare a
+function computing the same (one plan per signature, kept by the transformed function), run it and return
+pj.Arrays.
+"""
+from __future__ import annotations
+
+import types
+
+import numpy as np
+
+from .prepare import PreparedFunction
+from .trace import autodiff as traced
+from .trace.pytree import flatten
+from .trace.tracer import Tracer
+
+
+def _traced_call(args, kwargs) -> bool:
+    """Whether a transformed function is called on traced values (or inside a trace, on constants)."""
+    leaves, _, _ = flatten((args, kwargs))
+    return traced.in_trace() or any(isinstance(x, Tracer) for x in leaves)
+
+
+class _Transformed:
+    """A transformed function: callable on traced values, and eagerly on NumPy values through a prepared
+    function built on first eager use. (A plain object, not a closure, so that the arrays `fun` reads are
+    found and key the plan as they do for a prepared function: trace/constants.py.)"""
+
+    def __init__(self, fun, argnums, has_aux: bool, with_value: bool):
+        self.fun, self.argnums, self.has_aux, self.with_value = fun, argnums, has_aux, with_value
+        self.prepared = None
+        self.__name__ = f"{'value_and_grad' if with_value else 'grad'}({getattr(fun, '__name__', 'f')})"
+        self.__doc__ = getattr(fun, "__doc__", None)
+
+    def __call__(self, *args, **kwargs):
+        if not _traced_call(args, kwargs):
+            return self._eager(args, kwargs)
+        (value, aux), grads = traced.value_and_grad(self.fun, args, kwargs, self.argnums, self.has_aux)
+        if self.with_value:
+            return ((value, aux) if self.has_aux else value), grads
+        return (grads, aux) if self.has_aux else grads
+
+    def _eager(self, args, kwargs):
+        if self.prepared is None:
+            self.prepared = PreparedFunction(_runner(self, self.fun))
+        nums = (self.argnums,) if isinstance(self.argnums, int) else tuple(self.argnums)
+        diff = {i % len(args) for i in nums if isinstance(i, int) and -len(args) <= i < len(args)}
+        args = tuple(_as_array_leaves(a) if i in diff else a for i, a in enumerate(args))
+        return self.prepared(*args, **kwargs)
+
+
+def _as_array_leaves(tree):
+    """A differentiated argument's Python-number leaves as NumPy arrays (prepared functions take Python numbers
+    as static values, which have no gradient)."""
+    leaves, _, treedef = flatten(tree)
+    return treedef.unflatten([np.asarray(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else x
+                              for x in leaves])
+
+
+def _runner(transformed, fun):
+    """`transformed` as a function to prepare, its globals those of `fun`: the prepared function's search for
+    the arrays it reads (closures, globals, same-module helpers) then follows `fun` as if the user had
+    prepared it."""
+    def run(*args, **kwargs):
+        return transformed(*args, **kwargs)
+    globals_ = getattr(fun, "__globals__", None)
+    if globals_ is None:
+        return run
+    return types.FunctionType(run.__code__, globals_, getattr(fun, "__name__", "f"), None, run.__closure__)
+
+
+def grad(fun, argnums=0, has_aux: bool = False):
+    """The gradient of `fun` (one real scalar output) with respect to its positional argument(s) `argnums`, like
+    jax.grad: `pj.grad(f)(x)` has the structure of x (a tuple of such for a tuple `argnums`); with has_aux, `fun`
+    returns (output, aux) and the call returns (grads, aux). Integer and bool inputs get zeros of their own dtype.
+    Works on traced values inside prepared functions and eagerly on NumPy arrays."""
+    return _Transformed(fun, argnums, has_aux, with_value=False)
+
+
+def value_and_grad(fun, argnums=0, has_aux: bool = False):
+    """Like pj.grad, returning (value, grads), or ((value, aux), grads) with has_aux, as jax.value_and_grad."""
+    return _Transformed(fun, argnums, has_aux, with_value=True)
+
+
+def vjp(fun, *primals, has_aux: bool = False):
+    """(outputs, f_vjp) as jax.vjp ((outputs, f_vjp, aux) with has_aux): f_vjp(cotangent), the cotangent shaped as
+    the outputs, returns a tuple with one cotangent per primal. Eagerly (NumPy primals) the outputs and each
+    f_vjp call run prepared functions."""
+    if _traced_call(primals, {}):
+        return traced.vjp(fun, *primals, has_aux=has_aux)
+    forward = PreparedFunction(_runner(_Forward(fun, has_aux), fun))
+    backward = PreparedFunction(_runner(_Backward(fun, has_aux), fun))
+    primals = tuple(_as_array_leaves(p) for p in primals)
+    result = forward(*primals)
+
+    def f_vjp(ct):
+        return backward(primals, ct)
+    return (result[0], f_vjp, result[1]) if has_aux else (result, f_vjp)
+
+
+class _Forward:
+    def __init__(self, fun, has_aux: bool):
+        self.fun, self.has_aux = fun, has_aux
+
+    def __call__(self, *primals):
+        return self.fun(*primals)
+
+
+class _Backward:
+    def __init__(self, fun, has_aux: bool):
+        self.fun, self.has_aux = fun, has_aux
+
+    def __call__(self, primals, ct):
+        return traced.vjp(self.fun, *primals, has_aux=self.has_aux)[1](ct)
