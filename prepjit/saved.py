@@ -26,7 +26,7 @@ from .runtime.devices import get_device
 from .signature import CallInfo, explain_retrace
 from .trace.pytree import TreeDef
 from .uop import UOp, serial
-from .uop.constraint import IndexConstraint
+from .uop.constraint import ERROR_KINDS, IndexConstraint
 from .uop.dtypes import dtypes
 from .uop.ops import Ops
 from .uop.var import Var
@@ -126,7 +126,8 @@ def save(fn: PreparedFunction, path, info: CallInfo):
 
     buffers = [[b.dtype.name, [d if isinstance(d, int) else {"u": ref(d)} for d in b.shape], b.max_size, h]
                for b, h in zip(spec.buffers, spec.home)]
-    constraints = [[ref(c.cond), c.text, c.what] for c in spec.constraints]
+    constraints = [[ref(c.cond), c.text, c.what] + ([c.error_kind] if c.error_kind != "index" else [])
+                   for c in spec.constraints]
     payload, codes = [], []
     for ast in asts:
         k = programs[ast]
@@ -329,8 +330,8 @@ def _decode(meta: dict, payload: bytes, path, device_name: str):
     kernels = [kernel(k) for k in meta["kernels"]]
     inputs = tuple(_index(b, n) for b in meta["inputs"])
     outputs = tuple(_index(b, n) for b in meta["outputs"])
-    constraints = tuple(IndexConstraint(graph[_index(c, len(graph))], str(text), str(what))
-                        for c, text, what in meta["constraints"])
+    constraints = tuple(IndexConstraint(graph[_index(c[0], len(graph))], str(c[1]), str(c[2]), _error_kind(c))
+                        for c in meta["constraints"])
     flags = tuple((_index(b, n), str(what)) for b, what in meta["flags"])
     spec = PlanSpec(buffers, home, KernelSequence(kernels), inputs, outputs, constraints, flags, int(meta["proven"]))
     _check_io(fn, meta, spec)
@@ -359,6 +360,13 @@ def _index(i, n: int) -> int:
     if type(i) is not int or not 0 <= i < n:
         raise ValueError(f"index {i!r} out of range")
     return i
+
+
+def _error_kind(c) -> str:
+    """A saved constraint's error kind: its 4th entry (files without one hold index constraints only)."""
+    if not isinstance(c, list) or len(c) not in (3, 4) or (len(c) == 4 and c[3] not in ERROR_KINDS):
+        raise ValueError(f"not an index constraint: {c!r:.80}")
+    return c[3] if len(c) == 4 else "index"
 
 
 def _check_io(fn: LoadedFunction, meta: dict, spec: PlanSpec):

@@ -66,14 +66,15 @@ def record_flag(flag, what: str):
         _scopes()[-1].flags.append((flag, what))
 
 
-def require(lhs, rhs, strict: bool, what: str, text: str | None = None):
-    """Record `lhs < rhs` (strict) or `lhs <= rhs` for an index that may depend on vars (`text` spells it)."""
+def require(lhs, rhs, strict: bool, what: str, text: str | None = None, error_kind: str = "index"):
+    """Record `lhs < rhs` (strict) or `lhs <= rhs` for an index that may depend on vars (`text` spells it;
+    `error_kind` as IndexConstraint's)."""
     c = constraint(as_uop(lhs), as_uop(rhs), strict, what)
-    c = IndexConstraint(c.cond, text or c.text, what)
+    c = IndexConstraint(c.cond, text or c.text, what, error_kind)
     cond = simplify(c.cond)
     if _decided(cond, c) or not _scopes():
         return
-    _scopes()[-1].constraints.append(IndexConstraint(cond, c.text, what))
+    _scopes()[-1].constraints.append(IndexConstraint(cond, c.text, what, error_kind))
 
 
 def _decided(cond: UOp, c: IndexConstraint) -> bool:
@@ -82,6 +83,8 @@ def _decided(cond: UOp, c: IndexConstraint) -> bool:
         return True
     if cond.op is Ops.CONST or cond.vmax is False:
         bounds = ", ".join(f"{v.arg[0]} in [{v.arg[1]}, {v.arg[2]}]" for v in c.cond.variables())
+        if c.error_kind == "empty":
+            raise ValueError(f"{c.what}: {c.text} never holds" + (f" ({bounds})" if bounds else ""))
         raise IndexBoundError(f"{c.what} is out of bounds: {c.text} never holds" + (f" ({bounds})" if bounds else ""))
     return False
 
@@ -103,7 +106,7 @@ def _for_every_iteration(c: IndexConstraint, leaf_var_names: set) -> list[IndexC
                                  f"{hi - lo + 1} values are too many to check one by one")
             for value in values:
                 cond = simplify(k.cond.substitute({v: UOp.const(value)}))
-                each = IndexConstraint(cond, f"{k.text} for {name} = {value}", k.what)
+                each = IndexConstraint(cond, f"{k.text} for {name} = {value}", k.what, k.error_kind)
                 if not _decided(cond, each):
                     nxt.append(each)
         out = list(dict.fromkeys(nxt))

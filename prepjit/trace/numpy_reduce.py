@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..uop import DType, Ops, dtypes, sym_prod, to_dtype
-from . import prims
+from ..uop import DType, Ops, UOp, dtypes, sym_prod, to_dtype
+from . import checks, prims
 from .numpy_math import equal, isnan, logical_or, multiply, sqrt, subtract, true_divide, where
 from .numpy_create import iota
 from .numpy_shape import moveaxis, ravel
@@ -31,10 +31,18 @@ def _axis_of(x: Tracer, axis, scalar_axis_ok: bool = True):
 
 
 def _check_not_empty(x: Tracer, axis, name: str):
-    """NumPy raises for max/min/argmax over an empty static axis (there is no identity)."""
+    """NumPy raises ValueError for max/min over an empty axis (there is no identity): at once for a static
+    one, on every call whose var values make a symbolic one empty (a constraint of the plan)."""
     for a in prims.normalize_axes(axis, x.ndim):
-        if isinstance(x.uop.shape[a], int) and x.uop.shape[a] == 0:
-            raise ValueError(f"zero-size array to reduction operation {name} which has no identity")
+        _require_not_empty(x.uop.shape[a], f"zero-size array to reduction operation {name} which has no identity")
+
+
+def _require_not_empty(n, message: str):
+    if isinstance(n, int):
+        if n == 0:
+            raise ValueError(message)
+    else:
+        checks.require(UOp.const(0), n, True, message, f"{n.render()} > 0", error_kind="empty")
 
 
 def sum(x, axis=None, keepdims=False, dtype=None):  # noqa: A001 - NumPy's name
@@ -119,8 +127,7 @@ def _arg_extreme(x, axis, keepdims, extreme, name: str) -> Tracer:
         return prims.reshape(out, (1,) * x.ndim) if keepdims else out
     axis = prims.normalize_axis(axis, x.ndim)
     n = x.uop.shape[axis]
-    if isinstance(n, int) and n == 0:
-        raise ValueError(f"attempt to get {name} of an empty sequence")
+    _require_not_empty(n, f"attempt to get {name} of an empty sequence")
     hit = equal(x, extreme(x, axis=axis, keepdims=True))
     if x.dtype.is_float:
         hit = logical_or(hit, isnan(x))

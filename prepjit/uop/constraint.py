@@ -12,24 +12,31 @@ from .dtypes import dtypes
 from .ops import Ops
 from .uop import UOp, render_python
 
+ERROR_KINDS = ("index", "empty")  # IndexConstraint.error_kind: IndexBoundError / ValueError (NumPy's)
+
 
 @attrs.frozen
 class IndexConstraint:
-    """`cond` (a bool expression over vars) must hold; `text` spells it, `what` says which index it guards."""
+    """`cond` (a bool expression over vars) must hold; `text` spells it, `what` says which index it guards.
+    `error_kind` "empty" is a reduction with no identity that needs a non-empty axis (`what` is NumPy's message;
+    a violation raises ValueError, as NumPy does), else IndexBoundError."""
 
     cond: UOp
     text: str
     what: str
+    error_kind: str = "index"
 
     @property
     def var_names(self) -> list[str]:
         return [v.arg[0] for v in self.cond.variables()]
 
-    def error(self, values: dict, sources: dict | None = None) -> IndexBoundError:
+    def error(self, values: dict, sources: dict | None = None) -> Exception:
         parts = []
         for name in self.var_names:
             src = (sources or {}).get(name)
             parts.append(f"{name} = {values.get(name)}" + (f" (from {src})" if src else ""))
+        if self.error_kind == "empty":
+            return ValueError(f"{self.what}: the constraint {self.text} does not hold for {', '.join(parts)}")
         return IndexBoundError(f"{self.what} is out of bounds: the constraint {self.text} does not hold for "
                                f"{', '.join(parts)}")
 
