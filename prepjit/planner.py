@@ -10,11 +10,12 @@ import numpy as np
 
 from .codegen.bounds import prove_optimized
 from .codegen.memory import nbytes, share_memory
+from .codegen.offsets import share_offsets
 from .codegen.optimize import optimize
 from .codegen.render_llvm import render_llvm
 from .codegen.render_cuda import render_cuda
 from .codegen.render_opencl import render_opencl
-from .codegen.schedule import LoopKernels, schedule
+from .codegen.schedule import KernelSequence, LoopKernels, ScheduledKernel, schedule
 from .errors import CompileError
 from .runtime import disk_cache
 from .runtime.cache import Abandoned, CachedKernel, kernel_cache
@@ -222,12 +223,32 @@ def prove_plan(kernels, buffers, constraints, device) -> int:
     return proven
 
 
+def _share_offsets(sched, constraints):
+    """`sched` with its kernels that differ only in constant buffer offsets (a layer's slice of a stacked
+    array) sharing one AST, the offsets fixedvars (codegen/offsets.py): one optimisation, proof and compile."""
+    segments = sched.kernels.segments
+    singles = [i for i, seg in enumerate(segments) if isinstance(seg, ScheduledKernel)]
+    taken = {getattr(seg, "name", None) for seg in segments} | {u.arg[0] for u in (
+        *(v for ast in sched.kernels.asts() for v in ast.variables()),
+        *(v for buf in sched.buffers for d in buf.shape if isinstance(d, UOp) for v in d.variables()),
+        *(v for c in constraints for v in c.cond.variables()))}
+    shared = share_offsets([segments[i] for i in singles], lambda k: tuple(sched.buffers[b].shape for b in k.buffers),
+                           taken)
+    if all(k is segments[i] for i, k in zip(singles, shared)):
+        return sched
+    segments = list(segments)
+    for i, k in zip(singles, shared):
+        segments[i] = k
+    return attrs.evolve(sched, kernels=KernelSequence(segments))
+
+
 def build_plan(traced: Traced, device) -> tuple[ExecutionPlan, dict[str, int]]:
     """An ExecutionPlan for a traced function, and how many of its kernels were compiled now
     ("compiles") or loaded from the disk cache ("disk_hits")."""
     with stage("scheduling and lowering"):
         sched = schedule(list(traced.outputs) + [f for f, _ in traced.flags], list(traced.inputs),
                          pack_contractions=device.language == "llvm")
+        sched = _share_offsets(sched, traced.constraints)
     with stage("bounds proof"):  # every access of every kernel inside its buffer, or CompileError
         proven = prove_plan(sched.kernels, sched.buffers, traced.constraints, device)
     n_out = len(traced.outputs)

@@ -1,0 +1,86 @@
+"""Kernels that differ only in where they start in their buffers share one AST: the start is a fixedvar.
+
+A model's layers read their slice of one stacked array (a KV cache `k[layer]`): the kernels of the 30
+layers are the same loop nest with the layer's constant offset in one buffer's indices, so each would be
+optimised, proven and compiled on its own. Here every access's index is split into its constant term and
+the rest; kernels with the same rest (and the same buffer shapes) whose constants differ get one AST in
+which the varying per-buffer offset is a var (bounded by the offsets seen), each launch fixing its value
+as a fori_loop iteration fixes its counter. The bounds proof covers every offset in those bounds, so each
+launch's own offset is proven too.
+"""
+from __future__ import annotations
+
+from ..uop import Ops, UOp
+from ..uop.symbolic import from_poly, poly
+
+_ACCESS = (Ops.LOAD, Ops.STORE)
+
+
+def _slot_offsets(ast: UOp) -> dict[int, int]:
+    """Per buffer slot whose indices hold no loads, the smallest constant term of its accesses' indices."""
+    consts: dict[int, int] = {}
+    skip = set()
+    for u in ast.toposort():
+        if u.op in _ACCESS:
+            slot = u.src[0].arg
+            if any(x.op is Ops.LOAD for x in u.src[1].toposort()):
+                skip.add(slot)
+            c = poly(u.src[1]).get((), 0)
+            consts[slot] = min(c, consts.get(slot, c))
+    return {s: c for s, c in consts.items() if s not in skip}
+
+
+def _rebuild(ast: UOp, shift: dict[int, tuple[int, UOp | None]]) -> UOp:
+    """`ast` with each access of slot s indexed by (index - c) [+ var] for shift[s] = (c, var)."""
+    new: dict = {}
+    for u in ast.toposort():
+        src = tuple(new[s] for s in u.src)
+        if u.op in _ACCESS and u.src[0].arg in shift:
+            c, var = shift[u.src[0].arg]
+            p = dict(poly(u.src[1]))
+            rest = p.pop((), 0) - c
+            if rest:
+                p[()] = rest
+            index = from_poly(p, u.src[1].dtype)
+            src = (src[0], index if var is None else UOp(Ops.ADD, index.dtype, (index, var)), *src[2:])
+        new[u] = u if src == u.src else UOp(u.op, u.dtype, src, u.arg)
+    return new[ast]
+
+
+def share_offsets(kernels: list, shapes_of, taken: set[str]) -> list:
+    """`kernels` (ScheduledKernels) with those that differ only in constant buffer offsets rewritten to one
+    AST each (the offsets as fixedvars named apart from `taken`); `shapes_of(kernel)` is the tuple of its
+    buffers' shapes. Kernels that share nothing are returned as they are."""
+    candidates: dict = {}
+    for i, k in enumerate(kernels):
+        candidates.setdefault((k.ast.arg, len(k.buffers), shapes_of(k)), {}).setdefault(k.ast, []).append(i)
+    out = list(kernels)
+    for (_, _, shapes), by_ast in candidates.items():
+        if len(by_ast) < 2:
+            continue
+        groups: dict = {}
+        for ast, users in by_ast.items():
+            offsets = _slot_offsets(ast)
+            key = _rebuild(ast, {s: (c, None) for s, c in offsets.items()})
+            groups.setdefault(key, []).append((ast, offsets, users))
+        for members in groups.values():
+            if len(members) < 2:
+                continue
+            slots = sorted(members[0][1])
+            varying = [s for s in slots if len({m[1][s] for m in members}) > 1]
+            names = {}
+            for s in varying:
+                name, n = f"offset{s}", 0
+                while name in taken:
+                    n += 1
+                    name = f"offset{s}_{n}"
+                names[s] = name
+            values = {s: [m[1][s] for m in members] for s in varying}
+            shared = _rebuild(members[0][0], {s: (members[0][1][s], UOp.variable(names[s], min(values[s]),
+                                                                                   max(values[s])))
+                                              for s in varying})
+            for ast, offsets, users in members:
+                fixed = tuple((names[s], offsets[s]) for s in varying)
+                for i in users:
+                    out[i] = type(kernels[i])(shared, kernels[i].buffers, kernels[i].fixedvars + fixed)
+    return out
