@@ -18,13 +18,16 @@ computes it once per row, where the row's loops are open, before the loops it is
 """
 from __future__ import annotations
 
+from collections import Counter
+
 from ..uop import Ops, UOp
 from ..uop.ops import ELEMENTWISE
 from .lower import REALIZED
 
 MEMORY_COST = 6        # ops-equivalent of writing an element and reading it back once
 LAUNCH_COST = 2000     # ops-equivalent of one more kernel launch
-MAX_INLINE_COST = 256  # a value this costly is materialised whenever two kernels read it
+MAX_INLINE_COST = 256  # a value this costly is materialised whenever two kernels, or two places, read it
+MAX_KERNEL_COST = 4096  # and one this costly always: LLVM's time grows faster than linearly in a kernel's size
 OP_COST = {Ops.EXP: 4, Ops.EXP2: 4, Ops.LOG: 8, Ops.LOG2: 8, Ops.SQRT: 2, Ops.FDIV: 2, Ops.IDIV: 8, Ops.MOD: 8,
            Ops.SIN: 16, Ops.COS: 16, Ops.TANH: 24, Ops.ERF: 24, Ops.POW: 24, Ops.ATAN2: 32}  # ops-equivalents; others cost 1
 
@@ -55,16 +58,22 @@ def kernel_roots(outputs: list[UOp]) -> tuple[list[UOp], list[UOp]]:
 def choose_materialized(outputs: list[UOp]) -> set[UOp]:
     graph, roots = kernel_roots(outputs)
     is_root = set(roots)
+    uses = Counter(s for node in graph for s in node.src)
     cost: dict[UOp, int] = {}
+    chosen: set[UOp] = set()
     for node in reversed(graph):  # children first: inline cost (its ops and loads), ignoring later cuts
         inline = [1 if s.op in REALIZED else cost[s] for s in node.src if s.op in REALIZED or s in cost]
         own = OP_COST.get(node.op, 1) if node.op in ELEMENTWISE else 0
-        cost[node] = min(10**9, own + sum(inline))
-    chosen: set[UOp] = set()
+        cost[node] = own + sum(inline)
+        if node.op in ELEMENTWISE and node not in is_root and node.shape and (
+                cost[node] >= MAX_KERNEL_COST or uses[node] >= 2 and cost[node] >= MAX_INLINE_COST):
+            chosen.add(node)  # read at several places, its expression would double with each (a concatenate chain)
+            cost[node] = 1
     readers: dict[UOp, set] = {}  # node -> the kernel roots whose kernels compute it inline
     for node in graph:  # parents first, so a node's readers are final when it is reached
         mine = readers.get(node, set())
-        if node.op in ELEMENTWISE and node not in is_root and node.shape and _worth_materialising(node, mine, cost):
+        if node in chosen or node.op in ELEMENTWISE and node not in is_root and node.shape and _worth_materialising(
+                node, mine, cost):
             chosen.add(node)
             mine = set()
         passes = {node} if node in is_root or node in chosen else mine

@@ -136,3 +136,54 @@ def test_row_reductions_are_computed_in_the_kernel_that_broadcasts_them(device, 
     e = np.exp(x - x.max(1, keepdims=True))
     f = pj.prepare(vars={"n": (1, 64)}, shapes={"x": ("n", 48)}, device=device)(softmax)
     np.testing.assert_allclose(np.asarray(f(x)), e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-6)
+
+
+def _inline_costs(outputs):
+    """The largest inline cost any kernel root reaches once the chosen values are cut (loads cost 1)."""
+    from prepjit.codegen.fusion import MAX_KERNEL_COST, OP_COST, kernel_roots
+    from prepjit.codegen.lower import REALIZED
+    from prepjit.uop.ops import ELEMENTWISE
+    graph, roots = kernel_roots(outputs)
+    chosen = choose_materialized(outputs)
+    cost = {}
+    for node in reversed(graph):
+        own = OP_COST.get(node.op, 1) if node.op in ELEMENTWISE else 0
+        cost[node] = own + sum(1 if s.op in REALIZED or s in chosen else cost[s] for s in node.src)
+    return max(cost[r] for r in roots), MAX_KERNEL_COST
+
+
+def test_a_value_read_at_two_places_in_a_chain_is_cut_so_kernels_do_not_double(device):
+    def rotate(x, steps=14):  # each step reads the last twice: inlined, the expression has 2**14 loads
+        for _ in range(steps):
+            x = pnp.concatenate([x[1:], x[:1]])
+        return x
+    x = np.arange(10, dtype=np.float32)
+    traced = pj.trace(pj.prepare(rotate, vars={"n": (1, 10)}, shapes={"x": ("n",)}), x)
+    largest, limit = _inline_costs(list(traced.outputs))
+    assert largest < 1024
+    f = pj.prepare(rotate, vars={"n": (1, 10)}, shapes={"x": ("n",)}, device=device)
+    for n in (1, 7, 10):
+        want = x[:n]
+        for _ in range(14):
+            want = np.concatenate([want[1:], want[:1]])
+        np.testing.assert_array_equal(np.asarray(f(x[:n])), want)
+
+
+def test_a_long_elementwise_chain_is_split_into_kernels_of_bounded_size():
+    def long(x):
+        for i in range(600):
+            x = x * 1.0001 + 0.5 if i % 2 else pnp.sin(x)
+        return x
+    x = np.linspace(-1, 1, 32).astype(np.float32)
+    traced = pj.trace(pj.prepare(long), x)
+    largest, limit = _inline_costs(list(traced.outputs))
+    assert largest <= limit + 32
+    f = pj.prepare(long)
+    np.testing.assert_allclose(np.asarray(f(x)), long.__wrapped__(x) if hasattr(long, "__wrapped__") else _np_long(x),
+                               rtol=1e-4, atol=1e-5)
+
+
+def _np_long(x):
+    for i in range(600):
+        x = x * np.float32(1.0001) + np.float32(0.5) if i % 2 else np.sin(x)
+    return x
