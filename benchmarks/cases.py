@@ -3,7 +3,7 @@
 A case's `fn(xp, *arrays)` is written once against a NumPy-like namespace `xp` (prepjit.numpy,
 numpy, jax.numpy, or the torch/tinygrad adapters in peers.py), so every framework runs the same
 computation. `goal` is (peer, the largest allowed prepjit/peer time ratio) where the issue sets one.
-The example models' cases (model_cases.py) join them in CASES.
+The training step (train_cases.py) and the example models' cases (model_cases.py) join them in CASES.
 """
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import numpy as np
 
 from .case import Case
 from .model_cases import MODEL_CASES
+from .train_cases import TRAIN_CASES
 
 
 def _f32(rng, *shape):
@@ -126,4 +127,4 @@ KERNEL_CASES = (
     Case("prepare_time_model", model, _model_inputs, kind="prepare", rtol=1e-3, atol=1e-4),
 )
 
-CASES = KERNEL_CASES + MODEL_CASES
+CASES = KERNEL_CASES + TRAIN_CASES + MODEL_CASES

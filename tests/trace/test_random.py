@@ -96,7 +96,8 @@ def test_bernoulli_and_randint_equal_jax():
     p = np.linspace(0, 1, 12, dtype=np.float32).reshape(3, 4)
     np.testing.assert_array_equal(pr.bernoulli(k, p), np.asarray(jax.random.bernoulli(jk, p)))
     cases = [((500,), 0, 10, "int32"), ((20, 25), -7, 1000003, "int32"), ((500,), 0, 256, "uint8"),
-             ((500,), -128, 128, "int8"), ((50,), 5, 5, "int32"), ((50,), 9, 2, "int32"), ((300,), 0, 2 ** 31 - 1, "int32")]
+             ((500,), -128, 128, "int8"), ((50,), 5, 5, "int32"), ((50,), 9, 2, "int32"),
+             ((300,), 0, 2 ** 31 - 1, "int32")]
     for shape, lo, hi, dt in cases:
         np.testing.assert_array_equal(pr.randint(k, shape, lo, hi, dt),
                                       np.asarray(jax.random.randint(jk, shape, lo, hi, dt)), err_msg=str((lo, hi, dt)))
@@ -121,7 +122,8 @@ def test_float64_equal_jax_x64():
         jk = jax.random.key(5)
         np.testing.assert_array_equal(pr.uniform(pr.key(5), (999,), np.float64),
                                       np.asarray(jax.random.uniform(jk, (999,), jnp.float64)))
-        np.testing.assert_array_equal(pr.bits(pr.key(5), (9,), np.uint64), np.asarray(jax.random.bits(jk, (9,), jnp.uint64)))
+        np.testing.assert_array_equal(pr.bits(pr.key(5), (9,), np.uint64),
+                                      np.asarray(jax.random.bits(jk, (9,), jnp.uint64)))
         np.testing.assert_allclose(pr.normal(pr.key(5), (5000,), np.float64),
                                    np.asarray(jax.random.normal(jk, (5000,), jnp.float64)), rtol=1e-14, atol=1e-15)
         np.testing.assert_array_equal(pr.randint(pr.key(5), (300,), -5, 2 ** 40, np.int64),
