@@ -54,6 +54,10 @@ class Tracer:
         return AtIndexer(self)
 
     def __repr__(self) -> str:
+        """A symbolic int (a dim, or arithmetic on dims and vars) prints as its expression: `n`, `(n+1)`."""
+        from .prims import is_symbolic
+        if not self.uop.shape and self.dtype.is_int and is_symbolic(self.uop):
+            return self.uop.render()
         return f"Tracer(shape={self.shape_str}, dtype={self.dtype.name})"
 
     # ---- methods ----
