@@ -10,11 +10,13 @@ from .runtime.array import Array
 from .runtime.cache import CachedKernel
 from .runtime.plan import ExecutionPlan, PreparedKernel, RuntimeVar
 from .saved import load
-from .trace.loop import fori_loop
+from .trace.control import cond, scan, switch
+from .trace.loop import fori_loop, while_loop
 from .uop.var import BoundVar, Var
 
 __all__ = ["CompileError", "DeviceError", "IndexBoundError", "PlanFileError", "PrepjitError", "SignatureError",
            "TraceError", "VarBoundError", "VarError", "PreparedFunction", "prepare", "trace", "load", "Profile",
-           "profile", "Array", "CachedKernel", "ExecutionPlan", "PreparedKernel", "RuntimeVar", "fori_loop", "BoundVar",
-           "Var", "random", "lax", "grad", "value_and_grad", "vjp"]
+           "profile", "Array", "CachedKernel", "ExecutionPlan", "PreparedKernel", "RuntimeVar", "fori_loop",
+           "while_loop", "cond", "switch", "scan", "BoundVar", "Var", "random", "lax", "grad",
+           "value_and_grad", "vjp"]
 __version__ = "0.1.0"

@@ -15,10 +15,12 @@ from .codegen.optimize import optimize
 from .codegen.render_llvm import render_llvm
 from .codegen.render_cuda import render_cuda
 from .codegen.render_opencl import render_opencl
+from .codegen.dynamic_loop import DynamicLoop
 from .codegen.schedule import KernelSequence, LoopKernels, ScheduledKernel, schedule
 from .errors import CompileError
 from .runtime import disk_cache
 from .runtime.cache import Abandoned, CachedKernel, kernel_cache
+from .runtime.dynamic_loop import DynamicLaunches
 from .runtime.compile_pool import run_now
 from .runtime.plan import ExecutionPlan, LoopLaunches, PlanBuffer, PreparedKernel, PreparedKernels, RuntimeVar
 from .stages import stage
@@ -213,8 +215,9 @@ class PlanSpec:
 
 def prove_plan(kernels, buffers, constraints, device) -> int:
     """The bounds proof of every kernel (once per distinct kernel: a fori_loop's iterations share one):
-    how many accesses were proven, or CompileError."""
-    conds, proofs, proven = [c.cond for c in constraints], {}, 0
+    how many accesses were proven, or CompileError. Inside a loop the plan runs natively its var is known to
+    lie in its bounds (lower <= var < upper)."""
+    conds, proofs, proven = [c.cond for c in constraints] + kernels.loop_facts(), {}, 0
     for k, count in kernels.counted():
         shapes = tuple(tuple(buffers[b].shape) for b in k.buffers)
         if (k.ast, shapes) not in proofs:
@@ -302,8 +305,27 @@ def instantiate(spec: PlanSpec, compiled: dict[UOp, CachedKernel], device) -> Ex
             buffer_ptrs=[buffers[b].memory.ptr if buffers[b].allocated else 0 for b in item.buffers],
             buffer_ids=[home[b] for b in item.buffers], runtime_vars=runtime_vars)
 
+    def dynamic(seg: DynamicLoop, start: int) -> DynamicLaunches:
+        """A loop the plan runs natively: its kernels prepared once each, at their positions from `start`."""
+        parts = []
+        for part in seg.parts:
+            out = []
+            for item in part:
+                out.append(dynamic(item, start) if isinstance(item, DynamicLoop) else prepared(start, item))
+                start += len(item) if isinstance(item, DynamicLoop) else 1
+            parts.append(tuple(out))
+        for b in (seg.lower, seg.upper):
+            for v in b.variables() if isinstance(b, UOp) else ():
+                bounds[v.arg[0]] = (v.arg[1], v.arg[2])
+        if seg.name is not None:
+            fixed_names.add(seg.name)
+        return DynamicLaunches(seg.name, seg.lower, seg.upper, seg.pred_buffer, tuple(parts))
+
     segments = []
     for seg, start in zip(spec.kernels.segments, spec.kernels.starts):
+        if isinstance(seg, DynamicLoop):
+            segments.append(dynamic(seg, start))
+            continue
         if not isinstance(seg, LoopKernels):
             segments.append(prepared(start, seg))
             continue
@@ -321,7 +343,7 @@ def instantiate(spec: PlanSpec, compiled: dict[UOp, CachedKernel], device) -> Ex
                     bounds[v.arg[0]] = (v.arg[1], v.arg[2])
     for v in (v for c in spec.constraints for v in c.cond.variables()):
         bounds[v.arg[0]] = (v.arg[1], v.arg[2])
-    var_bounds = {n: b for n, b in sorted(bounds.items()) if n not in fixed_names}
+    var_bounds = {n: b for n, b in sorted(bounds.items()) if n not in fixed_names}  # loop vars are the plan's own
     return ExecutionPlan(device, buffers, PreparedKernels(segments), spec.inputs, spec.outputs, var_bounds,
                          memory_bytes=sum(allocation_bytes.values()), constraints=spec.constraints,
                          flags=spec.flags, proven_accesses=spec.proven_accesses, spec=spec)

@@ -49,7 +49,7 @@ def kernel_roots(outputs: list[UOp]) -> tuple[list[UOp], list[UOp]]:
     roots = list(outputs)
     for node in UOp(Ops.SINK, outputs[0].dtype, tuple(outputs)).toposort() if outputs else []:
         if node.op is Ops.LOOP:
-            roots += list(node.src) + list(node.arg.body_outputs)
+            roots += list(node.src) + list(node.arg.body_roots)
     graph = UOp(Ops.SINK, outputs[0].dtype, tuple(roots)).toposort()[::-1] if roots else []
     roots += [n for n in graph if n.op in (Ops.REDUCE_AXIS, Ops.SCATTER)]
     return graph, roots
@@ -100,7 +100,7 @@ def fused_reductions(outputs: list[UOp], materialized: set[UOp], rows: bool = Fa
     graph, roots = kernel_roots(outputs)
     explicit = set(roots) - {n for n in roots if n.op is Ops.REDUCE_AXIS} | set(outputs)
     in_loops = {n for node in graph if node.op is Ops.LOOP
-                for n in UOp(Ops.SINK, node.dtype, node.arg.body_outputs).toposort()}
+                for n in UOp(Ops.SINK, node.dtype, node.arg.body_roots).toposort()}
     ok = {_DIRECT, _RESHAPED, _ROW} if rows else {_DIRECT, _RESHAPED}
     fused: set[UOp] = set()
     while True:  # a fused reduction's reads become its reader's: the reductions it read may fuse next

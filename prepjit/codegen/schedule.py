@@ -15,6 +15,7 @@ import attrs
 
 from ..uop import DType, Ops, UOp, sint
 from ..uop.segments import Run, Segments
+from .dynamic_loop import DynamicLoop, dynamic_loop
 from .fusion import choose_materialized, fused_reductions, kernel_roots
 from .lower import REALIZED, lower_copy, lower_kernel, lower_scatter
 from .packing import pack_contraction
@@ -68,6 +69,9 @@ class KernelSequence(Segments):
         """(kernel, how many times it runs with these buffers) for each kernel and each parity of a loop body
         (fixedvars aside): what a pass that does not depend on the loop var's value needs to see."""
         for seg in self.segments:
+            if isinstance(seg, DynamicLoop):
+                yield from ((k, 1) for k in seg.flat)
+                continue
             if not isinstance(seg, LoopKernels):
                 yield seg, 1
                 continue
@@ -79,8 +83,13 @@ class KernelSequence(Segments):
 
     def boundary(self):
         """(index, kernel) for every kernel outside loops and for the first two and last two iterations of each
-        loop: enough to find where each buffer is first and last used."""
+        loop: enough to find where each buffer is first and last used. A DynamicLoop's kernels come twice, at
+        their own index and at its last, so all it uses lives until its end (an iteration reads them again)."""
         for seg, start in zip(self.segments, self.starts):
+            if isinstance(seg, DynamicLoop):
+                yield from enumerate(seg.flat, start)
+                yield from ((start + len(seg) - 1, k) for k in seg.flat)
+                continue
             if not isinstance(seg, LoopKernels):
                 yield start, seg
                 continue
@@ -92,6 +101,10 @@ class KernelSequence(Segments):
     def asts(self) -> list[UOp]:
         """The distinct kernel ASTs, in order of first use."""
         return list(dict.fromkeys(k.ast for k, _ in self.counted()))
+
+    def loop_facts(self) -> list[UOp]:
+        """lower <= var < upper for the var of every loop the plan runs natively (DynamicLoop.facts)."""
+        return [f for seg in self.segments if isinstance(seg, DynamicLoop) for f in seg.facts()]
 
 
 @attrs.frozen
@@ -225,8 +238,8 @@ class _Scheduler:
         bufs_b = [self.new_buffer(c) for c in info.carries]
         for init, a in zip(loop.src, bufs_a):
             self.compute_into(init, a, env)
-        inner = set(info.carries) | {info.var}
-        for node in UOp(Ops.SINK, loop.dtype, info.body_outputs).toposort():  # hoist loop-invariant reductions
+        inner = set(info.carries) | ({info.var} if info.var is not None else set())
+        for node in UOp(Ops.SINK, loop.dtype, info.body_roots).toposort():  # hoist loop-invariant reductions
             if node.op in (Ops.REDUCE_AXIS, Ops.LOOP_OUT, Ops.SCATTER) and not node.depends_on(inner):
                 self.realize(node, env)
         body_env = dict(env)
@@ -234,14 +247,42 @@ class _Scheduler:
         start = len(self.kernels)
         for out, b in zip(info.body_outputs, bufs_b):
             self.compute_into(out, b, body_env)
-        body = tuple(KernelSequence(self.kernels[start:]))  # a loop nested in the body is unrolled in it
+        # a fori_loop with static bounds nested in the body is unrolled in it, one the plan runs natively is kept
+        body = _unrolled(self.kernels[start:])
         del self.kernels[start:]
         swap = dict(zip(bufs_a, bufs_b)) | dict(zip(bufs_b, bufs_a))
-        if body:
-            self.kernels.append(LoopKernels(body, info.var.arg[0], info.lower, info.upper, tuple(swap.items())))
-        final = bufs_b if (info.upper - info.lower) % 2 else bufs_a
+        if info.dynamic or any(isinstance(k, DynamicLoop) for k in body):
+            self.kernels.append(self.dynamic(loop, body, bufs_a, bufs_b, swap, env))
+            final = bufs_a
+        else:
+            if body:
+                self.kernels.append(LoopKernels(body, info.var.arg[0], info.lower, info.upper, tuple(swap.items())))
+            final = bufs_b if (info.upper - info.lower) % 2 else bufs_a
         for j, c in enumerate(info.carries):
             env[UOp(Ops.LOOP_OUT, c.dtype, (loop,), j)] = final[j]
+
+
+    def dynamic(self, loop: UOp, body: tuple, bufs_a: list, bufs_b: list, swap: dict, env: dict) -> DynamicLoop:
+        """The DynamicLoop of `loop` (its even iteration's body kernels given): a while_loop's predicate
+        kernels (from the carries in `bufs_a`) and the copies back from `bufs_b`."""
+        info, pred, pred_buffer = loop.arg, (), None
+        start = len(self.kernels)
+        if info.pred is not None:
+            pred_buffer = self.new_buffer(info.pred)
+            self.compute_into(info.pred, pred_buffer, {**env, **dict(zip(info.carries, bufs_a))})
+            pred = _unrolled(self.kernels[start:])
+            del self.kernels[start:]
+        for c, a, b in zip(info.carries, bufs_a, bufs_b):
+            self.emit(c, a, {**env, c: b})
+        copy = tuple(self.kernels[start:])
+        del self.kernels[start:]
+        return dynamic_loop(info, pred_buffer, pred, body, copy, swap)
+
+
+def _unrolled(segments: list) -> tuple:
+    """Kernels inside a loop: a fori_loop with static bounds unrolled in place, one the plan runs natively kept."""
+    return tuple(k for seg in segments for k in (
+        (seg.item(i) for i in range(len(seg))) if isinstance(seg, LoopKernels) else (seg,)))
 
 
 def _drop_unused_slots(ast: UOp, buffers: tuple[int, ...]) -> tuple[UOp, tuple[int, ...]]:

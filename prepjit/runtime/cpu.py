@@ -23,6 +23,7 @@ from . import compile_pool
 from .array import Array
 from .buffer import HostBuffer
 from .cpu_replay import INT64_MAX, REPLAY_FN, REPLAY_IR, NativeProgram, layout_self_test
+from .dynamic_loop import DynamicStep, launchers
 from .host_pool import empty
 from .llvm_compile import compile_object, target_machine
 
@@ -146,6 +147,13 @@ def _run_loop(lower: int, upper: int, bodies: list, slots: list):
             run()
 
 
+def _run_dynamic(step: DynamicStep, parts: list):
+    """A loop the plan runs natively (dynamic_loop.py): each part's launches, in the order the loop asks for."""
+    for part in step.parts_in_order():
+        for run in parts[part]:
+            run()
+
+
 class CPUPlanRunner:
     """Replays one ExecutionPlan's launches: small kernels in native batches, large ones split over threads.
 
@@ -156,7 +164,7 @@ class CPUPlanRunner:
 
     def __init__(self, device: "CPUDevice", steps: list, io_buffers: list[int],
                  io_slots: dict, var_names: list[str], dtypes: list[np.dtype]):
-        launchers = [launch for step in steps for launch in (step[1] + step[2] if isinstance(step, tuple) else (step,))]
+        all_launchers = launchers(steps)
         self.device = device
         self.table = (ctypes.c_int64 * max(1, len(io_buffers) + len(var_names)))()
         self.n_io = len(io_buffers)
@@ -164,7 +172,7 @@ class CPUPlanRunner:
         patches = [(ctypes.addressof(launch.bufs) + 8 * slot, i)
                    for i, b in enumerate(io_buffers) for launch, slot in io_slots[b]]
         patches += [(ctypes.addressof(launch.vals) + 8 * slot, var_slot[name])
-                    for launch in launchers for slot, name in launch.var_slots]
+                    for launch in all_launchers for slot, name in launch.var_slots]
         groups = self._group(steps, {})
         first = groups.pop(0) if groups and isinstance(groups[0], list) else []
         masks = [dt.alignment - 1 for dt in dtypes]
@@ -182,10 +190,15 @@ class CPUPlanRunner:
 
     def _group(self, steps: list, iterations: dict) -> list:
         """Runs of small launches as lists of (fn, bufs, vals, end) quads; each large launch alone (it may split)
-        and each fori_loop as a call that runs its iterations (`steps`: ExecutionPlan's)."""
+        and each fori_loop (or loop the plan runs natively) as a call that runs its iterations (`steps`:
+        ExecutionPlan's)."""
         groups: list = []
         pool = self.device.pool
         for launch in steps:
+            if isinstance(launch, DynamicStep):
+                parts = [self._callables(self._group(part, iterations)) for part in launch.parts]
+                groups.append(functools.partial(_run_dynamic, launch, parts))
+                continue
             if isinstance(launch, tuple):
                 loop, even, odd = launch
                 bodies = [self._callables(self._group(body, iterations)) for body in (even, odd)]

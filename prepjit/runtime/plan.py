@@ -11,6 +11,28 @@ from ..errors import IndexBoundError, SignatureError, VarBoundError, VarError
 from ..uop.constraint import compile_checks
 from ..uop.segments import Run, Segments
 from .cache import CachedKernel
+from .dynamic_loop import DynamicLaunches, DynamicStep, launchers
+
+
+def ordered_positions(steps: list):
+    """(its position in plan.kernels, launch) for every launch of `steps` in execution order (a loop's launchers
+    once per iteration, the loop var patched first; a DynamicStep's kernels are listed once: each of its launches
+    is at its kernel's position); a step is a launcher, (loop, even iteration's launchers, odd one's) or a
+    DynamicStep."""
+    for step in steps:
+        if isinstance(step, DynamicStep):
+            for part in step.parts_in_order():
+                yield from ordered_positions(step.parts[part])
+            continue
+        if not isinstance(step, tuple):
+            yield step.pk.id, step
+            continue
+        loop, even, odd = step
+        for k in range(loop.lower, loop.upper):
+            for j, launch in enumerate(odd if (k - loop.lower) % 2 else even):
+                for slot in launch.loop_slots:
+                    launch.set_val(slot, k)
+                yield loop.start + (k - loop.lower) * len(even) + j, launch
 
 
 @attrs.frozen
@@ -135,17 +157,21 @@ class ExecutionPlan:
         self.lock = threading.Lock()
         if not isinstance(kernels, PreparedKernels):
             self.kernels = kernels = PreparedKernels(kernels)
-        self._steps = []  # what runs in order: a launcher, or (loop, even iteration's launchers, odd one's)
+        loop_names = sorted({n for seg in kernels.segments if isinstance(seg, DynamicLaunches) for n in seg.names()})
+        self._env_slot = {n: i for i, n in enumerate(list(self.vars) + loop_names)}
+        self._env = [lo for lo, _ in self.vars.values()] + [0] * len(loop_names)  # var values loop bounds read
+        self._steps = []  # a launcher, (loop, even iteration's launchers, odd one's), or a DynamicStep
         for step in kernels.launches():
             if isinstance(step, PreparedKernel):
                 self._steps.append(self._launcher(step))
+            elif isinstance(step, DynamicLaunches):
+                self._steps.append(self._dynamic_step(step, ()))
             else:
                 loop, even, odd = step
-                self._steps.append((loop, [self._launcher(k, loop.name) for k in even],
-                                    [self._launcher(k, loop.name) for k in odd]))
-        self._launches = [launch for step in self._steps
-                          for launch in (step[1] + step[2] if isinstance(step, tuple) else (step,))]
-        self._fixed = {name for launch in self._launches for name in launch.pk.fixedvars}
+                self._steps.append((loop, [self._launcher(k, (loop.name,)) for k in even],
+                                    [self._launcher(k, (loop.name,)) for k in odd]))
+        self._launches = launchers(self._steps)
+        self._fixed = {name for launch in self._launches for name in launch.pk.fixedvars} | set(loop_names)
         self._distinct_outputs = list(dict.fromkeys(self.outputs))
         self._flag_arrays = tuple(np.zeros((), np.bool_) for _ in self.flags)  # the fast path's flag outputs
         io = set(self.inputs) | set(self.outputs) | {b for b, _ in self.flags}
@@ -164,11 +190,22 @@ class ExecutionPlan:
         return self._device.plan_runner(self._steps, io_order, self._io_slots, var_names,
                                         [self._buffers[b].dtype for b in io_order])
 
-    def _launcher(self, pk: PreparedKernel, loop_var: str | None = None):
-        """A launcher of `pk`; in a fori_loop's body (`loop_var`), its loop var slots are patched per iteration."""
+    def _dynamic_step(self, loop: DynamicLaunches, loop_vars: tuple) -> DynamicStep:
+        """The DynamicStep running `loop` (inside the loops whose vars are `loop_vars`)."""
+        inner = loop_vars + ((loop.name,) if loop.name else ())
+        parts = [[self._dynamic_step(k, inner) if isinstance(k, DynamicLaunches) else self._launcher(k, inner)
+                  for k in part] for part in loop.parts]
+        read_pred = None
+        if loop.pred_buffer is not None:
+            memory = self._buffers[loop.pred_buffer].memory
+            read_pred = lambda: bool(self._device.read_buffer(memory, ()))  # noqa: E731
+        return DynamicStep(loop, parts, self._env, self._env_slot, read_pred)
+
+    def _launcher(self, pk: PreparedKernel, loop_vars: tuple = ()):
+        """A launcher of `pk`; in a loop's body, the slots of its loop vars (`loop_vars`) are patched per iteration."""
         kernel = pk.kernel
-        runtime = [(i, n) for i, n in enumerate(kernel.var_names) if n not in pk.fixedvars]
-        loop_slots = [i for i, n in enumerate(kernel.var_names) if n == loop_var]
+        runtime = [(i, n) for i, n in enumerate(kernel.var_names) if n not in pk.fixedvars and n not in loop_vars]
+        loop_slots = [i for i, n in enumerate(kernel.var_names) if n in loop_vars]
         static_size = None if runtime or loop_slots else kernel.global_size_fn(pk.vals)[0]
         handles = [self._device.handle(self._buffers[b].memory) if self._buffers[b].allocated else None
                    for b in pk.buffer_indices]  # unallocated I/O slots are patched before every run
@@ -178,17 +215,8 @@ class ExecutionPlan:
         return launcher
 
     def _ordered(self):
-        """Every launch in execution order (a loop's launchers once per iteration, the loop var patched first)."""
-        for step in self._steps:
-            if not isinstance(step, tuple):
-                yield step
-                continue
-            loop, even, odd = step
-            for k in range(loop.lower, loop.upper):
-                for launch in odd if (k - loop.lower) % 2 else even:
-                    for slot in launch.loop_slots:
-                        launch.set_val(slot, k)
-                    yield launch
+        """Every launch in execution order."""
+        return (launch for _, launch in ordered_positions(self._steps))
 
     @property
     def buffers(self) -> list[PlanBuffer]:
@@ -232,6 +260,8 @@ class ExecutionPlan:
     def _bind(self, values: dict[str, int]):
         self._fast_values = None  # run_arrays' record of what is bound is stale now
         self.bindings.update(values)
+        for name, value in values.items():
+            self._env[self._env_slot[name]] = value
         for launch in self._launches:
             for slot, name in launch.var_slots:
                 if name in values:
@@ -325,11 +355,13 @@ class ExecutionPlan:
 
     def _run_timed(self, timings: list):
         self._device.synchronize()  # inputs staged on the device are not part of the first kernel's time
-        for launch in self._ordered():
+        times = [0.0] * len(self.kernels)  # a loop run natively: each kernel's time summed over the iterations
+        for position, launch in ordered_positions(self._steps):
             start = time.perf_counter()
             launch.run()
             self._device.synchronize()
-            timings.append(time.perf_counter() - start)
+            times[position] += time.perf_counter() - start
+        timings.extend(times)
 
     @property
     def replays_arrays(self) -> bool:
@@ -344,6 +376,7 @@ class ExecutionPlan:
         """
         flags = self._flag_arrays
         with self.lock:
+            self._env[:len(values)] = values
             if not self._runner.run(arrays + flags if flags else arrays, values):
                 return False
             if values and values != self._fast_values:  # keep bindings and PreparedKernel.vals current

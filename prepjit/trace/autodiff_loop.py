@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import weakref
 
+from ..errors import TraceError
 from ..uop import Ops, UOp, dtypes, simplify
 from ..uop.uop import _arg_uops
 from . import prims
@@ -124,6 +125,9 @@ def _carry_at(kept: UOp, row_index: int, carry: UOp, row: UOp) -> Tracer:
 
 def _loop_vjp(cts: dict, loop: UOp, wanted: tuple):
     info = loop.arg
+    if info.dynamic:  # as in JAX: reverse mode needs a trip count known while tracing
+        raise TraceError("pj.grad through a pj.while_loop, or a pj.fori_loop / pj.scan whose bounds are vars, is "
+                         "not supported: reverse mode needs a trip count known while tracing (use static bounds)")
     n = len(info.carries)
     frontier = loop_frontier(loop)
     kept, rows = with_history(loop)

@@ -3,7 +3,9 @@
 `require(lhs, rhs, ...)` records `lhs < rhs` (or `<=`) for an index that depends on vars: dropped when
 the var bounds prove it, an IndexBoundError at once when they refute it, else kept for the plan to check
 on every call. A constraint on a fori_loop counter must hold for every iteration: it is checked at the
-counter's first and last value (indices are linear in it), or at each value otherwise.
+counter's first and last value (indices are linear in it), or at each value otherwise. A loop whose bounds
+are var expressions checks it at those expressions (`i < n` in `fori_loop(0, n, ...)` holds for i = n - 1),
+unless the call's count is 0.
 
 `flag(bad, what)` records a 0-d bool tracer that is true when a gather read an out-of-range id; the
 trace returns it as an extra output and the plan raises IndexBoundError when a call sets it. Flags
@@ -15,7 +17,7 @@ import contextlib
 import threading
 
 from ..errors import IndexBoundError, TraceError
-from ..uop import Ops, UOp, as_uop, simplify
+from ..uop import Ops, UOp, as_uop, dtypes, simplify
 from ..uop.constraint import IndexConstraint, constraint
 from ..uop.symbolic import poly
 
@@ -25,8 +27,9 @@ _local = threading.local()  # .scopes: the innermost recording scope last
 
 
 class _Scope:
-    def __init__(self, constraints: list):
+    def __init__(self, constraints: list, counters: dict):
         self.constraints = constraints          # shared with the enclosing scope: they all reach the plan
+        self.counters = counters                # loop var -> (lower, upper) of loops with var bounds (shared)
         self.flags: list[tuple[object, str]] = []
 
 
@@ -39,20 +42,37 @@ def _scopes() -> list:
 @contextlib.contextmanager
 def recording(leaf_var_names: set):
     """Around a whole trace: yields the scope; on exit its constraints are made loop-counter free."""
-    scope = _Scope([])
+    scope = _Scope([], {})
     _scopes().append(scope)
     try:
         yield scope
     finally:
         _scopes().pop()
-    scope.constraints[:] = [c for raw in scope.constraints for c in _for_every_iteration(raw, leaf_var_names)]
+    scope.constraints[:] = [c for raw in scope.constraints
+                            for c in _for_every_iteration(raw, leaf_var_names, scope.counters)]
 
 
 @contextlib.contextmanager
-def loop_body():
-    """Around a fori_loop body: yields the scope whose `flags` the loop must carry out."""
-    outer = _scopes()[-1] if _scopes() else _Scope([])
-    scope = _Scope(outer.constraints)
+def loop_body(counter=None):
+    """Around a loop body: yields the scope whose `flags` the loop must carry out. `counter`: (loop var, lower,
+    upper) of a fori_loop whose bounds are var expressions."""
+    outer = _scopes()[-1] if _scopes() else _Scope([], {})
+    scope = _Scope(outer.constraints, outer.counters)
+    if counter is not None:
+        scope.counters[counter[0]] = counter[1:]
+    _scopes().append(scope)
+    try:
+        yield scope
+    finally:
+        _scopes().pop()
+
+
+@contextlib.contextmanager
+def discarded():
+    """Around a trace whose graph is dropped (a branch a static predicate does not take, a probe of a body's
+    result shapes): what it records is dropped too."""
+    outer = _scopes()[-1] if _scopes() else _Scope([], {})
+    scope = _Scope([], outer.counters)
     _scopes().append(scope)
     try:
         yield scope
@@ -89,25 +109,41 @@ def _decided(cond: UOp, c: IndexConstraint) -> bool:
     return False
 
 
-def _for_every_iteration(c: IndexConstraint, leaf_var_names: set) -> list[IndexConstraint]:
-    """`c` with each fori_loop counter (a var no argument gives) replaced by the values it takes."""
+def _for_every_iteration(c: IndexConstraint, leaf_var_names: set, counters: dict) -> list[IndexConstraint]:
+    """`c` with each fori_loop counter (a var no argument gives) replaced by the values it takes (bounds of a
+    loop over var expressions may name an outer loop's counter: replaced until none is left)."""
     out = [c]
-    for v in c.cond.variables():
-        name, lo, hi = v.arg
-        if name in leaf_var_names:
-            continue
-        nxt = []
-        for k in out:
-            linear = k.cond.op is Ops.CMPLT and all(m == (v,) or v not in m
-                                                    for m in poly(simplify(k.cond.src[1] - k.cond.src[0])))
-            values = (lo, hi) if linear or hi == lo else range(lo, hi + 1)
-            if len(values) > MAX_ENUMERATED:
-                raise TraceError(f"{c.what}: the index is not linear in the loop counter {name}, and its "
-                                 f"{hi - lo + 1} values are too many to check one by one")
-            for value in values:
-                cond = simplify(k.cond.substitute({v: UOp.const(value)}))
-                each = IndexConstraint(cond, f"{k.text} for {name} = {value}", k.what, k.error_kind)
-                if not _decided(cond, each):
-                    nxt.append(each)
-        out = list(dict.fromkeys(nxt))
+    while True:
+        pending = [v for k in out for v in k.cond.variables() if v.arg[0] not in leaf_var_names]
+        if not pending:
+            return out
+        v = pending[0]
+        out = list(dict.fromkeys(e for k in out for e in (_each_value(k, v, counters.get(v))
+                                                           if v in k.cond.variables() else [k])))
+
+
+def _each_value(k: IndexConstraint, v: UOp, bounds) -> list[IndexConstraint]:
+    name, lo, hi = v.arg
+    linear = k.cond.op is Ops.CMPLT and all(m == (v,) or v not in m
+                                            for m in poly(simplify(k.cond.src[1] - k.cond.src[0])))
+    if bounds is None:
+        values, guards = ((lo, hi) if linear or hi == lo else range(lo, hi + 1)), None
+    else:  # var bounds: at their expressions (or, enumerated, where the value is inside them); none when empty
+        lower, upper = (as_uop(b) for b in bounds)
+        values = (lower, upper - 1) if linear else range(lo, hi + 1)
+        guards = [UOp(Ops.CMPLT, dtypes.bool, (upper, lower + 1)) if linear else
+                  UOp(Ops.OR, dtypes.bool, (UOp(Ops.CMPLT, dtypes.bool, (as_uop(x), lower)),
+                                             UOp(Ops.CMPLT, dtypes.bool, (upper - 1, as_uop(x))))) for x in values]
+    if len(values) > MAX_ENUMERATED:
+        raise TraceError(f"{k.what}: the index is not linear in the loop counter {name}, and its "
+                         f"{hi - lo + 1} values are too many to check one by one")
+    out = []
+    for j, value in enumerate(values):
+        cond = simplify(k.cond.substitute({v: as_uop(value)}))
+        text = f"{k.text} for {name} = {value.render() if isinstance(value, UOp) else value}"
+        if guards is not None and not (cond.op is Ops.CONST and cond.arg):
+            cond = simplify(UOp(Ops.OR, dtypes.bool, (guards[j], cond)))
+        each = IndexConstraint(cond, text, k.what, k.error_kind)
+        if not _decided(cond, each):
+            out.append(each)
     return out

@@ -14,9 +14,6 @@ def _fmt_arg(u: UOp) -> str:
         return f"shape {_fmt_shape(u.arg)}"
     if u.op is Ops.DEFINE_VAR:
         return f"{u.arg[0]} in [{u.arg[1]}, {u.arg[2]}]"
-    if u.op is Ops.LOOP:
-        a = u.arg
-        return f"{a.var.arg[0]} in range({a.lower}, {a.upper}), body -> {len(a.body_outputs)} carries"
     return str(u.arg)
 
 

@@ -1,0 +1,92 @@
+"""Loops an ExecutionPlan runs natively: a fori_loop over var bounds, or a while_loop (codegen/dynamic_loop.py).
+
+`DynamicLaunches` is such a loop's PreparedKernels (each listed once in `plan.kernels`); `DynamicStep` runs
+it: for a fori_loop, `upper - lower` iterations at the call's var values with the loop var patched into
+its kernels' argument slots; for a while_loop, the predicate kernels then, while the predicate buffer reads
+true, the body. Iterations alternate between the even and odd parts (ping-pong carries); a loop that ends
+after an odd number of iterations runs the copy part. A while_loop has no iteration limit (as in JAX).
+"""
+from __future__ import annotations
+
+import attrs
+
+from ..uop import render_python
+from ..uop.segments import Run
+
+
+@attrs.frozen
+class DynamicLaunches(Run):
+    """As a Sequence: every PreparedKernel of its parts once (nested loops' expanded in place)."""
+
+    name: str | None
+    lower: object
+    upper: object
+    pred_buffer: int | None
+    parts: tuple   # (pred even, body even, pred odd, body odd, copy): tuples of PreparedKernel / DynamicLaunches
+    flat: tuple = attrs.field(init=False, eq=False, repr=False)
+
+    def __attrs_post_init__(self):
+        object.__setattr__(self, "flat", tuple(k for part in self.parts for seg in part
+                                               for k in (seg.flat if isinstance(seg, DynamicLaunches) else (seg,))))
+
+    def __len__(self) -> int:
+        return len(self.flat)
+
+    def item(self, i: int):
+        return self.flat[i]
+
+    def names(self) -> set[str]:
+        """The loop vars of this loop and the ones nested in it."""
+        own = {self.name} if self.name else set()
+        return own.union(*(seg.names() for part in self.parts for seg in part if isinstance(seg, DynamicLaunches)))
+
+
+class DynamicStep:
+    """Runs one DynamicLaunches; `parts` holds each part's steps (launchers, nested DynamicSteps). `env` is the
+    plan's list of var values (loop vars included: bounds may name an outer loop's var), `slot` where each is."""
+
+    def __init__(self, loop: DynamicLaunches, parts: list, env: list, slot: dict, read_pred):
+        self.loop, self.parts, self.env, self.read_pred = loop, parts, env, read_pred
+        if loop.name is not None:
+            spell = lambda n: f"v[{slot[n]}]"  # noqa: E731
+            exprs = ", ".join(str(b) if isinstance(b, int) else render_python(b, spell) for b in (loop.lower, loop.upper))
+            self.bounds_fn = eval(f"lambda v: ({exprs})")
+            self.var_slot = slot[loop.name]
+            self.patches = [[(launch, i) for launch in launchers(part) for i, n in
+                             enumerate(launch.pk.kernel.var_names) if n == loop.name] for part in (parts[1], parts[3])]
+
+    def parts_in_order(self):
+        """The parts (indices into PARTS) to run, in order: a generator whose consumer runs each part before it
+        asks for the next (the predicate buffer is read once its part ran; the loop var is patched first)."""
+        odd = 0
+        if self.read_pred is None:
+            env, patches = self.env, self.patches
+            lower, upper = self.bounds_fn(env)
+            for k in range(lower, upper):
+                env[self.var_slot] = k
+                for launch, slot in patches[odd]:
+                    launch.set_val(slot, k)
+                yield 1 + 2 * odd
+                odd ^= 1
+        else:
+            while True:
+                yield 2 * odd
+                if not self.read_pred():
+                    break
+                yield 1 + 2 * odd
+                odd ^= 1
+        if odd:
+            yield 4
+
+
+def launchers(steps) -> list:
+    """Every launcher in `steps` (a plan's: launchers, static loops as (loop, even, odd), DynamicSteps)."""
+    out = []
+    for step in steps:
+        if isinstance(step, DynamicStep):
+            out += [x for part in step.parts for x in launchers(part)]
+        elif isinstance(step, tuple):
+            out += step[1] + step[2]
+        else:
+            out.append(step)
+    return out
