@@ -164,7 +164,7 @@ class Linearized:
         """`nodes` on the original values: a differentiated loop by the version that keeps its carries (it then
         runs once for the value and the gradient, see autodiff_loop.py), then placeholders by their values."""
         from .autodiff_loop import with_history
-        loops = {n: with_history(n) for n in _order(list(nodes), lambda n: (*n.src, *_arg_uops(n.arg)))
+        loops = {n: with_history(n)[0] for n in _order(list(nodes), lambda n: (*n.src, *_arg_uops(n.arg)))
                  if n.op is Ops.LOOP and with_history(n, build=False) is not None}
         nodes = substitute(list(nodes), loops) if loops else list(nodes)
         back = {p: t.uop for p, t in zip(self.placeholders, self.originals) if p is not None}

@@ -3,7 +3,7 @@ reverse-mode rule: the cotangent added back at the positions read (a scatter-add
 from __future__ import annotations
 
 from ...errors import TraceError
-from ...uop import Ops, UOp, dtypes
+from ...uop import Ops, UOp
 from ..tracer import Tracer
 from .core import dims_equal, fmt_shape, to_tracer
 from .movement import broadcast_to
@@ -31,41 +31,36 @@ def gather(x: Tracer, indices, dims) -> Tracer:
     return Tracer(UOp(Ops.GATHER, x.dtype, (x.uop, *(t.uop for t in indices)), dims))
 
 
-# ---------- reverse-mode rule ----------
+# ---------- reverse-mode rules (a gather and a scatter-add are each other's transposes) ----------
 
 @primitive(Ops.GATHER).def_vjp
 def _gather_vjp(ct: Tracer, node: UOp):
-    """The cotangent of the source: each output's cotangent added at the position it read (ids wrapped once as
-    the gather wraps them; an out-of-range id read 0 and gets nothing). Computed densely, as a one-hot
-    contraction over the indexed axes."""
-    from .pointwise import elementwise as e
-    from .reduction import reduce
-    from .movement import permute, reshape
+    """The source's cotangent: each output's cotangent added at the position it read (repeated ids accumulate;
+    an out-of-range id read nothing and gets nothing)."""
+    from ..scatter import scatter
     src = node.src[0]
     if not src.dtype.is_float:
         return (None,) * len(node.src)
-    out_shape = tuple(node.shape)
-    mapped = [n for kind, n in node.arg if kind == "dim"]
-    if len(set(mapped)) != len(mapped):
-        raise TraceError("cannot differentiate a gather that reads one output dim along two source dims")
-    indexed = [(m, n) for m, (kind, n) in enumerate(node.arg) if kind == "index"]
-    sizes = tuple(src.shape[m] for m, _ in indexed)
-    full = out_shape + sizes
-    spread = broadcast_to(reshape(ct, out_shape + (1,) * len(sizes)), full)
-    hit = None
-    for p, (m, k) in enumerate(indexed):
-        ids = Tracer(node.src[1 + k])
-        ids = e(Ops.WHERE, e(Ops.CMPLT, ids, 0), e(Ops.ADD, ids, to_tracer(sizes[p])), ids)
-        ids = broadcast_to(reshape(ids, out_shape + (1,) * len(sizes)), full)
-        here = e(Ops.CMPEQ, ids, Tracer(UOp(Ops.IOTA, dtypes.int64, (), (full, len(out_shape) + p))))
-        hit = here if hit is None else e(Ops.AND, hit, here)
-    zeros = broadcast_to(Tracer(UOp.const(0.0, ct.dtype)), full)
-    summed = [n for n in range(len(out_shape)) if n not in mapped]
-    total = reduce(e(Ops.WHERE, hit, spread, zeros), Ops.ADD, tuple(summed))
-    kept = [n for n in range(len(out_shape)) if n in mapped]  # total's leading dims, then the indexed ones
-    order = [kept.index(n) if kind == "dim" else len(kept) + [m for m, _ in indexed].index(m)
-             for m, (kind, n) in enumerate(node.arg)]
-    return (reshape(permute(total, order), src.shape),) + (None,) * (len(node.src) - 1)
+    zeros = broadcast_to(Tracer(UOp.const(0.0, src.dtype)), src.shape)
+    indices = [Tracer(i) for i in node.src[1:]]
+    return (scatter(zeros, indices, node.arg, ct, Ops.ADD),) + (None,) * len(indices)
+
+
+@primitive(Ops.SCATTER).def_vjp
+def _scatter_vjp(ct: Tracer, node: UOp):
+    """set: the target's cotangent is zero where it was overwritten, the updates' is the cotangent read there;
+    add: both pass it on (the updates' read there). Multiplying, min and max scatters have no rule yet."""
+    from ..scatter import scatter
+    dims, combine = node.arg
+    target, updates, indices = node.src[0], node.src[1], [Tracer(i) for i in node.src[2:]]
+    if combine not in (None, Ops.ADD):
+        raise TraceError(f"cannot differentiate a scatter combining with {combine.name} (only .at[].set and "
+                         ".at[].add have gradients)")
+    read = gather(ct, indices, dims)
+    if combine is None:
+        zeros = broadcast_to(Tracer(UOp.const(0.0, ct.dtype)), updates.shape)
+        return (scatter(ct, indices, dims, zeros, None), read) + (None,) * len(indices)
+    return (ct, read) + (None,) * len(indices)
 
 
 for _op in (Ops.CONST, Ops.DEFINE_VAR, Ops.INPUT, Ops.IOTA, Ops.CARRY):

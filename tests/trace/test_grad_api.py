@@ -1,0 +1,156 @@
+"""pj.grad / value_and_grad / vjp as an API: argnums tuples, has_aux, pytrees, integer inputs, errors, inside
+prepared functions with symbolic shapes (one trace across batch sizes), eager calls, and pj.fori_loop."""
+import numpy as np
+import pytest
+
+import prepjit as pj
+import prepjit.numpy as pnp
+from tests.trace.gradcheck import check_grad
+
+jax = pytest.importorskip("jax")
+jnp = jax.numpy
+jax.config.update("jax_enable_x64", True)
+
+rng = np.random.default_rng(2)
+
+
+def mlp_loss(xp, params, x, y):
+    h = xp.tanh(x @ params["w1"] + params["b1"])
+    logits = h @ params["w2"]
+    logp = logits - xp.log(xp.sum(xp.exp(logits), axis=1, keepdims=True))
+    return -xp.mean(xp.sum(logp * y, axis=1))
+
+
+def _params(dtype=np.float64):
+    return {"w1": rng.standard_normal((5, 8)).astype(dtype), "b1": rng.standard_normal(8).astype(dtype),
+            "w2": rng.standard_normal((8, 3)).astype(dtype)}
+
+
+def test_pytree_params_match_jax_eagerly():
+    params, x, y = _params(), rng.standard_normal((4, 5)), np.eye(3)[[0, 2, 1, 1]]
+    value, grads = pj.value_and_grad(lambda p, x, y: mlp_loss(pnp, p, x, y))(params, x, y)
+    jvalue, jgrads = jax.value_and_grad(lambda p, x, y: mlp_loss(jnp, p, x, y))(params, x, y)
+    np.testing.assert_allclose(np.asarray(value), jvalue, rtol=1e-12)
+    assert set(grads) == set(params)
+    for k in params:
+        np.testing.assert_allclose(np.asarray(grads[k]), jgrads[k], rtol=1e-10, atol=1e-12)
+
+
+def test_symbolic_batch_one_trace_float32():
+    """A training step prepared once with a symbolic batch: the gradient is part of the plan and replays."""
+    params = _params(np.float32)
+
+    @pj.prepare(vars={"n": (1, 64)}, shapes={"x": ("n", 5), "y": ("n", 3)})
+    def step(params, x, y):
+        loss, grads = pj.value_and_grad(lambda p: mlp_loss(pnp, p, x, y))(params)
+        return loss, {k: params[k] - 0.1 * grads[k] for k in params}
+
+    for n in (4, 9, 1, 33):
+        x, y = rng.standard_normal((n, 5)).astype(np.float32), np.eye(3, dtype=np.float32)[rng.integers(0, 3, n)]
+        loss, new = step(params, x, y)
+        jloss, jgrads = jax.value_and_grad(lambda p: mlp_loss(jnp, p, x, y))(params)
+        np.testing.assert_allclose(np.asarray(loss), jloss, rtol=1e-5)
+        for k in params:
+            np.testing.assert_allclose(np.asarray(new[k]), params[k] - 0.1 * jgrads[k], rtol=1e-4, atol=1e-5)
+    assert step.stats["traces"] == 1
+
+
+def test_argnums_has_aux_and_int_inputs():
+    a, b, k = rng.standard_normal(3), rng.standard_normal(3), np.arange(3)
+
+    def f(a, b, k):
+        out = pnp.sum(a * b * k + pnp.sin(a))
+        return out, {"double": out * 2, "k": k}
+    (ga, gb, gk), aux = pj.grad(f, argnums=(0, 1, 2), has_aux=True)(a, b, k)
+    np.testing.assert_allclose(np.asarray(ga), b * k + np.cos(a))
+    np.testing.assert_allclose(np.asarray(gb), a * k)
+    assert np.asarray(gk).dtype == k.dtype and not np.asarray(gk).any()  # integer inputs: zeros of their dtype
+    np.testing.assert_allclose(np.asarray(aux["double"]), 2 * np.sum(a * b * k + np.sin(a)))
+    (value, aux2), g = pj.value_and_grad(f, argnums=-2, has_aux=True)(a, b, k)
+    np.testing.assert_allclose(np.asarray(g), a * k)
+    assert np.asarray(aux2["k"]).tolist() == [0, 1, 2]
+    assert np.asarray(pj.grad(lambda x: x * x)(3.0)) == 6.0  # a Python float argument is differentiated too
+
+
+def test_errors():
+    with pytest.raises(pj.TraceError, match="one real scalar output"):
+        pj.grad(lambda x: x * 2)(np.ones(3))
+    with pytest.raises(pj.TraceError, match="argnums"):
+        pj.grad(lambda x: pnp.sum(x), argnums=3)(np.ones(3))
+    with pytest.raises(pj.TraceError, match="pair"):
+        pj.grad(lambda x: pnp.sum(x), has_aux=True)(np.ones(3))
+
+
+def test_vjp_traced_and_eager():
+    x, w = rng.standard_normal((2, 3)), rng.standard_normal((3, 4))
+    ct = rng.standard_normal((2, 4))
+
+    def f(x, w):
+        return pnp.tanh(x @ w), x.sum()
+    (out, s), f_vjp = pj.vjp(f, x, w)
+    gx, gw = f_vjp((ct, 2.0))
+    (jout, _), jf_vjp = jax.vjp(lambda x, w: (jnp.tanh(x @ w), x.sum()), x, w)
+    jgx, jgw = jf_vjp((ct, 2.0))
+    np.testing.assert_allclose(np.asarray(out), jout, rtol=1e-12)
+    np.testing.assert_allclose(np.asarray(gx), jgx, rtol=1e-10)
+    np.testing.assert_allclose(np.asarray(gw), jgw, rtol=1e-10)
+
+    @pj.prepare
+    def inside(x, w, ct):
+        out, f_vjp = pj.vjp(lambda w: pnp.tanh(x @ w), w)
+        return out, f_vjp(ct)[0]
+    out, gw2 = inside(x, w, ct)
+    np.testing.assert_allclose(np.asarray(gw2), jgw, rtol=1e-10)
+
+
+def test_closure_value_equal_to_the_input_is_a_constant():
+    """The differentiated input is a fresh placeholder: an equal value read from elsewhere (hash-consing would
+    make it the same node) stays a constant."""
+    @pj.prepare
+    def f(x):
+        y = x * 2
+        return pj.grad(lambda z: pnp.sum(z * (x * 2)))(y)  # d/dz sum(z * c) = c, though z and c are equal nodes
+    x = rng.standard_normal(4)
+    np.testing.assert_allclose(np.asarray(f(x)), 2 * x)
+
+
+def test_nested_grad_of_grad():
+    x = rng.standard_normal(3)
+    g2 = pj.grad(lambda x: pnp.sum(pj.grad(lambda y: pnp.sum(pnp.sin(y) * y))(x)))(x)
+    np.testing.assert_allclose(np.asarray(g2), 2 * np.cos(x) - x * np.sin(x), rtol=1e-12)
+
+
+def _rnn(xp, loop, h0, w, xs):
+    xs = xp.asarray(xs)
+    return xp.sum(loop(0, xs.shape[0], lambda t, h: xp.tanh(h @ w + xs[t]) * 0.9, h0) ** 2)
+
+
+def _jax_loop(lo, hi, body, init):
+    return jax.lax.fori_loop(lo, hi, body, init)
+
+
+def test_fori_loop_matches_jax_and_differences():
+    h0, w, xs = rng.standard_normal((2, 3)), rng.standard_normal((3, 3)) * 0.5, rng.standard_normal((5, 2, 3))
+    got = pj.grad(lambda h0, w, xs: _rnn(pnp, pj.fori_loop, h0, w, xs), (0, 1, 2))(h0, w, xs)
+    want = jax.grad(lambda h0, w, xs: _rnn(jnp, _jax_loop, h0, w, xs), (0, 1, 2))(h0, w, xs)
+    for g, v in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), v, rtol=1e-9, atol=1e-12)
+    check_grad(lambda w: _rnn(pnp, pj.fori_loop, h0, w, xs), w)
+
+
+def test_fori_loop_in_a_prepared_step_runs_once_per_iteration():
+    """The loop that keeps its carries replaces the plain one: the value and the gradient share it."""
+    h0, w, xs = rng.standard_normal((2, 3)), rng.standard_normal((3, 3)) * 0.5, rng.standard_normal((6, 2, 3))
+
+    @pj.prepare(vars={"b": (1, 8)}, shapes={"h0": ("b", 3), "xs": (6, "b", 3)})
+    def step(h0, w, xs):
+        return pj.value_and_grad(lambda w: _rnn(pnp, pj.fori_loop, h0, w, xs))(w)
+    for b in (2, 5):
+        h, x = rng.standard_normal((b, 3)), rng.standard_normal((6, b, 3))
+        value, g = step(h, w, x)
+        jv, jg = jax.value_and_grad(lambda w: _rnn(jnp, _jax_loop, h, w, x))(w)
+        np.testing.assert_allclose(np.asarray(value), jv, rtol=1e-12)
+        np.testing.assert_allclose(np.asarray(g), jg, rtol=1e-9)
+    assert step.stats["traces"] == 1
+    loops = {k.fixedvars.get("t") for k in step.plan(h, w, x).kernels if "t" in k.fixedvars}
+    assert loops == set(range(6))
