@@ -58,10 +58,6 @@ class Tracer:
                          ".multiply, .min, .max")
 
     def __repr__(self) -> str:
-        """A symbolic int (a dim, or arithmetic on dims and vars) prints as its expression: `n`, `(n+1)`."""
-        from .prims import is_symbolic
-        if not self.uop.shape and self.dtype.is_int and is_symbolic(self.uop):
-            return self.uop.render()
         return f"Tracer(shape={self.shape_str}, dtype={self.dtype.name})"
 
     # ---- methods ----
@@ -221,10 +217,20 @@ class Tracer:
 
     # ---- what cannot be traced ----
     def _concrete(self, what: str):
+        names = _var_names_only(self.uop)
+        if names:
+            raise TraceError(
+                f"{what} of {self.uop.render()} depends on the var(s) {', '.join(names)}, whose values are known only "
+                "when the prepared function is called (one trace serves every value in the bounds). Choose between "
+                "computations with pj.cond(pred, true_fun, false_fun, *operands) or pj.switch, loop a var number of "
+                "times with pj.fori_loop(0, n, body, carry) or pj.while_loop, use pnp.where for elementwise "
+                "choices, or make the value static (a static argument, or a fixed size in shapes=)")
         raise TraceError(
             f"{what} of a traced array (shape {self.shape_str}, {self.dtype.name}) is not known while tracing: "
             "Python control flow cannot depend on array values. Use pnp.where(cond, a, b) for elementwise "
-            "choices, pass the value as a static argument, or make it a var (vars={...}) if it is a size")
+            "choices, pj.cond / pj.switch to choose between computations, pj.while_loop to loop until a "
+            "condition on the data holds, pass the value as a static argument, or make it a var (vars={...}) if "
+            "it is a size")
 
     def __bool__(self): self._concrete("the truth value")
     def __int__(self): self._concrete("the int value")
@@ -239,6 +245,17 @@ class Tracer:
 
     def __iter__(self):
         return (self[i] for i in range(len(self)))
+
+
+def _var_names_only(u: UOp) -> list[str]:
+    """The vars a value is computed from when it reads no array data (a symbolic dim or a comparison of one),
+    else []."""
+    from ..uop import Ops
+    from ..uop.ops import ALU
+    nodes = u.toposort()
+    if not all(n.op in ALU or n.op in (Ops.CONST, Ops.DEFINE_VAR, Ops.CAST) for n in nodes):
+        return []
+    return sorted({n.arg[0] for n in nodes if n.op is Ops.DEFINE_VAR})
 
 
 def _np():
