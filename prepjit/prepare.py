@@ -159,7 +159,7 @@ class PreparedFunction:
                 self._stats["plans"] += 1
                 plan.var_sources.update(info.var_sources)  # IndexBoundError messages say where values come from
                 entry = freeze(plan, traced.out_tree, info.descriptions)
-                entry.constants = tuple(_on_device(device, value) for value in traced.constants)
+                entry.constants = tuple(constant_on_device(device, value) for value in traced.constants)
                 entry.reachable = tuple(reachable)
                 self.entries[key] = entry
         return entry
@@ -253,7 +253,7 @@ def freeze(plan: ExecutionPlan, out_tree: TreeDef, descriptions: list) -> _Entry
     return _Entry(plan, out_tree, descriptions, shape_fns, duplicate, [first[b] for b in plan.outputs])
 
 
-def _on_device(device, value: np.ndarray):
+def constant_on_device(device, value: np.ndarray):
     """A captured array where the plan reads it: the cpu reads the (trace-time copy) in place, other devices
     get it uploaded once, as a pj.Array of theirs."""
     if not isinstance(device, DeviceBase):

@@ -2,7 +2,8 @@
 
 A plan file is a datafile.py file of kind "plan": JSON metadata (the call signature, the plan's
 data description, planner.PlanSpec: buffers, kernels, I/O, constraints, every UOp in the data
-form of uop/serial.py) and a payload of the kernels' compiled code, back to back. Nothing in it
+form of uop/serial.py) and a payload of the kernels' compiled code, back to back, then the bytes of the
+arrays the function captured (trace/constants.py: they are the plan's last inputs). Nothing in it
 is unpickled or evaluated: metadata is decoded into known types and checked, and a file that is
 malformed, truncated, of another format version or for another device (name or compiler) raises
 PlanFileError. Var bounds are read off the kernels' ASTs (planner.instantiate) and must equal the
@@ -21,14 +22,14 @@ from .codegen.memory import share_memory
 from .codegen.schedule import BufferSpec, KernelSequence, LoopKernels, Schedule, ScheduledKernel, _max_size
 from .errors import PlanFileError, SignatureError, TraceError
 from .planner import PlanSpec, _kernel_from_entry, get_kernels, instantiate, prove_plan
-from .prepare import PreparedFunction, freeze
+from .prepare import PreparedFunction, constant_on_device, freeze
 from .runtime import datafile
 from .runtime.devices import get_device
 from .signature import CallInfo, explain_retrace
 from .trace.pytree import TreeDef
 from .uop import UOp, serial
 from .uop.constraint import ERROR_KINDS, IndexConstraint
-from .uop.dtypes import dtypes
+from .uop.dtypes import dtypes, to_dtype
 from .uop.ops import Ops
 from .uop.var import Var
 
@@ -142,6 +143,8 @@ def save(fn: PreparedFunction, path, info: CallInfo):
                       "global_size": [ref(g) for g in k.global_size], "local_size": list(k.local_size),
                       "bytes": len(k.binary)})
         payload.append(k.binary)
+    constants = [np.ascontiguousarray(np.asarray(c)) for c in entry.constants]  # captured arrays, after the code
+    payload += [c.tobytes() for c in constants]
     try:
         graph = serial.to_data(tuple(roots))
     except ValueError as e:
@@ -166,6 +169,7 @@ def save(fn: PreparedFunction, path, info: CallInfo):
         "kernels": [_enc_kernels(seg, ast_index) for seg in spec.kernels.segments],
         "inputs": list(spec.inputs), "outputs": list(spec.outputs), "constraints": constraints,
         "flags": [[b, what] for b, what in spec.flags], "proven": spec.proven_accesses, "codes": codes,
+        "constants": [[to_dtype(c.dtype).name, list(c.shape)] for c in constants],
     }
     data = datafile.pack(KIND, VERSION, meta, b"".join(payload))
     path = os.fspath(path)
@@ -273,9 +277,10 @@ def load(path, recompile: bool = False) -> LoadedFunction:
         if var is not None and (var.min, var.max) != (lo, hi):
             raise PlanFileError(f"{path} is inconsistent: var {name!r} is [{var.min}, {var.max}] in the signature but "
                                 f"[{lo}, {hi}] in the kernels")
-    key, out_tree, descriptions, sources = call
+    key, out_tree, descriptions, sources, constants = call
     plan.var_sources.update(sources)
-    fn.entries[key + (device.name,)] = freeze(plan, out_tree, descriptions)
+    entry = fn.entries[key + (device.name,)] = freeze(plan, out_tree, descriptions)
+    entry.constants = tuple(constant_on_device(device, value) for value in constants)
     fn._stats.update(plans=1, proven_accesses=plan.proven_accesses)
     return fn
 
@@ -352,13 +357,31 @@ def _decode(meta: dict, payload: bytes, path, device_name: str):
             raise ValueError(f"kernel {fields['name']} takes vars its AST does not have")
         codes.append((fields, payload[offset:offset + size]))
         offset += size
+    constants = []
+    for dtype, shape in meta.get("constants", []):
+        shape = tuple(_index(d, MAX_FILE_BYTES) for d in shape)
+        size = int(np.prod(shape, dtype=np.int64)) * _DTYPES[dtype].itemsize
+        if offset + size > len(payload):
+            raise ValueError("captured array sizes do not match the payload")
+        constants.append(np.frombuffer(payload, _DTYPES[dtype].np, size // _DTYPES[dtype].itemsize, offset)
+                         .reshape(shape).copy())
+        offset += size
     if offset != len(payload) or len(codes) != n_asts:
         raise ValueError("code sizes do not match the payload")
+    _check_constants(spec, constants)
     call = (_dec(meta["key"]), _tree(meta["out_tree"]), [(str(p), _dec(part)) for p, part in meta["descriptions"]],
-            {str(k): str(v) for k, v in meta["var_sources"].items()})
+            {str(k): str(v) for k, v in meta["var_sources"].items()}, constants)
     if not isinstance(call[0], tuple):
         raise ValueError("the signature key is not a tuple")
     return fn, spec, codes, call
+
+
+def _check_constants(spec: PlanSpec, constants: list):
+    """The captured arrays are the plan's last inputs, each of its input buffer's dtype and (static) shape."""
+    for value, b in zip(constants, spec.inputs[len(spec.inputs) - len(constants):]):
+        buf = spec.buffers[b]
+        if buf.dtype.np != value.dtype or tuple(buf.shape) != value.shape:
+            raise ValueError(f"captured array {value.dtype} {value.shape} does not match its input buffer {b}")
 
 
 def _index(i, n: int) -> int:
@@ -379,7 +402,7 @@ def _check_io(fn: LoadedFunction, meta: dict, spec: PlanSpec):
     structure; PlanFileError otherwise (a call would hand kernels arrays of another size)."""
     key = _dec(meta["key"])
     arrays = [part for part in key if isinstance(part, tuple) and part and part[0] == "array"]
-    if len(arrays) != len(spec.inputs) or _tree(meta["out_tree"]).num_leaves != len(spec.outputs):
+    if len(arrays) + len(meta.get("constants", [])) != len(spec.inputs) or _tree(meta["out_tree"]).num_leaves != len(spec.outputs):
         raise PlanFileError("the plan's inputs or outputs do not match its signature")
     for (_, dtype, dims), b in zip(arrays, spec.inputs):
         buf = spec.buffers[b]

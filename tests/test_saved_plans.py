@@ -256,3 +256,42 @@ def test_static_arguments_stay_static(tmp_path):
     np.testing.assert_allclose(np.asarray(g(x + 1, (0, 2))), (x + 1).sum(axis=(0, 2)) * 0.5)
     with pytest.raises(pj.SignatureError):
         g(x, (1,))
+
+
+class _Model:
+    """A class-based model: its weights are captured arrays of the plan."""
+
+    def __init__(self, rng):
+        self.w = rng.standard_normal((4, 3)).astype(np.float32)
+        self.b = np.arange(3, dtype=np.int32)
+
+    def __call__(self, x):
+        return pnp.tanh(x @ self.w) + self.b
+
+
+def test_captured_arrays_are_saved_with_the_plan(tmp_path, device, rng):
+    model = _Model(rng)
+    f = pj.prepare(model, vars={"n": (1, 16)}, shapes={"x": ("n", 4)}, device=device)
+    path = tmp_path / "model.pjplan"
+    f.save(path, np.ones((2, 4), np.float32))
+    weights = model.w.copy(), model.b.copy()
+    model.w[:] = 0  # captured at trace time: the file keeps the values the plan was traced with
+    g = pj.load(path)
+    for n in (1, 7, 16):
+        x = rng.standard_normal((n, 4)).astype(np.float32)
+        np.testing.assert_allclose(np.asarray(g(x)), np.tanh(x @ weights[0]) + weights[1], rtol=1e-5, atol=1e-6)
+    assert g.stats["compiles"] == 0
+
+
+def test_captured_arrays_of_the_wrong_size_are_refused(tmp_path, rng):
+    f = pj.prepare(_Model(rng), vars={"n": (1, 16)}, shapes={"x": ("n", 4)})
+    path = tmp_path / "model.pjplan"
+    f.save(path, np.ones((2, 4), np.float32))
+    for edit in (lambda m: m["constants"][0][1].__setitem__(0, 5), lambda m: m["constants"].pop(),
+                 lambda m: m["constants"][1].__setitem__(0, "float32")):
+        bad = tmp_path / "bad.pjplan"
+        meta, payload = datafile.unpack(path.read_bytes(), KIND, VERSION)
+        edit(meta)
+        bad.write_bytes(datafile.pack(KIND, VERSION, meta, payload))
+        with pytest.raises(pj.PlanFileError):
+            pj.load(bad)

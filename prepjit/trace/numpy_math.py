@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import builtins
 import functools
+import logging
+import threading
 
 import numpy as np
 
@@ -13,6 +15,8 @@ from .prims import elementwise, to_tracer
 from .tracer import Tracer
 
 builtins_abs = builtins.abs
+_logger = logging.getLogger("prepjit")  # (`log` is the ufunc)
+_last_widening = threading.local()
 
 
 @functools.lru_cache(maxsize=None)
@@ -29,7 +33,26 @@ def _ufunc_dtype_cached(name: str, operands: tuple) -> DType:
 
 def ufunc_dtype(name: str, *xs: Tracer) -> DType:
     """The result dtype NumPy's ufunc `name` gives for these operands (Python scalars weakly typed)."""
-    return _ufunc_dtype_cached(name, tuple((x.dtype, x.weak) for x in xs))
+    out = _ufunc_dtype_cached(name, tuple((x.dtype, x.weak) for x in xs))
+    if out == dtypes.float64 and len(xs) > 1:
+        _log_widening(name, xs)
+    return out
+
+
+def _log_widening(name: str, xs: tuple):
+    """PREPJIT_LOG=compiles: a 0-d float64 operand that is not a Python float (a NumPy float64 scalar such as
+    np.sqrt(d), or a 0-d float64 array) widens a float32/float16 array to float64, as NumPy 2 promotes."""
+    narrow = [x for x in xs if x.dtype.is_float and x.dtype.bits < 64 and x.ndim]
+    wide = [x for x in xs if x.dtype == dtypes.float64 and not x.weak and not x.ndim]
+    key = (name, narrow[0].uop, wide[0].uop) if narrow and wide else None
+    if key is None or getattr(_last_widening, "key", None) == key:  # (an operator may ask twice in a row)
+        return
+    _last_widening.key = key
+    narrow, wide = key[1:]
+    const = f" ({wide.arg!r})" if wide.op is Ops.CONST else ""
+    _logger.info("warning: %s of a %s array of shape %s and a float64 scalar%s gives float64 (NumPy 2's promotion): "
+                 "the plan computes in float64 from here; use a Python float or np.float32(...) to stay in %s",
+                 name, narrow.dtype.name, prims.fmt_shape(narrow.shape), const, narrow.dtype.name)
 
 
 def _binary(name: str, op: Ops):

@@ -53,11 +53,11 @@ class Tracer:
         from .numpy_at import AtIndexer
         return AtIndexer(self)
 
-    def __setitem__(self, key, value):
-        raise TraceError("traced arrays are immutable (as JAX's): write x = x.at[idx].set(value), or .add, "
-                         ".multiply, .min, .max")
-
     def __repr__(self) -> str:
+        """A symbolic int (a dim, or arithmetic on dims and vars) prints as its expression: `n`, `(n+1)`."""
+        from .prims import is_symbolic
+        if not self.uop.shape and self.dtype.is_int and is_symbolic(self.uop):
+            return self.uop.render()
         return f"Tracer(shape={self.shape_str}, dtype={self.dtype.name})"
 
     # ---- methods ----
