@@ -16,6 +16,9 @@ from __future__ import annotations
 import itertools
 import weakref
 
+import attrs
+
+from ..errors import TraceError
 from ..errors import TraceError
 from ..uop import Ops, UOp, dtypes, simplify
 from ..uop.uop import _arg_uops
@@ -95,6 +98,10 @@ def with_history(loop: UOp, build: bool = True):
     if hit is not None or not build:
         return hit
     info = loop.arg
+    if not (isinstance(info.lower, int) and isinstance(info.upper, int)) or getattr(info, "pred", None) is not None:
+        raise TraceError("reverse-mode differentiation of a loop whose trip count is known only at call time (a "
+                         "while_loop, or a fori_loop with var bounds) is not supported, as in JAX; give the "
+                         "fori_loop static int bounds")
     trips = info.upper - info.lower
     row = prims.elementwise(Ops.SUB, Tracer(info.var, weak=True), info.lower)
     hid = ("vjp-history", next(_ids))
@@ -110,8 +117,7 @@ def with_history(loop: UOp, build: bool = True):
         carries.append(h)
         outs.append(new.uop)
         inits.append(zeros_like(h).uop)
-    kept = UOp(Ops.LOOP, loop.dtype, tuple(inits), LoopInfo(info.var, info.lower, info.upper, tuple(carries),
-                                                           tuple(outs)))
+    kept = UOp(Ops.LOOP, loop.dtype, tuple(inits), attrs.evolve(info, carries=tuple(carries), body_outputs=tuple(outs)))
     _histories[loop] = out = (kept, rows)
     return out
 
