@@ -232,13 +232,23 @@ def prefill(xp, cfg: Config, params, ids, cos, sin):
     return params["head"] @ last, xp.stack(keys), xp.stack(values)
 
 
+def _with_row(cache, pos, row):
+    """`cache` (KV, t, hd) with position `pos` set to `row` (KV, hd): JAX's functional update `.at[:, pos].set`
+    on traced arrays (the live rows copied out of the caller's cache, then one small kernel writes the row), a
+    copy with the row assigned on NumPy ones."""
+    if hasattr(cache, "at"):
+        return cache.at[:, pos].set(row)
+    out = cache.copy()
+    out[:, pos] = row
+    return out
+
+
 def decode(xp, cfg: Config, params, ids, pos, k_cache, v_cache, cos, sin):
     """One token ids (1,) at position pos, caches (L, kv heads, context, head dim) holding positions < pos ->
     (logits (vocab,), this token's keys and values (L, kv heads, head dim)) for the caller to store at `pos`."""
     heads, kv_heads, hd, eps = cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.eps
     group = heads // kv_heads
     cos_p, sin_p = cos[pos], sin[pos]
-    is_new = (xp.arange(pos + 1) == pos)[None, :, None]  # (1, pos+1, 1): the row this step writes
     h = params["embed"][ids[0]]
     keys, values = [], []
     for layer, bp in enumerate(params["blocks"]):
@@ -248,8 +258,8 @@ def decode(xp, cfg: Config, params, ids, pos, k_cache, v_cache, cos, sin):
         v = (x @ bp["wv"]).reshape(kv_heads, hd)
         keys.append(k)
         values.append(v)
-        k_all = xp.where(is_new, k[:, None, :], k_cache[layer, :, :pos + 1])  # (KV, pos+1, hd)
-        v_all = xp.where(is_new, v[:, None, :], v_cache[layer, :, :pos + 1])
+        k_all = _with_row(k_cache[layer, :, :pos + 1], pos, k)  # (KV, pos+1, hd)
+        v_all = _with_row(v_cache[layer, :, :pos + 1], pos, v)
         scores = q.reshape(kv_heads, group, hd) @ xp.swapaxes(k_all, 1, 2) * (1 / math.sqrt(hd))  # (KV, group, pos+1)
         ctx = (softmax(xp, scores) @ v_all).reshape(heads * hd)
         h = h + ctx @ bp["wo"]

@@ -15,7 +15,7 @@ import numpy as np
 from ..uop import dtypes, sym_prod
 from . import prims
 from .numpy_create import iota, zeros
-from .numpy_math import add, bitwise_or, bitwise_xor, left_shift, right_shift
+from .numpy_math import add, bitwise_or, bitwise_xor, equal, left_shift, right_shift, where
 from .numpy_shape import stack
 from .prims import to_sint, to_tracer
 from .tracer import Tracer
@@ -95,11 +95,21 @@ def seed_key(seed) -> Tracer:
     return stack([high, _u32(seed)])
 
 
+def _key_pairs(key: Tracer, high: Tracer, low: Tracer) -> Tracer:
+    """Keys of the counters' shape + (2,): both words of threefry2x32(key, (high, low)), word j at [..., j].
+    Each element hashes its own counters and keeps one word: the hash runs twice per key, in one kernel (a
+    stack of the two words reads the shared hash through two index maps, which costs a kernel per round)."""
+    shape = tuple(high.uop.shape)
+    pairs = shape + (2,)
+    high, low = (prims.broadcast_to(prims.reshape(c, shape + (1,)), pairs) for c in (high, low))
+    b1, b2 = threefry2x32(*_words(key), high, low)
+    return where(equal(iota(pairs, len(shape)), 0), b1, b2)
+
+
 def split(key, num=2) -> Tracer:
     """`num` new keys (an int, a var or a shape: keys of shape (*num, 2)) hashed from `key`'s counters."""
-    shape = tuple(num) if isinstance(num, (tuple, list)) else (num,)
-    b1, b2 = threefry2x32(*_words(key), *counters(shape))
-    return stack([b1, b2], axis=-1)
+    shape = tuple(to_sint(d, "a dimension") for d in (num if isinstance(num, (tuple, list)) else (num,)))
+    return _key_pairs(key, *counters(shape))
 
 
 def fold_in(key, data) -> Tracer:
@@ -107,5 +117,4 @@ def fold_in(key, data) -> Tracer:
     data = to_tracer(data)
     if not data.dtype.is_int or data.ndim:
         raise TypeError(f"fold_in data is an integer scalar, not {data.shape_str} {data.dtype.name}")
-    b1, b2 = threefry2x32(*_words(key), zeros((), dtypes.uint32), _u32(data))
-    return stack([b1, b2])
+    return _key_pairs(key, zeros((), dtypes.uint32), _u32(data))

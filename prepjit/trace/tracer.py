@@ -53,6 +53,10 @@ class Tracer:
         from .numpy_at import AtIndexer
         return AtIndexer(self)
 
+    def __setitem__(self, key, value):
+        raise TraceError("traced arrays are immutable (as JAX's): write x = x.at[idx].set(value), or .add, "
+                         ".multiply, .min, .max")
+
     def __repr__(self) -> str:
         """A symbolic int (a dim, or arithmetic on dims and vars) prints as its expression: `n`, `(n+1)`."""
         from .prims import is_symbolic

@@ -181,6 +181,14 @@ def test_inside_fori_loop():
     assert_matches(pj.prepare(f)(np.zeros(6, np.float32)), np.array([0, 1, 2, 3, 0, 0], np.float32))
 
 
+def test_item_assignment_points_at_functional_updates():
+    def f(x):
+        x[0] = 1.0
+        return x
+    with pytest.raises(pj.TraceError, match=r"x.at\[idx\].set"):
+        pj.prepare(f)(X)
+
+
 def test_get_is_indexing():
     f = pj.prepare(lambda x, ids: (x.at[1:3].get(), x.at[ids].get(mode="fill", fill_value=-1.0)))
     a, b = f(X, np.array([0, 9]))

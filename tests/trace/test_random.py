@@ -195,6 +195,14 @@ def test_symbolic_shapes_one_trace():
     np.testing.assert_array_equal(pr.normal(KEY, (100, 16))[:37], pr.normal(KEY, (37, 16)))
 
 
+def test_a_draw_is_one_kernel():
+    """The hash is elementwise over the counters: one kernel per draw, split's key pairs included."""
+    for draw in (lambda k, n: pr.normal(k, (n, 3)), lambda k, n: pr.split(k, n), lambda k, n: pr.bits(k, (n,), "uint64")):
+        f = pj.prepare(vars={"n": (1, 1 << 20)})(draw)
+        assert len(f.plan(KEY, 1000).kernels) == 1
+        assert f.plan(KEY, 1000).memory_bytes == 0  # no intermediates
+
+
 def test_fold_in_a_scalar_var_step():
     @pj.prepare(vars={"step": (0, 10 ** 6)})
     def noise(k, step):
