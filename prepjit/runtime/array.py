@@ -1,5 +1,15 @@
-"""pj.Array: a result of a prepared function, living on its device until read."""
+"""pj.Array: a result of a prepared function, living on its device until read.
+
+Outside a prepared function an Array also works as a read-only NumPy array, computed on the host: operators
+(`a + 1`, `a @ b`, `a > 0`), indexing, NumPy's functions (`np.sum(a)`, `np.sort(a)`, through `__array__`) and
+every ndarray attribute and method it does not define itself (`a.T`, `a.astype`, `a.reshape`, `a.sum(axis=0)`,
+`a.tolist()`, ...) give what they give on `a.numpy()`: NumPy arrays and scalars. On the cpu that reads the
+buffer in place; on a GPU it copies the data to the host first. To keep work on the device, do it inside a
+prepared function (an Array passed to one on its device is not copied).
+"""
 from __future__ import annotations
+
+import operator
 
 import numpy as np
 
@@ -40,6 +50,24 @@ class Array:
             out = out.astype(dtype)
         return out
 
+    def _host(self) -> np.ndarray:
+        """A read-only NumPy view of the data (on the cpu the buffer itself; elsewhere a host copy)."""
+        view = np.asarray(self).view()
+        view.flags.writeable = False
+        return view
+
+    def __getattr__(self, name: str):
+        """ndarray's attributes and methods (`.T`, `.astype`, `.reshape`, `.sum`, `.tolist`, ...) on the host."""
+        if name.startswith("__") or name in Array.__slots__:
+            raise AttributeError(name)
+        try:
+            return getattr(self._host(), name)
+        except AttributeError:
+            raise AttributeError(f"'pj.Array' object has no attribute {name!r}") from None
+
+    def __dir__(self):
+        return sorted(set(super().__dir__()) | set(dir(np.ndarray)))
+
     def __len__(self) -> int:
         if not self.shape:
             raise TypeError("len() of unsized object")
@@ -51,8 +79,8 @@ class Array:
     def __iter__(self):
         return iter(self.numpy())
 
-    def item(self):
-        return np.asarray(self).item()
+    def item(self, *args):
+        return np.asarray(self).item(*args)
 
     def __float__(self):
         return float(np.asarray(self))
@@ -60,9 +88,43 @@ class Array:
     def __int__(self):
         return int(np.asarray(self))
 
+    def __index__(self):
+        return operator.index(np.asarray(self))
+
     def __bool__(self):
         return bool(np.asarray(self))
+
+    def __complex__(self):
+        return complex(np.asarray(self))
+
+    def __format__(self, spec: str) -> str:
+        return format(self._host() if self.shape else self._host().item(), spec)
 
     def __repr__(self) -> str:
         body = np.array2string(np.asarray(self), separator=", ", prefix="pj.Array(")
         return f"pj.Array({body}, dtype={self.dtype}, device={self.device!r})"
+
+    __hash__ = object.__hash__  # identity, as before (plans and caches may key on an argument's id)
+
+
+def _host_operator(fn, reflected: bool = False):
+    if reflected:
+        def method(self, other):
+            return fn(other, self._host())
+    else:
+        def method(self, *other):
+            return fn(self._host(), *other)
+    return method
+
+
+for _name in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and", "or", "xor", "lshift",
+              "rshift"):
+    _fn = getattr(operator, _name + "_" if _name in ("and", "or") else _name)
+    setattr(Array, f"__{_name}__", _host_operator(_fn))
+    setattr(Array, f"__r{_name}__", _host_operator(_fn, reflected=True))
+for _name in ("lt", "le", "gt", "ge", "eq", "ne", "neg", "pos", "abs", "invert"):
+    setattr(Array, f"__{_name}__", _host_operator(getattr(operator, _name)))
+Array.__divmod__ = _host_operator(divmod)
+Array.__rdivmod__ = _host_operator(divmod, reflected=True)
+Array.__round__ = _host_operator(round)
+del _name, _fn
