@@ -189,6 +189,17 @@ def test_item_assignment_points_at_functional_updates():
         pj.prepare(f)(X)
 
 
+def test_saved_plan_with_updates_loads_and_recompiles(tmp_path):
+    f = pj.prepare(lambda x, ids, v: x.at[ids].add(v), vars={"k": (1, 8)}, shapes={"ids": ("k",), "v": ("k", 4, 3)})
+    path = str(tmp_path / "at.pjplan")
+    f.save(path, X, IDS, np.ones((6, 4, 3), np.float32))
+    ids, v = np.array([2, 2, -5]), np.full((3, 4, 3), 0.5, np.float32)
+    for g in (pj.load(path), pj.load(path, recompile=True)):  # recompile: the kernels' ASTs proven again
+        assert_matches(g(X, ids, v), reference(X, ids, v, "add"))
+        with pytest.raises(pj.IndexBoundError):
+            g(X, np.array([5]), v[:1])
+
+
 def test_get_is_indexing():
     f = pj.prepare(lambda x, ids: (x.at[1:3].get(), x.at[ids].get(mode="fill", fill_value=-1.0)))
     a, b = f(X, np.array([0, 9]))
