@@ -2,6 +2,7 @@
 from . import random
 from . import lax
 from .autodiff import grad, value_and_grad, vjp
+from .batched import vmap
 from .errors import (CompileError, DeviceError, IndexBoundError, PlanFileError, PrepjitError, SignatureError,
                      TraceError, VarBoundError, VarError)
 from .prepare import PreparedFunction, prepare, trace
@@ -17,6 +18,6 @@ from .uop.var import BoundVar, Var
 __all__ = ["CompileError", "DeviceError", "IndexBoundError", "PlanFileError", "PrepjitError", "SignatureError",
            "TraceError", "VarBoundError", "VarError", "PreparedFunction", "prepare", "trace", "load", "Profile",
            "profile", "Array", "CachedKernel", "ExecutionPlan", "PreparedKernel", "RuntimeVar", "fori_loop",
-           "while_loop", "cond", "switch", "scan", "BoundVar", "Var", "random", "lax", "grad",
+           "while_loop", "cond", "switch", "scan", "vmap", "BoundVar", "Var", "random", "lax", "grad",
            "value_and_grad", "vjp"]
 __version__ = "0.1.0"
