@@ -209,6 +209,7 @@ def linearize(fun, primals: tuple, has_aux: bool = False):
     outs = [prims.to_tracer(o) for o in out_leaves]
     lin = Linearized(tuple(s.uop if s.dtype.is_float else None for s in stand_ins), tuple(originals), tuple(outs),
                      out_tree)
+    _keep_loop_carries([o.uop for o in outs], {p for p in lin.placeholders if p is not None})
     if aux is not None:
         aux_leaves, _, aux_tree = flatten(aux)
         traced = [i for i, a in enumerate(aux_leaves) if isinstance(a, Tracer)]
@@ -217,6 +218,18 @@ def linearize(fun, primals: tuple, has_aux: bool = False):
             aux_leaves[i] = Tracer(u, weak=aux_leaves[i].weak)
         aux = aux_tree.unflatten(aux_leaves)
     return lin, trees, aux
+
+
+def _keep_loop_carries(outputs: list[UOp], placeholders: set):
+    """Build, before the values are read, the carry-keeping version of each loop the differentiated inputs reach,
+    so that the values (read now) and the backward pass (maybe later, pj.vjp's f_vjp) share one loop."""
+    from .autodiff_loop import with_history
+    for node in _order(outputs, lambda n: (*n.src, *_arg_uops(n.arg))):
+        if node.op is Ops.LOOP and node.depends_on(placeholders):
+            try:
+                with_history(node)
+            except TraceError:  # a loop that cannot be differentiated: only an attempt to differentiate it says so
+                pass
 
 
 def vjp(fun, *primals, has_aux: bool = False):

@@ -152,5 +152,47 @@ def test_fori_loop_in_a_prepared_step_runs_once_per_iteration():
         np.testing.assert_allclose(np.asarray(value), jv, rtol=1e-12)
         np.testing.assert_allclose(np.asarray(g), jg, rtol=1e-9)
     assert step.stats["traces"] == 1
-    loops = {k.fixedvars.get("t") for k in step.plan(h, w, x).kernels if "t" in k.fixedvars}
-    assert loops == set(range(6))
+    kernels = step.plan(h, w, x).kernels
+    assert {k.fixedvars.get("t") for k in kernels if "t" in k.fixedvars} == set(range(6))
+    per_step = [(k.ast, tuple(sorted(k.fixedvars.items()))) for k in kernels if k.fixedvars]
+    assert len(set(per_step)) == len(per_step)  # no iteration's kernel runs twice (the forward loop runs once)
+
+
+def test_nested_fori_loops():
+    w, x0 = rng.standard_normal((3, 3)) * 0.4, rng.standard_normal(3)
+
+    def f(xp, loop, w, x0):
+        def outer(t, x):
+            return loop(0, 3, lambda k, y: xp.sin(y @ w) + (t + 1) * 0.1, x) * 0.9
+        return xp.sum(loop(0, 2, outer, x0) ** 2)
+    got = pj.grad(lambda w, x0: f(pnp, pj.fori_loop, w, x0), (0, 1))(w, x0)
+    want = jax.grad(lambda w, x0: f(jnp, _jax_loop, w, x0), (0, 1))(w, x0)
+    for g, v in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), v, rtol=1e-9, atol=1e-12)
+
+
+def test_eager_grad_retraces_when_a_global_it_reads_is_rebound():
+    """The internal prepared function keys on the arrays `fun` reads, as a user's prepared function does."""
+    global SCALE
+    SCALE = np.full(3, 2.0)
+    g = pj.grad(_reads_scale)
+    np.testing.assert_allclose(np.asarray(g(np.ones(3))), 2.0)
+    SCALE = np.full(3, 5.0)
+    np.testing.assert_allclose(np.asarray(g(np.ones(3))), 5.0)
+
+
+def _reads_scale(x):
+    return pnp.sum(x * SCALE)
+
+
+def test_every_traced_op_has_rules():
+    """grad is a table: every op a traced graph can hold has a Primitive (the kernel-only ops have none), and the
+    differentiable ones a vjp."""
+    from prepjit.trace.prims.registry import _table
+    from prepjit.uop import Ops
+    kernel_only = {Ops.DEFINE_GLOBAL, Ops.RANGE, Ops.REDUCE, Ops.LOAD, Ops.STORE, Ops.SINK}
+    assert {op for op in Ops if op not in _table} == kernel_only
+    differentiable = {Ops.EXP, Ops.LOG, Ops.SQRT, Ops.TANH, Ops.ERF, Ops.MUL, Ops.FDIV, Ops.POW, Ops.MAX, Ops.WHERE,
+                      Ops.CAST, Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.SHRINK, Ops.PAD, Ops.GATHER, Ops.SCATTER,
+                      Ops.REDUCE_AXIS, Ops.LOOP}
+    assert all(_table[op].vjp is not None for op in differentiable)
