@@ -45,12 +45,13 @@ def compile_positional_fn(exprs: tuple[UOp, ...], var_names: tuple[str, ...]):
     return eval(f"lambda v: ({body},)")
 
 
-def get_kernels(asts: list[UOp], device) -> tuple[list[CachedKernel], dict[str, int]]:
+def get_kernels(asts: list[UOp], device, meanwhile=None) -> tuple[list[CachedKernel], dict[str, int]]:
     """The compiled kernel of each AST on `device` (identical ASTs share one), and how many were compiled now
     ("compiles") or loaded from the disk cache ("disk_hits"; see runtime/disk_cache.py); the rest came from
     this process's kernel cache. Misses are optimised and rendered here, in order, while the earlier ones
-    compile, in worker processes when the device has them (`compile_parallel`). Nothing is optimised or
-    compiled twice, even by threads preparing at once: a kernel another thread is building is waited for."""
+    compile, in worker processes when the device has them (`compile_parallel`); `meanwhile()` then runs
+    here while the last ones compile (what it raises stops the build). Nothing is optimised or compiled
+    twice, even by threads preparing at once: a kernel another thread is building is waited for."""
     futures, claims = {}, {}
     for ast in dict.fromkeys(asts):
         key = (ast, device.name, device.compiler_id)
@@ -59,7 +60,7 @@ def get_kernels(asts: list[UOp], device) -> tuple[list[CachedKernel], dict[str, 
             claims[ast] = key
     counts = {"compiles": 0, "disk_hits": 0}
     try:
-        for ast, kernel in _build(list(claims), device, counts):
+        for ast, kernel in _build(list(claims), device, counts, meanwhile):
             key = claims.pop(ast)
             kernel_cache.failed(key, kernel) if isinstance(kernel, Exception) else kernel_cache.done(key, kernel)
     except BaseException:  # interrupted: what is left unbuilt is built by whoever needs it next
@@ -76,8 +77,9 @@ def get_kernels(asts: list[UOp], device) -> tuple[list[CachedKernel], dict[str, 
     return [kernels[ast] for ast in asts], counts
 
 
-def _build(asts: list[UOp], device, counts: dict):
-    """(ast, its kernel or the exception that stopped it) for each AST: from the disk cache, else compiled."""
+def _build(asts: list[UOp], device, counts: dict, meanwhile=None):
+    """(ast, its kernel or the exception that stopped it) for each AST: from the disk cache, else compiled;
+    `meanwhile()` runs once every compile is under way."""
     misses = []
     for ast in asts:
         key = disk_cache.kernel_key(ast, device.name, device.compiler_id)
@@ -101,6 +103,8 @@ def _build(asts: list[UOp], device, counts: dict):
             continue
         with stage("compilation"):  # compiling itself when the device compiles in this process
             jobs.append((ast, key, src, submit(src.name, src.source)))
+    if meanwhile is not None:
+        meanwhile()
     for ast, key, src, job in jobs:
         try:
             with stage("compilation"):
@@ -252,14 +256,18 @@ def build_plan(traced: Traced, device) -> tuple[ExecutionPlan, dict[str, int]]:
         sched = schedule(list(traced.outputs) + [f for f, _ in traced.flags], list(traced.inputs),
                          pack_contractions=device.language == "llvm")
         sched = _share_offsets(sched, traced.constraints)
-    with stage("bounds proof"):  # every access of every kernel inside its buffer, or CompileError
-        proven = prove_plan(sched.kernels, sched.buffers, traced.constraints, device)
+    proofs = []
+
+    def prove():  # every access of every kernel inside its buffer, or CompileError, while the kernels compile
+        with stage("bounds proof"):
+            proofs.append(prove_plan(sched.kernels, sched.buffers, traced.constraints, device))
+    asts = sched.kernels.asts()
+    compiled, counts = get_kernels(asts, device, meanwhile=prove)
+    proven = proofs[0]
     n_out = len(traced.outputs)
     spec = PlanSpec(sched.buffers, tuple(share_memory(sched)), sched.kernels, sched.inputs, sched.outputs[:n_out],
                     tuple(traced.constraints), tuple((b, what) for b, (_, what) in zip(sched.outputs[n_out:],
                                                                                      traced.flags)), proven)
-    asts = sched.kernels.asts()
-    compiled, counts = get_kernels(asts, device)
     return instantiate(spec, dict(zip(asts, compiled)), device), {**counts, "proven_accesses": proven}
 
 
