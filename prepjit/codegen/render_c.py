@@ -93,6 +93,7 @@ class Dialect:
     load_half: str                 # format: {ptr}, {idx}
     store_half: str                # format: {ptr}, {idx}, {v}
     round_half_helper: str         # defines `float pj_round_half(float)` (and what it needs)
+    atomic_add: dict               # DType -> (a pragma it needs or "", format {ptr}, {val}): a native atomic add
     atomic_cas: dict               # element bytes -> (a pragma it needs or "", format {ptr}, {cmp}, {val}: an atomic
                                    # compare-and-swap of the unsigned bits at ptr, returning the old bits)
     preamble: Callable[[UOp], list[str]]   # lines before everything (extension pragmas)
@@ -333,7 +334,12 @@ class CStyleRenderer(KernelRenderer):
         """One statement; a scatter's store is gated (src[3]) and may combine (arg: an atomic read-modify-write)."""
         buf, idx, val = u.src[:3]
         i, v = self.value(idx), self.value(val)
-        if u.arg is not None:
+        if u.arg is Ops.ADD and val.dtype in self.d.atomic_add:
+            pragma, add = self.d.atomic_add[val.dtype]
+            if pragma:
+                self.helpers.setdefault(pragma, pragma)
+            line = add.format(ptr=f"buf{buf.arg} + {i}", val=v) + ";"
+        elif u.arg is not None:
             line = f"{self.atomic_helper(u.arg, val.dtype)}(buf{buf.arg} + {i}, {v});"
         elif val.dtype == dtypes.float16:
             line = self.d.store_half.format(v=v, idx=i, ptr=f"buf{buf.arg}") + ";"

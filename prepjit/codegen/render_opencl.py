@@ -20,6 +20,9 @@ _ROUND_HALF = """float pj_round_half(float x) {
 }"""
 
 
+_INT64_ATOMICS = "#pragma OPENCL EXTENSION cl_khr_int64_base_atomics : enable"
+
+
 def _fp64_pragma(ast: UOp) -> list[str]:
     return ["#pragma OPENCL EXTENSION cl_khr_fp64 : enable"] \
         if any(u.dtype == dtypes.float64 for u in ast.toposort()) else []
@@ -48,8 +51,11 @@ OPENCL = Dialect(
     local_array="__local {type} {name}[{n}]",
     load_half="vload_half({idx}, {ptr})", store_half="vstore_half_rte({v}, {idx}, {ptr})",
     round_half_helper=_ROUND_HALF,
+    atomic_add={dtypes.int32: ("", "atomic_add({ptr}, {val})"), dtypes.uint32: ("", "atomic_add({ptr}, {val})"),
+                dtypes.int64: (_INT64_ATOMICS, "atom_add({ptr}, {val})"),
+                dtypes.uint64: (_INT64_ATOMICS, "atom_add({ptr}, {val})")},   # float adds: the CAS loop
     atomic_cas={4: ("", "atomic_cmpxchg((volatile __global uint *){ptr}, {cmp}, {val})"),
-                8: ("#pragma OPENCL EXTENSION cl_khr_int64_base_atomics : enable",
+                8: (_INT64_ATOMICS,
                     "atom_cmpxchg((volatile __global ulong *){ptr}, {cmp}, {val})")},
     preamble=_fp64_pragma,
 )
