@@ -345,6 +345,10 @@ class CPUDevice:
     def read_buffer(self, buffer: HostBuffer, shape) -> np.ndarray:
         return buffer.view(shape).copy()
 
+    def bool_reader(self, buffer: HostBuffer):
+        """A function reading the 0-d bool in `buffer` (a while_loop's predicate, read every iteration)."""
+        return ctypes.c_bool.from_address(buffer.ptr).__bool__
+
     def write_buffer(self, buffer: HostBuffer, array: np.ndarray):
         buffer.write(array)
 

@@ -198,7 +198,8 @@ class ExecutionPlan:
         read_pred = None
         if loop.pred_buffer is not None:
             memory = self._buffers[loop.pred_buffer].memory
-            read_pred = lambda: bool(self._device.read_buffer(memory, ()))  # noqa: E731
+            reader = getattr(self._device, "bool_reader", None)  # a host device reads it in place
+            read_pred = reader(memory) if reader else lambda: bool(self._device.read_buffer(memory, ()))
         return DynamicStep(loop, parts, self._env, self._env_slot, read_pred)
 
     def _launcher(self, pk: PreparedKernel, loop_vars: tuple = ()):
