@@ -292,3 +292,37 @@ def test_python_if_on_a_var_dim_suggests_cond_and_while_loop():
         return -x
     with pytest.raises(pj.TraceError, match=r"var\(s\) n.*pj\.cond.*pj\.while_loop"):
         f(np.ones((3, 3), np.float32))
+
+
+# ---- the generic launch order (GPU devices, the profiler) and the GPU renderers ----
+def _collatz(x, n):
+    def outer(i, c):
+        return pj.while_loop(lambda v: v[0] != 1, lambda v: (pnp.where(v[0] % 2 == 0, v[0] // 2, 3 * v[0] + 1),
+                                                             v[1] + 1), (c[0] + i, c[1]))
+    return pj.fori_loop(0, n, outer, (x, np.int64(0)))
+
+
+def test_profile_runs_loops_in_the_generic_order_and_times_each_listed_kernel():
+    f = pj.prepare(_collatz, vars={"n": (0, 8)})
+    x = np.array(6, np.int64)
+    v, steps = f(x, 5)
+    prof = pj.profile(f, x, 5)
+    assert len(prof.rows) == len(f.plan(x, 5).kernels)
+    ref, k = 6, 0
+    for i in range(5):
+        ref += i
+        while ref != 1:
+            ref, k = (ref // 2 if ref % 2 == 0 else 3 * ref + 1), k + 1
+    assert int(np.asarray(v)) == ref and int(np.asarray(steps)) == k
+
+
+def test_loop_kernels_render_for_the_gpu_devices():
+    from prepjit.codegen.optimize import optimize
+    from prepjit.codegen.schedule import schedule
+    from prepjit.planner import RENDERERS
+    traced = pj.trace(pj.prepare(_collatz, vars={"n": (0, 8)}), np.array(6, np.int64), 5)
+    sched = schedule(list(traced.outputs) + [f for f, _ in traced.flags], list(traced.inputs))
+    assert any(isinstance(seg, DynamicLoop) for seg in sched.kernels.segments)
+    for language in ("cuda", "opencl"):
+        for ast in sched.kernels.asts():
+            assert RENDERERS[language](optimize(ast, language)).source
