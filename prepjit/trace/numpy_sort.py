@@ -14,6 +14,8 @@ sort (top_k) negates the keys (inverts integers) and puts NaNs first, as jax.lax
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..errors import TraceError
@@ -70,8 +72,9 @@ def _keys(x: Tracer, descending: bool) -> tuple[Tracer, Tracer]:
     return key, band
 
 
-def sort_order(x: Tracer, descending: bool = False) -> Tracer:
-    """The stable sorting permutation of `x` along its last axis (int64), ascending or descending."""
+def sort_order(x: Tracer, descending: bool = False, valid: Tracer | None = None) -> Tracer:
+    """The stable sorting permutation of `x` along its last axis (int64), ascending or descending; entries
+    where `valid` (bool, x's shape) is False go last."""
     n = x.uop.shape[-1]
     longest = _max_len(n)
     if longest <= 1:
@@ -80,6 +83,8 @@ def sort_order(x: Tracer, descending: bool = False) -> Tracer:
     levels = size.bit_length() - 1
     code_dtype = dtypes.int32 if 3 * size < 2 ** 31 else dtypes.int64
     key, band = _keys(x, descending)
+    if valid is not None:
+        band = _elementwise(Ops.WHERE, valid, band, prims.cast(to_tracer(2), dtypes.int8))
     tail = [(0, 0)] * (x.ndim - 1) + [(0, UOp.const(0) + size - n if not isinstance(n, int) else size - n)]
     shape = tuple(x.uop.shape[:-1]) + (size,)
     position = iota(shape, x.ndim - 1, code_dtype)
@@ -91,8 +96,14 @@ def sort_order(x: Tracer, descending: bool = False) -> Tracer:
     codes = _elementwise(Ops.ADD, position, _elementwise(Ops.MUL, prims.cast(band, code_dtype), size))
     mask = prims.cast(to_tracer(size - 1), code_dtype)
 
+    stages = levels * (levels + 1) // 2
+    # The loop counter t runs from `first`, the number of loops x is computed from: a network sorting the result
+    # of another one gets a counter var of its own, so the scheduler sees that its keys (computed from that
+    # result) do not depend on its own counter and computes them once, outside the loop.
+    first = sum(1 for u in x.uop.toposort() if u.op is Ops.LOOP)
+
     def stage(t, codes):
-        j, k = _stage_distances(t, levels * (levels + 1) // 2, code_dtype)
+        j, k = _stage_distances(_elementwise(Ops.SUB, t, first), stages, code_dtype)
         partner = _elementwise(Ops.XOR, position, j)
         other = _gather_last(codes, partner)
         mine_key = _gather_last(key, _elementwise(Ops.AND, codes, mask))
@@ -105,7 +116,7 @@ def sort_order(x: Tracer, descending: bool = False) -> Tracer:
         keep = _elementwise(Ops.CMPEQ, before, _elementwise(Ops.CMPEQ, lower, ascending))
         return _elementwise(Ops.WHERE, keep, codes, other)
 
-    codes = fori_loop(0, levels * (levels + 1) // 2, stage, codes)
+    codes = fori_loop(first, first + stages, stage, codes)
     codes = prims.shrink(codes, [(0, 1, d) for d in x.uop.shape])
     return prims.cast(_elementwise(Ops.AND, codes, mask), dtypes.int64)
 
@@ -191,6 +202,81 @@ def top_k(operand, k: int, *, axis: int = -1) -> tuple[Tracer, Tracer]:
             raise ValueError(f"top_k: k={k} is larger than the axis ({n})")
     else:
         checks.require(UOp.const(k), n, False, f"top_k with k={k}", f"{k} <= {n.render()}")
-    perm = prims.shrink(sort_order(x, descending=True), [(0, 1, d) for d in x.uop.shape[:-1]] + [(0, 1, k)])
-    values, indices = _gather_last(x, perm), prims.cast(perm, dtypes.int32)
-    return moveaxis(values, -1, axis), moveaxis(indices, -1, axis)
+    if k == 0:
+        empty = [(0, 1, d) for d in x.uop.shape[:-1]] + [(0, 1, 0)]
+        values, indices = prims.shrink(x, empty), prims.shrink(iota(x.uop.shape, x.ndim - 1), empty)
+    else:
+        values, indices = _top(x, None, k)
+    return moveaxis(values, -1, axis), moveaxis(prims.cast(indices, dtypes.int32), -1, axis)
+
+
+def _stage_work(length: int) -> int:
+    """Element-stages of a bitonic sort of `length` entries (padded to a power of two)."""
+    size = 1 << max(length - 1, 0).bit_length()
+    levels = size.bit_length() - 1
+    return size * levels * (levels + 1) // 2
+
+
+LEVEL_COST = 1 << 16  # element-stages one more network (one more compiled kernel) must save to be worth it
+
+
+@functools.lru_cache(maxsize=None)
+def _top_plan(length: int, k: int) -> tuple[int, ...]:
+    """The block sizes of the cheapest way to the k largest of `length` entries: each level sorts blocks of the
+    given size and keeps k of each, the last level sorts what is left (); work in element-stages."""
+    best, plan = _stage_work(length), ()
+    block = 1 << max(2 * k - 1, 1).bit_length()
+    while block < length:
+        blocks = -(-length // block)
+        rest = _top_plan(blocks * k, k)
+        work = blocks * _stage_work(block) + _top_work(blocks * k, k, rest) + LEVEL_COST
+        if work < best:
+            best, plan = work, (block, *rest)
+        block *= 2
+    return plan
+
+
+def _top_work(length: int, k: int, plan: tuple[int, ...]) -> int:
+    if not plan:
+        return _stage_work(length)
+    blocks = -(-length // plan[0])
+    return blocks * _stage_work(plan[0]) + _top_work(blocks * k, k, plan[1:]) + LEVEL_COST
+
+
+def _top(x: Tracer, index: Tracer | None, k: int) -> tuple[Tracer, Tracer]:
+    """The k largest entries of `x` along its last axis, in top_k's order, and their positions: among all
+    of them, or among the candidates `index` lists (positions into x's last axis, -1 for none). Over a long
+    axis, blocks are sorted first and the positions of the k largest of each kept (_top_plan), so the work is
+    far below a full sort's; ties stay in position order since candidates keep the blocks' order."""
+    batch, n = tuple(x.uop.shape[:-1]), x.uop.shape[-1]
+    length = n if index is None else index.uop.shape[-1]
+    plan = _top_plan(_max_len(length), k)
+    if not plan and index is None:
+        perm = prims.shrink(sort_order(x, True), [(0, 1, d) for d in batch] + [(0, 1, k)])
+        return _gather_last(x, perm), perm
+    if not plan:
+        perm = prims.shrink(sort_order(_read(x, index, n), True, _elementwise(Ops.CMPLT, -1, index)),
+                            [(0, 1, d) for d in batch] + [(0, 1, k)])
+        best = _gather_last(index, perm)
+        return _read(x, best, n), best
+    blocks = -(-_max_len(length) // plan[0])
+    position = iota(batch + (blocks * plan[0],), len(batch))
+    inside = _elementwise(Ops.CMPLT, position, to_tracer(length))
+    if index is not None:  # (clamped: a read the bounds proof sees)
+        position = _gather_last(index, _elementwise(Ops.MIN, position, _elementwise(Ops.SUB, to_tracer(length), 1)))
+    candidates = _elementwise(Ops.WHERE, inside, position, -1)
+    valid = _elementwise(Ops.CMPLT, -1, candidates)
+
+    def blocked(t: Tracer) -> Tracer:
+        return prims.reshape(t, batch + (blocks, plan[0]))
+
+    perm = prims.shrink(sort_order(blocked(_read(x, candidates, n)), True, blocked(valid)),
+                        [(0, 1, d) for d in batch] + [(0, 1, blocks), (0, 1, k)])
+    kept = prims.materialize(prims.reshape(_gather_last(blocked(candidates), perm), batch + (blocks * k,)))
+    return _top(x, kept, k)
+
+
+def _read(x: Tracer, positions: Tracer, n) -> Tracer:
+    """x[..., positions] along the last axis, positions clamped into it (-1 reads entry 0)."""
+    return _gather_last(x, _elementwise(Ops.MIN, _elementwise(Ops.MAX, positions, 0),
+                                        _elementwise(Ops.SUB, to_tracer(n), 1)))

@@ -101,6 +101,26 @@ def test_top_k_symbolic_axis_checks_k(device, rng):
     assert f.stats["traces"] == 1
 
 
+def test_top_k_long_axis_sorts_blocks_first(device, rng):
+    """Over a long axis top_k keeps the k largest of each block and sorts those (far less work than a full
+    sort), with jax.lax.top_k's order: ties in index order across blocks, NaNs first."""
+    from prepjit.trace.numpy_sort import _top_plan
+    assert _top_plan(6000, 7) and _top_plan(49152, 50)
+    x = _special(rng.integers(0, 50, (2, 6000)).astype(np.float32))
+    v, i = pj.prepare(lambda x: pj.lax.top_k(x, 7), device=device)(x)
+    rv, ri = _top_k_reference(x, 7)
+    assert_matches(v, rv)
+    assert_matches(i, ri)
+    f = pj.prepare(lambda x: pj.lax.top_k(x, 3), vars={"n": (3, 3000)}, shapes={"x": ("n",)}, device=device)
+    for n in (3, 1000, 3000):
+        x = rng.integers(0, 4, n).astype(np.int32)
+        v, i = f(x)
+        rv, ri = _top_k_reference(x, 3)
+        assert_matches(v, rv)
+        assert_matches(i, ri)
+    assert f.stats["traces"] == 1
+
+
 def test_partition_places_kth(device, rng):
     """Any valid partition is NumPy's contract: the kth element in place, none larger before it, none smaller
     after it (ours is the sorted order)."""
