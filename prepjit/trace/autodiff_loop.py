@@ -145,7 +145,8 @@ def _loop_vjp(cts: dict, loop: UOp, wanted: tuple):
     step = simplify(UOp.const(info.lower + info.upper - 1) - var)  # the forward iteration this one undoes
     row = simplify(UOp.const(info.upper - 1) - var)
     bid = ("vjp-loop", next(_ids))
-    ct_carries = [UOp(Ops.CARRY, info.carries[j].dtype, (), (bid, i, info.carries[j].shape)) for i, j in enumerate(floats)]
+    ct_carries = [UOp(Ops.CARRY, info.carries[j].dtype, (), (bid, i, info.carries[j].shape))
+                  for i, j in enumerate(floats)]
     acc_carries = [UOp(Ops.CARRY, f.dtype, (), (bid, len(floats) + i, f.shape)) for i, f in enumerate(reads)]
     stand_ins = {info.carries[j]: placeholder(Tracer(info.carries[j])).uop for j in rows}
     body = substitute([info.body_outputs[j] for j in floats], {**stand_ins, info.var: step})

@@ -11,6 +11,14 @@ jax = pytest.importorskip("jax")
 jnp = jax.numpy
 jax.config.update("jax_enable_x64", True)
 
+
+def _jgrad(f, argnums=0):  # jitted: JAX's op-by-op dispatch is the slow part of these tests
+    return jax.jit(jax.grad(f, argnums))
+
+
+def _jvalue_and_grad(f, argnums=0):
+    return jax.jit(jax.value_and_grad(f, argnums))
+
 rng = np.random.default_rng(2)
 
 
@@ -29,7 +37,7 @@ def _params(dtype=np.float64):
 def test_pytree_params_match_jax_eagerly():
     params, x, y = _params(), rng.standard_normal((4, 5)), np.eye(3)[[0, 2, 1, 1]]
     value, grads = pj.value_and_grad(lambda p, x, y: mlp_loss(pnp, p, x, y))(params, x, y)
-    jvalue, jgrads = jax.value_and_grad(lambda p, x, y: mlp_loss(jnp, p, x, y))(params, x, y)
+    jvalue, jgrads = _jvalue_and_grad(lambda p, x, y: mlp_loss(jnp, p, x, y))(params, x, y)
     np.testing.assert_allclose(np.asarray(value), jvalue, rtol=1e-12)
     assert set(grads) == set(params)
     for k in params:
@@ -48,7 +56,7 @@ def test_symbolic_batch_one_trace_float32():
     for n in (4, 9, 1, 33):
         x, y = rng.standard_normal((n, 5)).astype(np.float32), np.eye(3, dtype=np.float32)[rng.integers(0, 3, n)]
         loss, new = step(params, x, y)
-        jloss, jgrads = jax.value_and_grad(lambda p: mlp_loss(jnp, p, x, y))(params)
+        jloss, jgrads = _jvalue_and_grad(lambda p: mlp_loss(jnp, p, x, y))(params)
         np.testing.assert_allclose(np.asarray(loss), jloss, rtol=1e-5)
         for k in params:
             np.testing.assert_allclose(np.asarray(new[k]), params[k] - 0.1 * jgrads[k], rtol=1e-4, atol=1e-5)
@@ -132,7 +140,7 @@ def _jax_loop(lo, hi, body, init):
 def test_fori_loop_matches_jax_and_differences():
     h0, w, xs = rng.standard_normal((2, 3)), rng.standard_normal((3, 3)) * 0.5, rng.standard_normal((5, 2, 3))
     got = pj.grad(lambda h0, w, xs: _rnn(pnp, pj.fori_loop, h0, w, xs), (0, 1, 2))(h0, w, xs)
-    want = jax.grad(lambda h0, w, xs: _rnn(jnp, _jax_loop, h0, w, xs), (0, 1, 2))(h0, w, xs)
+    want = _jgrad(lambda h0, w, xs: _rnn(jnp, _jax_loop, h0, w, xs), (0, 1, 2))(h0, w, xs)
     for g, v in zip(got, want):
         np.testing.assert_allclose(np.asarray(g), v, rtol=1e-9, atol=1e-12)
     check_grad(lambda w: _rnn(pnp, pj.fori_loop, h0, w, xs), w)
@@ -148,7 +156,7 @@ def test_fori_loop_in_a_prepared_step_runs_once_per_iteration():
     for b in (2, 5):
         h, x = rng.standard_normal((b, 3)), rng.standard_normal((6, b, 3))
         value, g = step(h, w, x)
-        jv, jg = jax.value_and_grad(lambda w: _rnn(jnp, _jax_loop, h, w, x))(w)
+        jv, jg = _jvalue_and_grad(lambda w: _rnn(jnp, _jax_loop, h, w, x))(w)
         np.testing.assert_allclose(np.asarray(value), jv, rtol=1e-12)
         np.testing.assert_allclose(np.asarray(g), jg, rtol=1e-9)
     assert step.stats["traces"] == 1
@@ -166,7 +174,7 @@ def test_nested_fori_loops():
             return loop(0, 3, lambda k, y: xp.sin(y @ w) + (t + 1) * 0.1, x) * 0.9
         return xp.sum(loop(0, 2, outer, x0) ** 2)
     got = pj.grad(lambda w, x0: f(pnp, pj.fori_loop, w, x0), (0, 1))(w, x0)
-    want = jax.grad(lambda w, x0: f(jnp, _jax_loop, w, x0), (0, 1))(w, x0)
+    want = _jgrad(lambda w, x0: f(jnp, _jax_loop, w, x0), (0, 1))(w, x0)
     for g, v in zip(got, want):
         np.testing.assert_allclose(np.asarray(g), v, rtol=1e-9, atol=1e-12)
 
