@@ -60,6 +60,23 @@ def test_an_input_or_shared_target_is_copied_first():
     assert_matches(b, X.sum(keepdims=True) * 2)
 
 
+def test_a_scatter_read_elsewhere_keeps_its_buffer_and_two_scatters_of_one_target_do_not_share():
+    def f(x, ids, v):
+        y = x.at[ids].add(v)
+        r = x.sum(axis=1, keepdims=True)
+        return y, y.at[0].set(-1.0), r.at[1].set(0.0), r.at[2].set(9.0)
+
+    y, z, a, b = pj.prepare(f)(X, IDS, V)
+    ref = X.copy()
+    np.add.at(ref, IDS, V)
+    assert_matches(y, ref)
+    ref[0] = -1
+    assert_matches(z, ref)
+    r = X.sum(axis=1, keepdims=True)
+    assert_matches(a, np.where(np.arange(5)[:, None] == 1, 0, r).astype(np.float32))
+    assert_matches(b, np.where(np.arange(5)[:, None] == 2, 9, r).astype(np.float32))
+
+
 def test_colliding_updates_are_serial_and_row_owned_updates_split():
     s = sched(lambda x, ids, v: x.at[ids].add(v), X, IDS, V)
     ast = s.kernels[-1].ast
