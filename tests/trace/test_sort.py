@@ -30,7 +30,7 @@ def _top_k_reference(x: np.ndarray, k: int):
     return np.take_along_axis(x, idx, -1), idx.astype(np.int32)
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64, np.uint8, np.bool_])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, np.int32, np.int64, np.uint8, np.bool_])
 def test_sort_argsort_top_k_static(device, rng, dtype):
     x = (rng.standard_normal((5, 37)) * 4).astype(dtype)
     if x.dtype.kind == "f":
@@ -119,6 +119,18 @@ def test_top_k_long_axis_sorts_blocks_first(device, rng):
         assert_matches(v, rv)
         assert_matches(i, ri)
     assert f.stats["traces"] == 1
+
+
+def test_sort_under_grad_and_vmap(device):
+    """The gradient flows through the final gather (a permutation of the cotangent); vmap batches the network."""
+    x = np.array([3.0, 1.0, 2.0, 5.0], np.float32)
+    weights = np.arange(4, dtype=np.float32)
+    g = pj.prepare(lambda x: pj.grad(lambda x: (pnp.sort(x) * weights).sum())(x), device=device)(x)
+    assert_matches(g, np.array([2.0, 0.0, 1.0, 3.0], np.float32))
+    g = pj.prepare(lambda x: pj.grad(lambda x: pj.lax.top_k(x, 2)[0].sum())(x), device=device)(x)
+    assert_matches(g, np.array([1.0, 0.0, 0.0, 1.0], np.float32))
+    rows = np.array([[3, 1, 2], [0, -1, 5]], np.float32)
+    assert_matches(pj.prepare(lambda x: pj.vmap(pnp.sort)(x), device=device)(rows), np.sort(rows))
 
 
 def test_partition_places_kth(device, rng):
