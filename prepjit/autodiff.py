@@ -7,6 +7,7 @@ pj.Arrays.
 """
 from __future__ import annotations
 
+import functools
 import types
 
 import numpy as np
@@ -25,14 +26,11 @@ def _traced_call(args, kwargs) -> bool:
 
 class _Transformed:
     """A transformed function: callable on traced values, and eagerly on NumPy values through a prepared
-    function built on first eager use. (A plain object, not a closure, so that the arrays `fun` reads are
-    found and key the plan as they do for a prepared function: trace/constants.py.)"""
+    function built on first eager use. Users get it as a function (`_as_function`)."""
 
     def __init__(self, fun, argnums, has_aux: bool, with_value: bool):
         self.fun, self.argnums, self.has_aux, self.with_value = fun, argnums, has_aux, with_value
         self.prepared = None
-        self.__name__ = f"{'value_and_grad' if with_value else 'grad'}({getattr(fun, '__name__', 'f')})"
-        self.__doc__ = getattr(fun, "__doc__", None)
 
     def __call__(self, *args, **kwargs):
         if not _traced_call(args, kwargs):
@@ -44,7 +42,7 @@ class _Transformed:
 
     def _eager(self, args, kwargs):
         if self.prepared is None:
-            self.prepared = PreparedFunction(_runner(self, self.fun))
+            self.prepared = PreparedFunction(_as_function(self, self.fun))
         nums = (self.argnums,) if isinstance(self.argnums, int) else tuple(self.argnums)
         diff = {i % len(args) for i in nums if isinstance(i, int) and -len(args) <= i < len(args)}
         args = tuple(_as_array_leaves(a) if i in diff else a for i, a in enumerate(args))
@@ -59,16 +57,16 @@ def _as_array_leaves(tree):
                               for x in leaves])
 
 
-def _runner(transformed, fun):
-    """`transformed` as a function to prepare, its globals those of `fun`: the prepared function's search for
-    the arrays it reads (closures, globals, same-module helpers) then follows `fun` as if the user had
-    prepared it."""
+def _as_function(call, fun):
+    """`call` as a plain function with the name, signature (`__wrapped__`) and globals of `fun`: pj.prepare reads
+    the parameters (for `shapes`) off it, and its search for the arrays a function reads (closures, globals,
+    same-module helpers: trace/constants.py) follows `fun` as if the user had prepared `fun` itself."""
     def run(*args, **kwargs):
-        return transformed(*args, **kwargs)
+        return call(*args, **kwargs)
     globals_ = getattr(fun, "__globals__", None)
-    if globals_ is None:
-        return run
-    return types.FunctionType(run.__code__, globals_, getattr(fun, "__name__", "f"), None, run.__closure__)
+    if globals_ is not None:
+        run = types.FunctionType(run.__code__, globals_, run.__name__, None, run.__closure__)
+    return functools.update_wrapper(run, fun)
 
 
 def grad(fun, argnums=0, has_aux: bool = False):
@@ -76,12 +74,12 @@ def grad(fun, argnums=0, has_aux: bool = False):
     jax.grad: `pj.grad(f)(x)` has the structure of x (a tuple of such for a tuple `argnums`); with has_aux, `fun`
     returns (output, aux) and the call returns (grads, aux). Integer and bool inputs get zeros of their own dtype.
     Works on traced values inside prepared functions and eagerly on NumPy arrays."""
-    return _Transformed(fun, argnums, has_aux, with_value=False)
+    return _as_function(_Transformed(fun, argnums, has_aux, with_value=False), fun)
 
 
 def value_and_grad(fun, argnums=0, has_aux: bool = False):
     """Like pj.grad, returning (value, grads), or ((value, aux), grads) with has_aux, as jax.value_and_grad."""
-    return _Transformed(fun, argnums, has_aux, with_value=True)
+    return _as_function(_Transformed(fun, argnums, has_aux, with_value=True), fun)
 
 
 def vjp(fun, *primals, has_aux: bool = False):
@@ -90,8 +88,8 @@ def vjp(fun, *primals, has_aux: bool = False):
     f_vjp call run prepared functions."""
     if _traced_call(primals, {}):
         return traced.vjp(fun, *primals, has_aux=has_aux)
-    forward = PreparedFunction(_runner(_Forward(fun, has_aux), fun))
-    backward = PreparedFunction(_runner(_Backward(fun, has_aux), fun))
+    forward = PreparedFunction(_as_function(_Forward(fun, has_aux), fun))
+    backward = PreparedFunction(_as_function(_Backward(fun, has_aux), fun))
     primals = tuple(_as_array_leaves(p) for p in primals)
     result = forward(*primals)
 

@@ -30,9 +30,9 @@ CASES = {
     "broadcast": lambda xp, x: xp.broadcast_to(x[:, :1], (4, 5)) * xp.broadcast_to(x[0], (2, 4, 6))[1, :, :5],
     "slice_steps": lambda xp, x: x[::2, 1::3] * 2 + x[3:0:-2, ::-1][:, :2].sum(),
     "negative_steps": lambda xp, x: x[::-1, 4:0:-3],
-    "pad": lambda xp, x: xp.pad(x, ((1, 2), (0, 3))) * xp.arange(63.0).reshape(7, 9),
-    "pad_modes": lambda xp, x: xp.pad(x, ((2, 1), (1, 2)), mode="reflect")[1::2]
-                 + xp.pad(x, ((2, 1), (1, 2)), mode="edge")[::2][1:],
+    "pad": lambda xp, x: xp.pad(x, ((1, 2), (0, 3)))[::2] * xp.arange(9.0),
+    "pad_modes": lambda xp, x: xp.pad(x, ((2, 1), (1, 2)), mode="reflect")[1:]
+                 + xp.pad(x, ((2, 1), (1, 2)), mode="edge")[:-1] + xp.pad(x, 2, mode="wrap")[1:-1, 1:],
     "flip": lambda xp, x: xp.flip(x, 1) * xp.arange(6.0),
     "concatenate_stack": lambda xp, x: xp.concatenate([x, x[:, :2] * 3], axis=1).sum(1)
                          + xp.stack([x, -x]).max(0)[:, 0],

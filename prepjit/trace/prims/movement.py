@@ -4,7 +4,7 @@ slice, a slice of a padding)."""
 from __future__ import annotations
 
 from ...errors import TraceError
-from ...uop import Ops, UOp, as_int_if_const, simplify, sint, sym_prod
+from ...uop import Ops, UOp, as_int_if_const, as_uop, dtypes, simplify, sint, sym_prod
 from ..tracer import Tracer
 from .core import dims_equal, fmt_shape, normalize_axis, to_sint
 from .registry import primitive
@@ -130,19 +130,19 @@ def _shrink_vjp(ct: Tracer, node: UOp):
 def _unshrink_axis(ct: Tracer, axis: int, start: sint, step: int, size: sint, dim: sint) -> Tracer:
     if step == 1 and dims_equal(size, dim):
         return ct
+    shape = tuple(ct.uop.shape)
     if step < 0:  # a reversed read: flip the cotangent, then it is a forward read from its last position
-        ct = shrink(ct, [(_sym(size - 1 if isinstance(size, int) else size + (-1)), -1, size) if a == axis
-                         else (0, 1, d) for a, d in enumerate(ct.uop.shape)])
+        ct = shrink(ct, [(_sym(UOp.const(0) + size - 1), -1, size) if a == axis else (0, 1, d)
+                         for a, d in enumerate(shape)])
         start, step = _sym(UOp.const(0) + start + (UOp.const(0) + size - 1) * step), -step
-    length = size
-    if step > 1:  # interleave step - 1 zeros after each element, then cut what would run past the axis
-        shape = tuple(ct.uop.shape)
-        ct = reshape(ct, shape[:axis + 1] + (1,) + shape[axis + 1:])
-        ct = _pad_unchecked(ct, [(0, step - 1) if a == axis + 1 else (0, 0) for a in range(ct.ndim)])
-        ct = reshape(ct, shape[:axis] + (_sym(UOp.const(0) + size * step),) + shape[axis + 1:])
-        length = _sym((UOp.const(0) + size * step).smin(UOp.const(0) + dim - start))
-        ct = shrink(ct, [(0, 1, length) if a == axis else (0, 1, d) for a, d in enumerate(ct.uop.shape)])
-    after = _sym(UOp.const(0) + dim - start - length)
+    if step > 1:  # every step-th position: a scatter (a view would interleave zeros)
+        from ..scatter import scatter
+        from .pointwise import elementwise
+        at = elementwise(Ops.ADD, elementwise(Ops.MUL, Tracer(UOp(Ops.IOTA, dtypes.int64, (), (shape, axis))), step),
+                         Tracer(as_uop(start), weak=True))
+        zeros = broadcast_to(Tracer(UOp.const(0.0, ct.dtype)), shape[:axis] + (dim,) + shape[axis + 1:])
+        return scatter(zeros, [at], [("index", 0) if a == axis else ("dim", a) for a in range(len(shape))], ct)
+    after = _sym(UOp.const(0) + dim - start - size)
     return _pad_unchecked(ct, [(start, after) if a == axis else (0, 0) for a in range(ct.ndim)])
 
 
