@@ -88,7 +88,7 @@ def vjp(fun, *primals, has_aux: bool = False):
     f_vjp call run prepared functions."""
     if _traced_call(primals, {}):
         return traced.vjp(fun, *primals, has_aux=has_aux)
-    forward = PreparedFunction(_as_function(_Forward(fun, has_aux), fun))
+    forward = PreparedFunction(fun)  # per call: the kernels come from the kernel cache, the trace runs again
     backward = PreparedFunction(_as_function(_Backward(fun, has_aux), fun))
     primals = tuple(_as_array_leaves(p) for p in primals)
     result = forward(*primals)
@@ -96,14 +96,6 @@ def vjp(fun, *primals, has_aux: bool = False):
     def f_vjp(ct):
         return backward(primals, ct)
     return (result[0], f_vjp, result[1]) if has_aux else (result, f_vjp)
-
-
-class _Forward:
-    def __init__(self, fun, has_aux: bool):
-        self.fun, self.has_aux = fun, has_aux
-
-    def __call__(self, *primals):
-        return self.fun(*primals)
 
 
 class _Backward:

@@ -204,3 +204,20 @@ def test_every_traced_op_has_rules():
                       Ops.CAST, Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.SHRINK, Ops.PAD, Ops.GATHER, Ops.SCATTER,
                       Ops.REDUCE_AXIS, Ops.LOOP}
     assert all(_table[op].vjp is not None for op in differentiable)
+
+
+def test_grad_inside_a_loop_body_and_through_it():
+    """Gradient descent as a fori_loop whose body takes a gradient, and the gradient of its result (second order
+    through the loop) against JAX."""
+    x, y = rng.standard_normal((6, 3)), rng.standard_normal(6)
+
+    def descend(xp, loop, grad, w0, steps):
+        def loss(w):
+            return xp.mean((xp.asarray(x) @ w - xp.asarray(y)) ** 2)
+        return loop(0, steps, lambda i, w: w - 0.1 * grad(loss)(w), w0)
+    w0 = rng.standard_normal(3)
+    f = pj.prepare(lambda w0: descend(pnp, pj.fori_loop, pj.grad, w0, 5))
+    np.testing.assert_allclose(np.asarray(f(w0)), descend(jnp, _jax_loop, jax.grad, w0, 5), rtol=1e-12)
+    got = pj.grad(lambda w0: pnp.sum(descend(pnp, pj.fori_loop, pj.grad, w0, 3) ** 2))(w0)
+    want = _jgrad(lambda w0: jnp.sum(descend(jnp, _jax_loop, jax.grad, w0, 3) ** 2))(w0)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-10)
