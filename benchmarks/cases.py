@@ -66,6 +66,10 @@ def model(xp, x, w1, w2, w3, w4):
     return softmax(xp, h @ w4)
 
 
+def sort_values(xp, x):
+    return xp.sort(x)
+
+
 def _bytes(*arrays_extra):
     def work(arrays):
         return sum(a.nbytes for a in arrays) + sum(arrays[i].nbytes for i in arrays_extra), "GB/s"
@@ -121,6 +125,8 @@ KERNEL_CASES = (
     Case("matvec_576x3072", matmul,
          lambda rng, smoke: [_f32(rng, 24 if smoke else 576), _f32(rng, *((24, 64) if smoke else (576, 3072)))],
          work=_bytes(), rtol=1e-4, atol=1e-3),
+    Case("sort_49152", sort_values, lambda rng, smoke: [_f32(rng, 64 if smoke else 49152)], peers=("numpy", "jax"),
+         smoke=False),
     Case("mlp_forward_symbolic_batch", mlp, _mlp_inputs,
          prepare_kwargs={"vars": {"n": (1, 1024)}, "shapes": {"x": ("n", None)}}, rtol=1e-3, atol=1e-3),
     Case("mlp_forward_static_batch", mlp, _mlp_inputs, rtol=1e-3, atol=1e-3),
