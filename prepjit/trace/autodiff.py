@@ -21,7 +21,7 @@ import attrs
 from ..errors import TraceError
 from ..uop import Ops, UOp, as_int_if_const, dtypes, simplify
 from ..uop.uop import _arg_uops
-from . import prims
+from . import checks, prims
 from .constants import _active as _capture_state
 from .prims.registry import rules
 from .pytree import flatten
@@ -199,7 +199,8 @@ def linearize(fun, primals: tuple, has_aux: bool = False):
     stand_ins = [placeholder(t) if t.dtype.is_float else t for t in originals]
     it = iter(stand_ins)
     args = [tree.unflatten([next(it) for _ in range(tree.num_leaves)]) for tree in trees]
-    result = fun(*args)
+    with checks.loop_body() as recorded:  # a scope of its own for the gathers' range flags (put back below)
+        result = fun(*args)
     aux = None
     if has_aux:
         if not (isinstance(result, tuple) and len(result) == 2):
@@ -210,6 +211,9 @@ def linearize(fun, primals: tuple, has_aux: bool = False):
     lin = Linearized(tuple(s.uop if s.dtype.is_float else None for s in stand_ins), tuple(originals), tuple(outs),
                      out_tree)
     _keep_loop_carries([o.uop for o in outs], {p for p in lin.placeholders if p is not None})
+    flags = lin.restore([prims.to_tracer(f).uop for f, _ in recorded.flags])
+    for f, (_, what) in zip(flags, recorded.flags):
+        checks.record_flag(Tracer(f), what)
     if aux is not None:
         aux_leaves, _, aux_tree = flatten(aux)
         traced = [i for i, a in enumerate(aux_leaves) if isinstance(a, Tracer)]

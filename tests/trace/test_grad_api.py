@@ -221,3 +221,29 @@ def test_grad_inside_a_loop_body_and_through_it():
     got = pj.grad(lambda w0: pnp.sum(descend(pnp, pj.fori_loop, pj.grad, w0, 3) ** 2))(w0)
     want = _jgrad(lambda w0: jnp.sum(descend(jnp, _jax_loop, jax.grad, w0, 3) ** 2))(w0)
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-10)
+
+
+def test_loop_with_gathers_and_an_int_carry():
+    """A body that gathers rows (its range flag is carried out of the loop) and counts in an int carry."""
+    table, ids = rng.standard_normal((5, 3)), np.array([[0, 4], [2, 2], [1, 3]])
+
+    def f(xp, loop, table, h0):
+        t, i_ = xp.asarray(table), xp.asarray(ids)
+
+        def body(i, c):
+            h, k = c
+            return xp.tanh(h + t[i_[i]].sum(0) * (k + 1).astype(h.dtype)), k + 2
+        h, k = loop(0, 3, body, (h0, xp.asarray(np.int64(1))))
+        return xp.sum(h ** 2) * k
+    h0 = rng.standard_normal(3)
+    got = pj.grad(lambda t, h: f(pnp, pj.fori_loop, t, h), (0, 1))(table, h0)
+    want = _jgrad(lambda t, h: f(jnp, _jax_loop, t, h), (0, 1))(table, h0)
+    for g, v in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), v, rtol=1e-10, atol=1e-11)
+
+
+def test_out_of_range_gather_still_raises_under_grad():
+    g = pj.grad(lambda t, ids: pnp.sum(t[ids] ** 2))
+    np.testing.assert_allclose(np.asarray(g(np.ones(4), np.array([0, 3, 3]))), [2.0, 0, 0, 4.0])
+    with pytest.raises(pj.IndexBoundError):
+        g(np.ones(4), np.array([0, 4]))
