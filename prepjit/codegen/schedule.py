@@ -11,9 +11,11 @@ a copy of the target's buffer; then one kernel per scatter of the chain writes t
 """
 from __future__ import annotations
 
+from collections import Counter
+
 import attrs
 
-from ..uop import DType, Ops, UOp, sint
+from ..uop import DType, Ops, UOp, dtypes, sint
 from ..uop.segments import Run, Segments
 from .dynamic_loop import DynamicLoop, dynamic_loop
 from .fusion import choose_materialized, fused_reductions, kernel_roots
@@ -125,6 +127,7 @@ def _max_size(shape: tuple[sint, ...]) -> int:
 class _Scheduler:
     def __init__(self, materialized: set[UOp], fused: set[UOp], pack_contractions: bool, readers: dict):
         self.readers = readers  # node -> how many nodes (and outputs, loop bodies) read it
+        self.in_place: set[UOp] = set()  # loop carries their body's scatter updates in their own buffer
         self.buffers: list[BufferSpec] = []
         self.kernels: list[ScheduledKernel | LoopKernels] = []
         self.materialized = materialized
@@ -164,8 +167,8 @@ class _Scheduler:
     def copies(self, target: UOp) -> bool:
         """Whether a scatter of `target` copies its buffer (it has its own: an input, a carry, or a value others
         read too) rather than computing `target` into the scatter's buffer."""
-        return self.has_buffer(target) and (target.op in (Ops.INPUT, Ops.CARRY, Ops.LOOP_OUT) or
-                                            self.readers.get(target, 0) > 1)
+        return self.has_buffer(target) and target not in self.in_place and (
+            target.op in (Ops.INPUT, Ops.CARRY, Ops.LOOP_OUT) or self.readers.get(target, 0) > 1)
 
     def scatter_chain(self, node: UOp) -> tuple[list[UOp], UOp]:
         """(the scatters writing `node`'s buffer in place, innermost first, the target they start from)."""
@@ -221,7 +224,9 @@ class _Scheduler:
 
     def emit_scatter(self, node: UOp, buf: int, env: dict):
         chain, base = self.scatter_chain(node)
-        if base in env or self.copies(base):
+        if env.get(base) == buf:  # a carry updated in place: its buffer is the scatter's
+            pass
+        elif base in env or self.copies(base):
             ast, reads = lower_copy(base, self.has_buffer)
             self.kernels.append(ScheduledKernel(*_drop_unused_slots(ast, (buf, *(env[r] for r in reads)))))
         else:
@@ -235,7 +240,9 @@ class _Scheduler:
     def schedule_loop(self, loop: UOp, env: dict):
         info = loop.arg
         bufs_a = [self.new_buffer(c) for c in info.carries]
-        bufs_b = [self.new_buffer(c) for c in info.carries]
+        in_place = _updated_in_place(info)
+        self.in_place |= {info.carries[j] for j in in_place}
+        bufs_b = [a if j in in_place else self.new_buffer(c) for j, (c, a) in enumerate(zip(info.carries, bufs_a))]
         for init, a in zip(loop.src, bufs_a):
             self.compute_into(init, a, env)
         inner = set(info.carries) | ({info.var} if info.var is not None else set())
@@ -250,7 +257,7 @@ class _Scheduler:
         # a fori_loop with static bounds nested in the body is unrolled in it, one the plan runs natively is kept
         body = _unrolled(self.kernels[start:])
         del self.kernels[start:]
-        swap = dict(zip(bufs_a, bufs_b)) | dict(zip(bufs_b, bufs_a))
+        swap = {a: b for a, b in zip(bufs_a, bufs_b) if a != b} | {b: a for a, b in zip(bufs_a, bufs_b) if a != b}
         if info.dynamic or any(isinstance(k, DynamicLoop) for k in body):
             self.kernels.append(self.dynamic(loop, body, bufs_a, bufs_b, swap, env))
             final = bufs_a
@@ -273,10 +280,27 @@ class _Scheduler:
             pred = _unrolled(self.kernels[start:])
             del self.kernels[start:]
         for c, a, b in zip(info.carries, bufs_a, bufs_b):
-            self.emit(c, a, {**env, c: b})
+            if a != b:
+                self.emit(c, a, {**env, c: b})
         copy = tuple(self.kernels[start:])
         del self.kernels[start:]
         return dynamic_loop(info, pred_buffer, pred, body, copy, swap)
+
+
+def _updated_in_place(info) -> set[int]:
+    """The carries whose body result is a scatter chain starting from the carry, and that nothing else in the
+    body reads (a scan's stacked outputs, a cache written a row per step): the chain updates the carry's one
+    buffer in place, instead of each iteration copying it into the other buffer of a ping-pong pair."""
+    uses = Counter(s for n in UOp(Ops.SINK, dtypes.bool, info.body_roots).toposort() for s in n.src)
+    uses.update(info.body_roots)
+    out = set()
+    for j, (carry, node) in enumerate(zip(info.carries, info.body_outputs)):
+        while node.op is Ops.SCATTER and node.src[0] is not carry and node.src[0].op is Ops.SCATTER and \
+                uses[node.src[0]] == 1:
+            node = node.src[0]
+        if node.op is Ops.SCATTER and node.src[0] is carry and uses[carry] == 1:
+            out.add(j)
+    return out
 
 
 def _unrolled(segments: list) -> tuple:

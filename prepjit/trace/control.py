@@ -9,7 +9,8 @@ other's result) and costs the work of all of them. A branch's gather range flags
 chosen; its index constraints are checked on every call (as for a while_loop body).
 
 scan is a fori_loop over the leading axis of `xs` (a var or symbolic size too: a loop the plan runs
-natively), stacking the body's per-step results into `ys`.
+natively), writing the body's per-step results into row t of the stacked `ys` (`ys.at[t].set(y)`, which the
+plan does in place: one row per step, not a copy of `ys`).
 """
 from __future__ import annotations
 
@@ -167,7 +168,7 @@ def scan(f, init, xs=None, length=None, reverse=False, unroll=1):
         y_leaves = [prims.to_tracer(v) for v in y_leaves]
         y_specs = [(v.dtype if not v.weak else prims.cast(Tracer(v.uop), v.dtype).dtype, tuple(v.uop.shape))
                    for v in y_leaves]
-    from .numpy_create import arange, zeros
+    from .numpy_create import zeros
     ys0 = [zeros((n,) + shape, dtype) for dtype, shape in y_specs]
 
     def body(i, state):
@@ -178,13 +179,7 @@ def scan(f, init, xs=None, length=None, reverse=False, unroll=1):
         if tree != y_tree:
             raise TraceError(f"scan body returns y with the structure {tree.describe()} at one step and "
                              f"{y_tree.describe()} at another")
-        row = prims.elementwise(Ops.CMPEQ, arange(n), t)
-        new = []
-        for old, v in zip(ys, y_out):
-            v = prims.cast(prims.to_tracer(v), old.dtype)
-            mask = prims.reshape(row, (n,) + (1,) * (old.ndim - 1))
-            new.append(prims.elementwise(Ops.WHERE, mask, prims.reshape(v, (1,) + tuple(v.uop.shape)), old))
-        return c, new
+        return c, [old.at[t].set(prims.cast(prims.to_tracer(v), old.dtype)) for old, v in zip(ys, y_out)]
     carry, ys = fori_loop(0, n, body, (init, ys0))
     return carry, y_tree.unflatten(ys)
 

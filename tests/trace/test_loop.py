@@ -41,3 +41,22 @@ def test_loop_invariant_reduction_is_still_hoisted(device, rng):
     np.testing.assert_allclose(np.asarray(f(x)), 6 * x.sum(0), rtol=1e-5, atol=1e-5)
     reductions = [k for k in f.plan(x).kernels if k.kernel.name.startswith("r_")]
     assert len(reductions) == 1 and not reductions[0].fixedvars
+
+
+def test_a_carry_updated_by_a_scatter_is_written_in_place(rng):
+    """ys.at[t].set(row) as the carry's only use: the body writes one row into the carry's one buffer per
+    iteration (no ping-pong copy of the whole carry), with static and with var bounds."""
+    xs = rng.standard_normal((5, 4)).astype(np.float32)
+
+    def body(t, ys):
+        return ys.at[t].set(pnp.tanh(pnp.asarray(xs)[t]) * 2)
+    for f, n in ((lambda: pj.fori_loop(0, 5, body, pnp.zeros((5, 4), np.float32)), None),
+                 (lambda n: pj.fori_loop(0, n, body, pnp.zeros((5, 4), np.float32)), 5)):
+        g = pj.prepare(f, vars={"n": (0, 5)}) if n else pj.prepare(f)
+        args = (n,) if n else ()
+        np.testing.assert_allclose(np.asarray(g(*args)), np.tanh(xs) * 2, rtol=1e-6)
+        plan = g.plan(*args)
+        in_loop = [k for k in plan.kernels if k.fixedvars or "t" in k.kernel.var_names]
+        assert in_loop and not any(plan.buffers[k.buffer_indices[0]].size == 20 and not k.kernel.name.startswith("S")
+                                   for k in in_loop)
+        assert sum(b.size == 20 for i, b in enumerate(plan.buffers) if i not in plan.inputs) == 2  # carry, output
