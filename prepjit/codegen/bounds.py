@@ -480,12 +480,13 @@ def prove_kernel(ast: UOp, shapes: list[tuple], constraints=()) -> int:
     Raises CompileError naming the kernel, the access and its index when one cannot be proven.
     Accesses are grouped first: identical ones (loads made opaque) are proven once, and ungated ones of one
     buffer whose indices differ by a constant only at their smallest and largest offsets (the facts are the
-    same, so every offset in between lies between those two).
+    same, so every offset in between lies between those two); an upcast's lanes, whose indices differ in the
+    constants inside their mins and maxes, are proven at once with those constants as vars over their range.
     """
     sizes = [buffer_size(s) for s in shapes]
     base = frozenset(t for c in constraints for t in _ge0_terms(c, True))
     enclosing = _enclosing_ranges(ast)
-    groups: dict = {}  # (slot, opaque index less its constant, opaque gate, facts) -> {offset: access}
+    groups: dict = {}  # (slot, lane template, opaque gate, facts) -> {lane constants: {offset: access}}
     count = 0
     for u in ast.toposort():
         if u.op not in (Ops.LOAD, Ops.STORE):
@@ -506,19 +507,65 @@ def prove_kernel(ast: UOp, shapes: list[tuple], constraints=()) -> int:
             offset, opaque[0] = p.get((), 0), from_poly({m: k for m, k in p.items() if m}, index.dtype)
         else:
             terms |= set(_ge0_terms(opaque[1], True))
-        key = (u.src[0].arg, *opaque, frozenset(t for t in terms if t.op is not Ops.CONST or t.arg < 0))
-        groups.setdefault(key, {}).setdefault(offset, (u, index, gate))
+        template, lanes = _lane_template(opaque[0]) if gate is None else (opaque[0], ())
+        key = (u.src[0].arg, template, *opaque[1:], frozenset(t for t in terms if t.op is not Ops.CONST or t.arg < 0))
+        groups.setdefault(key, {}).setdefault(lanes, {}).setdefault(offset, (u, index, gate, opaque[0]))
     prover = _Prover()
-    for (slot, opaque, *gate_part, terms), accesses in groups.items():
-        for offset in sorted({min(accesses), max(accesses)}):
-            ok, why = prover.in_bounds(opaque if gate_part else opaque + offset, sizes[slot], terms)
-            if not ok:
-                u, index, gate = accesses[offset]
-                kind = "load from" if u.op is Ops.LOAD else "store to"
-                gated = f" under gate {gate.render()}" if gate is not None else ""
-                raise CompileError(f"kernel {ast.arg}: cannot prove the {kind} buffer slot {slot} in bounds: index "
-                                   f"{index.render()}{gated} {why} (shape {shapes[slot]}); refusing to compile it")
+    for (slot, template, *gate_part, terms), by_lanes in groups.items():
+        if len(by_lanes) > 1 and _lanes_in_bounds(prover, template, by_lanes, sizes[slot], terms):
+            continue
+        for accesses in by_lanes.values():  # one lane at a time (or the general proof failed)
+            _prove_offsets(prover, ast, accesses, sizes[slot], terms, not gate_part, slot, shapes[slot])
     return count
+
+
+def _lane_template(e: UOp) -> tuple[UOp, tuple[int, ...]]:
+    """`e` with the constant term of each integer operand of its mins and maxes replaced by a placeholder var
+    (`hole.i`), and those constants in order: an upcast's lanes T * min(8*r + k, n - 1), k = 0..7, have one
+    template. No user var has such a name (not an identifier)."""
+    if not any(x.op in (Ops.MIN, Ops.MAX) for x in e.toposort()):
+        return e, ()
+    consts: list[int] = []
+    new: dict = {}
+    for u in e.toposort():
+        src = tuple(new[s] for s in u.src)
+        if u.op in (Ops.MIN, Ops.MAX) and _is_int(u):
+            operands = []
+            for x in src:
+                p = poly(x)
+                hole = UOp.variable(f"hole.{len(consts)}", 0, 0)
+                consts.append(p.get((), 0))
+                operands.append(UOp(Ops.ADD, x.dtype, (from_poly({m: k for m, k in p.items() if m}, x.dtype), hole)))
+            src = tuple(operands)
+        new[u] = u if src == u.src else UOp(u.op, u.dtype, src, u.arg)
+    return new[e], tuple(consts)
+
+
+def _lanes_in_bounds(prover: _Prover, template: UOp, by_lanes: dict, size: UOp, terms: frozenset) -> bool:
+    """Whether every lane of a group is in bounds at once: the template with each constant that differs between
+    lanes a var over their range (`lane.i`; a constant all share stays one), at the smallest and largest offset
+    of all of them. False sends the lanes to be proven one by one."""
+    subs = {}
+    for i, values in enumerate(zip(*by_lanes)):
+        lo, hi = min(values), max(values)
+        subs[UOp.variable(f"hole.{i}", 0, 0)] = UOp.const(lo) if lo == hi else UOp.variable(f"lane.{i}", lo, hi)
+    general = simplify(template.substitute(subs))
+    offsets = {o for accesses in by_lanes.values() for o in accesses}
+    return all(prover.in_bounds(general + o, size, terms)[0] for o in sorted({min(offsets), max(offsets)}))
+
+
+def _prove_offsets(prover: _Prover, ast: UOp, accesses: dict, size: UOp, terms: frozenset, ungated: bool,
+                   slot: int, shape: tuple):
+    """Prove accesses {offset: (access, index, gate, opaque index less its offset)} that differ only in their
+    constant offset (the same facts: every offset between the smallest and the largest is covered), or raise."""
+    for offset in sorted({min(accesses), max(accesses)}):
+        u, index, gate, rest = accesses[offset]
+        ok, why = prover.in_bounds(rest + offset if ungated else rest, size, terms)
+        if not ok:
+            kind = "load from" if u.op is Ops.LOAD else "store to"
+            gated = f" under gate {gate.render()}" if gate is not None else ""
+            raise CompileError(f"kernel {ast.arg}: cannot prove the {kind} buffer slot {slot} in bounds: index "
+                               f"{index.render()}{gated} {why} (shape {shape}); refusing to compile it")
 
 
 _proof_cache: dict = {}

@@ -126,3 +126,20 @@ def test_a_range_shared_by_several_terms_is_bounded_as_one_factor():
     assert prove_kernel(ast, [(2, m), (n, 2)]) == 2
     with pytest.raises(pj.CompileError, match="store to buffer slot 0"):
         prove_kernel(ast, [(2, simplify(m - 1)), (n, 2)])
+
+
+def test_lanes_inside_a_min_are_proven_at_once_and_a_bad_lane_alone(monkeypatch):
+    """An upcast's lanes n * min(8*r + k, n - 1), k = 0..7, have one proof with k a var over 0..7; a lane
+    that may leave the buffer (min(8*r, n): reaches n * n) fails that proof and is then refused by name."""
+    from prepjit.codegen import bounds
+    calls = []
+    in_bounds = bounds._Prover.in_bounds
+    monkeypatch.setattr(bounds._Prover, "in_bounds",
+                        lambda self, *a, **k: calls.append(a[0]) or in_bounds(self, *a, **k))
+    lanes = [simplify(n * UOp(Ops.MIN, dtypes.index, (simplify(r * 8 + k), simplify(n - 1))) + r) for k in range(8)]
+    assert prove_kernel(sum_kernel(lanes), [(n,), (n, n)]) == 9
+    mins = [e.render() for e in calls if "min(" in e.render()]
+    assert len(mins) == 1 and "lane." in mins[0]  # the lanes at once (simplify folds lane 7 to n - 1 on its own)
+    bad = simplify(n * UOp(Ops.MIN, dtypes.index, (simplify(r * 8), n)) + r)
+    with pytest.raises(pj.CompileError, match=r"min\(\(r0\*8\), n\)"):
+        prove_kernel(sum_kernel(lanes + [bad]), [(n,), (n, n)])
