@@ -58,12 +58,9 @@ class Array:
 
     def __getattr__(self, name: str):
         """ndarray's attributes and methods (`.T`, `.astype`, `.reshape`, `.sum`, `.tolist`, ...) on the host."""
-        if name.startswith("__") or name in Array.__slots__:
-            raise AttributeError(name)
-        try:
-            return getattr(self._host(), name)
-        except AttributeError:
-            raise AttributeError(f"'pj.Array' object has no attribute {name!r}") from None
+        if name.startswith("__") or name in Array.__slots__ or not hasattr(np.ndarray, name):
+            raise AttributeError(f"'pj.Array' object has no attribute {name!r}")  # (no data read to say so)
+        return getattr(self._host(), name)
 
     def __dir__(self):
         return sorted(set(super().__dir__()) | set(dir(np.ndarray)))

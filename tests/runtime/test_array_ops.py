@@ -58,3 +58,14 @@ def test_array_still_feeds_prepared_functions(result, device):
     g = pj.prepare(lambda y: pnp.sum(y, axis=1), device=device)
     np.testing.assert_array_equal(g(a), ref.sum(axis=1))
     assert len({a, a}) == 1  # hashable by identity, as an argument leaf
+
+
+def test_missing_attributes_read_no_data(result, monkeypatch):
+    """hasattr(a, "keys") (pytree and duck-typing checks) answers without copying a GPU array to the host."""
+    a, _ = result
+    reads = []
+    to_numpy = a._device.to_numpy
+    monkeypatch.setattr(a._device, "to_numpy", lambda *args, **kwargs: reads.append(1) or to_numpy(*args, **kwargs))
+    assert not hasattr(a, "keys") and not hasattr(a, "_fields") and not hasattr(a, "__array_interface__")
+    assert not reads
+    assert a.T.shape == (4, 3) and reads
