@@ -25,7 +25,9 @@ from .planner import PlanSpec, _kernel_from_entry, get_kernels, instantiate, pro
 from .prepare import PreparedFunction, constant_on_device, freeze
 from .runtime import datafile
 from .runtime.devices import get_device
+from .runtime.dynamic_loop import DynamicLaunches
 from .signature import CallInfo, explain_retrace
+from .trace.checks import for_every_iteration
 from .trace.pytree import TreeDef
 from .uop import UOp, serial
 from .uop.constraint import ERROR_KINDS, IndexConstraint
@@ -110,16 +112,13 @@ def save(fn: PreparedFunction, path, info: CallInfo):
                              "global or attribute): a plan file does not hold them yet; pass them as arguments "
                              "to save this plan")
     plan, spec = entry.plan, entry.plan.spec
-    if any(isinstance(seg, DynamicLoop) for seg in spec.kernels.segments):
-        raise SignatureError(f"{fn.signature.fn_name} runs a loop whose trip count is known only at call time "
-                             "(pj.while_loop, or pj.fori_loop / pj.scan over var bounds): a plan file does not hold "
-                             "such loops yet")
     device = fn.device
     asts = spec.kernels.asts()
     ast_index = {a: i for i, a in enumerate(asts)}
     programs = {}
     for step in plan.kernels.launches():
-        for pk in (step[1] + step[2] if isinstance(step, tuple) else (step,)):
+        for pk in (step[1] + step[2] if isinstance(step, tuple) else step.flat if isinstance(step, DynamicLaunches)
+                   else (step,)):
             programs.setdefault(pk.ast, pk.kernel)
     roots: list[UOp] = list(asts)
     root_index = dict(ast_index)
@@ -134,6 +133,7 @@ def save(fn: PreparedFunction, path, info: CallInfo):
                for b, h in zip(spec.buffers, spec.home)]
     constraints = [[ref(c.cond), c.text, c.what] + ([c.error_kind] if c.error_kind != "index" else [])
                    for c in spec.constraints]
+    kernels = [_enc_kernels(seg, ast_index, ref) for seg in spec.kernels.segments]  # refs before the graph
     payload, codes = [], []
     for ast in asts:
         k = programs[ast]
@@ -166,7 +166,7 @@ def save(fn: PreparedFunction, path, info: CallInfo):
         "key": _enc(info.key), "descriptions": [[p, _enc(part)] for p, part in entry.descriptions],
         "out_tree": _enc(entry.out_tree), "var_sources": dict(plan.var_sources),
         "graph": graph, "asts": len(asts), "buffers": buffers,
-        "kernels": [_enc_kernels(seg, ast_index) for seg in spec.kernels.segments],
+        "kernels": kernels,
         "inputs": list(spec.inputs), "outputs": list(spec.outputs), "constraints": constraints,
         "flags": [[b, what] for b, what in spec.flags], "proven": spec.proven_accesses, "codes": codes,
         "constants": [[to_dtype(c.dtype).name, list(c.shape)] for c in constants],
@@ -186,15 +186,72 @@ def save(fn: PreparedFunction, path, info: CallInfo):
         raise
 
 
-def _enc_kernels(seg, ast_index: dict):
-    """A kernel as [ast, buffers, fixedvars], or a fori_loop as {"loop": [var, lower, upper, swap, body]}."""
+def _enc_kernels(seg, ast_index: dict, ref):
+    """A kernel as [ast, buffers, fixedvars], a fori_loop as {"loop": [var, lower, upper, swap, body]}, or a loop
+    the plan runs natively as {"dloop": [var, lower, upper, predicate buffer, swap, conditions, parts]} (UOps as
+    graph indices, `ref`'s)."""
     if isinstance(seg, LoopKernels):
         return {"loop": [seg.name, seg.lower, seg.upper, [list(p) for p in seg.swap],
-                         [_enc_kernels(k, ast_index) for k in seg.body]]}
+                         [_enc_kernels(k, ast_index, ref) for k in seg.body]]}
+    if isinstance(seg, DynamicLoop):
+        bound = lambda b: b if b is None or isinstance(b, int) else {"u": ref(b)}  # noqa: E731
+        return {"dloop": [None if seg.var is None else ref(seg.var), bound(seg.lower), bound(seg.upper),
+                          seg.pred_buffer, [list(p) for p in seg.swap], [ref(c) for c in seg.conditions],
+                          [[_enc_kernels(k, ast_index, ref) for k in part] for part in seg.parts]]}
     return [ast_index[seg.ast], list(seg.buffers), [[n, v] for n, v in seg.fixedvars]]
 
 
 # ---- loading ----
+def _dec_dynamic(data, graph: list, buffers: tuple, kernel, depth: int) -> DynamicLoop:
+    """A DynamicLoop from its data form (`_enc_kernels`), checked: a fori_loop's var is a var whose bounds hold
+    every value its bounds can give it, a while_loop's predicate a 0-d bool buffer."""
+    var, lower, upper, pred, swap, conditions, parts = data
+    if depth > 16 or len(parts) != 5:
+        raise ValueError("not a loop the plan runs natively")
+    uop = lambda i, what: graph[_index(i, len(graph))] if type(i) is int else _bad(what)  # noqa: E731
+    bound = lambda b: b if type(b) is int else uop(b["u"] if isinstance(b, dict) else None, "a loop bound")  # noqa: E731
+    n = len(buffers)
+    if var is None:
+        pred = _index(pred, n)
+        if buffers[pred].dtype is not dtypes.bool or buffers[pred].shape != () or lower is not None or upper is not None:
+            raise ValueError("a while_loop's predicate is not a 0-d bool buffer")
+        lower = upper = None
+    else:
+        var, lower, upper = uop(var, "a loop var"), bound(lower), bound(upper)
+        low = lower if type(lower) is int else lower.vmin
+        high = upper if type(upper) is int else upper.vmax
+        if var.op is not Ops.DEFINE_VAR or pred is not None or any(
+                isinstance(b, UOp) and b.dtype is not dtypes.int64 for b in (lower, upper)) or not (
+                var.arg[1] <= low and high - 1 <= var.arg[2]):
+            raise ValueError("a loop's var does not hold every value of its bounds")
+    conditions = tuple(uop(c, "a loop condition") for c in conditions)
+    if any(c.dtype is not dtypes.bool for c in conditions):
+        raise ValueError("a loop condition is not a bool expression")
+    return DynamicLoop(var, lower, upper, pred, tuple(tuple(kernel(k) for k in part) for part in parts),
+                       tuple((_index(a, n), _index(b, n)) for a, b in swap), conditions)
+
+
+def _bad(what: str):
+    raise ValueError(f"{what} is not a graph index")
+
+
+def _check_loop_conditions(spec, var_names: set):
+    """Every index condition a loop the plan runs natively lets the bounds proof assume is checked per call: the
+    plan's constraints hold it at the loop var's first and last values (as checks.py recorded it when tracing)."""
+    loops, stack = [], [s for s in spec.kernels.segments if isinstance(s, DynamicLoop)]
+    while stack:
+        loop = stack.pop()
+        loops.append(loop)
+        stack += [s for part in loop.parts for s in part if isinstance(s, DynamicLoop)]
+    counters = {loop.var: (loop.lower, loop.upper) for loop in loops if loop.var is not None}
+    checked = {c.cond for c in spec.constraints}
+    for loop in loops:
+        for cond in loop.conditions:
+            for c in for_every_iteration(IndexConstraint(cond, "", ""), var_names, counters):
+                if c.cond not in checked:
+                    raise ValueError("a loop's index condition is not among the plan's constraints")
+
+
 class LoadedFunction(PreparedFunction):
     """A prepared function read from a plan file: one signature, every call guarantee of `pj.prepare`."""
 
@@ -322,6 +379,8 @@ def _decode(meta: dict, payload: bytes, path, device_name: str):
     slot_dtypes = {}  # per AST: its buffer slots' dtypes
 
     def kernel(data, depth=0):
+        if isinstance(data, dict) and set(data) == {"dloop"}:
+            return _dec_dynamic(data["dloop"], graph, buffers, lambda k: kernel(k, depth + 1), depth)
         if isinstance(data, dict):
             (name, lower, upper, swap, body), = data.values() if set(data) == {"loop"} else ((),)
             if depth or type(lower) is not int or type(upper) is not int or not lower < upper:
@@ -344,6 +403,7 @@ def _decode(meta: dict, payload: bytes, path, device_name: str):
                         for c in meta["constraints"])
     flags = tuple((_index(b, n), str(what)) for b, what in meta["flags"])
     spec = PlanSpec(buffers, home, KernelSequence(kernels), inputs, outputs, constraints, flags, int(meta["proven"]))
+    _check_loop_conditions(spec, {str(v[0]) for v in meta["vars"]})
     _check_io(fn, meta, spec)
     codes, offset = [], 0
     for c in meta["codes"]:

@@ -49,7 +49,7 @@ def recording(leaf_var_names: set):
     finally:
         _scopes().pop()
     scope.constraints[:] = [c for raw in scope.constraints
-                            for c in _for_every_iteration(raw, leaf_var_names, scope.counters)]
+                            for c in for_every_iteration(raw, leaf_var_names, scope.counters)]
 
 
 @contextlib.contextmanager
@@ -109,7 +109,7 @@ def _decided(cond: UOp, c: IndexConstraint) -> bool:
     return False
 
 
-def _for_every_iteration(c: IndexConstraint, leaf_var_names: set, counters: dict) -> list[IndexConstraint]:
+def for_every_iteration(c: IndexConstraint, leaf_var_names: set, counters: dict) -> list[IndexConstraint]:
     """`c` with each fori_loop counter (a var no argument gives) replaced by the values it takes (bounds of a
     loop over var expressions may name an outer loop's counter: replaced until none is left)."""
     out = [c]

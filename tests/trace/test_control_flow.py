@@ -326,3 +326,53 @@ def test_loop_kernels_render_for_the_gpu_devices():
     for language in ("cuda", "opencl"):
         for ast in sched.kernels.asts():
             assert RENDERERS[language](optimize(ast, language)).source
+
+
+# ---- saved plans ----
+def _nested(xs, n):
+    def outer(i, c):
+        return pj.while_loop(lambda s: s[1] < i + 2, lambda s: (s[0] * 0.5 + xs[s[1] % xs.shape[0]], s[1] + 1),
+                             (c, np.int64(0)))[0]
+    return pj.scan(lambda h, x: (h + x, h.sum()), pj.fori_loop(0, n, outer, pnp.zeros(3, np.float32)), xs)
+
+
+def test_loops_the_plan_runs_are_saved_and_loaded(tmp_path, rng):
+    f = pj.prepare(_nested, vars={"n": (0, 8), "t": (1, 16)}, shapes={"xs": ("t", 3)})
+    xs = rng.standard_normal((5, 3)).astype(np.float32)
+    path = tmp_path / "loops.pjplan"
+    f.save(path, xs, 4)
+    for recompile in (False, True):
+        g = pj.load(path, recompile=recompile)
+        for args in ((xs, 4), (xs[:2], 7), (xs[:1], 0)):
+            for got, want in zip(g(*args), f(*args)):
+                _close(got, np.asarray(want))
+        assert g.stats["traces"] == 0
+
+
+def test_forged_loop_conditions_and_var_bounds_are_refused(tmp_path):
+    """A file must not let the bounds proof assume what calls do not check: a loop's index condition dropped
+    from the constraints, or a loop var narrower than its bounds, is a PlanFileError."""
+    from prepjit.runtime import datafile
+    from prepjit.saved import KIND, VERSION
+    f = pj.prepare(lambda x, n: pj.fori_loop(0, n, lambda i, c: c + x[i + 1], pnp.zeros((), np.float32)),
+                   vars={"n": (0, 8)})
+    x = np.arange(6, dtype=np.float32)
+    path = tmp_path / "p.pjplan"
+    f.save(path, x, 3)
+    _close(pj.load(path)(x, 3), x[1:4].sum())
+    meta, payload = datafile.unpack(path.read_bytes(), KIND, VERSION)
+    assert meta["constraints"] and any("dloop" in k for k in meta["kernels"] if isinstance(k, dict))
+
+    def forged(edit):
+        m, _ = datafile.unpack(path.read_bytes(), KIND, VERSION)
+        edit(m)
+        bad = tmp_path / "bad.pjplan"
+        bad.write_bytes(datafile.pack(KIND, VERSION, m, payload))
+        return bad
+
+    def narrow(m):
+        loop = next(k["dloop"] for k in m["kernels"] if isinstance(k, dict) and "dloop" in k)
+        loop[2] = 20  # upper bound 20: i reaches 19, beyond the var's [0, 7]
+    for edit in (lambda m: m.update(constraints=[]), narrow):
+        with pytest.raises(pj.PlanFileError):
+            pj.load(forged(edit), recompile=True)
