@@ -2,8 +2,8 @@
 through ctypes.
 
 A plan's kernels compile in worker processes when there are several (compile_pool.py).
-Kernels with enough work split their outermost range over a small thread pool (ctypes calls
-release the GIL); a plan's small kernels run back to back in one native call (cpu_replay.py).
+A plan's kernels run back to back in one native call (cpu_replay.py); kernels with enough work split
+their outermost range over native worker threads (cpu_threads.py).
 """
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import ctypes
 import functools
 import hashlib
 import os
-import queue
 import threading
 
 import numpy as np
@@ -22,7 +21,8 @@ from ..uop import Ops, render_python
 from . import compile_pool
 from .array import Array
 from .buffer import HostBuffer
-from .cpu_replay import INT64_MAX, REPLAY_FN, REPLAY_IR, NativeProgram, layout_self_test
+from .cpu_replay import INT64_MAX, LAUNCH_FIELDS, REPLAY_FN, REPLAY_IR, NativeProgram, layout_self_test
+from .cpu_threads import NativeThreads, threads_ir
 from .dynamic_loop import DynamicStep, launchers
 from .host_pool import empty
 from .llvm_compile import compile_object, target_machine
@@ -48,37 +48,6 @@ def thread_count() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-class ThreadPool:
-    """Persistent worker threads that each run one slice [start, end) of a kernel's outermost range."""
-
-    def __init__(self, threads: int):
-        self.threads = threads
-        self.lock = threading.Lock()
-        self.done: queue.SimpleQueue = queue.SimpleQueue()
-        self.tasks = [queue.SimpleQueue() for _ in range(threads - 1)]
-        for q in self.tasks:
-            threading.Thread(target=self._work, args=(q,), daemon=True, name="prepjit-cpu").start()
-
-    def _work(self, tasks: queue.SimpleQueue):
-        while True:
-            fn, bufs, vals, start, end = tasks.get()
-            try:
-                fn(bufs, vals, start, end)
-            finally:
-                self.done.put(None)
-
-    def run_split(self, fn, bufs: int, vals: int, size: int):
-        """fn over [0, size), cut into one contiguous slice per thread; the calling thread runs the first."""
-        parts = min(self.threads, size)
-        bounds = [size * i // parts for i in range(parts + 1)]
-        with self.lock:
-            for q, start, end in zip(self.tasks, bounds[1:-1], bounds[2:]):
-                q.put((fn, bufs, vals, start, end))
-            fn(bufs, vals, 0, bounds[1])
-            for _ in range(parts - 1):
-                self.done.get()
-
-
 class CPULauncher:
     """The ctypes argument arrays of one PreparedKernel, built once; replay patches slots in place."""
 
@@ -88,7 +57,7 @@ class CPULauncher:
         self.vals = (ctypes.c_int64 * max(1, len(vals)))(*vals)
         self.bufs_ptr, self.vals_ptr = ctypes.addressof(self.bufs), ctypes.addressof(self.vals)
         self.size_fn, self.static_size = size_fn, static_size
-        self.pool: ThreadPool | None = None
+        self.threads: NativeThreads | None = None
         self.work_fn = None         # positional var values -> the kernel's work at them (see _work_fn)
 
     def set_buffer(self, slot: int, handle: int):
@@ -97,18 +66,28 @@ class CPULauncher:
     def set_val(self, slot: int, value: int):
         self.vals[slot] = value
 
-    def use_threads(self, pool: ThreadPool):
-        self.pool = pool
-        self.work_fn = _work_fn(self.pk.ast, self.pk.kernel.var_names)
+    def use_threads(self, threads: NativeThreads, work_fn):
+        self.threads, self.work_fn = threads, work_fn
+
+    def chunks(self, size: int, vals) -> int:
+        """The chunks to split a launch of `size` iterations into at positional var values `vals` (0: run alone)."""
+        if self.threads is None or size < 2 or self.work_fn(vals) < PARALLEL_MIN_ITERATIONS:
+            return 0
+        return self.threads.chunks(size)
 
     def run(self):
         size = self.static_size if self.static_size is not None else self.size_fn(self.vals)[0]
         if size <= 0:
             return
-        if self.pool is not None and size > 1 and self.work_fn(self.vals) >= PARALLEL_MIN_ITERATIONS:
-            self.pool.run_split(self.fn, self.bufs_ptr, self.vals_ptr, size)
+        chunks = self.chunks(size, self.vals)
+        if chunks > 1:
+            self.threads.parallel(self.fn_address, self.bufs_ptr, self.vals_ptr, size, chunks)
         else:
             self.fn(self.bufs_ptr, self.vals_ptr, 0, size)
+
+    @property
+    def fn_address(self) -> int:
+        return ctypes.cast(self.fn, ctypes.c_void_p).value
 
 
 def _loop_iterations(ast) -> tuple[int, int]:
@@ -154,8 +133,33 @@ def _run_dynamic(step: DynamicStep, parts: list):
             run()
 
 
+class _VarSplit:
+    """Top-level launches of one kernel (at the same fixed values) whose size depends on the call's vars: before
+    each run, their end and chunk count in the native programs are set from the values."""
+
+    def __init__(self, launch: CPULauncher, var_index: dict):
+        self.launch, self.base = launch, list(launch.pk.vals)
+        self.slots = [(slot, var_index[name]) for slot, name in launch.var_slots]
+        self.cells: list = []  # (ctypes launches array, index of an entry's end)
+
+    def update(self, values):
+        """Set the entries for the call's var values (in the plan's var order), or None: the bound ones."""
+        launch = self.launch
+        vals = self.base
+        if values is None:
+            vals = list(launch.vals)
+        else:
+            for slot, i in self.slots:
+                vals[slot] = values[i]
+        size = max(0, launch.size_fn(vals)[0])
+        chunks = launch.chunks(size, vals)
+        for array, k in self.cells:
+            array[k], array[k + 1] = size, chunks
+
+
 class CPUPlanRunner:
-    """Replays one ExecutionPlan's launches: small kernels in native batches, large ones split over threads.
+    """Replays one ExecutionPlan's launches natively: batches of launches in one call each, large kernels split
+    over the worker threads from native code (cpu_threads.py); a fori_loop's iterations from Python.
 
     `run(arrays, values)` takes the I/O arrays (in `io_buffers` order: NumPy, C-contiguous) and the
     var values (in `var_names` order) and returns False, having run nothing, when an array is
@@ -173,27 +177,39 @@ class CPUPlanRunner:
                    for i, b in enumerate(io_buffers) for launch, slot in io_slots[b]]
         patches += [(ctypes.addressof(launch.vals) + 8 * slot, var_slot[name])
                     for launch in all_launchers for slot, name in launch.var_slots]
-        groups = self._group(steps, {})
+        self.var_index = {n: j for j, n in enumerate(var_names)}
+        self.var_splits: dict = {}  # (kernel fn, fixed vals, var slots) -> _VarSplit
+        self.entries: list = []     # (group, _VarSplit, index of the entry in its group)
+        groups = self._group(steps, {}, top=True)
         first = groups.pop(0) if groups and isinstance(groups[0], list) else []
         masks = [dt.alignment - 1 for dt in dtypes]
-        self.program = NativeProgram(device.replay_fn, self.table, masks, patches, first)
+        self.program = self._program(first, masks, patches)
         self.native_reads = device.native_reads_arrays
         self.replay, self.prog_ptr = device.replay_fn, self.program.prog_ptr
         if not self.native_reads:
             self.program.read_arrays_in_python()
         self.rest = self._callables(groups)
-        self.first_launches = NativeProgram(device.replay_fn, self.table, [], [], first)
+        self.first_launches = self._program(first)
+        self.splits = list(self.var_splits.values())
+
+    def _program(self, group: list, masks=(), patches=()) -> NativeProgram:
+        threads = self.device.threads
+        program = NativeProgram(self.device.replay_fn, self.table, list(masks), list(patches), group,
+                                threads.address if threads is not None else 0)
+        for owner, split, k in self.entries:
+            if owner is group:
+                split.cells.append((program.launches, LAUNCH_FIELDS * k + 3))
+        return program
 
     def _callables(self, groups: list) -> list:
-        return [NativeProgram(self.device.replay_fn, self.table, [], [], g) if isinstance(g, list) else g
-                for g in groups]
+        return [self._program(g) if isinstance(g, list) else g for g in groups]
 
-    def _group(self, steps: list, iterations: dict) -> list:
-        """Runs of small launches as lists of (fn, bufs, vals, end) quads; each large launch alone (it may split)
-        and each fori_loop (or loop the plan runs natively) as a call that runs its iterations (`steps`:
-        ExecutionPlan's)."""
+    def _group(self, steps: list, iterations: dict, top: bool = False) -> list:
+        """Runs of launches as lists of (fn, bufs, vals, end, chunks) entries (a large kernel's chunks > 1), each
+        fori_loop (or loop the plan runs natively) as a call that runs its iterations (`steps`: ExecutionPlan's);
+        in a loop's body (not `top`), a large kernel whose size depends on the vars runs alone, sized per launch."""
         groups: list = []
-        pool = self.device.pool
+        threads = self.device.threads
         for launch in steps:
             if isinstance(launch, DynamicStep):
                 parts = [self._callables(self._group(part, iterations)) for part in launch.parts]
@@ -207,20 +223,31 @@ class CPUPlanRunner:
                 continue
             ast = launch.pk.ast
             if ast not in iterations:
-                iterations[ast] = _loop_iterations(ast)
-            outer, inner = iterations[ast]
-            if pool is not None and outer > 1 and outer * inner >= PARALLEL_MIN_ITERATIONS:
-                launch.use_threads(pool)
-                groups.append(launch.run)
-                continue
-            quad = (ctypes.cast(launch.fn, ctypes.c_void_p).value, launch.bufs_ptr, launch.vals_ptr, INT64_MAX)
-            if groups and isinstance(groups[-1], list):
-                groups[-1].append(quad)
-            else:
-                groups.append([quad])
+                outer, inner = _loop_iterations(ast)
+                large = threads is not None and outer > 1 and outer * inner >= PARALLEL_MIN_ITERATIONS
+                iterations[ast] = _work_fn(ast, launch.pk.kernel.var_names) if large else None
+            end, chunks, split = INT64_MAX, 0, None
+            if iterations[ast] is not None:
+                launch.use_threads(threads, iterations[ast])
+                if launch.static_size is not None:
+                    end = launch.static_size
+                    chunks = launch.chunks(end, launch.vals)
+                elif top:
+                    key = (launch.fn_address, tuple(launch.pk.vals), tuple(launch.var_slots))
+                    split = self.var_splits.setdefault(key, _VarSplit(launch, self.var_index))
+                else:
+                    groups.append(launch.run)
+                    continue
+            if not (groups and isinstance(groups[-1], list)):
+                groups.append([])
+            if split is not None:
+                self.entries.append((groups[-1], split, len(groups[-1])))
+            groups[-1].append((launch.fn_address, launch.bufs_ptr, launch.vals_ptr, end, chunks))
         return groups
 
     def run_launches(self):
+        for split in self.splits:
+            split.update(None)
         self.first_launches()
         for segment in self.rest:
             segment()
@@ -229,6 +256,8 @@ class CPUPlanRunner:
         table, n_io = self.table, self.n_io
         for j, value in enumerate(values):
             table[n_io + j] = value
+        for split in self.splits:
+            split.update(values)
         if not self.native_reads:
             for i, a in enumerate(arrays):
                 table[i] = a.ctypes.data
@@ -265,12 +294,13 @@ class CPUDevice:
         version = ".".join(map(str, llvm.llvm_version_info))
         self.compiler_id = f"llvm-{version}-{self.cpu_name}-{hashlib.sha1(features.encode()).hexdigest()[:12]}"
         self.lock = threading.Lock()
-        threads = thread_count()
-        self.pool = ThreadPool(threads) if threads > 1 else None
-        replay_object = self.compile("prepjit_replay", REPLAY_IR)
+        replay_object = self.compile("prepjit_replay", REPLAY_IR + threads_ir(cpu.triple))
         self._replay_engine, replay_address = self._load_object("prepjit_replay", replay_object)
         self.replay_fn = REPLAY_FN(replay_address)
         self.native_reads_arrays = layout_self_test(self.replay_fn)
+        address = self._replay_engine.get_function_address
+        threads = NativeThreads(thread_count(), address("prepjit_parallel"), address("prepjit_worker"))
+        self.threads = threads if threads.workers else None  # None: every kernel runs on the calling thread
 
     # ---- compiling and launching ----
     def compile(self, name: str, source: str) -> bytes:

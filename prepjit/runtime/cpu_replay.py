@@ -3,10 +3,11 @@ every kernel's argument arrays, and runs a plan's kernels back to back.
 
 A plan's launches are compiled into a small program (ctypes int64 arrays built once):
 
-    prog: [n_arrays, table, align_masks, n_patches, patches, n_launches, launches]
+    prog: [n_arrays, table, align_masks, n_patches, patches, n_launches, launches, threads]
     table:    int64 slots: the I/O data pointers (read from the arrays), then the var values
     patches:  (destination address, table slot) pairs: a kernel's buffer or var argument slot
-    launches: (kernel fn, bufs, vals, end) quads, each run as fn(bufs, vals, 0, end)
+    launches: (kernel fn, bufs, vals, end, chunks) entries, each run as fn(bufs, vals, 0, end), or with
+              chunks > 1 as prepjit_parallel(threads, fn, bufs, vals, end, chunks) (cpu_threads.py)
 
 `prepjit_replay(prog, arrays)` takes `arrays` as a Python tuple of NumPy arrays and reads their
 data pointers itself (CPython's tuple items and NumPy's `data` field, whose offsets are checked
@@ -26,10 +27,14 @@ ARRAY_DATA_OFFSET = object.__basicsize__   # PyArrayObject's `data` follows PyOb
 
 REPLAY_FN = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.py_object)
 
-PROG_FIELDS = (("n_arrays", "i64"), ("table", "ptr"), ("masks", "ptr"), ("n_patches", "i64"),
-               ("patches", "ptr"), ("n_launches", "i64"), ("launches", "ptr"))  # the layout of `prog`
+PROG_FIELDS = (("n_arrays", "i64"), ("table", "ptr"), ("masks", "ptr"), ("n_patches", "i64"),  # the layout of `prog`
+               ("patches", "ptr"), ("n_launches", "i64"), ("launches", "ptr"), ("threads", "ptr"))
 _READ_PROG = "\n".join(f"  %{name}.p = getelementptr i64, ptr %prog, i64 {i}\n  %{name} = load {kind}, ptr %{name}.p"
                        for i, (name, kind) in enumerate(PROG_FIELDS))
+
+LAUNCH_FIELDS = 5  # fn, bufs, vals, end, chunks
+
+# compiled in one module with cpu_threads.threads_ir(), which defines @prepjit_parallel
 
 REPLAY_IR = f"""
 define i64 @prepjit_replay(ptr %prog, ptr %arrays) nounwind {{
@@ -77,11 +82,11 @@ patch.body:
   %j.next = add i64 %j, 1
   br label %patch.cond
 launch.cond:
-  %k = phi i64 [0, %patch.cond], [%k.next, %launch.body]
+  %k = phi i64 [0, %patch.cond], [%k.next, %launch.next]
   %launch.more = icmp slt i64 %k, %n_launches
   br i1 %launch.more, label %launch.body, label %done
 launch.body:
-  %lk = mul i64 %k, 4
+  %lk = mul i64 %k, {LAUNCH_FIELDS}
   %fn.p = getelementptr i64, ptr %launches, i64 %lk
   %fn = load ptr, ptr %fn.p
   %lk1 = add i64 %lk, 1
@@ -93,7 +98,18 @@ launch.body:
   %lk3 = add i64 %lk, 3
   %end.p = getelementptr i64, ptr %launches, i64 %lk3
   %end = load i64, ptr %end.p
+  %lk4 = add i64 %lk, 4
+  %chunks.p = getelementptr i64, ptr %launches, i64 %lk4
+  %chunks = load i64, ptr %chunks.p
+  %split = icmp sgt i64 %chunks, 1
+  br i1 %split, label %launch.split, label %launch.one
+launch.split:
+  call void @prepjit_parallel(ptr %threads, ptr %fn, ptr %bufs, ptr %vals, i64 %end, i64 %chunks)
+  br label %launch.next
+launch.one:
   call void %fn(ptr %bufs, ptr %vals, i64 0, i64 %end)
+  br label %launch.next
+launch.next:
   %k.next = add i64 %k, 1
   br label %launch.cond
 done:
@@ -108,16 +124,19 @@ def _int64s(values) -> ctypes.Array:
 
 
 class NativeProgram:
-    """One prepjit_replay program: its arrays kept alive, and a call that runs it."""
+    """One prepjit_replay program: its arrays kept alive, and a call that runs it. `threads`: the address of
+    the cpu_threads state its split launches run on (0 when none splits)."""
 
-    def __init__(self, replay, table, masks: list[int], patches: list[tuple[int, int]], launches: list[tuple]):
+    def __init__(self, replay, table, masks: list[int], patches: list[tuple[int, int]], launches: list[tuple],
+                 threads: int = 0):
         self.replay, self.table = replay, table
         self.masks = _int64s(masks)
         self.patches = _int64s(x for pair in patches for x in pair)
-        self.launches = _int64s(x for quad in launches for x in quad)
+        self.launches = _int64s(x for entry in launches for x in entry)
         self.n_arrays = len(masks)
         self.prog = _int64s([len(masks), ctypes.addressof(table), ctypes.addressof(self.masks), len(patches),
-                             ctypes.addressof(self.patches), len(launches), ctypes.addressof(self.launches)])
+                             ctypes.addressof(self.patches), len(launches), ctypes.addressof(self.launches),
+                             threads])
         self.prog_ptr = ctypes.addressof(self.prog)
 
     def read_arrays_in_python(self):

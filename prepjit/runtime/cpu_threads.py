@@ -1,0 +1,285 @@
+"""Native worker threads for the cpu device: a parallel-for that splits a kernel's outermost range into chunks.
+
+`prepjit_parallel(state, fn, bufs, vals, size, chunks)` runs fn(bufs, vals, start, end) over [0, size) cut into
+`chunks` slices that the calling thread and the workers claim one at a time; it returns when all have run.
+The replay program (cpu_replay.py) calls it for its split launches, so a plan replays without Python between
+kernels, and a worker that the OS has not scheduled yet costs nothing: whoever is running takes the next chunk.
+
+The state is one block of int64 words, each group on its own cache line:
+
+    TICKET    (generation << 32) | next chunk: a task is published by storing (generation, 0); a chunk is
+              claimed by adding 1 (atomicrmw), which also says which generation the chunk belongs to
+    BUSY      1 while a thread publishes and waits for a task (another caller then runs its kernel alone)
+    SLEEPERS  workers blocked on the condition variable (the publisher wakes them only when there are some)
+    slots     two task slots (generation & 1): fn, bufs, vals, size, chunk length, chunk count; each with a
+              count of the chunks done on a line of its own. A slot is rewritten only two generations later,
+              after every chunk of its task has run, so a claimed chunk always reads its own task
+    CONFIG    workers (0 after a fork: everything runs inline), spins before a worker sleeps, spins before
+              the waiting publisher yields, and the addresses of pthread_mutex_lock / unlock,
+              pthread_cond_wait / broadcast and sched_yield (read by ctypes from the C library)
+    mutex, condition variable: opaque, MUTEX_BYTES each (larger than any libc's)
+
+Workers are Python threads that call `prepjit_worker(state)` through ctypes (which releases the GIL) and
+never return: each spins a while on TICKET for a new generation, then sleeps on the condition variable.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import threading
+
+TICKET, BUSY, SLEEPERS = 0, 8, 16
+SLOTS = (24, 40)             # fn, bufs, vals, size, chunk, nchunks; its done count at +8
+WORKERS, SPINS, YIELD_AFTER, LOCK, UNLOCK, WAIT, BROADCAST, YIELD = range(56, 64)
+MUTEX, COND = 64, 96
+STATE_WORDS = 128
+MUTEX_BYTES = 256
+
+WORKER_SPINS = 1 << 10       # polls of TICKET (with a pause) before an idle worker sleeps: some 10-50 us
+WAIT_SPINS = 1 << 8          # polls of the done count before the publisher yields its core between polls
+CHUNKS_PER_THREAD = 4        # chunks of a split range per thread: whoever runs takes the next
+
+WORKER_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+PARALLEL_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                               ctypes.c_int64, ctypes.c_int64)
+
+
+def _pause(triple: str) -> tuple[str, str]:
+    """(declaration, call) of the spin-wait hint of the target, or nothing."""
+    if triple.startswith(("x86_64", "i686", "i386")):
+        return "declare void @llvm.x86.sse2.pause()", "call void @llvm.x86.sse2.pause()"
+    if triple.startswith(("aarch64", "arm64")):
+        return "declare void @llvm.aarch64.hint(i32)", "call void @llvm.aarch64.hint(i32 1)"
+    return "", ""
+
+
+def _word(name: str, index) -> str:
+    return f"  %{name} = getelementptr i64, ptr %s, i64 {index}"
+
+
+def threads_ir(triple: str) -> str:
+    """LLVM IR of prepjit_parallel and prepjit_worker for a target triple."""
+    declare, pause = _pause(triple)
+    fields = ("fn", "bufs", "vals", "size", "chunk", "n")
+    read_slot = "\n".join(f"  %{f}.p = getelementptr i64, ptr %slot, i64 {i}\n"
+                          f"  %{f}.i = load atomic i64, ptr %{f}.p monotonic, align 8" for i, f in enumerate(fields))
+    write_slot = "\n".join(f"  %{f}.w = getelementptr i64, ptr %slot, i64 {i}\n"
+                           f"  store atomic i64 %{v}, ptr %{f}.w monotonic, align 8"
+                           for i, (f, v) in enumerate(zip(fields, ("fn.i", "bufs.i", "vals.i", "size", "chunk", "n"))))
+    return f"""
+{declare}
+
+define internal void @pj_run_chunks(ptr %s) nounwind {{
+entry:
+  br label %claim
+claim:
+  %t = atomicrmw add ptr %s, i64 1 acq_rel
+  %g = lshr i64 %t, 32
+  %c = and i64 %t, 4294967295
+  %k = and i64 %g, 1
+  %k16 = mul i64 %k, 16
+  %base = add i64 %k16, {SLOTS[0]}
+  %slot = getelementptr i64, ptr %s, i64 %base
+{read_slot}
+  %more = icmp ult i64 %c, %n.i
+  br i1 %more, label %run, label %out
+run:
+  %fn = inttoptr i64 %fn.i to ptr
+  %bufs = inttoptr i64 %bufs.i to ptr
+  %vals = inttoptr i64 %vals.i to ptr
+  %lo = mul i64 %c, %chunk.i
+  %hi.0 = add i64 %lo, %chunk.i
+  %over = icmp ugt i64 %hi.0, %size.i
+  %hi = select i1 %over, i64 %size.i, i64 %hi.0
+  call void %fn(ptr %bufs, ptr %vals, i64 %lo, i64 %hi)
+  %done.p = getelementptr i64, ptr %slot, i64 8
+  %ignored = atomicrmw add ptr %done.p, i64 1 release
+  br label %claim
+out:
+  ret void
+}}
+
+define internal void @pj_call(ptr %s, i64 %index, i64 %arg) nounwind {{
+entry:
+{_word("f.p", "%index")}
+  %f.i = load atomic i64, ptr %f.p monotonic, align 8
+  %f = inttoptr i64 %f.i to ptr
+{_word("a.p", "%arg")}
+  call i32 %f(ptr %a.p)
+  ret void
+}}
+
+define void @prepjit_parallel(ptr %s, ptr %fn, ptr %bufs, ptr %vals, i64 %size, i64 %chunks) nounwind {{
+entry:
+{_word("workers.p", WORKERS)}
+  %workers = load atomic i64, ptr %workers.p monotonic, align 8
+  %has = icmp sgt i64 %workers, 0
+  %split = icmp sgt i64 %chunks, 1
+  %big = icmp sgt i64 %size, 1
+  %try.0 = and i1 %has, %split
+  %try = and i1 %try.0, %big
+  br i1 %try, label %lock, label %inline
+lock:
+{_word("busy.p", BUSY)}
+  %cx = cmpxchg ptr %busy.p, i64 0, i64 1 acquire monotonic
+  %ok = extractvalue {{ i64, i1 }} %cx, 1
+  br i1 %ok, label %publish, label %inline
+inline:
+  call void %fn(ptr %bufs, ptr %vals, i64 0, i64 %size)
+  ret void
+publish:
+  %t = load atomic i64, ptr %s monotonic, align 8
+  %g.0 = lshr i64 %t, 32
+  %g = add i64 %g.0, 1
+  %k = and i64 %g, 1
+  %k16 = mul i64 %k, 16
+  %base = add i64 %k16, {SLOTS[0]}
+  %slot = getelementptr i64, ptr %s, i64 %base
+  %fewer = icmp slt i64 %size, %chunks
+  %parts = select i1 %fewer, i64 %size, i64 %chunks
+  %parts.m1 = sub i64 %parts, 1
+  %sum = add i64 %size, %parts.m1
+  %chunk = udiv i64 %sum, %parts
+  %chunk.m1 = sub i64 %chunk, 1
+  %sum2 = add i64 %size, %chunk.m1
+  %n = udiv i64 %sum2, %chunk
+  %fn.i = ptrtoint ptr %fn to i64
+  %bufs.i = ptrtoint ptr %bufs to i64
+  %vals.i = ptrtoint ptr %vals to i64
+{write_slot}
+  %done.p = getelementptr i64, ptr %slot, i64 8
+  store atomic i64 0, ptr %done.p monotonic, align 8
+  %ticket = shl i64 %g, 32
+  store atomic i64 %ticket, ptr %s seq_cst, align 8
+{_word("sleepers.p", SLEEPERS)}
+  %sleepers = load atomic i64, ptr %sleepers.p seq_cst, align 8
+  %asleep = icmp sgt i64 %sleepers, 0
+  br i1 %asleep, label %wake, label %work
+wake:
+  call void @pj_call(ptr %s, i64 {LOCK}, i64 {MUTEX})
+  call void @pj_call(ptr %s, i64 {BROADCAST}, i64 {COND})
+  call void @pj_call(ptr %s, i64 {UNLOCK}, i64 {MUTEX})
+  br label %work
+work:
+  call void @pj_run_chunks(ptr %s)
+{_word("patience.p", YIELD_AFTER)}
+  %patience = load atomic i64, ptr %patience.p monotonic, align 8
+  br label %wait
+wait:
+  %spins = phi i64 [0, %work], [%spins.next, %idle], [%spins.next, %yield]
+  %done = load atomic i64, ptr %done.p acquire, align 8
+  %finished = icmp uge i64 %done, %n
+  br i1 %finished, label %exit, label %idle
+idle:
+  %spins.next = add i64 %spins, 1
+  {pause}
+  %impatient = icmp sgt i64 %spins, %patience
+  br i1 %impatient, label %yield, label %wait
+yield:
+  call void @pj_call(ptr %s, i64 {YIELD}, i64 {0})
+  br label %wait
+exit:
+  store atomic i64 0, ptr %busy.p release, align 8
+  ret void
+}}
+
+define void @prepjit_worker(ptr %s) nounwind {{
+entry:
+{_word("spins.p", SPINS)}
+{_word("sleepers.p", SLEEPERS)}
+{_word("m.p", MUTEX)}
+{_word("c.p", COND)}
+{_word("wait.p", WAIT)}
+  %t0 = load atomic i64, ptr %s acquire, align 8
+  %seen0 = lshr i64 %t0, 32
+  br label %poll.start
+poll.start:
+  %seen = phi i64 [%seen0, %entry], [%g.run, %run]
+  %limit = load atomic i64, ptr %spins.p monotonic, align 8
+  br label %poll
+poll:
+  %i = phi i64 [0, %poll.start], [%i.next, %spin]
+  %t = load atomic i64, ptr %s acquire, align 8
+  %g = lshr i64 %t, 32
+  %new = icmp ne i64 %g, %seen
+  br i1 %new, label %run, label %spin
+spin:
+  {pause}
+  %i.next = add i64 %i, 1
+  %tired = icmp sgt i64 %i.next, %limit
+  br i1 %tired, label %sleep, label %poll
+sleep:
+  call void @pj_call(ptr %s, i64 {LOCK}, i64 {MUTEX})
+  %a = atomicrmw add ptr %sleepers.p, i64 1 seq_cst
+  br label %sleep.check
+sleep.check:
+  %t2 = load atomic i64, ptr %s seq_cst, align 8
+  %g2 = lshr i64 %t2, 32
+  %woke = icmp ne i64 %g2, %seen
+  br i1 %woke, label %sleep.done, label %sleep.wait
+sleep.wait:
+  %wait.i = load atomic i64, ptr %wait.p monotonic, align 8
+  %wait = inttoptr i64 %wait.i to ptr
+  call i32 %wait(ptr %c.p, ptr %m.p)
+  br label %sleep.check
+sleep.done:
+  %b = atomicrmw sub ptr %sleepers.p, i64 1 seq_cst
+  call void @pj_call(ptr %s, i64 {UNLOCK}, i64 {MUTEX})
+  br label %run
+run:
+  %g.run = phi i64 [%g, %poll], [%g2, %sleep.done]
+  call void @pj_run_chunks(ptr %s)
+  br label %poll.start
+}}
+"""
+
+
+def _libc_function(name: str) -> int | None:
+    for lib in (None, ctypes.util.find_library("pthread"), ctypes.util.find_library("c")):
+        try:
+            return ctypes.cast(getattr(ctypes.CDLL(lib), name), ctypes.c_void_p).value
+        except (OSError, AttributeError, TypeError):
+            continue
+    return None
+
+
+class NativeThreads:
+    """The state block and the worker threads; `parallel` is prepjit_parallel bound to this state (ctypes)."""
+
+    def __init__(self, threads: int, parallel_address: int, worker_address: int):
+        self.threads = threads
+        self._memory = (ctypes.c_int64 * (STATE_WORDS + 8))()
+        self.address = -(-ctypes.addressof(self._memory) // 64) * 64
+        self.words = (ctypes.c_int64 * STATE_WORDS).from_address(self.address)
+        names = {LOCK: "pthread_mutex_lock", UNLOCK: "pthread_mutex_unlock", WAIT: "pthread_cond_wait",
+                 BROADCAST: "pthread_cond_broadcast", YIELD: "sched_yield"}
+        addresses = {word: _libc_function(name) for word, name in names.items()}
+        init_mutex, init_cond = _libc_function("pthread_mutex_init"), _libc_function("pthread_cond_init")
+        self.parallel_address, self.worker_address = parallel_address, worker_address
+        self._parallel = PARALLEL_FN(parallel_address)
+        self.workers = 0
+        if threads < 2 or None in addresses.values() or not init_mutex or not init_cond:
+            return  # no second thread, or no pthreads here: every kernel runs on the calling thread
+        for word, address in addresses.items():
+            self.words[word] = address
+        self.words[SPINS], self.words[YIELD_AFTER] = WORKER_SPINS, WAIT_SPINS
+        ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)(init_mutex)(self.address + 8 * MUTEX, None)
+        ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)(init_cond)(self.address + 8 * COND, None)
+        worker = self._worker = WORKER_FN(worker_address)
+        for _ in range(threads - 1):
+            threading.Thread(target=worker, args=(self.address,), daemon=True, name="prepjit-cpu").start()
+        self.workers = self.words[WORKERS] = threads - 1
+        if hasattr(os, "register_at_fork"):  # a forked child has none of the workers: run inline there
+            os.register_at_fork(after_in_child=self._forked)
+
+    def _forked(self):
+        self.workers = self.words[WORKERS] = 0
+
+    def chunks(self, size: int) -> int:
+        """Chunks to cut a split range of `size` iterations into."""
+        return min(size, CHUNKS_PER_THREAD * (self.workers + 1)) if self.workers else 0
+
+    def parallel(self, fn: int, bufs: int, vals: int, size: int, chunks: int):
+        """fn over [0, size) in `chunks` slices over the threads (ctypes call: the GIL is released)."""
+        self._parallel(self.address, fn, bufs, vals, size, chunks)
