@@ -8,8 +8,8 @@ carries and adds the cotangents of the values the body reads from outside the lo
 accumulator carries. Its var counts up, as every loop's does, and iteration k is `lower + upper - 1 - var`; like
 the forward loop its kernels compile once and the plan holds them once per iteration.
 
-The carries kept cost (trip count x carry size) memory, and each iteration copies that history (a select over
-it): fine for the loops of a training step or a small recurrence, quadratic in the trip count for long ones.
+The carries kept cost (trip count x carry size) memory; each iteration writes its row of the history in place
+(`history.at[k - lower].set(carry)`, a scatter the schedule runs on the carry's one buffer).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import attrs
 
 from ..errors import TraceError
 from ..errors import TraceError
-from ..uop import Ops, UOp, dtypes, simplify
+from ..uop import Ops, UOp, simplify
 from ..uop.uop import _arg_uops
 from . import prims
 from .autodiff import backward, operands, placeholder, substitute, zeros_like
@@ -103,16 +103,14 @@ def with_history(loop: UOp, build: bool = True):
                          "while_loop, or a fori_loop with var bounds) is not supported, as in JAX; give the "
                          "fori_loop static int bounds")
     trips = info.upper - info.lower
-    row = prims.elementwise(Ops.SUB, Tracer(info.var, weak=True), info.lower)
+    row = simplify(info.var - info.lower)
     hid = ("vjp-history", next(_ids))
     carries, outs, inits, rows = list(info.carries), list(info.body_outputs), list(loop.src), {}
     for j in _read_carries(info):
         c = info.carries[j]
         shape = (trips, *c.shape)
         h = UOp(Ops.CARRY, c.dtype, (), (hid, j, shape))
-        here = prims.elementwise(Ops.CMPEQ, Tracer(UOp(Ops.IOTA, dtypes.int64, (), (shape, 0))), row)
-        new = prims.elementwise(Ops.WHERE, here, prims.broadcast_to(prims.reshape(Tracer(c), (1, *c.shape)), shape),
-                                Tracer(h))
+        new = Tracer(h).at[row].set(Tracer(c))  # a row written in place (the schedule keeps one buffer)
         rows[j] = len(carries)
         carries.append(h)
         outs.append(new.uop)
