@@ -27,7 +27,7 @@ from .runtime import datafile
 from .runtime.devices import get_device
 from .runtime.dynamic_loop import DynamicLaunches
 from .signature import CallInfo, explain_retrace
-from .trace.checks import for_every_iteration
+from .trace.checks import for_every_iteration, when_run
 from .trace.pytree import TreeDef
 from .uop import UOp, serial
 from .uop.constraint import ERROR_KINDS, IndexConstraint
@@ -247,9 +247,12 @@ def _check_loop_conditions(spec, var_names: set):
     checked = {c.cond for c in spec.constraints}
     for loop in loops:
         for cond in loop.conditions:
-            for c in for_every_iteration(IndexConstraint(cond, "", ""), var_names, counters):
-                if c.cond not in checked:
-                    raise ValueError("a loop's index condition is not among the plan's constraints")
+            if loop.var is not None and loop.var not in cond.variables():  # an index the counter does not move
+                expected = [when_run(cond, loop.lower, loop.upper)]
+            else:
+                expected = [c.cond for c in for_every_iteration(IndexConstraint(cond, "", ""), var_names, counters)]
+            if not set(expected) <= checked:
+                raise ValueError("a loop's index condition is not among the plan's constraints")
 
 
 class LoadedFunction(PreparedFunction):

@@ -27,9 +27,10 @@ _local = threading.local()  # .scopes: the innermost recording scope last
 
 
 class _Scope:
-    def __init__(self, constraints: list, counters: dict):
+    def __init__(self, constraints: list, counters: dict, leaf_names=frozenset()):
         self.constraints = constraints          # shared with the enclosing scope: they all reach the plan
         self.counters = counters                # loop var -> (lower, upper) of loops with var bounds (shared)
+        self.leaf_names = leaf_names            # the vars calls give (not loop counters)
         self.flags: list[tuple[object, str]] = []
 
 
@@ -42,7 +43,7 @@ def _scopes() -> list:
 @contextlib.contextmanager
 def recording(leaf_var_names: set):
     """Around a whole trace: yields the scope; on exit its constraints are made loop-counter free."""
-    scope = _Scope([], {})
+    scope = _Scope([], {}, frozenset(leaf_var_names))
     _scopes().append(scope)
     try:
         yield scope
@@ -57,7 +58,7 @@ def loop_body(counter=None):
     """Around a loop body: yields the scope whose `flags` the loop must carry out. `counter`: (loop var, lower,
     upper) of a fori_loop whose bounds are var expressions."""
     outer = _scopes()[-1] if _scopes() else _Scope([], {})
-    scope = _Scope(outer.constraints, outer.counters)
+    scope = _Scope(outer.constraints, outer.counters, outer.leaf_names)
     if counter is not None:
         scope.counters[counter[0]] = counter[1:]
     _scopes().append(scope)
@@ -72,12 +73,35 @@ def discarded():
     """Around a trace whose graph is dropped (a branch a static predicate does not take, a probe of a body's
     result shapes): what it records is dropped too."""
     outer = _scopes()[-1] if _scopes() else _Scope([], {})
-    scope = _Scope([], outer.counters)
+    scope = _Scope([], outer.counters, outer.leaf_names)
     _scopes().append(scope)
     try:
         yield scope
     finally:
         _scopes().pop()
+
+
+def only_when_run(scope, start: int, lower, upper) -> list[UOp]:
+    """The constraints `scope` recorded from `start` on that name only the call's vars (an index in a body of a
+    loop over var bounds [lower, upper) that does not depend on its counter), made to hold only when the loop
+    runs at all (`when_run`); returns their conditions, which the loop's kernels may assume."""
+    facts, kept = [], []
+    for c in scope.constraints[start:]:
+        if all(v.arg[0] in scope.leaf_names for v in c.cond.variables()):
+            facts.append(c.cond)
+            c = IndexConstraint(when_run(c.cond, lower, upper), f"{c.text} (when the loop runs)", c.what, c.error_kind)
+        kept.append(c)
+    scope.constraints[start:] = kept
+    return facts
+
+
+def when_run(cond: UOp, lower, upper) -> UOp:
+    """`cond`, or a loop over [lower, upper) that does not run."""
+    return simplify(UOp(Ops.OR, dtypes.bool, (_empty(as_uop(lower), as_uop(upper)), cond)))
+
+
+def _empty(lower: UOp, upper: UOp) -> UOp:
+    return UOp(Ops.CMPLT, dtypes.bool, (upper, lower + 1))
 
 
 def record_flag(flag, what: str):
@@ -131,7 +155,7 @@ def _each_value(k: IndexConstraint, v: UOp, bounds) -> list[IndexConstraint]:
     else:  # var bounds: at their expressions (or, enumerated, where the value is inside them); none when empty
         lower, upper = (as_uop(b) for b in bounds)
         values = (lower, upper - 1) if linear else range(lo, hi + 1)
-        guards = [UOp(Ops.CMPLT, dtypes.bool, (upper, lower + 1)) if linear else
+        guards = [_empty(lower, upper) if linear else
                   UOp(Ops.OR, dtypes.bool, (UOp(Ops.CMPLT, dtypes.bool, (as_uop(x), lower)),
                                              UOp(Ops.CMPLT, dtypes.bool, (upper - 1, as_uop(x))))) for x in values]
     if len(values) > MAX_ENUMERATED:

@@ -158,7 +158,8 @@ def fori_loop(lower, upper, body, carry):
             before = len(recorded.constraints)
             result = body(Tracer(var, weak=True), treedef.unflatten([Tracer(c) for c in carries]))
     outs = _check_carry("fori_loop", inits, treedef, result)
-    facts = () if static else tuple(c.cond for c in recorded.constraints[before:] if var in c.cond.variables())
+    facts = () if static else tuple(c.cond for c in recorded.constraints[before:] if var in c.cond.variables()) + \
+        tuple(checks.only_when_run(recorded, before, lo, hi))
     return _loop("fori_loop", inits, treedef, carries, outs, recorded, var, lo, hi, facts=facts)
 
 

@@ -376,3 +376,18 @@ def test_forged_loop_conditions_and_var_bounds_are_refused(tmp_path):
     for edit in (lambda m: m.update(constraints=[]), narrow):
         with pytest.raises(pj.PlanFileError):
             pj.load(forged(edit), recompile=True)
+
+
+def test_an_index_in_a_loop_over_var_bounds_is_checked_only_when_the_loop_runs(tmp_path):
+    """x[pos] in the body of fori_loop(0, n): pos must be in range when n > 0, not when the loop does not run."""
+    f = pj.prepare(lambda x, n, pos: pj.fori_loop(0, n, lambda i, c: c + x[pos], pnp.zeros((), np.float32)),
+                   vars={"n": (0, 8), "pos": (0, 20)})
+    x = np.arange(5, dtype=np.float32)
+    _close(f(x, 3, 4), 12.0)
+    _close(f(x, 0, 9), 0.0)
+    with pytest.raises(pj.IndexBoundError):
+        f(x, 1, 9)
+    f.save(tmp_path / "p.pjplan", x, 3, 4)
+    g = pj.load(tmp_path / "p.pjplan", recompile=True)
+    _close(g(x, 0, 9), 0.0)
+    _close(g(x, 2, 1), 2.0)
