@@ -19,7 +19,6 @@ import weakref
 import attrs
 
 from ..errors import TraceError
-from ..errors import TraceError
 from ..uop import Ops, UOp, simplify
 from ..uop.uop import _arg_uops
 from . import prims
@@ -98,10 +97,9 @@ def with_history(loop: UOp, build: bool = True):
     if hit is not None or not build:
         return hit
     info = loop.arg
-    if not (isinstance(info.lower, int) and isinstance(info.upper, int)) or getattr(info, "pred", None) is not None:
-        raise TraceError("reverse-mode differentiation of a loop whose trip count is known only at call time (a "
-                         "while_loop, or a fori_loop with var bounds) is not supported, as in JAX; give the "
-                         "fori_loop static int bounds")
+    if info.dynamic:  # as in JAX: reverse mode needs a trip count known while tracing
+        raise TraceError("pj.grad through a pj.while_loop, or a pj.fori_loop / pj.scan whose bounds are vars, is "
+                         "not supported: reverse mode needs a trip count known while tracing (use static bounds)")
     trips = info.upper - info.lower
     row = simplify(info.var - info.lower)
     hid = ("vjp-history", next(_ids))
@@ -129,9 +127,6 @@ def _carry_at(kept: UOp, row_index: int, carry: UOp, row: UOp) -> Tracer:
 
 def _loop_vjp(cts: dict, loop: UOp, wanted: tuple):
     info = loop.arg
-    if info.dynamic:  # as in JAX: reverse mode needs a trip count known while tracing
-        raise TraceError("pj.grad through a pj.while_loop, or a pj.fori_loop / pj.scan whose bounds are vars, is "
-                         "not supported: reverse mode needs a trip count known while tracing (use static bounds)")
     n = len(info.carries)
     frontier = loop_frontier(loop)
     kept, rows = with_history(loop)

@@ -247,3 +247,23 @@ def test_out_of_range_gather_still_raises_under_grad():
     np.testing.assert_allclose(np.asarray(g(np.ones(4), np.array([0, 3, 3]))), [2.0, 0, 0, 4.0])
     with pytest.raises(pj.IndexBoundError):
         g(np.ones(4), np.array([0, 4]))
+
+
+def test_scan_and_cond_match_jax_while_loop_is_refused():
+    """pj.scan (a static fori_loop writing ys.at[t].set(y)) and pj.cond on a traced predicate differentiate;
+    a while_loop, whose trip count is known only per call, is refused as in JAX."""
+    w, xs = rng.standard_normal((3, 3)) * 0.5, rng.standard_normal((4, 3))
+
+    def f(xp, lax, w, xs):
+        def step(h, x):
+            h = xp.tanh(h @ w + x)
+            return h, h * 2
+        h, ys = lax.scan(step, xp.zeros(3), xs)
+        return xp.sum(ys ** 2) + lax.cond(xp.sum(h) > 0, lambda h: xp.sum(h * 3), lambda h: xp.sum(xp.sin(h)), h)
+    got = pj.grad(lambda w, xs: f(pnp, pj, w, xs), (0, 1))(w, xs)
+    want = _jgrad(lambda w, xs: f(jnp, jax.lax, w, xs), (0, 1))(w, xs)
+    for g, v in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), v, rtol=1e-10, atol=1e-12)
+    with pytest.raises(pj.TraceError, match="trip count"):
+        pj.grad(lambda x: pnp.sum(pj.while_loop(lambda c: c[1] < 3, lambda c: (c[0] * 2, c[1] + 1),
+                                                (x, 0))[0]))(np.ones(2))
