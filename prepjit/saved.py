@@ -17,6 +17,8 @@ import inspect
 import os
 import stat
 
+import numpy as np
+
 from .codegen.dynamic_loop import DynamicLoop
 from .codegen.memory import share_memory
 from .codegen.schedule import BufferSpec, KernelSequence, LoopKernels, Schedule, ScheduledKernel, _max_size
@@ -107,10 +109,6 @@ def _dec_spec(data, vars_: dict):
 def save(fn: PreparedFunction, path, info: CallInfo):
     """Write the plan of `info`'s signature (prepared now if needed) to `path`, atomically."""
     entry = fn._entry(info)
-    if entry.constants:
-        raise SignatureError(f"{fn.signature.fn_name} reads {len(entry.constants)} captured array(s) (closure, "
-                             "global or attribute): a plan file does not hold them yet; pass them as arguments "
-                             "to save this plan")
     plan, spec = entry.plan, entry.plan.spec
     device = fn.device
     asts = spec.kernels.asts()
