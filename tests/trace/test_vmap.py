@@ -100,3 +100,23 @@ def test_vmap_errors(rng):
         pj.vmap(lambda a: a, in_axes=None)(x)
     with pytest.raises(ValueError, match="does not match"):
         pj.vmap(lambda a, b: a + b, in_axes=(0,))(x, x)
+
+
+def test_vmap_composes_with_grad(rng):
+    """Per-example gradients (vmap of grad) and the gradient of a vmapped loss (grad of vmap), in a prepared
+    function with a var batch size; pj.lax spells the control flow as jax.lax does."""
+    w, xs = rng.standard_normal((3, 4)), rng.standard_normal((5, 3))
+
+    def loss(x, w):
+        return (pnp.tanh(x @ w) ** 2).sum()
+    per_example = []
+    for x in xs:
+        t = np.tanh(x @ w)
+        per_example.append(np.outer(x, 2 * t * (1 - t * t)))
+    f = pj.prepare(lambda xs, w: pj.vmap(pj.grad(loss, argnums=1), in_axes=(0, None))(xs, w),
+                   vars={"b": (1, 16)}, shapes={"xs": ("b", 3)})
+    for b in (1, 5):
+        _close(f(xs[:b], w), np.array(per_example[:b]))
+    assert f.stats["traces"] == 1
+    _close(pj.grad(lambda w: pj.vmap(loss, in_axes=(0, None))(xs, w).sum())(w), np.sum(per_example, 0))
+    assert pj.lax.scan is pj.scan and pj.lax.cond is pj.cond and pj.lax.while_loop is pj.while_loop
