@@ -207,11 +207,12 @@ def _dec_dynamic(data, graph: list, buffers: tuple, kernel, depth: int) -> Dynam
     if depth > 16 or len(parts) != 5:
         raise ValueError("not a loop the plan runs natively")
     uop = lambda i, what: graph[_index(i, len(graph))] if type(i) is int else _bad(what)  # noqa: E731
-    bound = lambda b: b if type(b) is int else uop(b["u"] if isinstance(b, dict) else None, "a loop bound")  # noqa: E731
+    bound = lambda b: (b if type(b) is int  # noqa: E731
+                       else uop(b["u"] if isinstance(b, dict) else None, "a loop bound"))
     n = len(buffers)
     if var is None:
         pred = _index(pred, n)
-        if buffers[pred].dtype is not dtypes.bool or buffers[pred].shape != () or lower is not None or upper is not None:
+        if buffers[pred].dtype is not dtypes.bool or buffers[pred].shape != () or (lower, upper) != (None, None):
             raise ValueError("a while_loop's predicate is not a 0-d bool buffer")
         lower = upper = None
     else:

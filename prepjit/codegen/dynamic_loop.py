@@ -30,7 +30,8 @@ class DynamicLoop(Run):
     flat: tuple = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self):
-        flat = [k for part in self.parts for seg in part for k in (seg.flat if isinstance(seg, DynamicLoop) else (seg,))]
+        flat = [k for part in self.parts for seg in part
+                for k in (seg.flat if isinstance(seg, DynamicLoop) else (seg,))]
         object.__setattr__(self, "flat", tuple(flat))
 
     @property

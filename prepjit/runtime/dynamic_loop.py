@@ -49,7 +49,8 @@ class DynamicStep:
         self.loop, self.parts, self.env, self.read_pred = loop, parts, env, read_pred
         if loop.name is not None:
             spell = lambda n: f"v[{slot[n]}]"  # noqa: E731
-            exprs = ", ".join(str(b) if isinstance(b, int) else render_python(b, spell) for b in (loop.lower, loop.upper))
+            exprs = ", ".join(str(b) if isinstance(b, int) else render_python(b, spell)
+                              for b in (loop.lower, loop.upper))
             self.bounds_fn = eval(f"lambda v: ({exprs})")
             self.var_slot = slot[loop.name]
             self.patches = [[(launch, i) for launch in launchers(part) for i, n in
