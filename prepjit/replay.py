@@ -1,13 +1,14 @@
 """The prepared-call fast path: per-signature closures that replay a plan straight on NumPy arrays.
 
-A call whose arguments are all flat (NumPy arrays, cpu pj.Arrays, ints, strings, bools, None)
-and positional is looked up by a cheap key: each array's dtype, shape and strides, each static
-value, and a marker for each scalar var. The first call with a key goes through the full path
+A call whose arguments are all flat (NumPy arrays, pj.Arrays on the cpu or on the plan's GPU, ints,
+strings, bools, None) and positional is looked up by a cheap key: each array's dtype, shape and
+strides, each static value, and a marker for each scalar var. The first call with a key goes through the full path
 (`Signature.read`, which checks everything); after it, `FastCalls.learn` records what that call
 decided: the plan, the var values read off the shapes (already checked), the output shapes and
 dtypes, and one compiled check of every declared scalar var's bounds (used by the plan or not) and the
 plan's index constraints. Later calls with the key skip straight to
-`ExecutionPlan.run_arrays`: inputs are read in place, each output is one `host_pool.empty`. Anything
+`ExecutionPlan.run_arrays`: inputs are read in place (a GPU uploads NumPy inputs into staging it keeps),
+each output is one `host_pool.empty` (a GPU's: device memory from its pool). Anything
 unusual (a bound violation, a var that disagrees, a misaligned array) falls back to the full
 path, which raises the proper error or copies.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from .runtime.array import Array
+from .runtime.device_base import DeviceBase
 from .runtime.host_pool import allocator_for, empty
 from .trace.constants import capture_key, reachable_arrays
 from .uop import render_python
@@ -44,7 +46,10 @@ class _FastCall:
         self.dtypes = [plan.buffers[b].dtype for b in dict.fromkeys(plan.outputs)]
         self.values = tuple(self.base_values[n] for n in self.var_names)
         self.shapes = [fn(self.base_values) for fn in self.shape_fns]
-        self.out_specs = [(allocator_for(s, dt), s, dt) for s, dt in zip(self.shapes, self.dtypes)]
+        on_gpu = isinstance(device, DeviceBase)  # outputs in device memory (a GPU), else host arrays
+        self.empty = device.empty if on_gpu else empty
+        self.out_specs = [(device.empty if on_gpu else allocator_for(s, dt), s, dt)
+                          for s, dt in zip(self.shapes, self.dtypes)]
         self.single = entry.out_tree.kind == "leaf"
         self.run = self._run_with_vars if self.var_checks else self._run
 
@@ -74,7 +79,7 @@ class _FastCall:
             return MISS
         current = dict(zip(self.var_names, values))
         shapes = [fn(current) for fn in self.shape_fns]
-        outputs = [empty(shape, dtype) for shape, dtype in zip(shapes, self.dtypes)]
+        outputs = [self.empty(shape, dtype) for shape, dtype in zip(shapes, self.dtypes)]
         return self._replay(self._inputs(args), outputs, values, shapes)
 
     def _replay(self, inputs: tuple, outputs: list, values: tuple, shapes: list):
@@ -166,7 +171,9 @@ class FastCalls:
                 continue
             if type(a) is np.ndarray or type(a) is Array:
                 data = a.buffer if type(a) is Array else a
-                if type(data) is not np.ndarray or not data.flags.c_contiguous or not data.dtype.isnative:
+                in_place = type(a) is Array and a._device is device and isinstance(device, DeviceBase)  # GPU memory
+                if not in_place and (type(data) is not np.ndarray or not data.flags.c_contiguous
+                                     or not data.dtype.isnative):
                     return
                 array_args.append((i, type(a) is Array))
             elif i in self.var_positions:

@@ -38,6 +38,7 @@ _VAL = struct.Struct("<q")     # an int64 var
 _RESERVE_BYTES = MIN_BYTES // 2
 GRAPH_CACHE_SIZE = 256          # launch sequences remembered (graphs of those seen twice)
 _UNSEEN, _SEEN_ONCE = object(), object()
+_current = threading.local()   # .context: the context handle `CUDADevice.current` made current in this thread
 log = logging.getLogger("prepjit")
 
 
@@ -158,10 +159,15 @@ class CUDADevice(DeviceBase):
         self.options = [f"-arch={self.arch}", "-std=c++17", "--fmad=false"]  # NumPy rounds a*b and +c apart
 
     # ---- contexts: CUDA's are current per thread, pycuda's stack of them must be empty when a thread ends ----
-    def current(self):
+    def current(self, force: bool = False):
         """Make the GPU's primary context current in the calling thread (at the driver: nothing to undo later).
-        Launches, copies and syncs need only this; every replay reaches it (handle / input_handle) first."""
+        Launches, copies and syncs need only this; every replay reaches it (handle / input_handle) first. The
+        context each thread was last given here is remembered (one record for all devices), so only a switch
+        of GPU (or `force`, after pycuda popped its stack) calls the driver."""
+        if not force and getattr(_current, "context", None) == self._handle.value:
+            return
         self.driver.make_current(self._handle)
+        _current.context = self._handle.value
 
     @contextlib.contextmanager
     def pycuda_context(self):
@@ -184,7 +190,7 @@ class CUDADevice(DeviceBase):
             yield
         finally:
             self.drv.Context.pop()
-            self.current()
+            self.current(force=True)
 
     # ---- compiling and launching ----
     def compile(self, name: str, source: str) -> bytes:
@@ -277,10 +283,10 @@ class CUDADevice(DeviceBase):
         self.drv.memcpy_htod_async(int(memory), host, self.stream)
 
     def _download(self, host: np.ndarray, memory):
+        """A blocking copy on the legacy default stream, which waits for this device's (blocking) stream."""
         self.current()
         self.flush()
-        self.drv.memcpy_dtoh_async(host, int(memory), self.stream)
-        self.stream.synchronize()
+        self.drv.memcpy_dtoh(host, int(memory))
 
     def _copy(self, dst, src, nbytes: int):
         self.current()

@@ -1,6 +1,7 @@
 """What the GPU devices (opencl, cuda) share: plan buffers in device memory, a pooled allocator for
-per-call staging and results, and the moves between host and device. A backend supplies only the
-primitives: raw and pooled allocation, a memory's address and launch handle, and three copies.
+per-call staging and results, the moves between host and device, and the whole-plan replay of the
+prepared-call fast path (DevicePlanRunner). A backend supplies only the primitives: raw and pooled
+allocation, a memory's address and launch handle, and three copies.
 
 Every allocation holds at least MIN_BYTES, so a gated-off load of an empty buffer (it reads element 0)
 stays inside it.
@@ -12,6 +13,7 @@ import threading
 import numpy as np
 
 from .array import Array
+from .plan import ordered_positions
 
 MIN_BYTES = 16
 
@@ -26,6 +28,60 @@ class DeviceBuffer:
     @property
     def nbytes(self) -> int:
         return self.dtype.itemsize * self.size
+
+
+class DevicePlanRunner:
+    """A plan's replay on a GPU device, for the prepared-call fast path (`ExecutionPlan.run_arrays`).
+
+    `run(arrays, values)` takes the I/O arrays in `io_buffers` order: this device's memory is used in place;
+    a NumPy array the plan only reads is uploaded into staging memory this runner keeps for its slot (one
+    block per slot, reused while large enough: no allocation per call); a NumPy array the plan writes (a
+    gather's flag) is staged the same way and read back after the run. Then the var values are patched,
+    the launches run in order and the stream is waited for.
+    """
+
+    def __init__(self, device, steps: list, io_buffers: list[int], io_slots: dict, var_names: list[str]):
+        self.device, self.steps = device, steps
+        self.slots = [io_slots[b] for b in io_buffers]
+        self.written = [any(slot in launch.pk.output_indices for launch, slot in io_slots[b]) for b in io_buffers]
+        self.var_index = {name: j for j, name in enumerate(var_names)}
+        self.staged: list = [None] * len(io_buffers)   # (memory, its bytes) per slot, once a NumPy array came
+
+    def stage(self, k: int, nbytes: int):
+        held = self.staged[k]
+        if held is None or held[1] < nbytes:
+            held = self.staged[k] = (self.device._pooled(nbytes), max(nbytes, MIN_BYTES))
+        return held[0]
+
+    def run(self, arrays: tuple, values: tuple) -> bool:
+        device, readback = self.device, []
+        device.current()
+        for k, a in enumerate(arrays):
+            if type(a) is np.ndarray:
+                memory = self.stage(k, a.nbytes)
+                if self.written[k]:
+                    readback.append((a, memory))
+                elif a.nbytes:
+                    device._upload(memory, a)
+            else:  # this device's memory, or a pj.Array of it (a captured array)
+                memory = a.buffer if type(a) is Array else a
+            handle = device.arg(memory)
+            for launch, slot in self.slots[k]:
+                launch.set_buffer(slot, handle)
+        index = self.var_index
+        for _, launch in ordered_positions(self.steps):
+            for slot, name in launch.var_slots:
+                launch.set_val(slot, values[index[name]])
+            launch.run()
+        device.synchronize()
+        for a, memory in readback:
+            if a.nbytes:
+                device._download(a, memory)
+        return True
+
+    def run_launches(self):
+        for _, launch in ordered_positions(self.steps):
+            launch.run()
 
 
 class DeviceBase:
@@ -52,6 +108,15 @@ class DeviceBase:
     def handle(self, buffer: DeviceBuffer):
         return self.arg(buffer.memory)
 
+    def current(self):
+        """Make this device current in the calling thread where the backend needs that (CUDA); else nothing."""
+
+    def plan_runner(self, steps: list, io_buffers: list[int], io_slots: dict, var_names: list[str],
+                    dtypes: list) -> DevicePlanRunner:
+        """The fast path's replay of a plan's launch steps (see DevicePlanRunner); `io_slots`: buffer ->
+        [(launcher, slot)]."""
+        return DevicePlanRunner(self, steps, io_buffers, io_slots, var_names)
+
     def read_buffer(self, buffer: DeviceBuffer, shape) -> np.ndarray:
         return self.to_numpy(buffer.memory, shape, buffer.dtype, copy=True)
 
@@ -77,8 +142,15 @@ class DeviceBase:
             self._upload(memory, data)
         return self.arg(memory), (memory, data)
 
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype):
+        """Fresh device memory for an array of `shape` and `dtype` (from the pool)."""
+        nbytes = np.dtype(dtype).itemsize
+        for d in shape:
+            nbytes *= d
+        return self._pooled(nbytes)
+
     def new_output(self, shape: tuple[int, ...], dtype: np.dtype) -> tuple[object, Array]:
-        memory = self._pooled(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize)
+        memory = self.empty(shape, dtype)
         return self.arg(memory), Array(memory, shape, dtype, self)
 
     def copy_array(self, array: Array) -> Array:

@@ -366,12 +366,12 @@ class ExecutionPlan:
 
     @property
     def replays_arrays(self) -> bool:
-        """Whether `run_arrays` is available (the device replays whole plans on host arrays)."""
+        """Whether `run_arrays` is available (the device replays whole plans on the call's arrays)."""
         return self._runner is not None
 
     def run_arrays(self, arrays: tuple, values: tuple) -> bool:
-        """The prepared-call fast path on host devices: `arrays` are the inputs then the distinct outputs
-        (C-contiguous NumPy arrays, outputs freshly allocated), `values` the var values, validated, in
+        """The prepared-call fast path: `arrays` are the inputs then the distinct outputs (C-contiguous NumPy
+        arrays, or on a GPU its memory too; outputs freshly allocated), `values` the var values, validated, in
         `self.vars` order, index constraints met. Returns False, having run nothing, when an array is not
         aligned for its dtype; raises IndexBoundError when a gather flagged an out-of-range id.
         """
