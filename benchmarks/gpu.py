@@ -1,11 +1,13 @@
 """GPU benchmarks: prepjit's cuda and opencl devices against torch on the same GPU, in the same process.
 
-    python -m benchmarks.gpu [--devices cuda,opencl] [--out benchmarks/results/gpu-latest.json]
+    python -m benchmarks.gpu [--devices cuda,opencl] [--models] [--out benchmarks/results/gpu-latest.json]
 
 Every figure is the median of synchronised calls (a prepared call returns after its stream finishes;
 torch calls are followed by torch.cuda.synchronize()). Inputs are device-resident (a pj.Array made by a
 prepared copy, a torch CUDA tensor) except in the per-call floor case, which takes NumPy in and out on
-both sides. Ratios are prepjit time / torch time (below 1 is faster than torch).
+both sides. Ratios are prepjit time / torch time (below 1 is faster than torch). `--models` adds the example
+models against transformers in torch eager (benchmarks/gpu_models.py), `--models-only` runs only those;
+`--only` times only the cases whose names contain one of its comma-separated words.
 """
 from __future__ import annotations
 
@@ -128,12 +130,29 @@ def cases(device: str, t: Torch, quick: bool):
            {"torch_eager": t.sync(lambda: torch_chain(tv)), "torch_cuda_graph": t.graph(lambda: torch_chain(tv))})
 
 
+def model_cases(device: str, t: Torch, result: dict):
+    """The model cases that could be set up (a failure is recorded in `result` and the others still run)."""
+    from .gpu_models import minilm_case, smollm2_case
+    out = []
+    for case in (minilm_case, smollm2_case):
+        try:
+            out += [(name, 0, "-", fn, peers, info) for name, fn, peers, info in
+                    case(device, t, np.random.default_rng(0))]
+        except Exception as e:  # noqa: BLE001
+            result["cases"].append({"device": device, "case": case.__name__, "error": f"{type(e).__name__}: {e}"[:2000]})
+            print(device, case.__name__, "failed:", e, flush=True)
+    return out
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser()
     parser.add_argument("--devices", default="cuda,opencl")
     parser.add_argument("--out", default="benchmarks/results/gpu-latest.json")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--models", action="store_true")
+    parser.add_argument("--models-only", action="store_true")
+    parser.add_argument("--only", default="")
     args = parser.parse_args(argv)
     t = Torch()
     result = {"command": "python -m benchmarks.gpu " + " ".join(argv if argv is not None else sys.argv[1:]),
@@ -144,19 +163,24 @@ def main(argv=None):
     peers_done = {}
     for device in args.devices.split(","):
         try:
-            items = list(cases(device, t, args.quick))
+            items = [] if args.models_only else [(*case, {}) for case in cases(device, t, args.quick)]
+            if args.models or args.models_only:
+                items += model_cases(device, t, result)
         except Exception as e:  # noqa: BLE001  (report a device that cannot run, measure the others)
             result["cases"].append({"device": device, "error": f"{type(e).__name__}: {e}"[:2000]})
             print(device, "failed:", e, flush=True)
             continue
-        for name, amount, unit, fn, peers in items:
+        words = [w for w in args.only.split(",") if w]
+        for name, amount, unit, fn, peers, info in items:
+            if words and not any(w in name for w in words):
+                continue
             try:
                 ours = median_us(fn, args.reps)
             except Exception as e:  # noqa: BLE001
                 result["cases"].append({"device": device, "case": name, "error": f"{type(e).__name__}: {e}"[:2000]})
                 print(device, name, "failed:", e, flush=True)
                 continue
-            row = {"device": device, "case": name, "median_us": round(ours, 2), "peers_us": {}}
+            row = {"device": device, "case": name, "median_us": round(ours, 2), "peers_us": {}, **info}
             for peer, peer_fn in peers.items():
                 if (name, peer) not in peers_done:
                     peers_done[(name, peer)] = round(median_us(peer_fn, args.reps), 2)

@@ -28,6 +28,7 @@ MEMORY_COST = 6        # ops-equivalent of writing an element and reading it bac
 LAUNCH_COST = 2000     # ops-equivalent of one more kernel launch
 MAX_INLINE_COST = 256  # a value this costly is materialised whenever two kernels, or two places, read it
 MAX_KERNEL_COST = 4096  # and one this costly always: LLVM's time grows faster than linearly in a kernel's size
+ROW_VALUE_COST = 8     # a kept-dims value of reductions this cheap is recomputed where it is read
 OP_COST = {Ops.EXP: 4, Ops.EXP2: 4, Ops.LOG: 8, Ops.LOG2: 8, Ops.SQRT: 2, Ops.FDIV: 2, Ops.IDIV: 8, Ops.MOD: 8,
            Ops.SIN: 16, Ops.COS: 16, Ops.TANH: 24, Ops.ERF: 24, Ops.POW: 24, Ops.ATAN2: 32}  # ops-equivalents; others cost 1
 
@@ -58,15 +59,15 @@ def kernel_roots(outputs: list[UOp]) -> tuple[list[UOp], list[UOp]]:
 def choose_materialized(outputs: list[UOp]) -> set[UOp]:
     graph, roots = kernel_roots(outputs)
     is_root = set(roots)
-    uses = Counter(s for node in graph for s in node.src)
+    places = _places(graph)
+    readers_of = Counter(s for node in graph for s in set(node.src))
+    exprs: dict[UOp, set] = {}  # what a node's inlined expression evaluates: (node, view, is a load) terms
     cost: dict[UOp, int] = {}
     chosen: set[UOp] = set()
     for node in reversed(graph):  # children first: inline cost (its ops and loads), ignoring later cuts
-        inline = [1 if s.op in REALIZED else cost[s] for s in node.src if s.op in REALIZED or s in cost]
-        own = OP_COST.get(node.op, 1) if node.op in ELEMENTWISE else 0
-        cost[node] = own + sum(inline)
+        exprs[node], cost[node] = _expression(node, exprs, cost, chosen, readers_of)
         if node.op in ELEMENTWISE and node not in is_root and node.shape and (
-                cost[node] >= MAX_KERNEL_COST or uses[node] >= 2 and cost[node] >= MAX_INLINE_COST):
+                cost[node] >= MAX_KERNEL_COST or places[node] >= 2 and cost[node] >= MAX_INLINE_COST):
             chosen.add(node)  # read at several places, its expression would double with each (a concatenate chain)
             cost[node] = 1
     readers: dict[UOp, set] = {}  # node -> the kernel roots whose kernels compute it inline
@@ -83,14 +84,65 @@ def choose_materialized(outputs: list[UOp]) -> set[UOp]:
     return chosen
 
 
+def _places(graph: list[UOp]) -> Counter:
+    """How many index maps read each node: its elementwise readers read it at their own index (one place, one
+    evaluation however many they are); each movement or gather reader reads it through a view of its own."""
+    places = Counter(s for node in graph if node.op not in ELEMENTWISE for s in node.src)
+    places.update({s for node in graph if node.op in ELEMENTWISE for s in node.src})
+    return places
+
+
+def _expression(node: UOp, exprs: dict, cost: dict, chosen: set, readers_of: Counter) -> tuple[set, int]:
+    """The terms, (what, cost) pairs, a kernel evaluates to compute `node` inline, and their cost. An elementwise
+    node shares its operands' terms (a value two ops read at the same index is computed once: the cost of a DAG,
+    not of its unfolded tree); a view (movement, gather) is one term of its own, its operands' cost (what two
+    views read is computed once for each). An operand only this node reads hands its terms over (no copy)."""
+    def cut(s):
+        return s.op in REALIZED or s in chosen
+    if node.op not in ELEMENTWISE:
+        total = sum(1 if cut(s) else cost[s] for s in node.src)
+        return {(node, total)}, total
+    operands = list(dict.fromkeys(node.src))
+    own = [s for s in operands if not cut(s) and readers_of[s] == 1]
+    base = max(own, key=lambda s: len(exprs[s]), default=None)
+    terms, total = (exprs[base], cost[base]) if base is not None else (set(), 0)
+    for s in operands:
+        if s is not base:
+            for term in ({(("load", s), 1)} if cut(s) else exprs[s]):
+                if term not in terms:
+                    terms.add(term)
+                    total += term[1]
+    weight = OP_COST.get(node.op, 1)
+    terms.add((node, weight))
+    return terms, total + weight
+
+
 def _worth_materialising(node: UOp, readers: set, cost: dict) -> bool:
     if not readers:
         return False
     c, size = cost[node], _elements(node)
+    if c <= ROW_VALUE_COST and 1 in node.shape and _of_reductions(node):
+        return False   # a row's mean or scale: recomputed where it is read, its reductions fuse into the readers
     if len(readers) >= 2 and c >= MAX_INLINE_COST:
         return True
     evaluations = sum(_iterations(r) for r in readers)  # inlined: each costs c; materialised: one load
     return (c - 1) * evaluations > (c + MEMORY_COST) * size + LAUNCH_COST
+
+
+def _of_reductions(node: UOp) -> bool:
+    """Whether `node` is computed from reductions and constants only (no other buffer is read)."""
+    stack, seen = [node], set()
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op is Ops.REDUCE_AXIS:
+            continue
+        if n.op in REALIZED:
+            return False
+        stack.extend(n.src)
+    return True
 
 
 def fused_reductions(outputs: list[UOp], materialized: set[UOp], rows: bool = False) -> set[UOp]:

@@ -5,11 +5,11 @@ renderer; a `Dialect` (render_opencl.py, render_cuda.py) only spells things: typ
 suffixes, qualifiers, work-item ids, barriers, float16 storage and math function names.
 Parallelism: the loop ranges are flattened into one work-item index (the innermost range varies
 fastest, so neighbouring work-items touch neighbouring memory); the launch size is the product of
-the loop ends, an expression over the vars evaluated at replay. A kernel whose reduction may run
-long (more than GROUP_REDUCE_MIN iterations at the vars' maxima) gives each output a work-group of
-REDUCE_GROUP work-items that split the reduction and combine partials in local memory; it declares
-that size (OpenCL `reqd_work_group_size`, CUDA `__launch_bounds__`), and the runtime reads it off
-the compiled kernel.
+the loop ends, an expression over the vars evaluated at replay.
+
+Row kernels (render_rows.py) give each row of a kernel whose reductions depend on only some loop
+ranges a work-group; contractions (render_tiles.py) are tiled through local memory. Elementwise kernels
+on dialects with several items per work-item store runs of consecutive outputs (vector accesses).
 
 ABI: `kernel void name(T0 *buf0, ..., int64 v_<var>, ...)`, vars in `var_names` order. float16 is
 stored as 16-bit halves, computed in float and rounded to half after every op, like NumPy; bool is
@@ -27,12 +27,13 @@ import attrs
 from ..uop import DType, Ops, UOp, dtypes, sym_prod
 from ..uop.uop import as_uop
 from .kernel import KernelSource, kernel_vars
+from .render_rows import emit_rows, loop_ranges, reduce_together, row_plan
+from .render_rows import launch_size as row_launch_size
 from .render_tiles import TILE_THREADS, emit_contraction, match_contraction
 from .render_tiles import launch_size as contraction_size
 from .renderer import KernelRenderer
 
-REDUCE_GROUP = 128        # work-items per output in a grouped reduction (a power of two)
-GROUP_REDUCE_MIN = 256    # reductions of more iterations than this use a work-group per output
+ALIGN = 16                # bytes every buffer's start is aligned to (each is an allocation's start)
 
 _MATH = {Ops.EXP: "exp", Ops.EXP2: "exp2", Ops.LOG: "log", Ops.LOG2: "log2", Ops.SQRT: "sqrt", Ops.SIN: "sin",
          Ops.COS: "cos", Ops.TANH: "tanh", Ops.ERF: "erf", Ops.FLOOR: "floor", Ops.CEIL: "ceil",
@@ -88,7 +89,9 @@ class Dialect:
     local_id: str
     local_size: str                # the work-group's width
     items_per_thread: int          # outputs each work-item of a kernel that is not grouped stores
+    assume_aligned: str            # format: {name}, {const}, {type}: a statement declaring a buffer ALIGN-aligned
     barrier: str
+    shuffle_xor: str | None        # format: {v}, {o}: `v` of the work-item whose lane is this one's xor o, or None
     local_array: str               # format: {type}, {name}, {n}
     load_half: str                 # format: {ptr}, {idx}
     store_half: str                # format: {ptr}, {idx}, {v}
@@ -141,19 +144,13 @@ def _c_name(name: str) -> str:
     return "v_" + re.sub(r"\W", "_", name)
 
 
-def _loop_ranges(ast: UOp) -> list[UOp]:  # a scatter's serial loops are work-items too (its combines are atomic)
-    return sorted({u for u in ast.toposort() if u.op is Ops.RANGE and u.arg[1] in ("loop", "serial")},
-                  key=lambda r: r.arg[0])
-
-
 def _range_name(r: UOp) -> str:
     return f"r{r.arg[0]}" if r.arg[1] == "loop" else f"rr{r.arg[0]}"
 
 
-def uses_grouped_reduce(ast: UOp) -> bool:
-    """Whether a reduction of this kernel may run long enough to split it over a work-group."""
-    return any(math.prod(r.src[0].vmax for r in u.src[1:]) > GROUP_REDUCE_MIN
-               for u in ast.toposort() if u.op is Ops.REDUCE)
+def _static(r: UOp) -> int | None:
+    end = r.src[0]
+    return end.arg if end.op is Ops.CONST else None
 
 
 class CStyleRenderer(KernelRenderer):
@@ -168,8 +165,9 @@ class CStyleRenderer(KernelRenderer):
         self.n = 0
         self.vars = [v.arg[0] for v in kernel_vars(ast)]
         self.contraction = match_contraction(ast)
-        self.grouped = self.contraction is None and uses_grouped_reduce(ast)
+        self.rows = row_plan(ast) if self.contraction is None else None
         self.long = dialect.ctype(dtypes.int64)
+        self.aligned = False   # whether the kernel tells the compiler its buffers are ALIGN-byte aligned
 
     def emit(self, line: str):
         self.lines.append("  " * self.depth + line)
@@ -197,6 +195,8 @@ class CStyleRenderer(KernelRenderer):
     def alu_node(self, u: UOp, srcs: list[str]) -> str:
         if u.dtype.is_int and u.op in _PLAIN_INT and self.is_exact(u):  # index math: C's operators are NumPy's here
             return self.let(u.dtype, f"{srcs[0]} {_PLAIN_INT[u.op]} {srcs[1]}")
+        if u.op is Ops.POW and u.src[1].op is Ops.CONST and u.src[1].arg == 2:   # x ** 2 is x * x in NumPy too
+            return self.let(u.dtype, f"{srcs[0]} * {srcs[0]}")
         return super().alu_node(u, srcs)
 
     def is_exact(self, u: UOp) -> bool:
@@ -394,34 +394,39 @@ class CStyleRenderer(KernelRenderer):
         self.n += 1
         acc = f"acc{self.n}"
         self.emit(f"{self.d.ctype(dt)} {acc} = {self.d.literal(_identity(u.arg, dt), dt)};")
-        if self.grouped:  # work-item `lid` takes iterations lid, lid + REDUCE_GROUP, ...
-            count, flat = self.value(as_uop(sym_prod(r.src[0] for r in ranges))), f"f{self.n}"
-            self.open_block(f"for ({self.long} {flat} = lid; {flat} < {count}; {flat} += {REDUCE_GROUP})", {})
-            self.scopes[-1].update(self.unflatten(flat, ranges))
+        if self.rows is not None and u in self.rows.reduces:
+            acc = reduce_together(self, u, acc)
         else:
             for r in ranges:
                 name = _range_name(r)
                 self.open_block(f"for ({self.long} {name} = 0; {name} < {self.value(r.src[0])}; {name}++)", {r: name})
-        self.emit(f"{acc} = {self.combine(u.arg, dt, acc, self.value(u.src[0]))};")
-        for _ in (ranges if not self.grouped else ranges[:1]):
-            self.close_block()
-        if self.grouped:
-            acc = self.combine_group(u.arg, dt, acc)
+            self.emit(f"{acc} = {self.combine(u.arg, dt, acc, self.value(u.src[0]))};")
+            for _ in ranges:
+                self.close_block()
         return self.round_half(acc) if dt == dtypes.float16 else acc
 
-    def combine_group(self, op: Ops, dt: DType, acc: str) -> str:
-        """Tree-combine the work-group's partial accumulators in local memory; every work-item gets the result."""
-        part = f"part{self.n}"
-        self.locals.append(self.d.local_array.format(type=self.d.ctype(dt), name=part, n=REDUCE_GROUP) + ";")
-        self.emit(f"{part}[lid] = {acc};")
-        self.emit(self.d.barrier)
-        self.open_block(f"for (int s = {REDUCE_GROUP // 2}; s > 0; s >>= 1)", {})
-        self.open_block("if (lid < s)", {})
-        self.emit(f"{part}[lid] = {self.combine(op, dt, f'{part}[lid]', f'{part}[lid + s]')};")
-        self.close_block()
-        self.emit(self.d.barrier)
-        self.close_block()
-        return self.let(dt, f"{part}[0]", "red")
+    def run_length(self, ranges: list[UOp]) -> int:
+        """How many consecutive flat indices a work-item takes at a time: the dialect's items per thread where the
+        last range's end is a constant they divide (a run never crosses it), else 1."""
+        per = self.d.items_per_thread
+        end = _static(ranges[-1]) if ranges else None
+        return per if end is not None and end % per == 0 else 1
+
+    def consecutive(self, flat: str, ranges: list[UOp], per: int, body: Callable[[], None]):
+        """Bind `ranges` to the flat indices flat, ..., flat + per - 1 (the last range's digit plus 0 ... per - 1: the
+        caller makes sure the run stays inside the last range) and emit `body` once for each, in its own scope,
+        unrolled: neighbouring accesses the compiler can merge into vector loads and stores."""
+        names = self.unflatten(flat, ranges)
+        self.scopes[-1].update(names)
+        if per == 1:
+            body()
+            return
+        self.aligned = True
+        last = ranges[-1]
+        for e in range(per):
+            self.open_block("", {last: f"({names[last]} + {e})"})
+            body()
+            self.close_block()
 
     def unflatten(self, flat: str, ranges: list[UOp]) -> dict:
         """Bind each range to its digit of a flat index (the last range varies fastest). The divisions are
@@ -445,34 +450,47 @@ class CStyleRenderer(KernelRenderer):
         """The work-group size the kernel declares, or None when the runtime chooses one."""
         if self.contraction is not None:
             return TILE_THREADS
-        return REDUCE_GROUP if self.grouped else self.d.elementwise_group if self.d.always_bounded else None
+        return self.rows.group if self.rows else self.d.elementwise_group if self.d.always_bounded else None
 
     def kernel(self) -> tuple[str, UOp]:
         store = self.ast.src[0]
-        ranges = _loop_ranges(self.ast)
+        ranges = loop_ranges(self.ast)
         outputs = as_uop(sym_prod(r.src[0] for r in ranges))
         if self.contraction is not None:
             emit_contraction(self, self.contraction)
             return self.kernel_text(contraction_size(self.contraction))
-        if self.grouped:  # one work-group per output: every work-item reaches the barriers
-            self.emit(f"const {self.long} gid = {self.d.group_id};")
-            self.emit(f"const int lid = {self.d.local_id};")
-        elif self.d.items_per_thread > 1:
+        if self.rows is not None:
+            emit_rows(self, store)
+            return self.kernel_text(row_launch_size(self.rows))
+        if self.d.items_per_thread > 1:
             self.strided_outputs(store, ranges, outputs)
             return self.kernel_text((outputs + (self.d.items_per_thread - 1)) // self.d.items_per_thread)
-        else:
-            self.emit(f"const {self.long} gid = {self.d.global_id};")
-            self.emit(f"if (gid >= {self.value(outputs)}) return;")
+        self.emit(f"const {self.long} gid = {self.d.global_id};")
+        self.emit(f"if (gid >= {self.value(outputs)}) return;")
         self.scopes[-1].update(self.unflatten("gid", ranges))
-        line = self.store_line(store)
-        self.emit(f"if (lid == 0) {line}" if self.grouped else line)
-        return self.kernel_text(outputs * REDUCE_GROUP if self.grouped else outputs)
+        self.emit(self.store_line(store))
+        return self.kernel_text(outputs)
 
     def strided_outputs(self, store: UOp, ranges: list[UOp], outputs: UOp):
-        """Each work-item stores `items_per_thread` outputs a work-group's width apart: a group covers a contiguous
-        run of outputs (coalesced), and every work-item has several loads in flight."""
+        """Each work-item stores `items_per_thread` outputs: consecutive ones where a run never crosses the last
+        range's end (one range, or a last range of a constant end they divide), unrolled without checks where
+        the whole run is in range, so the compiler merges neighbouring loads and stores into vector accesses
+        (every buffer starts an allocation: aligned, as the kernel declares); otherwise a work-group's width
+        apart (a group covers a contiguous run: coalesced)."""
         per, width = self.d.items_per_thread, self.d.local_size
         count = self.value(outputs)
+        if len(ranges) == 1 or self.run_length(ranges) == per:
+            self.emit(f"const {self.long} base = ({self.d.group_id} * {width} + {self.d.local_id}) * {per};")
+            self.open_block(f"if (base + {per} <= {count})", {})
+            self.consecutive("base", ranges, per, lambda: self.emit(self.store_line(store)))
+            self.close_block()
+            self.open_block("else", {})
+            self.open_block(f"for ({self.long} gid = base; gid < {count}; gid++)", {})
+            self.scopes[-1].update(self.unflatten("gid", ranges))
+            self.emit(self.store_line(store))
+            self.close_block()
+            self.close_block()
+            return
         self.emit(f"const {self.long} base = {self.d.group_id} * ({width} * {per}) + {self.d.local_id};")
         self.emit("#pragma unroll")
         self.open_block(f"for (int e = 0; e < {per}; e++)", {})
@@ -492,6 +510,9 @@ class CStyleRenderer(KernelRenderer):
         group = self.group_size()
         bounds = self.d.bounds.format(n=group) if group else ""
         head = self.d.kernel_head.format(bounds=bounds, name=self.ast.arg, params=", ".join(params))
+        if self.aligned:
+            self.locals += [self.d.assume_aligned.format(name=f"buf{i}", const="" if i == 0 else "const ",
+                                                         type=self.d.mem_type(dt)) for i, dt in sorted(dtype_of.items())]
         text = "\n".join(self.d.preamble(self.ast) + list(self.helpers.values()) +
                          [head + " {", *("  " + decl for decl in self.locals), *self.lines, "}"]) + "\n"
         return text, size

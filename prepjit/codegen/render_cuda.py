@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..uop import DType, UOp, dtypes
 from .kernel import KernelSource
-from .render_c import Dialect, render_c
+from .render_c import ALIGN, Dialect, render_c
 
 ELEMENTWISE_GROUP = 256   # threads per block of kernels that are not grouped reductions
 ITEMS_PER_THREAD = 4      # outputs per thread of those (a block's width apart: coalesced, more loads in flight)
@@ -50,7 +50,8 @@ CUDA = Dialect(
     global_id="(long long)blockIdx.x * blockDim.x + threadIdx.x", group_id="(long long)blockIdx.x",
     local_id="(int)threadIdx.x",
     local_size="blockDim.x", items_per_thread=ITEMS_PER_THREAD,
-    barrier="__syncthreads();",
+    assume_aligned=f"{{name}} = ({{const}}{{type}} *)__builtin_assume_aligned({{name}}, {ALIGN});",
+    barrier="__syncthreads();", shuffle_xor="__shfl_xor_sync(0xffffffffu, {v}, {o})",
     local_array="__shared__ {type} {name}[{n}]",
     load_half="pj_half_to_float({ptr}[{idx}])", store_half="{ptr}[{idx}] = pj_float_to_half({v})",
     round_half_helper=_ROUND_HALF,

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from ..uop import DType, UOp, dtypes
 from .kernel import KernelSource
-from .render_c import GROUP_REDUCE_MIN, REDUCE_GROUP, Dialect, render_c, uses_grouped_reduce
+from .render_c import Dialect, render_c
+from .render_rows import GROUP_REDUCE_MIN, REDUCE_GROUP, uses_grouped_reduce
 
 __all__ = ["GROUP_REDUCE_MIN", "OPENCL", "REDUCE_GROUP", "render_opencl", "uses_grouped_reduce"]
 
@@ -46,8 +47,8 @@ OPENCL = Dialect(
     always_bounded=False, elementwise_group=0,
     global_ptr="__global {const}{type} *restrict {name}",
     global_id="get_global_id(0)", group_id="get_group_id(0)", local_id="get_local_id(0)",
-    local_size="get_local_size(0)", items_per_thread=1,
-    barrier="barrier(CLK_LOCAL_MEM_FENCE);",
+    local_size="get_local_size(0)", items_per_thread=1, assume_aligned="",   # (one output per work-item)
+    barrier="barrier(CLK_LOCAL_MEM_FENCE);", shuffle_xor=None,   # (sub-group shuffles are an extension)
     local_array="__local {type} {name}[{n}]",
     load_half="vload_half({idx}, {ptr})", store_half="vstore_half_rte({v}, {idx}, {ptr})",
     round_half_helper=_ROUND_HALF,

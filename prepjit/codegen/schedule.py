@@ -334,12 +334,13 @@ def _readers(outputs: list[UOp]) -> dict:
 def schedule(outputs: list[UOp], inputs: list[UOp], pack_contractions: bool = False) -> Schedule:
     """Kernels and buffers computing `outputs` from `inputs`; each output gets a fresh buffer.
 
-    With `pack_contractions` (for devices whose kernels are register-blocking loop nests: llvm), row
-    reductions are computed inside the kernel that broadcasts them (fusion.py) and large contractions
-    first copy their column operand into contiguous panels (packing.py).
+    Row reductions are computed inside the kernel that broadcasts them (fusion.py: llvm loop nests compute
+    them where a row's loops are open, the C-style renderers give each row a work-group). With
+    `pack_contractions` (for devices whose kernels are register-blocking loop nests: llvm), large
+    contractions first copy their column operand into contiguous panels (packing.py).
     """
     materialized = choose_materialized(outputs)
-    s = _Scheduler(materialized, fused_reductions(outputs, materialized, rows=pack_contractions), pack_contractions,
+    s = _Scheduler(materialized, fused_reductions(outputs, materialized, rows=True), pack_contractions,
                    _readers(outputs))
     env = {node: s.new_buffer(node) for node in inputs}
     input_bufs = tuple(env[n] for n in inputs)

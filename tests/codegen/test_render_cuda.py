@@ -3,7 +3,9 @@ dialect's spelling, and every op x dtype kernel that renders also compiles on ea
 (the cuda part needs pycuda and an NVIDIA GPU; it skips elsewhere)."""
 import pytest
 
-from prepjit.codegen.render_c import FLOAT_ONLY, INTEGER_ONLY, REDUCE_GROUP
+import prepjit as pj
+from prepjit.codegen.render_c import FLOAT_ONLY, INTEGER_ONLY
+from prepjit.codegen.render_rows import REDUCE_GROUP
 from prepjit.codegen.render_cuda import ELEMENTWISE_GROUP, ITEMS_PER_THREAD, render_cuda
 from prepjit.codegen.render_llvm import render_llvm
 from prepjit.codegen.render_opencl import render_opencl
@@ -55,9 +57,66 @@ def test_both_dialects_share_launch_sizes_and_grouping():
     assert "__syncthreads();" in cuda.source and f"__shared__ float part" in cuda.source
     assert f"__launch_bounds__({REDUCE_GROUP})" in cuda.source
     elementwise = render_cuda(kernel(load(1, dtypes.float32, r0) + UOp.const(1.0, dtypes.float32), r0))
-    assert elementwise.local_size == (ELEMENTWISE_GROUP,) and "if (gid < v_n) {" in elementwise.source
-    assert "#pragma unroll" in elementwise.source and f"e < {ITEMS_PER_THREAD}; e++" in elementwise.source
+    assert elementwise.local_size == (ELEMENTWISE_GROUP,) and f"if (base + {ITEMS_PER_THREAD} <= v_n) {{" in \
+        elementwise.source   # consecutive outputs, unchecked where all are in range: vector loads and stores
+    assert "__builtin_assume_aligned(buf1, 16)" in elementwise.source
     assert [eval_uop(e, {"n": 9}) for e in elementwise.global_size] == [-(-9 // ITEMS_PER_THREAD)]
+    m = UOp.variable("m", 1, 64)
+    r1 = loop(m, 1)
+    two_d = render_cuda(kernel(load(1, dtypes.float32, r0 * m + r1) * load(2, dtypes.float32, r1), r0 * m + r1))
+    assert "#pragma unroll" in two_d.source and f"e < {ITEMS_PER_THREAD}; e++" in two_d.source   # a block apart
+    assert "if (gid < " in two_d.source and "assume_aligned" not in two_d.source
+
+
+def softmax_kernel(k_max, static=False):
+    """softmax over rows of an (n, k) buffer, as fusion hands it over: both reductions inside the store."""
+    k = UOp.const(k_max) if static else UOp.variable("k", 1, k_max)
+    r0, r1 = loop(N, 0), loop(k, 1)
+    rr2, rr3 = (UOp(Ops.RANGE, dtypes.index, (k,), (a, "reduce")) for a in (2, 3))
+    top = UOp(Ops.REDUCE, dtypes.float32, (load(1, dtypes.float32, r0 * k + rr2), rr2), Ops.MAX)
+    exp = lambda r: UOp(Ops.EXP, dtypes.float32, (load(1, dtypes.float32, r0 * k + r) - top,))  # noqa: E731
+    total = UOp(Ops.REDUCE, dtypes.float32, (exp(rr3), rr3), Ops.ADD)
+    return kernel(UOp(Ops.FDIV, dtypes.float32, (exp(r1), total)), r0 * k + r1, "r_soft")
+
+
+@pytest.mark.parametrize("language", ["cuda", "opencl"])
+def test_row_reductions_get_a_work_group_per_row(language):
+    src = RENDERERS[language](softmax_kernel(4096))
+    assert src.local_size == (REDUCE_GROUP,) and src.var_names == ("k", "n")
+    assert [eval_uop(e, {"n": 3, "k": 9}) for e in src.global_size] == [3 * REDUCE_GROUP]
+    long = "long long" if language == "cuda" else "long"
+    assert f"for ({long} c = lid; c < v_k; c += {REDUCE_GROUP})" in src.source   # the row's columns
+    barrier = "__syncthreads();" if language == "cuda" else "barrier(CLK_LOCAL_MEM_FENCE);"
+    if language == "cuda":   # shuffles within each warp, one barrier per reduction
+        assert src.source.count("__shfl_xor_sync") == 2 and src.source.count(barrier) == 2
+    else:                    # a local-memory tree
+        assert src.source.count(barrier) == 4
+    small = RENDERERS[language](softmax_kernel(40))     # a group sized to the row
+    assert small.local_size == (64,) and [eval_uop(e, {"n": 3, "k": 9}) for e in small.global_size] == [3 * 64]
+    inline = RENDERERS[language](softmax_kernel(16))    # short rows: each work-item computes its row's values
+    assert inline.local_size == ((ELEMENTWISE_GROUP,) if language == "cuda" else ()) and barrier not in inline.source
+    runs = RENDERERS[language](softmax_kernel(4096, static=True)).source   # runs of consecutive columns
+    if language == "cuda":
+        assert f"c = lid * {ITEMS_PER_THREAD}; c < 4096LL; c += {REDUCE_GROUP * ITEMS_PER_THREAD})" in runs
+        assert "__builtin_assume_aligned(buf1, 16)" in runs
+    else:   # one item at a time
+        assert f"c = lid; c < 4096L; c += {REDUCE_GROUP})" in runs
+
+
+def test_rendered_kernels_compile_with_nvrtc_alone():
+    """Every op x dtype kernel and the row and tile kernels compile with NVRTC for sm_90 (no GPU needed:
+    NVRTC alone, e.g. the nvidia-cuda-nvrtc wheel)."""
+    from prepjit.runtime.nvrtc import NVRTC
+    try:
+        nvrtc = NVRTC()
+        nvrtc.compile("probe", 'extern "C" __global__ void probe(int *a) { a[0] = 1; }', ["-arch=sm_90"])
+    except (pj.DeviceError, pj.CompileError) as e:
+        pytest.skip(f"no working NVRTC here ({str(e).splitlines()[0]})")
+    asts = [ast for _, ast in op_kernels()] + [softmax_kernel(4096), softmax_kernel(40), matmul_kernel(),
+                                               softmax_kernel(4096, static=True), rows_matmul_kernel()]
+    for ast in asts:
+        src = render_cuda(ast)
+        nvrtc.compile(src.name, src.source, ["-arch=sm_90", "-std=c++17", "--fmad=false"])
 
 
 def test_cuda_float16_goes_through_ptx_conversions():
@@ -90,6 +149,23 @@ def matmul_kernel(m_max=256):
     prod = load(1, dtypes.float32, i * k + r) * load(2, dtypes.float32, r * n + j)
     total = UOp(Ops.REDUCE, dtypes.float32, (prod, r), Ops.ADD)
     return kernel(total + UOp.const(1.0, dtypes.float32), i * n + j, "r_m_n")
+
+
+def rows_matmul_kernel():
+    """x @ w with x of shape (b, t, k): the rows are two ranges."""
+    t, m, k = UOp.variable("t", 1, 100), UOp.variable("m", 1, 300), UOp.variable("k", 1, 500)
+    b, i, j, r = loop(N, 0), loop(t, 1), loop(m, 2), UOp(Ops.RANGE, dtypes.index, (k,), (3, "reduce"))
+    prod = load(1, dtypes.float32, (b * t + i) * k + r) * load(2, dtypes.float32, r * m + j)
+    return kernel(UOp(Ops.REDUCE, dtypes.float32, (prod, r), Ops.ADD), (b * t + i) * m + j, "r_b_t_m")
+
+
+@pytest.mark.parametrize("language", ["cuda", "opencl"])
+def test_contractions_over_several_row_ranges_are_tiled(language):
+    src = RENDERERS[language](rows_matmul_kernel())
+    assert src.local_size == (TILE_THREADS,) and "As[" in src.source
+    tiles = lambda e: -(-e // TILE)  # noqa: E731
+    assert [eval_uop(e, {"n": 5, "t": 70, "m": 5, "k": 3}) for e in src.global_size] == \
+        [tiles(5 * 70) * tiles(5) * TILE_THREADS]
 
 
 @pytest.mark.parametrize("language", ["cuda", "opencl"])

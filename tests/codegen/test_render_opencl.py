@@ -5,6 +5,7 @@ import pytest
 from prepjit.codegen.render_c import FLOAT_ONLY, INTEGER_ONLY
 from prepjit.codegen.render_llvm import render_llvm
 from prepjit.codegen.render_opencl import GROUP_REDUCE_MIN, REDUCE_GROUP, render_opencl
+from prepjit.codegen.render_rows import ROW_INLINE_MAX
 from prepjit.uop import Ops, UOp, dtypes, eval_uop
 from prepjit.uop.ops import ALU, COMPARISON, UNARY
 
@@ -61,14 +62,24 @@ def test_elementwise_launch_size_is_an_expression_over_the_vars():
 
 
 @pytest.mark.parametrize("bound, grouped", [(GROUP_REDUCE_MIN, False), (GROUP_REDUCE_MIN + 1, True)])
-def test_long_reductions_get_a_work_group_per_output(bound, grouped):
+def test_long_reductions_down_columns_get_a_work_group_per_output(bound, grouped):
+    """A reduction down a column stays in one work-item up to GROUP_REDUCE_MIN iterations (neighbouring work-items
+    read neighbouring columns); one along a row gets a work-group past ROW_INLINE_MAX."""
     k = UOp.variable("k", 1, bound)
     r0, rr = loop(N, 0), UOp(Ops.RANGE, dtypes.index, (k,), (1, "reduce"))
-    total = UOp(Ops.REDUCE, dtypes.float32, (load(1, dtypes.float32, r0 * k + rr), rr), Ops.ADD)
+    total = UOp(Ops.REDUCE, dtypes.float32, (load(1, dtypes.float32, rr * N + r0), rr), Ops.ADD)
     src = render_opencl(kernel(total, r0, "r_n"))
     assert src.local_size == ((REDUCE_GROUP,) if grouped else ())
     assert ("barrier(CLK_LOCAL_MEM_FENCE)" in src.source) == grouped
     assert eval_uop(src.global_size[0], {"n": 3, "k": 9}) == 3 * (REDUCE_GROUP if grouped else 1)
+    along = UOp(Ops.REDUCE, dtypes.float32, (load(1, dtypes.float32, r0 * k + rr), rr), Ops.ADD)
+    row = render_opencl(kernel(along, r0, "r_n"))
+    assert row.local_size == (REDUCE_GROUP,) and "barrier(CLK_LOCAL_MEM_FENCE)" in row.source
+    short = UOp.variable("k", 1, ROW_INLINE_MAX)
+    rs = UOp(Ops.RANGE, dtypes.index, (short,), (1, "reduce"))
+    inline = render_opencl(kernel(UOp(Ops.REDUCE, dtypes.float32, (load(1, dtypes.float32, r0 * short + rs), rs),
+                                      Ops.ADD), r0, "r_n"))
+    assert inline.local_size == () and "barrier" not in inline.source
 
 
 def test_float16_uses_core_half_builtins_and_float64_requests_fp64():

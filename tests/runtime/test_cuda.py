@@ -10,7 +10,7 @@ import pytest
 
 import prepjit as pj
 import prepjit.numpy as pnp
-from prepjit.codegen.render_c import REDUCE_GROUP
+from prepjit.codegen.render_rows import REDUCE_GROUP
 from prepjit.codegen.render_cuda import ELEMENTWISE_GROUP
 from prepjit.runtime.devices import available_devices, get_device
 
@@ -138,7 +138,7 @@ def test_results_stay_on_the_gpu_and_chain_without_host_copies(monkeypatch):
     assert copies == []
     np.testing.assert_array_equal(second.numpy(), x * 8)
     np.testing.assert_array_equal(np.asarray(first), x * 2)
-    assert copies == ["memcpy_dtoh_async"] * 2
+    assert copies == ["memcpy_dtoh"] * 2
 
 
 @gpu
@@ -224,4 +224,92 @@ def test_graph_replay_updates_changed_nodes_and_matches_stream_launches(monkeypa
     if graphs:   # seen once, then a graph; new n values update nodes instead of rebuilding
         assert delta["graphs_built"] == 1 and delta["graph_replays"] == 6 and delta["node_updates"] > 0
     else:
-        assert delta["graphs_built"] == delta["graph_replays"] == 0 and delta["stream_launches"] >= 7 * 5
+        kernels = len(chain.plan(x).kernels)
+        assert delta["graphs_built"] == delta["graph_replays"] == 0 and delta["stream_launches"] == 7 * kernels
+
+
+def softmax(x, xp):
+    e = xp.exp(x - x.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def layernorm(x, xp):
+    mu = x.mean(axis=1, keepdims=True)
+    var = ((x - mu) ** 2).mean(axis=1, keepdims=True)
+    return (x - mu) / xp.sqrt(var + np.float32(1e-5))
+
+
+@gpu
+@pytest.mark.parametrize("n, k", [(1, 1), (3, 16), (5, 17), (7, 33), (64, 64), (3, 257), (2, 1000), (33, 4096)])
+def test_row_kernels_softmax_layernorm_and_nested_reductions(n, k):
+    """Rows whose reductions fuse into the kernel that broadcasts them: a work-group per row (past
+    ROW_INLINE_MAX columns), the partials combined with warp shuffles and shared memory."""
+    rng = np.random.default_rng(n * k)
+    x = rng.standard_normal((n, k)).astype(np.float32) * 4
+    f = pj.prepare(lambda x: (softmax(x, pnp), layernorm(x, pnp), x.max(axis=1), (x * 2).sum(axis=1)), device="cuda")
+    sm, ln, mx, total = (np.asarray(o) for o in f(x))
+    np.testing.assert_allclose(sm, softmax(x, np), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(ln, layernorm(x, np), rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(mx, x.max(axis=1))
+    np.testing.assert_allclose(total, (x * 2).sum(axis=1), rtol=1e-5, atol=1e-4)
+    blocks = {k.kernel.program.block for k in f.plan(x).kernels}
+    assert all(b in (ELEMENTWISE_GROUP, ) or 32 <= b <= REDUCE_GROUP for b in blocks)
+    if k > 16:
+        assert any("__shfl_xor_sync" in kk.kernel.source for kk in f.plan(x).kernels)
+    y = rng.standard_normal((3, n, k)).astype(np.float32)
+    g = pj.prepare(lambda y: y.max(axis=2).sum(axis=1), device="cuda")   # a reduction inside a row's reduction
+    np.testing.assert_allclose(np.asarray(g(y)), y.max(axis=2).sum(axis=1), rtol=1e-5, atol=1e-4)
+
+
+@gpu
+@pytest.mark.parametrize("b, t, k, n", [(3, 70, 33, 130), (2, 128, 384, 384), (1, 64, 16, 64)])
+def test_matmuls_with_several_row_ranges_are_tiled(b, t, k, n):
+    rng = np.random.default_rng(b * t)
+    x, w = rng.standard_normal((b, t, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    f = pj.prepare(lambda x, w: x @ w + 1, device="cuda")
+    np.testing.assert_allclose(np.asarray(f(x, w)), x @ w + 1, rtol=1e-4, atol=1e-4)
+    assert any("As[" in kk.kernel.source for kk in f.plan(x, w).kernels)
+
+
+@gpu
+def test_softmax_over_rows_is_one_kernel():
+    f = pj.prepare(lambda x: softmax(x, pnp), device="cuda")
+    x = np.random.default_rng(0).standard_normal((300, 500)).astype(np.float32)
+    np.testing.assert_allclose(np.asarray(f(x)), softmax(x, np), rtol=1e-5, atol=1e-7)
+    assert len(f.plan(x).kernels) == 1
+
+
+@gpu
+def test_fast_path_replays_numpy_and_gpu_arrays_with_vars_and_flags(monkeypatch):
+    """Known calls replay through the plan's DevicePlanRunner (the fast path): NumPy inputs staged in memory
+    it keeps, pj.Arrays of the GPU in place, scalar vars checked, a gather's out-of-range flag read back."""
+    from prepjit.runtime.device_base import DevicePlanRunner
+    runs = []
+    real = DevicePlanRunner.run
+    monkeypatch.setattr(DevicePlanRunner, "run", lambda self, *a: runs.append(1) or real(self, *a))
+    f = pj.prepare(lambda a, b: a * b + 1, device="cuda")
+    a, b = np.arange(16, dtype=np.float32), np.full(16, 2, np.float32)
+    for _ in range(3):
+        np.testing.assert_array_equal(np.asarray(f(a, b)), a * b + 1)
+    assert len(runs) == 2   # the first call takes the full path and teaches the fast one
+    da = f(a, b)
+    for _ in range(2):
+        np.testing.assert_array_equal(np.asarray(f(da, b)), (a * b + 1) * b + 1)
+    assert len(runs) == 4
+    np.testing.assert_array_equal(np.asarray(f(a[:8].copy(), b[:8].copy())), a[:8] * 2 + 1)   # a new shape
+
+    @pj.prepare(vars={"n": (1, 64), "p": (0, 8)}, shapes={"x": ("n",)}, device="cuda")
+    def tail(x, p):
+        return x[p:] * 2
+    x = np.arange(64, dtype=np.float32)
+    for p in (0, 5, 8, 3, 3):
+        np.testing.assert_array_equal(np.asarray(tail(x, p)), x[p:] * 2)
+    with pytest.raises(pj.VarBoundError):
+        tail(x, 9)
+    pick = pj.prepare(lambda x, ids: pnp.take(x, ids) * 2, device="cuda")
+    ids = np.array([0, 5, 63, 7])
+    for _ in range(3):
+        np.testing.assert_array_equal(np.asarray(pick(x, ids)), np.take(x, ids) * 2)
+    with pytest.raises(pj.IndexBoundError):
+        pick(x, np.array([0, 5, 64, 7]))   # flagged by the gather, read back by the fast path
+    np.testing.assert_array_equal(np.asarray(pick(x, ids[::-1])), np.take(x, ids[::-1]) * 2)

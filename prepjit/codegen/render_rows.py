@@ -1,0 +1,164 @@
+"""Row kernels for the C-style renderers: a kernel whose reductions depend on only some of its loop ranges (the
+rows: softmax's max and sum, layernorm's mean and variance, fused into the kernel that broadcasts them along
+the other ranges, the columns) gives each row a work-group.
+
+The group's work-items split each of the row's reductions (work-item `lid` takes iterations lid, lid + group,
+..., or runs of consecutive ones where the dialect takes several items at a time), combine the partials so that
+every work-item holds the row's value (warp shuffles where the dialect has them, then one barrier and the
+warps' partials read from local memory in a fixed order; a local-memory tree otherwise), and then store the
+row's columns a work-group's width apart. A reduction with no columns is a row of one output (work-item 0
+stores it). Which kernels are row kernels (`row_plan`): those whose reductions run more than ROW_INLINE_MAX
+iterations and are broadcast or read along their innermost range (a row in memory), and any whose reductions
+run more than GROUP_REDUCE_MIN; shorter ones, those down a column (neighbouring outputs read neighbouring
+memory), and those with more than MANY_OUTPUTS outputs and no columns (a thin matmul) run inline in each
+work-item. The group is the smallest power of two from WARP to REDUCE_GROUP
+covering a row's work.
+
+Reductions nested in a row's reduction that depend on its range (sum_j max_k x[i, j, k]) are not the row's:
+each work-item computes them inline, so no barrier is ever inside a loop whose trip count differs between
+work-items.
+"""
+from __future__ import annotations
+
+import math
+
+import attrs
+
+from ..uop import DType, Ops, UOp, dtypes, sym_prod
+from ..uop.uop import as_uop
+
+REDUCE_GROUP = 256        # the largest work-group of a row kernel (a power of two, a multiple of WARP)
+GROUP_REDUCE_MIN = 256    # reductions of more iterations than this always get a work-group per row
+ROW_INLINE_MAX = 16       # broadcast or row-contiguous reductions of more iterations than this get one
+WARP = 32                 # the smallest work-group of a row kernel (a warp: shuffles need all its lanes)
+MANY_OUTPUTS = 1 << 16    # reductions with more outputs than this (and no columns) run in a work-item each
+
+
+@attrs.frozen
+class Rows:
+    """A row kernel: a work-group of `group` work-items per value of the `rows` ranges."""
+
+    reduces: frozenset   # the reductions every work-item of a row's group computes together
+    order: tuple         # those, operands first
+    rows: tuple          # the loop ranges they depend on
+    cols: tuple          # the other loop ranges (each row's group stores all of them)
+    group: int
+
+
+def loop_ranges(ast: UOp) -> list[UOp]:  # a scatter's serial loops are work-items too (its combines are atomic)
+    return sorted({u for u in ast.toposort() if u.op is Ops.RANGE and u.arg[1] in ("loop", "serial")},
+                  key=lambda r: r.arg[0])
+
+
+def _length(u: UOp) -> int:
+    return math.prod(r.src[0].vmax for r in u.src[1:])
+
+
+def _free_ranges(u: UOp) -> set:
+    """The ranges a reduction's value depends on: those it reads that no reduction inside it (itself included) binds."""
+    inner = [x for x in u.toposort() if x.op in (Ops.RANGE, Ops.REDUCE)]
+    bound = {r for x in inner if x.op is Ops.REDUCE for r in x.src[1:]}
+    return {x for x in inner if x.op is Ops.RANGE} - bound
+
+
+def _terms(idx: UOp) -> list[UOp]:
+    return [t for x in idx.src for t in _terms(x)] if idx.op is Ops.ADD else [idx]
+
+
+def _contiguous(u: UOp) -> bool:
+    """Whether the reduction reads memory along its innermost range (a row: neighbouring work-items of a group
+    read neighbouring elements)."""
+    last = u.src[-1]
+    return any(x.op is Ops.LOAD and last in _terms(x.src[1]) for x in u.src[0].toposort())
+
+
+def row_plan(ast: UOp) -> Rows | None:
+    """The row kernel this kernel becomes, or None (its reductions, if any, run inline in each work-item)."""
+    loops = loop_ranges(ast)
+    hoisted = [u for u in ast.toposort() if u.op is Ops.REDUCE and _free_ranges(u) <= set(loops)]
+    if not hoisted:
+        return None
+    rows = tuple(r for r in loops if any(r in _free_ranges(u) for u in hoisted))
+    cols = tuple(r for r in loops if r not in rows)
+    longest = max(_length(u) for u in hoisted)
+    if not cols and math.prod(r.src[0].vmax for r in rows) > MANY_OUTPUTS:
+        return None   # enough outputs to fill the GPU with one work-item each
+    if longest <= (ROW_INLINE_MAX if cols or any(_contiguous(u) for u in hoisted) else GROUP_REDUCE_MIN):
+        return None
+    work = max(longest, math.prod(r.src[0].vmax for r in cols))
+    group = min(REDUCE_GROUP, max(WARP, 1 << (work - 1).bit_length()))
+    return Rows(frozenset(hoisted), tuple(hoisted), rows, cols, group)
+
+
+def uses_grouped_reduce(ast: UOp) -> bool:
+    """Whether this kernel gives each row (or output) a work-group."""
+    return row_plan(ast) is not None
+
+
+def launch_size(rows: Rows) -> UOp:
+    return as_uop(sym_prod([r.src[0] for r in rows.rows] + [UOp.const(rows.group)]))
+
+
+def _first(per: int) -> str:
+    return "lid" if per == 1 else f"lid * {per}"
+
+
+def emit_rows(r, store: UOp):
+    """The kernel body, emitted through the C-style renderer `r`: the row's reductions together (every work-item
+    reaches every barrier), then its columns (or, with none, the one output, stored by work-item 0)."""
+    rows = r.rows
+    r.emit(f"const {r.long} gid = {r.d.group_id};")
+    r.emit(f"const int lid = {r.d.local_id};")
+    r.scopes[-1].update(r.unflatten("gid", list(rows.rows)))
+    for u in rows.order:
+        r.value(u)
+    if not rows.cols:
+        line = r.store_line(store)
+        r.emit(f"if (lid == 0) {line}")
+        return
+    cols = list(rows.cols)
+    count, per = r.value(as_uop(sym_prod(c.src[0] for c in cols))), r.run_length(cols)
+    r.open_block(f"for ({r.long} c = {_first(per)}; c < {count}; c += {rows.group * per})", {})
+    r.consecutive("c", cols, per, lambda: r.emit(r.store_line(store)))
+    r.close_block()
+
+
+def reduce_together(r, u: UOp, acc: str) -> str:
+    """The row's reduction `u` split over the work-group into `acc` (declared), combined; returns the result."""
+    dt, ranges = u.dtype, list(u.src[1:])
+    count, flat = r.value(as_uop(sym_prod(x.src[0] for x in ranges))), f"f{r.n}"
+    per, group = r.run_length(ranges), r.rows.group
+    r.emit("#pragma unroll 4" if per == 1 else "#pragma unroll 2")
+    r.open_block(f"for ({r.long} {flat} = {_first(per)}; {flat} < {count}; {flat} += {group * per})", {})
+    r.consecutive(flat, ranges, per, lambda: r.emit(f"{acc} = {r.combine(u.arg, dt, acc, r.value(u.src[0]))};"))
+    r.close_block()
+    return _combine_group(r, u.arg, dt, acc)
+
+
+def _combine_group(r, op: Ops, dt: DType, acc: str) -> str:
+    """Combine the work-group's partial accumulators; every work-item gets the result (in the same order)."""
+    group, part = r.rows.group, f"part{r.n}"
+    if r.d.shuffle_xor is None or not (dt.itemsize >= 4 or dt == dtypes.float16):
+        r.locals.append(r.d.local_array.format(type=r.d.ctype(dt), name=part, n=group) + ";")
+        r.emit(f"{part}[lid] = {acc};")
+        r.emit(r.d.barrier)
+        r.open_block(f"for (int s = {group // 2}; s > 0; s >>= 1)", {})
+        r.open_block("if (lid < s)", {})
+        r.emit(f"{part}[lid] = {r.combine(op, dt, f'{part}[lid]', f'{part}[lid + s]')};")
+        r.close_block()
+        r.emit(r.d.barrier)
+        r.close_block()
+        return r.let(dt, f"{part}[0]", "red")
+    r.open_block(f"for (int o = {WARP // 2}; o > 0; o >>= 1)", {})  # within each warp
+    other = r.let(dt, r.d.shuffle_xor.format(v=acc, o="o"))
+    r.emit(f"{acc} = {r.combine(op, dt, acc, other)};")
+    r.close_block()
+    if group == WARP:
+        return acc
+    r.locals.append(r.d.local_array.format(type=r.d.ctype(dt), name=part, n=group // WARP) + ";")
+    r.emit(f"if ((lid & {WARP - 1}) == 0) {part}[lid / {WARP}] = {acc};")
+    r.emit(r.d.barrier)
+    red = r.let(dt, f"{part}[0]", "red")
+    for w in range(1, group // WARP):
+        r.emit(f"{red} = {r.combine(op, dt, red, f'{part}[{w}]')};")
+    return red
