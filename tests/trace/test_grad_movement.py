@@ -102,3 +102,13 @@ def test_at_set_and_add():
     for g, w in zip(got, want):
         np.testing.assert_allclose(np.asarray(g), w, rtol=1e-12)
     check_grad(lambda x, u: f(pnp, x, u), x, u, argnum=1)
+
+
+@pytest.mark.xfail(strict=True, raises=pj.CompileError,
+                   reason="bounds proof: cannot prove a gated load whose gate is its own bound on a multi-range index "
+                          "(e.g. index r0*4+r1+8 under gate r0*4+r1+8 < 12); codegen/bounds.py, not the gradient")
+@pytest.mark.parametrize("name", ["cumsum_flat", "tile_and_repeat"])
+def test_bounds_proof_refuses_some_gradient_kernels(name):
+    f = {"cumsum_flat": lambda x: pnp.sum(pnp.cumsum(x) ** 2),
+         "tile_and_repeat": lambda x: pnp.sum(pnp.tile(x[:2], (2, 1)).sum(1) * pnp.repeat(x, 2, axis=0)[:4, 0])}[name]
+    pj.grad(f)(X)
