@@ -19,7 +19,7 @@ import functools
 
 from ..errors import CompileError
 from ..uop import Ops, UOp, simplify
-from ..uop.symbolic import from_poly, mono_div, poly, poly_min, provably_lt
+from ..uop.symbolic import _mono_key, from_poly, mono_div, poly, poly_min, provably_lt
 from .optimize import optimize
 
 MAX_OPTIONS = 12       # bound options kept per node
@@ -520,25 +520,35 @@ def prove_kernel(ast: UOp, shapes: list[tuple], constraints=()) -> int:
 
 
 def _lane_template(e: UOp) -> tuple[UOp, tuple[int, ...]]:
-    """`e` with the constant term of each integer operand of its mins and maxes replaced by a placeholder var
-    (`hole.i`), and those constants in order: an upcast's lanes T * min(8*r + k, n - 1), k = 0..7, have one
-    template. No user var has such a name (not an identifier)."""
-    if not any(x.op in (Ops.MIN, Ops.MAX) for x in e.toposort()):
+    """`e` with the constant term of each operand of the mins and maxes among its monomials' factors replaced
+    by a placeholder var (`hole.i`), and those constants in order: an upcast's lanes T * min(8*r + k, T - 1),
+    k = 0..7, have one template. No user var has such a name (not an identifier). Built in the order of e's
+    monomials and factors, not sorted again (no new sort keys): a cheap key, not a canonical form."""
+    p = poly(e)
+    if not any(f.op in (Ops.MIN, Ops.MAX) for m in p for f in m):
         return e, ()
     consts: list[int] = []
-    new: dict = {}
-    for u in e.toposort():
-        src = tuple(new[s] for s in u.src)
-        if u.op in (Ops.MIN, Ops.MAX) and _is_int(u):
-            operands = []
-            for x in src:
-                p = poly(x)
-                hole = UOp.variable(f"hole.{len(consts)}", 0, 0)
-                consts.append(p.get((), 0))
-                operands.append(UOp(Ops.ADD, x.dtype, (from_poly({m: k for m, k in p.items() if m}, x.dtype), hole)))
-            src = tuple(operands)
-        new[u] = u if src == u.src else UOp(u.op, u.dtype, src, u.arg)
-    return new[e], tuple(consts)
+    templated: dict = {}
+    out = None
+    for m in sorted(p, key=_mono_key):
+        term = None
+        for f in m:
+            if f.op in (Ops.MIN, Ops.MAX) and f not in templated:
+                operands = []
+                for x in f.src:
+                    q = poly(x)
+                    rest = from_poly({k: c for k, c in q.items() if k}, x.dtype)
+                    operands.append(UOp(Ops.ADD, x.dtype, (rest, UOp.variable(f"hole.{len(consts)}", 0, 0))))
+                    consts.append(q.get((), 0))
+                templated[f] = UOp(f.op, f.dtype, tuple(operands))
+            f = templated.get(f, f)
+            term = f if term is None else UOp(Ops.MUL, e.dtype, (term, f))
+        if term is None:
+            term = UOp.const(p[m], e.dtype)
+        elif p[m] != 1:
+            term = UOp(Ops.MUL, e.dtype, (term, UOp.const(p[m], e.dtype)))
+        out = term if out is None else UOp(Ops.ADD, e.dtype, (out, term))
+    return out, tuple(consts)
 
 
 def _lanes_in_bounds(prover: _Prover, template: UOp, by_lanes: dict, size: UOp, terms: frozenset) -> bool:
