@@ -56,7 +56,10 @@ def kernel_roots(outputs: list[UOp]) -> tuple[list[UOp], list[UOp]]:
     return graph, roots
 
 
-def choose_materialized(outputs: list[UOp]) -> set[UOp]:
+def choose_materialized(outputs: list[UOp], row_values: bool = False) -> set[UOp]:
+    """The elementwise values to compute once into a buffer; with `row_values` (kernels that give each row a
+    work-group: the C-style renderers), never a cheap kept-dims value of reductions (a row's mean or scale),
+    which is recomputed where it is read, so its reductions fuse into the readers (layernorm: one kernel)."""
     graph, roots = kernel_roots(outputs)
     is_root = set(roots)
     places = _places(graph)
@@ -74,7 +77,7 @@ def choose_materialized(outputs: list[UOp]) -> set[UOp]:
     for node in graph:  # parents first, so a node's readers are final when it is reached
         mine = readers.get(node, set())
         if node in chosen or node.op in ELEMENTWISE and node not in is_root and node.shape and _worth_materialising(
-                node, mine, cost):
+                node, mine, cost, row_values):
             chosen.add(node)
             mine = set()
         passes = {node} if node in is_root or node in chosen else mine
@@ -117,12 +120,12 @@ def _expression(node: UOp, exprs: dict, cost: dict, chosen: set, readers_of: Cou
     return terms, total + weight
 
 
-def _worth_materialising(node: UOp, readers: set, cost: dict) -> bool:
+def _worth_materialising(node: UOp, readers: set, cost: dict, row_values: bool) -> bool:
     if not readers:
         return False
     c, size = cost[node], _elements(node)
-    if c <= ROW_VALUE_COST and 1 in node.shape and _of_reductions(node):
-        return False   # a row's mean or scale: recomputed where it is read, its reductions fuse into the readers
+    if row_values and c <= ROW_VALUE_COST and 1 in node.shape and _of_reductions(node):
+        return False
     if len(readers) >= 2 and c >= MAX_INLINE_COST:
         return True
     evaluations = sum(_iterations(r) for r in readers)  # inlined: each costs c; materialised: one load

@@ -339,7 +339,7 @@ def schedule(outputs: list[UOp], inputs: list[UOp], pack_contractions: bool = Fa
     `pack_contractions` (for devices whose kernels are register-blocking loop nests: llvm), large
     contractions first copy their column operand into contiguous panels (packing.py).
     """
-    materialized = choose_materialized(outputs)
+    materialized = choose_materialized(outputs, row_values=not pack_contractions)
     s = _Scheduler(materialized, fused_reductions(outputs, materialized, rows=True), pack_contractions,
                    _readers(outputs))
     env = {node: s.new_buffer(node) for node in inputs}
