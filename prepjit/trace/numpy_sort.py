@@ -6,11 +6,13 @@ every device with no code of its own. The network's L(L + 1) / 2 stages (L = log
 `pj.fori_loop`: the stage's distances are computed from the loop counter, so the plan compiles a single
 stage kernel and replays it once per stage (O(N log^2 N) work, no O(N^2) step).
 
-What the network moves is a 32-bit (64-bit past 2**29 elements) code per element, `position + N * band`,
-and it compares the elements' keys, read through the codes, then the codes: band 0 holds the ordinary
-values, band 1 NaNs (NumPy sorts them last), band 2 the padding. Codes are unique, so the order is total
-and equal keys keep their positions' order: every sort is stable, whatever `kind=` asks for. A descending
-sort (top_k) negates the keys (inverts integers) and puts NaNs first, as jax.lax.top_k does.
+What the network moves, for keys of at most 32 bits, is one int64 per element, (band, key, position):
+the key an integer in the sort's order (for floats the IEEE bits of |x|, signed, from exact float32
+arithmetic: -0.0 and 0.0 are equal), band 0 for ordinary values, 1 for NaNs (NumPy sorts them last), 2
+for the padding, and the position in the low bits; elements are distinct, so one comparison orders a
+pair, and equal keys keep their positions' order: every sort is stable, whatever `kind=` asks for.
+64-bit keys move a code `position + N * band` and compare the keys read through the codes, then the
+codes. A descending sort (top_k) reverses the keys and puts NaNs first, as jax.lax.top_k does.
 """
 from __future__ import annotations
 
@@ -72,6 +74,63 @@ def _keys(x: Tracer, descending: bool) -> tuple[Tracer, Tracer]:
     return key, band
 
 
+PACKED_BITS = 29  # a packed code keeps the position in its low bits: axes of up to 2**29 entries
+
+
+def _float_bits(f: Tracer) -> Tracer:
+    """The IEEE bit pattern of |f| (float32) as an int64, for finite f, from exact float32 arithmetic only (no
+    bitcast, no log2: every device computes it exactly): the exponent is counted by comparisons with powers of
+    two, 16 at a time then one at a time, and scaling by the matching power of two leaves the mantissa in
+    [1, 2); a subnormal is |f| * 2**149. The counts are flat sums of comparisons (no long chain of selects
+    on one value, which the fusion cost model would cut into many kernels)."""
+    f32 = dtypes.float32
+
+    def count(value: Tracer, thresholds) -> Tracer:  # how many of the thresholds value reaches
+        total = prims.cast(to_tracer(0), dtypes.int64)
+        for t in thresholds:
+            total = _elementwise(Ops.ADD, total, prims.cast(_elementwise(Ops.CMPLT, t, value), dtypes.int64))
+        return total
+
+    def power(index: Tracer, exponents) -> Tracer:  # 2 ** exponents[index], by selection
+        out = prims.cast(to_tracer(0.0), f32)
+        for i, e in enumerate(exponents):
+            out = _elementwise(Ops.WHERE, _elementwise(Ops.CMPEQ, index, i), prims.cast(to_tracer(2.0 ** e), f32), out)
+        return out
+
+    magnitude = _elementwise(Ops.ABS, f)
+    start = _elementwise(Ops.WHERE, _elementwise(Ops.CMPLT, magnitude, float("inf")), magnitude,
+                         prims.cast(to_tracer(0.0), f32))
+    tiny = _elementwise(Ops.CMPLT, start, 2.0 ** -64)  # brought up first, so every scale below is a float32
+    lifted = _elementwise(Ops.WHERE, tiny, _elementwise(Ops.MUL, start, 2.0 ** 64), start)
+    coarse = count(lifted, [2.0 ** (16 * k) * (1 - 2.0 ** -24) for k in range(-4, 8)])  # (just below: >=)
+    scaled = _elementwise(Ops.MUL, lifted, power(coarse, [-16 * (g - 5) if g else 0 for g in range(13)]))
+    fine = count(scaled, [2.0 ** i * (1 - 2.0 ** -24) for i in range(1, 16)])  # scaled in [1, 2**16)
+    mantissa = _elementwise(Ops.MUL, scaled, power(fine, [-i for i in range(16)]))  # [1, 2)
+    exponent = _elementwise(Ops.ADD, _elementwise(Ops.ADD, _elementwise(Ops.MUL, coarse, 16), fine),
+                            _elementwise(Ops.SUB, 127 - 80, _elementwise(Ops.MUL, prims.cast(tiny, dtypes.int64), 64)))
+    one = prims.cast(to_tracer(1.0), f32)
+    fraction = prims.cast(_elementwise(Ops.MUL, _elementwise(Ops.SUB, _elementwise(Ops.MAX, mantissa, one), one),
+                                       2.0 ** 23), dtypes.int64)
+    normal = _elementwise(Ops.ADD, _elementwise(Ops.MUL, exponent, 1 << 23), fraction)
+    subnormal = prims.cast(_elementwise(Ops.MUL, _elementwise(Ops.MUL, start, 2.0 ** 126), 2.0 ** 23), dtypes.int64)
+    bits = _elementwise(Ops.WHERE, _elementwise(Ops.CMPLT, start, 2.0 ** -126), subnormal, normal)
+    return _elementwise(Ops.WHERE, _elementwise(Ops.CMPEQ, magnitude, float("inf")), 0x7F800000, bits)
+
+
+def _ordinals(x: Tracer, descending: bool) -> Tracer | None:
+    """Per element an int64 in [0, 2**32) ordered as the sort orders the keys (equal keys equal, -0.0 and 0.0
+    too), for keys of at most 32 bits (float16/32, ints, bool); None for 64-bit ones."""
+    dt = dtypes.int8 if x.dtype == dtypes.bool else x.dtype
+    if dt.bits > 32:
+        return None
+    if dt.is_int:
+        k = prims.cast(x, dtypes.int64)
+        return _elementwise(Ops.SUB, dt.max(), k) if descending else _elementwise(Ops.SUB, k, dt.min())
+    bits = _float_bits(prims.cast(x, dtypes.float32))
+    signed = _elementwise(Ops.WHERE, _elementwise(Ops.CMPLT, x, 0), _elementwise(Ops.NEG, bits), bits)
+    return _elementwise(Ops.SUB, 1 << 31, signed) if descending else _elementwise(Ops.ADD, signed, 1 << 31)
+
+
 def sort_order(x: Tracer, descending: bool = False, valid: Tracer | None = None) -> Tracer:
     """The stable sorting permutation of `x` along its last axis (int64), ascending or descending; entries
     where `valid` (bool, x's shape) is False go last."""
@@ -80,22 +139,40 @@ def sort_order(x: Tracer, descending: bool = False, valid: Tracer | None = None)
     if longest <= 1:
         return iota(x.uop.shape, x.ndim - 1)
     size = 1 << (longest - 1).bit_length()
-    levels = size.bit_length() - 1
-    code_dtype = dtypes.int32 if 3 * size < 2 ** 31 else dtypes.int64
+    tail = [(0, 0)] * (x.ndim - 1) + [(0, UOp.const(0) + size - n if not isinstance(n, int) else size - n)]
+    # (computed over the padded axis, where the network reads them: the same elements, so nothing is cut out)
+    ordinals = _ordinals(prims.pad(x, tail), descending) if size <= 1 << PACKED_BITS else None
+    code_dtype = dtypes.int64 if ordinals is not None or 3 * size >= 2 ** 31 else dtypes.int32
     key, band = _keys(x, descending)
     if valid is not None:
         band = _elementwise(Ops.WHERE, valid, band, prims.cast(to_tracer(2), dtypes.int8))
-    tail = [(0, 0)] * (x.ndim - 1) + [(0, UOp.const(0) + size - n if not isinstance(n, int) else size - n)]
     shape = tuple(x.uop.shape[:-1]) + (size,)
     position = iota(shape, x.ndim - 1, code_dtype)
     padding = _elementwise(Ops.CMPLT, position, prims.cast(to_tracer(n), code_dtype) if not isinstance(n, int) else n)
     padding = _elementwise(Ops.NOT, padding)
-    top = prims.cast(to_tracer(float("inf") if key.dtype.is_float else key.dtype.max()), key.dtype)
-    key = prims.materialize(_elementwise(Ops.WHERE, padding, top, prims.pad(key, tail)))
-    band = _elementwise(Ops.WHERE, padding, prims.cast(to_tracer(2), dtypes.int8), prims.pad(band, tail))
-    codes = _elementwise(Ops.ADD, position, _elementwise(Ops.MUL, prims.cast(band, code_dtype), size))
-    mask = prims.cast(to_tracer(size - 1), code_dtype)
+    band = prims.cast(_elementwise(Ops.WHERE, padding, prims.cast(to_tracer(2), dtypes.int8), prims.pad(band, tail)),
+                      code_dtype)
+    if ordinals is not None:  # one int64 per element, (band, ordinal, position): compared in one instruction
+        ordinal = _elementwise(Ops.ADD, _elementwise(Ops.MUL, band, 1 << 32), ordinals)
+        codes = _elementwise(Ops.ADD, _elementwise(Ops.MUL, ordinal, 1 << PACKED_BITS), position)
+        mask = prims.cast(to_tracer((1 << PACKED_BITS) - 1), code_dtype)
 
+        def before(mine: Tracer, other: Tracer) -> Tracer:
+            return _elementwise(Ops.CMPLT, mine, other)
+    else:  # 64-bit keys: the network moves codes and reads each one's key
+        top = prims.cast(to_tracer(float("inf") if key.dtype.is_float else key.dtype.max()), key.dtype)
+        key = prims.materialize(_elementwise(Ops.WHERE, padding, top, prims.pad(key, tail)))
+        codes = _elementwise(Ops.ADD, position, _elementwise(Ops.MUL, band, size))
+        mask = prims.cast(to_tracer(size - 1), code_dtype)
+
+        def before(mine: Tracer, other: Tracer) -> Tracer:
+            mine_key = _gather_last(key, _elementwise(Ops.AND, mine, mask))
+            other_key = _gather_last(key, _elementwise(Ops.AND, other, mask))
+            return _elementwise(Ops.OR, _elementwise(Ops.CMPLT, mine_key, other_key),
+                                _elementwise(Ops.AND, _elementwise(Ops.CMPEQ, mine_key, other_key),
+                                             _elementwise(Ops.CMPLT, mine, other)))
+
+    levels = size.bit_length() - 1
     stages = levels * (levels + 1) // 2
     # The loop counter t runs from `first`, the number of loops x is computed from: a network sorting the result
     # of another one gets a counter var of its own, so the scheduler sees that its keys (computed from that
@@ -104,16 +181,10 @@ def sort_order(x: Tracer, descending: bool = False, valid: Tracer | None = None)
 
     def stage(t, codes):
         j, k = _stage_distances(_elementwise(Ops.SUB, t, first), stages, code_dtype)
-        partner = _elementwise(Ops.XOR, position, j)
-        other = _gather_last(codes, partner)
-        mine_key = _gather_last(key, _elementwise(Ops.AND, codes, mask))
-        other_key = _gather_last(key, _elementwise(Ops.AND, other, mask))
-        before = _elementwise(Ops.OR, _elementwise(Ops.CMPLT, mine_key, other_key),
-                              _elementwise(Ops.AND, _elementwise(Ops.CMPEQ, mine_key, other_key),
-                                           _elementwise(Ops.CMPLT, codes, other)))
+        other = _gather_last(codes, _elementwise(Ops.XOR, position, j))
         lower = _elementwise(Ops.CMPEQ, _elementwise(Ops.AND, position, j), 0)
         ascending = _elementwise(Ops.CMPEQ, _elementwise(Ops.AND, position, k), 0)
-        keep = _elementwise(Ops.CMPEQ, before, _elementwise(Ops.CMPEQ, lower, ascending))
+        keep = _elementwise(Ops.CMPEQ, before(codes, other), _elementwise(Ops.CMPEQ, lower, ascending))
         return _elementwise(Ops.WHERE, keep, codes, other)
 
     codes = fori_loop(first, first + stages, stage, codes)

@@ -51,6 +51,20 @@ def test_sort_argsort_top_k_static(device, rng, dtype):
         assert_matches(i, ref[1])
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_float_keys_of_every_exponent(device, rng, dtype):
+    """Floats sort through exact integer codes of their bits: powers of two and their neighbours over the
+    whole exponent range, subnormals, the largest finite values and both zeros keep NumPy's order."""
+    info = np.finfo(dtype)
+    powers = np.ldexp(np.ones(1, dtype), np.arange(info.minexp - info.nmant, info.maxexp).astype(np.int32))
+    x = np.concatenate([powers, np.nextafter(powers, dtype(0)), np.nextafter(powers, dtype(np.inf)),
+                        [info.max, -info.max, info.tiny, -info.tiny, 0.0, -0.0, np.inf, -np.inf, np.nan]])
+    x = np.concatenate([x, -x]).astype(dtype)
+    x = x[rng.permutation(len(x))]
+    a = pj.prepare(lambda x: pnp.argsort(x), device=device)(x)
+    assert_matches(a, np.argsort(x, kind="stable"))
+
+
 def test_sort_dispatch_and_methods(device, rng):
     """np.argsort(traced) reaches the traced argsort; x.sort() returns a sorted copy, as JAX's Array.sort."""
     x = rng.standard_normal((4, 9)).astype(np.float32)
