@@ -57,16 +57,17 @@ def _as_array_leaves(tree):
                               for x in leaves])
 
 
-def _as_function(call, fun):
-    """`call` as a plain function with the name, signature (`__wrapped__`) and globals of `fun`: pj.prepare reads
-    the parameters (for `shapes`) off it, and its search for the arrays a function reads (closures, globals,
-    same-module helpers: trace/constants.py) follows `fun` as if the user had prepared `fun` itself."""
+def _as_function(call, fun, same_signature: bool = True):
+    """`call` as a plain function with the globals of `fun` (and, with `same_signature`, its name and signature,
+    through `__wrapped__`): pj.prepare reads the parameters (for `shapes`) off it, and its search for the arrays
+    a function reads (closures, globals, same-module helpers: trace/constants.py) follows `fun` as if the user
+    had prepared `fun` itself."""
     def run(*args, **kwargs):
         return call(*args, **kwargs)
     globals_ = getattr(fun, "__globals__", None)
     if globals_ is not None:
         run = types.FunctionType(run.__code__, globals_, run.__name__, None, run.__closure__)
-    return functools.update_wrapper(run, fun)
+    return functools.update_wrapper(run, fun) if same_signature else run
 
 
 def grad(fun, argnums=0, has_aux: bool = False):
@@ -89,7 +90,7 @@ def vjp(fun, *primals, has_aux: bool = False):
     if _traced_call(primals, {}):
         return traced.vjp(fun, *primals, has_aux=has_aux)
     forward = PreparedFunction(fun)  # per call: the kernels come from the kernel cache, the trace runs again
-    backward = PreparedFunction(_as_function(_Backward(fun, has_aux), fun))
+    backward = PreparedFunction(_as_function(_Backward(fun, has_aux), fun, same_signature=False))
     primals = tuple(_as_array_leaves(p) for p in primals)
     result = forward(*primals)
 

@@ -103,6 +103,9 @@ def test_vjp_traced_and_eager():
     np.testing.assert_allclose(np.asarray(gx), jgx, rtol=1e-10)
     np.testing.assert_allclose(np.asarray(gw), jgw, rtol=1e-10)
 
+    out, f_vjp = pj.vjp(lambda x: pnp.exp(x), x[0])  # one primal: f_vjp's prepared function takes (primals, ct)
+    np.testing.assert_allclose(np.asarray(f_vjp(ct[0, :3])[0]), np.exp(x[0]) * ct[0, :3], rtol=1e-12)
+
     @pj.prepare
     def inside(x, w, ct):
         out, f_vjp = pj.vjp(lambda w: pnp.tanh(x @ w), w)
