@@ -40,3 +40,23 @@ def test_symbolic_slice_bound_and_matmul():
         for a, b in zip(g(x, w, pos), want):
             np.testing.assert_allclose(np.asarray(a), b, rtol=1e-9, atol=1e-12)
     assert g.stats["traces"] == 1
+
+
+def test_symbolic_reductions_and_contractions():
+    """Every reduction over the symbolic axis and the static one, matmul and einsum over a symbolic batch."""
+    def loss(xp, x, w):
+        y = xp.tanh(x @ w)
+        return (xp.sum(y.max(0) * 2 + y.min(1, keepdims=True).sum() + xp.prod(y * 0.5 + 1, axis=0))
+                + xp.mean(y) + xp.var(y, axis=0).sum() + xp.einsum("ni,nj->ij", x, y).sum() + xp.std(x))
+
+    @pj.prepare(vars={"n": (1, 32)}, shapes={"x": ("n", 4)})
+    def g(x, w):
+        return pj.grad(lambda x, w: loss(pnp, x, w), (0, 1))(x, w)
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((4, 3))
+    for n in (1, 6, 17):
+        x = rng.standard_normal((n, 4))
+        want = jax.jit(jax.grad(lambda x, w: loss(jnp, x, w), (0, 1)))(x, w)
+        for a, b in zip(g(x, w), want):
+            np.testing.assert_allclose(np.asarray(a), b, rtol=1e-9, atol=1e-12)
+    assert g.stats["traces"] == 1
