@@ -6,6 +6,9 @@ from .batched import vmap
 from .errors import (CompileError, DeviceError, IndexBoundError, PlanFileError, PrepjitError, SignatureError,
                      TraceError, VarBoundError, VarError)
 from .prepare import PreparedFunction, prepare, trace
+from .multi_device import MultiDeviceFunction
+from .runtime.collectives_job import init_distributed
+from .trace.collectives import all_gather, device_index, pmean, psum
 from .profiler import Profile, profile
 from .runtime.array import Array
 from .runtime.cache import CachedKernel
@@ -19,5 +22,6 @@ __all__ = ["CompileError", "DeviceError", "IndexBoundError", "PlanFileError", "P
            "TraceError", "VarBoundError", "VarError", "PreparedFunction", "prepare", "trace", "load", "Profile",
            "profile", "Array", "CachedKernel", "ExecutionPlan", "PreparedKernel", "RuntimeVar", "fori_loop",
            "while_loop", "cond", "switch", "scan", "vmap", "BoundVar", "Var", "random", "lax", "grad",
-           "value_and_grad", "vjp"]
+           "value_and_grad", "vjp", "MultiDeviceFunction", "init_distributed", "psum", "pmean", "all_gather",
+           "device_index"]
 __version__ = "0.1.0"

@@ -284,7 +284,8 @@ def _tracing_now() -> set:
     return fns
 
 
-def prepare(fn=None, *, vars=None, shapes=None, device=None, static_argnums=(), static_argnames=()):
+def prepare(fn=None, *, vars=None, shapes=None, device=None, static_argnums=(), static_argnames=(), devices=None,
+            split=None):
     """Prepare `fn` for replay: trace it once per signature, compile its kernels once, replay the plan after.
 
     Use as `@pj.prepare`, `@pj.prepare(vars=..., shapes=..., device=...)` or `pj.prepare(fn, ...)`::
@@ -303,6 +304,9 @@ def prepare(fn=None, *, vars=None, shapes=None, device=None, static_argnums=(), 
     static_argnums / static_argnames: parameters (by position or name, as in jax.jit) whose whole value is
         static even when it is array-like (a NumPy scalar, an object with __array__): it must be hashable,
         a new value traces a new plan, and `fn` sees the value itself.
+    devices, split: several devices (["cuda:0", "cuda:1"], or "cpu" once per replica) run one replica each,
+        data parallel: the arguments named in split={"x": 0} are cut along that axis, the others replicated;
+        pj.psum / pj.pmean / pj.all_gather / pj.device_index talk across the replicas (docs/devices.md).
 
     The signature of a call is its pytree structure, static values (non-array arguments), static dims,
     dtypes and device. The first call with a signature runs `fn` on traced arrays (write it with
@@ -319,9 +323,16 @@ def prepare(fn=None, *, vars=None, shapes=None, device=None, static_argnums=(), 
     """
     options = dict(vars=vars, shapes=shapes, device=device, static_argnums=static_argnums,
                    static_argnames=static_argnames)
+    make = PreparedFunction
+    if devices is not None or split is not None:
+        if devices is None or device is not None:
+            raise ValueError("split= goes with devices=[...] (several devices), and devices= replaces device=")
+        from .multi_device import MultiDeviceFunction  # built on this module
+        del options["device"]
+        make = functools.partial(MultiDeviceFunction, devices=devices, split=split)
     if fn is None:
-        return lambda f: PreparedFunction(f, **options)
-    return PreparedFunction(fn, **options)
+        return lambda f: make(f, **options)
+    return make(fn, **options)
 
 
 def trace(fn, *args, **kwargs) -> Traced:

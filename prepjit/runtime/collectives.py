@@ -1,0 +1,61 @@
+"""The collectives between a multi-device function's stages: which backend runs them, and the host one.
+
+`communicator(devices, job)` picks: replicas on CUDA GPUs talk through NCCL (nccl.py; without it,
+DeviceError saying what to install); other replicas (the cpu, listed once per replica, or opencl) through
+host memory here. A communicator's `run(kind, arrays)` takes one array per local replica (in `devices` order)
+and returns each replica's result on its device: "psum" sums them, "all_gather" stacks them along a new
+leading axis, both in replica order over the whole job (this process's replicas come after those of lower
+ranks).
+
+HostCollectives reads the replicas' values to NumPy, combines them in replica order (a sum accumulates
+replica 0 + 1 + 2 ... in the values' dtype, as NCCL does), across processes through the job's TCP star
+(collectives_job.py), and gives each replica the result on its device. It is for CPU replicas and tests; it
+moves every value through the host.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .array import Array
+from .device_base import DeviceBase
+
+
+def to_device(device, host: np.ndarray) -> Array:
+    """`host` as a pj.Array of `device` (the cpu holds it as it is; a GPU gets a copy uploaded)."""
+    if not isinstance(device, DeviceBase):
+        return Array(host, host.shape, host.dtype, device)
+    _, (memory, _) = device.input_handle(host)
+    return Array(memory, host.shape, host.dtype, device)
+
+
+def combine(kind: str, stacked: np.ndarray) -> np.ndarray:
+    """The collective's result from every replica's value stacked in replica order."""
+    if kind == "all_gather":
+        return stacked
+    out = stacked[0].copy()
+    with np.errstate(over="ignore"):  # integers wrap, as on the device
+        for value in stacked[1:]:
+            out += value
+    return out
+
+
+class HostCollectives:
+    """Collectives through host memory, for `devices` (this process's replicas) in `job` (or one process)."""
+
+    def __init__(self, devices: list, job=None):
+        self.devices, self.job = devices, job
+
+    def run(self, kind: str, arrays: list) -> list:
+        stacked = np.stack([np.asarray(a) for a in arrays])
+        if self.job is not None and self.job.world > 1:
+            stacked = self.job.gather_to_all(stacked)
+        result = combine(kind, stacked)
+        return [to_device(device, result) for device in self.devices]
+
+
+def communicator(devices: list, job=None):
+    """The collectives backend of replicas on `devices`: NCCL for CUDA GPUs, the host otherwise."""
+    if getattr(devices[0], "language", None) == "cuda":
+        from .nccl import NCCLCollectives
+        return NCCLCollectives(devices, job)
+    return HostCollectives(devices, job)
