@@ -8,9 +8,24 @@ import pytest
 import prepjit as pj
 import prepjit.random as pr
 
-def _jax():
+def _jax(x64: bool = False):
+    """jax and jax.numpy in 32-bit mode (JAX's default; other tests may switch x64 on for the whole session), or
+    in 64-bit mode; the previous mode comes back after the test."""
     jax = pytest.importorskip("jax")
+    previous = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", x64)
+    _restore.append(lambda: jax.config.update("jax_enable_x64", previous))
     return jax, jax.numpy
+
+
+_restore = []
+
+
+@pytest.fixture(autouse=True)
+def _restore_jax_mode():
+    yield
+    while _restore:
+        _restore.pop()()
 
 
 KEY = pr.key(42)
@@ -116,21 +131,17 @@ def test_normal_matches_jax_to_an_ulp():
 
 
 def test_float64_equal_jax_x64():
-    jax, jnp = _jax()
-    jax.config.update("jax_enable_x64", True)
-    try:
-        jk = jax.random.key(5)
-        np.testing.assert_array_equal(pr.uniform(pr.key(5), (999,), np.float64),
-                                      np.asarray(jax.random.uniform(jk, (999,), jnp.float64)))
-        np.testing.assert_array_equal(pr.bits(pr.key(5), (9,), np.uint64),
-                                      np.asarray(jax.random.bits(jk, (9,), jnp.uint64)))
-        np.testing.assert_allclose(pr.normal(pr.key(5), (5000,), np.float64),
-                                   np.asarray(jax.random.normal(jk, (5000,), jnp.float64)), rtol=1e-14, atol=1e-15)
-        np.testing.assert_array_equal(pr.randint(pr.key(5), (300,), -5, 2 ** 40, np.int64),
-                                      np.asarray(jax.random.randint(jk, (300,), -5, 2 ** 40, jnp.int64)))
-        np.testing.assert_array_equal(pr.key(-3), jax.random.key_data(jax.random.key(-3)))
-    finally:
-        jax.config.update("jax_enable_x64", False)
+    jax, jnp = _jax(x64=True)
+    jk = jax.random.key(5)
+    np.testing.assert_array_equal(pr.uniform(pr.key(5), (999,), np.float64),
+                                  np.asarray(jax.random.uniform(jk, (999,), jnp.float64)))
+    np.testing.assert_array_equal(pr.bits(pr.key(5), (9,), np.uint64),
+                                  np.asarray(jax.random.bits(jk, (9,), jnp.uint64)))
+    np.testing.assert_allclose(pr.normal(pr.key(5), (5000,), np.float64),
+                               np.asarray(jax.random.normal(jk, (5000,), jnp.float64)), rtol=1e-14, atol=1e-15)
+    np.testing.assert_array_equal(pr.randint(pr.key(5), (300,), -5, 2 ** 40, np.int64),
+                                  np.asarray(jax.random.randint(jk, (300,), -5, 2 ** 40, jnp.int64)))
+    np.testing.assert_array_equal(pr.key(-3), jax.random.key_data(jax.random.key(-3)))
 
 
 # ---------- determinism, keys, eager vs prepared, devices ----------
