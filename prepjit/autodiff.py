@@ -67,7 +67,7 @@ def _as_function(call, fun, same_signature: bool = True):
     globals_ = getattr(fun, "__globals__", None)
     if globals_ is not None:
         run = types.FunctionType(run.__code__, globals_, run.__name__, None, run.__closure__)
-    return functools.update_wrapper(run, fun) if same_signature else run
+    return functools.update_wrapper(run, fun, updated=()) if same_signature else run
 
 
 def grad(fun, argnums=0, has_aux: bool = False):
@@ -75,12 +75,24 @@ def grad(fun, argnums=0, has_aux: bool = False):
     jax.grad: `pj.grad(f)(x)` has the structure of x (a tuple of such for a tuple `argnums`); with has_aux, `fun`
     returns (output, aux) and the call returns (grads, aux). Integer and bool inputs get zeros of their own dtype.
     Works on traced values inside prepared functions and eagerly on NumPy arrays."""
-    return _as_function(_Transformed(fun, argnums, has_aux, with_value=False), fun)
+    return _transformed(fun, argnums, has_aux, with_value=False)
 
 
 def value_and_grad(fun, argnums=0, has_aux: bool = False):
     """Like pj.grad, returning (value, grads), or ((value, aux), grads) with has_aux, as jax.value_and_grad."""
-    return _as_function(_Transformed(fun, argnums, has_aux, with_value=True), fun)
+    return _transformed(fun, argnums, has_aux, with_value=True)
+
+
+def _transformed(fun, argnums, has_aux: bool, with_value: bool):
+    """The transformed function, one per function and options: kept in `fun`'s own attributes where it has them,
+    so that `pj.grad(loss)(w)` written inside a Python loop prepares once for its eager calls (the cache lives
+    and dies with `fun`)."""
+    key = (argnums if isinstance(argnums, int) else tuple(argnums), bool(has_aux), with_value)
+    attributes = getattr(fun, "__dict__", None)
+    cache = attributes.setdefault("_prepjit_transformed", {}) if isinstance(attributes, dict) else {}
+    if key not in cache:
+        cache[key] = _as_function(_Transformed(fun, argnums, has_aux, with_value), fun)
+    return cache[key]
 
 
 def vjp(fun, *primals, has_aux: bool = False):

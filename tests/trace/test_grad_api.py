@@ -270,3 +270,15 @@ def test_scan_and_cond_match_jax_while_loop_is_refused():
     with pytest.raises(pj.TraceError, match="trip count"):
         pj.grad(lambda x: pnp.sum(pj.while_loop(lambda c: c[1] < 3, lambda c: (c[0] * 2, c[1] + 1),
                                                 (x, 0))[0]))(np.ones(2))
+
+
+def test_eager_grad_in_a_python_loop_prepares_once():
+    def loss(w, x):
+        return pnp.sum((x @ w) ** 2)
+    x, w = rng.standard_normal((4, 3)), rng.standard_normal(3)
+    for _ in range(3):
+        w = w - 0.01 * np.asarray(pj.grad(loss)(w, x))
+    assert pj.grad(loss) is pj.grad(loss) and pj.grad(loss) is not pj.grad(loss, 1)
+    assert pj.grad(loss).__wrapped__ is loss and pj.grad(pj.grad(lambda w: pnp.sum(w ** 3)))
+    transformed = pj.grad(loss).__closure__[0].cell_contents  # what the function calls (autodiff._Transformed)
+    assert transformed.prepared.stats["traces"] == 1  # its eager prepared function traced once for the 3 calls
