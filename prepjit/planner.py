@@ -23,6 +23,7 @@ from .runtime.cache import Abandoned, CachedKernel, kernel_cache
 from .runtime.dynamic_loop import DynamicLaunches
 from .runtime.compile_pool import run_now
 from .runtime.plan import ExecutionPlan, LoopLaunches, PlanBuffer, PreparedKernel, PreparedKernels, RuntimeVar
+from . import tune
 from .stages import stage
 from .trace.tracing import Traced
 from .uop import UOp, render_python, serial
@@ -83,6 +84,8 @@ def _build(asts: list[UOp], device, counts: dict, meanwhile=None):
     misses = []
     for ast in asts:
         key = disk_cache.kernel_key(ast, device.name, device.compiler_id)
+        tune.choose(ast, device, key)  # fixes its block shape (PREPJIT_TUNE's record) before it is optimised
+        key = _kernel_key(ast, device) if tune.key_suffix(ast) else key
         kernel = _load_entry(key, device) if key else None
         if kernel is None:
             misses.append((ast, key))
@@ -156,10 +159,15 @@ def _load_entry(key: str, device) -> CachedKernel | None:
     return kernel
 
 
+def _kernel_key(ast: UOp, device) -> str | None:
+    """The kernel's disk-cache key: its AST, device, compiler and tuned block shape (tune.py)."""
+    return disk_cache.kernel_key(ast, device.name, device.compiler_id + tune.key_suffix(ast))
+
+
 def _prove(ast: UOp, device, shapes: tuple, constraints: list) -> int:
     """prove_optimized, remembered in the disk cache: a process that loads the kernel from disk does not
     optimise it again just to prove it (a failed proof is never remembered: it raises every time)."""
-    key = disk_cache.kernel_key(ast, device.name, device.compiler_id)
+    key = _kernel_key(ast, device)
     if key is not None:
         try:
             key = disk_cache.record_key("proof", key, json.dumps(serial.to_data(tuple(constraints))), json.dumps(

@@ -22,11 +22,12 @@ from __future__ import annotations
 import attrs
 
 from ..uop import Ops, UOp
-from .optimize import COLUMN_VECTORS, column_block, contraction_axes, stride_along, upcast_contraction
+from .optimize import (COLUMN_VECTORS, DEFAULT_BLOCKING, Blocking, column_block, contraction_axes, stride_along,
+                       upcast_contraction)
 from .target import CPUTarget
 
 MAX_ROWS = 8                 # output rows (product of the loops the weight does not depend on) of a matvec, at most
-MATVEC_ROW_BYTES = 256       # bytes of contiguous output columns per block of a one-row contraction
+MATVEC_ROW_BYTES = DEFAULT_BLOCKING.matvec_row_bytes  # bytes of output columns per block of a one-row matvec
 
 
 def matvec_axes(ast: UOp):
@@ -51,11 +52,11 @@ def matvec_axes(ast: UOp):
     return (j, [r for r in loops if r is not j]) if rows <= MAX_ROWS else None
 
 
-def matvec(ast: UOp, target: CPUTarget) -> UOp | None:
+def matvec(ast: UOp, target: CPUTarget, blocking: Blocking = DEFAULT_BLOCKING) -> UOp | None:
     """The kernel of a matvec contraction (see matvec_axes), unblocked, with its output columns the outermost
     loop and every other loop inside, in order (unless another loop is larger, like a batch of matrices: then
     the loops keep their order); a one-row contraction over a weight contiguous along the columns blocked
-    MATVEC_ROW_BYTES wide; None for other kernels (optimize.py blocks them)."""
+    MATVEC_ROW_BYTES wide (or `blocking`'s width); None for other kernels (optimize.py blocks them)."""
     found = matvec_axes(ast)
     if found is None:
         axes = contraction_axes(ast)
@@ -63,9 +64,10 @@ def matvec(ast: UOp, target: CPUTarget) -> UOp | None:
             return None
         # optimize.py's blocks are COLUMN_VECTORS vectors wide: a target of proportionally wider vectors
         # gives MATVEC_ROW_BYTES (rendering still uses the real target's vectors)
-        wide = attrs.evolve(target, vector_bytes=max(target.vector_bytes, MATVEC_ROW_BYTES // COLUMN_VECTORS))
+        row_bytes = blocking.matvec_row_bytes
+        wide = attrs.evolve(target, vector_bytes=max(target.vector_bytes, row_bytes // COLUMN_VECTORS))
         width, tail = column_block(wide, axes[1].dtype.itemsize, axes[3].src[0])
-        return upcast_contraction(ast, wide) if width > 1 and not tail else None
+        return upcast_contraction(ast, wide, blocking) if width > 1 and not tail else None
     j, others = found
     if any(r.src[0].vmax > j.src[0].vmax for r in others):  # a larger loop (a batch) stays where it is
         return ast

@@ -34,12 +34,27 @@ from __future__ import annotations
 
 import functools
 
+import attrs
+
 from ..uop import Ops, UOp, dtypes, simplify
 from .target import CPUTarget, host_target
 
 MAX_ACCUMULATORS = 16     # vector accumulators a block keeps in registers, at most
 COLUMN_VECTORS = 2        # vectors of contiguous output columns per block row
 MIN_PANEL_GROUPS = 4      # groups to split over threads, at least
+
+
+@attrs.frozen
+class Blocking:
+    """The block-shape knobs a kernel is optimised with: the defaults, or what PREPJIT_TUNE's timed search chose
+    for it (prepjit/tune.py). Column widths stay as they are (packing.py lays panels out by them)."""
+    max_accumulators: int = MAX_ACCUMULATORS   # vector accumulators of a register block: its rows
+    matvec_row_bytes: int = 256                # bytes of output columns per block of a one-row contraction (matvec.py)
+
+
+DEFAULT_BLOCKING = Blocking()
+# kernel AST -> the Blocking chosen for it; set (once per AST) before the kernel is first optimised
+tuned: dict[UOp, Blocking] = {}
 
 
 def const_end(r: UOp) -> int | None:
@@ -53,9 +68,9 @@ def stride_along(index: UOp, r: UOp) -> int | None:
     return step.arg if step.op is Ops.CONST else None
 
 
-def register_block(target: CPUTarget, itemsize: int) -> tuple[int, int]:
+def register_block(target: CPUTarget, itemsize: int, blocking: Blocking = DEFAULT_BLOCKING) -> tuple[int, int]:
     """(rows, columns) of the register block of a contraction with elements of `itemsize` bytes."""
-    budget = min(target.vector_registers - 2 * COLUMN_VECTORS - 2, MAX_ACCUMULATORS)
+    budget = min(target.vector_registers - 2 * COLUMN_VECTORS - 2, blocking.max_accumulators)
     return max(1, budget // COLUMN_VECTORS), COLUMN_VECTORS * target.lanes(itemsize)
 
 
@@ -126,14 +141,14 @@ def contraction_axes(ast: UOp):
     return store, red, loops, j, others[-1] if others else None
 
 
-def upcast_contraction(ast: UOp, target: CPUTarget) -> UOp:
+def upcast_contraction(ast: UOp, target: CPUTarget, blocking: Blocking = DEFAULT_BLOCKING) -> UOp:
     """Register-block a kernel computing one float ADD reduction per output element; others are returned as is."""
     axes_found = contraction_axes(ast)
     if axes_found is None:
         return ast
     store, red, loops, j, i = axes_found
     out, index, value = store.src
-    rows_per_block, _ = register_block(target, value.dtype.itemsize)
+    rows_per_block, _ = register_block(target, value.dtype.itemsize, blocking)
     uj, tail = column_block(target, value.dtype.itemsize, j.src[0])
     if uj == 1:
         return ast
@@ -217,13 +232,33 @@ def _renumber(ast: UOp) -> UOp:
     return ast.substitute({r: UOp(Ops.RANGE, r.dtype, r.src, (n, r.arg[1])) for n, r in enumerate(ranges)})
 
 
-@functools.lru_cache(maxsize=4096)
 def optimize(ast: UOp, language: str, target: CPUTarget | None = None) -> UOp:
-    """The optimised AST for a renderer (for llvm, blocked for `target`, by default this host's CPU);
-    renderers that cannot yet take multi-store kernels get it unchanged. Memoised: the bounds proof and
-    the renderer ask for the same kernel."""
+    """The optimised AST for a renderer (for llvm, blocked for `target`, by default this host's CPU, with the
+    Blocking `tuned` holds for it); renderers that cannot yet take multi-store kernels get it unchanged.
+    Memoised: the bounds proof and the renderer ask for the same kernel."""
+    return optimize_with(ast, language, target, tuned.get(ast, DEFAULT_BLOCKING))
+
+
+@functools.lru_cache(maxsize=4096)
+def optimize_with(ast: UOp, language: str, target: CPUTarget | None, blocking: Blocking) -> UOp:
+    """`optimize` with the given Blocking."""
     if language != "llvm":
         return ast
     from .matvec import matvec  # matvec.py builds on this module's contraction analysis
-    found = matvec(ast, target or host_target())
-    return found if found is not None else upcast_contraction(ast, target or host_target())
+    found = matvec(ast, target or host_target(), blocking)
+    return found if found is not None else upcast_contraction(ast, target or host_target(), blocking)
+
+
+def blocking_candidates(ast: UOp, target: CPUTarget | None = None) -> list[Blocking]:
+    """The Blockings worth timing for `ast` (PREPJIT_TUNE): the default first, then others that give a kernel of
+    another shape; a single one when the kernel has nothing to choose."""
+    target = target or host_target()
+    options = [DEFAULT_BLOCKING] + [Blocking(max_accumulators=a) for a in (8, 12, 24)] + \
+        [Blocking(matvec_row_bytes=b) for b in (128, 512, 1024)]
+    seen, chosen = set(), []
+    for blocking in options:
+        kernel = optimize_with(ast, "llvm", target, blocking)
+        if kernel not in seen:
+            seen.add(kernel)
+            chosen.append(blocking)
+    return chosen

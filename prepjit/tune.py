@@ -1,0 +1,125 @@
+"""PREPJIT_TUNE=1: a short timed search over a kernel's block shapes at prepare time, the winner kept on disk.
+
+A contraction on the cpu can be blocked several ways (codegen/optimize.py `blocking_candidates`: rows per
+register block, columns per block of a one-row matvec). With PREPJIT_TUNE=1, a kernel being built for the
+first time (no tuning record yet) is compiled in each candidate shape and timed on scratch buffers of its own
+sizes, with the weight-sized operands evicted from the caches between runs when they exceed the L2 cache (a
+decode step streams its weights from memory); the fastest shape wins unless it beats the default by less than
+MIN_GAIN. The choice is written to the disk cache as a "tune" record, so it is searched once per kernel,
+host and prepjit version, and read back by every later process, with PREPJIT_TUNE set or not.
+
+The choice is fixed for an AST before the kernel is first optimised in a process (`optimize.tuned`), so the
+bounds proof, the renderer and the disk cache (whose kernel key names the choice) all see the same kernel.
+Only var-free cpu kernels are tuned (their buffers and launch have one size).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import os
+import time
+
+import numpy as np
+
+from .codegen import optimize as opt
+from .codegen.render_llvm import render_llvm
+from .runtime import disk_cache
+from .runtime.cpu import PARALLEL_MIN_ITERATIONS, _loop_iterations
+from .uop import Ops, UOp
+
+log = logging.getLogger("prepjit")
+
+RUNS = 5            # timed runs of each candidate; the fastest counts
+MIN_GAIN = 0.03     # a candidate replaces the default only when it is this much faster
+FLUSH_BYTES = 64 << 20  # written between runs to evict operands larger than the L2 cache
+MAX_SCRATCH_ELEMENTS = 1 << 27  # a kernel whose buffers would be larger is not tuned
+
+
+def enabled() -> bool:
+    return os.environ.get("PREPJIT_TUNE", "0") == "1"
+
+
+def key_suffix(ast: UOp) -> str:
+    """What the kernel's disk-cache key adds for its chosen Blocking ("" for the default)."""
+    blocking = opt.tuned.get(ast, opt.DEFAULT_BLOCKING)
+    if blocking == opt.DEFAULT_BLOCKING:
+        return ""
+    return f"-tuned-{blocking.max_accumulators}-{blocking.matvec_row_bytes}"
+
+
+def choose(ast: UOp, device, kernel_key: str | None):
+    """Fix the Blocking of a kernel about to be built: the disk cache's record, else (PREPJIT_TUNE=1) a search,
+    else the default. `kernel_key`: the kernel's untuned disk key (None: no data form, nothing recorded)."""
+    if ast in opt.tuned or device.language != "llvm" or kernel_key is None:
+        return
+    key = disk_cache.record_key("tune", kernel_key)
+    record = disk_cache.read_record("tune", key)
+    if record is not None:
+        opt.tuned[ast] = opt.Blocking(**record[0])
+        return
+    if not enabled() or ast.variables() or not hasattr(device, "threads"):
+        return
+    candidates = opt.blocking_candidates(ast)
+    if len(candidates) < 2:
+        return
+    blocking = search(ast, device, candidates)
+    opt.tuned[ast] = blocking
+    disk_cache.write_record("tune", key, {"max_accumulators": blocking.max_accumulators,
+                                          "matvec_row_bytes": blocking.matvec_row_bytes})
+
+
+def search(ast: UOp, device, candidates: list) -> opt.Blocking:
+    """The fastest of `candidates` (the first is the default) for `ast`, timed on the cpu device."""
+    buffers = _scratch_buffers(ast)
+    if buffers is None:
+        return candidates[0]
+    bufs = (ctypes.c_void_p * max(1, len(buffers)))(*(b.ctypes.data for b in buffers))
+    vals = (ctypes.c_int64 * 1)()
+    nbytes = sum(b.nbytes for b in buffers)
+    flush = np.zeros(FLUSH_BYTES // 4, np.float32) if nbytes > opt.host_target().l2_bytes else None
+    outer, inner = _loop_iterations(ast)
+    threads = device.threads if outer > 1 and outer * inner >= PARALLEL_MIN_ITERATIONS else None
+    runs, programs = [], []  # a call running each candidate once; the compiled code it calls, kept alive
+    for blocking in candidates:
+        source = render_llvm(opt.optimize_with(ast, "llvm", None, blocking))
+        program = device.load(source.name, device.compile(source.name, source.source))
+        programs.append(program)
+        size = int(source.global_size[0].vmax) if source.global_size else 1
+        fn = ctypes.cast(program.fn, ctypes.c_void_p).value
+        if threads is not None:
+            runs.append(functools.partial(threads.parallel, fn, ctypes.addressof(bufs), ctypes.addressof(vals), size,
+                                          threads.chunks(size)))
+        else:
+            runs.append(functools.partial(program.fn, ctypes.addressof(bufs), ctypes.addressof(vals), 0, size))
+    times = [float("inf")] * len(runs)
+    for rep in range(RUNS + 1):  # round robin, so a disturbance hits every candidate alike; the first run warms
+        for c, run in enumerate(runs):
+            if flush is not None:
+                flush += 1
+            start = time.perf_counter()
+            run()
+            if rep:
+                times[c] = min(times[c], time.perf_counter() - start)
+    winner = min(range(len(candidates)), key=times.__getitem__)
+    if times[winner] > times[0] * (1 - MIN_GAIN):
+        winner = 0
+    log.info("tune %s: %s (accumulators / matvec row bytes: us) -> %s", ast.arg, ", ".join(
+        f"{b.max_accumulators}/{b.matvec_row_bytes}: {t * 1e6:.1f}" for b, t in zip(candidates, times)),
+        candidates[winner])
+    return candidates[winner]
+
+
+def _scratch_buffers(ast: UOp) -> list[np.ndarray] | None:
+    """A buffer per slot of the kernel, as large as its highest index, holding small values (no denormals), or
+    None when one would be larger than MAX_SCRATCH_ELEMENTS."""
+    sizes: dict[int, tuple] = {}
+    for u in ast.toposort():
+        if u.op in (Ops.LOAD, Ops.STORE) and u.src[0].op is Ops.DEFINE_GLOBAL:
+            slot, dtype = u.src[0].arg, u.src[0].dtype
+            extent = int(u.src[1].vmax) + 1
+            sizes[slot] = (max(extent, sizes.get(slot, (0,))[0]), dtype)
+    if any(extent > MAX_SCRATCH_ELEMENTS for extent, _ in sizes.values()):
+        return None  # an index bounded only by its dtype (a gather's ids): not timed
+    return [np.full(sizes[slot][0], 0.5, sizes[slot][1].np) if slot in sizes else np.zeros(1, np.float32)
+            for slot in range(max(sizes, default=-1) + 1)]

@@ -1,0 +1,61 @@
+"""PREPJIT_TUNE (prepjit/tune.py): a contraction's block shapes timed at prepare time, the winner used for the
+kernel (the bounds proof, the renderer and the disk key agree on it), recorded on disk and read back by a new
+process that does not tune."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+import prepjit as pj
+from prepjit import tune
+from prepjit.codegen import optimize as opt
+
+SCRIPT = """
+import sys, numpy as np, prepjit as pj
+from prepjit import tune
+from prepjit.codegen import optimize as opt
+x, w = np.ones((8, 192), np.float32), np.full((192, 96), 0.5, np.float32)
+f = pj.prepare(lambda x, w: x @ w, device="cpu")
+assert np.allclose(np.asarray(f(x, w)), x @ w)
+(k,) = f.plan(x, w).kernels
+print(f.stats["compiles"], f.stats["disk_hits"], opt.tuned.get(k.ast) == opt.Blocking(max_accumulators=8))
+"""
+
+
+def test_a_tuned_choice_is_used_recorded_and_read_back(tmp_path, monkeypatch):
+    monkeypatch.setenv("PREPJIT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("PREPJIT_TUNE", "1")
+    timed = []
+
+    def search(ast, device, candidates):  # the real search runs too; the test then takes a non-default shape
+        timed.append(tune.search.__wrapped__(ast, device, candidates))
+        return next(b for b in candidates if b.max_accumulators == 8)
+    search.__wrapped__ = tune.search
+    monkeypatch.setattr(tune, "search", search)
+    rng = np.random.default_rng(0)
+    x, w = np.ones((8, 192), np.float32), np.full((192, 96), 0.5, np.float32)
+    f = pj.prepare(lambda x, w: x @ w, device="cpu")
+    np.testing.assert_allclose(np.asarray(f(x, w)), x @ w, rtol=1e-5)
+    (k,) = f.plan(x, w).kernels
+    assert len(timed) == 1 and timed[0] in opt.blocking_candidates(k.ast)
+    assert opt.tuned[k.ast] == opt.Blocking(max_accumulators=8) and tune.key_suffix(k.ast)
+    assert opt.optimize(k.ast, "llvm") is opt.optimize_with(k.ast, "llvm", None, opt.Blocking(max_accumulators=8))
+    assert opt.optimize(k.ast, "llvm") is not opt.optimize_with(k.ast, "llvm", None, opt.DEFAULT_BLOCKING)
+    a, b = rng.standard_normal((8, 192)).astype(np.float32), rng.standard_normal((192, 96)).astype(np.float32)
+    np.testing.assert_allclose(np.asarray(f(a, b)), a @ b, rtol=1e-4, atol=1e-4)
+    env = {k: v for k, v in os.environ.items() if k != "PREPJIT_TUNE"}
+    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["0", "1", "True"]  # the record's shape, and its kernel from the disk cache
+
+
+def test_no_tuning_unless_asked(tmp_path, monkeypatch):
+    monkeypatch.setenv("PREPJIT_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("PREPJIT_TUNE", raising=False)
+    monkeypatch.setattr(tune, "search", lambda *a: (_ for _ in ()).throw(AssertionError("searched")))
+    x, w = np.ones((4, 160), np.float32), np.ones((160, 64), np.float32)
+    f = pj.prepare(lambda x, w: x @ w + 1, device="cpu")
+    np.testing.assert_allclose(np.asarray(f(x, w)), x @ w + 1)
+    (k,) = f.plan(x, w).kernels
+    assert k.ast not in opt.tuned and tune.key_suffix(k.ast) == ""
