@@ -7,6 +7,8 @@ synthetic data (Gaussian clusters, one per class) come from pj.random; nothing i
     python examples/train_mlp.py --check          # the same run with NumPy's hand-written gradients (and JAX's
                                                   # value_and_grad when installed), compared step for step
     python examples/train_mlp.py --optimizer sgd --lr 0.1 --epochs 3
+    python examples/train_mlp.py --devices cpu,cpu     # data parallel: each batch split over two replicas, the
+                                                      # gradients averaged with pj.pmean (cuda:0,cuda:1 on GPUs)
 """
 from __future__ import annotations
 
@@ -21,14 +23,21 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from models import mlp_train  # noqa: E402
 
 
-def prepared_step(optimizer: str, lr: float, max_batch: int, device: str | None = None):
+def prepared_step(optimizer: str, lr: float, max_batch: int, device: str | None = None, devices=None):
     """The whole training step, prepared with a symbolic batch: (params, state, x, labels) -> (loss, params,
-    state) with Adam, (params, x, labels) -> (loss, params) with SGD."""
+    state) with Adam, (params, x, labels) -> (loss, params) with SGD. With `devices` (data parallel) each
+    batch is split over the replicas and the loss and gradients are averaged across them with pj.pmean,
+    each replica's weighted by its share of the rows (1 when they divide evenly): the full batch's."""
     import prepjit as pj
     import prepjit.numpy as pnp
 
     def value_and_grad(params, x, labels):
-        return pj.value_and_grad(lambda p: mlp_train.loss(pnp, p, x, labels))(params)
+        value, grads = pj.value_and_grad(lambda p: mlp_train.loss(pnp, p, x, labels))(params)
+        if devices:
+            rows = x.shape[0] * pnp.ones((), pnp.float32)  # one round of collectives: sums weighted by rows
+            mean_rows, value, grads = pj.pmean((rows, value * rows, mlp_train.tree_map(lambda g: g * rows, grads)))
+            value, grads = value / mean_rows, mlp_train.tree_map(lambda g: g / mean_rows, grads)
+        return value, grads
 
     def adam_step(params, state, x, labels):
         value, grads = value_and_grad(params, x, labels)
@@ -39,6 +48,8 @@ def prepared_step(optimizer: str, lr: float, max_batch: int, device: str | None 
         return value, mlp_train.sgd(pnp, params, grads, lr)
 
     kwargs = {} if device is None else {"device": device}
+    if devices:
+        kwargs = {"devices": list(devices), "split": {"x": 0, "labels": 0}}
     return pj.prepare(adam_step if optimizer == "adam" else sgd_step, vars={"n": (1, max_batch)},
                       shapes={"x": ("n", None), "labels": ("n",)}, **kwargs)
 
@@ -71,16 +82,16 @@ def batches(key, epoch: int, n: int, batch: int):
 
 
 def train(sizes=(32, 64, 64, 8), n_train=3000, n_test=1000, batch=128, epochs=5, lr=3e-3, optimizer="adam",
-          seed=0, spread=0.6, device=None, progress=True, log=True, reference=None) -> dict:
+          seed=0, spread=0.6, device=None, progress=True, log=True, reference=None, devices=None) -> dict:
     """Train; returns the per-step losses, per-epoch mean losses, the test accuracy, the step's stats and the
     final parameters. `reference` ("numpy" or "jax") runs the same loop with that framework's gradients
-    instead (same data, batches and initial weights)."""
+    instead (same data, batches and initial weights). `devices` trains data parallel (prepared_step)."""
     import prepjit as pj
     (x, y), (x_test, y_test), key = make_data(seed, sizes, n_train, n_test, spread)
     k_init, k_order = pj.random.split(key)
     params = mlp_train.init_params(k_init, sizes)
     state = mlp_train.adam_init(params) if optimizer == "adam" else None
-    step = reference_step(reference, optimizer, lr) if reference else prepared_step(optimizer, lr, batch, device)
+    step = reference_step(reference, optimizer, lr) if reference else prepared_step(optimizer, lr, batch, device, devices)
     losses, curve = [], []
     bar = _progress(epochs * -(-n_train // batch), progress, log)
     for epoch in range(epochs):
@@ -98,7 +109,7 @@ def train(sizes=(32, 64, 64, 8), n_train=3000, n_test=1000, batch=128, epochs=5,
     accuracy = float(np.mean(np.argmax(mlp_train.logits(np, params, x_test), axis=1) == y_test))
     result = {"losses": losses, "curve": curve, "accuracy": accuracy, "params": params, "chance": 1 / sizes[-1]}
     if not reference:
-        evaluate = prepared_eval(batch, device)
+        evaluate = prepared_eval(batch, device or (devices[0] if devices else None))
         summed, right = 0.0, 0
         for i in range(0, n_test, batch):  # the prepared evaluation, its last batch smaller too
             s, c = evaluate(params, x_test[i:i + batch], y_test[i:i + batch])
@@ -177,6 +188,8 @@ def main(argv=None) -> int:
     parser.add_argument("--lr", type=float, default=None, help="learning rate (adam 3e-3, sgd 0.1)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default=None, help="prepjit device (cpu, opencl, cuda)")
+    parser.add_argument("--devices", default=None, help="data parallel over these devices, comma-separated "
+                        "(cuda:0,cuda:1; cpu,cpu for replicas on the host)")
     parser.add_argument("--check", action="store_true", help="compare with NumPy's hand-written gradients (and JAX)")
     parser.add_argument("--no-progress", action="store_true", help="no tqdm bar (epoch lines only)")
     args = parser.parse_args(argv)
@@ -188,7 +201,8 @@ def main(argv=None) -> int:
           f"{args.batch} (last {args.train % args.batch or args.batch}): one prepared step, symbolic batch n <= "
           f"{args.batch}")
     start = time.perf_counter()
-    result = train(**config, device=args.device, progress=not args.no_progress)
+    devices = args.devices.split(",") if args.devices else None
+    result = train(**config, device=args.device, devices=devices, progress=not args.no_progress)
     seconds = time.perf_counter() - start
     steps = len(result["losses"])
     print(f"loss {result['losses'][0]:.4f} -> {result['losses'][-1]:.4f} over {steps} steps "

@@ -71,7 +71,7 @@ def levels(traced: Traced, collectives: list) -> tuple[dict, list]:
         else:
             level[node] = max((level[c] for c in _children(node, sources)), default=0)
     reached = [c for c in collectives if c.result in level]
-    for c in reached:
+    for c in collectives:  # those the outputs do not reach too: a gradient through one would be silently zero
         if any(n.op is Ops.CARRY for n in c.source.toposort()):
             where = "a function pj.grad / pj.vjp differentiates" if any(
                 n.op is Ops.CARRY and isinstance(n.arg[0], tuple) for n in c.source.toposort()) else \

@@ -32,7 +32,7 @@ def combine(kind: str, stacked: np.ndarray) -> np.ndarray:
     """The collective's result from every replica's value stacked in replica order."""
     if kind == "all_gather":
         return stacked
-    out = stacked[0].copy()
+    out = np.array(stacked[0])  # an ndarray, 0-d ones too
     with np.errstate(over="ignore"):  # integers wrap, as on the device
         for value in stacked[1:]:
             out += value

@@ -1,0 +1,317 @@
+"""Several devices (prepjit/multi_device.py): replicas on the host's cpu (and on CUDA GPUs where there are
+some), split and replicated arguments, collectives, outputs that vary or are replicated, data-parallel
+gradients, the errors, and a job of several processes meeting through a torchrun-style environment."""
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import prepjit as pj
+import prepjit.numpy as pnp
+from prepjit.runtime import nccl
+from prepjit.runtime.devices import available_devices
+
+CPU3 = ["cpu", "cpu", "cpu"]
+
+
+def _mlp(x, w1, w2):
+    return pnp.tanh(x @ w1) @ w2
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(0)
+    return (rng.standard_normal((10, 8)).astype(np.float32), rng.standard_normal((8, 16)).astype(np.float32),
+            rng.standard_normal((16, 4)).astype(np.float32))
+
+
+def test_forward_uneven_split_equals_one_device_and_numpy(data):
+    x, w1, w2 = data
+    spec = dict(vars={"n": (1, 64)}, shapes={"x": ("n", 8)})
+    multi = pj.prepare(_mlp, devices=CPU3, split={"x": 0}, **spec)
+    single = pj.prepare(_mlp, **spec)
+    expected = np.tanh(x @ w1) @ w2
+    for rows in (10, 7, 3):  # 4,3,3 / 3,2,2 / 1,1,1 rows per replica: one trace
+        out = multi(x[:rows], w1, w2)
+        assert isinstance(out, pj.Array) and out.shape == (rows, 4)
+        np.testing.assert_allclose(np.asarray(out), np.asarray(single(x[:rows], w1, w2)), rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(out), expected[:rows], rtol=1e-5, atol=1e-5)
+    assert multi.stats["traces"] == 1 and multi.stats["replays"] == 3
+    plans = multi.plans(x, w1, w2)
+    assert len(plans) == 1 and len(plans[0]) == 3  # one stage (no collective), a plan per replica
+    assert len({id(p) for p in plans[0]}) == 3
+    assert {k.kernel.program is not None for p in plans[0] for k in p.kernels} == {True}
+    # the same compiled kernels on every replica of one device (the kernel cache dedupes)
+    assert [k.kernel for k in plans[0][0].kernels] == [k.kernel for k in plans[0][1].kernels]
+
+
+def test_collectives_vs_numpy(data):
+    x, w1, _ = data
+
+    @pj.prepare(devices=CPU3, split={"x": 0}, vars={"n": (1, 64)}, shapes={"x": ("n", 8)})
+    def f(x, w):
+        h = pnp.tanh(x @ w)
+        local = h.sum(0)
+        return (h / pj.psum(local), pj.pmean(local), pj.all_gather(local), pj.all_gather(local, axis=1),
+                pj.all_gather(local[None], tiled=True), pj.device_index() + 0 * local[:1].astype(pnp.int32))
+
+    h = np.tanh(x @ w1)
+    parts = [p.sum(0) for p in np.array_split(h, 3)]
+    scaled, mean, stacked, stacked1, tiled, index = (np.asarray(o) for o in f(x, w1))
+    np.testing.assert_allclose(scaled, h / h.sum(0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(mean, h.sum(0) / 3, rtol=1e-5, atol=1e-6)  # the mean of the replicas' sums
+    np.testing.assert_allclose(stacked, np.stack(parts), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(stacked1, np.stack(parts, axis=1), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(tiled, np.stack(parts), rtol=1e-5, atol=1e-6)
+    assert index.tolist() == [0, 1, 2]  # varying, 1 row each: concatenated
+    plans = f.plans(x, w1)
+    assert len(plans) == 2 and all(len(p) == 3 for p in plans)  # a stage before the collectives and one after
+
+
+def test_replicated_and_varying_outputs_split_axis_1():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((3, 8)).astype(np.float32)
+    w = rng.standard_normal((3, 3)).astype(np.float32)
+
+    @pj.prepare(devices=["cpu", "cpu"], split={"x": 1}, vars={"m": (1, 32)}, shapes={"x": (3, "m")})
+    def f(x, w):
+        return w @ x, w * 2, pj.psum(x.sum(1))  # varies (along axis 1), replicated, replicated
+    y, w2, total = f(x, w)
+    np.testing.assert_allclose(np.asarray(y), w @ x, rtol=1e-5, atol=1e-5)
+    assert w2.shape == (3, 3) and total.shape == (3,)
+    np.testing.assert_allclose(np.asarray(w2), w * 2)
+    np.testing.assert_allclose(np.asarray(total), x.sum(1), rtol=1e-5, atol=1e-5)
+
+
+def test_one_replica_is_the_identity_axis():
+    @pj.prepare(devices=["cpu"], split={"x": 0})
+    def f(x):
+        return pj.psum(x), pj.pmean(x), pj.all_gather(x), pj.device_index()[None]
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    s, m, g, i = (np.asarray(o) for o in f(x))
+    np.testing.assert_array_equal(s, x)
+    np.testing.assert_array_equal(m, x)
+    np.testing.assert_array_equal(g, x[None])
+    assert i.tolist() == [0]
+
+
+def _loss(w, x, y):
+    return pnp.mean((x @ w - y) ** 2)
+
+
+def test_data_parallel_gradients_equal_the_full_batch():
+    """Each replica's gradient of its rows, weighted by its row count and pmean-ed: the full batch's gradient
+    (uneven split); with an even split the plain pmean of the gradients is the same."""
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((11, 5)).astype(np.float32)
+    y = rng.standard_normal((11, 2)).astype(np.float32)
+    w = rng.standard_normal((5, 2)).astype(np.float32)
+
+    @pj.prepare(devices=CPU3, split={"x": 0, "y": 0}, vars={"n": (1, 32)}, shapes={"x": ("n", 5), "y": ("n", 2)})
+    def step(w, x, y):
+        value, grad = pj.value_and_grad(_loss)(w, x, y)
+        rows = x.shape[0] * pnp.ones((), pnp.float32)
+        weight = rows / pj.psum(rows)
+        return pj.psum(value * weight), pj.psum(grad * weight), pj.pmean(grad)
+
+    value, grad, plain = step(w, x, y)
+    one = pj.prepare(pj.value_and_grad(_loss), vars={"n": (1, 32)}, shapes={"x": ("n", 5), "y": ("n", 2)})
+    v1, g1 = one(w, x, y)
+    ref = 2 * x.T @ (x @ w - y) / y.size
+    np.testing.assert_allclose(np.asarray(grad), ref, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(grad), np.asarray(g1), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(float(np.asarray(value)), float(np.asarray(v1)), rtol=1e-5)
+    value, grad, plain = step(w, x[:9], y[:9])  # 3 rows each: the plain pmean is the full-batch gradient too
+    ref = 2 * x[:9].T @ (x[:9] @ w - y[:9]) / y[:9].size
+    np.testing.assert_allclose(np.asarray(plain), ref, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(grad), ref, rtol=1e-4, atol=1e-5)
+    assert step.stats["traces"] == 1
+
+
+def test_training_example_data_parallel():
+    from examples import train_mlp
+    config = dict(sizes=(16, 32, 4), n_train=201, n_test=50, batch=64, epochs=1, seed=1, spread=1.0)  # last batch 5 + 4
+    one = train_mlp.train(**config, progress=False, log=False)
+    two = train_mlp.train(**config, devices=["cpu", "cpu"], progress=False, log=False)
+    np.testing.assert_allclose(two["losses"], one["losses"], rtol=1e-4)
+    for p, q in zip(two["params"], one["params"]):
+        for k in p:
+            np.testing.assert_allclose(p[k], q[k], rtol=1e-4, atol=1e-5)
+    assert two["stats"]["traces"] == 1
+
+
+def test_errors_and_recovery():
+    x = np.ones((5, 4), np.float32)
+
+    @pj.prepare(devices=["cpu", "cpu"], split={"x": 0}, vars={"n": (1, 64)}, shapes={"x": ("n", 4)})
+    def f(x):
+        return pj.psum(x)  # the split rows: needs an even split
+    with pytest.raises(pj.SignatureError, match="same shape on every replica"):
+        f(x)
+    np.testing.assert_array_equal(np.asarray(f(x[:4])), np.full((2, 4), 2, np.float32))  # still works
+
+    @pj.prepare(devices=["cpu", "cpu"], split={"x": 0})
+    def static(x):
+        return x * 2
+    with pytest.raises(pj.SignatureError, match="divide evenly"):
+        static(x)
+    assert static(x[:4]).shape == (4, 4)
+    with pytest.raises(pj.SignatureError, match="dims"):
+        pj.prepare(lambda x: x, devices=["cpu"], split={"x": 2})(x)
+
+    with pytest.raises(pj.DeviceError, match="once per replica"):
+        pj.prepare(lambda x: x, devices=["cpu:1"])
+    with pytest.raises(pj.DeviceError, match="unknown device"):
+        pj.prepare(lambda x: x, devices=["tpu:0"])
+    with pytest.raises(ValueError, match="not a parameter"):
+        pj.prepare(lambda x: x, devices=["cpu"], split={"y": 0})
+    with pytest.raises(ValueError, match="devices= replaces device="):
+        pj.prepare(lambda x: x, device="cpu", devices=["cpu"])
+
+    with pytest.raises(pj.TraceError, match="outside one"):
+        pj.prepare(lambda x: pj.psum(x))(x)
+    with pytest.raises(pj.TraceError, match="outside one"):
+        pj.device_index()
+    with pytest.raises(pj.TraceError, match="differentiates"):
+        pj.prepare(lambda x: pj.grad(lambda v: pj.psum(v).sum())(x), devices=["cpu", "cpu"], split={"x": 0})(x[:4])
+    with pytest.raises(pj.TraceError, match="loop"):
+        pj.prepare(lambda x: pj.fori_loop(0, 3, lambda i, c: pj.psum(c), x), devices=["cpu"])(x)
+    with pytest.raises(pj.TraceError, match="lacks"):
+        pj.prepare(lambda x: x.sum(), devices=["cpu", "cpu"], split={"x": 0})(x[:4])
+    with pytest.raises(pj.TraceError, match="bool"):
+        pj.prepare(lambda x: pj.psum(x > 0), devices=["cpu"])(x)
+
+
+def test_nccl_missing_says_what_to_install(monkeypatch):
+    monkeypatch.setattr(nccl, "_candidates", lambda: ["/nonexistent/libnccl.so.2"])
+    with pytest.raises(pj.DeviceError, match=r"pip install 'prepjit\[nccl\]'"):
+        nccl.load_library()
+
+
+def test_init_distributed_needs_the_environment(monkeypatch):
+    from prepjit.runtime.collectives_job import Job
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(pj.DeviceError, match="MASTER_ADDR"):
+        Job.from_env()
+    with pytest.raises(pj.DeviceError, match="outside a job"):
+        Job(2, 2, "127.0.0.1", 1)
+
+
+WORKER = textwrap.dedent("""
+    import sys, numpy as np, prepjit as pj, prepjit.numpy as pnp
+    job = pj.init_distributed()
+    devices = sys.argv[1].split(",")
+    @pj.prepare(devices=devices, split={"x": 0}, vars={"n": (1, 64)}, shapes={"x": ("n", 4)})
+    def f(x, w):
+        h = x @ w
+        return h, pj.psum(h.sum(0)), pj.all_gather(h.sum(0)), pj.device_index()[None] + 0 * x[:1, 0].astype(pnp.int32)
+    rng = np.random.default_rng(job.rank)
+    x = rng.standard_normal((4 + job.rank, 4)).astype(np.float32)   # each process its own rows
+    w = np.arange(12, dtype=np.float32).reshape(4, 3)
+    for _ in range(2):
+        out = f(x, w)
+    np.save(sys.argv[2], np.concatenate([np.asarray(o).ravel().astype(np.float64) for o in out]))
+""")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_job(tmp_path, devices: list, timeout: float = 240):
+    """Run WORKER in one process per entry of `devices` (that rank's devices, comma-separated)."""
+    world = len(devices)
+    env = {**os.environ, "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+           "NCCL_NVLS_ENABLE": "0", "PYTHONPATH": os.pathsep.join(sys.path)}
+    procs = [subprocess.Popen([sys.executable, "-c", WORKER, devices[r], str(tmp_path / f"out{r}.npy")],
+                              env={**env, "RANK": str(r)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+             for r in range(world)]
+    try:
+        logs = [p.communicate(timeout=timeout)[0].decode() for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
+    return [np.load(tmp_path / f"out{r}.npy") for r in range(world)]
+
+
+def _expected_job(world: int, local: int):
+    w = np.arange(12, dtype=np.float32).reshape(4, 3)
+    xs = [np.random.default_rng(r).standard_normal((4 + r, 4)).astype(np.float32) for r in range(world)]
+    parts = [p for x in xs for p in np.array_split(x @ w, local)]
+    total, stacked = sum(p.sum(0) for p in parts), np.stack([p.sum(0) for p in parts])
+    return [np.concatenate([(x @ w).ravel(), total, stacked.ravel(), np.arange(r * local, (r + 1) * local)])
+            for r, x in enumerate(xs)]
+
+
+def test_job_of_processes_on_cpu_replicas(tmp_path):
+    """Two processes (torchrun-style environment), two cpu replicas each: collectives over the job's sockets."""
+    got = _run_job(tmp_path, ["cpu,cpu", "cpu,cpu"])
+    for g, e in zip(got, _expected_job(2, 2)):
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-4)
+
+
+# ---- CUDA: NCCL (a world of one on the one-GPU machines; two GPUs where there are) ----
+
+def _gpus() -> int:
+    if "cuda" not in available_devices():
+        return 0
+    import pycuda.driver as drv
+    return drv.Device.count()
+
+
+def _nccl() -> bool:
+    try:
+        nccl.load_library()
+        return True
+    except pj.DeviceError:
+        return False
+
+
+needs_cuda = pytest.mark.skipif(_gpus() == 0 or not _nccl(), reason="needs a CUDA GPU, pycuda and NCCL")
+needs_two = pytest.mark.skipif(_gpus() < 2 or not _nccl(), reason="needs two CUDA GPUs and NCCL "
+                                                                   "(the lent machines here have one)")
+
+
+@needs_cuda
+def test_cuda_one_replica_nccl_world_of_one(data):
+    x, w1, w2 = data
+
+    @pj.prepare(devices=["cuda:0"], split={"x": 0}, vars={"n": (1, 64)}, shapes={"x": ("n", 8)})
+    def f(x, w1, w2):
+        y = _mlp(x, w1, w2)
+        return y, pj.psum(y.sum(0)), pj.all_gather(y.sum(0)), pj.pmean(y)
+    y, s, g, m = f(x, w1, w2)
+    expected = np.tanh(x @ w1) @ w2
+    assert y.device == "cuda"
+    np.testing.assert_allclose(np.asarray(y), expected, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(s), expected.sum(0), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(g), expected.sum(0)[None], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(m), expected, rtol=1e-4, atol=1e-4)
+    y, s, g, m = f(x[:5], w1, w2)  # replays
+    np.testing.assert_allclose(np.asarray(s), expected[:5].sum(0), rtol=1e-4, atol=1e-4)
+
+
+@needs_two
+def test_cuda_two_replicas(data):
+    x, w1, w2 = data
+    multi = pj.prepare(lambda x, w1, w2: (_mlp(x, w1, w2), pj.psum(_mlp(x, w1, w2).sum(0))),
+                       devices=["cuda:0", "cuda:1"], split={"x": 0}, vars={"n": (1, 64)}, shapes={"x": ("n", 8)})
+    y, s = multi(x, w1, w2)
+    expected = np.tanh(x @ w1) @ w2
+    np.testing.assert_allclose(np.asarray(y), expected, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(s), expected.sum(0), rtol=1e-4, atol=1e-4)
+
+
+@needs_two
+def test_cuda_job_of_two_processes(tmp_path):
+    """One process per GPU (cuda:0 and cuda:1 of one host), NCCL's unique id sent over the job's socket."""
+    for g, e in zip(_run_job(tmp_path, ["cuda:0", "cuda:1"]), _expected_job(2, 1)):
+        np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-3)
