@@ -184,6 +184,11 @@ def scan(f, init, xs=None, length=None, reverse=False, unroll=1):
     return carry, y_tree.unflatten(ys)
 
 
+def scan_map(f, xs):
+    """`f` applied to each slice of `xs` along its leading axis, stacked (jax.lax.map; `pj.lax.map`)."""
+    return scan(lambda carry, x: (carry, f(x)), None, xs)[1]
+
+
 def _pair(out):
     if not isinstance(out, (tuple, list)) or len(out) != 2:
         raise TraceError(f"scan's f must return a pair (carry, y), got {type(out).__name__}")

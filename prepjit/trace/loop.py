@@ -133,8 +133,9 @@ def _placeholders(inits: list) -> tuple:
     return tuple(UOp(Ops.CARRY, x.dtype, (), (loop_id, j, x.uop.shape)) for j, x in enumerate(inits))
 
 
-def fori_loop(lower, upper, body, carry):
-    """Run `carry = body(i, carry)` for i in range(lower, upper); `body` is traced once.
+def fori_loop(lower, upper, body, carry, *, unroll=None):
+    """Run `carry = body(i, carry)` for i in range(lower, upper); `body` is traced once. (`unroll` is accepted
+    for jax.lax.fori_loop's signature and ignored: static bounds give one kernel per iteration anyway.)
 
     The loop var is named after `body`'s first parameter. With static int bounds the prepared plan holds the
     body's kernels once per iteration with fixedvars {name: i}, all sharing one compilation. Bounds may also

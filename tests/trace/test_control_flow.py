@@ -391,3 +391,12 @@ def test_an_index_in_a_loop_over_var_bounds_is_checked_only_when_the_loop_runs(t
     g = pj.load(tmp_path / "p.pjplan", recompile=True)
     _close(g(x, 0, 9), 0.0)
     _close(g(x, 2, 1), 2.0)
+
+
+def test_lax_map_and_fori_loop_unroll(rng):
+    xs = rng.standard_normal((4, 3))
+    f = pj.prepare(lambda xs: pj.lax.map(lambda x: (x * x).sum(), xs), vars={"n": (1, 8)}, shapes={"xs": ("n", 3)})
+    _close(f(xs), (xs * xs).sum(1))
+    _close(f(xs[:2]), (xs[:2] * xs[:2]).sum(1))
+    assert f.stats["traces"] == 1
+    _close(pj.prepare(lambda x: pj.fori_loop(0, 3, lambda i, c: c * 2, x, unroll=2))(np.ones(2)), [8, 8])
