@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
+import inspect
 import re
 import threading
 
@@ -38,6 +39,7 @@ from .signature import Signature, is_array_like
 from .trace.collectives import replica_axis
 from .trace.constants import capture_key, reachable_arrays
 from .trace.tracing import ArrayLeaf, VarLeaf, trace_call
+from .uop import UOp
 
 _NAME = re.compile(r"[A-Za-z_]\w*")
 
@@ -156,7 +158,6 @@ class MultiDeviceFunction:
         return [self._bound(p) for p in per]
 
     def _bound(self, arguments: dict):
-        import inspect
         bound = inspect.BoundArguments(self.signature.sig, arguments)
         return bound.args, bound.kwargs
 
@@ -180,7 +181,9 @@ class MultiDeviceFunction:
         try:
             stages = partition(traced, axis.collectives, axis.index)
             split_inputs = self._split_inputs(info, traced)
-            varies = varying(traced, split_inputs, axis.index, axis.collectives)
+            split_vars = {v.arg[0] for node, axis_ in split_inputs.items() for d in node.arg[1][axis_:axis_ + 1]
+                          if isinstance(d, UOp) for v in d.variables()}
+            varies = varying(traced, set(split_inputs), split_vars, axis.index, axis.collectives)
             for k, (node, v) in enumerate(zip(traced.outputs, varies)):
                 if v and (self.out_axis is None or not -len(node.shape) <= self.out_axis < len(node.shape)):
                     raise TraceError(f"output {k} (shape {node.shape}) differs across replicas, so the call "
@@ -203,12 +206,14 @@ class MultiDeviceFunction:
         sources = {c.result: compile_shape_fn(tuple(c.source.shape)) for s in stages for c in s.collectives}
         return _Entry(traced, axis, stages, plans, constants, varies, shape_fns, sources)
 
-    def _split_inputs(self, info, traced) -> set:
-        out, k = set(), 0
+    def _split_inputs(self, info, traced) -> dict:
+        """The INPUT node of every split array leaf -> its split axis (non-negative)."""
+        out, k = {}, 0
         for leaf, (path, _) in zip(info.leaves, info.descriptions):
             if isinstance(leaf, ArrayLeaf):
-                if _NAME.match(path).group() in self.split:
-                    out.add(traced.inputs[k])
+                name = _NAME.match(path).group()
+                if name in self.split:
+                    out[traced.inputs[k]] = self.split[name] % max(1, len(leaf.shape))
                 k += 1
         return out
 

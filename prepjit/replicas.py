@@ -147,16 +147,22 @@ def _worth_keeping(level: dict) -> set:
     return heavy
 
 
-def varying(traced: Traced, split_inputs: set, index: UOp | None, collectives: list) -> list[bool]:
-    """Per output: whether it differs across replicas (it reads a split input or device_index() other than
-    through a collective's result)."""
+def varying(traced: Traced, split_inputs: set, split_vars: set, index: UOp | None, collectives: list) -> list[bool]:
+    """Per output: whether it differs across replicas: it reads a split input, device_index() or a var of a
+    split dim (each replica's own size), or has such a var in its shape, other than through a collective's
+    result."""
     results = {c.result for c in collectives}
+
+    def sized(node: UOp) -> bool:
+        return any(v.arg[0] in split_vars for d in node.shape if isinstance(d, UOp) for v in d.variables())
     marks = {}
     for node in _postorder(list(traced.outputs), lambda n: [] if n in results else _children(n, {})):
         if node in results:
             marks[node] = False
         elif node.op is Ops.INPUT:
             marks[node] = node in split_inputs or node is index
+        elif node.op is Ops.DEFINE_VAR:
+            marks[node] = node.arg[0] in split_vars
         else:
-            marks[node] = any(marks[c] for c in _children(node, {}))
+            marks[node] = sized(node) or any(marks[c] for c in _children(node, {}))
     return [marks[o] for o in traced.outputs]

@@ -33,6 +33,19 @@ class UniqueId(ctypes.Structure):
     _fields_ = [("internal", ctypes.c_char * 128)]  # NCCL_UNIQUE_ID_BYTES
 
 
+def id_bytes(uid: UniqueId) -> bytes:
+    """All 128 bytes of a unique id (reading the field would stop at its first zero byte)."""
+    return ctypes.string_at(ctypes.addressof(uid), ctypes.sizeof(uid))
+
+
+def id_from_bytes(data: bytes) -> UniqueId:
+    if len(data) != ctypes.sizeof(UniqueId):
+        raise DeviceError(f"rank 0 sent an NCCL unique id of {len(data)} bytes, not {ctypes.sizeof(UniqueId)}")
+    uid = UniqueId()
+    ctypes.memmove(ctypes.addressof(uid), data, len(data))
+    return uid
+
+
 def _candidates() -> list[str]:
     paths = []
     try:
@@ -84,7 +97,7 @@ class NCCLCollectives:
         if rank == 0:
             self._check(self.lib.ncclGetUniqueId(ctypes.byref(uid)), "ncclGetUniqueId")
         if world > 1:
-            uid.internal = job.broadcast_bytes(bytes(uid.internal) if rank == 0 else None)
+            uid = id_from_bytes(job.broadcast_bytes(id_bytes(uid) if rank == 0 else None))
         self.size = world * len(devices)
         self.comms = [ctypes.c_void_p() for _ in devices]
         self._group(lambda i, d: self.lib.ncclCommInitRank(ctypes.byref(self.comms[i]), self.size, uid,

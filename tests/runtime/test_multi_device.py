@@ -315,3 +315,21 @@ def test_cuda_job_of_two_processes(tmp_path):
     """One process per GPU (cuda:0 and cuda:1 of one host), NCCL's unique id sent over the job's socket."""
     for g, e in zip(_run_job(tmp_path, ["cuda:0", "cuda:1"]), _expected_job(2, 1)):
         np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-3)
+
+
+def test_an_output_sized_by_the_split_var_varies():
+    """x.shape[0] is each replica's own row count: a value computed from it varies even without reading x."""
+    @pj.prepare(devices=CPU3, split={"x": 0}, vars={"n": (1, 64)}, shapes={"x": ("n", 2)})
+    def f(x, w):
+        return (x.shape[0] * w)[None], pnp.zeros((x.shape[0],), pnp.float32) + w.sum(), w + 1
+    w = np.ones((), np.float32)
+    rows, zeros, same = f(np.ones((7, 2), np.float32), w)
+    assert np.asarray(rows).tolist() == [3, 2, 2]
+    assert zeros.shape == (7,) and same.shape == ()
+
+
+def test_nccl_unique_id_bytes_round_trip():
+    uid = nccl.id_from_bytes(bytes(range(128)))  # zero bytes first: a plain field read would stop there
+    assert nccl.id_bytes(uid) == bytes(range(128))
+    with pytest.raises(pj.DeviceError, match="128"):
+        nccl.id_from_bytes(b"short")
