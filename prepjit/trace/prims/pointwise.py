@@ -103,7 +103,8 @@ def _trunc(x: Tracer) -> Tracer:
 def _balanced(ct: Tracer, x: Tracer, y: Tracer, out: Tracer) -> Tracer:
     """JAX's share of max/min's cotangent for operand x: all of it where x alone is the result, half on a tie."""
     x_is, y_is = _e(Ops.CMPEQ, x, out), _e(Ops.CMPEQ, y, out)
-    return _mul(ct, _where(x_is, _where(y_is, 0.5, 1.0), 0.0))
+    half, one, zero = (Tracer(UOp.const(v, ct.dtype)) for v in (0.5, 1.0, 0.0))  # in ct's dtype, not float64
+    return _mul(ct, _where(x_is, _where(y_is, half, one), zero))
 
 
 for _op in (Ops.MAX, Ops.MIN):
