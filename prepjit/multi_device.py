@@ -117,13 +117,17 @@ class MultiDeviceFunction:
                 raise ValueError(f"split[{name!r}] must be an axis (an int), got {axis!r}")
         axes = set(self.split.values())
         self.out_axis = axes.pop() if len(axes) == 1 else 0 if not axes else None  # None: outputs must not vary
-        self.job = current_job()
         self.entries: dict = {}
         self.lock = threading.RLock()
-        self._comm = None
         self._pool = concurrent.futures.ThreadPoolExecutor(len(self.devices)) if isinstance(
             self.devices[0], DeviceBase) and len(self.devices) > 1 else None
         self.stats = {"traces": 0, "compiles": 0, "disk_hits": 0, "plans": 0, "replays": 0, "stages": 0}
+
+    @property
+    def job(self):
+        """The job of processes this process joined (pj.init_distributed, read on every use: a function prepared
+        at import time spans the job joined later), or None."""
+        return current_job()
 
     @property
     def replicas(self) -> int:
@@ -164,7 +168,7 @@ class MultiDeviceFunction:
     # ---- preparing ----
     def _entry(self, info) -> _Entry:
         reachable = reachable_arrays(self.fn, [v for v in info.leaves if not isinstance(v, (ArrayLeaf, VarLeaf))])
-        key = info.key + capture_key(reachable)
+        key = info.key + capture_key(reachable) + (self.replicas,)
         entry = self.entries.get(key)
         if entry is not None:
             return entry
@@ -299,7 +303,7 @@ class MultiDeviceFunction:
                     env.update(zip(stage.out_keys, results))
                 self._each(one)
             for c in stage.collectives:
-                results = self._communicator().run(c.kind, [env[c.source] for env in envs])
+                results = communicator(self.devices, self.job).run(c.kind, [env[c.source] for env in envs])
                 for env, result in zip(envs, results):
                     env[c.result] = result
         return entry.traced.out_tree.unflatten(self._outputs(entry, envs))
@@ -311,11 +315,6 @@ class MultiDeviceFunction:
         else:
             for future in [self._pool.submit(one, r) for r in range(len(self.devices))]:
                 future.result()
-
-    def _communicator(self):
-        if self._comm is None:
-            self._comm = communicator(self.devices, self.job)
-        return self._comm
 
     def _outputs(self, entry: _Entry, envs: list) -> list:
         first, out, seen = self.devices[0], [], set()

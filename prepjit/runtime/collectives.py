@@ -14,6 +14,8 @@ moves every value through the host.
 """
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from .array import Array
@@ -53,9 +55,20 @@ class HostCollectives:
         return [to_device(device, result) for device in self.devices]
 
 
+_communicators: dict = {}
+_lock = threading.Lock()
+
+
 def communicator(devices: list, job=None):
-    """The collectives backend of replicas on `devices`: NCCL for CUDA GPUs, the host otherwise."""
-    if getattr(devices[0], "language", None) == "cuda":
-        from .nccl import NCCLCollectives
-        return NCCLCollectives(devices, job)
-    return HostCollectives(devices, job)
+    """The collectives backend of replicas on `devices`: NCCL for CUDA GPUs, the host otherwise; made once per
+    list of devices (and job) and shared by every function replicated on them (NCCL's setup is collective and
+    slow: once)."""
+    key = (tuple(d.name for d in devices), id(job))
+    with _lock:
+        if key not in _communicators:
+            if getattr(devices[0], "language", None) == "cuda":
+                from .nccl import NCCLCollectives
+                _communicators[key] = NCCLCollectives(devices, job)
+            else:
+                _communicators[key] = HostCollectives(devices, job)
+        return _communicators[key]
