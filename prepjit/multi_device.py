@@ -285,7 +285,8 @@ class MultiDeviceFunction:
                                      "reduce over the split dim first (x.sum(0))")
         envs = []
         for r, (info, device) in enumerate(zip(infos, self.devices)):
-            arrays = list(info.arrays) + list(entry.constants[r])
+            arrays = [a.copies[r] if type(a) is Replicated and len(a.copies) > r and a.copies[r]._device is device
+                      else a for a in info.arrays] + list(entry.constants[r])
             if isinstance(device, DeviceBase):  # uploaded once, read by every stage
                 arrays = [a if isinstance(a, Array) and a._device is device else to_device(device, np.asarray(a))
                           for a in arrays]
@@ -322,11 +323,33 @@ class MultiDeviceFunction:
             if varies and len(envs) > 1:
                 host = np.concatenate([np.asarray(env[node]) for env in envs], axis=self.out_axis)
                 out.append(to_device(first, host))
-            else:
-                value = envs[0][node]
-                out.append(first.copy_array(value) if node in seen else value)
+                continue
+            copies = [env[node] for env in envs]
+            if node in seen:
+                copies = [c._device.copy_array(c) for c in copies]
+            out.append(Replicated(copies) if len(copies) > 1 else copies[0])
             seen.add(node)
         return out
+
+    def replicate(self, tree):
+        """`tree` (an array or a pytree of them) with each array put on every replica's device once: passed to
+        this function, each replica reads its own copy (no copy per call, as replicated outputs are)."""
+        def put(leaf):
+            host = np.ascontiguousarray(np.asarray(leaf))
+            return Replicated([to_device(device, host) for device in self.devices])
+        return _map_leaves(tree, put)
+
+
+class Replicated(Array):
+    """An array held on every replica's device, one copy each (a replicated output, or `replicate`): a call of
+    the function hands each replica its own copy; everywhere else it is a pj.Array of its first copy."""
+
+    __slots__ = ("copies",)
+
+    def __init__(self, copies: list):
+        first = copies[0]
+        super().__init__(first.buffer, first.shape, first.dtype, first._device)
+        self.copies = copies
 
 
 class _Parts:

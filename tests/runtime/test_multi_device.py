@@ -333,3 +333,23 @@ def test_nccl_unique_id_bytes_round_trip():
     assert nccl.id_bytes(uid) == bytes(range(128))
     with pytest.raises(pj.DeviceError, match="128"):
         nccl.id_from_bytes(b"short")
+
+
+def test_replicated_outputs_and_arguments_keep_a_copy_per_replica():
+    @pj.prepare(devices=["cpu", "cpu"], split={"x": 0}, vars={"n": (1, 64)}, shapes={"x": ("n", 3)})
+    def step(w, x):
+        return w - 0.5 * pj.pmean(x.T @ x), x @ w
+    rng = np.random.default_rng(3)
+    w, x = rng.standard_normal((3, 3)).astype(np.float32), rng.standard_normal((6, 3)).astype(np.float32)
+    w1, _ = step(w, x)
+    assert isinstance(w1, pj.Array) and len(w1.copies) == 2 and w1.copies[0] is not w1.copies[1]
+    parts = np.array_split(x, 2)
+    expected = w - 0.5 * sum(p.T @ p for p in parts) / 2
+    np.testing.assert_allclose(np.asarray(w1), expected, rtol=1e-5, atol=1e-6)
+    w2, y = step(w1, x)  # fed back: each replica reads its own copy
+    np.testing.assert_allclose(np.asarray(w2), expected - 0.5 * sum(p.T @ p for p in parts) / 2, rtol=1e-5,
+                               atol=1e-5)
+    np.testing.assert_allclose(np.asarray(y), x @ expected, rtol=1e-5, atol=1e-5)
+    held = step.replicate({"w": w})["w"]
+    assert len(held.copies) == 2 and np.array_equal(np.asarray(held), w)
+    np.testing.assert_allclose(np.asarray(step(held, x)[0]), expected, rtol=1e-5, atol=1e-6)
