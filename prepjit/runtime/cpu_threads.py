@@ -17,6 +17,9 @@ The state is one block of int64 words, each group on its own cache line:
     CONFIG    workers (0 after a fork: everything runs inline), spins before a worker sleeps, spins before
               the waiting publisher yields, and the addresses of pthread_mutex_lock / unlock,
               pthread_cond_wait / broadcast and sched_yield (read by ctypes from the C library)
+    COOLDOWN  split launches left to run alone: when the publisher, done with its own chunks, waits more than
+              STALL ticks of the cycle counter for a worker's (the OS preempted it: a loaded host), the next
+              AFTER_STALL split launches run on the calling thread alone, then threads are tried again
     mutex, condition variable: opaque, MUTEX_BYTES each (larger than any libc's)
 
 Workers are Python threads that call `prepjit_worker(state)` through ctypes (which releases the GIL) and
@@ -32,13 +35,16 @@ import threading
 TICKET, BUSY, SLEEPERS = 0, 8, 16
 SLOTS = (24, 40)             # fn, bufs, vals, size, chunk, nchunks; its done count at +8
 WORKERS, SPINS, YIELD_AFTER, LOCK, UNLOCK, WAIT, BROADCAST, YIELD = range(56, 64)
-MUTEX, COND = 64, 96
-STATE_WORDS = 128
+COOLDOWN, STALL_CYCLES, COOLDOWN_LAUNCHES = range(64, 67)
+MUTEX, COND = 72, 104
+STATE_WORDS = 136
 MUTEX_BYTES = 256
 
 WORKER_SPINS = 1 << 10       # polls of TICKET (with a pause) before an idle worker sleeps: some 10-50 us
 WAIT_SPINS = 1 << 8          # polls of the done count before the publisher yields its core between polls
 CHUNKS_PER_THREAD = 4        # chunks of a split range per thread: whoever runs takes the next
+STALL = 1 << 18              # cycle-counter ticks (~0.1 ms) the publisher waits for a worker's chunk: a stall
+AFTER_STALL = 64             # split launches run alone after a stall (a loaded host preempts workers mid-chunk)
 
 WORKER_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 PARALLEL_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
@@ -110,10 +116,21 @@ entry:
   ret void
 }}
 
+declare i64 @llvm.readcyclecounter()
+
 define void @prepjit_parallel(ptr %s, ptr %fn, ptr %bufs, ptr %vals, i64 %size, i64 %chunks) nounwind {{
 entry:
 {_word("workers.p", WORKERS)}
   %workers = load atomic i64, ptr %workers.p monotonic, align 8
+{_word("cool.p", COOLDOWN)}
+  %cool = load atomic i64, ptr %cool.p monotonic, align 8
+  %warm = icmp sle i64 %cool, 0
+  br i1 %warm, label %check, label %cooling
+cooling:
+  %cool.next = sub i64 %cool, 1
+  store atomic i64 %cool.next, ptr %cool.p monotonic, align 8
+  br label %inline
+check:
   %has = icmp sgt i64 %workers, 0
   %split = icmp sgt i64 %chunks, 1
   %big = icmp sgt i64 %size, 1
@@ -165,9 +182,13 @@ work:
   call void @pj_run_chunks(ptr %s)
 {_word("patience.p", YIELD_AFTER)}
   %patience = load atomic i64, ptr %patience.p monotonic, align 8
+{_word("stall.p", STALL_CYCLES)}
+  %stall = load atomic i64, ptr %stall.p monotonic, align 8
+  %since = call i64 @llvm.readcyclecounter()
   br label %wait
 wait:
-  %spins = phi i64 [0, %work], [%spins.next, %idle], [%spins.next, %yield]
+  %spins = phi i64 [0, %work], [%spins.next, %idle], [%spins.next, %yield], [%spins.next, %stalled]
+  %noted = phi i1 [false, %work], [%noted, %idle], [%noted, %yield], [true, %stalled]
   %done = load atomic i64, ptr %done.p acquire, align 8
   %finished = icmp uge i64 %done, %n
   br i1 %finished, label %exit, label %idle
@@ -178,6 +199,16 @@ idle:
   br i1 %impatient, label %yield, label %wait
 yield:
   call void @pj_call(ptr %s, i64 {YIELD}, i64 {0})
+  %now = call i64 @llvm.readcyclecounter()
+  %waited = sub i64 %now, %since
+  %long = icmp ugt i64 %waited, %stall
+  %first = xor i1 %noted, true
+  %note = and i1 %long, %first
+  br i1 %note, label %stalled, label %wait
+stalled:
+{_word("after.p", COOLDOWN_LAUNCHES)}
+  %after = load atomic i64, ptr %after.p monotonic, align 8
+  store atomic i64 %after, ptr %cool.p monotonic, align 8
   br label %wait
 exit:
   store atomic i64 0, ptr %busy.p release, align 8
@@ -264,6 +295,7 @@ class NativeThreads:
         for word, address in addresses.items():
             self.words[word] = address
         self.words[SPINS], self.words[YIELD_AFTER] = WORKER_SPINS, WAIT_SPINS
+        self.words[STALL_CYCLES], self.words[COOLDOWN_LAUNCHES] = STALL, AFTER_STALL
         ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)(init_mutex)(self.address + 8 * MUTEX, None)
         ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)(init_cond)(self.address + 8 * COND, None)
         worker = self._worker = WORKER_FN(worker_address)
