@@ -5,6 +5,7 @@ import functools
 import itertools
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -102,13 +103,15 @@ def _collect_spec_vars(shapes, vars_: dict[str, Var]):
 class PreparedFunction:
     """A function prepared for replay; call it like the original."""
 
-    def __init__(self, fn, vars=None, shapes=None, device=None, static_argnums=(), static_argnames=()):
+    def __init__(self, fn, vars=None, shapes=None, device=None, static_argnums=(), static_argnames=(),
+                 donate_argnums=(), donate_argnames=()):
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.vars = _normalize_vars(vars)
         self.shapes = dict(shapes or {})
         _collect_spec_vars(self.shapes, self.vars)
         self.signature = Signature(fn, self.vars, self.shapes, static_argnums, static_argnames)
+        self.donated = self.signature.parameter_names(donate_argnums, donate_argnames, "donate")
         self._fast_calls = FastCalls(self.signature, fn)
         self.device_name = device
         self.entries: dict[tuple, _Entry] = {}
@@ -211,7 +214,7 @@ class PreparedFunction:
 
     # ---- calling ----
     def __call__(self, *args, **kwargs):
-        if not kwargs and not PROFILE_CALLS:  # the fast path (replay.py): a known concrete call replays at once
+        if not kwargs and not PROFILE_CALLS and not self.donated:  # the fast path (replay.py): a known call
             out = self._fast_calls(args, self.device_name or default_device())
             if out is not MISS:
                 next(self._replays)
@@ -222,7 +225,7 @@ class PreparedFunction:
         entry = self._entry(info)
         if PROFILE_CALLS:
             return log_timed_call(self, entry, info)
-        if not kwargs:
+        if not kwargs and not self.donated:
             self._fast_calls.learn(args, self.device_name or default_device(), info, entry, self.device)
         return self._run(entry, info)
 
@@ -235,12 +238,20 @@ class PreparedFunction:
                            "add a parameter whose shape (in `shapes`) or value (a scalar var) carries them")
         arrays = info.arrays + list(entry.constants) if entry.constants else info.arrays
         distinct = plan.run_with_io({n: values[n] for n in plan.vars}, arrays,
-                                    [fn(values) for fn in entry.out_shape_fns], timings)
+                                    [fn(values) for fn in entry.out_shape_fns], timings, self._donated_inputs(info))
         next(self._replays)
         results, it = [], iter(distinct)
         for dup, index in zip(entry.duplicate, entry.first_of):
             results.append(plan.copy_array(results[index]) if dup else next(it))
         return entry.out_tree.unflatten(results)
+
+
+    def _donated_inputs(self, info: CallInfo) -> tuple[int, ...]:
+        """The positions, among the call's arrays, of the leaves of donated parameters."""
+        if not self.donated:
+            return ()
+        arrays = [path for leaf, (path, _) in zip(info.leaves, info.descriptions) if isinstance(leaf, ArrayLeaf)]
+        return tuple(i for i, path in enumerate(arrays) if re.match(r"\w+", path).group(0) in self.donated)
 
 
 def freeze(plan: ExecutionPlan, out_tree: TreeDef, descriptions: list) -> _Entry:
@@ -285,7 +296,7 @@ def _tracing_now() -> set:
 
 
 def prepare(fn=None, *, vars=None, shapes=None, device=None, static_argnums=(), static_argnames=(), devices=None,
-            split=None):
+            split=None, donate_argnums=(), donate_argnames=()):
     """Prepare `fn` for replay: trace it once per signature, compile its kernels once, replay the plan after.
 
     Use as `@pj.prepare`, `@pj.prepare(vars=..., shapes=..., device=...)` or `pj.prepare(fn, ...)`::
@@ -304,6 +315,10 @@ def prepare(fn=None, *, vars=None, shapes=None, device=None, static_argnums=(), 
     static_argnums / static_argnames: parameters (by position or name, as in jax.jit) whose whole value is
         static even when it is array-like (a NumPy scalar, an object with __array__): it must be hashable,
         a new value traces a new plan, and `fn` sees the value itself.
+    donate_argnums / donate_argnames: parameters (as jax.jit's) whose pj.Arrays a call may reuse for its
+        results: an output of the same dtype and shape that the plan can write in place (a KV cache updated
+        with .at[pos].set) goes into the donated array's memory, and that array is invalidated
+        (RuntimeError on use). NumPy arguments are never written.
     devices, split: several devices (["cuda:0", "cuda:1"], or "cpu" once per replica) run one replica each,
         data parallel: the arguments named in split={"x": 0} are cut along that axis, the others replicated;
         pj.psum / pj.pmean / pj.all_gather / pj.device_index talk across the replicas (docs/devices.md).
@@ -311,10 +326,10 @@ def prepare(fn=None, *, vars=None, shapes=None, device=None, static_argnums=(), 
     The signature of a call is its pytree structure, static values (non-array arguments), static dims,
     dtypes and device. The first call with a signature runs `fn` on traced arrays (write it with
     `prepjit.numpy`) and prepares a pj.ExecutionPlan; later calls replay it without running `fn` or
-    compiling. Results are fresh pj.Arrays in `fn`'s output pytree; inputs are never written; calls may
-    come from several threads. Errors: pj.VarBoundError (a var out of bounds), pj.SignatureError
-    (arguments that contradict `shapes` or disagree on a var), pj.IndexBoundError (an index or gather id
-    out of range for this call), pj.TraceError (untraceable code such as `if x.sum() > 0`),
+    compiling. Results are fresh pj.Arrays in `fn`'s output pytree; inputs are never written (but donated
+    pj.Arrays); calls may come from several threads. Errors: pj.VarBoundError (a var out of bounds),
+    pj.SignatureError (arguments that contradict `shapes` or disagree on a var), pj.IndexBoundError (an index
+    or gather id out of range for this call), pj.TraceError (untraceable code such as `if x.sum() > 0`),
     pj.DeviceError, pj.CompileError; after one, the function keeps working.
 
     The prepared function also has `.stats` (traces, compiles, disk_hits, replays, plans, ...), `.plan(*args)`
@@ -323,10 +338,12 @@ def prepare(fn=None, *, vars=None, shapes=None, device=None, static_argnums=(), 
     """
     options = dict(vars=vars, shapes=shapes, device=device, static_argnums=static_argnums,
                    static_argnames=static_argnames)
-    make = PreparedFunction
+    make = functools.partial(PreparedFunction, donate_argnums=donate_argnums, donate_argnames=donate_argnames)
     if devices is not None or split is not None:
         if devices is None or device is not None:
             raise ValueError("split= goes with devices=[...] (several devices), and devices= replaces device=")
+        if donate_argnums != () or donate_argnames != ():
+            raise ValueError("donate_argnums / donate_argnames are not supported with devices= yet")
         from .multi_device import MultiDeviceFunction  # built on this module
         del options["device"]
         make = functools.partial(MultiDeviceFunction, devices=devices, split=split)

@@ -79,27 +79,27 @@ class Signature:
             if name not in names:
                 raise SignatureError(f"shapes names {name!r}, which is not a parameter of {self.fn_name}")
         self.shapes = shapes
-        self.static = self._static_names(static_argnums, static_argnames)
+        self.static = self.parameter_names(static_argnums, static_argnames, "static")
         for name in sorted(self.static & (set(shapes) | set(vars_))):
             raise ValueError(f"{name!r} is static (static_argnums / static_argnames) and also in "
                              f"{'shapes' if name in shapes else 'vars'}: a parameter is one or the other")
         self.scalar_vars = {n for n in vars_ if n in names and n not in shapes}
         self.simple = all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in self.params)
 
-    def _static_names(self, argnums, argnames) -> frozenset:
-        """The parameters named static, as jax.jit's static_argnums (positions) and static_argnames (names)."""
+    def parameter_names(self, argnums, argnames, what: str) -> frozenset:
+        """The parameters jax.jit-style `<what>_argnums` (positions) and `<what>_argnames` (names) pick."""
         argnums = (argnums,) if isinstance(argnums, int) else tuple(argnums or ())
         argnames = (argnames,) if isinstance(argnames, str) else tuple(argnames or ())
         positional = [p.name for p in self.params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
         out = set()
         for i in argnums:
             if isinstance(i, bool) or not isinstance(i, int) or not -len(positional) <= i < len(positional):
-                raise ValueError(f"static_argnums {i!r} is not a positional parameter index of {self.fn_name} "
+                raise ValueError(f"{what}_argnums {i!r} is not a positional parameter index of {self.fn_name} "
                                  f"(its positional parameters: {positional})")
             out.add(positional[i])
         for name in argnames:
             if name not in {p.name for p in self.params}:
-                raise ValueError(f"static_argnames names {name!r}, which is not a parameter of {self.fn_name}")
+                raise ValueError(f"{what}_argnames names {name!r}, which is not a parameter of {self.fn_name}")
             out.add(name)
         return frozenset(out)
 

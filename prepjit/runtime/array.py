@@ -21,10 +21,22 @@ class Array:
     only when asked, and passed to another prepared function on the same device without a copy.
     """
 
-    __slots__ = ("buffer", "shape", "dtype", "_device")
+    __slots__ = ("_buffer", "shape", "dtype", "_device")
 
     def __init__(self, buffer, shape: tuple[int, ...], dtype: np.dtype, device):
-        self.buffer, self.shape, self.dtype, self._device = buffer, tuple(shape), np.dtype(dtype), device
+        self._buffer, self.shape, self.dtype, self._device = buffer, tuple(shape), np.dtype(dtype), device
+
+    @property
+    def buffer(self):
+        """The device memory (on the cpu a NumPy array); RuntimeError once a call was donated it."""
+        if self._buffer is None:
+            raise RuntimeError("this pj.Array was donated to a prepared call (donate_argnums / donate_argnames), "
+                               "which wrote its result into the array's memory: use that result instead")
+        return self._buffer
+
+    def _donated(self):
+        """A call reused this array's memory for its result: the array gives it up (as JAX deletes it)."""
+        self._buffer = None
 
     @property
     def device(self) -> str:
@@ -58,7 +70,7 @@ class Array:
 
     def __getattr__(self, name: str):
         """ndarray's attributes and methods (`.T`, `.astype`, `.reshape`, `.sum`, `.tolist`, ...) on the host."""
-        if name.startswith("__") or name in Array.__slots__ or not hasattr(np.ndarray, name):
+        if name.startswith("_") or not hasattr(np.ndarray, name):
             raise AttributeError(f"'pj.Array' object has no attribute {name!r}")  # (no data read to say so)
         return getattr(self._host(), name)
 
@@ -98,6 +110,8 @@ class Array:
         return format(self._host() if self.shape else self._host().item(), spec)
 
     def __repr__(self) -> str:
+        if self._buffer is None:
+            return f"pj.Array(<donated>, shape={self.shape}, dtype={self.dtype}, device={self.device!r})"
         body = np.array2string(np.asarray(self), separator=", ", prefix="pj.Array(")
         return f"pj.Array({body}, dtype={self.dtype}, device={self.device!r})"
 

@@ -8,8 +8,10 @@ import attrs
 import numpy as np
 
 from ..errors import IndexBoundError, SignatureError, VarBoundError, VarError
+from ..uop import Ops
 from ..uop.constraint import compile_checks
 from ..uop.segments import Run, Segments
+from .array import Array
 from .cache import CachedKernel
 from .dynamic_loop import DynamicLaunches, DynamicStep, launchers
 
@@ -101,6 +103,17 @@ class PreparedKernels(Segments):
         return [(seg, *seg.templates) if isinstance(seg, LoopLaunches) else seg for seg in self.segments]
 
 
+def _reads_where_it_writes(pk: PreparedKernel, buffer: int) -> bool:
+    """Whether `pk` is one ungated store whose every read of `buffer` is at the store's own index, so it can
+    write its result over `buffer` in place."""
+    slots = {s for s, b in enumerate(pk.buffer_indices) if b == buffer}
+    stores = [u for u in pk.ast.src if u.op is Ops.STORE]
+    if len(stores) != 1 or len(stores[0].src) != 3:
+        return False
+    return all(len(u.src) == 2 and u.src[1] is stores[0].src[1]
+               for u in pk.ast.toposort() if u.op is Ops.LOAD and u.src[0].arg in slots)
+
+
 class PlanBuffer:
     """What the plan knows of a buffer: dtype, planned size, live shape (a function of the vars), memory.
 
@@ -173,6 +186,7 @@ class ExecutionPlan:
         self._launches = launchers(self._steps)
         self._fixed = {name for launch in self._launches for name in launch.pk.fixedvars} | set(loop_names)
         self._distinct_outputs = list(dict.fromkeys(self.outputs))
+        self._donation_targets: dict[int, int | None] = {}  # input position -> donation_target's answer
         self._flag_arrays = tuple(np.zeros((), np.bool_) for _ in self.flags)  # the fast path's flag outputs
         io = set(self.inputs) | set(self.outputs) | {b for b, _ in self.flags}
         self._io_slots = {b: [(launch, slot) for launch in self._launches
@@ -320,16 +334,25 @@ class ExecutionPlan:
         return self._device.read_buffer(self._buffers[b].memory, self.live_shape(b))
 
     # ---- replay with caller-owned I/O ----
-    def run_with_io(self, values: dict[str, int], args: list, output_shapes: list, timings: list | None = None) -> list:
+    def run_with_io(self, values: dict[str, int], args: list, output_shapes: list, timings: list | None = None,
+                    donated: tuple = ()) -> list:
         """The prepared-call path: values already validated; returns one fresh pj.Array per distinct output.
 
         Inputs are handed to the device (the cpu reads NumPy arrays in place) and kernels write
         straight into newly allocated outputs, so no intermediate is allocated and nothing is copied.
         With `timings` (the profiler's replay), kernels run one at a time, each waited for, and each
-        one's wall time in seconds is appended.
+        one's wall time in seconds is appended. `donated`: positions of arguments the caller gives up: a
+        pj.Array of this device there whose memory an output can take (`donation_target`, same live shape)
+        gets that output written into it, and is invalidated.
         """
         device = self._device
         self.require(values)
+        reused = {}  # distinct output -> the donated argument position whose memory it is written into
+        for p in donated:
+            j, arg = self.donation_target(p), args[p]
+            if (j is not None and j not in reused and isinstance(arg, Array) and arg._device is device
+                    and arg._buffer is not None and arg.shape == tuple(output_shapes[j])):
+                reused[j] = p
         with self.lock:
             self._bind(values)
             handles, keep = {}, []
@@ -337,8 +360,12 @@ class ExecutionPlan:
                 handles[b], alive = device.input_handle(arg)
                 keep.append(alive)
             results = []
-            for b, shape in zip(self._distinct_outputs, output_shapes):
-                handles[b], array = device.new_output(shape, self._buffers[b].dtype)
+            for j, (b, shape) in enumerate(zip(self._distinct_outputs, output_shapes)):
+                if j in reused:
+                    arg = args[reused[j]]
+                    handles[b], array = handles[self.inputs[reused[j]]], Array(arg.buffer, shape, arg.dtype, device)
+                else:
+                    handles[b], array = device.new_output(shape, self._buffers[b].dtype)
                 results.append(array)
             flags = []
             for b, _ in self.flags:
@@ -350,9 +377,41 @@ class ExecutionPlan:
             else:
                 self._run_timed(timings)
             device.synchronize()
+        for p in reused.values():
+            args[p]._donated()
         if flags:
             self._raise_flagged([bool(np.asarray(f)) for f in flags])
         return results
+
+    def donation_target(self, position: int) -> int | None:
+        """The distinct output a call may write into the memory of input `position` when the caller donates
+        it (jax.jit's donate_argnums): one of the input's dtype and planned shape, in a plan of single
+        kernels, whose first writing kernel comes after every other kernel reading the input and reads it, if
+        at all, only where it writes (an elementwise update such as x + 1, or the copy a scatter starts
+        from: cache.at[pos].set(v)). None when no output can."""
+        if position not in self._donation_targets:
+            self._donation_targets[position] = self._find_donation_target(position)
+        return self._donation_targets[position]
+
+    def _find_donation_target(self, position: int) -> int | None:
+        kernels = self.kernels.segments
+        b_in = self.inputs[position]
+        if not all(isinstance(k, PreparedKernel) for k in kernels) or self.inputs.count(b_in) > 1:
+            return None
+        have = self._buffers[b_in]
+        flagged = {b for b, _ in self.flags}
+        for j, b_out in enumerate(self._distinct_outputs):
+            buf = self._buffers[b_out]
+            if b_out in self.inputs or b_out in flagged or \
+                    (buf.dtype, buf.size, buf.shape_text) != (have.dtype, have.size, have.shape_text):
+                continue
+            writers = [i for i, k in enumerate(kernels)
+                       if any(k.buffer_indices[slot] == b_out for slot in k.output_indices)]
+            readers = [i for i, k in enumerate(kernels) if b_in in k.buffer_indices]
+            if writers and all(i < writers[0] or i == writers[0] and _reads_where_it_writes(kernels[i], b_in)
+                               for i in readers):
+                return j
+        return None
 
     def _run_timed(self, timings: list):
         self._device.synchronize()  # inputs staged on the device are not part of the first kernel's time
