@@ -353,3 +353,14 @@ def test_replicated_outputs_and_arguments_keep_a_copy_per_replica():
     held = step.replicate({"w": w})["w"]
     assert len(held.copies) == 2 and np.array_equal(np.asarray(held), w)
     np.testing.assert_allclose(np.asarray(step(held, x)[0]), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_throughput_benchmark_runs(tmp_path):
+    """benchmarks/multi_device.py at tiny size on cpu replicas: replicated and one-device results agree."""
+    import json
+    from benchmarks import multi_device
+    out = tmp_path / "md.json"
+    assert multi_device.main(["--devices", "cpu,cpu", "--small", "--reps", "1", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["case"] for r in rows] == ["minilm_embed_b8_t16", "mlp_train_step_b64"]
+    assert all(r["max_abs_diff"] < 1e-4 and r["speedup"] > 0 for r in rows)
