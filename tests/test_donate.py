@@ -65,6 +65,16 @@ def test_only_in_place_updates_reuse_the_memory(device):
     assert target is not None and out[target].buffer is memory
 
 
+def test_an_array_passed_twice_is_not_overwritten(device):
+    """f(a, a) donating the first: the second parameter reads the same memory, so nothing is written into it."""
+    f = pj.prepare(lambda x, y: x + y[::-1], donate_argnums=0, device=device)
+    x = np.arange(5, dtype=np.float32)
+    a = _device_array(x, device)
+    assert f.plan(a, a).donation_target(0) == 0
+    assert_matches(f(a, a), x + x[::-1])
+    assert_matches(a, x)
+
+
 def test_donate_argument_errors():
     with pytest.raises(ValueError, match="donate_argnums 3"):
         pj.prepare(lambda x: x, donate_argnums=3)

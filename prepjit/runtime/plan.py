@@ -351,7 +351,8 @@ class ExecutionPlan:
         for p in donated:
             j, arg = self.donation_target(p), args[p]
             if (j is not None and j not in reused and isinstance(arg, Array) and arg._device is device
-                    and arg._buffer is not None and arg.shape == tuple(output_shapes[j])):
+                    and arg._buffer is not None and arg.shape == tuple(output_shapes[j])
+                    and not any(other is arg for q, other in enumerate(args) if q != p)):  # (read elsewhere too)
                 reused[j] = p
         with self.lock:
             self._bind(values)
