@@ -1,7 +1,7 @@
 """Data-parallel throughput: a function replicated over several devices against the same work on the first device
 alone, in one process (docs/devices.md).
 
-    python -m benchmarks.multi_device --devices cuda:0,cuda:1 [--reps 10] [--small] [--out result.json]
+    python -m benchmarks.multi_device --devices cuda:0,cuda:1 [--reps 10] [--small] [--only train] [--out r.json]
 
 Cases: MiniLM (random weights of the real shapes, 6 layers) embedding B x T tokens, the batch split over the
 replicas; the example MLP's Adam training step (examples/train_mlp.py: gradients pmean-ed across replicas) on a
@@ -85,6 +85,7 @@ def main(argv=None) -> int:
     parser.add_argument("--devices", default="cuda:0,cuda:1", help="the replicas' devices, comma-separated")
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--small", action="store_true", help="tiny sizes: a smoke test")
+    parser.add_argument("--only", default=None, help="run the cases whose names contain this (minilm, train)")
     parser.add_argument("--out", default=None, help="write the figures as JSON")
     args = parser.parse_args(argv)
     devices = args.devices.split(",")
@@ -92,6 +93,8 @@ def main(argv=None) -> int:
     rows = []
     print(f"replicas on {devices} against {devices[0]} alone, median of {args.reps} calls")
     for case in (minilm_case, train_case):
+        if args.only and args.only not in case.__name__:
+            continue
         name, items, unit, single, multi, diff = case(devices, args.small, rng)
         one, many = median_s(single, args.reps), median_s(multi, args.reps)
         rows.append({"case": name, "one_device_per_s": items / one, "replicated_per_s": items / many,
