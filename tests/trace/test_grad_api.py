@@ -288,3 +288,17 @@ def test_eager_grad_in_a_python_loop_prepares_once():
     assert pj.grad(loss).__wrapped__ is loss and pj.grad(pj.grad(lambda w: pnp.sum(w ** 3)))
     transformed = pj.grad(loss).__closure__[0].cell_contents  # what the function calls (autodiff._Transformed)
     assert transformed.prepared.stats["traces"] == 1  # its eager prepared function traced once for the 3 calls
+
+
+@needs_jax
+def test_grad_and_vmap_compose_through_a_loop():
+    """pj.vmap of pj.grad (per-example gradients) and pj.grad of pj.vmap, both through a fori_loop."""
+    w, xs = rng.standard_normal((3, 3)) * 0.5, rng.standard_normal((5, 4, 3))
+
+    def rnn(xp, loop, w, x):
+        return xp.sum(loop(0, 4, lambda t, h: xp.tanh(h @ w + x[t]), xp.zeros(3)) ** 2)
+    per_example = pj.vmap(pj.grad(lambda w, x: rnn(pnp, pj.fori_loop, w, x)), in_axes=(None, 0))(w, xs)
+    want = jax.vmap(jax.grad(lambda w, x: rnn(jnp, _jax_loop, w, x)), in_axes=(None, 0))(w, xs)
+    np.testing.assert_allclose(np.asarray(per_example), want, rtol=1e-10, atol=1e-12)
+    total = pj.grad(lambda w: pnp.sum(pj.vmap(lambda x: rnn(pnp, pj.fori_loop, w, x))(xs)))(w)
+    np.testing.assert_allclose(np.asarray(total), want.sum(0), rtol=1e-10, atol=1e-12)
