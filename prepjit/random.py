@@ -5,11 +5,12 @@ ones. A sampler's values depend only on the key, the shape and the dtype, bit fo
 (see docs/random.md). Inside a prepared function the key is an array argument, so each replay with a new key
 draws new numbers from the same plan, and shapes may be symbolic (`normal(key, (x.shape[0], 64))`). Outside
 one, the functions take NumPy keys and return NumPy arrays, computed by a prepared function per sampler
-(its plans kept per shape and dtype).
+(one plan per sampler and dtype for every shape: the size is a var).
 """
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 
@@ -49,25 +50,44 @@ def _static(value):
     return array.item() if array.ndim == 0 else array
 
 
-@functools.lru_cache(maxsize=None)
-def _eager(name: str):
-    from .prepare import prepare
-    return prepare(_EAGER_BODIES[name])
+FLAT_MAX = 1 << 24  # eager draws of at most this many elements share one plan per sampler: the size is a var
 
-
-_EAGER_BODIES = {  # what each eager call prepares (the dtype comes by name: a static argument)
-    "split": lambda k, num: _bits.split(k, num),
-    "fold_in": lambda k, data: _bits.fold_in(k, data),
+_BODIES = {  # (key, shape, *params) -> the draw, for each eager call (a dtype comes by name: a static argument)
+    "split": lambda k, shape: _bits.split(k, shape),
+    "fold_in": lambda k, shape, data: _bits.fold_in(k, data),
     "bits": lambda k, shape, dtype: _bits.random_bits(k, to_dtype(dtype).bits, shape),
     "uniform": lambda k, shape, dtype, lo, hi: _sample.uniform(k, shape, dtype, lo, hi),
     "normal": lambda k, shape, dtype: _sample.normal(k, shape, dtype),
-    "bernoulli": lambda k, p, shape: _sample.bernoulli(k, p, shape),
+    "bernoulli": lambda k, shape, p: _sample.bernoulli(k, p, shape),
     "randint": lambda k, shape, lo, hi, dtype: _sample.randint(k, shape, lo, hi, dtype),
 }
 
 
-def _run(name: str, k, *args):
-    return np.asarray(_eager(name)(_host_key(k), *args))
+@functools.lru_cache(maxsize=None)
+def _eager(name: str, flat: bool):
+    """The prepared function of an eager call: with `flat`, of a flat draw whose size is a var (element i of a
+    draw depends only on the key and i, so a draw of any shape is a flat one reshaped), else of static shapes."""
+    from .prepare import prepare
+    body = _BODIES[name]
+    if not flat:
+        return prepare(body)
+
+    def draw(k, size, params):
+        return body(k, (size,), *params)
+    draw.__name__ = f"random_{name}"
+    return prepare(draw, vars={"size": (0, FLAT_MAX)})
+
+
+def _run(name: str, k, shape: tuple, *params):
+    """An eager draw on a NumPy key: NumPy arrays back. Scalar parameters and at most FLAT_MAX elements: one plan
+    for every shape; array-valued parameters (they broadcast against the shape) or more elements: a plan per
+    shape."""
+    k, shape = _host_key(k), tuple(int(d) for d in shape)
+    size = math.prod(shape)
+    if size > FLAT_MAX or any(isinstance(p, np.ndarray) for p in params):
+        return np.asarray(_eager(name, False)(k, shape, *params))
+    out = np.asarray(_eager(name, True)(k, size, params))
+    return out.reshape(shape + out.shape[1:])
 
 
 def _shape(shape) -> tuple:
@@ -97,7 +117,7 @@ def split(key, num=2):
     """`num` new keys, shape (num, 2) (or (*num, 2) for a shape), independent of `key` and of each other."""
     if _traced(key, num):
         return _bits.split(key, num)
-    return _run("split", key, tuple(num) if isinstance(num, (tuple, list)) else int(num))
+    return _run("split", key, _shape(num))
 
 
 def fold_in(key, data):
@@ -105,7 +125,7 @@ def fold_in(key, data):
     function, so one plan draws per-step keys."""
     if _traced(key, data):
         return _bits.fold_in(key, data)
-    return _run("fold_in", key, np.asarray(data, np.int64))
+    return _run("fold_in", key, (), np.asarray(data, np.int64))
 
 
 def bits(key, shape=(), dtype=np.uint32):
@@ -136,7 +156,7 @@ def bernoulli(key, p=0.5, shape=None):
     """Booleans, True with probability `p` (a float or a float array; shape defaults to p's)."""
     if _traced(key, p, *(() if shape is None else _shape(shape))):
         return _sample.bernoulli(key, p, None if shape is None else _shape(shape))
-    return _run("bernoulli", key, _static(p), None if shape is None else _shape(shape))
+    return _run("bernoulli", key, np.shape(p) if shape is None else _shape(shape), _static(p))
 
 
 def randint(key, shape, minval, maxval, dtype=np.int32):

@@ -154,6 +154,18 @@ def test_deterministic_and_keys_differ():
     assert np.mean(a == c) < 0.01
 
 
+def test_eager_draws_of_any_shape_share_one_plan():
+    from prepjit.random import _eager
+    flat, static = (_eager("uniform", f).stats["traces"] for f in (True, False))
+    a, b = pr.uniform(pr.key(9), (3, 4), minval=-2.5), pr.uniform(pr.key(9), (12,), minval=-2.5)
+    np.testing.assert_array_equal(a.ravel(), b)
+    assert pr.uniform(pr.key(9), (5, 0), minval=-2.5).shape == (5, 0)
+    assert _eager("uniform", True).stats["traces"] == flat + 1 and _eager("uniform", False).stats["traces"] == static
+    lo = np.zeros(3, np.float32)  # an array bound broadcasts against the shape: a plan per shape
+    np.testing.assert_array_equal(pr.uniform(pr.key(9), (4, 3), minval=lo), pr.uniform(pr.key(9), (4, 3)))
+    assert _eager("uniform", False).stats["traces"] == static + 1
+
+
 def test_split_keys_are_independent():
     keys = pr.split(KEY, 4)
     assert keys.shape == (4, 2) and keys.dtype == np.uint32
