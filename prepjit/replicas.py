@@ -129,11 +129,9 @@ def partition(traced: Traced, collectives: list, index: UOp | None = None) -> li
                 raise TraceError("a value of the traced function could not be placed before or after its "
                                  "collectives (an INPUT the stage cannot read); please report it")
         in_keys = tuple(back.get(leaf, leaf) for leaf in leaves)
-        stages[t] = Stage(Traced(tuple(leaves), outputs, None, (), flag_nodes), in_keys, tuple(outs))
-    first = next(i for i, s in enumerate(stages) if s.traced is not None)
-    if traced.constraints:  # checked by the first plan that runs, before anything does
-        stages[first] = attrs.evolve(stages[first], traced=attrs.evolve(stages[first].traced,
-                                                                        constraints=tuple(traced.constraints)))
+        # every stage's bounds proof may assume the index constraints (each call checks them first)
+        stages[t] = Stage(Traced(tuple(leaves), outputs, None, tuple(traced.constraints), flag_nodes), in_keys,
+                          tuple(outs))
     return [attrs.evolve(s, collectives=tuple(c for c in reached if level[c.source] == t))
             for t, s in enumerate(stages)]
 

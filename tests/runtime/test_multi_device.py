@@ -365,3 +365,23 @@ def test_throughput_benchmark_runs(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert [r["case"] for r in rows] == ["mlp_train_step_b64"]
     assert all(r["max_abs_diff"] < 1e-4 and r["speedup"] > 0 for r in rows)
+
+
+def test_gathers_scalar_vars_and_index_errors_across_stages():
+    """A scalar var, an index constraint every stage's bounds proof relies on, and gather flags in the stages
+    before and after a collective: IndexBoundError, and the function keeps working."""
+    @pj.prepare(devices=["cpu", "cpu"], split={"ids": 0}, vars={"n": (1, 64), "pos": (0, 15)}, shapes={"ids": ("n",)})
+    def f(table, ids, pos):
+        rows = table[ids]
+        return rows * pj.psum(rows.sum(0)) + table[pos], pj.psum(table[ids].sum())
+    table = np.arange(32, dtype=np.float32).reshape(8, 4)
+    ids = np.array([1, 2, 3, 4, 5])
+    rows = table[ids]
+    a, b = f(table, ids, 3)
+    np.testing.assert_allclose(np.asarray(a), rows * rows.sum(0) + table[3])
+    np.testing.assert_allclose(np.asarray(b), rows.sum())
+    with pytest.raises(pj.IndexBoundError, match="pos < 8"):
+        f(table, ids, 9)
+    with pytest.raises(pj.IndexBoundError, match="out of range"):
+        f(table, np.array([1, 2, 30, 4]), 3)
+    np.testing.assert_allclose(np.asarray(f(table, ids, 2)[0]), rows * rows.sum(0) + table[2])
