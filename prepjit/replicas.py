@@ -75,7 +75,7 @@ def levels(traced: Traced, collectives: list) -> tuple[dict, list]:
         if any(n.op is Ops.CARRY for n in c.source.toposort()):
             where = "a function pj.grad / pj.vjp differentiates" if any(
                 n.op is Ops.CARRY and isinstance(n.arg[0], tuple) for n in c.source.toposort()) else \
-                "the body of a loop (fori_loop, scan, while_loop)"
+                "the body of a loop (fori_loop, scan, while_loop) or a function pj.vmap maps"
             raise TraceError(f"pj.{c.kind} inside {where} is not supported: take the collective outside it (for "
                              "data-parallel training, take the gradient locally and pj.pmean the gradients)")
     return level, reached

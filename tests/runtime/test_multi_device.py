@@ -180,6 +180,8 @@ def test_errors_and_recovery():
         pj.prepare(lambda x: pj.grad(lambda v: pj.psum(v).sum())(x), devices=["cpu", "cpu"], split={"x": 0})(x[:4])
     with pytest.raises(pj.TraceError, match="loop"):
         pj.prepare(lambda x: pj.fori_loop(0, 3, lambda i, c: pj.psum(c), x), devices=["cpu"])(x)
+    with pytest.raises(pj.TraceError, match="vmap"):
+        pj.prepare(lambda x: pj.vmap(lambda v: pj.psum(v))(x), devices=["cpu"])(x)
     with pytest.raises(pj.TraceError, match="lacks"):
         pj.prepare(lambda x: x.sum(), devices=["cpu", "cpu"], split={"x": 0})(x[:4])
     with pytest.raises(pj.TraceError, match="bool"):
