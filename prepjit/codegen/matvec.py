@@ -11,11 +11,13 @@ renderer reassociates a lone float sum, so LLVM vectorises it along the contiguo
 independent accumulators (interleaved) and adds them up at the end. No operand is packed.
 
 A single row against a weight contiguous along the columns keeps optimize.py's blocking, with blocks of
-MATVEC_ROW_BYTES of columns instead of two vectors: with no row accumulators the registers are free, and
-each reduction step then reads 4 cache lines of one weight row, so the weight streams in longer runs
-(measured on Zen 5, AVX-512, x (576) @ W (576, 3072) float32 with W not in cache: 8.5 GB/s with 64 bytes
-per row and step, 22 with 256, 14 with 512, 13 with 1024; torch 25 in the same runs). Only column counts
-such blocks divide are blocked so; others keep optimize.py's blocks.
+many columns instead of two vectors: with no row accumulators the registers are free, and each reduction
+step then reads several cache lines of one weight row, so the weight streams in longer runs. A block is as
+wide as half the vector register file (1024 bytes on AVX-512's 32 zmm, 256 on AVX2's 16 ymm) when such
+blocks divide the columns and leave MIN_BLOCKS of them for threads to share, else narrower, down to
+MATVEC_ROW_BYTES (x (576) @ W (576, 3072) float32 with W not in cache on Zen 5, AVX-512, timed round robin
+on a loaded host, 3 trials: 115-138 us with 1024 bytes, 140-170 with 512, 163-194 with 256, 214-292 with
+128). Only column counts such blocks divide are blocked so; others keep optimize.py's blocks.
 """
 from __future__ import annotations
 
@@ -27,7 +29,8 @@ from .optimize import (COLUMN_VECTORS, DEFAULT_BLOCKING, Blocking, column_block,
 from .target import CPUTarget
 
 MAX_ROWS = 8                 # output rows (product of the loops the weight does not depend on) of a matvec, at most
-MATVEC_ROW_BYTES = DEFAULT_BLOCKING.matvec_row_bytes  # bytes of output columns per block of a one-row matvec
+MATVEC_ROW_BYTES = 256       # bytes of output columns per block of a one-row matvec, at least
+MIN_BLOCKS = 8               # column blocks of a one-row matvec, at least, for threads to share
 
 
 def matvec_axes(ast: UOp):
@@ -56,15 +59,15 @@ def matvec(ast: UOp, target: CPUTarget, blocking: Blocking = DEFAULT_BLOCKING) -
     """The kernel of a matvec contraction (see matvec_axes), unblocked, with its output columns the outermost
     loop and every other loop inside, in order (unless another loop is larger, like a batch of matrices: then
     the loops keep their order); a one-row contraction over a weight contiguous along the columns blocked
-    MATVEC_ROW_BYTES wide (or `blocking`'s width); None for other kernels (optimize.py blocks them)."""
+    wide (see row_bytes, or `blocking`'s width); None for other kernels (optimize.py blocks them)."""
     found = matvec_axes(ast)
     if found is None:
         axes = contraction_axes(ast)
         if axes is None or axes[4] is not None:
             return None
         # optimize.py's blocks are COLUMN_VECTORS vectors wide: a target of proportionally wider vectors
-        # gives MATVEC_ROW_BYTES (rendering still uses the real target's vectors)
-        row_bytes = blocking.matvec_row_bytes
+        # gives blocks of `row_bytes` (rendering still uses the real target's vectors)
+        row_bytes = blocking.matvec_row_bytes or _row_bytes(target, axes[1].dtype.itemsize, axes[3].src[0])
         wide = attrs.evolve(target, vector_bytes=max(target.vector_bytes, row_bytes // COLUMN_VECTORS))
         width, tail = column_block(wide, axes[1].dtype.itemsize, axes[3].src[0])
         return upcast_contraction(ast, wide, blocking) if width > 1 and not tail else None
@@ -74,3 +77,15 @@ def matvec(ast: UOp, target: CPUTarget, blocking: Blocking = DEFAULT_BLOCKING) -
     order = [j] + others + sorted({u for u in ast.toposort() if u.op is Ops.RANGE and u.arg[1] == "reduce"},
                                   key=lambda r: r.arg[0])
     return ast.substitute({r: UOp(Ops.RANGE, r.dtype, r.src, (n, r.arg[1])) for n, r in enumerate(order)})
+
+
+def _row_bytes(target: CPUTarget, itemsize: int, columns: UOp) -> int:
+    """Bytes of columns per block of a one-row matvec: half the vector register file, or the widest narrower
+    width down to MATVEC_ROW_BYTES whose blocks divide a static column count and leave MIN_BLOCKS of them."""
+    width = target.vector_bytes * target.vector_registers // 2
+    while width > MATVEC_ROW_BYTES:
+        per_block = width // itemsize
+        if columns.op is Ops.CONST and columns.arg % per_block == 0 and columns.arg // per_block >= MIN_BLOCKS:
+            return width
+        width //= 2
+    return MATVEC_ROW_BYTES

@@ -49,7 +49,7 @@ class Blocking:
     """The block-shape knobs a kernel is optimised with: the defaults, or what PREPJIT_TUNE's timed search chose
     for it (prepjit/tune.py). Column widths stay as they are (packing.py lays panels out by them)."""
     max_accumulators: int = MAX_ACCUMULATORS   # vector accumulators of a register block: its rows
-    matvec_row_bytes: int = 256                # bytes of output columns per block of a one-row contraction (matvec.py)
+    matvec_row_bytes: int | None = None        # bytes of columns per block of a one-row matvec (None: matvec.py's)
 
 
 DEFAULT_BLOCKING = Blocking()
@@ -254,7 +254,7 @@ def blocking_candidates(ast: UOp, target: CPUTarget | None = None) -> list[Block
     another shape; a single one when the kernel has nothing to choose."""
     target = target or host_target()
     options = [DEFAULT_BLOCKING] + [Blocking(max_accumulators=a) for a in (8, 12, 24)] + \
-        [Blocking(matvec_row_bytes=b) for b in (128, 512, 1024)]
+        [Blocking(matvec_row_bytes=b) for b in (128, 256, 512, 1024)]
     seen, chosen = set(), []
     for blocking in options:
         kernel = optimize_with(ast, "llvm", target, blocking)

@@ -69,6 +69,18 @@ def test_one_row_columns_contiguous_weight_is_blocked_wide(rng, dtype, tol, targ
     assert len(optimize(ast, "llvm", target).src) == MATVEC_ROW_BYTES // np.dtype(dtype).itemsize
 
 
+@pytest.mark.parametrize("target,width", [(AVX2, 256), (AVX512, 1024)])
+def test_one_row_blocks_are_half_the_register_file_wide(rng, target, width):
+    """x @ W (576, 3072), a decode step's up-projection: blocks of half the vector register file (1024 bytes on
+    AVX-512, 256 on AVX2) when they divide the columns and leave 8 blocks; 576 columns take 256 bytes."""
+    h, w = rng.standard_normal(576).astype(np.float32), rng.standard_normal((576, 3072)).astype(np.float32)
+    f = pj.prepare(lambda h, w: h @ w, device="cpu")
+    np.testing.assert_allclose(np.asarray(f(h, w)), h @ w, rtol=1e-4, atol=1e-4)
+    assert len(optimize(_kernel_ast(f, h, w), "llvm", target).src) == width // 4
+    g = pj.prepare(lambda h, w: h @ w, device="cpu")
+    assert len(optimize(_kernel_ast(g, h, w[:, :576].copy()), "llvm", target).src) == MATVEC_ROW_BYTES // 4
+
+
 def test_columns_contiguous_weight_and_many_rows_stay_blocked(rng):
     """h @ W (the weight contiguous along the output) and matrices of many rows keep optimize.py's blocking."""
     h, w = rng.standard_normal(577).astype(np.float32), rng.standard_normal((577, 100)).astype(np.float32)
