@@ -5,7 +5,8 @@ that builds it (pointwise.py, reduction.py, movement.py, gathering.py; pj.fori_l
 beside its builder. Transformations are lookups in this table, never rewrites keyed on ops elsewhere:
 
 - `vjp(ct, node) -> tuple`: reverse mode (autodiff.py). `ct` is the cotangent of `node` (a Tracer of its shape
-  and dtype); the result has one cotangent (a Tracer, or None for none) per operand of `node`.
+  and dtype; for LOOP, whose results are its LOOP_OUTs, a dict carry index -> cotangent); the result has one
+  cotangent (a Tracer, or None for none) per operand of `node`.
 - `operands(node) -> tuple[UOp, ...]`: what `vjp`'s results are for; `node.src` unless the op reads values its
   sources do not show (a loop body reads arrays from outside the loop).
 - `selective`: True when `vjp` takes a third argument, per operand whether its cotangent is wanted (for rules
