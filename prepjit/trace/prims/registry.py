@@ -1,8 +1,9 @@
 """The primitive table: per traced-graph op, the rules that transformations read (our `lax` primitives).
 
 A traced graph is UOps; each op that can appear in one has a `Primitive` here, registered by the family module
-that builds it (pointwise.py, reduction.py, movement.py, gathering.py; pj.fori_loop's LOOP by autodiff_loop.py),
-beside its builder. Transformations are lookups in this table, never rewrites keyed on ops elsewhere:
+that builds it (pointwise.py, reduction.py, movement.py, gathering.py), beside its builder; SCATTER's rule sits
+beside GATHER's in gathering.py (each is the other's transpose), the LOOP's in autodiff_loop.py, and the batching
+rules in batching.py. Transformations are lookups in this table, never rewrites keyed on ops elsewhere:
 
 - `vjp(ct, node) -> tuple`: reverse mode (autodiff.py). `ct` is the cotangent of `node` (a Tracer of its shape
   and dtype; for LOOP, whose results are its LOOP_OUTs, a dict carry index -> cotangent); the result has one
