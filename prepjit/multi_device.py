@@ -180,6 +180,12 @@ class MultiDeviceFunction:
         return entry
 
     def _prepare(self, info) -> _Entry:
+        job = self.job
+        if job is not None and job.world > 1:  # the replica axis counts len(devices) per process: all must agree
+            counts = job.gather_to_all(np.array([len(self.devices)])).tolist()
+            if len(set(counts)) > 1:
+                raise DeviceError(f"the processes of the job list different numbers of devices (per rank: {counts}) "
+                                  f"for {self.signature.fn_name}; every process must run as many replicas")
         with replica_axis(self.replicas) as axis:
             traced = trace_call(self.fn, info.build_args, info.leaves)
         try:

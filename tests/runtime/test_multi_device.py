@@ -227,7 +227,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run_job(tmp_path, devices: list, timeout: float = 240):
+def _run_job(tmp_path, devices: list, timeout: float = 240, ok: bool = True):
     """Run WORKER in one process per entry of `devices` (that rank's devices, comma-separated)."""
     world = len(devices)
     env = {**os.environ, "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
@@ -240,6 +240,8 @@ def _run_job(tmp_path, devices: list, timeout: float = 240):
     finally:
         for p in procs:
             p.kill()
+    if not ok:
+        return [p.returncode for p in procs], logs
     assert all(p.returncode == 0 for p in procs), "\n".join(logs)
     return [np.load(tmp_path / f"out{r}.npy") for r in range(world)]
 
@@ -258,6 +260,12 @@ def test_job_of_processes_on_cpu_replicas(tmp_path):
     got = _run_job(tmp_path, ["cpu,cpu", "cpu,cpu"])
     for g, e in zip(got, _expected_job(2, 2)):
         np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-4)
+
+
+def test_job_whose_processes_disagree_on_devices(tmp_path):
+    codes, logs = _run_job(tmp_path, ["cpu,cpu", "cpu"], ok=False)
+    assert all(c != 0 for c in codes)
+    assert all("different numbers of devices" in log for log in logs), "\n".join(logs)
 
 
 # ---- CUDA: NCCL (a world of one on the one-GPU machines; two GPUs where there are) ----
