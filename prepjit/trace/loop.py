@@ -70,12 +70,7 @@ def _bound(x, what: str):
         raise TraceError(f"fori_loop {what} must be an int, a var or a symbolic int, not bool")
     if isinstance(x, Tracer) and x.ndim == 0 and x.dtype.is_int and not prims.is_symbolic(x.uop):
         return None
-    try:
-        return prims.to_sint(x, f"fori_loop {what}")
-    except TraceError:
-        if isinstance(x, Tracer) and x.ndim == 0 and x.dtype.is_int:
-            return None
-        raise
+    return prims.to_sint(x, f"fori_loop {what}")
 
 
 def _carry(carry) -> tuple[list, object]:
