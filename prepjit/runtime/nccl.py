@@ -8,7 +8,9 @@ One communicator per local GPU, all made at once (ncclGroupStart / ncclCommInitR
 from one unique id: this process's own, or in a job of several processes rank 0's, sent over the job's TCP
 star (collectives_job.py). A collective queues ncclAllReduce / ncclAllGather on every local GPU's stream in
 one group, after that GPU's earlier kernels and before its later ones; nothing waits for it on the host.
-NVLink multicast (NVLS) stays off: NCCL_NVLS_ENABLE=0 unless the environment says otherwise.
+NVLink multicast (NVLS) stays off: NCCL_NVLS_ENABLE=0 unless the environment says otherwise. Communicators
+live as long as the process (collectives.py keeps one set per list of devices): destroying them at exit, after
+the CUDA contexts may be gone, could hang it.
 """
 from __future__ import annotations
 
@@ -74,7 +76,7 @@ def load_library() -> ctypes.CDLL:
     lib.ncclGetErrorString.argtypes = [i]
     for name, args in (("ncclGetVersion", [ctypes.POINTER(i)]), ("ncclGetUniqueId", [ctypes.POINTER(UniqueId)]),
                        ("ncclCommInitRank", [ctypes.POINTER(p), i, UniqueId, i]), ("ncclGroupStart", []),
-                       ("ncclGroupEnd", []), ("ncclCommDestroy", [p]),
+                       ("ncclGroupEnd", []),
                        ("ncclAllReduce", [p, p, z, i, i, p, p]), ("ncclAllGather", [p, p, z, i, p, p])):
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = i, args
@@ -137,8 +139,3 @@ class NCCLCollectives:
                     int(arrays[i].buffer), int(outs[i].buffer), a.size * a.dtype.itemsize, _CHAR, self.comms[i],
                     d._stream), "ncclAllGather")
         return outs
-
-    def __del__(self):
-        for comm in getattr(self, "comms", ()):
-            if comm.value:
-                self.lib.ncclCommDestroy(comm)
