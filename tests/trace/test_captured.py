@@ -91,11 +91,12 @@ def test_symbolic_shapes_and_same_array_used_twice():
     assert len(f.plan(np.ones((2, 3), np.float32)).inputs) == 2  # the argument, and w once
 
 
-def test_a_captured_array_cannot_be_saved(tmp_path):
+def test_a_captured_array_is_saved_with_its_trace_time_value(tmp_path):
     w = np.ones(3, np.float32)
     f = pj.prepare(lambda x: x + w)
-    with pytest.raises(pj.SignatureError, match="captured"):
-        f.save(tmp_path / "f.pjplan", np.ones(3, np.float32))
+    f.save(tmp_path / "f.pjplan", np.ones(3, np.float32))
+    w[:] = 5
+    np.testing.assert_array_equal(np.asarray(pj.load(tmp_path / "f.pjplan")(np.ones(3, np.float32))), 2)
 
 
 class Model:
