@@ -29,6 +29,10 @@ def test_fori_loop_to_a_scalar_var_is_compiled_once_for_every_count(device):
     assert len(plan.kernels) < 8 and "i" not in plan.vars  # each body kernel listed once; the loop var is the plan's
     with pytest.raises(pj.VarError, match="fixed"):
         plan.execute_with_vars({"i": 1})
+    plan.write_input(0, x)  # the plan API runs the loop for the bound count too
+    for n in (5, 0, 2):
+        plan.execute_with_vars({"n": n})
+        _close(plan.read_output(0), np.asarray(f(x, n)))
 
 
 def test_fori_loop_over_a_symbolic_dim_reads_the_loop_var_rows(device, rng):
