@@ -120,3 +120,15 @@ def test_vmap_composes_with_grad(rng):
     assert f.stats["traces"] == 1
     _close(pj.grad(lambda w: pj.vmap(loss, in_axes=(0, None))(xs, w).sum())(w), np.sum(per_example, 0))
     assert pj.lax.scan is pj.scan and pj.lax.cond is pj.cond and pj.lax.while_loop is pj.while_loop
+
+
+def test_vmap_is_a_batched_graph_not_a_loop_over_examples(rng):
+    """The vmapped layer has the hand-batched plan's kernels (a packed contraction and two reductions), for any
+    batch size; nothing in it runs once per example."""
+    xs, w = rng.standard_normal((64, 32)).astype(np.float32), rng.standard_normal((32, 48)).astype(np.float32)
+    spec = dict(vars={"b": (1, 256)}, shapes={"xs": ("b", 32)})
+    mapped = pj.prepare(lambda xs, w: pj.vmap(lambda x, w: pnp.tanh(x @ w).sum(), in_axes=(0, None))(xs, w), **spec)
+    batched = pj.prepare(lambda xs, w: pnp.tanh(xs @ w).sum(1), **spec)
+    _close(mapped(xs, w), np.asarray(batched(xs, w)))
+    kinds = [[k.kernel.name.split("_")[0] for k in f.plan(xs, w).kernels] for f in (mapped, batched)]
+    assert kinds[0] == kinds[1] and not any(k.fixedvars for k in mapped.plan(xs, w).kernels)
