@@ -141,18 +141,19 @@ class MultiDeviceFunction:
     # ---- arguments ----
     def _local_calls(self, args, kwargs) -> list:
         """(args, kwargs) per local replica: the `split` arguments cut along their axis, others shared."""
-        params = self.signature.bind(args, kwargs)
         n = len(self.devices)
+        params = self.signature.bind(args, kwargs)
         per = [dict() for _ in range(n)]
         for name, value in params:
             if name in self.split:
                 axis = self.split[name]
 
                 def cut(leaf, name=name, axis=axis):
-                    a = np.asarray(leaf)
-                    if not -a.ndim <= axis < a.ndim:
-                        raise SignatureError(f"split[{name!r}] = {axis}, but {name} has {a.ndim} dims")
-                    return _Parts(np.array_split(a, n, axis=axis))
+                    ndim = leaf.ndim if isinstance(leaf, Array) else np.ndim(leaf)
+                    if not -ndim <= axis < ndim:
+                        raise SignatureError(f"split[{name!r}] = {axis}, but {name} has {ndim} dims")
+                    # one replica: the argument as it is (a pj.Array on the device stays there)
+                    return _Parts([leaf] if n == 1 else np.array_split(np.asarray(leaf), n, axis=axis))
                 tree = _map_leaves(value, cut)
                 for r in range(n):
                     per[r][name] = _pick(tree, r)
