@@ -174,20 +174,15 @@ def sort_order(x: Tracer, descending: bool = False, valid: Tracer | None = None)
 
     levels = size.bit_length() - 1
     stages = levels * (levels + 1) // 2
-    # The loop counter t runs from `first`, the number of loops x is computed from: a network sorting the result
-    # of another one gets a counter var of its own, so the scheduler sees that its keys (computed from that
-    # result) do not depend on its own counter and computes them once, outside the loop.
-    first = sum(1 for u in x.uop.toposort() if u.op is Ops.LOOP)
-
     def stage(t, codes):
-        j, k = _stage_distances(_elementwise(Ops.SUB, t, first), stages, code_dtype)
+        j, k = _stage_distances(t, stages, code_dtype)
         other = _gather_last(codes, _elementwise(Ops.XOR, position, j))
         lower = _elementwise(Ops.CMPEQ, _elementwise(Ops.AND, position, j), 0)
         ascending = _elementwise(Ops.CMPEQ, _elementwise(Ops.AND, position, k), 0)
         keep = _elementwise(Ops.CMPEQ, before(codes, other), _elementwise(Ops.CMPEQ, lower, ascending))
         return _elementwise(Ops.WHERE, keep, codes, other)
 
-    codes = fori_loop(first, first + stages, stage, codes)
+    codes = fori_loop(0, stages, stage, codes)
     codes = prims.shrink(codes, [(0, 1, d) for d in x.uop.shape])
     return prims.cast(_elementwise(Ops.AND, codes, mask), dtypes.int64)
 

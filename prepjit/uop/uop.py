@@ -165,7 +165,9 @@ class UOp:
 
     def depends_on(self, targets) -> bool:
         """Whether this traced node reads any of `targets` through its sources or the UOps inside args (symbolic
-        shapes, slice starts, a loop's body): a slice `xs[t]` depends on `t` though `t` is no source."""
+        shapes, slice starts, a loop's body): a slice `xs[t]` depends on `t` though `t` is no source. A loop's
+        own counter and carries are bound inside its body: reading them there is no dependence on the same
+        UOps elsewhere (two sequential loops whose counters have one name and bounds share the var UOp)."""
         seen, stack = set(), [self]
         while stack:
             node = stack.pop()
@@ -175,7 +177,13 @@ class UOp:
                 return True
             seen.add(node)
             stack.extend(node.src)
-            stack.extend(_arg_uops(node.arg))
+            if node.op is Ops.LOOP:
+                bound = {getattr(node.arg, "var", None), *getattr(node.arg, "carries", ())}
+                free = [t for t in targets if t not in bound]
+                if free and any(u.depends_on(free) for u in _arg_uops(node.arg) if u not in bound):
+                    return True
+            else:
+                stack.extend(_arg_uops(node.arg))
         return False
 
     def variables(self) -> list["UOp"]:

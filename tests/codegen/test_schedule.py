@@ -75,3 +75,19 @@ def test_loop_invariant_reduction_is_hoisted():
     s = sched(lambda x: pj.fori_loop(0, 5, lambda i, c: c + x.sum(), x), A)
     reduces = [k for k in s.kernels if any(u.op is Ops.REDUCE for u in k.ast.toposort())]
     assert len(reduces) == 1 and not reduces[0].fixedvars
+
+
+def test_a_loop_reading_an_earlier_loop_with_the_same_counter_hoists_it():
+    """Two loops in a row whose counters share a name and bounds share the var UOp: the second one's body reads
+    the first loop's result (and a sum of it), which must run once, before it, not once per iteration."""
+    def f(x):
+        first = pj.fori_loop(0, 4, lambda t, c: c * 0.5 + 1, x)
+        total = first.sum()
+        return pj.fori_loop(0, 4, lambda t, c: c + total, x)
+    s = sched(f, A)
+    assert len([k for k in s.kernels if any(u.op is Ops.REDUCE for u in k.ast.toposort())]) == 1
+    assert len([k for k in s.kernels if k.fixedvars]) == 8  # each loop's body once per iteration, no more
+    first = A.copy()
+    for _ in range(4):
+        first = first * 0.5 + 1
+    assert_matches(pj.prepare(f)(A), A + 4 * first.sum(), rtol=1e-5)
