@@ -395,3 +395,93 @@ def test_gathers_scalar_vars_and_index_errors_across_stages():
     with pytest.raises(pj.IndexBoundError, match="out of range"):
         f(table, np.array([1, 2, 30, 4]), 3)
     np.testing.assert_allclose(np.asarray(f(table, ids, 2)[0]), rows * rows.sum(0) + table[2])
+
+
+class _FakeNCCL:
+    """libnccl's calls as NCCLCollectives makes them, on fake GPU memory (ints naming NumPy arrays): grouped
+    calls are collected and run at ncclGroupEnd, as NCCL does."""
+
+    def __init__(self, memory):
+        self.memory, self.group, self.calls = memory, None, []
+
+    def ncclGetVersion(self, ref):
+        ref._obj.value = 22300
+        return 0
+
+    def ncclGetUniqueId(self, ref):
+        return 0
+
+    def ncclCommInitRank(self, ref, nranks, uid, rank):
+        ref._obj.value = 1000 + rank
+        self.calls.append(("init", nranks, rank))
+        return 0
+
+    def ncclGroupStart(self):
+        self.group = []
+        return 0
+
+    def ncclAllReduce(self, send, recv, count, dtype, op, comm, stream):
+        self.group.append(("reduce", send, recv, count, dtype, comm))
+        return 0
+
+    def ncclAllGather(self, send, recv, count, dtype, comm, stream):
+        self.group.append(("gather", send, recv, count, dtype, comm))
+        return 0
+
+    def ncclGroupEnd(self):
+        calls, self.group = self.group, None
+        self.calls += [c[0] for c in calls]
+        if calls and calls[0][0] in ("reduce", "gather"):
+            calls.sort(key=lambda c: c[5].value)  # rank order
+            sends = [self.memory[c[1]].view(np.uint8)[:c[3] * (1 if c[0] == "gather" else 4)] for c in calls]
+            if calls[0][0] == "reduce":
+                total = sum(s.view(np.float32) for s in sends)
+                for c in calls:
+                    self.memory[c[2]].view(np.float32)[:] = total
+            else:
+                for c in calls:
+                    self.memory[c[2]].view(np.uint8)[:] = np.concatenate(sends)
+        return 0
+
+
+class _FakeGPU:
+    def __init__(self, name, memory):
+        self.name, self.memory, self._stream = name, memory, None
+
+    def current(self):
+        pass
+
+    def flush(self):
+        pass
+
+    def empty(self, shape, dtype):
+        handle = len(self.memory) + 1
+        self.memory[handle] = np.zeros(int(np.prod(shape)), dtype)
+        return handle
+
+
+def test_nccl_collectives_group_calls_per_gpu(monkeypatch):
+    """NCCLCollectives on two fake GPUs: one communicator per GPU (ranks 0, 1 of 2) made in one group, and
+    each collective one grouped call per GPU with the counts, the dtype and the rank order NCCL needs."""
+    memory = {}
+    fake = _FakeNCCL(memory)
+    monkeypatch.setattr(nccl, "load_library", lambda: fake)
+    gpus = [_FakeGPU("cuda", memory), _FakeGPU("cuda:1", memory)]
+    comm = nccl.NCCLCollectives(gpus)
+    assert fake.calls == [("init", 2, 0), ("init", 2, 1)] and comm.size == 2
+    values = [np.arange(6, dtype=np.float32).reshape(2, 3), np.full((2, 3), 10, np.float32)]
+    arrays = []
+    for g, v in zip(gpus, values):
+        h = g.empty(v.shape, v.dtype)
+        memory[h][:] = v.ravel()
+        arrays.append(pj.Array(h, v.shape, v.dtype, g))
+    sums = comm.run("psum", arrays)
+    for s in sums:
+        assert s.shape == (2, 3)
+        np.testing.assert_array_equal(memory[s.buffer].reshape(2, 3), values[0] + values[1])
+    gathered = comm.run("all_gather", arrays)
+    for g in gathered:
+        assert g.shape == (2, 2, 3)
+        np.testing.assert_array_equal(memory[g.buffer].reshape(2, 2, 3), np.stack(values))
+    with pytest.raises(pj.DeviceError, match="one replica per GPU"):
+        nccl.NCCLCollectives([gpus[0], gpus[0]])
