@@ -194,6 +194,9 @@ class MultiDeviceFunction:
             split_inputs = self._split_inputs(info, traced)
             split_vars = {v.arg[0] for node, axis_ in split_inputs.items() for d in node.arg[1][axis_:axis_ + 1]
                           if isinstance(d, UOp) for v in d.variables()}
+            # a var in a collective's argument's shape is the same on every replica of a call (checked first)
+            split_vars -= {v.arg[0] for s in stages for c in s.collectives for d in c.source.shape
+                           if isinstance(d, UOp) for v in d.variables()}
             varies = varying(traced, set(split_inputs), split_vars, axis.index, axis.collectives)
             for k, (node, v) in enumerate(zip(traced.outputs, varies)):
                 if v and (self.out_axis is None or not -len(node.shape) <= self.out_axis < len(node.shape)):

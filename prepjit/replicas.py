@@ -148,7 +148,8 @@ def _worth_keeping(level: dict) -> set:
 def varying(traced: Traced, split_inputs: set, split_vars: set, index: UOp | None, collectives: list) -> list[bool]:
     """Per output: whether it differs across replicas: it reads a split input, device_index() or a var of a
     split dim (each replica's own size), or has such a var in its shape, other than through a collective's
-    result."""
+    result. (The caller leaves out of `split_vars` the vars a collective's argument has in its shape: every
+    call checks them equal on all replicas.)"""
     results = {c.result for c in collectives}
 
     def sized(node: UOp) -> bool:

@@ -485,3 +485,16 @@ def test_nccl_collectives_group_calls_per_gpu(monkeypatch):
         np.testing.assert_array_equal(memory[g.buffer].reshape(2, 2, 3), np.stack(values))
     with pytest.raises(pj.DeviceError, match="one replica per GPU"):
         nccl.NCCLCollectives([gpus[0], gpus[0]])
+
+
+def test_gathered_values_sized_by_the_split_var_are_replicated():
+    """all_gather's result has the local size n in its shape, and n is checked equal on every replica: the result
+    (tiled, or stacked on the last axis) is replicated, returned once."""
+    @pj.prepare(devices=["cpu", "cpu"], split={"x": 0}, vars={"n": (1, 64)}, shapes={"x": ("n", 3)})
+    def f(x):
+        return pj.all_gather(x, tiled=True), pj.all_gather(x.T, axis=1, tiled=True), pj.all_gather(x, axis=-1)
+    x = np.arange(12, dtype=np.float32).reshape(4, 3)
+    tiled, tiled1, last = (np.asarray(o) for o in f(x))
+    np.testing.assert_array_equal(tiled, x)
+    np.testing.assert_array_equal(tiled1, x.T)
+    np.testing.assert_array_equal(last, np.stack(np.array_split(x, 2), -1))
