@@ -1,6 +1,6 @@
 """prepjit: trace NumPy-style functions once, replay prepared kernels with new shapes."""
-from . import random
 from . import lax
+from . import random
 from .autodiff import grad, value_and_grad, vjp
 from .batched import vmap
 from .errors import (CompileError, DeviceError, IndexBoundError, PlanFileError, PrepjitError, SignatureError,
