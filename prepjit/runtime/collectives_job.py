@@ -2,8 +2,8 @@
 environment and a TCP star around rank 0 that carries what the processes exchange.
 
 `Job.from_env()` reads RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (as `torchrun` sets them, or as a job
-script exports them); rank 0 listens on MASTER_ADDR:MASTER_PORT, every other rank connects (retrying until
-`timeout`) and says its rank. The star carries NCCL's unique id from rank 0 to the others (nccl.py) and, for
+script exports them); rank 0 listens on MASTER_PORT (every interface), every other rank connects to
+MASTER_ADDR:MASTER_PORT (retrying until `timeout`) and says its rank. The star carries NCCL's unique id from rank 0 to the others (nccl.py) and, for
 the host collectives (collectives.py), each process's contribution to rank 0 and the combined result back.
 Messages are a JSON header line and raw bytes: nothing received is unpickled or run.
 """
@@ -73,7 +73,10 @@ class Job:
     def _connect(self, timeout: float):
         deadline = time.monotonic() + timeout
         if self.rank == 0:
-            server = socket.create_server((self.addr, self.port), reuse_port=False)
+            # every interface, as torch's store listens: MASTER_ADDR names this host as the others reach it
+            dual = socket.has_dualstack_ipv6()
+            server = socket.create_server(("", self.port), family=socket.AF_INET6 if dual else socket.AF_INET,
+                                          dualstack_ipv6=dual)
             server.settimeout(timeout)
             by_rank = {}
             try:
