@@ -42,12 +42,12 @@ def _host_key(k) -> np.ndarray:
     return k
 
 
-def _static(value):
-    """A sampler argument as the eager prepared function takes it: a scalar is static, an array an argument."""
-    if isinstance(value, (bool, int, float)):
-        return value
-    array = np.asarray(value)
-    return array.item() if array.ndim == 0 else array
+def _param(value, python) -> np.ndarray:
+    """A sampler's bound or probability as the eager prepared function takes it: an array argument (0-d for a
+    scalar), so new values replay the plan; Python numbers as the NumPy type `python` (one signature for all)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return np.asarray(value).astype(python)
+    return np.asarray(value)
 
 
 FLAT_MAX = 1 << 24  # eager draws of at most this many elements share one plan per sampler: the size is a var
@@ -80,11 +80,11 @@ def _eager(name: str, flat: bool):
 
 def _run(name: str, k, shape: tuple, *params):
     """An eager draw on a NumPy key: NumPy arrays back. Scalar parameters and at most FLAT_MAX elements: one plan
-    for every shape; array-valued parameters (they broadcast against the shape) or more elements: a plan per
-    shape."""
+    for every shape and value; array-valued parameters (they broadcast against the shape) or more elements: a
+    plan per shape."""
     k, shape = _host_key(k), tuple(int(d) for d in shape)
     size = math.prod(shape)
-    if size > FLAT_MAX or any(isinstance(p, np.ndarray) for p in params):
+    if size > FLAT_MAX or any(isinstance(p, np.ndarray) and p.ndim for p in params):
         return np.asarray(_eager(name, False)(k, shape, *params))
     out = np.asarray(_eager(name, True)(k, size, params))
     return out.reshape(shape + out.shape[1:])
@@ -125,7 +125,7 @@ def fold_in(key, data):
     function, so one plan draws per-step keys."""
     if _traced(key, data):
         return _bits.fold_in(key, data)
-    return _run("fold_in", key, (), np.asarray(data, np.int64))
+    return np.asarray(_eager("fold_in", False)(_host_key(key), (), np.asarray(data, np.int64)))
 
 
 def bits(key, shape=(), dtype=np.uint32):
@@ -142,7 +142,8 @@ def uniform(key, shape=(), dtype=np.float32, minval=0.0, maxval=1.0):
     """Floats uniform in [minval, maxval) (float16, float32 or float64); minval/maxval broadcast to shape."""
     if _traced(key, shape, minval, maxval):
         return _sample.uniform(key, _shape(shape), dtype, minval, maxval)
-    return _run("uniform", key, _shape(shape), to_dtype(dtype).name, _static(minval), _static(maxval))
+    bounds = _param(minval, np.float64), _param(maxval, np.float64)
+    return _run("uniform", key, _shape(shape), to_dtype(dtype).name, *bounds)
 
 
 def normal(key, shape=(), dtype=np.float32):
@@ -156,11 +157,12 @@ def bernoulli(key, p=0.5, shape=None):
     """Booleans, True with probability `p` (a float or a float array; shape defaults to p's)."""
     if _traced(key, p, *(() if shape is None else _shape(shape))):
         return _sample.bernoulli(key, p, None if shape is None else _shape(shape))
-    return _run("bernoulli", key, np.shape(p) if shape is None else _shape(shape), _static(p))
+    return _run("bernoulli", key, np.shape(p) if shape is None else _shape(shape), _param(p, np.float32))
 
 
 def randint(key, shape, minval, maxval, dtype=np.int32):
     """Integers uniform in [minval, maxval) (bounds clipped to the dtype; maxval <= minval gives minval)."""
     if _traced(key, shape, minval, maxval):
         return _sample.randint(key, _shape(shape), minval, maxval, dtype)
-    return _run("randint", key, _shape(shape), _static(minval), _static(maxval), to_dtype(dtype).name)
+    bounds = _param(minval, np.int64), _param(maxval, np.int64)
+    return _run("randint", key, _shape(shape), *bounds, to_dtype(dtype).name)
