@@ -136,7 +136,3 @@ def device_index(axis_name=None) -> Tracer:
         axis.index = axis.placeholder(dtypes.int32, ())
     return Tracer(axis.index)
 
-
-def replica_count(axis_name=None) -> int:
-    """How many replicas the multi-device function runs (JAX's lax.psum(1, axis)): a Python int."""
-    return _axis("replica_count").size
