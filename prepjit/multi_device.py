@@ -275,7 +275,7 @@ class MultiDeviceFunction:
         entry = self._entry(infos[0])
         with self.lock:  # collectives pair up across replicas and processes: one call at a time
             out = self._run(entry, infos)
-        self.stats["replays"] += 1
+            self.stats["replays"] += 1
         return out
 
     def _run(self, entry: _Entry, infos: list):
