@@ -498,3 +498,16 @@ def test_gathered_values_sized_by_the_split_var_are_replicated():
     np.testing.assert_array_equal(tiled, x)
     np.testing.assert_array_equal(tiled1, x.T)
     np.testing.assert_array_equal(last, np.stack(np.array_split(x, 2), -1))
+
+
+def test_a_pytree_argument_is_split_leaf_by_leaf():
+    @pj.prepare(devices=["cpu", "cpu"], split={"batch": 0}, vars={"n": (1, 64)},
+                shapes={"batch": {"x": ("n", 2), "y": ("n",)}})
+    def f(batch, w):
+        return batch["x"] @ w + batch["y"][:, None], pj.psum(batch["y"].sum())
+    batch = {"x": np.ones((5, 2), np.float32), "y": np.arange(5, dtype=np.float32)}
+    out, total = f(batch, np.ones((2, 3), np.float32))
+    np.testing.assert_array_equal(np.asarray(out), 2 + np.arange(5, dtype=np.float32)[:, None] + np.zeros(3))
+    assert float(np.asarray(total)) == 10
+    with pytest.raises(pj.VarBoundError, match=r"batch\['x'\].shape\[0\]"):  # 1 row: none for replica 1
+        f({"x": np.ones((1, 2), np.float32), "y": np.ones(1, np.float32)}, np.ones((2, 3), np.float32))
