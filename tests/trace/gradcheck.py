@@ -8,12 +8,25 @@ import prepjit as pj
 
 try:
     import jax
-    import jax.numpy as jnp
-    jax.config.update("jax_enable_x64", True)
 except ImportError:  # the finite-difference checks still run
-    jax = jnp = None
+    jax = None
 
 needs_jax = pytest.mark.skipif(jax is None, reason="compares with JAX, which is not installed")
+
+
+@pytest.fixture
+def jax_x64():
+    """JAX in 64-bit mode for one test (the references are float64), its previous mode back afterwards. The
+    gradient test modules use it for every test (`pytestmark`)."""
+    if jax is None:
+        yield
+        return
+    previous = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_x64", previous)
 
 
 def check_grad(f, *args, argnum=0, rtol=1e-5, atol=1e-7, eps=1e-6):

@@ -5,7 +5,9 @@ import pytest
 
 import prepjit as pj
 import prepjit.numpy as pnp
-from tests.trace.gradcheck import check_grad, jax, needs_jax
+from tests.trace.gradcheck import check_grad, jax, needs_jax, jax_x64  # noqa: F401 - jax_x64: the fixture
+
+pytestmark = pytest.mark.usefixtures("jax_x64")
 
 jnp = jax.numpy if jax is not None else None
 

@@ -7,7 +7,9 @@ import pytest
 import prepjit as pj
 import prepjit.nn as pnn
 import prepjit.numpy as pnp
-from tests.trace.gradcheck import check_grad, jax, like_jax
+from tests.trace.gradcheck import check_grad, jax, like_jax, jax_x64  # noqa: F401 - jax_x64: the fixture
+
+pytestmark = pytest.mark.usefixtures("jax_x64")
 
 rng = np.random.default_rng(1)
 X = rng.standard_normal((4, 6))

@@ -6,8 +6,10 @@ import pytest
 
 import prepjit as pj
 import prepjit.numpy as pnp
-from tests.trace.gradcheck import jax, jax_grad
+from tests.trace.gradcheck import jax, jax_grad, jax_x64  # noqa: F401 - jax_x64: the fixture
 from tests.trace.test_grad_movement import CASES, _nn, _weighted
+
+pytestmark = pytest.mark.usefixtures("jax_x64")
 
 
 def _reference(ours, theirs, *args, argnums=0):
