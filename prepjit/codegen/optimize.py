@@ -37,6 +37,7 @@ import functools
 import attrs
 
 from ..uop import Ops, UOp, dtypes, simplify
+from .reuse import store_shared_value
 from .target import CPUTarget, host_target
 
 MAX_ACCUMULATORS = 16     # vector accumulators a block keeps in registers, at most
@@ -245,6 +246,7 @@ def optimize_with(ast: UOp, language: str, target: CPUTarget | None, blocking: B
     if language != "llvm":
         return ast
     from .matvec import matvec  # matvec.py builds on this module's contraction analysis
+    ast = store_shared_value(ast)
     found = matvec(ast, target or host_target(), blocking)
     return found if found is not None else upcast_contraction(ast, target or host_target(), blocking)
 

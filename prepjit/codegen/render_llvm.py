@@ -86,6 +86,10 @@ class _Renderer(KernelRenderer):
         self.reduce_groups: dict = {}
         self.reduce_loops: dict[UOp, set] = {}  # the loop ranges each reduction's value depends on
         self.reduce_free: dict[UOp, set] = {}   # all the ranges it depends on that no reduction in it binds
+        self.stores_done = 0
+        self.waits: dict[UOp, int] = {}  # a reduction reading what the kernel stores: stores to render before it
+        stores = list(ast.src)
+        written = {st.src[0] for st in stores}
         for u in ast.toposort():  # operands first
             if u.op is Ops.REDUCE:
                 self.reduce_groups.setdefault((u.arg, u.dtype, u.src[1:]), []).append(u)
@@ -93,6 +97,10 @@ class _Renderer(KernelRenderer):
                 inner = [x for x in u.toposort() if x.op in (Ops.RANGE, Ops.REDUCE)]
                 bound = {r for x in inner if x.op is Ops.REDUCE for r in x.src[1:]}
                 self.reduce_free[u] = {x for x in inner if x.op is Ops.RANGE} - bound
+                reads = {x.src[0] for x in u.toposort() if x.op is Ops.LOAD} & written
+                if reads:  # the stores to those buffers before the first store that uses it (reuse.py)
+                    first = next(i for i, st in enumerate(stores) if u in st.toposort())
+                    self.waits[u] = max((i + 1 for i, st in enumerate(stores[:first]) if st.src[0] in reads), default=0)
 
     def tmp(self, prefix="t") -> str:
         self.n += 1
@@ -417,7 +425,8 @@ class _Renderer(KernelRenderer):
         the loops still to open (a row's sum read by each of its elements) is computed once per row."""
         here = set(self.open_ranges)
         for u, free in self.reduce_free.items():
-            if free <= here and not any(u in scope for scope in self.scopes):
+            if free <= here and not any(u in scope for scope in self.scopes) and \
+                    self.waits.get(u, 0) <= self.stores_done:
                 self.value(u)
 
     def kernel(self) -> str:
@@ -440,10 +449,13 @@ class _Renderer(KernelRenderer):
             while len(self.open_ranges) > keep:
                 self.open_ranges.pop()
                 self.close_loop(loops.pop())
+            if self.open_ranges:  # reductions that waited for the stores before this one
+                self.hoist_reductions()
             for r in need[keep:]:
                 loops.append(self.open_range(r))
                 self.hoist_reductions()
             self.store(store)
+            self.stores_done += 1
         while len(loops) > base:
             self.close_loop(loops.pop())
         if base:
