@@ -160,7 +160,7 @@ def sort_order(x: Tracer, descending: bool = False, valid: Tracer | None = None)
         def before(mine: Tracer, other: Tracer) -> Tracer:
             return _elementwise(Ops.CMPLT, mine, other)
     else:  # 64-bit keys: the network moves codes and reads each one's key
-        top = prims.cast(to_tracer(float("inf") if key.dtype.is_float else key.dtype.max()), key.dtype)
+        top = prims.cast(to_tracer(float("inf") if key.dtype.is_float else key.dtype.max(), key.dtype), key.dtype)
         key = prims.materialize(_elementwise(Ops.WHERE, padding, top, prims.pad(key, tail)))
         codes = _elementwise(Ops.ADD, position, _elementwise(Ops.MUL, band, size))
         mask = prims.cast(to_tracer(size - 1), code_dtype)
