@@ -91,7 +91,8 @@ def train(sizes=(32, 64, 64, 8), n_train=3000, n_test=1000, batch=128, epochs=5,
     k_init, k_order = pj.random.split(key)
     params = mlp_train.init_params(k_init, sizes)
     state = mlp_train.adam_init(params) if optimizer == "adam" else None
-    step = reference_step(reference, optimizer, lr) if reference else prepared_step(optimizer, lr, batch, device, devices)
+    step = reference_step(reference, optimizer, lr) if reference else prepared_step(optimizer, lr, batch, device,
+                                                                                    devices)
     losses, curve = [], []
     bar = _progress(epochs * -(-n_train // batch), progress, log)
     for epoch in range(epochs):

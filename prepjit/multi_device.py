@@ -200,10 +200,11 @@ class MultiDeviceFunction:
             varies = varying(traced, set(split_inputs), split_vars, axis.index, axis.collectives)
             for k, (node, v) in enumerate(zip(traced.outputs, varies)):
                 if v and (self.out_axis is None or not -len(node.shape) <= self.out_axis < len(node.shape)):
-                    raise TraceError(f"output {k} (shape {node.shape}) differs across replicas, so the call "
-                                     f"concatenates it along the split axis{'' if self.out_axis is None else ' ' + str(self.out_axis)}, "
-                                     "which it lacks: give it that axis (x[None]), or make it the same on every "
-                                     "replica (pj.psum, pj.all_gather)")
+                    why = "split names several axes, so no output may" if self.out_axis is None else \
+                        f"the call concatenates it along the split axis {self.out_axis}, which it lacks; it must not"
+                    raise TraceError(f"output {k} (shape {node.shape}) differs across replicas, and {why} vary: "
+                                     "give it that axis (x[None]), or make it the same on every replica (pj.psum, "
+                                     "pj.all_gather)")
             plans = []
             for stage in stages:
                 plans.append(self._stage_plans(stage, info) if stage.traced is not None else None)

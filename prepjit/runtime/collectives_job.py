@@ -3,8 +3,9 @@ environment and a TCP star around rank 0 that carries what the processes exchang
 
 `Job.from_env()` reads RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (as `torchrun` sets them, or as a job
 script exports them); rank 0 listens on MASTER_PORT (every interface), every other rank connects to
-MASTER_ADDR:MASTER_PORT (retrying until `timeout`) and says its rank. The star carries NCCL's unique id from rank 0 to the others (nccl.py) and, for
-the host collectives (collectives.py), each process's contribution to rank 0 and the combined result back.
+MASTER_ADDR:MASTER_PORT (retrying until `timeout`) and says its rank. The star carries NCCL's unique id from
+rank 0 to the others (nccl.py) and, for the host collectives (collectives.py), each process's contribution to
+rank 0 and the combined result back.
 Messages are a length-prefixed JSON header and raw bytes: nothing received is unpickled or run.
 """
 from __future__ import annotations

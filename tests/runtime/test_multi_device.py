@@ -371,7 +371,8 @@ def test_throughput_benchmark_runs(tmp_path):
     import json
     from benchmarks import multi_device
     out = tmp_path / "md.json"
-    assert multi_device.main(["--devices", "cpu,cpu", "--small", "--reps", "1", "--only", "train", "--out", str(out)]) == 0
+    args = ["--devices", "cpu,cpu", "--small", "--reps", "1", "--only", "train", "--out", str(out)]
+    assert multi_device.main(args) == 0
     rows = json.loads(out.read_text())["rows"]
     assert [r["case"] for r in rows] == ["mlp_train_step_b64"]
     assert all(r["max_abs_diff"] < 1e-4 and r["speedup"] > 0 for r in rows)
