@@ -512,3 +512,14 @@ def test_a_pytree_argument_is_split_leaf_by_leaf():
     assert float(np.asarray(total)) == 10
     with pytest.raises(pj.VarBoundError, match=r"batch\['x'\].shape\[0\]"):  # 1 row: none for replica 1
         f({"x": np.ones((1, 2), np.float32), "y": np.ones(1, np.float32)}, np.ones((2, 3), np.float32))
+
+
+def test_collectives_keep_dtypes():
+    @pj.prepare(devices=CPU3, split={"x": 0})
+    def f(x):
+        return pj.psum(x[0]), pj.all_gather(x[0] > 1), pj.psum(x[0].astype(pnp.float16))  # a row per replica
+    x = np.arange(9, dtype=np.int32).reshape(3, 3)
+    ints, bools, halves = f(x)
+    assert ints.dtype == np.int32 and np.asarray(ints).tolist() == x.sum(0).tolist()
+    assert bools.dtype == np.bool_ and np.asarray(bools).tolist() == (x > 1).tolist()
+    assert halves.dtype == np.float16 and np.asarray(halves).tolist() == x.sum(0).tolist()
