@@ -19,7 +19,7 @@ import functools
 
 from ..errors import CompileError
 from ..uop import Ops, UOp, simplify
-from ..uop.symbolic import _mono_key, from_poly, mono_div, poly, poly_min, provably_lt
+from ..uop.symbolic import _mono_key, from_poly, mono_div, poly, poly_min, provably_lt, relax_divisions
 from .optimize import optimize
 
 MAX_OPTIONS = 12       # bound options kept per node
@@ -174,24 +174,9 @@ def _combine(a: list, b: list, fn, upper: bool) -> list:
 
 
 def _relax_divisions(e: UOp, upper: bool) -> UOp | None:
-    """`e` with each term c * f * (x // k) (k | c, f a product of factors >= 0) replaced by its bound
-    (c / k) * f * x, or (c / k) * f * (x - k + 1): k * (x // k) lies in [x - k + 1, x]. None if no term has one."""
-    p, out, changed = poly(e), {}, False
-    for m, c in p.items():
-        div = next((f for f in m if f.op is Ops.IDIV and f.src[1].op is Ops.CONST and f.src[1].arg > 0
-                    and c % f.src[1].arg == 0), None)
-        rest = list(m)
-        if div is not None:
-            rest.remove(div)
-        if div is None or not all(f.vmin >= 0 for f in rest):
-            out[m] = out.get(m, 0) + c
-            continue
-        k, x = div.src[1].arg, div.src[0]
-        term = from_poly({tuple(rest): c // k}, e.dtype) * (x if upper == (c > 0) else x - (k - 1))
-        for tm, tc in poly(term).items():
-            out[tm] = out.get(tm, 0) + tc
-        changed = True
-    return simplify(from_poly({m: c for m, c in out.items() if c}, e.dtype)) if changed else None
+    """`e` with each term c * f * (x // k) replaced by its bound (symbolic.relax_divisions), or None."""
+    relaxed = relax_divisions(poly(e), upper)
+    return None if relaxed is None else simplify(from_poly(relaxed, e.dtype))
 
 
 @functools.lru_cache(maxsize=1 << 16)

@@ -162,22 +162,57 @@ def _lower(p: Poly, depth: int = 2):
     return max(lo, _lower(rest, depth - 1) + min(flo * ilo, fhi * ilo))
 
 
+def relax_divisions(p: Poly, upper: bool) -> Poly | None:
+    """p with each term c * f * (x // k) (k a positive constant dividing c, f a product of factors >= 0)
+    replaced by a bound on the `upper` or lower side: k * (x // k) lies in [x - k + 1, x] (floor division),
+    so x's terms can cancel against the rest (`T - 32 * (T // 32) >= 0`). None when no term has one."""
+    out: Poly = {}
+    changed = False
+    for m, c in p.items():
+        div = next((f for f in m if f.op is Ops.IDIV and f.src[1].op is Ops.CONST and f.src[1].arg > 0
+                    and c % f.src[1].arg == 0), None)
+        if div is None or not all(f.vmin >= 0 for f in m if f is not div):
+            out[m] = out.get(m, 0) + c
+            continue
+        k = div.src[1].arg
+        rest = list(m)
+        rest.remove(div)
+        x = poly(div.src[0]) if upper == (c > 0) else _add(poly(div.src[0]), {(): k - 1}, -1)
+        out = _add(out, _mul({tuple(rest): c // k}, x))
+        changed = True
+    return {m: c for m, c in out.items() if c} if changed else None
+
+
+def _lower_relaxed(p: Poly):
+    """_lower of p, or of p with its divisions relaxed (relax_divisions) when that is higher."""
+    lo = _lower(p)
+    if any(f.op is Ops.IDIV for m in p for f in m):
+        relaxed = relax_divisions(p, False)
+        if relaxed is not None:
+            lo = max(lo, _lower(relaxed))
+    return lo
+
+
 def poly_min(p: Poly, splits: int = 2):
     """A lower bound of p over every var and range value.
 
-    A term c * max(a, b) (or min) is split into the cases a and b, `splits` deep: c * max(a, b) with c > 0 is
-    at least either case, with c < 0 it is the smaller one. A term c * rest * ranges whose c * rest is >= 0
+    A term c * f * max(a, b) (or min; f a product of factors >= 0) is split into the cases a and b, `splits`
+    deep: with c > 0 it is at least the smaller case, with c < 0 at least either (T * T - T * min(8r, T - 1)).
+    A term c * rest * ranges whose c * rest is >= 0
     is smallest with its ranges at 0 (so >= 0: dropped); one whose c * rest is <= 0 is smallest with each
     range at its end - 1 (substituted, so that it can cancel against the other terms); the rest is bounded
-    by intervals.
+    by intervals, each division by a constant also relaxed (relax_divisions) where that is tighter.
     """
-    lo = _lower(p)
+    lo = _lower_relaxed(p)
     if splits:
         for m, c in p.items():
-            if len(m) == 1 and m[0].op in (Ops.MAX, Ops.MIN) and m[0].dtype.is_int:
-                rest = {k: v for k, v in p.items() if k != m}
-                cases = [poly_min(_add(rest, poly(s), c), splits - 1) for s in m[0].src]
-                return max(lo, min(cases) if (m[0].op is Ops.MAX) == (c < 0) else max(cases))
+            f = next((f for f in m if f.op in (Ops.MAX, Ops.MIN) and f.dtype.is_int), None)
+            if f is None or not all(g.vmin >= 0 for g in m if g is not f):
+                continue
+            rest, others = {k: v for k, v in p.items() if k != m}, list(m)
+            others.remove(f)
+            cases = [poly_min(_add(rest, _mul({tuple(others): 1}, poly(s)), c), splits - 1) for s in f.src]
+            return max(lo, min(cases) if (f.op is Ops.MAX) == (c < 0) else max(cases))
     if not any(f.op is Ops.RANGE for m in p for f in m):
         return lo
     q: Poly = {}
@@ -197,7 +232,7 @@ def poly_min(p: Poly, splits: int = 2):
                     term = _mul(term, _add(poly(r.src[0]), {(): 1}, -1))
         for tm, tc in term.items():
             q[tm] = q.get(tm, 0) + tc
-    return max(lo, _lower({m: c for m, c in q.items() if c})) if substituted else lo
+    return max(lo, _lower_relaxed({m: c for m, c in q.items() if c})) if substituted else lo
 
 
 def poly_max(p: Poly):

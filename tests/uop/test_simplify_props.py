@@ -115,3 +115,30 @@ def test_poly_min_is_a_lower_bound_everywhere(terms, const):
                  for a, b, c in itertools.product(range(-3, 3), range(0, 4), range(1, 4)) for r in range(c + 1))
     assert not proven or lowest > 0, (e.render(), lowest)
     assert e.vmin <= lowest, (e.render(), e.bounds, lowest)
+
+
+DIVS = [(SMALL[0] + SMALL[1]) // 2, SMALL[1] // 3, (SMALL_RANGE - SMALL[2]) // 2, (SMALL[0] * SMALL[2]) // 3]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(-3, 3), st.sampled_from(range(len(DIVS))), monomials), min_size=1, max_size=3),
+       st.lists(st.tuples(st.integers(-4, 4), monomials), max_size=3), st.integers(-6, 6))
+def test_poly_min_with_divisions_is_a_lower_bound_everywhere(divided, terms, const):
+    """Terms c * k * f * (x // k) (relaxed by poly_min through k * (x // k) in [x - k + 1, x]) next to x's own
+    terms, so that they can cancel: checked at every point of small domains."""
+    import itertools
+    e = UOp.const(const)
+    for c, i, factors in divided:
+        d = DIVS[i]
+        term = d * (c * d.src[1].arg)
+        for f in factors:
+            term = term * f
+        e = e + term + (-c) * d.src[0]  # x - k * (x // k) in [0, k - 1]
+    for c, factors in terms:
+        for f in factors:
+            c = f * c
+        e = e + c
+    proven = provably_lt(UOp.const(0), e)
+    lowest = min(evaluate(e, {SMALL[0]: a, SMALL[1]: b, SMALL[2]: c, SMALL_RANGE: r})
+                 for a, b, c in itertools.product(range(-3, 3), range(0, 4), range(1, 4)) for r in range(c + 1))
+    assert not proven or lowest > 0, (e.render(), lowest)

@@ -274,3 +274,11 @@ def test_bounds_of_sums_see_through_ranges_and_shared_factors():
     assert (b * t - t).vmin == 0                # T * (B - 1)
     assert (b * t - 1 - (t - 1 - r)).vmin >= 0  # inside a (B, T) buffer
     assert (r * 4 + 3).vmax == 4 * 127 + 3 and (t * 4 - (r * 4 + 3)).vmin == 1
+
+
+def test_provably_lt_knows_k_times_x_over_k_is_at_most_x():
+    """32 * (T // 32) <= T: the upcast's last block ends inside T (it was unknown: T // 32 an opaque atom)."""
+    t = UOp.variable("T", 1, 128)
+    assert provably_lt((t // 32) * 32 - 1, t)
+    assert provably_lt(t - 32, (t // 32) * 32)  # and T - 31 <= 32 * (T // 32)
+    assert not provably_lt((t // 32) * 32, t)   # equal when 32 divides T
