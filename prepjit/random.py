@@ -82,12 +82,21 @@ def _run(name: str, k, shape: tuple, *params):
     """An eager draw on a NumPy key: NumPy arrays back. Scalar parameters and at most FLAT_MAX elements: one plan
     for every shape and value; array-valued parameters (they broadcast against the shape) or more elements: a
     plan per shape."""
-    k, shape = _host_key(k), tuple(int(d) for d in shape)
+    k, shape = _host_key(k), tuple(_dim(d) for d in shape)
     size = math.prod(shape)
     if size > FLAT_MAX or any(isinstance(p, np.ndarray) and p.ndim for p in params):
         return np.asarray(_eager(name, False)(k, shape, *params))
     out = np.asarray(_eager(name, True)(k, size, params))
     return out.reshape(shape + out.shape[1:])
+
+
+def _dim(d) -> int:
+    """A dimension of an eager draw's shape: an integer (TypeError otherwise, as JAX), not negative."""
+    if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)):
+        raise TypeError(f"shapes must be sequences of integers, got a dimension {d!r} ({type(d).__name__})")
+    if d < 0:
+        raise ValueError(f"negative dimensions are not allowed, got {d}")
+    return int(d)
 
 
 def _shape(shape) -> tuple:
