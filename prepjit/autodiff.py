@@ -87,7 +87,10 @@ def _transformed(fun, argnums, has_aux: bool, with_value: bool):
     """The transformed function, one per function and options: kept in `fun`'s own attributes where it has them,
     so that `pj.grad(loss)(w)` written inside a Python loop prepares once for its eager calls (the cache lives
     and dies with `fun`)."""
-    key = (argnums if isinstance(argnums, int) else tuple(argnums), bool(has_aux), with_value)
+    nums = (argnums,) if isinstance(argnums, int) else tuple(argnums) if isinstance(argnums, (tuple, list)) else None
+    if nums is None or not all(isinstance(n, int) and not isinstance(n, bool) for n in nums):
+        raise TypeError(f"argnums must be an int or a tuple of ints, got {type(argnums).__name__} {argnums!r}")
+    key = (argnums if isinstance(argnums, int) else nums, bool(has_aux), with_value)
     attributes = getattr(fun, "__dict__", None)
     cache = attributes.setdefault("_prepjit_transformed", {}) if isinstance(attributes, dict) else {}
     if key not in cache:
