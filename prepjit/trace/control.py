@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import TraceError
 from ..uop import Ops, UOp, dtypes
 from . import checks, prims
-from .loop import fori_loop
+from .loop import _carry, _check_carry, fori_loop
 from .pytree import flatten
 from .tracer import Tracer
 
@@ -162,8 +162,9 @@ def scan(f, init, xs=None, length=None, reverse=False, unroll=1):
         return _pair(f(carry, x_tree.unflatten(x_probe)))
     with checks.discarded():
         probe = [prims.to_tracer(x) for x in init_leaves]
-        _, y = probe_step(init_tree.unflatten([Tracer(UOp(Ops.CARRY, t.dtype, (), (-1, 100 + j, t.uop.shape)))
+        c, y = probe_step(init_tree.unflatten([Tracer(UOp(Ops.CARRY, t.dtype, (), (-1, 100 + j, t.uop.shape)))
                                                for j, t in enumerate(probe)]))
+        _check_carry("scan", *_carry(init), c)  # named as scan's (the fori_loop below would say fori_loop)
         y_leaves, _, y_tree = flatten(y)
         y_leaves = [prims.to_tracer(v) for v in y_leaves]
         y_specs = [(v.dtype if not v.weak else prims.cast(Tracer(v.uop), v.dtype).dtype, tuple(v.uop.shape))
@@ -191,5 +192,6 @@ def scan_map(f, xs):
 
 def _pair(out):
     if not isinstance(out, (tuple, list)) or len(out) != 2:
-        raise TraceError(f"scan's f must return a pair (carry, y), got {type(out).__name__}")
+        got = f"an array of shape {out.shape_str}" if isinstance(out, Tracer) else type(out).__name__
+        raise TraceError(f"scan's f must return a pair (carry, y), got {got}")
     return out
