@@ -269,8 +269,7 @@ class ExecutionPlan:
         """After a run: IndexBoundError when a gather flagged an out-of-range id (outputs are dropped)."""
         hit = [what for (_, what), on in zip(self.flags, set_flags) if on]
         if hit:
-            raise IndexBoundError(f"{'; '.join(hit)}; no output is returned (NumPy raises IndexError; pass "
-                                  "mode='clip', 'wrap' or 'fill' to pnp.take / take_along_axis to choose otherwise)")
+            raise IndexBoundError(f"{'; '.join(hit)}; no output is returned (NumPy raises IndexError)")
 
     def _bind(self, values: dict[str, int]):
         self._fast_values = None  # run_arrays' record of what is bound is stale now

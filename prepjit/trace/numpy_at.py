@@ -173,7 +173,8 @@ def _checked(ids: Tracer, dim, mode, x: Tracer) -> Tracer:
         return mod(ids, dim)
     if mode in (None, "raise"):
         inside = logical_and(greater_equal(ids, UOp.const(0) - dim), less(ids, dim))
-        record_flag(any_(~inside), f"an update of {x.shape_str} at an index array: an index is out of range")
+        record_flag(any_(~inside), f"an update of {x.shape_str} at an index array: an index is out of range "
+                                   "(.at[...] updates take mode='drop', 'clip' or 'wrap' to choose otherwise)")
     return ids
 
 

@@ -113,7 +113,9 @@ def checked_gather(x: Tracer, placed: list, dims: list, indices: list, sizes: li
     if bad is not None and checked_if is not None:
         bad = logical_and(bad, prims.to_tracer(checked_if))
     if bad is not None:
-        what = " (a non-empty gather from an empty axis)" if mode in ("clip", "wrap") else ": an index is out of range"
+        what = " (a non-empty gather from an empty axis)" if mode in ("clip", "wrap") else (
+            ": an index is out of range (pnp.take / take_along_axis take mode='clip', 'wrap' or 'fill' to choose "
+            "otherwise)")
         record_flag(any_(bad), f"a gather from {x.shape_str}{what}")
     return prims.gather(x, placed, dims)
 
