@@ -148,16 +148,21 @@ def _of_reductions(node: UOp) -> bool:
     return True
 
 
-def fused_reductions(outputs: list[UOp], materialized: set[UOp], rows: bool = False) -> set[UOp]:
+def fused_reductions(outputs: list[UOp], materialized: set[UOp], rows: bool = False,
+                     one_contraction: bool = False) -> set[UOp]:
     """The reductions computed inside their only reader's kernel (see the module docstring); with `rows`
     (kernels that are loop nests, which compute a value where its loops are open), also those it reads
-    broadcast along trailing axes only (a row's max or sum in softmax, layernorm's mean and variance)."""
+    broadcast along trailing axes only (a row's max or sum in softmax, layernorm's mean and variance). With
+    `one_contraction` (kernels that register-block one contraction: llvm), a kernel computes at most one
+    contraction inside it: SwiGLU's silu(x @ Wg) * (x @ Wu) computes x @ Wg in a kernel of its own, and the
+    other with the product as its epilogue, each blocked, instead of both unblocked in one kernel."""
     graph, roots = kernel_roots(outputs)
     explicit = set(roots) - {n for n in roots if n.op is Ops.REDUCE_AXIS} | set(outputs)
     in_loops = {n for node in graph if node.op is Ops.LOOP
                 for n in UOp(Ops.SINK, node.dtype, node.arg.body_roots).toposort()}
     ok = {_DIRECT, _RESHAPED, _ROW} if rows else {_DIRECT, _RESHAPED}
     fused: set[UOp] = set()
+    holds: dict[UOp, UOp] = {}  # a kernel's root -> the contraction fused into it (one_contraction)
     while True:  # a fused reduction's reads become its reader's: the reductions it read may fuse next
         reads: dict[UOp, list] = {}  # reduction -> [(reader root, how it reads it)]
         for root in dict.fromkeys([r for r in roots if r not in fused] + sorted(materialized, key=graph.index)):
@@ -169,10 +174,20 @@ def fused_reductions(outputs: list[UOp], materialized: set[UOp], rows: bool = Fa
             if red in explicit or red in in_loops or root in in_loops or root.op is Ops.REDUCE_AXIS:
                 continue
             if all(r is root and how in ok for r, how in readers):
+                if one_contraction and red not in fused and _is_contraction(red):
+                    if holds.setdefault(root, red) is not red:
+                        continue
                 more.add(red)
         if more <= fused:
             return fused
         fused |= more
+
+
+def _is_contraction(red: UOp) -> bool:
+    """Whether a reduction is a sum of products with a broadcast operand (a matmul, a matvec, an einsum)."""
+    x = red.src[0]
+    return red.arg[0] is Ops.ADD and x.op is Ops.MUL and any(
+        any(n.op is Ops.EXPAND for n in s.toposort()) for s in x.src)
 
 
 _DIRECT, _RESHAPED, _ROW, _INNER, _OTHER = range(5)  # how a kernel's index reaches a node: element for element,

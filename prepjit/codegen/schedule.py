@@ -340,8 +340,8 @@ def schedule(outputs: list[UOp], inputs: list[UOp], pack_contractions: bool = Fa
     contractions first copy their column operand into contiguous panels (packing.py).
     """
     materialized = choose_materialized(outputs, row_values=not pack_contractions)
-    s = _Scheduler(materialized, fused_reductions(outputs, materialized, rows=True), pack_contractions,
-                   _readers(outputs))
+    fused = fused_reductions(outputs, materialized, rows=True, one_contraction=pack_contractions)
+    s = _Scheduler(materialized, fused, pack_contractions, _readers(outputs))
     env = {node: s.new_buffer(node) for node in inputs}
     input_bufs = tuple(env[n] for n in inputs)
     output_bufs, done = [], {}
