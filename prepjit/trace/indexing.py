@@ -93,18 +93,30 @@ def _text(d: sint) -> str:
     return d.render() if isinstance(d, UOp) else str(d)
 
 
+def constant_index(k):
+    """An integer list or NumPy array used as an index (`x[[0, 2]]`, `x.at[np.array(ids)]`) as a captured
+    constant of the plan, which then gathers as a traced index does (an empty list too, as NumPy takes it);
+    anything else unchanged (a boolean mask is refused by is_array_index)."""
+    if isinstance(k, (list, np.ndarray)):
+        a = np.asarray(k)
+        if a.dtype.kind in "iu" or isinstance(k, list) and a.size == 0:
+            from .constants import capture
+            return capture(a.astype(np.int64) if a.dtype.kind not in "iu" else a)
+    return k
+
+
 def is_array_index(k) -> bool:
     """An integer-array index (a gather): a traced int array, or a 0-d one whose value depends on data."""
+    if isinstance(k, (list, np.ndarray)) and np.asarray(k).dtype.kind != "b":
+        raise IndexError(f"arrays used as indices must be of integer type, got {np.asarray(k).dtype}")
     if isinstance(k, (list, np.ndarray)) or isinstance(k, Tracer) and k.dtype == dtypes.bool:
-        raise TraceError("boolean and constant-array indexing of traced arrays is not supported: a boolean mask "
-                         "gives a data-dependent shape (use pnp.where), and constant index arrays must be passed "
-                         "as arguments of the prepared function")
+        raise TraceError("boolean-mask indexing of traced arrays is not supported: a mask gives a data-dependent "
+                         "shape (use pnp.where(mask, x, 0), or pnp.nonzero(mask, size=N) for the positions)")
     return isinstance(k, Tracer) and k.dtype.is_int and (k.ndim > 0 or not is_symbolic(k.uop))
 
 
 def getitem(x: Tracer, key) -> Tracer:
-    if not isinstance(key, tuple):
-        key = (key,)
+    key = tuple(constant_index(k) for k in (key if isinstance(key, tuple) else (key,)))
     if any(is_array_index(k) for k in key):
         from .numpy_index import advanced_getitem
         return advanced_getitem(x, key)
@@ -131,7 +143,8 @@ def getitem(x: Tracer, key) -> Tracer:
         elif _is_int_like(k):
             start, step, size = index_int(k, dim, f"axis {dim_i}")
         else:
-            raise IndexError(f"only integers, slices, None and ... are valid indices, got {type(k).__name__}")
+            got = f"a {k.dtype.name} array" if isinstance(k, Tracer) else type(k).__name__
+            raise IndexError(f"only integers, slices, None, ... and integer arrays are valid indices, got {got}")
         spec.append((start, step, size))
         dim_i += 1
     return prims.reshape(prims.shrink(x, spec), out_shape)

@@ -18,7 +18,7 @@ from ..errors import TraceError
 from ..uop import Ops, UOp, dtypes
 from . import prims
 from .checks import record_flag
-from .indexing import _is_int_like, _slice_spec, index_int, is_array_index
+from .indexing import _is_int_like, _slice_spec, constant_index, index_int, is_array_index
 from .numpy_math import clip, greater_equal, less, logical_and, mod
 from .numpy_reduce import any as any_
 from .scatter import scatter
@@ -36,7 +36,7 @@ class AtIndexer:
         self.x = x
 
     def __getitem__(self, idx) -> "AtRef":
-        return AtRef(self.x, idx if isinstance(idx, tuple) else (idx,))
+        return AtRef(self.x, tuple(constant_index(k) for k in (idx if isinstance(idx, tuple) else (idx,))))
 
 
 class AtRef:

@@ -13,7 +13,7 @@ from ..errors import TraceError
 from ..uop import Ops, UOp, as_int_if_const, dtypes, simplify, sym_prod
 from . import prims
 from .checks import record_flag
-from .indexing import getitem, index_int, is_array_index
+from .indexing import constant_index, getitem, index_int, is_array_index
 from .numpy_math import clip, greater_equal, less, logical_and, logical_or, mod, where
 from .numpy_reduce import any as any_
 from .numpy_shape import ravel
@@ -126,8 +126,7 @@ def take(a, indices, axis=None, mode=None, fill_value=None) -> Tracer:
     if axis is None:
         a, axis = ravel(a), 0
     axis = normalize_axis(axis, a.ndim)
-    if isinstance(indices, (list, tuple)):
-        raise TraceError("take with a constant list of indices is not supported; pass the indices as an argument")
+    indices = constant_index(list(indices) if isinstance(indices, tuple) else indices)
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(repr(m) for m in MODES[1:])} (got {mode!r})")
     if mode == "fill" and not is_array_index(indices):  # a scalar index: a gather of one id, so it can miss

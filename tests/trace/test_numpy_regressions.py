@@ -116,7 +116,6 @@ def test_max_over_an_empty_static_axis_raises_like_numpy():
     (lambda x: pnp.pad(x, 1, mode="median"), "median"),
     (lambda x: pnp.repeat(x, [1, 2, 3]), "data-dependent"),
     (lambda x: pnp.einsum("ii->i", x.reshape(1, 3)), "don't match"),
-    (lambda x: x[[0, 1]], "constant"),
 ])
 def test_unsupported_forms_raise_trace_error(fn, why):
     with pytest.raises(pj.TraceError, match=why):
