@@ -9,7 +9,6 @@ None / "raise" (NumPy's): the call raises IndexBoundError (a flag the trace retu
 """
 from __future__ import annotations
 
-from ..errors import TraceError
 from ..uop import Ops, UOp, as_int_if_const, dtypes, simplify, sym_prod
 from . import prims
 from .checks import record_flag
