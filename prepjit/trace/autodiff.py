@@ -247,8 +247,12 @@ def vjp(fun, *primals, has_aux: bool = False):
             raise TraceError(f"the cotangent's structure {ct_tree.describe()} is not the output's "
                              f"{lin.out_tree.describe()}")
         cts = []
-        for c, o in zip(ct_leaves, lin.outputs):
-            cts.append(prims.broadcast_to(prims.cast(prims.to_tracer(c), o.dtype), o.uop.shape))
+        for j, (c, o) in enumerate(zip(ct_leaves, lin.outputs)):
+            c = prims.to_tracer(c)
+            if c.ndim != o.ndim or not all(prims.dims_equal(a, b) for a, b in zip(c.uop.shape, o.uop.shape)):
+                raise ValueError(f"cotangent {j} has shape {c.shape_str}, but output {j} has {o.shape_str}: f_vjp "
+                                 "takes cotangents shaped as the outputs (as jax.vjp's does; none is broadcast)")
+            cts.append(prims.cast(c, o.dtype))
         grads = iter(lin.cotangents(cts))
         return tuple(tree.unflatten([next(grads) for _ in range(tree.num_leaves)]) for tree in trees)
     return (out, f_vjp, aux) if has_aux else (out, f_vjp)
