@@ -12,12 +12,14 @@ independent accumulators (interleaved) and adds them up at the end. No operand i
 
 A single row against a weight contiguous along the columns keeps optimize.py's blocking, with blocks of
 many columns instead of two vectors: with no row accumulators the registers are free, and each reduction
-step then reads several cache lines of one weight row, so the weight streams in longer runs. A block is as
-wide as half the vector register file (1024 bytes on AVX-512's 32 zmm, 256 on AVX2's 16 ymm) when such
-blocks divide the columns and leave MIN_BLOCKS of them for threads to share, else narrower, down to
-MATVEC_ROW_BYTES (x (576) @ W (576, 3072) float32 with W not in cache on Zen 5, AVX-512, timed round robin
-on a loaded host, 3 trials: 115-138 us with 1024 bytes, 140-170 with 512, 163-194 with 256, 214-292 with
-128). Only column counts such blocks divide are blocked so; others keep optimize.py's blocks.
+step then reads several cache lines of one weight row, so the weight streams in longer runs. A block is
+MATVEC_MAX_ROW_BYTES wide when such blocks divide the columns and leave MIN_BLOCKS of them for threads to
+share, else narrower, down to MATVEC_ROW_BYTES. Past the register file (AVX2's 16 ymm hold 512 bytes) the
+accumulators live in L1, which costs a bandwidth-bound kernel nothing next to the longer runs: x (576) @
+W (576, 3072) float32 with W not in cache on Zen 5, timed round robin on a loaded host, 3 trials each:
+AVX-512 code 115-138 us with 1024 bytes, 140-170 with 512, 163-194 with 256, 214-292 with 128; AVX2 code
+(PREPJIT_CPU=haswell) 147-174 with 1024, 171-249 with 512, 239-317 with 256. Only column counts such
+blocks divide are blocked so; others keep optimize.py's blocks.
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ from .target import CPUTarget
 
 MAX_ROWS = 8                 # output rows (product of the loops the weight does not depend on) of a matvec, at most
 MATVEC_ROW_BYTES = 256       # bytes of output columns per block of a one-row matvec, at least
+MATVEC_MAX_ROW_BYTES = 1024  # and at most
 MIN_BLOCKS = 8               # column blocks of a one-row matvec, at least, for threads to share
 
 
@@ -67,7 +70,7 @@ def matvec(ast: UOp, target: CPUTarget, blocking: Blocking = DEFAULT_BLOCKING) -
             return None
         # optimize.py's blocks are COLUMN_VECTORS vectors wide: a target of proportionally wider vectors
         # gives blocks of `row_bytes` (rendering still uses the real target's vectors)
-        row_bytes = blocking.matvec_row_bytes or _row_bytes(target, axes[1].dtype.itemsize, axes[3].src[0])
+        row_bytes = blocking.matvec_row_bytes or _row_bytes(axes[1].dtype.itemsize, axes[3].src[0])
         wide = attrs.evolve(target, vector_bytes=max(target.vector_bytes, row_bytes // COLUMN_VECTORS))
         width, tail = column_block(wide, axes[1].dtype.itemsize, axes[3].src[0])
         return upcast_contraction(ast, wide, blocking) if width > 1 and not tail else None
@@ -79,10 +82,10 @@ def matvec(ast: UOp, target: CPUTarget, blocking: Blocking = DEFAULT_BLOCKING) -
     return ast.substitute({r: UOp(Ops.RANGE, r.dtype, r.src, (n, r.arg[1])) for n, r in enumerate(order)})
 
 
-def _row_bytes(target: CPUTarget, itemsize: int, columns: UOp) -> int:
-    """Bytes of columns per block of a one-row matvec: half the vector register file, or the widest narrower
-    width down to MATVEC_ROW_BYTES whose blocks divide a static column count and leave MIN_BLOCKS of them."""
-    width = target.vector_bytes * target.vector_registers // 2
+def _row_bytes(itemsize: int, columns: UOp) -> int:
+    """Bytes of columns per block of a one-row matvec: the widest from MATVEC_MAX_ROW_BYTES down to
+    MATVEC_ROW_BYTES whose blocks divide a static column count and leave MIN_BLOCKS of them."""
+    width = MATVEC_MAX_ROW_BYTES
     while width > MATVEC_ROW_BYTES:
         per_block = width // itemsize
         if columns.op is Ops.CONST and columns.arg % per_block == 0 and columns.arg // per_block >= MIN_BLOCKS:
