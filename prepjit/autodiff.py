@@ -50,11 +50,12 @@ class _Transformed:
 
 
 def _as_array_leaves(tree):
-    """A differentiated argument's Python-number leaves as NumPy arrays (prepared functions take Python numbers
-    as static values, which have no gradient)."""
+    """A differentiated argument's Python-number leaves as float64 0-d arrays (prepared functions take Python
+    numbers as static values, which have no gradient; a Python int too: as an int64 array its gradient would be
+    the integers' zeros, so pj.grad(f)(3) would silently give 0)."""
     leaves, _, treedef = flatten(tree)
-    return treedef.unflatten([np.asarray(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else x
-                              for x in leaves])
+    return treedef.unflatten([np.asarray(x, np.float64) if isinstance(x, (int, float)) and not isinstance(x, bool)
+                              else x for x in leaves])
 
 
 def _as_function(call, fun, same_signature: bool = True):

@@ -63,6 +63,12 @@ def test_grad_wrt_int_leaves_is_zeros_of_their_dtype():
     assert np.asarray(g["i"]).dtype == np.int64 and not np.asarray(g["i"]).any()
 
 
+def test_grad_of_python_numbers_int_included():
+    assert float(pj.grad(lambda x: x * x)(3)) == 6.0  # was int64 zeros: 0
+    assert float(pj.grad(lambda x: x * x)(3.0)) == 6.0
+    assert [float(g) for g in pj.grad(lambda p: p[0] * p[1])((2, 5))] == [5.0, 2.0]
+
+
 def test_vjp_wrong_cotangent_then_right_one():
     out, f_vjp = pj.vjp(lambda x: pnp.sin(x) * 2, np.linspace(0, 1, 3))
     for wrong in (np.ones(4), np.ones(1), np.float64(1.0)):  # JAX's f_vjp refuses these too: nothing broadcasts
