@@ -209,6 +209,15 @@ def test_random_streams_equal_jax():
 
 
 @needs_jax
+@pytest.mark.parametrize("dtype, lo, hi", [(np.int8, -100, 100), (np.uint8, 0, 200), (np.uint8, -5, 300),
+                                           (np.int16, 0, 1000), (np.uint16, 0, 7)])
+def test_randint_of_8_and_16_bits_equals_jax(dtype, lo, hi):
+    """JAX samples them in int32 (its bounds clipped to the dtype, maxval to max + 1) and casts."""
+    np.testing.assert_array_equal(pj.random.randint(pj.random.key(9), (64,), lo, hi, dtype),
+                                  jax.random.randint(jax.random.key(9), (64,), lo, hi, dtype))
+
+
+@needs_jax
 def test_random_split_chain_in_a_prepared_step_equals_jax():
     @pj.prepare(vars={"n": (1, 64)}, shapes={"x": ("n",)})
     def step(key, x):

@@ -136,6 +136,11 @@ def randint(key, shape, minval, maxval, dtype=dtypes.int32) -> Tracer:
     dt, shape = to_dtype(dtype), _shape(shape)
     if not dt.is_int or dt == dtypes.bool:
         raise TypeError(f"randint only accepts integer dtypes, got {dt.name}")
+    if dt.bits < 32:  # as JAX: sampled in int32 (less bias), bounds clipped to the dtype (maxval to max + 1), cast
+        lo, hi = (prims.cast(to_tracer(v), dtypes.int32) for v in (minval, maxval))
+        lo = minimum(maximum(lo, dt.min()), dt.max())
+        hi = minimum(maximum(hi, dt.min()), dt.max() + 1)
+        return prims.cast(randint(key, shape, lo, hi, dtypes.int32), dt)
     lo, hi = (prims.cast(to_tracer(v), dtypes.int64) for v in (minval, maxval))  # floats truncate, as astype(int)
     maxval_out_of_range = greater(hi, dt.max())
     lo, hi = (prims.cast(minimum(maximum(v, dt.min()), dt.max()), dt) for v in (lo, hi))
