@@ -497,3 +497,17 @@ def test_saved_plan_with_captured_arrays_loops_sort_and_random(tmp_path, rng):
         g(ids.astype(np.int32), xs, key)
     close(g(ids, xs, key)[0], want[0])
     assert g.stats["traces"] == 0 and g.stats["compiles"] == 0
+
+
+def test_execute_with_vars_names_a_wrong_var_before_a_missing_one():
+    f = pj.prepare(lambda x, k: pj.fori_loop(0, k, lambda i, c: c + 1.0, x), vars={"k": (0, 100)})
+    plan = f.plan(np.ones(3, f32), 4)  # prepared, never run: k has no value yet
+    with pytest.raises(pj.VarError, match="unknown var 'zz'"):
+        plan.execute_with_vars({"zz": 1})
+    with pytest.raises(pj.VarError, match="'i' is fixed by the plan"):
+        plan.execute_with_vars({"i": 3})
+    with pytest.raises(pj.VarError, match="no value yet"):
+        plan.execute_with_vars({})
+    plan.write_input(0, np.ones(3, f32))
+    plan.execute_with_vars({"k": 2})
+    assert plan.read_output(0).tolist() == [3, 3, 3]

@@ -240,9 +240,6 @@ class ExecutionPlan:
     # ---- vars ----
     def validate_vars(self, values: dict[str, int]) -> dict[str, int]:
         """Check every value (unknown, fixed, type, bounds, none missing) before anything changes; return them as ints."""
-        missing = sorted(set(self.vars) - set(self.bindings) - set(values))
-        if missing:
-            raise VarError(f"vars {missing} have no value yet; pass them to execute_with_vars")
         checked: dict[str, int] = {}
         for name, value in values.items():
             if name in self._fixed:
@@ -255,6 +252,9 @@ class ExecutionPlan:
             if not lo <= value <= hi:
                 raise VarBoundError(f"var {name!r} = {value} is outside its bounds [{lo}, {hi}]")
             checked[name] = int(value)
+        missing = sorted(set(self.vars) - set(self.bindings) - set(values))  # after the names given: a typo is named
+        if missing:
+            raise VarError(f"vars {missing} have no value yet; pass them to execute_with_vars")
         self.require({**self.bindings, **checked})
         return checked
 
