@@ -75,6 +75,7 @@ class Facts:
         self.ge0 = ge0
         self.atoms: dict[UOp, tuple[list, list]] = {}
         self.var_atoms: set[UOp] = set()  # vars with bounds from facts (expressions of them are not exact)
+        self.contradictory = False  # an atom bounded below by a constant above its constant upper bound
         for e in ge0:
             self._add(e, 0)
         for e in ge0:  # c * v + rest >= 0 with loops or data in rest: bound them by their facts, then bound v
@@ -86,7 +87,9 @@ class Facts:
                 lows, highs = lows + [UOp.const(0)], highs + [_linear(atom.src[0], None, -1)]
             for lo in lows:
                 for hi in highs:
-                    if not (_has_loop_or_data(lo) or _has_loop_or_data(hi)) and not (lo.op is hi.op is Ops.CONST):
+                    if lo.op is hi.op is Ops.CONST:
+                        self.contradictory |= lo.arg > hi.arg
+                    elif not (_has_loop_or_data(lo) or _has_loop_or_data(hi)):
                         self._add(_linear(hi, lo), 1)
 
     def _var_only_upper(self, e: UOp) -> UOp | None:
@@ -358,6 +361,8 @@ class _Prover:
         if any(not _has_loop_or_data(t) and simplify(t).vmax < 0 for t in terms):  # the facts contradict: never runs
             return True, ""
         facts = _facts(terms)
+        if facts.contradictory:  # the gate is never true (an index into an empty axis): the access never happens
+            return True, ""
         failed = tuple(h for h in halves if not self._half(index, size, facts, h))
         if not failed:
             return True, ""

@@ -236,3 +236,18 @@ def test_cumsum_does_o_n_log_n_work():
     plan = pj.prepare(lambda x: pnp.cumsum(x)).plan(x)
     assert len(plan.kernels) <= 13
     assert not [u for k in plan.kernels for u in k.ast.toposort() if u.op is Ops.RANGE and u.arg[1] == "reduce"]
+
+
+def test_a_gather_from_a_static_empty_axis_raises_or_fills(device):
+    """Found by the large fuzz profile: x[:, -1:2] of a (n, 3) array is (n, 0); a take from it has a gate that is
+    never true, which the bounds proof once could not prove (CompileError)."""
+    f = pj.prepare(lambda x, ids: pnp.take(x[:, -1:2].reshape(-1), pnp.mod(ids, 1), axis=0),
+                   vars={"n": (0, 6)}, shapes={"x": ("n", 3)}, device=device)
+    g = pj.prepare(lambda x, ids: pnp.take(x[:, -1:2].reshape(-1), ids, axis=0, mode="fill", fill_value=7.0),
+                   vars={"n": (0, 6)}, shapes={"x": ("n", 3)}, device=device)
+    ids = np.array([0, -2, 3], np.int32)
+    for n in (0, 4):
+        x = np.ones((n, 3), np.float32)
+        with pytest.raises(pj.IndexBoundError):
+            f(x, ids)
+        np.testing.assert_array_equal(np.asarray(g(x, ids)), np.full(3, 7.0, np.float32))
