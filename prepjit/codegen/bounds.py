@@ -386,9 +386,15 @@ class _Prover:
     def _half(self, index: UOp, size: UOp, facts: Facts, half: str) -> bool:
         """One half of in_bounds without case splits: interval bounds first (no facts needed), then the bounds."""
         if half == "lower":
-            return poly_min(poly(index)) >= 0 or self.nonneg(index, facts)
-        return provably_lt(index, size) or \
+            return poly_min(poly(index)) >= 0 or self.nonneg(index, facts) or _past_a_fact(index, facts)
+        return provably_lt(index, size) or _past_a_fact(size - 1 - index, facts) or \
             any(all(self.nonneg(size - 1 - x, facts) for x in o) for o in self.bound(index, facts, upper=True))
+
+
+def _past_a_fact(e: UOp, facts: Facts) -> bool:
+    """e >= 0 because e - f >= 0 everywhere for a fact f >= 0: a gate `4*r0 + r1 < 4` bounds the index
+    `4*r0 + r1 + 8` below a size of 12 as a whole, where bounds of its ranges one by one cannot."""
+    return any(poly_min(poly(e - f)) >= 0 for f in facts.ge0)
 
 
 def _outside_ranges(*roots: UOp) -> list[UOp]:

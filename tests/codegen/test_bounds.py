@@ -143,3 +143,23 @@ def test_lanes_inside_a_min_are_proven_at_once_and_a_bad_lane_alone(monkeypatch)
     bad = simplify(n * UOp(Ops.MIN, dtypes.index, (simplify(r * 8), n)) + r)
     with pytest.raises(pj.CompileError, match=r"min\(\(r0\*8\), n\)"):
         prove_kernel(sum_kernel(lanes + [bad]), [(n,), (n, n)])
+
+
+def test_a_gate_over_several_ranges_bounds_the_index_as_a_whole():
+    """x.reshape(-1)[8:] padded back to 12 and read as (3, 4): index 4*r0 + r1 + 8 under the gate 4*r0 + r1 < 4
+    (each range alone allows 8 + 8 + 3)."""
+    r0 = UOp(Ops.RANGE, dtypes.index, (UOp.const(3),), (0, "loop"))
+    r1 = UOp(Ops.RANGE, dtypes.index, (UOp.const(4),), (1, "loop"))
+    flat = simplify(r0 * 4 + r1)
+    inside = UOp(Ops.CMPLT, dtypes.bool, (flat, UOp.const(4)))
+    assert prove_kernel(kernel(simplify(flat + 8), inside, flat), [(12,), (12,)]) == 2
+    with pytest.raises(pj.CompileError, match="may reach"):  # one past the gate's bound is still refused
+        prove_kernel(kernel(simplify(flat + 9), inside, flat), [(12,), (12,)])
+
+
+def test_the_padded_tail_of_a_flattened_slice_matches_numpy():
+    import numpy as np
+    import prepjit.numpy as pnp
+    x = np.arange(12.0).reshape(3, 4)
+    f = pj.prepare(lambda x: pnp.pad(x.reshape(-1)[8:] * 2, (0, 8)).reshape(3, 4) + x)
+    np.testing.assert_array_equal(np.asarray(f(x)), np.pad(x.reshape(-1)[8:] * 2, (0, 8)).reshape(3, 4) + x)
