@@ -16,6 +16,7 @@ unit coefficient. The last step checks with interval bounds (vmin) that `size - 
 from __future__ import annotations
 
 import functools
+import itertools
 
 from ..errors import CompileError
 from ..uop import Ops, UOp, simplify
@@ -28,6 +29,7 @@ MAX_FACT_DEPTH = 2     # facts are expanded through facts this deep (facts refer
 MAX_NONNEG_DEPTH = 3   # a bound's terms are shown >= 0 through their own bounds this deep
 MAX_NESTING = 120      # bounds worked out inside one another (Python's stack holds ~3 frames each)
 MAX_SPLITS = 4         # mins and maxes of vars split into cases per access (2**MAX_SPLITS cases at most)
+MAX_ASSIGNMENTS = 16   # an access not proven otherwise is proven at each of its vars' values when they have few
 
 
 def _is_int(u: UOp) -> bool:
@@ -370,7 +372,7 @@ class _Prover:
         choice = next((u for u in _outside_ranges(index, size, *terms) if u.op in (Ops.MIN, Ops.MAX)
                        and not _has_loop_or_data(u)), None) if splits < MAX_SPLITS else None
         if choice is None:
-            return False, why
+            return (True, "") if splits == 0 and self._at_each_value(index, size, terms, failed) else (False, why)
         a, b = choice.src
         keep = {r: r for x in (index, size, *terms) for r in _ranges(x)}  # ranges (and their ends) stay
         for pick, other in ((a, b), (b, a)):  # min(a, b) = a when b - a >= 0; max(a, b) = a when a - b >= 0
@@ -380,8 +382,26 @@ class _Prover:
             ok, why = self.in_bounds(simplify(index.substitute(sub)), simplify(size.substitute(sub)),
                                      case_terms, splits + 1, failed)
             if not ok:
-                return False, why
+                return (True, "") if splits == 0 and self._at_each_value(index, size, terms, failed) else (False, why)
         return True, ""
+
+    def _at_each_value(self, index: UOp, size: UOp, terms: frozenset, halves: tuple) -> bool:
+        """Whether the access is in bounds at every assignment of its vars, when they have MAX_ASSIGNMENTS or
+        fewer (a var of a few values: the facts each gives, a loop that is empty at n = 0, are plain numbers)."""
+        found = {v for x in (index, size, *terms) for v in x.variables()}
+        variables = sorted(found, key=lambda v: v.arg[0])
+        count = 1
+        for v in variables:
+            count *= v.arg[2] - v.arg[1] + 1
+        if not variables or count > MAX_ASSIGNMENTS:
+            return False
+        for values in itertools.product(*(range(v.arg[1], v.arg[2] + 1) for v in variables)):
+            sub = {v: UOp.const(x) for v, x in zip(variables, values)}
+            fixed = frozenset(_linear(simplify(t.substitute(sub))) for t in terms)
+            if not self.in_bounds(simplify(index.substitute(sub)), simplify(size.substitute(sub)), fixed, MAX_SPLITS,
+                                  halves)[0]:
+                return False
+        return True
 
     def _half(self, index: UOp, size: UOp, facts: Facts, half: str) -> bool:
         """One half of in_bounds without case splits: interval bounds first (no facts needed), then the bounds."""

@@ -163,3 +163,14 @@ def test_the_padded_tail_of_a_flattened_slice_matches_numpy():
     x = np.arange(12.0).reshape(3, 4)
     f = pj.prepare(lambda x: pnp.pad(x.reshape(-1)[8:] * 2, (0, 8)).reshape(3, 4) + x)
     np.testing.assert_array_equal(np.asarray(f(x)), np.pad(x.reshape(-1)[8:] * 2, (0, 8)).reshape(3, 4) + x)
+
+
+def test_a_var_of_few_values_is_proven_at_each_of_them():
+    """out[r] = buf1[0] over r < 2 * (min(3, k + 1) // 2): the loop is empty exactly when k = 0, where buf1 (size k)
+    is empty too; no bound of k alone shows it, its values one by one do. A bad index is still refused."""
+    k = UOp.variable("k", 0, 6)
+    end = simplify((UOp.const(0) + k + 1).smin(3) // 2 * 2)
+    loop = UOp(Ops.RANGE, dtypes.index, (end,), (0, "loop"))
+    assert prove_kernel(kernel(UOp.const(0), out_index=loop), [(end,), (k,)]) == 2
+    with pytest.raises(pj.CompileError, match="may reach"):
+        prove_kernel(kernel(UOp.const(1), out_index=loop), [(end,), (k,)])  # k = 1 runs the loop: buf1[1] is past it

@@ -251,3 +251,12 @@ def test_a_gather_from_a_static_empty_axis_raises_or_fills(device):
         with pytest.raises(pj.IndexBoundError):
             f(x, ids)
         np.testing.assert_array_equal(np.asarray(g(x, ids)), np.full(3, 7.0, np.float32))
+
+
+def test_a_strided_slice_of_a_dim_that_may_be_empty_then_repeated(device):
+    """Found by the large fuzz profile (seed 1004): x[:2:2] is empty only at n = 0, which the repeat kernel's loop
+    end shows only value by value (CompileError before)."""
+    f = pj.prepare(lambda x: pnp.repeat(x[:2:2], 2, axis=0), vars={"n": (0, 6)}, shapes={"x": ("n",)}, device=device)
+    for n in (0, 1, 4):
+        x = np.arange(n, dtype=np.float32)
+        np.testing.assert_array_equal(np.asarray(f(x)), np.repeat(x[:2:2], 2, axis=0))
