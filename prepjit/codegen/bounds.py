@@ -21,6 +21,7 @@ import itertools
 from ..errors import CompileError
 from ..uop import Ops, UOp, simplify
 from ..uop.symbolic import _mono_key, from_poly, mono_div, poly, poly_min, provably_lt, relax_divisions
+from .facts import Facts, facts_of, ge0_terms, has_loop_or_data, is_int, linear
 from .optimize import optimize
 
 MAX_OPTIONS = 12       # bound options kept per node
@@ -30,124 +31,6 @@ MAX_NONNEG_DEPTH = 3   # a bound's terms are shown >= 0 through their own bounds
 MAX_NESTING = 120      # bounds worked out inside one another (Python's stack holds ~3 frames each)
 MAX_SPLITS = 4         # mins and maxes of vars split into cases per access (2**MAX_SPLITS cases at most)
 MAX_ASSIGNMENTS = 16   # an access not proven otherwise is proven at each of its vars' values when they have few
-
-
-def _is_int(u: UOp) -> bool:
-    return u.dtype.is_int
-
-
-def _ge0_terms(cond: UOp, truth: bool) -> list[UOp]:
-    """Integer expressions that are >= 0 whenever bool `cond` == truth (what can be read off it)."""
-    if cond.op is Ops.AND and truth or cond.op is Ops.OR and not truth:
-        return _ge0_terms(cond.src[0], truth) + _ge0_terms(cond.src[1], truth)
-    if cond.op is Ops.NOT:
-        return _ge0_terms(cond.src[0], not truth)
-    if cond.op is Ops.CMPLT and all(_is_int(s) for s in cond.src):
-        a, b = cond.src
-        return [_linear(b, a, -1)] if truth else [_linear(a, b)]
-    if cond.op is Ops.CMPEQ and truth and all(_is_int(s) for s in cond.src):
-        a, b = cond.src
-        return [_linear(a, b), _linear(b, a)]
-    return []
-
-
-@functools.lru_cache(maxsize=1 << 14)
-def _linear(a: UOp, b: UOp | None = None, c: int = 0) -> UOp:
-    """a - b + c as a sum of monomials, not simplified further: what facts are read from (simplify may fold
-    a sum into a min or max, which no longer bounds its terms)."""
-    p = dict(poly(a))
-    for m, k in (poly(b).items() if b is not None else ()):
-        p[m] = p.get(m, 0) - k
-    out = {(): c}
-    for m, k in p.items():  # each factor simplified on its own (matching the simplified index), then expanded
-        term = UOp.const(k, a.dtype)
-        for f in m:
-            term = UOp(Ops.MUL, a.dtype, (term, simplify(f)))
-        for tm, tk in poly(term).items():
-            out[tm] = out.get(tm, 0) + tk
-    return from_poly({m: k for m, k in out.items() if k}, a.dtype)
-
-
-class Facts:
-    """Bounds for atoms, read off expressions known to be >= 0: atom -> (lower bounds, upper bounds).
-
-    `c * atom + rest >= 0` bounds the atom when `rest` is free of loops and data."""
-
-    def __init__(self, ge0: frozenset):
-        self.ge0 = ge0
-        self.atoms: dict[UOp, tuple[list, list]] = {}
-        self.var_atoms: set[UOp] = set()  # vars with bounds from facts (expressions of them are not exact)
-        self.contradictory = False  # an atom bounded below by a constant above its constant upper bound
-        for e in ge0:
-            self._add(e, 0)
-        for e in ge0:  # c * v + rest >= 0 with loops or data in rest: bound them by their facts, then bound v
-            relaxed = self._var_only_upper(e)
-            if relaxed is not None:
-                self._add(relaxed, 1)
-        for atom, (lows, highs) in list(self.atoms.items()):  # an atom's lower bound is at most its upper one
-            if atom.op is Ops.RANGE:
-                lows, highs = lows + [UOp.const(0)], highs + [_linear(atom.src[0], None, -1)]
-            for lo in lows:
-                for hi in highs:
-                    if lo.op is hi.op is Ops.CONST:
-                        self.contradictory |= lo.arg > hi.arg
-                    elif not (_has_loop_or_data(lo) or _has_loop_or_data(hi)):
-                        self._add(_linear(hi, lo), 1)
-
-    def _var_only_upper(self, e: UOp) -> UOp | None:
-        """An expression >= e free of loops and data (each such atom replaced by a fact bound), or None."""
-        p, out, changed = poly(e), {}, False
-        for m, c in p.items():
-            if not any(_has_loop_or_data(f) for f in m):
-                out[m] = out.get(m, 0) + c
-                continue
-            bounds = self.atoms.get(m[0], ([], []))[1 if c > 0 else 0] if len(m) == 1 else []
-            bound = next((b for b in bounds if not _has_loop_or_data(b)), None)
-            if bound is None:
-                return None
-            for bm, bc in poly(bound).items():
-                out[bm] = out.get(bm, 0) + bc * c
-            changed = True
-        return from_poly({m: c for m, c in out.items() if c}, e.dtype) if changed else None
-
-    def with_terms(self, terms) -> "Facts":
-        return _facts(self.ge0 | frozenset(terms))
-
-    def _bound(self, atom: UOp, value: UOp, is_lower: bool):
-        lows, highs = self.atoms.setdefault(atom, ([], []))
-        (lows if is_lower else highs).append(value)
-
-    def _add(self, e: UOp, depth: int):
-        p = poly(e)
-        for m, c in p.items():
-            if len(m) != 1 or m[0].op is Ops.CONST:
-                continue
-            rest = from_poly({k: v for k, v in p.items() if k != m}, e.dtype)
-            atom = m[0]
-            if atom.op is Ops.MIN and c > 0 and depth < 2:  # c * min(a, b) + rest >= 0: so are a's and b's
-                for x in atom.src:
-                    self._add(simplify(x * c + rest), depth + 1)
-            if _has_loop_or_data(rest):  # only bounds free of loops and data: they end the search
-                continue
-            # c * atom + rest >= 0:  atom >= ceil(-rest / c) (c > 0), atom <= floor(rest / -c) (c < 0)
-            self._bound(atom, simplify((c - 1 - rest) // c) if c > 0 else simplify(rest // -c), c > 0)
-            if atom.op is Ops.DEFINE_VAR:
-                self.var_atoms.add(atom)
-            if depth < 2 and c in (1, -1) and atom.op is Ops.IDIV and atom.src[1].op is Ops.CONST \
-                    and atom.src[1].arg > 0:
-                x, k = atom.src[0], atom.src[1].arg
-                # x // k >= t  <=>  x >= t * k;   x // k <= t  <=>  x <= t * k + k - 1
-                self._add(simplify(x + rest * k) if c == 1 else simplify(rest * k + (k - 1) - x), depth + 1)
-        if depth < 2 and len(p) <= 2 and p.get((), 0) <= -1:  # c * a * b - t >= 0 with a, b >= 0: a, b >= 1
-            prods = [(m, c) for m, c in p.items() if m]
-            if len(prods) == 1 and prods[0][1] > 0 and len(prods[0][0]) > 1 and all(f.vmin >= 0 for f in prods[0][0]):
-                for f in prods[0][0]:
-                    self._add(simplify(f - 1), depth + 1)
-
-
-@functools.lru_cache(maxsize=4096)
-def _facts(ge0: frozenset) -> Facts:
-    return Facts(ge0)
 
 
 def _options(opts: list, upper: bool) -> list:
@@ -189,11 +72,6 @@ def _polynomial(u: UOp) -> bool:
     return all(x.op in (Ops.CONST, Ops.DEFINE_VAR, Ops.ADD, Ops.SUB, Ops.MUL) for x in u.toposort())
 
 
-@functools.lru_cache(maxsize=1 << 16)
-def _has_loop_or_data(u: UOp) -> bool:
-    return any(x.op in (Ops.RANGE, Ops.LOAD, Ops.REDUCE) for x in u.toposort())
-
-
 class _Prover:
     def __init__(self):
         self.memo: dict = {}
@@ -212,7 +90,7 @@ class _Prover:
         return self.memo[key]
 
     def _bound(self, e: UOp, facts: Facts, upper: bool, depth: int) -> list:
-        exact = not _has_loop_or_data(e)
+        exact = not has_loop_or_data(e)
         opts = [[e]] if exact else []
         if exact and (e.op in (Ops.CONST, Ops.DEFINE_VAR) and e not in facts.atoms
                       or _polynomial(e) and not any(v in facts.var_atoms for v in e.variables())):
@@ -238,7 +116,7 @@ class _Prover:
             if len(with_r) < 2:
                 continue
             coef = from_poly({mono_div(m, (r,)): c for m, c in with_r.items()}, e.dtype)
-            if _has_loop_or_data(coef):
+            if has_loop_or_data(coef):
                 continue
             rest = from_poly({m: c for m, c in p.items() if m not in with_r}, e.dtype)
             sign = 1 if self.nonneg(coef, facts) else -1 if self.nonneg(-coef, facts) else 0
@@ -265,7 +143,7 @@ class _Prover:
         if op is Ops.MUL:
             return self._mul(e, facts, upper, depth)
         # floor division and modulo; the renderers give x // 0 == x % 0 == 0 (NumPy's integer rule)
-        divisor_free = op in (Ops.IDIV, Ops.MOD) and not _has_loop_or_data(s[1])
+        divisor_free = op in (Ops.IDIV, Ops.MOD) and not has_loop_or_data(s[1])
         if divisor_free and not upper and self.nonneg(s[1], facts) and (op is Ops.MOD or self.nonneg(s[0], facts)):
             opts = [[UOp.const(0)]]  # x % d >= 0 and (x >= 0) x // d >= 0 for d >= 0
             if op is Ops.IDIV and self.nonneg(s[1] - 1, facts):
@@ -281,11 +159,11 @@ class _Prover:
             either = (op is Ops.MIN) == upper  # min <= each operand; max >= each operand
             a, c = b(s[0], upper=upper), b(s[1], upper=upper)
             return _options(a + c, upper) if either else _options([oa + oc for oa in a for oc in c], upper)
-        if op is Ops.WHERE and _is_int(e):
-            t = self.bound(s[1], facts.with_terms(_ge0_terms(s[0], True)), upper, depth)
-            f = self.bound(s[2], facts.with_terms(_ge0_terms(s[0], False)), upper, depth)
+        if op is Ops.WHERE and is_int(e):
+            t = self.bound(s[1], facts.with_terms(ge0_terms(s[0], True)), upper, depth)
+            f = self.bound(s[2], facts.with_terms(ge0_terms(s[0], False)), upper, depth)
             return _options([ot + of for ot in t for of in f], upper)
-        if op is Ops.CAST and _is_int(s[0]) and e.dtype.is_int and \
+        if op is Ops.CAST and is_int(s[0]) and e.dtype.is_int and \
                 e.dtype.min() <= s[0].dtype.min() and s[0].dtype.max() <= e.dtype.max():
             return b(s[0], upper=upper)
         return [[UOp.const(e.vmax if upper else e.vmin)]]
@@ -314,7 +192,7 @@ class _Prover:
     def _mul(self, e: UOp, facts: Facts, upper: bool, depth: int) -> list:
         a, c = e.src
         b = functools.partial(self.bound, facts=facts, depth=depth)
-        if c.op is Ops.CONST or not _has_loop_or_data(c) and a.op is not Ops.CONST:
+        if c.op is Ops.CONST or not has_loop_or_data(c) and a.op is not Ops.CONST:
             pass
         else:
             a, c = c, a
@@ -324,12 +202,12 @@ class _Prover:
             k, x = a.src[1].arg, a.src[0]
             tight = upper == (c.arg > 0)
             out += [[simplify((y if tight else y - k + 1) * (c.arg // k)) for y in o] for o in b(x, upper=tight)]
-        if not _has_loop_or_data(c):  # a * c with c free of loops and data: bound a, keep c when its sign is known
+        if not has_loop_or_data(c):  # a * c with c free of loops and data: bound a, keep c when its sign is known
             if c.vmin >= 0:
                 out += [[simplify(x * c) for x in o] for o in b(a, upper=upper)]
             elif c.vmax <= 0:
                 out += [[simplify(x * c) for x in o] for o in b(a, upper=not upper)]
-            if not _has_loop_or_data(a) and a.vmin >= 0 and c.op is not Ops.CONST:
+            if not has_loop_or_data(a) and a.vmin >= 0 and c.op is not Ops.CONST:
                 out += [[simplify(a * x) for x in o] for o in b(c, upper=upper)]
         elif upper and self.nonneg(a, facts) and self.nonneg(c, facts):
             out += _combine(b(a, upper=True), b(c, upper=True), lambda x, y: x * y, True)
@@ -360,9 +238,9 @@ class _Prover:
                   halves: tuple = ("lower", "upper")) -> tuple[bool, str]:
         """Whether 0 <= index (half "lower") and index < size ("upper"); a min or max of vars is split into its
         two cases (correlated uses), for the halves not proven without it."""
-        if any(not _has_loop_or_data(t) and simplify(t).vmax < 0 for t in terms):  # the facts contradict: never runs
+        if any(not has_loop_or_data(t) and simplify(t).vmax < 0 for t in terms):  # the facts contradict: never runs
             return True, ""
-        facts = _facts(terms)
+        facts = facts_of(terms)
         if facts.contradictory:  # the gate is never true (an index into an empty axis): the access never happens
             return True, ""
         failed = tuple(h for h in halves if not self._half(index, size, facts, h))
@@ -370,15 +248,15 @@ class _Prover:
             return True, ""
         why = "may be negative" if failed[0] == "lower" else f"may reach the buffer's size {size.render()}"
         choice = next((u for u in _outside_ranges(index, size, *terms) if u.op in (Ops.MIN, Ops.MAX)
-                       and not _has_loop_or_data(u)), None) if splits < MAX_SPLITS else None
+                       and not has_loop_or_data(u)), None) if splits < MAX_SPLITS else None
         if choice is None:
             return (True, "") if splits == 0 and self._at_each_value(index, size, terms, failed) else (False, why)
         a, b = choice.src
         keep = {r: r for x in (index, size, *terms) for r in _ranges(x)}  # ranges (and their ends) stay
         for pick, other in ((a, b), (b, a)):  # min(a, b) = a when b - a >= 0; max(a, b) = a when a - b >= 0
-            fact = _linear(other, pick) if choice.op is Ops.MIN else _linear(pick, other)
+            fact = linear(other, pick) if choice.op is Ops.MIN else linear(pick, other)
             sub = {**keep, choice: pick}
-            case_terms = frozenset(_linear(t.substitute(sub)) for t in terms) | {fact}
+            case_terms = frozenset(linear(t.substitute(sub)) for t in terms) | {fact}
             ok, why = self.in_bounds(simplify(index.substitute(sub)), simplify(size.substitute(sub)),
                                      case_terms, splits + 1, failed)
             if not ok:
@@ -397,7 +275,7 @@ class _Prover:
             return False
         for values in itertools.product(*(range(v.arg[1], v.arg[2] + 1) for v in variables)):
             sub = {v: UOp.const(x) for v, x in zip(variables, values)}
-            fixed = frozenset(_linear(simplify(t.substitute(sub))) for t in terms)
+            fixed = frozenset(linear(simplify(t.substitute(sub))) for t in terms)
             if not self.in_bounds(simplify(index.substitute(sub)), simplify(size.substitute(sub)), fixed, MAX_SPLITS,
                                   halves)[0]:
                 return False
@@ -500,7 +378,7 @@ def prove_kernel(ast: UOp, shapes: list[tuple], constraints=()) -> int:
     constants inside their mins and maxes, are proven at once with those constants as vars over their range.
     """
     sizes = [buffer_size(s) for s in shapes]
-    base = frozenset(t for c in constraints for t in _ge0_terms(c, True))
+    base = frozenset(t for c in constraints for t in ge0_terms(c, True))
     enclosing = _enclosing_ranges(ast)
     groups: dict = {}  # (slot, lane template, opaque gate, facts) -> {lane constants: {offset: access}}
     count = 0
@@ -515,14 +393,14 @@ def prove_kernel(ast: UOp, shapes: list[tuple], constraints=()) -> int:
             continue
         terms = set(base)
         for r in (*_ranges(u.src[1]), *(_ranges(u.src[gated]) if gate is not None else ()), *enclosing[u]):
-            terms.add(_linear(r.src[0], None, -1))  # an access inside a loop runs only when the loop does
+            terms.add(linear(r.src[0], None, -1))  # an access inside a loop runs only when the loop does
         opaque = [simplify(e) for e in _opaque_loads([index] + ([gate] if gate is not None else []))]
         offset = 0
         if gate is None:
             p = poly(opaque[0])
             offset, opaque[0] = p.get((), 0), from_poly({m: k for m, k in p.items() if m}, index.dtype)
         else:
-            terms |= set(_ge0_terms(opaque[1], True))
+            terms |= set(ge0_terms(opaque[1], True))
         template, lanes = _lane_template(opaque[0]) if gate is None else (opaque[0], ())
         key = (u.src[0].arg, template, *opaque[1:], frozenset(t for t in terms if t.op is not Ops.CONST or t.arg < 0))
         groups.setdefault(key, {}).setdefault(lanes, {}).setdefault(offset, (u, index, gate, opaque[0]))
