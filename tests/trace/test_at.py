@@ -23,9 +23,9 @@ def reference(x, key, v, how):
 
 
 @pytest.mark.parametrize("how", ["set", "add", "multiply", "min", "max"])
-def test_integer_array_with_repeats(how):
+def test_integer_array_with_repeats(how, device):
     v = RNG.standard_normal((6, 4, 3)).astype(np.float32)
-    f = pj.prepare(lambda x, ids, v: getattr(x.at[ids], how)(v))
+    f = pj.prepare(lambda x, ids, v: getattr(x.at[ids], how)(v), device=device)
     out = f(X, IDS, v)
     if how == "set":  # repeated ids: one of the updates wins (JAX leaves the order undefined)
         got = np.asarray(out)
@@ -42,7 +42,7 @@ def test_integer_array_with_repeats(how):
     (np.array([0, 4, 4]), np.array([3, 3, 3])), (np.array([[0], [4]]), slice(None), np.array([2, 2, 1])),
 ])
 @pytest.mark.parametrize("how", ["set", "add"])
-def test_index_kinds_match_numpy(key, how):
+def test_index_kinds_match_numpy(key, how, device):
     shape = X[key].shape
     v = RNG.standard_normal(shape).astype(np.float32)
     arrays = [i for i, k in enumerate(key) if isinstance(k, np.ndarray)]
@@ -53,7 +53,7 @@ def test_index_kinds_match_numpy(key, how):
             k[i] = a
         return getattr(x.at[tuple(k)], how)(v)
 
-    out = pj.prepare(fn)(X, v, *[key[i] for i in arrays])
+    out = pj.prepare(fn, device=device)(X, v, *[key[i] for i in arrays])
     ids_unique = all(len(np.unique(key[i])) == key[i].size for i in arrays)
     if how == "set" and not ids_unique:
         return  # which duplicate wins is unspecified
@@ -114,8 +114,8 @@ def test_chained_updates_write_one_buffer_and_intermediates_are_untouched():
     assert_matches(s, (X * 2).sum(), rtol=1e-4)
 
 
-def test_symbolic_shapes_one_plan():
-    f = pj.prepare(lambda x, ids, v, pos: (x.at[ids].add(v), x.at[pos].set(v[0])),
+def test_symbolic_shapes_one_plan(device):
+    f = pj.prepare(lambda x, ids, v, pos: (x.at[ids].add(v), x.at[pos].set(v[0])), device=device,
                    vars={"n": (1, 16), "k": (0, 8), "pos": (0, 15)}, shapes={"x": ("n", 3), "ids": ("k",), "v": ("k", 3)})
     for n, k in [(4, 2), (9, 7), (1, 5)]:
         x = RNG.standard_normal((n, 3)).astype(np.float32)
@@ -127,8 +127,9 @@ def test_symbolic_shapes_one_plan():
     assert f.stats["traces"] == 1
 
 
-def test_out_of_range_ids_raise_and_the_function_keeps_working():
-    f = pj.prepare(lambda x, ids, v: x.at[ids].add(v), vars={"k": (1, 8)}, shapes={"ids": ("k",), "v": ("k", 4, 3)})
+def test_out_of_range_ids_raise_and_the_function_keeps_working(device):
+    f = pj.prepare(lambda x, ids, v: x.at[ids].add(v), vars={"k": (1, 8)}, shapes={"ids": ("k",), "v": ("k", 4, 3)},
+                   device=device)
     v = np.ones((3, 4, 3), np.float32)
     for bad in ([0, 5, 1], [-6, 0, 0]):
         with pytest.raises(pj.IndexBoundError):
@@ -164,8 +165,8 @@ def test_jax_modes(mode):
         pj.prepare(lambda x: x.at[0].set(1.0, mode="bogus"))(x)
 
 
-def test_empty_arrays_touch_nothing():
-    spec = dict(vars={"n": (0, 8), "k": (0, 8)}, shapes={"x": ("n",), "ids": ("k",), "v": ("k",)})
+def test_empty_arrays_touch_nothing(device):
+    spec = dict(vars={"n": (0, 8), "k": (0, 8)}, shapes={"x": ("n",), "ids": ("k",), "v": ("k",)}, device=device)
     f = pj.prepare(lambda x, ids, v: x.at[ids].add(v), **spec)
     empty = guarded(np.zeros(0, np.float32))
     assert_matches(f(guarded(np.ones(3, np.float32)), guarded(np.zeros(0, np.int64)), empty), np.ones(3, np.float32))
@@ -175,10 +176,10 @@ def test_empty_arrays_touch_nothing():
     assert_matches(g(empty, guarded(np.zeros(2, np.int64)), guarded(np.ones(2, np.float32))), np.zeros(0, np.float32))
 
 
-def test_inside_fori_loop():
+def test_inside_fori_loop(device):
     def f(x):
         return pj.fori_loop(0, 4, lambda i, acc: acc.at[i].add(i.astype(pnp.float32)), x)
-    assert_matches(pj.prepare(f)(np.zeros(6, np.float32)), np.array([0, 1, 2, 3, 0, 0], np.float32))
+    assert_matches(pj.prepare(f, device=device)(np.zeros(6, np.float32)), np.array([0, 1, 2, 3, 0, 0], np.float32))
 
 
 def test_item_assignment_points_at_functional_updates():
