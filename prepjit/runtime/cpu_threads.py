@@ -18,7 +18,8 @@ The state is one block of int64 words, each group on its own cache line:
               the waiting publisher yields, and the addresses of pthread_mutex_lock / unlock,
               pthread_cond_wait / broadcast and sched_yield (read by ctypes from the C library)
     COOLDOWN  split launches left to run alone: when the publisher, done with its own chunks, waits more than
-              STALL ticks of the cycle counter for a worker's (the OS preempted it: a loaded host), the next
+              STALL ticks of the cycle counter plus the time its own chunks took for a worker's (the OS
+              preempted it: a loaded host; a chunk as long as the publisher's is no stall), the next
               AFTER_STALL split launches run on the calling thread alone, then threads are tried again
     mutex, condition variable: opaque, MUTEX_BYTES each (larger than any libc's)
 
@@ -179,12 +180,15 @@ wake:
   call void @pj_call(ptr %s, i64 {UNLOCK}, i64 {MUTEX})
   br label %work
 work:
+  %begin = call i64 @llvm.readcyclecounter()
   call void @pj_run_chunks(ptr %s)
 {_word("patience.p", YIELD_AFTER)}
   %patience = load atomic i64, ptr %patience.p monotonic, align 8
 {_word("stall.p", STALL_CYCLES)}
-  %stall = load atomic i64, ptr %stall.p monotonic, align 8
+  %stall.min = load atomic i64, ptr %stall.p monotonic, align 8
   %since = call i64 @llvm.readcyclecounter()
+  %own = sub i64 %since, %begin
+  %stall = add i64 %stall.min, %own
   br label %wait
 wait:
   %spins = phi i64 [0, %work], [%spins.next, %idle], [%spins.next, %yield], [%spins.next, %stalled]
