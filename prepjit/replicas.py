@@ -19,6 +19,7 @@ import attrs
 from .errors import TraceError
 from .trace.tracing import Traced
 from .uop import Ops, UOp
+from .uop.uop import children_first
 
 KEPT = (Ops.REDUCE_AXIS, Ops.GATHER, Ops.SCATTER, Ops.LOOP, Ops.LOOP_OUT)  # worth handing over between stages
 
@@ -43,27 +44,11 @@ def _children(node: UOp, sources: dict) -> list:
     return kids
 
 
-def _postorder(roots, children) -> list:
-    order, done, entered, stack = [], set(), set(), list(reversed(roots))
-    while stack:
-        node = stack.pop()
-        if node in done:
-            continue
-        if node in entered:
-            done.add(node)
-            order.append(node)
-            continue
-        entered.add(node)
-        stack.append(node)
-        stack.extend(c for c in reversed(children(node)) if c not in done)
-    return order
-
-
 def levels(traced: Traced, collectives: list) -> tuple[dict, list]:
     """(node -> level over the whole graph, the collectives the outputs reach, in trace order)."""
     sources = {c.result: c for c in collectives}
     roots = list(traced.outputs) + [f for f, _ in traced.flags]
-    order = _postorder(roots, lambda n: _children(n, sources))
+    order = children_first(roots, lambda n: _children(n, sources))
     level = {}
     for node in order:
         if node in sources:
@@ -117,11 +102,11 @@ def partition(traced: Traced, collectives: list, index: UOp | None = None) -> li
                 else:
                     kids.append(c)
             return kids
-        _postorder(outs + [f for f, _ in flags], children)
+        children_first(outs + [f for f, _ in flags], children)
         sub = dict(handed)
         outputs = tuple(o.substitute(sub) for o in outs)
         flag_nodes = tuple((f.substitute(sub), what) for f, what in flags)
-        leaves = [n for n in _postorder(list(outputs) + [f for f, _ in flag_nodes],
+        leaves = [n for n in children_first(list(outputs) + [f for f, _ in flag_nodes],
                                         lambda n: _children(n, {})) if n.op is Ops.INPUT]
         back = {v: k for k, v in handed.items()}
         for leaf in leaves:
@@ -155,7 +140,7 @@ def varying(traced: Traced, split_inputs: set, split_vars: set, index: UOp | Non
     def sized(node: UOp) -> bool:
         return any(v.arg[0] in split_vars for d in node.shape if isinstance(d, UOp) for v in d.variables())
     marks = {}
-    for node in _postorder(list(traced.outputs), lambda n: [] if n in results else _children(n, {})):
+    for node in children_first(list(traced.outputs), lambda n: [] if n in results else _children(n, {})):
         if node in results:
             marks[node] = False
         elif node.op is Ops.INPUT:

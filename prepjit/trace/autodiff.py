@@ -20,7 +20,7 @@ import attrs
 
 from ..errors import TraceError
 from ..uop import Ops, UOp, as_int_if_const, dtypes, simplify
-from ..uop.uop import _arg_uops
+from ..uop.uop import _arg_uops, children_first
 from . import checks, prims
 from .constants import _active as _capture_state
 from .prims.registry import rules
@@ -50,23 +50,6 @@ def operands(node: UOp) -> tuple:
     return rules(node.op).operands(node)
 
 
-def _order(roots: list[UOp], children) -> list[UOp]:
-    """Every node reachable from `roots` through `children(node)`, children first, each once."""
-    order, done, entered, stack = [], set(), set(), list(reversed(roots))
-    while stack:
-        node = stack.pop()
-        if node in done:
-            continue
-        if node in entered:
-            done.add(node)
-            order.append(node)
-            continue
-        entered.add(node)
-        stack.append(node)
-        stack.extend(c for c in reversed(children(node)) if c not in done)
-    return order
-
-
 def substitute(roots: list[UOp], mapping: dict) -> list[UOp]:
     """`roots` with every node in `mapping` replaced, through sources and the UOps inside args (symbolic shapes
     and slice starts, loop bodies). Rebuilt symbolic ints are simplified."""
@@ -74,7 +57,7 @@ def substitute(roots: list[UOp], mapping: dict) -> list[UOp]:
 
     def children(node):
         return () if node in memo else (*node.src, *_arg_uops(node.arg))
-    for node in _order(list(roots), children):
+    for node in children_first(list(roots), children):
         if node in memo:
             continue
         src = tuple(memo[s] for s in node.src)
@@ -111,7 +94,7 @@ def backward(outputs: list[UOp], cts: list[Tracer], wrt: list[UOp]) -> list[Trac
     """The cotangents of `wrt` (None where no path leads) given the outputs' cotangents. The walk stops at `wrt`
     nodes: they need not be leaves (a loop body's backward pass stops at the values read from outside it)."""
     targets = set(wrt)
-    order = _order(list(outputs), lambda n: () if n in targets else operands(n))
+    order = children_first(list(outputs), lambda n: () if n in targets else operands(n))
     active: set = set()
     for node in order:
         if node in targets or any(o in active for o in operands(node)):
@@ -164,7 +147,7 @@ class Linearized:
         """`nodes` on the original values: a differentiated loop by the version that keeps its carries (it then
         runs once for the value and the gradient, see autodiff_loop.py), then placeholders by their values."""
         from .autodiff_loop import with_history
-        loops = {n: with_history(n)[0] for n in _order(list(nodes), lambda n: (*n.src, *_arg_uops(n.arg)))
+        loops = {n: with_history(n)[0] for n in children_first(list(nodes), lambda n: (*n.src, *_arg_uops(n.arg)))
                  if n.op is Ops.LOOP and with_history(n, build=False) is not None}
         nodes = substitute(list(nodes), loops) if loops else list(nodes)
         back = {p: t.uop for p, t in zip(self.placeholders, self.originals) if p is not None}
@@ -228,7 +211,7 @@ def _keep_loop_carries(outputs: list[UOp], placeholders: set):
     """Build, before the values are read, the carry-keeping version of each loop the differentiated inputs reach,
     so that the values (read now) and the backward pass (maybe later, pj.vjp's f_vjp) share one loop."""
     from .autodiff_loop import with_history
-    for node in _order(outputs, lambda n: (*n.src, *_arg_uops(n.arg))):
+    for node in children_first(outputs, lambda n: (*n.src, *_arg_uops(n.arg))):
         if node.op is Ops.LOOP and node.depends_on(placeholders):
             try:
                 with_history(node)

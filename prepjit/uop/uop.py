@@ -405,3 +405,21 @@ def render_python(u: UOp, var=lambda name: f"v[{name!r}]") -> str:
     if op is Ops.CAST:
         return f"int({render_python(s[0], var)})"
     raise ValueError(f"cannot render {op} as a Python int expression")
+
+
+def children_first(roots: list, children) -> list:
+    """Every node reachable from `roots` through `children(node)`, children first, each once (for walks over
+    more than a UOp's sources: loop bodies, or a graph cut at chosen nodes)."""
+    order, done, entered, stack = [], set(), set(), list(reversed(roots))
+    while stack:
+        node = stack.pop()
+        if node in done:
+            continue
+        if node in entered:
+            done.add(node)
+            order.append(node)
+            continue
+        entered.add(node)
+        stack.append(node)
+        stack.extend(c for c in reversed(children(node)) if c not in done)
+    return order
