@@ -61,6 +61,10 @@ class Facts:
             if relaxed is not None:
                 self._add(relaxed, 1)
         for atom, (lows, highs) in list(self.atoms.items()):  # an atom's lower bound is at most its upper one
+            x, k = atom.src if atom.op is Ops.MOD else (None, None)
+            if k is not None and k.op is Ops.CONST and k.arg > 0 and x.vmin >= 0:
+                for lo in lows:  # x % k >= lo, and x >= x % k for x >= 0: x >= lo (r0 % 2 > 0 gives r0 >= 1)
+                    self._add(linear(x, lo), 1)
             if atom.op is Ops.RANGE:
                 lows, highs = lows + [UOp.const(0)], highs + [linear(atom.src[0], None, -1)]
             for lo in lows:

@@ -260,3 +260,13 @@ def test_a_strided_slice_of_a_dim_that_may_be_empty_then_repeated(device):
     for n in (0, 1, 4):
         x = np.arange(n, dtype=np.float32)
         np.testing.assert_array_equal(np.asarray(f(x)), np.repeat(x[:2:2], 2, axis=0))
+
+
+def test_cumsum_along_a_short_axis_then_flattened(device):
+    """Found by the large fuzz profile (seed 1021): the flattened cumsum reads r0 - 1 under the gate r0 % 2 > 0,
+    which bounds r0 >= 1 only through x >= x % k (CompileError before)."""
+    f = pj.prepare(lambda x: pnp.cumsum(x, axis=1).reshape(-1), vars={"n": (0, 6)}, shapes={"x": ("n", 2)},
+                   device=device)
+    for n in (0, 1, 3, 6):
+        x = np.arange(2 * n, dtype=np.float32).reshape(n, 2)
+        np.testing.assert_array_equal(np.asarray(f(x)), np.cumsum(x, axis=1).reshape(-1))
