@@ -15,8 +15,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import statistics
-import time
 
 import numpy as np
 
@@ -27,15 +25,7 @@ from examples.models import minilm, mlp_train
 from prepjit.runtime.collectives import to_device
 from prepjit.runtime.devices import get_device
 
-
-def median_s(fn, reps: int) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+from .gpu import median_us
 
 
 def on_device(tree, name: str):
@@ -96,7 +86,7 @@ def main(argv=None) -> int:
         if args.only and args.only not in case.__name__:
             continue
         name, items, unit, single, multi, diff = case(devices, args.small, rng)
-        one, many = median_s(single, args.reps), median_s(multi, args.reps)
+        one, many = median_us(single, args.reps) / 1e6, median_us(multi, args.reps) / 1e6
         rows.append({"case": name, "one_device_per_s": items / one, "replicated_per_s": items / many,
                      "speedup": one / many, "max_abs_diff": diff})
         print(f"  {name:28s} one device {items / one:12.1f} {unit}/s   {len(devices)} replicas "
