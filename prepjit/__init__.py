@@ -12,7 +12,8 @@ from .trace.collectives import all_gather, device_index, pmean, psum
 from .profiler import Profile, profile
 from .runtime.array import Array
 from .runtime.cache import CachedKernel
-from .runtime.plan import ExecutionPlan, PreparedKernel, RuntimeVar
+from .runtime.plan import ExecutionPlan, PreparedKernel
+from .runtime.var_table import RuntimeVar
 from .saved import load
 from .trace.control import cond, scan, switch
 from .trace.loop import fori_loop, while_loop

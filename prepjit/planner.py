@@ -22,7 +22,8 @@ from .runtime import disk_cache
 from .runtime.cache import Abandoned, CachedKernel, kernel_cache
 from .runtime.dynamic_loop import DynamicLaunches
 from .runtime.compile_pool import run_now
-from .runtime.plan import ExecutionPlan, LoopLaunches, PlanBuffer, PreparedKernel, PreparedKernels, RuntimeVar
+from .runtime.plan import ExecutionPlan, LoopLaunches, PlanBuffer, PreparedKernel, PreparedKernels
+from .runtime.var_table import VarTable
 from . import tune
 from .stages import stage
 from .trace.tracing import Traced
@@ -279,9 +280,36 @@ def build_plan(traced: Traced, device) -> tuple[ExecutionPlan, dict[str, int]]:
     return instantiate(spec, dict(zip(asts, compiled)), device), {**counts, "proven_accesses": proven}
 
 
+def plan_vars(spec: PlanSpec) -> VarTable:
+    """The VarTable of `spec`: every var (DEFINE_VAR) of its kernels' ASTs, loop bounds, buffer shapes and
+    constraints, so var bounds are read off what the bounds proof saw (never taken from elsewhere); the names
+    its kernels fix (fixedvars, a fori_loop's counter) and the counters of the loops it runs natively."""
+    defines, fixed, loops = set(), set(), set()
+
+    def walk(segments):
+        for seg in segments:
+            if isinstance(seg, DynamicLoop):
+                if seg.var is not None:
+                    defines.add(seg.var)
+                    loops.add(seg.name)
+                defines.update(v for b in (seg.lower, seg.upper) if isinstance(b, UOp) for v in b.variables())
+                walk(k for part in seg.parts for k in part)
+            elif isinstance(seg, LoopKernels):
+                fixed.add(seg.name)
+                walk(seg.body)
+            else:
+                defines.update(seg.ast.variables())
+                fixed.update(n for n, _ in seg.fixedvars)
+    walk(spec.kernels.segments)
+    defines.update(v for buf in spec.buffers for d in buf.shape if isinstance(d, UOp) for v in d.variables())
+    defines.update(v for c in spec.constraints for v in c.cond.variables())
+    return VarTable(defines, fixed, loops)
+
+
 def instantiate(spec: PlanSpec, compiled: dict[UOp, CachedKernel], device) -> ExecutionPlan:
-    """The ExecutionPlan of `spec` on `device`, `compiled[ast]` running the kernels with that AST. Var bounds
-    are read off the kernels' ASTs, the buffer shapes and the constraints (never taken from elsewhere)."""
+    """The ExecutionPlan of `spec` on `device`, `compiled[ast]` running the kernels with that AST (its vars:
+    `plan_vars`)."""
+    table = plan_vars(spec)
     home = spec.home
     io = set(spec.inputs) | set(spec.outputs) | {b for b, _ in spec.flags}
     allocation_bytes = {}
@@ -303,23 +331,16 @@ def instantiate(spec: PlanSpec, compiled: dict[UOp, CachedKernel], device) -> Ex
         else:
             buffers.append(PlanBuffer(dtype, buf.max_size, shape_fn, text,
                                       memory=device.alias(allocations[h], dtype, buf.max_size)))
-    hazards, bounds, fixed_names = _Hazards(), {}, set()
-    ast_vars: dict[UOp, list[RuntimeVar]] = {}  # a fori_loop's iterations share their kernels' ASTs
+    hazards = _Hazards()
 
     def prepared(i: int, item) -> PreparedKernel:
         kernel, fixed = compiled[item.ast], dict(item.fixedvars)
-        fixed_names.update(fixed)
-        if item.ast not in ast_vars:
-            ast_vars[item.ast] = [RuntimeVar(v.arg[0], v.arg[1], v.arg[2]) for v in item.ast.variables()]
-        runtime_vars = list(ast_vars[item.ast])
-        for rv in runtime_vars:
-            bounds[rv.name] = (rv.min_val, rv.max_val)
         return PreparedKernel(
             id=i, ast=item.ast, kernel=kernel, device=device.name, buffer_indices=list(item.buffers),
-            output_indices=[0], vals=[fixed.get(n, bounds[n][0]) for n in kernel.var_names], fixedvars=fixed,
+            output_indices=[0], vals=table.kernel_vals(kernel.var_names, fixed), fixedvars=fixed,
             dependencies=hazards.add(i, writes=home[item.buffers[0]], reads=[home[b] for b in item.buffers[1:]]),
             buffer_ptrs=[buffers[b].memory.ptr if buffers[b].allocated else 0 for b in item.buffers],
-            buffer_ids=[home[b] for b in item.buffers], runtime_vars=runtime_vars)
+            buffer_ids=[home[b] for b in item.buffers], runtime_vars=table.runtime_vars(item.ast))
 
     def dynamic(seg: DynamicLoop, start: int) -> DynamicLaunches:
         """A loop the plan runs natively: its kernels prepared once each, at their positions from `start`."""
@@ -330,11 +351,6 @@ def instantiate(spec: PlanSpec, compiled: dict[UOp, CachedKernel], device) -> Ex
                 out.append(dynamic(item, start) if isinstance(item, DynamicLoop) else prepared(start, item))
                 start += len(item) if isinstance(item, DynamicLoop) else 1
             parts.append(tuple(out))
-        for b in (seg.lower, seg.upper):
-            for v in b.variables() if isinstance(b, UOp) else ():
-                bounds[v.arg[0]] = (v.arg[1], v.arg[2])
-        if seg.name is not None:
-            fixed_names.add(seg.name)
         return DynamicLaunches(seg.name, seg.lower, seg.upper, seg.pred_buffer, tuple(parts))
 
     segments = []
@@ -352,14 +368,6 @@ def instantiate(spec: PlanSpec, compiled: dict[UOp, CachedKernel], device) -> Ex
             hazards.add(start + i, writes=home[item.buffers[0]], reads=[home[b] for b in item.buffers[1:]])
         segments.append(LoopLaunches(seg.name, seg.lower, seg.upper, start, (first[:width], first[width:2 * width]),
                                      tuple(tuple(pk.dependencies) for pk in first)))
-    for buf in spec.buffers:
-        for d in buf.shape:
-            if isinstance(d, UOp):
-                for v in d.variables():
-                    bounds[v.arg[0]] = (v.arg[1], v.arg[2])
-    for v in (v for c in spec.constraints for v in c.cond.variables()):
-        bounds[v.arg[0]] = (v.arg[1], v.arg[2])
-    var_bounds = {n: b for n, b in sorted(bounds.items()) if n not in fixed_names}  # loop vars are the plan's own
-    return ExecutionPlan(device, buffers, PreparedKernels(segments), spec.inputs, spec.outputs, var_bounds,
+    return ExecutionPlan(device, buffers, PreparedKernels(segments), spec.inputs, spec.outputs, table,
                          memory_bytes=sum(allocation_bytes.values()), constraints=spec.constraints,
                          flags=spec.flags, proven_accesses=spec.proven_accesses, spec=spec)

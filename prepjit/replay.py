@@ -30,7 +30,7 @@ class _FastCall:
     """What one concrete call signature replays: plan, argument positions, var checks and outputs."""
 
     def __init__(self, entry, info, array_args: list[tuple[int, bool]], n_args: int, var_args: list[tuple[int, str]],
-                 bounds: dict, device, fn):
+                 declared: dict, device, fn):
         plan = entry.plan
         self.plan, self.device, self.out_tree = plan, device, entry.out_tree
         self.array_args = array_args
@@ -41,7 +41,7 @@ class _FastCall:
         self.var_names = list(plan.vars)
         self.base_values = dict(info.var_values)
         self.var_checks = var_args
-        self.check = _compile_check(plan, var_args, bounds, info)
+        self.check = _compile_check(plan, var_args, declared, info)
         self.shape_fns = entry.out_shape_fns
         self.dtypes = [plan.buffers[b].dtype for b in dict.fromkeys(plan.outputs)]
         self.values = tuple(self.base_values[n] for n in self.var_names)
@@ -94,16 +94,16 @@ class _FastCall:
                                         for o, shape, dtype in zip(outputs, shapes, self.dtypes)])
 
 
-def _compile_check(plan, var_args: list[tuple[int, str]], bounds: dict, info):
+def _compile_check(plan, var_args: list[tuple[int, str]], declared: dict, info):
     """args -> the plan's var values (in plan.vars order), or None when a scalar var is outside its declared
-    bounds (used by the plan or not), disagrees with a shape, or an index constraint fails."""
+    bounds (`declared`: the signature's Vars; used by the plan or not), disagrees with a shape, or an index
+    constraint fails."""
     slot = {}  # var name -> Python expression of its value
     lines = ["def check(a):"]
     for i, name in var_args:
         local = f"v{len(slot)}"
-        lo, hi = bounds[name]
         lines.append(f"    {local} = a[{i}]")
-        lines.append(f"    if not {lo} <= {local} <= {hi}: return None")
+        lines.append(f"    if not {declared[name].min} <= {local} <= {declared[name].max}: return None")
         if name in info.shape_vars:
             lines.append(f"    if {local} != {info.var_values[name]}: return None")
         slot[name] = local
@@ -125,7 +125,7 @@ class FastCalls:
         self.enabled = signature.simple
         self.var_positions = {i: p.name for i, p in enumerate(signature.params) if p.name in signature.scalar_vars}
         self.static_positions = {i for i, p in enumerate(signature.params) if p.name in signature.static}
-        self.bounds = {name: (v.min, v.max) for name, v in signature.vars.items()}
+        self.declared = signature.vars  # name -> Var: the declared bounds a scalar var is checked against
         self.calls: dict = {}
 
     def key(self, args: tuple, device_name) -> tuple | None:
@@ -182,4 +182,4 @@ class FastCalls:
                 or any(n not in info.var_values for n in plan.vars) \
                 or plan.check_constraints(tuple(info.var_values[n] for n in plan.vars)) >= 0:
             return  # (a call that breaks an index constraint raises on the full path, and is not remembered)
-        self.calls[key] = _FastCall(entry, info, array_args, len(args), var_args, self.bounds, device, self.fn).run
+        self.calls[key] = _FastCall(entry, info, array_args, len(args), var_args, self.declared, device, self.fn).run

@@ -330,7 +330,10 @@ def load(path, recompile: bool = False) -> LoadedFunction:
         except Exception as e:  # noqa: BLE001 - code the device cannot load
             raise PlanFileError(f"{path}: the {device.name} cannot load its compiled code ({e})") from None
         compiled = dict(zip(spec.kernels.asts(), programs))
-    plan = instantiate(spec, compiled, device)
+    try:
+        plan = instantiate(spec, compiled, device)
+    except ValueError as e:  # a var with two bounds (runtime/var_table.py)
+        raise PlanFileError(f"{path} is inconsistent: {e}") from None
     for name, (lo, hi) in plan.vars.items():
         var = fn.vars.get(name)
         if var is not None and (var.min, var.max) != (lo, hi):
@@ -470,7 +473,7 @@ def _check_io(fn: LoadedFunction, meta: dict, spec: PlanSpec):
         buf = spec.buffers[b]
         same = buf.dtype.name == dtype and len(dims) == len(buf.shape) and all(
             d == s if isinstance(d, int) else isinstance(s, UOp) and s.op is Ops.DEFINE_VAR and s.arg[0] == d
-            and d in fn.vars and (fn.vars[d].min, fn.vars[d].max) == tuple(s.arg[1:])
+            and d in fn.vars and fn.vars[d] == Var.of(s)
             for d, s in zip(dims, buf.shape))
         if not same:
             raise PlanFileError(f"the plan's input buffer {b} ({buf.dtype.name} {buf.shape}) does not match its "

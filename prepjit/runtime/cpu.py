@@ -135,22 +135,18 @@ def _run_dynamic(step: DynamicStep, parts: list):
 
 class _VarSplit:
     """Top-level launches of one kernel (at the same fixed values) whose size depends on the call's vars: before
-    each run, their end and chunk count in the native programs are set from the values."""
+    each run, their end and chunk count in the native programs are set from the values in the VarTable."""
 
-    def __init__(self, launch: CPULauncher, var_index: dict):
-        self.launch, self.base = launch, list(launch.pk.vals)
-        self.slots = [(slot, var_index[name]) for slot, name in launch.var_slots]
+    def __init__(self, launch: CPULauncher, table):
+        self.launch, self.vals, self.values = launch, list(launch.pk.vals), table.values
+        self.slots = [(slot, table.slot[name]) for slot, name in launch.var_slots]
         self.cells: list = []  # (ctypes launches array, index of an entry's end)
 
-    def update(self, values):
-        """Set the entries for the call's var values (in the plan's var order), or None: the bound ones."""
-        launch = self.launch
-        vals = self.base
-        if values is None:
-            vals = list(launch.vals)
-        else:
-            for slot, i in self.slots:
-                vals[slot] = values[i]
+    def update(self):
+        """Set the entries for the plan vars' current values."""
+        launch, vals, values = self.launch, self.vals, self.values
+        for slot, j in self.slots:
+            vals[slot] = values[j]
         size = max(0, launch.size_fn(vals)[0])
         chunks = launch.chunks(size, vals)
         for array, k in self.cells:
@@ -159,42 +155,41 @@ class _VarSplit:
 
 class CPUPlanRunner:
     """Replays one ExecutionPlan's launches natively: batches of launches in one call each, large kernels split
-    over the worker threads from native code (cpu_threads.py); a fori_loop's iterations from Python.
+    over the worker threads from native code (cpu_threads.py); a fori_loop's iterations from Python. Both
+    runs first copy the plan vars' values from the plan's VarTable (`table`) into every launcher, natively.
 
-    `run(arrays, values)` takes the I/O arrays (in `io_buffers` order: NumPy, C-contiguous) and the
-    var values (in `var_names` order) and returns False, having run nothing, when an array is
-    misaligned for its dtype. `run_launches()` runs the kernels with the arguments already patched.
+    `run(arrays)` takes the I/O arrays (in `io_buffers` order: NumPy, C-contiguous) and returns False,
+    having run nothing, when an array is misaligned for its dtype. `run_launches()` runs the kernels with
+    the buffer arguments already patched.
     """
 
     def __init__(self, device: "CPUDevice", steps: list, io_buffers: list[int],
-                 io_slots: dict, var_names: list[str], dtypes: list[np.dtype]):
+                 io_slots: dict, table, dtypes: list[np.dtype]):
         all_launchers = launchers(steps)
         self.device = device
-        self.table = (ctypes.c_int64 * max(1, len(io_buffers) + len(var_names)))()
-        self.n_io = len(io_buffers)
-        var_slot = {n: self.n_io + j for j, n in enumerate(var_names)}
-        patches = [(ctypes.addressof(launch.bufs) + 8 * slot, i)
-                   for i, b in enumerate(io_buffers) for launch, slot in io_slots[b]]
-        patches += [(ctypes.addressof(launch.vals) + 8 * slot, var_slot[name])
-                    for launch in all_launchers for slot, name in launch.var_slots]
-        self.var_index = {n: j for j, n in enumerate(var_names)}
+        self.io_table = (ctypes.c_int64 * max(1, len(io_buffers)))()
+        io_patches = [(ctypes.addressof(launch.bufs) + 8 * slot, ctypes.addressof(self.io_table) + 8 * i)
+                      for i, b in enumerate(io_buffers) for launch, slot in io_slots[b]]
+        var_patches = [(ctypes.addressof(launch.vals) + 8 * slot, table.address + 8 * table.slot[name])
+                       for launch in all_launchers for slot, name in launch.var_slots]
+        self.var_table = table
         self.var_splits: dict = {}  # (kernel fn, fixed vals, var slots) -> _VarSplit
         self.entries: list = []     # (group, _VarSplit, index of the entry in its group)
         groups = self._group(steps, {}, top=True)
         first = groups.pop(0) if groups and isinstance(groups[0], list) else []
         masks = [dt.alignment - 1 for dt in dtypes]
-        self.program = self._program(first, masks, patches)
+        self.program = self._program(first, masks, io_patches + var_patches)
         self.native_reads = device.native_reads_arrays
         self.replay, self.prog_ptr = device.replay_fn, self.program.prog_ptr
         if not self.native_reads:
             self.program.read_arrays_in_python()
         self.rest = self._callables(groups)
-        self.first_launches = self._program(first)
+        self.first_launches = self._program(first, patches=var_patches)
         self.splits = list(self.var_splits.values())
 
     def _program(self, group: list, masks=(), patches=()) -> NativeProgram:
         threads = self.device.threads
-        program = NativeProgram(self.device.replay_fn, self.table, list(masks), list(patches), group,
+        program = NativeProgram(self.device.replay_fn, self.io_table, list(masks), list(patches), group,
                                 threads.address if threads is not None else 0)
         for owner, split, k in self.entries:
             if owner is group:
@@ -234,7 +229,7 @@ class CPUPlanRunner:
                     chunks = launch.chunks(end, launch.vals)
                 elif top:
                     key = (launch.fn_address, tuple(launch.pk.vals), tuple(launch.var_slots))
-                    split = self.var_splits.setdefault(key, _VarSplit(launch, self.var_index))
+                    split = self.var_splits.setdefault(key, _VarSplit(launch, self.var_table))
                 else:
                     groups.append(launch.run)
                     continue
@@ -247,18 +242,16 @@ class CPUPlanRunner:
 
     def run_launches(self):
         for split in self.splits:
-            split.update(None)
+            split.update()
         self.first_launches()
         for segment in self.rest:
             segment()
 
-    def run(self, arrays: tuple, values) -> bool:
-        table, n_io = self.table, self.n_io
-        for j, value in enumerate(values):
-            table[n_io + j] = value
+    def run(self, arrays: tuple) -> bool:
         for split in self.splits:
-            split.update(values)
+            split.update()
         if not self.native_reads:
+            table = self.io_table
             for i, a in enumerate(arrays):
                 table[i] = a.ctypes.data
         if self.replay(self.prog_ptr, arrays):
@@ -341,10 +334,11 @@ class CPUDevice:
     def launcher(self, program: CPUProgram, buffer_handles, vals, size_fn, static_size) -> CPULauncher:
         return CPULauncher(program, buffer_handles, vals, size_fn, static_size)
 
-    def plan_runner(self, steps: list, io_buffers: list[int], io_slots: dict, var_names: list[str],
+    def plan_runner(self, steps: list, io_buffers: list[int], io_slots: dict, var_table,
                     dtypes: list[np.dtype]) -> CPUPlanRunner:
-        """Native replay of a plan's launch steps (see CPUPlanRunner); `io_slots`: buffer -> [(launcher, slot)]."""
-        return CPUPlanRunner(self, steps, io_buffers, io_slots, var_names, dtypes)
+        """Native replay of a plan's launch steps (see CPUPlanRunner); `io_slots`: buffer -> [(launcher, slot)];
+        `var_table`: the plan's VarTable, whose values the launches read."""
+        return CPUPlanRunner(self, steps, io_buffers, io_slots, var_table, dtypes)
 
     # ---- memory ----
     def allocate(self, dtype: np.dtype, size: int) -> HostBuffer:

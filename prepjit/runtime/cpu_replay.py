@@ -1,11 +1,12 @@
-"""Native replay for the cpu: one ctypes call reads the I/O pointers, patches them and the vars into
-every kernel's argument arrays, and runs a plan's kernels back to back.
+"""Native replay for the cpu: one ctypes call reads the I/O pointers, patches them and the var values
+into every kernel's argument arrays, and runs a plan's kernels back to back.
 
 A plan's launches are compiled into a small program (ctypes int64 arrays built once):
 
     prog: [n_arrays, table, align_masks, n_patches, patches, n_launches, launches, threads]
-    table:    int64 slots: the I/O data pointers (read from the arrays), then the var values
-    patches:  (destination address, table slot) pairs: a kernel's buffer or var argument slot
+    table:    int64 slots: the I/O data pointers (read from the arrays)
+    patches:  (destination address, source address) pairs: a kernel's buffer or var argument slot, and the
+              table slot or the plan's VarTable value slot (var_table.py) it is copied from
     launches: (kernel fn, bufs, vals, end, chunks) entries, each run as fn(bufs, vals, 0, end), or with
               chunks > 1 as prepjit_parallel(threads, fn, bufs, vals, end, chunks) (cpu_threads.py)
 
@@ -75,9 +76,8 @@ patch.body:
   %dest = load ptr, ptr %dest.p
   %pj1 = add i64 %pj, 1
   %src.p = getelementptr i64, ptr %patches, i64 %pj1
-  %src = load i64, ptr %src.p
-  %value.p = getelementptr i64, ptr %table, i64 %src
-  %value = load i64, ptr %value.p
+  %src = load ptr, ptr %src.p
+  %value = load i64, ptr %src
   store i64 %value, ptr %dest
   %j.next = add i64 %j, 1
   br label %patch.cond

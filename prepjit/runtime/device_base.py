@@ -33,18 +33,18 @@ class DeviceBuffer:
 class DevicePlanRunner:
     """A plan's replay on a GPU device, for the prepared-call fast path (`ExecutionPlan.run_arrays`).
 
-    `run(arrays, values)` takes the I/O arrays in `io_buffers` order: this device's memory is used in place;
+    `run(arrays)` takes the I/O arrays in `io_buffers` order: this device's memory is used in place;
     a NumPy array the plan only reads is uploaded into staging memory this runner keeps for its slot (one
     block per slot, reused while large enough: no allocation per call); a NumPy array the plan writes (a
-    gather's flag) is staged the same way and read back after the run. Then the var values are patched,
-    the launches run in order and the stream is waited for.
+    gather's flag) is staged the same way and read back after the run. Then the launches run in order, each
+    given the plan vars' values from the plan's VarTable first, and the stream is waited for.
     """
 
-    def __init__(self, device, steps: list, io_buffers: list[int], io_slots: dict, var_names: list[str]):
+    def __init__(self, device, steps: list, io_buffers: list[int], io_slots: dict, var_table):
         self.device, self.steps = device, steps
         self.slots = [io_slots[b] for b in io_buffers]
         self.written = [any(slot in launch.pk.output_indices for launch, slot in io_slots[b]) for b in io_buffers]
-        self.var_index = {name: j for j, name in enumerate(var_names)}
+        self.values, self.var_slot = var_table.values, var_table.slot
         self.staged: list = [None] * len(io_buffers)   # (memory, its bytes) per slot, once a NumPy array came
 
     def stage(self, k: int, nbytes: int):
@@ -53,7 +53,7 @@ class DevicePlanRunner:
             held = self.staged[k] = (self.device._pooled(nbytes), max(nbytes, MIN_BYTES))
         return held[0]
 
-    def run(self, arrays: tuple, values: tuple) -> bool:
+    def run(self, arrays: tuple) -> bool:
         device, readback = self.device, []
         device.current()
         for k, a in enumerate(arrays):
@@ -68,11 +68,7 @@ class DevicePlanRunner:
             handle = device.arg(memory)
             for launch, slot in self.slots[k]:
                 launch.set_buffer(slot, handle)
-        index = self.var_index
-        for _, launch in ordered_positions(self.steps):
-            for slot, name in launch.var_slots:
-                launch.set_val(slot, values[index[name]])
-            launch.run()
+        self.run_launches()
         device.synchronize()
         for a, memory in readback:
             if a.nbytes:
@@ -80,7 +76,10 @@ class DevicePlanRunner:
         return True
 
     def run_launches(self):
+        values, var_slot = self.values, self.var_slot
         for _, launch in ordered_positions(self.steps):
+            for slot, name in launch.var_slots:
+                launch.set_val(slot, values[var_slot[name]])
             launch.run()
 
 
@@ -111,11 +110,11 @@ class DeviceBase:
     def current(self):
         """Make this device current in the calling thread where the backend needs that (CUDA); else nothing."""
 
-    def plan_runner(self, steps: list, io_buffers: list[int], io_slots: dict, var_names: list[str],
+    def plan_runner(self, steps: list, io_buffers: list[int], io_slots: dict, var_table,
                     dtypes: list) -> DevicePlanRunner:
         """The fast path's replay of a plan's launch steps (see DevicePlanRunner); `io_slots`: buffer ->
-        [(launcher, slot)]."""
-        return DevicePlanRunner(self, steps, io_buffers, io_slots, var_names)
+        [(launcher, slot)]; `var_table`: the plan's VarTable, whose values the launches read."""
+        return DevicePlanRunner(self, steps, io_buffers, io_slots, var_table)
 
     def read_buffer(self, buffer: DeviceBuffer, shape) -> np.ndarray:
         return self.to_numpy(buffer.memory, shape, buffer.dtype, copy=True)

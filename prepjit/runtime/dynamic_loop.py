@@ -43,7 +43,7 @@ class DynamicLaunches(Run):
 
 class DynamicStep:
     """Runs one DynamicLaunches; `parts` holds each part's steps (launchers, nested DynamicSteps). `env` is the
-    plan's list of var values (loop vars included: bounds may name an outer loop's var), `slot` where each is."""
+    plan's VarTable values (loop counters included: bounds may name an outer loop's var), `slot` where each is."""
 
     def __init__(self, loop: DynamicLaunches, parts: list, env: list, slot: dict, read_pred):
         self.loop, self.parts, self.env, self.read_pred = loop, parts, env, read_pred

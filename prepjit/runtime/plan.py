@@ -3,17 +3,19 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Mapping, Sequence
 
 import attrs
 import numpy as np
 
-from ..errors import IndexBoundError, SignatureError, VarBoundError, VarError
+from ..errors import IndexBoundError, SignatureError, VarError
 from ..uop import Ops
 from ..uop.constraint import compile_checks
 from ..uop.segments import Run, Segments
 from .array import Array
 from .cache import CachedKernel
 from .dynamic_loop import DynamicLaunches, DynamicStep, launchers
+from .var_table import VarTable
 
 
 def ordered_positions(steps: list):
@@ -37,16 +39,11 @@ def ordered_positions(steps: list):
                 yield loop.start + (k - loop.lower) * len(even) + j, launch
 
 
-@attrs.frozen
-class RuntimeVar:
-    name: str
-    min_val: int
-    max_val: int
-
-
 @attrs.define(eq=False)
 class PreparedKernel:
-    """A compiled kernel bound to plan buffers and positional var values (the seed's fields)."""
+    """A compiled kernel bound to plan buffers and positional var values (the seed's fields). `vals` is a
+    read-only view (var_table.KernelVals) of the plan's VarTable and of this kernel's `fixedvars`;
+    `runtime_vars` lists the plan's records of its AST's vars."""
 
     id: int
     ast: object
@@ -54,7 +51,7 @@ class PreparedKernel:
     device: str
     buffer_indices: list[int]
     output_indices: list[int]
-    vals: list[int]
+    vals: Sequence[int]
     fixedvars: dict[str, int]
     dependencies: list[int]
     buffer_ptrs: list[int]
@@ -89,9 +86,10 @@ class LoopLaunches(Run):
             base = 2 + r % 2
             shift = (r - base) * width
             deps = [d + shift if d >= self.start else d for d in self.first_deps[base * width + j]]
-        vals = [k if n == self.name else v for n, v in zip(t.kernel.var_names, t.vals)]
-        return PreparedKernel(self.start + i, t.ast, t.kernel, t.device, t.buffer_indices, t.output_indices, vals,
-                              {**t.fixedvars, self.name: k}, deps, t.buffer_ptrs, t.buffer_ids, t.runtime_vars)
+        fixed = {**t.fixedvars, self.name: k}
+        return PreparedKernel(self.start + i, t.ast, t.kernel, t.device, t.buffer_indices, t.output_indices,
+                              t.vals.table.kernel_vals(t.kernel.var_names, fixed), fixed, deps, t.buffer_ptrs,
+                              t.buffer_ids, t.runtime_vars)
 
 
 class PreparedKernels(Segments):
@@ -145,34 +143,29 @@ class PlanBuffer:
 
 
 class ExecutionPlan:
-    """Owns its buffers and PreparedKernels (in a valid execution order); replays them."""
+    """Owns its buffers and PreparedKernels (in a valid execution order); replays them. Its vars' bounds and
+    values live in `var_table` (var_table.py); `vars`, `bindings` and each kernel's `vals` are views of it."""
 
     def __init__(self, device, buffers: list[PlanBuffer], kernels: list[PreparedKernel],
-                 inputs: tuple[int, ...], outputs: tuple[int, ...], var_bounds: dict[str, tuple[int, int]],
+                 inputs: tuple[int, ...], outputs: tuple[int, ...], var_table: VarTable,
                  memory_bytes: int = 0, constraints=(), flags=(), proven_accesses: int = 0, spec=None):
         self._device, self._buffers, self.kernels = device, buffers, kernels
+        self.var_table = table = var_table
         self.spec = spec  # the data-only description it was built from (planner.PlanSpec): what saved plans store
         self.constraints = tuple(constraints)  # IndexConstraints over the vars, checked before every run
-        self.check_constraints = compile_checks(self.constraints, list(var_bounds))  # values -> violated one or -1
+        self.check_constraints = compile_checks(self.constraints, list(table.names))  # values -> violated one or -1
         merged: dict[int, list[str]] = {}
         for b, what in flags:  # gathers of the same ids from the same dim share one flag
             merged.setdefault(b, []).append(what)
         # (buffer, what): a 0-d bool a gather sets when it met an out-of-range id
         self.flags = tuple((b, "; ".join(dict.fromkeys(whats))) for b, whats in merged.items())
         self.proven_accesses = proven_accesses  # loads and stores the bounds proof showed inside their buffers
-        self.var_sources: dict[str, str] = {}  # var -> where calls read it (an argument, a shape), for messages
         self.memory_bytes = memory_bytes  # device memory the plan holds for intermediates (shared ones counted once)
         self.device = device.name
         self.inputs, self.outputs = tuple(inputs), tuple(outputs)
-        self.vars = dict(var_bounds)
-        self.bindings: dict[str, int] = {}
-        self._fast_values: tuple | None = None  # the values run_arrays last bound
         self.lock = threading.Lock()
         if not isinstance(kernels, PreparedKernels):
             self.kernels = kernels = PreparedKernels(kernels)
-        loop_names = sorted({n for seg in kernels.segments if isinstance(seg, DynamicLaunches) for n in seg.names()})
-        self._env_slot = {n: i for i, n in enumerate(list(self.vars) + loop_names)}
-        self._env = [lo for lo, _ in self.vars.values()] + [0] * len(loop_names)  # var values loop bounds read
         self._steps = []  # a launcher, (loop, even iteration's launchers, odd one's), or a DynamicStep
         for step in kernels.launches():
             if isinstance(step, PreparedKernel):
@@ -184,7 +177,8 @@ class ExecutionPlan:
                 self._steps.append((loop, [self._launcher(k, (loop.name,)) for k in even],
                                     [self._launcher(k, (loop.name,)) for k in odd]))
         self._launches = launchers(self._steps)
-        self._fixed = {name for launch in self._launches for name in launch.pk.fixedvars} | set(loop_names)
+        # (launcher, argument slot, VarTable slot): the plan vars written into the launchers before a run
+        self._var_args = [(launch, i, table.slot[name]) for launch in self._launches for i, name in launch.var_slots]
         self._distinct_outputs = list(dict.fromkeys(self.outputs))
         self._donation_targets: dict[int, int | None] = {}  # input position -> donation_target's answer
         self._flag_arrays = tuple(np.zeros((), np.bool_) for _ in self.flags)  # the fast path's flag outputs
@@ -198,10 +192,7 @@ class ExecutionPlan:
         io_order = list(self.inputs) + self._distinct_outputs + [b for b, _ in self.flags]
         if not hasattr(self._device, "plan_runner") or len(set(io_order)) != len(io_order):
             return None
-        var_names = list(self.vars)
-        self._val_refs = [(launch.pk.vals, slot, var_names.index(name))
-                          for launch in self._launches for slot, name in launch.var_slots]
-        return self._device.plan_runner(self._steps, io_order, self._io_slots, var_names,
+        return self._device.plan_runner(self._steps, io_order, self._io_slots, self.var_table,
                                         [self._buffers[b].dtype for b in io_order])
 
     def _dynamic_step(self, loop: DynamicLaunches, loop_vars: tuple) -> DynamicStep:
@@ -214,7 +205,7 @@ class ExecutionPlan:
             memory = self._buffers[loop.pred_buffer].memory
             reader = getattr(self._device, "bool_reader", None)  # a host device reads it in place
             read_pred = reader(memory) if reader else lambda: bool(self._device.read_buffer(memory, ()))
-        return DynamicStep(loop, parts, self._env, self._env_slot, read_pred)
+        return DynamicStep(loop, parts, self.var_table.values, self.var_table.slot, read_pred)
 
     def _launcher(self, pk: PreparedKernel, loop_vars: tuple = ()):
         """A launcher of `pk`; in a loop's body, the slots of its loop vars (`loop_vars`) are patched per iteration."""
@@ -237,22 +228,34 @@ class ExecutionPlan:
     def buffers(self) -> list[PlanBuffer]:
         return self._buffers
 
-    # ---- vars ----
+    # ---- vars (views of var_table) ----
+    @property
+    def vars(self) -> Mapping[str, tuple[int, int]]:
+        """name -> (min, max) of every var a call supplies (a read-only view)."""
+        return self.var_table.bounds
+
+    @property
+    def bindings(self) -> Mapping[str, int]:
+        """name -> the value last given to each var (by execute_with_vars or a call; a read-only view)."""
+        return self.var_table.bindings
+
+    @property
+    def var_sources(self) -> dict[str, str]:
+        """var -> where calls read it (an argument, a shape), for messages."""
+        return self.var_table.sources
+
     def validate_vars(self, values: dict[str, int]) -> dict[str, int]:
         """Check every value (unknown, fixed, type, bounds, none missing) before anything changes; return them as ints."""
-        checked: dict[str, int] = {}
+        table, checked = self.var_table, {}
         for name, value in values.items():
-            if name in self._fixed:
+            if name in table.fixed:
                 raise VarError(f"var {name!r} is fixed by the plan (a loop counter) and cannot be supplied")
-            if name not in self.vars:
-                raise VarError(f"unknown var {name!r}; this plan's vars are {sorted(self.vars) or 'none'}")
+            if name not in table.var:
+                raise VarError(f"unknown var {name!r}; this plan's vars are {list(table.names) or 'none'}")
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
                 raise VarError(f"var {name!r} must be an int, got {type(value).__name__}")
-            lo, hi = self.vars[name]
-            if not lo <= value <= hi:
-                raise VarBoundError(f"var {name!r} = {value} is outside its bounds [{lo}, {hi}]")
-            checked[name] = int(value)
-        missing = sorted(set(self.vars) - set(self.bindings) - set(values))  # after the names given: a typo is named
+            checked[name] = table.var[name].check(int(value))
+        missing = sorted(table.unbound - set(values))  # after the names given: a typo is named
         if missing:
             raise VarError(f"vars {missing} have no value yet; pass them to execute_with_vars")
         self.require({**self.bindings, **checked})
@@ -261,7 +264,7 @@ class ExecutionPlan:
     def require(self, values: dict[str, int]):
         """Raise IndexBoundError when `values` (every var of the plan) violate an index constraint."""
         if self.constraints:
-            failed = self.check_constraints(tuple(values[n] for n in self.vars))
+            failed = self.check_constraints(tuple(values[n] for n in self.var_table.names))
             if failed >= 0:
                 raise self.constraints[failed].error(values, self.var_sources)
 
@@ -271,22 +274,11 @@ class ExecutionPlan:
         if hit:
             raise IndexBoundError(f"{'; '.join(hit)}; no output is returned (NumPy raises IndexError)")
 
-    def _bind(self, values: dict[str, int]):
-        self._fast_values = None  # run_arrays' record of what is bound is stale now
-        self.bindings.update(values)
-        for name, value in values.items():
-            self._env[self._env_slot[name]] = value
-        for launch in self._launches:
-            for slot, name in launch.var_slots:
-                if name in values:
-                    launch.set_val(slot, values[name])
-                    launch.pk.vals[slot] = values[name]
-
     def execute_with_vars(self, values: dict[str, int]):
         """Validate all values, then bind them (they stay for later `execute()` calls) and run."""
         checked = self.validate_vars(values)
         with self.lock:
-            self._bind(checked)
+            self.var_table.bind(checked)
             self._run_owned()
 
     def execute(self):
@@ -294,7 +286,7 @@ class ExecutionPlan:
             self._run_owned()
 
     def _run_owned(self):
-        missing = sorted(set(self.vars) - set(self.bindings))
+        missing = sorted(self.var_table.unbound)
         if missing:
             raise VarError(f"vars {missing} have no value yet; use execute_with_vars")
         self._patch({b: self._device.handle(self._buffers[b].memory) for b in self._io_slots})
@@ -304,11 +296,18 @@ class ExecutionPlan:
                                  for b, _ in self.flags])
 
     def _run_launches(self):
-        if self._runner is not None:
+        if self._runner is not None:  # it writes the var values into the launchers itself
             self._runner.run_launches()
             return
+        self._write_var_args()
         for launch in self._ordered():
             launch.run()
+
+    def _write_var_args(self):
+        """Write the plan vars' values from the VarTable into every launcher's argument slots."""
+        values = self.var_table.values
+        for launch, i, slot in self._var_args:
+            launch.set_val(i, values[slot])
 
     def _patch(self, ptrs: dict[int, int]):
         for b, ptr in ptrs.items():
@@ -354,7 +353,7 @@ class ExecutionPlan:
                     and not any(other is arg for q, other in enumerate(args) if q != p)):  # (read elsewhere too)
                 reused[j] = p
         with self.lock:
-            self._bind(values)
+            self.var_table.bind(values)
             handles, keep = {}, []
             for b, arg in zip(self.inputs, args):
                 handles[b], alive = device.input_handle(arg)
@@ -415,6 +414,7 @@ class ExecutionPlan:
 
     def _run_timed(self, timings: list):
         self._device.synchronize()  # inputs staged on the device are not part of the first kernel's time
+        self._write_var_args()
         times = [0.0] * len(self.kernels)  # a loop run natively: each kernel's time summed over the iterations
         for position, launch in ordered_positions(self._steps):
             start = time.perf_counter()
@@ -436,14 +436,10 @@ class ExecutionPlan:
         """
         flags = self._flag_arrays
         with self.lock:
-            self._env[:len(values)] = values
-            if not self._runner.run(arrays + flags if flags else arrays, values):
+            if values:
+                self.var_table.bind_all(values)
+            if not self._runner.run(arrays + flags if flags else arrays):
                 return False
-            if values and values != self._fast_values:  # keep bindings and PreparedKernel.vals current
-                self._fast_values = values
-                self.bindings.update(zip(self.vars, values))
-                for vals, slot, j in self._val_refs:
-                    vals[slot] = values[j]
             set_flags = flags and [bool(f) for f in flags]
         if set_flags and any(set_flags):
             self._raise_flagged(set_flags)

@@ -24,8 +24,15 @@ class Var:
             raise ValueError(f"Var {self.name!r}: bounds [{self.min}, {self.max}] do not fit int64 (kernels take vars "
                              "as 64-bit ints)")
 
+    @classmethod
+    def of(cls, define_var: UOp) -> "Var":
+        """The var a DEFINE_VAR UOp stands for (its arg is (name, min, max)): the inverse of `uop`."""
+        name, lo, hi = define_var.arg
+        return cls(name, lo, hi)
+
     @property
     def uop(self) -> UOp:
+        """The DEFINE_VAR UOp of this var: the IR carries the bounds in its arg, for vmin/vmax."""
         return UOp.variable(self.name, self.min, self.max)
 
     def check(self, value: int, where: str = "") -> int:
