@@ -27,9 +27,9 @@ import attrs
 from ..uop import DType, Ops, UOp, dtypes, sym_prod
 from ..uop.uop import as_uop
 from .kernel import KernelSource, kernel_vars
-from .render_rows import emit_rows, loop_ranges, reduce_together, row_plan
+from .render_rows import emit_rows, loop_ranges, reduce_together, row_plan, run_length
 from .render_rows import launch_size as row_launch_size
-from .render_tiles import TILE_THREADS, emit_contraction, match_contraction
+from .render_tiles import emit_contraction, match_contraction
 from .render_tiles import launch_size as contraction_size
 from .renderer import KernelRenderer
 
@@ -93,6 +93,8 @@ class Dialect:
     barrier: str
     shuffle_xor: str | None        # format: {v}, {o}: `v` of the work-item whose lane is this one's xor o, or None
     local_array: str               # format: {type}, {name}, {n}
+    vector4_load: str              # format: {ref}: the float4 at local-memory element `ref` (its index a
+                                   # multiple of 4 in a local array whose rows are: 16-byte aligned)
     load_half: str                 # format: {ptr}, {idx}
     store_half: str                # format: {ptr}, {idx}, {v}
     round_half_helper: str         # defines `float pj_round_half(float)` (and what it needs)
@@ -148,11 +150,6 @@ def _range_name(r: UOp) -> str:
     return f"r{r.arg[0]}" if r.arg[1] == "loop" else f"rr{r.arg[0]}"
 
 
-def _static(r: UOp) -> int | None:
-    end = r.src[0]
-    return end.arg if end.op is Ops.CONST else None
-
-
 class CStyleRenderer(KernelRenderer):
     def __init__(self, ast: UOp, dialect: Dialect):
         super().__init__(ast)
@@ -165,7 +162,7 @@ class CStyleRenderer(KernelRenderer):
         self.n = 0
         self.vars = [v.arg[0] for v in kernel_vars(ast)]
         self.contraction = match_contraction(ast)
-        self.rows = row_plan(ast) if self.contraction is None else None
+        self.rows = row_plan(ast, dialect.items_per_thread) if self.contraction is None else None
         self.long = dialect.ctype(dtypes.int64)
         self.aligned = False   # whether the kernel tells the compiler its buffers are ALIGN-byte aligned
 
@@ -406,11 +403,9 @@ class CStyleRenderer(KernelRenderer):
         return self.round_half(acc) if dt == dtypes.float16 else acc
 
     def run_length(self, ranges: list[UOp]) -> int:
-        """How many consecutive flat indices a work-item takes at a time: the dialect's items per thread where the
-        last range's end is a constant they divide (a run never crosses it), else 1."""
-        per = self.d.items_per_thread
-        end = _static(ranges[-1]) if ranges else None
-        return per if end is not None and end % per == 0 else 1
+        """How many consecutive flat indices a work-item takes at a time (the dialect's items per thread where a
+        run stays inside the last range)."""
+        return run_length(ranges, self.d.items_per_thread)
 
     def consecutive(self, flat: str, ranges: list[UOp], per: int, body: Callable[[], None]):
         """Bind `ranges` to the flat indices flat, ..., flat + per - 1 (the last range's digit plus 0 ... per - 1: the
@@ -449,7 +444,7 @@ class CStyleRenderer(KernelRenderer):
     def group_size(self) -> int | None:
         """The work-group size the kernel declares, or None when the runtime chooses one."""
         if self.contraction is not None:
-            return TILE_THREADS
+            return self.contraction.threads
         return self.rows.group if self.rows else self.d.elementwise_group if self.d.always_bounded else None
 
     def kernel(self) -> tuple[str, UOp]:

@@ -52,7 +52,7 @@ CUDA = Dialect(
     local_size="blockDim.x", items_per_thread=ITEMS_PER_THREAD,
     assume_aligned=f"{{name}} = ({{const}}{{type}} *)__builtin_assume_aligned({{name}}, {ALIGN});",
     barrier="__syncthreads();", shuffle_xor="__shfl_xor_sync(0xffffffffu, {v}, {o})",
-    local_array="__shared__ {type} {name}[{n}]",
+    local_array="__shared__ __align__(16) {type} {name}[{n}]", vector4_load="*(const float4 *)&{ref}",
     load_half="pj_half_to_float({ptr}[{idx}])", store_half="{ptr}[{idx}] = pj_float_to_half({v})",
     round_half_helper=_ROUND_HALF,
     atomic_add={dtypes.float32: ("", "atomicAdd({ptr}, {val})"), dtypes.float64: ("", "atomicAdd({ptr}, {val})"),

@@ -12,7 +12,8 @@ iterations and are broadcast or read along their innermost range (a row in memor
 run more than GROUP_REDUCE_MIN; shorter ones, those down a column (neighbouring outputs read neighbouring
 memory), and those with more than MANY_OUTPUTS outputs and no columns (a thin matmul) run inline in each
 work-item. The group is the smallest power of two from WARP to REDUCE_GROUP
-covering a row's work.
+covering a row's work, counted in the runs the dialect's work-items take (CUDA: 4 elements, so a softmax row of
+128 is one warp's, no barrier; with 128 work-items, three quarters of them would idle).
 
 Reductions nested in a row's reduction that depend on its range (sum_j max_k x[i, j, k]) are not the row's:
 each work-item computes them inline, so no barrier is ever inside a loop whose trip count differs between
@@ -72,8 +73,17 @@ def _contiguous(u: UOp) -> bool:
     return any(x.op is Ops.LOAD and last in _terms(x.src[1]) for x in u.src[0].toposort())
 
 
-def row_plan(ast: UOp) -> Rows | None:
-    """The row kernel this kernel becomes, or None (its reductions, if any, run inline in each work-item)."""
+def run_length(ranges: list[UOp], items: int) -> int:
+    """How many consecutive flat indices over `ranges` a work-item takes at a time: `items` where the last range's
+    end is a constant they divide (a run never crosses it), else 1."""
+    end = ranges[-1].src[0] if ranges else None
+    return items if end is not None and end.op is Ops.CONST and end.arg % items == 0 else 1
+
+
+def row_plan(ast: UOp, items: int = 1) -> Rows | None:
+    """The row kernel this kernel becomes, or None (its reductions, if any, run inline in each work-item), for a
+    dialect whose work-items take runs of `items` consecutive elements where they can (the group covers a row's
+    work in runs: a row of 128 elements in runs of 4 is one warp's)."""
     loops = loop_ranges(ast)
     hoisted = [u for u in ast.toposort() if u.op is Ops.REDUCE and _free_ranges(u) <= set(loops)]
     if not hoisted:
@@ -85,7 +95,8 @@ def row_plan(ast: UOp) -> Rows | None:
         return None   # enough outputs to fill the GPU with one work-item each
     if longest <= (ROW_INLINE_MAX if cols or any(_contiguous(u) for u in hoisted) else GROUP_REDUCE_MIN):
         return None
-    work = max(longest, math.prod(r.src[0].vmax for r in cols))
+    runs = [-(-_length(u) // run_length(list(u.src[1:]), items)) for u in hoisted]
+    work = max(runs + [-(-math.prod(r.src[0].vmax for r in cols) // run_length(list(cols), items))])
     group = min(REDUCE_GROUP, max(WARP, 1 << (work - 1).bit_length()))
     return Rows(frozenset(hoisted), tuple(hoisted), rows, cols, group)
 

@@ -1,8 +1,17 @@
 """Tiled contractions for the C-style renderers: a kernel whose value is sum_k a(i, k) * b(k, j) (a matmul, batched
-or not, with any elementwise work on the operands and on the result) becomes a work-group of TILE_THREADS
-work-items per TILE x TILE block of outputs. The group stages TILE_K-deep slices of both operands in local
-memory, and each work-item accumulates a REG x REG block of outputs in registers (rows and columns
-TILE / REG apart, so neighbouring work-items read and write neighbouring memory).
+or not, with any elementwise work on the operands and on the result) becomes a work-group per TM x TN block of
+outputs. The group stages TILE_K-deep slices of both operands in local memory, and each work-item accumulates
+REG x REG outputs in registers: two runs of 4 rows half a tile apart by two runs of 4 columns, read from local
+memory as 4-vectors (neighbouring work-items own neighbouring runs, so their stores are coalesced). In tiles of
+fewer than PREFETCH_BELOW work-items, the next slice is loaded into registers while one is multiplied (its global
+loads are in flight during the arithmetic).
+Each work-item loads runs of 4 consecutive elements along the axis an operand is contiguous in (one index
+computation per run, loads the compiler can merge), or single elements where no axis is.
+
+The tile shape is chosen per kernel (`tile_shape`): the largest of SHAPES that wastes little of its tiles on
+padding and still gives MIN_GROUPS work-groups (enough to fill every multiprocessor of a large GPU several
+times: 4096 x 384 outputs get 64 x 64 tiles, 384 groups rather than 96 of 128 x 128), else the one giving the
+most groups.
 
 The rows (i) and columns (j) may each be several ranges (x @ w with x of shape (B, T, C): the rows are B x T),
 flattened row-major. `match_contraction` finds the pattern; `emit_contraction` writes the kernel body through
@@ -14,12 +23,16 @@ import math
 
 import attrs
 
-from ..uop import Ops, UOp, dtypes, sym_prod
+from ..uop import Ops, UOp, dtypes, simplify, sym_prod
 from ..uop.uop import as_uop
 
-TILE, TILE_K, REG = 128, 16, 8
-TILE_THREADS = (TILE // REG) ** 2
-SIDE = TILE // REG                # work-items along each side of the tile
+TILE_K, REG, RUN = 16, 8, 4       # slice depth; outputs per work-item along each side; elements per vector run
+SHAPES = ((128, 128), (128, 64), (64, 128), (64, 64), (128, 32), (32, 128))   # (rows, columns) of a tile
+MIN_GROUPS = 256                  # work-groups a tile shape should give (a GPU of 132 multiprocessors, twice)
+MIN_FILL = 0.75                   # the least share of a tile's outputs that must be real (not padding)
+MIN_SIDE = min(min(s) for s in SHAPES)   # rows and columns a contraction needs, at least, to be tiled
+PREFETCH_BELOW = 256              # tiles of fewer work-items load the next slice during the arithmetic (larger
+                                  # ones have other groups to hide latency: the registers keep two per SM)
 
 
 @attrs.frozen
@@ -31,15 +44,37 @@ class Contraction:
     j: tuple             # the column ranges
     k: UOp
     batch: tuple         # the other loop ranges (one work-group covers a single value of each)
+    tm: int = 128        # rows of a tile
+    tn: int = 128        # columns of a tile
+
+    @property
+    def threads(self) -> int:
+        return (self.tm // REG) * (self.tn // REG)
 
 
 def _ranges(u: UOp) -> set:
     return {x for x in u.toposort() if x.op is Ops.RANGE}
 
 
+def _most(ranges) -> int:
+    return math.prod(r.src[0].vmax for r in ranges)
+
+
+def tile_shape(m: int, n: int, batch: int) -> tuple[int, int]:
+    """(rows, columns) of the tiles of an m x n contraction repeated `batch` times (extents at the vars' maxima)."""
+    def groups(s):
+        return batch * -(-m // s[0]) * -(-n // s[1])
+
+    def fill(s):
+        return m * n / (-(-m // s[0]) * s[0] * -(-n // s[1]) * s[1])
+    full = [s for s in SHAPES if fill(s) >= MIN_FILL] or [max(SHAPES, key=fill)]
+    enough = [s for s in full if groups(s) >= MIN_GROUPS]
+    return enough[0] if enough else max(full, key=groups)
+
+
 def match_contraction(ast: UOp) -> Contraction | None:
     """The contraction this kernel computes, or None (float32 only, one reduce range, row and column ranges, and
-    the rows and the columns each at least half a tile and k a slice deep at the vars' maxima: thinner ones stay
+    the rows and the columns each at least MIN_SIDE and k a slice deep at the vars' maxima: thinner ones stay
     reductions)."""
     store = ast.src[0]
     reduces = [u for u in store.toposort() if u.op is Ops.REDUCE]
@@ -56,11 +91,11 @@ def match_contraction(ast: UOp) -> Contraction | None:
         only_b = [r for r in loops if r in rb and r not in ra]
         if a.dtype == b.dtype == dtypes.float32 and k in ra and k in rb and only_a and only_b \
                 and not any(x.op is Ops.REDUCE for x in a.toposort() + b.toposort()):
-            if min(math.prod(r.src[0].vmax for r in only_a), math.prod(r.src[0].vmax for r in only_b)) < TILE // 2 \
-                    or k.src[0].vmax < TILE_K:
+            if min(_most(only_a), _most(only_b)) < MIN_SIDE or k.src[0].vmax < TILE_K:
                 return None
-            return Contraction(red, a, b, tuple(only_a), tuple(only_b), k,
-                               tuple(r for r in loops if r not in only_a and r not in only_b))
+            batch = tuple(r for r in loops if r not in only_a and r not in only_b)
+            tm, tn = tile_shape(_most(only_a), _most(only_b), _most(batch))
+            return Contraction(red, a, b, tuple(only_a), tuple(only_b), k, batch, tm, tn)
     return None
 
 
@@ -69,61 +104,154 @@ def _extent(ranges: tuple) -> UOp:
 
 
 def launch_size(c: Contraction) -> UOp:
-    blocks = as_uop(sym_prod([r.src[0] for r in c.batch] + [(_extent(c.i) + (TILE - 1)) // TILE,
-                                                            (_extent(c.j) + (TILE - 1)) // TILE]))
-    return blocks * TILE_THREADS
+    blocks = as_uop(sym_prod([r.src[0] for r in c.batch] + [(_extent(c.i) + (c.tm - 1)) // c.tm,
+                                                            (_extent(c.j) + (c.tn - 1)) // c.tn]))
+    return blocks * c.threads
+
+
+def _unit_stride(operand: UOp, r: UOp) -> bool:
+    """Whether every load of `operand` that depends on range `r` steps by one element as `r` does (and one does)."""
+    loads = [x for x in operand.toposort() if x.op is Ops.LOAD and r in _ranges(x.src[1])]
+    for ld in loads:
+        step = simplify(ld.src[1].substitute({r: r + 1}) - ld.src[1])
+        if step.op is not Ops.CONST or step.arg != 1:
+            return False
+    return bool(loads)
+
+
+def _static_multiple(r: UOp, n: int) -> bool:
+    end = r.src[0]
+    return end.op is Ops.CONST and end.arg % n == 0
+
+
+def _run_axis(operand: UOp, k: UOp, own: tuple) -> str | None:
+    """Along which axis the work-items load runs of RUN elements of `operand`: "k", "own" (its row or column
+    ranges' last), or None (single elements). A run must stay inside its range (a static end RUN divides)."""
+    if _unit_stride(operand, k) and _static_multiple(k, RUN):
+        return "k"
+    if _unit_stride(operand, own[-1]) and _static_multiple(own[-1], RUN):
+        return "own"
+    return None
+
+
+def _emit_loads(r, c: Contraction, regs: dict, k0: str):
+    """Load the slice at k0 of both operands into the registers `regs` (name -> list of register names)."""
+    long, kk_end = r.long, r.value(c.k.src[0])
+    for name, operand, own, width in (("A", c.a, c.i, c.tm), ("B", c.b, c.j, c.tn)):
+        axis, extent = _run_axis(operand, c.k, own), r.value(_extent(own))
+        per = 1 if axis is None else RUN
+        origin = "i0" if name == "A" else "j0"
+        for n, reg in enumerate(regs[name]):
+            slot = f"(lid + {n * c.threads})"
+            if axis == "own":   # runs along the operand's own axis: consecutive slots go along it
+                lo, lk = f"{slot} % {width // per} * {per}", f"{slot} / {width // per}"
+            else:               # along k (or single elements, k fastest)
+                lk, lo = f"{slot} % {TILE_K // per} * {per}", f"{slot} / {TILE_K // per}"
+            r.open_block("", {})
+            r.emit(f"const {long} gk = {k0} + {lk}, go = {origin} + {lo};")
+            r.emit(" ".join(f"{reg}[{e}] = 0.0f;" for e in range(per)))
+            r.open_block(f"if (gk < {kk_end} && go < {extent})", {c.k: "gk", **r.unflatten("go", list(own))})
+            bound = own[-1] if axis == "own" else c.k
+            base = r.scopes[-1][bound]
+            for e in range(per):
+                r.open_block("", {bound: f"({base} + {e})"} if per > 1 else {})
+                r.emit(f"{reg}[{e}] = {r.value(operand)};")
+                r.close_block()
+            r.close_block()
+            r.close_block()
+
+
+def _emit_stores(r, c: Contraction, regs: dict):
+    """Write the registers loaded by `_emit_loads` into the local tiles As[k][row] and Bs[k][column]."""
+    for name, operand, own, width in (("A", c.a, c.i, c.tm), ("B", c.b, c.j, c.tn)):
+        axis = _run_axis(operand, c.k, own)
+        per = 1 if axis is None else RUN
+        for n, reg in enumerate(regs[name]):
+            slot = f"(lid + {n * c.threads})"
+            if axis == "own":
+                lo, lk = f"{slot} % {width // per} * {per}", f"{slot} / {width // per}"
+                r.emit(" ".join(f"{name}s[{lk}][{lo} + {e}] = {reg}[{e}];" for e in range(per)))
+            else:
+                lk, lo = f"{slot} % {TILE_K // per} * {per}", f"{slot} / {TILE_K // per}"
+                r.emit(" ".join(f"{name}s[{lk} + {e}][{lo}] = {reg}[{e}];" for e in range(per)))
 
 
 def emit_contraction(r, c: Contraction):
     """The kernel body, emitted through the C-style renderer `r` (its dialect spells ids, locals, barriers)."""
     d, long, acc_t, fma = r.d, r.long, r.d.ctype(dtypes.float32), r.d.math("fma", dtypes.float32)
     m, n, kk_end = r.value(_extent(c.i)), r.value(_extent(c.j)), r.value(c.k.src[0])
-    r.locals.append(d.local_array.format(type=acc_t, name="As", n=TILE_K) + f"[{TILE + 1}];")  # +1: no bank conflicts
-    r.locals.append(d.local_array.format(type=acc_t, name="Bs", n=TILE_K) + f"[{TILE}];")
+    sx = c.tn // REG                  # work-items along a tile's columns
+    half_m, half_n = c.tm // 2, c.tn // 2
+    # rows padded by one 4-vector: 16-byte aligned rows, and a run along k stores to banks 4 apart
+    r.locals.append(d.local_array.format(type=acc_t, name="As", n=f"{TILE_K}][{c.tm + RUN}") + ";")
+    r.locals.append(d.local_array.format(type=acc_t, name="Bs", n=f"{TILE_K}][{c.tn + RUN}") + ";")
     r.emit(f"const int lid = {d.local_id};")
-    r.emit(f"const int tx = lid % {SIDE}, ty = lid / {SIDE};")
+    r.emit(f"const int tx = lid % {sx} * {RUN}, ty = lid / {sx} * {RUN};")
     r.emit(f"const {long} bid = {d.group_id};")
-    r.emit(f"const {long} nbn = ({n} + {TILE - 1}) / {TILE}, nbm = ({m} + {TILE - 1}) / {TILE};")
-    r.emit(f"const {long} i0 = (bid / nbn) % nbm * {TILE}, j0 = bid % nbn * {TILE};")
+    r.emit(f"const {long} nbn = ({n} + {c.tn - 1}) / {c.tn}, nbm = ({m} + {c.tm - 1}) / {c.tm};")
+    r.emit(f"const {long} i0 = (bid / nbn) % nbm * {c.tm}, j0 = bid % nbn * {c.tn};")
     if c.batch:
-        r.scopes[-1].update(r.unflatten(f"(bid / (nbn * nbm))", list(c.batch)))
+        r.scopes[-1].update(r.unflatten("(bid / (nbn * nbm))", list(c.batch)))
+    regs = {}
+    for name, operand, own, width in (("A", c.a, c.i, c.tm), ("B", c.b, c.j, c.tn)):
+        per = 1 if _run_axis(operand, c.k, own) is None else RUN
+        r.aligned |= per > 1   # (a run's first element is RUN-aligned: the compiler may merge its loads)
+        regs[name] = [f"p{name}{x}" for x in range(width * TILE_K // (per * c.threads))]
+        r.emit(" ".join(f"{acc_t} {reg}[{per}];" for reg in regs[name]))
     accs = [[f"acc{x}_{y}" for y in range(REG)] for x in range(REG)]
     for row in accs:
         r.emit(" ".join(f"{acc_t} {a} = 0.0f;" for a in row))
+    prefetch = c.threads < PREFETCH_BELOW
+    if prefetch:
+        _emit_loads(r, c, regs, "0")
     r.open_block(f"for ({long} k0 = 0; k0 < {kk_end}; k0 += {TILE_K})", {})
-    for name, operand in (("As", c.a), ("Bs", c.b)):
-        # As[k][i] = a(i0 + i, k0 + k); Bs[k][j] = b(k0 + k, j0 + j); k varies fastest for a, j for b (coalesced)
-        r.open_block(f"for (int l = lid; l < {TILE_K * TILE}; l += {TILE_THREADS})", {})
-        if name == "As":
-            r.emit(f"const int lk = l % {TILE_K}, li = l / {TILE_K};")
-            r.emit(f"const {long} gk = k0 + lk, gi = i0 + li;")
-            cond, bind, slot = f"gk < {kk_end} && gi < {m}", {c.k: "gk", **r.unflatten("gi", list(c.i))}, "As[lk][li]"
-        else:
-            r.emit(f"const int lj = l % {TILE}, lk = l / {TILE};")
-            r.emit(f"const {long} gk = k0 + lk, gj = j0 + lj;")
-            cond, bind, slot = f"gk < {kk_end} && gj < {n}", {c.k: "gk", **r.unflatten("gj", list(c.j))}, "Bs[lk][lj]"
-        r.emit(f"{acc_t} v = 0.0f;")
-        r.open_block(f"if ({cond})", bind)
-        r.emit(f"v = {r.value(operand)};")
-        r.close_block()
-        r.emit(f"{slot} = v;")
-        r.close_block()
+    if not prefetch:
+        _emit_loads(r, c, regs, "k0")
+    _emit_stores(r, c, regs)
     r.emit(d.barrier)
+    if prefetch:
+        r.open_block(f"if (k0 + {TILE_K} < {kk_end})", {})   # the next slice's loads, in flight during the arithmetic
+        _emit_loads(r, c, regs, f"(k0 + {TILE_K})")
+        r.close_block()
     r.emit("#pragma unroll")
     r.open_block(f"for (int kk = 0; kk < {TILE_K}; kk++)", {})
-    r.emit(" ".join(f"const {acc_t} a{x} = As[kk][ty + {SIDE * x}];" for x in range(REG)))
-    r.emit(" ".join(f"const {acc_t} b{y} = Bs[kk][tx + {SIDE * y}];" for y in range(REG)))
+    vec = d.vector4_load
+    r.emit(f"const float4 a_lo = {vec.format(ref='As[kk][ty]')}, a_hi = {vec.format(ref=f'As[kk][ty + {half_m}]')};")
+    r.emit(f"const float4 b_lo = {vec.format(ref='Bs[kk][tx]')}, b_hi = {vec.format(ref=f'Bs[kk][tx + {half_n}]')};")
+    parts = [f"{v}.{comp}" for v in ("lo", "hi") for comp in "xyzw"]
     for x in range(REG):
-        r.emit(" ".join(f"{accs[x][y]} = {fma}(a{x}, b{y}, {accs[x][y]});" for y in range(REG)))
+        r.emit(" ".join(f"{accs[x][y]} = {fma}(a_{parts[x]}, b_{parts[y]}, {accs[x][y]});" for y in range(REG)))
     r.close_block()
     r.emit(d.barrier)
     r.close_block()
-    store = r.ast.src[0]
+    _emit_results(r, c, accs, m, n)
+
+
+def _emit_results(r, c: Contraction, accs: list, m: str, n: str):
+    """Store the work-item's outputs: per row, two runs of RUN columns (bound as consecutive columns where the last
+    column range's static end RUN divides, so the run is wholly in range or out, else checked one by one)."""
+    store, long = r.ast.src[0], r.long
+    runs = _static_multiple(c.j[-1], RUN)
     for x in range(REG):
-        for y in range(REG):
-            r.open_block(f"if (i0 + {SIDE * x} + ty < {m} && j0 + {SIDE * y} + tx < {n})", {})
-            r.emit(f"const {long} oi = i0 + {SIDE * x} + ty, oj = j0 + {SIDE * y} + tx;")
-            r.scopes[-1].update({**r.unflatten("oi", list(c.i)), **r.unflatten("oj", list(c.j)),
-                                 c.reduce: accs[x][y]})
-            r.emit(r.store_line(store))
-            r.close_block()
+        row = f"i0 + ty + {x % RUN + (c.tm // 2 if x >= RUN else 0)}"
+        for half in range(2):
+            col = f"j0 + tx + {c.tn // 2 * half}"
+            cols = range(half * RUN, half * RUN + RUN)
+            if runs:
+                r.open_block(f"if ({row} < {m} && {col} < {n})", {})
+                r.emit(f"const {long} oi = {row}, oj = {col};")
+                r.scopes[-1].update({**r.unflatten("oi", list(c.i)), **r.unflatten("oj", list(c.j))})
+                base = r.scopes[-1][c.j[-1]]
+                for e, y in enumerate(cols):
+                    r.open_block("", {c.j[-1]: f"({base} + {e})", c.reduce: accs[x][y]})
+                    r.emit(r.store_line(store))
+                    r.close_block()
+                r.close_block()
+                continue
+            for e, y in enumerate(cols):
+                r.open_block(f"if ({row} < {m} && {col} + {e} < {n})", {})
+                r.emit(f"const {long} oi = {row}, oj = {col} + {e};")
+                r.scopes[-1].update({**r.unflatten("oi", list(c.i)), **r.unflatten("oj", list(c.j)),
+                                     c.reduce: accs[x][y]})
+                r.emit(r.store_line(store))
+                r.close_block()

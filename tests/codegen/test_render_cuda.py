@@ -9,7 +9,7 @@ from prepjit.codegen.render_rows import REDUCE_GROUP
 from prepjit.codegen.render_cuda import ELEMENTWISE_GROUP, ITEMS_PER_THREAD, render_cuda
 from prepjit.codegen.render_llvm import render_llvm
 from prepjit.codegen.render_opencl import render_opencl
-from prepjit.codegen.render_tiles import TILE, TILE_THREADS
+from prepjit.codegen.render_tiles import MIN_SIDE, RUN, match_contraction, tile_shape
 from prepjit.runtime.devices import available_devices, get_device
 from prepjit.uop import Ops, UOp, dtypes, eval_uop
 from prepjit.uop.ops import ALU
@@ -54,7 +54,7 @@ def test_both_dialects_share_launch_sizes_and_grouping():
     assert cuda.var_names == opencl.var_names == ("k", "n")
     assert [eval_uop(e, {"n": 3, "k": 9}) for e in cuda.global_size] == [3 * REDUCE_GROUP]
     assert cuda.global_size == opencl.global_size and cuda.local_size == opencl.local_size == (REDUCE_GROUP,)
-    assert "__syncthreads();" in cuda.source and f"__shared__ float part" in cuda.source
+    assert "__syncthreads();" in cuda.source and "__shared__ __align__(16) float part" in cuda.source
     assert f"__launch_bounds__({REDUCE_GROUP})" in cuda.source
     elementwise = render_cuda(kernel(load(1, dtypes.float32, r0) + UOp.const(1.0, dtypes.float32), r0))
     assert elementwise.local_size == (ELEMENTWISE_GROUP,) and f"if (base + {ITEMS_PER_THREAD} <= v_n) {{" in \
@@ -113,7 +113,8 @@ def test_rendered_kernels_compile_with_nvrtc_alone():
     except (pj.DeviceError, pj.CompileError) as e:
         pytest.skip(f"no working NVRTC here ({str(e).splitlines()[0]})")
     asts = [ast for _, ast in op_kernels()] + [softmax_kernel(4096), softmax_kernel(40), matmul_kernel(),
-                                               softmax_kernel(4096, static=True), rows_matmul_kernel()]
+                                               softmax_kernel(4096, static=True), rows_matmul_kernel(),
+                                               static_matmul_kernel(4096, 384, 384), static_matmul_kernel(512, 32, 128)]
     for ast in asts:
         src = render_cuda(ast)
         nvrtc.compile(src.name, src.source, ["-arch=sm_90", "-std=c++17", "--fmad=false"])
@@ -162,19 +163,51 @@ def rows_matmul_kernel():
 @pytest.mark.parametrize("language", ["cuda", "opencl"])
 def test_contractions_over_several_row_ranges_are_tiled(language):
     src = RENDERERS[language](rows_matmul_kernel())
-    assert src.local_size == (TILE_THREADS,) and "As[" in src.source
-    tiles = lambda e: -(-e // TILE)  # noqa: E731
+    tm, tn = tile_shape(N.vmax * 100, 300, 1)
+    assert src.local_size == (tm * tn // 64,) and "As[" in src.source
+    tiles = lambda e, t: -(-e // t)  # noqa: E731
     assert [eval_uop(e, {"n": 5, "t": 70, "m": 5, "k": 3}) for e in src.global_size] == \
-        [tiles(5 * 70) * tiles(5) * TILE_THREADS]
+        [tiles(5 * 70, tm) * tiles(5, tn) * src.local_size[0]]
+
+
+def test_tile_shapes_fill_the_gpu_and_waste_little():
+    assert tile_shape(4096, 4096, 1) == (128, 128)     # large: the biggest tile, 1024 groups
+    assert tile_shape(4096, 384, 1) == (64, 64)        # 96 groups of 128 x 128 would leave SMs idle: 384
+    assert tile_shape(128, 128, 384) == (128, 128)     # a batch of attention scores
+    assert tile_shape(128, 32, 384) == (128, 32)       # attention @ values: no padded columns
+    assert tile_shape(1024, 1024, 1) == (64, 64)       # the most groups when none gives enough
+
+
+def static_matmul_kernel(m, n, k):
+    i, j, r = loop(UOp.const(m), 0), loop(UOp.const(n), 1), UOp(Ops.RANGE, dtypes.index, (UOp.const(k),), (2, "reduce"))
+    prod = load(1, dtypes.float32, i * k + r) * load(2, dtypes.float32, r * n + j)
+    return kernel(UOp(Ops.REDUCE, dtypes.float32, (prod, r), Ops.ADD), i * n + j, "r_m_n")
+
+
+@pytest.mark.parametrize("language", ["cuda", "opencl"])
+def test_contraction_operands_load_runs_along_their_contiguous_axis(language):
+    m, n, k = 256, 192, 64   # a (m, k) row-major: runs along k; b (k, n) row-major: runs along its columns
+    ast = static_matmul_kernel(m, n, k)
+    i, j, r = sorted((u for u in ast.toposort() if u.op is Ops.RANGE), key=lambda u: u.arg[0])
+    c = match_contraction(ast)
+    assert (c.tm, c.tn) == tile_shape(m, n, 1)
+    src = RENDERERS[language](ast).source
+    assert f"pA0[{RUN - 1}]" in src and f"pB0[{RUN - 1}]" in src and "(gk + 3)" in src
+    assert src.count("float4 a_lo") == 1 and ("vload4" in src) == (language == "opencl")
+    strided = load(1, dtypes.float32, r * (2 * m) + 2 * i) * load(2, dtypes.float32, r * n + j)  # no unit stride
+    src = RENDERERS[language](kernel(UOp(Ops.REDUCE, dtypes.float32, (strided, r), Ops.ADD), i * n + j, "r_m_n"))
+    assert "pA0[0] = " in src.source and "pA0[1] = " not in src.source and f"pB0[{RUN - 1}] = " in src.source
 
 
 @pytest.mark.parametrize("language", ["cuda", "opencl"])
 def test_contractions_are_tiled_and_compile(language):
     src = RENDERERS[language](matmul_kernel())
-    assert src.local_size == (TILE_THREADS,) and "As[" in src.source and "Bs[" in src.source
-    tiles = lambda e: -(-e // TILE)  # noqa: E731
-    assert [eval_uop(e, {"m": 70, "n": 129, "k": 3}) for e in src.global_size] == [tiles(70) * tiles(129) * TILE_THREADS]
-    thin = RENDERERS[language](matmul_kernel(m_max=TILE // 2 - 1))   # a thin one stays a reduction
+    tm, tn = tile_shape(256, 300, 1)
+    assert src.local_size == (tm * tn // 64,) and "As[" in src.source and "Bs[" in src.source
+    tiles = lambda e, t: -(-e // t)  # noqa: E731
+    assert [eval_uop(e, {"m": 70, "n": 129, "k": 3}) for e in src.global_size] == \
+        [tiles(70, tm) * tiles(129, tn) * src.local_size[0]]
+    thin = RENDERERS[language](matmul_kernel(m_max=MIN_SIDE - 1))   # a thin one stays a reduction
     assert "As[" not in thin.source
     if language in available_devices():
         device = get_device(language)
