@@ -204,9 +204,8 @@ class _Hazards:
         return sorted(deps)
 
 
-def _bounds_text(spec) -> str:
-    names = {v.arg for buf in spec.buffers for d in buf.shape if isinstance(d, UOp) for v in d.variables()}
-    return ", ".join(f"{n} <= {hi}" for n, _, hi in sorted(names)) or "static shapes"
+def _bounds_text(table: VarTable) -> str:
+    return ", ".join(f"{n} <= {rv.max}" for n, rv in table.var.items()) or "static shapes"
 
 
 @attrs.frozen
@@ -320,7 +319,7 @@ def instantiate(spec: PlanSpec, compiled: dict[UOp, CachedKernel], device) -> Ex
         allocations = {h: device.allocate(np.uint8, size) for h, size in allocation_bytes.items()}
     except MemoryError as e:
         raise MemoryError(f"the plan's intermediates need {sum(allocation_bytes.values())} bytes at the vars' "
-                          f"maxima ({_bounds_text(spec)}); narrow the var bounds ({e})") from None
+                          f"maxima ({_bounds_text(table)}); narrow the var bounds ({e})") from None
     buffers = []
     for b, (buf, h) in enumerate(zip(spec.buffers, home)):
         text = "(" + ", ".join(d.render() if isinstance(d, UOp) else str(d) for d in buf.shape) + ")"

@@ -221,7 +221,7 @@ def _dec_dynamic(data, graph: list, buffers: tuple, kernel, depth: int) -> Dynam
         high = upper if type(upper) is int else upper.vmax
         if var.op is not Ops.DEFINE_VAR or pred is not None or any(
                 isinstance(b, UOp) and b.dtype is not dtypes.int64 for b in (lower, upper)) or not (
-                var.arg[1] <= low and high - 1 <= var.arg[2]):
+                var.vmin <= low and high - 1 <= var.vmax):
             raise ValueError("a loop's var does not hold every value of its bounds")
     conditions = tuple(uop(c, "a loop condition") for c in conditions)
     if any(c.dtype is not dtypes.bool for c in conditions):
