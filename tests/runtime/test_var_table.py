@@ -86,3 +86,28 @@ def test_one_name_with_two_bounds_is_refused_unless_the_plan_fixes_it():
         VarTable([a, b])
     table = VarTable([a, b, UOp.variable("m", 0, 3)], fixed={"n"})
     assert table.names == ("m",) and table.records[a].max == 4 and table.records[b].max == 8
+
+
+def test_the_gpu_plan_runner_gives_launchers_the_tables_values():
+    """DevicePlanRunner (opencl, cuda) writes each launcher's var slots from the VarTable before it runs."""
+    from types import SimpleNamespace
+
+    from prepjit.runtime.device_base import DevicePlanRunner
+
+    class Launch:
+        def __init__(self, i, var_slots):
+            self.pk, self.var_slots, self.args, self.ran = SimpleNamespace(id=i), var_slots, {}, []
+
+        def set_val(self, slot, value):
+            self.args[slot] = value
+
+        def run(self):
+            self.ran.append(dict(self.args))
+
+    table = VarTable([UOp.variable("n", 1, 8), UOp.variable("pos", 0, 7)])
+    steps = [Launch(0, [(0, "pos")]), Launch(1, [(1, "n"), (0, "pos")])]
+    runner = DevicePlanRunner(None, steps, [], {}, table)
+    for n, pos in [(5, 2), (8, 0)]:
+        table.bind({"n": n, "pos": pos})
+        runner.run_launches()
+        assert steps[0].ran[-1] == {0: pos} and steps[1].ran[-1] == {0: pos, 1: n}
