@@ -1,6 +1,7 @@
 """The C-style renderer family (render_c.py) in its CUDA and OpenCL dialects: the same kernels in each
 dialect's spelling, and every op x dtype kernel that renders also compiles on each GPU device present
 (the cuda part needs pycuda and an NVIDIA GPU; it skips elsewhere)."""
+import numpy as np
 import pytest
 
 import prepjit as pj
@@ -14,6 +15,7 @@ from prepjit.runtime.devices import available_devices, get_device
 from prepjit.uop import Ops, UOp, dtypes, eval_uop
 from prepjit.uop.ops import ALU
 
+from . import cuda_emulation
 from .test_render_opencl import N, alu_kernel, kernel, load, loop
 
 RENDERERS = {"cuda": render_cuda, "opencl": render_opencl}
@@ -212,3 +214,35 @@ def test_contractions_are_tiled_and_compile(language):
     if language in available_devices():
         device = get_device(language)
         device.load(src.name, device.compile(src.name, src.source))
+
+
+def strided_matmul_kernel(m, n, k, a_strides, b_strides, batch=1):
+    """out[p, i, j] = sum_r a[p, i, r] * b[p, r, j], a's and b's (row, reduce) / (reduce, column) element strides given
+    (transposed operands: strides (1, m) or (n, 1)); p a batch range."""
+    p, i, j = loop(UOp.const(batch), 0), loop(UOp.const(m), 1), loop(UOp.const(n), 2)
+    r = UOp(Ops.RANGE, dtypes.index, (UOp.const(k),), (3, "reduce"))
+    a = load(1, dtypes.float32, p * (m * k) + i * a_strides[0] + r * a_strides[1])
+    b = load(2, dtypes.float32, p * (k * n) + r * b_strides[0] + j * b_strides[1])
+    total = UOp(Ops.REDUCE, dtypes.float32, (a * b, r), Ops.ADD)
+    return kernel(total + UOp.const(1.0, dtypes.float32), (p * m + i) * n + j, "r_p_m_n")
+
+
+@pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
+@pytest.mark.parametrize("m, n, k, a_t, b_t, batch", [
+    (256, 192, 64, False, False, 1),    # runs of 4 along k (a) and along the columns (b), 64 x 64 tiles
+    (70, 45, 33, False, False, 1),      # no runs fit: single elements, every edge partial
+    (130, 129, 17, True, True, 1),      # both transposed: a runs along its rows, b along k
+    (128, 32, 128, False, False, 3),    # batched attention @ values: 128 x 32 tiles
+    (128, 128, 32, False, True, 2),     # batched scores q @ k^T
+])
+def test_tile_kernels_compute_the_matmul(m, n, k, a_t, b_t, batch):
+    """The CUDA tile kernel, run on the CPU through cuda_emulation, equals NumPy's matmul."""
+    ast = strided_matmul_kernel(m, n, k, (1, m) if a_t else (k, 1), (1, k) if b_t else (n, 1), batch)
+    assert match_contraction(ast) is not None
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((batch, m, k), np.float32), rng.standard_normal((batch, k, n), np.float32)
+    a_mem = np.ascontiguousarray(np.swapaxes(a, 1, 2)) if a_t else a
+    b_mem = np.ascontiguousarray(np.swapaxes(b, 1, 2)) if b_t else b
+    out = np.zeros(batch * m * n, np.float32)
+    cuda_emulation.run(render_cuda(ast), [out, a_mem.ravel(), b_mem.ravel()])
+    np.testing.assert_allclose(out.reshape(batch, m, n), a @ b + 1, rtol=1e-5, atol=1e-4)

@@ -1,0 +1,96 @@
+"""Runs CUDA C from the cuda renderer on the CPU, for tests on machines without a GPU: the kernel is compiled as
+C++ (clang++) against a small shim (one std::thread per CUDA thread of a block, blocks in turn, __syncthreads a
+pthread barrier, warp shuffles through a per-warp exchange), so the tile and row kernels' indexing and
+synchronisation are checked against NumPy. Static launch sizes only; kernels that use atomics are not covered."""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+
+import numpy as np
+
+from prepjit.codegen.kernel import KernelSource
+from prepjit.uop import Ops
+
+SHIM = r"""
+#include <pthread.h>
+#include <cstring>
+#include <cmath>
+#include <thread>
+#include <vector>
+struct pj_dim3 { unsigned x = 0, y = 0, z = 0; };
+static thread_local pj_dim3 threadIdx, blockIdx;
+static pj_dim3 blockDim;
+static pthread_barrier_t pj_bar, pj_warp_bar[32];
+static unsigned long long pj_xch[32][32];
+struct float4 { float x, y, z, w; };
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
+#define __launch_bounds__(n)
+#define __restrict__ __restrict
+#define __syncthreads() pthread_barrier_wait(&pj_bar)
+static inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
+static inline double __longlong_as_double(long long i) { double f; memcpy(&f, &i, 8); return f; }
+template <class T> static T __shfl_xor_sync(unsigned, T v, int o) {
+  unsigned w = threadIdx.x / 32, lane = threadIdx.x % 32;
+  unsigned long long bits = 0;
+  memcpy(&bits, &v, sizeof(T));
+  pj_xch[w][lane] = bits;
+  pthread_barrier_wait(&pj_warp_bar[w]);
+  bits = pj_xch[w][lane ^ o];
+  pthread_barrier_wait(&pj_warp_bar[w]);
+  memcpy(&v, &bits, sizeof(T));
+  return v;
+}
+template <class F> static void pj_launch(unsigned blocks, unsigned threads, F body) {
+  blockDim.x = threads;
+  pthread_barrier_t end;
+  pthread_barrier_init(&pj_bar, nullptr, threads);
+  pthread_barrier_init(&end, nullptr, threads);
+  for (unsigned w = 0; w < threads / 32; w++) pthread_barrier_init(&pj_warp_bar[w], nullptr, 32);
+  std::vector<std::thread> pool;
+  for (unsigned t = 0; t < threads; t++)
+    pool.emplace_back([&, t] {
+      threadIdx.x = t;
+      for (unsigned b = 0; b < blocks; b++) { blockIdx.x = b; body(); pthread_barrier_wait(&end); }
+    });
+  for (auto &th : pool) th.join();
+}
+"""
+
+
+def available() -> bool:
+    return shutil.which("clang++") is not None
+
+
+def run(src: KernelSource, buffers: list[np.ndarray]):
+    """Launch the kernel `src` (static launch size, no vars) over `buffers` (slot order; slot 0 is written)."""
+    assert src.language == "cuda" and not src.var_names and src.global_size[0].op is Ops.CONST
+    params = re.search(re.escape(src.name) + r"\((.*?)\) \{", src.source).group(1).split(", ")
+    casts = ", ".join(f"({p.rsplit(' ', 1)[0].replace('__restrict__', '').strip()})a[{i}]" for i, p in enumerate(params))
+    text = SHIM + src.source + ('\nextern "C" void pj_run(void **a, unsigned blocks, unsigned threads) '
+                                f"{{ pj_launch(blocks, threads, [&] {{ {src.name}({casts}); }}); }}\n")
+    folder = os.path.join(tempfile.gettempdir(), "prepjit-cuda-emulation")
+    os.makedirs(folder, exist_ok=True)
+    lib = os.path.join(folder, hashlib.sha256(text.encode()).hexdigest()[:24] + ".so")
+    if not os.path.exists(lib):
+        with tempfile.NamedTemporaryFile("w", suffix=".cpp", dir=folder, delete=False) as f:
+            f.write(text)
+        part = lib + f".{os.getpid()}"
+        subprocess.run(["clang++", "-std=c++17", "-O1", "-w", "-fPIC", "-shared", "-pthread", "-o", part, f.name],
+                       check=True, capture_output=True)
+        os.replace(part, lib)
+        os.unlink(f.name)
+    run_fn = ctypes.CDLL(lib).pj_run
+    run_fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint, ctypes.c_uint]
+    threads = src.local_size[0]
+    pointers = (ctypes.c_void_p * len(buffers))(*[b.ctypes.data for b in buffers])
+    run_fn(pointers, -(-src.global_size[0].arg // threads), threads)
