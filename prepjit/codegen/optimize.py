@@ -7,7 +7,11 @@ on another loop axis `i`, is upcast: `j` and `i` are split into an outer range a
 unrolled offset (j = j_o * UJ + uj, i = i_o * UI + ui), giving UI x UJ stores whose reductions share
 their reduce ranges. Renderers compute reductions over the same ranges in one loop nest, so each
 loaded operand is reused UJ (or UI) times from registers and the UJ contiguous loads and
-accumulators vectorise.
+accumulators vectorise. The UJ columns are UJ / W stores of W lanes each: column j_o * UJ + b + lane,
+where `lane` is a RANGE of kind "lane" (0 <= lane < W, one vector register) that is no loop: the
+LLVM renderer computes whatever depends on it as one W-wide vector, so LLVM is handed vector IR
+instead of UJ scalar copies to re-vectorise (an 8 x 32 block of GELU epilogues was 1 MB of IR and
+~2 s of SLP vectorisation).
 
 The block shape comes from the target CPU (target.py): UJ is two vectors of columns and UI fills
 the vector registers with accumulators, leaving room for the column operand's vectors (loaded one
@@ -161,6 +165,8 @@ def upcast_contraction(ast: UOp, target: CPUTarget, blocking: Blocking = DEFAULT
         return ast  # a tail needs a loop it shares with the blocks, for threads to split
     rows = [i] if i is not None and ui == 1 else [None] if i is None else \
         [(i_outer * ui + a).smin(i.src[0] - 1) if clamp else i_outer * ui + a for a in range(ui)]
+    width = lane_width(target, value.dtype.itemsize, uj) if len(store.src) == 3 and store.arg is None else 1
+    lane = UOp(Ops.RANGE, dtypes.index, (UOp.const(width),), (axis + 3, "lane")) if width > 1 else UOp.const(0)
     memo: dict = {}
     if not tail:
         panels, reduce_size = j.src[0].arg // uj, 1
@@ -171,16 +177,23 @@ def upcast_contraction(ast: UOp, target: CPUTarget, blocking: Blocking = DEFAULT
             j_outer = _new_range(UOp.const(panels // group), -1) * group + _new_range(UOp.const(group), axis + 1)
         else:
             j_outer = _new_range(UOp.const(panels), -1)
-        stores = _block_stores(store, j, i, [j_outer * uj + b for b in range(uj)], rows, memo)
+        stores = _block_stores(store, j, i, [j_outer * uj + b + lane for b in range(0, uj, width)], rows, memo)
     else:  # row blocks outermost (after the other loops), then the full column blocks, then the peeled tail
         full = simplify(j.src[0] // uj)
         j_outer = _new_range(full, axis + 1)
         inside = in_full_blocks(j, uj)  # what packing asked of each column: resolved here, per block
-        stores = _block_stores(store, j, i, [j_outer * uj + b for b in range(uj)], rows, memo,
+        stores = _block_stores(store, j, i, [j_outer * uj + b + lane for b in range(0, uj, width)], rows, memo,
                                {inside: UOp.const(True, dtypes.bool)})
         t = _new_range(j.src[0] - full * uj, axis + 2)  # the tail's columns, last first: J - 1 - t
         stores += _block_stores(store, j, i, [j.src[0] - 1 - t], rows, memo, {inside: UOp.const(False, dtypes.bool)})
     return _renumber(UOp(Ops.SINK, ast.dtype, tuple(stores), ast.arg))
+
+
+def lane_width(target: CPUTarget, itemsize: int, columns: int) -> int:
+    """Lanes of the vectors a block's columns are computed in: one vector register of the target (at most 512
+    bits), when they divide the block's `columns`; else 1 (scalar columns)."""
+    lanes = min(target.lanes(itemsize), max(1, 64 // itemsize))
+    return lanes if lanes > 1 and columns % lanes == 0 else 1
 
 
 def _new_range(end: UOp, axis: int) -> UOp:
@@ -195,13 +208,13 @@ def _block_stores(store: UOp, j: UOp, i: UOp | None, cols: list, rows: list, mem
     (and the conditions in `known` by their values)."""
     out, index, value = store.src
     value = _resolve(value, known) if known else value
-    stores = []
+    stores, step = [], len(cols) > 1 and simplify(cols[1] - cols[0]).arg  # columns apart (a vector's lanes, or 1)
     for row in rows:
         base = {j: cols[0]} if row is None or row is i else {j: cols[0], i: row}
         row_index = simplify(index.substitute(base))  # the store index steps by 1 along j
         for b, col in enumerate(cols):
             mapping = {**base, j: col}
-            store_index = UOp(Ops.ADD, dtypes.index, (row_index, UOp.const(b))) if b else row_index
+            store_index = UOp(Ops.ADD, dtypes.index, (row_index, UOp.const(b * step))) if b else row_index
             stores.append(UOp(Ops.STORE, store.dtype, (out, store_index, _instantiate(value, mapping, memo))))
     return stores
 

@@ -6,12 +6,18 @@ the outermost loop range this call computes (CPU threads split it); `end` is cla
 range, so (0, INT64_MAX) computes all of it. The body is an internal,
 always-inlined function taking every buffer as a `noalias` pointer, so LLVM can vectorise.
 float16 values live in registers as float and are rounded to half after each op, like NumPy.
+
+A kernel with a "lane" range (optimize.py: a register block's columns, W at a time) is rendered
+with every value that depends on the lane as one `<W x T>` vector: contiguous loads and stores
+along the lane are vector loads and stores, others gathers and scatters, values that do not depend
+on it are splatted where a vector needs them, and the few operations with no vector form here
+(integer division, shifts, libm calls) are computed lane by lane.
 """
 from __future__ import annotations
 
 import struct
 
-from ..uop import DType, Ops, UOp, dtypes
+from ..uop import DType, Ops, UOp, dtypes, simplify
 from .kernel import KernelSource, kernel_vars, parallel_range
 from .renderer import KernelRenderer
 from .target import CPUTarget, host_target
@@ -67,9 +73,32 @@ def _identity(op: Ops, dt: DType):
     return dt.max()
 
 
-def _loop_ranges(u: UOp) -> list[UOp]:
-    return sorted({r for r in u.toposort() if r.op is Ops.RANGE and r.arg[1] in ("loop", "serial")},
-                  key=lambda r: r.arg[0])
+# operations computed lane by lane in a vector (no vector form rendered here)
+_PER_LANE = {Ops.IDIV, Ops.MOD, Ops.SHL, Ops.SHR, Ops.ATAN2, Ops.SIGN}
+_SUFFIX = {"float": "f32", "double": "f64", "half": "f16"}
+
+
+def _suffix(t: str, lanes: int) -> str:
+    """An intrinsic's type suffix: f32, i64, v16f32..."""
+    return (f"v{lanes}" if lanes else "") + _SUFFIX.get(t, t)
+
+
+def _ranges_below(topo: list[UOp]) -> dict[UOp, frozenset]:
+    """Per node of a children-first order, the RANGEs it depends on (one pass: no walk per node)."""
+    below: dict[UOp, frozenset] = {}
+    empty = frozenset()
+    for u in topo:
+        out = frozenset((u,)) if u.op is Ops.RANGE else empty
+        for s in u.src:
+            if below[s]:
+                out = out | below[s] if out else below[s]
+        below[u] = out
+    return below
+
+
+def _loops(ranges) -> list[UOp]:
+    """The loop (and serial) ranges among `ranges`, outermost first."""
+    return sorted((r for r in ranges if r.arg[1] in ("loop", "serial")), key=lambda r: r.arg[0])
 
 
 class _Renderer(KernelRenderer):
@@ -90,13 +119,31 @@ class _Renderer(KernelRenderer):
         self.waits: dict[UOp, int] = {}  # a reduction reading what the kernel stores: stores to render before it
         stores = list(ast.src)
         written = {st.src[0] for st in stores}
-        for u in ast.toposort():  # operands first
-            if u.op is Ops.REDUCE:
-                self.reduce_groups.setdefault((u.arg, u.dtype, u.src[1:]), []).append(u)
-                self.reduce_loops[u] = set(_loop_ranges(u))
-                inner = [x for x in u.toposort() if x.op in (Ops.RANGE, Ops.REDUCE)]
-                bound = {r for x in inner if x.op is Ops.REDUCE for r in x.src[1:]}
-                self.reduce_free[u] = {x for x in inner if x.op is Ops.RANGE} - bound
+        topo = ast.toposort()  # operands first
+        self.ranges = _ranges_below(topo)
+        lanes = [u for u in topo if u.op is Ops.RANGE and u.arg[1] == "lane"]
+        if len(lanes) > 1:
+            raise NotImplementedError(f"LLVM renderer: kernel {ast.arg} has {len(lanes)} lane ranges")
+        self.lane = lanes[0] if lanes else None
+        self.width = int(self.lane.src[0].arg) if lanes else 0
+        self.vec = 0  # lanes of the value being rendered (0: a scalar)
+        self.laned = {u for u, rs in self.ranges.items() if self.lane in rs} if lanes else set()
+        if lanes:
+            self.scopes[0][self.lane] = "<" + ", ".join(f"i64 {k}" for k in range(self.width)) + ">"
+        reduces = [u for u in topo if u.op is Ops.REDUCE]
+        bound = {}  # per node, the reduce ranges of the reductions under it
+        for u in topo:
+            inner = frozenset(u.src[1:]) if u.op is Ops.REDUCE else frozenset()
+            for s in u.src:
+                if bound.get(s):
+                    inner = inner | bound[s]
+            bound[u] = inner
+        for u in reduces:
+            self.reduce_groups.setdefault((u.arg, u.dtype, u.src[1:]), []).append(u)
+            self.reduce_loops[u] = set(_loops(self.ranges[u]))
+            self.reduce_free[u] = set(self.ranges[u] - bound[u])
+        if reduces and any(x.op is Ops.LOAD and x.src[0] in written for x in topo):
+            for u in reduces:
                 reads = {x.src[0] for x in u.toposort() if x.op is Ops.LOAD} & written
                 if reads:  # the stores to those buffers before the first store that uses it (reuse.py)
                     first = next(i for i, st in enumerate(stores) if u in st.toposort())
@@ -125,15 +172,65 @@ class _Renderer(KernelRenderer):
     def var_name(name: str) -> str:
         return f"%var_{name}"
 
+    def ty(self, dt: DType, memory: bool = False) -> str:
+        """The LLVM type of a `dt` value being rendered: a scalar, or a vector of the kernel's lanes."""
+        t = mem_type(dt) if memory else reg_type(dt)
+        return f"<{self.vec} x {t}>" if self.vec else t
+
+    def const(self, text: str, dt: DType) -> str:
+        """A constant (LLVM literal `text`) of `dt`'s register type, splatted in a vector."""
+        return f"splat ({reg_type(dt)} {text})" if self.vec else text
+
+    def intrinsic(self, name: str, dt: DType) -> str:
+        return f"llvm.{name}.{_suffix(reg_type(dt), self.vec)}"
+
+    def value(self, u: UOp) -> str:
+        outer, self.vec = self.vec, (self.width if u in self.laned else 0)
+        try:
+            return super().value(u)
+        finally:
+            self.vec = outer
+
+    def vector(self, u: UOp, text: str) -> str:
+        """`u`'s rendered `text` as a vector of the kernel's lanes: as it is when it depends on the lane, else
+        splatted (once per scope)."""
+        if u in self.laned:
+            return text
+        t = reg_type(u.dtype)
+        if u.op is Ops.CONST:
+            return f"splat ({t} {text})"
+        found = self._rendered(("splat", u))
+        if found is None:
+            vt = f"<{self.width} x {t}>"
+            one = self.op(f"insertelement {vt} poison, {t} {text}, i64 0")
+            found = self.scopes[-1][("splat", u)] = \
+                self.op(f"shufflevector {vt} {one}, {vt} poison, <{self.width} x i32> zeroinitializer")
+        return found
+
+    def alu_node(self, u: UOp, srcs: list[str]) -> str:
+        if not self.vec:
+            return super().alu_node(u, srcs)
+        srcs = [self.vector(s, text) for s, text in zip(u.src, srcs)]
+        if u.op not in _PER_LANE and (u.op not in _LIBM or (u.op is Ops.ERF and reg_type(u.dtype) == "float")):
+            return super().alu_node(u, srcs)
+        lanes, out = self.vec, "poison"
+        for k in range(lanes):
+            parts = [self.op(f"extractelement {self.ty(s.dtype)} {v}, i64 {k}") for s, v in zip(u.src, srcs)]
+            self.vec = 0
+            one = super().alu_node(u, parts)
+            self.vec = lanes
+            out = self.op(f"insertelement {self.ty(u.dtype)} {out}, {reg_type(u.dtype)} {one}, i64 {k}")
+        return out
+
     def round_half(self, v: str) -> str:
-        h = self.op(f"fptrunc float {v} to half")
-        return self.op(f"fpext half {h} to float")
+        h = self.op(f"fptrunc {self.ty(dtypes.float32)} {v} to {self.ty(dtypes.float16, memory=True)}")
+        return self.op(f"fpext {self.ty(dtypes.float16, memory=True)} {h} to {self.ty(dtypes.float32)}")
 
     def alu(self, op: Ops, dt: DType, sdt: DType, s: list[str]) -> str:
-        t, st = reg_type(dt), reg_type(sdt)
+        t, st = self.ty(dt), self.ty(sdt)
         fl, signed = sdt.is_float, sdt.kind == "i"
         if op is Ops.WHERE:
-            return self.op(f"select i1 {s[0]}, {t} {s[1]}, {t} {s[2]}")
+            return self.op(f"select {self.ty(dtypes.bool)} {s[0]}, {t} {s[1]}, {t} {s[2]}")
         if op in (Ops.ADD, Ops.SUB, Ops.MUL):
             return self.op(f"{'f' if fl else ''}{op.name.lower()} {t} {s[0]}, {s[1]}")
         if op is Ops.FDIV:
@@ -145,9 +242,9 @@ class _Renderer(KernelRenderer):
                 return self.op(f"{'or' if op is Ops.MAX else 'and'} i1 {s[0]}, {s[1]}")
             name = ("maximum" if op is Ops.MAX else "minimum") if fl else \
                 (("s" if signed else "u") + ("max" if op is Ops.MAX else "min"))
-            return self.call(f"llvm.{name}.{'f32' if t == 'float' else 'f64' if fl else t}", t, [(t, s[0]), (t, s[1])])
+            return self.call(self.intrinsic(name, sdt), t, [(t, s[0]), (t, s[1])])
         if op is Ops.POW:
-            return self.call(f"llvm.pow.{'f32' if t == 'float' else 'f64'}", t, [(t, s[0]), (t, s[1])])
+            return self.call(self.intrinsic("pow", dt), t, [(t, s[0]), (t, s[1])])
         if op is Ops.ATAN2:
             return self.call("atan2" + ("f" if t == "float" else ""), t, [(t, s[0]), (t, s[1])])
         if op in (Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE):
@@ -161,19 +258,19 @@ class _Renderer(KernelRenderer):
         if op in (Ops.SHL, Ops.SHR):
             return self.shift(op, dt, s[0], s[1])
         if op is Ops.NEG:
-            return self.op(f"fneg {t} {s[0]}" if fl else f"sub {t} 0, {s[0]}")
+            return self.op(f"fneg {t} {s[0]}" if fl else f"sub {t} {self.const('0', dt)}, {s[0]}")
         if op is Ops.NOT:
-            return self.op(f"xor {t} {s[0]}, {'true' if dt == dtypes.bool else -1}")
+            return self.op(f"xor {t} {s[0]}, {self.const('true' if dt == dtypes.bool else '-1', dt)}")
         if op is Ops.ABS and not fl:
-            return s[0] if not signed else self.call(f"llvm.abs.{t}", t, [(t, s[0]), ("i1", "false")])
+            return s[0] if not signed else self.call(self.intrinsic("abs", dt), t, [(t, s[0]), ("i1", "false")])
         if op is Ops.SIGN:
             return self.sign(dt, s[0])
-        if op is Ops.EXP and t == "float":
+        if op is Ops.EXP and reg_type(dt) == "float":
             return self.exp_f32(s[0])
-        if op is Ops.ERF and t == "float":
+        if op is Ops.ERF and reg_type(dt) == "float":
             return self.erf_f32(s[0])
         if op in _MATH:
-            return self.call(f"llvm.{_MATH[op]}.{'f32' if t == 'float' else 'f64'}", t, [(t, s[0])])
+            return self.call(self.intrinsic(_MATH[op], dt), t, [(t, s[0])])
         if op in _LIBM:
             return self.call(_LIBM[op] + ("f" if t == "float" else ""), t, [(t, s[0])])
         raise NotImplementedError(f"LLVM renderer: {op} on {dt}")
@@ -182,47 +279,51 @@ class _Renderer(KernelRenderer):
         """exp on float as inline IR that vectorises (libm's expf does not): Cephes' range reduction
         x = n ln2 + r and degree-5 polynomial (about 1 ulp), scaled by 2^n as two exact powers of two so
         results stay right down to the denormals; NaN propagates, overflow gives inf, -inf gives 0."""
-        c = lambda v: const_literal(v, dtypes.float32)  # noqa: E731
-        x = self.op(f"select i1 {self.op(f'fcmp olt float {x}, {c(-104.0)}')}, float {c(-104.0)}, float {x}")
-        x = self.op(f"select i1 {self.op(f'fcmp ogt float {x}, {c(89.0)}')}, float {c(89.0)}, float {x}")
-        scaled = self.op(f"fadd float {self.op(f'fmul float {x}, {c(1.44269504088896341)}')}, {c(0.5)}")
-        n = self.call("llvm.floor.f32", "float", [("float", scaled)])
-        r = self.op(f"fsub float {x}, {self.op(f'fmul float {n}, {c(0.693359375)}')}")
-        r = self.op(f"fsub float {r}, {self.op(f'fmul float {n}, {c(-2.12194440e-4)}')}")
+        f, i, b = self.ty(dtypes.float32), self.ty(dtypes.int32), self.ty(dtypes.bool)
+        c = lambda v: self.const(const_literal(v, dtypes.float32), dtypes.float32)  # noqa: E731
+        n_ = lambda v: self.const(str(v), dtypes.int32)  # noqa: E731
+        x = self.op(f"select {b} {self.op(f'fcmp olt {f} {x}, {c(-104.0)}')}, {f} {c(-104.0)}, {f} {x}")
+        x = self.op(f"select {b} {self.op(f'fcmp ogt {f} {x}, {c(89.0)}')}, {f} {c(89.0)}, {f} {x}")
+        scaled = self.op(f"fadd {f} {self.op(f'fmul {f} {x}, {c(1.44269504088896341)}')}, {c(0.5)}")
+        n = self.call(self.intrinsic("floor", dtypes.float32), f, [(f, scaled)])
+        r = self.op(f"fsub {f} {x}, {self.op(f'fmul {f} {n}, {c(0.693359375)}')}")
+        r = self.op(f"fsub {f} {r}, {self.op(f'fmul {f} {n}, {c(-2.12194440e-4)}')}")
         p = c(1.9875691500e-4)
         for coef in (1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1):
-            p = self.op(f"fadd float {self.op(f'fmul float {p}, {r}')}, {c(coef)}")
-        r2 = self.op(f"fmul float {r}, {r}")
-        y = self.op(f"fadd float {self.op(f'fmul float {p}, {r2}')}, {r}")
-        y = self.op(f"fadd float {y}, {c(1.0)}")
-        finite_n = self.op(f"select i1 {self.op(f'fcmp uno float {n}, {n}')}, float {c(0.0)}, float {n}")
-        k = self.op(f"fptosi float {finite_n} to i32")  # in [-150, 129] once NaN is out of the way
-        half = self.op(f"ashr i32 {k}, 1")
-        for part in (half, self.op(f"sub i32 {k}, {half}")):
-            bits = self.op(f"shl i32 {self.op(f'add i32 {part}, 127')}, 23")
-            y = self.op(f"fmul float {y}, {self.op(f'bitcast i32 {bits} to float')}")
+            p = self.op(f"fadd {f} {self.op(f'fmul {f} {p}, {r}')}, {c(coef)}")
+        r2 = self.op(f"fmul {f} {r}, {r}")
+        y = self.op(f"fadd {f} {self.op(f'fmul {f} {p}, {r2}')}, {r}")
+        y = self.op(f"fadd {f} {y}, {c(1.0)}")
+        finite_n = self.op(f"select {b} {self.op(f'fcmp uno {f} {n}, {n}')}, {f} {c(0.0)}, {f} {n}")
+        k = self.op(f"fptosi {f} {finite_n} to {i}")  # in [-150, 129] once NaN is out of the way
+        half = self.op(f"ashr {i} {k}, {n_(1)}")
+        for part in (half, self.op(f"sub {i} {k}, {half}")):
+            bits = self.op(f"shl {i} {self.op(f'add {i} {part}, {n_(127)}')}, {n_(23)}")
+            y = self.op(f"fmul {f} {y}, {self.op(f'bitcast {i} {bits} to {f}')}")
         return y
 
     def horner(self, coefs: tuple, x: str) -> str:
-        c = lambda v: const_literal(v, dtypes.float32)  # noqa: E731
+        f = self.ty(dtypes.float32)
+        c = lambda v: self.const(const_literal(v, dtypes.float32), dtypes.float32)  # noqa: E731
         acc = c(coefs[-1])
         for coef in coefs[-2::-1]:
-            acc = self.op(f"fadd float {self.op(f'fmul float {acc}, {x}')}, {c(coef)}")
+            acc = self.op(f"fadd {f} {self.op(f'fmul {f} {acc}, {x}')}, {c(coef)}")
         return acc
 
     def erf_f32(self, x: str) -> str:
         """erf on float as inline IR that vectorises (libm's erff is a call per element): x * P(x^2) near 0,
         1 - exp(-x^2) * R(1 / (1 + |x|)) beyond, with the sign of x; |x| > 4 gives +-1, NaN propagates."""
-        c = lambda v: const_literal(v, dtypes.float32)  # noqa: E731
-        a = self.call("llvm.fabs.f32", "float", [("float", x)])
-        a = self.op(f"select i1 {self.op(f'fcmp ogt float {a}, {c(4.0)}')}, float {c(4.0)}, float {a}")
-        a2 = self.op(f"fmul float {a}, {a}")
-        small = self.op(f"fmul float {a}, {self.horner(ERF_SMALL, a2)}")
-        s = self.op(f"fdiv float {c(1.0)}, {self.op(f'fadd float {a}, {c(1.0)}')}")
-        tail = self.op(f"fmul float {self.exp_f32(self.op(f'fneg float {a2}'))}, {self.horner(ERFC_LARGE, s)}")
-        large = self.op(f"fsub float {c(1.0)}, {tail}")
-        r = self.op(f"select i1 {self.op(f'fcmp olt float {a}, {c(ERF_SPLIT)}')}, float {small}, float {large}")
-        return self.call("llvm.copysign.f32", "float", [("float", r), ("float", x)])
+        f, b = self.ty(dtypes.float32), self.ty(dtypes.bool)
+        c = lambda v: self.const(const_literal(v, dtypes.float32), dtypes.float32)  # noqa: E731
+        a = self.call(self.intrinsic("fabs", dtypes.float32), f, [(f, x)])
+        a = self.op(f"select {b} {self.op(f'fcmp ogt {f} {a}, {c(4.0)}')}, {f} {c(4.0)}, {f} {a}")
+        a2 = self.op(f"fmul {f} {a}, {a}")
+        small = self.op(f"fmul {f} {a}, {self.horner(ERF_SMALL, a2)}")
+        s = self.op(f"fdiv {f} {c(1.0)}, {self.op(f'fadd {f} {a}, {c(1.0)}')}")
+        tail = self.op(f"fmul {f} {self.exp_f32(self.op(f'fneg {f} {a2}'))}, {self.horner(ERFC_LARGE, s)}")
+        large = self.op(f"fsub {f} {c(1.0)}, {tail}")
+        r = self.op(f"select {b} {self.op(f'fcmp olt {f} {a}, {c(ERF_SPLIT)}')}, {f} {small}, {f} {large}")
+        return self.call(self.intrinsic("copysign", dtypes.float32), f, [(f, r), (f, x)])
 
     def divmod(self, op: Ops, dt: DType, a: str, b: str) -> str:
         """NumPy integer floor division / modulo: x // 0 == x % 0 == 0, and no trap on MIN // -1."""
@@ -278,18 +379,20 @@ class _Renderer(KernelRenderer):
         return self.op(f"sub {t} {pos}, {neg}")
 
     def cast(self, v: str, src: DType, dst: DType) -> str:
-        st, dt_ = reg_type(src), reg_type(dst)
+        st, dt_ = self.ty(src), self.ty(dst)
         if dst == dtypes.bool:
-            return self.op(f"fcmp une {st} {v}, 0.0" if src.is_float else f"icmp ne {st} {v}, 0")
+            zero = self.const(const_literal(0, src), src)
+            return self.op(f"fcmp une {st} {v}, {zero}" if src.is_float else f"icmp ne {st} {v}, {zero}")
         if src == dtypes.bool:
-            return self.op(f"uitofp i1 {v} to {dt_}" if dst.is_float else f"zext i1 {v} to {dt_}")
+            return self.op(f"uitofp {st} {v} to {dt_}" if dst.is_float else f"zext {st} {v} to {dt_}")
         if src.is_float and dst.is_float:
             if st == dt_:
                 return self.round_half(v) if dst == dtypes.float16 else v
-            out = self.op(f"{'fpext' if dt_ == 'double' else 'fptrunc'} {st} {v} to {dt_}")
+            out = self.op(f"{'fpext' if reg_type(dst) == 'double' else 'fptrunc'} {st} {v} to {dt_}")
             return self.round_half(out) if dst == dtypes.float16 else out
         if src.is_float:
-            name = f"llvm.fpto{'s' if dst.kind == 'i' else 'u'}i.sat.{dt_}.{'f32' if st == 'float' else 'f64'}"
+            name = f"llvm.fpto{'s' if dst.kind == 'i' else 'u'}i.sat.{_suffix(reg_type(dst), self.vec)}." \
+                   f"{_suffix(reg_type(src), self.vec)}"
             return self.call(name, dt_, [(st, v)])
         if dst.is_float:
             out = self.op(f"{'sitofp' if src.kind == 'i' else 'uitofp'} {st} {v} to {dt_}")
@@ -304,7 +407,91 @@ class _Renderer(KernelRenderer):
     def address(self, buf: UOp, index: str) -> str:
         return self.op(f"getelementptr inbounds {mem_type(buf.dtype)}, ptr %buf{buf.arg}, i64 {index}", "p")
 
+    def lane_pointer(self, buf: UOp, index: UOp, gated: bool) -> tuple[str, bool]:
+        """(the address of lane 0, True) when `index` steps by one along the lane, else (the lanes' addresses as
+        a vector of pointers, False). A gated access's address may lie outside its buffer: no `inbounds`."""
+        first = self.lane_start(index)
+        inbounds = "" if gated else " inbounds"
+        if first is not None:
+            lanes, self.vec = self.vec, 0
+            first = self.value(first)
+            self.vec = lanes
+            return self.op(f"getelementptr{inbounds} {mem_type(buf.dtype)}, ptr %buf{buf.arg}, i64 {first}", "p"), True
+        offsets = self.vector(index, self.value(index))
+        return self.op(f"getelementptr{inbounds} {mem_type(buf.dtype)}, ptr %buf{buf.arg}, <{self.vec} x i64> "
+                       f"{offsets}", "p"), False
+
+    def lane_start(self, index: UOp) -> UOp | None:
+        """`index` at lane 0 when it steps by one along the lane (lane + an expression free of it, as a register
+        block's indices are), else None."""
+        if index is self.lane:
+            return UOp.const(0)
+        if index.op is Ops.ADD and index in self.laned:
+            a, b = index.src
+            if b in self.laned:
+                a, b = b, a
+            if b not in self.laned:
+                rest = self.lane_start(a)
+                return None if rest is None else UOp(Ops.ADD, index.dtype, (rest, b))
+        if index.op in (Ops.MIN, Ops.MAX) and index in self.laned:  # min(a + lane, b + lane) = min(a, b) + lane
+            starts = [self.lane_start(x) for x in index.src]
+            if None not in starts:
+                return UOp(index.op, index.dtype, tuple(starts))
+        step = simplify(index.substitute({self.lane: self.lane + 1}) - index)
+        return simplify(index.substitute({self.lane: UOp.const(0)})) if step.op is Ops.CONST and step.arg == 1 else None
+
+    def lane_mask(self, gate: UOp | None) -> str:
+        return "splat (i1 true)" if gate is None else self.vector(gate, self.value(gate))
+
+    def vector_load(self, u: UOp) -> str:
+        """A load whose index or gate depends on the lane: a vector load (masked when gated), or a gather."""
+        gate = u.src[2] if len(u.src) > 2 else None
+        ptr, contiguous = self.lane_pointer(u.src[0], u.src[1], gate is not None)
+        mt, vt, align = mem_type(u.dtype), self.ty(u.dtype, memory=True), max(1, u.dtype.itemsize)
+        if contiguous and gate is None:
+            raw = self.op(f"load {vt}, ptr {ptr}, align {align}")
+        else:
+            mask, kind = self.lane_mask(gate), "load" if contiguous else "gather"
+            pt = "ptr" if contiguous else f"<{self.vec} x ptr>"
+            raw = self.call(f"llvm.masked.{kind}.{_suffix(mt, self.vec)}.{'p0' if contiguous else f'v{self.vec}p0'}",
+                            vt, [(pt, ptr), ("i32", str(align)), (self.ty(dtypes.bool), mask), (vt, "zeroinitializer")])
+        if u.dtype == dtypes.bool:
+            return self.op(f"icmp ne {vt} {raw}, zeroinitializer")
+        if u.dtype == dtypes.float16:
+            return self.op(f"fpext {vt} {raw} to {self.ty(u.dtype)}")
+        return raw
+
+    def vector_store(self, u: UOp):
+        """A store whose index, value or gate depends on the lane: a vector store (masked when gated) or a
+        scatter."""
+        buf, idx, val = u.src[:3]
+        if u.arg is not None:
+            raise NotImplementedError(f"LLVM renderer: a combining store across lanes in {self.ast.arg}")
+        gate = u.src[3] if len(u.src) > 3 else None
+        self.vec = self.width
+        try:
+            v = self.vector(val, self.value(val))
+            ptr, contiguous = self.lane_pointer(buf, idx, gate is not None)
+            vt, align = self.ty(val.dtype, memory=True), max(1, val.dtype.itemsize)
+            if val.dtype == dtypes.bool:
+                v = self.op(f"zext {self.ty(val.dtype)} {v} to {vt}")
+            elif val.dtype == dtypes.float16:
+                v = self.op(f"fptrunc {self.ty(val.dtype)} {v} to {vt}")
+            if contiguous and gate is None:
+                self.emit(f"store {vt} {v}, ptr {ptr}, align {align}")
+                return
+            kind = "store" if contiguous else "scatter"
+            pt = "ptr" if contiguous else f"<{self.vec} x ptr>"
+            name = f"llvm.masked.{kind}.{_suffix(mem_type(val.dtype), self.vec)}.{'p0' if contiguous else f'v{self.vec}p0'}"
+            args = [(vt, v), (pt, ptr), ("i32", str(align)), (self.ty(dtypes.bool), self.lane_mask(gate))]
+            self.decls.add(f"declare void @{name}({', '.join(t for t, _ in args)})")
+            self.emit(f"call void @{name}({', '.join(f'{t} {a}' for t, a in args)})")
+        finally:
+            self.vec = 0
+
     def load(self, u: UOp) -> str:
+        if self.vec:
+            return self.vector_load(u)
         buf, idx = u.src[0], self.value(u.src[1])
         gate = self.value(u.src[2]) if len(u.src) > 2 else None
         rt = reg_type(u.dtype)
@@ -329,6 +516,8 @@ class _Renderer(KernelRenderer):
 
     def store(self, u: UOp):
         """A store, branched around when gated; with an op (a scatter's combine) it reads the element first."""
+        if u in self.laned:
+            return self.vector_store(u)
         buf, idx, val = u.src[:3]
         i, v = self.value(idx), self.value(val)
         if len(u.src) > 3:
@@ -380,21 +569,23 @@ class _Renderer(KernelRenderer):
         A lone float sum is reassociated so LLVM vectorises its loop; a block's sums are not (its
         accumulators vectorise across the block instead) and fuse their multiply-adds.
         """
-        here = set(self.open_ranges)
+        here, laned = set(self.open_ranges), u in self.laned
         group = [u] + [r for r in self.reduce_groups[(u.arg, u.dtype, u.src[1:])]
-                       if r is not u and self.reduce_loops[r] <= here and not any(r in scope for scope in self.scopes)]
-        t, block = reg_type(u.dtype), len(group) > 1
+                       if r is not u and self.reduce_loops[r] <= here and (r in self.laned) == laned
+                       and not any(r in scope for scope in self.scopes)]
+        t, block = self.ty(u.dtype), len(group) > 1
         accs = [self.tmp("acc") for _ in group]
         for acc in accs:
             self.allocas.append(f"  {acc} = alloca {t}")
-            self.emit(f"store {t} {const_literal(_identity(u.arg, u.dtype), u.dtype)}, ptr {acc}")
+            self.emit(f"store {t} {self.const(const_literal(_identity(u.arg, u.dtype), u.dtype), u.dtype)}, ptr {acc}")
         loops = [self.open_loop(r, "0", self.value(r.src[0])) for r in u.src[1:]]
+        as_value = (lambda x: self.vector(x, self.value(x))) if laned else self.value
         for r, acc in zip(group, accs):
             x = r.src[0]
             if block and u.arg is Ops.ADD and u.dtype.is_float and x.op is Ops.MUL:
-                v = self.op(f"fmul contract {t} {self.value(x.src[0])}, {self.value(x.src[1])}")
+                v = self.op(f"fmul contract {t} {as_value(x.src[0])}, {as_value(x.src[1])}")
             else:
-                v = self.value(x)
+                v = as_value(x)
             cur = self.op(f"load {t}, ptr {acc}")
             if u.arg is Ops.ADD and u.dtype.is_float:
                 new = self.op(f"fadd {'contract' if block else 'reassoc'} {t} {cur}, {v}")
@@ -440,7 +631,7 @@ class _Renderer(KernelRenderer):
             loops.append(self.open_loop(None, "%start", "%end.one"))
         base = len(loops)
         for store in self.ast.src:
-            need = _loop_ranges(store)
+            need = _loops(self.ranges[store])
             if self.prange is not None and (not need or need[0] is not self.prange):
                 raise RuntimeError(f"a store of {self.ast.arg} is outside the parallel range")
             keep = 0

@@ -10,7 +10,8 @@ class Ops(Enum):
     DEFINE_GLOBAL = auto()  # kernel only; arg: buffer slot; dtype: element dtype
     IOTA = auto()           # traced only; arg: (shape, axis); element = its index along axis
     RANGE = auto()          # kernel only; src: (end,); arg: (axis, "loop" | "reduce" | "serial"); a serial loop
-                            # is never split over CPU threads (a scatter whose updates may collide)
+                            # is never split over CPU threads (a scatter whose updates may collide); a "lane"
+                            # range is no loop: the llvm renderer computes it as one vector (optimize.py)
     # unary
     NEG = auto(); NOT = auto(); ABS = auto(); SIGN = auto()
     EXP = auto(); EXP2 = auto(); LOG = auto(); LOG2 = auto(); SQRT = auto()

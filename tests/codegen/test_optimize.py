@@ -29,7 +29,8 @@ def test_blocked_kernel_stores_a_block_per_iteration(rng, target, rows, cols, wi
     plan = pj.prepare(lambda a, b: a @ b, device="cpu").plan(a, b)
     (kernel,) = plan.kernels
     blocked = optimize(kernel.ast, "llvm", target)
-    assert len(blocked.src) == rows * cols and all(s.op is Ops.STORE for s in blocked.src)
+    assert _columns(blocked) == rows * cols and all(s.op is Ops.STORE for s in blocked.src)
+    assert len(blocked.src) == rows * 2  # each row's columns are two vectors
     assert f'"prefer-vector-width"="{width}"' in render_llvm(blocked, target).source
     assert optimize(kernel.ast, "opencl") is kernel.ast
 
@@ -60,9 +61,19 @@ def test_row_sums_and_integer_contractions_untouched_but_correct(rng):
     np.testing.assert_allclose(np.asarray(g(xf)), xf.sum(axis=1))
 
 
+def _lanes(store) -> int:
+    """The output elements a blocked kernel's store writes: its lane range's extent (a vector), else 1."""
+    return next((u.src[0].arg for u in store.toposort() if u.op is Ops.RANGE and u.arg[1] == "lane"), 1)
+
+
+def _columns(ast) -> int:
+    """The output elements (rows x columns) one iteration of a blocked kernel stores."""
+    return sum(_lanes(s) for s in ast.src)
+
+
 def _clamped_rows(ast) -> int:
-    """How many stores of a blocked kernel clamp their row (a MIN in the store index)."""
-    return sum(any(u.op is Ops.MIN for u in s.src[1].toposort()) for s in ast.src)
+    """How many output elements of a blocked kernel clamp their row (a MIN in the store index)."""
+    return sum(_lanes(s) for s in ast.src if any(u.op is Ops.MIN for u in s.src[1].toposort()))
 
 
 def test_symbolic_rows_are_blocked_with_clamped_last_block(rng):
@@ -73,9 +84,9 @@ def test_symbolic_rows_are_blocked_with_clamped_last_block(rng):
         np.testing.assert_allclose(np.asarray(f(x, w)), x @ w, rtol=1e-4, atol=1e-4, err_msg=f"n={n}")
     (kernel,) = f.plan(x, w).kernels
     blocked = optimize(kernel.ast, "llvm", AVX512)  # a block's first row, 8 * r < n, needs no clamp
-    assert len(blocked.src) == 8 * 32 and _clamped_rows(blocked) == 7 * 32
+    assert _columns(blocked) == 8 * 32 and _clamped_rows(blocked) == 7 * 32
     blocked = optimize(kernel.ast, "llvm", AVX2)
-    assert len(blocked.src) == 5 * 16 and _clamped_rows(blocked) == 4 * 16
+    assert _columns(blocked) == 5 * 16 and _clamped_rows(blocked) == 4 * 16
 
 
 @pytest.mark.parametrize("m", [5, 13, 999])
@@ -86,7 +97,7 @@ def test_static_row_counts_no_block_divides_are_clamped(rng, m):
     np.testing.assert_allclose(np.asarray(f(a, b)), a @ b, rtol=1e-4, atol=1e-4)
     (kernel,) = f.plan(a, b).kernels
     blocked = optimize(kernel.ast, "llvm", AVX512)
-    assert len(blocked.src) == min(m, 8) * 32 and (_clamped_rows(blocked) > 0) == (m > 8)
+    assert _columns(blocked) == min(m, 8) * 32 and (_clamped_rows(blocked) > 0) == (m > 8)
 
 
 def test_symbolic_rows_in_a_batched_fused_mlp(rng):
@@ -126,7 +137,7 @@ def test_symbolic_columns_get_full_blocks_and_a_peeled_tail(rng):
     *packs, kernel = f.plan(q, k).kernels  # k.T is strided along the columns: its full panels are packed
     assert [p.ast.arg[:5] for p in packs] == ["pack_"]
     blocked = optimize(kernel.ast, "llvm", AVX512)
-    assert len(blocked.src) == 8 * 32 + 8 and _tail_stores(blocked) == 8
+    assert _columns(blocked) == 8 * 32 + 8 and _tail_stores(blocked) == 8
     assert _tail_stores(optimize(kernel.ast, "llvm", AVX2)) == 5
 
 
