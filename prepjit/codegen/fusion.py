@@ -163,9 +163,12 @@ def fused_reductions(outputs: list[UOp], materialized: set[UOp], rows: bool = Fa
     ok = {_DIRECT, _RESHAPED, _ROW} if rows else {_DIRECT, _RESHAPED}
     fused: set[UOp] = set()
     holds: dict[UOp, UOp] = {}  # a kernel's root -> the contraction fused into it (one_contraction)
+    position = {n: k for k, n in enumerate(graph)}
+    by_position = sorted(materialized, key=position.__getitem__)
+    expands = _expands_below(graph) if one_contraction else {}
     while True:  # a fused reduction's reads become its reader's: the reductions it read may fuse next
         reads: dict[UOp, list] = {}  # reduction -> [(reader root, how it reads it)]
-        for root in dict.fromkeys([r for r in roots if r not in fused] + sorted(materialized, key=graph.index)):
+        for root in dict.fromkeys([r for r in roots if r not in fused] + by_position):
             for red, how in _reductions_read(root, materialized, fused):
                 reads.setdefault(red, []).append((root, how))
         more = set()
@@ -174,7 +177,7 @@ def fused_reductions(outputs: list[UOp], materialized: set[UOp], rows: bool = Fa
             if red in explicit or red in in_loops or root in in_loops or root.op is Ops.REDUCE_AXIS:
                 continue
             if all(r is root and how in ok for r, how in readers):
-                if one_contraction and red not in fused and _is_contraction(red):
+                if one_contraction and red not in fused and _is_contraction(red, expands):
                     if holds.setdefault(root, red) is not red:
                         continue
                 more.add(red)
@@ -183,11 +186,19 @@ def fused_reductions(outputs: list[UOp], materialized: set[UOp], rows: bool = Fa
         fused |= more
 
 
-def _is_contraction(red: UOp) -> bool:
-    """Whether a reduction is a sum of products with a broadcast operand (a matmul, a matvec, an einsum)."""
+def _expands_below(graph: list[UOp]) -> dict[UOp, bool]:
+    """Per node of a parents-first graph (kernel_roots'), whether an EXPAND is under it (itself included)."""
+    below: dict[UOp, bool] = {}
+    for n in reversed(graph):
+        below[n] = n.op is Ops.EXPAND or any(below[s] for s in n.src)
+    return below
+
+
+def _is_contraction(red: UOp, expands: dict[UOp, bool]) -> bool:
+    """Whether a reduction is a sum of products with a broadcast operand (a matmul, a matvec, an einsum);
+    `expands`: _expands_below of the graph."""
     x = red.src[0]
-    return red.arg[0] is Ops.ADD and x.op is Ops.MUL and any(
-        any(n.op is Ops.EXPAND for n in s.toposort()) for s in x.src)
+    return red.arg[0] is Ops.ADD and x.op is Ops.MUL and any(expands[s] for s in x.src)
 
 
 _DIRECT, _RESHAPED, _ROW, _INNER, _OTHER = range(5)  # how a kernel's index reaches a node: element for element,
