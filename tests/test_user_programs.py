@@ -131,9 +131,6 @@ def test_at_index_depending_on_vars_is_checked_per_call():
     close(f(np.zeros(4, f32), 3), [0, 0, 0, 3])
 
 
-@pytest.mark.xfail(strict=True, reason="x.at[pos:pos + k].set(v) with var pos and k: the slice's length is "
-                                       "min(k, n - pos), never proven equal to k, so the update is refused with an "
-                                       "unreadable TraceError (numpy_at.update / indexing._slice_spec)")
 def test_at_set_of_a_var_window():
     f = pj.prepare(lambda x, v, pos: x.at[pos:pos + v.shape[0]].set(v), vars={"k": (0, 8), "pos": (0, 15)},
                    shapes={"v": ("k",)})

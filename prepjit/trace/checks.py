@@ -114,8 +114,13 @@ def require(lhs, rhs, strict: bool, what: str, text: str | None = None, error_ki
     """Record `lhs < rhs` (strict) or `lhs <= rhs` for an index that may depend on vars (`text` spells it;
     `error_kind` as IndexConstraint's)."""
     c = constraint(as_uop(lhs), as_uop(rhs), strict, what)
-    c = IndexConstraint(c.cond, text or c.text, what, error_kind)
-    cond = simplify(c.cond)
+    require_cond(c.cond, what, text or c.text, error_kind)
+
+
+def require_cond(cond: UOp, what: str, text: str, error_kind: str = "index"):
+    """Record a bool expression over vars that every call must meet (one `require` cannot spell: a disjunction)."""
+    c = IndexConstraint(cond, text, what, error_kind)
+    cond = simplify(cond)
     if _decided(cond, c) or not _scopes():
         return
     _scopes()[-1].constraints.append(IndexConstraint(cond, c.text, what, error_kind))
@@ -146,10 +151,20 @@ def for_every_iteration(c: IndexConstraint, leaf_var_names: set, counters: dict)
                                                            if v in k.cond.variables() else [k])))
 
 
+def _linear(cond: UOp, v: UOp) -> bool:
+    """True when `cond` holds for every value of v in an interval iff it holds at both ends: a bound linear in v,
+    an `and` of such, or an `or` of one with a part free of v."""
+    if cond.op is Ops.AND:
+        return all(_linear(s, v) for s in cond.src)
+    if cond.op is Ops.OR:
+        a, b = cond.src
+        return _linear(a, v) and v not in b.variables() or _linear(b, v) and v not in a.variables()
+    return cond.op is Ops.CMPLT and all(m == (v,) or v not in m for m in poly(simplify(cond.src[1] - cond.src[0])))
+
+
 def _each_value(k: IndexConstraint, v: UOp, bounds) -> list[IndexConstraint]:
     name, lo, hi = v.arg
-    linear = k.cond.op is Ops.CMPLT and all(m == (v,) or v not in m
-                                            for m in poly(simplify(k.cond.src[1] - k.cond.src[0])))
+    linear = _linear(k.cond, v)
     if bounds is None:
         values, guards = ((lo, hi) if linear or hi == lo else range(lo, hi + 1)), None
     else:  # var bounds: at their expressions (or, enumerated, where the value is inside them); none when empty

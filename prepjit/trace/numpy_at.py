@@ -10,16 +10,18 @@ Repeated ids accumulate for add / multiply / min / max (np.add.at); for set, one
 the project's default): the call raises IndexBoundError (a flag, as gathers do: trace/checks.py);
 "drop" (JAX's default for updates) or "promise_in_bounds": that update is skipped; "clip" / "wrap":
 clamped / taken modulo the dim. Integer and slice indices follow indexing's rules (a var-dependent
-int is a constraint checked on every call).
+int is a constraint checked on every call); a slice window whose length depends on vars is clipped at the
+end as NumPy's is, and the updates must fit it (a constraint too: `_windows`).
 """
 from __future__ import annotations
 
 from ..errors import TraceError
-from ..uop import Ops, UOp, dtypes
+from ..uop import Ops, UOp, as_uop, dtypes, simplify
 from . import prims
-from .checks import record_flag
-from .indexing import _is_int_like, _slice_spec, constant_index, index_int, is_array_index
+from .checks import record_flag, require_cond
+from .indexing import _is_int_like, _slice_spec, _text, constant_index, index_int, is_array_index
 from .numpy_math import clip, greater_equal, less, logical_and, mod
+from .numpy_index import take
 from .numpy_reduce import any as any_
 from .scatter import scatter
 from .tracer import Tracer
@@ -108,7 +110,8 @@ def update(x: Tracer, key: tuple, values, combine, mode=None) -> Tracer:
                              f"got {type(k).__name__}")
         m += 1
     shape, place = _result_shape(entries)
-    values = _fit_values(prims.to_tracer(values), shape, x)
+    shape, values = _windows(x, key, entries, place, shape, prims.to_tracer(values))
+    values = _fit_values(values, shape, x)
     indices, dims = [], [None] * x.ndim
     batch = place.get("batch")
     for e, (kind, m, payload) in enumerate(entries):
@@ -156,6 +159,61 @@ def _result_shape(entries: list) -> tuple[tuple, dict]:
         place[e] = n if n < first else n + len(batch)
     shape = tuple(sizes[e] for e in rest[:first]) + tuple(batch) + tuple(sizes[e] for e in rest[first:])
     return shape, place
+
+
+def _windows(x: Tracer, key: tuple, entries: list, place: dict, shape: tuple, values: Tracer) -> tuple:
+    """(shape, values) for slice windows whose length depends on vars (`x.at[pos:pos + k].set(v)`: the window
+    x[pos:pos + k] has min(k, n - pos) positions, clipped at the end as NumPy's are): NumPy takes updates of
+    length d for a window of length w when d == w or d == 1, so that is a constraint checked on every call
+    (`_require_window`), and the window is written at the updates' length d (a window `a:a + d`, step 1, a >= 0:
+    one of length 0 or 1 past the end writes nothing, as the scatter skips ids outside the axis), or at its
+    own length w, the updates read at min(i, d - 1) (d == 1 broadcasts)."""
+    dims = tuple(values.uop.shape)
+    while len(dims) > len(shape) and isinstance(dims[0], int) and dims[0] == 1:
+        dims = dims[1:]
+    if len(dims) > len(shape):
+        return shape, values  # _fit_values says why
+    shape = list(shape)
+    entry_at = {n: e for e, n in place.items() if isinstance(e, int)}
+    for j in range(len(shape) - len(dims), len(shape)):
+        size, d = shape[j], dims[j - len(shape) + len(dims)]
+        e = entry_at.get(j)
+        if e is None or entries[e][0] != "slice" or isinstance(d, int) and (d == 1 or isinstance(size, int)) \
+                or prims.dims_equal(size, d):
+            continue
+        _, m, (start, step, _) = entries[e]
+        if _require_window(x, m, key[e], size, d, values):
+            entries[e], shape[j] = ("slice", m, (start, step, d)), d
+            continue
+        at = Tracer(UOp(Ops.IOTA, dtypes.int64, (), ((size,), 0)))
+        values = take(values, at, axis=j - len(shape) + values.ndim, mode="clip")
+    return tuple(shape), values
+
+
+def _require_window(x: Tracer, m: int, s: slice, size, d, values: Tracer) -> bool:
+    """Record that updates of length d fit the window `s` of axis m (of length `size`, clipped): d == size or
+    d == 1. True for a window `a:a + d` (step 1, a >= 0), where that is a + d <= n or d <= 1."""
+    n = x.uop.shape[m]
+    bounds = ":".join("" if v is None else _text(prims.to_sint(v)) for v in (s.start, s.stop, s.step))
+    bounds = bounds[:-1] if bounds.endswith(":") else bounds
+    what = (f"the update x.at[{'..., ' if m else ''}{bounds}] (axis {m}) of x of shape {x.shape_str} with updates "
+            f"of shape {values.shape_str} (NumPy: the updates must fit the window, clipped at the end)")
+    a = 0 if s.start is None else prims.to_sint(s.start)
+    exact = s.stop is not None and s.step in (None, 1) and (a if isinstance(a, int) else a.vmin) >= 0 \
+        and prims.dims_equal(UOp.const(0) + prims.to_sint(s.stop) - a, d)
+    fits, fits_text = (_le(UOp.const(0) + a + d, n), f"{_text(simplify(UOp.const(0) + a + d))} <= {_text(n)}") \
+        if exact else (_eq(size, d), f"len(range({_text(n)})[{bounds}]) == {_text(d)}")
+    one, one_text = (_le(d, 1), f"{_text(d)} <= 1") if exact else (_eq(d, 1), f"{_text(d)} == 1")
+    require_cond(UOp(Ops.OR, dtypes.bool, (fits, one)), what, f"{fits_text} or {one_text}")
+    return exact
+
+
+def _le(a, b) -> UOp:
+    return UOp(Ops.CMPLT, dtypes.bool, (as_uop(a), as_uop(b) + 1))
+
+
+def _eq(a, b) -> UOp:
+    return UOp(Ops.AND, dtypes.bool, (_le(a, b), _le(b, a)))
 
 
 def _placed(ids: Tracer, batch: tuple, first: int, shape: tuple) -> Tracer:
