@@ -441,8 +441,6 @@ def test_max_over_a_var_that_is_zero_raises_then_works(rng):
     close(loop(np.array([1.0], f32)), [127.0])
 
 
-@pytest.mark.xfail(strict=True, reason="pnp.max / min take no initial= (NumPy's and JAX's way to reduce an empty "
-                                       "axis): TraceError 'unexpected keyword argument' (trace/numpy_reduce.py)")
 def test_max_with_initial():
     x = np.zeros((0, 2), f32)
     close(pj.prepare(lambda x: pnp.max(x, axis=0, initial=-5.0))(x), np.max(x, axis=0, initial=-5.0))

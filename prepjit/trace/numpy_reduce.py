@@ -4,8 +4,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..uop import DType, Ops, UOp, dtypes, sym_prod, to_dtype
-from . import checks, prims
-from .numpy_math import equal, isnan, logical_or, multiply, sqrt, subtract, true_divide, where
+from . import checks, numpy_math, prims
+from .numpy_math import (add, equal, isnan, logical_and, logical_or, maximum, minimum, multiply, sqrt, subtract,
+                         true_divide, where)
 from .numpy_create import iota
 from .numpy_shape import moveaxis, ravel
 from .prims import to_tracer
@@ -45,30 +46,59 @@ def _require_not_empty(n, message: str):
         checks.require(UOp.const(0), n, True, message, f"{n.render()} > 0", error_kind="empty")
 
 
-def sum(x, axis=None, keepdims=False, dtype=None):  # noqa: A001 - NumPy's name
+def _with_initial(x: Tracer, axis, keepdims, op: Ops, dt: DType, initial, where, name: str) -> Tracer:
+    """NumPy's `initial=` and `where=` of a ufunc reduction: elements where `where` is False are left out (set
+    to the identity, or to `initial` for max / min, which have none), and the result is combined with `initial`
+    (cast to the result dtype; a Python int must fit it), so an empty axis reduces to it."""
+    x = prims.cast(x, dt)
+    if initial is not None:
+        initial = to_tracer(initial)
+        if initial.ndim:
+            raise ValueError(f"initial= must be a scalar, not an array of shape {initial.shape_str}")
+        prims.check_python_int_fits(initial, dt)
+        initial = prims.cast(initial, dt)
+    if where is not None and where is not True:
+        where = to_tracer(where)
+        if where.dtype != dtypes.bool:
+            raise TypeError(f"where= must be a bool array, not {where.dtype.name} (NumPy casts it with the 'safe' "
+                            "rule)")
+        if initial is None and op in (Ops.MAX, Ops.MIN):
+            raise ValueError(f"reduction operation '{name}' does not have an identity, so to use a where mask one "
+                             "has to specify 'initial'")
+        fill = initial if op in (Ops.MAX, Ops.MIN) else prims.cast(to_tracer(0 if op is Ops.ADD else 1), dt)
+        x = numpy_math.where(where, x, fill)
+    if initial is None and op in (Ops.MAX, Ops.MIN):
+        _check_not_empty(x, axis, name)
+    if dt == dtypes.bool:
+        op = {Ops.ADD: Ops.OR, Ops.MUL: Ops.AND, Ops.MAX: Ops.OR, Ops.MIN: Ops.AND}[op]
+    out = prims.reduce(x, op, axis, keepdims)
+    if initial is None:
+        return out
+    combine = {Ops.ADD: add, Ops.OR: logical_or, Ops.MUL: multiply, Ops.AND: logical_and, Ops.MAX: maximum,
+               Ops.MIN: minimum}[op]
+    return prims.cast(combine(out, initial), dt)
+
+
+def sum(x, axis=None, keepdims=False, dtype=None, initial=None, where=True):  # noqa: A001 - NumPy's name
     x = to_tracer(x)
-    dt = _reduction_dtype("sum", x, dtype)
-    return prims.reduce(prims.cast(x, dt), Ops.OR if dt == dtypes.bool else Ops.ADD, _axis_of(x, axis), keepdims)
+    return _with_initial(x, _axis_of(x, axis), keepdims, Ops.ADD, _reduction_dtype("sum", x, dtype), initial, where,
+                         "add")
 
 
-def prod(x, axis=None, keepdims=False, dtype=None):
+def prod(x, axis=None, keepdims=False, dtype=None, initial=None, where=True):
     x = to_tracer(x)
-    dt = _reduction_dtype("prod", x, dtype)
-    return prims.reduce(prims.cast(x, dt), Ops.AND if dt == dtypes.bool else Ops.MUL, _axis_of(x, axis), keepdims)
+    return _with_initial(x, _axis_of(x, axis), keepdims, Ops.MUL, _reduction_dtype("prod", x, dtype), initial,
+                         where, "multiply")
 
 
-def max(x, axis=None, keepdims=False):  # noqa: A001 - NumPy's name
+def max(x, axis=None, keepdims=False, initial=None, where=True):  # noqa: A001 - NumPy's name
     x = to_tracer(x)
-    axis = _axis_of(x, axis)
-    _check_not_empty(x, axis, "maximum")
-    return prims.reduce(x, Ops.OR if x.dtype == dtypes.bool else Ops.MAX, axis, keepdims)
+    return _with_initial(x, _axis_of(x, axis), keepdims, Ops.MAX, x.dtype, initial, where, "maximum")
 
 
-def min(x, axis=None, keepdims=False):  # noqa: A001 - NumPy's name
+def min(x, axis=None, keepdims=False, initial=None, where=True):  # noqa: A001 - NumPy's name
     x = to_tracer(x)
-    axis = _axis_of(x, axis)
-    _check_not_empty(x, axis, "minimum")
-    return prims.reduce(x, Ops.AND if x.dtype == dtypes.bool else Ops.MIN, axis, keepdims)
+    return _with_initial(x, _axis_of(x, axis), keepdims, Ops.MIN, x.dtype, initial, where, "minimum")
 
 
 amax, amin = max, min

@@ -79,24 +79,24 @@ class Tracer:
 
     # NumPy's functions (np.sum(x), np.cumsum(x), ...) call these methods with `out=` and their other keywords
     def sum(self, axis=None, dtype=None, out=None, keepdims=False, initial=None, where=None):
-        _unsupported(out=out, initial=initial, where=where)
-        return _np().sum(self, axis=axis, keepdims=keepdims, dtype=dtype)
+        _unsupported(out=out)
+        return _np().sum(self, axis=axis, keepdims=keepdims, dtype=dtype, initial=initial, where=where)
 
     def mean(self, axis=None, dtype=None, out=None, keepdims=False, where=None):
         _unsupported(out=out, where=where)
         return _np().mean(self, axis=axis, keepdims=keepdims, dtype=dtype)
 
     def max(self, axis=None, out=None, keepdims=False, initial=None, where=None):
-        _unsupported(out=out, initial=initial, where=where)
-        return _np().max(self, axis=axis, keepdims=keepdims)
+        _unsupported(out=out)
+        return _np().max(self, axis=axis, keepdims=keepdims, initial=initial, where=where)
 
     def min(self, axis=None, out=None, keepdims=False, initial=None, where=None):
-        _unsupported(out=out, initial=initial, where=where)
-        return _np().min(self, axis=axis, keepdims=keepdims)
+        _unsupported(out=out)
+        return _np().min(self, axis=axis, keepdims=keepdims, initial=initial, where=where)
 
     def prod(self, axis=None, dtype=None, out=None, keepdims=False, initial=None, where=None):
-        _unsupported(out=out, initial=initial, where=where)
-        return _np().prod(self, axis=axis, keepdims=keepdims, dtype=dtype)
+        _unsupported(out=out)
+        return _np().prod(self, axis=axis, keepdims=keepdims, dtype=dtype, initial=initial, where=where)
 
     def all(self, axis=None, out=None, keepdims=False, where=None):
         _unsupported(out=out, where=where)
@@ -268,7 +268,7 @@ def _np():
 
 
 def _unsupported(**given):
-    """NumPy's `out=`, `initial=` and `where=` keywords are accepted at their defaults only."""
+    """NumPy's `out=` keyword (and `where=` of the methods that do not take it) is accepted at its default only."""
     for name, value in given.items():
         if value is not None:
             raise TraceError(f"{name}= is not supported on traced arrays: results are new arrays (drop {name}=, "
