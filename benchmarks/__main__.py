@@ -27,6 +27,8 @@ def format_row(record: dict, peer_names: list[str]) -> str:
     extra = []
     if "rates" in record:
         extra.append(f"{record['rates']['prepjit']:.1f} {record['rate_unit']}")
+    if "disk_cache_seconds" in record:
+        extra.append(f"a second process with the disk cache: {_fmt_seconds(record['disk_cache_seconds'])}")
     if "goal" in record:
         g = record["goal"]
         verdict = "n/a" if g["met"] is None else "met" if g["met"] else "NOT met"

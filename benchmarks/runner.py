@@ -4,11 +4,13 @@ from __future__ import annotations
 import functools
 import os
 import platform
+import tempfile
 import time
 
 import numpy as np
 
 from .case import Case
+from .first_call import in_fresh_process
 from .peers import Peer
 from .timing import time_per_call
 
@@ -38,7 +40,7 @@ def plan_memory(prepared, arrays) -> dict:
 
 
 def _prepare_seconds(make_call, arrays, smoke: bool) -> float:
-    """Median time of a first call (trace + compile) with fresh state each round."""
+    """Median time of a first call (trace + compile) with fresh state each round, in this process (the peers')."""
     samples = []
     for _ in range(1 if smoke else 3):
         call = make_call()
@@ -48,8 +50,23 @@ def _prepare_seconds(make_call, arrays, smoke: bool) -> float:
     return float(np.median(samples))
 
 
+def _first_call_seconds(case: Case, smoke: bool) -> tuple[float, list]:
+    """The median first call of a prepare case, each in a fresh Python process with the disk cache off: nothing
+    of an earlier round (kernels, simplifier memos, compile workers) is warm. Also every round's record."""
+    calls = [in_fresh_process(case.name, smoke, {"PREPJIT_CACHE": "0"}) for _ in range(1 if smoke else 3)]
+    return float(np.median([c["seconds"] for c in calls])), calls
+
+
+def _disk_cache_seconds(case: Case) -> tuple[float, list]:
+    """The median first call of a prepare case in a second (third, ...) fresh process with the disk cache that a
+    first process filled (a private empty directory), and every round's record, the filling one first."""
+    with tempfile.TemporaryDirectory(prefix="prepjit-bench-") as cache:
+        env = {"PREPJIT_CACHE": "1", "PREPJIT_CACHE_DIR": cache}
+        calls = [in_fresh_process(case.name, False, env) for _ in range(3)]
+    return float(np.median([c["seconds"] for c in calls[1:]])), calls
+
+
 def run_case(case: Case, peers: list[Peer], smoke: bool = False, seed: int = 0) -> dict:
-    from prepjit.runtime.cache import kernel_cache
     rng = np.random.default_rng(seed)
     arrays = case.make_inputs(rng, smoke)
     reference = case.fn(np, *arrays)
@@ -57,18 +74,9 @@ def run_case(case: Case, peers: list[Peer], smoke: bool = False, seed: int = 0) 
                     "shapes": [list(a.shape) if hasattr(a, "shape") else type(a).__name__ for a in arrays]}
     times: dict[str, float] = {}
     if case.kind == "prepare":
-        def fresh():
-            kernel_cache.clear()
-            return prepjit_function(case)
-        saved = os.environ.get("PREPJIT_CACHE")
-        os.environ["PREPJIT_CACHE"] = "0"  # first-call time: compile for real, not load from disk
-        try:
-            times["prepjit"] = _prepare_seconds(fresh, arrays, smoke)
-        finally:
-            if saved is None:
-                del os.environ["PREPJIT_CACHE"]
-            else:
-                os.environ["PREPJIT_CACHE"] = saved
+        times["prepjit"], record["first_calls"] = _first_call_seconds(case, smoke)
+        if not smoke:
+            record["disk_cache_seconds"], record["disk_cache_calls"] = _disk_cache_seconds(case)
         prepared = prepjit_function(case)
     else:
         prepared = prepjit_function(case)
