@@ -49,7 +49,8 @@ OPENCL = Dialect(
     global_id="get_global_id(0)", group_id="get_group_id(0)", local_id="get_local_id(0)",
     local_size="get_local_size(0)", items_per_thread=1, assume_aligned="",   # (one output per work-item)
     barrier="barrier(CLK_LOCAL_MEM_FENCE);", shuffle_xor=None,   # (sub-group shuffles are an extension)
-    local_array="__local {type} {name}[{n}]", vector4_load="vload4(0, &{ref})",   # (vload4 needs no alignment)
+    local_array="__local {type} {name}[{n}] __attribute__((aligned(16)))",
+    vector4_load="*(__local const float4 *)&{ref}",
     load_half="vload_half({idx}, {ptr})", store_half="vstore_half_rte({v}, {idx}, {ptr})",
     round_half_helper=_ROUND_HALF,
     atomic_add={dtypes.int32: ("", "atomic_add({ptr}, {val})"), dtypes.uint32: ("", "atomic_add({ptr}, {val})"),
