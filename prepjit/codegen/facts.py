@@ -7,6 +7,8 @@ import functools
 from ..uop import Ops, UOp, simplify
 from ..uop.symbolic import from_poly, poly
 
+MAX_ATOM_BOUNDS = 32  # distinct bounds kept per atom and side (the tests' facts have at most 11)
+
 
 def is_int(u: UOp) -> bool:
     return u.dtype.is_int
@@ -47,7 +49,9 @@ def linear(a: UOp, b: UOp | None = None, c: int = 0) -> UOp:
 class Facts:
     """Bounds for atoms, read off expressions known to be >= 0: atom -> (lower bounds, upper bounds).
 
-    `c * atom + rest >= 0` bounds the atom when `rest` is free of loops and data."""
+    `c * atom + rest >= 0` bounds the atom when `rest` is free of loops and data. The work is bounded: _add
+    recurses two deep, the pairs of an atom's bounds are taken once, and each atom keeps MAX_ATOM_BOUNDS
+    distinct bounds a side (a bound dropped proves less, never something false)."""
 
     def __init__(self, ge0: frozenset):
         self.ge0 = ge0
@@ -61,12 +65,15 @@ class Facts:
             if relaxed is not None:
                 self._add(relaxed, 1)
         for atom, (lows, highs) in list(self.atoms.items()):  # an atom's lower bound is at most its upper one
+            # one round, over the bounds as they stand: a pair's fact can bound the atom again (a lower bound
+            # min(.., n - 1) of n gives n new ones), and pairing those too is a closure that need not end
+            lows, highs = tuple(lows), tuple(highs)
             x, k = atom.src if atom.op is Ops.MOD else (None, None)
             if k is not None and k.op is Ops.CONST and k.arg > 0 and x.vmin >= 0:
                 for lo in lows:  # x % k >= lo, and x >= x % k for x >= 0: x >= lo (r0 % 2 > 0 gives r0 >= 1)
                     self._add(linear(x, lo), 1)
             if atom.op is Ops.RANGE:
-                lows, highs = lows + [UOp.const(0)], highs + [linear(atom.src[0], None, -1)]
+                lows, highs = lows + (UOp.const(0),), highs + (linear(atom.src[0], None, -1),)
             for lo in lows:
                 for hi in highs:
                     if lo.op is hi.op is Ops.CONST:
@@ -94,8 +101,9 @@ class Facts:
         return facts_of(self.ge0 | frozenset(terms))
 
     def _bound(self, atom: UOp, value: UOp, is_lower: bool):
-        lows, highs = self.atoms.setdefault(atom, ([], []))
-        (lows if is_lower else highs).append(value)
+        bounds = self.atoms.setdefault(atom, ([], []))[0 if is_lower else 1]
+        if value not in bounds and len(bounds) < MAX_ATOM_BOUNDS:  # dropping a fact proves less, never wrongly
+            bounds.append(value)
 
     def _add(self, e: UOp, depth: int):
         p = poly(e)
