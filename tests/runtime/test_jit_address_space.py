@@ -16,6 +16,7 @@ import pytest
 CHILD = textwrap.dedent(r"""
     import ctypes, mmap
     import numpy as np
+    import numpy.testing  # every import before the address space is crowded: only the JIT is under test
     import prepjit as pj
     import prepjit.numpy as pnp
 
