@@ -11,6 +11,7 @@ a copy of the target's buffer; then one kernel per scatter of the chain writes t
 """
 from __future__ import annotations
 
+import functools
 from collections import Counter
 
 import attrs
@@ -133,6 +134,7 @@ class _Scheduler:
         self.materialized = materialized
         self.fused = fused
         self.pack_contractions = pack_contractions
+        self.lowered: dict[UOp, tuple] = {}  # a kernel over placeholders (`canonical`) -> its lowering, packing
 
     def has_buffer(self, node: UOp) -> bool:
         return node.op in REALIZED and node not in self.fused or node in self.materialized
@@ -205,14 +207,50 @@ class _Scheduler:
         self.realize_all(self.deps(node), env)
         self.emit(node, buf, env)
 
+    def canonical(self, root: UOp) -> tuple[UOp, list[UOp]]:
+        """The kernel computing `root` with each realized value it reads replaced by a placeholder (an INPUT of
+        its dtype and shape numbered in walk order), and those values: the same computation over other buffers
+        (each of a model's identical layers) gives the same placeholder graph, lowered once."""
+        memo: dict[UOp, UOp] = {}
+        reads: list[UOp] = []
+        stack = [(root, False)]
+        while stack:
+            n, ready = stack.pop()
+            if n in memo:
+                continue
+            if n is not root and self.has_buffer(n):
+                memo[n] = UOp(Ops.INPUT, n.dtype, (), ((_SLOT, len(reads)), tuple(n.shape)))
+                reads.append(n)
+            elif not ready:
+                stack.append((n, True))
+                stack.extend((x, False) for x in reversed(n.src) if x not in memo)
+            else:
+                src = tuple(memo[x] for x in n.src)
+                memo[n] = n if src == n.src else UOp(n.op, n.dtype, src, n.arg)
+        return memo[root], reads
+
+    def lower(self, node: UOp) -> tuple[UOp, list[UOp], tuple | None]:
+        """(the kernel AST computing `node`, the realized values it reads, pack_contraction's split or None),
+        from the lowering of its placeholder graph when an identical kernel was lowered before."""
+        if node.op in (Ops.INPUT, Ops.CARRY, Ops.LOOP_OUT):  # a copy of a buffer: lowered as it is
+            ast, reads = lower_kernel(node, self.has_buffer)
+            return ast, reads, pack_contraction(ast, 1 + len(reads)) if self.pack_contractions else None
+        canon, values = self.canonical(node)
+        found = self.lowered.get(canon)
+        if found is None:
+            ast, slots = lower_kernel(canon, _is_slot)
+            packed = pack_contraction(ast, 1 + len(slots)) if self.pack_contractions else None
+            found = self.lowered[canon] = (ast, [p.arg[0][1] for p in slots], packed)
+        ast, order, packed = found
+        return ast, [values[k] for k in order], packed
+
     def emit(self, node: UOp, buf: int, env: dict, keep: bool = True):
         """The kernel(s) computing `node` into `buf`, once everything it reads is realized; `keep` records `buf`
         as `node`'s buffer (not so for a scatter's target: the scatter overwrites it)."""
         if node.op is Ops.SCATTER:
             return self.emit_scatter(node, buf, env)
-        ast, reads = lower_kernel(node, self.has_buffer)
+        ast, reads, packed = self.lower(node)
         slots = (buf, *(env[r] for r in reads))
-        packed = pack_contraction(ast, len(slots)) if self.pack_contractions else None
         if packed is not None:  # the packing kernel reads the contraction's inputs and writes slot 0
             pack_ast, ast, shape = packed
             self.buffers.append(BufferSpec(pack_ast.src[0].src[2].dtype, shape, _max_size(shape)))
@@ -309,13 +347,26 @@ def _unrolled(segments: list) -> tuple:
         (seg.item(i) for i in range(len(seg))) if isinstance(seg, LoopKernels) else (seg,)))
 
 
+_SLOT = "slot"  # the number of a placeholder INPUT (_Scheduler.canonical) is (_SLOT, k)
+
+
+def _is_slot(node: UOp) -> bool:
+    return node.op is Ops.INPUT and type(node.arg[0]) is tuple and node.arg[0][0] == _SLOT
+
+
 def _drop_unused_slots(ast: UOp, buffers: tuple[int, ...]) -> tuple[UOp, tuple[int, ...]]:
     """The kernel with its buffer slots renumbered to those it reads or writes, and those buffers."""
+    ast, used = _used_slots(ast)
+    return ast, tuple(buffers[i] for i in used)
+
+
+@functools.lru_cache(maxsize=4096)
+def _used_slots(ast: UOp) -> tuple[UOp, tuple[int, ...]]:
+    """`ast` with its buffer slots renumbered to those it reads or writes, and their old numbers."""
     globals_ = [u for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL]
     used = sorted({u.arg for u in globals_})
     renumber = {old: new for new, old in enumerate(used)}
-    ast = ast.substitute({u: UOp(Ops.DEFINE_GLOBAL, u.dtype, (), renumber[u.arg]) for u in globals_})
-    return ast, tuple(buffers[i] for i in used)
+    return ast.substitute({u: UOp(Ops.DEFINE_GLOBAL, u.dtype, (), renumber[u.arg]) for u in globals_}), tuple(used)
 
 
 def _readers(outputs: list[UOp]) -> dict:
