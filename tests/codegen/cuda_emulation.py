@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -19,6 +20,9 @@ from prepjit.uop import Ops
 
 SHIM = r"""
 #include <pthread.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 #include <cstring>
 #include <cmath>
 #include <thread>
@@ -67,6 +71,22 @@ template <class F> static void pj_launch(unsigned blocks, unsigned threads, F bo
 """
 
 
+_PTX = {  # the float16 conversions the cuda dialect spells in PTX, in C++ (x86-64's F16C: nearest even)
+    'asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));': "f = _cvtsh_ss(h);",
+    'asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));': "h = _cvtss_sh(f, 0);",
+}
+
+
+F16C = ["-mf16c"] if platform.machine() in ("x86_64", "AMD64") else []
+
+
+def host_source(source: str) -> str:
+    """The kernel's CUDA C as C++ for the shim (its inline PTX replaced)."""
+    for ptx, cpp in _PTX.items():
+        source = source.replace(ptx, cpp)
+    return SHIM + source
+
+
 def available() -> bool:
     return shutil.which("clang++") is not None
 
@@ -76,7 +96,7 @@ def run(src: KernelSource, buffers: list[np.ndarray]):
     assert src.language == "cuda" and not src.var_names and src.global_size[0].op is Ops.CONST
     params = re.search(re.escape(src.name) + r"\((.*?)\) \{", src.source).group(1).split(", ")
     casts = ", ".join(f"({p.rsplit(' ', 1)[0].replace('__restrict__', '').strip()})a[{i}]" for i, p in enumerate(params))
-    text = SHIM + src.source + ('\nextern "C" void pj_run(void **a, unsigned blocks, unsigned threads) '
+    text = host_source(src.source) + ('\nextern "C" void pj_run(void **a, unsigned blocks, unsigned threads) '
                                 f"{{ pj_launch(blocks, threads, [&] {{ {src.name}({casts}); }}); }}\n")
     folder = os.path.join(tempfile.gettempdir(), "prepjit-cuda-emulation")
     os.makedirs(folder, exist_ok=True)
@@ -85,7 +105,7 @@ def run(src: KernelSource, buffers: list[np.ndarray]):
         with tempfile.NamedTemporaryFile("w", suffix=".cpp", dir=folder, delete=False) as f:
             f.write(text)
         part = lib + f".{os.getpid()}"
-        subprocess.run(["clang++", "-std=c++17", "-O1", "-w", "-fPIC", "-shared", "-pthread", "-o", part, f.name],
+        subprocess.run(["clang++", "-std=c++17", "-O1", "-w", *F16C, "-fPIC", "-shared", "-pthread", "-o", part, f.name],
                        check=True, capture_output=True)
         os.replace(part, lib)
         os.unlink(f.name)

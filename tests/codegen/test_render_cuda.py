@@ -246,3 +246,23 @@ def test_tile_kernels_compute_the_matmul(m, n, k, a_t, b_t, batch):
     out = np.zeros(batch * m * n, np.float32)
     cuda_emulation.run(render_cuda(ast), [out, a_mem.ravel(), b_mem.ravel()])
     np.testing.assert_allclose(out.reshape(batch, m, n), a @ b + 1, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
+@pytest.mark.parametrize("k, group", [(128, 32), (384, 128), (130, 256), (4096, REDUCE_GROUP)])
+def test_row_kernels_compute_softmax(k, group):
+    """A softmax row kernel, run on the CPU through cuda_emulation: groups sized by the runs of 4 that CUDA work-items
+    take (a row of 128: one warp, shuffles only), a row of 130 in single elements."""
+    rows = 5
+    r0, r1 = loop(UOp.const(rows), 0), loop(UOp.const(k), 1)
+    rr2, rr3 = (UOp(Ops.RANGE, dtypes.index, (UOp.const(k),), (a, "reduce")) for a in (2, 3))
+    top = UOp(Ops.REDUCE, dtypes.float32, (load(1, dtypes.float32, r0 * k + rr2), rr2), Ops.MAX)
+    exp = lambda r: UOp(Ops.EXP, dtypes.float32, (load(1, dtypes.float32, r0 * k + r) - top,))  # noqa: E731
+    total = UOp(Ops.REDUCE, dtypes.float32, (exp(rr3), rr3), Ops.ADD)
+    src = render_cuda(kernel(UOp(Ops.FDIV, dtypes.float32, (exp(r1), total)), r0 * k + r1, "r_soft"))
+    assert src.local_size == (group,)
+    x = np.random.default_rng(k).standard_normal((rows, k)).astype(np.float32) * 4
+    out = np.zeros(rows * k, np.float32)
+    cuda_emulation.run(src, [out, x.ravel()])
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(out.reshape(rows, k), e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-7)
