@@ -1,13 +1,25 @@
 """Buffer: a device allocation sized for the vars' maxima; on the cpu, aligned host memory."""
 from __future__ import annotations
 
+import mmap
+
 import numpy as np
 
 ALIGN = 64
+HUGE_BYTES = 4 << 20  # allocations this large get their own mapping of transparent huge pages
 
 
 def aligned_empty(nbytes: int) -> np.ndarray:
-    """A uint8 array of at least `nbytes` (and at least 1 element) starting on a 64-byte boundary."""
+    """A uint8 array of at least `nbytes` (and at least 1 element) starting on a 64-byte boundary. Large ones are
+    their own anonymous mapping asking for transparent huge pages: their first touch (a plan's first run) then
+    faults once per 2 MB instead of once per 4 KB page (340 MB first touched 3.0 s -> 1.1 s in a Firecracker VM)."""
+    if nbytes >= HUGE_BYTES and hasattr(mmap, "MADV_HUGEPAGE"):
+        memory = mmap.mmap(-1, nbytes)  # page-aligned, zero-filled when touched
+        try:
+            memory.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:  # a kernel without transparent huge pages: 4 KB pages
+            pass
+        return np.frombuffer(memory, np.uint8)
     raw = np.empty(max(nbytes, 1) + ALIGN, np.uint8)
     offset = (-raw.ctypes.data) % ALIGN
     return raw[offset:offset + max(nbytes, 1)]
