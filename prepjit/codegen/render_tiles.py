@@ -33,6 +33,10 @@ MIN_FILL = 0.75                   # the least share of a tile's outputs that mus
 MIN_SIDE = min(min(s) for s in SHAPES)   # rows and columns a contraction needs, at least, to be tiled
 PREFETCH_BELOW = 256              # tiles of fewer work-items load the next slice during the arithmetic (larger
                                   # ones have other groups to hide latency: the registers keep two per SM)
+MIN_WARPS = 1536                  # warps a contraction should run in all: fewer (4096 x 384 outputs are 768 warps of
+                                  # 8 x 8) and each tile's slice is split between SPLITS sets of warps
+SPLITS = (1, 2, 4)                # how many sets of work-items may share a tile, each multiplying part of a slice
+MAX_THREADS = 256                 # work-items of a group, at most
 
 
 @attrs.frozen
@@ -46,10 +50,16 @@ class Contraction:
     batch: tuple         # the other loop ranges (one work-group covers a single value of each)
     tm: int = 128        # rows of a tile
     tn: int = 128        # columns of a tile
+    splits: int = 1      # sets of work-items per tile, each multiplying TILE_K / splits of every slice
+
+    @property
+    def owners(self) -> int:
+        """Work-items of one set: each owns REG x REG outputs of the tile."""
+        return (self.tm // REG) * (self.tn // REG)
 
     @property
     def threads(self) -> int:
-        return (self.tm // REG) * (self.tn // REG)
+        return self.owners * self.splits
 
 
 def _ranges(u: UOp) -> set:
@@ -70,6 +80,12 @@ def tile_shape(m: int, n: int, batch: int) -> tuple[int, int]:
     full = [s for s in SHAPES if fill(s) >= MIN_FILL] or [max(SHAPES, key=fill)]
     enough = [s for s in full if groups(s) >= MIN_GROUPS]
     return enough[0] if enough else max(full, key=groups)
+
+
+def splits_for(groups: int, owners: int) -> int:
+    """Sets of work-items per tile: the fewest that give MIN_WARPS warps in all (within MAX_THREADS a group)."""
+    fit = [s for s in SPLITS if owners * s <= MAX_THREADS]
+    return next((s for s in fit if groups * owners * s >= MIN_WARPS * 32), fit[-1])
 
 
 def match_contraction(ast: UOp) -> Contraction | None:
@@ -95,7 +111,9 @@ def match_contraction(ast: UOp) -> Contraction | None:
                 return None
             batch = tuple(r for r in loops if r not in only_a and r not in only_b)
             tm, tn = tile_shape(_most(only_a), _most(only_b), _most(batch))
-            return Contraction(red, a, b, tuple(only_a), tuple(only_b), k, batch, tm, tn)
+            groups = _most(batch) * -(-_most(only_a) // tm) * -(-_most(only_b) // tn)
+            return Contraction(red, a, b, tuple(only_a), tuple(only_b), k, batch, tm, tn,
+                               splits_for(groups, (tm // REG) * (tn // REG)))
     return None
 
 
@@ -134,12 +152,21 @@ def _run_axis(operand: UOp, k: UOp, own: tuple) -> str | None:
     return None
 
 
+def _operands(c: Contraction):
+    """(name, operand, its own ranges, its tile side, the axis its runs go along or None, the run length) of a and
+    b; runs only where the group's work-items take the same number of them."""
+    for name, operand, own, width in (("A", c.a, c.i, c.tm), ("B", c.b, c.j, c.tn)):
+        axis = _run_axis(operand, c.k, own)
+        if axis is not None and width * TILE_K // RUN % c.threads:
+            axis = None
+        yield name, operand, own, width, axis, 1 if axis is None else RUN
+
+
 def _emit_loads(r, c: Contraction, regs: dict, k0: str):
     """Load the slice at k0 of both operands into the registers `regs` (name -> list of register names)."""
     long, kk_end = r.long, r.value(c.k.src[0])
-    for name, operand, own, width in (("A", c.a, c.i, c.tm), ("B", c.b, c.j, c.tn)):
-        axis, extent = _run_axis(operand, c.k, own), r.value(_extent(own))
-        per = 1 if axis is None else RUN
+    for name, operand, own, width, axis, per in _operands(c):
+        extent = r.value(_extent(own))
         origin = "i0" if name == "A" else "j0"
         for n, reg in enumerate(regs[name]):
             slot = f"(lid + {n * c.threads})"
@@ -163,9 +190,7 @@ def _emit_loads(r, c: Contraction, regs: dict, k0: str):
 
 def _emit_stores(r, c: Contraction, regs: dict):
     """Write the registers loaded by `_emit_loads` into the local tiles As[k][row] and Bs[k][column]."""
-    for name, operand, own, width in (("A", c.a, c.i, c.tm), ("B", c.b, c.j, c.tn)):
-        axis = _run_axis(operand, c.k, own)
-        per = 1 if axis is None else RUN
+    for name, operand, own, width, axis, per in _operands(c):
         for n, reg in enumerate(regs[name]):
             slot = f"(lid + {n * c.threads})"
             if axis == "own":
@@ -186,22 +211,22 @@ def emit_contraction(r, c: Contraction):
     r.locals.append(d.local_array.format(type=acc_t, name="As", n=f"{TILE_K}][{c.tm + RUN}") + ";")
     r.locals.append(d.local_array.format(type=acc_t, name="Bs", n=f"{TILE_K}][{c.tn + RUN}") + ";")
     r.emit(f"const int lid = {d.local_id};")
-    r.emit(f"const int tx = lid % {sx} * {RUN}, ty = lid / {sx} * {RUN};")
+    r.emit(f"const int own = lid % {c.owners}, part = lid / {c.owners};")   # part: which share of each slice
+    r.emit(f"const int tx = own % {sx} * {RUN}, ty = own / {sx} * {RUN};")
     r.emit(f"const {long} bid = {d.group_id};")
     r.emit(f"const {long} nbn = ({n} + {c.tn - 1}) / {c.tn}, nbm = ({m} + {c.tm - 1}) / {c.tm};")
     r.emit(f"const {long} i0 = (bid / nbn) % nbm * {c.tm}, j0 = bid % nbn * {c.tn};")
     if c.batch:
         r.scopes[-1].update(r.unflatten("(bid / (nbn * nbm))", list(c.batch)))
     regs = {}
-    for name, operand, own, width in (("A", c.a, c.i, c.tm), ("B", c.b, c.j, c.tn)):
-        per = 1 if _run_axis(operand, c.k, own) is None else RUN
+    for name, operand, own, width, axis, per in _operands(c):
         r.aligned |= per > 1   # (a run's first element is RUN-aligned: the compiler may merge its loads)
         regs[name] = [f"p{name}{x}" for x in range(width * TILE_K // (per * c.threads))]
         r.emit(" ".join(f"{acc_t} {reg}[{per}];" for reg in regs[name]))
     accs = [[f"acc{x}_{y}" for y in range(REG)] for x in range(REG)]
     for row in accs:
         r.emit(" ".join(f"{acc_t} {a} = 0.0f;" for a in row))
-    prefetch = c.threads < PREFETCH_BELOW
+    prefetch = c.owners < PREFETCH_BELOW
     if prefetch:
         _emit_loads(r, c, regs, "0")
     r.open_block(f"for ({long} k0 = 0; k0 < {kk_end}; k0 += {TILE_K})", {})
@@ -213,8 +238,10 @@ def emit_contraction(r, c: Contraction):
         r.open_block(f"if (k0 + {TILE_K} < {kk_end})", {})   # the next slice's loads, in flight during the arithmetic
         _emit_loads(r, c, regs, f"(k0 + {TILE_K})")
         r.close_block()
+    share = TILE_K // c.splits
     r.emit("#pragma unroll")
-    r.open_block(f"for (int kk = 0; kk < {TILE_K}; kk++)", {})
+    r.open_block(f"for (int q = 0; q < {share}; q++)", {})
+    r.emit(f"const int kk = part * {share} + q;")
     vec = d.vector4_load
     r.emit(f"const float4 a_lo = {vec.format(ref='As[kk][ty]')}, a_hi = {vec.format(ref=f'As[kk][ty + {half_m}]')};")
     r.emit(f"const float4 b_lo = {vec.format(ref='Bs[kk][tx]')}, b_hi = {vec.format(ref=f'Bs[kk][tx + {half_n}]')};")
@@ -224,7 +251,33 @@ def emit_contraction(r, c: Contraction):
     r.close_block()
     r.emit(d.barrier)
     r.close_block()
+    if c.splits > 1:
+        _combine_parts(r, c, accs)
+        r.open_block("if (part == 0)", {})
+        _emit_results(r, c, accs, m, n)
+        r.close_block()
+        return
     _emit_results(r, c, accs, m, n)
+
+
+def _combine_parts(r, c: Contraction, accs: list):
+    """Add the other sets' accumulators into set 0's, one set at a time through local memory (every work-item reaches
+    every barrier)."""
+    d, acc_t = r.d, r.d.ctype(dtypes.float32)
+    r.locals.append(d.local_array.format(type=acc_t, name="Cs", n=f"{c.tm}][{c.tn}") + ";")
+    cells = [(x, y, f"Cs[ty + {x % RUN + (c.tm // 2 if x >= RUN else 0)}][tx + {y % RUN + (c.tn // 2 if y >= RUN else 0)}]")
+             for x in range(REG) for y in range(REG)]
+    for other in range(1, c.splits):
+        r.open_block(f"if (part == {other})", {})
+        for x in range(REG):
+            r.emit(" ".join(f"{cell} = {accs[x][y]};" for xx, y, cell in cells if xx == x))
+        r.close_block()
+        r.emit(d.barrier)
+        r.open_block("if (part == 0)", {})
+        for x in range(REG):
+            r.emit(" ".join(f"{accs[x][y]} += {cell};" for xx, y, cell in cells if xx == x))
+        r.close_block()
+        r.emit(d.barrier)
 
 
 def _emit_results(r, c: Contraction, accs: list, m: str, n: str):

@@ -10,7 +10,7 @@ from prepjit.codegen.render_rows import REDUCE_GROUP
 from prepjit.codegen.render_cuda import ELEMENTWISE_GROUP, ITEMS_PER_THREAD, render_cuda
 from prepjit.codegen.render_llvm import render_llvm
 from prepjit.codegen.render_opencl import render_opencl
-from prepjit.codegen.render_tiles import MIN_SIDE, RUN, match_contraction, tile_shape
+from prepjit.codegen.render_tiles import MIN_SIDE, RUN, match_contraction, splits_for, tile_shape
 from prepjit.runtime.devices import available_devices, get_device
 from prepjit.uop import Ops, UOp, dtypes, eval_uop
 from prepjit.uop.ops import ALU
@@ -166,7 +166,7 @@ def rows_matmul_kernel():
 def test_contractions_over_several_row_ranges_are_tiled(language):
     src = RENDERERS[language](rows_matmul_kernel())
     tm, tn = tile_shape(N.vmax * 100, 300, 1)
-    assert src.local_size == (tm * tn // 64,) and "As[" in src.source
+    assert src.local_size == (match_contraction(rows_matmul_kernel()).threads,) and "As[" in src.source
     tiles = lambda e, t: -(-e // t)  # noqa: E731
     assert [eval_uop(e, {"n": 5, "t": 70, "m": 5, "k": 3}) for e in src.global_size] == \
         [tiles(5 * 70, tm) * tiles(5, tn) * src.local_size[0]]
@@ -180,6 +180,13 @@ def test_tile_shapes_fill_the_gpu_and_waste_little():
     assert tile_shape(1024, 1024, 1) == (64, 64)       # the most groups when none gives enough
 
 
+def test_small_contractions_split_each_slice_between_sets_of_work_items():
+    assert splits_for(1024, 256) == 1                  # 4096^3 in 128 x 128 tiles: 8192 warps
+    assert splits_for(384, 64) == 2                    # 4096 x 384 in 64 x 64 tiles: 768 warps, 1536 split in two
+    assert splits_for(4, 64) == 4                      # the most sets that fit a group
+    assert splits_for(4, 256) == 1
+
+
 def static_matmul_kernel(m, n, k):
     i, j, r = loop(UOp.const(m), 0), loop(UOp.const(n), 1), UOp(Ops.RANGE, dtypes.index, (UOp.const(k),), (2, "reduce"))
     prod = load(1, dtypes.float32, i * k + r) * load(2, dtypes.float32, r * n + j)
@@ -188,7 +195,7 @@ def static_matmul_kernel(m, n, k):
 
 @pytest.mark.parametrize("language", ["cuda", "opencl"])
 def test_contraction_operands_load_runs_along_their_contiguous_axis(language):
-    m, n, k = 256, 192, 64   # a (m, k) row-major: runs along k; b (k, n) row-major: runs along its columns
+    m, n, k = 512, 256, 64   # a (m, k) row-major: runs along k; b (k, n) row-major: runs along its columns
     ast = static_matmul_kernel(m, n, k)
     i, j, r = sorted((u for u in ast.toposort() if u.op is Ops.RANGE), key=lambda u: u.arg[0])
     c = match_contraction(ast)
@@ -205,7 +212,7 @@ def test_contraction_operands_load_runs_along_their_contiguous_axis(language):
 def test_contractions_are_tiled_and_compile(language):
     src = RENDERERS[language](matmul_kernel())
     tm, tn = tile_shape(256, 300, 1)
-    assert src.local_size == (tm * tn // 64,) and "As[" in src.source and "Bs[" in src.source
+    assert src.local_size == (match_contraction(matmul_kernel()).threads,) and "As[" in src.source and "Bs[" in src.source
     tiles = lambda e, t: -(-e // t)  # noqa: E731
     assert [eval_uop(e, {"m": 70, "n": 129, "k": 3}) for e in src.global_size] == \
         [tiles(70, tm) * tiles(129, tn) * src.local_size[0]]
