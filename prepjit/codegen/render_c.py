@@ -34,6 +34,7 @@ from .render_tiles import launch_size as contraction_size
 from .renderer import KernelRenderer
 
 ALIGN = 16                # bytes every buffer's start is aligned to (each is an allocation's start)
+WARP_ROWS = 4             # rows of one warp each a work-group packs (dialects with shuffles)
 
 _MATH = {Ops.EXP: "exp", Ops.EXP2: "exp2", Ops.LOG: "log", Ops.LOG2: "log2", Ops.SQRT: "sqrt", Ops.SIN: "sin",
          Ops.COS: "cos", Ops.TANH: "tanh", Ops.ERF: "erf", Ops.FLOOR: "floor", Ops.CEIL: "ceil",
@@ -162,7 +163,8 @@ class CStyleRenderer(KernelRenderer):
         self.n = 0
         self.vars = [v.arg[0] for v in kernel_vars(ast)]
         self.contraction = match_contraction(ast)
-        self.rows = row_plan(ast, dialect.items_per_thread) if self.contraction is None else None
+        self.rows = row_plan(ast, dialect.items_per_thread, WARP_ROWS if dialect.shuffle_xor else 1) \
+            if self.contraction is None else None
         self.long = dialect.ctype(dtypes.int64)
         self.aligned = False   # whether the kernel tells the compiler its buffers are ALIGN-byte aligned
 
@@ -445,7 +447,7 @@ class CStyleRenderer(KernelRenderer):
         """The work-group size the kernel declares, or None when the runtime chooses one."""
         if self.contraction is not None:
             return self.contraction.threads
-        return self.rows.group if self.rows else self.d.elementwise_group if self.d.always_bounded else None
+        return self.rows.size if self.rows else self.d.elementwise_group if self.d.always_bounded else None
 
     def kernel(self) -> tuple[str, UOp]:
         store = self.ast.src[0]

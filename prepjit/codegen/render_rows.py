@@ -44,6 +44,12 @@ class Rows:
     rows: tuple          # the loop ranges they depend on
     cols: tuple          # the other loop ranges (each row's group stores all of them)
     group: int
+    pack: int = 1        # rows per work-group: one warp each where a row's group is a warp (shuffles only)
+
+    @property
+    def size(self) -> int:
+        """The work-group's size."""
+        return self.group * self.pack
 
 
 def loop_ranges(ast: UOp) -> list[UOp]:  # a scatter's serial loops are work-items too (its combines are atomic)
@@ -80,10 +86,12 @@ def run_length(ranges: list[UOp], items: int) -> int:
     return items if end is not None and end.op is Ops.CONST and end.arg % items == 0 else 1
 
 
-def row_plan(ast: UOp, items: int = 1) -> Rows | None:
+def row_plan(ast: UOp, items: int = 1, warp_rows: int = 1) -> Rows | None:
     """The row kernel this kernel becomes, or None (its reductions, if any, run inline in each work-item), for a
     dialect whose work-items take runs of `items` consecutive elements where they can (the group covers a row's
-    work in runs: a row of 128 elements in runs of 4 is one warp's)."""
+    work in runs: a row of 128 elements in runs of 4 is one warp's) and packs `warp_rows` rows of a warp each into
+    a work-group (a dialect with shuffles: such rows need no barrier; work-groups of one warp would leave half of a
+    multiprocessor's warp slots empty)."""
     loops = loop_ranges(ast)
     hoisted = [u for u in ast.toposort() if u.op is Ops.REDUCE and _free_ranges(u) <= set(loops)]
     if not hoisted:
@@ -98,7 +106,7 @@ def row_plan(ast: UOp, items: int = 1) -> Rows | None:
     runs = [-(-_length(u) // run_length(list(u.src[1:]), items)) for u in hoisted]
     work = max(runs + [-(-math.prod(r.src[0].vmax for r in cols) // run_length(list(cols), items))])
     group = min(REDUCE_GROUP, max(WARP, 1 << (work - 1).bit_length()))
-    return Rows(frozenset(hoisted), tuple(hoisted), rows, cols, group)
+    return Rows(frozenset(hoisted), tuple(hoisted), rows, cols, group, warp_rows if group == WARP else 1)
 
 
 def uses_grouped_reduce(ast: UOp) -> bool:
@@ -107,7 +115,8 @@ def uses_grouped_reduce(ast: UOp) -> bool:
 
 
 def launch_size(rows: Rows) -> UOp:
-    return as_uop(sym_prod([r.src[0] for r in rows.rows] + [UOp.const(rows.group)]))
+    count = as_uop(sym_prod([r.src[0] for r in rows.rows]))
+    return (count + (rows.pack - 1)) // rows.pack * rows.size if rows.pack > 1 else count * rows.group
 
 
 def _first(per: int) -> str:
@@ -118,8 +127,13 @@ def emit_rows(r, store: UOp):
     """The kernel body, emitted through the C-style renderer `r`: the row's reductions together (every work-item
     reaches every barrier), then its columns (or, with none, the one output, stored by work-item 0)."""
     rows = r.rows
-    r.emit(f"const {r.long} gid = {r.d.group_id};")
-    r.emit(f"const int lid = {r.d.local_id};")
+    if rows.pack > 1:   # a warp per row: the warp's lane is the row's work-item; a warp past the last row leaves
+        r.emit(f"const {r.long} gid = {r.d.group_id} * {rows.pack} + {r.d.local_id} / {WARP};")
+        r.emit(f"const int lid = {r.d.local_id} % {WARP};")
+        r.emit(f"if (gid >= {r.value(as_uop(sym_prod(x.src[0] for x in rows.rows)))}) return;")
+    else:
+        r.emit(f"const {r.long} gid = {r.d.group_id};")
+        r.emit(f"const int lid = {r.d.local_id};")
     r.scopes[-1].update(r.unflatten("gid", list(rows.rows)))
     for u in rows.order:
         r.value(u)

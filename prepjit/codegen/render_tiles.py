@@ -24,7 +24,7 @@ import math
 import attrs
 
 from ..uop import Ops, UOp, dtypes, simplify, sym_prod
-from ..uop.uop import as_uop
+from ..uop.uop import as_uop, render_python
 
 TILE_K, REG, RUN = 16, 8, 4       # slice depth; outputs per work-item along each side; elements per vector run
 SHAPES = ((128, 128), (128, 64), (64, 128), (64, 64), (128, 32), (32, 128))   # (rows, columns) of a tile
@@ -33,6 +33,7 @@ MIN_FILL = 0.75                   # the least share of a tile's outputs that mus
 MIN_SIDE = min(min(s) for s in SHAPES)   # rows and columns a contraction needs, at least, to be tiled
 PREFETCH_BELOW = 256              # tiles of fewer work-items load the next slice during the arithmetic (larger
                                   # ones have other groups to hide latency: the registers keep two per SM)
+MAX_CHECKED_RUNS = 4096           # runs an index that is not a unit stride is checked at, at most
 MIN_WARPS = 1536                  # warps a contraction should run in all: fewer (4096 x 384 outputs are 768 warps of
                                   # 8 x 8) and each tile's slice is split between SPLITS sets of warps
 SPLITS = (1, 2, 4)                # how many sets of work-items may share a tile, each multiplying part of a slice
@@ -127,14 +128,40 @@ def launch_size(c: Contraction) -> UOp:
     return blocks * c.threads
 
 
-def _unit_stride(operand: UOp, r: UOp) -> bool:
-    """Whether every load of `operand` that depends on range `r` steps by one element as `r` does (and one does)."""
-    loads = [x for x in operand.toposort() if x.op is Ops.LOAD and r in _ranges(x.src[1])]
-    for ld in loads:
-        step = simplify(ld.src[1].substitute({r: r + 1}) - ld.src[1])
-        if step.op is not Ops.CONST or step.arg != 1:
+def _loads_along(operand: UOp, r: UOp) -> list[UOp]:
+    """The loads of `operand` whose index depends on range `r`."""
+    return [x for x in operand.toposort() if x.op is Ops.LOAD and r in _ranges(x.src[1])]
+
+
+def _unit_stride(index: UOp, r: UOp) -> bool:
+    step = simplify(index.substitute({r: r + 1}) - index)
+    return step.op is Ops.CONST and step.arg == 1
+
+
+def _steps_by_one(index: UOp, r: UOp) -> bool:
+    """Whether index(r + e) == index(r) + e for 0 <= e < RUN wherever r is a multiple of RUN (r's end a constant
+    RUN divides): a unit stride, or one proven at every run's start (a head-merged operand: (k // 32) * 4096 +
+    k % 32 steps by one inside every aligned run of 4)."""
+    if _unit_stride(index, r):
+        return True
+    count = r.src[0].arg // RUN
+    if count > MAX_CHECKED_RUNS:
+        return False
+    q = UOp.variable("pj_run", 0, count - 1)
+    for e in range(1, RUN):
+        delta = simplify(index.substitute({r: q * RUN + e}) - index.substitute({r: q * RUN}))
+        if any(x.op is Ops.RANGE for x in delta.toposort()) or {v.arg[0] for v in delta.variables()} - {"pj_run"}:
             return False
-    return bool(loads)
+        code = compile(render_python(delta), "<run>", "eval")
+        if any(eval(code, {"math": math}, {"v": {"pj_run": at}}) != e for at in range(count)):
+            return False
+    return True
+
+
+def _runs_ok(operand: UOp, r: UOp) -> bool:
+    """Whether every load of `operand` along range `r` (one at least) reads runs of RUN consecutive elements."""
+    loads = _loads_along(operand, r)
+    return bool(loads) and all(_steps_by_one(ld.src[1], r) for ld in loads)
 
 
 def _static_multiple(r: UOp, n: int) -> bool:
@@ -145,9 +172,9 @@ def _static_multiple(r: UOp, n: int) -> bool:
 def _run_axis(operand: UOp, k: UOp, own: tuple) -> str | None:
     """Along which axis the work-items load runs of RUN elements of `operand`: "k", "own" (its row or column
     ranges' last), or None (single elements). A run must stay inside its range (a static end RUN divides)."""
-    if _unit_stride(operand, k) and _static_multiple(k, RUN):
+    if _static_multiple(k, RUN) and _runs_ok(operand, k):
         return "k"
-    if _unit_stride(operand, own[-1]) and _static_multiple(own[-1], RUN):
+    if _static_multiple(own[-1], RUN) and _runs_ok(operand, own[-1]):
         return "own"
     return None
 
@@ -180,8 +207,13 @@ def _emit_loads(r, c: Contraction, regs: dict, k0: str):
             r.open_block(f"if (gk < {kk_end} && go < {extent})", {c.k: "gk", **r.unflatten("go", list(own))})
             bound = own[-1] if axis == "own" else c.k
             base = r.scopes[-1][bound]
+            # an index that is no unit stride at the run's start, once: element e reads it + e (_steps_by_one proved
+            # it; unit strides the compiler sees through, and merges the loads)
+            starts = {ld.src[1]: r.value(ld.src[1]) for ld in _loads_along(operand, bound)
+                      if not _unit_stride(ld.src[1], bound)} if per > 1 else {}
             for e in range(per):
-                r.open_block("", {bound: f"({base} + {e})"} if per > 1 else {})
+                r.open_block("", {bound: f"({base} + {e})", **{i: f"({v} + {e})" for i, v in starts.items()}}
+                             if per > 1 else {})
                 r.emit(f"{reg}[{e}] = {r.value(operand)};")
                 r.close_block()
             r.close_block()

@@ -256,10 +256,11 @@ def test_tile_kernels_compute_the_matmul(m, n, k, a_t, b_t, batch):
 
 
 @pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
-@pytest.mark.parametrize("k, group", [(128, 32), (384, 128), (130, 256), (4096, REDUCE_GROUP)])
+@pytest.mark.parametrize("k, group", [(128, 4 * 32), (384, 128), (130, 256), (4096, REDUCE_GROUP)])
 def test_row_kernels_compute_softmax(k, group):
     """A softmax row kernel, run on the CPU through cuda_emulation: groups sized by the runs of 4 that CUDA work-items
-    take (a row of 128: one warp, shuffles only), a row of 130 in single elements."""
+    take (a row of 128: one warp, shuffles only, 4 rows a work-group, the warps past the 5th row leaving), a row of
+    130 in single elements."""
     rows = 5
     r0, r1 = loop(UOp.const(rows), 0), loop(UOp.const(k), 1)
     rr2, rr3 = (UOp(Ops.RANGE, dtypes.index, (UOp.const(k),), (a, "reduce")) for a in (2, 3))
@@ -273,3 +274,20 @@ def test_row_kernels_compute_softmax(k, group):
     cuda_emulation.run(src, [out, x.ravel()])
     e = np.exp(x - x.max(axis=1, keepdims=True))
     np.testing.assert_allclose(out.reshape(rows, k), e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
+def test_head_merged_operands_load_runs():
+    """ctx (heads, m, 32) read as (m, heads * 32) @ w: no unit stride along k, but runs of 4 inside each head (what
+    the attention output projection reads) load as runs, each element its run start's index + e."""
+    heads, m, n = 4, 128, 64
+    i, j, r = loop(UOp.const(m), 0), loop(UOp.const(n), 1), UOp(Ops.RANGE, dtypes.index, (UOp.const(heads * 32),), (2, "reduce"))
+    a = load(1, dtypes.float32, r // 32 * (m * 32) + i * 32 + r % 32)
+    ast = kernel(UOp(Ops.REDUCE, dtypes.float32, (a * load(2, dtypes.float32, r * n + j), r), Ops.ADD), i * n + j, "r_m_n")
+    src = render_cuda(ast)
+    assert f"pA0[{RUN - 1}] = " in src.source
+    rng = np.random.default_rng(3)
+    ctx, w = rng.standard_normal((heads, m, 32), np.float32), rng.standard_normal((heads * 32, n), np.float32)
+    out = np.zeros(m * n, np.float32)
+    cuda_emulation.run(src, [out, ctx.ravel(), w.ravel()])
+    np.testing.assert_allclose(out.reshape(m, n), np.swapaxes(ctx, 0, 1).reshape(m, -1) @ w, rtol=1e-5, atol=1e-4)
