@@ -15,52 +15,21 @@ on it are splatted where a vector needs them, and the few operations with no vec
 """
 from __future__ import annotations
 
-import struct
-
 from ..uop import DType, Ops, UOp, dtypes, simplify
 from .kernel import KernelSource, kernel_vars, parallel_range
+from .llvm_ir import InlineMath, const_literal, mem_type, reg_type
 from .renderer import KernelRenderer
 from .target import CPUTarget, host_target
 
-_LLTYPE = {"b": "i1", 1: "i8", 2: "i16", 4: "i32", 8: "i64"}
-_FLOAT = {dtypes.float16: "float", dtypes.float32: "float", dtypes.float64: "double"}
 _MATH = {Ops.EXP: "exp", Ops.EXP2: "exp2", Ops.LOG: "log", Ops.LOG2: "log2", Ops.SQRT: "sqrt", Ops.SIN: "sin",
          Ops.COS: "cos", Ops.FLOOR: "floor", Ops.CEIL: "ceil", Ops.RINT: "rint", Ops.ABS: "fabs"}
 _LIBM = {Ops.TANH: "tanh", Ops.ERF: "erf"}
-# float erf as inline IR (see erf_f32): polynomials fitted here by weighted least squares (relative error) in
-# float64, ERF_SMALL for erf(x) / x in x^2 on |x| < ERF_SPLIT, ERFC_LARGE for erfc(x) * exp(x^2) in 1 / (1 + x)
-# on [ERF_SPLIT, 4]; evaluated in float32 both stay within 1.1e-7 of erf (checked against math.erf)
-ERF_SPLIT = 0.75
-ERF_SMALL = (1.1283791664e+00, -3.7612623095e-01, 1.1283425430e-01, -2.6836746428e-02, 5.1182780692e-03,
-             -6.7756679796e-04)
-ERFC_LARGE = (7.5632245726e-06, 5.6376821453e-01, 5.7249391286e-01, 1.9664108223e-01, 2.4215965347e-01,
-              -2.6973880287e+00, 4.3566408173e+00, -3.1297347554e+00, 9.0245898144e-01)
 
 
 def function_attributes(target: CPUTarget) -> str:
     """x86 backends default to 256-bit vectors even where 512-bit ones exist; a register-blocked contraction's
     accumulators then need twice the registers and spill. So kernels ask for the target's full width."""
     return f'nounwind "prefer-vector-width"="{8 * target.vector_bytes}"'
-
-
-def reg_type(dt: DType) -> str:
-    """The LLVM type a value of `dt` has in registers."""
-    return _FLOAT[dt] if dt.is_float else _LLTYPE["b" if dt == dtypes.bool else dt.itemsize]
-
-
-def mem_type(dt: DType) -> str:
-    """The LLVM type of `dt` in memory."""
-    return "half" if dt == dtypes.float16 else "i8" if dt == dtypes.bool else reg_type(dt)
-
-
-def const_literal(value, dt: DType) -> str:
-    if dt == dtypes.bool:
-        return "true" if value else "false"
-    if dt.is_float:
-        if dt != dtypes.float64:  # round to the storage precision first, then spell it as a double
-            value = float(dt.np.type(value))
-        return "0x%016X" % struct.unpack("<Q", struct.pack("<d", value))[0]
-    return str(int(value))
 
 
 def _identity(op: Ops, dt: DType):
@@ -101,7 +70,7 @@ def _loops(ranges) -> list[UOp]:
     return sorted((r for r in ranges if r.arg[1] in ("loop", "serial")), key=lambda r: r.arg[0])
 
 
-class _Renderer(KernelRenderer):
+class _Renderer(KernelRenderer, InlineMath):
     def __init__(self, ast: UOp, target: CPUTarget):
         super().__init__(ast)
         self.attributes = function_attributes(target)
@@ -274,109 +243,6 @@ class _Renderer(KernelRenderer):
         if op in _LIBM:
             return self.call(_LIBM[op] + ("f" if t == "float" else ""), t, [(t, s[0])])
         raise NotImplementedError(f"LLVM renderer: {op} on {dt}")
-
-    def exp_f32(self, x: str) -> str:
-        """exp on float as inline IR that vectorises (libm's expf does not): Cephes' range reduction
-        x = n ln2 + r and degree-5 polynomial (about 1 ulp), scaled by 2^n as two exact powers of two so
-        results stay right down to the denormals; NaN propagates, overflow gives inf, -inf gives 0."""
-        f, i, b = self.ty(dtypes.float32), self.ty(dtypes.int32), self.ty(dtypes.bool)
-        c = lambda v: self.const(const_literal(v, dtypes.float32), dtypes.float32)  # noqa: E731
-        n_ = lambda v: self.const(str(v), dtypes.int32)  # noqa: E731
-        x = self.op(f"select {b} {self.op(f'fcmp olt {f} {x}, {c(-104.0)}')}, {f} {c(-104.0)}, {f} {x}")
-        x = self.op(f"select {b} {self.op(f'fcmp ogt {f} {x}, {c(89.0)}')}, {f} {c(89.0)}, {f} {x}")
-        scaled = self.op(f"fadd {f} {self.op(f'fmul {f} {x}, {c(1.44269504088896341)}')}, {c(0.5)}")
-        n = self.call(self.intrinsic("floor", dtypes.float32), f, [(f, scaled)])
-        r = self.op(f"fsub {f} {x}, {self.op(f'fmul {f} {n}, {c(0.693359375)}')}")
-        r = self.op(f"fsub {f} {r}, {self.op(f'fmul {f} {n}, {c(-2.12194440e-4)}')}")
-        p = c(1.9875691500e-4)
-        for coef in (1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1):
-            p = self.op(f"fadd {f} {self.op(f'fmul {f} {p}, {r}')}, {c(coef)}")
-        r2 = self.op(f"fmul {f} {r}, {r}")
-        y = self.op(f"fadd {f} {self.op(f'fmul {f} {p}, {r2}')}, {r}")
-        y = self.op(f"fadd {f} {y}, {c(1.0)}")
-        finite_n = self.op(f"select {b} {self.op(f'fcmp uno {f} {n}, {n}')}, {f} {c(0.0)}, {f} {n}")
-        k = self.op(f"fptosi {f} {finite_n} to {i}")  # in [-150, 129] once NaN is out of the way
-        half = self.op(f"ashr {i} {k}, {n_(1)}")
-        for part in (half, self.op(f"sub {i} {k}, {half}")):
-            bits = self.op(f"shl {i} {self.op(f'add {i} {part}, {n_(127)}')}, {n_(23)}")
-            y = self.op(f"fmul {f} {y}, {self.op(f'bitcast {i} {bits} to {f}')}")
-        return y
-
-    def horner(self, coefs: tuple, x: str) -> str:
-        f = self.ty(dtypes.float32)
-        c = lambda v: self.const(const_literal(v, dtypes.float32), dtypes.float32)  # noqa: E731
-        acc = c(coefs[-1])
-        for coef in coefs[-2::-1]:
-            acc = self.op(f"fadd {f} {self.op(f'fmul {f} {acc}, {x}')}, {c(coef)}")
-        return acc
-
-    def erf_f32(self, x: str) -> str:
-        """erf on float as inline IR that vectorises (libm's erff is a call per element): x * P(x^2) near 0,
-        1 - exp(-x^2) * R(1 / (1 + |x|)) beyond, with the sign of x; |x| > 4 gives +-1, NaN propagates."""
-        f, b = self.ty(dtypes.float32), self.ty(dtypes.bool)
-        c = lambda v: self.const(const_literal(v, dtypes.float32), dtypes.float32)  # noqa: E731
-        a = self.call(self.intrinsic("fabs", dtypes.float32), f, [(f, x)])
-        a = self.op(f"select {b} {self.op(f'fcmp ogt {f} {a}, {c(4.0)}')}, {f} {c(4.0)}, {f} {a}")
-        a2 = self.op(f"fmul {f} {a}, {a}")
-        small = self.op(f"fmul {f} {a}, {self.horner(ERF_SMALL, a2)}")
-        s = self.op(f"fdiv {f} {c(1.0)}, {self.op(f'fadd {f} {a}, {c(1.0)}')}")
-        tail = self.op(f"fmul {f} {self.exp_f32(self.op(f'fneg {f} {a2}'))}, {self.horner(ERFC_LARGE, s)}")
-        large = self.op(f"fsub {f} {c(1.0)}, {tail}")
-        r = self.op(f"select {b} {self.op(f'fcmp olt {f} {a}, {c(ERF_SPLIT)}')}, {f} {small}, {f} {large}")
-        return self.call(self.intrinsic("copysign", dtypes.float32), f, [(f, r), (f, x)])
-
-    def divmod(self, op: Ops, dt: DType, a: str, b: str) -> str:
-        """NumPy integer floor division / modulo: x // 0 == x % 0 == 0, and no trap on MIN // -1."""
-        t = reg_type(dt)
-        if dt.is_float:  # only MOD reaches here: fmod with the sign of the divisor
-            r = self.op(f"frem {t} {a}, {b}")
-            nonzero = self.op(f"fcmp une {t} {r}, 0.0")
-            signs_differ = self.op(f"xor i1 {self.op(f'fcmp olt {t} {r}, 0.0')}, {self.op(f'fcmp olt {t} {b}, 0.0')}")
-            fix = self.op(f"and i1 {nonzero}, {signs_differ}")
-            return self.op(f"select i1 {fix}, {t} {self.op(f'fadd {t} {r}, {b}')}, {t} {r}")
-        zero = self.op(f"icmp eq {t} {b}, 0")
-        if dt.kind != "i":
-            safe = self.op(f"select i1 {zero}, {t} 1, {t} {b}")
-            res = self.op(f"{'udiv' if op is Ops.IDIV else 'urem'} {t} {a}, {safe}")
-            return self.op(f"select i1 {zero}, {t} 0, {t} {res}")
-        minus1 = self.op(f"icmp eq {t} {b}, -1")
-        safe = self.op(f"select i1 {self.op(f'or i1 {zero}, {minus1}')}, {t} 1, {t} {b}")
-        q = self.op(f"sdiv {t} {a}, {safe}")
-        r = self.op(f"srem {t} {a}, {safe}")
-        signs_differ = self.op(f"icmp slt {t} {self.op(f'xor {t} {r}, {safe}')}, 0")
-        adjust = self.op(f"and i1 {self.op(f'icmp ne {t} {r}, 0')}, {signs_differ}")
-        if op is Ops.IDIV:
-            q = self.op(f"sub {t} {q}, {self.op(f'zext i1 {adjust} to {t}')}")
-            q = self.op(f"select i1 {minus1}, {t} {self.op(f'sub {t} 0, {a}')}, {t} {q}")
-            return self.op(f"select i1 {zero}, {t} 0, {t} {q}")
-        r = self.op(f"select i1 {adjust}, {t} {self.op(f'add {t} {r}, {safe}')}, {t} {r}")
-        return self.op(f"select i1 {self.op(f'or i1 {zero}, {minus1}')}, {t} 0, {t} {r}")
-
-    def shift(self, op: Ops, dt: DType, a: str, b: str) -> str:
-        t = reg_type(dt)
-        bits = dt.itemsize * 8
-        out_of_range = self.op(f"icmp uge {t} {b}, {bits}")
-        safe = self.op(f"select i1 {out_of_range}, {t} 0, {t} {b}")
-        if op is Ops.SHL:
-            return self.op(f"select i1 {out_of_range}, {t} 0, {t} {self.op(f'shl {t} {a}, {safe}')}")
-        if dt.kind == "i":
-            fill = self.op(f"ashr {t} {a}, {bits - 1}")
-            return self.op(f"select i1 {out_of_range}, {t} {fill}, {t} {self.op(f'ashr {t} {a}, {safe}')}")
-        return self.op(f"select i1 {out_of_range}, {t} 0, {t} {self.op(f'lshr {t} {a}, {safe}')}")
-
-    def sign(self, dt: DType, x: str) -> str:
-        t = reg_type(dt)
-        if dt == dtypes.bool:
-            return x
-        if dt.is_float:
-            pos = self.op(f"uitofp i1 {self.op(f'fcmp ogt {t} {x}, 0.0')} to {t}")
-            neg = self.op(f"uitofp i1 {self.op(f'fcmp olt {t} {x}, 0.0')} to {t}")
-            s = self.op(f"fsub {t} {pos}, {neg}")
-            return self.op(f"select i1 {self.op(f'fcmp uno {t} {x}, 0.0')}, {t} {x}, {t} {s}")
-        gt = "sgt" if dt.kind == "i" else "ugt"
-        pos = self.op(f"zext i1 {self.op(f'icmp {gt} {t} {x}, 0')} to {t}")
-        neg = self.op(f"zext i1 {self.op(f'icmp slt {t} {x}, 0')} to {t}") if dt.kind == "i" else "0"
-        return self.op(f"sub {t} {pos}, {neg}")
 
     def cast(self, v: str, src: DType, dst: DType) -> str:
         st, dt_ = self.ty(src), self.ty(dst)
