@@ -197,7 +197,7 @@ def _range(end: sint, axis: int, kind: str) -> UOp:
     return UOp(Ops.RANGE, dtypes.index, (end,), (axis, kind))
 
 
-def _kernel_name(prefix: str, shape) -> str:
+def kernel_name(prefix: str, shape) -> str:
     dims = "_".join(re.sub(r"\W+", "", d.render() if isinstance(d, UOp) else str(d)) or "x" for d in shape)
     return prefix + (dims or "1")
 
@@ -212,7 +212,7 @@ def lower_kernel(root: UOp, is_buffer) -> tuple[UOp, list[UOp]]:
     out = UOp(Ops.DEFINE_GLOBAL, root.dtype, (), 0)
     store = UOp(Ops.STORE, dtypes.bool, (out, simplify(linear_index(idx, shape)), value))
     reduces = root.op is Ops.REDUCE_AXIS or any(u.op is Ops.REDUCE for u in value.toposort())
-    return UOp(Ops.SINK, dtypes.bool, (store,), _kernel_name("r_" if reduces else "E_", shape)), low.buffers
+    return UOp(Ops.SINK, dtypes.bool, (store,), kernel_name("r_" if reduces else "E_", shape)), low.buffers
 
 
 def lower_copy(node: UOp, is_buffer) -> tuple[UOp, list[UOp]]:
@@ -246,4 +246,4 @@ def lower_scatter(root: UOp, is_buffer) -> tuple[UOp, list[UOp]]:
     always = gate.op is Ops.CONST and gate.arg
     src = (out, simplify(linear_index(at, target.shape)), value) + (() if always else (gate,))
     store = UOp(Ops.STORE, dtypes.bool, src, combine)
-    return UOp(Ops.SINK, dtypes.bool, (store,), _kernel_name("S_", shape)), low.buffers
+    return UOp(Ops.SINK, dtypes.bool, (store,), kernel_name("S_", shape)), low.buffers

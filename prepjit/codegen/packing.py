@@ -16,7 +16,7 @@ becomes `where(j < full columns, packed, y)`, which the blocking resolves per bl
 from __future__ import annotations
 
 from ..uop import Ops, UOp, dtypes, simplify
-from .lower import linear_index
+from .lower import kernel_name, linear_index
 from .optimize import column_block, contraction_axes, in_full_blocks, stride_along
 from .target import CPUTarget, host_target
 
@@ -69,7 +69,8 @@ def pack_contraction(ast: UOp, slot: int, target: CPUTarget | None = None) -> tu
     packed_value = y.substitute(mapping)
     pack_store = UOp(Ops.STORE, dtypes.bool, (UOp(Ops.DEFINE_GLOBAL, y.dtype, (), 0),
                                              simplify(linear_index(new, shape)), packed_value))
-    pack = UOp(Ops.SINK, dtypes.bool, (pack_store,), "pack_" + ast.arg)
+    # named by what it packs, not by its contraction: two contractions packing one operand alike share one kernel
+    pack = UOp(Ops.SINK, dtypes.bool, (pack_store,), kernel_name("pack_", shape))
     read_index = simplify(linear_index(tuple(outer) + (j // width,) + tuple(reduces) + (j % width,), shape))
     packed_load = UOp(Ops.LOAD, y.dtype, (UOp(Ops.DEFINE_GLOBAL, y.dtype, (), slot), read_index))
     if tail:  # only the full panels are packed; the peeled tail's columns read `y` itself
