@@ -128,8 +128,30 @@ def _worth_materialising(node: UOp, readers: set, cost: dict, row_values: bool) 
         return False
     if len(readers) >= 2 and c >= MAX_INLINE_COST:
         return True
+    if row_values and _one_row_kernel(node, readers):
+        return False
     evaluations = sum(_iterations(r) for r in readers)  # inlined: each costs c; materialised: one load
     return (c - 1) * evaluations > (c + MEMORY_COST) * size + LAUNCH_COST
+
+
+def _one_row_kernel(node: UOp, readers: set) -> bool:
+    """Whether `node` is read by reductions along its trailing axes and one elementwise kernel of its shape (which
+    reads them broadcast: softmax's exp(x - max) by the sum and the division, layernorm's x - mean by the variance
+    and the output): on the C-style renderers they are one row kernel, whose work-group reads the row again from
+    cache, so recomputing the value there costs its ops only, where materialising it costs a pass."""
+    outs = [r for r in readers if r.op in ELEMENTWISE]
+    reds = [r for r in readers if r.op is Ops.REDUCE_AXIS]
+    return len(outs) == 1 and outs[0].shape == node.shape and len(reds) == len(readers) - 1 >= 1 and all(
+        _along_trailing(r, node) for r in reds)
+
+
+def _along_trailing(red: UOp, node: UOp) -> bool:
+    """Whether the reduction `red` of `node` reduces trailing axes only (keeping the others: a row's)."""
+    if red.src[0].shape != node.shape:
+        return False
+    kept = [k for k, (a, b) in enumerate(zip(red.shape, node.shape)) if a == b and not (isinstance(a, int) and a == 1)]
+    reduced = [k for k, (a, b) in enumerate(zip(red.shape, node.shape)) if a != b]
+    return bool(kept) and bool(reduced) and min(reduced) > max(kept)
 
 
 def _of_reductions(node: UOp) -> bool:

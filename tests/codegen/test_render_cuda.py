@@ -5,11 +5,14 @@ import numpy as np
 import pytest
 
 import prepjit as pj
+import prepjit.numpy as pnp
+from prepjit.codegen.optimize import optimize
 from prepjit.codegen.render_c import FLOAT_ONLY, INTEGER_ONLY
 from prepjit.codegen.render_rows import REDUCE_GROUP
 from prepjit.codegen.render_cuda import ELEMENTWISE_GROUP, ITEMS_PER_THREAD, render_cuda
 from prepjit.codegen.render_llvm import render_llvm
 from prepjit.codegen.render_opencl import render_opencl
+from prepjit.codegen.schedule import schedule
 from prepjit.codegen.render_tiles import MIN_SIDE, RUN, match_contraction, splits_for, tile_shape
 from prepjit.runtime.devices import available_devices, get_device
 from prepjit.uop import Ops, UOp, dtypes, eval_uop
@@ -291,3 +294,40 @@ def test_head_merged_operands_load_runs():
     out = np.zeros(m * n, np.float32)
     cuda_emulation.run(src, [out, ctx.ravel(), w.ravel()])
     np.testing.assert_allclose(out.reshape(m, n), np.swapaxes(ctx, 0, 1).reshape(m, -1) @ w, rtol=1e-5, atol=1e-4)
+
+
+def _attention_softmax(s, mask):   # MiniLM's: scores scaled, the padding mask added, then softmax
+    x = s * 0.125 + mask
+    e = np.exp(x - x.max(axis=-1, keepdims=True)) if isinstance(s, np.ndarray) else \
+        pnp.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def _residual_layernorm(x, y, g, b):   # MiniLM's: a residual added to a biased projection, then layernorm
+    xp = np if isinstance(x, np.ndarray) else pnp
+    h = x * g + b + y
+    c = h - xp.mean(h, axis=-1, keepdims=True)
+    return c / xp.sqrt(xp.mean(c * c, axis=-1, keepdims=True) + 1e-12) * g + b
+
+
+@pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
+@pytest.mark.parametrize("fn, shapes", [(_attention_softmax, [(2, 3, 16, 128), (2, 1, 1, 128)]),
+                                        (_residual_layernorm, [(2, 16, 384), (2, 16, 384), (384,), (384,)])])
+def test_softmax_and_layernorm_of_computed_rows_are_one_row_kernel(fn, shapes):
+    """A row's value that its reduction and its output both read (exp(x - max), x - mean) is recomputed inside the
+    one row kernel, not given a pass of its own (each reader computing it costs more than writing it and reading it
+    back, counted in iterations, but on a GPU the row kernel's second read comes from cache): MiniLM's softmax
+    and layernorm are one kernel each, run here through cuda_emulation against NumPy (opencl renders it too)."""
+    rng = np.random.default_rng(5)
+    args = [rng.standard_normal(s).astype(np.float32) * 3 for s in shapes]
+    traced = pj.trace(fn, *args)
+    sched = schedule(list(traced.outputs), list(traced.inputs))
+    assert len(sched.kernels) == 1
+    k = sched.kernels[0]
+    render_opencl(optimize(k.ast, "opencl"))
+    src = render_cuda(optimize(k.ast, "cuda"))
+    assert src.source.count("for (") >= 3   # the row's reductions and its columns in one kernel
+    bufs = {i: a.ravel() for i, a in zip(sched.inputs, args)}
+    out = np.zeros(sched.buffers[k.buffers[0]].max_size, np.float32)
+    cuda_emulation.run(src, [out] + [bufs[i] for i in k.buffers[1:]])
+    np.testing.assert_allclose(out.reshape(shapes[0]), fn(*args), rtol=1e-5, atol=1e-6)
