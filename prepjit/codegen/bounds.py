@@ -31,6 +31,11 @@ MAX_NONNEG_DEPTH = 3   # a bound's terms are shown >= 0 through their own bounds
 MAX_NESTING = 120      # bounds worked out inside one another (Python's stack holds ~3 frames each)
 MAX_SPLITS = 4         # mins and maxes of vars split into cases per access (2**MAX_SPLITS cases at most)
 MAX_ASSIGNMENTS = 16   # an access not proven otherwise is proven at each of its vars' values when they have few
+MAX_WORK = 40_000      # bounds worked out plus sums and products built, per access (and again for its assignments)
+
+
+class _OutOfWork(Exception):
+    """The proof of one access spent its MAX_WORK: that access is not proven (a bound cut short proves nothing)."""
 
 
 def _options(opts: list, upper: bool) -> list:
@@ -55,12 +60,6 @@ def _options(opts: list, upper: bool) -> list:
     return kept[:MAX_OPTIONS]
 
 
-def _combine(a: list, b: list, fn, upper: bool) -> list:
-    """Options of fn(x, y) from options of x and of y, the pairs of better-ranked options first."""
-    pairs = sorted(((i, j) for i in range(len(a)) for j in range(len(b))), key=lambda ij: ij[0] + ij[1])
-    return _options([[simplify(fn(x, y)) for x in a[i] for y in b[j]] for i, j in pairs], upper)
-
-
 def _relax_divisions(e: UOp, upper: bool) -> UOp | None:
     """`e` with each term c * f * (x // k) replaced by its bound (symbolic.relax_divisions), or None."""
     relaxed = relax_divisions(poly(e), upper)
@@ -76,12 +75,25 @@ class _Prover:
     def __init__(self):
         self.memo: dict = {}
         self.active: set = set()  # the bounds and checks being worked out (a cycle gives up on its node)
+        self.work = MAX_WORK  # what the access being proven may still spend (in_bounds sets it)
+
+    def _spend(self, amount: int):
+        self.work -= amount
+        if self.work < 0:
+            raise _OutOfWork
+
+    def _combine(self, a: list, b: list, fn, upper: bool) -> list:
+        """Options of fn(x, y) from options of x and of y, the pairs of better-ranked options first."""
+        pairs = sorted(((i, j) for i in range(len(a)) for j in range(len(b))), key=lambda ij: ij[0] + ij[1])
+        self._spend(sum(len(a[i]) * len(b[j]) for i, j in pairs))
+        return _options([[simplify(fn(x, y)) for x in a[i] for y in b[j]] for i, j in pairs], upper)
 
     def bound(self, e: UOp, facts: Facts, upper: bool, depth: int = 0) -> list:
         key = (e, facts.ge0, upper, depth)
         if key not in self.memo:
             if key in self.active or len(self.active) > MAX_NESTING:
                 return [[UOp.const(e.vmax if upper else e.vmin)]]
+            self._spend(1)
             self.active.add(key)
             try:
                 self.memo[key] = self._bound(e, facts, upper, depth)
@@ -123,7 +135,7 @@ class _Prover:
             if sign == 0:
                 continue
             r_opts = self.bound(r, facts, upper == (sign > 0), depth)
-            return _combine([[simplify(x * coef) for x in o] for o in r_opts], self.bound(rest, facts, upper, depth),
+            return self._combine([[simplify(x * coef) for x in o] for o in r_opts], self.bound(rest, facts, upper, depth),
                             lambda x, y: x + y, upper)
         return []
 
@@ -137,9 +149,9 @@ class _Prover:
                 return [[UOp.const(0)]]
             return _options([[simplify(x - 1) for x in o] for o in b(s[0], upper=True)], True)
         if op is Ops.ADD:
-            return _combine(b(s[0], upper=upper), b(s[1], upper=upper), lambda x, y: x + y, upper)
+            return self._combine(b(s[0], upper=upper), b(s[1], upper=upper), lambda x, y: x + y, upper)
         if op is Ops.SUB:
-            return _combine(b(s[0], upper=upper), b(s[1], upper=not upper), lambda x, y: x - y, upper)
+            return self._combine(b(s[0], upper=upper), b(s[1], upper=not upper), lambda x, y: x - y, upper)
         if op is Ops.MUL:
             return self._mul(e, facts, upper, depth)
         # floor division and modulo; the renderers give x // 0 == x % 0 == 0 (NumPy's integer rule)
@@ -210,7 +222,7 @@ class _Prover:
             if not has_loop_or_data(a) and a.vmin >= 0 and c.op is not Ops.CONST:
                 out += [[simplify(a * x) for x in o] for o in b(c, upper=upper)]
         elif upper and self.nonneg(a, facts) and self.nonneg(c, facts):
-            out += _combine(b(a, upper=True), b(c, upper=True), lambda x, y: x * y, True)
+            out += self._combine(b(a, upper=True), b(c, upper=True), lambda x, y: x * y, True)
         elif not upper and self.nonneg(a, facts) and self.nonneg(c, facts):
             out += [[UOp.const(0)]]
         return _options(out, upper) or [[UOp.const(e.vmax if upper else e.vmin)]]
@@ -237,7 +249,10 @@ class _Prover:
     def in_bounds(self, index: UOp, size: UOp, terms: frozenset, splits: int = 0,
                   halves: tuple = ("lower", "upper")) -> tuple[bool, str]:
         """Whether 0 <= index (half "lower") and index < size ("upper"); a min or max of vars is split into its
-        two cases (correlated uses), for the halves not proven without it."""
+        two cases (correlated uses), for the halves not proven without it. An access (splits == 0) may spend
+        MAX_WORK on this, and MAX_WORK more on its assignments (_at_each_value)."""
+        if splits == 0:
+            self.work = MAX_WORK
         if any(not has_loop_or_data(t) and simplify(t).vmax < 0 for t in terms):  # the facts contradict: never runs
             return True, ""
         facts = facts_of(terms)
@@ -247,6 +262,8 @@ class _Prover:
         if not failed:
             return True, ""
         why = "may be negative" if failed[0] == "lower" else f"may reach the buffer's size {size.render()}"
+        if self.work < 0:
+            why += f" (not proven within the proof's work limit, MAX_WORK = {MAX_WORK})"
         choice = next((u for u in _outside_ranges(index, size, *terms) if u.op in (Ops.MIN, Ops.MAX)
                        and not has_loop_or_data(u)), None) if splits < MAX_SPLITS else None
         if choice is None:
@@ -273,6 +290,7 @@ class _Prover:
             count *= v.arg[2] - v.arg[1] + 1
         if not variables or count > MAX_ASSIGNMENTS:
             return False
+        self.work = MAX_WORK
         for values in itertools.product(*(range(v.arg[1], v.arg[2] + 1) for v in variables)):
             sub = {v: UOp.const(x) for v, x in zip(variables, values)}
             fixed = frozenset(linear(simplify(t.substitute(sub))) for t in terms)
@@ -282,11 +300,15 @@ class _Prover:
         return True
 
     def _half(self, index: UOp, size: UOp, facts: Facts, half: str) -> bool:
-        """One half of in_bounds without case splits: interval bounds first (no facts needed), then the bounds."""
-        if half == "lower":
-            return poly_min(poly(index)) >= 0 or self.nonneg(index, facts) or _past_a_fact(index, facts)
-        return provably_lt(index, size) or _past_a_fact(size - 1 - index, facts) or \
-            any(all(self.nonneg(size - 1 - x, facts) for x in o) for o in self.bound(index, facts, upper=True))
+        """One half of in_bounds without case splits: interval bounds first (no facts needed), then the bounds;
+        False once the access's work is spent."""
+        try:
+            if half == "lower":
+                return poly_min(poly(index)) >= 0 or self.nonneg(index, facts) or _past_a_fact(index, facts)
+            return provably_lt(index, size) or _past_a_fact(size - 1 - index, facts) or \
+                any(all(self.nonneg(size - 1 - x, facts) for x in o) for o in self.bound(index, facts, upper=True))
+        except _OutOfWork:
+            return False
 
 
 def _past_a_fact(e: UOp, facts: Facts) -> bool:

@@ -80,3 +80,21 @@ def test_a_dropped_bound_proves_less_never_wrongly(room, monkeypatch):
                 prove_kernel(kernel, [(n * 8,), (n,)])
     finally:
         facts_module.facts_of.cache_clear()
+
+
+@pytest.mark.parametrize("work", [None, 0])
+def test_a_proof_out_of_work_answers_not_proven(work, monkeypatch):
+    """Each access's proof spends at most MAX_WORK (bounds worked out, sums built): one that runs out is refused
+    with a CompileError saying so, never accepted (a fuzz program's proof of nested mins of n took 100 s)."""
+    from prepjit.codegen import bounds
+    if work is not None:
+        monkeypatch.setattr(bounds, "MAX_WORK", work)
+    r = UOp(Ops.RANGE, dtypes.index, (n * 8,), (0, "loop"))
+    load = UOp(Ops.LOAD, dtypes.float32, (UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), 1), r // 4, r // 2 < n * 2))
+    store = UOp(Ops.STORE, dtypes.bool, (UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), 0), r, load))
+    kernel = UOp(Ops.SINK, dtypes.bool, (store,), "E_work")
+    if work is None:
+        assert bounds.prove_kernel(kernel, [(n * 8,), (n,)]) == 2
+    else:
+        with pytest.raises(pj.CompileError, match="work limit"):
+            bounds.prove_kernel(kernel, [(n * 8,), (n,)])
