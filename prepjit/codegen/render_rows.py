@@ -13,7 +13,10 @@ run more than GROUP_REDUCE_MIN; shorter ones, those down a column (neighbouring 
 memory), and those with more than MANY_OUTPUTS outputs and no columns (a thin matmul) run inline in each
 work-item. The group is the smallest power of two from WARP to REDUCE_GROUP
 covering a row's work, counted in the runs the dialect's work-items take (CUDA: 4 elements, so a softmax row of
-128 is one warp's, no barrier; with 128 work-items, three quarters of them would idle).
+128 is one warp's, no barrier; with 128 work-items, three quarters of them would idle); where its partials combine
+through shuffles, the smallest multiple of WARP that does (a layernorm row of 384: 3 warps, not 4 with one idle).
+A pass that each work-item makes at most once (a static row of at most a group's runs) is straight-line code, not
+a loop, so the compiler keeps the row's values in registers from one pass to the next.
 
 Reductions nested in a row's reduction that depend on its range (sum_j max_k x[i, j, k]) are not the row's:
 each work-item computes them inline, so no barrier is ever inside a loop whose trip count differs between
@@ -106,6 +109,8 @@ def row_plan(ast: UOp, items: int = 1, warp_rows: int = 1) -> Rows | None:
     runs = [-(-_length(u) // run_length(list(u.src[1:]), items)) for u in hoisted]
     work = max(runs + [-(-math.prod(r.src[0].vmax for r in cols) // run_length(list(cols), items))])
     group = min(REDUCE_GROUP, max(WARP, 1 << (work - 1).bit_length()))
+    if warp_rows > 1 and group > WARP and all(_shuffles(u.dtype) for u in hoisted):
+        group = min(group, -(-work // WARP) * WARP)   # any number of warps combines: none of the group idles
     return Rows(frozenset(hoisted), tuple(hoisted), rows, cols, group, warp_rows if group == WARP else 1)
 
 
@@ -142,28 +147,52 @@ def emit_rows(r, store: UOp):
         r.emit(f"if (lid == 0) {line}")
         return
     cols = list(rows.cols)
-    count, per = r.value(as_uop(sym_prod(c.src[0] for c in cols))), r.run_length(cols)
-    r.open_block(f"for ({r.long} c = {_first(per)}; c < {count}; c += {rows.group * per})", {})
+    per = r.run_length(cols)
+    blocks = _open_pass(r, "c", as_uop(sym_prod(c.src[0] for c in cols)), per)
     r.consecutive("c", cols, per, lambda: r.emit(r.store_line(store)))
-    r.close_block()
+    for _ in range(blocks):
+        r.close_block()
+
+
+def _open_pass(r, flat: str, count: UOp, per: int) -> int:
+    """Open the work-item's pass over a row's `count` flat indices in runs of `per` (a loop, or where each work-item
+    takes at most one run, straight-line code: the compiler then keeps the row in registers across the passes and
+    merges a run's loads); returns how many blocks to close."""
+    step = r.rows.group * per
+    if count.op is not Ops.CONST or count.arg > step:
+        end = r.value(count)   # (a symbolic count's lines come before the pragma)
+        r.emit("#pragma unroll 4" if per == 1 else "#pragma unroll 2")
+        r.open_block(f"for ({r.long} {flat} = {_first(per)}; {flat} < {end}; {flat} += {step})", {})
+        return 1
+    r.open_block("", {})
+    r.emit(f"const {r.long} {flat} = {_first(per)};")
+    if count.arg == step:
+        return 1
+    r.open_block(f"if ({flat} < {r.value(count)})", {})
+    return 2
 
 
 def reduce_together(r, u: UOp, acc: str) -> str:
     """The row's reduction `u` split over the work-group into `acc` (declared), combined; returns the result."""
     dt, ranges = u.dtype, list(u.src[1:])
-    count, flat = r.value(as_uop(sym_prod(x.src[0] for x in ranges))), f"f{r.n}"
-    per, group = r.run_length(ranges), r.rows.group
-    r.emit("#pragma unroll 4" if per == 1 else "#pragma unroll 2")
-    r.open_block(f"for ({r.long} {flat} = {_first(per)}; {flat} < {count}; {flat} += {group * per})", {})
+    flat, per = f"f{r.n}", r.run_length(ranges)
+    blocks = _open_pass(r, flat, as_uop(sym_prod(x.src[0] for x in ranges)), per)
     r.consecutive(flat, ranges, per, lambda: r.emit(f"{acc} = {r.combine(u.arg, dt, acc, r.value(u.src[0]))};"))
-    r.close_block()
+    for _ in range(blocks):
+        r.close_block()
     return _combine_group(r, u.arg, dt, acc)
+
+
+def _shuffles(dt: DType) -> bool:
+    """Whether partials of `dt` combine through warp shuffles (where the dialect has them); others go through a
+    local-memory tree, which needs a power-of-two group."""
+    return dt.itemsize >= 4 or dt == dtypes.float16
 
 
 def _combine_group(r, op: Ops, dt: DType, acc: str) -> str:
     """Combine the work-group's partial accumulators; every work-item gets the result (in the same order)."""
     group, part = r.rows.group, f"part{r.n}"
-    if r.d.shuffle_xor is None or not (dt.itemsize >= 4 or dt == dtypes.float16):
+    if r.d.shuffle_xor is None or not _shuffles(dt):
         r.locals.append(r.d.local_array.format(type=r.d.ctype(dt), name=part, n=group) + ";")
         r.emit(f"{part}[lid] = {acc};")
         r.emit(r.d.barrier)

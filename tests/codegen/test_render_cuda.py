@@ -73,9 +73,9 @@ def test_both_dialects_share_launch_sizes_and_grouping():
     assert "if (gid < " in two_d.source and "assume_aligned" not in two_d.source
 
 
-def softmax_kernel(k_max, static=False):
-    """softmax over rows of an (n, k) buffer, as fusion hands it over: both reductions inside the store."""
-    k = UOp.const(k_max) if static else UOp.variable("k", 1, k_max)
+def softmax_kernel(k_max, static=False, heads=1):
+    """softmax over rows of an (n, k * heads) buffer, as fusion hands it over: both reductions inside the store."""
+    k = UOp.const(k_max) if static else UOp.variable("k", 1, k_max) * heads if heads > 1 else UOp.variable("k", 1, k_max)
     r0, r1 = loop(N, 0), loop(k, 1)
     rr2, rr3 = (UOp(Ops.RANGE, dtypes.index, (k,), (a, "reduce")) for a in (2, 3))
     top = UOp(Ops.REDUCE, dtypes.float32, (load(1, dtypes.float32, r0 * k + rr2), rr2), Ops.MAX)
@@ -91,6 +91,9 @@ def test_row_reductions_get_a_work_group_per_row(language):
     assert [eval_uop(e, {"n": 3, "k": 9}) for e in src.global_size] == [3 * REDUCE_GROUP]
     long = "long long" if language == "cuda" else "long"
     assert f"for ({long} c = lid; c < v_k; c += {REDUCE_GROUP})" in src.source   # the row's columns
+    computed = RENDERERS[language](softmax_kernel(2048, heads=2)).source   # rows of k * 2: a count computed first
+    lines = [line.strip() for line in computed.splitlines()]   # a pragma before anything but a loop fails to compile
+    assert all(lines[k + 1].startswith("for (") for k, line in enumerate(lines) if line.startswith("#pragma unroll"))
     barrier = "__syncthreads();" if language == "cuda" else "barrier(CLK_LOCAL_MEM_FENCE);"
     if language == "cuda":   # shuffles within each warp, one barrier per reduction
         assert src.source.count("__shfl_xor_sync") == 2 and src.source.count(barrier) == 2
@@ -259,11 +262,12 @@ def test_tile_kernels_compute_the_matmul(m, n, k, a_t, b_t, batch):
 
 
 @pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
-@pytest.mark.parametrize("k, group", [(128, 4 * 32), (384, 128), (130, 256), (4096, REDUCE_GROUP)])
+@pytest.mark.parametrize("k, group", [(128, 4 * 32), (384, 3 * 32), (130, 160), (4096, REDUCE_GROUP)])
 def test_row_kernels_compute_softmax(k, group):
     """A softmax row kernel, run on the CPU through cuda_emulation: groups sized by the runs of 4 that CUDA work-items
-    take (a row of 128: one warp, shuffles only, 4 rows a work-group, the warps past the 5th row leaving), a row of
-    130 in single elements."""
+    take (a row of 128: one warp, shuffles only, 4 rows a work-group, the warps past the 5th row leaving; 384: 3 warps,
+    each work-item's passes straight-line code), a row of 130 in single elements (5 warps, one pass each, the
+    work-items past the row's end skipping it)."""
     rows = 5
     r0, r1 = loop(UOp.const(rows), 0), loop(UOp.const(k), 1)
     rr2, rr3 = (UOp(Ops.RANGE, dtypes.index, (UOp.const(k),), (a, "reduce")) for a in (2, 3))
@@ -326,7 +330,7 @@ def test_softmax_and_layernorm_of_computed_rows_are_one_row_kernel(fn, shapes):
     k = sched.kernels[0]
     render_opencl(optimize(k.ast, "opencl"))
     src = render_cuda(optimize(k.ast, "cuda"))
-    assert src.source.count("for (") >= 3   # the row's reductions and its columns in one kernel
+    assert src.source.count("__shfl_xor_sync") == 2   # both of the row's reductions combine in this kernel
     bufs = {i: a.ravel() for i, a in zip(sched.inputs, args)}
     out = np.zeros(sched.buffers[k.buffers[0]].max_size, np.float32)
     cuda_emulation.run(src, [out] + [bufs[i] for i in k.buffers[1:]])
