@@ -27,7 +27,7 @@ import attrs
 from ..uop import DType, Ops, UOp, dtypes, sym_prod
 from ..uop.uop import as_uop
 from .kernel import KernelSource, kernel_vars
-from .render_rows import emit_rows, loop_ranges, reduce_together, row_plan, run_length
+from .render_rows import emit_rows, loop_ranges, reduce_together, row_plan, run_length, share_passes
 from .render_rows import launch_size as row_launch_size
 from .render_tiles import emit_contraction, match_contraction
 from .render_tiles import launch_size as contraction_size
@@ -153,6 +153,10 @@ def _range_name(r: UOp) -> str:
 
 class CStyleRenderer(KernelRenderer):
     def __init__(self, ast: UOp, dialect: Dialect):
+        contraction = match_contraction(ast)
+        warp_rows = WARP_ROWS if dialect.shuffle_xor else 1
+        if contraction is None:
+            ast = share_passes(ast, dialect.items_per_thread, warp_rows)
         super().__init__(ast)
         self.d = dialect
         self.lines: list[str] = []
@@ -162,9 +166,9 @@ class CStyleRenderer(KernelRenderer):
         self.depth = 1
         self.n = 0
         self.vars = [v.arg[0] for v in kernel_vars(ast)]
-        self.contraction = match_contraction(ast)
-        self.rows = row_plan(ast, dialect.items_per_thread, WARP_ROWS if dialect.shuffle_xor else 1) \
-            if self.contraction is None else None
+        self.contraction = contraction
+        self.rows = row_plan(ast, dialect.items_per_thread, warp_rows) if contraction is None else None
+        self.row_elements: list[dict] = []   # a shared row's element scopes (render_rows.emit_rows)
         self.long = dialect.ctype(dtypes.int64)
         self.aligned = False   # whether the kernel tells the compiler its buffers are ALIGN-byte aligned
 

@@ -50,6 +50,11 @@ class Rows:
     pack: int = 1        # rows per work-group: one warp each where a row's group is a warp (shuffles only)
 
     @property
+    def shared(self) -> bool:
+        """Whether every pass (each reduction, the columns) is over the columns' one range (share_passes)."""
+        return len(self.cols) == 1 and all(tuple(u.src[1:]) == self.cols for u in self.order)
+
+    @property
     def size(self) -> int:
         """The work-group's size."""
         return self.group * self.pack
@@ -114,6 +119,21 @@ def row_plan(ast: UOp, items: int = 1, warp_rows: int = 1) -> Rows | None:
     return Rows(frozenset(hoisted), tuple(hoisted), rows, cols, group, warp_rows if group == WARP else 1)
 
 
+def share_passes(ast: UOp, items: int = 1, warp_rows: int = 1) -> UOp:
+    """`ast` with each row reduction's range replaced by the columns' range where every pass is one static run per
+    work-item over ranges of one extent (softmax's row of 128, layernorm's of 384 on CUDA): the passes then read the
+    row's elements as the same values, which the renderer keeps from the first pass (in registers) for the others."""
+    rows = row_plan(ast, items, warp_rows)
+    if rows is None or len(rows.cols) != 1:
+        return ast
+    col = rows.cols[0]
+    end = col.src[0]
+    if end.op is not Ops.CONST or end.arg != rows.group * run_length([col], items) or any(
+            len(u.src) != 2 or u.src[1].src[0].op is not Ops.CONST or u.src[1].src[0].arg != end.arg for u in rows.order):
+        return ast
+    return ast.substitute({u.src[1]: col for u in rows.order})
+
+
 def uses_grouped_reduce(ast: UOp) -> bool:
     """Whether this kernel gives each row (or output) a work-group."""
     return row_plan(ast) is not None
@@ -140,8 +160,19 @@ def emit_rows(r, store: UOp):
         r.emit(f"const {r.long} gid = {r.d.group_id};")
         r.emit(f"const int lid = {r.d.local_id};")
     r.scopes[-1].update(r.unflatten("gid", list(rows.rows)))
+    if rows.shared:   # one run per work-item, all passes: each element's scope lives on from pass to pass
+        per = r.run_length(list(rows.cols))
+        r.emit(f"const {r.long} c = {_first(per)};")
+        names = r.unflatten("c", list(rows.cols))
+        r.scopes[-1].update(names)
+        r.aligned = r.aligned or per > 1
+        col = rows.cols[0]
+        r.row_elements = [{col: f"({names[col]} + {e})"} if per > 1 else {} for e in range(per)]
     for u in rows.order:
         r.value(u)
+    if rows.shared:
+        _each_element(r, lambda: r.emit(r.store_line(store)))
+        return
     if not rows.cols:
         line = r.store_line(store)
         r.emit(f"if (lid == 0) {line}")
@@ -175,12 +206,24 @@ def _open_pass(r, flat: str, count: UOp, per: int) -> int:
 def reduce_together(r, u: UOp, acc: str) -> str:
     """The row's reduction `u` split over the work-group into `acc` (declared), combined; returns the result."""
     dt, ranges = u.dtype, list(u.src[1:])
+    if r.rows.shared:
+        _each_element(r, lambda: r.emit(f"{acc} = {r.combine(u.arg, dt, acc, r.value(u.src[0]))};"))
+        return _combine_group(r, u.arg, dt, acc)
     flat, per = f"f{r.n}", r.run_length(ranges)
     blocks = _open_pass(r, flat, as_uop(sym_prod(x.src[0] for x in ranges)), per)
     r.consecutive(flat, ranges, per, lambda: r.emit(f"{acc} = {r.combine(u.arg, dt, acc, r.value(u.src[0]))};"))
     for _ in range(blocks):
         r.close_block()
     return _combine_group(r, u.arg, dt, acc)
+
+
+def _each_element(r, body):
+    """Emit `body` for each of the work-item's run of elements in its scope (no C block: what one pass computes,
+    the row's loads, stays in scope for the next)."""
+    for scope in r.row_elements:
+        r.scopes.append(scope)
+        body()
+        r.scopes.pop()
 
 
 def _shuffles(dt: DType) -> bool:

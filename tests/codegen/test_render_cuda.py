@@ -321,7 +321,9 @@ def test_softmax_and_layernorm_of_computed_rows_are_one_row_kernel(fn, shapes):
     """A row's value that its reduction and its output both read (exp(x - max), x - mean) is recomputed inside the
     one row kernel, not given a pass of its own (each reader computing it costs more than writing it and reading it
     back, counted in iterations, but on a GPU the row kernel's second read comes from cache): MiniLM's softmax
-    and layernorm are one kernel each, run here through cuda_emulation against NumPy (opencl renders it too)."""
+    and layernorm are one kernel each, run here through cuda_emulation against NumPy (opencl renders it too). Each
+    work-item takes one run of its row (128 = a warp's runs of 4, 384 = 3 warps'), whose elements it loads once, in
+    the first pass, and keeps for the others."""
     rng = np.random.default_rng(5)
     args = [rng.standard_normal(s).astype(np.float32) * 3 for s in shapes]
     traced = pj.trace(fn, *args)
@@ -331,6 +333,7 @@ def test_softmax_and_layernorm_of_computed_rows_are_one_row_kernel(fn, shapes):
     render_opencl(optimize(k.ast, "opencl"))
     src = render_cuda(optimize(k.ast, "cuda"))
     assert src.source.count("__shfl_xor_sync") == 2   # both of the row's reductions combine in this kernel
+    assert src.source.count(" = buf") == ITEMS_PER_THREAD * len(args)   # each work-item loads its run of the row once
     bufs = {i: a.ravel() for i, a in zip(sched.inputs, args)}
     out = np.zeros(sched.buffers[k.buffers[0]].max_size, np.float32)
     cuda_emulation.run(src, [out] + [bufs[i] for i in k.buffers[1:]])
