@@ -251,11 +251,13 @@ class _Scheduler:
             return self.emit_scatter(node, buf, env)
         ast, reads, packed = self.lower(node)
         slots = (buf, *(env[r] for r in reads))
-        if packed is not None:  # the packing kernel reads the contraction's inputs and writes slot 0
-            pack_ast, ast, shape = packed
-            self.buffers.append(BufferSpec(pack_ast.src[0].src[2].dtype, shape, _max_size(shape)))
-            self.kernels.append(ScheduledKernel(*_drop_unused_slots(pack_ast, (len(self.buffers) - 1, *slots[1:]))))
-            slots = (*slots, len(self.buffers) - 1)
+        if packed is not None:  # each packing kernel reads the contraction's inputs and writes slot 0
+            ast, packs = packed
+            inputs = slots[1:]
+            for pack_ast, shape in packs:
+                self.buffers.append(BufferSpec(pack_ast.src[0].src[2].dtype, shape, _max_size(shape)))
+                self.kernels.append(ScheduledKernel(*_drop_unused_slots(pack_ast, (len(self.buffers) - 1, *inputs))))
+                slots = (*slots, len(self.buffers) - 1)
         self.kernels.append(ScheduledKernel(*_drop_unused_slots(ast, slots)))
         if keep and (node.op is Ops.REDUCE_AXIS or node in self.materialized) and node not in env:
             env[node] = buf

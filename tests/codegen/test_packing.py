@@ -76,3 +76,15 @@ def test_column_operand_strided_along_the_columns_is_packed_even_for_short_reduc
     assert len(names) == 2 and names[0].startswith("pack_")
     qh, kh = (x.reshape(2, 128, 12, 32).transpose(0, 2, 1, 3) for x in (q, k))
     _close(f(q, k), qh @ kh.transpose(0, 1, 3, 2))
+
+
+def test_row_operand_across_the_reduction_is_packed_along_it(rng):
+    """A weight gradient h.T @ delta: h's values for a block's rows lie along its rows and a row of h apart
+    from step to step, so h.T is copied contiguous along the reduction (in runs clamped at a symbolic end)."""
+    f = pj.prepare(lambda h, d: h.T @ d, vars={"n": (0, 300)}, shapes={"h": ("n", 96), "d": ("n", 80)}, device="cpu")
+    for n in (0, 1, 7, 9, 64, 299, 300):
+        h, d = rng.standard_normal((n, 96)).astype(np.float32), rng.standard_normal((n, 80)).astype(np.float32)
+        _close(f(h, d), h.T @ d)
+    *packs, _ = f.plan(h, d).kernels  # d's panels are packed too
+    names = [p.ast.arg for p in packs]
+    assert len(names) == 2 and "pack_96_n" in names and all(name.startswith("pack_") for name in names)
