@@ -19,21 +19,24 @@ from a new row of `x`, a whole row (4 KB for h of 1024 columns) after the last, 
 come from another page and, at a power-of-two stride, from one cache set. Its copy is laid out (loops it
 depends on..., reduction ranges...), contiguous along the reduction, so each block row reads one
 contiguous stream; it is made when every column block reuses it (`MIN_ROWS` columns at least) and the
-reduction is `MIN_REDUCE` long at least. Each packed operand has a kernel of its own. Zen 5, min of 15
-profiles, the MLP training step's h.T @ delta (h (256, 1024), delta (256, 512), delta packed in both):
-AVX2 code (PREPJIT_CPU=haswell) 1.46-1.53 ms -> 1.07 + 0.04 for h's copy; AVX-512 code 0.61 -> 0.54 + 0.04.
-x.T @ g (x (256, 512)) gains little (1.10 -> 1.08 + 0.02 ms, AVX2).
+reduction is `MIN_REDUCE` long at least, on targets whose register blocks have `ROW_PACK_BLOCK_ROWS` rows
+at most. Each packed operand has a kernel of its own. Zen 5, min of 10-15 profiles, the MLP training step's
+h.T @ delta (h (256, 1024), delta (256, 512), delta packed in both): AVX2 code (PREPJIT_CPU=haswell,
+6-row blocks) 1.46-1.53 ms -> 1.06-1.07 + 0.04 for h's copy; x.T @ g (x (256, 512)) 1.10 -> 1.06-1.08 +
+0.02. AVX-512 code (8-row blocks: 16 FMAs a step to hide the strided broadcasts in) gains nothing: h.T @
+delta 0.59 -> 0.54 + 0.04, x.T @ g 0.54 -> 0.55 + 0.02; so it is not packed there.
 """
 from __future__ import annotations
 
 from ..uop import Ops, UOp, dtypes, simplify
 from .lower import kernel_name, linear_index
-from .optimize import column_block, contraction_axes, in_full_blocks, stride_along
+from .optimize import column_block, contraction_axes, in_full_blocks, register_block, stride_along
 from .target import CPUTarget, host_target
 
 MIN_ROWS = 64      # rows of the other operand that reuse each packed panel, at least
 MIN_REDUCE = 64    # reduction length, at least: shorter panels sit in cache unpacked
 ROW_RUN = 8        # reduction steps a packed row operand's copy writes contiguously per row
+ROW_PACK_BLOCK_ROWS = 6  # rows of the target's register blocks, at most, for row operands to be packed
 
 
 def _size(end: UOp) -> int:
@@ -63,7 +66,8 @@ def pack_contraction(ast: UOp, slot: int, target: CPUTarget | None = None) -> tu
     if columns is not None:
         ast, pack = columns
         packs.append(pack)
-    rows = _pack_rows(ast, x, loops, j, reduces, slot + len(packs))
+    rows = _pack_rows(ast, x, loops, j, reduces, slot + len(packs)) \
+        if register_block(target or host_target(), value.dtype.itemsize)[0] <= ROW_PACK_BLOCK_ROWS else None
     if rows is not None:
         ast, pack = rows
         packs.append(pack)

@@ -4,6 +4,10 @@ import pytest
 
 import prepjit as pj
 import prepjit.numpy as pnp
+from prepjit.codegen import packing
+from prepjit.codegen.packing import pack_contraction
+from prepjit.codegen.schedule import schedule
+from prepjit.codegen.target import AVX2, AVX512
 
 
 def _close(got, want, dtype=np.float32):
@@ -78,13 +82,18 @@ def test_column_operand_strided_along_the_columns_is_packed_even_for_short_reduc
     _close(f(q, k), qh @ kh.transpose(0, 1, 3, 2))
 
 
-def test_row_operand_across_the_reduction_is_packed_along_it(rng):
+def test_row_operand_across_the_reduction_is_packed_along_it(rng, monkeypatch):
     """A weight gradient h.T @ delta: h's values for a block's rows lie along its rows and a row of h apart
-    from step to step, so h.T is copied contiguous along the reduction (in runs clamped at a symbolic end)."""
+    from step to step, so for AVX2's 6-row blocks h.T is copied contiguous along the reduction (in runs
+    clamped at a symbolic end); AVX-512's 8-row blocks read it as it is."""
+    h, d = rng.standard_normal((64, 96)).astype(np.float32), rng.standard_normal((64, 80)).astype(np.float32)
+    traced = pj.trace(lambda h, d: h.T @ d, h, d)
+    (kernel,) = schedule(list(traced.outputs), list(traced.inputs)).kernels  # unpacked
+    packs = {t: [pack.arg for pack, _ in pack_contraction(kernel.ast, 3, t)[1]] for t in (AVX2, AVX512)}
+    assert packs == {AVX2: ["pack_5_64_16", "pack_96_64"], AVX512: ["pack_5_64_16"]}
+    monkeypatch.setattr(packing, "ROW_PACK_BLOCK_ROWS", 64)  # this host's blocks, whatever their rows, pack h.T
     f = pj.prepare(lambda h, d: h.T @ d, vars={"n": (0, 300)}, shapes={"h": ("n", 96), "d": ("n", 80)}, device="cpu")
+    assert "pack_96_n" in [k.ast.arg for k in f.plan(h, d).kernels]
     for n in (0, 1, 7, 9, 64, 299, 300):
         h, d = rng.standard_normal((n, 96)).astype(np.float32), rng.standard_normal((n, 80)).astype(np.float32)
         _close(f(h, d), h.T @ d)
-    *packs, _ = f.plan(h, d).kernels  # d's panels are packed too
-    names = [p.ast.arg for p in packs]
-    assert len(names) == 2 and "pack_96_n" in names and all(name.startswith("pack_") for name in names)
