@@ -104,14 +104,14 @@ def min(x, axis=None, keepdims=False, initial=None, where=True):  # noqa: A001 -
 amax, amin = max, min
 
 
-def all(x, axis=None, keepdims=False):  # noqa: A001 - NumPy's name
+def all(x, axis=None, keepdims=False, where=True):  # noqa: A001 - NumPy's name
     x = to_tracer(x)
-    return prims.reduce(prims.cast(x, dtypes.bool), Ops.AND, _axis_of(x, axis), keepdims)
+    return _with_initial(x, _axis_of(x, axis), keepdims, Ops.MUL, dtypes.bool, None, where, "logical_and")
 
 
-def any(x, axis=None, keepdims=False):  # noqa: A001 - NumPy's name
+def any(x, axis=None, keepdims=False, where=True):  # noqa: A001 - NumPy's name
     x = to_tracer(x)
-    return prims.reduce(prims.cast(x, dtypes.bool), Ops.OR, _axis_of(x, axis), keepdims)
+    return _with_initial(x, _axis_of(x, axis), keepdims, Ops.ADD, dtypes.bool, None, where, "logical_or")
 
 
 def _count(x: Tracer, axis) -> Tracer:
@@ -124,12 +124,17 @@ def _float_work_dtype(x: Tracer, dtype) -> tuple[DType, DType]:
     return dt, dtypes.float32 if dt == dtypes.float16 else dt
 
 
-def mean(x, axis=None, keepdims=False, dtype=None):
+def mean(x, axis=None, keepdims=False, dtype=None, where=True):
+    """NumPy's mean; with `where=` the mean of the elements where it is True (NaN where none is)."""
     x = to_tracer(x)
     axis = _axis_of(x, axis, scalar_axis_ok=False)
     dt, acc = _float_work_dtype(x, dtype)
-    total = sum(prims.cast(x, acc), axis=axis, keepdims=keepdims)
-    return prims.cast(true_divide(total, prims.cast(_count(x, axis), acc)), dt)
+    total = sum(prims.cast(x, acc), axis=axis, keepdims=keepdims, where=where)  # checks where= first
+    if where is None or where is True:
+        count = prims.cast(_count(x, axis), acc)
+    else:
+        count = sum(prims.broadcast_to(prims.cast(to_tracer(where), acc), x.uop.shape), axis=axis, keepdims=keepdims)
+    return prims.cast(true_divide(total, count), dt)
 
 
 def var(x, axis=None, dtype=None, ddof=0, keepdims=False):

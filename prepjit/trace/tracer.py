@@ -83,8 +83,8 @@ class Tracer:
         return _np().sum(self, axis=axis, keepdims=keepdims, dtype=dtype, initial=initial, where=where)
 
     def mean(self, axis=None, dtype=None, out=None, keepdims=False, where=None):
-        _unsupported(out=out, where=where)
-        return _np().mean(self, axis=axis, keepdims=keepdims, dtype=dtype)
+        _unsupported(out=out)
+        return _np().mean(self, axis=axis, keepdims=keepdims, dtype=dtype, where=where)
 
     def max(self, axis=None, out=None, keepdims=False, initial=None, where=None):
         _unsupported(out=out)
@@ -99,12 +99,12 @@ class Tracer:
         return _np().prod(self, axis=axis, keepdims=keepdims, dtype=dtype, initial=initial, where=where)
 
     def all(self, axis=None, out=None, keepdims=False, where=None):
-        _unsupported(out=out, where=where)
-        return _np().all(self, axis=axis, keepdims=keepdims)
+        _unsupported(out=out)
+        return _np().all(self, axis=axis, keepdims=keepdims, where=where)
 
     def any(self, axis=None, out=None, keepdims=False, where=None):
-        _unsupported(out=out, where=where)
-        return _np().any(self, axis=axis, keepdims=keepdims)
+        _unsupported(out=out)
+        return _np().any(self, axis=axis, keepdims=keepdims, where=where)
 
     def argmax(self, axis=None, out=None, keepdims=False):
         _unsupported(out=out)

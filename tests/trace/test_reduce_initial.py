@@ -1,5 +1,6 @@
-"""NumPy's `initial=` and `where=` of sum / prod / max / min (and amax / amin and the array methods) against NumPy:
-an empty axis reduces to `initial`, a non-empty one is combined with it; `where=False` elements are left out."""
+"""NumPy's `initial=` and `where=` of sum / prod / max / min (and amax / amin and the array methods) and `where=` of
+mean / all / any against NumPy: an empty axis reduces to `initial`, a non-empty one is combined with it;
+`where=False` elements are left out."""
 import numpy as np
 import pytest
 
@@ -37,6 +38,14 @@ CASES = [  # (call as fn(numpy-like module, x), x)
     (lambda m, x: m.max(x, initial=0.5), np.float32(3)),
     (lambda m, x: np.max(x, axis=0, initial=-5.0), EMPTY),  # NumPy's function calls the traced array's method
     (lambda m, x: np.sum(x, axis=0, initial=4.0, where=np.array([False, True])), EMPTY + 1),
+    (lambda m, x: m.mean(x, axis=1, where=MASK), X),
+    (lambda m, x: m.mean(x, where=np.array([True, False, True])), X),  # the mask broadcasts along the rows
+    (lambda m, x: x.mean(axis=0, keepdims=True, where=MASK), np.arange(6).reshape(2, 3)),  # ints: float64
+    (lambda m, x: np.mean(x, axis=0, where=MASK), X),
+    (lambda m, x: m.all(x, axis=1, where=MASK), X > -1),
+    (lambda m, x: m.any(x, axis=0, where=MASK), X > 1),
+    (lambda m, x: x.all(where=np.array([False, True, True])), X),      # numbers: nonzero is True
+    (lambda m, x: np.any(x, axis=1, keepdims=True, where=MASK), X == 0),
 ]
 
 
@@ -53,6 +62,8 @@ def test_matches_numpy(case):
     (lambda m, x: m.max(x, initial=1000), np.array([1, 2], np.int8), OverflowError),
     (lambda m, x: m.max(x, initial=-1), np.array([1, 2], np.uint8), OverflowError),
     (lambda m, x: m.max(x, axis=0), EMPTY, ValueError),
+    (lambda m, x: m.mean(x, where=np.array([1, 0, 1])), X, TypeError),
+    (lambda m, x: m.all(x, where=np.array([1, 0, 1])), X, TypeError),
 ])
 def test_errors_match_numpy(fn, x, error):
     with pytest.raises(error):
