@@ -11,7 +11,7 @@ import inspect
 import attrs
 import numpy as np
 
-from .errors import SignatureError, VarBoundError
+from .errors import SignatureError
 from .runtime.array import Array
 from .trace.pytree import flatten
 from .trace.tracing import ArrayLeaf, VarLeaf

@@ -15,7 +15,7 @@ from ..uop.segments import Run, Segments
 from .array import Array
 from .cache import CachedKernel
 from .dynamic_loop import DynamicLaunches, DynamicStep, launchers
-from .var_table import VarTable
+from .var_table import RuntimeVar, VarTable
 
 
 def ordered_positions(steps: list):

@@ -8,7 +8,7 @@ from . import checks, numpy_math, prims
 from .numpy_math import (add, equal, isnan, logical_and, logical_or, maximum, minimum, multiply, sqrt, subtract,
                          true_divide, where)
 from .numpy_create import iota
-from .numpy_shape import moveaxis, ravel
+from .numpy_shape import ravel
 from .prims import to_tracer
 from .tracer import Tracer
 

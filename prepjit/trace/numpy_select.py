@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import TraceError
-from ..uop import Ops, UOp, dtypes
+from ..uop import Ops, dtypes
 from . import prims
 from .numpy_create import iota
 from .numpy_math import where as where3

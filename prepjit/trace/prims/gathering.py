@@ -52,7 +52,7 @@ def _scatter_vjp(ct: Tracer, node: UOp):
     add: both pass it on (the updates' read there). Multiplying, min and max scatters have no rule yet."""
     from ..scatter import scatter
     dims, combine = node.arg
-    target, updates, indices = node.src[0], node.src[1], [Tracer(i) for i in node.src[2:]]
+    updates, indices = node.src[1], [Tracer(i) for i in node.src[2:]]
     if combine not in (None, Ops.ADD):
         raise TraceError(f"cannot differentiate a scatter combining with {combine.name} (only .at[].set and "
                          ".at[].add have gradients)")
