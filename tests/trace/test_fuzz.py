@@ -8,7 +8,8 @@ prepared function must raise pj.IndexBoundError. Every input sits right before a
 page (tests/guard_pages.py) and every program also runs at the var's minimum, n = 0, so a kernel
 reading outside an argument crashes the run. CI runs a bounded number of examples; `pytest -m fuzz`
 (or PREPJIT_FUZZ_EXAMPLES=N) runs the larger profile. Every failure found becomes a test in
-`test_numpy_regressions.py`.
+`test_numpy_regressions.py`. Both profiles run on every available device (the guard pages catch stray reads
+on the cpu; on a GPU the comparison with NumPy is the check).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from hypothesis import strategies as st
 import prepjit as pj
 import prepjit.nn as pnn
 import prepjit.numpy as pnp
+from tests.conftest import DEVICES
 from tests.guard_pages import guarded
 
 DTYPES = ["float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8", "bool"]
@@ -214,10 +216,11 @@ def compare(got, want, note: str, half: bool = False):
         np.testing.assert_array_equal(got, want, err_msg=note)
 
 
-def check_program(program, dtype, rest_shape, n_values, seed):
-    """Prepare the program once with a var first dim, replay it for each n, compare each run with NumPy."""
+def check_program(program, dtype, rest_shape, n_values, seed, device="cpu"):
+    """Prepare the program once with a var first dim for `device`, replay it for each n, compare each run with
+    NumPy."""
     rng = np.random.default_rng(seed)
-    f = pj.prepare(vars={"n": (0, 6)}, shapes={"x": ("n",) + tuple(rest_shape), "ids": (3,)})(
+    f = pj.prepare(vars={"n": (0, 6)}, shapes={"x": ("n",) + tuple(rest_shape), "ids": (3,)}, device=device)(
         lambda x, ids: run_program(pnp, program, x, ids))
     checked = 0
     for n in dict.fromkeys([0, *n_values]):  # the var's minimum first: empty arguments
@@ -253,14 +256,16 @@ _common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, Healt
                derandomize=True)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @settings(max_examples=EXAMPLES, **_common)
 @given(**PROGRAMS)
-def test_fuzz_programs(program, dtype, rest_shape, n_values, seed):
-    check_program(program, dtype, rest_shape, n_values, seed)
+def test_fuzz_programs(program, dtype, rest_shape, n_values, seed, device):
+    check_program(program, dtype, rest_shape, n_values, seed, device)
 
 
 @pytest.mark.fuzz
 @settings(max_examples=int(os.environ.get("PREPJIT_FUZZ_LARGE", "2000")), **{**_common, "derandomize": False})
+@pytest.mark.parametrize("device", DEVICES)
 @given(**PROGRAMS)
-def test_fuzz_programs_large(program, dtype, rest_shape, n_values, seed):
-    check_program(program, dtype, rest_shape, n_values, seed)
+def test_fuzz_programs_large(program, dtype, rest_shape, n_values, seed, device):
+    check_program(program, dtype, rest_shape, n_values, seed, device)
