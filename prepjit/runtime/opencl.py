@@ -1,7 +1,8 @@
 """The opencl device: OpenCL C kernels built and launched through pyopencl, buffers in device memory.
 
-Picks a GPU when one is present, else the first device (PoCL's CPU device from PyPI runs
-anywhere); `PREPJIT_OPENCL_DEVICE` picks one by index or by a substring of "platform device".
+Picks a GPU when one is present, else the first device that builds a probe kernel (PoCL's CPU device from
+PyPI runs on CPUs its LLVM knows; a distribution's PoCL covers newer ones); `PREPJIT_OPENCL_DEVICE` picks
+one by index or by a substring of "platform device".
 Each PreparedKernel gets its own `cl.Kernel` with every argument set once; replay only patches
 var values and I/O buffers and enqueues it. Results stay on the device until read.
 """
@@ -30,8 +31,9 @@ def _import_pyopencl():
     return pyopencl
 
 
-def pick_device(cl, spec: str | None):
-    """The OpenCL device `spec` names (an index or a name substring), else the first GPU, else the first."""
+def candidate_devices(cl, spec: str | None) -> list:
+    """The OpenCL devices to try, in order: the one `spec` names (an index or a name substring), else every
+    GPU, then every other device."""
     try:
         devices = [d for p in cl.get_platforms() for d in p.get_devices()]
     except cl.Error as e:
@@ -41,14 +43,38 @@ def pick_device(cl, spec: str | None):
     names = [f"{d.platform.name} {d.name}" for d in devices]
     if spec:
         if spec.strip().isdigit() and int(spec) < len(devices):
-            return devices[int(spec)]
+            return [devices[int(spec)]]
         for d, name in zip(devices, names):
             if spec.lower() in name.lower():
-                return d
+                return [d]
         listing = "; ".join(f"{i}: {n}" for i, n in enumerate(names))
         raise DeviceError(f"PREPJIT_OPENCL_DEVICE={spec!r} matches no OpenCL device (found {listing})")
     gpus = [d for d in devices if d.type & cl.device_type.GPU]
-    return (gpus or devices)[0]
+    return gpus + [d for d in devices if d not in gpus]
+
+
+def _start(cl, device, build_options) -> tuple:
+    """(context, queue) of `device` once it has built and can run a probe kernel, else DeviceError: a platform
+    that builds nothing (a PoCL whose compiler does not know the host CPU, say) is no device."""
+    description = f"{device.platform.name} / {device.name}"
+    try:
+        context = cl.Context([device])
+        queue = cl.CommandQueue(context, device)
+    except cl.Error as e:
+        raise DeviceError(f"the OpenCL device {description} failed to start ({e})") from e
+    try:
+        cl.Program(context, _PROBE).build(options=build_options, cache_dir=False)
+    except cl.Error as e:
+        lines = str(e).strip().splitlines()
+        reason = next((line.strip() for line in lines if line.strip().startswith("error:")), lines[0])
+        raise DeviceError(f"the OpenCL device {description} cannot build kernels ({reason}; where PyPI's PoCL does "
+                          "not know the CPU, a distribution's may: apt-get install pocl-opencl-icd)") from e
+    return context, queue
+
+
+def _build_options(cl, device) -> list[str]:
+    exact = device.single_fp_config & cl.device_fp_config.CORRECTLY_ROUNDED_DIVIDE_SQRT
+    return ["-cl-fp32-correctly-rounded-divide-sqrt"] if exact else []
 
 
 class OpenCLProgram:
@@ -96,25 +122,23 @@ class OpenCLDevice(DeviceBase):
     def __init__(self):
         super().__init__()
         cl = self.cl = _import_pyopencl()
-        self.device = pick_device(cl, os.environ.get("PREPJIT_OPENCL_DEVICE"))
-        try:
-            self.context = cl.Context([self.device])
-            self.queue = cl.CommandQueue(self.context, self.device)
-        except cl.Error as e:
-            raise DeviceError(f"the OpenCL device {self.device.name} failed to start ({e}); {INSTALL_HINT}") from e
+        failures = []
+        for device in candidate_devices(cl, os.environ.get("PREPJIT_OPENCL_DEVICE")):
+            options = _build_options(cl, device)
+            try:
+                self.context, self.queue = _start(cl, device, options)
+                break
+            except DeviceError as e:
+                failures.append(str(e))
+        else:
+            raise DeviceError(f"{'; '.join(failures)}; {INSTALL_HINT}")
+        self.device, self.build_options = device, options
         self.pool = cl.tools.MemoryPool(cl.tools.ImmediateAllocator(self.queue))
-        platform = self.device.platform
-        self.description = f"{platform.name} / {self.device.name}"
-        self.compiler_id = (f"opencl-{platform.name}-{platform.version}-{self.device.name}-"
-                            f"{self.device.driver_version}-pyopencl-{cl.VERSION_TEXT}")
-        self.extensions = set(self.device.extensions.split())
-        exact = self.device.single_fp_config & cl.device_fp_config.CORRECTLY_ROUNDED_DIVIDE_SQRT
-        self.build_options = ["-cl-fp32-correctly-rounded-divide-sqrt"] if exact else []
-        try:  # a platform that builds nothing (a PoCL whose compiler does not know the host CPU, say) is no device
-            cl.Program(self.context, _PROBE).build(options=self.build_options, cache_dir=False)
-        except cl.Error as e:
-            raise DeviceError(f"the OpenCL device {self.description} cannot build kernels "
-                              f"({str(e).strip().splitlines()[0]}); {INSTALL_HINT}") from e
+        platform = device.platform
+        self.description = f"{platform.name} / {device.name}"
+        self.compiler_id = (f"opencl-{platform.name}-{platform.version}-{device.name}-"
+                            f"{device.driver_version}-pyopencl-{cl.VERSION_TEXT}")
+        self.extensions = set(device.extensions.split())
 
     # ---- compiling and launching ----
     def compile(self, name: str, source: str) -> bytes:

@@ -177,14 +177,40 @@ def test_opencl_is_the_default_device_when_the_env_says_so(monkeypatch):
 
 
 def test_opencl_device_env_picks_by_index_or_name(monkeypatch):
-    from prepjit.runtime.opencl import OpenCLDevice, pick_device
+    from prepjit.runtime.opencl import OpenCLDevice, candidate_devices
     devices = [d for p in cl.get_platforms() for d in p.get_devices()]
-    assert pick_device(cl, "0") == devices[0]
+    assert candidate_devices(cl, "0") == [devices[0]]
     last = devices[-1]
-    assert pick_device(cl, last.name[:6].upper()) is not None
+    assert len(candidate_devices(cl, last.name[:6].upper())) == 1
     monkeypatch.setenv("PREPJIT_OPENCL_DEVICE", "no such device anywhere")
     with pytest.raises(pj.DeviceError, match="matches no OpenCL device"):
         OpenCLDevice()
+
+
+def test_a_device_that_cannot_build_kernels_is_passed_over(monkeypatch):
+    """With no PREPJIT_OPENCL_DEVICE, the first device whose probe kernel builds is used (a PoCL whose LLVM does
+    not know the host CPU fails its probe; a second platform may not); when none builds, every reason is said."""
+    from prepjit.runtime import opencl
+    real = cl.get_platforms()[0].get_devices()[0]
+
+    class Broken:   # a device whose context starts but whose compiler refuses everything
+        platform, name, type = real.platform, "broken", cl.device_type.CPU
+    monkeypatch.setattr(opencl, "candidate_devices", lambda cl_, spec: [Broken, real])
+    started = []
+    real_start = opencl._start
+
+    def start(cl_, device, options):
+        started.append(device.name)
+        if device is Broken:
+            raise pj.DeviceError("the OpenCL device x / broken cannot build kernels (error: unknown target CPU)")
+        return real_start(cl_, device, options)
+    monkeypatch.setattr(opencl, "_start", start)
+    monkeypatch.setattr(opencl, "_build_options", lambda cl_, device: [])
+    dev = opencl.OpenCLDevice()
+    assert started == ["broken", real.name] and dev.device is real
+    monkeypatch.setattr(opencl, "candidate_devices", lambda cl_, spec: [Broken])
+    with pytest.raises(pj.DeviceError, match=r"broken cannot build kernels .*unknown target CPU.*pip install"):
+        opencl.OpenCLDevice()
 
 
 @pytest.mark.parametrize("platforms", ["none", "error"])
