@@ -11,10 +11,9 @@ import numpy as np
 from .codegen.bounds import prove_optimized
 from .codegen.memory import nbytes, share_memory
 from .codegen.offsets import share_offsets
+from .codegen import optimize as opt
 from .codegen.optimize import optimize
-from .codegen.render_llvm import render_llvm
-from .codegen.render_cuda import render_cuda
-from .codegen.render_opencl import render_opencl
+from .codegen.renderers import render
 from .codegen.dynamic_loop import DynamicLoop
 from .codegen.schedule import KernelSequence, LoopKernels, ScheduledKernel, schedule
 from .errors import CompileError
@@ -31,8 +30,6 @@ from .uop import UOp, render_python, serial
 from .uop.printer import format_graph
 
 log = logging.getLogger("prepjit")
-RENDERERS = {"llvm": render_llvm, "opencl": render_opencl, "cuda": render_cuda}
-
 
 def compile_shape_fn(shape: tuple):
     """dict of var values -> live shape, compiled once to a small Python function."""
@@ -101,7 +98,7 @@ def _build(asts: list[UOp], device, counts: dict, meanwhile=None):
             with stage("optimisation"):
                 optimized = optimize(ast, device.language)
             with stage("rendering"):
-                src = RENDERERS[device.language](optimized)
+                src = render(optimized, device.language, opt.tuned.get(ast, opt.DEFAULT_BLOCKING))
         except Exception as e:
             yield ast, e
             continue

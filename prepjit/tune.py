@@ -1,16 +1,18 @@
 """PREPJIT_TUNE=1: a short timed search over a kernel's block shapes at prepare time, the winner kept on disk.
 
 A contraction on the cpu can be blocked several ways (codegen/optimize.py `blocking_candidates`: rows per
-register block, columns per block of a one-row matvec). With PREPJIT_TUNE=1, a kernel being built for the
-first time (no tuning record yet) is compiled in each candidate shape and timed on scratch buffers of its own
-sizes, with the weight-sized operands evicted from the caches between runs when they exceed the L2 cache (a
-decode step streams its weights from memory); the fastest shape wins unless it beats the default by less than
-MIN_GAIN. The choice is written to the disk cache as a "tune" record, so it is searched once per kernel,
-host and prepjit version, and read back by every later process, with PREPJIT_TUNE set or not.
+register block, columns per block of a one-row matvec); on a GPU (cuda, opencl) it can be tiled several ways
+(codegen/render_tiles.py `tile_candidates`: tile rows and columns, sets of work-items splitting each slice).
+With PREPJIT_TUNE=1, a kernel being built for the first time (no tuning record yet) is compiled in each
+candidate shape and timed on scratch buffers of its own sizes (on the cpu with the weight-sized operands
+evicted from the caches between runs when they exceed the L2 cache: a decode step streams its weights from
+memory); the fastest shape wins unless it beats the default by less than MIN_GAIN. The choice is written to
+the disk cache as a "tune" record, so it is searched once per kernel, device and prepjit version, and read
+back by every later process, with PREPJIT_TUNE set or not.
 
 The choice is fixed for an AST before the kernel is first optimised in a process (`optimize.tuned`), so the
 bounds proof, the renderer and the disk cache (whose kernel key names the choice) all see the same kernel.
-Only var-free cpu kernels are tuned (their buffers and launch have one size).
+Only var-free kernels are tuned (their buffers and launch have one size).
 """
 from __future__ import annotations
 
@@ -20,17 +22,22 @@ import logging
 import os
 import time
 
+import attrs
 import numpy as np
 
 from .codegen import optimize as opt
 from .codegen.render_llvm import render_llvm
+from .codegen.render_tiles import tile_candidates
+from .codegen.renderers import render
 from .runtime import disk_cache
 from .runtime.cpu import PARALLEL_MIN_ITERATIONS, _loop_iterations
+from .stages import stage
 from .uop import Ops, UOp
 
 log = logging.getLogger("prepjit")
 
 RUNS = 5            # timed runs of each candidate; the fastest counts
+GPU_LAUNCHES = 10   # launches of a GPU candidate per timed run (queued back to back, then waited for)
 MIN_GAIN = 0.03     # a candidate replaces the default only when it is this much faster
 FLUSH_BYTES = 64 << 20  # written between runs to evict operands larger than the L2 cache
 MAX_SCRATCH_ELEMENTS = 1 << 27  # a kernel whose buffers would be larger is not tuned
@@ -45,28 +52,35 @@ def key_suffix(ast: UOp) -> str:
     blocking = opt.tuned.get(ast, opt.DEFAULT_BLOCKING)
     if blocking == opt.DEFAULT_BLOCKING:
         return ""
-    return f"-tuned-{blocking.max_accumulators}-{blocking.matvec_row_bytes}"
+    tile = "" if blocking.tile is None else "-tile-" + "x".join(map(str, blocking.tile))
+    return f"-tuned-{blocking.max_accumulators}-{blocking.matvec_row_bytes}{tile}"
 
 
 def choose(ast: UOp, device, kernel_key: str | None):
     """Fix the Blocking of a kernel about to be built: the disk cache's record, else (PREPJIT_TUNE=1) a search,
     else the default. `kernel_key`: the kernel's untuned disk key (None: no data form, nothing recorded)."""
-    if ast in opt.tuned or device.language != "llvm" or kernel_key is None:
+    if ast in opt.tuned or kernel_key is None:
         return
     key = disk_cache.record_key("tune", kernel_key)
     record = disk_cache.read_record("tune", key)
     if record is not None:
         opt.tuned[ast] = opt.Blocking(**record[0])
         return
-    if not enabled() or ast.variables() or not hasattr(device, "threads"):
+    if not enabled() or ast.variables():
         return
-    candidates = opt.blocking_candidates(ast)
+    if device.language == "llvm":
+        if not hasattr(device, "threads"):
+            return
+        candidates, timer = opt.blocking_candidates(ast), search
+    else:
+        candidates, timer = [opt.Blocking(tile=t) for t in tile_candidates(ast)], search_gpu
+        candidates[:1] = [opt.DEFAULT_BLOCKING]  # the policy's tiles (the first candidate) are the default
     if len(candidates) < 2:
         return
-    blocking = search(ast, device, candidates)
+    with stage("tuning"):
+        blocking = timer(ast, device, candidates)
     opt.tuned[ast] = blocking
-    disk_cache.write_record("tune", key, {"max_accumulators": blocking.max_accumulators,
-                                          "matvec_row_bytes": blocking.matvec_row_bytes})
+    disk_cache.write_record("tune", key, attrs.asdict(blocking))
 
 
 def search(ast: UOp, device, candidates: list) -> opt.Blocking:
@@ -101,13 +115,53 @@ def search(ast: UOp, device, candidates: list) -> opt.Blocking:
             run()
             if rep:
                 times[c] = min(times[c], time.perf_counter() - start)
+    return _winner(ast, candidates, times)
+
+
+def search_gpu(ast: UOp, device, candidates: list) -> opt.Blocking:
+    """The fastest of `candidates` (the first is the default) for `ast`, timed on the GPU `device`: each run
+    queues GPU_LAUNCHES launches and waits for them, so the kernels, not the host, are timed."""
+    buffers = _scratch_buffers(ast)
+    if buffers is None:
+        return candidates[0]
+    memory = [device.allocate(b.dtype, b.size) for b in buffers]
+    for buffer, host in zip(memory, buffers):
+        device.write_buffer(buffer, host)
+    handles = [device.handle(b) for b in memory]
+    launchers = []
+    for blocking in candidates:
+        source = render(ast, device.language, blocking)
+        program = device.load(source.name, device.compile(source.name, source.source))
+        launchers.append(device.launcher(program, handles, [], None, int(source.global_size[0].arg)))
+    times = [float("inf")] * len(launchers)
+    for rep in range(RUNS + 1):  # round robin, as on the cpu; the first run warms
+        for c, launcher in enumerate(launchers):
+            device.synchronize()
+            start = time.perf_counter()
+            for _ in range(GPU_LAUNCHES):
+                launcher.run()
+            device.synchronize()
+            if rep:
+                times[c] = min(times[c], (time.perf_counter() - start) / GPU_LAUNCHES)
+    return _winner(ast, candidates, times)
+
+
+def _winner(ast: UOp, candidates: list, times: list) -> opt.Blocking:
+    """The fastest candidate, unless it beats the default (the first) by less than MIN_GAIN."""
     winner = min(range(len(candidates)), key=times.__getitem__)
     if times[winner] > times[0] * (1 - MIN_GAIN):
         winner = 0
-    log.info("tune %s: %s (accumulators / matvec row bytes: us) -> %s", ast.arg, ", ".join(
-        f"{b.max_accumulators}/{b.matvec_row_bytes}: {t * 1e6:.1f}" for b, t in zip(candidates, times)),
-        candidates[winner])
+    log.info("tune %s: %s (us) -> %s", ast.arg, ", ".join(f"{_label(b)}: {t * 1e6:.1f}" for b, t in
+                                                        zip(candidates, times)), _label(candidates[winner]))
     return candidates[winner]
+
+
+def _label(b: opt.Blocking) -> str:
+    """A candidate as the log shows it: tile rows x columns / splits on a GPU, accumulators / matvec row bytes on
+    the cpu (the defaults: "default")."""
+    if b == opt.DEFAULT_BLOCKING:
+        return "default"
+    return "x".join(map(str, b.tile[:2])) + f"/{b.tile[2]}" if b.tile else f"{b.max_accumulators}/{b.matvec_row_bytes}"
 
 
 def _scratch_buffers(ast: UOp) -> list[np.ndarray] | None:

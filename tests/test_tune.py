@@ -6,10 +6,13 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 import prepjit as pj
 from prepjit import tune
 from prepjit.codegen import optimize as opt
+from prepjit.codegen.render_tiles import match_contraction, tile_candidates
+from tests.conftest import DEVICES
 
 SCRIPT = """
 import sys, numpy as np, prepjit as pj
@@ -59,3 +62,47 @@ def test_no_tuning_unless_asked(tmp_path, monkeypatch):
     np.testing.assert_allclose(np.asarray(f(x, w)), x @ w + 1)
     (k,) = f.plan(x, w).kernels
     assert k.ast not in opt.tuned and tune.key_suffix(k.ast) == ""
+
+
+GPU_SCRIPT = """
+import sys, numpy as np, prepjit as pj
+from prepjit.codegen import optimize as opt
+x, w = np.ones((128, 64), np.float32), np.full((64, 128), 0.5, np.float32)
+f = pj.prepare(lambda x, w: x @ w + 1, device=sys.argv[1])
+assert np.allclose(np.asarray(f(x, w)), x @ w + 1)
+(k,) = f.plan(x, w).kernels
+print(f.stats["compiles"], f.stats["disk_hits"], opt.tuned.get(k.ast) == opt.Blocking(tile=(64, 64, 2)))
+"""
+
+
+@pytest.mark.parametrize("device", [d for d in DEVICES if d != "cpu"] or
+                         [pytest.param("opencl", marks=pytest.mark.skip(reason="no GPU-style device (cuda, opencl)"))])
+def test_gpu_tiles_are_tuned_on_the_device_recorded_and_read_back(tmp_path, monkeypatch, device):
+    """On cuda and opencl a contraction's candidates are its tilings (render_tiles.tile_candidates), each compiled
+    and timed on the device; the chosen one renders the kernel (here forced to 64 x 64 tiles in 2 sets of
+    work-items, and checked against NumPy), names its disk key, and is read back by a process that does not tune."""
+    monkeypatch.setenv("PREPJIT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("PREPJIT_TUNE", "1")
+    timed = []
+
+    def search_gpu(ast, dev, candidates):
+        timed.append((candidates, tune.search_gpu.__wrapped__(ast, dev, candidates)))
+        return opt.Blocking(tile=(64, 64, 2))
+    search_gpu.__wrapped__ = tune.search_gpu
+    monkeypatch.setattr(tune, "search_gpu", search_gpu)
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((128, 64)).astype(np.float32), rng.standard_normal((64, 128)).astype(np.float32)
+    f = pj.prepare(lambda x, w: x @ w + 1, device=device)
+    np.testing.assert_allclose(np.asarray(f(x, w)), x @ w + 1, rtol=1e-4, atol=1e-4)
+    (k,) = f.plan(x, w).kernels
+    (candidates, searched), = timed
+    assert candidates[0] == opt.DEFAULT_BLOCKING and searched in candidates
+    assert [b.tile for b in candidates[1:]] == tile_candidates(k.ast)[1:] and len(candidates) > 5
+    assert opt.tuned[k.ast] == opt.Blocking(tile=(64, 64, 2)) and tune.key_suffix(k.ast).endswith("-tile-64x64x2")
+    assert "__local float" in k.kernel.source or "__shared__" in k.kernel.source
+    assert k.kernel.local_size == (match_contraction(k.ast, (64, 64, 2)).threads,) == (128,)
+    env = {k: v for k, v in os.environ.items() if k != "PREPJIT_TUNE"}
+    out = subprocess.run([sys.executable, "-c", GPU_SCRIPT, device], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["0", "1", "True"]

@@ -52,12 +52,18 @@ COLUMN_VECTORS = 2        # vectors of contiguous output columns per block row
 MIN_PANEL_GROUPS = 4      # groups to split over threads, at least
 
 
+def _tile(value) -> tuple[int, int, int] | None:
+    return None if value is None else tuple(value)
+
+
 @attrs.frozen
 class Blocking:
     """The block-shape knobs a kernel is optimised with: the defaults, or what PREPJIT_TUNE's timed search chose
     for it (prepjit/tune.py). Column widths stay as they are (packing.py lays panels out by them)."""
     max_accumulators: int = MAX_ACCUMULATORS   # vector accumulators of a register block: its rows
     matvec_row_bytes: int | None = None        # bytes of columns per block of a one-row matvec (None: matvec.py's)
+    # a GPU contraction's tiles: (rows, columns, splits), one of render_tiles.tile_candidates (None: the policy's)
+    tile: tuple[int, int, int] | None = attrs.field(default=None, converter=_tile)
 
 
 DEFAULT_BLOCKING = Blocking()

@@ -152,8 +152,8 @@ def _range_name(r: UOp) -> str:
 
 
 class CStyleRenderer(KernelRenderer):
-    def __init__(self, ast: UOp, dialect: Dialect):
-        contraction = match_contraction(ast)
+    def __init__(self, ast: UOp, dialect: Dialect, tile: tuple[int, int, int] | None = None):
+        contraction = match_contraction(ast, tile)
         warp_rows = WARP_ROWS if dialect.shuffle_xor else 1
         if contraction is None:
             ast = share_passes(ast, dialect.items_per_thread, warp_rows)
@@ -519,8 +519,10 @@ class CStyleRenderer(KernelRenderer):
         return text, size
 
 
-def render_c(ast: UOp, dialect: Dialect) -> KernelSource:
-    r = CStyleRenderer(ast, dialect)
+def render_c(ast: UOp, dialect: Dialect, tile: tuple[int, int, int] | None = None) -> KernelSource:
+    """The kernel in `dialect`; a contraction is tiled as `tile` says (render_tiles.tile_candidates), by default
+    as the tile policy chooses."""
+    r = CStyleRenderer(ast, dialect, tile)
     source, size = r.kernel()
     group = r.group_size()
     return KernelSource(ast.arg, source, dialect.language, tuple(r.vars), (size,), (group,) if group else ())

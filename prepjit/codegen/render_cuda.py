@@ -65,5 +65,5 @@ CUDA = Dialect(
 )
 
 
-def render_cuda(ast: UOp) -> KernelSource:
-    return render_c(ast, CUDA)
+def render_cuda(ast: UOp, tile: tuple[int, int, int] | None = None) -> KernelSource:
+    return render_c(ast, CUDA, tile)

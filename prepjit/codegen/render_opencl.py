@@ -63,5 +63,5 @@ OPENCL = Dialect(
 )
 
 
-def render_opencl(ast: UOp) -> KernelSource:
-    return render_c(ast, OPENCL)
+def render_opencl(ast: UOp, tile: tuple[int, int, int] | None = None) -> KernelSource:
+    return render_c(ast, OPENCL, tile)

@@ -69,14 +69,17 @@ def _most(ranges) -> int:
     return math.prod(r.src[0].vmax for r in ranges)
 
 
+def _fill(m: int, n: int, s: tuple[int, int]) -> float:
+    """The share of the outputs of m x n tiles of shape s that are real (not padding)."""
+    return m * n / (-(-m // s[0]) * s[0] * -(-n // s[1]) * s[1])
+
+
 def tile_shape(m: int, n: int, batch: int) -> tuple[int, int]:
     """(rows, columns) of the tiles of an m x n contraction repeated `batch` times (extents at the vars' maxima)."""
     def groups(s):
         return batch * -(-m // s[0]) * -(-n // s[1])
 
-    def fill(s):
-        return m * n / (-(-m // s[0]) * s[0] * -(-n // s[1]) * s[1])
-    full = [s for s in SHAPES if fill(s) >= MIN_FILL] or [max(SHAPES, key=fill)]
+    full = [s for s in SHAPES if _fill(m, n, s) >= MIN_FILL] or [max(SHAPES, key=lambda s: _fill(m, n, s))]
     enough = [s for s in full if groups(s) >= MIN_GROUPS]
     return enough[0] if enough else max(full, key=groups)
 
@@ -87,10 +90,26 @@ def splits_for(groups: int, owners: int) -> int:
     return next((s for s in fit if groups * owners * s >= MIN_WARPS * 32), fit[-1])
 
 
-def match_contraction(ast: UOp) -> Contraction | None:
+def tile_candidates(ast: UOp) -> list[tuple[int, int, int]]:
+    """(rows, columns, splits) of each tiling worth timing for the kernel's contraction (PREPJIT_TUNE on a GPU):
+    the policy's own first, then every other shape of SHAPES that wastes little of its tiles on padding, with
+    each number of splits that fits MAX_THREADS; [] for a kernel that is no contraction."""
+    c = match_contraction(ast)
+    if c is None:
+        return []
+    m, n = _most(c.i), _most(c.j)
+    fill = [s for s in SHAPES if _fill(m, n, s) >= MIN_FILL] or [(c.tm, c.tn)]
+    chosen = [(c.tm, c.tn, c.splits)]
+    for tm, tn in fill:
+        owners = (tm // REG) * (tn // REG)
+        chosen += [(tm, tn, s) for s in SPLITS if owners * s <= MAX_THREADS and (tm, tn, s) not in chosen]
+    return chosen
+
+
+def match_contraction(ast: UOp, tile: tuple[int, int, int] | None = None) -> Contraction | None:
     """The contraction this kernel computes, or None (float32 only, one reduce range, row and column ranges, and
     the rows and the columns each at least MIN_SIDE and k a slice deep at the vars' maxima: thinner ones stay
-    reductions)."""
+    reductions). Its tiles are `tile` (rows, columns, splits: one of `tile_candidates`), else the policy's."""
     store = ast.src[0]
     reduces = [u for u in store.toposort() if u.op is Ops.REDUCE]
     if store.op is not Ops.STORE or len(reduces) != 1:
@@ -109,6 +128,8 @@ def match_contraction(ast: UOp) -> Contraction | None:
             if min(_most(only_a), _most(only_b)) < MIN_SIDE or k.src[0].vmax < TILE_K:
                 return None
             batch = tuple(r for r in loops if r not in only_a and r not in only_b)
+            if tile is not None:
+                return Contraction(red, a, b, tuple(only_a), tuple(only_b), k, batch, *tile)
             tm, tn = tile_shape(_most(only_a), _most(only_b), _most(batch))
             groups = _most(batch) * -(-_most(only_a) // tm) * -(-_most(only_b) // tn)
             return Contraction(red, a, b, tuple(only_a), tuple(only_b), k, batch, tm, tn,

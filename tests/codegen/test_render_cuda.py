@@ -13,7 +13,7 @@ from prepjit.codegen.render_cuda import ELEMENTWISE_GROUP, ITEMS_PER_THREAD, ren
 from prepjit.codegen.render_llvm import render_llvm
 from prepjit.codegen.render_opencl import render_opencl
 from prepjit.codegen.schedule import schedule
-from prepjit.codegen.render_tiles import MIN_SIDE, RUN, match_contraction, splits_for, tile_shape
+from prepjit.codegen.render_tiles import MIN_SIDE, REG, RUN, match_contraction, splits_for, tile_candidates, tile_shape
 from prepjit.runtime.devices import available_devices, get_device
 from prepjit.uop import Ops, UOp, dtypes, eval_uop
 from prepjit.uop.ops import ALU
@@ -259,6 +259,24 @@ def test_tile_kernels_compute_the_matmul(m, n, k, a_t, b_t, batch):
     out = np.zeros(batch * m * n, np.float32)
     cuda_emulation.run(render_cuda(ast), [out, a_mem.ravel(), b_mem.ravel()])
     np.testing.assert_allclose(out.reshape(batch, m, n), a @ b + 1, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
+def test_every_tile_candidate_computes_the_matmul():
+    """Each tiling PREPJIT_TUNE may pick on a GPU (every tile shape, each number of sets of work-items splitting a
+    slice) renders a CUDA kernel that equals NumPy's matmul, run through cuda_emulation (k = 40: a partial slice)."""
+    m, n, k = 256, 192, 40
+    ast = strided_matmul_kernel(m, n, k, (k, 1), (n, 1))
+    candidates = tile_candidates(ast)
+    assert len(candidates) == len(set(candidates)) == 14 and candidates[0][:2] == tile_shape(m, n, 1)
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((m, k), np.float32), rng.standard_normal((k, n), np.float32)
+    for tile in candidates:
+        src = render_cuda(ast, tile)
+        assert src.local_size == ((tile[0] // REG) * (tile[1] // REG) * tile[2],), tile
+        out = np.zeros(m * n, np.float32)
+        cuda_emulation.run(src, [out, a.ravel(), b.ravel()])
+        np.testing.assert_allclose(out.reshape(m, n), a @ b + 1, rtol=1e-5, atol=1e-4, err_msg=str(tile))
 
 
 @pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
