@@ -181,7 +181,8 @@ def test_contractions_over_several_row_ranges_are_tiled(language):
 def test_tile_shapes_fill_the_gpu_and_waste_little():
     assert tile_shape(4096, 4096, 1) == (128, 128)     # large: the biggest tile, 1024 groups
     assert tile_shape(4096, 384, 1) == (64, 64)        # 96 groups of 128 x 128 would leave SMs idle: 384
-    assert tile_shape(128, 128, 384) == (128, 128)     # a batch of attention scores
+    assert tile_shape(4096, 1536, 1) == (128, 64)      # 384 groups of 128 x 128 are 3 waves of 132: 768
+    assert tile_shape(128, 128, 384) == (128, 64)      # a batch of attention scores
     assert tile_shape(128, 32, 384) == (128, 32)       # attention @ values: no padded columns
     assert tile_shape(1024, 1024, 1) == (64, 64)       # the most groups when none gives enough
 
