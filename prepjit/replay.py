@@ -1,8 +1,9 @@
 """The prepared-call fast path: per-signature closures that replay a plan straight on NumPy arrays.
 
-A call whose arguments are all flat (NumPy arrays, pj.Arrays on the cpu or on the plan's GPU, ints,
-strings, bools, None) and positional is looked up by a cheap key: each array's dtype, shape and
-strides, each static value, and a marker for each scalar var. The first call with a key goes through the full path
+A positional call whose arguments are NumPy arrays, pj.Arrays on the cpu or on the plan's GPU, ints,
+strings, bools, None, or dicts, lists and tuples of arrays (a model's weights) is looked up by a cheap key:
+each array's dtype, shape and strides, each container's keys or length, each static value, and a marker
+for each scalar var (a container's arrays take its place, in the full path's flatten order). The first call with a key goes through the full path
 (`Signature.read`, which checks everything); after it, `FastCalls.learn` records what that call
 decided: the plan, the var values read off the shapes (already checked), the output shapes and
 dtypes, and one compiled check of every declared scalar var's bounds (used by the plan or not) and the
@@ -20,6 +21,7 @@ from .runtime.array import Array
 from .runtime.device_base import DeviceBase
 from .runtime.host_pool import allocator_for, empty
 from .trace.constants import capture_key, reachable_arrays
+from .trace.pytree import MAX_DEPTH
 from .uop import render_python
 
 MISS = object()
@@ -128,16 +130,18 @@ class FastCalls:
         self.declared = signature.vars  # name -> Var: the declared bounds a scalar var is checked against
         self.calls: dict = {}
 
-    def key(self, args: tuple, device_name) -> tuple | None:
-        """The concrete key of a positional call, or None when an argument is not of a fast kind."""
+    def key(self, args: tuple, device_name) -> tuple:
+        """(the concrete key of a positional call, its arguments with each container's arrays in its place),
+        or (None, None) when an argument is not of a fast kind."""
         parts = [device_name]
         var_positions = self.var_positions
         static_positions = self.static_positions
+        flat = None   # the arguments with containers flattened, once there is one
         for i, a in enumerate(args):
             t = type(a)
             if static_positions and i in static_positions:  # keyed by value (static_argnums / static_argnames)
                 if t not in (int, float, str, bool) and a is not None:
-                    return None
+                    return None, None
                 parts.append((t, a))
             elif t is np.ndarray:
                 parts.append((a.dtype, a.shape, a.strides))
@@ -147,27 +151,37 @@ class FastCalls:
                 parts.append((Array, a._device, a.dtype, a.shape))
             elif t is str or t is bool or a is None:
                 parts.append((t, a))
+            elif t is dict or t is list or t is tuple:
+                if flat is None:
+                    flat = list(args[:i])
+                if not _tree_key(a, parts, flat, 0):
+                    return None, None
+                continue
             else:
-                return None
-        return tuple(parts)
+                return None, None
+            if flat is not None:
+                flat.append(a)
+        return tuple(parts), (args if flat is None else tuple(flat))
 
     def __call__(self, args: tuple, device_name):
         if not self.enabled:
             return MISS
-        run = self.calls.get(self.key(args, device_name))
-        return MISS if run is None else run(args)
+        key, flat = self.key(args, device_name)
+        run = self.calls.get(key)
+        return MISS if run is None else run(flat)
 
     def learn(self, args: tuple, device_name, info, entry, device):
         """Remember the call that just went through the full path, when the fast path can replay it."""
         plan = entry.plan
         if not self.enabled or not plan.replays_arrays or any(entry.duplicate) or len(self.calls) >= MAX_KEYS:
             return
-        key = self.key(args, device_name)
+        key, flat = self.key(args, device_name)
         if key is None or key in self.calls:
             return
+        origin = [i for i, a in enumerate(args) for _ in range(_leaf_count(a))]  # flat position -> argument
         array_args, var_args = [], []
-        for i, a in enumerate(args):
-            if i in self.static_positions:
+        for i, a in enumerate(flat):
+            if origin[i] in self.static_positions:
                 continue
             if type(a) is np.ndarray or type(a) is Array:
                 data = a.buffer if type(a) is Array else a
@@ -176,10 +190,47 @@ class FastCalls:
                                      or not data.dtype.isnative):
                     return
                 array_args.append((i, type(a) is Array))
-            elif i in self.var_positions:
-                var_args.append((i, self.var_positions[i]))
+            elif origin[i] in self.var_positions:
+                var_args.append((i, self.var_positions[origin[i]]))
         if len(array_args) + len(entry.constants) != len(plan.inputs) or len(info.arrays) != len(array_args) \
                 or any(n not in info.var_values for n in plan.vars) \
                 or plan.check_constraints(tuple(info.var_values[n] for n in plan.vars)) >= 0:
             return  # (a call that breaks an index constraint raises on the full path, and is not remembered)
-        self.calls[key] = _FastCall(entry, info, array_args, len(args), var_args, self.declared, device, self.fn).run
+        self.calls[key] = _FastCall(entry, info, array_args, len(flat), var_args, self.declared, device, self.fn).run
+
+
+def _tree_key(tree, parts: list, flat: list, depth: int) -> bool:
+    """Append the key parts of a container of arrays (its keys or length, each array's dtype, shape and strides)
+    and its arrays in the full path's order (pytree.flatten: dict insertion order); False when it holds anything
+    else (its other leaves are static values: the full path keys them) or nests deeper than MAX_DEPTH."""
+    t = type(tree)
+    if t is np.ndarray:
+        parts.append((tree.dtype, tree.shape, tree.strides))
+    elif t is Array:
+        parts.append((Array, tree._device, tree.dtype, tree.shape))
+    elif tree is None:
+        parts.append(None)
+        return True
+    elif depth == MAX_DEPTH:
+        return False
+    elif t is dict:
+        parts.append((dict, tuple(tree)))
+        return all(_tree_key(v, parts, flat, depth + 1) for v in tree.values())
+    elif t is list or t is tuple:
+        parts.append((t, len(tree)))
+        return all(_tree_key(v, parts, flat, depth + 1) for v in tree)
+    else:
+        return False
+    flat.append(tree)
+    return True
+
+
+def _leaf_count(a, top: bool = True) -> int:
+    """How many places argument `a` takes among a fast call's flattened arguments (a container: its arrays; a
+    None inside one takes none)."""
+    t = type(a)
+    if t is dict:
+        return sum(_leaf_count(v, False) for v in a.values())
+    if t is list or t is tuple:
+        return sum(_leaf_count(v, False) for v in a)
+    return 0 if a is None and not top else 1
