@@ -108,7 +108,7 @@ def test_chained_updates_write_one_buffer_and_intermediates_are_untouched():
         return z, y.sum()
 
     v = np.ones((6, 4, 3), np.float32)
-    z, s = f_prepared = pj.prepare(f)(X, IDS, v)
+    z, s = pj.prepare(f)(X, IDS, v)
     ref = reference(X * 2, IDS, v, "add")
     ref[0] = 0
     assert_matches(z, ref)
