@@ -270,3 +270,20 @@ def test_cumsum_along_a_short_axis_then_flattened(device):
     for n in (0, 1, 3, 6):
         x = np.arange(2 * n, dtype=np.float32).reshape(n, 2)
         np.testing.assert_array_equal(np.asarray(f(x)), np.cumsum(x, axis=1).reshape(-1))
+
+
+@pytest.mark.parametrize("dtype, lengths", [("int8", (0, 1)), ("float32", (0, 1, 2))])
+def test_a_gather_at_the_argmin_of_a_padded_array_after_an_empty_call(device, dtype, lengths):
+    """Found by the large fuzz profile on the H200's NVIDIA OpenCL (seed 4009; cuda and PoCL pass): pad x by one
+    zero in front, gather at its argmin; replayed at n = 0 and then n = 1 (2), it returned the pad's 0 instead of
+    x's minimum, or raised IndexBoundError (an argmin matching no element), as if the minimum and the argmin
+    kernels read different contents of the staged x."""
+    def gather_at_argmin(xp, x, ids):   # ids: staged too, unused (as in the fuzz program)
+        y = xp.pad(x, [(1, 0)])
+        return xp.take_along_axis(y, xp.argmin(y, keepdims=True), axis=0)
+    f = pj.prepare(lambda x, ids: gather_at_argmin(pnp, x, ids), vars={"n": (0, 6)}, shapes={"x": ("n",), "ids": (3,)},
+                   device=device)
+    ids = np.array([1, -4, 2], np.int32)
+    for n in lengths:
+        x = -np.arange(3, 3 + n).astype(dtype)
+        np.testing.assert_array_equal(np.asarray(f(x, ids)), gather_at_argmin(np, x, ids))
