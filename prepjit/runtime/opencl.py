@@ -133,6 +133,7 @@ class OpenCLDevice(DeviceBase):
         else:
             raise DeviceError(f"{'; '.join(failures)}; {INSTALL_HINT}")
         self.device, self.build_options = device, options
+        self._uploads: list = []   # the events of copies from the host not yet waited for (_upload)
         self.pool = cl.tools.MemoryPool(cl.tools.ImmediateAllocator(self.queue))
         platform = device.platform
         self.description = f"{platform.name} / {device.name}"
@@ -194,7 +195,9 @@ class OpenCLDevice(DeviceBase):
         return memory
 
     def _upload(self, memory, host: np.ndarray):
-        self.cl.enqueue_copy(self.queue, memory, host, is_blocking=False)
+        """In queue order, not waited for: pyopencl's event keeps `host` alive and, dropped, would wait for the
+        copy, so it is kept until `synchronize` (the copies overlap the launches queued after them)."""
+        self._uploads.append(self.cl.enqueue_copy(self.queue, memory, host, is_blocking=False))
 
     def _download(self, host: np.ndarray, memory):
         self.cl.enqueue_copy(self.queue, host, memory, is_blocking=True)
@@ -204,3 +207,4 @@ class OpenCLDevice(DeviceBase):
 
     def synchronize(self):
         self.queue.finish()
+        self._uploads.clear()

@@ -248,3 +248,21 @@ def test_compiler_identity_names_platform_device_and_driver():
     device = get_device("opencl")
     for part in (device.device.platform.name, device.device.name, device.device.driver_version):
         assert part in device.compiler_id
+
+
+def test_uploads_are_not_waited_for_until_the_next_sync_and_keep_their_host_arrays():
+    """A copy from the host is queued, not waited for (its event, which holds the host array, is kept until the
+    device synchronises), so a call's uploads overlap its launches; dropping the array meanwhile is safe."""
+    import gc
+    device = get_device("opencl")
+    device.synchronize()
+    n = 1 << 20
+    buffer = device.allocate(np.float32, n)
+    host = np.arange(n, dtype=np.float32)
+    device._upload(buffer.memory, host)
+    assert len(device._uploads) == 1
+    del host
+    gc.collect()
+    np.testing.assert_array_equal(device.read_buffer(buffer, (n,)), np.arange(n, dtype=np.float32))
+    device.synchronize()
+    assert device._uploads == []
