@@ -348,7 +348,11 @@ class MultiDeviceFunction:
         def put(leaf):
             host = np.ascontiguousarray(np.asarray(leaf))
             return Replicated([to_device(device, host) for device in self.devices])
-        return _map_leaves(tree, put)
+        out = _map_leaves(tree, put)
+        for device in self.devices:  # the caller may change its arrays once this returns: the copies must be done
+            if isinstance(device, DeviceBase):
+                device.synchronize()
+        return out
 
 
 class Replicated(Array):

@@ -523,3 +523,18 @@ def test_collectives_keep_dtypes():
     assert ints.dtype == np.int32 and np.asarray(ints).tolist() == x.sum(0).tolist()
     assert bools.dtype == np.bool_ and np.asarray(bools).tolist() == (x > 1).tolist()
     assert halves.dtype == np.float16 and np.asarray(halves).tolist() == x.sum(0).tolist()
+
+
+@pytest.mark.parametrize("device", [d for d in available_devices() if d != "cpu"] or
+                         [pytest.param("opencl", marks=pytest.mark.skip(reason="no GPU-style device (cuda, opencl)"))])
+def test_replicate_copies_before_it_returns(device):
+    """`replicate` waits for its uploads: the caller may overwrite its array right after (the opencl device's
+    uploads are not waited for until it synchronises; without the wait PoCL showed 15 of 200 copies overwritten)."""
+    step = pj.prepare(lambda w, x: w * x, devices=[device], split={"x": 0})
+    held = []
+    for i in range(200):
+        w = np.full(1 << 16, float(i), np.float32)
+        held.append(step.replicate({"w": w})["w"])
+        w[:] = -1
+    for i, h in enumerate(held):
+        np.testing.assert_array_equal(np.asarray(h), np.full(1 << 16, float(i), np.float32))
