@@ -124,33 +124,37 @@ def _float_work_dtype(x: Tracer, dtype) -> tuple[DType, DType]:
     return dt, dtypes.float32 if dt == dtypes.float16 else dt
 
 
+def _count_where(x: Tracer, axis, keepdims: bool, where, acc: DType) -> Tracer:
+    """How many elements each result of a reduction along `axis` takes (those where `where` is True), as `acc`."""
+    if where is None or where is True:
+        return prims.cast(_count(x, axis), acc)
+    return sum(prims.broadcast_to(prims.cast(to_tracer(where), acc), x.uop.shape), axis=axis, keepdims=keepdims)
+
+
 def mean(x, axis=None, keepdims=False, dtype=None, where=True):
     """NumPy's mean; with `where=` the mean of the elements where it is True (NaN where none is)."""
     x = to_tracer(x)
     axis = _axis_of(x, axis, scalar_axis_ok=False)
     dt, acc = _float_work_dtype(x, dtype)
     total = sum(prims.cast(x, acc), axis=axis, keepdims=keepdims, where=where)  # checks where= first
-    if where is None or where is True:
-        count = prims.cast(_count(x, axis), acc)
-    else:
-        count = sum(prims.broadcast_to(prims.cast(to_tracer(where), acc), x.uop.shape), axis=axis, keepdims=keepdims)
-    return prims.cast(true_divide(total, count), dt)
+    return prims.cast(true_divide(total, _count_where(x, axis, keepdims, where, acc)), dt)
 
 
-def var(x, axis=None, dtype=None, ddof=0, keepdims=False):
-    """NumPy's var: mean of squared deviations from the mean, divided by max(n - ddof, 0)."""
+def var(x, axis=None, dtype=None, ddof=0, keepdims=False, where=True):
+    """NumPy's var: mean of squared deviations from the mean, divided by max(n - ddof, 0); with `where=` over the
+    elements where it is True (n: how many are)."""
     x = to_tracer(x)
     axis = _axis_of(x, axis, scalar_axis_ok=False)
     dt, acc = _float_work_dtype(x, dtype)
     xa = prims.cast(x, acc)
-    centered = subtract(xa, mean(xa, axis=axis, keepdims=True))
-    squares = sum(multiply(centered, centered), axis=axis, keepdims=keepdims)
-    divisor = prims.elementwise(Ops.MAX, prims.elementwise(Ops.SUB, _count(x, axis), ddof), 0)
-    return prims.cast(true_divide(squares, prims.cast(divisor, acc)), dt)
+    centered = subtract(xa, mean(xa, axis=axis, keepdims=True, where=where))
+    squares = sum(multiply(centered, centered), axis=axis, keepdims=keepdims, where=where)
+    divisor = maximum(subtract(_count_where(x, axis, keepdims, where, acc), ddof), 0)
+    return prims.cast(true_divide(squares, divisor), dt)
 
 
-def std(x, axis=None, dtype=None, ddof=0, keepdims=False):
-    return sqrt(var(x, axis=axis, dtype=dtype, ddof=ddof, keepdims=keepdims))
+def std(x, axis=None, dtype=None, ddof=0, keepdims=False, where=True):
+    return sqrt(var(x, axis=axis, dtype=dtype, ddof=ddof, keepdims=keepdims, where=where))
 
 
 def _arg_extreme(x, axis, keepdims, extreme, name: str) -> Tracer:

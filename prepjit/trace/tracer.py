@@ -115,12 +115,12 @@ class Tracer:
         return _np().argmin(self, axis=axis, keepdims=keepdims)
 
     def var(self, axis=None, dtype=None, out=None, ddof=0, keepdims=False, where=None):
-        _unsupported(out=out, where=where)
-        return _np().var(self, axis=axis, dtype=dtype, ddof=ddof, keepdims=keepdims)
+        _unsupported(out=out)
+        return _np().var(self, axis=axis, dtype=dtype, ddof=ddof, keepdims=keepdims, where=where)
 
     def std(self, axis=None, dtype=None, out=None, ddof=0, keepdims=False, where=None):
-        _unsupported(out=out, where=where)
-        return _np().std(self, axis=axis, dtype=dtype, ddof=ddof, keepdims=keepdims)
+        _unsupported(out=out)
+        return _np().std(self, axis=axis, dtype=dtype, ddof=ddof, keepdims=keepdims, where=where)
 
     def cumsum(self, axis=None, dtype=None, out=None):
         _unsupported(out=out)

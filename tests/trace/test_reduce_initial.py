@@ -1,5 +1,5 @@
 """NumPy's `initial=` and `where=` of sum / prod / max / min (and amax / amin and the array methods) and `where=` of
-mean / all / any against NumPy: an empty axis reduces to `initial`, a non-empty one is combined with it;
+mean / var / std / all / any against NumPy: an empty axis reduces to `initial`, a non-empty one is combined with it;
 `where=False` elements are left out."""
 import numpy as np
 import pytest
@@ -46,6 +46,11 @@ CASES = [  # (call as fn(numpy-like module, x), x)
     (lambda m, x: m.any(x, axis=0, where=MASK), X > 1),
     (lambda m, x: x.all(where=np.array([False, True, True])), X),      # numbers: nonzero is True
     (lambda m, x: np.any(x, axis=1, keepdims=True, where=MASK), X == 0),
+    (lambda m, x: m.var(x, axis=1, where=MASK), X),
+    (lambda m, x: m.var(x, where=np.array([True, False, True]), ddof=1), X),
+    (lambda m, x: x.std(axis=0, keepdims=True, where=MASK), np.arange(6).reshape(2, 3)),  # ints: float64
+    (lambda m, x: np.std(x, axis=1, where=MASK, ddof=1), X),      # a row of one: ddof leaves no divisor (inf)
+    (lambda m, x: m.var(x, axis=0, where=MASK), X.astype(np.float16)),
 ]
 
 
@@ -63,6 +68,7 @@ def test_matches_numpy(case):
     (lambda m, x: m.max(x, initial=-1), np.array([1, 2], np.uint8), OverflowError),
     (lambda m, x: m.max(x, axis=0), EMPTY, ValueError),
     (lambda m, x: m.mean(x, where=np.array([1, 0, 1])), X, TypeError),
+    (lambda m, x: m.var(x, where=np.array([1, 0, 1])), X, TypeError),
     (lambda m, x: m.all(x, where=np.array([1, 0, 1])), X, TypeError),
 ])
 def test_errors_match_numpy(fn, x, error):
