@@ -3,11 +3,11 @@
 A positional call whose arguments are NumPy arrays, pj.Arrays on the cpu or on the plan's GPU, ints,
 strings, bools, None, or dicts, lists and tuples of arrays (a model's weights) is looked up by a cheap key:
 each array's dtype, shape and strides, each container's keys or length, each static value, and a marker
-for each scalar var (a container's arrays take its place, in the full path's flatten order). The first call with a key goes through the full path
-(`Signature.read`, which checks everything); after it, `FastCalls.learn` records what that call
-decided: the plan, the var values read off the shapes (already checked), the output shapes and
-dtypes, and one compiled check of every declared scalar var's bounds (used by the plan or not) and the
-plan's index constraints. Later calls with the key skip straight to
+for each scalar var (a container's arrays take its place, in the full path's flatten order). The first
+call with a key goes through the full path (`Signature.read`, which checks everything); after it,
+`FastCalls.learn` records what that call decided: the plan, the var values read off the shapes (already
+checked), the output shapes and dtypes, and one compiled check of every declared scalar var's bounds (used
+by the plan or not) and the plan's index constraints. Later calls with the key skip straight to
 `ExecutionPlan.run_arrays`: inputs are read in place (a GPU uploads NumPy inputs into staging it keeps),
 each output is one `host_pool.empty` (a GPU's: device memory from its pool). Anything
 unusual (a bound violation, a var that disagrees, a misaligned array) falls back to the full
@@ -178,7 +178,10 @@ class FastCalls:
         key, flat = self.key(args, device_name)
         if key is None or key in self.calls:
             return
-        origin = [i for i, a in enumerate(args) for _ in range(_leaf_count(a))]  # flat position -> argument
+        origin = []  # flat position -> the argument it comes from
+        for i, a in enumerate(args):
+            arrays = []
+            origin += [i] * (len(arrays) if type(a) in (dict, list, tuple) and _tree_key(a, [], arrays, 0) else 1)
         array_args, var_args = [], []
         for i, a in enumerate(flat):
             if origin[i] in self.static_positions:
@@ -224,13 +227,3 @@ def _tree_key(tree, parts: list, flat: list, depth: int) -> bool:
     flat.append(tree)
     return True
 
-
-def _leaf_count(a, top: bool = True) -> int:
-    """How many places argument `a` takes among a fast call's flattened arguments (a container: its arrays; a
-    None inside one takes none)."""
-    t = type(a)
-    if t is dict:
-        return sum(_leaf_count(v, False) for v in a.values())
-    if t is list or t is tuple:
-        return sum(_leaf_count(v, False) for v in a)
-    return 0 if a is None and not top else 1
