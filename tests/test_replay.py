@@ -2,6 +2,8 @@
 tuples of arrays): later calls skip the full path's signature read, on every device, and anything the key does
 not cover (another structure, shape, dtype or layout, a non-array leaf, a bad var) goes to the full path, which
 retraces or raises as it always does."""
+import os
+
 import numpy as np
 import pytest
 
@@ -75,3 +77,55 @@ def test_what_the_key_does_not_cover_goes_to_the_full_path(device, rng, monkeypa
     with pytest.raises(pj.SignatureError):
         f({**params, "layers": [dict(lp, w=lp["w"].astype(np.complex64)) for lp in params["layers"]]}, x, 1)
     check(params, 6, 5)   # the first key still replays on the fast path (the refused call was one read)
+
+
+def _trees(draw_leaf):
+    """Hypothesis strategy: a dict / list / tuple pytree of arrays (and Nones) nested up to 3 levels deep."""
+    from hypothesis import strategies as st
+    leaves = st.one_of(draw_leaf, st.none())
+    return st.recursive(leaves, lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.lists(inner, max_size=3).map(tuple),
+        st.dictionaries(st.sampled_from(["a", "b", "c"]), inner, max_size=3)), max_leaves=6)
+
+
+def _arrays():
+    from hypothesis import strategies as st
+    return st.builds(lambda shape, dtype, seed: np.random.default_rng(seed).integers(-4, 5, shape).astype(dtype),
+                     st.sampled_from([(2,), (3,), (2, 2)]), st.sampled_from([np.float32, np.int32]),
+                     st.integers(0, 1000))
+
+
+def _leaf_sums(tree):
+    """Every array leaf's sum times its position (so a leaf read from the wrong place shows), in flatten order."""
+    from prepjit.trace.pytree import flatten
+    leaves = [x for x in flatten(tree, lambda x: hasattr(x, "shape"))[0]]
+    return [x.sum() * (i + 1) for i, x in enumerate(leaves)]
+
+
+def test_random_pytrees_replay_their_own_leaves():
+    """Random pytrees, called in a random order through one prepared function: every call (fast path or not)
+    returns what NumPy computes from that call's own leaves, and calls with a key seen before take the fast
+    path (counted: most examples have some)."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+    fast_calls = []
+
+    @settings(max_examples=int(os.environ.get("PREPJIT_FUZZ_TREES", "100")), deadline=None,
+              suppress_health_check=[HealthCheck.too_slow], derandomize="PREPJIT_FUZZ_TREES" not in os.environ)
+    @given(st.lists(_trees(_arrays()), min_size=1, max_size=4), st.lists(st.integers(0, 3), min_size=2, max_size=8))
+    def check(trees, order):
+        f = pj.prepare(lambda t: _leaf_sums(t) + [pnp.zeros(())], device="cpu")
+        for k in order:
+            tree = trees[k % len(trees)]
+            before = f.signature.read
+            reads = []
+            f.signature.read = lambda *a: reads.append(1) or before(*a)
+            got = f(tree)
+            f.signature.read = before
+            fast_calls.append(not reads)
+            want = _leaf_sums(tree)
+            assert len(got) == len(want) + 1
+            for g, w in zip(got, want):
+                np.testing.assert_array_equal(np.asarray(g), w)
+    check()
+    assert sum(fast_calls) > len(fast_calls) // 4, (sum(fast_calls), len(fast_calls))
