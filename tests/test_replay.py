@@ -9,6 +9,7 @@ import pytest
 
 import prepjit as pj
 import prepjit.numpy as pnp
+from tests.conftest import DEVICES
 
 
 def model(xp, params, x, pos):
@@ -102,7 +103,8 @@ def _leaf_sums(tree):
     return [x.sum() * (i + 1) for i, x in enumerate(leaves)]
 
 
-def test_random_pytrees_replay_their_own_leaves():
+@pytest.mark.parametrize("device", DEVICES)
+def test_random_pytrees_replay_their_own_leaves(device):
     """Random pytrees, called in a random order through one prepared function: every call (fast path or not)
     returns what NumPy computes from that call's own leaves, and calls with a key seen before take the fast
     path (counted: most examples have some)."""
@@ -114,7 +116,7 @@ def test_random_pytrees_replay_their_own_leaves():
               suppress_health_check=[HealthCheck.too_slow], derandomize="PREPJIT_FUZZ_TREES" not in os.environ)
     @given(st.lists(_trees(_arrays()), min_size=1, max_size=4), st.lists(st.integers(0, 3), min_size=2, max_size=8))
     def check(trees, order):
-        f = pj.prepare(lambda t: _leaf_sums(t) + [pnp.zeros(())], device="cpu")
+        f = pj.prepare(lambda t: _leaf_sums(t) + [pnp.zeros(())], device=device)
         for k in order:
             tree = trees[k % len(trees)]
             before = f.signature.read
