@@ -73,8 +73,8 @@ def choose(ast: UOp, device, kernel_key: str | None):
             return
         candidates, timer = opt.blocking_candidates(ast), search
     else:
-        candidates, timer = [opt.Blocking(tile=t) for t in tile_candidates(ast)], search_gpu
-        candidates[:1] = [opt.DEFAULT_BLOCKING]  # the policy's tiles (the first candidate) are the default
+        tiles = tile_candidates(ast)[1:]   # the first is the policy's own: the default
+        candidates, timer = [opt.DEFAULT_BLOCKING] + [opt.Blocking(tile=t) for t in tiles], search_gpu
     if len(candidates) < 2:
         return
     with stage("tuning"):
