@@ -12,6 +12,7 @@ from .codegen.bounds import prove_optimized
 from .codegen.memory import nbytes, share_memory
 from .codegen.offsets import share_offsets
 from .codegen import optimize as opt
+from .codegen.optimize import optimize
 from .codegen.renderers import render
 from .codegen.dynamic_loop import DynamicLoop
 from .codegen.schedule import KernelSequence, LoopKernels, ScheduledKernel, schedule
@@ -95,7 +96,7 @@ def _build(asts: list[UOp], device, counts: dict, meanwhile=None):
     for ast, key in misses:  # the workers compile earlier kernels while later ones are optimised and rendered
         try:
             with stage("optimisation"):
-                optimized = opt.optimize(ast, device.language)
+                optimized = optimize(ast, device.language)
             with stage("rendering"):
                 src = render(optimized, device.language, opt.tuned.get(ast, opt.DEFAULT_BLOCKING))
         except Exception as e:
