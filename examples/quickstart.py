@@ -26,7 +26,8 @@ for n, pos in [(1, 0), (3, 5), (8, 17), (100, 63)]:
 print("\nstats:", layer.stats, "(one trace, every later call a replay)")
 plan = layer.plan(x, w, pos)
 print("\n" + str(plan))
-print("\nsource of kernel 0:\n" + plan.kernels[0].kernel.source)
+window = next(k for k in plan.kernels if "pos" in k.kernel.var_names)   # the fused softmax-window kernel
+print(f"\nsource of kernel {window.kernel.name} (n and pos are its trailing arguments):\n" + window.kernel.source)
 
 try:
     layer(rng.standard_normal((2000, 64)).astype(np.float32), w, 0)

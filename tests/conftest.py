@@ -6,11 +6,17 @@ import tempfile
 import numpy as np
 import pytest
 
-from prepjit.runtime.devices import available_devices
+from prepjit.runtime.devices import KNOWN, available_devices, unavailable_reason
 
 _session_cache = tempfile.TemporaryDirectory(prefix="prepjit-test-cache-")
 os.environ["PREPJIT_CACHE_DIR"] = _session_cache.name  # read on every use, so setting it here covers every test
 DEVICES = available_devices()
+
+
+def pytest_report_header(config):
+    """Which devices the device-independent tests run on, and why each other one does not."""
+    missing = [f"  {name}: {unavailable_reason(name)}" for name in KNOWN if name not in DEVICES]
+    return [f"prepjit devices: {', '.join(DEVICES)}"] + (["not tested (why):"] + missing if missing else [])
 
 
 @pytest.fixture(params=DEVICES)

@@ -37,14 +37,16 @@ def get_device(name: str | None = None):
 
 def available_devices() -> list[str]:
     """The devices that can run here (cpu always; others when their driver loads)."""
-    out = []
-    for name in KNOWN:
-        try:
-            get_device(name)
-        except DeviceError:
-            continue
-        out.append(name)
-    return out
+    return [name for name in KNOWN if unavailable_reason(name) is None]
+
+
+def unavailable_reason(name: str) -> str | None:
+    """Why device `name` cannot run here (its DeviceError's message, which says what to install), or None."""
+    try:
+        get_device(name)
+    except DeviceError as e:
+        return str(e)
+    return None
 
 
 def _create(name: str):

@@ -6,9 +6,10 @@ import pytest
 import prepjit as pj
 import prepjit.numpy as pnp
 from prepjit.codegen.render_opencl import GROUP_REDUCE_MIN, REDUCE_GROUP
-from prepjit.runtime.devices import available_devices, get_device
+from prepjit.runtime.devices import get_device, unavailable_reason
 
-pytestmark = pytest.mark.skipif("opencl" not in available_devices(), reason="no OpenCL platform here")
+pytestmark = pytest.mark.skipif(unavailable_reason("opencl") is not None,
+                                reason=f"opencl: {unavailable_reason('opencl')}")
 cl = pytest.importorskip("pyopencl")
 
 
