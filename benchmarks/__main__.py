@@ -7,6 +7,7 @@ import os
 import sys
 import time
 
+from .blas import describe
 from .cases import CASES
 from .peers import available_peers
 from .runner import machine_info, run_case
@@ -49,7 +50,8 @@ def main(argv=None) -> int:
         c for c in CASES if c.smoke or not args.smoke]
     machine = machine_info(measure_bandwidth=not args.smoke)
     print(f"machine: {machine['cpu']}, {machine['cores']} cores, Python {machine['python']}, NumPy {machine['numpy']}"
-          + (f", memory copy {machine['copy_gb_per_s']} GB/s" if "copy_gb_per_s" in machine else ""))
+          + (f", memory copy {machine['copy_gb_per_s']} GB/s" if "copy_gb_per_s" in machine else "")
+          + f", BLAS {describe(machine['blas'])}")
     print("peers: " + (", ".join(f"{p.name} {p.version()}" for p in peers) or "none"))
     names = [p.name for p in peers]
     print("case".ljust(28) + "  " + "prepjit".rjust(10) + "  " + "  ".join(n.rjust(18) for n in names)

@@ -6,14 +6,16 @@ import os
 import sys
 
 from .__main__ import _fmt_seconds
+from .blas import describe
 
 PEERS = ("numpy", "jax", "tinygrad", "torch", "sentence-transformers", "transformers")
 
 
 def markdown(result: dict) -> str:
     m = result["machine"]
+    blas = f" (BLAS {describe(m['blas'])})" if "blas" in m else ""  # (results before it was recorded: none)
     copy = f", memory copy {m['copy_gb_per_s']} GB/s (read + write)" if "copy_gb_per_s" in m else ""
-    lines = [f"Machine: {m['cpu']}, {m['cores']} cores{copy}, {m['platform']}, Python {m['python']}, NumPy {m['numpy']}; "
+    lines = [f"Machine: {m['cpu']}, {m['cores']} cores{copy}, {m['platform']}, Python {m['python']}, NumPy {m['numpy']}{blas}; "
              + ", ".join(f"{p} {v}" for p, v in result["peers"].items() if p != "numpy") + f" ({result['date']}).",
              "", "| case | prepjit | " + " | ".join(PEERS) + " | rate | goal |",
              "|---|---:|" + "---:|" * len(PEERS) + "---:|---|"]

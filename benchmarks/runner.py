@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 
+from .blas import blas_info
 from .case import Case
 from .first_call import in_fresh_process
 from .peers import Peer
@@ -143,7 +144,7 @@ def machine_info(measure_bandwidth: bool = True) -> dict:
     except (OSError, StopIteration):
         pass
     info = {"cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform(),
-            "python": platform.python_version(), "numpy": np.__version__}
+            "python": platform.python_version(), "numpy": np.__version__, "blas": blas_info()}
     if measure_bandwidth:
         info["copy_gb_per_s"] = round(copy_bandwidth(), 1)
     return info
