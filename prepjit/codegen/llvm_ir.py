@@ -1,6 +1,8 @@
-"""LLVM IR the LLVM renderer (render_llvm.py) builds kernels from: register and memory types, literals, and the
-math it writes inline instead of calling libm or trapping: exp and erf on float (so they vectorise), NumPy's
-integer floor division and modulo, shifts past the width, sign.
+"""LLVM IR the LLVM renderer (render_llvm.py) builds kernels from: register and memory types, literals, the
+conversions between a 16-bit float's memory and its float register (float16 through LLVM's `half`; bfloat16 as
+integer IR on its bits: rounding to nearest even with NaN kept quiet, bit-equal to ml_dtypes, on every x86 level
+and vectorisable), and the math it writes inline instead of calling libm or trapping: exp and erf on float (so
+they vectorise), NumPy's integer floor division and modulo, shifts past the width, sign.
 
 `InlineMath` is a mixin of the renderer: its methods emit through the renderer's `op`, `call`, `ty` (the type of
 a value being rendered: a scalar, or a vector of the kernel's lanes), `const` and `intrinsic`; exp and erf work
@@ -13,7 +15,8 @@ import struct
 from ..uop import DType, Ops, dtypes
 
 _LLTYPE = {"b": "i1", 1: "i8", 2: "i16", 4: "i32", 8: "i64"}
-_FLOAT = {dtypes.float16: "float", dtypes.float32: "float", dtypes.float64: "double"}
+_FLOAT = {dtypes.float32: "float", dtypes.float64: "double"}
+_MEMORY = {dtypes.float16: "half", dtypes.bfloat16: "i16", dtypes.bool: "i8"}  # bfloat16 as its bits
 
 # float erf as inline IR (see erf_f32): polynomials fitted here by weighted least squares (relative error) in
 # float64, ERF_SMALL for erf(x) / x in x^2 on |x| < ERF_SPLIT, ERFC_LARGE for erfc(x) * exp(x^2) in 1 / (1 + x)
@@ -27,12 +30,12 @@ ERFC_LARGE = (7.5632245726e-06, 5.6376821453e-01, 5.7249391286e-01, 1.9664108223
 
 def reg_type(dt: DType) -> str:
     """The LLVM type a value of `dt` has in registers."""
-    return _FLOAT[dt] if dt.is_float else _LLTYPE["b" if dt == dtypes.bool else dt.itemsize]
+    return _FLOAT[dt.compute] if dt.is_float else _LLTYPE["b" if dt == dtypes.bool else dt.itemsize]
 
 
 def mem_type(dt: DType) -> str:
     """The LLVM type of `dt` in memory."""
-    return "half" if dt == dtypes.float16 else "i8" if dt == dtypes.bool else reg_type(dt)
+    return _MEMORY.get(dt) or reg_type(dt)
 
 
 def const_literal(value, dt: DType) -> str:
@@ -47,6 +50,60 @@ def const_literal(value, dt: DType) -> str:
 
 class InlineMath:
     """Inline math for the LLVM renderer (see the module docstring)."""
+
+    def widen(self, raw: str, dt: DType) -> str:
+        """A loaded 16-bit float `raw` (its memory type) as its float register value (exact)."""
+        f, mem = self.ty(dtypes.float32), self.ty(dt, memory=True)
+        if dt == dtypes.float16:
+            return self.op(f"fpext {mem} {raw} to {f}")
+        i = self.ty(dtypes.int32)
+        wide = self.op(f"zext {mem} {raw} to {i}")
+        high = self.op(f"shl {i} {wide}, {self.const('16', dtypes.int32)}")
+        return self.op(f"bitcast {i} {high} to {f}")
+
+    def narrow(self, v: str, dt: DType) -> str:
+        """A float register value `v` rounded to the 16-bit float `dt`, in its memory type."""
+        f, mem = self.ty(dtypes.float32), self.ty(dt, memory=True)
+        if dt == dtypes.float16:
+            return self.op(f"fptrunc {f} {v} to {mem}")
+        i = self.ty(dtypes.int32)
+        high = self.op(f"lshr {i} {self.bfloat16_bits(v)}, {self.const('16', dtypes.int32)}")
+        return self.op(f"trunc {i} {high} to {mem}")
+
+    def round_to(self, v: str, dt: DType) -> str:
+        """A float register value `v` rounded to the 16-bit float `dt`, kept in a float register."""
+        if dt == dtypes.float16:
+            return self.widen(self.narrow(v, dt), dt)
+        i = self.ty(dtypes.int32)
+        kept = self.op(f"and {i} {self.bfloat16_bits(v)}, {self.const(str(-65536), dtypes.int32)}")
+        return self.op(f"bitcast {i} {kept} to {self.ty(dtypes.float32)}")
+
+    def bfloat16_bits(self, v: str) -> str:
+        """The bits of float `v` rounded to bfloat16 in their high half (the low half is not cleared): round to
+        nearest even by adding 0x7fff plus the kept part's lowest bit; a NaN becomes the quiet NaN of its sign
+        (ml_dtypes' 0x7fc0 / 0xffc0), so no payload can round to infinity."""
+        f, i, b = self.ty(dtypes.float32), self.ty(dtypes.int32), self.ty(dtypes.bool)
+        n_ = lambda k: self.const(str(k), dtypes.int32)  # noqa: E731
+        bits = self.op(f"bitcast {f} {v} to {i}")
+        lowest_kept = self.op(f"and {i} {self.op(f'lshr {i} {bits}, {n_(16)}')}, {n_(1)}")
+        rounded = self.op(f"add {i} {bits}, {self.op(f'add {i} {lowest_kept}, {n_(0x7FFF)}')}")
+        quiet = self.op(f"or {i} {self.op(f'and {i} {bits}, {n_(-2**31)}')}, {n_(0x7FC00000)}")
+        return self.op(f"select {b} {self.op(f'fcmp uno {f} {v}, {v}')}, {i} {quiet}, {i} {rounded}")
+
+    def odd_float(self, v: str, src: DType) -> str:
+        """A double `v` as float rounded to odd (toward zero, the lowest bit set when inexact), so that rounding
+        it on to bfloat16 rounds the double once (ml_dtypes rounds a double to bfloat16 directly)."""
+        f, d, i, b = self.ty(dtypes.float32), self.ty(src), self.ty(dtypes.int32), self.ty(dtypes.bool)
+        n_ = lambda k: self.const(str(k), dtypes.int32)  # noqa: E731
+        near = self.op(f"fptrunc {d} {v} to {f}")
+        back = self.op(f"fpext {f} {near} to {d}")
+        inexact = self.op(f"fcmp one {d} {back}, {v}")  # ordered: a NaN stays as it is
+        fabs = self.intrinsic("fabs", src)
+        outward = self.op(f"fcmp ogt {d} {self.call(fabs, d, [(d, back)])}, {self.call(fabs, d, [(d, v)])}")
+        bits = self.op(f"bitcast {f} {near} to {i}")
+        toward_zero = self.op(f"sub {i} {bits}, {self.op(f'zext {b} {outward} to {i}')}")
+        odd = self.op(f"select {b} {inexact}, {i} {self.op(f'or {i} {toward_zero}, {n_(1)}')}, {i} {bits}")
+        return self.op(f"bitcast {i} {odd} to {f}")
 
     def exp_f32(self, x: str) -> str:
         """exp on float as inline IR that vectorises (libm's expf does not): Cephes' range reduction

@@ -2,7 +2,7 @@
 
 The kernel's structure is decided here once for every dialect, so every change reaches every GPU
 renderer; a `Dialect` (render_opencl.py, render_cuda.py) only spells things: type names, literal
-suffixes, qualifiers, work-item ids, barriers, float16 storage and math function names.
+suffixes, qualifiers, work-item ids, barriers, float16 storage, bit casts and math function names.
 Parallelism: the loop ranges are flattened into one work-item index (the innermost range varies
 fastest, so neighbouring work-items touch neighbouring memory); the launch size is the product of
 the loop ends, an expression over the vars evaluated at replay.
@@ -12,7 +12,9 @@ ranges a work-group; contractions (render_tiles.py) are tiled through local memo
 on dialects with several items per work-item store runs of consecutive outputs (vector accesses).
 
 ABI: `kernel void name(T0 *buf0, ..., int64 v_<var>, ...)`, vars in `var_names` order. float16 is
-stored as 16-bit halves, computed in float and rounded to half after every op, like NumPy; bool is
+stored as 16-bit halves, bfloat16 as its bits in 16-bit unsigned ints (C has no bfloat16: the conversions are
+integer code, rounding to nearest even with NaN kept quiet, bit-equal to ml_dtypes); both are computed in
+float and rounded once per result; bool is
 stored as one byte. Integer arithmetic wraps (computed in unsigned types), // and % floor like
 NumPy (x // 0 == x % 0 == 0), float -> int casts saturate with NaN -> 0, max/min propagate NaN.
 """
@@ -62,6 +64,20 @@ _FMOD = """{t} pj_mod_{n}({t} a, {t} b) {{
   {t} r = {fn}(a, b);
   return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
 }}"""
+_BFLOAT16 = """{func}float pj_bfloat16_to_float({u16} b) {{ return {bits_float}; }}
+{func}{u16} pj_float_to_bfloat16(float x) {{
+  {u32} u = {float_bits};
+  if ((u & 0x7fffffffu) > 0x7f800000u) return ({u16})(((u >> 16) & 0x8000u) | 0x7fc0u);
+  return ({u16})((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}}
+{func}float pj_round_bfloat16(float x) {{ return pj_bfloat16_to_float(pj_float_to_bfloat16(x)); }}"""
+# a double (or an integer, exactly as a double) as a float rounded to odd: rounding that on to bfloat16 rounds once
+_ODD_FLOAT = """{func}float pj_odd_float(double d) {{
+  float x = (float)d;
+  {u32} u = {float_bits};
+  if ((double)x != d && d == d) u = (u - (fabs((double)x) > fabs(d) ? 1u : 0u)) | 1u;
+  return {odd_float};
+}}"""
 _SATURATE = """{t} pj_sat_{n}_{fn}({f} x) {{
   return x != x ? ({t})0 : x <= {lo} ? {tmin} : x >= {hi} ? {tmax} : ({t})x;
 }}"""
@@ -72,7 +88,7 @@ class Dialect:
     """How one C dialect spells what the C-style renderer emits."""
 
     language: str
-    types: dict                    # DType -> the register type (float16 computes in float)
+    types: dict                    # DType -> the register type (a 16-bit float's is its compute dtype's)
     half_type: str                 # the element type of float16 buffers
     long_suffix: str               # int64 literals
     ulong_suffix: str              # unsigned literals
@@ -99,18 +115,21 @@ class Dialect:
     load_half: str                 # format: {ptr}, {idx}
     store_half: str                # format: {ptr}, {idx}, {v}
     round_half_helper: str         # defines `float pj_round_half(float)` (and what it needs)
+    float_bits: str                # format {v}: a float's bits as an unsigned int
+    bits_float: str                # format {v}: an unsigned int's bits as a float
     atomic_add: dict               # DType -> (a pragma it needs or "", format {ptr}, {val}): a native atomic add
     atomic_cas: dict               # element bytes -> (a pragma it needs or "", format {ptr}, {cmp}, {val}: an atomic
                                    # compare-and-swap of the unsigned bits at ptr, returning the old bits)
     preamble: Callable[[UOp], list[str]]   # lines before everything (extension pragmas)
 
     def ctype(self, dt: DType) -> str:
-        return self.types[dt]
+        return self.types[dt.compute]
 
     def mem_type(self, dt: DType) -> str:
         """The element type of a `dt` buffer."""
-        return self.half_type if dt == dtypes.float16 else self.types[dtypes.uint8] if dt == dtypes.bool \
-            else self.types[dt]
+        if dt == dtypes.float16:
+            return self.half_type
+        return self.types[{dtypes.bool: dtypes.uint8, dtypes.bfloat16: dtypes.uint16}.get(dt, dt)]
 
     def literal(self, value, dt: DType) -> str:
         if dt == dtypes.bool:
@@ -191,9 +210,24 @@ class CStyleRenderer(KernelRenderer):
 
     var_name = staticmethod(_c_name)
 
-    def round_half(self, v: str) -> str:
-        self.helpers.setdefault("pj_round_half", self.d.round_half_helper)
-        return self.let(dtypes.float16, f"pj_round_half({v})")
+    def round_to(self, v: str, dt: DType) -> str:
+        """A float `v` rounded to the 16-bit float `dt` (kept as a float)."""
+        if dt == dtypes.float16:
+            self.helpers.setdefault("pj_round_half", self.d.round_half_helper)
+            return self.let(dt, f"pj_round_half({v})")
+        return self.let(dt, f"{self.bfloat16_helpers()}round_bfloat16({v})")
+
+    def bfloat16_helpers(self, odd: bool = False) -> str:
+        """Define the bfloat16 conversions (and with `odd`, pj_odd_float); their name prefix."""
+        u16, u32 = self.d.types[dtypes.uint16], self.d.types[dtypes.uint32]
+        self.helpers.setdefault("pj_bfloat16", _BFLOAT16.format(
+            func=self.d.func, u16=u16, u32=u32, bits_float=self.d.bits_float.format(v=f"({u32})b << 16"),
+            float_bits=self.d.float_bits.format(v="x")))
+        if odd:
+            self.helpers.setdefault("pj_odd_float", _ODD_FLOAT.format(
+                func=self.d.func, u32=u32, float_bits=self.d.float_bits.format(v="x"),
+                odd_float=self.d.bits_float.format(v="u")))
+        return "pj_"
 
     def alu_node(self, u: UOp, srcs: list[str]) -> str:
         if u.dtype.is_int and u.op in _PLAIN_INT and self.is_exact(u):  # index math: C's operators are NumPy's here
@@ -300,12 +334,14 @@ class CStyleRenderer(KernelRenderer):
             return self.let(dst, f"{v} != 0")
         if src.is_float and not dst.is_float:  # saturating, NaN -> 0 (like llvm.fpto*i.sat)
             return self.let(dst, f"{self.saturate_helper(src, dst)}({v})")
+        if dst == dtypes.bfloat16 and (src.is_int or src == dtypes.float64):  # round once, as ml_dtypes
+            return self.round_to(self.let(dst, f"{self.bfloat16_helpers(odd=True)}odd_float((double){v})"), dst)
         if src.is_float and dst.is_float and self.d.ctype(src) == t:
-            return self.round_half(v) if dst == dtypes.float16 else v
+            return self.round_to(v, dst) if dst.narrow else v
         if src.itemsize == dst.itemsize and src.is_int and dst.is_int and src.kind == dst.kind:
             return v
         out = self.let(dst, f"({t}){v}")
-        return self.round_half(out) if dst == dtypes.float16 else out
+        return self.round_to(out, dst) if dst.narrow else out
 
     def saturate_helper(self, src: DType, dst: DType) -> str:
         """float -> integer, truncating, clamped to the integer's range (the float bounds round outward)."""
@@ -325,6 +361,8 @@ class CStyleRenderer(KernelRenderer):
         ptr = f"buf{buf.arg}"
         if u.dtype == dtypes.float16:
             raw = self.d.load_half.format(ptr=ptr, idx=idx)
+        elif u.dtype == dtypes.bfloat16:
+            raw = f"{self.bfloat16_helpers()}bfloat16_to_float({ptr}[{idx}])"
         elif u.dtype == dtypes.bool:
             raw = f"{ptr}[{idx}] != 0"
         else:
@@ -346,6 +384,8 @@ class CStyleRenderer(KernelRenderer):
             line = f"{self.atomic_helper(u.arg, val.dtype)}(buf{buf.arg} + {i}, {v});"
         elif val.dtype == dtypes.float16:
             line = self.d.store_half.format(v=v, idx=i, ptr=f"buf{buf.arg}") + ";"
+        elif val.dtype == dtypes.bfloat16:
+            line = f"buf{buf.arg}[{i}] = {self.bfloat16_helpers()}float_to_bfloat16({v});"
         else:
             cast = f"({self.d.ctype(dtypes.uint8)})" if val.dtype == dtypes.bool else ""
             line = f"buf{buf.arg}[{i}] = {cast}{v};"
@@ -354,7 +394,7 @@ class CStyleRenderer(KernelRenderer):
     def atomic_helper(self, op: Ops, dt: DType) -> str:
         """`void pj_atomic_<op>_<dtype>(T *p, T v)`: *p = op(*p, v) atomically, a compare-and-swap loop on the
         element's bits (so float add, mul, min and max work alike); 4- and 8-byte elements only."""
-        if dt.itemsize not in self.d.atomic_cas or dt == dtypes.float16:
+        if dt.itemsize not in self.d.atomic_cas or dt.narrow:
             raise NotImplementedError(f"{self.d.language} renderer: a combining scatter into {dt.name} (atomics "
                                       f"need 4- or 8-byte elements)")
         pragma, cas = self.d.atomic_cas[dt.itemsize]
@@ -406,7 +446,7 @@ class CStyleRenderer(KernelRenderer):
             self.emit(f"{acc} = {self.combine(u.arg, dt, acc, self.value(u.src[0]))};")
             for _ in ranges:
                 self.close_block()
-        return self.round_half(acc) if dt == dtypes.float16 else acc
+        return self.round_to(acc, dt) if dt.narrow else acc
 
     def run_length(self, ranges: list[UOp]) -> int:
         """How many consecutive flat indices a work-item takes at a time (the dialect's items per thread where a

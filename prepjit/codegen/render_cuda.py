@@ -3,7 +3,8 @@ function, compiled with NVRTC by the cuda device.
 
 ABI: `__global__ void name(T0 *buf0, ..., long long v_<var>, ...)`. Every kernel declares its block size
 with `__launch_bounds__` (the runtime reads it back as the function's maximum threads per block).
-float16 is stored as 16-bit integers and converted with PTX `cvt` (no cuda_fp16.h needed); infinities
+float16 is stored as 16-bit integers and converted with PTX `cvt` (no cuda_fp16.h needed), bfloat16 as its
+bits (render_c.py's integer conversions, bit-equal to ml_dtypes); infinities
 and NaNs are spelled as bit patterns (NVRTC has no math.h macros).
 """
 from __future__ import annotations
@@ -36,8 +37,8 @@ CUDA = Dialect(
     language="cuda",
     types={dtypes.bool: "bool", dtypes.int8: "signed char", dtypes.int16: "short", dtypes.int32: "int",
            dtypes.int64: "long long", dtypes.uint8: "unsigned char", dtypes.uint16: "unsigned short",
-           dtypes.uint32: "unsigned int", dtypes.uint64: "unsigned long long", dtypes.float16: "float",
-           dtypes.float32: "float", dtypes.float64: "double"},
+           dtypes.uint32: "unsigned int", dtypes.uint64: "unsigned long long", dtypes.float32: "float",
+           dtypes.float64: "double"},
     half_type="unsigned short", long_suffix="LL", ulong_suffix="ULL",
     inf=lambda dt: _bits(dt, "0x7f800000", "0x7ff0000000000000"),
     nan=lambda dt: _bits(dt, "0x7fc00000", "0x7ff8000000000000"),
@@ -54,7 +55,7 @@ CUDA = Dialect(
     barrier="__syncthreads();", shuffle_xor="__shfl_xor_sync(0xffffffffu, {v}, {o})",
     local_array="__shared__ __align__(16) {type} {name}[{n}]", vector4_load="*(const float4 *)&{ref}",
     load_half="pj_half_to_float({ptr}[{idx}])", store_half="{ptr}[{idx}] = pj_float_to_half({v})",
-    round_half_helper=_ROUND_HALF,
+    round_half_helper=_ROUND_HALF, float_bits="__float_as_uint({v})", bits_float="__uint_as_float({v})",
     atomic_add={dtypes.float32: ("", "atomicAdd({ptr}, {val})"), dtypes.float64: ("", "atomicAdd({ptr}, {val})"),
                 dtypes.int32: ("", "atomicAdd({ptr}, {val})"), dtypes.uint32: ("", "atomicAdd({ptr}, {val})"),
                 dtypes.uint64: ("", "atomicAdd({ptr}, {val})"),

@@ -5,7 +5,7 @@ slot order, `vals` the int64 var values in `var_names` order, and [start, end) i
 the outermost loop range this call computes (CPU threads split it); `end` is clamped to the
 range, so (0, INT64_MAX) computes all of it. The body is an internal,
 always-inlined function taking every buffer as a `noalias` pointer, so LLVM can vectorise.
-float16 values live in registers as float and are rounded to half after each op, like NumPy.
+16-bit float values (float16, bfloat16) live in registers as float and are rounded once per result.
 
 A kernel with a "lane" range (optimize.py: a register block's columns, W at a time) is rendered
 with every value that depends on the lane as one `<W x T>` vector: contiguous loads and stores
@@ -191,10 +191,6 @@ class _Renderer(KernelRenderer, InlineMath):
             out = self.op(f"insertelement {self.ty(u.dtype)} {out}, {reg_type(u.dtype)} {one}, i64 {k}")
         return out
 
-    def round_half(self, v: str) -> str:
-        h = self.op(f"fptrunc {self.ty(dtypes.float32)} {v} to {self.ty(dtypes.float16, memory=True)}")
-        return self.op(f"fpext {self.ty(dtypes.float16, memory=True)} {h} to {self.ty(dtypes.float32)}")
-
     def alu(self, op: Ops, dt: DType, sdt: DType, s: list[str]) -> str:
         t, st = self.ty(dt), self.ty(sdt)
         fl, signed = sdt.is_float, sdt.kind == "i"
@@ -251,18 +247,23 @@ class _Renderer(KernelRenderer, InlineMath):
             return self.op(f"fcmp une {st} {v}, {zero}" if src.is_float else f"icmp ne {st} {v}, {zero}")
         if src == dtypes.bool:
             return self.op(f"uitofp {st} {v} to {dt_}" if dst.is_float else f"zext {st} {v} to {dt_}")
+        if dst == dtypes.bfloat16 and (src.is_int or reg_type(src) == "double"):  # round once, as ml_dtypes
+            if src.is_int:
+                v, st = self.op(f"{'sitofp' if src.kind == 'i' else 'uitofp'} {st} {v} to {self.ty(dtypes.float64)}"), \
+                    self.ty(dtypes.float64)
+            return self.round_to(self.odd_float(v, dtypes.float64), dst)
         if src.is_float and dst.is_float:
             if st == dt_:
-                return self.round_half(v) if dst == dtypes.float16 else v
+                return self.round_to(v, dst) if dst.narrow else v
             out = self.op(f"{'fpext' if reg_type(dst) == 'double' else 'fptrunc'} {st} {v} to {dt_}")
-            return self.round_half(out) if dst == dtypes.float16 else out
+            return self.round_to(out, dst) if dst.narrow else out
         if src.is_float:
             name = f"llvm.fpto{'s' if dst.kind == 'i' else 'u'}i.sat.{_suffix(reg_type(dst), self.vec)}." \
                    f"{_suffix(reg_type(src), self.vec)}"
             return self.call(name, dt_, [(st, v)])
         if dst.is_float:
             out = self.op(f"{'sitofp' if src.kind == 'i' else 'uitofp'} {st} {v} to {dt_}")
-            return self.round_half(out) if dst == dtypes.float16 else out
+            return self.round_to(out, dst) if dst.narrow else out
         if src.itemsize == dst.itemsize:
             return v
         if src.itemsize > dst.itemsize:
@@ -323,9 +324,7 @@ class _Renderer(KernelRenderer, InlineMath):
                             vt, [(pt, ptr), ("i32", str(align)), (self.ty(dtypes.bool), mask), (vt, "zeroinitializer")])
         if u.dtype == dtypes.bool:
             return self.op(f"icmp ne {vt} {raw}, zeroinitializer")
-        if u.dtype == dtypes.float16:
-            return self.op(f"fpext {vt} {raw} to {self.ty(u.dtype)}")
-        return raw
+        return self.widen(raw, u.dtype) if u.dtype.narrow else raw
 
     def vector_store(self, u: UOp):
         """A store whose index, value or gate depends on the lane: a vector store (masked when gated) or a
@@ -341,8 +340,8 @@ class _Renderer(KernelRenderer, InlineMath):
             vt, align = self.ty(val.dtype, memory=True), max(1, val.dtype.itemsize)
             if val.dtype == dtypes.bool:
                 v = self.op(f"zext {self.ty(val.dtype)} {v} to {vt}")
-            elif val.dtype == dtypes.float16:
-                v = self.op(f"fptrunc {self.ty(val.dtype)} {v} to {vt}")
+            elif val.dtype.narrow:
+                v = self.narrow(v, val.dtype)
             if contiguous and gate is None:
                 self.emit(f"store {vt} {v}, ptr {ptr}, align {align}")
                 return
@@ -371,8 +370,8 @@ class _Renderer(KernelRenderer, InlineMath):
         raw = self.op(f"load {mt}, ptr {self.address(buf, idx)}")
         if u.dtype == dtypes.bool:
             raw = self.op(f"icmp ne i8 {raw}, 0")
-        elif u.dtype == dtypes.float16:
-            raw = self.op(f"fpext half {raw} to float")
+        elif u.dtype.narrow:
+            raw = self.widen(raw, u.dtype)
         if gate is not None:
             self.emit(f"store {rt} {raw}, ptr {slot}")
             self.emit(f"br label %{label}.done")
@@ -394,14 +393,12 @@ class _Renderer(KernelRenderer, InlineMath):
         if u.arg is not None:
             old = self.op(f"load {mt}, ptr {ptr}")
             old = self.op(f"icmp ne i8 {old}, 0") if val.dtype == dtypes.bool else \
-                self.op(f"fpext half {old} to float") if val.dtype == dtypes.float16 else old
+                self.widen(old, val.dtype) if val.dtype.narrow else old
             v = self.alu(u.arg, val.dtype, val.dtype, [old, v])
-            if val.dtype == dtypes.float16:
-                v = self.round_half(v)
         if val.dtype == dtypes.bool:
             v = self.op(f"zext i1 {v} to i8")
-        elif val.dtype == dtypes.float16:
-            v = self.op(f"fptrunc float {v} to half")
+        elif val.dtype.narrow:
+            v = self.narrow(v, val.dtype)
         self.emit(f"store {mt} {v}, ptr {ptr}")
         if len(u.src) > 3:
             self.emit(f"br label %{label}.done")
@@ -463,7 +460,7 @@ class _Renderer(KernelRenderer, InlineMath):
         outs = []
         for acc in accs:
             out = self.op(f"load {t}, ptr {acc}")
-            outs.append(self.round_half(out) if u.dtype == dtypes.float16 else out)
+            outs.append(self.round_to(out, u.dtype) if u.dtype.narrow else out)
         for r, out in zip(group[1:], outs[1:]):
             self.scopes[-1][r] = out
         return outs[0]

@@ -1,13 +1,14 @@
 """The OpenCL C dialect of the C-style renderer (render_c.py): a kernel AST -> one `__kernel` function.
 
 ABI: `__kernel void name(__global T0 *buf0, ..., long v_<var>, ...)`. float16 is stored as `half` through
-the core `vload_half`/`vstore_half_rte` built-ins (no cl_khr_fp16 needed); float64 needs cl_khr_fp64,
-requested with a pragma the device checks. Kernels that are not grouped leave the work-group size to
+the core `vload_half`/`vstore_half_rte` built-ins (no cl_khr_fp16 needed), bfloat16 as `ushort` bits; float64
+needs cl_khr_fp64, requested with a pragma the device checks (also by a cast to bfloat16 from an integer or
+a double, which rounds through a double). Kernels that are not grouped leave the work-group size to
 the runtime.
 """
 from __future__ import annotations
 
-from ..uop import DType, UOp, dtypes
+from ..uop import DType, Ops, UOp, dtypes
 from .kernel import KernelSource
 from .render_c import Dialect, render_c
 from .render_rows import GROUP_REDUCE_MIN, REDUCE_GROUP, uses_grouped_reduce
@@ -25,8 +26,9 @@ _INT64_ATOMICS = "#pragma OPENCL EXTENSION cl_khr_int64_base_atomics : enable"
 
 
 def _fp64_pragma(ast: UOp) -> list[str]:
-    return ["#pragma OPENCL EXTENSION cl_khr_fp64 : enable"] \
-        if any(u.dtype == dtypes.float64 for u in ast.toposort()) else []
+    doubles = any(u.dtype == dtypes.float64 or u.op is Ops.CAST and u.dtype == dtypes.bfloat16 and u.src[0].dtype.is_int
+                  for u in ast.toposort())
+    return ["#pragma OPENCL EXTENSION cl_khr_fp64 : enable"] if doubles else []
 
 
 def _cast_literal(dt: DType, name: str) -> str:
@@ -37,7 +39,7 @@ OPENCL = Dialect(
     language="opencl",
     types={dtypes.bool: "bool", dtypes.int8: "char", dtypes.int16: "short", dtypes.int32: "int",
            dtypes.int64: "long", dtypes.uint8: "uchar", dtypes.uint16: "ushort", dtypes.uint32: "uint",
-           dtypes.uint64: "ulong", dtypes.float16: "float", dtypes.float32: "float", dtypes.float64: "double"},
+           dtypes.uint64: "ulong", dtypes.float32: "float", dtypes.float64: "double"},
     half_type="half", long_suffix="L", ulong_suffix="UL",
     inf=lambda dt: _cast_literal(dt, "INFINITY"), nan=lambda dt: _cast_literal(dt, "NAN"),
     math=lambda name, dt: name,            # the built-ins are overloaded
@@ -52,7 +54,7 @@ OPENCL = Dialect(
     local_array="__local {type} {name}[{n}] __attribute__((aligned(16)))",
     vector4_load="*(__local const float4 *)&{ref}",
     load_half="vload_half({idx}, {ptr})", store_half="vstore_half_rte({v}, {idx}, {ptr})",
-    round_half_helper=_ROUND_HALF,
+    round_half_helper=_ROUND_HALF, float_bits="as_uint({v})", bits_float="as_float({v})",
     atomic_add={dtypes.int32: ("", "atomic_add({ptr}, {val})"), dtypes.uint32: ("", "atomic_add({ptr}, {val})"),
                 dtypes.int64: (_INT64_ATOMICS, "atom_add({ptr}, {val})"),
                 dtypes.uint64: (_INT64_ATOMICS, "atom_add({ptr}, {val})")},   # float adds: the CAS loop

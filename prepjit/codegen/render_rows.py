@@ -229,7 +229,7 @@ def _each_element(r, body):
 def _shuffles(dt: DType) -> bool:
     """Whether partials of `dt` combine through warp shuffles (where the dialect has them); others go through a
     local-memory tree, which needs a power-of-two group."""
-    return dt.itemsize >= 4 or dt == dtypes.float16
+    return dt.itemsize >= 4 or dt.narrow
 
 
 def _combine_group(r, op: Ops, dt: DType, acc: str) -> str:

@@ -1,9 +1,10 @@
-"""What every kernel renderer shares: one rendered value per UOp per loop scope, float16 rounding
-after each op (NumPy computes half in float and rounds every result), and the dispatch of a kernel
+"""What every kernel renderer shares: one rendered value per UOp per loop scope, 16-bit float rounding after
+each op (float16 and bfloat16 are computed in float and every result is rounded once: the renderer's
+`round_to`), and the dispatch of a kernel
 AST node to the renderer's own hooks (`literal`, `var_name`, `load`, `reduce`, `cast`, `alu`)."""
 from __future__ import annotations
 
-from ..uop import Ops, UOp, dtypes
+from ..uop import Ops, UOp
 
 _NOT_ROUNDED = (Ops.CONST, Ops.LOAD, Ops.REDUCE, Ops.CAST)  # already exact halves, or rounded by their hook
 _OWN_WALK = (Ops.LOAD, Ops.REDUCE)  # their hooks render their operands themselves (inside a loop, for a reduce)
@@ -21,8 +22,8 @@ class KernelRenderer:
         for operand in self._operands_first(u):  # so `render` below finds its operands rendered: no deep recursion
             self.value(operand)
         out = self.render(u)
-        if u.dtype == dtypes.float16 and u.op not in _NOT_ROUNDED:
-            out = self.round_half(out)
+        if u.dtype.narrow and u.op not in _NOT_ROUNDED:
+            out = self.round_to(out, u.dtype)
         self.scopes[-1][u] = out
         return out
 

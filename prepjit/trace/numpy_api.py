@@ -1,6 +1,8 @@
 """The NumPy-named namespace for traced arrays (re-exported as `prepjit.numpy`)."""
 from types import SimpleNamespace as _Namespace
 
+import ml_dtypes as _ml_dtypes
+
 from ..uop import dtypes as _dtypes
 from .numpy_create import (arange, array, asarray, eye, full, full_like, identity, iota, linspace, ones, ones_like,
                            tri, zeros, zeros_like)
@@ -25,6 +27,7 @@ bool_ = _dtypes.bool
 int8, int16, int32, int64 = _dtypes.int8, _dtypes.int16, _dtypes.int32, _dtypes.int64
 uint8, uint16, uint32, uint64 = _dtypes.uint8, _dtypes.uint16, _dtypes.uint32, _dtypes.uint64
 float16, float32, float64 = _dtypes.float16, _dtypes.float32, _dtypes.float64
+bfloat16 = _ml_dtypes.bfloat16  # JAX's bfloat16, so NumPy arrays of it are made with pnp.bfloat16 too
 globals()["bool"] = bool_
 linalg = _Namespace(norm=_norm)  # pnp.linalg.norm
 pow = power  # noqa: A001 - NumPy 2's alias

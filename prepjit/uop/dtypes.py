@@ -1,8 +1,15 @@
-"""Scalar dtypes of the IR and NumPy's promotion rules between them."""
+"""Scalar dtypes of the IR and the promotion rules between them: NumPy's (NEP 50), and JAX's lattice wherever
+bfloat16 takes part (NumPy has no bfloat16; ml_dtypes', which JAX uses, is ours).
+
+The 16-bit floats store narrow and compute wide: `DType.compute` is the dtype their values are computed and
+accumulated in (float32), and every result is rounded once to the narrow dtype."""
 from __future__ import annotations
 
 import attrs
+import ml_dtypes
 import numpy as np
+
+_NUMPY = {"bfloat16": np.dtype(ml_dtypes.bfloat16)}  # NumPy dtypes NumPy cannot name itself
 
 
 @attrs.frozen(repr=False, cache_hash=True)
@@ -13,7 +20,17 @@ class DType:
 
     @property
     def np(self) -> np.dtype:
-        return np.dtype(self.name)
+        return _NUMPY.get(self.name) or np.dtype(self.name)
+
+    @property
+    def narrow(self) -> bool:
+        """A 16-bit float: stored in 16 bits, computed in float32 and rounded once per result."""
+        return self.kind == "f" and self.itemsize == 2
+
+    @property
+    def compute(self) -> DType:
+        """The dtype values of this dtype are computed and accumulated in (float32 for the 16-bit floats)."""
+        return dtypes.float32 if self.narrow else self
 
     @property
     def is_float(self) -> bool:
@@ -56,6 +73,7 @@ class dtypes:
     uint32 = DType("uint32", 4, "u")
     uint64 = DType("uint64", 8, "u")
     float16 = DType("float16", 2, "f")
+    bfloat16 = DType("bfloat16", 2, "f")  # ml_dtypes.bfloat16: float32's exponent, 8 bits of significand
     float32 = DType("float32", 4, "f")
     float64 = DType("float64", 8, "f")
     index = int64  # symbolic integers (shapes, indices, vars) are int64
@@ -64,7 +82,8 @@ class dtypes:
 
 
 dtypes.all = (dtypes.bool, dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64, dtypes.uint8,
-              dtypes.uint16, dtypes.uint32, dtypes.uint64, dtypes.float16, dtypes.float32, dtypes.float64)
+              dtypes.uint16, dtypes.uint32, dtypes.uint64, dtypes.float16, dtypes.bfloat16, dtypes.float32,
+              dtypes.float64)
 _BY_NAME = {d.name: d for d in dtypes.all}
 
 
@@ -82,7 +101,13 @@ def to_dtype(x) -> DType:
 
 
 def promote(*operands: tuple[DType, bool]) -> DType:
-    """NumPy 2 (NEP 50) promotion of (dtype, is_weak_python_scalar) operands."""
+    """The promoted dtype of (dtype, is_weak_python_scalar) operands: NumPy 2's (NEP 50), and JAX's lattice
+    where an array operand is bfloat16 (integers and bools below every float, a Python scalar keeping the array's
+    dtype, two different 16-bit floats meeting at float32)."""
+    if any(d == dtypes.bfloat16 and not weak for d, weak in operands):
+        floats = {d for d, weak in operands if d.is_float and not weak}
+        widest = max(floats, key=lambda d: d.itemsize)
+        return dtypes.float32 if widest.narrow and len(floats) > 1 else widest
     strong = [d.np for d, weak in operands if not weak]
     weak = [{"b": False, "i": 0, "u": 0, "f": 0.0}[d.kind] for d, w in operands if w]
     if not strong:  # only Python scalars: the widest kind wins, at Python's default width

@@ -43,6 +43,8 @@ struct float4 { float x, y, z, w; };
 #define __syncthreads() pthread_barrier_wait(&pj_bar)
 static inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
 static inline double __longlong_as_double(long long i) { double f; memcpy(&f, &i, 8); return f; }
+static inline float __uint_as_float(unsigned i) { float f; memcpy(&f, &i, 4); return f; }
+static inline unsigned __float_as_uint(float f) { unsigned i; memcpy(&i, &f, 4); return i; }
 template <class T> static T __shfl_xor_sync(unsigned, T v, int o) {
   unsigned w = threadIdx.x / 32, lane = threadIdx.x % 32;
   unsigned long long bits = 0;

@@ -31,3 +31,14 @@ def test_to_dtype_accepts_numpy_and_names():
     assert to_dtype(bool) is dtypes.bool
     with pytest.raises(TypeError):
         to_dtype(np.complex64)
+
+
+def test_bfloat16_is_ml_dtypes_bfloat16():
+    import ml_dtypes
+
+    import prepjit.numpy as pnp
+    assert pnp.bfloat16 is ml_dtypes.bfloat16
+    for spelling in (ml_dtypes.bfloat16, np.dtype(ml_dtypes.bfloat16), "bfloat16", dtypes.bfloat16):
+        assert to_dtype(spelling) is dtypes.bfloat16
+    assert dtypes.bfloat16.np == np.dtype(ml_dtypes.bfloat16) and dtypes.bfloat16.itemsize == 2
+    assert dtypes.bfloat16.compute is dtypes.float16.compute is dtypes.float32 and dtypes.float64.compute is dtypes.float64
