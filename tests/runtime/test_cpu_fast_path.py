@@ -1,133 +1,222 @@
 """The cpu replay fast path (prepjit/replay.py, runtime/cpu_replay.py) and thread-split kernels match NumPy
-and keep every guarantee of the full call path."""
+and keep every guarantee of the full call path. Each test counts the calls that went through the full path
+(`Signature.read`), so a test of the fast path fails when its calls do not take it."""
 import threading
+import time
 
 import numpy as np
 import pytest
 
 import prepjit as pj
 import prepjit.numpy as pnp
+from prepjit.runtime.array import Array
+from tests.runtime.native_threads import launch_entries, published
 
 
 def _f32(rng, *shape):
     return rng.standard_normal(shape).astype(np.float32)
 
 
-def test_repeated_calls_replay_and_return_fresh_outputs(rng):
+def full_path_reads(f, monkeypatch) -> list:
+    """A list that grows by one for each call of `f` that reads its signature (the full path; `f.plan` too)."""
+    reads = []
+    real = f.signature.read
+
+    def read(args, kwargs):
+        reads.append(args)
+        return real(args, kwargs)
+    monkeypatch.setattr(f.signature, "read", read)
+    return reads
+
+
+def test_repeated_calls_replay_and_return_fresh_outputs(rng, monkeypatch):
     f = pj.prepare(lambda a, b: a * b + 1, device="cpu")
+    reads = full_path_reads(f, monkeypatch)
     a, b = _f32(rng, 16), _f32(rng, 16)
     first = f(a, b)
     second = f(b, a + 1)
+    assert len(reads) == 1   # the second call replayed on the fast path, into an output of its own
     np.testing.assert_allclose(np.asarray(first), a * b + 1, rtol=1e-6)
     np.testing.assert_allclose(np.asarray(second), b * (a + 1) + 1, rtol=1e-6)
     assert f.stats["traces"] == 1 and f.stats["replays"] == 2
 
 
-def test_reduction_chain_matches_numpy(rng):
+def test_reduction_chain_matches_numpy(rng, monkeypatch):
     def chain(xp, a, b):
         for _ in range(10):
             a = a - xp.sum(a) * 0.01 + b
         return a
     f = pj.prepare(lambda a, b: chain(pnp, a, b), device="cpu")
+    reads = full_path_reads(f, monkeypatch)
     a, b = _f32(rng, 16), _f32(rng, 16)
+    assert len(f.plan(a, b).kernels) > 1   # a chain of kernels run back to back by one native program
     for _ in range(3):
         np.testing.assert_allclose(np.asarray(f(a, b)), chain(np, a, b), rtol=1e-5, atol=1e-6)
+    assert len(reads) == 2   # f.plan and the first call
 
 
-def test_symbolic_batch_and_scalar_var_checked_on_every_call(rng):
+def test_symbolic_batch_and_scalar_var_checked_on_every_call(rng, monkeypatch):
     @pj.prepare(vars={"n": (1, 64), "pos": (0, 7)}, shapes={"x": ("n", 8)}, device="cpu")
     def f(x, pos):
         return x[:, :pos + 1] * 2
-    for n, pos in [(3, 2), (5, 7), (3, 0), (3, 2)]:
-        x = _f32(rng, n, 8)
+    reads = full_path_reads(f, monkeypatch)
+    for n, pos, full_reads in [(3, 2, 1), (5, 7, 2), (3, 0, 2), (3, 2, 2), (5, 1, 2)]:
+        x = _f32(rng, n, 8)   # a known shape with another pos is a fast call
         np.testing.assert_allclose(np.asarray(f(x, pos)), x[:, :pos + 1] * 2)
-    with pytest.raises(pj.VarBoundError):
+        assert len(reads) == full_reads
+    with pytest.raises(pj.VarBoundError):   # a known key: the fast path's check sends it to the full path
         f(_f32(rng, 3, 8), 8)
+    assert len(reads) == 3
     with pytest.raises(pj.VarBoundError):
         f(_f32(rng, 65, 8), 1)
     x = _f32(rng, 3, 8)
     np.testing.assert_allclose(np.asarray(f(x, 1)), x[:, :2] * 2)
-    assert f.stats["traces"] == 1
+    assert len(reads) == 4 and f.stats["traces"] == 1
 
 
-def test_var_from_two_places_must_agree_on_the_fast_path(rng):
+def test_var_from_two_places_must_agree_on_the_fast_path(rng, monkeypatch):
     @pj.prepare(vars={"n": (1, 16)}, shapes={"x": ("n",)}, device="cpu")
     def f(x, n):
         return x * 2
+    reads = full_path_reads(f, monkeypatch)
     x = _f32(rng, 4)
     f(x, 4)
-    f(x, 4)
-    with pytest.raises(pj.SignatureError):
+    np.testing.assert_allclose(np.asarray(f(x, 4)), x * 2)
+    assert len(reads) == 1
+    with pytest.raises(pj.SignatureError):   # the fast path refuses n=5 against x.shape[0]=4
         f(x, 5)
+    assert len(reads) == 2
 
 
-def test_kernel_vals_and_bindings_follow_fast_calls(rng):
+def test_kernel_vals_and_bindings_follow_fast_calls(rng, monkeypatch):
     f = pj.prepare(lambda x: x * 3, vars={"n": (1, 32)}, shapes={"x": ("n",)}, device="cpu")
-    f(_f32(rng, 5))
-    f(_f32(rng, 9))
     plan = f.plan(_f32(rng, 9))
-    assert plan.bindings == {"n": 9}
-    assert all(k.vals == [9] for k in plan.kernels if k.kernel.var_names == ("n",))
+    reads = full_path_reads(f, monkeypatch)
+    f(_f32(rng, 5))
+    f(_f32(rng, 9))   # both shapes are known to the fast path now
+    assert len(reads) == 2
+    for n in (5, 9, 5, 32, 5):
+        x = _f32(rng, n)
+        if n == 32:
+            f(x)   # a new shape: the full path, then fast from the next call on
+        np.testing.assert_allclose(np.asarray(f(x)), x * 3, rtol=1e-6)
+        assert plan.bindings == {"n": n}
+        assert [list(k.vals) for k in plan.kernels if k.kernel.var_names == ("n",)] == [[n]]
+    assert len(reads) == 3
 
 
-def test_misaligned_and_non_contiguous_inputs(rng):
+def test_misaligned_and_non_contiguous_inputs(rng, monkeypatch):
     f = pj.prepare(lambda a, b: a + b, device="cpu")
+    reads = full_path_reads(f, monkeypatch)
     a, b = _f32(rng, 16), _f32(rng, 16)
     f(a, b)
+    plan = f.plan(a, b)
+    runs = []
+    run_arrays = plan.run_arrays
+
+    def recording(arrays, values):
+        runs.append(run_arrays(arrays, values))
+        return runs[-1]
+    monkeypatch.setattr(plan, "run_arrays", recording)
     raw = np.zeros(16 * 4 + 1, np.uint8)
     misaligned = raw[1:].view(np.float32)
     misaligned[:] = a
     assert not misaligned.flags.aligned
     np.testing.assert_allclose(np.asarray(f(misaligned, b)), a + b)
+    assert runs == [False, True] and len(reads) == 2   # refused natively, then run on aligned copies
     wide = _f32(rng, 32)
     np.testing.assert_allclose(np.asarray(f(wide[::2], b)), wide[::2] + b)
+    np.testing.assert_allclose(np.asarray(f(wide[::2], b)), wide[::2] + b)
+    assert len(reads) == 4   # a strided argument is never replayed in place: always the full path, which copies
     np.testing.assert_allclose(np.asarray(f(a, b)), a + b)
+    assert runs == [False, True, True] and len(reads) == 4
 
 
-def test_pj_array_inputs_are_not_copied_through_the_host(rng):
+def test_pj_array_inputs_are_not_copied_through_the_host(rng, monkeypatch):
     f = pj.prepare(lambda a: a * 2, device="cpu")
     a = _f32(rng, 8)
     once = f(a)
+    reads = full_path_reads(f, monkeypatch)
+    converted = []
+    monkeypatch.setattr(Array, "__array__", lambda self, *args, **kwargs: converted.append(self))
     twice = f(once)
-    np.testing.assert_allclose(np.asarray(f(once)), a * 4)
+    thrice = f(once)
+    assert not converted and len(reads) == 1   # the pj.Array's buffer is read in place, on both paths
+    monkeypatch.undo()
     np.testing.assert_allclose(np.asarray(twice), a * 4)
+    np.testing.assert_allclose(np.asarray(thrice), a * 4)
 
 
-def test_large_kernels_split_over_threads_match_numpy(rng):
+def test_large_kernels_split_over_threads_match_numpy(rng, worker_threads):
     a, b, c = (_f32(rng, 1 << 18) for _ in range(3))
     f = pj.prepare(lambda a, b, c: (a * b + c * 2 - 1) * 0.5, device="cpu")
     for _ in range(2):
-        np.testing.assert_allclose(np.asarray(f(a, b, c)), (a * b + c * 2 - 1) * 0.5, rtol=1e-6)
+        splits, out = published(worker_threads, f, a, b, c)
+        np.testing.assert_allclose(np.asarray(out), (a * b + c * 2 - 1) * 0.5, rtol=1e-6)
+        assert splits == 1
+    ((end, chunks),) = launch_entries(f.plan(a, b, c)._runner.first_launches)
+    assert chunks == worker_threads.chunks(end) == 12
     x = _f32(rng, 1000, 300)
     g = pj.prepare(lambda x: x.sum(axis=1), vars={"n": (1, 1000)}, shapes={"x": ("n", 300)}, device="cpu")
-    for n in (1000, 7, 999):
-        np.testing.assert_allclose(np.asarray(g(x[:n])), x[:n].sum(axis=1), rtol=1e-4, atol=1e-4)
+    (split,) = g.plan(x)._runner.splits   # sized per call: split only while n * 300 is large
+    for n, want_splits in ((1000, 1), (7, 0), (999, 1), (7, 0)):
+        splits, out = published(worker_threads, g, x[:n])
+        np.testing.assert_allclose(np.asarray(out), x[:n].sum(axis=1), rtol=1e-4, atol=1e-4)
+        assert splits == want_splits
+        want = (n, worker_threads.chunks(n) if splits else 0)   # in each native program that launches it
+        assert {(array[k], array[k + 1]) for array, k in split.cells} == {want}
 
 
-def test_concurrent_calls_are_isolated(rng):
-    f = pj.prepare(lambda a, b: a * b + 1, device="cpu")
-    inputs = [(_f32(rng, 64), _f32(rng, 64)) for _ in range(4)]
+def test_concurrent_calls_are_isolated(rng, monkeypatch):
+    """Two kernels with an intermediate between them (the max): calls on several threads replay one plan, its
+    buffers and argument slots, one at a time (the native replay is watched: each run sleeps a moment, so a
+    second caller would come in meanwhile if nothing kept it out)."""
+    f = pj.prepare(lambda a, b: a * b - pnp.max(a * b), device="cpu")
+    reads = full_path_reads(f, monkeypatch)
+    inputs = [(_f32(rng, 1 << 15), _f32(rng, 1 << 15)) for _ in range(4)]
+    plan = f.plan(*inputs[0])
+    assert len(plan.kernels) == 2
     f(*inputs[0])
+    runner, count = plan._runner, threading.Lock()
+    inside, most = [0], [0]
+    run = runner.run
+
+    def watched(arrays):
+        with count:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        time.sleep(0.001)
+        try:
+            return run(arrays)
+        finally:
+            with count:
+                inside[0] -= 1
+    monkeypatch.setattr(runner, "run", watched)
     errors = []
 
     def worker(a, b):
-        for _ in range(200):
-            if not np.allclose(np.asarray(f(a, b)), a * b + 1):
+        want = a * b - np.max(a * b)
+        for _ in range(50):
+            if not np.allclose(np.asarray(f(a, b)), want):
                 errors.append("mismatch")
     threads = [threading.Thread(target=worker, args=pair) for pair in inputs]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert not errors
+    assert not errors and len(reads) == 2   # all 200 calls on the fast path, sharing one plan
+    assert most == [1]
 
 
-def test_execute_with_vars_after_fast_calls(rng):
+def test_execute_with_vars_after_fast_calls(rng, monkeypatch):
     f = pj.prepare(lambda x: x + 1, vars={"n": (1, 16)}, shapes={"x": ("n",)}, device="cpu")
+    reads = full_path_reads(f, monkeypatch)
     x = _f32(rng, 6)
     f(x)
-    f(x)
+    last = f(x)   # the fast call patched its own arrays into the kernels' argument slots
+    assert len(reads) == 1
     plan = f.plan(x)
     plan.write_input(0, x[:4])
     plan.execute_with_vars({"n": 4})
     np.testing.assert_allclose(plan.read_output(0), x[:4] + 1)
+    np.testing.assert_allclose(np.asarray(last), x + 1)   # the plan's own buffers were used, not the call's
