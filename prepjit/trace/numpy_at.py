@@ -20,8 +20,8 @@ from ..uop import Ops, UOp, as_uop, dtypes, simplify
 from . import prims
 from .checks import record_flag, require_cond
 from .indexing import _is_int_like, _slice_spec, _text, constant_index, index_int, is_array_index
-from .numpy_math import clip, greater_equal, less, logical_and, mod
-from .numpy_index import take
+from .numpy_math import clip
+from .numpy_index import in_range, index_ids, take
 from .numpy_reduce import any as any_
 from .scatter import scatter
 from .tracer import Tracer
@@ -224,15 +224,15 @@ def _placed(ids: Tracer, batch: tuple, first: int, shape: tuple) -> Tracer:
 
 
 def _checked(ids: Tracer, dim, mode, x: Tracer) -> Tracer:
-    """`ids` with `mode`'s out-of-range rule applied (or flagged, for None / "raise")."""
+    """`ids` as int64 ids (numpy_index.index_ids) with `mode`'s out-of-range rule applied (or flagged, for
+    None / "raise")."""
+    ids = index_ids(ids, dim, mode == "wrap")
     if mode == "clip":
         return clip(ids, UOp.const(0) - dim, UOp.const(0) + dim - 1)
-    if mode == "wrap":
-        return mod(ids, dim)
     if mode in (None, "raise"):
-        inside = logical_and(greater_equal(ids, UOp.const(0) - dim), less(ids, dim))
-        record_flag(any_(~inside), f"an update of {x.shape_str} at an index array: an index is out of range "
-                                   "(.at[...] updates take mode='drop', 'clip' or 'wrap' to choose otherwise)")
+        record_flag(any_(~in_range(ids, dim)), f"an update of {x.shape_str} at an index array: an index is out of "
+                                               "range (.at[...] updates take mode='drop', 'clip' or 'wrap' to choose "
+                                               "otherwise)")
     return ids
 
 

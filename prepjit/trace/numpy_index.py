@@ -2,7 +2,8 @@
 
 Everything becomes one GATHER node: index arrays are broadcast to the output shape, and the
 lowering reads the source at the loaded positions, negative ids wrapped once (NumPy), gated on the
-id being in range, so no read ever leaves the array. The mode says what an out-of-range id does:
+id being in range, so no read ever leaves the array. Ids of any integer dtype first become int64 ids
+that mean the same (`index_ids`: the one place the dtype matters). The mode says what an out-of-range id does:
 None / "raise" (NumPy's): the call raises IndexBoundError (a flag the trace returns, checks.py);
 "clip" / "wrap": clamped / taken modulo the dim (a non-empty gather from an empty axis still raises);
 "fill": reads `fill_value` (JAX's). Static out-of-range ints raise IndexBoundError at once.
@@ -13,7 +14,7 @@ from ..uop import Ops, UOp, as_int_if_const, dtypes, simplify, sym_prod
 from . import prims
 from .checks import record_flag
 from .indexing import constant_index, getitem, index_int, is_array_index
-from .numpy_math import clip, greater_equal, less, logical_and, logical_or, mod, where
+from .numpy_math import clip, greater_equal, less, logical_and, logical_or, minimum, mod, where
 from .numpy_reduce import any as any_
 from .numpy_shape import ravel
 from .prims import normalize_axis, to_tracer
@@ -73,8 +74,21 @@ def advanced_getitem(x: Tracer, key: tuple, mode=None, fill_value=None, checked_
     return checked_gather(y, placed, dims, indices, sizes, mode, fill_value, checked_if)
 
 
-def _in_range(ids: Tracer, size) -> Tracer:
-    """ids in [-size, size): NumPy's valid range, negatives wrapping once."""
+def index_ids(ids: Tracer, size, wrap: bool = False) -> Tracer:
+    """Index-array `ids` for an axis of `size` as int64 ids that mean the same, so that the range rules after
+    it compare and clip in one dtype that holds every size (never in a narrow id dtype, where a size or -size
+    would wrap). Signed ids cast exactly. Unsigned ids are never negative: they are compared in uint64 (which
+    holds every unsigned id and every size), and one >= size (uint64's past int64's range too) becomes size,
+    out of range as it was. `wrap`: taken modulo size first (mode 'wrap'), in the ids' own signedness."""
+    if not ids.dtype.is_unsigned:
+        ids = prims.cast(ids, dtypes.int64)
+        return mod(ids, size) if wrap else ids
+    ids, n = prims.cast(ids, dtypes.uint64), prims.cast(to_tracer(size), dtypes.uint64)
+    return prims.cast(mod(ids, n) if wrap else minimum(ids, n), dtypes.int64)
+
+
+def in_range(ids: Tracer, size) -> Tracer:
+    """int64 ids in [-size, size): NumPy's valid range, negatives wrapping once."""
     return logical_and(greater_equal(ids, UOp.const(0) - size), less(ids, size))
 
 
@@ -88,21 +102,23 @@ def checked_gather(x: Tracer, placed: list, dims: list, indices: list, sizes: li
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(repr(m) for m in MODES[1:])} (got {mode!r})")
+    placed = [index_ids(t, d, mode == "wrap") for t, d in zip(placed, sizes)]
+    indices = [index_ids(t, d) for t, d in zip(indices, sizes)]
     if mode == "fill":
         out = prims.gather(x, placed, dims)
         inside = None
         for t, d in zip(placed, sizes):
-            inside = _in_range(t, d) if inside is None else logical_and(inside, _in_range(t, d))
+            inside = in_range(t, d) if inside is None else logical_and(inside, in_range(t, d))
         fill = prims.to_tracer(0 if fill_value is None else fill_value)
         return prims.cast(where(inside, out, fill if fill.weak else prims.cast(fill, x.dtype)), x.dtype)
     if fill_value is not None:
         raise ValueError("fill_value is only used with mode='fill'")
-    if mode in ("clip", "wrap"):
-        placed = [clip(t, 0, UOp.const(0) + d - 1) if mode == "clip" else mod(t, d) for t, d in zip(placed, sizes)]
+    if mode == "clip":
+        placed = [clip(t, 0, UOp.const(0) + d - 1) for t, d in zip(placed, sizes)]
     bad = None
     for t, d in zip(indices, sizes):
         if mode in (None, "raise"):
-            wrong = ~_in_range(t, d)
+            wrong = ~in_range(t, d)
         elif (d if isinstance(d, int) else d.vmin) <= 0:  # clip / wrap: only an empty axis is out of range
             wrong = prims.broadcast_to(prims.to_tracer(UOp(Ops.CMPLT, dtypes.bool, (UOp.const(0) + d, UOp.const(1)))),
                                        t.uop.shape)

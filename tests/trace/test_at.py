@@ -207,3 +207,31 @@ def test_get_is_indexing():
     a, b = f(X, np.array([0, 9]))
     assert_matches(a, X[1:3])
     assert_matches(b, np.stack([X[0], np.full((4, 3), -1, np.float32)]))
+
+
+@pytest.mark.parametrize("axis", ["static", "symbolic"])
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint32, np.uint64, np.int8], ids=lambda d: np.dtype(d).name)
+def test_index_arrays_of_every_integer_dtype(dtype, axis, device):
+    """Unsigned ids (never negative, as JAX reads them) and narrow signed ones on an axis longer than their
+    dtype's range: each mode's rule is applied in a dtype that holds every id and size, uint64's largest too."""
+    spec = dict(vars={"n": (1, 400), "k": (1, 8)}, shapes={"x": ("n",), "ids": ("k",), "v": ("k",)}) \
+        if axis == "symbolic" else {}
+    x = np.zeros(300, np.float32)
+    info = np.iinfo(dtype)
+    valid = np.array([0, min(info.max, 299), 3, 3] + ([-1, info.min] if info.min < 0 else []), dtype)
+    v = np.arange(1, len(valid) + 1, dtype=np.float32)
+    assert_matches(pj.prepare(lambda x, ids, v: x.at[ids].add(v), device=device, **spec)(x, valid, v),
+                   reference(x, valid.astype(np.int64), v, "add"))
+    if info.min < 0:
+        return
+    x = np.zeros(200, np.float32)  # shorter than uint8's range
+    ids = np.array([5, 200, 199, info.max] + ([2**63, 2**64 - 1] if dtype == np.uint64 else []), dtype)
+    v = np.arange(1, len(ids) + 1, dtype=np.float32)
+    update = lambda mode: pj.prepare(lambda x, ids, v: x.at[ids].add(v, mode=mode), device=device, **spec)(x, ids, v)
+    with pytest.raises(pj.IndexBoundError):
+        update(None)
+    big = ids.astype(object)  # the ids as Python ints
+    for mode, at in (("drop", [i for i in big if i < 200]), ("clip", [min(i, 199) for i in big]),
+                     ("wrap", [i % 200 for i in big])):
+        keep = [i for i, j in enumerate(big) if mode != "drop" or j < 200]
+        assert_matches(update(mode), reference(x, np.array(at, np.int64), v[keep], "add"))

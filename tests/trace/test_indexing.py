@@ -4,6 +4,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import prepjit as pj
+import prepjit.numpy as pnp
 from tests.helpers import assert_matches
 
 X = np.arange(5 * 6 * 3, dtype=np.float32).reshape(5, 6, 3)
@@ -108,3 +109,63 @@ def test_symbolic_slice_output_shape_is_symbolic():
     shape = traced.outputs[0].shape
     assert shape[0].render() == "n" and "pos" in shape[1].render()
 
+
+
+# ---- index arrays of every integer dtype ----
+
+ID_DTYPES = [np.uint8, np.uint32, np.uint64, np.int8]
+GATHERS = {
+    "x[ids]": (lambda xp, x, ids: x[ids], lambda x, ids: x[ids]),
+    "take": (lambda xp, x, ids: xp.take(x, ids), lambda x, ids: x[ids]),
+    "take_along_axis": (lambda xp, x, ids: xp.take_along_axis(x, ids, 0), lambda x, ids: x[ids]),
+    "take fill": (lambda xp, x, ids: xp.take(x, ids, mode="fill", fill_value=-1), lambda x, ids: x[ids]),
+    "take clip": (lambda xp, x, ids: xp.take(x, ids, mode="clip"), lambda x, ids: np.take(x, ids, mode="clip")),
+    "take wrap": (lambda xp, x, ids: xp.take(x, ids, mode="wrap"), lambda x, ids: np.take(x, ids, mode="wrap")),
+}
+
+
+def _valid_ids(dtype, n):
+    """In-range ids of `dtype` for an axis of n: the ends, and negatives (counting from the end) if signed."""
+    hi = min(n - 1, np.iinfo(dtype).max)
+    ids = [0, hi, hi // 2, min(3, hi)]
+    if np.iinfo(dtype).min < 0:
+        ids += [-1, max(-n, np.iinfo(dtype).min)]
+    return np.array(ids, dtype)
+
+
+@pytest.mark.parametrize("name", list(GATHERS))
+@pytest.mark.parametrize("dtype", ID_DTYPES, ids=lambda d: np.dtype(d).name)
+def test_index_arrays_of_every_integer_dtype_gather_as_numpy(name, dtype, device):
+    """Unsigned ids and narrow signed ones on an axis longer than their dtype's range (static and symbolic):
+    every in-range id reads its element, and the range is never compared in the id dtype."""
+    fn, ref = GATHERS[name]
+    static = pj.prepare(lambda x, ids: fn(pnp, x, ids), device=device)
+    symbolic = pj.prepare(lambda x, ids: fn(pnp, x, ids), vars={"n": (1, 400), "k": (1, 8)},
+                          shapes={"x": ("n",), "ids": ("k",)}, device=device)
+    for n in (5, 300):
+        x = np.arange(n, dtype=np.float32) * 2 + 1
+        ids = _valid_ids(dtype, n)
+        assert_matches(static(x, ids), ref(x, ids))
+        assert_matches(symbolic(x, ids), ref(x, ids))
+
+
+@pytest.mark.parametrize("axis", ["static", "symbolic"])
+def test_unsigned_ids_out_of_range_follow_the_mode(axis, device):
+    """Unsigned ids are never negative (JAX's reading; NumPy would cast uint64 ids past int64's range to
+    negative ones): every one >= n is out of range, uint64's largest too."""
+    spec = dict(vars={"n": (1, 16), "k": (1, 8)}, shapes={"x": ("n",), "ids": ("k",)}) if axis == "symbolic" else {}
+    x = np.arange(10, dtype=np.float32) + 1
+    big = np.array([3, 10, 2**63, 2**63 + 4, 2**64 - 1], np.uint64)
+    for dtype in (np.uint8, np.uint32, np.uint64):
+        ids = big[:2] if dtype != np.uint64 else big
+        ids = ids.astype(dtype)
+        for fn in (lambda x, ids: x[ids], lambda x, ids: pnp.take(x, ids),
+                   lambda x, ids: pnp.take_along_axis(x, ids, 0)):
+            with pytest.raises(pj.IndexBoundError):
+                pj.prepare(fn, device=device, **spec)(x, ids)
+        py = [int(i) for i in ids]
+        take = lambda mode, **kw: pj.prepare(lambda x, ids: pnp.take(x, ids, mode=mode, **kw), device=device,
+                                             **spec)(x, ids)
+        assert_matches(take("fill", fill_value=-1), np.array([x[i] if i < 10 else -1 for i in py], np.float32))
+        assert_matches(take("clip"), x[[min(i, 9) for i in py]])
+        assert_matches(take("wrap"), x[[i % 10 for i in py]])
