@@ -1,4 +1,6 @@
-"""Packing of large contractions' column operands (codegen/packing.py): packed plans equal NumPy."""
+"""Packing of large contractions' column operands (codegen/packing.py): packed plans equal NumPy. Each test of a
+packed plan checks that its contractions read the copies of pack kernels (shapes that pack on AVX2, AVX-512 and
+NEON-sized vectors alike)."""
 import numpy as np
 import pytest
 
@@ -15,11 +17,19 @@ def _close(got, want, dtype=np.float32):
     np.testing.assert_allclose(np.asarray(got), want, rtol=tol, atol=tol)
 
 
+def _assert_packed(plan, contractions: int):
+    """`plan` is `contractions` contractions, each run after a pack kernel and reading the copy it writes."""
+    kernels = list(plan.kernels)
+    assert [k.ast.arg.split("_")[0] for k in kernels] == ["pack", "r"] * contractions, [k.ast.arg for k in kernels]
+    for pack, contraction in zip(kernels[::2], kernels[1::2]):
+        assert pack.buffer_indices[pack.output_indices[0]] in contraction.buffer_indices
+        assert pack.id in contraction.dependencies
+
+
 def test_large_matmul_packs_its_column_operand_first(rng):
     a, b = rng.standard_normal((128, 96)).astype(np.float32), rng.standard_normal((96, 64)).astype(np.float32)
     f = pj.prepare(lambda a, b: a @ b, device="cpu")
-    names = [k.ast.arg for k in f.plan(a, b).kernels]
-    assert len(names) == 2 and names[0].startswith("pack_")
+    _assert_packed(f.plan(a, b), 1)
     _close(f(a, b), a @ b)
 
 
@@ -28,17 +38,23 @@ def test_small_contractions_are_not_packed(rng):
     assert len(pj.prepare(lambda a, b: a @ b, device="cpu").plan(a, b).kernels) == 1
 
 
-@pytest.mark.parametrize("m,k,n", [(64, 64, 64), (200, 100, 96), (65, 130, 1000), (100, 64, 40), (70, 67, 33)])
+@pytest.mark.parametrize("m,k,n,transposed", [
+    (64, 64, 64, False), (200, 100, 96, False), (65, 130, 1008, False), (100, 64, 48, False),
+    (65, 130, 1000, True), (70, 67, 33, True),   # columns in a peeled tail: packed where b.T gathers them
+])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_packed_matmul_shapes(rng, m, k, n, dtype):
-    a, b = rng.standard_normal((m, k)).astype(dtype), rng.standard_normal((k, n)).astype(dtype)
-    f = pj.prepare(lambda a, b: a @ b, device="cpu")
-    _close(f(a, b), a @ b, dtype)
+def test_packed_matmul_shapes(rng, m, k, n, transposed, dtype):
+    a = rng.standard_normal((m, k)).astype(dtype)
+    b = rng.standard_normal((n, k) if transposed else (k, n)).astype(dtype)
+    f = pj.prepare((lambda a, b: a @ b.T) if transposed else (lambda a, b: a @ b), device="cpu")
+    _assert_packed(f.plan(a, b), 1)
+    _close(f(a, b), a @ (b.T if transposed else b), dtype)
 
 
 def test_packed_transposed_and_padded_operands(rng):
     a, b = rng.standard_normal((96, 80)).astype(np.float32), rng.standard_normal((64, 80)).astype(np.float32)
     f = pj.prepare(lambda a, b: (a @ b.T, a @ pnp.pad(b.T[:70], ((5, 5), (0, 0)))), device="cpu")
+    _assert_packed(f.plan(a, b), 2)
     got_t, got_pad = f(a, b)
     _close(got_t, a @ b.T)
     _close(got_pad, a @ np.pad(b.T[:70], ((5, 5), (0, 0))))
@@ -49,6 +65,7 @@ def test_packed_batched_matmuls(rng):
     w = rng.standard_normal((64, 48)).astype(np.float32)
     ws = rng.standard_normal((3, 64, 48)).astype(np.float32)
     f = pj.prepare(lambda x, w, ws: (x @ w, x @ ws), device="cpu")
+    _assert_packed(f.plan(x, w, ws), 2)
     got_shared, got_batched = f(x, w, ws)
     _close(got_shared, x @ w)
     _close(got_batched, x @ ws)
@@ -58,6 +75,7 @@ def test_packed_einsum_over_two_axes(rng):
     a = rng.standard_normal((80, 8, 16)).astype(np.float32)
     b = rng.standard_normal((8, 16, 64)).astype(np.float32)
     f = pj.prepare(lambda a, b: pnp.einsum("ikl,klj->ij", a, b), device="cpu")
+    _assert_packed(f.plan(a, b), 1)
     _close(f(a, b), np.einsum("ikl,klj->ij", a, b))
 
 
@@ -65,6 +83,7 @@ def test_packed_symbolic_batch_rows(rng):
     w = rng.standard_normal((64, 96)).astype(np.float32)
     f = pj.prepare(lambda x, w: pnp.maximum(x @ w, 0) @ w.T, vars={"n": (1, 300)}, shapes={"x": ("n", 64)},
                    device="cpu")
+    _assert_packed(f.plan(np.zeros((1, 64), np.float32), w), 2)   # packed for the most rows, run for any
     for n in (1, 63, 300):
         x = rng.standard_normal((n, 64)).astype(np.float32)
         _close(f(x, w), np.maximum(x @ w, 0) @ w.T)
@@ -76,8 +95,7 @@ def test_column_operand_strided_along_the_columns_is_packed_even_for_short_reduc
     q, k = (rng.standard_normal((2, 128, 384)).astype(np.float32) for _ in range(2))
     heads = lambda x: pnp.swapaxes(x.reshape(2, 128, 12, 32), 1, 2)  # noqa: E731
     f = pj.prepare(lambda q, k: heads(q) @ pnp.swapaxes(heads(k), 2, 3), device="cpu")
-    names = [kern.ast.arg for kern in f.plan(q, k).kernels]
-    assert len(names) == 2 and names[0].startswith("pack_")
+    _assert_packed(f.plan(q, k), 1)
     qh, kh = (x.reshape(2, 128, 12, 32).transpose(0, 2, 1, 3) for x in (q, k))
     _close(f(q, k), qh @ kh.transpose(0, 1, 3, 2))
 
