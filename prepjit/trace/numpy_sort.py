@@ -21,8 +21,9 @@ import functools
 import numpy as np
 
 from ..errors import TraceError
-from ..uop import DType, Ops, UOp, dtypes
+from ..uop import DType, Ops, UOp, as_uop, dtypes, sym_prod
 from . import checks, prims
+from .indexing import _text
 from .loop import fori_loop
 from .numpy_create import iota
 from .numpy_shape import moveaxis, ravel
@@ -222,32 +223,35 @@ def sort(a, axis=-1, kind=None, order=None, *, stable=None) -> Tracer:
     return out if ax is None else moveaxis(out, -1, ax)
 
 
-def _check_kth(kth, n, name: str):
-    """NumPy's partition checks each kth against the axis length (a var's length: on every call)."""
+def _check_kth(kth, x: Tracer, name: str):
+    """NumPy's partition checks each kth against the length of the (last) axis of `x`, unless `x` holds no
+    element (any kth then gives the empty result); a shape that depends on vars is checked on every call."""
+    n, size = x.uop.shape[-1], sym_prod(x.uop.shape)
     for k in np.atleast_1d(np.asarray(kth)).tolist():
         if isinstance(k, bool) or not isinstance(k, int):
             raise TypeError(f"{name}: kth must be an int or a sequence of ints, not {k!r}")
-        if isinstance(n, int):
-            if not -n <= k < n:
+        if isinstance(size, int):
+            if size and not -n <= k < n:
                 raise ValueError(f"kth(={k}) out of bounds ({n})")
-        elif k >= 0:
-            checks.require(UOp.const(k), n, True, f"{name} kth={k}", f"{k} < {n.render()}")
-        else:
-            checks.require(UOp.const(-k), n, False, f"{name} kth={k}", f"{-k} <= {n.render()}")
+            continue
+        inside, text = (UOp.const(k) < n, f"{k} < {_text(n)}") if k >= 0 else \
+            (UOp.const(-k - 1) < n, f"{-k} <= {_text(n)}")
+        checks.require_cond(UOp(Ops.OR, dtypes.bool, (inside, as_uop(size) < 1)), f"{name} kth={k}",
+                            f"{text} (or {_text(size)} == 0: no element)")
 
 
 def partition(a, kth, axis=-1, kind="introselect", order=None) -> Tracer:
     """NumPy's partition. The result is fully sorted along the axis, one of the orders NumPy allows (the
     kth element in place, none larger before it, none smaller after it)."""
     x, ax = _along(a, axis)
-    _check_kth(kth, x.uop.shape[-1], "partition")
+    _check_kth(kth, x, "partition")
     return sort(a, axis, None, order)
 
 
 def argpartition(a, kth, axis=-1, kind="introselect", order=None) -> Tracer:
     """NumPy's argpartition: the stable argsort, one of the permutations NumPy allows."""
     x, ax = _along(a, axis)
-    _check_kth(kth, x.uop.shape[-1], "argpartition")
+    _check_kth(kth, x, "argpartition")
     return argsort(a, axis, None, order)
 
 

@@ -189,6 +189,28 @@ def test_partition_kth_checked(device):
         f(np.array([3, 1], np.float32))
 
 
+@pytest.mark.parametrize("shape", [(0,), (3, 0), (0, 4)])
+@pytest.mark.parametrize("kth", [0, -1, 5])
+def test_partition_of_an_array_with_no_element_is_empty(shape, kth, device):
+    """NumPy checks no kth when the array holds no element: the result is empty (static and symbolic shapes)."""
+    x = np.zeros(shape, np.float32)
+    static = pj.prepare(lambda x: (pnp.partition(x, kth), pnp.argpartition(x, kth)), device=device)
+    for out, ref in zip(static(x), (np.partition(x, kth), np.argpartition(x, kth))):
+        assert_matches(out, ref)
+    names = ("m", "n")[-len(shape):]
+    symbolic = pj.prepare(lambda x: (pnp.partition(x, kth), pnp.argpartition(x, kth)), device=device,
+                          vars={"m": (0, 6), "n": (0, 6)}, shapes={"x": names})
+    for out, ref in zip(symbolic(x), (np.partition(x, kth), np.argpartition(x, kth))):
+        assert_matches(out, ref)
+    full = np.arange(int(np.prod([4 if d == 0 else d for d in shape])), dtype=np.float32)[::-1].reshape(
+        [4 if d == 0 else d for d in shape]).copy()  # the same function, the axis 4 long: kth 5 is out of bounds
+    if kth == 5:
+        with pytest.raises(pj.IndexBoundError, match="kth"):
+            symbolic(full)
+    else:
+        assert_matches(symbolic(full)[0], np.partition(full, kth))
+
+
 def test_sort_argument_errors():
     x = np.zeros(3, np.float32)
     with pytest.raises(ValueError, match="sort kind"):
