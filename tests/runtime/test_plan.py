@@ -5,6 +5,7 @@ import pytest
 
 import prepjit as pj
 import prepjit.numpy as pnp
+from prepjit.uop import Ops
 
 SEED_FIELDS = ["id", "ast", "kernel", "device", "buffer_indices", "output_indices", "vals", "fixedvars",
                "dependencies", "buffer_ptrs", "buffer_ids", "runtime_vars"]
@@ -28,13 +29,14 @@ def ref(n, pos):
 def test_prepared_kernel_has_exactly_the_seed_fields(device):
     _, plan = make_plan(device)
     assert [f.name for f in attrs.fields(pj.PreparedKernel)] == SEED_FIELDS
+    assert len(plan.kernels) == 2   # x @ w reduced into an intermediate, then tanh, slice and scale read it
     for i, k in enumerate(plan.kernels):
         assert isinstance(k, pj.PreparedKernel) and isinstance(k.kernel, pj.CachedKernel)
         assert k.device == device and k.id == i
         assert len(k.vals) == len(k.kernel.var_names)
         assert len(k.buffer_ptrs) == len(k.buffer_indices) == len(k.buffer_ids)
-        assert all(0 <= o < len(k.buffer_indices) for o in k.output_indices)
-        assert all(d < k.id for d in k.dependencies)
+        assert k.output_indices == sorted({u.src[0].arg for u in k.ast.toposort() if u.op is Ops.STORE})
+        assert k.dependencies == [e.id for e in plan.kernels[:i] if _conflicts(e, k)]
         names = [rv.name for rv in k.runtime_vars]
         assert names == sorted(set(v.arg[0] for v in k.ast.variables()))
         assert all(isinstance(rv, pj.RuntimeVar) for rv in k.runtime_vars)
@@ -45,7 +47,7 @@ def test_plan_introspection(device):
     assert plan.vars == {"n": (1, 16), "pos": (0, 11)}
     assert len(plan.inputs) == 2 and len(plan.outputs) == 1
     assert all(0 <= b < len(plan.buffers) for b in plan.inputs + plan.outputs)
-    assert plan.kernels[-1].dependencies == [plan.kernels[0].id]
+    assert [k.dependencies for k in plan.kernels] == [[], [0]]
     text = str(plan)
     for word in ("kernel", "device", "buffers", "vars", "fixedvars", device, plan.kernels[0].kernel.name):
         assert word in text
@@ -182,7 +184,9 @@ def test_a_long_fori_loop_keeps_one_kernel_per_iteration_built_on_access(device)
     for r in (0, 1, 2, 10_000, 19_999):
         k = plan.kernels[start + r * width]
         assert k.id == start + r * width and k.fixedvars == {"i": 3 + r}
-        assert k.vals[k.kernel.var_names.index("i")] == 3 + r and all(d < k.id for d in k.dependencies)
+        assert k.vals[k.kernel.var_names.index("i")] == 3 + r
+        window = plan.kernels[max(0, k.id - 2 * width):k.id]   # what it conflicts with last: the two iterations before
+        assert k.dependencies == [e.id for e in window if _conflicts(e, k)] and k.dependencies
     assert plan.kernels[start + 20_000 * width - 1].fixedvars == {"i": 20_002}
     assert not plan.kernels[start + 20_000 * width:] or not plan.kernels[-1].fixedvars
     want = x.copy()
