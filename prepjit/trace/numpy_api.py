@@ -2,6 +2,7 @@
 from types import SimpleNamespace as _Namespace
 
 import ml_dtypes as _ml_dtypes
+import numpy as _np
 
 from ..uop import dtypes as _dtypes
 from .numpy_create import (arange, array, asarray, eye, full, full_like, identity, iota, linspace, ones, ones_like,
@@ -31,5 +32,6 @@ bfloat16 = _ml_dtypes.bfloat16  # JAX's bfloat16, so NumPy arrays of it are made
 globals()["bool"] = bool_
 linalg = _Namespace(norm=_norm)  # pnp.linalg.norm
 pow = power  # noqa: A001 - NumPy 2's alias
+inf, nan, pi, e, euler_gamma, newaxis = _np.inf, _np.nan, _np.pi, _np.e, _np.euler_gamma, _np.newaxis  # NumPy's
 
 __all__ = [n for n in dir() if not n.startswith("_")]

@@ -240,6 +240,9 @@ class Tracer:
     def __int__(self): self._concrete("the int value")
     def __float__(self): self._concrete("the float value")
     def __index__(self): self._concrete("the index value")
+    def __complex__(self): self._concrete("the complex value")
+    def item(self, *args): self._concrete("the Python value (.item())")
+    def tolist(self): self._concrete("the Python list (.tolist())")
     def __array__(self, *a, **k):
         raise TraceError(
             f"a traced array (shape {self.shape_str}, {self.dtype.name}) cannot become a NumPy array while tracing: "

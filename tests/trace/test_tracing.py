@@ -63,6 +63,30 @@ def test_concrete_values_of_tracers_raise_trace_error(use):
         pj.prepare(lambda x: x * use(x[0, 0]))(A)
 
 
+@pytest.mark.parametrize("use", [lambda v: v.item(), lambda v: v.tolist(), lambda v: v.reshape(1).item(0), complex,
+                                 int, float, lambda v: [1, 2][v.astype(pnp.int32)]],
+                         ids=["item", "tolist", "item(0)", "complex", "int", "float", "index"])
+def test_python_values_of_tracers_explain_the_way_out(use):
+    """Every way of asking a traced value for its Python value gets the TraceError that explains what to do
+    (as `if x:` does), not an AttributeError."""
+    with pytest.raises(pj.TraceError) as info:
+        pj.prepare(lambda x: x * use(x[0, 0]))(A)
+    assert not isinstance(info.value, AttributeError)
+    assert "not known while tracing" in str(info.value) and "pnp.where" in str(info.value)
+
+
+def test_numpy_constants_are_in_pnp(device):
+    """JAX code spells NumPy's constants and newaxis through its namespace."""
+    for name in ("inf", "nan", "pi", "e", "euler_gamma", "newaxis"):
+        assert getattr(pnp, name) is getattr(np, name)
+        assert name in pnp.__all__
+    f = pj.prepare(lambda x: (pnp.where(x > 1, pnp.inf, x * pnp.pi), x[:, pnp.newaxis] * pnp.e, x + pnp.nan),
+                   device=device)
+    x = np.arange(3, dtype=np.float32)
+    for out, ref in zip(f(x), (np.where(x > 1, np.inf, x * np.pi), x[:, None] * np.e, x + np.nan)):
+        assert_matches(out, ref)
+
+
 def test_capturing_an_array_of_an_unsupported_dtype_is_a_trace_error():
     const = np.ones(3, np.complex64)  # (captured arrays of supported dtypes are constants: test_captured.py)
     with pytest.raises(pj.TraceError, match="complex64"):
