@@ -14,6 +14,7 @@ in the file is not used), which is what an untrusted file needs.
 from __future__ import annotations
 
 import inspect
+import math
 import os
 import stat
 
@@ -22,8 +23,9 @@ import numpy as np
 from .codegen.dynamic_loop import DynamicLoop
 from .codegen.memory import share_memory
 from .codegen.schedule import BufferSpec, KernelSequence, LoopKernels, Schedule, ScheduledKernel, _max_size
-from .errors import PlanFileError, SignatureError, TraceError
-from .planner import PlanSpec, _kernel_from_entry, get_kernels, instantiate, prove_plan
+from .codegen.ast_check import check_int_expr, check_kernel
+from .errors import CompileError, PlanFileError, SignatureError, TraceError
+from .planner import PlanSpec, _kernel_from_entry, get_kernels, instantiate, plan_vars, prove_plan
 from .prepare import PreparedFunction, constant_on_device, freeze
 from .runtime import datafile
 from .runtime.devices import get_device
@@ -39,6 +41,7 @@ from .uop.var import Var
 
 KIND, VERSION = b"plan", 1
 MAX_FILE_BYTES = 4 << 30
+MAX_ELEMENTS = 1 << 48  # a buffer's bytes at the vars' maxima, and any of its static dims
 _DTYPES = {d.name: d for d in dtypes.all}
 _KINDS = [inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.VAR_POSITIONAL,
           inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.VAR_KEYWORD]
@@ -200,15 +203,14 @@ def _enc_kernels(seg, ast_index: dict, ref):
 
 
 # ---- loading ----
-def _dec_dynamic(data, graph: list, buffers: tuple, kernel, depth: int) -> DynamicLoop:
-    """A DynamicLoop from its data form (`_enc_kernels`), checked: a fori_loop's var is a var whose bounds hold
-    every value its bounds can give it, a while_loop's predicate a 0-d bool buffer."""
+def _dec_dynamic(data, expr, buffers: tuple, kernel, depth: int) -> DynamicLoop:
+    """A DynamicLoop from its data form (`_enc_kernels`; `expr(i, dtype)` is graph node i, checked to be an
+    expression of that dtype), checked: a fori_loop's var is a var whose bounds hold every value its bounds
+    can give it, a while_loop's predicate a 0-d bool buffer."""
     var, lower, upper, pred, swap, conditions, parts = data
     if depth > 16 or len(parts) != 5:
         raise ValueError("not a loop the plan runs natively")
-    uop = lambda i, what: graph[_index(i, len(graph))] if type(i) is int else _bad(what)  # noqa: E731
-    bound = lambda b: (b if type(b) is int  # noqa: E731
-                       else uop(b["u"] if isinstance(b, dict) else None, "a loop bound"))
+    bound = lambda b: _int(b) if type(b) is int else expr(b["u"])  # noqa: E731
     n = len(buffers)
     if var is None:
         pred = _index(pred, n)
@@ -216,22 +218,16 @@ def _dec_dynamic(data, graph: list, buffers: tuple, kernel, depth: int) -> Dynam
             raise ValueError("a while_loop's predicate is not a 0-d bool buffer")
         lower = upper = None
     else:
-        var, lower, upper = uop(var, "a loop var"), bound(lower), bound(upper)
+        var, lower, upper = expr(var), bound(lower), bound(upper)
         low = lower if type(lower) is int else lower.vmin
         high = upper if type(upper) is int else upper.vmax
         if var.op is not Ops.DEFINE_VAR or pred is not None or any(
                 isinstance(b, UOp) and b.dtype is not dtypes.int64 for b in (lower, upper)) or not (
                 var.vmin <= low and high - 1 <= var.vmax):
             raise ValueError("a loop's var does not hold every value of its bounds")
-    conditions = tuple(uop(c, "a loop condition") for c in conditions)
-    if any(c.dtype is not dtypes.bool for c in conditions):
-        raise ValueError("a loop condition is not a bool expression")
+    conditions = tuple(expr(c, dtypes.bool) for c in conditions)
     return DynamicLoop(var, lower, upper, pred, tuple(tuple(kernel(k) for k in part) for part in parts),
                        tuple((_index(a, n), _index(b, n)) for a, b in swap), conditions)
-
-
-def _bad(what: str):
-    raise ValueError(f"{what} is not a graph index")
 
 
 def _check_loop_conditions(spec, var_names: set):
@@ -312,14 +308,34 @@ def load(path, recompile: bool = False) -> LoadedFunction:
         fn, spec, codes, call = _decode(meta, payload, path, device_name)
     except PlanFileError:
         raise
-    except (KeyError, TypeError, ValueError, IndexError, AttributeError, RecursionError) as e:
+    except Exception as e:  # noqa: BLE001 - whatever a malformed field makes a decoder raise
         raise PlanFileError(f"{path} is malformed: {type(e).__name__}: {e}") from None
-    if recompile:  # sizes, shared memory and the proof are derived here, not read from the file
-        buffers = tuple(BufferSpec(b.dtype, b.shape, _max_size(b.shape)) for b in spec.buffers)
-        home = share_memory(Schedule(buffers, spec.kernels, spec.inputs,
+    try:
+        plan = _instantiate(fn, spec, codes, device, recompile, path)
+    except PlanFileError:
+        raise
+    except CompileError as e:  # a kernel the bounds proof refuses (or that does not compile here)
+        raise PlanFileError(f"{path} holds a kernel this prepjit refuses: {e}") from None
+    except MemoryError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a var with two bounds (runtime/var_table.py), or a kernel no
+        raise PlanFileError(f"{path} is inconsistent: {type(e).__name__}: {e}") from None  # renderer can build
+    key, out_tree, descriptions, sources, constants = call
+    plan.var_sources.update(sources)
+    entry = fn.entries[key + (device.name,)] = freeze(plan, out_tree, descriptions)
+    entry.constants = tuple(constant_on_device(device, value) for value in constants)
+    fn._stats.update(plans=1, proven_accesses=plan.proven_accesses)
+    return fn
+
+
+def _instantiate(fn: LoadedFunction, spec: PlanSpec, codes: list, device, recompile: bool, path):
+    """The ExecutionPlan of a decoded file. With `recompile`, buffer sizes, shared memory and the bounds proof are
+    derived here (the file's are not read) and every kernel is compiled from its AST."""
+    if recompile:
+        home = share_memory(Schedule(spec.buffers, spec.kernels, spec.inputs,
                                      spec.outputs + tuple(b for b, _ in spec.flags)))
-        spec = PlanSpec(buffers, tuple(home), spec.kernels, spec.inputs, spec.outputs, spec.constraints, spec.flags,
-                        prove_plan(spec.kernels, buffers, spec.constraints, device))
+        spec = PlanSpec(spec.buffers, tuple(home), spec.kernels, spec.inputs, spec.outputs, spec.constraints,
+                        spec.flags, prove_plan(spec.kernels, spec.buffers, spec.constraints, device))
         asts = spec.kernels.asts()
         compiled, counts = get_kernels(asts, device)
         compiled = dict(zip(asts, compiled))
@@ -330,21 +346,7 @@ def load(path, recompile: bool = False) -> LoadedFunction:
         except Exception as e:  # noqa: BLE001 - code the device cannot load
             raise PlanFileError(f"{path}: the {device.name} cannot load its compiled code ({e})") from None
         compiled = dict(zip(spec.kernels.asts(), programs))
-    try:
-        plan = instantiate(spec, compiled, device)
-    except ValueError as e:  # a var with two bounds (runtime/var_table.py)
-        raise PlanFileError(f"{path} is inconsistent: {e}") from None
-    for name, (lo, hi) in plan.vars.items():
-        var = fn.vars.get(name)
-        if var is not None and (var.min, var.max) != (lo, hi):
-            raise PlanFileError(f"{path} is inconsistent: var {name!r} is [{var.min}, {var.max}] in the signature but "
-                                f"[{lo}, {hi}] in the kernels")
-    key, out_tree, descriptions, sources, constants = call
-    plan.var_sources.update(sources)
-    entry = fn.entries[key + (device.name,)] = freeze(plan, out_tree, descriptions)
-    entry.constants = tuple(constant_on_device(device, value) for value in constants)
-    fn._stats.update(plans=1, proven_accesses=plan.proven_accesses)
-    return fn
+    return instantiate(spec, compiled, device)
 
 
 def _decode(meta: dict, payload: bytes, path, device_name: str):
@@ -366,48 +368,41 @@ def _decode(meta: dict, payload: bytes, path, device_name: str):
     fn = LoadedFunction(stub, vars_, shapes, device_name, os.fspath(path), tuple(map(str, meta["static"])))
 
     graph = serial.from_data(meta["graph"])
-    n_asts = meta["asts"]
-    if not 0 < n_asts <= len(graph) or any(a.op is not Ops.SINK for a in graph[:n_asts]):
-        raise ValueError("kernel ASTs are not SINKs")
-
-    def dim(d):
-        if type(d) is int and d >= 0:
-            return d
-        u = graph[_index(d["u"], len(graph))]
-        if u.dtype is not dtypes.int64:
-            raise ValueError("a shape expression is not an int64 expression")
-        return u
-    buffers = tuple(BufferSpec(_DTYPES[dt], tuple(dim(d) for d in shape), int(size)) for dt, shape, size, _ in
-                    meta["buffers"])
-    n = len(buffers)
+    n_asts = _int(meta["asts"], 1, len(graph))
+    slot_dtypes = {ast: check_kernel(ast) for ast in graph[:n_asts]}  # per AST: its buffer slots' dtypes
+    expr = lambda i, dtype=dtypes.int64: check_int_expr(graph[_index(i, len(graph))], dtype)  # noqa: E731
+    buffers = []
+    for dt, shape, _size, _home in meta["buffers"]:  # the size is derived from the shape, not read
+        shape = tuple(_int(d, 0, MAX_ELEMENTS) if type(d) is int else expr(d["u"]) for d in shape)
+        buffers.append(BufferSpec(_DTYPES[dt], shape, _max_size(shape)))
+        if buffers[-1].max_size * buffers[-1].dtype.itemsize > MAX_ELEMENTS:
+            raise ValueError(f"a buffer of shape {shape} is larger than {MAX_ELEMENTS} bytes")
+    buffers, n = tuple(buffers), len(buffers)
     home = tuple(_index(h, n) for *_, h in meta["buffers"])
-    slot_dtypes = {}  # per AST: its buffer slots' dtypes
 
     def kernel(data, depth=0):
         if isinstance(data, dict) and set(data) == {"dloop"}:
-            return _dec_dynamic(data["dloop"], graph, buffers, lambda k: kernel(k, depth + 1), depth)
+            return _dec_dynamic(data["dloop"], expr, buffers, lambda k: kernel(k, depth + 1), depth)
         if isinstance(data, dict):
             (name, lower, upper, swap, body), = data.values() if set(data) == {"loop"} else ((),)
-            if depth or type(lower) is not int or type(upper) is not int or not lower < upper:
+            if depth or not _int(lower) < _int(upper):
                 raise ValueError("not a fori_loop")
-            return LoopKernels(tuple(kernel(k, 1) for k in body), str(name), lower, upper,
+            return LoopKernels(tuple(kernel(k, 1) for k in body), _name(name), lower, upper,
                                tuple((_index(a, n), _index(b, n)) for a, b in swap))
         a, slots, fixed = data
-        ast = graph[_index(a, n_asts)]
-        slots = tuple(_index(b, n) for b in slots)
-        if ast not in slot_dtypes:
-            globals_ = {u.arg: u.dtype for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL}
-            slot_dtypes[ast] = [globals_.get(i) for i in range(len(globals_))]
-        if slot_dtypes[ast] != [buffers[b].dtype for b in slots]:
-            raise ValueError("a kernel's buffer slots do not match its AST")
-        return ScheduledKernel(ast, slots, tuple((str(k), int(v)) for k, v in fixed))
-    kernels = [kernel(k) for k in meta["kernels"]]
+        return ScheduledKernel(graph[_index(a, n_asts)], tuple(_index(b, n) for b in slots),
+                               tuple((_name(k), _int(v)) for k, v in fixed))
+    kernels = KernelSequence([kernel(k) for k in meta["kernels"]])
     inputs = tuple(_index(b, n) for b in meta["inputs"])
     outputs = tuple(_index(b, n) for b in meta["outputs"])
-    constraints = tuple(IndexConstraint(graph[_index(c[0], len(graph))], str(c[1]), str(c[2]), _error_kind(c))
+    constraints = tuple(IndexConstraint(expr(c[0], dtypes.bool), str(c[1]), str(c[2]), _error_kind(c))
                         for c in meta["constraints"])
     flags = tuple((_index(b, n), str(what)) for b, what in meta["flags"])
-    spec = PlanSpec(buffers, home, KernelSequence(kernels), inputs, outputs, constraints, flags, int(meta["proven"]))
+    if any(buffers[b].dtype is not dtypes.bool or buffers[b].shape != () for b, _ in flags):
+        raise ValueError("a gather's flag is not a 0-d bool buffer")
+    spec = PlanSpec(buffers, home, kernels, inputs, outputs, constraints, flags, _int(meta["proven"], 0))
+    _check_kernels(spec, slot_dtypes)
+    _check_var_values(spec, _check_vars(fn, spec))
     _check_loop_conditions(spec, {str(v[0]) for v in meta["vars"]})
     _check_io(fn, meta, spec)
     codes, offset = [], 0
@@ -416,8 +411,8 @@ def _decode(meta: dict, payload: bytes, path, device_name: str):
         if type(size) is not int or size <= 0 or offset + size > len(payload):
             raise ValueError("code sizes do not match the payload")
         fields = {"name": str(c["name"]), "source": str(c["source"]), "var_names": tuple(map(str, c["var_names"])),
-                  "global_size": tuple(graph[_index(g, len(graph))] for g in c["global_size"]),
-                  "local_size": tuple(int(s) for s in c["local_size"])}
+                  "global_size": tuple(expr(g) for g in c["global_size"]),
+                  "local_size": tuple(_int(s, 1, 1 << 16) for s in c["local_size"])}
         if not set(fields["var_names"]) <= {v.arg[0] for v in graph[_index(len(codes), n_asts)].variables()}:
             raise ValueError(f"kernel {fields['name']} takes vars its AST does not have")
         codes.append((fields, payload[offset:offset + size]))
@@ -425,7 +420,7 @@ def _decode(meta: dict, payload: bytes, path, device_name: str):
     constants = []
     for dtype, shape in meta.get("constants", []):
         shape = tuple(_index(d, MAX_FILE_BYTES) for d in shape)
-        size = int(np.prod(shape, dtype=np.int64)) * _DTYPES[dtype].itemsize
+        size = math.prod(shape) * _DTYPES[dtype].itemsize
         if offset + size > len(payload):
             raise ValueError("captured array sizes do not match the payload")
         constants.append(np.frombuffer(payload, _DTYPES[dtype].np, size // _DTYPES[dtype].itemsize, offset)
@@ -451,8 +446,87 @@ def _check_constants(spec: PlanSpec, constants: list):
 
 def _index(i, n: int) -> int:
     if type(i) is not int or not 0 <= i < n:
-        raise ValueError(f"index {i!r} out of range")
+        raise ValueError(f"index {i!r:.40} out of range")
     return i
+
+
+def _int(x, lo: int = -2**63, hi: int = 2**63 - 1) -> int:
+    """`x` if it is an int in [lo, hi] (by default: what a kernel's int64 argument holds)."""
+    if type(x) is not int or not lo <= x <= hi:
+        raise ValueError(f"{x!r:.40} is not an int in [{lo}, {hi}]")
+    return x
+
+
+def _name(x) -> str:
+    if not isinstance(x, str) or not x.isidentifier():
+        raise ValueError(f"{x!r:.40} is not a var name")
+    return x
+
+
+def _check_kernels(spec: PlanSpec, slot_dtypes: dict):
+    """Every kernel, with each set of buffers it runs on (both parities of a loop), has buffers of its AST's slot
+    dtypes, and none writes an argument: the proof counts elements of the dtypes the plan allocates."""
+    inputs = set(spec.inputs)
+    for k, _ in spec.kernels.counted():
+        if slot_dtypes[k.ast] != [spec.buffers[b].dtype for b in k.buffers]:
+            raise ValueError(f"kernel {k.ast.arg}'s buffers are not of its AST's dtypes")
+        if k.buffers[0] in inputs:
+            raise ValueError(f"kernel {k.ast.arg} writes an argument of the call")
+
+
+def _check_vars(fn: LoadedFunction, spec: PlanSpec):
+    """The plan's VarTable (its var bounds read off the ASTs), PlanFileError where the signature says other
+    bounds; a var's bounds are the ones every call checks, so they are what the proof may assume."""
+    table = plan_vars(spec)  # ValueError for a var with two bounds
+    for name, (lo, hi) in table.bounds.items():
+        var = fn.vars.get(name)
+        if var is not None and (var.min, var.max) != (lo, hi):
+            raise PlanFileError(f"{fn.path} is inconsistent: var {name!r} is [{var.min}, {var.max}] in the "
+                                f"signature but [{lo}, {hi}] in the kernels")
+    return table
+
+
+def _check_var_values(spec: PlanSpec, table):
+    """Every var of every kernel gets values inside the bounds its AST gives it (those the bounds proof assumed):
+    a var each call supplies and checks, the counter of a native loop the kernel is inside (that loop's own
+    var), or values the plan fixes (a fori_loop's counter over [lower, upper), a fixedvar). Shapes, constraints
+    and native loop bounds use only the call's vars (and enclosing counters)."""
+    def uses(e, counters: dict, what: str):
+        for u in e.variables():
+            if u.arg[0] not in table.var and counters.get(u.arg[0]) is not u:
+                raise ValueError(f"{what} uses var {u.arg[0]!r}, which no call supplies")
+
+    def check(k, fixed: dict, counters: dict):
+        for u in k.ast.variables():
+            name, lo, hi = u.arg
+            if name in fixed:
+                if not all(lo <= v <= hi for v in fixed[name]):
+                    raise ValueError(f"kernel {k.ast.arg} fixes var {name!r} at {fixed[name]}, outside its bounds "
+                                     f"[{lo}, {hi}]")
+            else:
+                uses(u, counters, f"kernel {k.ast.arg}")
+
+    def walk(segments, counters: dict):
+        for seg in segments:
+            if isinstance(seg, DynamicLoop):
+                for b in (seg.lower, seg.upper):
+                    if isinstance(b, UOp):
+                        uses(b, counters, "a loop bound")
+                walk((k for part in seg.parts for k in part), counters | ({} if seg.var is None else
+                                                                          {seg.name: seg.var}))
+            elif isinstance(seg, LoopKernels):
+                for body in seg.body:
+                    check(body, {seg.name: (seg.lower, seg.upper - 1)} | {n: (v,) for n, v in body.fixedvars},
+                          counters)
+            else:
+                check(seg, {n: (v,) for n, v in seg.fixedvars}, counters)
+    walk(spec.kernels.segments, {})
+    for b in spec.buffers:
+        for d in b.shape:
+            if isinstance(d, UOp):
+                uses(d, {}, "a buffer shape")
+    for c in spec.constraints:
+        uses(c.cond, {}, "an index constraint")
 
 
 def _error_kind(c) -> str:
