@@ -1,5 +1,10 @@
 """NumPy-named linear algebra on traced arrays: matmul (batched and vector cases), dot, outer, tensordot, einsum,
-and `linalg.norm`."""
+and `linalg.norm`.
+
+The contractions take jax.numpy's `preferred_element_type=` (the result dtype) and `precision=` (precision.py).
+Their dtype rule is `_contraction_dtypes`: the operands' promoted dtype is the result unless
+`preferred_element_type` says otherwise, and products and sums are computed in the compute dtype of the wider of
+the two (float32 for 16-bit floats), rounded once to the result."""
 from __future__ import annotations
 
 import string
@@ -7,17 +12,26 @@ import string
 import numpy as np
 
 from ..errors import TraceError
-from ..uop import dtypes
+from ..uop import DType, dtypes, promote, to_dtype
 from . import prims
 from .numpy_create import iota
 from .numpy_math import absolute, multiply, not_equal, power, sqrt
 from .numpy_reduce import amax, amin, sum
 from .numpy_shape import expand_dims, reshape, swapaxes
+from .precision import matmul_precision
 from .prims import to_tracer
 from .tracer import Tracer
 
 
-def matmul(a, b) -> Tracer:
+def _contraction_dtypes(xs: list[Tracer], preferred_element_type, precision) -> tuple[DType, DType]:
+    """(accumulation dtype, result dtype) of a contraction of `xs` (see the module docstring); checks `precision`."""
+    matmul_precision(precision)
+    dt = prims.result_dtype(*xs)
+    out = dt if preferred_element_type is None else to_dtype(preferred_element_type)
+    return promote((dt, False), (out, False)).compute, out
+
+
+def matmul(a, b, *, precision=None, preferred_element_type=None) -> Tracer:
     a, b = to_tracer(a), to_tracer(b)
     if a.ndim == 0 or b.ndim == 0:
         raise ValueError("matmul: input operand does not have enough dimensions")
@@ -25,11 +39,11 @@ def matmul(a, b) -> Tracer:
     b2 = expand_dims(b, 1) if b.ndim == 1 else b
     if not prims.dims_equal(a2.uop.shape[-1], b2.uop.shape[-2]):
         raise ValueError(f"matmul: contracted dims differ: {a.shape_str} @ {b.shape_str}")
-    dt = prims.result_dtype(a, b)
+    acc, dt = _contraction_dtypes([a, b], preferred_element_type, precision)
     # (..., M, K) -> (..., M, 1, K);  (..., K, N) -> (..., 1, N, K);  multiply and sum over K
-    lhs = expand_dims(prims.cast(a2, dt), -2)
-    rhs = expand_dims(swapaxes(prims.cast(b2, dt), -1, -2), -3)
-    out = sum(multiply(lhs, rhs), axis=-1, dtype=dt)
+    lhs = expand_dims(prims.cast(a2, acc), -2)
+    rhs = expand_dims(swapaxes(prims.cast(b2, acc), -1, -2), -3)
+    out = prims.cast(sum(multiply(lhs, rhs), axis=-1, dtype=acc), dt)
     if a.ndim == 1:
         out = reshape(out, out.uop.shape[:-2] + out.uop.shape[-1:])
     if b.ndim == 1:
@@ -37,17 +51,19 @@ def matmul(a, b) -> Tracer:
     return out
 
 
-def dot(a, b) -> Tracer:
+def dot(a, b, *, precision=None, preferred_element_type=None) -> Tracer:
     """NumPy's dot: a product with scalars, matmul up to 2-d, else a sum over a's last and b's second-to-last axis."""
     a, b = (Tracer(t.uop) for t in (to_tracer(a), to_tracer(b)))  # dot converts scalars to arrays: no weak scalars
     if a.ndim == 0 or b.ndim == 0:
-        return multiply(a, b)
+        acc, dt = _contraction_dtypes([a, b], preferred_element_type, precision)
+        return prims.cast(multiply(prims.cast(a, acc), prims.cast(b, acc)), dt)
     if b.ndim <= 2:
-        return matmul(a, b)
-    return tensordot(a, b, axes=([a.ndim - 1], [b.ndim - 2]))
+        return matmul(a, b, precision=precision, preferred_element_type=preferred_element_type)
+    return tensordot(a, b, axes=([a.ndim - 1], [b.ndim - 2]), precision=precision,
+                     preferred_element_type=preferred_element_type)
 
 
-def tensordot(a, b, axes=2) -> Tracer:
+def tensordot(a, b, axes=2, *, precision=None, preferred_element_type=None) -> Tracer:
     a, b = to_tracer(a), to_tracer(b)
     if isinstance(axes, int):
         axes_a, axes_b = list(range(a.ndim - axes, a.ndim)), list(range(axes))
@@ -63,7 +79,8 @@ def tensordot(a, b, axes=2) -> Tracer:
     for i, j in zip(axes_a, axes_b):
         sub_b[j] = sub_a[i]
     out = [c for i, c in enumerate(sub_a) if i not in axes_a] + [c for j, c in enumerate(sub_b) if j not in axes_b]
-    return einsum(f"{''.join(sub_a)},{''.join(sub_b)}->{''.join(out)}", a, b)
+    return einsum(f"{''.join(sub_a)},{''.join(sub_b)}->{''.join(out)}", a, b, precision=precision,
+                  preferred_element_type=preferred_element_type)
 
 
 def outer(a, b) -> Tracer:
@@ -71,7 +88,7 @@ def outer(a, b) -> Tracer:
     return multiply(reshape(a, (-1, 1)), reshape(b, (1, -1)))
 
 
-def einsum(subscripts: str, *operands) -> Tracer:
+def einsum(subscripts: str, *operands, precision=None, preferred_element_type=None) -> Tracer:
     """NumPy's einsum (explicit or implicit output, `...` broadcasting): align every operand to one index
     space, multiply, sum the contracted letters. Repeated letters within one operand are not supported."""
     xs = [to_tracer(x) for x in operands]
@@ -90,17 +107,19 @@ def einsum(subscripts: str, *operands) -> Tracer:
                 sizes.setdefault(c, d)
     contracted = sorted(set(sizes) - set(output))
     order = list(output) + contracted
-    dt = prims.result_dtype(*xs)
+    acc, dt = _contraction_dtypes(xs, preferred_element_type, precision)
     aligned = []
     for subs, x in zip(inputs, xs):
-        x = prims.permute(prims.cast(x, dt), [subs.index(c) for c in order if c in subs])
+        x = prims.permute(prims.cast(x, acc), [subs.index(c) for c in order if c in subs])
         present = [c for c in order if c in subs]
         aligned.append(reshape(x, [x.uop.shape[present.index(c)] if c in subs else 1 for c in order]))
     product = aligned[0]
     for x in aligned[1:]:
         product = multiply(product, x)
     product = prims.broadcast_to(product, [sizes[c] for c in order])
-    return sum(product, axis=tuple(range(len(output), len(order))), dtype=dt) if contracted else product
+    if contracted:
+        product = sum(product, axis=tuple(range(len(output), len(order))), dtype=acc)
+    return prims.cast(product, dt)
 
 
 def _diagonals(subs: list[str], x: Tracer) -> tuple[list[str], Tracer]:

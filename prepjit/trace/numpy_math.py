@@ -9,7 +9,7 @@ import threading
 import numpy as np
 
 from ..errors import TraceError
-from ..uop import DType, Ops, dtypes, to_dtype
+from ..uop import DType, Ops, dtypes, promote, to_dtype
 from . import prims
 from .prims import elementwise, to_tracer
 from .tracer import Tracer
@@ -21,6 +21,8 @@ _last_widening = threading.local()
 
 @functools.lru_cache(maxsize=None)
 def _ufunc_dtype_cached(name: str, operands: tuple) -> DType:
+    if any(dt == dtypes.bfloat16 and not weak for dt, weak in operands):  # JAX's lattice, which NumPy lacks
+        operands = ((promote(*operands), False),) * len(operands)
     args = [({"b": True, "i": 1, "u": 1, "f": 1.0}[dt.kind] if weak else np.ones((), dt.np)) for dt, weak in operands]
     try:
         with np.errstate(all="ignore"):
@@ -183,9 +185,9 @@ remainder = mod
 
 
 def _float_divmod(a: Tracer, b: Tracer, dt: DType) -> tuple[Tracer, Tracer]:
-    """NumPy's npy_divmod step by step (float16 computed in float32, as NumPy does): C fmod, then the
+    """NumPy's npy_divmod step by step (16-bit floats computed in float32, as NumPy does): C fmod, then the
     floor correction, the quotient rounded to an integer, and the signs of zero results."""
-    work = dtypes.float32 if dt == dtypes.float16 else dt
+    work = dt.compute
     a, b = prims.cast(a, work), prims.cast(b, work)
     magnitude = elementwise(Ops.MOD, absolute(a), absolute(b))  # operands >= 0: the MOD op is plain fmod
     fmod = where(signbit(a), negative(magnitude), magnitude)

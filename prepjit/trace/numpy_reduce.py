@@ -119,9 +119,9 @@ def _count(x: Tracer, axis) -> Tracer:
 
 
 def _float_work_dtype(x: Tracer, dtype) -> tuple[DType, DType]:
-    """(result dtype, accumulation dtype) of mean/var: ints -> float64, float16 accumulates in float32."""
+    """(result dtype, accumulation dtype) of mean/var: ints -> float64, 16-bit floats accumulate in float32."""
     dt = to_dtype(dtype) if dtype is not None else _reduction_dtype("mean", x, None)
-    return dt, dtypes.float32 if dt == dtypes.float16 else dt
+    return dt, dt.compute
 
 
 def _count_where(x: Tracer, axis, keepdims: bool, where, acc: DType) -> Tracer:

@@ -1,7 +1,7 @@
 """NumPy's transcendental ufuncs beyond the primitive ones (log1p, expm1, hyperbolic, inverse trig, hypot,
 logaddexp, nan_to_num), composed from primitives with accurate formulas (a few ulp, not the naive ones).
 
-Each takes NumPy's result dtype (ints -> float64, int8 -> float16, ...); float16 is computed in float32 and
+Each takes NumPy's result dtype (ints -> float64, int8 -> float16, ...); 16-bit floats are computed in float32 and
 rounded once at the end, as NumPy does.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ def _work(name: str, *xs) -> tuple[list[Tracer], DType, DType]:
     """Operands cast to the dtype the formula runs in, that dtype and NumPy's result dtype."""
     xs = [to_tracer(x) for x in xs]
     dt = ufunc_dtype(name, *xs)
-    work = dtypes.float32 if dt == dtypes.float16 else dt
+    work = dt.compute
     return [prims.cast(x, work) for x in xs], work, dt
 
 

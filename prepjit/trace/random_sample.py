@@ -21,7 +21,6 @@ from .prims import to_sint, to_tracer
 from .random_bits import random_bits, split
 from .tracer import Tracer
 
-_MANTISSA = {16: 10, 32: 23, 64: 52}
 # Giles' erfinv: per branch, polynomial coefficients (highest power first) in w - centre or sqrt(w) - centre
 _ERFINV32 = ((5.0, 2.5, (2.81022636e-08, 3.43273939e-07, -3.5233877e-06, -4.39150654e-06, 0.00021858087,
                          -0.00125372503, -0.00417768164, 0.246640727, 1.50140941)),
@@ -75,12 +74,13 @@ def _bounds(minval, maxval, dt) -> tuple[Tracer, Tracer]:
 
 
 def uniform(key, shape=(), dtype=dtypes.float32, minval=0.0, maxval=1.0) -> Tracer:
-    """Floats in [minval, maxval) (jax.random.uniform): float16, float32 or float64."""
+    """Floats in [minval, maxval) (jax.random.uniform): float16, bfloat16, float32 or float64."""
     dt, shape = _float_dtype(dtype, "uniform"), _shape(shape)
     nbits = dt.bits
     bits = random_bits(key, nbits, shape)
-    mantissa = prims.cast(right_shift(bits, nbits - _MANTISSA[nbits]), dt)
-    floats = multiply(mantissa, _const(2.0 ** -_MANTISSA[nbits], dt))  # exact: m < 2**nmant
+    nmant = np.finfo(dt.np).nmant  # bfloat16 has 7 bits of mantissa where float16 has 10
+    mantissa = prims.cast(right_shift(bits, nbits - nmant), dt)
+    floats = multiply(mantissa, _const(2.0 ** -nmant, dt))  # exact: m < 2**nmant
     lo, span = _bounds(minval, maxval, dt)
     return prims.broadcast_to(maximum(lo, add(multiply(floats, span), lo)), shape)
 

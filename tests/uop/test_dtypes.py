@@ -42,3 +42,20 @@ def test_bfloat16_is_ml_dtypes_bfloat16():
         assert to_dtype(spelling) is dtypes.bfloat16
     assert dtypes.bfloat16.np == np.dtype(ml_dtypes.bfloat16) and dtypes.bfloat16.itemsize == 2
     assert dtypes.bfloat16.compute is dtypes.float16.compute is dtypes.float32 and dtypes.float64.compute is dtypes.float64
+
+
+# JAX's lattice wherever bfloat16 takes part: integers and bool below every float, bf16 and f16 meet at f32
+JAX_WITH_BF16 = {"bool": "bfloat16", "int8": "bfloat16", "int64": "bfloat16", "uint32": "bfloat16",
+                 "float16": "float32", "bfloat16": "bfloat16", "float32": "float32", "float64": "float64"}
+
+
+@pytest.mark.parametrize("other", list(JAX_WITH_BF16))
+def test_bfloat16_promotes_as_in_jax(other):
+    bf16, dt = to_dtype("bfloat16"), to_dtype(other)
+    want = to_dtype(JAX_WITH_BF16[other])
+    assert promote((bf16, False), (dt, False)) is want and promote((dt, False), (bf16, False)) is want
+
+
+@pytest.mark.parametrize("scalar", [dtypes.bool, dtypes.int64, dtypes.float64])
+def test_python_scalars_keep_bfloat16(scalar):
+    assert promote((dtypes.bfloat16, False), (scalar, True)) is dtypes.bfloat16

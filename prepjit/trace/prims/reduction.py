@@ -1,5 +1,5 @@
 """Reduction primitives: REDUCE_AXIS (sum, product, max, min, all, any over axes) and `materialize`, with the
-reverse-mode rules (max/min: the cotangent split evenly among the tied extremes, as in JAX; product: exact
+dtype rule (a sum or product of 16-bit floats accumulates in float32 and is rounded once), the reverse-mode rules (max/min: the cotangent split evenly among the tied extremes, as in JAX; product: exact
 with zeros in the reduced slice)."""
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from ...uop import Ops, UOp, dtypes
 from ..tracer import Tracer
 from .core import normalize_axes
 from .movement import broadcast_to, reshape
+from .pointwise import cast
 from .registry import primitive
 
 
@@ -15,7 +16,9 @@ def reduce(x: Tracer, op: Ops, axis=None, keepdims: bool = False) -> Tracer:
     shape = x.uop.shape
     if not axes:
         return x
-    red = Tracer(UOp(Ops.REDUCE_AXIS, x.dtype, (x.uop,), (op, axes)))
+    acc = x.dtype.compute if op in (Ops.ADD, Ops.MUL) else x.dtype  # max / min are exact in any dtype
+    red = Tracer(UOp(Ops.REDUCE_AXIS, acc, (cast(x, acc).uop,), (op, axes)))
+    red = cast(red, x.dtype)
     if keepdims:
         return red
     return reshape(red, tuple(d for i, d in enumerate(shape) if i not in axes))
@@ -35,7 +38,7 @@ def materialize(x: Tracer) -> Tracer:
 
 @primitive(Ops.REDUCE_AXIS).def_vjp
 def _reduce_vjp(ct: Tracer, node: UOp):
-    from .pointwise import cast, elementwise as e
+    from .pointwise import elementwise as e
     op, axes = node.arg
     x = Tracer(node.src[0])
     if not x.dtype.is_float:
