@@ -1,55 +1,46 @@
 """The cpu device's native worker threads (runtime/cpu_threads.py): split launches run from the replay program,
-chunked over the threads, with the var-dependent ones sized per call; results match NumPy."""
+chunked over the threads, with the var-dependent ones sized per call; results match NumPy. Every test runs with
+two worker threads (the `worker_threads` fixture), whatever this host's cores, and checks the split it names."""
 import threading
 import time
 
 import numpy as np
-import pytest
 
 import prepjit as pj
 from prepjit.runtime.cpu import PARALLEL_MIN_ITERATIONS
-from prepjit.runtime.cpu_replay import LAUNCH_FIELDS
-from prepjit.runtime.cpu_threads import NativeThreads
-from prepjit.runtime.devices import get_device
-
-DEVICE = get_device("cpu")
-pytestmark = pytest.mark.skipif(DEVICE.threads is None, reason="one thread here: nothing splits")
+from prepjit.runtime.cpu_threads import SLEEPERS, TICKET, NativeThreads
+from tests.runtime.native_threads import launch_entries, published
 
 
-def _entries(f, *args):
-    """(end, chunks) of every launch in the plan's first native program."""
-    program = f.plan(*args)._runner.first_launches
-    flat = list(program.launches)
-    return [(flat[k + 3], flat[k + 4]) for k in range(0, len(flat), LAUNCH_FIELDS)]
-
-
-def test_a_static_kernel_splits_natively(rng):
+def test_a_static_kernel_splits_natively(rng, worker_threads):
     x = rng.standard_normal((512, 1024)).astype(np.float32)
     f = pj.prepare(lambda x: (x * 2 + 1).sum(axis=1), device="cpu")
-    np.testing.assert_allclose(np.asarray(f(x)), (x * 2 + 1).sum(axis=1), rtol=1e-4)
-    ((end, chunks),) = _entries(f, x)
-    assert end == 512 and 1 < chunks <= 512
-    for _ in range(3):  # replays through the native program
-        np.testing.assert_allclose(np.asarray(f(x)), (x * 2 + 1).sum(axis=1), rtol=1e-4)
+    assert launch_entries(f.plan(x)._runner.first_launches) == [(512, worker_threads.chunks(512))]
+    assert worker_threads.chunks(512) == 12
+    for _ in range(4):  # the first call, then replays through the native program: one split launch each
+        splits, out = published(worker_threads, f, x)
+        np.testing.assert_allclose(np.asarray(out), (x * 2 + 1).sum(axis=1), rtol=1e-4)
+        assert splits == 1
 
 
-def test_a_var_sized_kernel_is_sized_per_call(rng):
+def test_a_var_sized_kernel_is_sized_per_call(rng, worker_threads):
     f = pj.prepare(lambda x: np.float32(3) * x + 1, vars={"n": (1, 1 << 20)}, shapes={"x": ("n",)}, device="cpu")
     small, large = rng.standard_normal(100).astype(np.float32), rng.standard_normal((1 << 20) - 3).astype(np.float32)
+    (split,) = f.plan(small)._runner.splits
     for x in (small, large, small, large[:PARALLEL_MIN_ITERATIONS + 1]):
-        np.testing.assert_allclose(np.asarray(f(x)), 3 * x + 1, rtol=1e-6)
-    runner = f.plan(small)._runner
-    (split,) = runner.splits
-    assert [tuple(a[k:k + 2]) for a, k in split.cells][0][1] == DEVICE.threads.chunks(PARALLEL_MIN_ITERATIONS + 1)
-    f(small)
-    assert [tuple(a[k:k + 2]) for a, k in split.cells][0] == (100, 0)  # small now: runs alone
+        splits, out = published(worker_threads, f, x)
+        np.testing.assert_allclose(np.asarray(out), 3 * x + 1, rtol=1e-6)
+        large_now = x.size > PARALLEL_MIN_ITERATIONS
+        assert splits == (1 if large_now else 0)   # a small call runs alone
+        want = (x.size, worker_threads.chunks(x.size) if large_now else 0)
+        assert {(array[k], array[k + 1]) for array, k in split.cells} == {want}
 
 
-def test_callers_on_several_threads_share_the_workers(rng):
+def test_callers_on_several_threads_share_the_workers(rng, worker_threads):
     x = rng.standard_normal((256, 2048)).astype(np.float32)
     f = pj.prepare(lambda x: (x * x).sum(axis=1), device="cpu")
     want = (x * x).sum(axis=1)
-    f(x)
+    assert published(worker_threads, f, x)[0] == 1
     errors = []
 
     def call():
@@ -64,8 +55,16 @@ def test_callers_on_several_threads_share_the_workers(rng):
     assert not errors
 
 
-def test_sleeping_workers_wake_and_a_forked_child_runs_inline(rng):
-    threads = NativeThreads(3, DEVICE.threads.parallel_address, DEVICE.threads.worker_address)
+def _settles(read, want: int) -> bool:
+    """Whether `read()` reaches `want` within 5 s."""
+    deadline = time.monotonic() + 5
+    while read() != want and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return read() == want
+
+
+def test_sleeping_workers_wake_and_a_forked_child_runs_inline(rng, worker_threads):
+    threads = NativeThreads(3, worker_threads.parallel_address, worker_threads.worker_address)
     assert threads.workers == 2 and threads.chunks(300) == 12
     x = rng.standard_normal((300, 1000)).astype(np.float32)
     f = pj.prepare(lambda x: x.max(axis=1), device="cpu")
@@ -73,11 +72,16 @@ def test_sleeping_workers_wake_and_a_forked_child_runs_inline(rng):
     fn, bufs, vals = list(f.plan(x)._runner.first_launches.launches)[:3]
     for wait in (0.0, 0.3):  # the second time, the workers have gone to sleep
         time.sleep(wait)
+        assert wait == 0 or _settles(lambda: threads.words[SLEEPERS], 2)
         out[:] = 0
         threads.parallel(fn, bufs, vals, 300, threads.chunks(300))
         np.testing.assert_array_equal(out, x.max(axis=1))
+        # the task's chunk claims: its 12 chunks, and one past them by the caller and by each worker that joined
+        assert _settles(lambda: threads.words[TICKET] & 0xFFFFFFFF, 12 + 3)
     threads._forked()
     assert threads.chunks(300) == 0
     out[:] = 0
+    generation = threads.words[TICKET] >> 32
     threads.parallel(fn, bufs, vals, 300, 12)  # inline
     np.testing.assert_array_equal(out, x.max(axis=1))
+    assert threads.words[TICKET] >> 32 == generation   # nothing was published
