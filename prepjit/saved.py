@@ -6,10 +6,13 @@ form of uop/serial.py) and a payload of the kernels' compiled code, back to back
 arrays the function captured (trace/constants.py: they are the plan's last inputs). Nothing in it
 is unpickled or evaluated: metadata is decoded into known types and checked, and a file that is
 malformed, truncated, of another format version or for another device (name or compiler) raises
-PlanFileError. Var bounds are read off the kernels' ASTs (planner.instantiate) and must equal the
+PlanFileError. Var bounds are read off the kernels' ASTs (planner.plan_vars) and must equal the
 signature's. Loading a file runs its compiled code, so load files you trust; `recompile=True`
 compiles every kernel here from its AST and proves every access inside its buffer again (the code
-in the file is not used), which is what an untrusted file needs.
+in the file is not used), which is what an untrusted file needs. Either way, what the proof relies on is
+checked against the ASTs, never believed: each AST is one the scheduler makes (codegen/ast_check.py),
+fixed values lie in their vars' bounds, buffer sizes follow from their shapes and their dtypes from the
+ASTs' slots (_check_kernels, _check_var_values); any failure, the proof's included, is PlanFileError.
 """
 from __future__ import annotations
 
