@@ -17,6 +17,7 @@ from .runtime.var_table import RuntimeVar
 from .saved import load
 from .trace.control import cond, scan, switch
 from .trace.loop import fori_loop, while_loop
+from .trace.precision import default_matmul_precision
 from .uop.var import BoundVar, Var
 
 __all__ = ["CompileError", "DeviceError", "IndexBoundError", "PlanFileError", "PrepjitError", "SignatureError",
@@ -24,5 +25,5 @@ __all__ = ["CompileError", "DeviceError", "IndexBoundError", "PlanFileError", "P
            "profile", "Array", "CachedKernel", "ExecutionPlan", "PreparedKernel", "RuntimeVar", "fori_loop",
            "while_loop", "cond", "switch", "scan", "vmap", "BoundVar", "Var", "random", "lax", "grad",
            "value_and_grad", "vjp", "MultiDeviceFunction", "init_distributed", "psum", "pmean", "all_gather",
-           "device_index"]
+           "device_index", "default_matmul_precision"]
 __version__ = "0.1.0"
