@@ -174,3 +174,46 @@ def test_stats_are_exact_under_threads():
     assert stats["replays"] == 1 + threads * calls
     assert stats["traces"] == stats["plans"] == 1
     assert max(reads) == 1 + threads * calls and f.stats["replays"] == stats["replays"]
+
+
+def test_threads_calling_several_prepared_functions_get_numpy_results(device):
+    """8 threads, three prepared functions (an elementwise one, a reduction, a gather whose ids are checked),
+    varied shapes and a scalar var, each call's results compared with NumPy; an out-of-range id raises
+    IndexBoundError in its own call only, and every function keeps working (the opencl device on the H200
+    crashed with 6 threads on one function)."""
+    scale = pj.prepare(lambda x, s: x * s + 1, vars={"n": (1, 40)}, shapes={"x": ("n", 3)}, device=device)
+    total = pj.prepare(lambda x: (pnp.sum(x, axis=0), pnp.argmin(x, axis=1)), vars={"n": (1, 40)},
+                       shapes={"x": ("n", 3)}, device=device)
+    take = pj.prepare(lambda x, ids: pnp.take(x, ids, axis=0) * 2, vars={"n": (1, 40), "k": (0, 8)},
+                      shapes={"x": ("n", 3), "ids": ("k",)}, device=device)
+    failures = []
+
+    def worker(seed):
+        rng = np.random.default_rng(seed)
+        for _ in range(30):
+            n = int(rng.integers(1, 41))
+            x = rng.standard_normal((n, 3)).astype(np.float32)
+            s = np.float32(rng.integers(-3, 4))
+            got = [np.asarray(scale(x, s))] + [np.asarray(a) for a in total(x)]
+            want = [x * s + 1, x.sum(axis=0), x.argmin(axis=1)]
+            ids = rng.integers(-n, n + (2 if rng.random() < 0.2 else 0), int(rng.integers(0, 9))).astype(np.int32)
+            if ids.size and (ids >= n).any():
+                try:
+                    take(x, ids)
+                    failures.append((seed, "no IndexBoundError", n, ids.tolist()))
+                except pj.IndexBoundError:
+                    pass
+            else:
+                got.append(np.asarray(take(x, ids)))
+                want.append(np.take(x, ids, axis=0) * 2)
+            for g, w in zip(got, want):
+                if g.shape != w.shape or not np.allclose(g, w, rtol=1e-5, atol=1e-5):
+                    failures.append((seed, n, g, w))
+
+    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+    assert scale.stats["traces"] == total.stats["traces"] == take.stats["traces"] == 1

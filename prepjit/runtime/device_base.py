@@ -93,7 +93,10 @@ class DeviceBase:
     """
 
     def __init__(self):
-        self.pool_lock = threading.Lock()
+        # held around the backend's calls that allocate from the pool (pools are not thread-safe); the opencl
+        # device holds it around every call into its runtime (opencl.py); reentrant, for a finalizer that runs
+        # inside a locked call
+        self.lock = threading.RLock()
 
     # ---- plan buffers ----
     def allocate(self, dtype: np.dtype, size: int) -> DeviceBuffer:
@@ -127,7 +130,7 @@ class DeviceBase:
 
     # ---- per-call memory ----
     def _pooled(self, nbytes: int):
-        with self.pool_lock:
+        with self.lock:
             return self._pool_alloc(max(nbytes, MIN_BYTES))
 
     def input_handle(self, arg) -> tuple[object, object]:

@@ -5,11 +5,19 @@ PyPI runs on CPUs its LLVM knows; a distribution's PoCL covers newer ones); `PRE
 one by index or by a substring of "platform device".
 Each PreparedKernel gets its own `cl.Kernel` with every argument set once; replay only patches
 var values and I/O buffers and enqueues it. Results stay on the device until read.
+
+Threads: every call into the OpenCL runtime that sets a kernel argument, queues a command or allocates holds
+the device's lock (`DeviceBase.lock`); waits (a download's event, a synchronize's clFinish) happen outside it.
+OpenCL allows concurrent calls except on one kernel object, but NVIDIA's runtime has crashed and hung on
+concurrent calls that the standard allows, and an uncontended lock costs well under a microsecond.
+Each thread keeps the events of its own uploads until it synchronises, so one call never waits for, or
+drops, another thread's copies.
 """
 from __future__ import annotations
 
 import os
 import re
+import threading
 
 import numpy as np
 
@@ -85,32 +93,39 @@ class OpenCLProgram:
 
 
 class OpenCLLauncher:
-    """One PreparedKernel's own `cl.Kernel`, arguments set once; replay patches slots and enqueues."""
+    """One PreparedKernel's own `cl.Kernel`, arguments set once; replay patches slots and enqueues, each call
+    under the device's lock."""
 
-    def __init__(self, cl, queue, program: OpenCLProgram, buffer_handles, vals, size_fn, static_size):
-        self.enqueue, self.queue = cl.enqueue_nd_range_kernel, queue
-        self.kernel = cl.Kernel(program.program, program.name)
+    def __init__(self, cl, device, program: OpenCLProgram, buffer_handles, vals, size_fn, static_size):
+        self.enqueue, self.queue, self.lock = cl.enqueue_nd_range_kernel, device.queue, device.lock
         self.n_bufs, self.vals = len(buffer_handles), list(vals)
-        for slot, handle in enumerate(buffer_handles):
-            self.kernel.set_arg(slot, handle)
-        for slot, value in enumerate(self.vals):
-            self.kernel.set_arg(self.n_bufs + slot, np.int64(value))
+        with self.lock:
+            self.kernel = cl.Kernel(program.program, program.name)
+            for slot, handle in enumerate(buffer_handles):
+                self.kernel.set_arg(slot, handle)
+            for slot, value in enumerate(self.vals):
+                self.kernel.set_arg(self.n_bufs + slot, np.int64(value))
         self.local = (program.local_size,)
         self.size_fn, self.static_size = size_fn, static_size
 
     def set_buffer(self, slot: int, handle):
-        self.kernel.set_arg(slot, handle)
+        with self.lock:
+            self.kernel.set_arg(slot, handle)
 
     def set_val(self, slot: int, value: int):
         if self.vals[slot] != value:
             self.vals[slot] = value
-            self.kernel.set_arg(self.n_bufs + slot, np.int64(value))
+            with self.lock:
+                self.kernel.set_arg(self.n_bufs + slot, np.int64(value))
 
     def run(self):
+        """Enqueue the kernel over its live size rounded up to whole work-groups; an empty launch (size 0, a
+        zero-length var) is not enqueued: OpenCL 1.2 rejects a zero global size, and it would do nothing."""
         size = self.static_size if self.static_size is not None else self.size_fn(self.vals)[0]
         if size > 0:
             group = self.local[0]
-            self.enqueue(self.queue, self.kernel, (-(-size // group) * group,), self.local)
+            with self.lock:
+                self.enqueue(self.queue, self.kernel, (-(-size // group) * group,), self.local)
 
 
 class OpenCLDevice(DeviceBase):
@@ -133,7 +148,7 @@ class OpenCLDevice(DeviceBase):
         else:
             raise DeviceError(f"{'; '.join(failures)}; {INSTALL_HINT}")
         self.device, self.build_options = device, options
-        self._uploads: list = []   # the events of copies from the host not yet waited for (_upload)
+        self._uploads = threading.local()   # .events: this thread's copies from the host not yet waited for
         self.pool = cl.tools.MemoryPool(cl.tools.ImmediateAllocator(self.queue))
         platform = device.platform
         self.description = f"{platform.name} / {device.name}"
@@ -179,14 +194,15 @@ class OpenCLDevice(DeviceBase):
                 kernel.get_work_group_info(info.WORK_GROUP_SIZE, self.device))
 
     def launcher(self, program: OpenCLProgram, buffer_handles, vals, size_fn, static_size) -> OpenCLLauncher:
-        return OpenCLLauncher(self.cl, self.queue, program, buffer_handles, vals, size_fn, static_size)
+        return OpenCLLauncher(self.cl, self, program, buffer_handles, vals, size_fn, static_size)
 
     # ---- memory (DeviceBase's primitives) ----
     def _alloc(self, nbytes: int):
-        return self.cl.Buffer(self.context, self.cl.mem_flags.READ_WRITE, nbytes)
+        with self.lock:
+            return self.cl.Buffer(self.context, self.cl.mem_flags.READ_WRITE, nbytes)
 
     def _pool_alloc(self, nbytes: int):
-        return self.pool.allocate(nbytes)
+        return self.pool.allocate(nbytes)   # (under the lock: DeviceBase._pooled; it may queue a migration)
 
     def _address(self, memory) -> int:
         return memory.int_ptr
@@ -196,15 +212,30 @@ class OpenCLDevice(DeviceBase):
 
     def _upload(self, memory, host: np.ndarray):
         """In queue order, not waited for: pyopencl's event keeps `host` alive and, dropped, would wait for the
-        copy, so it is kept until `synchronize` (the copies overlap the launches queued after them)."""
-        self._uploads.append(self.cl.enqueue_copy(self.queue, memory, host, is_blocking=False))
+        copy, so it is kept until this thread's next `synchronize` (the copies overlap the launches queued after
+        them)."""
+        with self.lock:
+            event = self.cl.enqueue_copy(self.queue, memory, host, is_blocking=False)
+        self.upload_events().append(event)
+
+    def upload_events(self) -> list:
+        """The calling thread's uploads not yet waited for (their events)."""
+        events = getattr(self._uploads, "events", None)
+        if events is None:
+            events = self._uploads.events = []
+        return events
 
     def _download(self, host: np.ndarray, memory):
-        self.cl.enqueue_copy(self.queue, host, memory, is_blocking=True)
+        with self.lock:
+            event = self.cl.enqueue_copy(self.queue, host, memory, is_blocking=False)
+        event.wait()
 
     def _copy(self, dst, src, nbytes: int):
-        self.cl.enqueue_copy(self.queue, dst, src, byte_count=nbytes)
+        with self.lock:
+            self.cl.enqueue_copy(self.queue, dst, src, byte_count=nbytes)
 
     def synchronize(self):
+        """Wait for everything queued so far (clFinish, a wait: outside the lock), then let go of this thread's
+        upload events."""
         self.queue.finish()
-        self._uploads.clear()
+        self.upload_events().clear()

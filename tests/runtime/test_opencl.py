@@ -261,9 +261,9 @@ def test_uploads_are_not_waited_for_until_the_next_sync_and_keep_their_host_arra
     buffer = device.allocate(np.float32, n)
     host = np.arange(n, dtype=np.float32)
     device._upload(buffer.memory, host)
-    assert len(device._uploads) == 1
+    assert len(device.upload_events()) == 1
     del host
     gc.collect()
     np.testing.assert_array_equal(device.read_buffer(buffer, (n,)), np.arange(n, dtype=np.float32))
     device.synchronize()
-    assert device._uploads == []
+    assert device.upload_events() == []
