@@ -222,34 +222,42 @@ class CUDADevice(DeviceBase):
 
     def flush(self):
         """Launch what is queued, in order: from the CUDA graph of this sequence of launches (built the second
-        time it is seen; only nodes whose grid or arguments changed are updated), or on the stream."""
-        if not self._pending:
-            return
-        with self._queue_lock:
-            launches, self._pending = self._pending, []
-            for launch in launches:
-                launch.queued = False
-            key = tuple(launches)
-            graph = self._graphs.get(key, _UNSEEN) if len(launches) > 1 else None
-            if graph is _UNSEEN:   # first sight: remember it; a second builds the graph
-                self._graphs[key] = _SEEN_ONCE
-                if len(self._graphs) > GRAPH_CACHE_SIZE:
-                    self._graphs.popitem(last=False)
-            elif graph is _SEEN_ONCE:
-                try:
-                    graph = self._graphs[key] = Graph(self.driver, launches)
-                    self.stats["graphs_built"] += 1
-                except RuntimeError as e:  # not capturable here: stream launches from now on
-                    log.info("cuda: a plan of %d kernels cannot run as a CUDA graph (%s)", len(launches), e)
-                    graph = self._graphs[key] = None
-            if isinstance(graph, Graph):
-                self._graphs.move_to_end(key)
-                self.stats["node_updates"] += graph.launch(launches, self._stream)
-                self.stats["graph_replays"] += 1
+        time it is seen; only nodes whose grid or arguments changed are updated), or on the stream. Under the
+        queue's lock throughout, and a launch counts as queued until it is launched: a thread whose launches
+        another thread is flushing waits for that flush (in its own flush, or before patching their arguments)
+        rather than returning, or repacking the arguments, while they are being launched."""
+        with self._queue_lock:   # (taken even when nothing is pending here: another thread may be launching)
+            if not self._pending:
                 return
-            for launch in launches:
-                launch.launch(self._stream)
-            self.stats["stream_launches"] += len(launches)
+            launches, self._pending = self._pending, []
+            try:
+                self._launch(launches)
+            finally:
+                for launch in launches:
+                    launch.queued = False
+
+    def _launch(self, launches: list):
+        key = tuple(launches)
+        graph = self._graphs.get(key, _UNSEEN) if len(launches) > 1 else None
+        if graph is _UNSEEN:   # first sight: remember it; a second builds the graph
+            self._graphs[key] = _SEEN_ONCE
+            if len(self._graphs) > GRAPH_CACHE_SIZE:
+                self._graphs.popitem(last=False)
+        elif graph is _SEEN_ONCE:
+            try:
+                graph = self._graphs[key] = Graph(self.driver, launches)
+                self.stats["graphs_built"] += 1
+            except RuntimeError as e:  # not capturable here: stream launches from now on
+                log.info("cuda: a plan of %d kernels cannot run as a CUDA graph (%s)", len(launches), e)
+                graph = self._graphs[key] = None
+        if isinstance(graph, Graph):
+            self._graphs.move_to_end(key)
+            self.stats["node_updates"] += graph.launch(launches, self._stream)
+            self.stats["graph_replays"] += 1
+            return
+        for launch in launches:
+            launch.launch(self._stream)
+        self.stats["stream_launches"] += len(launches)
 
     # ---- memory (DeviceBase's primitives) ----
     def _pool_alloc(self, nbytes: int):
