@@ -3,8 +3,8 @@ from . import lax
 from . import random
 from .autodiff import grad, value_and_grad, vjp
 from .batched import vmap
-from .errors import (CompileError, DeviceError, IndexBoundError, PlanFileError, PrepjitError, SignatureError,
-                     TraceError, VarBoundError, VarError)
+from .errors import (CompileError, DeletedArrayError, DeviceError, IndexBoundError, PlanFileError, PrepjitError,
+                     SignatureError, TraceError, VarBoundError, VarError)
 from .prepare import PreparedFunction, prepare, trace
 from .multi_device import MultiDeviceFunction
 from .runtime.collectives_job import init_distributed
@@ -20,9 +20,9 @@ from .trace.loop import fori_loop, while_loop
 from .trace.precision import default_matmul_precision
 from .uop.var import BoundVar, Var
 
-__all__ = ["CompileError", "DeviceError", "IndexBoundError", "PlanFileError", "PrepjitError", "SignatureError",
-           "TraceError", "VarBoundError", "VarError", "PreparedFunction", "prepare", "trace", "load", "Profile",
-           "profile", "Array", "CachedKernel", "ExecutionPlan", "PreparedKernel", "RuntimeVar", "fori_loop",
+__all__ = ["CompileError", "DeletedArrayError", "DeviceError", "IndexBoundError", "PlanFileError", "PrepjitError",
+           "SignatureError", "TraceError", "VarBoundError", "VarError", "PreparedFunction", "prepare", "trace", "load",
+           "Profile", "profile", "Array", "CachedKernel", "ExecutionPlan", "PreparedKernel", "RuntimeVar", "fori_loop",
            "while_loop", "cond", "switch", "scan", "vmap", "BoundVar", "Var", "random", "lax", "grad",
            "value_and_grad", "vjp", "MultiDeviceFunction", "init_distributed", "psum", "pmean", "all_gather",
            "device_index", "default_matmul_precision"]

@@ -29,6 +29,11 @@ class CompileError(PrepjitError, RuntimeError):
     """Generated code failed to compile; the message holds the source."""
 
 
+class DeletedArrayError(PrepjitError, RuntimeError):
+    """A pj.Array was used after a prepared call consumed it (donate_argnums / donate_argnames), as JAX's deleted
+    arrays: its memory now holds that call's result."""
+
+
 class IndexBoundError(PrepjitError, IndexError):
     """An index or gather id is out of range for the live shape (NumPy would raise IndexError); nothing is returned."""
 

@@ -68,8 +68,8 @@ def _normalize_vars(vars_) -> dict[str, Var]:
     out: dict[str, Var] = {}
     if not isinstance(vars_, dict) and any(not isinstance(v, Var) for v in ([vars_] if isinstance(vars_, str) else
                                                                            vars_ or ())):
-        raise ValueError(f"vars must be a dict of name -> (min, max) (or a list of pj.Var), got {vars_!r}: "
-                         "write e.g. vars={\"n\": (1, 1024)}")
+        raise VarError(f"vars must be a dict of name -> (min, max) (or a list of pj.Var), got {vars_!r}: "
+                       "write e.g. vars={\"n\": (1, 1024)}")
     items = vars_.items() if isinstance(vars_, dict) else ((v.name, v) for v in (vars_ or ()))
     for name, spec in items:
         if isinstance(spec, Var):
@@ -77,9 +77,9 @@ def _normalize_vars(vars_) -> dict[str, Var]:
         elif isinstance(spec, (tuple, list)) and len(spec) == 2:
             var = Var(name, *spec)
         else:
-            raise ValueError(f"vars[{name!r}] must be (min, max) or a pj.Var, got {spec!r}")
+            raise VarError(f"vars[{name!r}] must be (min, max) or a pj.Var, got {spec!r}")
         if var.name != name:
-            raise ValueError(f"vars[{name!r}] is a Var named {var.name!r}")
+            raise VarError(f"vars[{name!r}] is a Var named {var.name!r}")
         out[name] = var
     return out
 
@@ -89,7 +89,7 @@ def _collect_spec_vars(shapes, vars_: dict[str, Var]):
     def walk(x):
         if isinstance(x, Var):
             if x.name in vars_ and vars_[x.name] != x:
-                raise ValueError(f"two different vars are named {x.name!r}: {vars_[x.name]} and {x}")
+                raise VarError(f"two different vars are named {x.name!r}: {vars_[x.name]} and {x}")
             vars_[x.name] = x
         elif isinstance(x, (tuple, list)):
             for y in x:
@@ -317,8 +317,8 @@ def prepare(fn=None, *, vars=None, shapes=None, device=None, static_argnums=(), 
         a new value traces a new plan, and `fn` sees the value itself.
     donate_argnums / donate_argnames: parameters (as jax.jit's) whose pj.Arrays a call may reuse for its
         results: an output of the same dtype and shape that the plan can write in place (a KV cache updated
-        with .at[pos].set) goes into the donated array's memory, and that array is invalidated
-        (RuntimeError on use). NumPy arguments are never written.
+        with .at[pos].set) goes into the donated array's memory, and that array is deleted (pj.DeletedArrayError,
+        a RuntimeError, on use); not while a NumPy view of it lives. NumPy arguments are never written.
     devices, split: several devices (["cuda:0", "cuda:1"], or "cpu" once per replica) run one replica each,
         data parallel: the arguments named in split={"x": 0} are cut along that axis, the others replicated;
         pj.psum / pj.pmean / pj.all_gather / pj.device_index talk across the replicas (docs/devices.md).

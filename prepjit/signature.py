@@ -208,6 +208,8 @@ class Signature:
             self._match_spec(v, s, f"{path}[{i}]", out)
 
     def _array(self, leaf, dims, path: str, var_values: dict):
+        if isinstance(leaf, Array) and leaf.is_deleted():
+            raise leaf.deleted_error(path)
         arr = leaf if isinstance(leaf, Array) else np.asarray(leaf)
         try:
             dtype = to_dtype(arr.dtype)

@@ -10,8 +10,11 @@ prepared function (an Array passed to one on its device is not copied).
 from __future__ import annotations
 
 import operator
+import sys
 
 import numpy as np
+
+from ..errors import DeletedArrayError
 
 
 class Array:
@@ -28,15 +31,35 @@ class Array:
 
     @property
     def buffer(self):
-        """The device memory (on the cpu a NumPy array); RuntimeError once a call was donated it."""
-        if self._buffer is None:
-            raise RuntimeError("this pj.Array was donated to a prepared call (donate_argnums / donate_argnames), "
-                               "which wrote its result into the array's memory: use that result instead")
-        return self._buffer
+        """The device memory (on the cpu a NumPy array); pj.DeletedArrayError once a call consumed it (donation)."""
+        buffer = self._buffer  # read once: a donating call in another thread may take it at any moment
+        if buffer is None:
+            raise self.deleted_error()
+        return buffer
 
-    def _donated(self):
-        """A call reused this array's memory for its result: the array gives it up (as JAX deletes it)."""
+    def is_deleted(self) -> bool:
+        """Whether a prepared call consumed this array (donate_argnums / donate_argnames), as JAX's is_deleted."""
+        return self._buffer is None
+
+    def deleted_error(self, where: str = "") -> DeletedArrayError:
+        what = f"{where} is a pj.Array that" if where else "this pj.Array"
+        return DeletedArrayError(f"{what} has been deleted (shape {self.shape}, {self.dtype}): it was donated to a "
+                                 "prepared call (donate_argnums / donate_argnames), which wrote its result into the "
+                                 "array's memory; use that result instead")
+
+    def _give_up_memory(self):
+        """For a donating call: the memory, which this array then no longer has (is_deleted), or None when
+        something else still references it and could read it after the call writes there: a NumPy view from
+        np.asarray(a) or a.T, a.buffer held, another call reading it now. (NumPy's ndarray.resize makes the same
+        reference-count test; JAX likewise does not donate a buffer with external references.)"""
+        buffer = self._buffer  # references: this local, the slot and getrefcount's argument
+        if buffer is None or sys.getrefcount(buffer) > 3 or not _views_point_at(buffer):
+            return None
         self._buffer = None
+        if sys.getrefcount(buffer) > 2:  # another thread took a reference meanwhile
+            self._buffer = buffer
+            return None
+        return buffer
 
     @property
     def device(self) -> str:
@@ -116,6 +139,13 @@ class Array:
         return f"pj.Array({body}, dtype={self.dtype}, device={self.device!r})"
 
     __hash__ = object.__hash__  # identity, as before (plans and caches may key on an argument's id)
+
+
+def _views_point_at(buffer) -> bool:
+    """Whether every view of `buffer` keeps `buffer` itself alive (its `base`), so its reference count sees them:
+    true of device memory, and of a NumPy array that owns its memory or lives on a non-array owner (host_pool's
+    leases); NumPy collapses a view of a view onto the array below, which a count of `buffer` would miss."""
+    return not isinstance(buffer, np.ndarray) or buffer.flags.owndata or not isinstance(buffer.base, np.ndarray)
 
 
 def _host_operator(fn, reflected: bool = False):

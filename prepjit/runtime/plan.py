@@ -341,43 +341,48 @@ class ExecutionPlan:
         With `timings` (the profiler's replay), kernels run one at a time, each waited for, and each
         one's wall time in seconds is appended. `donated`: positions of arguments the caller gives up: a
         pj.Array of this device there whose memory an output can take (`donation_target`, same live shape)
-        gets that output written into it, and is invalidated.
+        gets that output written into it, and is deleted. It is taken last, when nothing but the kernels can
+        fail, and only when nothing else references the memory (Array._give_up_memory).
         """
         device = self._device
         self.require(values)
-        reused = {}  # distinct output -> the donated argument position whose memory it is written into
+        reusable = {}  # distinct output -> the donated argument position whose memory it may be written into
         for p in donated:
             j, arg = self.donation_target(p), args[p]
-            if (j is not None and j not in reused and isinstance(arg, Array) and arg._device is device
-                    and arg._buffer is not None and arg.shape == tuple(output_shapes[j])
+            if (j is not None and j not in reusable and isinstance(arg, Array) and arg._device is device
+                    and arg.shape == tuple(output_shapes[j])
                     and not any(other is arg for q, other in enumerate(args) if q != p)):  # (read elsewhere too)
-                reused[j] = p
+                reusable[j] = p
         with self.lock:
             self.var_table.bind(values)
             handles, keep = {}, []
-            for b, arg in zip(self.inputs, args):
-                handles[b], alive = device.input_handle(arg)
-                keep.append(alive)
+            for p, (b, arg) in enumerate(zip(self.inputs, args)):
+                if p not in reusable.values():
+                    handles[b], alive = device.input_handle(arg)
+                    keep.append(alive)
             results = []
             for j, (b, shape) in enumerate(zip(self._distinct_outputs, output_shapes)):
-                if j in reused:
-                    arg = args[reused[j]]
-                    handles[b], array = handles[self.inputs[reused[j]]], Array(arg.buffer, shape, arg.dtype, device)
-                else:
-                    handles[b], array = device.new_output(shape, self._buffers[b].dtype)
+                handles[b], array = device.new_output(shape, self._buffers[b].dtype)
                 results.append(array)
             flags = []
             for b, _ in self.flags:
                 handles[b], array = device.new_output((), np.dtype(np.bool_))
                 flags.append(array)
+            for j, p in reusable.items():
+                arg, b = args[p], self.inputs[p]
+                memory = arg._give_up_memory()  # from here on the argument is deleted (None: still referenced)
+                if memory is not None:
+                    arg = results[j] = Array(memory, arg.shape, arg.dtype, device)
+                handles[b], alive = device.input_handle(arg)
+                keep.append(alive)
+                if memory is not None:
+                    handles[self._distinct_outputs[j]] = handles[b]
             self._patch(handles)
             if timings is None:
                 self._run_launches()
             else:
                 self._run_timed(timings)
             device.synchronize()
-        for p in reused.values():
-            args[p]._donated()
         if flags:
             self._raise_flagged([bool(np.asarray(f)) for f in flags])
         return results
@@ -387,7 +392,8 @@ class ExecutionPlan:
         it (jax.jit's donate_argnums): one of the input's dtype and planned shape, in a plan of single
         kernels, whose first writing kernel comes after every other kernel reading the input and reads it, if
         at all, only where it writes (an elementwise update such as x + 1, or the copy a scatter starts
-        from: cache.at[pos].set(v)). None when no output can."""
+        from: cache.at[pos].set(v)). None when no output can, and in a plan whose kernels can flag an error
+        (a gather's out-of-range id): that call raises after its kernels ran, and must leave the argument intact."""
         if position not in self._donation_targets:
             self._donation_targets[position] = self._find_donation_target(position)
         return self._donation_targets[position]
@@ -395,7 +401,7 @@ class ExecutionPlan:
     def _find_donation_target(self, position: int) -> int | None:
         kernels = self.kernels.segments
         b_in = self.inputs[position]
-        if not all(isinstance(k, PreparedKernel) for k in kernels) or self.inputs.count(b_in) > 1:
+        if self.flags or not all(isinstance(k, PreparedKernel) for k in kernels) or self.inputs.count(b_in) > 1:
             return None
         have = self._buffers[b_in]
         flagged = {b for b, _ in self.flags}

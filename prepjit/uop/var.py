@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import attrs
 
-from ..errors import VarBoundError
+from ..errors import VarBoundError, VarError
 from .uop import UOp
 
 
@@ -12,17 +12,22 @@ class Var:
     """A symbolic variable `name` in [min, max] (inclusive), usable in shapes and as a scalar argument."""
 
     name: str
-    min: int = attrs.field(converter=int)
-    max: int = attrs.field(converter=int)
+    min: int
+    max: int
 
     def __attrs_post_init__(self):
         if not isinstance(self.name, str) or not self.name.isidentifier():
-            raise ValueError(f"Var name must be an identifier, got {self.name!r}")
+            raise VarError(f"Var name must be an identifier, got {self.name!r}")
+        for bound in ("min", "max"):
+            value = getattr(self, bound)
+            if isinstance(value, bool) or not hasattr(value, "__index__"):
+                raise VarError(f"Var {self.name!r}: {bound} must be an int, got {value!r}")
+            object.__setattr__(self, bound, int(value))  # (a NumPy integer becomes a Python int)
         if self.min > self.max:
-            raise ValueError(f"Var {self.name!r}: min {self.min} > max {self.max}")
+            raise VarError(f"Var {self.name!r}: min {self.min} > max {self.max}")
         if not (-2**63 <= self.min and self.max < 2**63):
-            raise ValueError(f"Var {self.name!r}: bounds [{self.min}, {self.max}] do not fit int64 (kernels take vars "
-                             "as 64-bit ints)")
+            raise VarError(f"Var {self.name!r}: bounds [{self.min}, {self.max}] do not fit int64 (kernels take vars "
+                           "as 64-bit ints)")
 
     @classmethod
     def of(cls, define_var: UOp) -> "Var":

@@ -47,3 +47,32 @@ def test_bind_rejects_non_ints():
         pj.Var("n", 0, 9).bind(2.5)
     with pytest.raises(TypeError):
         pj.Var("n", 0, 9).bind(True)
+
+
+@pytest.mark.parametrize("make", [lambda: pj.Var("n", 0, 2**63), lambda: pj.Var("n", -2**64, 0),
+                                  lambda: pj.Var("n", 5, 4), lambda: pj.Var("not a name", 0, 1),
+                                  lambda: pj.Var("n", 0, 10.5), lambda: pj.Var("n", "0", 9),
+                                  lambda: pj.Var("n", False, 9)])
+def test_spec_mistakes_are_var_errors(make):
+    """Bounds beyond int64, min > max, a bad name, a bound that is not an int: pj.VarError (a ValueError)."""
+    with pytest.raises(pj.VarError) as info:
+        make()
+    assert isinstance(info.value, ValueError) and isinstance(info.value, pj.PrepjitError)
+
+
+def test_numpy_integer_bounds_become_ints():
+    import numpy as np
+    n = pj.Var("n", np.int32(1), np.int64(9))
+    assert type(n.min) is int and type(n.max) is int and n == pj.Var("n", 1, 9)
+
+
+@pytest.mark.parametrize("vars_", [{"n": (0, 2**64)}, {"n": (4, 1)}, {"n": (1,)}, {"n": pj.Var("m", 1, 2)}, "n",
+                                   {"n": (1, 2.5)}])
+def test_prepare_spec_mistakes_are_var_errors(vars_):
+    with pytest.raises(pj.VarError):
+        pj.prepare(lambda x: x, vars=vars_, shapes={"x": ("n",)})
+
+
+def test_two_vars_of_one_name_in_shapes_are_a_var_error():
+    with pytest.raises(pj.VarError, match="two different vars"):
+        pj.prepare(lambda x, y: x + y, shapes={"x": (pj.Var("n", 1, 4),), "y": (pj.Var("n", 1, 8),)})
