@@ -187,12 +187,13 @@ class PreparedFunction:
 
     def _traced_here(self, work):
         """Run `work` (a trace, and a plan) marked as tracing this function on this thread. The trace's errors
-        are prepjit's already (trace_call wraps them); the plan's other errors become CompileErrors."""
+        are prepjit's already (trace_call wraps them); the plan's other errors but a MemoryError (intermediates that
+        do not fit at the vars' maxima) become CompileErrors."""
         tracing = _tracing_now()
         tracing.add(self)
         try:
             return work()
-        except PrepjitError:
+        except (PrepjitError, MemoryError):
             raise
         except Exception as e:  # noqa: BLE001 - rewrapped, the original chained
             raise wrap_error(e, CompileError) from e

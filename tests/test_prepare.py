@@ -468,3 +468,21 @@ def test_var_no_argument_carries_is_var_error(device):
     with pytest.raises(pj.VarError, match="'n'"):
         f(np.ones(8, np.float32))
     assert f.plan(np.ones(8, np.float32)).vars == {"n": (1, 8)}
+
+
+@pytest.mark.parametrize("largest", [2**36, 2**50, 2**61])
+def test_bounds_too_large_to_allocate_give_a_memory_error(device, largest):
+    """Intermediates sized at the vars' maxima that cannot be allocated (the host refuses the mapping, or the size
+    exceeds the address space) raise MemoryError naming the bytes and the bounds, not a CompileError; the
+    function keeps working for calls of another signature."""
+    f = pj.prepare(lambda x, k: pnp.sort(pnp.exp(x), axis=1)[:, :k], vars={"n": (1, largest)},
+                   shapes={"x": ("n", 64)}, device=device)
+    x = np.ones((4, 64), np.float32)
+    with pytest.raises(MemoryError) as info:
+        f(x, 8)
+    assert not isinstance(info.value, pj.CompileError)
+    assert f"n <= {largest}" in str(info.value) and "bytes" in str(info.value)
+    with pytest.raises(MemoryError):
+        f(x, 8)
+    small = pj.prepare(lambda x: pnp.sort(x, axis=1), vars={"n": (1, 64)}, shapes={"x": ("n", 64)}, device=device)
+    assert_matches(small(x), np.sort(x, axis=1))

@@ -198,6 +198,9 @@ class OpenCLDevice(DeviceBase):
 
     # ---- memory (DeviceBase's primitives) ----
     def _alloc(self, nbytes: int):
+        most = self.device.max_mem_alloc_size
+        if nbytes > most:  # (pyopencl says INVALID_BUFFER_SIZE, or a TypeError past size_t)
+            raise MemoryError(f"cannot allocate {nbytes} bytes on {self.description}: it allocates at most {most}")
         with self.lock:
             return self.cl.Buffer(self.context, self.cl.mem_flags.READ_WRITE, nbytes)
 
