@@ -15,6 +15,7 @@ from prepjit.codegen.schedule import schedule
 from prepjit.errors import CompileError
 from prepjit.uop import Ops, UOp, dtypes
 from tests.helpers import assert_matches
+from tests.runtime.native_threads import launch_entries, published, worker_threads  # noqa: F401 (a fixture)
 
 X = np.arange(15, dtype=np.float32).reshape(5, 3)
 IDS = np.array([0, 3, 3, -1])
@@ -91,15 +92,22 @@ def test_colliding_updates_are_serial_and_row_owned_updates_split():
     assert store.arg is None and len(store.src) == 3  # a var index is a checked constraint, no gate needed
 
 
-def test_many_colliding_updates_across_the_thread_pool_threshold():
+def test_many_colliding_updates_across_the_thread_pool_threshold(worker_threads):
     n = 1 << 18  # above the work at which CPU kernels split over threads
     ids = np.random.default_rng(1).integers(0, 7, n)
-    counts = pj.prepare(lambda z, ids, v: z.at[ids].add(v))(np.zeros(7, np.float32), ids, np.ones(n, np.float32))
+    f = pj.prepare(lambda z, ids, v: z.at[ids].add(v))
+    args = np.zeros(7, np.float32), ids, np.ones(n, np.float32)
+    assert [chunks for _, chunks in launch_entries(f.plan(*args)._runner.first_launches)] == [0, 0, 0]
+    splits, counts = published(worker_threads, f, *args)   # its updates collide anywhere: one thread runs them
+    assert splits == 0
     assert_matches(counts, np.bincount(ids, minlength=7).astype(np.float32), rtol=0, atol=0)
     x = np.zeros((1024, 6), np.float32)  # rows owned by threads, columns colliding within a row
     cols = np.random.default_rng(2).integers(0, 6, 300)
     v = np.ones((1024, 300), np.float32)
-    out = pj.prepare(lambda x, cols, v: x.at[:, cols].add(v))(x, cols, v)
+    g = pj.prepare(lambda x, cols, v: x.at[:, cols].add(v))
+    assert (1024, worker_threads.chunks(1024)) in launch_entries(g.plan(x, cols, v)._runner.first_launches)
+    splits, out = published(worker_threads, g, x, cols, v)
+    assert splits == 1
     ref = x.copy()
     np.add.at(ref, (slice(None), cols), v)
     assert_matches(out, ref, rtol=0, atol=0)

@@ -1,6 +1,8 @@
-"""Test helpers for the cpu device's thread split (runtime/cpu_threads.py): worker threads on any host, the
-launch entries of a native replay program, and the split launches a call hands to the workers."""
+"""Test helpers for the cpu device's thread split (runtime/cpu_threads.py): worker threads on any host (the
+`worker_threads` fixture: import it into a test module, or use it in tests/runtime), the launch entries of a native replay program, and the split launches a call hands to the workers."""
 import functools
+
+import pytest
 
 from prepjit.runtime.cpu_replay import LAUNCH_FIELDS
 from prepjit.runtime.cpu_threads import COOLDOWN, TICKET, NativeThreads
@@ -15,6 +17,16 @@ def three_threads() -> NativeThreads:
     workers never exit)."""
     address = DEVICE._replay_engine.get_function_address
     return NativeThreads(3, address("prepjit_parallel"), address("prepjit_worker"))
+
+
+@pytest.fixture
+def worker_threads(monkeypatch):
+    """The cpu device with two worker threads, whatever this host's cores (tests of the split must not pass by
+    running on one thread): plans prepared during the test split their large kernels over them."""
+    threads = three_threads()
+    assert threads.workers == 2
+    monkeypatch.setattr(DEVICE, "threads", threads)
+    return threads
 
 
 def published(threads: NativeThreads, fn, *args) -> tuple[int, object]:

@@ -109,7 +109,6 @@ def test_misaligned_and_non_contiguous_inputs(rng, monkeypatch):
     f = pj.prepare(lambda a, b: a + b, device="cpu")
     reads = full_path_reads(f, monkeypatch)
     a, b = _f32(rng, 16), _f32(rng, 16)
-    f(a, b)
     plan = f.plan(a, b)
     runs = []
     run_arrays = plan.run_arrays
@@ -117,19 +116,21 @@ def test_misaligned_and_non_contiguous_inputs(rng, monkeypatch):
     def recording(arrays, values):
         runs.append(run_arrays(arrays, values))
         return runs[-1]
-    monkeypatch.setattr(plan, "run_arrays", recording)
+    monkeypatch.setattr(plan, "run_arrays", recording)   # before the fast path learns the call
+    f(a, b)
     raw = np.zeros(16 * 4 + 1, np.uint8)
     misaligned = raw[1:].view(np.float32)
     misaligned[:] = a
     assert not misaligned.flags.aligned
     np.testing.assert_allclose(np.asarray(f(misaligned, b)), a + b)
-    assert runs == [False, True] and len(reads) == 2   # refused natively, then run on aligned copies
+    refused, ran = runs.count(False), runs.count(True)
+    assert refused >= 1 and ran == 1 and runs[-1] and len(reads) == 2   # refused natively, run on aligned copies
     wide = _f32(rng, 32)
     np.testing.assert_allclose(np.asarray(f(wide[::2], b)), wide[::2] + b)
     np.testing.assert_allclose(np.asarray(f(wide[::2], b)), wide[::2] + b)
     assert len(reads) == 4   # a strided argument is never replayed in place: always the full path, which copies
     np.testing.assert_allclose(np.asarray(f(a, b)), a + b)
-    assert runs == [False, True, True] and len(reads) == 4
+    assert runs.count(False) == refused and runs.count(True) == 2 and len(reads) == 4
 
 
 def test_pj_array_inputs_are_not_copied_through_the_host(rng, monkeypatch):
