@@ -5,7 +5,8 @@ Each forgery is a real plan's metadata with one field or graph node changed and 
 loaded and, when accepted, called, in a worker process (`python -m tests.test_plan_file_forgery`) whose every
 buffer (arguments, outputs, the plan's own memory) ends at a guard page (tests/guard_pages.py): an access past
 one is a SIGSEGV, which the parent sees as the worker's death and reports as a failure, then starts a new worker
-after the case that crashed. PREPJIT_FORGERY_CASES scales the fuzz (the `fuzz`-marked profile runs thousands).
+after the case that crashed. PREPJIT_FORGERY_CASES scales the default fuzz (60 cases per plan); the `fuzz`-marked
+profile runs PREPJIT_FORGERY_CASES_LARGE (1000) per plan from PREPJIT_FORGERY_SEED.
 """
 from __future__ import annotations
 
@@ -269,7 +270,8 @@ def test_forged_fields_never_crash_or_leak_builtin_errors(plan):
 @pytest.mark.fuzz
 @pytest.mark.parametrize("plan", sorted(PLANS))
 def test_forgery_fuzz_large(plan):
-    _fuzz(plan, int(os.environ.get("PREPJIT_FORGERY_CASES_LARGE", "1000")), seed=100_000)
+    _fuzz(plan, int(os.environ.get("PREPJIT_FORGERY_CASES_LARGE", "1000")),
+          seed=int(os.environ.get("PREPJIT_FORGERY_SEED", "100000")))
 
 
 if __name__ == "__main__":
