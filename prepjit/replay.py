@@ -1,9 +1,9 @@
 """The prepared-call fast path: per-signature closures that replay a plan straight on NumPy arrays.
 
-A positional call whose arguments are NumPy arrays, pj.Arrays on the cpu or on the plan's GPU, ints,
-strings, bools, None, or dicts, lists and tuples of arrays (a model's weights) is looked up by a cheap key:
-each array's dtype, shape and strides, each container's keys or length, each static value, and a marker
-for each scalar var (a container's arrays take its place, in the full path's flatten order). The first
+A positional call whose arguments are NumPy arrays and scalars (as 0-d arrays), pj.Arrays on the cpu or on the
+plan's GPU, ints, strings, bools, None, or dicts, lists and tuples of arrays (a model's weights) is looked up by
+a cheap key: each array's dtype, shape and strides, each container's keys or length, each static value, and a
+marker for each scalar var (a container's arrays take its place, in the full path's flatten order). The first
 call with a key goes through the full path (`Signature.read`, which checks everything); after it,
 `FastCalls.learn` records what that call decided: the plan, the var values read off the shapes (already
 checked), the output shapes and dtypes, and one compiled check of every declared scalar var's bounds (used
@@ -20,7 +20,7 @@ import numpy as np
 from .runtime.array import Array
 from .runtime.device_base import DeviceBase
 from .runtime.host_pool import allocator_for, empty
-from .trace.constants import capture_key, reachable_arrays
+from .trace.constants import CaptureWatch
 from .trace.pytree import MAX_DEPTH
 from .uop import render_python
 
@@ -37,9 +37,11 @@ class _FastCall:
         self.plan, self.device, self.out_tree = plan, device, entry.out_tree
         self.array_args = array_args
         self.constants = tuple(entry.constants)  # captured arrays (trace/constants.py): the plan's last inputs
-        self.args_are_inputs = [i for i, _ in array_args] == list(range(n_args)) and not any(
-            p for _, p in array_args) and not self.constants
-        self.fn, self.reachable = fn, capture_key(list(entry.reachable))
+        # the arguments are the plan's first inputs as they are (NumPy arrays, in order, nothing else)
+        self.args_first = [i for i, _ in array_args] == list(range(n_args)) and not any(p for _, p in array_args)
+        # whether the arrays the function reaches are still the ones this plan was traced with (a rebound one
+        # goes to the full path, which traces again); None when it reaches none
+        self.captures = CaptureWatch(fn, list(entry.reachable)) if entry.reachable else None
         self.var_names = list(plan.vars)
         self.base_values = dict(info.var_values)
         self.var_checks = var_args
@@ -56,28 +58,30 @@ class _FastCall:
         self.run = self._run_with_vars if self.var_checks else self._run
 
     def _inputs(self, args: tuple) -> tuple:
-        if self.args_are_inputs:
-            return args
+        if self.args_first:
+            return args + self.constants
         return tuple(args[i].buffer if is_pj else args[i] for i, is_pj in self.array_args) + self.constants
-
-    def _same_captures(self) -> bool:
-        """Whether the arrays the function reaches are still the ones this plan was traced with (see
-        trace/constants.py); a rebound one goes to the full path, which traces again."""
-        return not self.reachable or capture_key(reachable_arrays(self.fn, ())) == self.reachable
 
     def _run(self, args: tuple):
         """A call whose var values all come from the (keyed) shapes: outputs and values are fixed."""
-        if not self._same_captures():
+        captures = self.captures
+        if captures is not None and not captures.same():
             return MISS
-        inputs = self._inputs(args)
-        outputs = [alloc(shape, dtype) for alloc, shape, dtype in self.out_specs]
-        return self._replay(inputs, outputs, self.values, self.shapes)
+        inputs = args + self.constants if self.args_first else self._inputs(args)
+        if self.single:  # (the common case, spelled out: a replay's cost is mostly calls like these)
+            (alloc, shape, dtype), = self.out_specs
+            output = alloc(shape, dtype)
+            if self.plan.run_arrays(inputs + (output,), self.values):
+                return Array(output, shape, dtype, self.device)
+            return self._replay(inputs, [output], self.values, self.shapes)
+        return self._replay(inputs, [alloc(shape, dtype) for alloc, shape, dtype in self.out_specs], self.values,
+                            self.shapes)
 
     def _run_with_vars(self, args: tuple):
         """A call with scalar vars: check their bounds, agreement with the shapes and the index constraints
         first (one compiled function); anything off goes to the full path, which raises the proper error."""
         values = self.check(args)
-        if values is None or not self._same_captures():
+        if values is None or self.captures is not None and not self.captures.same():
             return MISS
         current = dict(zip(self.var_names, values))
         shapes = [fn(current) for fn in self.shape_fns]
@@ -156,6 +160,13 @@ class FastCalls:
                     flat = list(args[:i])
                 if not _tree_key(a, parts, flat, 0):
                     return None, None
+                continue
+            elif isinstance(a, np.generic) and not isinstance(a, np.flexible) and i not in var_positions:
+                # a NumPy scalar is a 0-d array (signature.is_array_like)
+                if flat is None:
+                    flat = list(args[:i])
+                flat.append(np.asarray(a))
+                parts.append((a.dtype, (), ()))
                 continue
             else:
                 return None, None

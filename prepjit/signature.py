@@ -49,9 +49,13 @@ def _is_dims_spec(spec) -> bool:
 
 
 def is_array_like(x) -> bool:
+    """Whether an argument leaf is traced as an array: NumPy arrays and scalars (0-d arrays, np.float64 too,
+    though it is also a Python float; NumPy's strings are strings), pj.Arrays, anything with __array__."""
+    if isinstance(x, np.generic):
+        return not isinstance(x, np.flexible)
     if isinstance(x, (bool, int, float, complex, str, bytes)) or x is None:
         return False
-    return isinstance(x, (np.ndarray, np.generic, Array)) or hasattr(x, "__array__")
+    return isinstance(x, (np.ndarray, Array)) or hasattr(x, "__array__")
 
 
 @attrs.frozen

@@ -80,3 +80,56 @@ def test_vars_may_still_be_a_list_of_var_objects():
     n = pj.Var("n", 1, 8)
     f = pj.prepare(lambda x: pnp.sum(x), vars=[n], shapes={"x": ("n",)})
     assert float(np.asarray(f(np.ones(5, np.float32)))) == 5.0
+
+
+def _numpy_scalars():
+    import ml_dtypes
+    return [np.float64, np.float32, np.float16, np.int64, np.int32, np.uint8, np.bool_, ml_dtypes.bfloat16]
+
+
+@pytest.mark.parametrize("kind", _numpy_scalars(), ids=lambda t: t.__name__)
+def test_numpy_scalars_are_0d_arrays(device, kind):
+    """docs/prepare.md: a NumPy scalar is a 0-d array, not a static value, whatever its type (np.float64 is a
+    Python float subclass too): a learning rate that changes every step replays one plan, through the full path
+    and the fast path alike, and the function sees a traced 0-d array of the scalar's dtype."""
+    seen = []
+
+    @pj.prepare(device=device)
+    def f(x, lr):
+        seen.append((lr.shape, lr.dtype.name))
+        return x * lr
+
+    x = np.arange(4, dtype=np.float32)
+    for step in range(6):
+        value = kind(0.1 * np.cos(step / 10) * 10 if kind is not np.bool_ else step % 2)
+        expected = x * np.asarray(value)
+        out = f(x, value)
+        assert out.dtype == expected.dtype
+        np.testing.assert_allclose(np.asarray(out), expected, rtol=1e-2 if expected.dtype.itemsize <= 2 else 1e-6)
+    assert f.stats["traces"] == 1 and f.stats["replays"] == 6
+    assert seen == [((), np.dtype(kind).name)]
+    assert f(x, np.asarray(kind(1))).shape == (4,) and f.stats["traces"] == 1  # a 0-d array is the same signature
+
+
+def test_numpy_complex_scalars_are_refused_like_complex_arrays():
+    f = pj.prepare(lambda x, s: x * s)
+    with pytest.raises(pj.SignatureError, match="complex"):
+        f(np.ones(2, np.float32), np.complex128(1 + 2j))
+    with pytest.raises(pj.SignatureError, match="complex"):
+        f(np.ones(2, np.float32), np.ones(2, np.complex64))
+
+
+def test_numpy_strings_stay_static_values():
+    f = pj.prepare(lambda x, mode: x + 1 if mode == "up" else x - 1)
+    assert np.asarray(f(np.zeros(2, np.float32), np.str_("up"))).tolist() == [1, 1]
+    assert np.asarray(f(np.zeros(2, np.float32), np.str_("down"))).tolist() == [-1, -1]
+
+
+def test_a_numpy_integer_for_a_scalar_var_is_its_value(device):
+    f = pj.prepare(lambda x, pos: x[pos] * 2, vars={"pos": (0, 3)}, device=device)
+    x = np.arange(4, dtype=np.float32)
+    for pos in (np.int64(2), np.int32(1), 3, np.int64(0), np.int64(2)):
+        assert float(np.asarray(f(x, pos))) == 2 * pos
+    assert f.stats["traces"] == 1
+    with pytest.raises(pj.VarBoundError):
+        f(x, np.int64(4))
