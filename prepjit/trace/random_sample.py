@@ -16,6 +16,7 @@ from ..uop import dtypes, to_dtype
 from . import prims
 from .numpy_math import (absolute, add, equal, greater, less, less_equal, logical_and, maximum, minimum, mod, multiply,
                          right_shift, sqrt, subtract, where)
+from .fused import multiply_add
 from .numpy_transcend import log1p
 from .prims import to_sint, to_tracer
 from .random_bits import random_bits, split
@@ -76,13 +77,13 @@ def _bounds(minval, maxval, dt) -> tuple[Tracer, Tracer]:
 def uniform(key, shape=(), dtype=dtypes.float32, minval=0.0, maxval=1.0) -> Tracer:
     """Floats in [minval, maxval) (jax.random.uniform): float16, bfloat16, float32 or float64."""
     dt, shape = _float_dtype(dtype, "uniform"), _shape(shape)
-    nbits = dt.bits
-    bits = random_bits(key, nbits, shape)
     nmant = np.finfo(dt.np).nmant  # bfloat16 has 7 bits of mantissa where float16 has 10
+    nbits = dt.bits if nmant >= 8 else 8  # as JAX: a dtype of fewer mantissa bits draws one byte
+    bits = random_bits(key, nbits, shape)
     mantissa = prims.cast(right_shift(bits, nbits - nmant), dt)
     floats = multiply(mantissa, _const(2.0 ** -nmant, dt))  # exact: m < 2**nmant
     lo, span = _bounds(minval, maxval, dt)
-    return prims.broadcast_to(maximum(lo, add(multiply(floats, span), lo)), shape)
+    return prims.broadcast_to(maximum(lo, multiply_add(floats, span, lo, dt)), shape)
 
 
 def _erfinv(x: Tracer, table) -> Tracer:

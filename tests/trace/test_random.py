@@ -103,6 +103,43 @@ def test_uniform_equal_jax(dtype):
                                   np.asarray(jax.random.uniform(jk, (10, 30), dtype, -3, 5)))
 
 
+# jax.random.uniform(jax.random.key(42), (12,), dtype, -3.3, 7.1) (jax and jaxlib 0.10.2 on x86-64 CPU, float64
+# with jax_enable_x64), as bit patterns: XLA rounds `floats * span + minval` once (a fused multiply-add) for
+# float16, float32 and float64, and after each op for bfloat16 (whose uniform draws one byte per element)
+UNIFORM_BOUNDED_JAX = {
+    "float16": [0xc104, 0xbd47, 0x46da, 0x4493, 0x3d7f, 0xae60, 0x4429, 0xbf45, 0x470b, 0x46ec, 0x41eb, 0xbfa2],
+    "bfloat16": [0x4051, 0x40ae, 0x40d8, 0x40ac, 0xc01f, 0x40ae, 0x4037, 0x4075, 0x4019, 0x4075, 0xbfad, 0x3f9e],
+    "float32": [0x3fe42b90, 0x407145e2, 0x4046fd84, 0x40223659, 0x3fb17f83, 0x4032c097, 0xc0216827, 0x40985d48,
+                0x407e06fa, 0x40a6d75e, 0x3eafb480, 0x40b8dfdf],
+    "float64": [0x3ff2351c9030e2ef, 0xc00926b2912782a3, 0x40055e6ab27825a9, 0x401129144e9bdc49, 0x400ed332706c4668,
+                0x400b2cf570cff7f2, 0x400b3bccd607fdbc, 0x4006f08215c75e36, 0xbfead1f62c939805, 0xbfe220c07dc11983,
+                0xbfe913a739fd8689, 0xc0059eca59889fb6],
+}
+
+
+@pytest.mark.parametrize("dtype", list(UNIFORM_BOUNDED_JAX))
+def test_uniform_with_bounds_equals_jax_bit_for_bit(dtype, device):
+    """minval/maxval scale in one rounding, as XLA's fused multiply-add (two roundings differ in the last bit)."""
+    got = np.asarray(pj.prepare(lambda k: pr.uniform(k, (12,), dtype, -3.3, 7.1), device=device)(KEY))
+    unsigned = {2: np.uint16, 4: np.uint32, 8: np.uint64}[got.dtype.itemsize]
+    assert got.dtype.name == dtype
+    np.testing.assert_array_equal(got.view(unsigned), np.array(UNIFORM_BOUNDED_JAX[dtype], unsigned))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+def test_uniform_with_bounds_equals_live_jax(dtype):
+    """Many keys, shapes and bounds (tiny, huge, negative, array-valued) against jax.random.uniform."""
+    jax, jnp = _jax(x64=dtype == "float64")
+    rng = np.random.default_rng(1)
+    bounds = [(-3.3, 7.1), (0.1, 0.7), (-1e-3, 5e4), (1e3, 1e3 + 0.5), (-2.5e-3, -1e-3),
+              (rng.uniform(-5, 0, (7, 1)).astype(dtype), rng.uniform(1, 9, (1, 33)).astype(dtype))]
+    for seed in (0, 1, 99, 2 ** 31 - 1):
+        for lo, hi in bounds:
+            ours = pr.uniform(pr.key(seed), (7, 33), dtype, lo, hi)
+            theirs = np.asarray(jax.random.uniform(jax.random.key(seed), (7, 33), jnp.dtype(dtype), lo, hi))
+            np.testing.assert_array_equal(ours, theirs, err_msg=f"seed {seed}, bounds {lo}, {hi}")
+
+
 def test_bernoulli_and_randint_equal_jax():
     jax, jnp = _jax()
     jk = jax.random.key(3)
