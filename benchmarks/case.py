@@ -17,4 +17,5 @@ class Case:
     kind: str = "call"               # "call": time a replay; "prepare": time the first call (trace + compile)
     peers: tuple | None = None       # the namespace peers (numpy, jax, ...) that run `fn` (None: all of them)
     peer_fns: dict = {}              # peer name -> (arrays) -> call(*arrays): a library's own model (e.g. transformers)
+    prepjit: object = None           # (arrays) -> (prepared function, its arguments), when prepjit is not fn on them
     smoke: bool = True               # in `--smoke`'s default selection

@@ -70,6 +70,41 @@ def sort_values(xp, x):
     return xp.sort(x)
 
 
+def weight_chain(xp, x, *weights):
+    """x through many small weight arrays: a replay whose cost is reaching its inputs."""
+    for w in weights:
+        x = x * w + 1
+    return x
+
+
+class _Weights:
+    """A model object holding its weight arrays as attributes."""
+
+    def __init__(self, arrays):
+        for i, a in enumerate(arrays):
+            setattr(self, f"w{i}", a)
+
+
+def _weights_in_closure(arrays):
+    """weight_chain with its weights read from an object the function closes over (captured arrays,
+    trace/constants.py), x the only argument; the "prepjit-args" peer passes the same weights as arguments."""
+    import prepjit as pj
+    import prepjit.numpy as pnp
+    model = _Weights(arrays[1:])
+
+    def weights_in_closure(x):
+        return weight_chain(pnp, x, *vars(model).values())
+    return pj.prepare(weights_in_closure), arrays[:1]
+
+
+def _weights_as_arguments(arrays):
+    """weight_chain with x and the weights (one list) as arguments, called as `call(*arrays)`."""
+    import prepjit as pj
+    import prepjit.numpy as pnp
+    prepared = pj.prepare(lambda x, weights: weight_chain(pnp, x, *weights))
+    return lambda x, *weights: prepared(x, weights)
+
+
 def _bytes(*arrays_extra):
     def work(arrays):
         return sum(a.nbytes for a in arrays) + sum(arrays[i].nbytes for i in arrays_extra), "GB/s"
@@ -101,6 +136,10 @@ def _model_inputs(rng, smoke):
 KERNEL_CASES = (
     Case("replay_elementwise_16", elementwise_small, lambda rng, smoke: [_f32(rng, 16), _f32(rng, 16)],
          goal=("jax", 0.5)),
+    Case("replay_closure_25_weights", weight_chain,
+         lambda rng, smoke: [_f32(rng, 16)] + [rng.uniform(0.5, 1.5, 16).astype(np.float32) for _ in range(25)],
+         prepjit=_weights_in_closure, peers=(), peer_fns={"prepjit-args": _weights_as_arguments},
+         goal=("prepjit-args", 1.1), rtol=1e-4),
     Case("replay_reduction_chain_10", reduction_chain, lambda rng, smoke: [_f32(rng, 16), _f32(rng, 16)],
          goal=("jax", 0.3), rtol=1e-4),
     Case("fused_elementwise_16M", fused_elementwise,

@@ -22,12 +22,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def first_call(name: str, smoke: bool) -> dict:
     """Time the first call of case `name` in this process."""
     from .cases import CASES
-    from .runner import prepjit_function
+    from .runner import prepjit_call
     case = next(c for c in CASES if c.name == name)
-    arrays = case.make_inputs(np.random.default_rng(0), smoke)
-    prepared = prepjit_function(case)
+    prepared, args = prepjit_call(case, case.make_inputs(np.random.default_rng(0), smoke))
     start = time.perf_counter()
-    prepared(*arrays)
+    prepared(*args)
     return {"seconds": time.perf_counter() - start, "stats": dict(prepared.stats)}
 
 

@@ -167,7 +167,15 @@ class TransformersPeer(LibraryPeer):
     name, module, distribution = "transformers", "transformers", "transformers"
 
 
-PEERS = (NumPyPeer(), JaxPeer(), TinygradPeer(), TorchPeer(), SentenceTransformersPeer(), TransformersPeer())
+class PrepjitArgumentsPeer(LibraryPeer):
+    """prepjit itself called another way, for a case whose prepjit form is not `fn` on all its arrays (e.g. weights
+    captured from a closure against the same weights passed as arguments)."""
+
+    name, module, distribution = "prepjit-args", "prepjit", "prepjit"
+
+
+PEERS = (NumPyPeer(), JaxPeer(), TinygradPeer(), TorchPeer(), SentenceTransformersPeer(), TransformersPeer(),
+         PrepjitArgumentsPeer())
 
 
 def available_peers(names=None) -> list[Peer]:

@@ -8,7 +8,7 @@ import sys
 from .__main__ import _fmt_seconds
 from .blas import describe
 
-PEERS = ("numpy", "jax", "tinygrad", "torch", "sentence-transformers", "transformers")
+PEERS = ("numpy", "jax", "tinygrad", "torch", "sentence-transformers", "transformers", "prepjit-args")
 
 
 def markdown(result: dict) -> str:

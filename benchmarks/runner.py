@@ -23,10 +23,14 @@ def bind_namespace(fn, xp):
     return bound
 
 
-def prepjit_function(case: Case):
+def prepjit_call(case: Case, arrays: list) -> tuple:
+    """prepjit's prepared function for a case and the arguments it takes: `fn` prepared on all the arrays, or the
+    case's own form (`Case.prepjit`, e.g. weights read from a closure)."""
+    if case.prepjit is not None:
+        return case.prepjit(arrays)
     import prepjit as pj
     import prepjit.numpy as pnp
-    return pj.prepare(bind_namespace(case.fn, pnp), **case.prepare_kwargs)
+    return pj.prepare(bind_namespace(case.fn, pnp), **case.prepare_kwargs), arrays
 
 
 def plan_memory(prepared, arrays) -> dict:
@@ -78,16 +82,15 @@ def run_case(case: Case, peers: list[Peer], smoke: bool = False, seed: int = 0) 
         times["prepjit"], record["first_calls"] = _first_call_seconds(case, smoke)
         if not smoke:
             record["disk_cache_seconds"], record["disk_cache_calls"] = _disk_cache_seconds(case)
-        prepared = prepjit_function(case)
-    else:
-        prepared = prepjit_function(case)
-        times["prepjit"] = time_per_call(lambda: prepared(*arrays), smoke=smoke)
-    results = prepared(*arrays)
+    prepared, args = prepjit_call(case, arrays)
+    if case.kind != "prepare":
+        times["prepjit"] = time_per_call(lambda: prepared(*args), smoke=smoke)
+    results = prepared(*args)
     pairs = zip(results, reference) if isinstance(reference, tuple) else [(results, reference)]
     for got, want in pairs:
         np.testing.assert_allclose(np.asarray(got), want, rtol=case.rtol, atol=case.atol,
                                    err_msg=f"prepjit's result for {case.name} differs from NumPy's")
-    record.update(plan_memory(prepared, arrays))
+    record.update(plan_memory(prepared, args))
     for peer in peers:
         own = case.peer_fns.get(peer.name)
         if own is None and (peer.namespace is None or (case.peers is not None and peer.name not in case.peers)):

@@ -67,13 +67,13 @@ class _FastCall:
         captures = self.captures
         if captures is not None and not captures.same():
             return MISS
-        inputs = args + self.constants if self.args_first else self._inputs(args)
+        inputs = self._inputs(args)
         if self.single:  # (the common case, spelled out: a replay's cost is mostly calls like these)
             (alloc, shape, dtype), = self.out_specs
             output = alloc(shape, dtype)
             if self.plan.run_arrays(inputs + (output,), self.values):
                 return Array(output, shape, dtype, self.device)
-            return self._replay(inputs, [output], self.values, self.shapes)
+            return self._replay_aligned(inputs, [output], self.values, self.shapes)
         return self._replay(inputs, [alloc(shape, dtype) for alloc, shape, dtype in self.out_specs], self.values,
                             self.shapes)
 
@@ -90,9 +90,17 @@ class _FastCall:
 
     def _replay(self, inputs: tuple, outputs: list, values: tuple, shapes: list):
         if not self.plan.run_arrays(inputs + tuple(outputs), values):
-            inputs = tuple(np.require(a, requirements=("C", "A")) for a in inputs)  # misaligned: aligned copies
-            if not self.plan.run_arrays(inputs + tuple(outputs), values):
-                return MISS
+            return self._replay_aligned(inputs, outputs, values, shapes)
+        return self._wrap(outputs, shapes)
+
+    def _replay_aligned(self, inputs: tuple, outputs: list, values: tuple, shapes: list):
+        """A replay the plan refused (an input misaligned for its dtype), on aligned copies of the inputs."""
+        inputs = tuple(np.require(a, requirements=("C", "A")) for a in inputs)
+        if not self.plan.run_arrays(inputs + tuple(outputs), values):
+            return MISS
+        return self._wrap(outputs, shapes)
+
+    def _wrap(self, outputs: list, shapes: list):
         device = self.device
         if self.single:
             return Array(outputs[0], shapes[0], self.dtypes[0], device)

@@ -22,6 +22,7 @@ def test_command_line_writes_json(tmp_path, capsys):
     out = tmp_path / "results.json"
     assert main(["--smoke", "--peers", "numpy", "--case", "replay", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
-    assert {c["case"] for c in result["cases"]} == {"replay_elementwise_16", "replay_reduction_chain_10"}
+    assert {c["case"] for c in result["cases"]} == {"replay_elementwise_16", "replay_closure_25_weights",
+                                                    "replay_reduction_chain_10"}
     assert result["machine"]["cores"] >= 1
     assert "replay_elementwise_16" in capsys.readouterr().out

@@ -116,3 +116,81 @@ def test_rebinding_a_nested_attribute_traces_again():
     np.testing.assert_array_equal(np.asarray(m(x)), 12 * x)
     np.testing.assert_array_equal(np.asarray(m(x)), 12 * x)
     assert Model.__call__.stats["traces"] == 2
+
+
+class Weights:
+    """A model object holding its weight arrays as attributes, read by a closure."""
+
+    def __init__(self, rng, n):
+        for i in range(n):
+            setattr(self, f"w{i}", rng.uniform(0.5, 1.5, 8).astype(np.float32))
+
+
+def chain(xp, x, weights):
+    for w in weights:
+        x = x * w + 1
+    return x
+
+
+def scans_during(work) -> int:
+    """How many times trace/constants.py walks a function's closure and globals for its arrays while `work` runs."""
+    import sys
+    from prepjit.trace import constants
+    count = 0
+
+    def profile(frame, event, arg):
+        nonlocal count
+        if event == "call" and frame.f_code.co_filename == constants.__file__ and frame.f_code.co_name == "scan_fn":
+            count += 1
+    sys.setprofile(profile)
+    try:
+        work()
+    finally:
+        sys.setprofile(None)
+    return count
+
+
+def test_closure_replays_on_the_fast_path_without_scanning(device, rng, monkeypatch):
+    model = Weights(rng, 25)
+    f = pj.prepare(lambda x: chain(pnp, x, vars(model).values()), device=device)
+    x = rng.standard_normal(8).astype(np.float32)
+    want = chain(np, x, vars(model).values())
+    np.testing.assert_allclose(np.asarray(f(x)), want, rtol=1e-5)
+    monkeypatch.setattr(f.signature, "read", None)  # the full path cannot run: every call below is a fast replay
+    results = []
+    assert scans_during(lambda: results.extend(np.asarray(f(x)) for _ in range(5))) == 0
+    for got in results:
+        np.testing.assert_allclose(got, want, rtol=1e-5)
+    model.step = 1  # not an array: one scan to see that the arrays are the same, then none again
+    assert scans_during(lambda: f(x)) > 0 and scans_during(lambda: f(x)) == 0
+    model.w3[:] = 7  # mutated in place: the plan keeps the value it was traced with
+    np.testing.assert_allclose(np.asarray(f(x)), want, rtol=1e-5)
+    assert f.stats["traces"] == 1
+
+
+@pytest.mark.parametrize("change", ["swap", "new attribute", "None to array", "list appended"])
+def test_closure_changes_that_trace_again(change, rng):
+    """What the fast path's watch on a closure's objects must notice: the arrays the function reaches changed."""
+    model = Weights(rng, 4)
+    model.bias, model.more = None, []
+
+    def forward(xp, x):
+        extra = [v for name, v in vars(model).items() if name.startswith("extra")]
+        y = chain(xp, x, [model.w0, model.w1, model.w2, model.w3] + extra + model.more)
+        return y if model.bias is None else y + model.bias.sum()
+
+    f = pj.prepare(lambda x: forward(pnp, x))
+    x = rng.standard_normal(8).astype(np.float32)
+    for _ in range(3):
+        np.testing.assert_allclose(np.asarray(f(x)), forward(np, x), rtol=1e-5)
+    if change == "swap":
+        model.w2 = np.full(8, 3, np.float32)
+    elif change == "new attribute":
+        model.extra = np.full(8, 2, np.float32)
+    elif change == "None to array":
+        model.bias = np.ones(3, np.float32)
+    else:
+        model.more.append(np.full(8, 0.5, np.float32))
+    for _ in range(2):
+        np.testing.assert_allclose(np.asarray(f(x)), forward(np, x), rtol=1e-5)
+    assert f.stats["traces"] == 2
