@@ -9,6 +9,7 @@ import re
 import sys
 import threading
 import time
+import warnings
 
 import attrs
 import numpy as np
@@ -21,7 +22,7 @@ from .runtime.array import Array
 from .runtime.device_base import DeviceBase
 from .runtime.devices import default_device, get_device
 from .runtime.plan import ExecutionPlan
-from .signature import CallInfo, Signature, explain_retrace
+from .signature import CallInfo, Signature, explain_retrace, retrace_hint
 from .stages import describe, stage, tally
 from .trace.pytree import TreeDef
 from .trace.tracer import Tracer
@@ -104,7 +105,7 @@ class PreparedFunction:
     """A function prepared for replay; call it like the original."""
 
     def __init__(self, fn, vars=None, shapes=None, device=None, static_argnums=(), static_argnames=(),
-                 donate_argnums=(), donate_argnames=()):
+                 donate_argnums=(), donate_argnames=(), hint_retraces=False):
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.vars = _normalize_vars(vars)
@@ -122,6 +123,9 @@ class PreparedFunction:
         self._stats = {"traces": 0, "compiles": 0, "disk_hits": 0, "plans": 0, "proven_accesses": 0}
         self._replays = itertools.count()  # next() is atomic: each call takes one number
         self._stats_reads = 0
+        # hint_retraces: warn when an argument's shape keeps tracing new plans (for pj.prepare's functions, whose
+        # user can give `shapes`); _traced_shapes: array path -> its key dims in each trace so far
+        self.hint_retraces, self._traced_shapes, self._hinted = hint_retraces, {}, set()
 
     @property
     def device(self):
@@ -151,6 +155,8 @@ class PreparedFunction:
                 self._check_not_tracing()
                 reason = explain_retrace(self._closest(info), info.descriptions)
                 log.info("trace %s: %s", self.signature.fn_name, reason)
+                if self.hint_retraces:
+                    self._hint_retraces(info)
                 start = time.perf_counter()
                 traced, (plan, kernel_counts), times = self._traced_here(lambda: _trace_and_plan(self.fn, info, device))
                 log.info("prepared %s in %s (kernels: %d, of which %d compiled and %d loaded from disk)",
@@ -166,6 +172,18 @@ class PreparedFunction:
                 entry.reachable = tuple(reachable)
                 self.entries[key] = entry
         return entry
+
+    def _hint_retraces(self, info: CallInfo):
+        """Warn (once per argument) when an argument's static shape keeps changing from trace to trace."""
+        for path, part in info.descriptions:
+            if part[0] != "array" or path in self._hinted:
+                continue
+            shapes = self._traced_shapes.setdefault(path, [])
+            shapes.append(part[2])
+            hint = retrace_hint(self.signature.fn_name, path, shapes, self.signature.unused_vars)
+            if hint is not None:
+                self._hinted.add(path)
+                warnings.warn(hint, stacklevel=4)  # (the call: here, _entry, __call__)
 
     def _closest(self, info: CallInfo) -> list:
         best, score = [], -1
@@ -339,7 +357,8 @@ def prepare(fn=None, *, vars=None, shapes=None, device=None, static_argnums=(), 
     """
     options = dict(vars=vars, shapes=shapes, device=device, static_argnums=static_argnums,
                    static_argnames=static_argnames)
-    make = functools.partial(PreparedFunction, donate_argnums=donate_argnums, donate_argnames=donate_argnames)
+    make = functools.partial(PreparedFunction, donate_argnums=donate_argnums, donate_argnames=donate_argnames,
+                             hint_retraces=True)
     if devices is not None or split is not None:
         if devices is None or device is not None:
             raise ValueError("split= goes with devices=[...] (several devices), and devices= replaces device=")

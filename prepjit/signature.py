@@ -7,6 +7,7 @@ everywhere it appears, and every var's bounds, before anything runs.
 from __future__ import annotations
 
 import inspect
+import warnings
 
 import attrs
 import numpy as np
@@ -89,6 +90,14 @@ class Signature:
                              f"{'shapes' if name in shapes else 'vars'}: a parameter is one or the other")
         self.scalar_vars = {n for n in vars_ if n in names and n not in shapes}
         self.simple = all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in self.params)
+        used = self.scalar_vars | _spec_var_names(list(shapes.values()))
+        self.unused_vars = [n for n in vars_ if n not in used]
+        for name in self.unused_vars:
+            example = next((p.name for p in self.params if p.name not in vars_ and p.name not in self.static), "x")
+            warnings.warn(f"{self.fn_name}: var {name!r} is declared in vars but no shapes spec uses it and no "
+                          f"parameter is named {name!r}, so it stands for nothing: every new size traces a new plan. "
+                          f"Name it in the dims it stands for, e.g. shapes={{{example!r}: ({name!r}, ...)}}",
+                          stacklevel=4)  # (the prepare call: here, PreparedFunction, prepare or its decorator)
 
     def parameter_names(self, argnums, argnames, what: str) -> frozenset:
         """The parameters jax.jit-style `<what>_argnums` (positions) and `<what>_argnames` (names) pick."""
@@ -268,6 +277,19 @@ class Signature:
         return ("static", type(leaf).__name__, repr(leaf) if isinstance(leaf, float) else leaf)
 
 
+def _spec_var_names(spec) -> set[str]:
+    """The names a shapes spec (dims as a string, a tuple of dims, or a pytree of them) mentions."""
+    if isinstance(spec, Var):
+        return {spec.name}
+    if isinstance(spec, str):
+        return {d.strip() for d in spec.strip("()").split(",")}
+    if isinstance(spec, dict):
+        spec = list(spec.values())
+    if isinstance(spec, (tuple, list)):
+        return set().union(*map(_spec_var_names, spec))
+    return set()
+
+
 def _fmt_dims(dims) -> str:
     return "(" + ", ".join(d.name if isinstance(d, Var) else "None" if d is None else str(d) for d in dims) + ")"
 
@@ -291,3 +313,31 @@ def explain_retrace(old: list, new: list) -> str:
             return f"new static value for {path} ({a[2]} -> {b[2]})"
         return f"{path} changed kind ({a[0]} -> {b[0]})"
     return "new signature"
+
+
+RETRACE_HINT_AFTER = 3  # distinct static shapes of one argument that make the retrace hint appear
+
+
+def retrace_hint(fn_name: str, path: str, shapes: list[tuple], free_names: list[str]) -> str | None:
+    """The advice for an argument at `path` traced with these `shapes` (its key dims: ints, or names of vars):
+    which dims changed and the shapes spec that makes them symbolic, naming them from `free_names` (declared
+    vars no spec uses) first; None while fewer than RETRACE_HINT_AFTER shapes of its latest rank were seen."""
+    rank = len(shapes[-1])
+    same_rank = list(dict.fromkeys(s for s in shapes if len(s) == rank))
+    if len(same_rank) < RETRACE_HINT_AFTER:
+        return None
+    changed = [i for i in range(rank) if len({s[i] for s in same_rank}) > 1]
+    fresh = iter(free_names + [n for n in ("n", "m", "k", "b", "t") + tuple(f"d{i}" for i in range(rank))
+                               if n not in free_names])
+    names = {i: next(fresh) for i in changed}
+    dims = tuple(names.get(i, d) for i, d in enumerate(shapes[-1]))
+    spec = "(" + ", ".join(repr(d) for d in dims) + ("," if rank == 1 else "") + ")"
+    where = f"shapes={{{path!r}: {spec}}}" if path.isidentifier() else f"the dims {spec} for {path} in its shapes spec"
+    new_vars = [n for n in names.values() if n not in free_names]
+    bounds = f" with vars={{{', '.join(f'{n!r}: (1, MAX)' for n in new_vars)}}}" if new_vars else ""
+    seen = ", ".join(str(tuple(s)) for s in same_rank[:6]) + (", ..." if len(same_rank) > 6 else "")
+    changes = f"dim {changed[0]} changes" if len(changed) == 1 else f"dims {', '.join(map(str, changed))} change"
+    return (f"{fn_name} traced a new plan for each of {len(same_rank)} shapes of {path} ({seen}): {changes}. "
+            f"Make {'it' if len(changed) == 1 else 'them'} symbolic to replay one plan for every size: "
+            f"{where}{bounds}" + (" (MAX: the largest size to support)" if bounds else ""))
+

@@ -486,3 +486,44 @@ def test_bounds_too_large_to_allocate_give_a_memory_error(device, largest):
         f(x, 8)
     small = pj.prepare(lambda x: pnp.sort(x, axis=1), vars={"n": (1, 64)}, shapes={"x": ("n", 64)}, device=device)
     assert_matches(small(x), np.sort(x, axis=1))
+
+
+def test_a_declared_var_that_no_shape_uses_warns_at_prepare():
+    """vars={"n": ...} without shapes= makes n stand for nothing (every size retraces): prepare warns, naming the
+    var and the shapes spec to write; a var named in shapes (as a name, in a string or as a pj.Var, in a pytree
+    spec) or a parameter's own name (a scalar var) is used and does not warn."""
+    with pytest.warns(UserWarning, match=r"var 'n' is declared in vars but no shapes spec uses it.*shapes=\{'x': \('n'"):
+        pj.prepare(lambda x: x * 2, vars={"n": (1, 64)})
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pj.prepare(lambda x, pos: x[pos], vars={"n": (1, 8), "pos": (0, 7)}, shapes={"x": "n, 4"})
+        pj.prepare(lambda p: p["w"], vars={"n": (1, 8)}, shapes={"p": {"w": ("n", 4)}})
+        pj.prepare(lambda x: x, shapes={"x": (pj.Var("n", 1, 8),)})
+        pj.prepare(lambda x: x, vars=[pj.Var("n", 1, 8)], shapes={"x": ("n",)})
+
+
+def test_an_argument_that_keeps_retracing_on_new_shapes_gets_a_hint(device):
+    """The third plan traced for new static shapes of one argument warns once, naming the argument, the dims that
+    changed and the shapes= spec that makes them symbolic (a declared but unused var first)."""
+    f = pj.prepare(lambda x, w: x @ w, device=device)
+    w = np.ones((4, 2), np.float32)
+    f(np.ones((2, 4), np.float32), w)
+    f(np.ones((3, 4), np.float32), w)
+    with pytest.warns(UserWarning) as record:
+        f(np.ones((5, 4), np.float32), w)
+    (hint,) = [str(r.message) for r in record]
+    assert "3 shapes of x ((2, 4), (3, 4), (5, 4))" in hint and "dim 0 changes" in hint
+    assert "shapes={'x': ('n', 4)} with vars={'n': (1, MAX)}" in hint
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per argument
+        f(np.ones((6, 4), np.float32), w)
+        f(np.ones((6, 4), np.float32), w)
+    with pytest.warns(UserWarning):
+        g = pj.prepare(lambda x: x.sum(), vars={"rows": (1, 64)}, device=device)  # rows is unused
+    g(np.ones((2, 2), np.float32))
+    g(np.ones((3, 3), np.float32))
+    with pytest.warns(UserWarning, match=r"dims 0, 1 change.*shapes=\{'x': \('rows', 'n'\)\} with vars=\{'n'"):
+        g(np.ones((4, 4), np.float32))
+    assert f.stats["traces"] == 4 and g.stats["traces"] == 3
