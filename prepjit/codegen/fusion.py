@@ -115,7 +115,10 @@ def _expression(node: UOp, exprs: dict, cost: dict, chosen: set, readers_of: Cou
                 if term not in terms:
                     terms.add(term)
                     total += term[1]
-    weight = OP_COST.get(node.op, 1)
+    # a 16-bit float widened to its compute dtype is a register's worth of work where it is read: free, so a
+    # contraction reads the narrow operand itself (half the bytes) rather than a materialised float32 copy
+    widening = node.op is Ops.CAST and node.src[0].dtype.narrow and node.dtype == node.src[0].dtype.compute
+    weight = 0 if widening else OP_COST.get(node.op, 1)
     terms.add((node, weight))
     return terms, total + weight
 

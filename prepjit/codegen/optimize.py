@@ -50,6 +50,7 @@ from .target import CPUTarget, host_target
 MAX_ACCUMULATORS = 16     # vector accumulators a block keeps in registers, at most
 COLUMN_VECTORS = 2        # vectors of contiguous output columns per block row
 MIN_PANEL_GROUPS = 4      # groups to split over threads, at least
+PAIR_LANES = 16           # float32 lanes of vdpbf16ps (one 512-bit register)
 
 
 def _tile(value) -> tuple[int, int, int] | None:
@@ -162,8 +163,9 @@ def upcast_contraction(ast: UOp, target: CPUTarget, blocking: Blocking = DEFAULT
         return ast
     store, red, loops, j, i = axes_found
     out, index, value = store.src
-    rows_per_block, _ = register_block(target, value.dtype.itemsize, blocking)
-    uj, tail = column_block(target, value.dtype.itemsize, j.src[0])
+    acc = red.dtype.itemsize  # blocks hold accumulators: float32 also where 16-bit floats are stored
+    rows_per_block, _ = register_block(target, acc, blocking)
+    uj, tail = column_block(target, acc, j.src[0])
     if uj == 1:
         return ast
     ui, clamp = _row_block(rows_per_block, i.src[0]) if i is not None else (1, False)
@@ -174,14 +176,16 @@ def upcast_contraction(ast: UOp, target: CPUTarget, blocking: Blocking = DEFAULT
         return ast  # a tail needs a loop it shares with the blocks, for threads to split
     rows = [i] if i is not None and ui == 1 else [None] if i is None else \
         [(i_outer * ui + a).smin(i.src[0] - 1) if clamp else i_outer * ui + a for a in range(ui)]
-    width = lane_width(target, value.dtype.itemsize, uj) if len(store.src) == 3 and store.arg is None else 1
+    width = lane_width(target, acc, uj) if len(store.src) == 3 and store.arg is None else 1
+    if target.bf16_dot and width == PAIR_LANES:
+        store, red = _pair_bfloat16_products(store, red, axis + 4)
     lane = UOp(Ops.RANGE, dtypes.index, (UOp.const(width),), (axis + 3, "lane")) if width > 1 else UOp.const(0)
     memo: dict = {}
     if not tail:
         panels, reduce_size = j.src[0].arg // uj, 1
         for r in red.src[1:]:
             reduce_size *= max(1, int(r.src[0].vmax))
-        group = _panel_group(panels, uj * reduce_size * value.dtype.itemsize, target)
+        group = _panel_group(panels, uj * reduce_size * acc, target)
         if group > 1:  # groups of panels outermost, each group's panels innermost: they stay in cache for all rows
             j_outer = _new_range(UOp.const(panels // group), -1) * group + _new_range(UOp.const(group), axis + 1)
         else:
@@ -196,6 +200,25 @@ def upcast_contraction(ast: UOp, target: CPUTarget, blocking: Blocking = DEFAULT
         t = _new_range(j.src[0] - full * uj, axis + 2)  # the tail's columns, last first: J - 1 - t
         stores += _block_stores(store, j, i, [j.src[0] - 1 - t], rows, memo, {inside: UOp.const(False, dtypes.bool)})
     return _renumber(UOp(Ops.SINK, ast.dtype, tuple(stores), ast.arg))
+
+
+def _pair_bfloat16_products(store: UOp, red: UOp, axis: int) -> tuple[UOp, UOp]:
+    """(store, reduction) with a sum of products of two bfloat16 loads over an even static innermost reduction
+    k summed in pairs, k = 2 k2 + p for a RANGE p of kind "pair" (2 steps, no loop), for vdpbf16ps (a target's
+    `bf16_dot`); any other store as it is."""
+    x, k = red.src[0], red.src[-1]
+    if x.op is not Ops.MUL or not all(_widened_bfloat16_load(s) for s in x.src) or \
+            k.src[0].op is not Ops.CONST or k.src[0].arg % 2 or k.src[0].arg < 2:
+        return store, red
+    k2 = UOp(Ops.RANGE, dtypes.index, (UOp.const(k.src[0].arg // 2),), k.arg)
+    p = UOp(Ops.RANGE, dtypes.index, (UOp.const(2),), (axis, "pair"))
+    paired = UOp(Ops.REDUCE, red.dtype, (x.substitute({k: k2 * 2 + p}), *red.src[1:-1], k2, p), red.arg)
+    return store.substitute({red: paired}), paired
+
+
+def _widened_bfloat16_load(u: UOp) -> bool:
+    return u.op is Ops.CAST and u.dtype == dtypes.float32 and u.src[0].op is Ops.LOAD and \
+        u.src[0].dtype == dtypes.bfloat16 and len(u.src[0].src) == 2
 
 
 def lane_width(target: CPUTarget, itemsize: int, columns: int) -> int:

@@ -74,6 +74,15 @@ def pack_contraction(ast: UOp, slot: int, target: CPUTarget | None = None) -> tu
     return (ast, tuple(packs)) if packs else None
 
 
+def _stored(operand: UOp):
+    """(the value a packed copy of `operand` holds, how a read of the copy becomes `operand` again): a 16-bit
+    float widened to its compute dtype is packed as it is stored (half the bytes) and widened where it is read."""
+    inner = operand.src[0] if operand.op is Ops.CAST else None
+    if inner is not None and inner.dtype.narrow and operand.dtype == inner.dtype.compute:
+        return inner, lambda load: UOp(Ops.CAST, operand.dtype, (load,))
+    return operand, lambda load: load
+
+
 def _pack_columns(ast: UOp, x: UOp, y: UOp, value: UOp, loops: list, j: UOp, reduces: list, slot: int,
                   target: CPUTarget) -> tuple[UOp, tuple] | None:
     """(contraction reading the column operand `y` packed in panels from `slot`, (packing AST, shape)), or None."""
@@ -98,13 +107,14 @@ def _pack_columns(ast: UOp, x: UOp, y: UOp, value: UOp, loops: list, j: UOp, red
     new = [UOp(Ops.RANGE, dtypes.index, (end,), (n, "loop")) for n, end in enumerate(shape)]
     mapping = dict(zip(outer, new)) | dict(zip(reduces, new[len(outer) + 1:-1]))
     mapping[j] = new[len(outer)] * width + new[-1]
-    packed_value = y.substitute(mapping)
-    pack_store = UOp(Ops.STORE, dtypes.bool, (UOp(Ops.DEFINE_GLOBAL, y.dtype, (), 0),
+    stored, widen = _stored(y)
+    packed_value = stored.substitute(mapping)
+    pack_store = UOp(Ops.STORE, dtypes.bool, (UOp(Ops.DEFINE_GLOBAL, stored.dtype, (), 0),
                                              simplify(linear_index(new, shape)), packed_value))
     # named by what it packs, not by its contraction: two contractions packing one operand alike share one kernel
     pack = UOp(Ops.SINK, dtypes.bool, (pack_store,), kernel_name("pack_", shape))
     read_index = simplify(linear_index(tuple(outer) + (j // width,) + tuple(reduces) + (j % width,), shape))
-    packed_load = UOp(Ops.LOAD, y.dtype, (UOp(Ops.DEFINE_GLOBAL, y.dtype, (), slot), read_index))
+    packed_load = widen(UOp(Ops.LOAD, stored.dtype, (UOp(Ops.DEFINE_GLOBAL, stored.dtype, (), slot), read_index)))
     if tail:  # only the full panels are packed; the peeled tail's columns read `y` itself
         packed_load = UOp(Ops.WHERE, y.dtype, (in_full_blocks(j, width), packed_load, y))
     contraction = ast.substitute({y: packed_load})
@@ -137,10 +147,12 @@ def _pack_rows(ast: UOp, x: UOp, loops: list, j: UOp, reduces: list, slot: int) 
     row_ranges = [UOp(Ops.RANGE, dtypes.index, (r.src[0],), (len(outer) + 1 + n, "loop")) for n, r in enumerate(rows)]
     step = UOp(Ops.RANGE, dtypes.index, (UOp.const(ROW_RUN),), (len(outer) + 1 + len(rows), "loop"))
     new = row_ranges + outer + [(run * ROW_RUN + step).smin(end - 1)]
-    packed_value = x.substitute(dict(zip(rows + reduces, new)))
-    pack_store = UOp(Ops.STORE, dtypes.bool, (UOp(Ops.DEFINE_GLOBAL, x.dtype, (), 0),
+    stored, widen = _stored(x)
+    packed_value = stored.substitute(dict(zip(rows + reduces, new)))
+    pack_store = UOp(Ops.STORE, dtypes.bool, (UOp(Ops.DEFINE_GLOBAL, stored.dtype, (), 0),
                                              simplify(linear_index(new, shape)), packed_value))
     pack = UOp(Ops.SINK, dtypes.bool, (pack_store,), kernel_name("pack_", shape))
     read_index = simplify(linear_index(tuple(rows) + tuple(reduces), shape))
-    contraction = ast.substitute({x: UOp(Ops.LOAD, x.dtype, (UOp(Ops.DEFINE_GLOBAL, x.dtype, (), slot), read_index))})
+    packed_load = UOp(Ops.LOAD, stored.dtype, (UOp(Ops.DEFINE_GLOBAL, stored.dtype, (), slot), read_index))
+    contraction = ast.substitute({x: widen(packed_load)})
     return contraction, (pack, tuple(s.arg if s.op is Ops.CONST else s for s in shape))

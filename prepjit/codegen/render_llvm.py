@@ -42,6 +42,9 @@ def _identity(op: Ops, dt: DType):
     return dt.max()
 
 
+# vdpbf16ps (AVX512_BF16): 16 float lanes, each plus the two products of its pair of bfloat16 lanes
+DOT, DOT_LANES, DOT_PAIRS = "llvm.x86.avx512bf16.dpbf16ps.512", 16, "<32 x bfloat>"
+
 # operations computed lane by lane in a vector (no vector form rendered here)
 _PER_LANE = {Ops.IDIV, Ops.MOD, Ops.SHL, Ops.SHR, Ops.ATAN2, Ops.SIGN}
 _SUFFIX = {"float": "f32", "double": "f64", "half": "f16"}
@@ -310,8 +313,9 @@ class _Renderer(KernelRenderer, InlineMath):
     def lane_mask(self, gate: UOp | None) -> str:
         return "splat (i1 true)" if gate is None else self.vector(gate, self.value(gate))
 
-    def vector_load(self, u: UOp) -> str:
-        """A load whose index or gate depends on the lane: a vector load (masked when gated), or a gather."""
+    def vector_load(self, u: UOp, widened: bool = True) -> str:
+        """A load whose index or gate depends on the lane: a vector load (masked when gated), or a gather; a 16-bit
+        float's bits as they are stored unless `widened`."""
         gate = u.src[2] if len(u.src) > 2 else None
         ptr, contiguous = self.lane_pointer(u.src[0], u.src[1], gate is not None)
         mt, vt, align = mem_type(u.dtype), self.ty(u.dtype, memory=True), max(1, u.dtype.itemsize)
@@ -324,7 +328,7 @@ class _Renderer(KernelRenderer, InlineMath):
                             vt, [(pt, ptr), ("i32", str(align)), (self.ty(dtypes.bool), mask), (vt, "zeroinitializer")])
         if u.dtype == dtypes.bool:
             return self.op(f"icmp ne {vt} {raw}, zeroinitializer")
-        return self.widen(raw, u.dtype) if u.dtype.narrow else raw
+        return self.widen(raw, u.dtype) if u.dtype.narrow and widened else raw
 
     def vector_store(self, u: UOp):
         """A store whose index, value or gate depends on the lane: a vector store (masked when gated) or a
@@ -441,10 +445,18 @@ class _Renderer(KernelRenderer, InlineMath):
         for acc in accs:
             self.allocas.append(f"  {acc} = alloca {t}")
             self.emit(f"store {t} {self.const(const_literal(_identity(u.arg, u.dtype), u.dtype), u.dtype)}, ptr {acc}")
-        loops = [self.open_loop(r, "0", self.value(r.src[0])) for r in u.src[1:]]
+        pair = u.src[-1] if u.src[-1].arg[1] == "pair" else None
+        dot = pair is not None and laned and self.width == DOT_LANES
+        loops = [self.open_loop(r, "0", self.value(r.src[0])) for r in u.src[1:] if not (dot and r is pair)]
         as_value = (lambda x: self.vector(x, self.value(x))) if laned else self.value
+        pairs = self.bfloat16_pairs([r.src[0] for r in group], pair) if dot else None
         for r, acc in zip(group, accs):
             x = r.src[0]
+            if dot:
+                cur = self.op(f"load {t}, ptr {acc}")
+                a, b = (pairs[s] for s in x.src)
+                self.emit(f"store {t} {self.call(DOT, t, [(t, cur), (DOT_PAIRS, a), (DOT_PAIRS, b)])}, ptr {acc}")
+                continue
             if block and u.arg is Ops.ADD and u.dtype.is_float and x.op is Ops.MUL:
                 v = self.op(f"fmul contract {t} {as_value(x.src[0])}, {as_value(x.src[1])}")
             else:
@@ -464,6 +476,36 @@ class _Renderer(KernelRenderer, InlineMath):
         for r, out in zip(group[1:], outs[1:]):
             self.scopes[-1][r] = out
         return outs[0]
+
+    def bfloat16_pairs(self, products: list[UOp], pair: UOp) -> dict[UOp, str]:
+        """Per widened bfloat16 load of `products` (optimize.py's paired reduction), its values at pair steps 0
+        and 1 interleaved, lane l's two at 2l and 2l + 1, as vdpbf16ps reads them (<32 x bfloat>)."""
+        widened = list(dict.fromkeys(s for x in products for s in x.src))
+        halves = {s: [] for s in widened}
+        for step in range(2):
+            self.scopes.append({pair: str(step)})
+            for s in widened:
+                halves[s].append(self.lane_bits(s.src[0]))
+            self.scopes.pop()
+        vt, lanes = f"<{self.width} x i16>", ", ".join(f"i32 {k // 2 + (k % 2) * self.width}" for k in range(2 * self.width))
+        out = {}
+        for s, (even, odd) in halves.items():
+            both = self.op(f"shufflevector {vt} {even}, {vt} {odd}, <{2 * self.width} x i32> <{lanes}>")
+            out[s] = self.op(f"bitcast <{2 * self.width} x i16> {both} to {DOT_PAIRS}")
+        return out
+
+    def lane_bits(self, load: UOp) -> str:
+        """A bfloat16 load's bits as a vector of the kernel's lanes (splatted when it does not depend on the lane)."""
+        if load in self.laned:
+            self.vec = self.width
+            try:
+                return self.vector_load(load, widened=False)
+            finally:
+                self.vec = 0
+        bits = self.op(f"load i16, ptr {self.address(load.src[0], self.value(load.src[1]))}")
+        vt = f"<{self.width} x i16>"
+        one = self.op(f"insertelement {vt} poison, i16 {bits}, i64 0")
+        return self.op(f"shufflevector {vt} {one}, {vt} poison, <{self.width} x i32> zeroinitializer")
 
     # ---- the function ----
     def open_range(self, r: UOp) -> tuple:

@@ -2,7 +2,8 @@
 
 `host_target()` reads them from the machine this process runs on: the vector width and number of
 vector registers of the CPU the cpu device compiles for (llvm_cpu.py: the host's, or PREPJIT_CPU's),
-the data cache sizes from the kernel's cache description. Passes take a
+the data cache sizes from the kernel's cache description, and whether it has AVX512_BF16's dot product
+(vdpbf16ps). Passes take a
 `CPUTarget` argument, so a test can ask what a kernel becomes on another host (`AVX2`, `AVX512`).
 """
 from __future__ import annotations
@@ -22,6 +23,7 @@ class CPUTarget:
     vector_registers: int    # architectural vector registers (32: AVX-512, NEON; 16: AVX2, SSE)
     l1_bytes: int = 32 << 10
     l2_bytes: int = 1 << 20
+    bf16_dot: bool = False   # AVX512_BF16's vdpbf16ps: pairs of bfloat16 products summed into float32 lanes
 
     def lanes(self, itemsize: int) -> int:
         return max(1, self.vector_bytes // itemsize)
@@ -29,6 +31,7 @@ class CPUTarget:
 
 AVX2 = CPUTarget("haswell", 32, 16)
 AVX512 = CPUTarget("skylake-avx512", 64, 32)
+AVX512_BF16 = CPUTarget("sapphirerapids", 64, 32, bf16_dot=True)
 
 
 def _cache_bytes(level: int) -> int | None:
@@ -62,4 +65,12 @@ def host_target() -> CPUTarget:
     """The facts of the CPU this process runs on (its vector unit: that of the CPU the kernels compile for)."""
     cpu = compile_cpu()
     l1, l2 = _cache_bytes(1), _cache_bytes(2)
-    return CPUTarget(cpu.name, cpu.vector_bytes, cpu.vector_registers, l1 or 32 << 10, l2 or 1 << 20)
+    return CPUTarget(cpu.name, cpu.vector_bytes, cpu.vector_registers, l1 or 32 << 10, l2 or 1 << 20,
+                     bf16_dot=_has_bf16_dot(cpu.features, cpu.vector_bytes))
+
+
+def _has_bf16_dot(features: str, vector_bytes: int) -> bool:
+    """Whether kernels may use vdpbf16ps: LLVM's feature list for the CPU they compile for turns AVX512_BF16 on
+    (the host's list; a PREPJIT_CPU's names only the features this host lacks, so its kernels never use it) and
+    they get 512-bit vectors."""
+    return vector_bytes == 64 and "+avx512bf16" in features.split(",")

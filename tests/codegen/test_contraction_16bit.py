@@ -1,0 +1,137 @@
+"""Contractions of 16-bit floats on the cpu (optimize.py, packing.py, render_llvm.py): they read their operands
+narrow (no float32 copy), are register-blocked like float32 (the blocks hold float32 accumulators), pack their
+panels narrow, and on an AVX512_BF16 target sum bfloat16 products in pairs with vdpbf16ps; every result is the
+float32 sum of the exact products of the 16-bit values, rounded once (NumPy float32 on the widened values)."""
+import json
+import os
+import subprocess
+import sys
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import prepjit as pj
+from prepjit.codegen.optimize import optimize
+from prepjit.codegen.render_llvm import DOT, render_llvm
+from prepjit.codegen.target import AVX2, AVX512, AVX512_BF16, host_target
+from prepjit.uop import Ops, dtypes
+from .test_optimize import _columns
+
+bfloat16 = ml_dtypes.bfloat16
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _want(a, b, dtype):
+    """The float32 contraction of the 16-bit values, rounded once to `dtype`."""
+    return (a.astype(np.float32) @ b.astype(np.float32)).astype(dtype).astype(np.float32)
+
+
+def _check(got, a, b, dtype):
+    """Within half a 16-bit ulp (one rounding) plus float32 reduction error of the float32 contraction."""
+    want = a.astype(np.float32) @ b.astype(np.float32)
+    scale = np.abs(a.astype(np.float32)) @ np.abs(b.astype(np.float32))
+    half_ulp = 2.0 ** -8 if dtype == bfloat16 else 2.0 ** -11
+    error = np.abs(np.asarray(got).astype(np.float32) - want)
+    np.testing.assert_array_less(error, half_ulp * np.abs(want) + 1e-5 * scale + 1e-30)
+
+
+def _ranges(ast, kind):
+    return [u for u in ast.toposort() if u.op is Ops.RANGE and u.arg[1] == kind]
+
+
+@pytest.mark.parametrize("dtype", [bfloat16, np.float16])
+@pytest.mark.parametrize("target,rows,cols,lanes", [(AVX512, 8, 32, 16), (AVX2, 6, 16, 8), (AVX512_BF16, 8, 32, 16)])
+def test_16bit_matmul_is_blocked_as_float32_and_reads_its_operands_narrow(rng, dtype, target, rows, cols, lanes):
+    """The block of a float32 matmul (its accumulators are float32), vectors of float32's lanes; no kernel makes
+    a float32 copy of an operand, and the packed panels are 16-bit."""
+    a, b = rng.standard_normal((512, 256)).astype(dtype), rng.standard_normal((256, 512)).astype(dtype)
+    f = pj.prepare(lambda a, b: a @ b, device="cpu")
+    _check(f(a, b), a, b, dtype)
+    *packs, kernel = f.plan(a, b).kernels
+    assert [p.ast.arg[:5] for p in packs] == ["pack_"]
+    narrow = dtypes.bfloat16 if dtype == bfloat16 else dtypes.float16
+    for k in (*packs, kernel):
+        assert {u.dtype for u in k.ast.toposort() if u.op is Ops.DEFINE_GLOBAL} == {narrow}
+    blocked = optimize(kernel.ast, "llvm", target)
+    assert _columns(blocked) == rows * cols and len(blocked.src) == rows * cols // lanes
+    assert [r.src[0].arg for r in _ranges(blocked, "lane")] == [lanes]
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 576, 3072), (512, 256, 512), (3, 64, 80)])
+def test_bfloat16_products_are_paired_for_vdpbf16ps_on_avx512_bf16(rng, m, k, n):
+    """Where the target has AVX512_BF16 the blocked reduction runs over k / 2 pairs (a "pair" range), rendered as
+    vdpbf16ps on 16 float lanes; targets without it keep one product per step."""
+    a, b = rng.standard_normal((m, k)).astype(bfloat16), rng.standard_normal((k, n)).astype(bfloat16)
+    f = pj.prepare(lambda a, b: a @ b, device="cpu")
+    _check(f(a, b), a, b, bfloat16)
+    kernel = f.plan(a, b).kernels[-1]
+    paired = optimize(kernel.ast, "llvm", AVX512_BF16)
+    assert [r.src[0].arg for r in _ranges(paired, "pair")] == [2]
+    assert [r.src[0].arg for r in _ranges(paired, "reduce")] == [k // 2]
+    assert f"call <16 x float> @{DOT}(" in render_llvm(paired, AVX512_BF16).source
+    for target in (AVX512, AVX2):
+        plain = optimize(kernel.ast, "llvm", target)
+        assert not _ranges(plain, "pair") and DOT not in render_llvm(plain, target).source
+
+
+def test_odd_and_symbolic_reductions_and_float16_are_not_paired(rng):
+    for dtype, k in ((bfloat16, 65), (np.float16, 64)):
+        a, b = rng.standard_normal((16, k)).astype(dtype), rng.standard_normal((k, 64)).astype(dtype)
+        f = pj.prepare(lambda a, b: a @ b, device="cpu")
+        _check(f(a, b), a, b, dtype)
+        assert not _ranges(optimize(f.plan(a, b).kernels[-1].ast, "llvm", AVX512_BF16), "pair")
+    f = pj.prepare(lambda a, b: a @ b, vars={"k": (1, 128)}, shapes={"a": (16, "k"), "b": ("k", 64)}, device="cpu")
+    a, b = rng.standard_normal((16, 64)).astype(bfloat16), rng.standard_normal((64, 64)).astype(bfloat16)
+    assert not _ranges(optimize(f.plan(a, b).kernels[-1].ast, "llvm", AVX512_BF16), "pair")
+
+
+_SIZES = [(1, 576, 3072), (1, 2, 32), (5, 70, 33), (17, 130, 100), (64, 96, 1000), (200, 384, 64)]
+
+
+@pytest.mark.parametrize("dtype", [bfloat16, np.float16])
+@pytest.mark.parametrize("m,k,n", _SIZES)
+def test_16bit_contractions_match_numpy_float32(rng, dtype, m, k, n):
+    """Odd sizes (peeled column tails, clamped row blocks, odd reductions), x @ W, W @ x and x @ W.T."""
+    a, b = rng.standard_normal((m, k)).astype(dtype), rng.standard_normal((k, n)).astype(dtype)
+    for fn, args in ((lambda a, b: a @ b, (a, b)), (lambda b, a: b.T @ a.T, (b, a)), (lambda a, b: a @ b.T.T, (a, b))):
+        got = pj.prepare(fn, device="cpu")(*args)
+        _check(got.T if fn(*(x.astype(np.float32) for x in args)).shape != (m, n) else got, a, b, dtype)
+
+
+def test_16bit_contractions_with_symbolic_sizes(rng):
+    f = pj.prepare(lambda x, w: x @ w, vars={"n": (1, 300), "m": (1, 40)}, shapes={"x": ("m", 96), "w": (96, "n")},
+                   device="cpu")
+    for m, n in ((1, 1), (1, 299), (7, 64), (40, 300), (33, 31)):
+        x, w = rng.standard_normal((m, 96)).astype(bfloat16), rng.standard_normal((96, n)).astype(bfloat16)
+        _check(f(x, w), x, w, bfloat16)
+
+
+def test_bfloat16_subnormal_inputs_on_the_host(rng):
+    """Documented (docs/tracing.md): vdpbf16ps reads bfloat16 subnormals as zero (as JAX's CPU backend, which runs
+    with denormals flushed); targets without it multiply them exactly."""
+    a = np.full((8, 64), 1e-39, np.float32).astype(bfloat16)  # subnormal in bfloat16 and float32
+    b = np.full((64, 32), 2.0 ** 100, np.float32).astype(bfloat16)
+    got = np.asarray(pj.prepare(lambda a, b: a @ b, device="cpu")(a, b)).astype(np.float32)
+    exact = _want(a, b, bfloat16)
+    assert np.all(exact > 0)
+    np.testing.assert_array_equal(got, 0 if host_target().bf16_dot else exact)
+
+
+def test_16bit_contractions_on_avx2():
+    """The same contractions compiled for a CPU without AVX-512 (PREPJIT_CPU=haswell): blocked, no vdpbf16ps,
+    equal to NumPy."""
+    script = ("import json, numpy as np, ml_dtypes\n"
+              "from tests.codegen import test_contraction_16bit as t\n"
+              "from prepjit.codegen.target import host_target\n"
+              "rng = np.random.default_rng(1)\n"
+              "for dtype in (ml_dtypes.bfloat16, np.float16):\n"
+              "    for m, k, n in t._SIZES:\n"
+              "        t.test_16bit_contractions_match_numpy_float32(rng, dtype, m, k, n)\n"
+              "t.test_16bit_contractions_with_symbolic_sizes(rng)\n"
+              "t.test_bfloat16_subnormal_inputs_on_the_host(rng)\n"
+              "print(json.dumps([host_target().cpu, host_target().vector_bytes, host_target().bf16_dot]))\n")
+    env = dict(os.environ, PREPJIT_CPU="haswell")
+    out = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.splitlines()[-1]) == ["haswell", 32, False]
