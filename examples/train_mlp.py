@@ -7,6 +7,8 @@ synthetic data (Gaussian clusters, one per class) come from pj.random; nothing i
     python examples/train_mlp.py --check          # the same run with NumPy's hand-written gradients (and JAX's
                                                   # value_and_grad when installed), compared step for step
     python examples/train_mlp.py --optimizer sgd --lr 0.1 --epochs 3
+    python examples/train_mlp.py --precision mixed --check   # bfloat16 forward and backward, float32 master
+                                                              # weights and Adam state; loss curve vs float32's
     python examples/train_mlp.py --devices cpu,cpu     # data parallel: each batch split over two replicas, the
                                                       # gradients averaged with pj.pmean (cuda:0,cuda:1 on GPUs)
 """
@@ -21,18 +23,29 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from models import mlp_train  # noqa: E402
+from models.common import DTYPES, cast  # noqa: E402
+
+COMPUTE = {"f32": DTYPES["f32"], "mixed": DTYPES["bf16"]}  # --precision -> the forward/backward compute dtype
 
 
-def prepared_step(optimizer: str, lr: float, max_batch: int, device: str | None = None, devices=None):
+def prepared_step(optimizer: str, lr: float, max_batch: int, device: str | None = None, devices=None,
+                  precision: str = "f32"):
     """The whole training step, prepared with a symbolic batch: (params, state, x, labels) -> (loss, params,
     state) with Adam, (params, x, labels) -> (loss, params) with SGD. With `devices` (data parallel) each
     batch is split over the replicas and the loss and gradients are averaged across them with pj.pmean,
-    each replica's weighted by its share of the rows (1 when they divide evenly): the full batch's."""
+    each replica's weighted by its share of the rows (1 when they divide evenly): the full batch's.
+    `precision="mixed"`: the forward and backward passes compute in bfloat16 (the float32 master weights and the
+    batch cast to it inside the step, the loss in float32); the gradients reach the float32 weights through the
+    casts, and the update and the optimizer state stay float32 (bfloat16 has float32's range: no loss scaling)."""
     import prepjit as pj
     import prepjit.numpy as pnp
+    compute = COMPUTE[precision]
+
+    def loss(params, x, labels):
+        return mlp_train.loss(pnp, mlp_train.tree_map(lambda w: cast(w, compute), params), cast(x, compute), labels)
 
     def value_and_grad(params, x, labels):
-        value, grads = pj.value_and_grad(lambda p: mlp_train.loss(pnp, p, x, labels))(params)
+        value, grads = pj.value_and_grad(lambda p: loss(p, x, labels))(params)
         if devices:
             rows = x.shape[0] * pnp.ones((), pnp.float32)  # one round of collectives: sums weighted by rows
             mean_rows, value, grads = pj.pmean((rows, value * rows, mlp_train.tree_map(lambda g: g * rows, grads)))
@@ -82,17 +95,19 @@ def batches(key, epoch: int, n: int, batch: int):
 
 
 def train(sizes=(32, 64, 64, 8), n_train=3000, n_test=1000, batch=128, epochs=5, lr=3e-3, optimizer="adam",
-          seed=0, spread=0.6, device=None, progress=True, log=True, reference=None, devices=None) -> dict:
+          seed=0, spread=0.6, device=None, progress=True, log=True, reference=None, devices=None,
+          precision="f32") -> dict:
     """Train; returns the per-step losses, per-epoch mean losses, the test accuracy, the step's stats and the
     final parameters. `reference` ("numpy" or "jax") runs the same loop with that framework's gradients
-    instead (same data, batches and initial weights). `devices` trains data parallel (prepared_step)."""
+    instead (same data, batches and initial weights; float32). `devices` trains data parallel and `precision`
+    "mixed" in bfloat16 with float32 master weights (prepared_step)."""
     import prepjit as pj
     (x, y), (x_test, y_test), key = make_data(seed, sizes, n_train, n_test, spread)
     k_init, k_order = pj.random.split(key)
     params = mlp_train.init_params(k_init, sizes)
     state = mlp_train.adam_init(params) if optimizer == "adam" else None
     step = reference_step(reference, optimizer, lr) if reference else prepared_step(optimizer, lr, batch, device,
-                                                                                    devices)
+                                                                                    devices, precision)
     losses, curve = [], []
     bar = _progress(epochs * -(-n_train // batch), progress, log)
     for epoch in range(epochs):
@@ -178,6 +193,17 @@ def compare(ours: dict, theirs: dict) -> tuple[float, float]:
     return loss_diff, weight_diff
 
 
+def compare_curves(ours: dict, theirs: dict) -> tuple[float, float]:
+    """(max abs difference of the per-step losses, max relative difference of the per-epoch mean losses): how far a
+    mixed-precision run's loss curve is from a float32 run's."""
+    step = float(np.max(np.abs(np.array(ours["losses"]) - np.array(theirs["losses"]))))
+    epoch = float(np.max(np.abs(np.array(ours["curve"]) - theirs["curve"]) / np.array(theirs["curve"])))
+    return step, epoch
+
+
+CURVE_TOLERANCE = (0.02, 0.02)  # mixed vs float32: per-step loss within 0.02, per-epoch mean within 2%
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="32,64,64,8", help="layer widths, input first; the last is the classes")
@@ -191,6 +217,8 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default=None, help="prepjit device (cpu, opencl, cuda)")
     parser.add_argument("--devices", default=None, help="data parallel over these devices, comma-separated "
                         "(cuda:0,cuda:1; cpu,cpu for replicas on the host)")
+    parser.add_argument("--precision", choices=tuple(COMPUTE), default="f32",
+                        help="mixed: bfloat16 forward and backward, float32 master weights and optimizer state")
     parser.add_argument("--check", action="store_true", help="compare with NumPy's hand-written gradients (and JAX)")
     parser.add_argument("--no-progress", action="store_true", help="no tqdm bar (epoch lines only)")
     args = parser.parse_args(argv)
@@ -198,12 +226,14 @@ def main(argv=None) -> int:
     lr = args.lr if args.lr is not None else 3e-3 if args.optimizer == "adam" else 0.1
     config = dict(sizes=sizes, n_train=args.train, n_test=args.test, batch=args.batch, epochs=args.epochs, lr=lr,
                   optimizer=args.optimizer, seed=args.seed)
+    mixed = args.precision == "mixed"
     print(f"MLP {' -> '.join(map(str, sizes))}, {args.optimizer} lr {lr}, {args.train} points in batches of "
           f"{args.batch} (last {args.train % args.batch or args.batch}): one prepared step, symbolic batch n <= "
-          f"{args.batch}")
+          f"{args.batch}" + ("; mixed precision: bfloat16 compute, float32 master weights" if mixed else ""))
     start = time.perf_counter()
     devices = args.devices.split(",") if args.devices else None
-    result = train(**config, device=args.device, devices=devices, progress=not args.no_progress)
+    result = train(**config, device=args.device, devices=devices, progress=not args.no_progress,
+                   precision=args.precision)
     seconds = time.perf_counter() - start
     steps = len(result["losses"])
     print(f"loss {result['losses'][0]:.4f} -> {result['losses'][-1]:.4f} over {steps} steps "
@@ -219,12 +249,19 @@ def main(argv=None) -> int:
                 print("check vs JAX: jax not installed")
                 continue
             theirs = train(**config, progress=False, log=False, reference=framework)
-            loss_diff, weight_diff = compare(result, theirs)
-            good = loss_diff < 1e-3 and weight_diff < 1e-3
-            ok &= good
             what = "NumPy (hand-written gradients)" if framework == "numpy" else "JAX (value_and_grad)"
-            print(f"check vs {what}: {steps} steps, per-step loss max rel diff {loss_diff:.1e}, final weights "
-                  f"max |diff| {weight_diff:.1e}: {'OK' if good else 'FAILED'}")
+            if mixed:  # bfloat16's rounding moves every step a little: the loss curves agree within a tolerance
+                step_diff, epoch_diff = compare_curves(result, theirs)
+                good = step_diff < CURVE_TOLERANCE[0] and epoch_diff < CURVE_TOLERANCE[1]
+                print(f"check mixed vs float32 {what}: {steps} steps, per-step loss max |diff| {step_diff:.1e}, "
+                      f"per-epoch mean loss max rel diff {epoch_diff:.1e}, test accuracy {result['accuracy']:.3f} vs "
+                      f"{theirs['accuracy']:.3f}: {'OK' if good else 'FAILED'}")
+            else:
+                loss_diff, weight_diff = compare(result, theirs)
+                good = loss_diff < 1e-3 and weight_diff < 1e-3
+                print(f"check vs {what}: {steps} steps, per-step loss max rel diff {loss_diff:.1e}, final weights "
+                      f"max |diff| {weight_diff:.1e}: {'OK' if good else 'FAILED'}")
+            ok &= good
     return 0 if ok else 1
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import mlp
+from .common import cast
 
 
 def init_params(key, sizes) -> list[dict]:
@@ -33,8 +34,9 @@ def one_hot(xp, labels, classes: int, dtype):
 
 
 def loss(xp, params, x, labels):
-    """Mean softmax cross-entropy of the batch (any batch size: the mean divides by the live size)."""
-    z = logits(xp, params, x)
+    """Mean softmax cross-entropy of the batch (any batch size: the mean divides by the live size), in float32 whatever
+    dtype the logits are computed in."""
+    z = cast(logits(xp, params, x), np.float32)
     return -xp.sum(one_hot(xp, labels, z.shape[1], z.dtype) * _log_softmax(xp, z)) / x.shape[0]
 
 

@@ -23,6 +23,38 @@ def test_adam_run_trains_on_one_trace():
     assert loss_diff < 1e-4 and weight_diff < 1e-4
 
 
+def test_mixed_precision_trains_in_bfloat16_with_float32_master_weights():
+    """--precision mixed: one trace still; the steps compute in bfloat16 (the losses move off float32's by more than
+    float32's own error) while the weights and Adam's state stay float32, and the loss curve stays within the
+    --check tolerance of the float32 NumPy loop's."""
+    mixed = train_mlp.train(**CONFIG, progress=False, log=False, precision="mixed")
+    reference = train_mlp.train(**CONFIG, progress=False, log=False, reference="numpy")
+    assert mixed["stats"]["traces"] == 1 and mixed["stats"]["replays"] == len(reference["losses"])
+    assert all(w.dtype == np.float32 for layer in mixed["params"] for w in layer.values())
+    loss_diff, _ = train_mlp.compare(mixed, reference)
+    assert loss_diff > 1e-4  # not float32's result (which agrees within 1e-4, test above)
+    step_diff, epoch_diff = train_mlp.compare_curves(mixed, reference)
+    assert step_diff < train_mlp.CURVE_TOLERANCE[0] and epoch_diff < train_mlp.CURVE_TOLERANCE[1]
+    assert abs(mixed["accuracy"] - reference["accuracy"]) < 0.03
+
+
+def test_mixed_state_is_float32_and_gradients_flow_through_the_casts():
+    """One prepared mixed Adam step from float32 weights and state returns float32 weights and state, moved by
+    the bfloat16 gradients: within a few percent (in norm) of NumPy's hand-written float32 ones, not equal."""
+    from examples.models import mlp_train
+    (x, y), _, key = train_mlp.make_data(1, (16, 32, 4), 40, 1, 1.0)
+    params = mlp_train.init_params(key, (16, 32, 4))
+    state = mlp_train.adam_init(params)
+    value, new, new_state = train_mlp.prepared_step("adam", 0.01, 64, precision="mixed")(params, state, x, y)
+    want_value, grads = mlp_train.numpy_value_and_grad(params, x, y)
+    np.testing.assert_allclose(np.asarray(value), want_value, rtol=2e-2)
+    for got, m, g in zip(new, new_state["m"], grads):
+        for k in g:
+            assert np.asarray(got[k]).dtype == np.asarray(m[k]).dtype == np.float32
+            error = np.linalg.norm(np.asarray(m[k]) - 0.1 * g[k]) / np.linalg.norm(0.1 * g[k])
+            assert 1e-6 < error < 0.06  # bfloat16's rounding, not float32's
+
+
 def test_command_line_checks_against_numpy_and_jax(capsys):
     """The same sizes as above (its kernels come from the kernel cache); --check runs NumPy's and JAX's loops."""
     assert train_mlp.main(["--sizes", "16,32,4", "--train", "600", "--test", "300", "--batch", "64", "--epochs", "1",
@@ -30,6 +62,11 @@ def test_command_line_checks_against_numpy_and_jax(capsys):
     text = capsys.readouterr().out
     assert "'traces': 1" in text and "epoch 0: mean loss" in text and "test accuracy" in text
     assert "check vs NumPy (hand-written gradients)" in text and "FAILED" not in text
+    assert train_mlp.main(["--sizes", "16,32,4", "--train", "600", "--test", "300", "--batch", "64", "--epochs", "1",
+                           "--seed", "1", "--no-progress", "--check", "--precision", "mixed"]) == 0
+    text = capsys.readouterr().out
+    assert "mixed precision: bfloat16 compute" in text and "check mixed vs float32 NumPy" in text
+    assert "FAILED" not in text
 
 
 def test_sgd_step_is_sgd():
