@@ -131,3 +131,16 @@ def test_random_pytrees_replay_their_own_leaves(device):
                 np.testing.assert_array_equal(np.asarray(g), w)
     check()
     assert sum(fast_calls) > len(fast_calls) // 4, (sum(fast_calls), len(fast_calls))
+
+
+@pytest.mark.skipif("opencl" not in DEVICES, reason="needs a second device")
+def test_the_device_variable_is_read_on_every_call(monkeypatch):
+    f = pj.prepare(lambda x: x * 2)
+    x = np.arange(4, dtype=np.float32)
+    monkeypatch.delenv("PREPJIT_DEVICE", raising=False)
+    assert [f(x).device for _ in range(2)] == ["cpu", "cpu"]          # the second on the fast path
+    monkeypatch.setenv("PREPJIT_DEVICE", "opencl")
+    assert [f(x).device for _ in range(2)] == ["opencl", "opencl"]
+    monkeypatch.delenv("PREPJIT_DEVICE")
+    assert f(x).device == "cpu"
+    np.testing.assert_array_equal(np.asarray(f(x)), x * 2)

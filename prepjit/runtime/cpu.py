@@ -21,7 +21,8 @@ from ..uop import Ops, render_python
 from . import compile_pool
 from .array import Array
 from .buffer import HostBuffer
-from .cpu_replay import INT64_MAX, LAUNCH_FIELDS, REPLAY_FN, REPLAY_IR, NativeProgram, layout_self_test
+from .cpu_replay import (INT64_MAX, LAUNCH_FIELDS, REPLAY_FN, REPLAY_IR, NativeProgram, layout_self_test,
+                         method_self_test)
 from .cpu_threads import NativeThreads, threads_ir
 from .dynamic_loop import DynamicStep, launchers
 from .host_pool import empty
@@ -180,7 +181,7 @@ class CPUPlanRunner:
         masks = [dt.alignment - 1 for dt in dtypes]
         self.program = self._program(first, masks, io_patches + var_patches)
         self.native_reads = device.native_reads_arrays
-        self.replay, self.prog_ptr = device.replay_fn, self.program.prog_ptr
+        self.replay = self.program.entry(device.method_address)
         if not self.native_reads:
             self.program.read_arrays_in_python()
         self.rest = self._callables(groups)
@@ -254,7 +255,7 @@ class CPUPlanRunner:
             table = self.io_table
             for i, a in enumerate(arrays):
                 table[i] = a.ctypes.data
-        if self.replay(self.prog_ptr, arrays):
+        if self.replay(arrays) is not arrays:
             return False
         for segment in self.rest:
             segment()
@@ -292,6 +293,8 @@ class CPUDevice:
         self.replay_fn = REPLAY_FN(replay_address)
         self.native_reads_arrays = layout_self_test(self.replay_fn)
         address = self._replay_engine.get_function_address
+        method = address("prepjit_replay_method")  # (cpu_replay.py: a prepared call's replay)
+        self.method_address = method if method_self_test(self.replay_fn, method) else 0
         threads = NativeThreads(thread_count(), address("prepjit_parallel"), address("prepjit_worker"))
         self.threads = threads if threads.workers else None  # None: every kernel runs on the calling thread
 

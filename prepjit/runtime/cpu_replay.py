@@ -15,16 +15,26 @@ data pointers itself (CPython's tuple items and NumPy's `data` field, whose offs
 by a self-test before use; if the check fails, Python fills the table instead). It returns 0, or
 1 + the index of an array whose data is not aligned for its dtype. Kernels clamp `end` to their
 range, so a launch with end = INT64_MAX computes its whole range whatever the var values are.
+
+A prepared call's replay reaches it through `NativeProgram.entry`: a builtin function of `arrays` alone
+(`prepjit_replay_method`, a CPython METH_O function whose `self` holds the program), which CPython calls as it
+calls len(), without the ~0.3 us of argument conversion a ctypes call costs. Like ctypes it releases the GIL
+while the plan runs; it returns `arrays` when the plan ran (with its reference count raised, as a builtin's
+result must be). Where its self-test fails (another object header, such as a free-threaded build's), the
+entry is the ctypes call.
 """
 from __future__ import annotations
 
 import ctypes
+import sys
+import sysconfig
 
 import numpy as np
 
 INT64_MAX = (1 << 63) - 1
 TUPLE_ITEMS_OFFSET = tuple.__basicsize__   # ob_item follows PyObject_VAR_HEAD
 ARRAY_DATA_OFFSET = object.__basicsize__   # PyArrayObject's `data` follows PyObject_HEAD
+REFCOUNT_OFFSET = object.__basicsize__ - 16  # PyObject ends with ob_refcnt and ob_type (in a build with a GIL)
 
 REPLAY_FN = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.py_object)
 
@@ -115,7 +125,50 @@ launch.next:
 done:
   ret i64 0
 }}
+
+define ptr @prepjit_replay_method(ptr %self, ptr %arrays) nounwind {{
+entry:
+  %state.p = getelementptr i8, ptr %self, i64 {ARRAY_DATA_OFFSET}
+  %state = load ptr, ptr %state.p
+  %prog = load ptr, ptr %state
+  %save.p = getelementptr i64, ptr %state, i64 1
+  %save = load ptr, ptr %save.p
+  %restore.p = getelementptr i64, ptr %state, i64 2
+  %restore = load ptr, ptr %restore.p
+  %thread = call ptr %save()
+  %code = call i64 @prepjit_replay(ptr %prog, ptr %arrays)
+  call void %restore(ptr %thread)
+  %ran = icmp eq i64 %code, 0
+  %result = select i1 %ran, ptr %arrays, ptr %self
+  %count.p = getelementptr i8, ptr %result, i64 {REFCOUNT_OFFSET}
+  %count = load i64, ptr %count.p
+  %count.next = add i64 %count, 1
+  store i64 %count.next, ptr %count.p
+  ret ptr %result
+}}
 """
+
+
+class _MethodDef(ctypes.Structure):
+    """CPython's PyMethodDef."""
+    _fields_ = [("ml_name", ctypes.c_char_p), ("ml_meth", ctypes.c_void_p), ("ml_flags", ctypes.c_int),
+                ("ml_doc", ctypes.c_char_p)]
+
+
+METH_O = 0x0008
+_new_builtin = ctypes.pythonapi.PyCFunction_NewEx
+_new_builtin.restype, _new_builtin.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.py_object, ctypes.py_object]
+_GIL_SWITCH = [ctypes.cast(f, ctypes.c_void_p).value
+               for f in (ctypes.pythonapi.PyEval_SaveThread, ctypes.pythonapi.PyEval_RestoreThread)]
+
+
+def method_entry(method_address: int, program: "NativeProgram"):
+    """prepjit_replay_method (at `method_address`) bound to `program`: a builtin function of `arrays`."""
+    state = np.array([program.prog_ptr, *_GIL_SWITCH], np.int64)  # its `self`: the program, the GIL's release, take
+    definition = _MethodDef(b"prepjit_replay", method_address, METH_O, None)
+    # the builtin keeps its definition and the program alive in its module slot (CPython reads that slot only
+    # for __module__)
+    return _new_builtin(ctypes.addressof(definition), state, (definition, program))
 
 
 def _int64s(values) -> ctypes.Array:
@@ -146,6 +199,14 @@ class NativeProgram:
     def __call__(self, arrays: tuple = ()) -> int:
         return self.replay(self.prog_ptr, arrays)
 
+    def entry(self, method_address: int):
+        """A function of `arrays` that runs the program and returns `arrays`, or another object, having run nothing,
+        when an array is misaligned: the builtin (`method_entry`) where `method_address` is not 0, else a ctypes call."""
+        if method_address:
+            return method_entry(method_address, self)
+        replay, prog_ptr = self.replay, self.prog_ptr
+        return lambda arrays: arrays if replay(prog_ptr, arrays) == 0 else None
+
 
 def layout_self_test(replay) -> bool:
     """Does prepjit_replay read the same data pointers NumPy reports? (CPython and NumPy struct layouts.)"""
@@ -153,3 +214,19 @@ def layout_self_test(replay) -> bool:
     table = _int64s([0, 0])
     program = NativeProgram(replay, table, [0, 0], [], [])
     return program(arrays) == 0 and list(table) == [a.ctypes.data for a in arrays]
+
+
+def method_self_test(replay, method_address: int) -> bool:
+    """Does the builtin entry run a program on the arrays, refuse a misaligned one, and count its result's
+    reference as CPython does? (The object header it assumes is a build with a GIL's.)"""
+    if sysconfig.get_config_var("Py_GIL_DISABLED"):
+        return False
+    arrays = (np.arange(3, dtype=np.float32), np.zeros((2, 5), np.int64)[1:])
+    misaligned = (np.zeros(12, np.uint8)[1:9].view(np.float32), arrays[1])
+    table = _int64s([0, 0])
+    run = NativeProgram(replay, table, [3, 7], [], []).entry(method_address)
+    held = (arrays, misaligned, run.__self__)
+    counts = [sys.getrefcount(x) for x in held]
+    ran, refused = run(arrays) is arrays, run(misaligned) is run.__self__
+    return ran and refused and [sys.getrefcount(x) for x in held] == counts \
+        and list(table) == [a.ctypes.data for a in arrays]
