@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from .case import Case
+from .low_precision_cases import LOW_PRECISION_CASES
 from .model_cases import MODEL_CASES
 from .train_cases import TRAIN_CASES
 
@@ -172,4 +173,4 @@ KERNEL_CASES = (
     Case("prepare_time_model", model, _model_inputs, kind="prepare", rtol=1e-3, atol=1e-4),
 )
 
-CASES = KERNEL_CASES + TRAIN_CASES + MODEL_CASES
+CASES = KERNEL_CASES + LOW_PRECISION_CASES + TRAIN_CASES + MODEL_CASES

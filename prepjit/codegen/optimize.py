@@ -65,6 +65,9 @@ class Blocking:
     matvec_row_bytes: int | None = None        # bytes of columns per block of a one-row matvec (None: matvec.py's)
     # a GPU contraction's tiles: (rows, columns, splits), one of render_tiles.tile_candidates (None: the policy's)
     tile: tuple[int, int, int] | None = attrs.field(default=None, converter=_tile)
+    # bfloat16 products summed in pairs by vdpbf16ps where the target has it; else widened (one FMA a product).
+    # Neither wins everywhere: a 512^2 bf16 matmul on a Xeon (model 167, one thread) took 3.1 ms paired, 2.5 widened
+    bf16_dot: bool = True
 
 
 DEFAULT_BLOCKING = Blocking()
@@ -177,7 +180,7 @@ def upcast_contraction(ast: UOp, target: CPUTarget, blocking: Blocking = DEFAULT
     rows = [i] if i is not None and ui == 1 else [None] if i is None else \
         [(i_outer * ui + a).smin(i.src[0] - 1) if clamp else i_outer * ui + a for a in range(ui)]
     width = lane_width(target, acc, uj) if len(store.src) == 3 and store.arg is None else 1
-    if target.bf16_dot and width == PAIR_LANES:
+    if target.bf16_dot and blocking.bf16_dot and width == PAIR_LANES:
         store, red = _pair_bfloat16_products(store, red, axis + 4)
     lane = UOp(Ops.RANGE, dtypes.index, (UOp.const(width),), (axis + 3, "lane")) if width > 1 else UOp.const(0)
     memo: dict = {}
@@ -301,7 +304,7 @@ def blocking_candidates(ast: UOp, target: CPUTarget | None = None) -> list[Block
     another shape; a single one when the kernel has nothing to choose."""
     target = target or host_target()
     options = [DEFAULT_BLOCKING] + [Blocking(max_accumulators=a) for a in (8, 12, 24)] + \
-        [Blocking(matvec_row_bytes=b) for b in (128, 256, 512, 1024)]
+        [Blocking(matvec_row_bytes=b) for b in (128, 256, 512, 1024)] + [Blocking(bf16_dot=False)]
     seen, chosen = set(), []
     for blocking in options:
         kernel = optimize_with(ast, "llvm", target, blocking)

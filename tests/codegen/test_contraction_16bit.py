@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import prepjit as pj
-from prepjit.codegen.optimize import optimize
+from prepjit.codegen.optimize import Blocking, blocking_candidates, optimize, optimize_with
 from prepjit.codegen.render_llvm import DOT, render_llvm
 from prepjit.codegen.target import AVX2, AVX512, AVX512_BF16, host_target
 from prepjit.uop import Ops, dtypes
@@ -135,3 +135,13 @@ def test_16bit_contractions_on_avx2():
     out = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.splitlines()[-1]) == ["haswell", 32, False]
+
+
+def test_pairing_is_a_tuning_choice(rng):
+    """PREPJIT_TUNE times the paired kernel against the widened one (neither wins on every AVX512_BF16 CPU)."""
+    a, b = rng.standard_normal((64, 128)).astype(bfloat16), rng.standard_normal((128, 256)).astype(bfloat16)
+    kernel = pj.prepare(lambda a, b: a @ b, device="cpu").plan(a, b).kernels[-1]
+    kernels = [optimize_with(kernel.ast, "llvm", AVX512_BF16, c) for c in blocking_candidates(kernel.ast, AVX512_BF16)]
+    assert {bool(_ranges(k, "pair")) for k in kernels} == {False, True}
+    assert optimize_with(kernel.ast, "llvm", AVX512_BF16, Blocking(bf16_dot=False)) == \
+        optimize_with(kernel.ast, "llvm", AVX512, Blocking())
