@@ -73,7 +73,8 @@ class HostPool:
         if nbytes < MIN_POOLED_BYTES:
             return np.empty(shape, dtype)
         block = self.take(-(-nbytes // PAGE) * PAGE)
-        return np.asarray(_Lease(self, block, shape, dtype))
+        leased = np.asarray(_Lease(self, block, shape, dtype))
+        return leased if leased.dtype == dtype else leased.view(dtype)   # ml_dtypes' types come back as void
 
 
 def _nbytes(shape: tuple, dtype: np.dtype) -> int:

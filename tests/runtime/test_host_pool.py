@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import prepjit as pj
+import prepjit.numpy as pnp
 from prepjit.runtime.host_pool import MIN_POOLED_BYTES, HostPool, host_pool
 
 LARGE = MIN_POOLED_BYTES // 4 + 1000   # float32 elements: above the pooling threshold, not a whole page
@@ -121,3 +122,16 @@ def test_small_outputs_are_plain_arrays():
     out = np.asarray(_scaled()(np.ones(16, np.float32), _s(2.0)))
     assert out.flags.owndata
     assert host_pool.empty((4,), np.dtype(np.float64)).flags.owndata
+
+
+def test_pooled_outputs_of_every_dtype_keep_it():
+    """A pooled block's array takes the output's dtype, ml_dtypes' bfloat16 included (its typestr is void)."""
+    f = pj.prepare(lambda x: x * 2)
+    for dtype in (np.float32, pnp.bfloat16, np.float16, np.int8):
+        x = np.ones((1024, 1024), dtype)
+        out = np.asarray(f(x))
+        owner = out
+        while isinstance(owner, np.ndarray):
+            owner = owner.base
+        assert out.dtype == x.dtype and type(owner).__name__ == "_Lease"   # pooled, in the output's dtype
+        np.testing.assert_array_equal(out.astype(np.float32), (x * 2).astype(np.float32))
