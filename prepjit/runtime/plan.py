@@ -444,10 +444,12 @@ class ExecutionPlan:
         with self.lock:
             if values:
                 self.var_table.bind_all(values)
-            if not self._runner.run(arrays + flags if flags else arrays):
+            if not flags:  # (most plans: nothing to read back)
+                return self._runner.run(arrays)
+            if not self._runner.run(arrays + flags):
                 return False
-            set_flags = flags and [bool(f) for f in flags]
-        if set_flags and any(set_flags):
+            set_flags = [bool(f) for f in flags]
+        if any(set_flags):
             self._raise_flagged(set_flags)
         return True
 
