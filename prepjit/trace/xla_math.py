@@ -1,5 +1,6 @@
 """log1p and erfinv as XLA's CPU code computes them, rounding for rounding, so `pj.random.normal` equals
-`jax.random.normal` bit for bit on every device.
+`jax.random.normal` bit for bit (float16, bfloat16 and float32 on every device, float64 where the device's log is
+the C library's).
 
 Read from the LLVM IR and machine code that jaxlib 0.10.2 emits on x86-64 (XLA_FLAGS=--xla_dump_to):
 - erfinv (StableHLO's chlo.erf_inv expansion, M. Giles' approximations, "Approximating the erfinv function",
@@ -8,10 +9,12 @@ Read from the LLVM IR and machine code that jaxlib 0.10.2 emits on x86-64 (XLA_F
 - log1p (XLA's elemental emitter): for |x| < sqrt(2) - 1 Cephes' rational x - x**2 / 2 + x**3 * P(x) / Q(x)
   (Horner steps fused, P / Q, x**3 * (P / Q) in two rounded products, then x**2 * -0.5 fused in); otherwise
   log(1 + x): for float32 XLA's own log (Cephes' logf as Eigen's plog: frexp, a degree-8 polynomial in three
-  interleaved Horner chains joined by x**3, exponent * ln 2 in two parts).
+  interleaved Horner chains joined by x**3, exponent * ln 2 in two parts); for float64 the C library's log,
+  which XLA calls and so does prepjit's cpu device (another device's log may round otherwise).
 
 Every fused step is fused.fma (exact from plain ops: the result does not depend on whether a backend would
-contract a * b + c), every other step one plain op, rounded as XLA rounds it.
+contract a * b + c), every other step one plain op, rounded as XLA rounds it. XLA's CPU code flushes subnormal
+inputs and results to zero and these keep them (normal's never are).
 """
 from __future__ import annotations
 
