@@ -8,12 +8,9 @@ import time
 import attrs
 import numpy as np
 
-from .codegen.bounds import prove_optimized
+from .codegen.bounds import prove_launched
 from .codegen.memory import nbytes, share_memory
 from .codegen.offsets import share_offsets
-from .codegen import optimize as opt
-from .codegen.optimize import optimize
-from .codegen.renderers import render
 from .codegen.dynamic_loop import DynamicLoop
 from .codegen.schedule import KernelSequence, LoopKernels, ScheduledKernel, schedule
 from .errors import CompileError
@@ -96,9 +93,9 @@ def _build(asts: list[UOp], device, counts: dict, meanwhile=None):
     for ast, key in misses:  # the workers compile earlier kernels while later ones are optimised and rendered
         try:
             with stage("optimisation"):
-                optimized = optimize(ast, device.language)
+                launched = device.target.launched(ast)
             with stage("rendering"):
-                src = render(optimized, device.language, opt.tuned.get(ast, opt.DEFAULT_BLOCKING))
+                src = device.target.render(launched)
         except Exception as e:
             yield ast, e
             continue
@@ -163,7 +160,7 @@ def _kernel_key(ast: UOp, device) -> str | None:
 
 
 def _prove(ast: UOp, device, shapes: tuple, constraints: list) -> int:
-    """prove_optimized, remembered in the disk cache: a process that loads the kernel from disk does not
+    """prove_launched, remembered in the disk cache: a process that loads the kernel from disk does not
     optimise it again just to prove it (a failed proof is never remembered: it raises every time)."""
     key = _kernel_key(ast, device)
     if key is not None:
@@ -175,7 +172,7 @@ def _prove(ast: UOp, device, shapes: tuple, constraints: list) -> int:
     record = disk_cache.read_record("proof", key) if key else None
     if record is not None and type(record[0].get("proven")) is int:
         return record[0]["proven"]
-    proven = prove_optimized(ast, device.language, list(shapes), constraints)
+    proven = prove_launched(ast, device.target, list(shapes), constraints)
     if key:
         disk_cache.write_record("proof", key, {"proven": proven})
     return proven
@@ -259,7 +256,7 @@ def build_plan(traced: Traced, device) -> tuple[ExecutionPlan, dict[str, int]]:
     ("compiles") or loaded from the disk cache ("disk_hits")."""
     with stage("scheduling and lowering"):
         sched = schedule(list(traced.outputs) + [f for f, _ in traced.flags], list(traced.inputs),
-                         pack_contractions=device.language == "llvm")
+                         pack_contractions=device.target.packs_contractions)
         sched = _share_offsets(sched, traced.constraints)
     proofs = []
 

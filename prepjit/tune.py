@@ -1,8 +1,9 @@
 """PREPJIT_TUNE=1: a short timed search over a kernel's block shapes at prepare time, the winner kept on disk.
 
-A contraction on the cpu can be blocked several ways (codegen/optimize.py `blocking_candidates`: rows per
-register block, columns per block of a one-row matvec); on a GPU (cuda, opencl) it can be tiled several ways
-(codegen/render_tiles.py `tile_candidates`: tile rows and columns, sets of work-items splitting each slice).
+A contraction can be blocked several ways, the candidates of the device's target (codegen/targets.py): on the
+cpu optimize.py's `blocking_candidates` (rows per register block, columns per block of a one-row matvec); on a
+GPU (cuda, opencl) render_tiles.py's `tile_candidates` (tile rows and columns, sets of work-items splitting each
+slice).
 With PREPJIT_TUNE=1, a kernel being built for the first time (no tuning record yet) is compiled in each
 candidate shape and timed on scratch buffers of its own sizes (on the cpu with the weight-sized operands
 evicted from the caches between runs when they exceed the L2 cache: a decode step streams its weights from
@@ -26,9 +27,6 @@ import attrs
 import numpy as np
 
 from .codegen import optimize as opt
-from .codegen.render_llvm import render_llvm
-from .codegen.render_tiles import tile_candidates
-from .codegen.renderers import render
 from .runtime import disk_cache
 from .runtime.cpu import PARALLEL_MIN_ITERATIONS, _loop_iterations
 from .stages import stage
@@ -68,13 +66,10 @@ def choose(ast: UOp, device, kernel_key: str | None):
         return
     if not enabled() or ast.variables():
         return
-    if device.language == "llvm":
-        if not hasattr(device, "threads"):
-            return
-        candidates, timer = opt.blocking_candidates(ast), search
-    else:
-        tiles = tile_candidates(ast)[1:]   # the first is the policy's own: the default
-        candidates, timer = [opt.DEFAULT_BLOCKING] + [opt.Blocking(tile=t) for t in tiles], search_gpu
+    target = device.target
+    if not target.work_groups and not hasattr(device, "threads"):
+        return
+    candidates, timer = target.candidates(ast), search_gpu if target.work_groups else search
     if len(candidates) < 2:
         return
     with stage("tuning"):
@@ -96,7 +91,7 @@ def search(ast: UOp, device, candidates: list) -> opt.Blocking:
     threads = device.threads if outer > 1 and outer * inner >= PARALLEL_MIN_ITERATIONS else None
     runs, programs = [], []  # a call running each candidate once; the compiled code it calls, kept alive
     for blocking in candidates:
-        source = render_llvm(opt.optimize_with(ast, "llvm", None, blocking))
+        source = device.target.render(device.target.launched(ast, blocking))
         program = device.load(source.name, device.compile(source.name, source.source))
         programs.append(program)
         size = int(source.global_size[0].vmax) if source.global_size else 1
@@ -130,7 +125,7 @@ def search_gpu(ast: UOp, device, candidates: list) -> opt.Blocking:
     handles = [device.handle(b) for b in memory]
     launchers = []
     for blocking in candidates:
-        source = render(ast, device.language, blocking)
+        source = device.target.render(device.target.launched(ast, blocking))
         program = device.load(source.name, device.compile(source.name, source.source))
         launchers.append(device.launcher(program, handles, [], None, int(source.global_size[0].arg)))
     times = [float("inf")] * len(launchers)

@@ -1,6 +1,6 @@
 """The bounds proof: every load and store index of a kernel lies in [0, size) of its buffer, for every var value.
 
-Run on the optimised kernel AST right before rendering. A buffer's size is the product of its live
+Run on the kernel as launched (its target's passes applied, targets.py) right before rendering. A buffer's size is the product of its live
 (symbolic) shape, so caller arrays, empty ones included, are covered like intermediates.
 
 An index is bounded by symbolic expressions of the vars: `upper(e)` gives options, each a list of
@@ -22,7 +22,6 @@ from ..errors import CompileError
 from ..uop import Ops, UOp, simplify
 from ..uop.symbolic import _mono_key, from_poly, mono_div, poly, poly_min, provably_lt, relax_divisions
 from .facts import Facts, facts_of, ge0_terms, has_loop_or_data, is_int, linear
-from .optimize import optimize
 
 MAX_OPTIONS = 12       # bound options kept per node
 MAX_OPTION_TERMS = 32  # expressions per option (a max of that many)
@@ -497,12 +496,12 @@ def _prove_offsets(prover: _Prover, ast: UOp, accesses: dict, size: UOp, terms: 
 _proof_cache: dict = {}
 
 
-def prove_optimized(ast: UOp, language: str, shapes: list[tuple], constraints=()) -> int:
-    """prove_kernel on the kernel `language`'s renderer compiles (optimize(ast)), memoised: fori_loop
+def prove_launched(ast: UOp, target, shapes: list[tuple], constraints=()) -> int:
+    """prove_kernel on the kernel as `target` launches it (target.launched(ast)), memoised: fori_loop
     iterations and repeated prepares share one proof."""
-    key = (ast, language, tuple(tuple(s) for s in shapes), tuple(constraints))
+    key = (ast, target.language, tuple(tuple(s) for s in shapes), tuple(constraints))
     if key not in _proof_cache:
         if len(_proof_cache) > 4096:
             _proof_cache.clear()
-        _proof_cache[key] = prove_kernel(optimize(ast, language), shapes, constraints)
+        _proof_cache[key] = prove_kernel(target.launched(ast), shapes, constraints)
     return _proof_cache[key]

@@ -7,9 +7,10 @@ Parallelism: the loop ranges are flattened into one work-item index (the innermo
 fastest, so neighbouring work-items touch neighbouring memory); the launch size is the product of
 the loop ends, an expression over the vars evaluated at replay.
 
-Row kernels (render_rows.py) give each row of a kernel whose reductions depend on only some loop
-ranges a work-group; contractions (render_tiles.py) are tiled through local memory. Elementwise kernels
-on dialects with several items per work-item store runs of consecutive outputs (vector accesses).
+The kernel's launch is decided before rendering, by the target's pass (gpu_launch.py), and read here from
+the AST's LAUNCH node: row kernels (render_rows.py) give each row of a kernel whose reductions depend on only
+some loop ranges a work-group; contractions (render_tiles.py) are tiled through local memory. Elementwise
+kernels on dialects with several items per work-item store runs of consecutive outputs (vector accesses).
 
 ABI: `kernel void name(T0 *buf0, ..., int64 v_<var>, ...)`, vars in `var_names` order. float16 is
 stored as 16-bit halves, bfloat16 as its bits in 16-bit unsigned ints (C has no bfloat16: the conversions are
@@ -28,15 +29,15 @@ import attrs
 
 from ..uop import DType, Ops, UOp, dtypes, sym_prod
 from ..uop.uop import as_uop
+from .gpu_launch import launch_of
 from .kernel import KernelSource, kernel_vars
-from .render_rows import emit_rows, loop_ranges, reduce_together, row_plan, run_length, share_passes
+from .render_rows import emit_rows, loop_ranges, reduce_together, rows_of, run_length
 from .render_rows import launch_size as row_launch_size
 from .render_tiles import emit_contraction, match_contraction
 from .render_tiles import launch_size as contraction_size
 from .renderer import KernelRenderer
 
 ALIGN = 16                # bytes every buffer's start is aligned to (each is an allocation's start)
-WARP_ROWS = 4             # rows of one warp each a work-group packs (dialects with shuffles)
 
 _MATH = {Ops.EXP: "exp", Ops.EXP2: "exp2", Ops.LOG: "log", Ops.LOG2: "log2", Ops.SQRT: "sqrt", Ops.SIN: "sin",
          Ops.COS: "cos", Ops.TANH: "tanh", Ops.ERF: "erf", Ops.FLOOR: "floor", Ops.CEIL: "ceil",
@@ -171,11 +172,8 @@ def _range_name(r: UOp) -> str:
 
 
 class CStyleRenderer(KernelRenderer):
-    def __init__(self, ast: UOp, dialect: Dialect, tile: tuple[int, int, int] | None = None):
-        contraction = match_contraction(ast, tile)
-        warp_rows = WARP_ROWS if dialect.shuffle_xor else 1
-        if contraction is None:
-            ast = share_passes(ast, dialect.items_per_thread, warp_rows)
+    def __init__(self, ast: UOp, dialect: Dialect):
+        kind, *decided = launch_of(ast)
         super().__init__(ast)
         self.d = dialect
         self.lines: list[str] = []
@@ -185,8 +183,9 @@ class CStyleRenderer(KernelRenderer):
         self.depth = 1
         self.n = 0
         self.vars = [v.arg[0] for v in kernel_vars(ast)]
-        self.contraction = contraction
-        self.rows = row_plan(ast, dialect.items_per_thread, warp_rows) if contraction is None else None
+        self.contraction = match_contraction(ast, tuple(decided)) if kind == "tile" else None
+        self.rows = rows_of(ast, *decided) if kind == "rows" else None
+        self.items = decided[0] if kind == "items" else 1   # outputs per work-item of an elementwise launch
         self.row_elements: list[dict] = []   # a shared row's element scopes (render_rows.emit_rows)
         self.long = dialect.ctype(dtypes.int64)
         self.aligned = False   # whether the kernel tells the compiler its buffers are ALIGN-byte aligned
@@ -503,9 +502,9 @@ class CStyleRenderer(KernelRenderer):
         if self.rows is not None:
             emit_rows(self, store)
             return self.kernel_text(row_launch_size(self.rows))
-        if self.d.items_per_thread > 1:
+        if self.items > 1:
             self.strided_outputs(store, ranges, outputs)
-            return self.kernel_text((outputs + (self.d.items_per_thread - 1)) // self.d.items_per_thread)
+            return self.kernel_text((outputs + (self.items - 1)) // self.items)
         self.emit(f"const {self.long} gid = {self.d.global_id};")
         self.emit(f"if (gid >= {self.value(outputs)}) return;")
         self.scopes[-1].update(self.unflatten("gid", ranges))
@@ -513,12 +512,12 @@ class CStyleRenderer(KernelRenderer):
         return self.kernel_text(outputs)
 
     def strided_outputs(self, store: UOp, ranges: list[UOp], outputs: UOp):
-        """Each work-item stores `items_per_thread` outputs: consecutive ones where a run never crosses the last
+        """Each work-item stores `self.items` outputs: consecutive ones where a run never crosses the last
         range's end (one range, or a last range of a constant end they divide), unrolled without checks where
         the whole run is in range, so the compiler merges neighbouring loads and stores into vector accesses
         (every buffer starts an allocation: aligned, as the kernel declares); otherwise a work-group's width
         apart (a group covers a contiguous run: coalesced)."""
-        per, width = self.d.items_per_thread, self.d.local_size
+        per, width = self.items, self.d.local_size
         count = self.value(outputs)
         if len(ranges) == 1 or self.run_length(ranges) == per:
             self.emit(f"const {self.long} base = ({self.d.group_id} * {width} + {self.d.local_id}) * {per};")
@@ -559,10 +558,9 @@ class CStyleRenderer(KernelRenderer):
         return text, size
 
 
-def render_c(ast: UOp, dialect: Dialect, tile: tuple[int, int, int] | None = None) -> KernelSource:
-    """The kernel in `dialect`; a contraction is tiled as `tile` says (render_tiles.tile_candidates), by default
-    as the tile policy chooses."""
-    r = CStyleRenderer(ast, dialect, tile)
+def render_c(ast: UOp, dialect: Dialect) -> KernelSource:
+    """The launched kernel `ast` (gpu_launch.launch: its LAUNCH node says how) in `dialect`."""
+    r = CStyleRenderer(ast, dialect)
     source, size = r.kernel()
     group = r.group_size()
     return KernelSource(ast.arg, source, dialect.language, tuple(r.vars), (size,), (group,) if group else ())

@@ -10,7 +10,9 @@ and NaNs are spelled as bit patterns (NVRTC has no math.h macros).
 from __future__ import annotations
 
 from ..uop import DType, UOp, dtypes
+from .gpu_launch import launch
 from .kernel import KernelSource
+from .optimize import Blocking
 from .render_c import ALIGN, Dialect, render_c
 
 ELEMENTWISE_GROUP = 256   # threads per block of kernels that are not grouped reductions
@@ -67,4 +69,6 @@ CUDA = Dialect(
 
 
 def render_cuda(ast: UOp, tile: tuple[int, int, int] | None = None) -> KernelSource:
-    return render_c(ast, CUDA, tile)
+    """The kernel `ast` launched (gpu_launch.launch: tiled as `tile` says, else as the tile policy chooses) and
+    rendered; a launched AST keeps its launch."""
+    return render_c(launch(ast, CUDA, Blocking(tile=tile)), CUDA)

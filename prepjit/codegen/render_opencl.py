@@ -9,7 +9,9 @@ the runtime.
 from __future__ import annotations
 
 from ..uop import DType, Ops, UOp, dtypes
+from .gpu_launch import launch
 from .kernel import KernelSource
+from .optimize import Blocking
 from .render_c import Dialect, render_c
 from .render_rows import GROUP_REDUCE_MIN, REDUCE_GROUP, uses_grouped_reduce
 
@@ -66,4 +68,6 @@ OPENCL = Dialect(
 
 
 def render_opencl(ast: UOp, tile: tuple[int, int, int] | None = None) -> KernelSource:
-    return render_c(ast, OPENCL, tile)
+    """The kernel `ast` launched (gpu_launch.launch: tiled as `tile` says, else as the tile policy chooses) and
+    rendered; a launched AST keeps its launch."""
+    return render_c(launch(ast, OPENCL, Blocking(tile=tile)), OPENCL)

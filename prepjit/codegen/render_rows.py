@@ -94,18 +94,24 @@ def run_length(ranges: list[UOp], items: int) -> int:
     return items if end is not None and end.op is Ops.CONST and end.arg % items == 0 else 1
 
 
+def _hoisted(ast: UOp) -> tuple[list, tuple, tuple]:
+    """(the reductions every work-item of a row's group would compute together, the loop ranges they depend on:
+    the rows, the other loop ranges: the columns)."""
+    loops = loop_ranges(ast)
+    hoisted = [u for u in ast.toposort() if u.op is Ops.REDUCE and _free_ranges(u) <= set(loops)]
+    rows = tuple(r for r in loops if any(r in _free_ranges(u) for u in hoisted))
+    return hoisted, rows, tuple(r for r in loops if r not in rows)
+
+
 def row_plan(ast: UOp, items: int = 1, warp_rows: int = 1) -> Rows | None:
     """The row kernel this kernel becomes, or None (its reductions, if any, run inline in each work-item), for a
     dialect whose work-items take runs of `items` consecutive elements where they can (the group covers a row's
     work in runs: a row of 128 elements in runs of 4 is one warp's) and packs `warp_rows` rows of a warp each into
     a work-group (a dialect with shuffles: such rows need no barrier; work-groups of one warp would leave half of a
     multiprocessor's warp slots empty)."""
-    loops = loop_ranges(ast)
-    hoisted = [u for u in ast.toposort() if u.op is Ops.REDUCE and _free_ranges(u) <= set(loops)]
+    hoisted, rows, cols = _hoisted(ast)
     if not hoisted:
         return None
-    rows = tuple(r for r in loops if any(r in _free_ranges(u) for u in hoisted))
-    cols = tuple(r for r in loops if r not in rows)
     longest = max(_length(u) for u in hoisted)
     if not cols and math.prod(r.src[0].vmax for r in rows) > MANY_OUTPUTS:
         return None   # enough outputs to fill the GPU with one work-item each
@@ -117,6 +123,12 @@ def row_plan(ast: UOp, items: int = 1, warp_rows: int = 1) -> Rows | None:
     if warp_rows > 1 and group > WARP and all(_shuffles(u.dtype) for u in hoisted):
         group = min(group, -(-work // WARP) * WARP)   # any number of warps combines: none of the group idles
     return Rows(frozenset(hoisted), tuple(hoisted), rows, cols, group, warp_rows if group == WARP else 1)
+
+
+def rows_of(ast: UOp, group: int, pack: int) -> Rows:
+    """The row kernel a launch decided (gpu_launch.py: `group` work-items a row, `pack` rows a work-group)."""
+    hoisted, rows, cols = _hoisted(ast)
+    return Rows(frozenset(hoisted), tuple(hoisted), rows, cols, group, pack)
 
 
 def share_passes(ast: UOp, items: int = 1, warp_rows: int = 1) -> UOp:

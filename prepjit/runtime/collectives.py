@@ -19,12 +19,11 @@ import threading
 import numpy as np
 
 from .array import Array
-from .device_base import DeviceBase
 
 
 def to_device(device, host: np.ndarray) -> Array:
     """`host` as a pj.Array of `device` (the cpu holds it as it is; a GPU gets a copy uploaded)."""
-    if not isinstance(device, DeviceBase):
+    if not device.target.device_memory:
         return Array(host, host.shape, host.dtype, device)
     _, (memory, _) = device.input_handle(host)
     return Array(memory, host.shape, host.dtype, device)

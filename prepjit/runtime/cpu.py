@@ -15,6 +15,7 @@ import threading
 
 import numpy as np
 
+from ..codegen.targets import LLVM
 from ..errors import CompileError
 from ..llvm_cpu import compile_cpu
 from ..uop import Ops, render_python
@@ -266,7 +267,8 @@ class CPUDevice:
     """Compiles LLVM IR (optimised at -O3, vectorised for the host CPU) and allocates host buffers."""
 
     name = "cpu"
-    language = "llvm"
+    target = LLVM   # its policy, AST passes and renderer (codegen/targets.py)
+    language = target.language
 
     def __init__(self):
         import llvmlite.binding as llvm

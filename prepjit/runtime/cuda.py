@@ -25,6 +25,7 @@ import threading
 
 import numpy as np
 
+from ..codegen.targets import CUDA_TARGET
 from ..errors import CompileError, DeviceError
 from .cuda_driver import Driver, Graph, KernelNodeParams, PackedArgs
 from .device_base import MIN_BYTES, DeviceBase
@@ -119,7 +120,8 @@ class CUDALauncher:
 class CUDADevice(DeviceBase):
     """Compiles CUDA C with NVRTC for one GPU and keeps results in its memory."""
 
-    language = "cuda"
+    target = CUDA_TARGET   # its policy, AST passes and renderer (codegen/targets.py)
+    language = target.language
 
     def __init__(self, index: int = 0):
         super().__init__()

@@ -21,6 +21,7 @@ import threading
 
 import numpy as np
 
+from ..codegen.targets import OPENCL_TARGET
 from ..errors import CompileError, DeviceError
 from .device_base import DeviceBase
 
@@ -132,7 +133,8 @@ class OpenCLDevice(DeviceBase):
     """Builds OpenCL C with pyopencl for one device and keeps results in its memory."""
 
     name = "opencl"
-    language = "opencl"
+    target = OPENCL_TARGET   # its policy, AST passes and renderer (codegen/targets.py)
+    language = target.language
 
     def __init__(self):
         super().__init__()

@@ -36,15 +36,15 @@ def test_kernels_shared_within_a_plan():
 
 
 def test_threads_preparing_the_same_kernels_build_each_once(monkeypatch):
-    import prepjit.planner
+    from prepjit.codegen.targets import Target
     optimized = []
-    optimize = prepjit.planner.optimize
+    render = Target.render
 
-    def slow_optimize(ast, *args):  # holds the build open so that the other thread arrives during it
+    def slow_optimize(target, ast, *args):  # holds the build open so that the other thread arrives during it
         optimized.append(ast)
         time.sleep(0.2)
-        return optimize(ast, *args)
-    monkeypatch.setattr(prepjit.planner, "optimize", slow_optimize)
+        return render(target, ast, *args)
+    monkeypatch.setattr(Target, "render", slow_optimize)
 
     def body(x):
         return (x * 1.625).sum(axis=0) - 0.0625  # constants no other test uses
@@ -70,17 +70,17 @@ def test_threads_preparing_the_same_kernels_build_each_once(monkeypatch):
 
 
 def test_a_kernel_whose_builder_is_interrupted_is_built_by_its_waiter(monkeypatch):
-    import prepjit.planner
+    from prepjit.codegen.targets import Target
     optimized = []
-    optimize = prepjit.planner.optimize
+    render = Target.render
 
-    def interrupted_once(ast, *args):  # the first build stops as Ctrl-C would stop it, after the waiter arrived
+    def interrupted_once(target, ast, *args):  # the first build stops as Ctrl-C would stop it, after the waiter arrived
         optimized.append(ast)
         if len(optimized) == 1:
             time.sleep(0.3)
             raise KeyboardInterrupt
-        return optimize(ast, *args)
-    monkeypatch.setattr(prepjit.planner, "optimize", interrupted_once)
+        return render(target, ast, *args)
+    monkeypatch.setattr(Target, "render", interrupted_once)
 
     def body(x):
         return x * 2.875 + 0.4375  # constants no other test uses: one kernel, built here

@@ -321,15 +321,14 @@ def test_profile_runs_loops_in_the_generic_order_and_times_each_listed_kernel():
 
 
 def test_loop_kernels_render_for_the_gpu_devices():
-    from prepjit.codegen.optimize import optimize
     from prepjit.codegen.schedule import schedule
-    from prepjit.codegen.renderers import RENDERERS
+    from prepjit.codegen.targets import TARGETS
     traced = pj.trace(pj.prepare(_collatz, vars={"n": (0, 8)}), np.array(6, np.int64), 5)
     sched = schedule(list(traced.outputs) + [f for f, _ in traced.flags], list(traced.inputs))
     assert any(isinstance(seg, DynamicLoop) for seg in sched.kernels.segments)
     for language in ("cuda", "opencl"):
         for ast in sched.kernels.asts():
-            assert RENDERERS[language](optimize(ast, language)).source
+            assert TARGETS[language].render(TARGETS[language].launched(ast)).source
 
 
 # ---- saved plans ----

@@ -1,0 +1,48 @@
+"""The work-group targets' pass (opencl, cuda): how a kernel is launched, decided on the kernel AST before the
+bounds proof and the renderer, so both (and the caches, and PREPJIT_TUNE) see one kernel.
+
+A kernel becomes one of three launches, recorded as a LAUNCH node, the SINK's last source, which the C-style
+renderer (render_c.py) follows and never decides itself:
+- ("tile", rows, columns, splits): a contraction tiled through local memory (render_tiles.py); the tile is
+  the Blocking's (PREPJIT_TUNE's choice) or the tile policy's;
+- ("rows", group, pack): a row kernel (render_rows.py), its row reductions' passes rewritten to share the
+  columns' range where every pass is one static run per work-item (`share_passes`: the proof sees that range);
+- ("items", n): a work-item per `n` outputs (the dialect's items per thread).
+"""
+from __future__ import annotations
+
+from ..uop import Ops, UOp, dtypes
+from .optimize import DEFAULT_BLOCKING, Blocking
+from .render_rows import row_plan, share_passes
+from .render_tiles import match_contraction
+
+WARP_ROWS = 4             # rows of one warp each a work-group packs (dialects with shuffles)
+
+
+def warp_rows(dialect) -> int:
+    """Rows a work-group of a dialect packs where a row's group is one warp."""
+    return WARP_ROWS if dialect.shuffle_xor else 1
+
+
+def launch(ast: UOp, dialect, blocking: Blocking = DEFAULT_BLOCKING) -> UOp:
+    """`ast` as launched on a `dialect` GPU: with its LAUNCH node (idempotent: a launched AST is returned as is)."""
+    if launch_of(ast) is not None:
+        return ast
+    contraction = match_contraction(ast, blocking.tile)
+    if contraction is not None:
+        return _with_launch(ast, ("tile", contraction.tm, contraction.tn, contraction.splits))
+    ast = share_passes(ast, dialect.items_per_thread, warp_rows(dialect))
+    rows = row_plan(ast, dialect.items_per_thread, warp_rows(dialect))
+    if rows is not None:
+        return _with_launch(ast, ("rows", rows.group, rows.pack))
+    return _with_launch(ast, ("items", dialect.items_per_thread))
+
+
+def _with_launch(ast: UOp, arg: tuple) -> UOp:
+    return UOp(Ops.SINK, ast.dtype, (*ast.src, UOp(Ops.LAUNCH, dtypes.bool, (), arg)), ast.arg)
+
+
+def launch_of(ast: UOp) -> tuple | None:
+    """The LAUNCH decision of a launched kernel AST, or None."""
+    last = ast.src[-1] if ast.src else None
+    return last.arg if last is not None and last.op is Ops.LAUNCH else None

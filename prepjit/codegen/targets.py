@@ -1,0 +1,67 @@
+"""One target per kind of device: its policy, its AST passes and its renderer (DESIGN.md: kernel structure is an
+AST decision). A device names its target (`device.target`); everything that differs between the cpu and the
+GPUs asks the target, never the device's class or language name.
+
+`launched(ast, blocking)` is the kernel as it runs: on the cpu, blocked for this host's vector unit
+(optimize.py, matvec.py); on a GPU, with its launch decided (gpu_launch.py: a tiled contraction, a row kernel
+or elementwise work-items). The bounds proof, the renderer and PREPJIT_TUNE's candidates all start from it.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import attrs
+
+from ..uop import UOp
+from .gpu_launch import launch
+from .kernel import KernelSource
+from .optimize import DEFAULT_BLOCKING, Blocking, blocking_candidates, optimize_with, tuned
+from .render_c import Dialect, render_c
+from .render_cuda import CUDA
+from .render_llvm import render_llvm
+from .render_opencl import OPENCL
+from .render_tiles import tile_candidates
+
+
+@attrs.frozen
+class Target:
+    language: str                  # the kernel language its renderer writes (KernelSource.language)
+    work_groups: bool              # kernels run as a grid of work-groups (a GPU), not loops split over CPU threads
+    device_memory: bool            # its buffers live in memory the host cannot address (runtime/device_base.py)
+    packs_contractions: bool       # the schedule adds kernels packing contraction operands (packing.py)
+    passes: Callable[[UOp, Blocking], UOp]          # a scheduled kernel AST -> the kernel as launched
+    renderer: Callable[[UOp], KernelSource]         # a launched kernel AST -> its source
+    candidates: Callable[[UOp], list[Blocking]]     # Blockings PREPJIT_TUNE times for a kernel (the default first)
+
+    def launched(self, ast: UOp, blocking: Blocking | None = None) -> UOp:
+        """The kernel as launched, with `blocking` (by default the one PREPJIT_TUNE fixed for `ast`, tune.py);
+        memoised: the bounds proof and the renderer ask for the same kernel."""
+        return _launched(self, ast, tuned.get(ast, DEFAULT_BLOCKING) if blocking is None else blocking)
+
+    def run_passes(self, ast: UOp, blocking: Blocking) -> UOp:
+        return self.passes(ast, blocking)
+
+    def render(self, launched: UOp) -> KernelSource:
+        return self.renderer(launched)
+
+
+@functools.lru_cache(maxsize=4096)
+def _launched(target: Target, ast: UOp, blocking: Blocking) -> UOp:
+    return target.run_passes(ast, blocking)
+
+
+def _gpu(dialect: Dialect) -> Target:
+    def candidates(ast: UOp) -> list[Blocking]:   # the tile policy's own is the first: the default
+        return [DEFAULT_BLOCKING] + [Blocking(tile=t) for t in tile_candidates(ast)[1:]]
+    return Target(dialect.language, work_groups=True, device_memory=True, packs_contractions=False,
+                  passes=lambda ast, blocking: launch(ast, dialect, blocking),
+                  renderer=lambda ast: render_c(ast, dialect), candidates=candidates)
+
+
+LLVM = Target("llvm", work_groups=False, device_memory=False, packs_contractions=True,
+              passes=lambda ast, blocking: optimize_with(ast, "llvm", None, blocking), renderer=render_llvm,
+              candidates=blocking_candidates)
+OPENCL_TARGET = _gpu(OPENCL)
+CUDA_TARGET = _gpu(CUDA)
+TARGETS = {t.language: t for t in (LLVM, OPENCL_TARGET, CUDA_TARGET)}
