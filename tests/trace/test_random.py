@@ -212,7 +212,8 @@ def test_normal_equals_jax_bit_for_bit(dtype, device):
         if dtype == "float64" and device != "cpu":
             assert _ulps(got.ravel()[indices], want) <= 4, f"seed {seed}"
         else:
-            np.testing.assert_array_equal(got.ravel()[indices].view(unsigned), want.view(unsigned), err_msg=f"seed {seed}")
+            np.testing.assert_array_equal(got.ravel()[indices].view(unsigned), want.view(unsigned),
+                                          err_msg=f"seed {seed}")
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64"])
