@@ -20,7 +20,7 @@ import numpy as np
 from .runtime.array import Array
 from .runtime.device_base import DeviceBase
 from .runtime.host_pool import allocator_for, empty
-from .trace.constants import CaptureWatch
+from .trace.constants import CaptureWatch, capture_key
 from .trace.pytree import MAX_DEPTH
 from .uop import render_python
 
@@ -32,7 +32,7 @@ class _FastCall:
     """What one concrete call signature replays: plan, argument positions, var checks and outputs."""
 
     def __init__(self, entry, info, array_args: list[tuple[int, bool]], n_args: int, var_args: list[tuple[int, str]],
-                 declared: dict, device, fn):
+                 declared: dict, device, captures):
         plan = entry.plan
         self.plan, self.device, self.out_tree = plan, device, entry.out_tree
         self.array_args = array_args
@@ -41,7 +41,7 @@ class _FastCall:
         self.args_first = [i for i, _ in array_args] == list(range(n_args)) and not any(p for _, p in array_args)
         # whether the arrays the function reaches are still the ones this plan was traced with (a rebound one
         # goes to the full path, which traces again); None when it reaches none
-        self.captures = CaptureWatch(fn, list(entry.reachable)) if entry.reachable else None
+        self.captures = captures
         self.var_names = list(plan.vars)
         self.base_values = dict(info.var_values)
         self.var_checks = var_args
@@ -141,6 +141,7 @@ class FastCalls:
         self.static_positions = {i for i, p in enumerate(signature.params) if p.name in signature.static}
         self.declared = signature.vars  # name -> Var: the declared bounds a scalar var is checked against
         self.calls: dict = {}
+        self.watches: dict = {}  # capture_key -> its CaptureWatch, shared by the calls whose plans captured those
 
     def key(self, args: tuple, device_name) -> tuple:
         """(the concrete key of a positional call, its arguments with each container's arrays in its place),
@@ -218,7 +219,18 @@ class FastCalls:
                 or any(n not in info.var_values for n in plan.vars) \
                 or plan.check_constraints(tuple(info.var_values[n] for n in plan.vars)) >= 0:
             return  # (a call that breaks an index constraint raises on the full path, and is not remembered)
-        self.calls[key] = _FastCall(entry, info, array_args, len(flat), var_args, self.declared, device, self.fn).run
+        self.calls[key] = _FastCall(entry, info, array_args, len(flat), var_args, self.declared, device,
+                                    self._watch(entry.reachable)).run
+
+    def _watch(self, reachable: tuple):
+        """The CaptureWatch of the arrays a plan captured (one for all the calls whose plans captured the same
+        ones), or None when it captured none."""
+        if not reachable:
+            return None
+        watch = self.watches.get(capture_key(reachable))
+        if watch is None:
+            watch = self.watches[capture_key(reachable)] = CaptureWatch(self.fn, list(reachable))
+        return watch
 
 
 def _tree_key(tree, parts: list, flat: list, depth: int) -> bool:
