@@ -12,11 +12,31 @@ import numpy as np
 _NUMPY = {"bfloat16": np.dtype(ml_dtypes.bfloat16)}  # NumPy dtypes NumPy cannot name itself
 
 
-@attrs.frozen(repr=False, cache_hash=True)
+@attrs.frozen(repr=False, eq=False)
 class DType:
+    """A scalar dtype. It equals the NumPy dtypes, scalar types and names of its kind (`x.dtype == np.float32`,
+    `x.dtype == "bfloat16"`) and `np.dtype(d)` is its NumPy dtype, as jax.numpy's dtypes are."""
     name: str
     itemsize: int
     kind: str  # "b" bool, "i" signed int, "u" unsigned int, "f" float
+
+    def __eq__(self, other):
+        if isinstance(other, DType):
+            return self.name == other.name
+        if other is None:  # np.dtype(None) is float64
+            return False
+        try:
+            return self.np == np.dtype(other)
+        except TypeError:
+            return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The NumPy dtype (what `np.dtype(d)` reads)."""
+        return self.np
 
     @property
     def np(self) -> np.dtype:

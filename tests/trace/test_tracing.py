@@ -138,3 +138,21 @@ def test_fori_loop_body_must_keep_the_carry_structure():
 
 def test_fori_loop_with_empty_range_returns_the_carry(device):
     assert_matches(pj.prepare(lambda x: pj.fori_loop(3, 3, lambda i, c: c * 2, x), device=device)(A), A)
+
+
+def test_a_traced_dtype_compares_and_converts_like_numpys(device):
+    """Inside a trace `x.dtype` equals NumPy's dtypes, scalar types and names, and np.dtype(x.dtype) is NumPy's,
+    as in jax.numpy (model code branches on `x.dtype == np.float32` and casts with `np.dtype(x.dtype)`)."""
+    seen = {}
+
+    @pj.prepare(device=device)
+    def f(x, y):
+        seen["eq"] = (x.dtype == np.float32, x.dtype == pnp.float32, x.dtype == "float32", x.dtype == np.dtype("f4"),
+                      y.dtype == pnp.bfloat16, x.dtype != np.int32, x.dtype == y.dtype, x.dtype == None)  # noqa: E711
+        seen["np"] = (np.dtype(x.dtype), np.dtype(y.dtype))
+        return x.astype(np.dtype(y.dtype))
+
+    out = np.asarray(f(np.full(3, 1.5, np.float32), np.zeros(2, pnp.bfloat16)))
+    assert seen["eq"] == (True, True, True, True, True, True, False, False)
+    assert seen["np"] == (np.dtype(np.float32), np.dtype(pnp.bfloat16))
+    assert out.dtype == pnp.bfloat16 and out.astype(np.float32).tolist() == [1.5] * 3
