@@ -1,20 +1,21 @@
 """prepjit: trace NumPy-style functions once, replay prepared kernels with new shapes."""
 from . import lax
 from . import random
-from .autodiff import grad, value_and_grad, vjp
-from .batched import vmap
+from .transforms.autodiff import grad, value_and_grad, vjp
+from .transforms.vmap import vmap
 from .errors import (CompileError, DeletedArrayError, DeviceError, IndexBoundError, PlanFileError, PrepjitError,
                      SignatureError, TraceError, VarBoundError, VarError)
-from .prepare import PreparedFunction, prepare, trace
-from .multi_device import MultiDeviceFunction
+from .jit.function import PreparedFunction
+from .jit.prepare import prepare, profile, trace
+from .distributed.multi_device import MultiDeviceFunction
 from .runtime.collectives_job import init_distributed
 from .trace.collectives import all_gather, device_index, pmean, psum
-from .profiler import Profile, profile
+from .jit.profiler import Profile
 from .runtime.array import Array
 from .runtime.cache import CachedKernel
 from .runtime.plan import ExecutionPlan, PreparedKernel
 from .runtime.var_table import RuntimeVar
-from .saved import load
+from .jit.loaded import load
 from .trace.control import cond, scan, switch
 from .trace.loop import fori_loop, while_loop
 from .trace.precision import default_matmul_precision

@@ -67,7 +67,7 @@ _BODIES = {  # (key, shape, *params) -> the draw, for each eager call (a dtype c
 def _eager(name: str, flat: bool):
     """The prepared function of an eager call: with `flat`, of a flat draw whose size is a var (element i of a
     draw depends only on the key and i, so a draw of any shape is a flat one reshaped), else of static shapes."""
-    from .prepare import prepare
+    from .jit.prepare import prepare
     body = _BODIES[name]
     if not flat:
         return prepare(body)

@@ -178,7 +178,7 @@ def worker(plan: str, cases: list):
     import prepjit as pj
     import prepjit.numpy as pnp
     from prepjit.runtime import datafile
-    from prepjit.saved import KIND, VERSION
+    from prepjit.jit.saved import KIND, VERSION
     from tests.guard_pages import guarded
 
     f, save_args, calls = PLANS[plan](pj, pnp)

@@ -12,7 +12,7 @@ import pytest
 import prepjit as pj
 import prepjit.numpy as pnp
 from prepjit.runtime import datafile
-from prepjit.saved import KIND, VERSION
+from prepjit.jit.saved import KIND, VERSION
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

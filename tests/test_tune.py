@@ -1,4 +1,4 @@
-"""PREPJIT_TUNE (prepjit/tune.py): a contraction's block shapes timed at prepare time, the winner used for the
+"""PREPJIT_TUNE (prepjit/jit/tune.py): a contraction's block shapes timed at prepare time, the winner used for the
 kernel (the bounds proof, the renderer and the disk key agree on it), recorded on disk and read back by a new
 process that does not tune."""
 import os
@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 
 import prepjit as pj
-from prepjit import tune
+from prepjit.jit import tune
 from prepjit.codegen import optimize as opt
 from prepjit.codegen.render_tiles import match_contraction, tile_candidates
 from tests.conftest import DEVICES
 
 SCRIPT = """
 import sys, numpy as np, prepjit as pj
-from prepjit import tune
+from prepjit.jit import tune
 from prepjit.codegen import optimize as opt
 x, w = np.ones((8, 192), np.float32), np.full((192, 96), 0.5, np.float32)
 f = pj.prepare(lambda x, w: x @ w, device="cpu")

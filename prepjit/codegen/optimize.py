@@ -60,7 +60,7 @@ def _tile(value) -> tuple[int, int, int] | None:
 @attrs.frozen
 class Blocking:
     """The block-shape knobs a kernel is optimised with: the defaults, or what PREPJIT_TUNE's timed search chose
-    for it (prepjit/tune.py). Column widths stay as they are (packing.py lays panels out by them)."""
+    for it (prepjit/jit/tune.py). Column widths stay as they are (packing.py lays panels out by them)."""
     max_accumulators: int = MAX_ACCUMULATORS   # vector accumulators of a register block: its rows
     matvec_row_bytes: int | None = None        # bytes of columns per block of a one-row matvec (None: matvec.py's)
     # a GPU contraction's tiles: (rows, columns, splits), one of render_tiles.tile_candidates (None: the policy's)

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..codegen.targets import LLVM
 from ..errors import CompileError
-from ..llvm_cpu import compile_cpu
+from ..codegen.llvm_cpu import compile_cpu
 from ..uop import Ops, render_python
 from . import compile_pool
 from .array import Array

@@ -9,7 +9,7 @@ UOps are hash-consed, so an input's node may also stand for an equal value elsew
 same array, `x * 2` computed twice). Each differentiated input is therefore replaced by a fresh placeholder (a
 CARRY leaf of its own) before the function is traced, and put back in the results afterwards.
 
-`prepjit/autodiff.py` holds the public `pj.grad` / `pj.value_and_grad` / `pj.vjp`: on traced arguments they call
+`prepjit/transforms/autodiff.py` holds the public `pj.grad` / `pj.value_and_grad` / `pj.vjp`: on traced arguments they call
 the functions here; on NumPy arguments they prepare a function that does.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The cpu replay fast path (prepjit/replay.py, runtime/cpu_replay.py) and thread-split kernels match NumPy
+"""The cpu replay fast path (prepjit/jit/replay.py, runtime/cpu_replay.py) and thread-split kernels match NumPy
 and keep every guarantee of the full call path. Each test counts the calls that went through the full path
 (`Signature.read`), so a test of the fast path fails when its calls do not take it."""
 import threading

@@ -1,4 +1,4 @@
-"""Several devices (prepjit/multi_device.py): replicas on the host's cpu (and on CUDA GPUs where there are
+"""Several devices (prepjit/distributed/multi_device.py): replicas on the host's cpu (and on CUDA GPUs where there are
 some), split and replicated arguments, collectives, outputs that vary or are replicated, data-parallel
 gradients, the errors, and a job of several processes meeting through a torchrun-style environment."""
 import os

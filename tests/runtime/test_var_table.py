@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import prepjit as pj
-from prepjit.profiler import timed_call
+from prepjit.jit.profiler import timed_call
 from prepjit.runtime.var_table import VarTable
 from prepjit.uop import UOp
 

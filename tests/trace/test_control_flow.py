@@ -356,7 +356,7 @@ def test_forged_loop_conditions_and_var_bounds_are_refused(tmp_path):
     """A file must not let the bounds proof assume what calls do not check: a loop's index condition dropped
     from the constraints, or a loop var narrower than its bounds, is a PlanFileError."""
     from prepjit.runtime import datafile
-    from prepjit.saved import KIND, VERSION
+    from prepjit.jit.saved import KIND, VERSION
     f = pj.prepare(lambda x, n: pj.fori_loop(0, n, lambda i, c: c + x[i + 1], pnp.zeros((), np.float32)),
                    vars={"n": (0, 8)})
     x = np.arange(6, dtype=np.float32)

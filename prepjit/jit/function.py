@@ -1,4 +1,8 @@
-"""@pj.prepare: trace once per signature, freeze an ExecutionPlan, replay it on every later call."""
+"""The prepared function: trace once per signature, freeze an ExecutionPlan, replay it on every later call.
+
+`PreparedFunction` is what `pj.prepare` (prepare.py) returns for one device: it reads each call's signature
+(signature.py), traces and plans a new one (planner.py), replays a known one (through the fast path of
+replay.py when it can) and saves one to a file (saved.py)."""
 from __future__ import annotations
 
 import functools
@@ -14,21 +18,22 @@ import warnings
 import attrs
 import numpy as np
 
-from .errors import CompileError, PrepjitError, TraceError, VarError
+from ..errors import CompileError, PrepjitError, TraceError, VarError
 from .planner import build_plan
 from .profiler import log_timed_call
 from .replay import MISS, FastCalls
-from .runtime.array import Array
-from .runtime.device_base import DeviceBase
-from .runtime.devices import default_device, get_device
-from .runtime.plan import ExecutionPlan
+from .saved import save
+from ..runtime.array import Array
+from ..runtime.device_base import DeviceBase
+from ..runtime.devices import default_device, get_device
+from ..runtime.plan import ExecutionPlan
 from .signature import CallInfo, Signature, explain_retrace, retrace_hint
 from .stages import describe, stage, tally
-from .trace.pytree import TreeDef
-from .trace.tracer import Tracer
-from .trace.constants import capture_key, reachable_arrays
-from .trace.tracing import ArrayLeaf, Traced, VarLeaf, trace_call, wrap_error
-from .uop.var import Var
+from ..trace.pytree import TreeDef
+from ..trace.tracer import Tracer
+from ..trace.constants import capture_key, reachable_arrays
+from ..trace.tracing import ArrayLeaf, Traced, VarLeaf, trace_call, wrap_error
+from ..uop.var import Var
 
 log = logging.getLogger("prepjit")
 
@@ -65,7 +70,7 @@ class _Entry:
     reachable: tuple = ()  # the arrays whose ids key this entry, kept alive so no other array takes an id
 
 
-def _normalize_vars(vars_) -> dict[str, Var]:
+def normalize_vars(vars_) -> dict[str, Var]:
     out: dict[str, Var] = {}
     if not isinstance(vars_, dict) and any(not isinstance(v, Var) for v in ([vars_] if isinstance(vars_, str) else
                                                                            vars_ or ())):
@@ -85,7 +90,7 @@ def _normalize_vars(vars_) -> dict[str, Var]:
     return out
 
 
-def _collect_spec_vars(shapes, vars_: dict[str, Var]):
+def collect_spec_vars(shapes, vars_: dict[str, Var]):
     """Vars given as pj.Var objects inside `shapes` join `vars` (same name must mean the same bounds)."""
     def walk(x):
         if isinstance(x, Var):
@@ -108,9 +113,9 @@ class PreparedFunction:
                  donate_argnums=(), donate_argnames=(), hint_retraces=False):
         functools.update_wrapper(self, fn)
         self.fn = fn
-        self.vars = _normalize_vars(vars)
+        self.vars = normalize_vars(vars)
         self.shapes = dict(shapes or {})
-        _collect_spec_vars(self.shapes, self.vars)
+        collect_spec_vars(self.shapes, self.vars)
         self.signature = Signature(fn, self.vars, self.shapes, static_argnums, static_argnames)
         self.donated = self.signature.parameter_names(donate_argnums, donate_argnames, "donate")
         self._fast_calls = FastCalls(self.signature, fn)
@@ -228,7 +233,6 @@ class PreparedFunction:
 
     def save(self, path, *args, **kwargs):
         """Write the plan for these arguments' signature (prepared if needed) to `path`; `pj.load` reads it."""
-        from .saved import save  # saved.py builds on this module
         save(self, path, self.signature.read(args, kwargs))
 
     # ---- calling ----
@@ -238,7 +242,7 @@ class PreparedFunction:
             if out is not MISS:
                 next(self._replays)
                 return out
-        if _has_tracer(args, kwargs):  # called inside another traced function: inline, like nested jax.jit
+        if has_tracer(args, kwargs):  # called inside another traced function: inline, like nested jax.jit
             return self.fn(*args, **kwargs)
         info = self.signature.read(args, kwargs)
         entry = self._entry(info)
@@ -292,7 +296,7 @@ def constant_on_device(device, value: np.ndarray):
     return Array(memory, value.shape, value.dtype, device)
 
 
-def _has_tracer(args, kwargs) -> bool:
+def has_tracer(args, kwargs) -> bool:
     """Whether a top-level argument is traced (checked cheaply: this is on the replay path)."""
     return any(type(a) is Tracer for a in args) or bool(kwargs) and any(type(a) is Tracer for a in kwargs.values())
 
@@ -314,65 +318,3 @@ def _tracing_now() -> set:
     return fns
 
 
-def prepare(fn=None, *, vars=None, shapes=None, device=None, static_argnums=(), static_argnames=(), devices=None,
-            split=None, donate_argnums=(), donate_argnames=()):
-    """Prepare `fn` for replay: trace it once per signature, compile its kernels once, replay the plan after.
-
-    Use as `@pj.prepare`, `@pj.prepare(vars=..., shapes=..., device=...)` or `pj.prepare(fn, ...)`::
-
-        @pj.prepare(vars={"n": (1, 1024), "pos": (0, 511)}, shapes={"x": ("n", 64)})
-        def f(x, w, pos):
-            return pnp.tanh(x @ w)[:, :pos + 1]
-
-    vars: symbolic ints, {name: (min, max)} with inclusive bounds (or pj.Var objects). Intermediate
-        buffers are sized for the maxima; every value is checked against its bounds before anything runs.
-    shapes: per array parameter, one spec per dim: an int (static, checked), a var name or pj.Var
-        (symbolic: the call's size is the var's value), or None (static, any size); a tuple or a string
-        like "n, 64"; a pytree parameter takes a pytree of specs. Unnamed parameters are fully static.
-        A parameter named in `vars` but not in `shapes` is a scalar var: the caller passes an int.
-    device: "cpu" (LLVM, the default), "opencl", "cuda" or "cuda:N"; None reads PREPJIT_DEVICE.
-    static_argnums / static_argnames: parameters (by position or name, as in jax.jit) whose whole value is
-        static even when it is array-like (a NumPy scalar, an object with __array__): it must be hashable,
-        a new value traces a new plan, and `fn` sees the value itself.
-    donate_argnums / donate_argnames: parameters (as jax.jit's) whose pj.Arrays a call may reuse for its
-        results: an output of the same dtype and shape that the plan can write in place (a KV cache updated
-        with .at[pos].set) goes into the donated array's memory, and that array is deleted (pj.DeletedArrayError,
-        a RuntimeError, on use); not while a NumPy view of it lives. NumPy arguments are never written.
-    devices, split: several devices (["cuda:0", "cuda:1"], or "cpu" once per replica) run one replica each,
-        data parallel: the arguments named in split={"x": 0} are cut along that axis, the others replicated;
-        pj.psum / pj.pmean / pj.all_gather / pj.device_index talk across the replicas (docs/devices.md).
-
-    The signature of a call is its pytree structure, static values (non-array arguments), static dims,
-    dtypes and device. The first call with a signature runs `fn` on traced arrays (write it with
-    `prepjit.numpy`) and prepares a pj.ExecutionPlan; later calls replay it without running `fn` or
-    compiling. Results are fresh pj.Arrays in `fn`'s output pytree; inputs are never written (but donated
-    pj.Arrays); calls may come from several threads. Errors: pj.VarBoundError (a var out of bounds),
-    pj.SignatureError (arguments that contradict `shapes` or disagree on a var), pj.IndexBoundError (an index
-    or gather id out of range for this call), pj.TraceError (untraceable code such as `if x.sum() > 0`),
-    pj.DeviceError, pj.CompileError; after one, the function keeps working.
-
-    The prepared function also has `.stats` (traces, compiles, disk_hits, replays, plans, ...), `.plan(*args)`
-    (the ExecutionPlan, prepared without running) and `.trace(*args)`; see pj.profile for per-kernel
-    timing, and docs/ in the prepjit repository for the full reference.
-    """
-    options = dict(vars=vars, shapes=shapes, device=device, static_argnums=static_argnums,
-                   static_argnames=static_argnames)
-    make = functools.partial(PreparedFunction, donate_argnums=donate_argnums, donate_argnames=donate_argnames,
-                             hint_retraces=True)
-    if devices is not None or split is not None:
-        if devices is None or device is not None:
-            raise ValueError("split= goes with devices=[...] (several devices), and devices= replaces device=")
-        if donate_argnums != () or donate_argnames != ():
-            raise ValueError("donate_argnums / donate_argnames are not supported with devices= yet")
-        from .multi_device import MultiDeviceFunction  # built on this module
-        del options["device"]
-        make = functools.partial(MultiDeviceFunction, devices=devices, split=split)
-    if fn is None:
-        return lambda f: make(f, **options)
-    return make(fn, **options)
-
-
-def trace(fn, *args, **kwargs) -> Traced:
-    """The traced UOp graph of `fn` (a prepared function, or any function with static shapes) on these arguments."""
-    prepared = fn if isinstance(fn, PreparedFunction) else PreparedFunction(fn)
-    return prepared.trace(*args, **kwargs)

@@ -1,19 +1,6 @@
-"""Saved plans: `f.save(path, *args)` writes one prepared signature to a file, `load(path)` replays it anywhere.
-
-A plan file is a datafile.py file of kind "plan": JSON metadata (the call signature, the plan's
-data description, planner.PlanSpec: buffers, kernels, I/O, constraints, every UOp in the data
-form of uop/serial.py) and a payload of the kernels' compiled code, back to back, then the bytes of the
-arrays the function captured (trace/constants.py: they are the plan's last inputs). Nothing in it
-is unpickled or evaluated: metadata is decoded into known types and checked, and a file that is
-malformed, truncated, of another format version or for another device (name or compiler) raises
-PlanFileError. Var bounds are read off the kernels' ASTs (planner.plan_vars) and must equal the
-signature's. Loading a file runs its compiled code, so load files you trust; `recompile=True`
-compiles every kernel here from its AST and proves every access inside its buffer again (the code
-in the file is not used), which is what an untrusted file needs. Either way, what the proof relies on is
-checked against the ASTs, never believed: each AST is one the scheduler makes (codegen/ast_check.py),
-fixed values lie in their vars' bounds, buffer sizes follow from their shapes and their dtypes from the
-ASTs' slots (_check_kernels, _check_var_values); any failure, the proof's included, is PlanFileError.
-"""
+"""Loading saved plans: `pj.load(path)` reads a plan file (saved.py's format) into a prepared function of its one
+signature; `recompile=True` believes nothing the file states unless it is checked against its ASTs and the
+signature (see saved.py's docstring and docs/saved.md)."""
 from __future__ import annotations
 
 import inspect
@@ -23,189 +10,25 @@ import stat
 
 import numpy as np
 
-from .codegen.dynamic_loop import DynamicLoop
-from .codegen.memory import share_memory
-from .codegen.schedule import BufferSpec, KernelSequence, LoopKernels, Schedule, ScheduledKernel, _max_size
-from .codegen.ast_check import check_int_expr, check_kernel
-from .errors import CompileError, PlanFileError, SignatureError, TraceError
+from ..codegen.dynamic_loop import DynamicLoop
+from ..codegen.memory import share_memory
+from ..codegen.schedule import BufferSpec, KernelSequence, LoopKernels, Schedule, ScheduledKernel, _max_size
+from ..codegen.ast_check import check_int_expr, check_kernel
+from ..errors import CompileError, PlanFileError, SignatureError, TraceError
 from .planner import PlanSpec, _kernel_from_entry, get_kernels, instantiate, plan_vars, prove_plan
-from .prepare import PreparedFunction, constant_on_device, freeze
-from .runtime import datafile
-from .runtime.devices import get_device
-from .runtime.dynamic_loop import DynamicLaunches
+from ..runtime import datafile
+from ..runtime.devices import get_device
 from .signature import CallInfo, explain_retrace
-from .trace.checks import for_every_iteration, when_run
-from .trace.pytree import TreeDef
-from .uop import UOp, serial
-from .uop.constraint import ERROR_KINDS, IndexConstraint
-from .uop.dtypes import dtypes, to_dtype
-from .uop.ops import Ops
-from .uop.var import Var
-
-KIND, VERSION = b"plan", 1
-MAX_FILE_BYTES = 4 << 30
-MAX_ELEMENTS = 1 << 48  # a buffer's bytes at the vars' maxima, and any of its static dims
-_DTYPES = {d.name: d for d in dtypes.all}
-_KINDS = [inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.VAR_POSITIONAL,
-          inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.VAR_KEYWORD]
+from ..trace.checks import for_every_iteration, when_run
+from ..uop import UOp, serial
+from ..uop.constraint import ERROR_KINDS, IndexConstraint
+from ..uop.dtypes import dtypes
+from ..uop.ops import Ops
+from ..uop.var import Var
+from .function import PreparedFunction, constant_on_device, freeze
+from .saved import KIND, MAX_ELEMENTS, MAX_FILE_BYTES, VERSION, DTYPES_BY_NAME, PARAMETER_KINDS, decode_value, decode_spec, decode_tree
 
 
-# ---- plain values (signature keys, static arguments, pytree structures) <-> JSON ----
-def _enc(x):
-    if x is None or isinstance(x, (bool, int, str)):
-        return x
-    if isinstance(x, float):
-        return {"f": x.hex()}
-    if isinstance(x, tuple):
-        return {"t": [_enc(v) for v in x]}
-    if isinstance(x, TreeDef):
-        return {"tree": [x.kind, [_enc(k) for k in x.keys], [_enc(c) for c in x.children]]}
-    raise SignatureError(f"a value of type {type(x).__name__} ({x!r:.60}) in the call's signature has no data form, "
-                         "so this plan cannot be saved; pass static arguments as ints, floats, strings, bools, "
-                         "None or tuples of those")
-
-
-def _dec(x):
-    if x is None or isinstance(x, (bool, int, str)):
-        return x
-    if isinstance(x, dict) and len(x) == 1:
-        (tag, v), = x.items()
-        if tag == "f" and isinstance(v, str):
-            return float.fromhex(v)
-        if tag == "t" and isinstance(v, list):
-            return tuple(_dec(e) for e in v)
-        if tag == "tree" and isinstance(v, list) and len(v) == 3 and v[0] in ("leaf", "list", "tuple", "dict", "none"):
-            return TreeDef(v[0], tuple(_dec(k) for k in v[1]), tuple(_tree(c) for c in v[2]))
-    raise ValueError(f"not a signature value: {x!r:.60}")
-
-
-def _tree(x) -> TreeDef:
-    tree = _dec(x)
-    if not isinstance(tree, TreeDef):
-        raise ValueError("not a pytree structure")
-    return tree
-
-
-def _enc_spec(spec):
-    """A `shapes` spec (dims, pytrees of dims) as data."""
-    if spec is None or isinstance(spec, (int, str)):
-        return spec
-    if isinstance(spec, Var):
-        return {"var": spec.name}
-    if isinstance(spec, (tuple, list)):
-        return [_enc_spec(s) for s in spec]
-    if isinstance(spec, dict):
-        return {"dict": [[_enc(k), _enc_spec(v)] for k, v in spec.items()]}
-    raise SignatureError(f"a shapes spec {spec!r:.60} has no data form")
-
-
-def _dec_spec(data, vars_: dict):
-    if data is None or isinstance(data, (int, str)):
-        return data
-    if isinstance(data, list):
-        return tuple(_dec_spec(s, vars_) for s in data)
-    if isinstance(data, dict) and set(data) == {"var"}:
-        return vars_[data["var"]]
-    if isinstance(data, dict) and set(data) == {"dict"}:
-        return {_dec(k): _dec_spec(v, vars_) for k, v in data["dict"]}
-    raise ValueError(f"not a shapes spec: {data!r:.60}")
-
-
-# ---- saving ----
-def save(fn: PreparedFunction, path, info: CallInfo):
-    """Write the plan of `info`'s signature (prepared now if needed) to `path`, atomically."""
-    entry = fn._entry(info)
-    plan, spec = entry.plan, entry.plan.spec
-    device = fn.device
-    asts = spec.kernels.asts()
-    ast_index = {a: i for i, a in enumerate(asts)}
-    programs = {}
-    for step in plan.kernels.launches():
-        for pk in (step[1] + step[2] if isinstance(step, tuple) else step.flat if isinstance(step, DynamicLaunches)
-                   else (step,)):
-            programs.setdefault(pk.ast, pk.kernel)
-    roots: list[UOp] = list(asts)
-    root_index = dict(ast_index)
-
-    def ref(u: UOp) -> int:
-        if u not in root_index:
-            root_index[u] = len(roots)
-            roots.append(u)
-        return root_index[u]
-
-    buffers = [[b.dtype.name, [d if isinstance(d, int) else {"u": ref(d)} for d in b.shape], b.max_size, h]
-               for b, h in zip(spec.buffers, spec.home)]
-    constraints = [[ref(c.cond), c.text, c.what] + ([c.error_kind] if c.error_kind != "index" else [])
-                   for c in spec.constraints]
-    kernels = [_enc_kernels(seg, ast_index, ref) for seg in spec.kernels.segments]  # refs before the graph
-    payload, codes = [], []
-    for ast in asts:
-        k = programs[ast]
-        if not k.binary:
-            raise PlanFileError(f"kernel {k.name} has no compiled code to save")
-        codes.append({"name": k.name, "source": k.source, "var_names": list(k.var_names),
-                      "global_size": [ref(g) for g in k.global_size], "local_size": list(k.local_size),
-                      "bytes": len(k.binary)})
-        payload.append(k.binary)
-    constants = [np.ascontiguousarray(np.asarray(c)) for c in entry.constants]  # captured arrays, after the code
-    payload += [c.tobytes() for c in constants]
-    try:
-        graph = serial.to_data(tuple(roots))
-    except ValueError as e:
-        raise SignatureError(f"this plan cannot be saved: {e}") from None
-    sig = fn.signature
-    params = []
-    for p in sig.params:
-        default = None
-        if p.default is not p.empty:
-            try:
-                default = {"value": _enc(p.default)}
-            except SignatureError:
-                default = None  # a default with no data form: the loaded function needs the argument
-        params.append([p.name, _KINDS.index(p.kind), default])
-    meta = {
-        "function": sig.fn_name, "device": device.name, "compiler_id": device.compiler_id,
-        "params": params, "vars": [[v.name, v.min, v.max] for v in sig.vars.values()], "static": sorted(sig.static),
-        "shapes": {name: _enc_spec(s) for name, s in sig.shapes.items()},
-        "key": _enc(info.key), "descriptions": [[p, _enc(part)] for p, part in entry.descriptions],
-        "out_tree": _enc(entry.out_tree), "var_sources": dict(plan.var_sources),
-        "graph": graph, "asts": len(asts), "buffers": buffers,
-        "kernels": kernels,
-        "inputs": list(spec.inputs), "outputs": list(spec.outputs), "constraints": constraints,
-        "flags": [[b, what] for b, what in spec.flags], "proven": spec.proven_accesses, "codes": codes,
-        "constants": [[to_dtype(c.dtype).name, list(c.shape)] for c in constants],
-    }
-    data = datafile.pack(KIND, VERSION, meta, b"".join(payload))
-    path = os.fspath(path)
-    temp = f"{path}.{os.urandom(6).hex()}.tmp"
-    try:
-        with open(temp, "xb") as out:
-            out.write(data)
-        os.replace(temp, path)
-    except BaseException:
-        try:
-            os.unlink(temp)
-        except OSError:
-            pass
-        raise
-
-
-def _enc_kernels(seg, ast_index: dict, ref):
-    """A kernel as [ast, buffers, fixedvars], a fori_loop as {"loop": [var, lower, upper, swap, body]}, or a loop
-    the plan runs natively as {"dloop": [var, lower, upper, predicate buffer, swap, conditions, parts]} (UOps as
-    graph indices, `ref`'s)."""
-    if isinstance(seg, LoopKernels):
-        return {"loop": [seg.name, seg.lower, seg.upper, [list(p) for p in seg.swap],
-                         [_enc_kernels(k, ast_index, ref) for k in seg.body]]}
-    if isinstance(seg, DynamicLoop):
-        bound = lambda b: b if b is None or isinstance(b, int) else {"u": ref(b)}  # noqa: E731
-        return {"dloop": [None if seg.var is None else ref(seg.var), bound(seg.lower), bound(seg.upper),
-                          seg.pred_buffer, [list(p) for p in seg.swap], [ref(c) for c in seg.conditions],
-                          [[_enc_kernels(k, ast_index, ref) for k in part] for part in seg.parts]]}
-    return [ast_index[seg.ast], list(seg.buffers), [[n, v] for n, v in seg.fixedvars]]
-
-
-# ---- loading ----
 def _dec_dynamic(data, expr, buffers: tuple, kernel, depth: int) -> DynamicLoop:
     """A DynamicLoop from its data form (`_enc_kernels`; `expr(i, dtype)` is graph node i, checked to be an
     expression of that dtype), checked: a fori_loop's var is a var whose bounds hold every value its bounds
@@ -358,8 +181,8 @@ def _decode(meta: dict, payload: bytes, path, device_name: str):
     vars_ = {}
     for name, lo, hi in meta["vars"]:
         vars_[name] = Var(name, lo, hi)
-    shapes = {name: _dec_spec(s, vars_) for name, s in meta["shapes"].items()}
-    params = [inspect.Parameter(name, _KINDS[kind], **({} if default is None else {"default": _dec(default["value"])}))
+    shapes = {name: decode_spec(s, vars_) for name, s in meta["shapes"].items()}
+    params = [inspect.Parameter(name, PARAMETER_KINDS[kind], **({} if default is None else {"default": decode_value(default["value"])}))
               for name, kind, default in meta["params"]]
     fn_name = meta["function"]
 
@@ -377,7 +200,7 @@ def _decode(meta: dict, payload: bytes, path, device_name: str):
     buffers = []
     for dt, shape, _size, _home in meta["buffers"]:  # the size is derived from the shape, not read
         shape = tuple(_int(d, 0, MAX_ELEMENTS) if type(d) is int else expr(d["u"]) for d in shape)
-        buffers.append(BufferSpec(_DTYPES[dt], shape, _max_size(shape)))
+        buffers.append(BufferSpec(DTYPES_BY_NAME[dt], shape, _max_size(shape)))
         if buffers[-1].max_size * buffers[-1].dtype.itemsize > MAX_ELEMENTS:
             raise ValueError(f"a buffer of shape {shape} is larger than {MAX_ELEMENTS} bytes")
     buffers, n = tuple(buffers), len(buffers)
@@ -423,16 +246,16 @@ def _decode(meta: dict, payload: bytes, path, device_name: str):
     constants = []
     for dtype, shape in meta.get("constants", []):
         shape = tuple(_index(d, MAX_FILE_BYTES) for d in shape)
-        size = math.prod(shape) * _DTYPES[dtype].itemsize
+        size = math.prod(shape) * DTYPES_BY_NAME[dtype].itemsize
         if offset + size > len(payload):
             raise ValueError("captured array sizes do not match the payload")
-        constants.append(np.frombuffer(payload, _DTYPES[dtype].np, size // _DTYPES[dtype].itemsize, offset)
+        constants.append(np.frombuffer(payload, DTYPES_BY_NAME[dtype].np, size // DTYPES_BY_NAME[dtype].itemsize, offset)
                          .reshape(shape).copy())
         offset += size
     if offset != len(payload) or len(codes) != n_asts:
         raise ValueError("code sizes do not match the payload")
     _check_constants(spec, constants)
-    call = (_dec(meta["key"]), _tree(meta["out_tree"]), [(str(p), _dec(part)) for p, part in meta["descriptions"]],
+    call = (decode_value(meta["key"]), decode_tree(meta["out_tree"]), [(str(p), decode_value(part)) for p, part in meta["descriptions"]],
             {str(k): str(v) for k, v in meta["var_sources"].items()}, constants)
     if not isinstance(call[0], tuple):
         raise ValueError("the signature key is not a tuple")
@@ -542,9 +365,9 @@ def _error_kind(c) -> str:
 def _check_io(fn: LoadedFunction, meta: dict, spec: PlanSpec):
     """The signature's array leaves are the plan's inputs (same dtypes and shapes) and its outputs fill the output
     structure; PlanFileError otherwise (a call would hand kernels arrays of another size)."""
-    key = _dec(meta["key"])
+    key = decode_value(meta["key"])
     arrays = [part for part in key if isinstance(part, tuple) and part and part[0] == "array"]
-    if len(arrays) + len(meta.get("constants", [])) != len(spec.inputs) or _tree(meta["out_tree"]).num_leaves != len(spec.outputs):
+    if len(arrays) + len(meta.get("constants", [])) != len(spec.inputs) or decode_tree(meta["out_tree"]).num_leaves != len(spec.outputs):
         raise PlanFileError("the plan's inputs or outputs do not match its signature")
     for (_, dtype, dims), b in zip(arrays, spec.inputs):
         buf = spec.buffers[b]

@@ -12,12 +12,12 @@ import warnings
 import attrs
 import numpy as np
 
-from .errors import SignatureError
-from .runtime.array import Array
-from .trace.pytree import flatten
-from .trace.tracing import ArrayLeaf, VarLeaf
-from .uop import UOp, to_dtype
-from .uop.var import BoundVar, Var
+from ..errors import SignatureError
+from ..runtime.array import Array
+from ..trace.pytree import flatten
+from ..trace.tracing import ArrayLeaf, VarLeaf
+from ..uop import UOp, to_dtype
+from ..uop.var import BoundVar, Var
 
 def parse_dims(spec, vars_: dict[str, Var], where: str) -> tuple:
     """A shape spec ("n, 64", ("n", 64), (Var, None)) -> tuple of int | Var | None."""

@@ -12,10 +12,10 @@ import types
 
 import numpy as np
 
-from .prepare import PreparedFunction
-from .trace import autodiff as traced
-from .trace.pytree import flatten
-from .trace.tracer import Tracer
+from ..jit.function import PreparedFunction
+from ..trace import autodiff as traced
+from ..trace.pytree import flatten
+from ..trace.tracer import Tracer
 
 
 def _traced_call(args, kwargs) -> bool:

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import types
 
-from .prepare import PreparedFunction
-from .trace import batching
-from .trace.constants import _active as _capture_state
-from .trace.pytree import flatten
-from .trace.tracer import Tracer
+from ..jit.function import PreparedFunction
+from ..trace import batching
+from ..trace.constants import _active as _capture_state
+from ..trace.pytree import flatten
+from ..trace.tracer import Tracer
 
 
 class _Mapped:

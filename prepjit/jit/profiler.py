@@ -15,8 +15,8 @@ import functools
 import logging
 
 from .planner import compile_shape_fn
-from .uop import Ops, UOp
-from .uop.ops import ALU
+from ..uop import Ops, UOp
+from ..uop.ops import ALU
 
 log = logging.getLogger("prepjit.profile")
 
@@ -169,12 +169,3 @@ def log_timed_call(f, entry, info):
     out, prof = timed_call(f, entry, info)
     log.info("%s", prof)
     return out
-
-
-def profile(f, *args, **kwargs) -> Profile:
-    """Run `f(*args, **kwargs)` (preparing it first if needed) one kernel at a time, each waited for and
-    timed, and return the Profile. `f` is a prepared function; a plain one is prepared with static shapes."""
-    from .prepare import PreparedFunction  # prepare.py imports this module (PREPJIT_LOG=profile)
-    f = f if isinstance(f, PreparedFunction) else PreparedFunction(f)
-    info = f.signature.read(args, kwargs)
-    return timed_call(f, f._entry(info), info)[1]

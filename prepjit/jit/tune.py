@@ -26,11 +26,11 @@ import time
 import attrs
 import numpy as np
 
-from .codegen import optimize as opt
-from .runtime import disk_cache
-from .runtime.cpu import PARALLEL_MIN_ITERATIONS, _loop_iterations
+from ..codegen import optimize as opt
+from ..runtime import disk_cache
+from ..runtime.cpu import PARALLEL_MIN_ITERATIONS, _loop_iterations
 from .stages import stage
-from .uop import Ops, UOp
+from ..uop import Ops, UOp
 
 log = logging.getLogger("prepjit")
 

@@ -8,23 +8,23 @@ import time
 import attrs
 import numpy as np
 
-from .codegen.bounds import prove_launched
-from .codegen.memory import nbytes, share_memory
-from .codegen.offsets import share_offsets
-from .codegen.dynamic_loop import DynamicLoop
-from .codegen.schedule import KernelSequence, LoopKernels, ScheduledKernel, schedule
-from .errors import CompileError
-from .runtime import disk_cache
-from .runtime.cache import Abandoned, CachedKernel, kernel_cache
-from .runtime.dynamic_loop import DynamicLaunches
-from .runtime.compile_pool import run_now
-from .runtime.plan import ExecutionPlan, LoopLaunches, PlanBuffer, PreparedKernel, PreparedKernels
-from .runtime.var_table import VarTable
+from ..codegen.bounds import prove_launched
+from ..codegen.memory import nbytes, share_memory
+from ..codegen.offsets import share_offsets
+from ..codegen.dynamic_loop import DynamicLoop
+from ..codegen.schedule import KernelSequence, LoopKernels, ScheduledKernel, schedule
+from ..errors import CompileError
+from ..runtime import disk_cache
+from ..runtime.cache import Abandoned, CachedKernel, kernel_cache
+from ..runtime.dynamic_loop import DynamicLaunches
+from ..runtime.compile_pool import run_now
+from ..runtime.plan import ExecutionPlan, LoopLaunches, PlanBuffer, PreparedKernel, PreparedKernels
+from ..runtime.var_table import VarTable
 from . import tune
 from .stages import stage
-from .trace.tracing import Traced
-from .uop import UOp, render_python, serial
-from .uop.printer import format_graph
+from ..trace.tracing import Traced
+from ..uop import UOp, render_python, serial
+from ..uop.printer import format_graph
 
 log = logging.getLogger("prepjit")
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import attrs
 
-from .errors import TraceError
-from .trace.tracing import Traced
-from .uop import Ops, UOp
-from .uop.uop import children_first
+from ..errors import TraceError
+from ..trace.tracing import Traced
+from ..uop import Ops, UOp
+from ..uop.uop import children_first
 
 KEPT = (Ops.REDUCE_AXIS, Ops.GATHER, Ops.SCATTER, Ops.LOOP, Ops.LOOP_OUT)  # worth handing over between stages
 

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .runtime.array import Array
-from .runtime.device_base import DeviceBase
-from .runtime.host_pool import allocator_for, empty
-from .trace.constants import CaptureWatch, capture_key
-from .trace.pytree import MAX_DEPTH
-from .uop import render_python
+from ..runtime.array import Array
+from ..runtime.device_base import DeviceBase
+from ..runtime.host_pool import allocator_for, empty
+from ..trace.constants import CaptureWatch, capture_key
+from ..trace.pytree import MAX_DEPTH
+from ..uop import render_python
 
 MISS = object()
 MAX_KEYS = 4096  # distinct concrete shapes remembered per prepared function

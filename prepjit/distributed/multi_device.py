@@ -26,19 +26,19 @@ import threading
 
 import numpy as np
 
-from .errors import CompileError, DeviceError, PrepjitError, SignatureError, TraceError, VarError
-from .planner import build_plan, compile_shape_fn, get_kernels, instantiate
-from .prepare import _collect_spec_vars, _has_tracer, _normalize_vars, constant_on_device, wrap_error
+from ..errors import CompileError, DeviceError, PrepjitError, SignatureError, TraceError, VarError
+from ..jit.planner import build_plan, compile_shape_fn, get_kernels, instantiate
+from ..jit.function import collect_spec_vars, constant_on_device, has_tracer, normalize_vars
 from .replicas import partition, varying
-from .runtime.array import Array
-from .runtime.collectives import communicator, to_device
-from .runtime.collectives_job import current_job
-from .runtime.devices import get_device
-from .signature import Signature, is_array_like
-from .trace.collectives import replica_axis
-from .trace.constants import capture_key, reachable_arrays
-from .trace.tracing import ArrayLeaf, VarLeaf, trace_call
-from .uop import UOp
+from ..runtime.array import Array
+from ..runtime.collectives import communicator, to_device
+from ..runtime.collectives_job import current_job
+from ..runtime.devices import get_device
+from ..jit.signature import Signature, is_array_like
+from ..trace.collectives import replica_axis
+from ..trace.constants import capture_key, reachable_arrays
+from ..trace.tracing import ArrayLeaf, VarLeaf, trace_call, wrap_error
+from ..uop import UOp
 
 _NAME = re.compile(r"[A-Za-z_]\w*")
 
@@ -103,9 +103,9 @@ class MultiDeviceFunction:
         functools.update_wrapper(self, fn)
         self.fn, self.device_names = fn, list(devices)
         self.devices = replica_devices(self.device_names)
-        self.vars = _normalize_vars(vars)
+        self.vars = normalize_vars(vars)
         self.shapes = dict(shapes or {})
-        _collect_spec_vars(self.shapes, self.vars)
+        collect_spec_vars(self.shapes, self.vars)
         self.signature = Signature(fn, self.vars, self.shapes, static_argnums, static_argnames)
         self.split = dict(split or {})
         names = {p.name for p in self.signature.params}
@@ -269,7 +269,7 @@ class MultiDeviceFunction:
 
     # ---- calling ----
     def __call__(self, *args, **kwargs):
-        if _has_tracer(args, kwargs):  # inside another traced function: inlined (its collectives are the caller's)
+        if has_tracer(args, kwargs):  # inside another traced function: inlined (its collectives are the caller's)
             return self.fn(*args, **kwargs)
         infos = self._read(args, kwargs)
         entry = self._entry(infos[0])
