@@ -88,7 +88,7 @@ class _Weights:
 
 def _weights_in_closure(arrays):
     """weight_chain with its weights read from an object the function closes over (captured arrays,
-    trace/constants.py), x the only argument; the "prepjit-args" peer passes the same weights as arguments."""
+    tracing/constants.py), x the only argument; the "prepjit-args" peer passes the same weights as arguments."""
     import prepjit as pj
     import prepjit.numpy as pnp
     model = _Weights(arrays[1:])

@@ -9,16 +9,16 @@ from .jit.function import PreparedFunction
 from .jit.prepare import prepare, profile, trace
 from .distributed.multi_device import MultiDeviceFunction
 from .runtime.collectives_job import init_distributed
-from .trace.collectives import all_gather, device_index, pmean, psum
+from .tracing.collectives import all_gather, device_index, pmean, psum
 from .jit.profiler import Profile
 from .runtime.array import Array
 from .runtime.cache import CachedKernel
 from .runtime.plan import ExecutionPlan, PreparedKernel
 from .runtime.var_table import RuntimeVar
 from .jit.loaded import load
-from .trace.control import cond, scan, switch
-from .trace.loop import fori_loop, while_loop
-from .trace.precision import default_matmul_precision
+from .tracing.control import cond, scan, switch
+from .tracing.loop import fori_loop, while_loop
+from .tracing.precision import default_matmul_precision
 from .uop.var import BoundVar, Var
 
 __all__ = ["CompileError", "DeletedArrayError", "DeviceError", "IndexBoundError", "PlanFileError", "PrepjitError",

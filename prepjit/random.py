@@ -14,10 +14,10 @@ import math
 
 import numpy as np
 
-from .trace import random_bits as _bits
-from .trace import random_sample as _sample
-from .trace import tracing as _tracing
-from .trace.tracer import Tracer
+from .tracing import random_bits as _bits
+from .tracing import random_sample as _sample
+from .tracing import core as _tracing
+from .tracing.tracer import Tracer
 from .uop import UOp, to_dtype
 from .uop.var import Var
 

@@ -98,7 +98,7 @@ def _arrays():
 
 def _leaf_sums(tree):
     """Every array leaf's sum times its position (so a leaf read from the wrong place shows), in flatten order."""
-    from prepjit.trace.pytree import flatten
+    from prepjit.tracing.pytree import flatten
     leaves = [x for x in flatten(tree, lambda x: hasattr(x, "shape"))[0]]
     return [x.sum() * (i + 1) for i, x in enumerate(leaves)]
 

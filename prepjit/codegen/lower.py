@@ -176,7 +176,7 @@ class _Lowerer:
     def gather_index(self, indices: UOp, idx: tuple, gate: UOp | None, dim: sint):
         """(A generator step of `_build`.) A loaded index, negatives wrapped once (NumPy), and whether it lies in
         [0, dim): the reads at it are gated on that, so an out-of-range id (flagged by the trace, see
-        trace/numpy_index.py) or an empty source reads nothing and yields 0."""
+        tracing/numpy_index.py) or an empty source reads nothing and yields 0."""
         return wrapped_index((yield (indices, idx, gate)), dim)
 
 

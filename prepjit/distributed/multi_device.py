@@ -3,7 +3,7 @@
 A call cuts the arguments named in `split` along their axis (np.array_split: 10 rows over 3 replicas give
 4, 3, 3; the var of that dim takes each replica's size), hands the others to every replica, and replays each
 replica's plans with its own var values. The function is traced once (under a replica axis, so that
-pj.psum / pj.pmean / pj.all_gather / pj.device_index record collectives: trace/collectives.py) and cut into
+pj.psum / pj.pmean / pj.all_gather / pj.device_index record collectives: tracing/collectives.py) and cut into
 stages at its collectives (replicas.py); each stage is planned once (a PlanSpec) and instantiated on every
 replica's device: the same kernels, compiled once per device (the kernel cache shares them between replicas
 of one device). Stage by stage, every replica runs its plan (GPUs at once, from a thread each), then the
@@ -35,9 +35,9 @@ from ..runtime.collectives import communicator, to_device
 from ..runtime.collectives_job import current_job
 from ..runtime.devices import get_device
 from ..jit.signature import Signature, is_array_like
-from ..trace.collectives import replica_axis
-from ..trace.constants import capture_key, reachable_arrays
-from ..trace.tracing import ArrayLeaf, VarLeaf, trace_call, wrap_error
+from ..tracing.collectives import replica_axis
+from ..tracing.constants import capture_key, reachable_arrays
+from ..tracing.core import ArrayLeaf, VarLeaf, trace_call, wrap_error
 from ..uop import UOp
 
 _NAME = re.compile(r"[A-Za-z_]\w*")

@@ -1,6 +1,6 @@
 """A multi-device function's traced graph cut into stages at its collectives, and which outputs vary.
 
-A collective's result is a placeholder leaf (trace/collectives.py) standing for what the replicas compute
+A collective's result is a placeholder leaf (tracing/collectives.py) standing for what the replicas compute
 together, so the graph around it splits into what runs before it and what runs after. A node's level is how
 many collectives lie on its deepest path from the arguments: stage t computes the nodes of level t, and the
 collectives whose source has level t run after it, before stage t + 1. Every stage is a plan of its own (a
@@ -17,7 +17,7 @@ from __future__ import annotations
 import attrs
 
 from ..errors import TraceError
-from ..trace.tracing import Traced
+from ..tracing.core import Traced
 from ..uop import Ops, UOp
 from ..uop.uop import children_first
 

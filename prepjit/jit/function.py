@@ -29,10 +29,10 @@ from ..runtime.devices import default_device, get_device
 from ..runtime.plan import ExecutionPlan
 from .signature import CallInfo, Signature, explain_retrace, retrace_hint
 from .stages import describe, stage, tally
-from ..trace.pytree import TreeDef
-from ..trace.tracer import Tracer
-from ..trace.constants import capture_key, reachable_arrays
-from ..trace.tracing import ArrayLeaf, Traced, VarLeaf, trace_call, wrap_error
+from ..tracing.pytree import TreeDef
+from ..tracing.tracer import Tracer
+from ..tracing.constants import capture_key, reachable_arrays
+from ..tracing.core import ArrayLeaf, Traced, VarLeaf, trace_call, wrap_error
 from ..uop.var import Var
 
 log = logging.getLogger("prepjit")
@@ -66,7 +66,7 @@ class _Entry:
     out_shape_fns: list  # per distinct output buffer
     duplicate: list      # per output: True when an earlier output shares its buffer (copy it)
     first_of: list       # per output: the index of the first output with the same buffer
-    constants: tuple = ()  # captured arrays (trace/constants.py) on the plan's device: its last inputs
+    constants: tuple = ()  # captured arrays (tracing/constants.py) on the plan's device: its last inputs
     reachable: tuple = ()  # the arrays whose ids key this entry, kept alive so no other array takes an id
 
 

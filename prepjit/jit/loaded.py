@@ -19,7 +19,7 @@ from .planner import PlanSpec, _kernel_from_entry, get_kernels, instantiate, pla
 from ..runtime import datafile
 from ..runtime.devices import get_device
 from .signature import CallInfo, explain_retrace
-from ..trace.checks import for_every_iteration, when_run
+from ..tracing.checks import for_every_iteration, when_run
 from ..uop import UOp, serial
 from ..uop.constraint import ERROR_KINDS, IndexConstraint
 from ..uop.dtypes import dtypes

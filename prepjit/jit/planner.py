@@ -22,7 +22,7 @@ from ..runtime.plan import ExecutionPlan, LoopLaunches, PlanBuffer, PreparedKern
 from ..runtime.var_table import VarTable
 from . import tune
 from .stages import stage
-from ..trace.tracing import Traced
+from ..tracing.core import Traced
 from ..uop import UOp, render_python, serial
 from ..uop.printer import format_graph
 

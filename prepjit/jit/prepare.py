@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 
 from ..distributed.multi_device import MultiDeviceFunction
-from ..trace.tracing import Traced
+from ..tracing.core import Traced
 from .function import PreparedFunction
 from .profiler import Profile, timed_call
 

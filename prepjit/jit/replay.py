@@ -20,8 +20,8 @@ import numpy as np
 from ..runtime.array import Array
 from ..runtime.device_base import DeviceBase
 from ..runtime.host_pool import allocator_for, empty
-from ..trace.constants import CaptureWatch, capture_key
-from ..trace.pytree import MAX_DEPTH
+from ..tracing.constants import CaptureWatch, capture_key
+from ..tracing.pytree import MAX_DEPTH
 from ..uop import render_python
 
 MISS = object()
@@ -36,7 +36,7 @@ class _FastCall:
         plan = entry.plan
         self.plan, self.device, self.out_tree = plan, device, entry.out_tree
         self.array_args = array_args
-        self.constants = tuple(entry.constants)  # captured arrays (trace/constants.py): the plan's last inputs
+        self.constants = tuple(entry.constants)  # captured arrays (tracing/constants.py): the plan's last inputs
         # the arguments are the plan's first inputs as they are (NumPy arrays, in order, nothing else)
         self.args_first = [i for i, _ in array_args] == list(range(n_args)) and not any(p for _, p in array_args)
         # whether the arrays the function reaches are still the ones this plan was traced with (a rebound one

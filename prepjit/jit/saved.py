@@ -4,7 +4,7 @@ that `pj.load(path)` (loaded.py) replays anywhere.
 A plan file is a datafile.py file of kind "plan": JSON metadata (the call signature, the plan's
 data description, planner.PlanSpec: buffers, kernels, I/O, constraints, every UOp in the data
 form of uop/serial.py) and a payload of the kernels' compiled code, back to back, then the bytes of the
-arrays the function captured (trace/constants.py: they are the plan's last inputs). Nothing in it
+arrays the function captured (tracing/constants.py: they are the plan's last inputs). Nothing in it
 is unpickled or evaluated: metadata is decoded into known types and checked, and a file that is
 malformed, truncated, of another format version or for another device (name or compiler) raises
 PlanFileError. Var bounds are read off the kernels' ASTs (planner.plan_vars) and must equal the
@@ -28,7 +28,7 @@ from ..errors import PlanFileError, SignatureError
 from ..runtime import datafile
 from ..runtime.dynamic_loop import DynamicLaunches
 from .signature import CallInfo
-from ..trace.pytree import TreeDef
+from ..tracing.pytree import TreeDef
 from ..uop import UOp, serial
 from ..uop.dtypes import dtypes, to_dtype
 from ..uop.var import Var

@@ -14,8 +14,8 @@ import numpy as np
 
 from ..errors import SignatureError
 from ..runtime.array import Array
-from ..trace.pytree import flatten
-from ..trace.tracing import ArrayLeaf, VarLeaf
+from ..tracing.pytree import flatten
+from ..tracing.core import ArrayLeaf, VarLeaf
 from ..uop import UOp, to_dtype
 from ..uop.var import BoundVar, Var
 

@@ -1,4 +1,4 @@
-"""pj.grad, pj.value_and_grad and pj.vjp: reverse-mode autodiff, traced (trace/autodiff.py) or eager.
+"""pj.grad, pj.value_and_grad and pj.vjp: reverse-mode autodiff, traced (tracing/autodiff.py) or eager.
 
 Inside a traced function (a prepared function's body, a loop body) they trace the backward pass into the same
 graph, so the gradient is part of the plan and replays on new shapes. Called on NumPy arguments they prepare a
@@ -13,9 +13,9 @@ import types
 import numpy as np
 
 from ..jit.function import PreparedFunction
-from ..trace import autodiff as traced
-from ..trace.pytree import flatten
-from ..trace.tracer import Tracer
+from ..tracing import autodiff as traced
+from ..tracing.pytree import flatten
+from ..tracing.tracer import Tracer
 
 
 def _traced_call(args, kwargs) -> bool:
@@ -61,7 +61,7 @@ def _as_array_leaves(tree):
 def _as_function(call, fun, same_signature: bool = True):
     """`call` as a plain function with the globals of `fun` (and, with `same_signature`, its name and signature,
     through `__wrapped__`): pj.prepare reads the parameters (for `shapes`) off it, and its search for the arrays
-    a function reads (closures, globals, same-module helpers: trace/constants.py) follows `fun` as if the user
+    a function reads (closures, globals, same-module helpers: tracing/constants.py) follows `fun` as if the user
     had prepared `fun` itself."""
     def run(*args, **kwargs):
         return call(*args, **kwargs)

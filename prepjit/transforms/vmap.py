@@ -1,4 +1,4 @@
-"""pj.vmap: map a function over a batch axis of its arguments (trace/batching.py), traced or eager.
+"""pj.vmap: map a function over a batch axis of its arguments (tracing/batching.py), traced or eager.
 
 Inside a traced function (a prepared function's body, a loop body, another vmap) the batched computation is
 traced into the same graph, so it is part of the plan and replays on new batch sizes (a var dim). Called on
@@ -10,10 +10,10 @@ from __future__ import annotations
 import types
 
 from ..jit.function import PreparedFunction
-from ..trace import batching
-from ..trace.constants import _active as _capture_state
-from ..trace.pytree import flatten
-from ..trace.tracer import Tracer
+from ..tracing import batching
+from ..tracing.constants import _active as _capture_state
+from ..tracing.pytree import flatten
+from ..tracing.tracer import Tracer
 
 
 class _Mapped:

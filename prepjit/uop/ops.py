@@ -34,7 +34,7 @@ class Ops(Enum):
     GATHER = auto()         # traced only; src: (x, *indices); arg: per x dim ("dim", out dim) or ("index", j):
                             # out[i] = x[...], that dim read at i[out dim] or at indices[j][i] (wrapped, clamped)
     SCATTER = auto()        # traced only; src: (target, updates, *indices); arg: (dims as GATHER's, combine op or
-                            # None): target with updates[i] set or combined into it (trace/scatter.py)
+                            # None): target with updates[i] set or combined into it (tracing/scatter.py)
     # reductions
     REDUCE_AXIS = auto()    # traced; arg: (reduce op, axes); the reduced dims become 1
     REDUCE = auto()         # kernel; src: (value, *reduce ranges); arg: reduce op

@@ -7,7 +7,7 @@ a per-position index array (for slices and ints, index arithmetic only; for inte
 Repeated ids accumulate for add / multiply / min / max (np.add.at); for set, one of them wins.
 
 `mode` says what an out-of-range id of an integer array does: None / "raise" (NumPy's indexing rule,
-the project's default): the call raises IndexBoundError (a flag, as gathers do: trace/checks.py);
+the project's default): the call raises IndexBoundError (a flag, as gathers do: tracing/checks.py);
 "drop" (JAX's default for updates) or "promise_in_bounds": that update is skipped; "clip" / "wrap":
 clamped / taken modulo the dim. Integer and slice indices follow indexing's rules (a var-dependent
 int is a constraint checked on every call); a slice window whose length depends on vars is clipped at the

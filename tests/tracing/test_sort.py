@@ -120,7 +120,7 @@ def test_top_k_symbolic_axis_checks_k(device, rng):
 def test_top_k_long_axis_sorts_blocks_first(device, rng):
     """Over a long axis top_k keeps the k largest of each block and sorts those (far less work than a full
     sort), with jax.lax.top_k's order: ties in index order across blocks, NaNs first."""
-    from prepjit.trace.numpy_sort import _top_plan
+    from prepjit.tracing.numpy_sort import _top_plan
     assert _top_plan(6000, 7) and _top_plan(49152, 50)
     x = _special(rng.integers(0, 50, (2, 6000)).astype(np.float32))
     v, i = pj.prepare(lambda x: pj.lax.top_k(x, 7), device=device)(x)

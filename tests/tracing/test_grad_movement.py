@@ -7,7 +7,7 @@ import pytest
 import prepjit as pj
 import prepjit.nn as pnn
 import prepjit.numpy as pnp
-from tests.trace.gradcheck import check_grad, jax, like_jax, jax_x64  # noqa: F401 - jax_x64: the fixture
+from tests.tracing.gradcheck import check_grad, jax, like_jax, jax_x64  # noqa: F401 - jax_x64: the fixture
 
 pytestmark = pytest.mark.usefixtures("jax_x64")
 

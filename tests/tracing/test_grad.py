@@ -7,7 +7,7 @@ import pytest
 
 import prepjit as pj
 import prepjit.numpy as pnp
-from tests.trace.gradcheck import (check_grad, jax, jax_grad, jax_x64, like_jax,  # noqa: F401 - jax_x64: the fixture
+from tests.tracing.gradcheck import (check_grad, jax, jax_grad, jax_x64, like_jax,  # noqa: F401 - jax_x64: the fixture
                                    needs_jax)
 
 pytestmark = pytest.mark.usefixtures("jax_x64")

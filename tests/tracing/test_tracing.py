@@ -4,7 +4,7 @@ import pytest
 
 import prepjit as pj
 import prepjit.numpy as pnp
-from prepjit.trace.pytree import flatten
+from prepjit.tracing.pytree import flatten
 from tests.helpers import assert_matches
 
 A = np.arange(6, dtype=np.float32).reshape(2, 3)

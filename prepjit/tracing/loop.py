@@ -17,7 +17,7 @@ from ..uop import Ops, UOp, dtypes, sint
 from . import checks, prims
 from .pytree import flatten
 from .tracer import Tracer
-from .tracing import reserved_var_name
+from .core import reserved_var_name
 
 _loop_ids = itertools.count()
 

@@ -5,7 +5,7 @@ import pytest
 
 import prepjit as pj
 import prepjit.numpy as pnp
-from tests.trace.gradcheck import check_grad, jax, needs_jax, jax_x64  # noqa: F401 - jax_x64: the fixture
+from tests.tracing.gradcheck import check_grad, jax, needs_jax, jax_x64  # noqa: F401 - jax_x64: the fixture
 
 pytestmark = pytest.mark.usefixtures("jax_x64")
 
@@ -208,7 +208,7 @@ def _reads_scale(x):
 def test_every_traced_op_has_rules():
     """grad is a table: every op a traced graph can hold has a Primitive (the kernel-only ops have none), and the
     differentiable ones a vjp."""
-    from prepjit.trace.prims.registry import _table
+    from prepjit.tracing.prims.registry import _table
     from prepjit.uop import Ops
     kernel_only = {Ops.DEFINE_GLOBAL, Ops.RANGE, Ops.REDUCE, Ops.LOAD, Ops.STORE, Ops.SINK, Ops.LAUNCH}
     assert {op for op in Ops if op not in _table} == kernel_only

@@ -1,4 +1,4 @@
-"""Captured arrays (trace/constants.py): NumPy arrays a prepared function reads from its closure, a global or
+"""Captured arrays (tracing/constants.py): NumPy arrays a prepared function reads from its closure, a global or
 `self.w` are plan constants, copied at trace time; rebinding the name to another array traces again."""
 import numpy as np
 import pytest
@@ -133,9 +133,9 @@ def chain(xp, x, weights):
 
 
 def scans_during(work) -> int:
-    """How many times trace/constants.py walks a function's closure and globals for its arrays while `work` runs."""
+    """How many times tracing/constants.py walks a function's closure and globals for its arrays while `work` runs."""
     import sys
-    from prepjit.trace import constants
+    from prepjit.tracing import constants
     count = 0
 
     def profile(frame, event, arg):

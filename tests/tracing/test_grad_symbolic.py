@@ -6,8 +6,8 @@ import pytest
 
 import prepjit as pj
 import prepjit.numpy as pnp
-from tests.trace.gradcheck import jax, jax_grad, jax_x64  # noqa: F401 - jax_x64: the fixture
-from tests.trace.test_grad_movement import CASES, _nn, _weighted
+from tests.tracing.gradcheck import jax, jax_grad, jax_x64  # noqa: F401 - jax_x64: the fixture
+from tests.tracing.test_grad_movement import CASES, _nn, _weighted
 
 pytestmark = pytest.mark.usefixtures("jax_x64")
 

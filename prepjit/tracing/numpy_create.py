@@ -50,7 +50,7 @@ def ones_like(x, dtype=None) -> Tracer:
 
 def asarray(a, dtype=None) -> Tracer:
     """A traced array from a traced array, a scalar, a NumPy array or nested lists (captured as a plan constant:
-    trace/constants.py)."""
+    tracing/constants.py)."""
     if isinstance(a, (list, tuple)):
         a = np.asarray(a)
     t = to_tracer(a)

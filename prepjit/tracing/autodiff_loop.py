@@ -26,7 +26,7 @@ from .autodiff import backward, operands, placeholder, substitute, zeros_like
 from .loop import LoopInfo
 from .prims.registry import primitive
 from .tracer import Tracer
-from .tracing import reserved_var_name
+from .core import reserved_var_name
 
 _ids = itertools.count()
 _histories: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # LOOP -> (its history version, rows)
