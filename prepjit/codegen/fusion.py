@@ -15,13 +15,16 @@ only: a bias and an activation after a matmul, a reshape of a sum), is computed 
 its reader stores `f(reduce(...))` directly, without a buffer and a pass of its own. Where kernels are
 loop nests (llvm), so is a row reduction its reader broadcasts along trailing axes: the renderer
 computes it once per row, where the row's loops are open, before the loops it is broadcast along.
+
+A scatter that writes each element at most once at indices the same everywhere (a KV cache's new row at `pos`)
+is read as a select by the kernels that read it (`inlined_scatters`): no copy of its target, no kernel of its own.
 """
 from __future__ import annotations
 
 from collections import Counter
 
 from ..uop import Ops, UOp
-from ..uop.ops import ELEMENTWISE
+from ..uop.ops import ELEMENTWISE, MOVEMENT
 from .lower import REALIZED
 
 MEMORY_COST = 6        # ops-equivalent of writing an element and reading it back once
@@ -173,15 +176,54 @@ def _of_reductions(node: UOp) -> bool:
     return True
 
 
+def inlined_scatters(outputs: list[UOp]) -> set[UOp]:
+    """The scatters computed where they are read, as a select, instead of a copy of their target and a kernel
+    writing the updates: those that write each target element at most once at an index the same everywhere
+    (`.at[:, pos].set(row)` with a scalar `pos`: a KV cache's new row), into a view of a buffer, outside loops
+    and not an output. A reader's element is then `update if its index is the written one else target`."""
+    graph, _ = kernel_roots(outputs)
+    in_loops = {n for node in graph if node.op is Ops.LOOP
+                for n in UOp(Ops.SINK, node.dtype, node.arg.body_roots).toposort()}
+    return {n for n in graph if n.op is Ops.SCATTER and n not in in_loops and n not in outputs and _is_row_set(n)}
+
+
+def _is_row_set(node: UOp) -> bool:
+    """Whether SCATTER `node` maps every update dim longer than 1 to a target dim, reads uniform indices (so no two
+    updates meet) and writes into a view of a buffer (not a scatter: its chain stays in place)."""
+    target, updates, *indices = node.src
+    mapped = {n for kind, n in node.arg[0] if kind == "dim"}
+    if any(k not in mapped and not (isinstance(d, int) and d == 1) for k, d in enumerate(updates.shape)):
+        return False
+    while target.op in MOVEMENT:
+        target = target.src[0]
+    return target.op in REALIZED and target.op not in (Ops.SCATTER, Ops.CARRY) and all(map(_uniform, indices))
+
+
+def _uniform(node: UOp) -> bool:
+    """Whether `node` has the same value at every index (a scalar broadcast, computed from scalars)."""
+    stack, seen = [node], set()
+    while stack:
+        n = stack.pop()
+        if n in seen or n.op in (Ops.CONST, Ops.DEFINE_VAR) or all(isinstance(d, int) and d == 1 for d in n.shape):
+            continue
+        seen.add(n)
+        if n.op not in ELEMENTWISE and n.op not in (Ops.RESHAPE, Ops.EXPAND, Ops.PERMUTE, Ops.SHRINK):
+            return False
+        stack.extend(n.src)
+    return True
+
+
 def fused_reductions(outputs: list[UOp], materialized: set[UOp], rows: bool = False,
-                     one_contraction: bool = False) -> set[UOp]:
+                     one_contraction: bool = False, inlined: frozenset = frozenset()) -> set[UOp]:
     """The reductions computed inside their only reader's kernel (see the module docstring); with `rows`
     (kernels that are loop nests, which compute a value where its loops are open), also those it reads
     broadcast along trailing axes only (a row's max or sum in softmax, layernorm's mean and variance). With
     `one_contraction` (kernels that register-block one contraction: llvm), a kernel computes at most one
     contraction inside it: SwiGLU's silu(x @ Wg) * (x @ Wu) computes x @ Wg in a kernel of its own, and the
-    other with the product as its epilogue, each blocked, instead of both unblocked in one kernel."""
+    other with the product as its epilogue, each blocked, instead of both unblocked in one kernel. The `inlined`
+    scatters have no kernel of their own (inlined_scatters): a reduction they read is computed into a buffer."""
     graph, roots = kernel_roots(outputs)
+    roots = [r for r in roots if r not in inlined]
     explicit = set(roots) - {n for n in roots if n.op is Ops.REDUCE_AXIS} | set(outputs)
     in_loops = {n for node in graph if node.op is Ops.LOOP
                 for n in UOp(Ops.SINK, node.dtype, node.arg.body_roots).toposort()}
@@ -194,7 +236,7 @@ def fused_reductions(outputs: list[UOp], materialized: set[UOp], rows: bool = Fa
     while True:  # a fused reduction's reads become its reader's: the reductions it read may fuse next
         reads: dict[UOp, list] = {}  # reduction -> [(reader root, how it reads it)]
         for root in dict.fromkeys([r for r in roots if r not in fused] + by_position):
-            for red, how in _reductions_read(root, materialized, fused):
+            for red, how in _reductions_read(root, materialized, fused | inlined):
                 reads.setdefault(red, []).append((root, how))
         more = set()
         for red, readers in reads.items():
@@ -251,7 +293,8 @@ def _step(how: int, n: UOp) -> int:
 
 def _reductions_read(root: UOp, materialized: set[UOp], fused: set[UOp]) -> list[tuple[UOp, int]]:
     """The reductions the kernel computing `root` reads, each with how its index reaches it (`_step`); the walk
-    goes on into the `fused` ones (their kernel is this one), reading their operands as `_OTHER`."""
+    goes on into the `fused` ones (reductions and inlined scatters: their kernel is this one), reading their
+    operands as `_OTHER`."""
     out, seen, stack = [], set(), [(root, _OTHER if root.op is Ops.REDUCE_AXIS else _DIRECT)]
     while stack:
         n, how = stack.pop()

@@ -125,6 +125,8 @@ class _Lowerer:
             for s in node.src:
                 srcs.append((yield (s, idx, gate)))
             return UOp(op, node.dtype, tuple(srcs), node.arg)
+        if op is Ops.SCATTER:  # inlined into its reader (fusion.py: inlined_scatters)
+            return (yield from self.scattered(node, idx, gate))
         src = node.src[0]
         if op is Ops.REDUCE_AXIS:  # the kernel's root, or a reduction fused into the kernel that reads it
             red_op, axes = node.arg
@@ -172,6 +174,27 @@ class _Lowerer:
                 inner_gate = inside if inner_gate is None else simplify(UOp(Ops.AND, dtypes.bool, (inner_gate, inside)))
             return (yield (src, tuple(new), inner_gate))
         raise NotImplementedError(f"cannot lower {op} inside a kernel")
+
+    def scattered(self, node: UOp, idx: tuple, gate: UOp | None):
+        """(A generator step of `_build`.) SCATTER `node` read at target index `idx`: the update whose indices
+        point here (the update index maps the target's dims back; the indices are uniform, so they are read at
+        it too), combined with or replacing the target's value, else the target's value."""
+        target, updates, *indices = node.src
+        dims, combine = node.arg
+        at = [UOp.const(0)] * len(updates.shape)
+        for (kind, n), i in zip(dims, idx):
+            if kind == "dim":
+                at[n] = i
+        at = tuple(at)
+        old = yield (target, idx, gate)
+        new = yield (updates, at, gate)
+        hit = UOp.const(True, dtypes.bool)
+        for (kind, n), i, d in zip(dims, idx, target.shape):
+            if kind == "index":
+                where, _ = yield from self.gather_index(indices[n], at, gate, d)
+                hit = UOp(Ops.AND, dtypes.bool, (hit, UOp(Ops.CMPEQ, dtypes.bool, (where, i))))
+        new = new if combine is None else UOp(combine, node.dtype, (old, new))
+        return UOp(Ops.WHERE, node.dtype, (simplify(hit), new, old))
 
     def gather_index(self, indices: UOp, idx: tuple, gate: UOp | None, dim: sint):
         """(A generator step of `_build`.) A loaded index, negatives wrapped once (NumPy), and whether it lies in

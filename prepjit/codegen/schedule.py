@@ -3,7 +3,8 @@
 A value is realized (gets a buffer) when it is an input, a reduction, a scatter, a loop carry, an
 output, or an elementwise value that fusion.py finds worth computing once; everything else elementwise
 or a view is inlined into the kernels that read it, and so are the reductions fusion.py computes
-inside their only reader. Kernels are emitted in dependency order.
+inside their only reader, and the scatters fusion.py inlines as a select into their readers (a cache's new row).
+Kernels are emitted in dependency order.
 
 A scatter's buffer first takes its target's value: the target computed straight into it when the
 scatter is its only reader (a chain `x.at[i].set(a).at[j].add(b)` then writes one buffer in place), else
@@ -19,7 +20,7 @@ import attrs
 from ..uop import DType, Ops, UOp, dtypes, sint
 from ..uop.segments import Run, Segments
 from .dynamic_loop import DynamicLoop, dynamic_loop
-from .fusion import choose_materialized, fused_reductions, kernel_roots
+from .fusion import choose_materialized, fused_reductions, inlined_scatters, kernel_roots
 from .lower import REALIZED, lower_copy, lower_kernel, lower_scatter
 from .packing import pack_contraction
 
@@ -393,7 +394,9 @@ def schedule(outputs: list[UOp], inputs: list[UOp], pack_contractions: bool = Fa
     contractions first copy their column operand into contiguous panels (packing.py).
     """
     materialized = choose_materialized(outputs, row_values=not pack_contractions)
-    fused = fused_reductions(outputs, materialized, rows=True, one_contraction=pack_contractions)
+    inlined = inlined_scatters(outputs)
+    fused = inlined | fused_reductions(outputs, materialized, rows=True, one_contraction=pack_contractions,
+                                       inlined=frozenset(inlined))
     s = _Scheduler(materialized, fused, pack_contractions, _readers(outputs))
     env = {node: s.new_buffer(node) for node in inputs}
     input_bufs = tuple(env[n] for n in inputs)
