@@ -118,9 +118,10 @@ def _matmul_flops(arrays):
 
 
 def _matmul_case(n: int) -> Case:
+    """matmul_1024's goal: at least 0.8x the GFLOP/s of NumPy's own BLAS kernel (benchmarks run unpinned: blas.py)."""
     return Case(f"matmul_{n}", matmul,
                 lambda rng, smoke, n=n: [_f32(rng, 8, 8), _f32(rng, 8, 8)] if smoke else [_f32(rng, n, n), _f32(rng, n, n)],
-                work=_matmul_flops, goal=("numpy", 2.0) if n == 1024 else None, rtol=1e-3, atol=1e-3)
+                work=_matmul_flops, goal=("numpy", 1.25) if n == 1024 else None, rtol=1e-3, atol=1e-3)
 
 
 def _mlp_inputs(rng, smoke):
