@@ -133,3 +133,18 @@ def test_a_numpy_integer_for_a_scalar_var_is_its_value(device):
     assert f.stats["traces"] == 1
     with pytest.raises(pj.VarBoundError):
         f(x, np.int64(4))
+
+
+def test_dtypes_and_classes_are_static_values(device):
+    """A dtype argument (np.float16 the class, np.dtype('int32'), pnp.bfloat16) is a static value, as a string is:
+    np.float32 the class has an (unbound) __array__ and was read as an array argument (SignatureError)."""
+    @pj.prepare(device=device)
+    def cast(x, dtype=np.float32):
+        return x.astype(dtype)
+
+    x = np.arange(3, dtype=np.float32)
+    for dtype in (np.float16, np.dtype("int32"), pnp.bfloat16, np.float16):
+        out = np.asarray(cast(x, dtype))
+        assert out.dtype == np.dtype(dtype) and out.astype(np.float32).tolist() == [0, 1, 2]
+    assert np.asarray(cast(x, dtype=np.int8)).dtype == np.int8
+    assert cast.stats["traces"] == 4 and cast.stats["replays"] == 5

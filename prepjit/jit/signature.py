@@ -54,8 +54,8 @@ def is_array_like(x) -> bool:
     though it is also a Python float; NumPy's strings are strings), pj.Arrays, anything with __array__."""
     if isinstance(x, np.generic):
         return not isinstance(x, np.flexible)
-    if isinstance(x, (bool, int, float, complex, str, bytes)) or x is None:
-        return False
+    if isinstance(x, (bool, int, float, complex, str, bytes, type, np.dtype)) or x is None:
+        return False  # a class (np.float32 has an unbound __array__) or a dtype is a static value
     return isinstance(x, (np.ndarray, Array)) or hasattr(x, "__array__")
 
 
