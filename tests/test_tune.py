@@ -11,7 +11,9 @@ import pytest
 import prepjit as pj
 from prepjit.jit import tune
 from prepjit.codegen import optimize as opt
+from prepjit.codegen.gpu_launch import launch_of
 from prepjit.codegen.render_tiles import match_contraction, tile_candidates
+from prepjit.runtime import disk_cache
 from tests.conftest import DEVICES
 
 SCRIPT = """
@@ -21,8 +23,9 @@ from prepjit.codegen import optimize as opt
 x, w = np.ones((8, 192), np.float32), np.full((192, 96), 0.5, np.float32)
 f = pj.prepare(lambda x, w: x @ w, device="cpu")
 assert np.allclose(np.asarray(f(x, w)), x @ w)
-(k,) = f.plan(x, w).kernels
-print(f.stats["compiles"], f.stats["disk_hits"], opt.tuned.get(k.ast) == opt.Blocking(max_accumulators=8))
+(k,), (scheduled,) = f.plan(x, w).kernels, f.plan(x, w).spec.kernels.asts()
+print(f.stats["compiles"], f.stats["disk_hits"],
+      k.ast is opt.optimize_with(scheduled, "llvm", None, opt.Blocking(max_accumulators=8)))
 """
 
 
@@ -40,11 +43,12 @@ def test_a_tuned_choice_is_used_recorded_and_read_back(tmp_path, monkeypatch):
     x, w = np.ones((8, 192), np.float32), np.full((192, 96), 0.5, np.float32)
     f = pj.prepare(lambda x, w: x @ w, device="cpu")
     np.testing.assert_allclose(np.asarray(f(x, w)), x @ w, rtol=1e-5)
-    (k,) = f.plan(x, w).kernels
-    assert len(timed) == 1 and timed[0] in opt.blocking_candidates(k.ast)
-    assert opt.tuned[k.ast] == opt.Blocking(max_accumulators=8) and tune.key_suffix(k.ast)
-    assert opt.optimize(k.ast, "llvm") is opt.optimize_with(k.ast, "llvm", None, opt.Blocking(max_accumulators=8))
-    assert opt.optimize(k.ast, "llvm") is not opt.optimize_with(k.ast, "llvm", None, opt.DEFAULT_BLOCKING)
+    (k,), (scheduled,) = f.plan(x, w).kernels, f.plan(x, w).spec.kernels.asts()
+    assert len(timed) == 1 and timed[0] in opt.blocking_candidates(scheduled)
+    # the plan's kernel is the AST as launched with the chosen Blocking, which its disk key names
+    assert k.ast is opt.optimize_with(scheduled, "llvm", None, opt.Blocking(max_accumulators=8))
+    assert k.ast is not opt.optimize(scheduled, "llvm")
+    assert k.kernel.disk_key == disk_cache.kernel_key(scheduled, "cpu", f.device.compiler_id + "-max_accumulators-8")
     a, b = rng.standard_normal((8, 192)).astype(np.float32), rng.standard_normal((192, 96)).astype(np.float32)
     np.testing.assert_allclose(np.asarray(f(a, b)), a @ b, rtol=1e-4, atol=1e-4)
     env = {k: v for k, v in os.environ.items() if k != "PREPJIT_TUNE"}
@@ -60,18 +64,19 @@ def test_no_tuning_unless_asked(tmp_path, monkeypatch):
     x, w = np.ones((4, 160), np.float32), np.ones((160, 64), np.float32)
     f = pj.prepare(lambda x, w: x @ w + 1, device="cpu")
     np.testing.assert_allclose(np.asarray(f(x, w)), x @ w + 1)
-    (k,) = f.plan(x, w).kernels
-    assert k.ast not in opt.tuned and tune.key_suffix(k.ast) == ""
+    (k,), (scheduled,) = f.plan(x, w).kernels, f.plan(x, w).spec.kernels.asts()
+    assert k.ast is opt.optimize(scheduled, "llvm") and tune.key_suffix(opt.DEFAULT_BLOCKING) == ""
+    assert k.kernel.disk_key == disk_cache.kernel_key(scheduled, "cpu", f.device.compiler_id)
 
 
 GPU_SCRIPT = """
 import sys, numpy as np, prepjit as pj
-from prepjit.codegen import optimize as opt
+from prepjit.codegen.gpu_launch import launch_of
 x, w = np.ones((128, 64), np.float32), np.full((64, 128), 0.5, np.float32)
 f = pj.prepare(lambda x, w: x @ w + 1, device=sys.argv[1])
 assert np.allclose(np.asarray(f(x, w)), x @ w + 1)
 (k,) = f.plan(x, w).kernels
-print(f.stats["compiles"], f.stats["disk_hits"], opt.tuned.get(k.ast) == opt.Blocking(tile=(64, 64, 2)))
+print(f.stats["compiles"], f.stats["disk_hits"], launch_of(k.ast) == ("tile", 64, 64, 2))
 """
 
 
@@ -94,13 +99,14 @@ def test_gpu_tiles_are_tuned_on_the_device_recorded_and_read_back(tmp_path, monk
     x, w = rng.standard_normal((128, 64)).astype(np.float32), rng.standard_normal((64, 128)).astype(np.float32)
     f = pj.prepare(lambda x, w: x @ w + 1, device=device)
     np.testing.assert_allclose(np.asarray(f(x, w)), x @ w + 1, rtol=1e-4, atol=1e-4)
-    (k,) = f.plan(x, w).kernels
+    (k,), (scheduled,) = f.plan(x, w).kernels, f.plan(x, w).spec.kernels.asts()
     (candidates, searched), = timed
     assert candidates[0] == opt.DEFAULT_BLOCKING and searched in candidates
-    assert [b.tile for b in candidates[1:]] == tile_candidates(k.ast)[1:] and len(candidates) > 5
-    assert opt.tuned[k.ast] == opt.Blocking(tile=(64, 64, 2)) and tune.key_suffix(k.ast).endswith("-tile-64x64x2")
+    assert [b.tile for b in candidates[1:]] == tile_candidates(scheduled)[1:] and len(candidates) > 5
+    assert launch_of(k.ast) == ("tile", 64, 64, 2)
+    assert k.kernel.disk_key == disk_cache.kernel_key(scheduled, f.device.name, f.device.compiler_id + "-tile-64x64x2")
     assert "__local float" in k.kernel.source or "__shared__" in k.kernel.source
-    assert k.kernel.local_size == (match_contraction(k.ast, (64, 64, 2)).threads,) == (128,)
+    assert k.kernel.local_size == (match_contraction(scheduled, (64, 64, 2)).threads,) == (128,)
     env = {k: v for k, v in os.environ.items() if k != "PREPJIT_TUNE"}
     out = subprocess.run([sys.executable, "-c", GPU_SCRIPT, device], env=env, capture_output=True, text=True,
                          timeout=300)

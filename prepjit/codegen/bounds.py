@@ -496,12 +496,12 @@ def _prove_offsets(prover: _Prover, ast: UOp, accesses: dict, size: UOp, terms: 
 _proof_cache: dict = {}
 
 
-def prove_launched(ast: UOp, target, shapes: list[tuple], constraints=()) -> int:
-    """prove_kernel on the kernel as `target` launches it (target.launched(ast)), memoised: fori_loop
-    iterations and repeated prepares share one proof."""
-    key = (ast, target.language, tuple(tuple(s) for s in shapes), tuple(constraints))
+def prove_launched(launched: UOp, shapes: list[tuple], constraints=()) -> int:
+    """prove_kernel on a kernel as launched (targets.Target.launched: what is rendered and runs), memoised:
+    fori_loop iterations and repeated prepares share one proof."""
+    key = (launched, tuple(tuple(s) for s in shapes), tuple(constraints))
     if key not in _proof_cache:
         if len(_proof_cache) > 4096:
             _proof_cache.clear()
-        _proof_cache[key] = prove_kernel(target.launched(ast), shapes, constraints)
+        _proof_cache[key] = prove_kernel(launched, shapes, constraints)
     return _proof_cache[key]

@@ -71,8 +71,6 @@ class Blocking:
 
 
 DEFAULT_BLOCKING = Blocking()
-# kernel AST -> the Blocking chosen for it; set (once per AST) before the kernel is first optimised
-tuned: dict[UOp, Blocking] = {}
 
 
 def const_end(r: UOp) -> int | None:
@@ -282,15 +280,16 @@ def _renumber(ast: UOp) -> UOp:
 
 
 def optimize(ast: UOp, language: str, target: CPUTarget | None = None) -> UOp:
-    """The optimised AST for a renderer (for llvm, blocked for `target`, by default this host's CPU, with the
-    Blocking `tuned` holds for it); renderers that cannot yet take multi-store kernels get it unchanged.
-    Memoised: the bounds proof and the renderer ask for the same kernel."""
-    return optimize_with(ast, language, target, tuned.get(ast, DEFAULT_BLOCKING))
+    """`optimize_with` the default Blocking."""
+    return optimize_with(ast, language, target, DEFAULT_BLOCKING)
 
 
 @functools.lru_cache(maxsize=4096)
 def optimize_with(ast: UOp, language: str, target: CPUTarget | None, blocking: Blocking) -> UOp:
-    """`optimize` with the given Blocking."""
+    """The optimised AST for a renderer: for llvm, blocked for `target` (by default this host's CPU) with
+    `blocking` (the default, or PREPJIT_TUNE's choice: the caller passes it, targets.Target.launched); renderers
+    that cannot yet take multi-store kernels get it unchanged. Memoised: the bounds proof and the renderer ask
+    for the same kernel."""
     if language != "llvm":
         return ast
     from .matvec import matvec  # matvec.py builds on this module's contraction analysis

@@ -4,7 +4,9 @@ GPUs asks the target, never the device's class or language name.
 
 `launched(ast, blocking)` is the kernel as it runs: on the cpu, blocked for this host's vector unit
 (optimize.py, matvec.py); on a GPU, with its launch decided (gpu_launch.py: a tiled contraction, a row kernel
-or elementwise work-items). The bounds proof, the renderer and PREPJIT_TUNE's candidates all start from it.
+or elementwise work-items). The Blocking is passed, never looked up: the planner asks PREPJIT_TUNE's record
+(jit/tune.py) once per kernel build and keeps the launched AST with the compiled kernel (CachedKernel.ast), so
+the bounds proof, the renderer, the disk key and PREPJIT_TUNE's candidates all see that one kernel.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import attrs
 from ..uop import UOp
 from .gpu_launch import launch
 from .kernel import KernelSource
-from .optimize import DEFAULT_BLOCKING, Blocking, blocking_candidates, optimize_with, tuned
+from .optimize import DEFAULT_BLOCKING, Blocking, blocking_candidates, optimize_with
 from .render_c import Dialect, render_c
 from .render_cuda import CUDA
 from .render_llvm import render_llvm
@@ -34,10 +36,10 @@ class Target:
     renderer: Callable[[UOp], KernelSource]         # a launched kernel AST -> its source
     candidates: Callable[[UOp], list[Blocking]]     # Blockings PREPJIT_TUNE times for a kernel (the default first)
 
-    def launched(self, ast: UOp, blocking: Blocking | None = None) -> UOp:
-        """The kernel as launched, with `blocking` (by default the one PREPJIT_TUNE fixed for `ast`, tune.py);
-        memoised: the bounds proof and the renderer ask for the same kernel."""
-        return _launched(self, ast, tuned.get(ast, DEFAULT_BLOCKING) if blocking is None else blocking)
+    def launched(self, ast: UOp, blocking: Blocking = DEFAULT_BLOCKING) -> UOp:
+        """The kernel as launched, with `blocking` (the default, or the one PREPJIT_TUNE chose for it: tune.py);
+        memoised: PREPJIT_TUNE's candidates and a kernel's build ask for the same kernel."""
+        return _launched(self, ast, blocking)
 
     def run_passes(self, ast: UOp, blocking: Blocking) -> UOp:
         return self.passes(ast, blocking)

@@ -15,7 +15,7 @@ from ..codegen.memory import share_memory
 from ..codegen.schedule import BufferSpec, KernelSequence, LoopKernels, Schedule, ScheduledKernel, _max_size
 from ..codegen.ast_check import check_int_expr, check_kernel
 from ..errors import CompileError, PlanFileError, SignatureError, TraceError
-from .planner import PlanSpec, _kernel_from_entry, get_kernels, instantiate, plan_vars, prove_plan
+from .planner import PlanSpec, _kernel_from_entry, get_kernels, instantiate, kernel_launches, plan_vars, prove_plan
 from ..runtime import datafile
 from ..runtime.devices import get_device
 from .signature import CallInfo, explain_retrace
@@ -160,15 +160,17 @@ def _instantiate(fn: LoadedFunction, spec: PlanSpec, codes: list, device, recomp
     if recompile:
         home = share_memory(Schedule(spec.buffers, spec.kernels, spec.inputs,
                                      spec.outputs + tuple(b for b, _ in spec.flags)))
-        spec = PlanSpec(spec.buffers, tuple(home), spec.kernels, spec.inputs, spec.outputs, spec.constraints,
-                        spec.flags, prove_plan(spec.kernels, spec.buffers, spec.constraints, device))
         asts = spec.kernels.asts()
-        compiled, counts = get_kernels(asts, device)
+        compiled, counts = get_kernels(asts, device)  # the proof is of the kernels as launched (before any runs)
+        spec = PlanSpec(spec.buffers, tuple(home), spec.kernels, spec.inputs, spec.outputs, spec.constraints,
+                        spec.flags, prove_plan(spec.kernels, spec.buffers, spec.constraints,
+                                               kernel_launches(asts, compiled)))
         compiled = dict(zip(asts, compiled))
         fn._stats.update(counts)
     else:
         try:
-            programs = [_kernel_from_entry(fields, binary, device) for fields, binary in codes]
+            programs = [_kernel_from_entry(fields, binary, device, ast)
+                        for (fields, binary), ast in zip(codes, spec.kernels.asts())]
         except Exception as e:  # noqa: BLE001 - code the device cannot load
             raise PlanFileError(f"{path}: the {device.name} cannot load its compiled code ({e})") from None
         compiled = dict(zip(spec.kernels.asts(), programs))
@@ -238,7 +240,10 @@ def _decode(meta: dict, payload: bytes, path, device_name: str):
             raise ValueError("code sizes do not match the payload")
         fields = {"name": str(c["name"]), "source": str(c["source"]), "var_names": tuple(map(str, c["var_names"])),
                   "global_size": tuple(expr(g) for g in c["global_size"]),
-                  "local_size": tuple(_int(s, 1, 1 << 16) for s in c["local_size"])}
+                  "local_size": tuple(_int(s, 1, 1 << 16) for s in c["local_size"]),
+                  "ast": graph[_index(c["ast"], len(graph))]}
+        if fields["ast"].op is not Ops.SINK:
+            raise ValueError(f"kernel {fields['name']}'s launched AST is not a kernel")
         if not set(fields["var_names"]) <= {v.arg[0] for v in graph[_index(len(codes), n_asts)].variables()}:
             raise ValueError(f"kernel {fields['name']} takes vars its AST does not have")
         codes.append((fields, payload[offset:offset + size]))

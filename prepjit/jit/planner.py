@@ -45,9 +45,11 @@ def get_kernels(asts: list[UOp], device, meanwhile=None) -> tuple[list[CachedKer
     """The compiled kernel of each AST on `device` (identical ASTs share one), and how many were compiled now
     ("compiles") or loaded from the disk cache ("disk_hits"; see runtime/disk_cache.py); the rest came from
     this process's kernel cache. Misses are optimised and rendered here, in order, while the earlier ones
-    compile, in worker processes when the device has them (`compile_parallel`); `meanwhile()` then runs
-    here while the last ones compile (what it raises stops the build). Nothing is optimised or compiled
-    twice, even by threads preparing at once: a kernel another thread is building is waited for."""
+    compile, in worker processes when the device has them (`compile_parallel`); `meanwhile(launches)` then runs
+    here while the last ones compile (what it raises stops the build), given the kernels known so far as
+    launched (`kernel_launches`; not those another thread is still building). Each kernel keeps the AST it was
+    launched as (CachedKernel.ast) and its disk key. Nothing is optimised or compiled twice, even by threads
+    preparing at once: a kernel another thread is building is waited for."""
     futures, claims = {}, {}
     for ast in dict.fromkeys(asts):
         key = (ast, device.name, device.compiler_id)
@@ -55,8 +57,12 @@ def get_kernels(asts: list[UOp], device, meanwhile=None) -> tuple[list[CachedKer
         if mine:
             claims[ast] = key
     counts = {"compiles": 0, "disk_hits": 0}
+
+    def known(building: dict):  # the kernels built here (compiling now) and those whose build is done
+        done = {ast: f.result() for ast, f in futures.items() if f.done() and f.exception() is None}
+        meanwhile({**kernel_launches(list(done), list(done.values())), **building})
     try:
-        for ast, kernel in _build(list(claims), device, counts, meanwhile):
+        for ast, kernel in _build(list(claims), device, counts, meanwhile and known):
             key = claims.pop(ast)
             kernel_cache.failed(key, kernel) if isinstance(kernel, Exception) else kernel_cache.done(key, kernel)
     except BaseException:  # interrupted: what is left unbuilt is built by whoever needs it next
@@ -73,37 +79,45 @@ def get_kernels(asts: list[UOp], device, meanwhile=None) -> tuple[list[CachedKer
     return [kernels[ast] for ast in asts], counts
 
 
+def kernel_launches(asts: list[UOp], kernels: list[CachedKernel]) -> dict[UOp, tuple[UOp, str | None]]:
+    """{scheduled AST: (the kernel as launched, its disk key)}: what `prove_plan` proves."""
+    return {ast: (kernel.ast, kernel.disk_key) for ast, kernel in zip(asts, kernels)}
+
+
 def _build(asts: list[UOp], device, counts: dict, meanwhile=None):
-    """(ast, its kernel or the exception that stopped it) for each AST: from the disk cache, else compiled;
-    `meanwhile()` runs once every compile is under way."""
+    """(ast, its kernel or the exception that stopped it) for each AST: from the disk cache, else compiled
+    with the Blocking PREPJIT_TUNE's record (tune.py) gives it, which its disk key names; `meanwhile(launches)`
+    runs once every compile is under way, given those being compiled (`kernel_launches`)."""
     misses = []
     for ast in asts:
         key = disk_cache.kernel_key(ast, device.name, device.compiler_id)
-        tune.choose(ast, device, key)  # fixes its block shape (PREPJIT_TUNE's record) before it is optimised
-        key = _kernel_key(ast, device) if tune.key_suffix(ast) else key
-        kernel = _load_entry(key, device) if key else None
+        blocking = tune.choose(ast, device, key)
+        suffix = tune.key_suffix(blocking)
+        key = disk_cache.kernel_key(ast, device.name, device.compiler_id + suffix) if key and suffix else key
+        kernel = _load_entry(key, ast, device) if key else None
         if kernel is None:
-            misses.append((ast, key))
+            misses.append((ast, blocking, key))
         else:
             counts["disk_hits"] += 1
             yield ast, kernel
     parallel = getattr(device, "compile_parallel", None)
     submit = parallel(len(misses)) if parallel else lambda name, source: run_now(device.compile, name, source)
-    jobs = []
-    for ast, key in misses:  # the workers compile earlier kernels while later ones are optimised and rendered
+    jobs, building = [], {}
+    for ast, blocking, key in misses:  # the workers compile earlier kernels while later ones are optimised, rendered
         try:
             with stage("optimisation"):
-                launched = device.target.launched(ast)
+                launched = device.target.launched(ast, blocking)
             with stage("rendering"):
                 src = device.target.render(launched)
         except Exception as e:
             yield ast, e
             continue
         with stage("compilation"):  # compiling itself when the device compiles in this process
-            jobs.append((ast, key, src, submit(src.name, src.source)))
+            jobs.append((ast, launched, key, src, submit(src.name, src.source)))
+        building[ast] = (launched, key)
     if meanwhile is not None:
-        meanwhile()
-    for ast, key, src, job in jobs:
+        meanwhile(building)
+    for ast, launched, key, src, job in jobs:
         try:
             with stage("compilation"):
                 binary = job.result()
@@ -117,9 +131,9 @@ def _build(asts: list[UOp], device, counts: dict, meanwhile=None):
             continue
         log.info("compile %s on %s in %.1f ms", src.name, device.name, 1e3 * job.seconds)
         fields = {"name": src.name, "source": src.source, "var_names": src.var_names,
-                  "global_size": src.global_size, "local_size": src.local_size}
+                  "global_size": src.global_size, "local_size": src.local_size, "ast": launched}
         try:
-            kernel = _kernel_from_entry(fields, binary, device)
+            kernel = _kernel_from_entry(fields, binary, device, ast, key)
         except Exception as e:
             yield ast, e
             continue
@@ -131,21 +145,24 @@ def _build(asts: list[UOp], device, counts: dict, meanwhile=None):
         yield ast, kernel
 
 
-def _kernel_from_entry(fields: dict, binary: bytes, device) -> CachedKernel:
+def _kernel_from_entry(fields: dict, binary: bytes, device, scheduled: UOp,
+                       disk_key: str | None = None) -> CachedKernel:
+    """The CachedKernel of `fields` (disk_cache.read's, with the launched AST) and its compiled code, built from
+    the `scheduled` kernel AST."""
     with stage("loading"):
         program = device.load(fields["name"], binary)
-    return CachedKernel(**fields, program=program, binary=binary,
+    return CachedKernel(**fields, program=program, binary=binary, scheduled=scheduled, disk_key=disk_key,
                         global_size_fn=compile_positional_fn(fields["global_size"], fields["var_names"]))
 
 
-def _load_entry(key: str, device) -> CachedKernel | None:
+def _load_entry(key: str, ast: UOp, device) -> CachedKernel | None:
     """The disk cache's kernel under `key`, or None (logged when the entry is unusable): the caller compiles."""
     start = time.perf_counter()
     entry = disk_cache.read(key)
     if entry is None:
         return None
     try:
-        kernel = _kernel_from_entry(*entry, device)
+        kernel = _kernel_from_entry(*entry, device, ast, key)
     except Exception as e:  # an unusable entry is rebuilt (and replaced), whatever the reason
         log.info("a disk cache entry on %s is unusable (%s: %s); compiling it again", device.name, type(e).__name__, e)
         return None
@@ -154,15 +171,9 @@ def _load_entry(key: str, device) -> CachedKernel | None:
     return kernel
 
 
-def _kernel_key(ast: UOp, device) -> str | None:
-    """The kernel's disk-cache key: its AST, device, compiler and tuned block shape (tune.py)."""
-    return disk_cache.kernel_key(ast, device.name, device.compiler_id + tune.key_suffix(ast))
-
-
-def _prove(ast: UOp, device, shapes: tuple, constraints: list) -> int:
-    """prove_launched, remembered in the disk cache: a process that loads the kernel from disk does not
-    optimise it again just to prove it (a failed proof is never remembered: it raises every time)."""
-    key = _kernel_key(ast, device)
+def _prove(launched: UOp, key: str | None, shapes: tuple, constraints: list) -> int:
+    """prove_launched, remembered in the disk cache under the kernel's disk `key` (a failed proof is never
+    remembered: it raises every time)."""
     if key is not None:
         try:
             key = disk_cache.record_key("proof", key, json.dumps(serial.to_data(tuple(constraints))), json.dumps(
@@ -172,7 +183,7 @@ def _prove(ast: UOp, device, shapes: tuple, constraints: list) -> int:
     record = disk_cache.read_record("proof", key) if key else None
     if record is not None and type(record[0].get("proven")) is int:
         return record[0]["proven"]
-    proven = prove_launched(ast, device.target, list(shapes), constraints)
+    proven = prove_launched(launched, list(shapes), constraints)
     if key:
         disk_cache.write_record("proof", key, {"proven": proven})
     return proven
@@ -219,16 +230,18 @@ class PlanSpec:
     proven_accesses: int = 0
 
 
-def prove_plan(kernels, buffers, constraints, device) -> int:
-    """The bounds proof of every kernel (once per distinct kernel: a fori_loop's iterations share one):
-    how many accesses were proven, or CompileError. Inside a loop the plan runs natively its var is known to
-    lie in its bounds (lower <= var < upper)."""
-    conds, proofs, proven = [c.cond for c in constraints] + kernels.loop_facts(), {}, 0
+def prove_plan(kernels, buffers, constraints, launches: dict, proofs: dict | None = None) -> int | None:
+    """The bounds proof of every kernel as launched (`launches`: `kernel_launches`), once per distinct kernel
+    and shapes (a fori_loop's iterations share one): how many accesses were proven, or CompileError. Kernels
+    missing from `launches` are left to a later call with the same `proofs` ({(AST, shapes): accesses}): the
+    count is None until every kernel is proven. Inside a loop the plan runs natively its var is known to lie
+    in its bounds (lower <= var < upper)."""
+    conds, proofs, proven = [c.cond for c in constraints] + kernels.loop_facts(), {} if proofs is None else proofs, 0
     for k, count in kernels.counted():
         shapes = tuple(tuple(buffers[b].shape) for b in k.buffers)
-        if (k.ast, shapes) not in proofs:
-            proofs[k.ast, shapes] = _prove(k.ast, device, shapes, conds)
-        proven += count * proofs[k.ast, shapes]
+        if (k.ast, shapes) not in proofs and k.ast in launches:
+            proofs[k.ast, shapes] = _prove(*launches[k.ast], shapes, conds)
+        proven = None if proven is None or (k.ast, shapes) not in proofs else proven + count * proofs[k.ast, shapes]
     return proven
 
 
@@ -258,14 +271,15 @@ def build_plan(traced: Traced, device) -> tuple[ExecutionPlan, dict[str, int]]:
         sched = schedule(list(traced.outputs) + [f for f, _ in traced.flags], list(traced.inputs),
                          pack_contractions=device.target.packs_contractions)
         sched = _share_offsets(sched, traced.constraints)
-    proofs = []
+    proofs = {}
 
-    def prove():  # every access of every kernel inside its buffer, or CompileError, while the kernels compile
+    def prove(launches):  # every access of every kernel inside its buffer, or CompileError, while they compile
         with stage("bounds proof"):
-            proofs.append(prove_plan(sched.kernels, sched.buffers, traced.constraints, device))
+            prove_plan(sched.kernels, sched.buffers, traced.constraints, launches, proofs)
     asts = sched.kernels.asts()
     compiled, counts = get_kernels(asts, device, meanwhile=prove)
-    proven = proofs[0]
+    with stage("bounds proof"):  # those another thread was building
+        proven = prove_plan(sched.kernels, sched.buffers, traced.constraints, kernel_launches(asts, compiled), proofs)
     n_out = len(traced.outputs)
     spec = PlanSpec(sched.buffers, tuple(share_memory(sched)), sched.kernels, sched.inputs, sched.outputs[:n_out],
                     tuple(traced.constraints), tuple((b, what) for b, (_, what) in zip(sched.outputs[n_out:],
@@ -301,7 +315,7 @@ def plan_vars(spec: PlanSpec) -> VarTable:
 
 def instantiate(spec: PlanSpec, compiled: dict[UOp, CachedKernel], device) -> ExecutionPlan:
     """The ExecutionPlan of `spec` on `device`, `compiled[ast]` running the kernels with that AST (its vars:
-    `plan_vars`)."""
+    `plan_vars`); each PreparedKernel's `ast` is its kernel as launched (CachedKernel.ast)."""
     table = plan_vars(spec)
     home = spec.home
     io = set(spec.inputs) | set(spec.outputs) | {b for b, _ in spec.flags}
@@ -329,11 +343,11 @@ def instantiate(spec: PlanSpec, compiled: dict[UOp, CachedKernel], device) -> Ex
     def prepared(i: int, item) -> PreparedKernel:
         kernel, fixed = compiled[item.ast], dict(item.fixedvars)
         return PreparedKernel(
-            id=i, ast=item.ast, kernel=kernel, device=device.name, buffer_indices=list(item.buffers),
+            id=i, ast=kernel.ast, kernel=kernel, device=device.name, buffer_indices=list(item.buffers),
             output_indices=[0], vals=table.kernel_vals(kernel.var_names, fixed), fixedvars=fixed,
             dependencies=hazards.add(i, writes=home[item.buffers[0]], reads=[home[b] for b in item.buffers[1:]]),
             buffer_ptrs=[buffers[b].memory.ptr if buffers[b].allocated else 0 for b in item.buffers],
-            buffer_ids=[home[b] for b in item.buffers], runtime_vars=table.runtime_vars(item.ast))
+            buffer_ids=[home[b] for b in item.buffers], runtime_vars=table.runtime_vars(kernel.ast))
 
     def dynamic(seg: DynamicLoop, start: int) -> DynamicLaunches:
         """A loop the plan runs natively: its kernels prepared once each, at their positions from `start`."""

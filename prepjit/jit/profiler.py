@@ -104,7 +104,7 @@ class Profile:
         self.rows = []
         for pk, seconds in zip(plan.kernels, timings):
             live = {**values, **pk.fixedvars}
-            flops, elements = kernel_counts(pk.ast).evaluate(live)
+            flops, elements = kernel_counts(pk.kernel.scheduled).evaluate(live)  # the computation's, not its blocks'
             moved = 0
             for slot, count in elements.items():
                 buf = plan.buffers[pk.buffer_indices[slot]]

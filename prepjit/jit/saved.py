@@ -33,7 +33,7 @@ from ..uop import UOp, serial
 from ..uop.dtypes import dtypes, to_dtype
 from ..uop.var import Var
 
-KIND, VERSION = b"plan", 1
+KIND, VERSION = b"plan", 2  # 2: each kernel's code names its AST as launched
 MAX_FILE_BYTES = 4 << 30
 MAX_ELEMENTS = 1 << 48  # a buffer's bytes at the vars' maxima, and any of its static dims
 DTYPES_BY_NAME = {d.name: d for d in dtypes.all}
@@ -114,7 +114,7 @@ def save(fn, path, info: CallInfo):
     for step in plan.kernels.launches():
         for pk in (step[1] + step[2] if isinstance(step, tuple) else step.flat if isinstance(step, DynamicLaunches)
                    else (step,)):
-            programs.setdefault(pk.ast, pk.kernel)
+            programs.setdefault(pk.kernel.scheduled, pk.kernel)
     roots: list[UOp] = list(asts)
     root_index = dict(ast_index)
 
@@ -136,7 +136,7 @@ def save(fn, path, info: CallInfo):
             raise PlanFileError(f"kernel {k.name} has no compiled code to save")
         codes.append({"name": k.name, "source": k.source, "var_names": list(k.var_names),
                       "global_size": [ref(g) for g in k.global_size], "local_size": list(k.local_size),
-                      "bytes": len(k.binary)})
+                      "bytes": len(k.binary), "ast": ref(k.ast)})
         payload.append(k.binary)
     constants = [np.ascontiguousarray(np.asarray(c)) for c in entry.constants]  # captured arrays, after the code
     payload += [c.tobytes() for c in constants]

@@ -11,8 +11,9 @@ memory); the fastest shape wins unless it beats the default by less than MIN_GAI
 the disk cache as a "tune" record, so it is searched once per kernel, device and prepjit version, and read
 back by every later process, with PREPJIT_TUNE set or not.
 
-The choice is fixed for an AST before the kernel is first optimised in a process (`optimize.tuned`), so the
-bounds proof, the renderer and the disk cache (whose kernel key names the choice) all see the same kernel.
+`choose` returns the Blocking a kernel is built with, never stored in this process: the planner passes it to
+the target (targets.Target.launched), names it in the kernel's disk key (`key_suffix`) and keeps the launched
+AST with the compiled kernel, so the bounds proof, the renderer and the disk cache all see the same kernel.
 Only var-free kernels are tuned (their buffers and launch have one size).
 """
 from __future__ import annotations
@@ -45,37 +46,36 @@ def enabled() -> bool:
     return os.environ.get("PREPJIT_TUNE", "0") == "1"
 
 
-def key_suffix(ast: UOp) -> str:
-    """What the kernel's disk-cache key adds for its chosen Blocking ("" for the default)."""
-    blocking = opt.tuned.get(ast, opt.DEFAULT_BLOCKING)
-    if blocking == opt.DEFAULT_BLOCKING:
-        return ""
-    tile = "" if blocking.tile is None else "-tile-" + "x".join(map(str, blocking.tile))
-    return f"-tuned-{blocking.max_accumulators}-{blocking.matvec_row_bytes}{tile}"
+def key_suffix(blocking: opt.Blocking) -> str:
+    """What a kernel's disk-cache key adds for the Blocking it is built with ("" for the default): every field
+    that differs from the default's."""
+    changed = {k: v for k, v in attrs.asdict(blocking).items() if v != getattr(opt.DEFAULT_BLOCKING, k)}
+    return "".join(f"-{k}-" + ("x".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v))
+                   for k, v in sorted(changed.items()))
 
 
-def choose(ast: UOp, device, kernel_key: str | None):
-    """Fix the Blocking of a kernel about to be built: the disk cache's record, else (PREPJIT_TUNE=1) a search,
-    else the default. `kernel_key`: the kernel's untuned disk key (None: no data form, nothing recorded)."""
-    if ast in opt.tuned or kernel_key is None:
-        return
+def choose(ast: UOp, device, kernel_key: str | None) -> opt.Blocking:
+    """The Blocking of a kernel about to be built: the disk cache's record, else (PREPJIT_TUNE=1) a search, whose
+    winner is recorded, else the default. `kernel_key`: the kernel's untuned disk key (None: no data form,
+    nothing recorded, the default)."""
+    if kernel_key is None:
+        return opt.DEFAULT_BLOCKING
     key = disk_cache.record_key("tune", kernel_key)
     record = disk_cache.read_record("tune", key)
     if record is not None:
-        opt.tuned[ast] = opt.Blocking(**record[0])
-        return
+        return opt.Blocking(**record[0])
     if not enabled() or ast.variables():
-        return
+        return opt.DEFAULT_BLOCKING
     target = device.target
     if not target.work_groups and not hasattr(device, "threads"):
-        return
+        return opt.DEFAULT_BLOCKING
     candidates, timer = target.candidates(ast), search_gpu if target.work_groups else search
     if len(candidates) < 2:
-        return
+        return opt.DEFAULT_BLOCKING
     with stage("tuning"):
         blocking = timer(ast, device, candidates)
-    opt.tuned[ast] = blocking
     disk_cache.write_record("tune", key, attrs.asdict(blocking))
+    return blocking
 
 
 def search(ast: UOp, device, candidates: list) -> opt.Blocking:

@@ -218,7 +218,7 @@ class CPUPlanRunner:
                 slots = [[(x.vals, slot) for x in body for slot in x.loop_slots] for body in (even, odd)]
                 groups.append(functools.partial(_run_loop, loop.lower, loop.upper, bodies, slots))
                 continue
-            ast = launch.pk.ast
+            ast = launch.pk.kernel.scheduled  # the work, as lowered (before blocking)
             if ast not in iterations:
                 outer, inner = _loop_iterations(ast)
                 large = threads is not None and outer > 1 and outer * inner >= PARALLEL_MIN_ITERATIONS

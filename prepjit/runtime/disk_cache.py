@@ -29,7 +29,7 @@ import pathlib
 import stat
 import warnings
 
-from ..uop import UOp, serial
+from ..uop import Ops, UOp, serial
 from . import datafile
 
 VERSION = 1
@@ -179,16 +179,21 @@ def write_record(kind: str, key: str, meta: dict, payload: bytes = b"") -> bool:
 
 def read(key: str) -> tuple[dict, bytes] | None:
     """(kernel fields, binary) stored under `key`, or None when there is none or it cannot be read back intact.
-    The fields are CachedKernel's name, source, var_names, global_size (UOps) and local_size."""
+    The fields are CachedKernel's name, source, var_names, global_size (UOps), local_size and ast (the kernel
+    as launched, so a hit needs no optimisation to know it)."""
     record = read_record("kernel", key)
     if record is None:
         return None
     meta, binary = record
     try:
         fields = {"name": meta.get("name"), "source": meta.get("source"), "var_names": meta.get("var_names"),
-                  "global_size": serial.from_data(meta.get("global_size")), "local_size": meta.get("local_size")}
+                  "global_size": serial.from_data(meta.get("global_size")), "local_size": meta.get("local_size"),
+                  "ast": serial.from_data(meta.get("ast"))}
     except (ValueError, RecursionError):
         return None
+    if len(fields["ast"]) != 1 or fields["ast"][0].op is not Ops.SINK:
+        return None
+    fields["ast"] = fields["ast"][0]
     if not (isinstance(fields["name"], str) and isinstance(fields["source"], str)
             and isinstance(fields["var_names"], list) and all(isinstance(n, str) for n in fields["var_names"])
             and isinstance(fields["local_size"], list) and all(type(n) is int for n in fields["local_size"])):
@@ -200,7 +205,8 @@ def read(key: str) -> tuple[dict, bytes] | None:
 def write(key: str, fields: dict, binary: bytes) -> bool:
     """Store a kernel's fields (as `read` returns them) and binary under `key`; False when not written."""
     try:
-        meta = {**fields, "global_size": serial.to_data(tuple(fields["global_size"]))}
+        meta = {**fields, "global_size": serial.to_data(tuple(fields["global_size"])),
+                "ast": serial.to_data((fields["ast"],))}
     except ValueError:
         return False
     return write_record("kernel", key, meta, binary)

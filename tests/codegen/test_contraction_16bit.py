@@ -53,7 +53,7 @@ def test_16bit_matmul_is_blocked_as_float32_and_reads_its_operands_narrow(rng, d
     narrow = dtypes.bfloat16 if dtype == bfloat16 else dtypes.float16
     for k in (*packs, kernel):
         assert {u.dtype for u in k.ast.toposort() if u.op is Ops.DEFINE_GLOBAL} == {narrow}
-    blocked = optimize(kernel.ast, "llvm", target)
+    blocked = optimize(kernel.kernel.scheduled, "llvm", target)
     assert _columns(blocked) == rows * cols and len(blocked.src) == rows * cols // lanes
     assert [r.src[0].arg for r in _ranges(blocked, "lane")] == [lanes]
 
@@ -66,12 +66,12 @@ def test_bfloat16_products_are_paired_for_vdpbf16ps_on_avx512_bf16(rng, m, k, n)
     f = pj.prepare(lambda a, b: a @ b, device="cpu")
     _check(f(a, b), a, b, bfloat16)
     kernel = f.plan(a, b).kernels[-1]
-    paired = optimize(kernel.ast, "llvm", AVX512_BF16)
+    paired = optimize(kernel.kernel.scheduled, "llvm", AVX512_BF16)
     assert [r.src[0].arg for r in _ranges(paired, "pair")] == [2]
     assert [r.src[0].arg for r in _ranges(paired, "reduce")] == [k // 2]
     assert f"call <16 x float> @{DOT}(" in render_llvm(paired, AVX512_BF16).source
     for target in (AVX512, AVX2):
-        plain = optimize(kernel.ast, "llvm", target)
+        plain = optimize(kernel.kernel.scheduled, "llvm", target)
         assert not _ranges(plain, "pair") and DOT not in render_llvm(plain, target).source
 
 
@@ -80,10 +80,10 @@ def test_odd_and_symbolic_reductions_and_float16_are_not_paired(rng):
         a, b = rng.standard_normal((16, k)).astype(dtype), rng.standard_normal((k, 64)).astype(dtype)
         f = pj.prepare(lambda a, b: a @ b, device="cpu")
         _check(f(a, b), a, b, dtype)
-        assert not _ranges(optimize(f.plan(a, b).kernels[-1].ast, "llvm", AVX512_BF16), "pair")
+        assert not _ranges(optimize(f.plan(a, b).kernels[-1].kernel.scheduled, "llvm", AVX512_BF16), "pair")
     f = pj.prepare(lambda a, b: a @ b, vars={"k": (1, 128)}, shapes={"a": (16, "k"), "b": ("k", 64)}, device="cpu")
     a, b = rng.standard_normal((16, 64)).astype(bfloat16), rng.standard_normal((64, 64)).astype(bfloat16)
-    assert not _ranges(optimize(f.plan(a, b).kernels[-1].ast, "llvm", AVX512_BF16), "pair")
+    assert not _ranges(optimize(f.plan(a, b).kernels[-1].kernel.scheduled, "llvm", AVX512_BF16), "pair")
 
 
 _SIZES = [(1, 576, 3072), (1, 2, 32), (5, 70, 33), (17, 130, 100), (64, 96, 1000), (200, 384, 64)]
@@ -141,7 +141,7 @@ def test_pairing_is_a_tuning_choice(rng):
     """PREPJIT_TUNE times the paired kernel against the widened one (neither wins on every AVX512_BF16 CPU)."""
     a, b = rng.standard_normal((64, 128)).astype(bfloat16), rng.standard_normal((128, 256)).astype(bfloat16)
     kernel = pj.prepare(lambda a, b: a @ b, device="cpu").plan(a, b).kernels[-1]
-    kernels = [optimize_with(kernel.ast, "llvm", AVX512_BF16, c) for c in blocking_candidates(kernel.ast, AVX512_BF16)]
+    kernels = [optimize_with(kernel.kernel.scheduled, "llvm", AVX512_BF16, c) for c in blocking_candidates(kernel.kernel.scheduled, AVX512_BF16)]
     assert {bool(_ranges(k, "pair")) for k in kernels} == {False, True}
-    assert optimize_with(kernel.ast, "llvm", AVX512_BF16, Blocking(bf16_dot=False)) == \
-        optimize_with(kernel.ast, "llvm", AVX512, Blocking())
+    assert optimize_with(kernel.kernel.scheduled, "llvm", AVX512_BF16, Blocking(bf16_dot=False)) == \
+        optimize_with(kernel.kernel.scheduled, "llvm", AVX512, Blocking())

@@ -27,7 +27,7 @@ def test_a_tiled_contraction_carries_its_tile_and_its_accesses_are_proven(target
     launched = target.launched(ast)
     assert gpu_launch.launch_of(launched) == ("tile", c.tm, c.tn, c.splits)
     assert target.render(launched).local_size == (c.threads,)
-    assert prove_launched(ast, target, MATMUL_SHAPES) == 3   # two loads and the store of the launched kernel
+    assert prove_launched(launched, MATMUL_SHAPES) == 3   # two loads and the store of the launched kernel
     tuned = target.launched(ast, Blocking(tile=(64, 64, 2)))   # PREPJIT_TUNE's choice is part of the AST
     assert gpu_launch.launch_of(tuned) == ("tile", 64, 64, 2) and tuned is not launched
     assert target.render(tuned).local_size == (64 // 8 * 64 // 8 * 2,)
@@ -51,7 +51,7 @@ def test_the_proof_sees_the_shared_passes_of_a_row_kernel():
     reduce_ranges = {r for u in launched.toposort() if u.op is Ops.REDUCE for r in u.src[1:]}
     assert [r.arg[1] for r in reduce_ranges] == ["loop"]   # the columns' range, not reduce ranges of their own
     # the launched kernel's accesses: the row's three loads are one (the scheduled kernel has 3 loads, 1 store)
-    assert prove_launched(ast, CUDA_TARGET, SOFTMAX_SHAPES) == prove_kernel(launched, SOFTMAX_SHAPES) == 2
+    assert prove_launched(launched, SOFTMAX_SHAPES) == prove_kernel(launched, SOFTMAX_SHAPES) == 2
     assert prove_kernel(ast, SOFTMAX_SHAPES) == 4
 
 
@@ -67,7 +67,7 @@ def test_a_wrong_launch_rewrite_is_refused_by_the_proof(monkeypatch):
     ast = softmax_kernel(128, static=True)
     try:
         with pytest.raises(CompileError, match="cannot prove the load from buffer slot 1"):
-            prove_launched(ast, CUDA_TARGET, SOFTMAX_SHAPES)
+            prove_launched(CUDA_TARGET.launched(ast), SOFTMAX_SHAPES)
     finally:
         targets._launched.cache_clear()
 
@@ -78,3 +78,17 @@ def test_each_device_names_its_target(device):
     assert TARGETS[device.language] is target
     assert target.work_groups == target.device_memory == (target is not LLVM)
     assert target.packs_contractions == (target is LLVM)
+
+
+def test_a_plans_kernels_are_the_kernels_as_launched(device):
+    """PreparedKernel.ast is what was rendered and proven (the target's launched AST, a GPU's with its LAUNCH
+    node, the cpu's blocked), not the scheduled kernel it came from (CachedKernel.scheduled)."""
+    import numpy as np
+    import prepjit as pj
+    f = pj.prepare(lambda x, w: pj.numpy.exp(x @ w), device=device)
+    x, w = np.ones((64, 96), np.float32) / 8, np.ones((96, 80), np.float32) / 8
+    np.testing.assert_allclose(np.asarray(f(x, w)), np.exp(x @ w), rtol=1e-5)
+    target = get_device(device).target
+    kernels = list(f.plan(x, w).kernels)
+    assert all(k.ast is k.kernel.ast is target.launched(k.kernel.scheduled) for k in kernels)
+    assert kernels[-1].ast is not kernels[-1].kernel.scheduled

@@ -12,7 +12,7 @@ from .test_optimize import _columns
 
 def _kernel_ast(f, *args):
     (kernel,) = f.plan(*args).kernels
-    return kernel.ast
+    return kernel.kernel.scheduled
 
 
 @pytest.mark.parametrize("dtype,tol", [(np.float32, 1e-4), (np.float64, 1e-10)])

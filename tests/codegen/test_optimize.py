@@ -28,11 +28,11 @@ def test_blocked_kernel_stores_a_block_per_iteration(rng, target, rows, cols, wi
     a, b = rng.standard_normal((80, 16)).astype(np.float32), rng.standard_normal((16, 64)).astype(np.float32)
     plan = pj.prepare(lambda a, b: a @ b, device="cpu").plan(a, b)
     (kernel,) = plan.kernels
-    blocked = optimize(kernel.ast, "llvm", target)
+    blocked = optimize(kernel.kernel.scheduled, "llvm", target)
     assert _columns(blocked) == rows * cols and all(s.op is Ops.STORE for s in blocked.src)
     assert len(blocked.src) == rows * 2  # each row's columns are two vectors
     assert f'"prefer-vector-width"="{width}"' in render_llvm(blocked, target).source
-    assert optimize(kernel.ast, "opencl") is kernel.ast
+    assert optimize(kernel.kernel.scheduled, "opencl") is kernel.kernel.scheduled
 
 
 def test_batched_float64_and_fused_operands(rng):
@@ -83,9 +83,9 @@ def test_symbolic_rows_are_blocked_with_clamped_last_block(rng):
         x = rng.standard_normal((n, 24)).astype(np.float32)
         np.testing.assert_allclose(np.asarray(f(x, w)), x @ w, rtol=1e-4, atol=1e-4, err_msg=f"n={n}")
     (kernel,) = f.plan(x, w).kernels
-    blocked = optimize(kernel.ast, "llvm", AVX512)  # a block's first row, 8 * r < n, needs no clamp
+    blocked = optimize(kernel.kernel.scheduled, "llvm", AVX512)  # a block's first row, 8 * r < n, needs no clamp
     assert _columns(blocked) == 8 * 32 and _clamped_rows(blocked) == 7 * 32
-    blocked = optimize(kernel.ast, "llvm", AVX2)
+    blocked = optimize(kernel.kernel.scheduled, "llvm", AVX2)
     assert _columns(blocked) == 6 * 16 and _clamped_rows(blocked) == 5 * 16
 
 
@@ -96,7 +96,7 @@ def test_static_row_counts_no_block_divides_are_clamped(rng, m):
     f = pj.prepare(lambda a, b: a @ b, device="cpu")
     np.testing.assert_allclose(np.asarray(f(a, b)), a @ b, rtol=1e-4, atol=1e-4)
     (kernel,) = f.plan(a, b).kernels
-    blocked = optimize(kernel.ast, "llvm", AVX512)
+    blocked = optimize(kernel.kernel.scheduled, "llvm", AVX512)
     assert _columns(blocked) == min(m, 8) * 32 and (_clamped_rows(blocked) > 0) == (m > 8)
 
 
@@ -136,9 +136,9 @@ def test_symbolic_columns_get_full_blocks_and_a_peeled_tail(rng):
                                    err_msg=f"b={b} s={s}")
     *packs, kernel = f.plan(q, k).kernels  # k.T is strided along the columns: its full panels are packed
     assert [p.ast.arg[:5] for p in packs] == ["pack_"]
-    blocked = optimize(kernel.ast, "llvm", AVX512)
+    blocked = optimize(kernel.kernel.scheduled, "llvm", AVX512)
     assert _columns(blocked) == 8 * 32 + 8 and _tail_stores(blocked) == 8
-    assert _tail_stores(optimize(kernel.ast, "llvm", AVX2)) == 6
+    assert _tail_stores(optimize(kernel.kernel.scheduled, "llvm", AVX2)) == 6
 
 
 @pytest.mark.parametrize("n", [20, 40, 100])
@@ -147,7 +147,7 @@ def test_static_columns_no_block_divides_are_peeled(rng, n):
     f = pj.prepare(lambda a, b: a @ b, device="cpu")
     np.testing.assert_allclose(np.asarray(f(a, b)), a @ b, rtol=1e-4, atol=1e-4)
     (kernel,) = f.plan(a, b).kernels
-    assert _tail_stores(optimize(kernel.ast, "llvm", AVX512)) == 8
+    assert _tail_stores(optimize(kernel.kernel.scheduled, "llvm", AVX512)) == 8
 
 
 

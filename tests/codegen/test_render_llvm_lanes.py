@@ -26,7 +26,7 @@ EPILOGUES = {
 
 def _lanes_of(f, *args) -> list[int]:
     """The extents of the lane ranges in the kernels of `f`'s plan once optimised for this host."""
-    return [u.src[0].arg for k in f.plan(*args).kernels for u in optimize(k.ast, "llvm").toposort()
+    return [u.src[0].arg for k in f.plan(*args).kernels for u in optimize(k.kernel.scheduled, "llvm").toposort()
             if u.op is Ops.RANGE and u.arg[1] == "lane"]
 
 
@@ -63,7 +63,7 @@ def test_symbolic_columns_gather_and_tail(rng):
 def test_lane_width_is_one_vector_register(rng, target, lanes):
     a, b = rng.standard_normal((16, 16)).astype(np.float32), rng.standard_normal((16, 64)).astype(np.float32)
     (kernel,) = pj.prepare(lambda a, b: a @ b, device="cpu").plan(a, b).kernels
-    blocked = optimize(kernel.ast, "llvm", target)
+    blocked = optimize(kernel.kernel.scheduled, "llvm", target)
     assert {u.src[0].arg for u in blocked.toposort() if u.op is Ops.RANGE and u.arg[1] == "lane"} == {lanes}
     source = render_llvm(blocked, target).source
     assert f"<{lanes} x float>" in source and "masked.gather" not in source  # contiguous: plain vector loads

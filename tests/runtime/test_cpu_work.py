@@ -11,7 +11,7 @@ def test_work_follows_the_var_values(rng):
     x = rng.standard_normal((10, 64)).astype(np.float32)
     np.testing.assert_allclose(np.asarray(f(x)), x.sum(axis=1), rtol=1e-5)
     (kernel,) = f.plan(x).kernels
-    work = _work_fn(kernel.ast, kernel.kernel.var_names)
+    work = _work_fn(kernel.kernel.scheduled, kernel.kernel.var_names)
     assert work([10]) == 640 < PARALLEL_MIN_ITERATIONS <= work([100000])
     assert work([0]) == 0
 
@@ -21,4 +21,4 @@ def test_static_work_counts_every_range(rng):
     f = pj.prepare(lambda w, h: w @ h, device="cpu")
     np.testing.assert_allclose(np.asarray(f(w, h)), w @ h, rtol=1e-4, atol=1e-4)
     (kernel,) = f.plan(w, h).kernels
-    assert _work_fn(kernel.ast, kernel.kernel.var_names)([]) == 300 * 50
+    assert _work_fn(kernel.kernel.scheduled, kernel.kernel.var_names)([]) == 300 * 50

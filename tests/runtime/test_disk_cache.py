@@ -19,6 +19,7 @@ import pytest
 import prepjit as pj
 from prepjit.runtime import disk_cache
 from prepjit.runtime.devices import get_device
+from prepjit.uop import Ops, UOp, dtypes
 
 # prepares a function of a few kernels (matmul, reductions, a var-sized slice), runs it on two shapes and
 # prints its stats, how many kernels it optimised and its largest error against NumPy as JSON
@@ -180,7 +181,7 @@ def test_key_tells_kernels_devices_and_compilers_apart():
 
 
 FIELDS = {"name": "E_1", "source": "; ir", "var_names": ("n",), "global_size": (pj.Var("n", 1, 8).uop * 2,),
-          "local_size": ()}
+          "local_size": (), "ast": UOp(Ops.SINK, dtypes.bool, (), "E_1")}
 KEY = "ab" * 32
 
 
