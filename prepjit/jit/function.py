@@ -24,7 +24,6 @@ from .profiler import log_timed_call
 from .replay import MISS, FastCalls
 from .saved import save
 from ..runtime.array import Array
-from ..runtime.device_base import DeviceBase
 from ..runtime.devices import default_device, get_device
 from ..runtime.plan import ExecutionPlan
 from .signature import CallInfo, Signature, explain_retrace, retrace_hint
@@ -290,7 +289,7 @@ def freeze(plan: ExecutionPlan, out_tree: TreeDef, descriptions: list) -> _Entry
 def constant_on_device(device, value: np.ndarray):
     """A captured array where the plan reads it: the cpu reads the (trace-time copy) in place, other devices
     get it uploaded once, as a pj.Array of theirs."""
-    if not isinstance(device, DeviceBase):
+    if not device.target.device_memory:
         return value
     _, (memory, _) = device.input_handle(value)
     return Array(memory, value.shape, value.dtype, device)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import numpy as np
 
 from ..runtime.array import Array
-from ..runtime.device_base import DeviceBase
 from ..runtime.host_pool import allocator_for, empty
 from ..tracing.constants import CaptureWatch, capture_key
 from ..tracing.pytree import MAX_DEPTH
@@ -50,7 +49,7 @@ class _FastCall:
         self.dtypes = [plan.buffers[b].dtype for b in dict.fromkeys(plan.outputs)]
         self.values = tuple(self.base_values[n] for n in self.var_names)
         self.shapes = [fn(self.base_values) for fn in self.shape_fns]
-        on_gpu = isinstance(device, DeviceBase)  # outputs in device memory (a GPU), else host arrays
+        on_gpu = device.target.device_memory  # outputs in device memory (a GPU), else host arrays
         self.empty = device.empty if on_gpu else empty
         self.out_specs = [(device.empty if on_gpu else allocator_for(s, dt), s, dt)
                           for s, dt in zip(self.shapes, self.dtypes)]
@@ -208,7 +207,7 @@ class FastCalls:
                 continue
             if type(a) is np.ndarray or type(a) is Array:
                 data = a.buffer if type(a) is Array else a
-                in_place = type(a) is Array and a._device is device and isinstance(device, DeviceBase)  # GPU memory
+                in_place = type(a) is Array and a._device is device and device.target.device_memory  # GPU memory
                 if not in_place and (type(data) is not np.ndarray or not data.flags.c_contiguous
                                      or not data.dtype.isnative):
                     return
