@@ -141,7 +141,8 @@ def test_pairing_is_a_tuning_choice(rng):
     """PREPJIT_TUNE times the paired kernel against the widened one (neither wins on every AVX512_BF16 CPU)."""
     a, b = rng.standard_normal((64, 128)).astype(bfloat16), rng.standard_normal((128, 256)).astype(bfloat16)
     kernel = pj.prepare(lambda a, b: a @ b, device="cpu").plan(a, b).kernels[-1]
-    kernels = [optimize_with(kernel.kernel.scheduled, "llvm", AVX512_BF16, c) for c in blocking_candidates(kernel.kernel.scheduled, AVX512_BF16)]
+    scheduled = kernel.kernel.scheduled
+    kernels = [optimize_with(scheduled, "llvm", AVX512_BF16, c) for c in blocking_candidates(scheduled, AVX512_BF16)]
     assert {bool(_ranges(k, "pair")) for k in kernels} == {False, True}
     assert optimize_with(kernel.kernel.scheduled, "llvm", AVX512_BF16, Blocking(bf16_dot=False)) == \
         optimize_with(kernel.kernel.scheduled, "llvm", AVX512, Blocking())
