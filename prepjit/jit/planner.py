@@ -196,8 +196,11 @@ class _Hazards:
         self.last_writer: dict[int, int] = {}
         self.readers: dict[int, set[int]] = {}  # buffer -> kernels that read it since its last write
 
-    def add(self, kernel: int, writes: int, reads) -> list[int]:
-        """The kernels that must complete before `kernel`, which writes buffer `writes` and reads `reads`."""
+    def add(self, kernel: int, buffer_ids: list[int], output_indices: list[int]) -> list[int]:
+        """The kernels that must complete before `kernel`, whose buffers are the memories `buffer_ids` (plan buffers
+        sharing memory share an id), those at `output_indices` written (one), the others read."""
+        (writes,) = (buffer_ids[i] for i in output_indices)
+        reads = [b for i, b in enumerate(buffer_ids) if i not in output_indices]
         deps = {self.last_writer[b] for b in reads if b in self.last_writer}
         deps |= self.readers.get(writes, set())
         if writes in self.last_writer:
@@ -341,13 +344,16 @@ def instantiate(spec: PlanSpec, compiled: dict[UOp, CachedKernel], device) -> Ex
     hazards = _Hazards()
 
     def prepared(i: int, item) -> PreparedKernel:
+        """Kernel `i`: `buffer_ptrs` are the device's handles of its buffers (None for an I/O buffer: a call's
+        arrays are patched there), `dependencies` the earlier kernels its `buffer_ids` conflict with."""
         kernel, fixed = compiled[item.ast], dict(item.fixedvars)
-        return PreparedKernel(
+        pk = PreparedKernel(
             id=i, ast=kernel.ast, kernel=kernel, device=device.name, buffer_indices=list(item.buffers),
-            output_indices=[0], vals=table.kernel_vals(kernel.var_names, fixed), fixedvars=fixed,
-            dependencies=hazards.add(i, writes=home[item.buffers[0]], reads=[home[b] for b in item.buffers[1:]]),
-            buffer_ptrs=[buffers[b].memory.ptr if buffers[b].allocated else 0 for b in item.buffers],
+            output_indices=[0], vals=table.kernel_vals(kernel.var_names, fixed), fixedvars=fixed, dependencies=[],
+            buffer_ptrs=[device.handle(buffers[b].memory) if buffers[b].allocated else None for b in item.buffers],
             buffer_ids=[home[b] for b in item.buffers], runtime_vars=table.runtime_vars(kernel.ast))
+        pk.dependencies = hazards.add(i, pk.buffer_ids, pk.output_indices)
+        return pk
 
     def dynamic(seg: DynamicLoop, start: int) -> DynamicLaunches:
         """A loop the plan runs natively: its kernels prepared once each, at their positions from `start`."""
@@ -371,8 +377,7 @@ def instantiate(spec: PlanSpec, compiled: dict[UOp, CachedKernel], device) -> Ex
         n, width = seg.upper - seg.lower, len(seg.body)
         first = [prepared(start + i, seg.item(i)) for i in range(min(n, 4) * width)]
         for i in range(max(4, n - 2) * width, n * width):  # the last iterations leave the hazards after the loop
-            item = seg.item(i)
-            hazards.add(start + i, writes=home[item.buffers[0]], reads=[home[b] for b in item.buffers[1:]])
+            hazards.add(start + i, [home[b] for b in seg.item(i).buffers], [0])
         segments.append(LoopLaunches(seg.name, seg.lower, seg.upper, start, (first[:width], first[width:2 * width]),
                                      tuple(tuple(pk.dependencies) for pk in first)))
     return ExecutionPlan(device, buffers, PreparedKernels(segments), spec.inputs, spec.outputs, table,

@@ -51,19 +51,17 @@ def thread_count() -> int:
 
 
 class CPULauncher:
-    """The ctypes argument arrays of one PreparedKernel, built once; replay patches slots in place."""
+    """The ctypes argument arrays of one PreparedKernel, built once; replay patches slots in place. `buffer_ptrs`
+    is the array of buffer addresses the kernel is called with (the PreparedKernel's `buffer_ptrs`)."""
 
     def __init__(self, program: CPUProgram, buffer_handles: list[int], vals: list[int], size_fn, static_size):
         self.fn = program.fn
-        self.bufs = (ctypes.c_void_p * max(1, len(buffer_handles)))(*buffer_handles)
+        self.buffer_ptrs = (ctypes.c_void_p * max(1, len(buffer_handles)))(*buffer_handles)
         self.vals = (ctypes.c_int64 * max(1, len(vals)))(*vals)
-        self.bufs_ptr, self.vals_ptr = ctypes.addressof(self.bufs), ctypes.addressof(self.vals)
+        self.bufs_ptr, self.vals_ptr = ctypes.addressof(self.buffer_ptrs), ctypes.addressof(self.vals)
         self.size_fn, self.static_size = size_fn, static_size
         self.threads: NativeThreads | None = None
         self.work_fn = None         # positional var values -> the kernel's work at them (see _work_fn)
-
-    def set_buffer(self, slot: int, handle: int):
-        self.bufs[slot] = handle
 
     def set_val(self, slot: int, value: int):
         self.vals[slot] = value
@@ -170,7 +168,7 @@ class CPUPlanRunner:
         all_launchers = launchers(steps)
         self.device = device
         self.io_table = (ctypes.c_int64 * max(1, len(io_buffers)))()
-        io_patches = [(ctypes.addressof(launch.bufs) + 8 * slot, ctypes.addressof(self.io_table) + 8 * i)
+        io_patches = [(launch.bufs_ptr + 8 * slot, ctypes.addressof(self.io_table) + 8 * i)
                       for i, b in enumerate(io_buffers) for launch, slot in io_slots[b]]
         var_patches = [(ctypes.addressof(launch.vals) + 8 * slot, table.address + 8 * table.slot[name])
                        for launch in all_launchers for slot, name in launch.var_slots]

@@ -28,7 +28,7 @@ import numpy as np
 from ..codegen.targets import CUDA_TARGET
 from ..errors import CompileError, DeviceError
 from .cuda_driver import Driver, Graph, KernelNodeParams, PackedArgs
-from .device_base import MIN_BYTES, DeviceBase
+from .device_base import MIN_BYTES, BufferSlots, DeviceBase
 
 INSTALL_HINT = "pip install 'prepjit[cuda]' (pycuda, built against the CUDA toolkit) on a machine with an NVIDIA GPU"
 _SLOT = struct.Struct("<Q")    # a buffer address
@@ -75,8 +75,7 @@ class CUDALauncher:
         self.queued = False   # waiting in the device's queue: its arguments must not change before it launches
         self.n_bufs, self.vals = len(buffer_handles), list(vals)
         self.args = PackedArgs(self.n_bufs + len(self.vals))
-        for slot, handle in enumerate(buffer_handles):
-            self.set_buffer(slot, handle or 0)
+        self.buffer_ptrs = BufferSlots(buffer_handles, self._bind_buffer)  # (the PreparedKernel's buffer_ptrs)
         for slot, value in enumerate(self.vals):
             _VAL.pack_into(self.args.buffer, 8 * (self.n_bufs + slot), value)
         self.block = program.block
@@ -84,10 +83,10 @@ class CUDALauncher:
         self.static_grid = None if static_size is None else -(-static_size // self.block)
         self.grid = 0   # the grid of the launch queued last
 
-    def set_buffer(self, slot: int, handle: int):
+    def _bind_buffer(self, slot: int, handle: int | None):
         if self.queued:
             self.device.flush()
-        _SLOT.pack_into(self.args.buffer, 8 * slot, handle)
+        _SLOT.pack_into(self.args.buffer, 8 * slot, handle or 0)
 
     def set_val(self, slot: int, value: int):
         if self.vals[slot] != value:

@@ -30,6 +30,21 @@ class DeviceBuffer:
         return self.dtype.itemsize * self.size
 
 
+class BufferSlots(list):
+    """A GPU launcher's buffer arguments as a list (its PreparedKernel's `buffer_ptrs`): setting an item binds that
+    handle to the kernel's argument slot (`bind(slot, handle)`), so what the list holds is what launches."""
+
+    def __init__(self, handles, bind):
+        super().__init__(handles)
+        self.bind = bind
+        for slot, handle in enumerate(handles):
+            bind(slot, handle)
+
+    def __setitem__(self, slot: int, handle):
+        self.bind(slot, handle)
+        super().__setitem__(slot, handle)
+
+
 class DevicePlanRunner:
     """A plan's replay on a GPU device, for the prepared-call fast path (`ExecutionPlan.run_arrays`).
 
@@ -67,7 +82,7 @@ class DevicePlanRunner:
                 memory = a.buffer if type(a) is Array else a
             handle = device.arg(memory)
             for launch, slot in self.slots[k]:
-                launch.set_buffer(slot, handle)
+                launch.buffer_ptrs[slot] = handle
         self.run_launches()
         device.synchronize()
         for a, memory in readback:

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..codegen.targets import OPENCL_TARGET
 from ..errors import CompileError, DeviceError
-from .device_base import DeviceBase
+from .device_base import BufferSlots, DeviceBase
 
 INSTALL_HINT = ("pip install 'prepjit[opencl]' (pyopencl and pocl-binary-distribution, a CPU OpenCL platform), "
                 "or install your GPU vendor's OpenCL driver")
@@ -102,14 +102,13 @@ class OpenCLLauncher:
         self.n_bufs, self.vals = len(buffer_handles), list(vals)
         with self.lock:
             self.kernel = cl.Kernel(program.program, program.name)
-            for slot, handle in enumerate(buffer_handles):
-                self.kernel.set_arg(slot, handle)
+            self.buffer_ptrs = BufferSlots(buffer_handles, self._bind_buffer)  # (the PreparedKernel's buffer_ptrs)
             for slot, value in enumerate(self.vals):
                 self.kernel.set_arg(self.n_bufs + slot, np.int64(value))
         self.local = (program.local_size,)
         self.size_fn, self.static_size = size_fn, static_size
 
-    def set_buffer(self, slot: int, handle):
+    def _bind_buffer(self, slot: int, handle):
         with self.lock:
             self.kernel.set_arg(slot, handle)
 

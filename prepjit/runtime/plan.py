@@ -213,10 +213,9 @@ class ExecutionPlan:
         runtime = [(i, n) for i, n in enumerate(kernel.var_names) if n not in pk.fixedvars and n not in loop_vars]
         loop_slots = [i for i, n in enumerate(kernel.var_names) if n in loop_vars]
         static_size = None if runtime or loop_slots else kernel.global_size_fn(pk.vals)[0]
-        handles = [self._device.handle(self._buffers[b].memory) if self._buffers[b].allocated else None
-                   for b in pk.buffer_indices]  # unallocated I/O slots are patched before every run
-        launcher = self._device.launcher(kernel.program, handles,
-                                         pk.vals, kernel.global_size_fn, static_size)
+        launcher = self._device.launcher(kernel.program, list(pk.buffer_ptrs), pk.vals, kernel.global_size_fn,
+                                         static_size)
+        pk.buffer_ptrs = launcher.buffer_ptrs  # what the launches read: I/O slots are patched there before a run
         launcher.pk, launcher.var_slots, launcher.loop_slots = pk, runtime, loop_slots
         return launcher
 
@@ -310,9 +309,10 @@ class ExecutionPlan:
             launch.set_val(i, values[slot])
 
     def _patch(self, ptrs: dict[int, int]):
+        """Point the kernels' I/O slots (their `buffer_ptrs`) at `ptrs`: plan buffer -> the device's handle."""
         for b, ptr in ptrs.items():
             for launch, slot in self._io_slots[b]:
-                launch.set_buffer(slot, ptr)
+                launch.pk.buffer_ptrs[slot] = ptr
 
     # ---- I/O on owned buffers ----
     def live_shape(self, buffer_index: int) -> tuple[int, ...]:

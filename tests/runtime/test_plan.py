@@ -193,3 +193,25 @@ def test_a_long_fori_loop_keeps_one_kernel_per_iteration_built_on_access(device)
     for i in range(3, 20_003):
         want = want * np.float32(0.5) + np.float32(i % 7)
     np.testing.assert_allclose(np.asarray(f(x)), want, rtol=1e-5)
+
+
+def test_launches_read_the_kernels_buffer_ptrs(device):
+    """PreparedKernel.buffer_ptrs is what a kernel launches with: pointing the reader of the sum at the input's
+    memory makes it read x[0] where it read the sum (execute patches only the I/O slots)."""
+    @pj.prepare(device=device)
+    def f(x):
+        return x - x.sum()
+
+    x = np.arange(1, 9, dtype=np.float32)
+    plan = f.plan(x)
+    assert len(plan.kernels) == 2
+    total, rest = plan.kernels
+    plan.write_input(0, x)
+    plan.execute()
+    np.testing.assert_allclose(plan.read_output(0), x - x.sum())
+    s_slot = rest.buffer_indices.index(total.buffer_indices[0])
+    x_slot = rest.buffer_indices.index(plan.inputs[0])
+    rest.buffer_ptrs[s_slot] = rest.buffer_ptrs[x_slot]
+    plan.execute()
+    np.testing.assert_allclose(plan.read_output(0), x - x[0])
+    np.testing.assert_allclose(f(x), x - x[0])  # a prepared call's replay launches with them too
