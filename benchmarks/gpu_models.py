@@ -96,12 +96,15 @@ def _llama(torch, cfg: llama.Config, params):
     t = lambda a: torch.from_numpy(np.ascontiguousarray(a))  # noqa: E731
     state = {"model.embed_tokens.weight": t(params["embed"]), "lm_head.weight": t(params["head"]),
              "model.norm.weight": t(params["norm"])}
+    kv = cfg.kv_heads * cfg.head_dim
     for i, bp in enumerate(params["blocks"]):
         pre = f"model.layers.{i}."
         state.update({pre + "input_layernorm.weight": t(bp["attn_norm"]),
                       pre + "post_attention_layernorm.weight": t(bp["ffn_norm"]),
-                      pre + "self_attn.q_proj.weight": t(bp["wq"].T), pre + "self_attn.k_proj.weight": t(bp["wk"].T),
-                      pre + "self_attn.v_proj.weight": t(bp["wv"].T), pre + "self_attn.o_proj.weight": t(bp["wo"].T),
+                      pre + "self_attn.q_proj.weight": t(bp["wqkv"][:, :cfg.dim].T),
+                      pre + "self_attn.k_proj.weight": t(bp["wqkv"][:, cfg.dim:cfg.dim + kv].T),
+                      pre + "self_attn.v_proj.weight": t(bp["wqkv"][:, cfg.dim + kv:].T),
+                      pre + "self_attn.o_proj.weight": t(bp["wo"].T),
                       pre + "mlp.gate_proj.weight": t(bp["gate_up"][:, :cfg.ff].T),
                       pre + "mlp.up_proj.weight": t(bp["gate_up"][:, cfg.ff:].T),
                       pre + "mlp.down_proj.weight": t(bp["down"].T)})

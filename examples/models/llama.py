@@ -101,9 +101,10 @@ def load_params(reader=None, layers: int | None = None, dtype=np.float32) -> tup
         p = f"blk.{i}."
         blocks.append({
             "attn_norm": weight(p + "attn_norm.weight"), "ffn_norm": weight(p + "ffn_norm.weight"),
-            "wq": np.ascontiguousarray(unpermute_rows(weight(p + "attn_q.weight"), cfg.heads).T),
-            "wk": np.ascontiguousarray(unpermute_rows(weight(p + "attn_k.weight"), cfg.kv_heads).T),
-            "wv": np.ascontiguousarray(weight(p + "attn_v.weight").T),
+            # q, k and v side by side: one contraction (dim | kv | kv columns), split after it
+            "wqkv": np.ascontiguousarray(np.concatenate([unpermute_rows(weight(p + "attn_q.weight"), cfg.heads),
+                                                         unpermute_rows(weight(p + "attn_k.weight"), cfg.kv_heads),
+                                                         weight(p + "attn_v.weight")]).T),
             "wo": np.ascontiguousarray(weight(p + "attn_output.weight").T),
             # gate and up side by side: one contraction (ff | ff columns), split after it
             "gate_up": np.ascontiguousarray(np.concatenate([weight(p + "ffn_gate.weight"),
@@ -122,7 +123,7 @@ def random_params(rng, cfg: Config) -> dict:
         return (rng.standard_normal(shape) * scale).astype(np.float32)
     d, kv = cfg.dim, cfg.kv_heads * cfg.head_dim
     blocks = [{"attn_norm": 1 + f32(d, scale=0.1), "ffn_norm": 1 + f32(d, scale=0.1),
-               "wq": f32(d, d, scale=d ** -0.5), "wk": f32(d, kv, scale=d ** -0.5), "wv": f32(d, kv, scale=d ** -0.5),
+               "wqkv": f32(d, d + 2 * kv, scale=d ** -0.5),
                "wo": f32(d, d, scale=d ** -0.5), "gate_up": f32(d, 2 * cfg.ff, scale=d ** -0.5),
                "down": f32(cfg.ff, d, scale=cfg.ff ** -0.5)}
               for _ in range(cfg.layers)]
@@ -211,6 +212,14 @@ def softmax(xp, x, keep=None):
     return cast(e / xp.sum(e, axis=-1, keepdims=True), x.dtype)
 
 
+def _qkv(bp, x, cfg: Config, dtype):
+    """The query, key and value projections of x (..., dim), computed by one contraction with the weights side by
+    side (`wqkv`: dim | kv | kv columns) and split after it."""
+    qkv = x @ cast(bp["wqkv"], dtype)
+    kv = cfg.kv_heads * cfg.head_dim
+    return qkv[..., :cfg.dim], qkv[..., cfg.dim:cfg.dim + kv], qkv[..., cfg.dim + kv:]
+
+
 def swiglu(xp, bp, x, ff: int):
     """down(silu(gate(x)) * up(x)), gate and up computed by one contraction, SiLU in float32."""
     h = x @ cast(bp["gate_up"], x.dtype)
@@ -230,9 +239,10 @@ def prefill(xp, cfg: Config, params, ids, cos, sin, dtype=np.float32):
     keys, values = [], []
     for bp in params["blocks"]:
         x = rms_norm(xp, h, bp["attn_norm"], eps)
-        q = rope(xp, xp.swapaxes((x @ cast(bp["wq"], dtype)).reshape(t, heads, hd), 0, 1), cos_t, sin_t)  # (H, T, hd)
-        k = rope(xp, xp.swapaxes((x @ cast(bp["wk"], dtype)).reshape(t, kv_heads, hd), 0, 1), cos_t, sin_t)
-        v = xp.swapaxes((x @ cast(bp["wv"], dtype)).reshape(t, kv_heads, hd), 0, 1)  # (KV, T, hd) both
+        q, k, v = _qkv(bp, x, cfg, dtype)
+        q = rope(xp, xp.swapaxes(q.reshape(t, heads, hd), 0, 1), cos_t, sin_t)  # (H, T, hd)
+        k = rope(xp, xp.swapaxes(k.reshape(t, kv_heads, hd), 0, 1), cos_t, sin_t)
+        v = xp.swapaxes(v.reshape(t, kv_heads, hd), 0, 1)  # (KV, T, hd) both
         keys.append(k)
         values.append(v)
         q = q.reshape(kv_heads, group, t, hd)
@@ -267,9 +277,10 @@ def decode(xp, cfg: Config, params, ids, pos, k_cache, v_cache, cos, sin, dtype=
     keys, values = [], []
     for layer, bp in enumerate(params["blocks"]):
         x = rms_norm(xp, h, bp["attn_norm"], eps)
-        q = rope(xp, (x @ cast(bp["wq"], dtype)).reshape(heads, hd), cos_p, sin_p)
-        k = rope(xp, (x @ cast(bp["wk"], dtype)).reshape(kv_heads, hd), cos_p, sin_p)
-        v = (x @ cast(bp["wv"], dtype)).reshape(kv_heads, hd)
+        q, k, v = _qkv(bp, x, cfg, dtype)
+        q = rope(xp, q.reshape(heads, hd), cos_p, sin_p)
+        k = rope(xp, k.reshape(kv_heads, hd), cos_p, sin_p)
+        v = v.reshape(kv_heads, hd)
         keys.append(k)
         values.append(v)
         k_all = _with_row(k_cache[layer, :, :pos + 1], pos, k)  # (KV, pos+1, hd)
