@@ -1,5 +1,6 @@
 """prepjit: trace NumPy-style functions once, replay prepared kernels with new shapes."""
 from . import lax
+from . import quant
 from . import random
 from .transforms.autodiff import grad, value_and_grad, vjp
 from .transforms.vmap import vmap
@@ -24,7 +25,7 @@ from .uop.var import BoundVar, Var
 __all__ = ["CompileError", "DeletedArrayError", "DeviceError", "IndexBoundError", "PlanFileError", "PrepjitError",
            "SignatureError", "TraceError", "VarBoundError", "VarError", "PreparedFunction", "prepare", "trace", "load",
            "Profile", "profile", "Array", "CachedKernel", "ExecutionPlan", "PreparedKernel", "RuntimeVar", "fori_loop",
-           "while_loop", "cond", "switch", "scan", "vmap", "BoundVar", "Var", "random", "lax", "grad",
+           "while_loop", "cond", "switch", "scan", "vmap", "BoundVar", "Var", "random", "quant", "lax", "grad",
            "value_and_grad", "vjp", "MultiDeviceFunction", "init_distributed", "psum", "pmean", "all_gather",
            "device_index", "default_matmul_precision"]
 __version__ = "0.1.0"

@@ -42,7 +42,8 @@ def _check_leaf(u: UOp):
 def _check_node(u: UOp):
     """One node of a kernel AST against its op's rule (sources already checked)."""
     op, src, d = u.op, u.src, u.dtype
-    arity = {Ops.CONST: 0, Ops.DEFINE_VAR: 0, Ops.DEFINE_GLOBAL: 0, Ops.RANGE: 1, Ops.CAST: 1, Ops.WHERE: 3}
+    arity = {Ops.CONST: 0, Ops.DEFINE_VAR: 0, Ops.DEFINE_GLOBAL: 0, Ops.RANGE: 1, Ops.CAST: 1, Ops.BITCAST: 1,
+             Ops.WHERE: 3}
     n = 1 if op in UNARY else 2 if op in BINARY else arity.get(op)
     if n is not None and len(src) != n:
         raise ValueError(f"{op.name} takes {n} sources, not {len(src)}")
@@ -62,6 +63,9 @@ def _check_node(u: UOp):
     elif op is Ops.CAST:
         if u.arg is not None:
             raise ValueError("a cast has an arg")
+    elif op is Ops.BITCAST:
+        if u.arg is not None or dtypes.bool in (d, src[0].dtype) or d.itemsize != src[0].dtype.itemsize:
+            raise ValueError("a bitcast has an arg, or changes the size or reads a bool")
     elif op is Ops.REDUCE:
         if not (len(src) >= 2 and u.arg in REDUCE_OPS and src[0].dtype is d
                 and all(r.op is Ops.RANGE and r.arg[1] == "reduce" for r in src[1:])):

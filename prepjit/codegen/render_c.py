@@ -84,6 +84,9 @@ _SATURATE = """{t} pj_sat_{n}_{fn}({f} x) {{
 }}"""
 
 
+_UNSIGNED = {1: dtypes.uint8, 2: dtypes.uint16, 4: dtypes.uint32, 8: dtypes.uint64}  # a bitcast's bits, by size
+
+
 @attrs.frozen
 class Dialect:
     """How one C dialect spells what the C-style renderer emits."""
@@ -118,6 +121,9 @@ class Dialect:
     round_half_helper: str         # defines `float pj_round_half(float)` (and what it needs)
     float_bits: str                # format {v}: a float's bits as an unsigned int
     bits_float: str                # format {v}: an unsigned int's bits as a float
+    bit_views: dict                # float16 / float64 -> (format {v}: a value's unsigned bits, format {v}: bits as
+                                   # a value), for bitcasts; a float16 value is its float register value
+    bit_view_helper: str           # defines what bit_views' float16 formats call ("" for nothing)
     atomic_add: dict               # DType -> (a pragma it needs or "", format {ptr}, {val}): a native atomic add
     atomic_cas: dict               # element bytes -> (a pragma it needs or "", format {ptr}, {cmp}, {val}: an atomic
                                    # compare-and-swap of the unsigned bits at ptr, returning the old bits)
@@ -341,6 +347,25 @@ class CStyleRenderer(KernelRenderer):
             return v
         out = self.let(dst, f"({t}){v}")
         return self.round_to(out, dst) if dst.narrow else out
+
+    def bitcast(self, v: str, src: DType, dst: DType) -> str:
+        """The bits of `v` read as `dst` (of `src`'s size): a float goes through its unsigned bits."""
+        unsigned = _UNSIGNED[src.itemsize]
+        if src.is_float:
+            v = self.let(unsigned, self.bit_view(src, 0).format(v=v))
+        if dst.is_float:
+            return self.let(dst, self.bit_view(dst, 1).format(v=f"({self.d.ctype(unsigned)}){v}"))
+        return self.let(dst, f"({self.d.ctype(dst)}){v}")
+
+    def bit_view(self, dt: DType, way: int) -> str:
+        """The format ({v}) of a `dt` value's unsigned bits (way 0) or of unsigned bits as a `dt` (way 1)."""
+        if dt == dtypes.float32:
+            return (self.d.float_bits, self.d.bits_float)[way]
+        if dt == dtypes.bfloat16:
+            return self.bfloat16_helpers() + ("float_to_bfloat16({v})", "bfloat16_to_float({v})")[way]
+        if dt == dtypes.float16 and self.d.bit_view_helper:
+            self.helpers.setdefault("pj_half_bits", self.d.bit_view_helper)
+        return self.d.bit_views[dt][way]
 
     def saturate_helper(self, src: DType, dst: DType) -> str:
         """float -> integer, truncating, clamped to the integer's range (the float bounds round outward)."""

@@ -273,6 +273,14 @@ class _Renderer(KernelRenderer, InlineMath):
             return self.op(f"trunc {st} {v} to {dt_}")
         return self.op(f"{'sext' if src.kind == 'i' else 'zext'} {st} {v} to {dt_}")
 
+    def bitcast(self, v: str, src: DType, dst: DType) -> str:
+        """The bits of `v` read as `dst` (of `src`'s size): through the memory types, where a 16-bit float is its
+        bits (its float register value narrowed, exactly, and the result widened)."""
+        raw = self.narrow(v, src) if src.narrow else v
+        st, dt_ = self.ty(src, memory=True), self.ty(dst, memory=True)
+        out = raw if st == dt_ else self.op(f"bitcast {st} {raw} to {dt_}")
+        return self.widen(out, dst) if dst.narrow else out
+
     # ---- memory ----
     def address(self, buf: UOp, index: str) -> str:
         return self.op(f"getelementptr inbounds {mem_type(buf.dtype)}, ptr %buf{buf.arg}, i64 {index}", "p")
@@ -530,6 +538,7 @@ class _Renderer(KernelRenderer, InlineMath):
         the loops their ranges have in common (outermost first), so stores over other ranges (a peeled tail)
         get loop nests of their own inside the shared ones. Every store is inside the parallel range."""
         loops = []
+        self.hoist_reductions()  # one-element reductions: a prologue, once per call (fusion.py: PROLOGUE_MAX)
         if self.prange is None:  # a single element: run once, in the call whose slice holds index 0
             self.emit("%end.one = call i64 @llvm.smin.i64(i64 %end, i64 1)")
             self.decls.add("declare i64 @llvm.smin.i64(i64, i64)")

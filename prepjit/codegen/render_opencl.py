@@ -22,6 +22,12 @@ _ROUND_HALF = """float pj_round_half(float x) {
   vstore_half_rte(x, 0, (__private half *)&h);
   return vload_half(0, (__private const half *)&h);
 }"""
+_HALF_BITS = """ushort pj_half_bits(float x) {
+  ushort h;
+  vstore_half_rte(x, 0, (__private half *)&h);
+  return h;
+}
+float pj_bits_half(ushort h) { return vload_half(0, (__private const half *)&h); }"""
 
 
 _INT64_ATOMICS = "#pragma OPENCL EXTENSION cl_khr_int64_base_atomics : enable"
@@ -57,6 +63,8 @@ OPENCL = Dialect(
     vector4_load="*(__local const float4 *)&{ref}",
     load_half="vload_half({idx}, {ptr})", store_half="vstore_half_rte({v}, {idx}, {ptr})",
     round_half_helper=_ROUND_HALF, float_bits="as_uint({v})", bits_float="as_float({v})",
+    bit_views={dtypes.float16: ("pj_half_bits({v})", "pj_bits_half({v})"),
+               dtypes.float64: ("as_ulong({v})", "as_double({v})")}, bit_view_helper=_HALF_BITS,
     atomic_add={dtypes.int32: ("", "atomic_add({ptr}, {val})"), dtypes.uint32: ("", "atomic_add({ptr}, {val})"),
                 dtypes.int64: (_INT64_ATOMICS, "atom_add({ptr}, {val})"),
                 dtypes.uint64: (_INT64_ATOMICS, "atom_add({ptr}, {val})")},   # float adds: the CAS loop

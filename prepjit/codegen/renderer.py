@@ -1,12 +1,12 @@
 """What every kernel renderer shares: one rendered value per UOp per loop scope, 16-bit float rounding after
 each op (float16 and bfloat16 are computed in float and every result is rounded once: the renderer's
 `round_to`), and the dispatch of a kernel
-AST node to the renderer's own hooks (`literal`, `var_name`, `load`, `reduce`, `cast`, `alu`)."""
+AST node to the renderer's own hooks (`literal`, `var_name`, `load`, `reduce`, `cast`, `bitcast`, `alu`)."""
 from __future__ import annotations
 
 from ..uop import Ops, UOp
 
-_NOT_ROUNDED = (Ops.CONST, Ops.LOAD, Ops.REDUCE, Ops.CAST)  # already exact halves, or rounded by their hook
+_NOT_ROUNDED = (Ops.CONST, Ops.LOAD, Ops.REDUCE, Ops.CAST, Ops.BITCAST)  # exact halves, or rounded by their hook
 _OWN_WALK = (Ops.LOAD, Ops.REDUCE)  # their hooks render their operands themselves (inside a loop, for a reduce)
 
 
@@ -64,6 +64,8 @@ class KernelRenderer:
             return self.reduce(u)
         if op is Ops.CAST:
             return self.cast(self.value(u.src[0]), u.src[0].dtype, u.dtype)
+        if op is Ops.BITCAST:
+            return self.bitcast(self.value(u.src[0]), u.src[0].dtype, u.dtype)
         return self.alu_node(u, [self.value(s) for s in u.src])
 
     def alu_node(self, u: UOp, srcs: list[str]) -> str:

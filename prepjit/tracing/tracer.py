@@ -77,6 +77,11 @@ class Tracer:
     def astype(self, dtype) -> "Tracer":
         return _np().astype(self, dtype)
 
+    def view(self, dtype) -> "Tracer":
+        """The same bits read as `dtype` of the same element size (NumPy's view; a bitcast)."""
+        from .prims.pointwise import bitcast
+        return bitcast(self, dtype)
+
     # NumPy's functions (np.sum(x), np.cumsum(x), ...) call these methods with `out=` and their other keywords
     def sum(self, axis=None, dtype=None, out=None, keepdims=False, initial=None, where=None):
         _unsupported(out=out)

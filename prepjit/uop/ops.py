@@ -25,6 +25,7 @@ class Ops(Enum):
     # ternary
     WHERE = auto()
     CAST = auto()           # dtype: target
+    BITCAST = auto()        # dtype: target, of the source's size (not bool): the same bits read as that dtype
     # movement (traced graphs only)
     RESHAPE = auto()        # arg: new shape
     PERMUTE = auto()        # arg: axis order
@@ -59,7 +60,7 @@ UNARY = {Ops.NEG, Ops.NOT, Ops.ABS, Ops.SIGN, Ops.EXP, Ops.EXP2, Ops.LOG, Ops.LO
 BINARY = {Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.MIN, Ops.POW, Ops.ATAN2,
           Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR}
 ALU = UNARY | BINARY | {Ops.WHERE}
-ELEMENTWISE = ALU | {Ops.CAST}
+ELEMENTWISE = ALU | {Ops.CAST, Ops.BITCAST}
 COMPARISON = {Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE}
 COMMUTATIVE = {Ops.ADD, Ops.MUL, Ops.MAX, Ops.MIN, Ops.CMPEQ, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR}
 MOVEMENT = {Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.SHRINK, Ops.PAD}

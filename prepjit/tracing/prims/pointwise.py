@@ -1,4 +1,4 @@
-"""Pointwise primitives: cast and every ALU op (unary, binary, where) on broadcast operands, with NumPy's
+"""Pointwise primitives: cast, bitcast and every ALU op (unary, binary, where) on broadcast operands, with NumPy's
 promotion, and their reverse-mode rules (JAX's: maximum/minimum split ties evenly, abs has slope 1 at 0)."""
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 
+from ...errors import TraceError
 from ...uop import DType, Ops, UOp, dtypes, to_dtype
 from ..tracer import Tracer
 from .core import broadcast_shapes, check_python_int_fits, result_dtype, to_tracer
@@ -22,6 +23,19 @@ def cast(x: Tracer, dtype) -> Tracer:
             value = np.array(x.uop.arg, x.dtype.np).astype(dtype.np).item()
         return Tracer(UOp.const(value, dtype), weak=x.weak)
     return Tracer(UOp(Ops.CAST, dtype, (x.uop,)))
+
+
+def bitcast(x: Tracer, dtype) -> Tracer:
+    """`x`'s bits read as `dtype`, of the same size (NumPy's `x.view(dtype)`, jax.lax.bitcast_convert_type)."""
+    dtype = to_dtype(dtype)
+    if dtype.itemsize != x.dtype.itemsize or dtypes.bool in (dtype, x.dtype):
+        raise TraceError(f"cannot view {x.dtype.name} as {dtype.name}: a traced view keeps the element size and "
+                         f"reads no bool")
+    if x.dtype == dtype:
+        return x
+    if x.uop.op is Ops.CONST:  # fold now, with NumPy's view
+        return Tracer(UOp.const(np.array(x.uop.arg, x.dtype.np).view(dtype.np).item(), dtype))
+    return Tracer(UOp(Ops.BITCAST, dtype, (x.uop,)))
 
 
 def elementwise(op: Ops, *operands, dtype: DType | None = None, out_dtype: DType | None = None) -> Tracer:
@@ -140,5 +154,5 @@ def _cast_vjp(ct: Tracer, node: UOp):
 
 
 for _op in (Ops.NOT, Ops.SIGN, Ops.FLOOR, Ops.CEIL, Ops.RINT, Ops.IDIV, Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE, Ops.AND,
-            Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR):
-    primitive(_op)  # piecewise constant or integer: no cotangent passes
+            Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.BITCAST):
+    primitive(_op)  # piecewise constant, integer or bits: no cotangent passes
