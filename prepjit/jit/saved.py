@@ -26,7 +26,6 @@ from ..codegen.dynamic_loop import DynamicLoop
 from ..codegen.schedule import LoopKernels
 from ..errors import PlanFileError, SignatureError
 from ..runtime import datafile
-from ..runtime.dynamic_loop import DynamicLaunches
 from .signature import CallInfo
 from ..tracing.pytree import TreeDef
 from ..uop import UOp, serial
@@ -111,9 +110,8 @@ def save(fn, path, info: CallInfo):
     asts = spec.kernels.asts()
     ast_index = {a: i for i, a in enumerate(asts)}
     programs = {}
-    for step in plan.kernels.launches():
-        for pk in (step[1] + step[2] if isinstance(step, tuple) else step.flat if isinstance(step, DynamicLaunches)
-                   else (step,)):
+    for seg in plan.kernels.segments:
+        for pk in seg.prepared():
             programs.setdefault(pk.kernel.scheduled, pk.kernel)
     roots: list[UOp] = list(asts)
     root_index = dict(ast_index)

@@ -25,8 +25,9 @@ from .buffer import HostBuffer
 from .cpu_replay import (INT64_MAX, LAUNCH_FIELDS, REPLAY_FN, REPLAY_IR, NativeProgram, layout_self_test,
                          method_self_test)
 from .cpu_threads import NativeThreads, threads_ir
-from .dynamic_loop import DynamicStep, launchers
+from .dynamic_loop import DynamicStep
 from .host_pool import empty
+from .launch_steps import KernelStep, LoopStep, launchers
 from .llvm_compile import compile_object, target_machine
 
 KERNEL_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
@@ -50,7 +51,7 @@ def thread_count() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-class CPULauncher:
+class CPULauncher(KernelStep):
     """The ctypes argument arrays of one PreparedKernel, built once; replay patches slots in place. `buffer_ptrs`
     is the array of buffer addresses the kernel is called with (the PreparedKernel's `buffer_ptrs`)."""
 
@@ -204,41 +205,43 @@ class CPUPlanRunner:
         fori_loop (or loop the plan runs natively) as a call that runs its iterations (`steps`: ExecutionPlan's);
         in a loop's body (not `top`), a large kernel whose size depends on the vars runs alone, sized per launch."""
         groups: list = []
-        threads = self.device.threads
-        for launch in steps:
-            if isinstance(launch, DynamicStep):
-                parts = [self._callables(self._group(part, iterations)) for part in launch.parts]
-                groups.append(functools.partial(_run_dynamic, launch, parts))
-                continue
-            if isinstance(launch, tuple):
-                loop, even, odd = launch
-                bodies = [self._callables(self._group(body, iterations)) for body in (even, odd)]
-                slots = [[(x.vals, slot) for x in body for slot in x.loop_slots] for body in (even, odd)]
-                groups.append(functools.partial(_run_loop, loop.lower, loop.upper, bodies, slots))
-                continue
-            ast = launch.pk.kernel.scheduled  # the work, as lowered (before blocking)
-            if ast not in iterations:
-                outer, inner = _loop_iterations(ast)
-                large = threads is not None and outer > 1 and outer * inner >= PARALLEL_MIN_ITERATIONS
-                iterations[ast] = _work_fn(ast, launch.pk.kernel.var_names) if large else None
-            end, chunks, split = INT64_MAX, 0, None
-            if iterations[ast] is not None:
-                launch.use_threads(threads, iterations[ast])
-                if launch.static_size is not None:
-                    end = launch.static_size
-                    chunks = launch.chunks(end, launch.vals)
-                elif top:
-                    key = (launch.fn_address, tuple(launch.pk.vals), tuple(launch.var_slots))
-                    split = self.var_splits.setdefault(key, _VarSplit(launch, self.var_table))
-                else:
-                    groups.append(launch.run)
-                    continue
-            if not (groups and isinstance(groups[-1], list)):
-                groups.append([])
-            if split is not None:
-                self.entries.append((groups[-1], split, len(groups[-1])))
-            groups[-1].append((launch.fn_address, launch.bufs_ptr, launch.vals_ptr, end, chunks))
+        for step in steps:
+            step.group_into(self, groups, iterations, top)  # group_kernel, group_loop or group_dynamic
         return groups
+
+    def group_dynamic(self, step: DynamicStep, groups: list, iterations: dict):
+        parts = [self._callables(self._group(part, iterations)) for part in step.parts]
+        groups.append(functools.partial(_run_dynamic, step, parts))
+
+    def group_loop(self, step: LoopStep, groups: list, iterations: dict):
+        bodies = [self._callables(self._group(body, iterations)) for body in (step.even, step.odd)]
+        slots = [[(x.vals, slot) for x in body for slot in x.loop_slots] for body in (step.even, step.odd)]
+        groups.append(functools.partial(_run_loop, step.loop.lower, step.loop.upper, bodies, slots))
+
+    def group_kernel(self, launch: CPULauncher, groups: list, iterations: dict, top: bool):
+        threads = self.device.threads
+        ast = launch.pk.kernel.scheduled  # the work, as lowered (before blocking)
+        if ast not in iterations:
+            outer, inner = _loop_iterations(ast)
+            large = threads is not None and outer > 1 and outer * inner >= PARALLEL_MIN_ITERATIONS
+            iterations[ast] = _work_fn(ast, launch.pk.kernel.var_names) if large else None
+        end, chunks, split = INT64_MAX, 0, None
+        if iterations[ast] is not None:
+            launch.use_threads(threads, iterations[ast])
+            if launch.static_size is not None:
+                end = launch.static_size
+                chunks = launch.chunks(end, launch.vals)
+            elif top:
+                key = (launch.fn_address, tuple(launch.pk.vals), tuple(launch.var_slots))
+                split = self.var_splits.setdefault(key, _VarSplit(launch, self.var_table))
+            else:
+                groups.append(launch.run)
+                return
+        if not (groups and isinstance(groups[-1], list)):
+            groups.append([])
+        if split is not None:
+            self.entries.append((groups[-1], split, len(groups[-1])))
+        groups[-1].append((launch.fn_address, launch.bufs_ptr, launch.vals_ptr, end, chunks))
 
     def run_launches(self):
         for split in self.splits:

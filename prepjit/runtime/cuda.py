@@ -29,6 +29,7 @@ from ..codegen.targets import CUDA_TARGET
 from ..errors import CompileError, DeviceError
 from .cuda_driver import Driver, Graph, KernelNodeParams, PackedArgs
 from .device_base import MIN_BYTES, BufferSlots, DeviceBase
+from .launch_steps import KernelStep
 
 INSTALL_HINT = "pip install 'prepjit[cuda]' (pycuda, built against the CUDA toolkit) on a machine with an NVIDIA GPU"
 _SLOT = struct.Struct("<Q")    # a buffer address
@@ -66,7 +67,7 @@ class CUDAProgram:
             self.device.driver.unload(self.module)
 
 
-class CUDALauncher:
+class CUDALauncher(KernelStep):
     """One PreparedKernel's packed argument buffer; replay patches slots in place and queues the launch on
     the device (which launches it at once, or with the rest of the plan from a CUDA graph)."""
 
@@ -75,7 +76,7 @@ class CUDALauncher:
         self.queued = False   # waiting in the device's queue: its arguments must not change before it launches
         self.n_bufs, self.vals = len(buffer_handles), list(vals)
         self.args = PackedArgs(self.n_bufs + len(self.vals))
-        self.buffer_ptrs = BufferSlots(buffer_handles, self._bind_buffer)  # (the PreparedKernel's buffer_ptrs)
+        self.buffer_ptrs = BufferSlots(buffer_handles, self._bind_buffer, device._address)  # (the PreparedKernel's buffer_ptrs)
         for slot, value in enumerate(self.vals):
             _VAL.pack_into(self.args.buffer, 8 * (self.n_bufs + slot), value)
         self.block = program.block

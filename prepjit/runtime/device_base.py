@@ -13,7 +13,7 @@ import threading
 import numpy as np
 
 from .array import Array
-from .plan import ordered_positions
+from .launch_steps import ordered_positions
 
 MIN_BYTES = 16
 
@@ -31,18 +31,20 @@ class DeviceBuffer:
 
 
 class BufferSlots(list):
-    """A GPU launcher's buffer arguments as a list (its PreparedKernel's `buffer_ptrs`): setting an item binds that
-    handle to the kernel's argument slot (`bind(slot, handle)`), so what the list holds is what launches."""
+    """A GPU launcher's buffer arguments as a list (its PreparedKernel's `buffer_ptrs`) of the device addresses
+    they launch with (0: none yet): setting an item to a memory handle (`DeviceBase.arg`) binds it to the kernel's
+    argument slot (`bind(slot, handle)`) and holds its address (`address(handle)`), not the handle: a call's
+    arrays are not kept alive, nor kept from being donated, by the plan that ran on them."""
 
-    def __init__(self, handles, bind):
-        super().__init__(handles)
-        self.bind = bind
+    def __init__(self, handles, bind, address):
+        super().__init__(0 if h is None else address(h) for h in handles)
+        self.bind, self.address = bind, address
         for slot, handle in enumerate(handles):
             bind(slot, handle)
 
     def __setitem__(self, slot: int, handle):
         self.bind(slot, handle)
-        super().__setitem__(slot, handle)
+        super().__setitem__(slot, self.address(handle))
 
 
 class DevicePlanRunner:

@@ -12,6 +12,7 @@ import attrs
 
 from ..uop import render_python
 from ..uop.segments import Run
+from .launch_steps import launchers, ordered_positions
 
 
 @attrs.frozen
@@ -26,8 +27,7 @@ class DynamicLaunches(Run):
     flat: tuple = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self):
-        object.__setattr__(self, "flat", tuple(k for part in self.parts for seg in part
-                                               for k in (seg.flat if isinstance(seg, DynamicLaunches) else (seg,))))
+        object.__setattr__(self, "flat", self.prepared())
 
     def __len__(self) -> int:
         return len(self.flat)
@@ -35,10 +35,15 @@ class DynamicLaunches(Run):
     def item(self, i: int):
         return self.flat[i]
 
-    def names(self) -> set[str]:
-        """The loop vars of this loop and the ones nested in it."""
-        own = {self.name} if self.name else set()
-        return own.union(*(seg.names() for part in self.parts for seg in part if isinstance(seg, DynamicLaunches)))
+    def prepared(self) -> tuple:
+        """Its PreparedKernels, each once (nested loops' in place)."""
+        return tuple(k for part in self.parts for seg in part for k in seg.prepared())
+
+    def step(self, plan, loop_vars: tuple = ()) -> DynamicStep:
+        """The DynamicStep running it in `plan` (inside the loops whose vars are `loop_vars`)."""
+        inner = loop_vars + ((self.name,) if self.name else ())
+        return DynamicStep(self, [[seg.step(plan, inner) for seg in part] for part in self.parts],
+                           plan.var_table.values, plan.var_table.slot, plan.predicate_reader(self.pred_buffer))
 
 
 class DynamicStep:
@@ -55,6 +60,17 @@ class DynamicStep:
             self.var_slot = slot[loop.name]
             self.patches = [[(launch, i) for launch in launchers(part) for i, n in
                              enumerate(launch.pk.kernel.var_names) if n == loop.name] for part in (parts[1], parts[3])]
+
+    def launchers(self) -> list:
+        return [x for part in self.parts for x in launchers(part)]
+
+    def ordered(self):
+        """Its launches in the order the loop runs them, each at its kernel's position."""
+        for part in self.parts_in_order():
+            yield from ordered_positions(self.parts[part])
+
+    def group_into(self, runner, groups: list, iterations: dict, top: bool):
+        runner.group_dynamic(self, groups, iterations)
 
     def parts_in_order(self):
         """The parts (indices into PARTS) to run, in order: a generator whose consumer runs each part before it
@@ -79,15 +95,3 @@ class DynamicStep:
         if odd:
             yield 4
 
-
-def launchers(steps) -> list:
-    """Every launcher in `steps` (a plan's: launchers, static loops as (loop, even, odd), DynamicSteps)."""
-    out = []
-    for step in steps:
-        if isinstance(step, DynamicStep):
-            out += [x for part in step.parts for x in launchers(part)]
-        elif isinstance(step, tuple):
-            out += step[1] + step[2]
-        else:
-            out.append(step)
-    return out

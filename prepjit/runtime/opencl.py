@@ -24,6 +24,7 @@ import numpy as np
 from ..codegen.targets import OPENCL_TARGET
 from ..errors import CompileError, DeviceError
 from .device_base import BufferSlots, DeviceBase
+from .launch_steps import KernelStep
 
 INSTALL_HINT = ("pip install 'prepjit[opencl]' (pyopencl and pocl-binary-distribution, a CPU OpenCL platform), "
                 "or install your GPU vendor's OpenCL driver")
@@ -93,7 +94,7 @@ class OpenCLProgram:
         self.program, self.name, self.local_size = program, name, local_size
 
 
-class OpenCLLauncher:
+class OpenCLLauncher(KernelStep):
     """One PreparedKernel's own `cl.Kernel`, arguments set once; replay patches slots and enqueues, each call
     under the device's lock."""
 
@@ -102,7 +103,7 @@ class OpenCLLauncher:
         self.n_bufs, self.vals = len(buffer_handles), list(vals)
         with self.lock:
             self.kernel = cl.Kernel(program.program, program.name)
-            self.buffer_ptrs = BufferSlots(buffer_handles, self._bind_buffer)  # (the PreparedKernel's buffer_ptrs)
+            self.buffer_ptrs = BufferSlots(buffer_handles, self._bind_buffer, device._address)  # (the PreparedKernel's buffer_ptrs)
             for slot, value in enumerate(self.vals):
                 self.kernel.set_arg(self.n_bufs + slot, np.int64(value))
         self.local = (program.local_size,)

@@ -14,29 +14,8 @@ from ..uop.constraint import compile_checks
 from ..uop.segments import Run, Segments
 from .array import Array
 from .cache import CachedKernel
-from .dynamic_loop import DynamicLaunches, DynamicStep, launchers
+from .launch_steps import LoopStep, launchers, ordered_positions
 from .var_table import RuntimeVar, VarTable
-
-
-def ordered_positions(steps: list):
-    """(its position in plan.kernels, launch) for every launch of `steps` in execution order (a loop's launchers
-    once per iteration, the loop var patched first; a DynamicStep's kernels are listed once: each of its launches
-    is at its kernel's position); a step is a launcher, (loop, even iteration's launchers, odd one's) or a
-    DynamicStep."""
-    for step in steps:
-        if isinstance(step, DynamicStep):
-            for part in step.parts_in_order():
-                yield from ordered_positions(step.parts[part])
-            continue
-        if not isinstance(step, tuple):
-            yield step.pk.id, step
-            continue
-        loop, even, odd = step
-        for k in range(loop.lower, loop.upper):
-            for j, launch in enumerate(odd if (k - loop.lower) % 2 else even):
-                for slot in launch.loop_slots:
-                    launch.set_val(slot, k)
-                yield loop.start + (k - loop.lower) * len(even) + j, launch
 
 
 @attrs.define(eq=False)
@@ -57,6 +36,13 @@ class PreparedKernel:
     buffer_ptrs: list[int]
     buffer_ids: list[int]
     runtime_vars: list[RuntimeVar]
+
+    def prepared(self) -> tuple:
+        return (self,)
+
+    def step(self, plan: ExecutionPlan, loop_vars: tuple = ()):
+        """Its node of `plan`'s launch tree: its launcher (launch_steps.py)."""
+        return plan.launcher(self, loop_vars)
 
 
 @attrs.frozen
@@ -91,14 +77,20 @@ class LoopLaunches(Run):
                               t.vals.table.kernel_vals(t.kernel.var_names, fixed), fixed, deps, t.buffer_ptrs,
                               t.buffer_ids, t.runtime_vars)
 
+    def prepared(self) -> tuple:
+        """The PreparedKernels that launch: an even and an odd iteration's."""
+        return self.templates[0] + self.templates[1]
+
+    def step(self, plan: ExecutionPlan, loop_vars: tuple = ()) -> LoopStep:
+        """Its node of `plan`'s launch tree: the templates' launchers, the loop var patched per iteration."""
+        inner = loop_vars + (self.name,)
+        return LoopStep(self, *([plan.launcher(k, inner) for k in body] for body in self.templates))
+
 
 class PreparedKernels(Segments):
     """A plan's PreparedKernels in execution order (a Sequence): single kernels, and each fori_loop as one
-    LoopLaunches whose iterations are built on access."""
-
-    def launches(self) -> list:
-        """What runs, in order: a PreparedKernel, or (loop, even templates, odd templates) for a loop."""
-        return [(seg, *seg.templates) if isinstance(seg, LoopLaunches) else seg for seg in self.segments]
+    LoopLaunches whose iterations are built on access; loops the plan runs natively as DynamicLaunches. Each
+    segment lists the PreparedKernels that launch (`prepared()`) and builds its node of the launch tree (`step`)."""
 
 
 def _reads_where_it_writes(pk: PreparedKernel, buffer: int) -> bool:
@@ -146,7 +138,7 @@ class ExecutionPlan:
     """Owns its buffers and PreparedKernels (in a valid execution order); replays them. Its vars' bounds and
     values live in `var_table` (var_table.py); `vars`, `bindings` and each kernel's `vals` are views of it."""
 
-    def __init__(self, device, buffers: list[PlanBuffer], kernels: list[PreparedKernel],
+    def __init__(self, device, buffers: list[PlanBuffer], kernels: PreparedKernels,
                  inputs: tuple[int, ...], outputs: tuple[int, ...], var_table: VarTable,
                  memory_bytes: int = 0, constraints=(), flags=(), proven_accesses: int = 0, spec=None):
         self._device, self._buffers, self.kernels = device, buffers, kernels
@@ -164,18 +156,7 @@ class ExecutionPlan:
         self.device = device.name
         self.inputs, self.outputs = tuple(inputs), tuple(outputs)
         self.lock = threading.Lock()
-        if not isinstance(kernels, PreparedKernels):
-            self.kernels = kernels = PreparedKernels(kernels)
-        self._steps = []  # a launcher, (loop, even iteration's launchers, odd one's), or a DynamicStep
-        for step in kernels.launches():
-            if isinstance(step, PreparedKernel):
-                self._steps.append(self._launcher(step))
-            elif isinstance(step, DynamicLaunches):
-                self._steps.append(self._dynamic_step(step, ()))
-            else:
-                loop, even, odd = step
-                self._steps.append((loop, [self._launcher(k, (loop.name,)) for k in even],
-                                    [self._launcher(k, (loop.name,)) for k in odd]))
+        self._steps = [seg.step(self) for seg in kernels.segments]  # the launch tree (launch_steps.py)
         self._launches = launchers(self._steps)
         # (launcher, argument slot, VarTable slot): the plan vars written into the launchers before a run
         self._var_args = [(launch, i, table.slot[name]) for launch in self._launches for i, name in launch.var_slots]
@@ -195,19 +176,15 @@ class ExecutionPlan:
         return self._device.plan_runner(self._steps, io_order, self._io_slots, self.var_table,
                                         [self._buffers[b].dtype for b in io_order])
 
-    def _dynamic_step(self, loop: DynamicLaunches, loop_vars: tuple) -> DynamicStep:
-        """The DynamicStep running `loop` (inside the loops whose vars are `loop_vars`)."""
-        inner = loop_vars + ((loop.name,) if loop.name else ())
-        parts = [[self._dynamic_step(k, inner) if isinstance(k, DynamicLaunches) else self._launcher(k, inner)
-                  for k in part] for part in loop.parts]
-        read_pred = None
-        if loop.pred_buffer is not None:
-            memory = self._buffers[loop.pred_buffer].memory
-            reader = getattr(self._device, "bool_reader", None)  # a host device reads it in place
-            read_pred = reader(memory) if reader else lambda: bool(self._device.read_buffer(memory, ()))
-        return DynamicStep(loop, parts, self.var_table.values, self.var_table.slot, read_pred)
+    def predicate_reader(self, buffer: int | None):
+        """A function reading the 0-d bool plan buffer `buffer` (a while_loop's predicate), or None for None."""
+        if buffer is None:
+            return None
+        memory = self._buffers[buffer].memory
+        reader = getattr(self._device, "bool_reader", None)  # a host device reads it in place
+        return reader(memory) if reader else lambda: bool(self._device.read_buffer(memory, ()))
 
-    def _launcher(self, pk: PreparedKernel, loop_vars: tuple = ()):
+    def launcher(self, pk: PreparedKernel, loop_vars: tuple = ()):
         """A launcher of `pk`; in a loop's body, the slots of its loop vars (`loop_vars`) are patched per iteration."""
         kernel = pk.kernel
         runtime = [(i, n) for i, n in enumerate(kernel.var_names) if n not in pk.fixedvars and n not in loop_vars]

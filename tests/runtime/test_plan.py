@@ -196,22 +196,21 @@ def test_a_long_fori_loop_keeps_one_kernel_per_iteration_built_on_access(device)
 
 
 def test_launches_read_the_kernels_buffer_ptrs(device):
-    """PreparedKernel.buffer_ptrs is what a kernel launches with: pointing the reader of the sum at the input's
-    memory makes it read x[0] where it read the sum (execute patches only the I/O slots)."""
-    @pj.prepare(device=device)
-    def f(x):
-        return x - x.sum()
+    """PreparedKernel.buffer_ptrs is what a kernel launches with: pointing the reader of x @ w at w's memory makes
+    it read w's first rows where it read the product (execute patches only the I/O slots)."""
+    from prepjit.runtime.devices import get_device
 
-    x = np.arange(1, 9, dtype=np.float32)
-    plan = f.plan(x)
-    assert len(plan.kernels) == 2
-    total, rest = plan.kernels
-    plan.write_input(0, x)
+    f, plan = make_plan(device)
+    product, rest = plan.kernels
+    plan.write_input(0, XMAX[:3])
+    plan.write_input(1, W)
+    plan.execute_with_vars({"n": 3, "pos": 4})
+    np.testing.assert_allclose(plan.read_output(0), ref(3, 4), rtol=1e-5, atol=1e-6)
+    p_slot = rest.buffer_indices.index(product.buffer_indices[0])
+    w_memory = plan.buffers[plan.inputs[1]].memory
+    rest.buffer_ptrs[p_slot] = get_device(device).handle(w_memory)
+    assert rest.buffer_ptrs[p_slot] == w_memory.ptr  # the address it launches with
     plan.execute()
-    np.testing.assert_allclose(plan.read_output(0), x - x.sum())
-    s_slot = rest.buffer_indices.index(total.buffer_indices[0])
-    x_slot = rest.buffer_indices.index(plan.inputs[0])
-    rest.buffer_ptrs[s_slot] = rest.buffer_ptrs[x_slot]
-    plan.execute()
-    np.testing.assert_allclose(plan.read_output(0), x - x[0])
-    np.testing.assert_allclose(f(x), x - x[0])  # a prepared call's replay launches with them too
+    expected = (np.tanh(W.reshape(-1)[:36].reshape(3, 12))[:, :5] * 2).astype(np.float32)
+    np.testing.assert_allclose(plan.read_output(0), expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(f(XMAX[:3], W, 4), expected, rtol=1e-5, atol=1e-6)  # a prepared call's replay too

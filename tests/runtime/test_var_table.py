@@ -93,8 +93,9 @@ def test_the_gpu_plan_runner_gives_launchers_the_tables_values():
     from types import SimpleNamespace
 
     from prepjit.runtime.device_base import DevicePlanRunner
+    from prepjit.runtime.launch_steps import KernelStep
 
-    class Launch:
+    class Launch(KernelStep):
         def __init__(self, i, var_slots):
             self.pk, self.var_slots, self.args, self.ran = SimpleNamespace(id=i), var_slots, {}, []
 
