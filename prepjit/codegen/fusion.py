@@ -14,7 +14,9 @@ A reduction read by exactly one kernel, element for element (through elementwise
 only: a bias and an activation after a matmul, a reshape of a sum), is computed inside that kernel:
 its reader stores `f(reduce(...))` directly, without a buffer and a pass of its own. Where kernels are
 loop nests (llvm), so is a row reduction its reader broadcasts along trailing axes: the renderer
-computes it once per row, where the row's loops are open, before the loops it is broadcast along.
+computes it once per row, where the row's loops are open, before the loops it is broadcast along. A one-element
+reduction (RMSNorm's mean of squares) its small reader reads at every element is computed once per kernel as its
+prologue (PROLOGUE_MAX), before the reader's loops.
 
 A scatter that writes each element at most once at indices the same everywhere (a KV cache's new row at `pos`)
 is read as a select by the kernels that read it (`inlined_scatters`): no copy of its target, no kernel of its own.
@@ -32,6 +34,11 @@ LAUNCH_COST = 2000     # ops-equivalent of one more kernel launch
 MAX_INLINE_COST = 256  # a value this costly is materialised whenever two kernels, or two places, read it
 MAX_KERNEL_COST = 4096  # and one this costly always: LLVM's time grows faster than linearly in a kernel's size
 ROW_VALUE_COST = 8     # a kept-dims value of reductions this cheap is recomputed where it is read
+STREAM_INLINE_COST = 16  # a value unpacked from integer data this cheap is recomputed by a streaming reader,
+STREAM_REUSE = 4         # one that uses each element it loads at most this many times (4-bit weights: twice)
+PROLOGUE_MAX = 1 << 14  # a one-element reduction of at most this many elements is computed as a prologue of its
+# reader when that kernel has at most this many outputs too (each CPU thread and each GPU work-group of the reader
+# computes it; a C-style kernel that reads one is a row kernel of one row, a single work-group)
 OP_COST = {Ops.EXP: 4, Ops.EXP2: 4, Ops.LOG: 8, Ops.LOG2: 8, Ops.SQRT: 2, Ops.FDIV: 2, Ops.IDIV: 8, Ops.MOD: 8,
            Ops.SIN: 16, Ops.COS: 16, Ops.TANH: 24, Ops.ERF: 24, Ops.POW: 24, Ops.ATAN2: 32}  # ops-equivalents; others cost 1
 
@@ -77,10 +84,11 @@ def choose_materialized(outputs: list[UOp], row_values: bool = False) -> set[UOp
             chosen.add(node)  # read at several places, its expression would double with each (a concatenate chain)
             cost[node] = 1
     readers: dict[UOp, set] = {}  # node -> the kernel roots whose kernels compute it inline
+    streams: dict[UOp, bool] = {}  # kernel root -> whether its kernel streams its operands (_streams)
     for node in graph:  # parents first, so a node's readers are final when it is reached
         mine = readers.get(node, set())
         if node in chosen or node.op in ELEMENTWISE and node not in is_root and node.shape and _worth_materialising(
-                node, mine, cost, row_values):
+                node, mine, cost, row_values) and not _unpacked_in_stream(node, mine, cost, streams):
             chosen.add(node)
             mine = set()
         passes = {node} if node in is_root or node in chosen else mine
@@ -130,14 +138,46 @@ def _worth_materialising(node: UOp, readers: set, cost: dict, row_values: bool) 
     if not readers:
         return False
     c, size = cost[node], _elements(node)
-    if row_values and c <= ROW_VALUE_COST and 1 in node.shape and _of_reductions(node):
-        return False
+    if c <= ROW_VALUE_COST and (row_values and 1 in node.shape or _one_element(node)) and _of_reductions(node):
+        return False  # recomputed where it is read, with its reductions (a one-element one: once per kernel)
     if len(readers) >= 2 and c >= MAX_INLINE_COST:
         return True
     if row_values and _one_row_kernel(node, readers):
         return False
     evaluations = sum(_iterations(r) for r in readers)  # inlined: each costs c; materialised: one load
     return (c - 1) * evaluations > (c + MEMORY_COST) * size + LAUNCH_COST
+
+
+def _unpacked_in_stream(node: UOp, readers: set, cost: dict, streams: dict) -> bool:
+    """Whether `node` is a cheap value unpacked from integer data (a quantized weight's block scale: bytes joined,
+    bitcast to float16, widened) that only kernels streaming their operands read: it is recomputed in registers
+    there, where the loads bound the time, because materialising it would cost bytes quantization saved."""
+    if cost[node] > STREAM_INLINE_COST or not _reads(node, lambda leaf: leaf.op is Ops.INPUT and leaf.dtype.is_int):
+        return False
+    for r in readers:
+        if r not in streams:  # each element loaded is used a few times at most: a matvec streaming its weight
+            loaded: list[int] = []
+            _reads(r.src[0] if r.op is Ops.REDUCE_AXIS else r, lambda leaf: loaded.append(_elements(leaf)) or True)
+            streams[r] = _iterations(r) <= STREAM_REUSE * sum(loaded)
+        if not streams[r]:
+            return False
+    return True
+
+
+def _reads(node: UOp, ok) -> bool:
+    """Whether `ok(leaf)` holds for every computed node (REALIZED) that `node`'s expression reads."""
+    stack, seen = list(node.src) if node.op in REALIZED else [node], set()
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op in REALIZED:
+            if not ok(n):
+                return False
+            continue
+        stack.extend(n.src)
+    return True
 
 
 def _one_row_kernel(node: UOp, readers: set) -> bool:
@@ -243,7 +283,7 @@ def fused_reductions(outputs: list[UOp], materialized: set[UOp], rows: bool = Fa
             root = readers[0][0]
             if red in explicit or red in in_loops or root in in_loops or root.op is Ops.REDUCE_AXIS:
                 continue
-            if all(r is root and how in ok for r, how in readers):
+            if all(r is root and (how in ok or how == _UNIFORM and _small_prologue(red, root)) for r, how in readers):
                 if one_contraction and red not in fused and _is_contraction(red, expands):
                     if holds.setdefault(root, red) is not red:
                         continue
@@ -268,15 +308,29 @@ def _is_contraction(red: UOp, expands: dict[UOp, bool]) -> bool:
     return red.arg[0] is Ops.ADD and x.op is Ops.MUL and any(expands[s] for s in x.src)
 
 
-_DIRECT, _RESHAPED, _ROW, _INNER, _OTHER = range(5)  # how a kernel's index reaches a node: element for element,
-# through reshapes too, broadcast along trailing axes (each value read for a run of the innermost loops), inside a
-# fused row reduction (only a broadcast along its trailing axes is read once per row there), or otherwise
+_DIRECT, _RESHAPED, _ROW, _INNER, _OTHER, _UNIFORM = range(6)  # how a kernel's index reaches a node: element for
+# element, through reshapes too, broadcast along trailing axes (each value read for a run of the innermost loops),
+# inside a fused row reduction (only a broadcast along its trailing axes is read once per row there), otherwise, or
+# at one element whatever the index (a one-element node: the same value everywhere)
+
+
+def _one_element(node: UOp) -> bool:
+    return all(isinstance(d, int) and d == 1 for d in node.shape)
+
+
+def _small_prologue(red: UOp, root: UOp) -> bool:
+    """Whether one-element reduction `red` is small enough to compute as a prologue of `root`'s kernel."""
+    return _elements(red.src[0]) <= PROLOGUE_MAX and _elements(root) <= PROLOGUE_MAX
 
 
 def _step(how: int, n: UOp) -> int:
     """How the kernel's index reaches the operands of `n`, reaching `n` itself `how`."""
     if n.op is Ops.REDUCE_AXIS:  # a fused one: its operands are read inside it
-        return _INNER if how in (_DIRECT, _ROW) else _OTHER
+        return _INNER if how in (_DIRECT, _ROW, _UNIFORM) else _OTHER
+    if how == _UNIFORM:  # what a one-element value reads is read at one index
+        return _UNIFORM
+    if n.op is Ops.EXPAND and how != _OTHER and _one_element(n.src[0]):
+        return _UNIFORM
     if n.op in ELEMENTWISE:
         return how
     if n.op is Ops.RESHAPE:

@@ -1,10 +1,14 @@
-"""Fusion rules that cut a decode step's kernel count: a row written into a cache at a uniform index is read as a
+"""Fusion rules that cut a decode step's kernel count: a one-element reduction (RMSNorm's mean of squares) is a
+prologue of the kernel that reads it; a row written into a cache at a uniform index is read as a
 select by the kernel that reads the cache (no copy of the cache, no kernel writing the row)."""
 import numpy as np
 import pytest
 
 import prepjit as pj
 import prepjit.numpy as pnp
+from prepjit.codegen.fusion import PROLOGUE_MAX
+from prepjit.codegen.render_llvm import render_llvm
+from prepjit.codegen.schedule import schedule
 
 
 def _launches(f, *args) -> list[str]:
@@ -55,3 +59,40 @@ def test_updates_at_varying_indices_still_get_their_kernel(device, rng):
     want[ids] = r
     np.testing.assert_allclose(np.asarray(f(x, r, ids)), want.sum(axis=1), rtol=1e-5, atol=1e-5)
     assert any(name.startswith("S_") for name in _launches(f, x, r, ids))
+
+
+def _rms_norm(xp, x, gain):
+    return x / xp.sqrt(xp.mean(x * x, axis=-1, keepdims=True) + 1e-5) * gain
+
+
+@pytest.mark.parametrize("n", [576, PROLOGUE_MAX, PROLOGUE_MAX + 64])
+def test_a_one_element_reduction_is_its_readers_prologue(device, rng, n):
+    """RMSNorm of one row: the mean of squares is computed once at the start of the kernel that scales the row
+    (was 2 kernels: the sum, then the scaled row); past PROLOGUE_MAX elements it keeps its own kernel."""
+    x, gain = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    f = pj.prepare(lambda x, g: _rms_norm(pnp, x, g), device=device)
+    np.testing.assert_allclose(np.asarray(f(x, gain)), _rms_norm(np, x, gain), rtol=1e-5, atol=1e-5)
+    assert len(_launches(f, x, gain)) == (1 if n <= PROLOGUE_MAX else 2)
+
+
+def test_one_element_reductions_feed_each_other_as_prologues(device, rng):
+    """A sum read by the elements of another sum's operand: both are prologues of the one kernel that reads them."""
+    x = rng.standard_normal((8, 16)).astype(np.float32)
+
+    def g(xp, x):
+        centred = x - x.sum() / x.size
+        return centred / xp.sqrt((centred * centred).sum())
+    f = pj.prepare(lambda x: g(pnp, x), device=device)
+    np.testing.assert_allclose(np.asarray(f(x)), g(np, x), rtol=1e-5, atol=1e-5)
+    assert len(_launches(f, x)) == 1
+
+
+def test_the_llvm_prologue_runs_before_the_parallel_loop():
+    """The LLVM renderer computes a one-element reduction once per call, before the loop over the outputs (on
+    1ca55e1 inside it, once per output: RMSNorm of 16384 floats took 13 ms instead of 50 us)."""
+    x = np.ones(576, np.float32)
+    traced = pj.trace(lambda x: x / pnp.sqrt((x * x).sum()), x)
+    (kernel,) = schedule(list(traced.outputs), list(traced.inputs), pack_contractions=True).kernels
+    loop_starts = [line.split(",")[0] for line in render_llvm(kernel.ast).source.splitlines()
+                   if line.strip().startswith("store i64 0,") or line.strip().startswith("store i64 %start,")]
+    assert [s.strip() for s in loop_starts] == ["store i64 0", "store i64 %start"]  # the sum's loop, then the outputs'
