@@ -84,7 +84,7 @@ def choose_materialized(outputs: list[UOp], row_values: bool = False) -> set[UOp
             chosen.add(node)  # read at several places, its expression would double with each (a concatenate chain)
             cost[node] = 1
     readers: dict[UOp, set] = {}  # node -> the kernel roots whose kernels compute it inline
-    streams: dict[UOp, bool] = {}  # kernel root -> whether its kernel streams its operands (_streams)
+    streams: dict[UOp, bool] = {}  # kernel root -> whether its kernel streams its operands (_unpacked_in_stream)
     for node in graph:  # parents first, so a node's readers are final when it is reached
         mine = readers.get(node, set())
         if node in chosen or node.op in ELEMENTWISE and node not in is_root and node.shape and _worth_materialising(

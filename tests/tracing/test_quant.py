@@ -113,3 +113,23 @@ def test_bitcast_view(device, rng):
     assert np.array_equal(np.asarray(g(x)), -x)
     with pytest.raises(pj.TraceError, match="cannot view float32 as float16"):
         pj.prepare(lambda x: x.view(np.float16), device=device)(x)
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "q4_1", "q6_k"])
+def test_a_matvec_unpacks_its_weight_in_registers(kind, device, rng):
+    """x @ dequantize(b).T for one row of x is one kernel reading the blocks: no float32 weight, no scale copy;
+    with many rows (a matmul) the weight is dequantized once into a buffer (the interim) and the result agrees."""
+    n, k = 48, 512
+    blocks = _random_blocks(rng, kind, rows=n, blocks_per_row=k // pj.quant.block_size(kind))
+    with np.errstate(all="ignore"):
+        finite = np.isfinite(pj.quant.dequantize(blocks, kind)).all(axis=1, keepdims=True)
+    blocks = np.where(finite, blocks, 0).astype(np.uint8)
+    w = pj.quant.dequantize(blocks, kind)
+    f = pj.prepare(lambda x, b: x @ pj.quant.dequantize(b, kind).T, device=device)
+    for rows in (1, 16):
+        x = rng.standard_normal((rows, k)).astype(np.float32)
+        ref = x.astype(np.float64) @ w.T.astype(np.float64)
+        np.testing.assert_allclose(np.asarray(f(x, blocks)), ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+        plan = f.plan(x, blocks)
+        if rows == 1:
+            assert len(plan.kernels) == 1 and plan.memory_bytes == 0, str(plan)
