@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import attrs
 
+from ..codegen.dynamic_loop import PARTS
 from ..uop import render_python
 from ..uop.segments import Run
 from .launch_steps import launchers, ordered_positions
@@ -38,6 +39,19 @@ class DynamicLaunches(Run):
     def prepared(self) -> tuple:
         """Its PreparedKernels, each once (nested loops' in place)."""
         return tuple(k for part in self.parts for seg in part for k in seg.prepared())
+
+    def describe(self, indent: str = "") -> list:
+        """A line naming the loop, then each part's name and its kernels' rows (nested loops' lines), indented."""
+        if self.name is None:
+            head = f"while_loop, its predicate in buf{self.pred_buffer}:"
+        else:
+            lower, upper = (b if isinstance(b, int) else b.render() for b in (self.lower, self.upper))
+            head = f"fori_loop {self.name} in [{lower}, {upper}), bounds read at run time:"
+        rows = [indent + head]
+        for name, part in zip(PARTS, self.parts):
+            if part:
+                rows += [f"{indent}  {name}:", *(row for seg in part for row in seg.describe(indent + "    "))]
+        return rows
 
     def step(self, plan, loop_vars: tuple = ()) -> DynamicStep:
         """The DynamicStep running it in `plan` (inside the loops whose vars are `loop_vars`)."""

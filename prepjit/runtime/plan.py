@@ -40,6 +40,12 @@ class PreparedKernel:
     def prepared(self) -> tuple:
         return (self,)
 
+    def describe(self, indent: str = "") -> list:
+        """Its row of str(plan)'s table."""
+        return [(str(self.id), indent + self.kernel.name, self.device, ",".join(map(str, self.buffer_indices)),
+                 ",".join(self.kernel.var_names) or "-",
+                 ",".join(f"{n}={v}" for n, v in self.fixedvars.items()) or "-")]
+
     def step(self, plan: ExecutionPlan, loop_vars: tuple = ()):
         """Its node of `plan`'s launch tree: its launcher (launch_steps.py)."""
         return plan.launcher(self, loop_vars)
@@ -80,6 +86,13 @@ class LoopLaunches(Run):
     def prepared(self) -> tuple:
         """The PreparedKernels that launch: an even and an odd iteration's."""
         return self.templates[0] + self.templates[1]
+
+    def describe(self, indent: str = "") -> list:
+        """A line naming the loop, then the rows of its first two iterations (the others alternate as these do)."""
+        return [f"{indent}fori_loop {self.name} in [{self.lower}, {self.upper}): {len(self)} launches, "
+                f"its first two iterations (the others alternate as these do):",
+                *(row for i in range(min(len(self), 2 * len(self.templates[0])))
+                  for row in self.item(i).describe(indent + "  "))]
 
     def step(self, plan: ExecutionPlan, loop_vars: tuple = ()) -> LoopStep:
         """Its node of `plan`'s launch tree: the templates' launchers, the loop var patched per iteration."""
@@ -265,19 +278,26 @@ class ExecutionPlan:
         missing = sorted(self.var_table.unbound)
         if missing:
             raise VarError(f"vars {missing} have no value yet; use execute_with_vars")
-        self._patch({b: self._device.handle(self._buffers[b].memory) for b in self._io_slots})
-        self._run_launches()
+        self._run({b: self._device.handle(self._buffers[b].memory) for b in self._io_slots})
         if self.flags:
             self._raise_flagged([self._device.read_buffer(self._buffers[b].memory, ()).item()
                                  for b, _ in self.flags])
 
-    def _run_launches(self):
-        if self._runner is not None:  # it writes the var values into the launchers itself
+    def _run(self, handles: dict, timings: list | None = None):
+        """The replay every entry shares (execute, execute_with_vars, run_with_io; run_arrays is it with the
+        device's runner patching the call's arrays itself): point the kernels' I/O slots at `handles` (plan
+        buffer -> the device's handle), run the launch tree (through the device's whole-plan runner where it has
+        one; with `timings`, the profiler's, one launch at a time, each waited for and timed), wait for the device."""
+        self._patch(handles)
+        if timings is not None:
+            self._run_timed(timings)
+        elif self._runner is not None:  # it writes the var values into the launchers itself
             self._runner.run_launches()
-            return
-        self._write_var_args()
-        for launch in self._ordered():
-            launch.run()
+        else:
+            self._write_var_args()
+            for launch in self._ordered():
+                launch.run()
+        self._device.synchronize()
 
     def _write_var_args(self):
         """Write the plan vars' values from the VarTable into every launcher's argument slots."""
@@ -354,12 +374,7 @@ class ExecutionPlan:
                 keep.append(alive)
                 if memory is not None:
                     handles[self._distinct_outputs[j]] = handles[b]
-            self._patch(handles)
-            if timings is None:
-                self._run_launches()
-            else:
-                self._run_timed(timings)
-            device.synchronize()
+            self._run(handles, timings)
         if flags:
             self._raise_flagged([bool(np.asarray(f)) for f in flags])
         return results
@@ -434,13 +449,14 @@ class ExecutionPlan:
         return self._device.copy_array(array)
 
     def __str__(self) -> str:
+        """A table of the kernels, each segment of plan.kernels describing itself (`describe()`: a kernel's row;
+        a loop's line, then its kernels' rows, indented), then the buffers."""
         rows = [("#", "kernel", "device", "buffers", "vars", "fixedvars")]
-        for k in self.kernels:
-            rows.append((str(k.id), k.kernel.name, k.device, ",".join(map(str, k.buffer_indices)),
-                         ",".join(k.kernel.var_names) or "-",
-                         ",".join(f"{n}={v}" for n, v in k.fixedvars.items()) or "-"))
-        widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
-        lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+        rows += [row for seg in self.kernels.segments for row in seg.describe()]
+        table = [r for r in rows if type(r) is tuple]
+        widths = [max(len(r[c]) for r in table) for c in range(len(rows[0]))]
+        lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() if type(r) is tuple else r
+                 for r in rows]
         bufs = [f"  buf{i}: {b.dtype} {b.shape_text} ({b.nbytes} bytes)" for i, b in enumerate(self._buffers)]
         head = (f"ExecutionPlan on {self.device}: {len(self.kernels)} kernels, {len(self._buffers)} buffers "
                 f"in {self.memory_bytes} bytes, "

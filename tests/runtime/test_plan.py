@@ -214,3 +214,19 @@ def test_launches_read_the_kernels_buffer_ptrs(device):
     expected = (np.tanh(W.reshape(-1)[:36].reshape(3, 12))[:, :5] * 2).astype(np.float32)
     np.testing.assert_allclose(plan.read_output(0), expected, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(f(XMAX[:3], W, 4), expected, rtol=1e-5, atol=1e-6)  # a prepared call's replay too
+
+
+def test_str_plan_describes_each_loop_once(device):
+    """str(plan): each segment of plan.kernels describes itself: a fori_loop unrolled in the plan is one line and
+    its first two iterations' rows (not one row per launch), a loop run natively its parts, with every kernel."""
+    f = pj.prepare(lambda xs: pj.fori_loop(0, 50, lambda t, h: h * 0.5 + xs[t].sum(0), pnp.zeros(4, pnp.float32)),
+                   device=device)
+    plan = f.plan(np.ones((50, 3, 4), np.float32))
+    lines = str(plan).splitlines()
+    assert sum("fori_loop t in [0, 50)" in line for line in lines) == 1
+    kernel_rows = [line for line in lines if line.split()[0].isdigit() and device in line.split()]
+    assert len(plan.kernels) > 100 and len(kernel_rows) < 10
+    assert {k.kernel.name for k in plan.kernels} <= {line.split()[1] for line in kernel_rows}
+    g = pj.prepare(lambda x: pj.while_loop(lambda h: h.sum() < 100, lambda h: h * 2, x), device=device)
+    text = str(g.plan(np.ones(4, np.float32)))
+    assert "while_loop" in text and "body_even:" in text and "pred_odd:" in text
