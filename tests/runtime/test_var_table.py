@@ -24,7 +24,8 @@ def test_runtime_var_is_the_var_record_the_kernels_share():
 
     @pj.prepare(vars={"n": (1, 16)}, shapes={"x": ("n",), "y": ("n",)})
     def f(x, y):
-        return (x * 2).sum() + y
+        total = (x * 2).sum()
+        return total + y, total  # an output: the sum keeps its own kernel (not the other's prologue)
     plan = f.plan(np.ones(4, np.float32), np.ones(4, np.float32))
     records = [rv for k in plan.kernels for rv in k.runtime_vars]
     assert len(plan.kernels) >= 2 and len(records) >= 2

@@ -215,7 +215,7 @@ def test_every_access_is_proven_and_counted():
     x = rows(3)
     f(x, 1)
     plan = f.plan(x, 1)
-    assert plan.proven_accesses >= 4  # each kernel's loads and store
+    assert plan.proven_accesses >= 3  # one kernel (the sum is its prologue): its two loads and its store
     assert f.stats["proven_accesses"] == plan.proven_accesses
 
 
