@@ -1,7 +1,7 @@
 """The prepared-call fast path (prepjit/jit/replay.py) on pytree arguments (a model's weights as dicts, lists and
 tuples of arrays): later calls skip the full path's signature read, on every device, and anything the key does
-not cover (another structure, shape, dtype or layout, a non-array leaf, a bad var) goes to the full path, which
-retraces or raises as it always does."""
+not cover (another structure, shape, dtype or layout, a non-array leaf) goes to the full path, which retraces or
+raises as it always does; a bad scalar var raises the full path's error from the fast path (tests/test_call_reader.py)."""
 import os
 
 import numpy as np

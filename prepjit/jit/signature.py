@@ -1,8 +1,17 @@
-"""Call signatures: bind arguments, classify leaves (array / scalar var / static), read var values.
+"""The call reader of a prepared function: bind arguments, classify leaves (array / scalar var / static), read
+and check var values.
 
 A signature is the pytree structure + static values + static dims + dtypes (+ device, added by
-the caller). Reading a call checks ranks and static dims against `shapes`, that a var agrees
-everywhere it appears, and every var's bounds, before anything runs.
+the caller). `Signature` is compiled once per prepared function from its `vars`, `shapes` and static
+arguments, and is the one reader of its calls:
+- `read` (the full path) binds and flattens a call, checks ranks and static dims against `shapes`, and lists
+  its var reads (var, value, where) in argument order;
+- `check_reads` is the one check of a call's var values, on every path: that a var agrees everywhere it
+  appears, then each var's bounds (`Var.check`);
+- `concrete_key` maps a positional call of common kinds (arrays, ints, strings, containers of arrays) to a
+  cheap key that fixes everything `read` decides but the scalar vars' values: the fast path (replay.py) keeps,
+  per such key, what `read` made of it, and reads only the scalar vars anew, through `check_reads` when a
+  precompiled test of the same reads fails.
 """
 from __future__ import annotations
 
@@ -14,7 +23,7 @@ import numpy as np
 
 from ..errors import SignatureError
 from ..runtime.array import Array
-from ..tracing.pytree import flatten
+from ..tracing.pytree import MAX_DEPTH, flatten
 from ..tracing.core import ArrayLeaf, VarLeaf
 from ..uop import UOp, to_dtype
 from ..uop.var import BoundVar, Var
@@ -69,6 +78,22 @@ class CallInfo:
     build_args: object     # leaf values -> (args, kwargs)
     var_sources: dict = attrs.field(factory=dict)  # name -> where its value was read ("pos", "x.shape[0]")
     shape_vars: frozenset = frozenset()            # vars some array's shape gives
+    reads: tuple = ()      # (Var, value, where) for each var value the call gives, in argument order
+
+
+def check_reads(reads) -> tuple[dict, dict]:
+    """The check of a call's var values that every path runs (the full read, the fast path's failures):
+    `reads` are (Var, value, where) in argument order. A var read in several places must agree (SignatureError
+    naming both places), then each var must be within its bounds (Var.check: VarBoundError naming the var, the
+    value, the bounds and where it was read). Returns (name -> value, name -> where its value was first read)."""
+    first: dict[str, tuple] = {}
+    for var, value, where in reads:
+        seen = first.setdefault(var.name, (var, value, where))
+        if seen[1] != value:
+            raise SignatureError(f"var {var.name!r} disagrees: {seen[2]} = {seen[1]} but {where} = {value}")
+    for var, value, where in first.values():
+        var.check(value, where)
+    return {n: value for n, (_, value, _) in first.items()}, {n: where for n, (_, _, where) in first.items()}
 
 
 class Signature:
@@ -90,6 +115,9 @@ class Signature:
                              f"{'shapes' if name in shapes else 'vars'}: a parameter is one or the other")
         self.scalar_vars = {n for n in vars_ if n in names and n not in shapes}
         self.simple = all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in self.params)
+        # (concrete_key) argument position -> the scalar var it gives; the positions of static parameters
+        self.var_positions = {i: p.name for i, p in enumerate(self.params) if p.name in self.scalar_vars}
+        self.static_positions = frozenset(i for i, p in enumerate(self.params) if p.name in self.static)
         used = self.scalar_vars | _spec_var_names(list(shapes.values()))
         self.unused_vars = [n for n in vars_ if n not in used]
         for name in self.unused_vars:
@@ -139,13 +167,11 @@ class Signature:
 
     def read(self, args, kwargs) -> CallInfo:
         params = self.bind(args, kwargs)
-        key, leaves, arrays, descriptions, structure = [], [], [], [], []
-        var_values: dict[str, tuple[int, str]] = {}
+        key, leaves, arrays, descriptions, structure, reads = [], [], [], [], [], []
         shape_vars: set[str] = set()
         for name, value in params:
             if name in self.scalar_vars:
-                v = self._scalar_var(name, value)
-                self._record(var_values, self.vars[name], v, name)
+                reads.append((self.vars[name], self._scalar_var(name, value), name))
                 leaves.append(VarLeaf(self.vars[name].uop))
                 key.append(("var",))
                 descriptions.append((name, ("var",)))
@@ -164,7 +190,7 @@ class Signature:
             structure.append(("tree", tree))
             for leaf, path in zip(values, paths):
                 if is_array_like(leaf):
-                    part, arr, shape = self._array(leaf, specs.get(path), path, var_values)
+                    part, arr, shape = self._array(leaf, specs.get(path), path, reads)
                     shape_vars.update(v.arg[0] for d in shape if isinstance(d, UOp) for v in d.variables())
                     leaves.append(ArrayLeaf(to_dtype(arr.dtype), shape))
                     arrays.append(arr)
@@ -173,11 +199,52 @@ class Signature:
                     leaves.append(leaf)
                 key.append(part)
                 descriptions.append((path, part))
-        for vname, (v, where) in var_values.items():
-            self.vars[vname].check(v, where)
-        return CallInfo(tuple(key), leaves, arrays, {n: v for n, (v, _) in var_values.items()}, descriptions,
-                        self._rebuilder(params, structure), {n: w for n, (_, w) in var_values.items()},
-                        frozenset(shape_vars))
+        var_values, var_sources = check_reads(reads)
+        return CallInfo(tuple(key), leaves, arrays, var_values, descriptions, self._rebuilder(params, structure),
+                        var_sources, frozenset(shape_vars), tuple(reads))
+
+    def concrete_key(self, args: tuple, device_name) -> tuple:
+        """(the concrete key of a positional call, its arguments with each container's arrays in its place), or
+        (None, None) when an argument is not of a kind it keys. The key holds each array's dtype, shape and
+        strides (a pj.Array's device), each container's keys or length, each static value, and a marker for each
+        scalar var (its value is read anew by every call): calls with the same key read the same through `read`
+        but for the scalar vars' values."""
+        parts = [device_name]
+        var_positions = self.var_positions
+        static_positions = self.static_positions
+        flat = None   # the arguments with containers flattened, once there is one
+        for i, a in enumerate(args):
+            t = type(a)
+            if static_positions and i in static_positions:  # keyed by value (static_argnums / static_argnames)
+                if t not in (int, float, str, bool) and a is not None:
+                    return None, None
+                parts.append((t, a))
+            elif t is np.ndarray:
+                parts.append((a.dtype, a.shape, a.strides))
+            elif t is int:
+                parts.append(int if i in var_positions else a)
+            elif t is Array:
+                parts.append((Array, a._device, a.dtype, a.shape))
+            elif t is str or t is bool or a is None:
+                parts.append((t, a))
+            elif t is dict or t is list or t is tuple:
+                if flat is None:
+                    flat = list(args[:i])
+                if not container_key(a, parts, flat, 0):
+                    return None, None
+                continue
+            elif isinstance(a, np.generic) and not isinstance(a, np.flexible) and i not in var_positions:
+                # a NumPy scalar is a 0-d array (is_array_like)
+                if flat is None:
+                    flat = list(args[:i])
+                flat.append(np.asarray(a))
+                parts.append((a.dtype, (), ()))
+                continue
+            else:
+                return None, None
+            if flat is not None:
+                flat.append(a)
+        return tuple(parts), (args if flat is None else tuple(flat))
 
     def _scalar_var(self, name: str, value) -> int:
         if isinstance(value, BoundVar):
@@ -220,7 +287,7 @@ class Signature:
         for i, (v, s) in enumerate(zip(value, spec)):
             self._match_spec(v, s, f"{path}[{i}]", out)
 
-    def _array(self, leaf, dims, path: str, var_values: dict):
+    def _array(self, leaf, dims, path: str, reads: list):
         if isinstance(leaf, Array) and leaf.is_deleted():
             raise leaf.deleted_error(path)
         arr = leaf if isinstance(leaf, Array) else np.asarray(leaf)
@@ -241,7 +308,7 @@ class Signature:
         key_dims, trace_shape = [], []
         for i, (d, n) in enumerate(zip(dims, shape)):
             if isinstance(d, Var):
-                self._record(var_values, d, n, f"{path}.shape[{i}]")
+                reads.append((d, n, f"{path}.shape[{i}]"))
                 key_dims.append(d.name)
                 trace_shape.append(d.uop)
             else:
@@ -251,14 +318,6 @@ class Signature:
                 key_dims.append(n)
                 trace_shape.append(n)
         return ("array", dtype.name, tuple(key_dims)), arr, tuple(trace_shape)
-
-    @staticmethod
-    def _record(var_values: dict, var: Var, value: int, where: str):
-        seen = var_values.get(var.name)
-        if seen is None:
-            var_values[var.name] = (value, where)
-        elif seen[0] != value:
-            raise SignatureError(f"var {var.name!r} disagrees: {seen[1]} = {seen[0]} but {where} = {value}")
 
     @staticmethod
     def _static(leaf, path: str, declared: bool = False):
@@ -275,6 +334,32 @@ class Signature:
             raise SignatureError(f"{path}: static argument of type {type(leaf).__name__} is not hashable; pass arrays "
                                  "as NumPy arrays and other values as ints, floats, strings or tuples") from None
         return ("static", type(leaf).__name__, repr(leaf) if isinstance(leaf, float) else leaf)
+
+
+def container_key(tree, parts: list, flat: list, depth: int) -> bool:
+    """Append the concrete key parts of a container of arrays (its keys or length, each array's dtype, shape and
+    strides) and its arrays in `read`'s order (pytree.flatten: dict insertion order); False when it holds anything
+    else (its other leaves are static values: `read` keys them) or nests deeper than MAX_DEPTH."""
+    t = type(tree)
+    if t is np.ndarray:
+        parts.append((tree.dtype, tree.shape, tree.strides))
+    elif t is Array:
+        parts.append((Array, tree._device, tree.dtype, tree.shape))
+    elif tree is None:
+        parts.append(None)
+        return True
+    elif depth == MAX_DEPTH:
+        return False
+    elif t is dict:
+        parts.append((dict, tuple(tree)))
+        return all(container_key(v, parts, flat, depth + 1) for v in tree.values())
+    elif t is list or t is tuple:
+        parts.append((t, len(tree)))
+        return all(container_key(v, parts, flat, depth + 1) for v in tree)
+    else:
+        return False
+    flat.append(tree)
+    return True
 
 
 def _spec_var_names(spec) -> set[str]:
