@@ -19,6 +19,8 @@ def _fmt_seconds(s: float) -> str:
 
 def format_row(record: dict, peer_names: list[str]) -> str:
     times = record["seconds"]
+    if "prepjit" not in times:
+        return record["case"].ljust(28) + "  skipped: " + record.get("skipped", "no prepjit figure")
     cells = [record["case"].ljust(28), _fmt_seconds(times["prepjit"]).rjust(10)]
     for p in peer_names:
         if p in times:

@@ -19,3 +19,6 @@ class Case:
     peer_fns: dict = {}              # peer name -> (arrays) -> call(*arrays): a library's own model (e.g. transformers)
     prepjit: object = None           # (arrays) -> (prepared function, its arguments), when prepjit is not fn on them
     smoke: bool = True               # in `--smoke`'s default selection
+    # (peers, smoke) -> (times, record): figures of fresh processes taken in turn (low_precision_models.py);
+    # such a case has no fn or make_inputs
+    processes: object = None

@@ -4,7 +4,7 @@ Each peer is optional; `available_peers()` lists those importable here. A peer's
 takes a function written against that framework's array namespace (handed in by the case) and
 returns a callable taking and returning NumPy arrays, so every peer pays the same I/O cost.
 Library peers (sentence-transformers, transformers) run a case's model their own way, through the
-case's `peer_fns`.
+case's `peer_fns`; llama.cpp runs SmolLM2 in processes of its own (llama_cpp.py, low_precision_models.py).
 """
 from __future__ import annotations
 
@@ -174,8 +174,14 @@ class PrepjitArgumentsPeer(LibraryPeer):
     name, module, distribution = "prepjit-args", "prepjit", "prepjit"
 
 
+class LlamaCppPeer(LibraryPeer):
+    """llama.cpp through llama-cpp-python, in processes of its own (llama_cpp.py, low_precision_models.py)."""
+
+    name, module, distribution = "llama.cpp", "llama_cpp", "llama-cpp-python"
+
+
 PEERS = (NumPyPeer(), JaxPeer(), TinygradPeer(), TorchPeer(), SentenceTransformersPeer(), TransformersPeer(),
-         PrepjitArgumentsPeer())
+         PrepjitArgumentsPeer(), LlamaCppPeer())
 
 
 def available_peers(names=None) -> list[Peer]:

@@ -8,7 +8,7 @@ import sys
 from .__main__ import _fmt_seconds
 from .blas import describe
 
-PEERS = ("numpy", "jax", "tinygrad", "torch", "sentence-transformers", "transformers", "prepjit-args")
+PEERS = ("numpy", "jax", "tinygrad", "torch", "sentence-transformers", "transformers", "prepjit-args", "llama.cpp")
 
 
 def markdown(result: dict) -> str:
@@ -21,12 +21,14 @@ def markdown(result: dict) -> str:
              "|---|---:|" + "---:|" * len(PEERS) + "---:|---|"]
     for r in result["cases"]:
         t = r["seconds"]
+        if "prepjit" not in t:  # a case skipped (its model not installed)
+            continue
         cells = [r["case"], _fmt_seconds(t["prepjit"])]
         cells += [f"{_fmt_seconds(t[p])} ({r['ratio_vs'][p]:.2f}x)" if p in t else "-" for p in PEERS]
         cells.append(f"{r['rates']['prepjit']:.1f} {r['rate_unit']}" if "rates" in r else
                      f"disk cache: {_fmt_seconds(r['disk_cache_seconds'])}" if "disk_cache_seconds" in r else "")
         g = r.get("goal")
-        cells.append("" if g is None else f"<= {g['max_ratio']}x {g['peer']}: " + ("met" if g["met"] else "not met"))
+        cells.append("" if g is None else f"<= {g['max_ratio']}x {g['peer']}: " + ("n/a" if g["met"] is None else "met" if g["met"] else "not met"))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

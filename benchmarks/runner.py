@@ -72,6 +72,9 @@ def _disk_cache_seconds(case: Case) -> tuple[float, list]:
 
 
 def run_case(case: Case, peers: list[Peer], smoke: bool = False, seed: int = 0) -> dict:
+    if case.processes is not None:
+        times, record = case.processes(peers, smoke)
+        return with_ratios(case, {"case": case.name, "kind": case.kind, **record}, times)
     rng = np.random.default_rng(seed)
     arrays = case.make_inputs(rng, smoke)
     reference = case.fn(np, *arrays)
@@ -106,13 +109,20 @@ def run_case(case: Case, peers: list[Peer], smoke: bool = False, seed: int = 0) 
                 times[peer.name] = time_per_call(lambda: call(*arrays), smoke=smoke)
         except Exception as e:  # a peer that cannot run a case is reported, not fatal
             record.setdefault("peer_errors", {})[peer.name] = f"{type(e).__name__}: {e}"[:200]
-    record["seconds"] = times
-    record["ratio_vs"] = {p: times["prepjit"] / t for p, t in times.items() if p != "prepjit" and t > 0}
+    record = with_ratios(case, record, times)
     if case.work is not None:
         amount, unit = case.work(arrays)
         scale = 1e9
         record["rate_unit"] = unit
         record["rates"] = {p: amount / t / scale for p, t in times.items()}
+    return record
+
+
+def with_ratios(case: Case, record: dict, times: dict) -> dict:
+    """`record` with the times, prepjit's ratio to each peer's and the goal's verdict (none without prepjit's)."""
+    record["seconds"] = times
+    record["ratio_vs"] = {p: times["prepjit"] / t for p, t in times.items()
+                          if "prepjit" in times and p != "prepjit" and t > 0}
     if case.goal is not None:
         peer, limit = case.goal
         ratio = record["ratio_vs"].get(peer)
