@@ -6,7 +6,8 @@ they vectorise), NumPy's integer floor division and modulo, shifts past the widt
 
 `InlineMath` is a mixin of the renderer: its methods emit through the renderer's `op`, `call`, `ty` (the type of
 a value being rendered: a scalar, or a vector of the kernel's lanes), `const` and `intrinsic`; exp and erf work
-on both, the integer ones on scalars (the renderer computes them lane by lane in a vector).
+on both, and so do shifts; integer division and modulo work on scalars (the renderer computes them lane by lane
+in a vector).
 """
 from __future__ import annotations
 
@@ -183,16 +184,18 @@ class InlineMath:
         return self.op(f"select i1 {self.op(f'or i1 {zero}, {minus1}')}, {t} 0, {t} {r}")
 
     def shift(self, op: Ops, dt: DType, a: str, b: str) -> str:
-        t = reg_type(dt)
-        bits = dt.itemsize * 8
-        out_of_range = self.op(f"icmp uge {t} {b}, {bits}")
-        safe = self.op(f"select i1 {out_of_range}, {t} 0, {t} {b}")
+        """A shift of a scalar or a vector (a quantized weight's nibbles: lanes of bytes), past the width as NumPy:
+        0, or the sign for an arithmetic right shift."""
+        t, i1, bits = self.ty(dt), self.ty(dtypes.bool), dt.itemsize * 8
+        zero = self.const("0", dt)
+        out_of_range = self.op(f"icmp uge {t} {b}, {self.const(str(bits), dt)}")
+        safe = self.op(f"select {i1} {out_of_range}, {t} {zero}, {t} {b}")
         if op is Ops.SHL:
-            return self.op(f"select i1 {out_of_range}, {t} 0, {t} {self.op(f'shl {t} {a}, {safe}')}")
+            return self.op(f"select {i1} {out_of_range}, {t} {zero}, {t} {self.op(f'shl {t} {a}, {safe}')}")
         if dt.kind == "i":
-            fill = self.op(f"ashr {t} {a}, {bits - 1}")
-            return self.op(f"select i1 {out_of_range}, {t} {fill}, {t} {self.op(f'ashr {t} {a}, {safe}')}")
-        return self.op(f"select i1 {out_of_range}, {t} 0, {t} {self.op(f'lshr {t} {a}, {safe}')}")
+            fill = self.op(f"ashr {t} {a}, {self.const(str(bits - 1), dt)}")
+            return self.op(f"select {i1} {out_of_range}, {t} {fill}, {t} {self.op(f'ashr {t} {a}, {safe}')}")
+        return self.op(f"select {i1} {out_of_range}, {t} {zero}, {t} {self.op(f'lshr {t} {a}, {safe}')}")
 
     def sign(self, dt: DType, x: str) -> str:
         t = reg_type(dt)

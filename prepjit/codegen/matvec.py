@@ -26,6 +26,7 @@ from __future__ import annotations
 import attrs
 
 from ..uop import Ops, UOp
+from .block_split import split_blocks
 from .optimize import (COLUMN_VECTORS, DEFAULT_BLOCKING, Blocking, column_block, contraction_axes, stride_along,
                        upcast_contraction)
 from .target import CPUTarget
@@ -47,9 +48,9 @@ def matvec_axes(ast: UOp):
     weights = [ld for ld in red.toposort() if ld.op is Ops.LOAD and j in ld.src[1].toposort()]
     if not weights or not reduces:
         return None
-    for ld in weights:
-        if stride_along(ld.src[1], j) == 1 or not any(stride_along(ld.src[1], k) == 1 for k in reduces):
-            return None
+    if any(stride_along(ld.src[1], j) == 1 for ld in weights) or \
+            not any(stride_along(ld.src[1], k) == 1 for ld in weights for k in reduces):
+        return None
     used = set().union(*(ld.src[1].toposort() for ld in weights))
     rows = 1
     for r in loops:
@@ -63,7 +64,12 @@ def matvec(ast: UOp, target: CPUTarget, blocking: Blocking = DEFAULT_BLOCKING) -
     loop and every other loop inside, in order (unless another loop is larger, like a batch of matrices: then
     the loops keep their order); a one-row contraction over a weight contiguous along the columns blocked
     wide (see row_bytes, or `blocking`'s width); None for other kernels (optimize.py blocks them)."""
-    found = matvec_axes(ast)
+    split = split_blocks(ast)
+    found = matvec_axes(split) if split is not ast else None
+    if found is not None:
+        ast = split
+    else:
+        found = matvec_axes(ast)
     if found is None:
         axes = contraction_axes(ast)
         if axes is None or axes[4] is not None:
@@ -77,7 +83,7 @@ def matvec(ast: UOp, target: CPUTarget, blocking: Blocking = DEFAULT_BLOCKING) -
     j, others = found
     if any(r.src[0].vmax > j.src[0].vmax for r in others):  # a larger loop (a batch) stays where it is
         return ast
-    order = [j] + others + sorted({u for u in ast.toposort() if u.op is Ops.RANGE and u.arg[1] == "reduce"},
+    order = [j] + others + sorted({u for u in ast.toposort() if u.op is Ops.RANGE and u.arg[1] in ("reduce", "lane")},
                                   key=lambda r: r.arg[0])
     return ast.substitute({r: UOp(Ops.RANGE, r.dtype, r.src, (n, r.arg[1])) for n, r in enumerate(order)})
 

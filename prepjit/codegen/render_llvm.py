@@ -7,11 +7,12 @@ range, so (0, INT64_MAX) computes all of it. The body is an internal,
 always-inlined function taking every buffer as a `noalias` pointer, so LLVM can vectorise.
 16-bit float values (float16, bfloat16) live in registers as float and are rounded once per result.
 
-A kernel with a "lane" range (optimize.py: a register block's columns, W at a time) is rendered
-with every value that depends on the lane as one `<W x T>` vector: contiguous loads and stores
-along the lane are vector loads and stores, others gathers and scatters, values that do not depend
-on it are splatted where a vector needs them, and the few operations with no vector form here
-(integer division, shifts, libm calls) are computed lane by lane.
+A kernel with a "lane" range (optimize.py: a register block's columns, W at a time; block_split.py: the
+steps of a quantized weight's block, summed) is rendered with every value that depends on the lane as one
+`<W x T>` vector: contiguous loads and stores along the lane are vector loads and stores, others gathers and
+scatters, values that do not depend on it are splatted where a vector needs them, and the few operations with
+no vector form here (integer division, libm calls) are computed lane by lane. A sum over the lane accumulates
+vectors and adds their lanes up once (lane_sum).
 """
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ def _identity(op: Ops, dt: DType):
 DOT, DOT_LANES, DOT_PAIRS = "llvm.x86.avx512bf16.dpbf16ps.512", 16, "<32 x bfloat>"
 
 # operations computed lane by lane in a vector (no vector form rendered here)
-_PER_LANE = {Ops.IDIV, Ops.MOD, Ops.SHL, Ops.SHR, Ops.ATAN2, Ops.SIGN}
+_PER_LANE = {Ops.IDIV, Ops.MOD, Ops.ATAN2, Ops.SIGN}
 _SUFFIX = {"float": "f32", "double": "f64", "half": "f16"}
 
 
@@ -66,6 +67,16 @@ def _ranges_below(topo: list[UOp]) -> dict[UOp, frozenset]:
                 out = out | below[s] if out else below[s]
         below[u] = out
     return below
+
+
+def _laned(topo: list[UOp], lane: UOp) -> set[UOp]:
+    """The nodes of a children-first order whose value depends on `lane`, one vector of its steps; a reduction
+    over the lane (block_split.py: its steps summed) is one value."""
+    out = {lane}
+    for u in topo:
+        if not (u.op is Ops.REDUCE and lane in u.src[1:]) and any(s in out for s in u.src):
+            out.add(u)
+    return out
 
 
 def _loops(ranges) -> list[UOp]:
@@ -99,7 +110,7 @@ class _Renderer(KernelRenderer, InlineMath):
         self.lane = lanes[0] if lanes else None
         self.width = int(self.lane.src[0].arg) if lanes else 0
         self.vec = 0  # lanes of the value being rendered (0: a scalar)
-        self.laned = {u for u, rs in self.ranges.items() if self.lane in rs} if lanes else set()
+        self.laned = _laned(topo, self.lane) if lanes else set()
         if lanes:
             self.scopes[0][self.lane] = "<" + ", ".join(f"i64 {k}" for k in range(self.width)) + ">"
         reduces = [u for u in topo if u.op is Ops.REDUCE]
@@ -444,6 +455,8 @@ class _Renderer(KernelRenderer, InlineMath):
         A lone float sum is reassociated so LLVM vectorises its loop; a block's sums are not (its
         accumulators vectorise across the block instead) and fuse their multiply-adds.
         """
+        if self.lane is not None and self.lane in u.src[1:]:
+            return self.lane_sum(u)
         here, laned = set(self.open_ranges), u in self.laned
         group = [u] + [r for r in self.reduce_groups[(u.arg, u.dtype, u.src[1:])]
                        if r is not u and self.reduce_loops[r] <= here and (r in self.laned) == laned
@@ -481,6 +494,46 @@ class _Renderer(KernelRenderer, InlineMath):
         for acc in accs:
             out = self.op(f"load {t}, ptr {acc}")
             outs.append(self.round_to(out, u.dtype) if u.dtype.narrow else out)
+        for r, out in zip(group[1:], outs[1:]):
+            self.scopes[-1][r] = out
+        return outs[0]
+
+    def lane_sum(self, u: UOp) -> str:
+        """A float sum over the lane range and loops (block_split.py's split of a quantized weight's blocks), with
+        every not yet rendered sum over the same ranges: each accumulates the vectors of its lanes over the loops
+        and adds the lanes up once at the end. After each loop opens, what depends on it and on no range still
+        to open (a block's scale) is computed there, once per step, before the inner loops."""
+        here = set(self.open_ranges)
+        group = [u] + [r for r in self.reduce_groups[(u.arg, u.dtype, u.src[1:])]
+                       if r is not u and self.reduce_loops[r] <= here and not any(r in scope for scope in self.scopes)]
+        t = reg_type(u.dtype)
+        vt = f"<{self.width} x {t}>"
+        accs = [self.tmp("acc") for _ in group]
+        for acc in accs:
+            self.allocas.append(f"  {acc} = alloca {vt}")
+            self.emit(f"store {vt} zeroinitializer, ptr {acc}")
+        loops, opened = [], set(self.open_ranges)
+        for r in u.src[1:]:
+            if r is self.lane:
+                continue
+            loops.append(self.open_loop(r, "0", self.value(r.src[0])))
+            opened.add(r)
+            for x in group:
+                for v in x.src[0].toposort():
+                    if v not in self.laned and r in self.ranges[v] and self.ranges[v] <= opened:
+                        self.value(v)
+        for r, acc in zip(group, accs):
+            v = self.vector(r.src[0], self.value(r.src[0]))
+            cur = self.op(f"load {vt}, ptr {acc}")
+            self.emit(f"store {vt} {self.op(f'fadd reassoc contract {vt} {cur}, {v}')}, ptr {acc}")
+        for loop in reversed(loops):
+            self.close_loop(loop)
+        outs = []
+        for acc in accs:
+            lanes = self.op(f"load {vt}, ptr {acc}")
+            name = f"llvm.vector.reduce.fadd.{_suffix(t, self.width)}"
+            self.decls.add(f"declare {t} @{name}({t}, {vt})")
+            outs.append(self.op(f"call reassoc {t} @{name}({t} {const_literal(-0.0, u.dtype)}, {vt} {lanes})"))
         for r, out in zip(group[1:], outs[1:]):
             self.scopes[-1][r] = out
         return outs[0]

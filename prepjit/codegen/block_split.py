@@ -1,0 +1,77 @@
+"""Reduction ranges split at the blocks of the formats their operands are stored in (pj.quant's block formats).
+
+A contraction with a quantized weight (x @ pj.quant.dequantize(b, "q8_0").T) reads weight k of a row at
+(k // 32) * 34 + k % 32 + 2 and its block's float16 scale at (k // 32) * 34: over one reduce range k, neighbouring
+steps are no constant stride apart (nothing vectorises) and the scale is rebuilt from its two bytes for every
+weight. `split_blocks` splits k = kb * B + kl for the largest constant B dividing k's extent that an expression
+of k is divided by or taken modulo by, then kl the same way for the smaller ones (q4_1's nibbles: 32, then 16;
+q6_k: 256, 128, 64, 32, 16), until the innermost range is free of them; the simplifier folds (kb * B + kl) // B
+to kb and % B to kl, so the in-block indices are plain offsets. The innermost range becomes a "lane" range of the
+reduction: the LLVM renderer computes the body as one vector of its steps (the bytes loaded as <32 x i8>, nibbles
+unpacked with vector shifts and masks), accumulates those vectors over the outer ranges and adds the lanes up
+once at the end; whatever depends only on the outer ranges (a block's scale and min) is a scalar computed once
+per block (render_llvm.py renders it before the inner loops open) and splatted. This reassociates the sum: the
+result differs from the sequential one by reduction order only.
+"""
+from __future__ import annotations
+
+from ..uop import Ops, UOp, dtypes, simplify
+from .optimize import const_end
+
+MAX_LANES = 32   # steps of the innermost range computed as one vector, at most (LLVM splits it into registers)
+
+
+def split_blocks(ast: UOp) -> UOp:
+    """`ast` with its float sum's last reduce range split at the blocks its operands index by (see the module
+    docstring) and the innermost part a "lane" range; `ast` itself when nothing divides or modulo-reduces that
+    range, or when one of those divisors does not divide its extent."""
+    reduces = [u for u in ast.toposort() if u.op is Ops.REDUCE]
+    if len(reduces) != 1 or reduces[0].arg is not Ops.ADD or \
+            reduces[0].dtype not in (dtypes.float32, dtypes.float64):
+        return ast
+    red = reduces[0]
+    k = red.src[-1]
+    if k.op is not Ops.RANGE or k.arg[1] != "reduce" or const_end(k) is None:
+        return ast
+    body, outer = red.src[0], []
+    axis = max(u.arg[0] for u in ast.toposort() if u.op is Ops.RANGE) + 1
+    while (block := _block(body, k)) is not None:
+        kb = UOp(Ops.RANGE, dtypes.index, (UOp.const(const_end(k) // block),), (axis, "reduce"))
+        kl = UOp(Ops.RANGE, dtypes.index, (UOp.const(block),), (axis + 1, "reduce"))
+        body, k, axis = _simplified_indices(body.substitute({k: kb * block + kl})), kl, axis + 2
+        outer.append(kb)
+    if not outer or _divisors(body, k):
+        return ast
+    steps = const_end(k)
+    lanes = min(steps, MAX_LANES)
+    if steps % lanes:
+        return ast
+    lane = UOp(Ops.RANGE, dtypes.index, (UOp.const(lanes),), (axis + 1, "lane"))
+    if steps > lanes:  # a long block without divisors of its own: vectors of MAX_LANES steps
+        outer.append(UOp(Ops.RANGE, dtypes.index, (UOp.const(steps // lanes),), (axis, "reduce")))
+        body = _simplified_indices(body.substitute({k: outer[-1] * lanes + lane}))
+    else:
+        body = body.substitute({k: lane})
+    return ast.substitute({red: UOp(Ops.REDUCE, red.dtype, (body, *red.src[1:-1], *outer, lane), red.arg)})
+
+
+def _divisors(body: UOp, k: UOp) -> set[int]:
+    """The constants an expression of range `k` is divided by or taken modulo by in `body`."""
+    return {u.src[1].arg for u in body.toposort() if u.op in (Ops.IDIV, Ops.MOD) and u.src[1].op is Ops.CONST
+            and k in u.src[0].toposort()}
+
+
+def _block(body: UOp, k: UOp) -> int | None:
+    """The largest divisor of `k` in `body` below its extent, when every such divisor divides the extent."""
+    steps = const_end(k)
+    inside = [b for b in _divisors(body, k) if 1 < b < steps]
+    if not inside or any(steps % b for b in inside):
+        return None
+    return max(inside)
+
+
+def _simplified_indices(body: UOp) -> UOp:
+    """`body` with each of its index expressions (the largest ones: a load's index, a shift's amount) simplified."""
+    roots = {s for u in body.toposort() if u.dtype != dtypes.index for s in u.src
+             if s.dtype == dtypes.index and s.op not in (Ops.CONST, Ops.RANGE)}
+    return body.substitute({r: simplify(r) for r in roots})
