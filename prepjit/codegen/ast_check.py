@@ -10,7 +10,7 @@ a float32 buffer would read twice the bytes the proof counted.
 from __future__ import annotations
 
 from ..uop import Ops, UOp, dtypes
-from ..uop.ops import BINARY, COMPARISON, REDUCE_OPS, UNARY
+from ..uop.ops import BINARY, COMPARISON, FMA_DTYPES, REDUCE_OPS, UNARY
 
 RANGE_KINDS = ("loop", "reduce", "serial")  # "lane" ranges are made by optimize.py, after a plan is saved
 MAX_SLOTS = 1 << 12
@@ -43,7 +43,7 @@ def _check_node(u: UOp):
     """One node of a kernel AST against its op's rule (sources already checked)."""
     op, src, d = u.op, u.src, u.dtype
     arity = {Ops.CONST: 0, Ops.DEFINE_VAR: 0, Ops.DEFINE_GLOBAL: 0, Ops.RANGE: 1, Ops.CAST: 1, Ops.BITCAST: 1,
-             Ops.WHERE: 3}
+             Ops.WHERE: 3, Ops.FMA: 3}
     n = 1 if op in UNARY else 2 if op in BINARY else arity.get(op)
     if n is not None and len(src) != n:
         raise ValueError(f"{op.name} takes {n} sources, not {len(src)}")
@@ -60,6 +60,9 @@ def _check_node(u: UOp):
     elif op is Ops.WHERE:
         if u.arg is not None or src[0].dtype is not dtypes.bool or src[1].dtype is not d or src[2].dtype is not d:
             raise ValueError("a where's condition is not bool or its branches are not its dtype")
+    elif op is Ops.FMA:
+        if u.arg is not None or d not in FMA_DTYPES or any(s.dtype is not d for s in src):
+            raise ValueError(f"FMA of {[s.dtype.name for s in src]} is not one of float32 or float64")
     elif op is Ops.CAST:
         if u.arg is not None:
             raise ValueError("a cast has an arg")

@@ -46,7 +46,7 @@ _PLAIN_INT = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.IDIV: "/", Ops.MOD: 
 _INFIX = {Ops.CMPLT: "<", Ops.CMPEQ: "==", Ops.CMPNE: "!=", Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^"}
 # ops NumPy has only for integers / only for floats (the front end casts before them): others are refused
 INTEGER_ONLY = frozenset({Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.NOT, Ops.IDIV})
-FLOAT_ONLY = frozenset(set(_MATH) - {Ops.ABS} | {Ops.POW, Ops.ATAN2, Ops.FDIV})
+FLOAT_ONLY = frozenset(set(_MATH) - {Ops.ABS} | {Ops.POW, Ops.ATAN2, Ops.FMA, Ops.FDIV})
 
 _FMAX = "{t} pj_{name}_{n}({t} a, {t} b) {{ return (a != a || b != b) ? a + b : {fn}(a, b); }}"
 _IDIV_SIGNED = """{t} pj_idiv_{n}({t} a, {t} b) {{
@@ -282,8 +282,8 @@ class CStyleRenderer(KernelRenderer):
                                                                        fn=self.d.math(f"f{name}", sdt)))
                 return self.let(dt, f"{fn}({s[0]}, {s[1]})")
             return self.let(dt, f"{s[0]} {'>' if op is Ops.MAX else '<'} {s[1]} ? {s[0]} : {s[1]}")
-        if op in (Ops.POW, Ops.ATAN2):
-            return self.let(dt, f"{self.d.math(op.name.lower(), sdt)}({s[0]}, {s[1]})")
+        if op in (Ops.POW, Ops.ATAN2, Ops.FMA):  # C's fma: rounded once (OpenCL C and CUDA require it)
+            return self.let(dt, f"{self.d.math(op.name.lower(), sdt)}({', '.join(s)})")
         if op in _INFIX:
             return self.let(dt, f"{s[0]} {_INFIX[op]} {s[1]}")
         if op in (Ops.SHL, Ops.SHR):

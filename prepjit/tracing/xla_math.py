@@ -12,8 +12,8 @@ Read from the LLVM IR and machine code that jaxlib 0.10.2 emits on x86-64 (XLA_F
   interleaved Horner chains joined by x**3, exponent * ln 2 in two parts); for float64 the C library's log,
   which XLA calls and so does prepjit's cpu device (another device's log may round otherwise).
 
-Every fused step is fused.fma (exact from plain ops: the result does not depend on whether a backend would
-contract a * b + c), every other step one plain op, rounded as XLA rounds it. XLA's CPU code flushes subnormal
+Every fused step is fused.fma (the FMA primitive: each backend's correctly rounded fma, rounded once whether or
+not a backend would contract a plain a * b + c), every other step one plain op, rounded as XLA rounds it. XLA's CPU code flushes subnormal
 inputs and results to zero and these keep them (normal's never are).
 """
 from __future__ import annotations
@@ -27,7 +27,6 @@ from . import prims
 from .fused import fma
 from .numpy_math import (absolute, add, bitwise_and, equal, greater, less, log, multiply, right_shift, sqrt,
                          subtract, true_divide, where)
-from .numpy_sort import _float_bits
 from .tracer import Tracer
 
 # Giles' erfinv: per branch, polynomial coefficients (highest power first) in w - centre or sqrt(w) - centre
@@ -88,7 +87,7 @@ def _horner(coefficients, t: Tracer, p: Tracer | None = None) -> Tracer:
 def _logf(y: Tracer) -> Tracer:
     """XLA's float32 log of y (Cephes' logf): y = m * 2**e with m in [sqrt(1/2), sqrt(2)), r = m - 1."""
     y = where(greater(y, np.finfo(np.float32).tiny), y, _c(np.finfo(np.float32).tiny, dtypes.float32))  # also NaN
-    bits = _float_bits(y)  # frexp: y's exponent field and mantissa, y * 2**-exponent in [0.5, 1)
+    bits = y.view(dtypes.int32)  # frexp: y's exponent field and mantissa, y * 2**-exponent in [0.5, 1)
     halved = add(multiply(prims.cast(bitwise_and(bits, 0x7FFFFF), dtypes.float32), _c(2.0 ** -24, dtypes.float32)),
                  _c(0.5, dtypes.float32))
     exponent = add(prims.cast(subtract(right_shift(bits, 23), 127), dtypes.float32), _c(1.0, dtypes.float32))

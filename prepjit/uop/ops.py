@@ -1,6 +1,8 @@
 """The operations of the IR, from traced array ops down to kernel loads and stores."""
 from enum import Enum, auto
 
+from .dtypes import dtypes
+
 
 class Ops(Enum):
     # leaves
@@ -24,6 +26,7 @@ class Ops(Enum):
     AND = auto(); OR = auto(); XOR = auto(); SHL = auto(); SHR = auto()
     # ternary
     WHERE = auto()
+    FMA = auto()            # FMA(a, b, c): a * b + c rounded once, in FMA_DTYPES (tinygrad's MULACC)
     CAST = auto()           # dtype: target
     BITCAST = auto()        # dtype: target, of the source's size (not bool): the same bits read as that dtype
     # movement (traced graphs only)
@@ -59,9 +62,13 @@ UNARY = {Ops.NEG, Ops.NOT, Ops.ABS, Ops.SIGN, Ops.EXP, Ops.EXP2, Ops.LOG, Ops.LO
          Ops.SIN, Ops.COS, Ops.TANH, Ops.ERF, Ops.FLOOR, Ops.CEIL, Ops.RINT}
 BINARY = {Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.MIN, Ops.POW, Ops.ATAN2,
           Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR}
-ALU = UNARY | BINARY | {Ops.WHERE}
+TERNARY = {Ops.WHERE, Ops.FMA}
+ALU = UNARY | BINARY | TERNARY
 ELEMENTWISE = ALU | {Ops.CAST, Ops.BITCAST}
 COMPARISON = {Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE}
 COMMUTATIVE = {Ops.ADD, Ops.MUL, Ops.MAX, Ops.MIN, Ops.CMPEQ, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR}
 MOVEMENT = {Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.SHRINK, Ops.PAD}
+# every backend has a correctly rounded FMA of these; 16-bit floats are computed in float32 and rounded after each
+# op, and a float32 FMA rounded again is not one rounding
+FMA_DTYPES = (dtypes.float32, dtypes.float64)
 REDUCE_OPS = {Ops.ADD, Ops.MUL, Ops.MAX, Ops.MIN, Ops.AND, Ops.OR}

@@ -202,7 +202,7 @@ def _ulps(a: np.ndarray, b: np.ndarray) -> int:
 
 @pytest.mark.parametrize("dtype", list(NORMAL_JAX))
 def test_normal_equals_jax_bit_for_bit(dtype, device):
-    """XLA's log1p and fused Horner steps, built exactly: every device gives JAX's bits. float64's log is the
+    """XLA's log1p and fused Horner steps (FMAs): every device gives JAX's bits. float64's log is the
     device's (XLA calls the C library's log, as the cpu device does): bit for bit on the cpu, a few ulp elsewhere."""
     unsigned = {"float16": np.uint16, "bfloat16": np.uint16, "float32": np.uint32, "float64": np.uint64}[dtype]
     for seed, shape, indices, bits in NORMAL_JAX[dtype]:
@@ -237,6 +237,14 @@ def test_erfinv_at_plus_minus_one_is_infinite(device):
     from prepjit.tracing.xla_math import erfinv
     got = np.asarray(pj.prepare(erfinv, device=device)(np.array([1, -1, 0], np.float32)))
     np.testing.assert_array_equal(got, [np.inf, -np.inf, 0])
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_narrow_draws_compute_no_float64(dtype):
+    """normal and uniform with bounds in float32 or narrower trace no float64 node, so an OpenCL device without
+    cl_khr_fp64 runs them: the FMA is a primitive (no float64 emulation) and log's frexp a bitcast."""
+    traced = pj.trace(lambda k: (pr.normal(k, (8,), dtype), pr.uniform(k, (8,), dtype, -2.0, 3.0)), KEY)
+    assert not [u.op.name for u in traced.sink.toposort() if u.dtype.name == "float64"]
 
 
 def test_float64_equal_jax_x64():

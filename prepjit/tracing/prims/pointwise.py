@@ -1,5 +1,5 @@
-"""Pointwise primitives: cast, bitcast and every ALU op (unary, binary, where) on broadcast operands, with NumPy's
-promotion, and their reverse-mode rules (JAX's: maximum/minimum split ties evenly, abs has slope 1 at 0)."""
+"""Pointwise primitives: cast, bitcast and every ALU op (unary, binary, where, fma) on broadcast operands, with
+NumPy's promotion, and their reverse-mode rules (JAX's: maximum/minimum split ties evenly, abs has slope 1 at 0)."""
 from __future__ import annotations
 
 import math
@@ -8,6 +8,7 @@ import numpy as np
 
 from ...errors import TraceError
 from ...uop import DType, Ops, UOp, dtypes, to_dtype
+from ...uop.ops import FMA_DTYPES
 from ..tracer import Tracer
 from .core import broadcast_shapes, check_python_int_fits, result_dtype, to_tracer
 from .movement import broadcast_to
@@ -53,6 +54,17 @@ def elementwise(op: Ops, *operands, dtype: DType | None = None, out_dtype: DType
     weak = all(x.weak for x in (xs[1:] if op is Ops.WHERE else xs))
     return Tracer(UOp(op, out, tuple(srcs)), weak=weak)
 
+
+def fma(a, b, c) -> Tracer:
+    """a * b + c rounded once (a fused multiply-add: every backend's correctly rounded one) on broadcast operands
+    promoted as NumPy does, to float32 or float64. 16-bit floats are refused: they are computed in float32 and
+    rounded after each op, and a float32 FMA rounded again to 16 bits is not one rounding (fused.py builds theirs
+    exactly from plain float32 ops)."""
+    xs = [to_tracer(x) for x in (a, b, c)]
+    dt = result_dtype(*xs)
+    if dt not in FMA_DTYPES:
+        raise TraceError(f"a fused multiply-add is for float32 or float64 operands, not {dt.name}")
+    return elementwise(Ops.FMA, *xs, dtype=dt)
 
 
 # ---------- reverse-mode rules ----------
@@ -144,6 +156,12 @@ def _where_vjp(ct: Tracer, node: UOp):
     cond = Tracer(node.src[0])
     zeros = _zeros_like(ct)
     return None, _where(cond, ct, zeros), _where(cond, zeros, ct)
+
+
+@primitive(Ops.FMA).def_vjp
+def _fma_vjp(ct: Tracer, node: UOp):
+    a, b, _ = (Tracer(s) for s in node.src)
+    return _mul(ct, b), _mul(ct, a), ct
 
 
 @primitive(Ops.CAST).def_vjp
