@@ -17,6 +17,7 @@ vectors and adds their lanes up once (lane_sum).
 from __future__ import annotations
 
 from ..uop import DType, Ops, UOp, dtypes, simplify
+from ..uop.ops import FMA_DTYPES
 from .kernel import KernelSource, kernel_vars, parallel_range
 from .llvm_ir import InlineMath, const_literal, mem_type, reg_type
 from .renderer import KernelRenderer
@@ -48,6 +49,7 @@ DOT, DOT_LANES, DOT_PAIRS = "llvm.x86.avx512bf16.dpbf16ps.512", 16, "<32 x bfloa
 
 # operations computed lane by lane in a vector (no vector form rendered here)
 _PER_LANE = {Ops.IDIV, Ops.MOD, Ops.ATAN2, Ops.SIGN}
+UNROLLED_STEPS = 4  # a sum over lanes unrolls an innermost loop of this many steps at most (lane_sum)
 _SUFFIX = {"float": "f32", "double": "f64", "half": "f16"}
 
 
@@ -504,38 +506,55 @@ class _Renderer(KernelRenderer, InlineMath):
         """A float sum over the lane range and loops (block_split.py's split of a quantized weight's blocks), with
         every not yet rendered sum over the same ranges: each accumulates the vectors of its lanes over the loops
         and adds the lanes up once at the end. After each loop opens, what depends on it and on no range still
-        to open (a block's scale) is computed there, once per step, before the inner loops."""
+        to open (a block's scale) is computed there, once per step, before the inner loops. The innermost loop,
+        when it has at most UNROLLED_STEPS steps (q4_1's two nibble halves), is unrolled with an accumulator per
+        step, so consecutive vectors add into independent registers."""
         here = set(self.open_ranges)
         group = [u] + [r for r in self.reduce_groups[(u.arg, u.dtype, u.src[1:])]
                        if r is not u and self.reduce_loops[r] <= here and not any(r in scope for scope in self.scopes)]
         t = reg_type(u.dtype)
         vt = f"<{self.width} x {t}>"
-        accs = [self.tmp("acc") for _ in group]
-        for acc in accs:
+        ranges = [r for r in u.src[1:] if r is not self.lane]
+        unrolled = ranges.pop() if ranges and ranges[-1].src[0].op is Ops.CONST and \
+            ranges[-1].src[0].arg <= UNROLLED_STEPS else None
+        steps = range(unrolled.src[0].arg) if unrolled is not None else range(1)
+        accs = [[self.tmp("acc") for _ in steps] for _ in group]
+        for acc in (a for per_sum in accs for a in per_sum):
             self.allocas.append(f"  {acc} = alloca {vt}")
             self.emit(f"store {vt} zeroinitializer, ptr {acc}")
         loops, opened = [], set(self.open_ranges)
-        for r in u.src[1:]:
-            if r is self.lane:
-                continue
+        for r in ranges:
             loops.append(self.open_loop(r, "0", self.value(r.src[0])))
             opened.add(r)
             for x in group:
                 for v in x.src[0].toposort():
                     if v not in self.laned and r in self.ranges[v] and self.ranges[v] <= opened:
                         self.value(v)
-        for r, acc in zip(group, accs):
-            v = self.vector(r.src[0], self.value(r.src[0]))
-            cur = self.op(f"load {vt}, ptr {acc}")
-            self.emit(f"store {vt} {self.op(f'fadd reassoc contract {vt} {cur}, {v}')}, ptr {acc}")
+        for step in steps:
+            if unrolled is not None:
+                self.scopes.append({unrolled: str(step)})
+            for r, per_sum in zip(group, accs):
+                x = r.src[0]
+                if x.op is Ops.MUL:  # contracted with the add: one FMA
+                    v = self.op(f"fmul contract {vt} {self.vector(x.src[0], self.value(x.src[0]))}, "
+                                f"{self.vector(x.src[1], self.value(x.src[1]))}")
+                else:
+                    v = self.vector(x, self.value(x))
+                cur = self.op(f"load {vt}, ptr {per_sum[step]}")
+                self.emit(f"store {vt} {self.op(f'fadd reassoc contract {vt} {cur}, {v}')}, ptr {per_sum[step]}")
+            if unrolled is not None:
+                self.scopes.pop()
         for loop in reversed(loops):
             self.close_loop(loop)
         outs = []
-        for acc in accs:
-            lanes = self.op(f"load {vt}, ptr {acc}")
-            name = f"llvm.vector.reduce.fadd.{_suffix(t, self.width)}"
-            self.decls.add(f"declare {t} @{name}({t}, {vt})")
-            outs.append(self.op(f"call reassoc {t} @{name}({t} {const_literal(-0.0, u.dtype)}, {vt} {lanes})"))
+        name = f"llvm.vector.reduce.fadd.{_suffix(t, self.width)}"
+        self.decls.add(f"declare {t} @{name}({t}, {vt})")
+        for per_sum in accs:
+            lanes = [self.op(f"load {vt}, ptr {acc}") for acc in per_sum]
+            total = lanes[0]
+            for more in lanes[1:]:
+                total = self.op(f"fadd reassoc {vt} {total}, {more}")
+            outs.append(self.op(f"call reassoc {t} @{name}({t} {const_literal(-0.0, u.dtype)}, {vt} {total})"))
         for r, out in zip(group[1:], outs[1:]):
             self.scopes[-1][r] = out
         return outs[0]

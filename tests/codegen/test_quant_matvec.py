@@ -1,0 +1,95 @@
+"""A matvec over a quantized weight (x @ pj.quant.dequantize(b, kind).T, codegen/block_split.py): its reduction
+split at the weight's blocks with the innermost steps a vector (byte loads as vectors, no per-lane code), the
+output columns split over threads, and results equal to NumPy's float32 of the dequantized weights."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import prepjit as pj
+from prepjit.codegen.optimize import optimize
+from prepjit.codegen.render_llvm import render_llvm
+from prepjit.codegen.target import AVX2, AVX512
+from prepjit.uop import Ops
+
+KINDS = ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q6_k"]
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _blocks(rng, kind, n, k):
+    """Random blocks of `kind` for an (n, k) weight, every row's weights finite (random scale bytes otherwise)."""
+    blocks = rng.integers(0, 256, (n, k // pj.quant.block_size(kind) * pj.quant.block_bytes(kind)), dtype=np.uint8)
+    with np.errstate(all="ignore"):
+        finite = np.isfinite(pj.quant.dequantize(blocks, kind)).all(axis=1, keepdims=True)
+    return np.where(finite, blocks, 0).astype(np.uint8)
+
+
+def _matvec(kind, device="cpu"):
+    return pj.prepare(lambda x, b: x @ pj.quant.dequantize(b, kind).T, device=device)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("rows", [1, 3])
+def test_quantized_matvec_matches_numpy(kind, rows, device, rng):
+    """Every kind, one row and a few (each row its own sum of the same blocks), against float64 NumPy of the
+    dequantized weights with the float32 tests' tolerance (the split reassociates the sum)."""
+    n, k = 72, 768
+    blocks = _blocks(rng, kind, n, k)
+    w = pj.quant.dequantize(blocks, kind)
+    x = rng.standard_normal((rows, k)).astype(np.float32)
+    ref = x.astype(np.float64) @ w.T.astype(np.float64)
+    got = np.asarray(_matvec(kind, device)(x, blocks))
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("kind,steps", [("q8_0", [24, 32]), ("q4_0", [24, 2, 16]), ("q4_1", [24, 2, 16]),
+                                        ("q6_k", [3, 2, 2, 2, 2, 16])])
+def test_the_reduction_is_split_at_the_blocks_and_vectorised(kind, steps, rng):
+    """The kernel as launched on AVX-512 and AVX2: the output columns the outermost loop (threads split it), the
+    reduction over the block ranges and an innermost lane range (its extents `steps`), no // or % left; its IR loads
+    a block's bytes as one vector, sums vectors and adds the lanes once, with no lane-by-lane code."""
+    n, k = 64, 768
+    blocks = _blocks(rng, kind, n, k)
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    (kernel,) = _matvec(kind).plan(x, blocks).kernels
+    for target in (AVX512, AVX2):
+        out = optimize(kernel.kernel.scheduled, "llvm", target)
+        (red,) = [u for u in out.toposort() if u.op is Ops.REDUCE]
+        assert [r.src[0].arg for r in red.src[1:]] == steps
+        assert [r.arg[1] for r in red.src[1:]] == ["reduce"] * (len(steps) - 1) + ["lane"]
+        assert not [u for u in out.toposort() if u.op in (Ops.IDIV, Ops.MOD)]
+        loops = sorted((u for u in out.toposort() if u.op is Ops.RANGE and u.arg[1] == "loop"), key=lambda r: r.arg[0])
+        assert [r.src[0].arg for r in loops] == [n]
+        ir = render_llvm(out, target).source
+        assert f"load <{steps[-1]} x i8>" in ir and f"load <{steps[-1]} x float>" in ir
+        assert f"llvm.vector.reduce.fadd.v{steps[-1]}f32" in ir and "extractelement" not in ir
+
+
+def test_a_block_scale_is_computed_once_per_block(rng):
+    """q4_1's float16 scale and min are scalars converted once per block, in the block loop before the two nibble
+    halves (unrolled, an accumulator each) use them: two conversions in the kernel, not two per half."""
+    blocks = _blocks(rng, "q4_1", 64, 768)
+    x = rng.standard_normal((1, 768)).astype(np.float32)
+    (kernel,) = _matvec("q4_1").plan(x, blocks).kernels
+    ir = render_llvm(optimize(kernel.kernel.scheduled, "llvm", AVX512), AVX512).source
+    assert ir.count("fpext half") == 2 and ir.count("load <16 x i8>") == 2
+    assert ir.count("alloca <16 x float>") == 2
+
+
+def test_quantized_matvec_on_avx2():
+    """The same kernels compiled for a CPU without AVX-512 (PREPJIT_CPU=haswell) equal NumPy."""
+    script = ("import json, numpy as np\n"
+              "from tests.codegen import test_quant_matvec as t\n"
+              "from prepjit.codegen.target import host_target\n"
+              "rng = np.random.default_rng(1)\n"
+              "for kind in t.KINDS:\n"
+              "    for rows in (1, 3):\n"
+              "        t.test_quantized_matvec_matches_numpy(kind, rows, 'cpu', rng)\n"
+              "print(json.dumps([host_target().cpu, host_target().vector_bytes]))\n")
+    env = dict(os.environ, PREPJIT_CPU="haswell")
+    out = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.splitlines()[-1]) == ["haswell", 32]
