@@ -3,8 +3,9 @@
 A case's `fn(xp, *arrays)` is written once against a NumPy-like namespace `xp` (prepjit.numpy,
 numpy, jax.numpy, or the torch/tinygrad adapters in peers.py), so every framework runs the same
 computation. `goal` is (peer, the largest allowed prepjit/peer time ratio) where the issue sets one.
-The training step (train_cases.py), the example models' cases (model_cases.py) and the models in 16-bit floats
-against llama.cpp (low_precision_models.py) join them in CASES.
+The training step (train_cases.py), the example models' cases (model_cases.py), the matvecs over quantized
+weights (quant_cases.py) and the models in 16-bit floats against llama.cpp (low_precision_models.py) join them in
+CASES.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from .case import Case
 from .low_precision_cases import LOW_PRECISION_CASES
 from .low_precision_models import LOW_PRECISION_MODEL_CASES
 from .model_cases import MODEL_CASES
+from .quant_cases import QUANT_CASES
 from .train_cases import TRAIN_CASES
 
 
@@ -176,4 +178,4 @@ KERNEL_CASES = (
     Case("prepare_time_model", model, _model_inputs, kind="prepare", rtol=1e-3, atol=1e-4),
 )
 
-CASES = KERNEL_CASES + LOW_PRECISION_CASES + TRAIN_CASES + MODEL_CASES + LOW_PRECISION_MODEL_CASES
+CASES = KERNEL_CASES + LOW_PRECISION_CASES + QUANT_CASES + TRAIN_CASES + MODEL_CASES + LOW_PRECISION_MODEL_CASES
