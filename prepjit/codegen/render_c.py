@@ -28,6 +28,7 @@ from typing import Callable
 import attrs
 
 from ..uop import DType, Ops, UOp, dtypes, sym_prod
+from ..uop.ops import FMA_DTYPES
 from ..uop.uop import as_uop
 from .gpu_launch import launch_of
 from .kernel import KernelSource, kernel_vars
@@ -282,6 +283,8 @@ class CStyleRenderer(KernelRenderer):
                                                                        fn=self.d.math(f"f{name}", sdt)))
                 return self.let(dt, f"{fn}({s[0]}, {s[1]})")
             return self.let(dt, f"{s[0]} {'>' if op is Ops.MAX else '<'} {s[1]} ? {s[0]} : {s[1]}")
+        if op is Ops.FMA and sdt not in FMA_DTYPES:  # a 16-bit float's float fma, rounded again, rounds twice
+            raise NotImplementedError(f"{self.d.language} renderer: FMA on {sdt}")
         if op in (Ops.POW, Ops.ATAN2, Ops.FMA):  # C's fma: rounded once (OpenCL C and CUDA require it)
             return self.let(dt, f"{self.d.math(op.name.lower(), sdt)}({', '.join(s)})")
         if op in _INFIX:

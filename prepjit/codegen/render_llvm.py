@@ -226,7 +226,7 @@ class _Renderer(KernelRenderer, InlineMath):
             return self.call(self.intrinsic(name, sdt), t, [(t, s[0]), (t, s[1])])
         if op is Ops.POW:
             return self.call(self.intrinsic("pow", dt), t, [(t, s[0]), (t, s[1])])
-        if op is Ops.FMA:  # llvm.fma: one rounding (vfmadd with FMA hardware, else libm's fma)
+        if op is Ops.FMA and dt in FMA_DTYPES:  # llvm.fma: one rounding (vfmadd with FMA hardware, else libm's)
             return self.call(self.intrinsic("fma", dt), t, [(t, v) for v in s])
         if op is Ops.ATAN2:
             return self.call("atan2" + ("f" if t == "float" else ""), t, [(t, s[0]), (t, s[1])])

@@ -28,7 +28,7 @@ def kernel(value, index, name="k"):
 def alu_kernel(op, dtype):
     r = loop(N)
     srcs = [load(1, dtypes.bool, r)] if op is Ops.WHERE else []
-    srcs += [load(len(srcs) + i + 1, dtype, r) for i in range(1 if op in UNARY else 2)]
+    srcs += [load(len(srcs) + i + 1, dtype, r) for i in range(1 if op in UNARY else 3 if op is Ops.FMA else 2)]
     out = dtypes.bool if op in COMPARISON else dtype
     return kernel(UOp(op, out, tuple(srcs)), r)
 
