@@ -8,7 +8,10 @@ instead (x @ W.T, an embedding table as the output head), blocking columns would
 rows a row's length apart for every step. Such a kernel is left as one lone sum per output, its loops
 reordered so the output columns are the outermost loop (threads split them) and the rows inside: the
 renderer reassociates a lone float sum, so LLVM vectorises it along the contiguous reduction with several
-independent accumulators (interleaved) and adds them up at the end. No operand is packed.
+independent accumulators (interleaved) and adds them up at the end. No operand is packed. A weight stored in
+blocks (pj.quant: the row's bytes indexed k // 32 and k % 32) is contiguous along no reduction until its reduction
+is split at the blocks (block_split.py): the split kernel, if it is a matvec, is the one ordered so, its block
+ranges and innermost lane range inside the rows.
 
 A single row against a weight contiguous along the columns keeps optimize.py's blocking, with blocks of
 many columns instead of two vectors: with no row accumulators the registers are free, and each reduction
