@@ -66,8 +66,9 @@ class Blocking:
     # a GPU contraction's tiles: (rows, columns, splits), one of render_tiles.tile_candidates (None: the policy's)
     tile: tuple[int, int, int] | None = attrs.field(default=None, converter=_tile)
     # bfloat16 products summed in pairs by vdpbf16ps where the target has it; else widened (one FMA a product).
-    # Neither wins everywhere: a 512^2 bf16 matmul on a Xeon (model 167, one thread) took 3.1 ms paired, 2.5 widened
-    bf16_dot: bool = True
+    # Off by default, a PREPJIT_TUNE candidate: on a Xeon (model 167) a 512^2 bf16 matmul took 3.1 ms paired against
+    # 2.5 widened (one thread) and MiniLM bf16 batch 32 ~10% longer paired; SmolLM2's bf16 decode the same either way
+    bf16_dot: bool = False
 
 
 DEFAULT_BLOCKING = Blocking()
@@ -303,7 +304,7 @@ def blocking_candidates(ast: UOp, target: CPUTarget | None = None) -> list[Block
     another shape; a single one when the kernel has nothing to choose."""
     target = target or host_target()
     options = [DEFAULT_BLOCKING] + [Blocking(max_accumulators=a) for a in (8, 12, 24)] + \
-        [Blocking(matvec_row_bytes=b) for b in (128, 256, 512, 1024)] + [Blocking(bf16_dot=False)]
+        [Blocking(matvec_row_bytes=b) for b in (128, 256, 512, 1024)] + [Blocking(bf16_dot=True)]
     seen, chosen = set(), []
     for blocking in options:
         kernel = optimize_with(ast, "llvm", target, blocking)
