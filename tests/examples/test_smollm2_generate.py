@@ -27,8 +27,23 @@ def _packages():
 def test_greedy_tokens_and_logits_match_numpy(capsys):
     assert smollm2_generate.main([*SMALL, "--check", "--reference", "numpy", "The capital of France is"]) == 0
     text = capsys.readouterr().out
-    assert "check float32 (weights float32) vs NumPy float32" in text and "greedy tokens agree 6/6" in text
+    assert "check float32 (weights gguf) vs NumPy float32" in text and "greedy tokens agree 6/6" in text
     assert ": OK" in text
+
+
+@pytest.mark.parametrize("weights", ["gguf", "q8_0", "q4_0", "q4_1"])
+def test_weights_in_blocks_match_numpy_of_their_dequantized_values(weights, capsys):
+    """--weights gguf keeps the file's Q4_1 / Q8_0 blocks (nothing dequantized at load), the others re-quantize
+    at load: the decode plan reads uint8 blocks, never a float32 copy of a matrix, and its greedy tokens and logits
+    equal NumPy's float32 run of the dequantized weights."""
+    assert smollm2_generate.main([*SMALL, "--check", "--reference", "numpy", "--weights", weights,
+                                  "The capital of France is"]) == 0
+    assert f"check float32 (weights {weights}) vs NumPy float32" in capsys.readouterr().out
+    cfg, params = llama.load_params(llama.open_gguf(), layers=1, dtype="gguf" if weights == "gguf" else weights)
+    matrices = [params["embed"], *params["blocks"][0].values()]
+    assert all(isinstance(w, dict) for w in matrices if np.ndim(w) != 1)
+    assert {next(iter(w)) for w in matrices if isinstance(w, dict)} == ({"q4_1", "q8_0"} if weights == "gguf"
+                                                                        else {weights})
 
 
 @pytest.mark.parametrize("dtype, weights", [("bf16", "bf16"), ("f16", "f16"), ("f32", "bf16"), ("bf16", "f32")])
@@ -70,7 +85,7 @@ def test_bench_json_is_one_line(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 1
     row = json.loads(lines[0])
-    assert row["dtype"] == "bfloat16" and row["weights"] == "bfloat16" and row["new_tokens"] == 6
+    assert row["dtype"] == "bfloat16" and row["weights"] == "gguf" and row["new_tokens"] == 6
     for key in ("decode_ms_per_token", "prefill_ms", "first_call_s"):
         assert row[key] > 0
     assert row["first_call_s"] > row["decode_ms_per_token"] / 1e3  # tracing and compiling take longer than a replay
@@ -118,7 +133,7 @@ def test_full_model_matches_transformers(capsys):
     need("transformers", "torch", "accelerate", install="pip install transformers accelerate")
     assert smollm2_generate.main(["--max-new-tokens", "16", "--check", "The capital of France is"]) == 0
     text = capsys.readouterr().out
-    assert "check float32 (weights float32) vs transformers float32" in text and "greedy tokens agree 16/16" in text
+    assert "check float32 (weights gguf) vs transformers float32" in text and "greedy tokens agree 16/16" in text
 
 
 def test_full_model_in_bfloat16_matches_transformers(capsys):
@@ -126,6 +141,6 @@ def test_full_model_in_bfloat16_matches_transformers(capsys):
     if os.environ.get("PREPJIT_EXAMPLES_FULL") != "1":
         pytest.skip("loads the 30-block model into prepjit and transformers (~1 min): set PREPJIT_EXAMPLES_FULL=1")
     need("transformers", "torch", "accelerate", install="pip install transformers accelerate")
-    assert smollm2_generate.main(["--max-new-tokens", "16", "--check", "--dtype", "bf16",
+    assert smollm2_generate.main(["--max-new-tokens", "16", "--check", "--dtype", "bf16", "--weights", "bf16",
                                   "The capital of France is"]) == 0
     assert "check bfloat16 (weights bfloat16) vs transformers bfloat16" in capsys.readouterr().out
