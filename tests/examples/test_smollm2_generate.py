@@ -80,6 +80,19 @@ def test_dtype_and_weight_storage(dtype, weights, capsys):
         assert relative > 1e-4 and float(re.search(r"cosine min (\S+) over", text).group(1)) >= 0.999
 
 
+def test_a_tensor_type_pj_quant_does_not_read_is_a_value_error_naming_it():
+    """Kept as stored, a tensor of a GGUF type that pj.quant does not read (Q2_K here) is refused by name and type."""
+    import gguf
+    reader = llama.open_gguf()
+
+    class Reader:
+        fields = reader.fields
+        tensors = [t._replace(tensor_type=gguf.GGMLQuantizationType.Q2_K) if t.name == "blk.0.attn_q.weight" else t
+                   for t in reader.tensors]
+    with pytest.raises(ValueError, match="tensor blk.0.attn_q.weight: GGUF type Q2_K is not one pj.quant reads"):
+        llama.load_params(Reader(), layers=1, dtype=llama.STORED)
+
+
 def test_bench_json_is_one_line(capsys):
     assert smollm2_generate.main([*SMALL, "--bench", "--json", "--dtype", "bf16", "Hello"]) == 0
     lines = capsys.readouterr().out.splitlines()
