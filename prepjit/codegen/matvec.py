@@ -42,7 +42,8 @@ MIN_BLOCKS = 8               # column blocks of a one-row matvec, at least, for 
 
 def matvec_axes(ast: UOp):
     """(column axis j, the other loops) of a contraction of at most MAX_ROWS rows whose operand varying along
-    the output columns is contiguous along a reduction and not along the columns, or None."""
+    the output columns is contiguous along a reduction and not along the columns (for a weight in blocks: one of
+    its loads, the weights, not the scales), or None."""
     found = contraction_axes(ast)
     if found is None:
         return None

@@ -39,7 +39,7 @@ def test_weights_in_blocks_match_numpy_of_their_dequantized_values(weights, caps
     assert smollm2_generate.main([*SMALL, "--check", "--reference", "numpy", "--weights", weights,
                                   "The capital of France is"]) == 0
     assert f"check float32 (weights {weights}) vs NumPy float32" in capsys.readouterr().out
-    cfg, params = llama.load_params(llama.open_gguf(), layers=1, dtype="gguf" if weights == "gguf" else weights)
+    _, params = llama.load_params(llama.open_gguf(), layers=1, dtype="gguf" if weights == "gguf" else weights)
     matrices = [params["embed"], *params["blocks"][0].values()]
     assert all(isinstance(w, dict) for w in matrices if np.ndim(w) != 1)
     assert {next(iter(w)) for w in matrices if isinstance(w, dict)} == ({"q4_1", "q8_0"} if weights == "gguf"
