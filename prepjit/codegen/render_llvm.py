@@ -50,6 +50,8 @@ DOT, DOT_LANES, DOT_PAIRS = "llvm.x86.avx512bf16.dpbf16ps.512", 16, "<32 x bfloa
 # operations computed lane by lane in a vector (no vector form rendered here)
 _PER_LANE = {Ops.IDIV, Ops.MOD, Ops.ATAN2, Ops.SIGN}
 UNROLLED_STEPS = 4  # a sum over lanes unrolls an innermost loop of this many steps at most (lane_sum)
+PREFETCH_BYTES = 2048  # how far ahead a sum over lanes prefetches the blocks it streams (prefetch_streams): on one
+# thread from DRAM, q8_0 49152 x 576 took 2.9 ms with 512 bytes, 2.6 with 1024, 2.3 with 2048, 2.3 with 4096
 _SUFFIX = {"float": "f32", "double": "f64", "half": "f16"}
 
 
@@ -526,6 +528,8 @@ class _Renderer(KernelRenderer, InlineMath):
         for r in ranges:
             loops.append(self.open_loop(r, "0", self.value(r.src[0])))
             opened.add(r)
+            if r is ranges[0]:
+                self.prefetch_streams([x.src[0] for x in group], u.src[2:])
             for x in group:
                 for v in x.src[0].toposort():
                     if v not in self.laned and r in self.ranges[v] and self.ranges[v] <= opened:
@@ -558,6 +562,27 @@ class _Renderer(KernelRenderer, InlineMath):
         for r, out in zip(group[1:], outs[1:]):
             self.scopes[-1][r] = out
         return outs[0]
+
+    def prefetch_streams(self, bodies: list[UOp], inner: tuple):
+        """Ask for the bytes PREFETCH_BYTES ahead of each block a sum over lanes streams (a load of a buffer that
+        moves with the parallel range: a weight's rows, not the activations every row reuses), once per block:
+        unpacking a block keeps the core busy long enough that the hardware prefetchers fall behind, and the matvec
+        waits on memory (q8_0 49152 x 576 from DRAM on one thread: 4.4 ms without, 2.3 ms with)."""
+        if self.prange is None:
+            return
+        seen = set()
+        for ld in (v for x in bodies for v in x.toposort() if v.op is Ops.LOAD):
+            if ld.src[0] in seen or self.prange not in self.ranges[ld.src[1]]:
+                continue
+            seen.add(ld.src[0])
+            start = simplify(ld.src[1].substitute({r: UOp.const(0) for r in inner}))
+            lanes, self.vec = self.vec, 0
+            index = self.value(start)
+            self.vec = lanes
+            here = self.op(f"getelementptr {mem_type(ld.src[0].dtype)}, ptr %buf{ld.src[0].arg}, i64 {index}", "p")
+            ahead = self.op(f"getelementptr i8, ptr {here}, i64 {PREFETCH_BYTES}", "p")
+            self.decls.add("declare void @llvm.prefetch.p0(ptr, i32, i32, i32)")
+            self.emit(f"call void @llvm.prefetch.p0(ptr {ahead}, i32 0, i32 3, i32 1)")
 
     def bfloat16_pairs(self, products: list[UOp], pair: UOp) -> dict[UOp, str]:
         """Per widened bfloat16 load of `products` (optimize.py's paired reduction), its values at pair steps 0

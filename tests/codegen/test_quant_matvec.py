@@ -50,7 +50,8 @@ def test_quantized_matvec_matches_numpy(kind, rows, device, rng):
 def test_the_reduction_is_split_at_the_blocks_and_vectorised(kind, steps, rng):
     """The kernel as launched on AVX-512 and AVX2: the output columns the outermost loop (threads split it), the
     reduction over the block ranges and an innermost lane range (its extents `steps`), no // or % left; its IR loads
-    a block's bytes as one vector, sums vectors and adds the lanes once, with no lane-by-lane code."""
+    a block's bytes as one vector, sums vectors and adds the lanes once, with no lane-by-lane code, and prefetches
+    the blocks ahead."""
     n, k = 64, 768
     blocks = _blocks(rng, kind, n, k)
     x = rng.standard_normal((1, k)).astype(np.float32)
@@ -66,6 +67,7 @@ def test_the_reduction_is_split_at_the_blocks_and_vectorised(kind, steps, rng):
         ir = render_llvm(out, target).source
         assert f"load <{steps[-1]} x i8>" in ir and f"load <{steps[-1]} x float>" in ir
         assert f"llvm.vector.reduce.fadd.v{steps[-1]}f32" in ir and "extractelement" not in ir
+        assert ir.count("call void @llvm.prefetch") == 1  # the blocks' stream, once per block; not the activations
 
 
 def test_a_block_scale_is_computed_once_per_block(rng):
