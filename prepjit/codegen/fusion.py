@@ -87,8 +87,9 @@ def choose_materialized(outputs: list[UOp], row_values: bool = False) -> set[UOp
     streams: dict[UOp, bool] = {}  # kernel root -> whether its kernel streams its operands (_unpacked_in_stream)
     for node in graph:  # parents first, so a node's readers are final when it is reached
         mine = readers.get(node, set())
-        if node in chosen or node.op in ELEMENTWISE and node not in is_root and node.shape and _worth_materialising(
-                node, mine, cost, row_values) and not _unpacked_in_stream(node, mine, cost, streams):
+        if node in chosen or node.op in ELEMENTWISE and node not in is_root and node.shape and not _widening(
+                node) and _worth_materialising(node, mine, cost, row_values) and not _unpacked_in_stream(
+                node, mine, cost, streams):
             chosen.add(node)
             mine = set()
         passes = {node} if node in is_root or node in chosen else mine
@@ -126,12 +127,28 @@ def _expression(node: UOp, exprs: dict, cost: dict, chosen: set, readers_of: Cou
                 if term not in terms:
                     terms.add(term)
                     total += term[1]
-    # a 16-bit float widened to its compute dtype is a register's worth of work where it is read: free, so a
-    # contraction reads the narrow operand itself (half the bytes) rather than a materialised float32 copy
-    widening = node.op is Ops.CAST and node.src[0].dtype.narrow and node.dtype == node.src[0].dtype.compute
-    weight = 0 if widening else OP_COST.get(node.op, 1)
+    weight = 0 if _widening(node) or _rounded_reduction(node) else OP_COST.get(node.op, 1)
     terms.add((node, weight))
     return terms, total + weight
+
+
+def _widening(node: UOp) -> bool:
+    """Whether `node` widens a 16-bit float to its compute dtype: a register's worth of work where it is read, free,
+    so a contraction reads the narrow operand itself (half the bytes) rather than a materialised float32 copy, and
+    the narrow value is what is materialised, never its widened copy."""
+    return node.op is Ops.CAST and node.src[0].dtype.narrow and node.dtype == node.src[0].dtype.compute
+
+
+def _rounded_reduction(node: UOp) -> bool:
+    """Whether `node` rounds a reduction's result (through views) to a 16-bit float (a bfloat16 model's matvec or
+    attention scores): counted with the reduction, like a float32 model's reduction read as it is, so both
+    precisions fuse alike (rounding is one cheap op per value, next to the load it follows)."""
+    if not (node.op is Ops.CAST and node.dtype.narrow and node.src[0].dtype == node.dtype.compute):
+        return False
+    src = node.src[0]
+    while src.op in MOVEMENT:
+        src = src.src[0]
+    return src.op is Ops.REDUCE_AXIS
 
 
 def _worth_materialising(node: UOp, readers: set, cost: dict, row_values: bool) -> bool:

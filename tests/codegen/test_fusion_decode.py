@@ -1,11 +1,13 @@
 """Fusion rules that cut a decode step's kernel count: a one-element reduction (RMSNorm's mean of squares) is a
 prologue of the kernel that reads it; a row written into a cache at a uniform index is read as a
-select by the kernel that reads the cache (no copy of the cache, no kernel writing the row)."""
+select by the kernel that reads the cache (no copy of the cache, no kernel writing the row); a model computing in
+bfloat16 (casts around its norms, softmax and SiLU, each result rounded) fuses like the float32 one."""
 import numpy as np
 import pytest
 
 import prepjit as pj
 import prepjit.numpy as pnp
+from examples.models import llama
 from prepjit.codegen.fusion import PROLOGUE_MAX
 from prepjit.codegen.render_llvm import render_llvm
 from prepjit.codegen.schedule import schedule
@@ -96,3 +98,30 @@ def test_the_llvm_prologue_runs_before_the_parallel_loop():
     loop_starts = [line.split(",")[0] for line in render_llvm(kernel.ast).source.splitlines()
                    if line.strip().startswith("store i64 0,") or line.strip().startswith("store i64 %start,")]
     assert [s.strip() for s in loop_starts] == ["store i64 0", "store i64 %start"]  # the sum's loop, then the outputs'
+
+
+def _decode_launches(device, dtype):
+    """The kernels of SmolLM2's decode step in `dtype` with two blocks (SmolLM2's sizes, a small vocabulary, random
+    weights, 256 positions), its logits checked against NumPy float32 (bfloat16's tolerance)."""
+    cfg = llama.Config(layers=2, dim=576, ff=1536, heads=9, kv_heads=3, vocab=256, context=256, rope_theta=1e5,
+                       eps=1e-5)
+    rng = np.random.default_rng(0)
+    params = llama.random_params(rng, cfg)
+    cos, sin = llama.rope_tables(cfg, cfg.context, dtype)
+    shape = (cfg.layers, cfg.kv_heads, cfg.context, cfg.head_dim)
+    k, v = (rng.standard_normal(shape).astype(dtype) for _ in range(2))
+    _, decode = llama.prepared(cfg, cfg.context, device=device, dtype=dtype)
+    args = (params, np.array([42], np.int64), 200, k, v, cos, sin)
+    logits = np.asarray(decode(*args)[0]).astype(np.float32)
+    want = llama.decode(np, cfg, params, np.array([42]), 200, k.astype(np.float32), v.astype(np.float32), cos, sin)[0]
+    np.testing.assert_allclose(logits, want, rtol=0.1, atol=0.1 * np.abs(want).max())
+    return _launches(decode, *args)
+
+
+def test_a_bfloat16_decode_step_has_the_float32_ones_kernels(device):
+    """Casts to and from bfloat16 do not cut kernels: a reduction rounded to bfloat16 is fused as the reduction is
+    (softmax's exp is recomputed in its one kernel, not materialised: was 2 kernels), and a widened bfloat16 value
+    is materialised narrow, never as a float32 copy next to it (the residual stream: was 2 kernels)."""
+    import ml_dtypes
+    f32, bf16 = _decode_launches(device, np.float32), _decode_launches(device, ml_dtypes.bfloat16)
+    assert len(bf16) == len(f32), (bf16, f32)
