@@ -26,7 +26,8 @@ from ..uop.dtypes import dtypes
 from ..uop.ops import Ops
 from ..uop.var import Var
 from .function import PreparedFunction, constant_on_device, freeze
-from .saved import KIND, MAX_ELEMENTS, MAX_FILE_BYTES, VERSION, DTYPES_BY_NAME, PARAMETER_KINDS, decode_value, decode_spec, decode_tree
+from ..uop.serial import DTYPES_BY_NAME
+from .saved import KIND, MAX_ELEMENTS, MAX_FILE_BYTES, PARAMETER_KINDS, VERSION, decode_spec, decode_tree, decode_value
 
 
 def _dec_dynamic(data, expr, buffers: tuple, kernel, depth: int) -> DynamicLoop:

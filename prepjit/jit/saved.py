@@ -29,13 +29,12 @@ from ..runtime import datafile
 from .signature import CallInfo
 from ..tracing.pytree import TreeDef
 from ..uop import UOp, serial
-from ..uop.dtypes import dtypes, to_dtype
+from ..uop.dtypes import to_dtype
 from ..uop.var import Var
 
 KIND, VERSION = b"plan", 2  # 2: each kernel's code names its AST as launched
 MAX_FILE_BYTES = 4 << 30
 MAX_ELEMENTS = 1 << 48  # a buffer's bytes at the vars' maxima, and any of its static dims
-DTYPES_BY_NAME = {d.name: d for d in dtypes.all}
 PARAMETER_KINDS = [inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.VAR_POSITIONAL,
           inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.VAR_KEYWORD]
 

@@ -12,7 +12,7 @@ from .dtypes import DType, dtypes
 from .ops import Ops
 from .uop import UOp
 
-_DTYPES = {d.name: d for d in dtypes.all}
+DTYPES_BY_NAME = {d.name: d for d in dtypes.all}
 
 
 def _arg_to_data(arg):
@@ -40,8 +40,8 @@ def _arg_from_data(data):
             return float.fromhex(value)
         if tag == "op" and value in Ops.__members__:
             return Ops[value]
-        if tag == "dtype" and value in _DTYPES:
-            return _DTYPES[value]
+        if tag == "dtype" and value in DTYPES_BY_NAME:
+            return DTYPES_BY_NAME[value]
     raise ValueError(f"not a UOp arg: {data!r:.80}")
 
 
@@ -63,11 +63,11 @@ def from_data(data) -> tuple[UOp, ...]:
         raise ValueError("a UOp graph is a dict with lists 'nodes' and 'roots'")
     built: list[UOp] = []
     for node in data["nodes"]:
-        if not (isinstance(node, list) and len(node) == 4 and node[0] in Ops.__members__ and node[1] in _DTYPES
+        if not (isinstance(node, list) and len(node) == 4 and node[0] in Ops.__members__ and node[1] in DTYPES_BY_NAME
                 and isinstance(node[3], list)
                 and all(type(s) is int and 0 <= s < len(built) for s in node[3])):
             raise ValueError(f"not a UOp node: {node!r:.80}")
-        built.append(UOp(Ops[node[0]], _DTYPES[node[1]], tuple(built[s] for s in node[3]), _arg_from_data(node[2])))
+        built.append(UOp(Ops[node[0]], DTYPES_BY_NAME[node[1]], tuple(built[s] for s in node[3]), _arg_from_data(node[2])))
     if not all(type(r) is int and 0 <= r < len(built) for r in data["roots"]):
         raise ValueError("a UOp graph root is not one of its nodes")
     return tuple(built[r] for r in data["roots"])
