@@ -210,3 +210,11 @@ class InlineMath:
         pos = self.op(f"zext i1 {self.op(f'icmp {gt} {t} {x}, 0')} to {t}")
         neg = self.op(f"zext i1 {self.op(f'icmp slt {t} {x}, 0')} to {t}") if dt.kind == "i" else "0"
         return self.op(f"sub {t} {pos}, {neg}")
+
+
+_INTRINSIC_SUFFIX = {"float": "f32", "double": "f64", "half": "f16"}
+
+
+def intrinsic_suffix(t: str, lanes: int) -> str:
+    """An intrinsic's type suffix: f32, i64, v16f32..."""
+    return (f"v{lanes}" if lanes else "") + _INTRINSIC_SUFFIX.get(t, t)

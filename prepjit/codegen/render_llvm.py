@@ -19,7 +19,8 @@ from __future__ import annotations
 from ..uop import DType, Ops, UOp, dtypes, simplify
 from ..uop.ops import FMA_DTYPES
 from .kernel import KernelSource, kernel_vars, parallel_range
-from .llvm_ir import InlineMath, const_literal, mem_type, reg_type
+from .llvm_ir import InlineMath, const_literal, intrinsic_suffix, mem_type, reg_type
+from .llvm_reductions import ReductionRendering
 from .renderer import KernelRenderer
 from .target import CPUTarget, host_target
 
@@ -34,32 +35,8 @@ def function_attributes(target: CPUTarget) -> str:
     return f'nounwind "prefer-vector-width"="{8 * target.vector_bytes}"'
 
 
-def _identity(op: Ops, dt: DType):
-    if op is Ops.ADD or op is Ops.OR:
-        return 0
-    if op is Ops.MUL or op is Ops.AND:
-        return 1
-    if op is Ops.MAX:
-        return dt.min()
-    return dt.max()
-
-
-# vdpbf16ps (AVX512_BF16): 16 float lanes, each plus the two products of its pair of bfloat16 lanes
-DOT, DOT_LANES, DOT_PAIRS = "llvm.x86.avx512bf16.dpbf16ps.512", 16, "<32 x bfloat>"
-
 # operations computed lane by lane in a vector (no vector form rendered here)
 _PER_LANE = {Ops.IDIV, Ops.MOD, Ops.ATAN2, Ops.SIGN}
-UNROLLED_STEPS = 4  # a sum over lanes unrolls an innermost loop of this many steps at most (lane_sum)
-PREFETCH_BYTES = 2048  # how far ahead a sum over lanes prefetches the blocks it streams (prefetch_streams): on one
-# thread from DRAM, q8_0 49152 x 576 took 2.9 ms with 512 bytes, 2.6 with 1024, 2.3 with 2048, 2.3 with 4096
-_SUFFIX = {"float": "f32", "double": "f64", "half": "f16"}
-
-
-def _suffix(t: str, lanes: int) -> str:
-    """An intrinsic's type suffix: f32, i64, v16f32..."""
-    return (f"v{lanes}" if lanes else "") + _SUFFIX.get(t, t)
-
-
 def _ranges_below(topo: list[UOp]) -> dict[UOp, frozenset]:
     """Per node of a children-first order, the RANGEs it depends on (one pass: no walk per node)."""
     below: dict[UOp, frozenset] = {}
@@ -88,7 +65,7 @@ def _loops(ranges) -> list[UOp]:
     return sorted((r for r in ranges if r.arg[1] in ("loop", "serial")), key=lambda r: r.arg[0])
 
 
-class _Renderer(KernelRenderer, InlineMath):
+class _Renderer(ReductionRendering, KernelRenderer, InlineMath):
     def __init__(self, ast: UOp, target: CPUTarget):
         super().__init__(ast)
         self.attributes = function_attributes(target)
@@ -169,7 +146,7 @@ class _Renderer(KernelRenderer, InlineMath):
         return f"splat ({reg_type(dt)} {text})" if self.vec else text
 
     def intrinsic(self, name: str, dt: DType) -> str:
-        return f"llvm.{name}.{_suffix(reg_type(dt), self.vec)}"
+        return f"llvm.{name}.{intrinsic_suffix(reg_type(dt), self.vec)}"
 
     def value(self, u: UOp) -> str:
         outer, self.vec = self.vec, (self.width if u in self.laned else 0)
@@ -278,8 +255,8 @@ class _Renderer(KernelRenderer, InlineMath):
             out = self.op(f"{'fpext' if reg_type(dst) == 'double' else 'fptrunc'} {st} {v} to {dt_}")
             return self.round_to(out, dst) if dst.narrow else out
         if src.is_float:
-            name = f"llvm.fpto{'s' if dst.kind == 'i' else 'u'}i.sat.{_suffix(reg_type(dst), self.vec)}." \
-                   f"{_suffix(reg_type(src), self.vec)}"
+            name = f"llvm.fpto{'s' if dst.kind == 'i' else 'u'}i.sat.{intrinsic_suffix(reg_type(dst), self.vec)}." \
+                   f"{intrinsic_suffix(reg_type(src), self.vec)}"
             return self.call(name, dt_, [(st, v)])
         if dst.is_float:
             out = self.op(f"{'sitofp' if src.kind == 'i' else 'uitofp'} {st} {v} to {dt_}")
@@ -349,7 +326,7 @@ class _Renderer(KernelRenderer, InlineMath):
         else:
             mask, kind = self.lane_mask(gate), "load" if contiguous else "gather"
             pt = "ptr" if contiguous else f"<{self.vec} x ptr>"
-            raw = self.call(f"llvm.masked.{kind}.{_suffix(mt, self.vec)}.{'p0' if contiguous else f'v{self.vec}p0'}",
+            raw = self.call(f"llvm.masked.{kind}.{intrinsic_suffix(mt, self.vec)}.{'p0' if contiguous else f'v{self.vec}p0'}",
                             vt, [(pt, ptr), ("i32", str(align)), (self.ty(dtypes.bool), mask), (vt, "zeroinitializer")])
         if u.dtype == dtypes.bool:
             return self.op(f"icmp ne {vt} {raw}, zeroinitializer")
@@ -376,7 +353,7 @@ class _Renderer(KernelRenderer, InlineMath):
                 return
             kind = "store" if contiguous else "scatter"
             pt = "ptr" if contiguous else f"<{self.vec} x ptr>"
-            name = f"llvm.masked.{kind}.{_suffix(mem_type(val.dtype), self.vec)}.{'p0' if contiguous else f'v{self.vec}p0'}"
+            name = f"llvm.masked.{kind}.{intrinsic_suffix(mem_type(val.dtype), self.vec)}.{'p0' if contiguous else f'v{self.vec}p0'}"
             args = [(vt, v), (pt, ptr), ("i32", str(align)), (self.ty(dtypes.bool), self.lane_mask(gate))]
             self.decls.add(f"declare void @{name}({', '.join(t for t, _ in args)})")
             self.emit(f"call void @{name}({', '.join(f'{t} {a}' for t, a in args)})")
@@ -453,166 +430,6 @@ class _Renderer(KernelRenderer, InlineMath):
         self.emit(f"store i64 {self.op(f'add i64 {cur}, 1')}, ptr {ptr}")
         self.emit(f"br label %{label}.cond")
         self.lines.append(f"{label}.exit:")
-
-    def reduce(self, u: UOp) -> str:
-        """`u` and every not yet rendered reduction over the same ranges (an upcast block) whose loops are
-        open here, in one loop nest.
-
-        A lone float sum is reassociated so LLVM vectorises its loop; a block's sums are not (its
-        accumulators vectorise across the block instead) and fuse their multiply-adds.
-        """
-        if self.lane is not None and self.lane in u.src[1:]:
-            return self.lane_sum(u)
-        here, laned = set(self.open_ranges), u in self.laned
-        group = [u] + [r for r in self.reduce_groups[(u.arg, u.dtype, u.src[1:])]
-                       if r is not u and self.reduce_loops[r] <= here and (r in self.laned) == laned
-                       and not any(r in scope for scope in self.scopes)]
-        t, block = self.ty(u.dtype), len(group) > 1
-        accs = [self.tmp("acc") for _ in group]
-        for acc in accs:
-            self.allocas.append(f"  {acc} = alloca {t}")
-            self.emit(f"store {t} {self.const(const_literal(_identity(u.arg, u.dtype), u.dtype), u.dtype)}, ptr {acc}")
-        pair = u.src[-1] if u.src[-1].arg[1] == "pair" else None
-        dot = pair is not None and laned and self.width == DOT_LANES
-        loops = [self.open_loop(r, "0", self.value(r.src[0])) for r in u.src[1:] if not (dot and r is pair)]
-        as_value = (lambda x: self.vector(x, self.value(x))) if laned else self.value
-        pairs = self.bfloat16_pairs([r.src[0] for r in group], pair) if dot else None
-        for r, acc in zip(group, accs):
-            x = r.src[0]
-            if dot:
-                cur = self.op(f"load {t}, ptr {acc}")
-                a, b = (pairs[s] for s in x.src)
-                self.emit(f"store {t} {self.call(DOT, t, [(t, cur), (DOT_PAIRS, a), (DOT_PAIRS, b)])}, ptr {acc}")
-                continue
-            if block and u.arg is Ops.ADD and u.dtype.is_float and x.op is Ops.MUL:
-                v = self.op(f"fmul contract {t} {as_value(x.src[0])}, {as_value(x.src[1])}")
-            else:
-                v = as_value(x)
-            cur = self.op(f"load {t}, ptr {acc}")
-            if u.arg is Ops.ADD and u.dtype.is_float:
-                new = self.op(f"fadd {'contract' if block else 'reassoc'} {t} {cur}, {v}")
-            else:
-                new = self.alu(u.arg, u.dtype, u.dtype, [cur, v])
-            self.emit(f"store {t} {new}, ptr {acc}")
-        for loop in reversed(loops):
-            self.close_loop(loop)
-        outs = []
-        for acc in accs:
-            out = self.op(f"load {t}, ptr {acc}")
-            outs.append(self.round_to(out, u.dtype) if u.dtype.narrow else out)
-        for r, out in zip(group[1:], outs[1:]):
-            self.scopes[-1][r] = out
-        return outs[0]
-
-    def lane_sum(self, u: UOp) -> str:
-        """A float sum over the lane range and loops (block_split.py's split of a quantized weight's blocks), with
-        every not yet rendered sum over the same ranges: each accumulates the vectors of its lanes over the loops
-        and adds the lanes up once at the end. After each loop opens, what depends on it and on no range still
-        to open (a block's scale) is computed there, once per step, before the inner loops. The innermost loop,
-        when it has at most UNROLLED_STEPS steps (q4_1's two nibble halves), is unrolled with an accumulator per
-        step, so consecutive vectors add into independent registers."""
-        here = set(self.open_ranges)
-        group = [u] + [r for r in self.reduce_groups[(u.arg, u.dtype, u.src[1:])]
-                       if r is not u and self.reduce_loops[r] <= here and not any(r in scope for scope in self.scopes)]
-        t = reg_type(u.dtype)
-        vt = f"<{self.width} x {t}>"
-        ranges = [r for r in u.src[1:] if r is not self.lane]
-        unrolled = ranges.pop() if ranges and ranges[-1].src[0].op is Ops.CONST and \
-            ranges[-1].src[0].arg <= UNROLLED_STEPS else None
-        steps = range(unrolled.src[0].arg) if unrolled is not None else range(1)
-        accs = [[self.tmp("acc") for _ in steps] for _ in group]
-        for acc in (a for per_sum in accs for a in per_sum):
-            self.allocas.append(f"  {acc} = alloca {vt}")
-            self.emit(f"store {vt} zeroinitializer, ptr {acc}")
-        loops, opened = [], set(self.open_ranges)
-        for r in ranges:
-            loops.append(self.open_loop(r, "0", self.value(r.src[0])))
-            opened.add(r)
-            if r is ranges[0]:
-                self.prefetch_streams([x.src[0] for x in group], u.src[2:])
-            for x in group:
-                for v in x.src[0].toposort():
-                    if v not in self.laned and r in self.ranges[v] and self.ranges[v] <= opened:
-                        self.value(v)
-        for step in steps:
-            if unrolled is not None:
-                self.scopes.append({unrolled: str(step)})
-            for r, per_sum in zip(group, accs):
-                x = r.src[0]
-                if x.op is Ops.MUL:  # contracted with the add: one FMA
-                    v = self.op(f"fmul contract {vt} {self.vector(x.src[0], self.value(x.src[0]))}, "
-                                f"{self.vector(x.src[1], self.value(x.src[1]))}")
-                else:
-                    v = self.vector(x, self.value(x))
-                cur = self.op(f"load {vt}, ptr {per_sum[step]}")
-                self.emit(f"store {vt} {self.op(f'fadd reassoc contract {vt} {cur}, {v}')}, ptr {per_sum[step]}")
-            if unrolled is not None:
-                self.scopes.pop()
-        for loop in reversed(loops):
-            self.close_loop(loop)
-        outs = []
-        name = f"llvm.vector.reduce.fadd.{_suffix(t, self.width)}"
-        self.decls.add(f"declare {t} @{name}({t}, {vt})")
-        for per_sum in accs:
-            lanes = [self.op(f"load {vt}, ptr {acc}") for acc in per_sum]
-            total = lanes[0]
-            for more in lanes[1:]:
-                total = self.op(f"fadd reassoc {vt} {total}, {more}")
-            outs.append(self.op(f"call reassoc {t} @{name}({t} {const_literal(-0.0, u.dtype)}, {vt} {total})"))
-        for r, out in zip(group[1:], outs[1:]):
-            self.scopes[-1][r] = out
-        return outs[0]
-
-    def prefetch_streams(self, bodies: list[UOp], inner: tuple):
-        """Ask for the bytes PREFETCH_BYTES ahead of each block a sum over lanes streams (a load of a buffer that
-        moves with the parallel range: a weight's rows, not the activations every row reuses), once per block:
-        unpacking a block keeps the core busy long enough that the hardware prefetchers fall behind, and the matvec
-        waits on memory (q8_0 49152 x 576 from DRAM on one thread: 4.4 ms without, 2.3 ms with)."""
-        if self.prange is None:
-            return
-        seen = set()
-        for ld in (v for x in bodies for v in x.toposort() if v.op is Ops.LOAD):
-            if ld.src[0] in seen or self.prange not in self.ranges[ld.src[1]]:
-                continue
-            seen.add(ld.src[0])
-            start = simplify(ld.src[1].substitute({r: UOp.const(0) for r in inner}))
-            lanes, self.vec = self.vec, 0
-            index = self.value(start)
-            self.vec = lanes
-            here = self.op(f"getelementptr {mem_type(ld.src[0].dtype)}, ptr %buf{ld.src[0].arg}, i64 {index}", "p")
-            ahead = self.op(f"getelementptr i8, ptr {here}, i64 {PREFETCH_BYTES}", "p")
-            self.decls.add("declare void @llvm.prefetch.p0(ptr, i32, i32, i32)")
-            self.emit(f"call void @llvm.prefetch.p0(ptr {ahead}, i32 0, i32 3, i32 1)")
-
-    def bfloat16_pairs(self, products: list[UOp], pair: UOp) -> dict[UOp, str]:
-        """Per widened bfloat16 load of `products` (optimize.py's paired reduction), its values at pair steps 0
-        and 1 interleaved, lane l's two at 2l and 2l + 1, as vdpbf16ps reads them (<32 x bfloat>)."""
-        widened = list(dict.fromkeys(s for x in products for s in x.src))
-        halves = {s: [] for s in widened}
-        for step in range(2):
-            self.scopes.append({pair: str(step)})
-            for s in widened:
-                halves[s].append(self.lane_bits(s.src[0]))
-            self.scopes.pop()
-        vt, lanes = f"<{self.width} x i16>", ", ".join(f"i32 {k // 2 + (k % 2) * self.width}" for k in range(2 * self.width))
-        out = {}
-        for s, (even, odd) in halves.items():
-            both = self.op(f"shufflevector {vt} {even}, {vt} {odd}, <{2 * self.width} x i32> <{lanes}>")
-            out[s] = self.op(f"bitcast <{2 * self.width} x i16> {both} to {DOT_PAIRS}")
-        return out
-
-    def lane_bits(self, load: UOp) -> str:
-        """A bfloat16 load's bits as a vector of the kernel's lanes (splatted when it does not depend on the lane)."""
-        if load in self.laned:
-            self.vec = self.width
-            try:
-                return self.vector_load(load, widened=False)
-            finally:
-                self.vec = 0
-        bits = self.op(f"load i16, ptr {self.address(load.src[0], self.value(load.src[1]))}")
-        vt = f"<{self.width} x i16>"
-        one = self.op(f"insertelement {vt} poison, i16 {bits}, i64 0")
-        return self.op(f"shufflevector {vt} {one}, {vt} poison, <{self.width} x i32> zeroinitializer")
 
     # ---- the function ----
     def open_range(self, r: UOp) -> tuple:

@@ -13,7 +13,8 @@ import pytest
 
 import prepjit as pj
 from prepjit.codegen.optimize import Blocking, blocking_candidates, optimize, optimize_with
-from prepjit.codegen.render_llvm import DOT, render_llvm
+from prepjit.codegen.llvm_reductions import DOT
+from prepjit.codegen.render_llvm import render_llvm
 from prepjit.codegen.target import AVX2, AVX512, AVX512_BF16, host_target
 from prepjit.uop import Ops, dtypes
 from .test_optimize import _columns
