@@ -59,7 +59,7 @@ def prepjit_env(paired: bool) -> dict:
     """A prepjit process's environment: this one's, this checkout's prepjit first on the path (an example script's
     path starts at examples/), the thread count fixed, and PREPJIT_CPU = the host's own CPU name (the pairing off)
     when not `paired`."""
-    from prepjit.codegen.llvm_cpu import compile_cpu
+    from prepjit.llvm_cpu import compile_cpu
     path = os.pathsep.join([ROOT] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
     env = {**os.environ, "PYTHONPATH": path, "PREPJIT_THREADS": str(threads())}
     if not paired:

@@ -13,7 +13,7 @@ import os
 
 import attrs
 
-from .llvm_cpu import compile_cpu
+from ..llvm_cpu import compile_cpu
 
 
 @attrs.frozen

@@ -1,6 +1,7 @@
 """One target per kind of device: its policy, its AST passes and its renderer (DESIGN.md: kernel structure is an
-AST decision). A device names its target (`device.target`); everything that differs between the cpu and the
-GPUs asks the target, never the device's class or language name.
+AST decision). A device names the kernel language it runs (`device.language`) and `target_for(device)` is its
+target; everything that differs between the kernels of the cpu and the GPUs asks the target, never the device's
+class. (Runtime facts of a device, such as whether its memory is the host's, are the device's own.)
 
 `launched(ast, blocking)` is the kernel as it runs: on the cpu, blocked for this host's vector unit
 (optimize.py, matvec.py); on a GPU, with its launch decided (gpu_launch.py: a tiled contraction, a row kernel
@@ -30,7 +31,6 @@ from .render_tiles import tile_candidates
 class Target:
     language: str                  # the kernel language its renderer writes (KernelSource.language)
     work_groups: bool              # kernels run as a grid of work-groups (a GPU), not loops split over CPU threads
-    device_memory: bool            # its buffers live in memory the host cannot address (runtime/device_base.py)
     packs_contractions: bool       # the schedule adds kernels packing contraction operands (packing.py)
     passes: Callable[[UOp, Blocking], UOp]          # a scheduled kernel AST -> the kernel as launched
     renderer: Callable[[UOp], KernelSource]         # a launched kernel AST -> its source
@@ -56,14 +56,19 @@ def _launched(target: Target, ast: UOp, blocking: Blocking) -> UOp:
 def _gpu(dialect: Dialect) -> Target:
     def candidates(ast: UOp) -> list[Blocking]:   # the tile policy's own is the first: the default
         return [DEFAULT_BLOCKING] + [Blocking(tile=t) for t in tile_candidates(ast)[1:]]
-    return Target(dialect.language, work_groups=True, device_memory=True, packs_contractions=False,
+    return Target(dialect.language, work_groups=True, packs_contractions=False,
                   passes=lambda ast, blocking: launch(ast, dialect, blocking),
                   renderer=lambda ast: render_c(ast, dialect), candidates=candidates)
 
 
-LLVM = Target("llvm", work_groups=False, device_memory=False, packs_contractions=True,
+LLVM = Target("llvm", work_groups=False, packs_contractions=True,
               passes=lambda ast, blocking: optimize_with(ast, "llvm", None, blocking), renderer=render_llvm,
               candidates=blocking_candidates)
 OPENCL_TARGET = _gpu(OPENCL)
 CUDA_TARGET = _gpu(CUDA)
 TARGETS = {t.language: t for t in (LLVM, OPENCL_TARGET, CUDA_TARGET)}
+
+
+def target_for(device) -> Target:
+    """The target of the kernels `device` runs (named by its kernel language)."""
+    return TARGETS[device.language]

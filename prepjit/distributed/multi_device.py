@@ -58,7 +58,7 @@ def replica_devices(names) -> list:
     kinds = {getattr(d, "language", None) for d in devices}
     if len(kinds) > 1:
         raise DeviceError(f"the replicas of one function run on devices of one kind; devices lists {list(names)}")
-    gpus = [d.name for d in devices if d.target.device_memory]
+    gpus = [d.name for d in devices if d.device_memory]
     if len(set(gpus)) != len(gpus):
         raise DeviceError(f"a GPU can hold one replica; devices lists {list(names)}")
     return devices
@@ -119,7 +119,7 @@ class MultiDeviceFunction:
         self.entries: dict = {}
         self.lock = threading.RLock()
         self._pool = concurrent.futures.ThreadPoolExecutor(len(self.devices)) if (
-            self.devices[0].target.device_memory) and len(self.devices) > 1 else None
+            self.devices[0].device_memory) and len(self.devices) > 1 else None
         self.stats = {"traces": 0, "compiles": 0, "disk_hits": 0, "plans": 0, "replays": 0, "stages": 0}
 
     @property
@@ -297,13 +297,13 @@ class MultiDeviceFunction:
         for r, (info, device) in enumerate(zip(infos, self.devices)):
             arrays = [a.copies[r] if type(a) is Replicated and len(a.copies) > r and a.copies[r]._device is device
                       else a for a in info.arrays] + list(entry.constants[r])
-            if device.target.device_memory:  # uploaded once, read by every stage
+            if device.device_memory:  # uploaded once, read by every stage
                 arrays = [a if isinstance(a, Array) and a._device is device else to_device(device, np.asarray(a))
                           for a in arrays]
             env = dict(zip(entry.traced.inputs, arrays))
             if entry.axis.index is not None:
                 env[entry.axis.index] = to_device(device, np.array(self.first_replica + r, np.int32)) \
-                    if device.target.device_memory else np.array(self.first_replica + r, np.int32)
+                    if device.device_memory else np.array(self.first_replica + r, np.int32)
             envs.append(env)
         for stage, plans, shape_fns in zip(entry.stages, entry.plans, entry.shape_fns):
             if plans is not None:
@@ -349,7 +349,7 @@ class MultiDeviceFunction:
             return Replicated([to_device(device, host) for device in self.devices])
         out = _map_leaves(tree, put)
         for device in self.devices:  # the caller may change its arrays once this returns: the copies must be done
-            if device.target.device_memory:
+            if device.device_memory:
                 device.synchronize()
         return out
 

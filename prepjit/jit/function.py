@@ -289,7 +289,7 @@ def freeze(plan: ExecutionPlan, out_tree: TreeDef, descriptions: list) -> _Entry
 def constant_on_device(device, value: np.ndarray):
     """A captured array where the plan reads it: the cpu reads the (trace-time copy) in place, other devices
     get it uploaded once, as a pj.Array of theirs."""
-    if not device.target.device_memory:
+    if not device.device_memory:
         return value
     _, (memory, _) = device.input_handle(value)
     return Array(memory, value.shape, value.dtype, device)

@@ -11,7 +11,8 @@ import numpy as np
 from ..codegen.bounds import prove_launched
 from ..codegen.memory import nbytes, share_memory
 from ..codegen.offsets import share_offsets
-from ..codegen.dynamic_loop import DynamicLoop
+from ..codegen.dynamic_loop import PARTS, DynamicLoop
+from ..codegen.targets import target_for
 from ..codegen.schedule import KernelSequence, LoopKernels, ScheduledKernel, schedule
 from ..errors import CompileError
 from ..runtime import disk_cache
@@ -106,9 +107,9 @@ def _build(asts: list[UOp], device, counts: dict, meanwhile=None):
     for ast, blocking, key in misses:  # the workers compile earlier kernels while later ones are optimised, rendered
         try:
             with stage("optimisation"):
-                launched = device.target.launched(ast, blocking)
+                launched = target_for(device).launched(ast, blocking)
             with stage("rendering"):
-                src = device.target.render(launched)
+                src = target_for(device).render(launched)
         except Exception as e:
             yield ast, e
             continue
@@ -272,7 +273,7 @@ def build_plan(traced: Traced, device) -> tuple[ExecutionPlan, dict[str, int]]:
     ("compiles") or loaded from the disk cache ("disk_hits")."""
     with stage("scheduling and lowering"):
         sched = schedule(list(traced.outputs) + [f for f, _ in traced.flags], list(traced.inputs),
-                         pack_contractions=device.target.packs_contractions)
+                         pack_contractions=target_for(device).packs_contractions)
         sched = _share_offsets(sched, traced.constraints)
     proofs = {}
 
@@ -364,7 +365,7 @@ def instantiate(spec: PlanSpec, compiled: dict[UOp, CachedKernel], device) -> Ex
                 out.append(dynamic(item, start) if isinstance(item, DynamicLoop) else prepared(start, item))
                 start += len(item) if isinstance(item, DynamicLoop) else 1
             parts.append(tuple(out))
-        return DynamicLaunches(seg.name, seg.lower, seg.upper, seg.pred_buffer, tuple(parts))
+        return DynamicLaunches(seg.name, seg.lower, seg.upper, seg.pred_buffer, tuple(parts), PARTS)
 
     segments = []
     for seg, start in zip(spec.kernels.segments, spec.kernels.starts):

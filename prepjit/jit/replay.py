@@ -51,7 +51,7 @@ class _KnownCall:
         self.dtypes = [plan.buffers[b].dtype for b in dict.fromkeys(plan.outputs)]
         self.values = tuple(self.base_values[n] for n in self.var_names)
         self.shapes = [fn(self.base_values) for fn in self.shape_fns]
-        on_gpu = device.target.device_memory  # outputs in device memory (a GPU), else host arrays
+        on_gpu = device.device_memory  # outputs in device memory (a GPU), else host arrays
         self.empty = device.empty if on_gpu else empty
         self.out_specs = [(device.empty if on_gpu else allocator_for(s, dt), s, dt)
                           for s, dt in zip(self.shapes, self.dtypes)]
@@ -180,7 +180,7 @@ class FastCalls:
                 continue
             if type(a) is np.ndarray or type(a) is Array:
                 data = a.buffer if type(a) is Array else a
-                in_place = type(a) is Array and a._device is device and device.target.device_memory  # GPU memory
+                in_place = type(a) is Array and a._device is device and device.device_memory  # GPU memory
                 if not in_place and (type(data) is not np.ndarray or not data.flags.c_contiguous
                                      or not data.dtype.isnative):
                     return

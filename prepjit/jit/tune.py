@@ -28,6 +28,7 @@ import attrs
 import numpy as np
 
 from ..codegen import optimize as opt
+from ..codegen.targets import target_for
 from ..runtime import disk_cache
 from ..runtime.cpu import PARALLEL_MIN_ITERATIONS, _loop_iterations
 from .stages import stage
@@ -66,7 +67,7 @@ def choose(ast: UOp, device, kernel_key: str | None) -> opt.Blocking:
         return opt.Blocking(**record[0])
     if not enabled() or ast.variables():
         return opt.DEFAULT_BLOCKING
-    target = device.target
+    target = target_for(device)
     if not target.work_groups and not hasattr(device, "threads"):
         return opt.DEFAULT_BLOCKING
     candidates, timer = target.candidates(ast), search_gpu if target.work_groups else search
@@ -91,7 +92,7 @@ def search(ast: UOp, device, candidates: list) -> opt.Blocking:
     threads = device.threads if outer > 1 and outer * inner >= PARALLEL_MIN_ITERATIONS else None
     runs, programs = [], []  # a call running each candidate once; the compiled code it calls, kept alive
     for blocking in candidates:
-        source = device.target.render(device.target.launched(ast, blocking))
+        source = target_for(device).render(target_for(device).launched(ast, blocking))
         program = device.load(source.name, device.compile(source.name, source.source))
         programs.append(program)
         size = int(source.global_size[0].vmax) if source.global_size else 1
@@ -125,7 +126,7 @@ def search_gpu(ast: UOp, device, candidates: list) -> opt.Blocking:
     handles = [device.handle(b) for b in memory]
     launchers = []
     for blocking in candidates:
-        source = device.target.render(device.target.launched(ast, blocking))
+        source = target_for(device).render(target_for(device).launched(ast, blocking))
         program = device.load(source.name, device.compile(source.name, source.source))
         launchers.append(device.launcher(program, handles, [], None, int(source.global_size[0].arg)))
     times = [float("inf")] * len(launchers)

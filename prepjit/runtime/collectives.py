@@ -23,7 +23,7 @@ from .array import Array
 
 def to_device(device, host: np.ndarray) -> Array:
     """`host` as a pj.Array of `device` (the cpu holds it as it is; a GPU gets a copy uploaded)."""
-    if not device.target.device_memory:
+    if not device.device_memory:
         return Array(host, host.shape, host.dtype, device)
     _, (memory, _) = device.input_handle(host)
     return Array(memory, host.shape, host.dtype, device)

@@ -15,9 +15,8 @@ import threading
 
 import numpy as np
 
-from ..codegen.targets import LLVM
 from ..errors import CompileError
-from ..codegen.llvm_cpu import compile_cpu
+from ..llvm_cpu import compile_cpu
 from ..uop import Ops, render_python
 from . import compile_pool
 from .array import Array
@@ -268,8 +267,8 @@ class CPUDevice:
     """Compiles LLVM IR (optimised at -O3, vectorised for the host CPU) and allocates host buffers."""
 
     name = "cpu"
-    target = LLVM   # its policy, AST passes and renderer (codegen/targets.py)
-    language = target.language
+    language = "llvm"      # the kernels it runs (codegen/targets.py: their target)
+    device_memory = False  # its buffers are host memory: NumPy arrays are read in place
 
     def __init__(self):
         import llvmlite.binding as llvm

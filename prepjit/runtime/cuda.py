@@ -25,7 +25,6 @@ import threading
 
 import numpy as np
 
-from ..codegen.targets import CUDA_TARGET
 from ..errors import CompileError, DeviceError
 from .cuda_driver import Driver, Graph, KernelNodeParams, PackedArgs
 from .device_base import MIN_BYTES, BufferSlots, DeviceBase
@@ -120,8 +119,7 @@ class CUDALauncher(KernelStep):
 class CUDADevice(DeviceBase):
     """Compiles CUDA C with NVRTC for one GPU and keeps results in its memory."""
 
-    target = CUDA_TARGET   # its policy, AST passes and renderer (codegen/targets.py)
-    language = target.language
+    language = "cuda"   # the kernels it runs (codegen/targets.py: their target)
 
     def __init__(self, index: int = 0):
         super().__init__()

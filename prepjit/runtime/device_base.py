@@ -108,6 +108,7 @@ class DeviceBase:
     takes), `_upload(memory, host)` (asynchronous, in stream order), `_download(host, memory)` (blocking)
     and `_copy(dst, src, nbytes)` (device to device, in stream order).
     """
+    device_memory = True  # its buffers live in memory the host cannot address: NumPy inputs are uploaded
 
     def __init__(self):
         # held around the backend's calls that allocate from the pool (pools are not thread-safe); the opencl

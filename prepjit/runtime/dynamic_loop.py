@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import attrs
 
-from ..codegen.dynamic_loop import PARTS
 from ..uop import render_python
 from ..uop.segments import Run
 from .launch_steps import launchers, ordered_positions
@@ -25,6 +24,7 @@ class DynamicLaunches(Run):
     upper: object
     pred_buffer: int | None
     parts: tuple   # (pred even, body even, pred odd, body odd, copy): tuples of PreparedKernel / DynamicLaunches
+    part_names: tuple  # each part's name (str(plan)), as the schedule names them (codegen/dynamic_loop.py)
     flat: tuple = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self):
@@ -48,7 +48,7 @@ class DynamicLaunches(Run):
             lower, upper = (b if isinstance(b, int) else b.render() for b in (self.lower, self.upper))
             head = f"fori_loop {self.name} in [{lower}, {upper}), bounds read at run time:"
         rows = [indent + head]
-        for name, part in zip(PARTS, self.parts):
+        for name, part in zip(self.part_names, self.parts):
             if part:
                 rows += [f"{indent}  {name}:", *(row for seg in part for row in seg.describe(indent + "    "))]
         return rows
@@ -87,7 +87,7 @@ class DynamicStep:
         runner.group_dynamic(self, groups, iterations)
 
     def parts_in_order(self):
-        """The parts (indices into PARTS) to run, in order: a generator whose consumer runs each part before it
+        """The parts (indices into `parts`) to run, in order: a generator whose consumer runs each part before it
         asks for the next (the predicate buffer is read once its part ran; the loop var is patched first)."""
         odd = 0
         if self.read_pred is None:

@@ -21,7 +21,6 @@ import threading
 
 import numpy as np
 
-from ..codegen.targets import OPENCL_TARGET
 from ..errors import CompileError, DeviceError
 from .device_base import BufferSlots, DeviceBase
 from .launch_steps import KernelStep
@@ -133,8 +132,7 @@ class OpenCLDevice(DeviceBase):
     """Builds OpenCL C with pyopencl for one device and keeps results in its memory."""
 
     name = "opencl"
-    target = OPENCL_TARGET   # its policy, AST passes and renderer (codegen/targets.py)
-    language = target.language
+    language = "opencl"   # the kernels it runs (codegen/targets.py: their target)
 
     def __init__(self):
         super().__init__()

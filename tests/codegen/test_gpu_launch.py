@@ -6,7 +6,7 @@ from prepjit.codegen import bounds, gpu_launch, targets
 from prepjit.codegen.bounds import prove_kernel, prove_launched
 from prepjit.codegen.optimize import Blocking
 from prepjit.codegen.render_tiles import match_contraction
-from prepjit.codegen.targets import CUDA_TARGET, LLVM, OPENCL_TARGET, TARGETS
+from prepjit.codegen.targets import CUDA_TARGET, LLVM, OPENCL_TARGET, TARGETS, target_for
 from prepjit.errors import CompileError
 from prepjit.runtime.devices import get_device
 from prepjit.uop import Ops, UOp
@@ -74,9 +74,9 @@ def test_a_wrong_launch_rewrite_is_refused_by_the_proof(monkeypatch):
 
 def test_each_device_names_its_target(device):
     device = get_device(device)
-    target = device.target
+    target = target_for(device)
     assert TARGETS[device.language] is target
-    assert target.work_groups == target.device_memory == (target is not LLVM)
+    assert target.work_groups == device.device_memory == (target is not LLVM)
     assert target.packs_contractions == (target is LLVM)
 
 
@@ -88,7 +88,7 @@ def test_a_plans_kernels_are_the_kernels_as_launched(device):
     f = pj.prepare(lambda x, w: pj.numpy.exp(x @ w), device=device)
     x, w = np.ones((64, 96), np.float32) / 8, np.ones((96, 80), np.float32) / 8
     np.testing.assert_allclose(np.asarray(f(x, w)), np.exp(x @ w), rtol=1e-5)
-    target = get_device(device).target
+    target = target_for(get_device(device))
     kernels = list(f.plan(x, w).kernels)
     assert all(k.ast is k.kernel.ast is target.launched(k.kernel.scheduled) for k in kernels)
     assert kernels[-1].ast is not kernels[-1].kernel.scheduled

@@ -89,7 +89,7 @@ def test_bfloat16_conversions_on_avx2():
               "x, d = float32_patterns(), float64_patterns()\n"
               "f = pj.prepare(lambda a, b: (a.astype(ml_dtypes.bfloat16), b.astype(ml_dtypes.bfloat16)))\n"
               "a, b = f(x, d)\n"
-              "from prepjit.codegen.llvm_cpu import compile_cpu\n"
+              "from prepjit.llvm_cpu import compile_cpu\n"
               "print(json.dumps([compile_cpu().name, bool(same_bits(a, x)), bool(same_bits(b, d))]))\n")
     env = dict(os.environ, PREPJIT_CPU="haswell")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

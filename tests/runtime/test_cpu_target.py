@@ -1,4 +1,4 @@
-"""PREPJIT_CPU (prepjit/codegen/llvm_cpu.py): the cpu device compiles for the named LLVM CPU and codegen's
+"""PREPJIT_CPU (prepjit/llvm_cpu.py): the cpu device compiles for the named LLVM CPU and codegen's
 host_target() reports its vector unit; the results still match NumPy. Each setting runs in a fresh
 process (the choice is read once per process)."""
 import json
@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import prepjit as pj
-from prepjit.codegen.llvm_cpu import compile_cpu
+from prepjit.llvm_cpu import compile_cpu
 
 # Prepares a matmul, a softmax and an elementwise op, checks them against NumPy, and reports the target,
 # the compiler id, and whether the kernels' machine code uses zmm (AVX-512) registers.

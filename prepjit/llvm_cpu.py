@@ -15,7 +15,7 @@ import tempfile
 
 import attrs
 
-from ..errors import DeviceError
+from .errors import DeviceError
 
 # A 16 x float add, asking for 512-bit vectors as the kernels do (render_llvm.function_attributes).
 _PROBE_IR = """define void @probe(ptr %p) "prefer-vector-width"="512" {
