@@ -1,8 +1,10 @@
-"""The example models in 16-bit floats on the cpu against their peers (issue 22), every figure from a fresh process.
+"""The example models in 16-bit floats and quantized weights on the cpu against their peers (issues 22 and 23),
+every figure from a fresh process.
 
 - SmolLM2-135M decode (ms/token) and a 128-token prompt's evaluation: examples/smollm2_generate.py --bench --json
-  with `--dtype` / `--weights` f32 and bf16, next to llama.cpp (llama_cpp.py) on the same model re-stored as F32
-  and BF16, with the same thread count (prepjit's: PREPJIT_THREADS, else the cores it may run on), the same
+  with `--dtype` / `--weights` f32 and bf16, and `--weights gguf` (the shipped Q4_1 file as stored) and q8_0, next
+  to llama.cpp (llama_cpp.py) on the same model: re-stored as F32, BF16 and Q8_0, the shipped file for Q4_1; with
+  the same thread count (prepjit's: PREPJIT_THREADS, else the cores it may run on), the same
   prompt token ids and greedy decoding from the same position;
 - MiniLM (all-MiniLM-L6-v2, static batch of 32 x 128, as minilm_b32_static) with bfloat16 weights and activations
   against the same model in float32.
@@ -37,10 +39,9 @@ PROMPT_TEXT = ("Compilers translate programs written by people into instructions
                "turns that record into fused kernels that later calls replay without Python in the way. ") * 4
 # SmolLM2 processes: name -> (--dtype, --weights, pairing); llama.cpp's: its format
 SMOL_PREPJIT = {"prepjit-f32": ("f32", "f32", True), "prepjit-bf16-weights": ("f32", "bf16", True),
-                "prepjit-bf16": ("bf16", "bf16", True), "prepjit-bf16-unpaired": ("bf16", "bf16", False)}
-# not Q8_0: llama-cpp-python 0.3.36 built here (REPACK, AMX_INT8) loads the re-stored Q8_0 file and segfaults in
-# its first llama_decode (the shipped Q4_1 file runs)
-SMOL_LLAMA = {f"llama.cpp-{fmt}": fmt for fmt in ("F32", "BF16")}
+                "prepjit-bf16": ("bf16", "bf16", True), "prepjit-bf16-unpaired": ("bf16", "bf16", False),
+                "prepjit-gguf": ("f32", "gguf", True), "prepjit-q8_0": ("f32", "q8_0", True)}
+SMOL_LLAMA = {f"llama.cpp-{fmt}": fmt for fmt in ("F32", "BF16", "Q8_0", "Q4_1")}
 MINILM_PREPJIT = {"prepjit-f32": ("f32", True), "prepjit-bf16": ("bf16", True), "prepjit-bf16-unpaired": ("bf16", False)}
 
 
@@ -196,6 +197,14 @@ LOW_PRECISION_MODEL_CASES = (
     _processes_case("smollm2_decode_bf16", _smollm2("prepjit-bf16-weights", "llama.cpp-BF16", "decode_ms_per_token"),
                     goal=("llama.cpp", 0.8)),
     _processes_case("smollm2_prefill_128_bf16", _smollm2("prepjit-bf16-weights", "llama.cpp-BF16", "prefill_ms")),
+    # issue 23: the file's own Q4_1 blocks (--weights gguf) and Q8_0 at most 0.8x llama.cpp's ms/token on the same
+    # file, a 128-token prompt at most 1.0x its prompt evaluation
+    _processes_case("smollm2_decode_q4_1", _smollm2("prepjit-gguf", "llama.cpp-Q4_1", "decode_ms_per_token"),
+                    goal=("llama.cpp", 0.8)),
+    _processes_case("smollm2_decode_q8_0", _smollm2("prepjit-q8_0", "llama.cpp-Q8_0", "decode_ms_per_token"),
+                    goal=("llama.cpp", 0.8)),
+    _processes_case("smollm2_prefill_128_q4_1", _smollm2("prepjit-gguf", "llama.cpp-Q4_1", "prefill_ms"),
+                    goal=("llama.cpp", 1.0)),
     # issue 22: bfloat16 at least 1.3x float32's throughput on an AVX512_BF16 cpu
     _processes_case("minilm_b32_bf16", _minilm, goal=("prepjit-f32", 1 / 1.3)),
 )

@@ -66,8 +66,12 @@ def test_restore_keeps_metadata_and_values(tmp_path, fmt):
 
 
 def test_restore_names_its_formats():
-    with pytest.raises(ValueError, match="F32, BF16, Q8_0"):
-        llama_cpp.restored("Q4_K")
+    with pytest.raises(ValueError, match="F32, BF16, Q8_0, Q4_1"):
+        llama_cpp.restored("Q4_K", source="model.Q4_1.gguf")
+
+
+def test_the_shipped_format_is_the_shipped_file():
+    assert llama_cpp.restored("Q4_1", source="/models/model.Q4_1.gguf") == "/models/model.Q4_1.gguf"
 
 
 def _case(name):
