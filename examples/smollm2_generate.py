@@ -32,21 +32,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from models import llama  # noqa: E402
-from models.common import DTYPES, MissingPackage, numpy_namespace, top_kernels, tree_cast  # noqa: E402
+from models.common import DTYPES, MissingPackage, numpy_namespace, sample, top_kernels, tree_cast  # noqa: E402
 
 QUANTIZED = ("q8_0", "q4_0", "q4_1")  # --weights re-quantized at load (pj.quant.QUANTIZABLE)
-
-
-def sample(logits: np.ndarray, temperature: float, top_p: float, rng) -> int:
-    """Greedy at temperature 0, else nucleus sampling: the smallest set of tokens whose probability reaches top_p."""
-    if temperature <= 0:
-        return int(np.argmax(logits))
-    z = logits.astype(np.float64) / temperature
-    p = np.exp(z - z.max())
-    p /= p.sum()
-    order = np.argsort(-p)
-    keep = order[:int(np.searchsorted(np.cumsum(p[order]), top_p)) + 1]
-    return int(rng.choice(keep, p=p[keep] / p[keep].sum()))
 
 
 class Generator:

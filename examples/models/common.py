@@ -1,5 +1,5 @@
 """What the example models share: the NumPy namespace with `erf`, the `--dtype` names and casts, finding a package's
-bundled files, timers."""
+bundled files, sampling, timers."""
 from __future__ import annotations
 
 import importlib.util
@@ -78,6 +78,18 @@ def require(module: str, install: str):
         return importlib.import_module(module)
     except ImportError as e:
         raise MissingPackage(f"{module} is not installed: {install}") from e
+
+
+def sample(logits: np.ndarray, temperature: float, top_p: float, rng) -> int:
+    """Greedy at temperature 0, else nucleus sampling: the smallest set of tokens whose probability reaches top_p."""
+    if temperature <= 0:
+        return int(np.argmax(logits))
+    z = logits.astype(np.float64) / temperature
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    order = np.argsort(-p)
+    keep = order[:int(np.searchsorted(np.cumsum(p[order]), top_p)) + 1]
+    return int(rng.choice(keep, p=p[keep] / p[keep].sum()))
 
 
 class Stopwatch:

