@@ -226,11 +226,13 @@ class TextCodec:
     def decode(self, ids) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)
 
-    def chat_prompt(self, message: str, system: str | None = None) -> str:
-        """The prompt for one user message, rendered with the file's chat template (jinja2) and the
-        assistant turn opened, as transformers' apply_chat_template(add_generation_prompt=True) does."""
+    def chat_prompt(self, message: str | list, system: str | None = None) -> str:
+        """The prompt for one user message, or a conversation (a list of {"role", "content"} messages), rendered
+        with the file's chat template (jinja2) and the assistant turn opened, as transformers'
+        apply_chat_template(add_generation_prompt=True) does."""
         jinja2 = require("jinja2", INSTALL)
-        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": message}]
+        turns = [{"role": "user", "content": message}] if isinstance(message, str) else list(message)
+        messages = ([{"role": "system", "content": system}] if system else []) + turns
         template = jinja2.Environment(keep_trailing_newline=True).from_string(self.chat_template)
         return template.render(messages=messages, add_generation_prompt=True)
 

