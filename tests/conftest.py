@@ -10,6 +10,9 @@ from prepjit.runtime.devices import KNOWN, available_devices, unavailable_reason
 
 _session_cache = tempfile.TemporaryDirectory(prefix="prepjit-test-cache-")
 os.environ["PREPJIT_CACHE_DIR"] = _session_cache.name  # read on every use, so setting it here covers every test
+# JAX is the reference for bit-exact semantics (random streams, bfloat16 rounding): its CPU backend, also on a
+# machine where jax sees a GPU (whose kernels round otherwise, and which preallocates most of the GPU's memory)
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 DEVICES = available_devices()
 
 

@@ -266,7 +266,7 @@ class CUDADevice(DeviceBase):
         try:
             with self.pycuda_context():
                 return self.pool.allocate(nbytes)
-        except self.drv.MemoryError as e:
+        except (self.drv.MemoryError, OverflowError) as e:  # OverflowError: past the driver's size_t
             raise MemoryError(f"CUDA could not allocate {nbytes} bytes on {self.description} ({e})") from None
 
     _alloc = _pool_alloc

@@ -10,8 +10,6 @@ moved off that midpoint toward e.
 """
 from __future__ import annotations
 
-import numpy as np
-
 from ..uop import DType, dtypes
 from ..uop.ops import FMA_DTYPES
 from . import prims
@@ -20,7 +18,7 @@ from .tracer import Tracer
 
 
 def _precision(dt: DType) -> int:
-    return np.finfo(dt.np).nmant + 1
+    return dt.finfo.nmant + 1
 
 
 def _const(value: float, dt: DType) -> Tracer:

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from ..uop import DType, Ops, dtypes
 from . import prims
 from .numpy_math import (absolute, add, cos, equal, exp, greater, isinf, isnan, less, log, logical_or, maximum, minimum,
@@ -164,7 +162,7 @@ def nan_to_num(x, copy: bool = True, nan: float = 0.0, posinf=None, neginf=None)
     x = to_tracer(x)
     if not x.dtype.is_float:
         return x
-    info = np.finfo(x.dtype.np)
+    info = x.dtype.finfo
     hi = float(info.max) if posinf is None else posinf
     lo = float(info.min) if neginf is None else neginf
     x = where(isnan(x), _c(nan, x.dtype), x)

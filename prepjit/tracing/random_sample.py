@@ -49,7 +49,7 @@ def _bounds(minval, maxval, dt) -> tuple[Tracer, Tracer]:
 def uniform(key, shape=(), dtype=dtypes.float32, minval=0.0, maxval=1.0) -> Tracer:
     """Floats in [minval, maxval) (jax.random.uniform): float16, bfloat16, float32 or float64."""
     dt, shape = _float_dtype(dtype, "uniform"), _shape(shape)
-    nmant = np.finfo(dt.np).nmant  # bfloat16 has 7 bits of mantissa where float16 has 10
+    nmant = dt.finfo.nmant  # bfloat16 has 7 bits of mantissa where float16 has 10
     nbits = dt.bits if nmant >= 8 else 8  # as JAX: a dtype of fewer mantissa bits draws one byte
     bits = random_bits(key, nbits, shape)
     mantissa = prims.cast(right_shift(bits, nbits - nmant), dt)

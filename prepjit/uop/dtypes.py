@@ -68,6 +68,11 @@ class DType:
     def bits(self) -> int:
         return 1 if self.kind == "b" else self.itemsize * 8
 
+    @property
+    def finfo(self):
+        """The float dtype's limits and significand (ml_dtypes.finfo: NumPy's finfo refuses bfloat16 from NumPy 2.5)."""
+        return ml_dtypes.finfo(self.np)
+
     def min(self):
         if self.kind == "b":
             return False
