@@ -1,0 +1,80 @@
+"""Serving SmolLM2 through examples/serve.py (issue 24), each figure from fresh processes: the server in a
+subprocess (context 1024, no embeddings) driven by examples/load_test.py, next to the bare example
+(examples/smollm2_generate.py --bench --json) on the same weights.
+
+- `serving_one_stream`: one streamed request at a time; prepjit's figure is the server's median inter-token latency
+  (seconds per token), the peer `example` the bare example's decode step: issue 24's goal, within 1.1x;
+- `serving_ttft`: time to first token of one short prompt (the bare example's 5 tokens) on an idle server, next to
+  the bare example's prefill: the goal, within 1.5x;
+- `serving_16_concurrent`: 16 clients in a closed loop; its rate column is output tokens/s (the record holds
+  requests/s, TTFT and ITL p50/p99 too).
+
+One session (the server started once, the bare example run once) serves the three cases. At smoke size the model
+has 2 blocks and answers 8 tokens.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+
+from .case import Case
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONTEXT, NEW_TOKENS, CONCURRENT = 1024, 64, 16
+SHORT_PROMPT = "The capital of France is"  # the bare example's default prompt (5 tokens)
+
+
+def bare_example(smoke: bool) -> dict:
+    """examples/smollm2_generate.py --bench --json: prefill_ms and decode_ms_per_token."""
+    command = [sys.executable, os.path.join(ROOT, "examples", "smollm2_generate.py"), "--bench", "--json",
+               "--context", str(CONTEXT), "--max-new-tokens", str(8 if smoke else NEW_TOKENS)]
+    out = subprocess.run(command + (["--layers", "2"] if smoke else []), capture_output=True, text=True, cwd=ROOT,
+                         timeout=1200)
+    if out.returncode != 0:
+        raise RuntimeError(f"smollm2_generate.py failed ({out.returncode}): {out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@functools.lru_cache(maxsize=2)
+def session(smoke: bool) -> dict:
+    """The load tests through one server process and the bare example's figures."""
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    import load_test
+    tokens = 8 if smoke else NEW_TOKENS
+    flags = f"--context {CONTEXT} --no-embeddings" + (" --layers 2" if smoke else "")
+    with load_test.served(flags) as url:
+        ttft = load_test.load_test(url, requests=3 if smoke else 8, concurrency=1, max_tokens=1, prompt=SHORT_PROMPT)
+        one = load_test.load_test(url, requests=2 if smoke else 4, concurrency=1, max_tokens=tokens)
+        many = load_test.load_test(url, requests=CONCURRENT * (1 if smoke else 2), concurrency=CONCURRENT,
+                                   max_tokens=tokens)
+    return {"server_flags": flags, "ttft": ttft, "one_stream": one, "concurrent": many, "bare": bare_example(smoke)}
+
+
+def _one_stream(peers, smoke):
+    s = session(smoke)
+    return ({"prepjit": s["one_stream"]["itl_ms_p50"] / 1e3, "example": s["bare"]["decode_ms_per_token"] / 1e3},
+            {"one_stream": s["one_stream"], "bare": s["bare"], "server_flags": s["server_flags"]})
+
+
+def _ttft(peers, smoke):
+    s = session(smoke)
+    return ({"prepjit": s["ttft"]["ttft_ms_p50"] / 1e3, "example": s["bare"]["prefill_ms"] / 1e3},
+            {"ttft": s["ttft"], "bare": s["bare"], "server_flags": s["server_flags"]})
+
+
+def _concurrent(peers, smoke):
+    s = session(smoke)
+    many = s["concurrent"]
+    return ({"prepjit": many["seconds"] / max(many["output_tokens"], 1)},
+            {"concurrent": many, "rates": {"prepjit": many["output_tokens_per_s"]}, "rate_unit": "tokens/s",
+             "server_flags": s["server_flags"]})
+
+
+SERVING_CASES = (
+    Case("serving_one_stream", None, None, processes=_one_stream, goal=("example", 1.1), smoke=False),
+    Case("serving_ttft", None, None, processes=_ttft, goal=("example", 1.5), smoke=False),
+    Case(f"serving_{CONCURRENT}_concurrent", None, None, processes=_concurrent, smoke=False),
+)
