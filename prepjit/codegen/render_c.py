@@ -34,6 +34,7 @@ from .gpu_launch import launch_of
 from .kernel import KernelSource, kernel_vars
 from .render_rows import emit_rows, loop_ranges, reduce_together, rows_of, run_length
 from .render_rows import launch_size as row_launch_size
+from .render_fragments import emit_fragment_contraction
 from .render_tiles import emit_contraction, match_contraction
 from .render_tiles import launch_size as contraction_size
 from .renderer import KernelRenderer
@@ -129,6 +130,9 @@ class Dialect:
     atomic_cas: dict               # element bytes -> (a pragma it needs or "", format {ptr}, {cmp}, {val}: an atomic
                                    # compare-and-swap of the unsigned bits at ptr, returning the old bits)
     preamble: Callable[[UOp], list[str]]   # lines before everything (extension pragmas)
+    # defines pj_mma_{kind}(c0..c3 by reference, a0..a3, b0, b1): one m16n8k16 matrix instruction on 16-bit `kind`
+    # ("bf16", "f16") fragments accumulating in float32 (render_fragments.py); None: no tensor cores
+    tensor_core_mma: str | None = None
 
     def ctype(self, dt: DType) -> str:
         return self.types[dt.compute]
@@ -525,7 +529,7 @@ class CStyleRenderer(KernelRenderer):
         ranges = loop_ranges(self.ast)
         outputs = as_uop(sym_prod(r.src[0] for r in ranges))
         if self.contraction is not None:
-            emit_contraction(self, self.contraction)
+            (emit_fragment_contraction if self.contraction.fragments else emit_contraction)(self, self.contraction)
             return self.kernel_text(contraction_size(self.contraction))
         if self.rows is not None:
             emit_rows(self, store)

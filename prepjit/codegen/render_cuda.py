@@ -31,6 +31,14 @@ __device__ __forceinline__ unsigned short pj_float_to_half(float f) {
 _ROUND_HALF = "__device__ __forceinline__ float pj_round_half(float x) { return pj_half_to_float(pj_float_to_half(x)); }"
 
 
+_MMA = """__device__ __forceinline__ void pj_mma_{kind}(float &c0, float &c1, float &c2, float &c3, unsigned a0, unsigned a1,
+    unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+               "{%0, %1, %2, %3};" : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}"""  # Ampere's and Hopper's (sm_80 and newer) warp-wide matrix instruction
+
+
 def _bits(dt: DType, single: str, double: str) -> str:
     return f"__longlong_as_double({double}LL)" if dt == dtypes.float64 else f"__int_as_float({single})"
 
@@ -69,6 +77,7 @@ CUDA = Dialect(
     atomic_cas={4: ("", "atomicCAS((unsigned int *){ptr}, {cmp}, {val})"),
                 8: ("", "atomicCAS((unsigned long long *){ptr}, {cmp}, {val})")},
     preamble=lambda ast: [_HALF] if any(u.dtype == dtypes.float16 for u in ast.toposort()) else [],
+    tensor_core_mma=_MMA,
 )
 
 

@@ -16,6 +16,14 @@ group each) MiniLM's 4096 x 1536 feed-forward (k = 384) ran in 133 us in 768 til
 in 384 of 128 x 128, its batched 128 x 128 attention scores in 18.7 against 29.8 us, while 4096^3 keeps its
 1024 tiles of 128 x 128 (PREPJIT_TUNE's timings, tune.py, which picks among these shapes on any GPU).
 
+Where both operands are 16-bit floats widened to float32 (bfloat16 or float16 values: a bf16 matmul with float32
+accumulation) and the dialect has tensor-core instructions (`Dialect.tensor_core_mma`: CUDA, sm_80 or newer),
+the launch says so (`fragments`, the operands' dtype) and the slices are staged as 16-bit values and multiplied
+by warp-wide m16n8k16 matrix instructions (`mma.sync`) instead of work-items' FMAs: each warp owns a WARP_TILE of
+the tile (64 x 32 or 32 x 64 outputs, 4 x 4 or 2 x 8 fragments of 16 x 8), its accumulators the fragments' float32
+registers (PTX ISA's m16n8k16 layouts: A's rows g and g + 8 and k 2t, 2t + 1 (+ 8), B's column g, C's rows g,
+g + 8 and columns 2t, 2t + 1, with g = lane / 4 and t = lane % 4).
+
 The rows (i) and columns (j) may each be several ranges (x @ w with x of shape (B, T, C): the rows are B x T),
 flattened row-major. `match_contraction` finds the pattern; `emit_contraction` writes the kernel body through
 the renderer, which renders the operand and result expressions with the ranges bound to the tile's indices.
@@ -53,6 +61,7 @@ class Contraction:
     tm: int = 128        # rows of a tile
     tn: int = 128        # columns of a tile
     splits: int = 1      # sets of work-items per tile, each multiplying TILE_K / splits of every slice
+    fragments: str | None = None   # the 16-bit dtype both operands are multiplied in on tensor cores, or None
 
     @property
     def owners(self) -> int:
@@ -109,10 +118,19 @@ def tile_candidates(ast: UOp) -> list[tuple[int, int, int]]:
     return chosen
 
 
-def match_contraction(ast: UOp, tile: tuple[int, int, int] | None = None) -> Contraction | None:
+def tensor_core_dtype(c: Contraction):
+    """The 16-bit float both operands of `c` are widened from (so multiplying them in it loses nothing), or None."""
+    def narrow(x: UOp):
+        return x.src[0].dtype if x.op is Ops.CAST and x.src[0].dtype in (dtypes.bfloat16, dtypes.float16) else None
+    kind = narrow(c.a)
+    return kind if kind is not None and kind == narrow(c.b) else None
+
+
+def match_contraction(ast: UOp, tile: tuple | None = None) -> Contraction | None:
     """The contraction this kernel computes, or None (float32 only, one reduce range, row and column ranges, and
     the rows and the columns each at least MIN_SIDE and k a slice deep at the vars' maxima: thinner ones stay
-    reductions). Its tiles are `tile` (rows, columns, splits: one of `tile_candidates`), else the policy's."""
+    reductions). Its tiles are `tile` (rows, columns, splits: one of `tile_candidates`, and a launch's fragments'
+    dtype name where it has them), else the policy's."""
     store = ast.src[0]
     reduces = [u for u in store.toposort() if u.op is Ops.REDUCE]
     if store.op is not Ops.STORE or len(reduces) != 1:
@@ -132,7 +150,9 @@ def match_contraction(ast: UOp, tile: tuple[int, int, int] | None = None) -> Con
                 return None
             batch = tuple(r for r in loops if r not in only_a and r not in only_b)
             if tile is not None:
-                return Contraction(red, a, b, tuple(only_a), tuple(only_b), k, batch, *tile)
+                tm, tn, splits, *fragments = tile
+                return Contraction(red, a, b, tuple(only_a), tuple(only_b), k, batch, tm, tn, splits,
+                                   fragments[0] if fragments else None)
             tm, tn = tile_shape(_most(only_a), _most(only_b), _most(batch))
             groups = _most(batch) * -(-_most(only_a) // tm) * -(-_most(only_b) // tn)
             return Contraction(red, a, b, tuple(only_a), tuple(only_b), k, batch, tm, tn,
@@ -211,7 +231,7 @@ def _operands(c: Contraction):
         yield name, operand, own, width, axis, 1 if axis is None else RUN
 
 
-def _emit_loads(r, c: Contraction, regs: dict, k0: str):
+def emit_loads(r, c: Contraction, regs: dict, k0: str):
     """Load the slice at k0 of both operands into the registers `regs` (name -> list of register names)."""
     long, kk_end = r.long, r.value(c.k.src[0])
     for name, operand, own, width, axis, per in _operands(c):
@@ -242,28 +262,30 @@ def _emit_loads(r, c: Contraction, regs: dict, k0: str):
             r.close_block()
 
 
-def _emit_stores(r, c: Contraction, regs: dict):
-    """Write the registers loaded by `_emit_loads` into the local tiles As[k][row] and Bs[k][column]."""
+def emit_stores(r, c: Contraction, regs: dict, stored: str = "{v}"):
+    """Write the registers loaded by `emit_loads` into the local tiles As[k][row] and Bs[k][column], each value as
+    `stored` spells it (format {v})."""
     for name, operand, own, width, axis, per in _operands(c):
         for n, reg in enumerate(regs[name]):
             slot = f"(lid + {n * c.threads})"
             if axis == "own":
                 lo, lk = f"{slot} % {width // per} * {per}", f"{slot} / {width // per}"
-                r.emit(" ".join(f"{name}s[{lk}][{lo} + {e}] = {reg}[{e}];" for e in range(per)))
+                r.emit(" ".join(f"{name}s[{lk}][{lo} + {e}] = {stored.format(v=f'{reg}[{e}]')};" for e in range(per)))
             else:
                 lk, lo = f"{slot} % {TILE_K // per} * {per}", f"{slot} / {TILE_K // per}"
-                r.emit(" ".join(f"{name}s[{lk} + {e}][{lo}] = {reg}[{e}];" for e in range(per)))
+                r.emit(" ".join(f"{name}s[{lk} + {e}][{lo}] = {stored.format(v=f'{reg}[{e}]')};" for e in range(per)))
 
 
-def emit_contraction(r, c: Contraction):
-    """The kernel body, emitted through the C-style renderer `r` (its dialect spells ids, locals, barriers)."""
-    d, long, acc_t, fma = r.d, r.long, r.d.ctype(dtypes.float32), r.d.math("fma", dtypes.float32)
+def emit_tile_start(r, c: Contraction, element: str) -> tuple[str, str, str, dict]:
+    """The part every tiled kernel begins with: the local tiles As and Bs (of C type `element`), the work-item's and
+    the group's ids (lid, own, part, tx, ty, bid, i0, j0; the batch ranges bound) and the registers the slices are
+    loaded into; returns (m, n, k's end, {operand name: its registers})."""
+    d, long, acc_t = r.d, r.long, r.d.ctype(dtypes.float32)
     m, n, kk_end = r.value(_extent(c.i)), r.value(_extent(c.j)), r.value(c.k.src[0])
     sx = c.tn // REG                  # work-items along a tile's columns
-    half_m, half_n = c.tm // 2, c.tn // 2
     # rows padded by one 4-vector: 16-byte aligned rows, and a run along k stores to banks 4 apart
-    r.locals.append(d.local_array.format(type=acc_t, name="As", n=f"{TILE_K}][{c.tm + RUN}") + ";")
-    r.locals.append(d.local_array.format(type=acc_t, name="Bs", n=f"{TILE_K}][{c.tn + RUN}") + ";")
+    r.locals.append(d.local_array.format(type=element, name="As", n=f"{TILE_K}][{c.tm + RUN}") + ";")
+    r.locals.append(d.local_array.format(type=element, name="Bs", n=f"{TILE_K}][{c.tn + RUN}") + ";")
     r.emit(f"const int lid = {d.local_id};")
     r.emit(f"const int own = lid % {c.owners}, part = lid / {c.owners};")   # part: which share of each slice
     r.emit(f"const int tx = own % {sx} * {RUN}, ty = own / {sx} * {RUN};")
@@ -277,15 +299,23 @@ def emit_contraction(r, c: Contraction):
         r.aligned |= per > 1   # (a run's first element is RUN-aligned: the compiler may merge its loads)
         regs[name] = [f"p{name}{x}" for x in range(width * TILE_K // (per * c.threads))]
         r.emit(" ".join(f"{acc_t} {reg}[{per}];" for reg in regs[name]))
+    return m, n, kk_end, regs
+
+
+def emit_contraction(r, c: Contraction):
+    """The kernel body, emitted through the C-style renderer `r` (its dialect spells ids, locals, barriers)."""
+    d, long, acc_t, fma = r.d, r.long, r.d.ctype(dtypes.float32), r.d.math("fma", dtypes.float32)
+    half_m, half_n = c.tm // 2, c.tn // 2
+    m, n, kk_end, regs = emit_tile_start(r, c, acc_t)
     accs = [[f"acc{x}_{y}" for y in range(REG)] for x in range(REG)]
     for row in accs:
         r.emit(" ".join(f"{acc_t} {a} = 0.0f;" for a in row))
-    _emit_loads(r, c, regs, "0")
+    emit_loads(r, c, regs, "0")
     r.open_block(f"for ({long} k0 = 0; k0 < {kk_end}; k0 += {TILE_K})", {})
-    _emit_stores(r, c, regs)
+    emit_stores(r, c, regs)
     r.emit(d.barrier)
     r.open_block(f"if (k0 + {TILE_K} < {kk_end})", {})   # the next slice's loads, in flight during the arithmetic
-    _emit_loads(r, c, regs, f"(k0 + {TILE_K})")
+    emit_loads(r, c, regs, f"(k0 + {TILE_K})")
     r.close_block()
     share = TILE_K // c.splits
     r.emit("#pragma unroll")
