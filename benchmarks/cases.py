@@ -16,6 +16,7 @@ from .low_precision_cases import LOW_PRECISION_CASES
 from .low_precision_models import LOW_PRECISION_MODEL_CASES
 from .model_cases import MODEL_CASES
 from .quant_cases import QUANT_CASES
+from .serving_cases import ENGINE_CASES
 from .serving_load import SERVING_CASES
 from .train_cases import TRAIN_CASES
 
@@ -179,4 +180,5 @@ KERNEL_CASES = (
     Case("prepare_time_model", model, _model_inputs, kind="prepare", rtol=1e-3, atol=1e-4),
 )
 
-CASES = KERNEL_CASES + LOW_PRECISION_CASES + QUANT_CASES + TRAIN_CASES + MODEL_CASES + LOW_PRECISION_MODEL_CASES + SERVING_CASES
+CASES = KERNEL_CASES + LOW_PRECISION_CASES + QUANT_CASES + TRAIN_CASES + MODEL_CASES + LOW_PRECISION_MODEL_CASES + SERVING_CASES + \
+    ENGINE_CASES
