@@ -36,6 +36,7 @@ MAX_KERNEL_COST = 4096  # and one this costly always: LLVM's time grows faster t
 ROW_VALUE_COST = 8     # a kept-dims value of reductions this cheap is recomputed where it is read
 STREAM_INLINE_COST = 16  # a value unpacked from integer data this cheap is recomputed by a streaming reader,
 STREAM_REUSE = 4         # one that uses each element it loads at most this many times (4-bit weights: twice)
+CONTRACTION_INLINE_COST = 64  # and one this cheap by a sum of products (q4_k's weight: 48; q8_0's 11)
 PROLOGUE_MAX = 1 << 14  # a one-element reduction of at most this many elements is computed as a prologue of its
 # reader when that kernel has at most this many outputs too (each CPU thread and each GPU work-group of the reader
 # computes it; a C-style kernel that reads one is a row kernel of one row, a single work-group)
@@ -84,7 +85,7 @@ def choose_materialized(outputs: list[UOp], row_values: bool = False) -> set[UOp
             chosen.add(node)  # read at several places, its expression would double with each (a concatenate chain)
             cost[node] = 1
     readers: dict[UOp, set] = {}  # node -> the kernel roots whose kernels compute it inline
-    streams: dict[UOp, bool] = {}  # kernel root -> whether its kernel streams its operands (_unpacked_in_stream)
+    streams: dict[UOp, int] = {}  # kernel root -> the most an unpacked value may cost it (_unpacked_in_stream)
     for node in graph:  # parents first, so a node's readers are final when it is reached
         mine = readers.get(node, set())
         if node in chosen or node.op in ELEMENTWISE and node not in is_root and node.shape and not _widening(
@@ -168,15 +169,21 @@ def _worth_materialising(node: UOp, readers: set, cost: dict, row_values: bool) 
 def _unpacked_in_stream(node: UOp, readers: set, cost: dict, streams: dict) -> bool:
     """Whether `node` is a cheap value unpacked from integer data (a quantized weight's block scale: bytes joined,
     bitcast to float16, widened) that only kernels streaming their operands read: it is recomputed in registers
-    there, where the loads bound the time, because materialising it would cost bytes quantization saved."""
-    if cost[node] > STREAM_INLINE_COST or not _reads(node, lambda leaf: leaf.op is Ops.INPUT and leaf.dtype.is_int):
+    there, where the loads bound the time, because materialising it would cost bytes quantization saved. A sum of
+    products (a matmul of many rows over a quantized weight) is such a reader too: codegen unpacks each block once
+    per register block of rows (block_matmul.py), so no float32 copy of the weight is made."""
+    if cost[node] > CONTRACTION_INLINE_COST or \
+            not _reads(node, lambda leaf: leaf.op is Ops.INPUT and leaf.dtype.is_int):
         return False
     for r in readers:
-        if r not in streams:  # each element loaded is used a few times at most: a matvec streaming its weight
+        if r not in streams:  # the most an unpacked value may cost for r's kernel to recompute it
             loaded: list[int] = []
             _reads(r.src[0] if r.op is Ops.REDUCE_AXIS else r, lambda leaf: loaded.append(_elements(leaf)) or True)
-            streams[r] = _iterations(r) <= STREAM_REUSE * sum(loaded)
-        if not streams[r]:
+            products = r.op is Ops.REDUCE_AXIS and r.arg[0] is Ops.ADD and r.src[0].op is Ops.MUL
+            # each element loaded is used a few times at most (a matvec streaming its weight), or a sum of products
+            streams[r] = CONTRACTION_INLINE_COST if products else \
+                STREAM_INLINE_COST if _iterations(r) <= STREAM_REUSE * sum(loaded) else -1
+        if cost[node] > streams[r]:
             return False
     return True
 

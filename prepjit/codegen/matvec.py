@@ -29,6 +29,7 @@ from __future__ import annotations
 import attrs
 
 from ..uop import Ops, UOp
+from .block_matmul import block_matmul
 from .block_split import split_blocks
 from .optimize import (COLUMN_VECTORS, DEFAULT_BLOCKING, Blocking, column_block, contraction_axes, stride_along,
                        upcast_contraction)
@@ -67,8 +68,12 @@ def matvec(ast: UOp, target: CPUTarget, blocking: Blocking = DEFAULT_BLOCKING) -
     """The kernel of a matvec contraction (see matvec_axes), unblocked, with its output columns the outermost
     loop and every other loop inside, in order (unless another loop is larger, like a batch of matrices: then
     the loops keep their order); a one-row contraction over a weight contiguous along the columns blocked
-    wide (see row_bytes, or `blocking`'s width); None for other kernels (optimize.py blocks them)."""
+    wide (see row_bytes, or `blocking`'s width); a contraction of several rows over a weight in blocks
+register-blocked (block_matmul.py); None for other kernels (optimize.py blocks them)."""
     split = split_blocks(ast)
+    blocked = block_matmul(split, target, blocking) if split is not ast else None
+    if blocked is not None:
+        return blocked
     found = matvec_axes(split) if split is not ast else None
     if found is not None:
         ast = split

@@ -111,7 +111,7 @@ def in_full_blocks(j: UOp, width: int) -> UOp:
     return UOp(Ops.CMPLT, dtypes.bool, (j, simplify(j.src[0] // width * width)))
 
 
-def _row_block(rows: int, end: UOp) -> tuple[int, bool]:
+def row_block(rows: int, end: UOp) -> tuple[int, bool]:
     """(rows per block, whether the last block clamps) for a row range ending at `end`."""
     if end.op is Ops.CONST:
         if end.arg <= rows:
@@ -121,7 +121,7 @@ def _row_block(rows: int, end: UOp) -> tuple[int, bool]:
     return rows, rows > 1
 
 
-def _panel_group(panels: int, panel_bytes: int, target: CPUTarget) -> int:
+def panel_group(panels: int, panel_bytes: int, target: CPUTarget) -> int:
     """Column panels per group: the most that divide `panels`, fit half the L2 cache and leave MIN_PANEL_GROUPS."""
     most = min(target.l2_bytes // 2 // max(1, panel_bytes), panels // MIN_PANEL_GROUPS)
     return next((g for g in range(most, 1, -1) if panels % g == 0), 1)
@@ -170,9 +170,9 @@ def upcast_contraction(ast: UOp, target: CPUTarget, blocking: Blocking = DEFAULT
     uj, tail = column_block(target, acc, j.src[0])
     if uj == 1:
         return ast
-    ui, clamp = _row_block(rows_per_block, i.src[0]) if i is not None else (1, False)
+    ui, clamp = row_block(rows_per_block, i.src[0]) if i is not None else (1, False)
     axis = max(r.arg[0] for r in ast.toposort() if r.op is Ops.RANGE) + 1
-    i_outer = _new_range((i.src[0] + (ui - 1)) // ui, axis) if ui > 1 else None
+    i_outer = new_range((i.src[0] + (ui - 1)) // ui, axis) if ui > 1 else None
     shared = [r for r in loops if r is not j and (r is not i or ui == 1)] + [i_outer]
     if tail and not any(r is not None and r.op is Ops.RANGE for r in shared):
         return ast  # a tail needs a loop it shares with the blocks, for threads to split
@@ -187,21 +187,21 @@ def upcast_contraction(ast: UOp, target: CPUTarget, blocking: Blocking = DEFAULT
         panels, reduce_size = j.src[0].arg // uj, 1
         for r in red.src[1:]:
             reduce_size *= max(1, int(r.src[0].vmax))
-        group = _panel_group(panels, uj * reduce_size * acc, target)
+        group = panel_group(panels, uj * reduce_size * acc, target)
         if group > 1:  # groups of panels outermost, each group's panels innermost: they stay in cache for all rows
-            j_outer = _new_range(UOp.const(panels // group), -1) * group + _new_range(UOp.const(group), axis + 1)
+            j_outer = new_range(UOp.const(panels // group), -1) * group + new_range(UOp.const(group), axis + 1)
         else:
-            j_outer = _new_range(UOp.const(panels), -1)
-        stores = _block_stores(store, j, i, [j_outer * uj + b + lane for b in range(0, uj, width)], rows, memo)
+            j_outer = new_range(UOp.const(panels), -1)
+        stores = block_stores(store, j, i, [j_outer * uj + b + lane for b in range(0, uj, width)], rows, memo)
     else:  # row blocks outermost (after the other loops), then the full column blocks, then the peeled tail
         full = simplify(j.src[0] // uj)
-        j_outer = _new_range(full, axis + 1)
+        j_outer = new_range(full, axis + 1)
         inside = in_full_blocks(j, uj)  # what packing asked of each column: resolved here, per block
-        stores = _block_stores(store, j, i, [j_outer * uj + b + lane for b in range(0, uj, width)], rows, memo,
+        stores = block_stores(store, j, i, [j_outer * uj + b + lane for b in range(0, uj, width)], rows, memo,
                                {inside: UOp.const(True, dtypes.bool)})
-        t = _new_range(j.src[0] - full * uj, axis + 2)  # the tail's columns, last first: J - 1 - t
-        stores += _block_stores(store, j, i, [j.src[0] - 1 - t], rows, memo, {inside: UOp.const(False, dtypes.bool)})
-    return _renumber(UOp(Ops.SINK, ast.dtype, tuple(stores), ast.arg))
+        t = new_range(j.src[0] - full * uj, axis + 2)  # the tail's columns, last first: J - 1 - t
+        stores += block_stores(store, j, i, [j.src[0] - 1 - t], rows, memo, {inside: UOp.const(False, dtypes.bool)})
+    return renumber(UOp(Ops.SINK, ast.dtype, tuple(stores), ast.arg))
 
 
 def _pair_bfloat16_products(store: UOp, red: UOp, axis: int) -> tuple[UOp, UOp]:
@@ -230,13 +230,13 @@ def lane_width(target: CPUTarget, itemsize: int, columns: int) -> int:
     return lanes if lanes > 1 and columns % lanes == 0 else 1
 
 
-def _new_range(end: UOp, axis: int) -> UOp:
+def new_range(end: UOp, axis: int) -> UOp:
     """A loop range ending at `end`; one of a single iteration is its index 0 (the simplifier folds it so)."""
     end = simplify(end)
     return UOp.const(0) if end.op is Ops.CONST and end.arg == 1 else UOp(Ops.RANGE, dtypes.index, (end,), (axis, "loop"))
 
 
-def _block_stores(store: UOp, j: UOp, i: UOp | None, cols: list, rows: list, memo: dict,
+def block_stores(store: UOp, j: UOp, i: UOp | None, cols: list, rows: list, memo: dict,
                   known: dict | None = None) -> list[UOp]:
     """The stores of `store` at every (row, column) of a block: its index and value with `j` and `i` replaced
     (and the conditions in `known` by their values)."""
@@ -274,7 +274,7 @@ def _instantiate(u: UOp, mapping: dict, memo: dict) -> UOp:
                          for ld in u.toposort() if ld.op is Ops.LOAD})
 
 
-def _renumber(ast: UOp) -> UOp:
+def renumber(ast: UOp) -> UOp:
     """Give the ranges axis numbers 0, 1, ... in their current order (loops first, then reduces)."""
     ranges = sorted({u for u in ast.toposort() if u.op is Ops.RANGE}, key=lambda r: (r.arg[1] != "loop", r.arg[0]))
     return ast.substitute({r: UOp(Ops.RANGE, r.dtype, r.src, (n, r.arg[1])) for n, r in enumerate(ranges)})

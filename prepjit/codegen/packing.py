@@ -12,6 +12,7 @@ or whatever the panel's length when `y` is not contiguous along the output's col
 attention scores): then every block would gather its UJ values one by one instead of loading vectors.
 Where the columns end in a peeled tail (a symbolic count), the full panels are packed and the operand
 becomes `where(j < full columns, packed, y)`, which the blocking resolves per block (optimize.py).
+A weight stored in blocks (pj.quant) is never packed: block_matmul.py reads the blocks themselves.
 
 The row operand `x` is packed too when it lies along the output's rows and across the reduction
 (`h.T` in a weight gradient `h.T @ delta`): each reduction step of a block then broadcasts its row values
@@ -29,6 +30,7 @@ delta 0.59 -> 0.54 + 0.04, x.T @ g 0.54 -> 0.55 + 0.02; so it is not packed ther
 from __future__ import annotations
 
 from ..uop import Ops, UOp, dtypes, simplify
+from .block_matmul import reads_blocks
 from .lower import kernel_name, linear_index
 from .optimize import column_block, contraction_axes, in_full_blocks, register_block, stride_along
 from .target import CPUTarget, host_target
@@ -52,7 +54,7 @@ def pack_contraction(ast: UOp, slot: int, target: CPUTarget | None = None) -> tu
     for `target` (by default this host's CPU); columns that end in a peeled tail are not packed.
     """
     found = contraction_axes(ast)
-    if found is None:
+    if found is None or reads_blocks(ast, target):
         return None
     _, value, loops, j, _ = found
     if value.src[0].op is not Ops.MUL:
