@@ -25,7 +25,7 @@ need("aiohttp", "attrs")
 from examples import openai_api, serve  # noqa: E402
 from examples.models import llama  # noqa: E402
 
-CONTEXT, MAX_BATCH, BLOCKS = 128, 4, 64
+CONTEXT, MAX_BATCH, BLOCKS, MAX_WAITING = 128, 8, 48, 64
 
 
 class ByteCodec:
@@ -102,7 +102,7 @@ def server():
                     max_batch=MAX_BATCH, prefill_chunk=32)
     embedder = _embedder()
     serve.warm_up(engine, codec, embedder)
-    running = Running(serve.Server(engine, codec, embedder=embedder, max_waiting=64))
+    running = Running(serve.Server(engine, codec, embedder=embedder, max_waiting=MAX_WAITING))
     yield running
     running.close()
 
@@ -272,11 +272,12 @@ def test_text_stream_holds_back_broken_utf8_and_stop_prefixes():
 
 
 def test_clients_that_go_away_mid_stream_free_their_blocks(server):
-    """200 streams dropped after their first chunk: each cancels its sequence; the pool is back at zero and
-    the server still answers."""
+    """200 streams dropped at once or after their first chunk: each cancels its sequence (far fewer tokens are
+    generated than they asked for); the pool is back at zero and the server still answers."""
     import http.client
 
     body = json.dumps({**GREEDY, "prompt": PROMPTS[3], "max_tokens": 100, "stream": True})
+    before = metrics(server)["serve_generated_tokens_total"]
     for i in range(200):
         conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
         conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
@@ -286,18 +287,34 @@ def test_clients_that_go_away_mid_stream_free_their_blocks(server):
             response.fp.readline()  # the first chunk
         conn.sock.close()
         conn.close()
-    m = wait_idle(server)
+    m = wait_idle(server, timeout=5)
     assert m["serve_kv_blocks_used"] == 0 and m["serve_running_sequences"] == 0
+    assert m["serve_generated_tokens_total"] - before < 200 * 100 / 10
     assert post(server, "/v1/completions", {**GREEDY, "prompt": "alive?", "max_tokens": 2})[0] == 200
 
 
-def test_a_full_pool_makes_requests_wait(server):
-    """Many long requests at once: those beyond the batch and the KV pool wait their turn; all are answered."""
-    body = {**GREEDY, "prompt": PROMPTS[5] * 4, "max_tokens": 40}
-    with concurrent.futures.ThreadPoolExecutor(12) as pool:
-        results = list(pool.map(lambda _: post(server, "/v1/completions", body), range(12)))
-    texts = {r[1]["choices"][0]["text"] for r in results}
-    assert all(r[0] == 200 for r in results) and len(texts) == 1
+def test_a_full_pool_makes_requests_wait_and_a_full_queue_answers_503(server):
+    """Long requests at once, more than the KV pool holds (each needs 7 of its 48 blocks): the pool fills, the
+    others wait their turn, all are answered alike; a request beyond the batch and the waiting room gets 503."""
+    prompt = list(range(10, 10 + CONTEXT - 30))
+    body = {**GREEDY, "prompt": prompt, "max_tokens": 25}
+    seen, stop = [], threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            seen.append(metrics(server))
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    with concurrent.futures.ThreadPoolExecutor(10) as pool:
+        results = list(pool.map(lambda _: post(server, "/v1/completions", body), range(10)))
+    stop.set()
+    watcher.join()
+    assert all(r[0] == 200 for r in results) and len({r[1]["choices"][0]["text"] for r in results}) == 1
+    assert max(m["serve_kv_blocks_used"] for m in seen) > BLOCKS - 7
+    assert max(m["serve_waiting_sequences"] for m in seen) > 0
+    status, out = post(server, "/v1/completions", {**GREEDY, "prompt": [[1, 2, 3]] * (MAX_BATCH + MAX_WAITING + 1)})
+    assert status == 503 and out["error"]["code"] == "queue_full"
+    assert wait_idle(server)["serve_kv_blocks_used"] == 0
 
 
 def test_metrics_count_tokens_and_time_to_first_token(server):
