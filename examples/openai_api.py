@@ -17,6 +17,7 @@ import attrs
 import numpy as np
 
 MAX_STOP_STRINGS = 4  # as OpenAI's API
+MAX_EMBEDDING_INPUTS = 2048  # as OpenAI's API
 ROLES = ("system", "user", "assistant")
 
 
@@ -184,6 +185,9 @@ def embedding_inputs(body: dict, served: dict) -> tuple[str, list[str], str]:
     if not isinstance(sentences, list) or not sentences or not all(isinstance(s, str) for s in sentences):
         raise ApiError(400, "'input' must be a string or a non-empty list of strings", param="input",
                        code="missing_field" if sentences is None else "invalid_type")
+    if len(sentences) > MAX_EMBEDDING_INPUTS:
+        raise ApiError(400, f"'input' has {len(sentences)} strings; at most {MAX_EMBEDDING_INPUTS} per request",
+                       param="input", code="invalid_value")
     encoding = _field(body, "encoding_format", (str,), default="float")
     if encoding not in ("float", "base64"):
         raise ApiError(400, f"'encoding_format' must be 'float' or 'base64', not {encoding!r}", param="encoding_format")

@@ -47,12 +47,14 @@ RATE_WINDOW_S = 10.0  # tokens/s in /metrics: over the steps of the last this ma
 
 @attrs.define(eq=False)
 class Sequence:
-    """One choice of a request: what the worker submits, and where its events go (`events`, shared by the
-    request's choices, gets (index, item): the seq id once submitted, an exception, or an engine Event)."""
+    """One choice of a request: what the worker submits, and where its results go: `submitted` gets the seq id
+    (or why the engine refused the prompt), `events` (shared by the request's choices) then (index, engine Event or
+    EngineFailure)."""
     index: int
     prompt: list
     sampling: Sampling
     events: asyncio.Queue
+    submitted: asyncio.Future
     seq_id: int | None = None
     done: bool = False
     generated: int = 0  # tokens the engine reported
@@ -138,8 +140,12 @@ class Worker:
                 return
             try:
                 seq.seq_id = self.engine.submit(seq.prompt, seq.sampling)
-            except ValueError as e:
+            except ValueError as e:  # a prompt the engine cannot take: answered 400
                 posted.append((seq, e))
+                return
+            except Exception as e:
+                log.exception("engine submit failed")
+                posted.append((seq, EngineFailure(f"the engine failed: {e}")))
                 return
             self.live[seq.seq_id] = seq
             posted.append((seq, seq.seq_id))
@@ -190,8 +196,15 @@ class Worker:
 
 
 def _deliver(items):
+    """On the event loop: a submission's outcome resolves `submitted`, what follows goes to `events`."""
     for seq, item in items:
-        seq.events.put_nowait((seq.index, item))
+        if not seq.submitted.done():
+            if isinstance(item, Exception):
+                seq.submitted.set_exception(item)
+            else:
+                seq.submitted.set_result(item)
+        else:
+            seq.events.put_nowait((seq.index, item))
 
 
 def _resolve(future, result):
@@ -321,15 +334,17 @@ class Server:
                                     "later", code="queue_full")
         events: asyncio.Queue = asyncio.Queue()
         sampling = Sampling(max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p, seed=req.seed)
-        seqs = [Sequence(i, list(p), sampling, events) for i, p in enumerate(req.prompts)]
+        loop = asyncio.get_running_loop()
+        seqs = [Sequence(i, list(p), sampling, events, loop.create_future()) for i, p in enumerate(req.prompts)]
         self.in_flight += len(seqs)
         try:
             for seq in seqs:
                 self.worker.submit(seq)
-            for _ in seqs:  # each sequence's id, or why the engine refused it
-                index, item = await events.get()
-                if isinstance(item, ValueError):
-                    raise api.ApiError(400, str(item), param="prompt")
+            for seq in seqs:
+                try:
+                    await seq.submitted
+                except ValueError as e:  # the engine refused the prompt (e.g. token ids outside the vocabulary)
+                    raise api.ApiError(400, str(e), param="prompt") from None
             self.metrics.prompt_tokens += sum(len(p) for p in req.prompts)
             choices = self._choices(req, seqs, arrived)
             if req.stream:
