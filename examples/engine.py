@@ -121,7 +121,7 @@ class Engine:
         self.next_id, self.steps, self.generated_tokens = 0, 0, 0
 
     @classmethod
-    def from_args(cls, args) -> "Engine":
+    def from_args(cls, args) -> Engine:
         """The engine of SmolLM2's GGUF with the options of `add_arguments` (smollm2_generate's --weights, --dtype,
         --device, --layers, --gguf, --context), its tokenizer as `engine.codec`."""
         reader = llama.open_gguf(args.gguf)

