@@ -1,14 +1,16 @@
 """Tiled contractions on tensor cores: the body of a tile kernel whose launch has `fragments` (gpu_launch.py decides
 it on the AST: both operands 16-bit floats widened to float32, a dialect with `tensor_core_mma`).
 
-The group stages TILE_K-deep slices of both operands in local memory as 16-bit values (As[k][row], Bs[k][column],
-loaded as render_tiles.py loads them, the next slice in flight during the arithmetic) and each warp multiplies its
+The group stages TILE_K-deep slices of both operands in local memory as 16-bit values, k the minor axis (As[row][k],
+Bs[column][k], rows padded so a warp's reads of pairs along k hit 32 banks; loaded as render_tiles.py loads them,
+the next slice in flight during the arithmetic) and each warp multiplies its
 WARP_TILE of the tile with m16n8k16 matrix instructions, float32 accumulators in registers. A fragment's registers
 follow the PTX ISA's layouts for m16n8k16 with 16-bit operands, with g = lane / 4 and t = lane % 4:
 - A (16 x 16, row major): a0 = (row g, k 2t and 2t + 1), a1 = row g + 8, a2 = k + 8, a3 = both;
 - B (16 x 8, column major): b0 = (k 2t and 2t + 1, column g), b1 = k + 8;
 - C (16 x 8 floats): c0, c1 = (row g, columns 2t and 2t + 1), c2, c3 = row g + 8;
-two 16-bit values in one 32-bit register, the lower k in the low half. A TILE_K slice is one k step.
+two 16-bit values in one 32-bit register, the lower k in the low half: one 32-bit read of the k-minor tile. A TILE_K
+slice is one k step.
 """
 from __future__ import annotations
 
@@ -18,7 +20,6 @@ from .render_tiles import TILE_K, Contraction, emit_loads, emit_stores, emit_til
 WARP = 32
 FRAG_M, FRAG_N = 16, 8                # one matrix instruction's outputs
 WARP_TILES = ((64, 32), (32, 64))     # a warp's outputs (2048: REG x REG per work-item), the first that divides
-PACK = "pj_pack16"
 
 
 def warp_tile(c: Contraction) -> tuple[int, int]:
@@ -33,11 +34,10 @@ def emit_fragment_contraction(r, c: Contraction):
     to_bits = ("pj_float_to_bfloat16({v})" if kind == "bf16" else "pj_float_to_half({v})")
     if kind == "bf16":
         r.bfloat16_helpers()
-    r.helpers.setdefault(PACK, f"{d.func}{u32} {PACK}({u16} lo, {u16} hi) {{ return ({u32})lo | (({u32})hi << 16); }}")
     r.helpers.setdefault(f"pj_mma_{kind}", d.tensor_core_mma.replace("{kind}", kind))
     wm, wn = warp_tile(c)
     fm, fn = wm // FRAG_M, wn // FRAG_N
-    m, n, kk_end, regs = emit_tile_start(r, c, u16)
+    m, n, kk_end, regs = emit_tile_start(r, c, u16, k_major=False)
     r.emit(f"const int lane = lid % {WARP}, fg = lane / 4, ft = lane % 4 * 2;")  # g and 2t
     r.emit(f"const int wm = lid / {WARP} / {c.tn // wn} * {wm}, wn = lid / {WARP} % {c.tn // wn} * {wn};")
     accs = {(x, y, e): f"acc{x}_{y}_{e}" for x in range(fm) for y in range(fn) for e in range(4)}
@@ -45,14 +45,14 @@ def emit_fragment_contraction(r, c: Contraction):
         r.emit(" ".join(f"float {accs[x, y, e]} = 0.0f;" for y in range(fn) for e in range(4)))
     emit_loads(r, c, regs, "0")
     r.open_block(f"for ({long} k0 = 0; k0 < {kk_end}; k0 += {TILE_K})", {})
-    emit_stores(r, c, regs, to_bits)
+    emit_stores(r, c, regs, to_bits, k_major=False)
     r.emit(d.barrier)
     r.open_block(f"if (k0 + {TILE_K} < {kk_end})", {})   # the next slice's loads, in flight during the arithmetic
     emit_loads(r, c, regs, f"(k0 + {TILE_K})")
     r.close_block()
 
-    def pair(tile, k, at):   # elements k and k + 1 of a row (A) or column (B) `at`, packed
-        return f"{PACK}({tile}[{k}][{at}], {tile}[{k} + 1][{at}])"
+    def pair(tile, k, at):   # elements k and k + 1 (4-byte aligned: k even) of a row (A) or column (B) `at`
+        return f"*(const {u32} *)&{tile}[{at}][{k}]"
     for x in range(fm):
         row = f"wm + {x * FRAG_M} + fg"
         r.emit(f"const {u32} a{x}_0 = {pair('As', 'ft', row)}, a{x}_1 = {pair('As', 'ft', f'{row} + 8')}, "

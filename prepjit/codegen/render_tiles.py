@@ -47,6 +47,7 @@ MIN_WARPS = 1536                  # warps a contraction should run in all: fewer
                                   # 8 x 8) and each tile's slice is split between SPLITS sets of warps
 SPLITS = (1, 2, 4)                # how many sets of work-items may share a tile, each multiplying part of a slice
 MAX_THREADS = 256                 # work-items of a group, at most
+K_MINOR_PAD = 8                   # padding of a k-minor local tile's rows (render_fragments.py's 16-bit slices)
 
 
 @attrs.frozen
@@ -262,30 +263,37 @@ def emit_loads(r, c: Contraction, regs: dict, k0: str):
             r.close_block()
 
 
-def emit_stores(r, c: Contraction, regs: dict, stored: str = "{v}"):
-    """Write the registers loaded by `emit_loads` into the local tiles As[k][row] and Bs[k][column], each value as
-    `stored` spells it (format {v})."""
+def emit_stores(r, c: Contraction, regs: dict, stored: str = "{v}", k_major: bool = True):
+    """Write the registers loaded by `emit_loads` into the local tiles As[k][row] and Bs[k][column] (As[row][k] and
+    Bs[column][k] without `k_major`), each value as `stored` spells it (format {v})."""
+    def cell(name, k, own):
+        return f"{name}s[{k}][{own}]" if k_major else f"{name}s[{own}][{k}]"
     for name, operand, own, width, axis, per in _operands(c):
         for n, reg in enumerate(regs[name]):
             slot = f"(lid + {n * c.threads})"
             if axis == "own":
                 lo, lk = f"{slot} % {width // per} * {per}", f"{slot} / {width // per}"
-                r.emit(" ".join(f"{name}s[{lk}][{lo} + {e}] = {stored.format(v=f'{reg}[{e}]')};" for e in range(per)))
+                r.emit(" ".join(f"{cell(name, lk, f'{lo} + {e}')} = {stored.format(v=f'{reg}[{e}]')};"
+                                for e in range(per)))
             else:
                 lk, lo = f"{slot} % {TILE_K // per} * {per}", f"{slot} / {TILE_K // per}"
-                r.emit(" ".join(f"{name}s[{lk} + {e}][{lo}] = {stored.format(v=f'{reg}[{e}]')};" for e in range(per)))
+                r.emit(" ".join(f"{cell(name, f'{lk} + {e}', lo)} = {stored.format(v=f'{reg}[{e}]')};"
+                                for e in range(per)))
 
 
-def emit_tile_start(r, c: Contraction, element: str) -> tuple[str, str, str, dict]:
-    """The part every tiled kernel begins with: the local tiles As and Bs (of C type `element`), the work-item's and
-    the group's ids (lid, own, part, tx, ty, bid, i0, j0; the batch ranges bound) and the registers the slices are
-    loaded into; returns (m, n, k's end, {operand name: its registers})."""
+def emit_tile_start(r, c: Contraction, element: str, k_major: bool = True) -> tuple[str, str, str, dict]:
+    """The part every tiled kernel begins with: the local tiles As and Bs (of C type `element`; As[k][row] and
+    Bs[k][column], or with `k_major` False As[row][k] and Bs[column][k]), the work-item's and the group's ids (lid,
+    own, part, tx, ty, bid, i0, j0; the batch ranges bound) and the registers the slices are loaded into; returns
+    (m, n, k's end, {operand name: its registers})."""
     d, long, acc_t = r.d, r.long, r.d.ctype(dtypes.float32)
     m, n, kk_end = r.value(_extent(c.i)), r.value(_extent(c.j)), r.value(c.k.src[0])
     sx = c.tn // REG                  # work-items along a tile's columns
-    # rows padded by one 4-vector: 16-byte aligned rows, and a run along k stores to banks 4 apart
-    r.locals.append(d.local_array.format(type=element, name="As", n=f"{TILE_K}][{c.tm + RUN}") + ";")
-    r.locals.append(d.local_array.format(type=element, name="Bs", n=f"{TILE_K}][{c.tn + RUN}") + ";")
+    for name, width in (("As", c.tm), ("Bs", c.tn)):
+        # k-major rows padded by one 4-vector: 16-byte aligned rows, and a run along k stores to banks 4 apart;
+        # k-minor rows by K_MINOR_PAD elements (bank-conflict-free reads of pairs along k)
+        shape = f"{TILE_K}][{width + RUN}" if k_major else f"{width}][{TILE_K + K_MINOR_PAD}"
+        r.locals.append(d.local_array.format(type=element, name=name, n=shape) + ";")
     r.emit(f"const int lid = {d.local_id};")
     r.emit(f"const int own = lid % {c.owners}, part = lid / {c.owners};")   # part: which share of each slice
     r.emit(f"const int tx = own % {sx} * {RUN}, ty = own / {sx} * {RUN};")
