@@ -89,6 +89,19 @@ def test_packed_symbolic_batch_rows(rng):
         _close(f(x, w), np.maximum(x @ w, 0) @ w.T)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, "bfloat16"])
+def test_a_decode_batch_reads_its_weight_unpacked(rng, dtype):
+    """x @ W with the rows a var of at most 64 (a decode batch, mostly a few rows): no copy of W per call."""
+    import ml_dtypes
+    w = rng.standard_normal((576, 1536)).astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
+    f = pj.prepare(lambda x, w: x @ w, vars={"B": (1, 64)}, shapes={"x": ("B", 576)}, device="cpu")
+    plan = f.plan(np.zeros((1, 576), np.float32), w)
+    assert len(plan.kernels) == 1 and plan.memory_bytes == 0
+    for n in (1, 5, 64):
+        x = rng.standard_normal((n, 576)).astype(np.float32)
+        _close(f(x, w), x @ w.astype(np.float32))
+
+
 def test_column_operand_strided_along_the_columns_is_packed_even_for_short_reductions(rng):
     """Attention scores q @ k.T over heads of 32: k's values for consecutive output columns lie a row of 384
     apart, so the blocked kernel would gather them; packing makes them contiguous (reduction of only 32)."""
