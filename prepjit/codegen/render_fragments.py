@@ -1,7 +1,8 @@
 """Tiled contractions on tensor cores: the body of a tile kernel whose launch has `fragments` (gpu_launch.py decides
 it on the AST: both operands 16-bit floats widened to float32, a dialect with `tensor_core_mma`).
 
-The group stages TILE_K-deep slices of both operands in local memory as 16-bit values, k the minor axis (As[row][k],
+The group stages TILE_K-deep slices of both operands in local memory as 16-bit values (a plain load's bits as
+stored, loaded into 16-bit registers: no widening and rounding back), k the minor axis (As[row][k],
 Bs[column][k], rows padded so a warp's reads of pairs along k hit 32 banks; loaded as render_tiles.py loads them,
 the next slice in flight during the arithmetic) and each warp multiplies its
 WARP_TILE of the tile with m16n8k16 matrix instructions, float32 accumulators in registers. A fragment's registers
@@ -14,7 +15,7 @@ slice is one k step.
 """
 from __future__ import annotations
 
-from ..uop import dtypes
+from ..uop import Ops, dtypes
 from .render_tiles import TILE_K, Contraction, emit_loads, emit_stores, emit_tile_start
 
 WARP = 32
@@ -43,12 +44,17 @@ def emit_fragment_contraction(r, c: Contraction):
     accs = {(x, y, e): f"acc{x}_{y}_{e}" for x in range(fm) for y in range(fn) for e in range(4)}
     for x in range(fm):
         r.emit(" ".join(f"float {accs[x, y, e]} = 0.0f;" for y in range(fn) for e in range(4)))
-    emit_loads(r, c, regs, "0")
+    def bits(r, operand):   # a 16-bit element's bits: a plain load's as stored, else the value's rounded (exact)
+        inner = operand.src[0]
+        if inner.op is Ops.LOAD and len(inner.src) == 2:
+            return f"buf{inner.src[0].arg}[{r.value(inner.src[1])}]"
+        return to_bits.format(v=r.value(operand))
+    emit_loads(r, c, regs, "0", bits)
     r.open_block(f"for ({long} k0 = 0; k0 < {kk_end}; k0 += {TILE_K})", {})
-    emit_stores(r, c, regs, to_bits, k_major=False)
+    emit_stores(r, c, regs, k_major=False)
     r.emit(d.barrier)
     r.open_block(f"if (k0 + {TILE_K} < {kk_end})", {})   # the next slice's loads, in flight during the arithmetic
-    emit_loads(r, c, regs, f"(k0 + {TILE_K})")
+    emit_loads(r, c, regs, f"(k0 + {TILE_K})", bits)
     r.close_block()
 
     def pair(tile, k, at):   # elements k and k + 1 (4-byte aligned: k even) of a row (A) or column (B) `at`

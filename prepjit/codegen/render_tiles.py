@@ -232,8 +232,9 @@ def _operands(c: Contraction):
         yield name, operand, own, width, axis, 1 if axis is None else RUN
 
 
-def emit_loads(r, c: Contraction, regs: dict, k0: str):
-    """Load the slice at k0 of both operands into the registers `regs` (name -> list of register names)."""
+def emit_loads(r, c: Contraction, regs: dict, k0: str, value=None):
+    """Load the slice at k0 of both operands into the registers `regs` (name -> list of register names), each
+    element as `value(r, operand)` spells it (default: the operand's value)."""
     long, kk_end = r.long, r.value(c.k.src[0])
     for name, operand, own, width, axis, per in _operands(c):
         extent = r.value(_extent(own))
@@ -257,7 +258,7 @@ def emit_loads(r, c: Contraction, regs: dict, k0: str):
             for e in range(per):
                 r.open_block("", {bound: f"({base} + {e})", **{i: f"({v} + {e})" for i, v in starts.items()}}
                              if per > 1 else {})
-                r.emit(f"{reg}[{e}] = {r.value(operand)};")
+                r.emit(f"{reg}[{e}] = {(value or type(r).value)(r, operand)};")
                 r.close_block()
             r.close_block()
             r.close_block()
@@ -284,8 +285,8 @@ def emit_stores(r, c: Contraction, regs: dict, stored: str = "{v}", k_major: boo
 def emit_tile_start(r, c: Contraction, element: str, k_major: bool = True) -> tuple[str, str, str, dict]:
     """The part every tiled kernel begins with: the local tiles As and Bs (of C type `element`; As[k][row] and
     Bs[k][column], or with `k_major` False As[row][k] and Bs[column][k]), the work-item's and the group's ids (lid,
-    own, part, tx, ty, bid, i0, j0; the batch ranges bound) and the registers the slices are loaded into; returns
-    (m, n, k's end, {operand name: its registers})."""
+    own, part, tx, ty, bid, i0, j0; the batch ranges bound) and the registers the slices are loaded into (of type
+    `element` too); returns (m, n, k's end, {operand name: its registers})."""
     d, long, acc_t = r.d, r.long, r.d.ctype(dtypes.float32)
     m, n, kk_end = r.value(_extent(c.i)), r.value(_extent(c.j)), r.value(c.k.src[0])
     sx = c.tn // REG                  # work-items along a tile's columns
@@ -306,7 +307,7 @@ def emit_tile_start(r, c: Contraction, element: str, k_major: bool = True) -> tu
     for name, operand, own, width, axis, per in _operands(c):
         r.aligned |= per > 1   # (a run's first element is RUN-aligned: the compiler may merge its loads)
         regs[name] = [f"p{name}{x}" for x in range(width * TILE_K // (per * c.threads))]
-        r.emit(" ".join(f"{acc_t} {reg}[{per}];" for reg in regs[name]))
+        r.emit(" ".join(f"{element} {reg}[{per}];" for reg in regs[name]))
     return m, n, kk_end, regs
 
 
