@@ -130,11 +130,32 @@ def _healthy(url: str) -> bool:
         return False
 
 
+def scrape(url: str) -> dict:
+    """The server's /metrics samples without labels ({name: value}); {} when it has none."""
+    import urllib.request
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+            lines = r.read().decode().splitlines()
+    except OSError:
+        return {}
+    return {name: float(value) for name, value in (line.split(" ", 1) for line in lines
+                                                    if line and not line.startswith("#") and "{" not in line)}
+
+
 def load_test(url: str, *, requests: int, concurrency: int | None = None, rate: float | None = None,
               max_tokens: int = 64, prompt: str = PROMPT, model: str = "smollm2", temperature: float = 0.0) -> dict:
+    """The figures of one load test; with examples/serve.py also its mean engine step meanwhile (what the server
+    adds to a token is the inter-token latency less it)."""
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature}
+    before = scrape(url)
     results, seconds = asyncio.run(run(url, body, requests, concurrency, rate))
-    return {"url": url, "concurrency": concurrency, "rate": rate, "max_tokens": max_tokens, **summary(results, seconds)}
+    figures = {"url": url, "concurrency": concurrency, "rate": rate, "max_tokens": max_tokens,
+               **summary(results, seconds)}
+    after, key = scrape(url), "serve_engine_step_seconds_total"
+    if key in before and key in after and after["serve_engine_steps_total"] > before["serve_engine_steps_total"]:
+        figures["engine_step_ms_mean"] = 1e3 * (after[key] - before[key]) / (
+            after["serve_engine_steps_total"] - before["serve_engine_steps_total"])
+    return figures
 
 
 def main(argv=None) -> int:
@@ -171,6 +192,9 @@ def main(argv=None) -> int:
             print(f"  time to first token  p50 {figures['ttft_ms_p50']:8.1f} ms   p99 {figures['ttft_ms_p99']:8.1f} ms")
         if figures["itl_ms_p50"] is not None:
             print(f"  inter-token latency  p50 {figures['itl_ms_p50']:8.1f} ms   p99 {figures['itl_ms_p99']:8.1f} ms")
+        if "engine_step_ms_mean" in figures:
+            print(f"  the server's engine steps took {figures['engine_step_ms_mean']:.1f} ms on average (prefill "
+                  "steps included)")
         for error in figures["first_errors"]:
             print(f"  error: {error}")
     return 1 if figures["errors"] else 0

@@ -73,6 +73,7 @@ class Worker:
         self.live: dict[int, Sequence] = {}  # seq id -> sequence, only touched by the worker thread
         self.stats = dict(engine.stats())
         self.rate_samples: collections.deque = collections.deque()  # (time, generated tokens) per step
+        self.step_seconds = 0.0  # in engine.step(), all steps
         self.thread = threading.Thread(target=self._run, name="engine-worker", daemon=True)
         self.loop: asyncio.AbstractEventLoop | None = None
 
@@ -153,6 +154,7 @@ class Worker:
             self.engine.cancel(seq.seq_id)
 
     def _step(self):
+        start = time.perf_counter()
         try:
             events = self.engine.step()
         except Exception as e:  # the engine failed: its sequences end with the error, the server goes on
@@ -163,6 +165,7 @@ class Worker:
             self.live.clear()
             self._post(posted)
             return
+        self.step_seconds += time.perf_counter() - start
         posted = []
         for event in events:
             seq = self.live.get(event.seq_id)
@@ -236,7 +239,8 @@ class Metrics:
                    worker.tokens_per_s())]
         counters = [("generated_tokens_total", "Tokens generated.", s["generated_tokens"]),
                     ("prompt_tokens_total", "Prompt tokens of the sequences submitted.", self.prompt_tokens),
-                    ("engine_steps_total", "Engine steps.", s["steps"])]
+                    ("engine_steps_total", "Engine steps.", s["steps"]),
+                    ("engine_step_seconds_total", "Seconds in engine steps.", worker.step_seconds)]
         lines = []
         for name, doc, value in gauges:
             lines += [f"# HELP serve_{name} {doc}", f"# TYPE serve_{name} gauge", f"serve_{name} {value:g}"]
