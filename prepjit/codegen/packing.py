@@ -37,9 +37,10 @@ from .optimize import column_block, contraction_axes, in_full_blocks, register_b
 from .target import CPUTarget, host_target
 
 MIN_ROWS = 64      # rows of the other operand that reuse each packed panel, at least
-MIN_SYMBOLIC_ROWS = 256  # at least, when their count is symbolic (its maximum): a decode batch (B up to 64) mostly
-# runs a few rows, where the copy (a pass over the weight each call) cost 3x the product (x @ W (576, 1536) f32, var
-# B = 1: 0.63 ms with the copy, 0.20 without; B = 64 about the same either way); a prefill of 256 rows or more packs
+MIN_SYMBOLIC_ROWS = 256  # at least, when their count is symbolic (its maximum) and `y` is contiguous along the
+# columns (no gathers to save): a decode batch (B up to 64) mostly runs a few rows, where the copy (a pass over the
+# weight each call) cost 3x the product (x @ W (576, 1536) f32, var B = 1: 0.63 ms with the copy, 0.20 without;
+# B = 64 about the same either way); a prefill of 256 rows or more packs
 MIN_REDUCE = 64    # reduction length, at least: shorter panels sit in cache unpacked
 ROW_RUN = 8        # reduction steps a packed row operand's copy writes contiguously per row
 ROW_PACK_BLOCK_ROWS = 6  # rows of the target's register blocks, at most, for row operands to be packed
@@ -100,12 +101,12 @@ def _pack_columns(ast: UOp, x: UOp, y: UOp, value: UOp, loops: list, j: UOp, red
     reuse = 1
     for r in rows:
         reuse *= _size(r.src[0])
-    least = MIN_SYMBOLIC_ROWS if any(r.src[0].op is not Ops.CONST for r in rows) else MIN_ROWS
     reduce_size = 1
     for k in reduces:
         reduce_size *= _size(k.src[0])
     gathers = any(ld.op is Ops.LOAD and j in ld.src[1].toposort() and stride_along(ld.src[1], j) != 1
                   for ld in y.toposort())
+    least = MIN_SYMBOLIC_ROWS if not gathers and any(r.src[0].op is not Ops.CONST for r in rows) else MIN_ROWS
     if not rows or reuse < least or reduce_size < MIN_REDUCE and not gathers or tail and not gathers:
         return None
     outer = [r for r in loops if r in y_ranges and r is not j]
