@@ -231,8 +231,8 @@ class Metrics:
     def text(self, worker: Worker, waiting_here: int) -> str:
         s = worker.stats
         gauges = [("running_sequences", "Sequences in the running batch.", s["running"]),
-                  ("waiting_sequences", "Sequences waiting for KV blocks or a batch slot (and submissions not yet "
-                                        "taken by the engine).", s["waiting"] + waiting_here),
+                  ("waiting_sequences", ("Sequences waiting for KV blocks or a batch slot (and submissions not "
+                                         "yet taken by the engine)."), s["waiting"] + waiting_here),
                   ("kv_blocks_used", "KV cache blocks held by sequences.", s["blocks_used"]),
                   ("kv_blocks_total", "KV cache blocks in the pool.", s["blocks_total"]),
                   ("tokens_per_second", f"Generated tokens per second over the last {RATE_WINDOW_S:g} s.",

@@ -20,9 +20,9 @@ import pytest
 
 from .conftest import need
 
-need("aiohttp", "attrs")
+pytest.importorskip("aiohttp", reason="aiohttp not installed (pip install -e '.[examples]')")
 
-from examples import openai_api, serve  # noqa: E402
+from examples import load_test, openai_api, serve  # noqa: E402
 from examples.models import llama  # noqa: E402
 
 CONTEXT, MAX_BATCH, BLOCKS, MAX_WAITING = 128, 8, 48, 64
@@ -266,7 +266,7 @@ def test_text_stream_holds_back_broken_utf8_and_stop_prefixes():
     assert stream_.add(ord("O")) == ("", False) and stream_.add(ord("P")) == ("", True)
     assert stream_.text == "é "
     other = openai_api.TextStream(codec, stop=("STOP",))
-    for b in "a ST".encode():
+    for b in b"a ST":
         other.add(b)
     assert other.finish() == "ST" and other.text == "a ST"  # ended otherwise: the held text is released
 
@@ -358,3 +358,15 @@ def test_the_openai_client(server):
     if "minilm" in server.server.served:
         emb = client.embeddings.create(model="minilm", input=["A man eats."])  # base64 on the wire
         assert len(emb.data[0].embedding) == 384
+
+
+def test_load_test_closed_and_open_loop(server, capsys):
+    assert load_test.main(["--url", server.url, "--concurrency", "3", "--requests", "6", "--max-tokens", "5",
+                           "--json"]) == 0
+    closed = json.loads(capsys.readouterr().out)
+    assert closed["requests"] == 6 and closed["errors"] == 0 and 6 <= closed["output_tokens"] <= 30
+    assert closed["ttft_ms_p50"] <= closed["ttft_ms_p99"] and closed["output_tokens_per_s"] > 0
+    assert closed["engine_step_ms_mean"] > 0
+    assert load_test.main(["--url", server.url, "--rate", "50", "--requests", "4", "--max-tokens", "3"]) == 0
+    text = capsys.readouterr().out
+    assert "4 requests (50 requests/s (Poisson)" in text and "time to first token" in text
