@@ -78,6 +78,8 @@ class GenerationRequest:
 def check_model(body: dict, served: dict, kind: str) -> str:
     """The request's model name (default: the one served of `kind`), which must be served and of that kind."""
     name = _field(body, "model", (str,), default=next((n for n, k in served.items() if k == kind), None))
+    if name is None:
+        raise ApiError(404, f"this server has no {kind} model (it has {', '.join(served)})", param="model")
     if name not in served:
         raise ApiError(404, f"the model '{name}' does not exist; this server has {', '.join(served)}", param="model")
     if served[name] != kind:

@@ -399,3 +399,13 @@ def test_real_model_greedy_text_equals_the_bare_example():
             assert out["usage"]["completion_tokens"] == len(tokens)
     finally:
         running.close()
+
+
+def test_model_names_are_checked():
+    served = {"smollm2": "generation"}  # a server started with --no-embeddings
+    assert openai_api.check_model({}, served, "generation") == "smollm2"
+    for body, kind, status in (({}, "embeddings", 404), ({"model": "gpt-4"}, "generation", 404),
+                               ({"model": "smollm2"}, "embeddings", 400), ({"model": 3}, "generation", 400)):
+        with pytest.raises(openai_api.ApiError) as e:
+            openai_api.check_model(body, served, kind)
+        assert e.value.status == status and e.value.body()["error"]["param"] == "model"
