@@ -43,6 +43,9 @@ from models.common import DTYPES, MissingPackage  # noqa: E402
 log = logging.getLogger("serve")
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 RATE_WINDOW_S = 10.0  # tokens/s in /metrics: over the steps of the last this many seconds
+# how the app must run (web.run_app, web.AppRunner): a client that goes away cancels its request's handler, whose
+# `finally` cancels its sequences (else a request answered whole would run to its end for nobody)
+RUN_OPTIONS = {"handler_cancellation": True}
 
 
 @attrs.define(eq=False)
@@ -513,7 +516,7 @@ def main(argv=None) -> int:
     log.info("warm-up took %.1f s; engine %s", warm_up(engine, codec, embedder), engine.stats())
     server = Server(engine, codec, embedder=embedder, names=(args.served_name, "minilm"),
                     max_waiting=args.max_waiting)
-    web.run_app(server.app(), host=args.host, port=args.port, handler_cancellation=True, print=log.info)
+    web.run_app(server.app(), host=args.host, port=args.port, print=log.info, **RUN_OPTIONS)
     return 0
 
 
