@@ -102,11 +102,14 @@ class Worker:
         return future
 
     def tokens_per_s(self) -> float:
-        samples = list(self.rate_samples)
-        if len(samples) < 2 or time.monotonic() - samples[-1][0] > RATE_WINDOW_S:
+        """Tokens generated since the oldest step of the last RATE_WINDOW_S seconds, per second since then (it
+        falls while the server idles)."""
+        now = time.monotonic()
+        samples = [(t, g) for t, g in list(self.rate_samples) if now - t <= RATE_WINDOW_S]
+        if len(samples) < 2:
             return 0.0
-        (t0, g0), (t1, g1) = samples[0], samples[-1]
-        return (g1 - g0) / (t1 - t0) if t1 > t0 else 0.0
+        (t0, g0), (_, g1) = samples[0], samples[-1]
+        return (g1 - g0) / (now - t0)
 
     # --- the worker thread ---
     def _post(self, items):
