@@ -14,10 +14,9 @@ one loop nest and each shared value once.
 Loops: column panels of C columns, grouped so a group's blocks fit half the L2 cache (optimize.panel_group),
 the group index outermost (threads split it), then the row blocks, then the group's panels: a group's blocks
 are read from memory once per call and from L2 by every row block, and a row block's activations stay in L1
-across the group's panels. R is a power of two; the rows past the last full block (a var count, or a static one
-R does not divide) run in at most one block of each smaller power of two (R / 2, ..., 1), each a loop nest of 0 or
-1 iterations: one row costs what matvec.py's one-row kernel costs, three rows a block of 2 and a block of 1, not a
-block of R recomputing its last row.
+across the group's panels. The rows past the last full block (a var count, or a static one R does not divide)
+run in at most one block of each power of two below R, largest first (optimize.row_nests): one row costs what
+matvec.py's one-row kernel costs, three rows a block of 2 and a block of 1, not a block of R recomputing its last.
 
 One row's sum is the same sequence of operations in a block of any size (a vector of lane sums accumulated over
 the block ranges in order, its lanes added up once): row b's result has the same bits for B = 1 and B = 64 (a
@@ -25,11 +24,11 @@ serving engine's greedy output does not depend on its batch; tests/codegen/test_
 """
 from __future__ import annotations
 
-from ..uop import Ops, UOp, simplify
+from ..uop import Ops, UOp
 from .block_split import split_blocks
 from .llvm_reductions import UNROLLED_STEPS
 from .optimize import (DEFAULT_BLOCKING, Blocking, block_stores, contraction_axes, new_range, panel_group, renumber,
-                       stride_along)
+                       row_nests, stride_along)
 from .target import CPUTarget, host_target
 
 SPARE_REGISTERS = 3  # vector registers a step needs besides the sums: an unpacked block, an activation, a scale
@@ -63,29 +62,24 @@ def block_matmul(split: UOp, target: CPUTarget, blocking: Blocking = DEFAULT_BLO
     group = panel_group(panels, columns * column_bytes, target)
     axis = max(u.arg[0] for u in split.toposort() if u.op is Ops.RANGE) + 1
     groups = new_range(UOp.const(panels // group), -1)
+    if groups.op is not Ops.RANGE:  # one panel: no loop for threads to split around the row nests
+        return None
 
     def panel(n: int) -> UOp:  # groups outermost (threads split them), a group's panels innermost
         return groups * group + new_range(UOp.const(group), n) if group > 1 else groups
-    end, size, stores = i.src[0], rows, []
-    while size:  # the blocks of `rows` rows, then for the rows past them one block of each halved size at most
-        count, first = (end // rows, 0) if size == rows else (end % (2 * size) // size, end // (2 * size) * (2 * size))
-        count = simplify(count)
-        if not (count.op is Ops.CONST and count.arg == 0):
-            block = new_range(count, axis)
-            stores += block_stores(store, j, i, [panel(axis + 1) * columns + c for c in range(columns)],
-                                   [simplify(first + block * size + a) for a in range(size)], {})
-        axis, size = axis + 2, size // 2
+    stores = [s for block_rows, n in row_nests(i.src[0], rows, axis)
+              for s in block_stores(store, j, i, [panel(n + 1) * columns + c for c in range(columns)], block_rows, {})]
     return renumber(UOp(Ops.SINK, split.dtype, tuple(stores), split.arg))
 
 
 def _register_block(red: UOp, target: CPUTarget, blocking: Blocking, columns: int) -> tuple[int, int]:
     """(rows, columns) of the register block: as many vector sums as the accumulator budget holds, each the
     vector of the lane range's float sums (times the renderer's unrolled innermost steps), two columns when
-    four sums fit and the columns are even, the rows a power of two (AVX-512: 4 x 2, AVX2: 2 x 1)."""
+    four sums fit and the columns are even (AVX-512: 4 x 2, AVX2: 3 x 1)."""
     lanes, inner = red.src[-1].src[0].arg, red.src[-2].src[0] if len(red.src) > 2 else UOp.const(1)
     unrolled = inner.arg if inner.op is Ops.CONST and inner.arg <= UNROLLED_STEPS else 1
     registers = -(-lanes * red.dtype.itemsize * unrolled // target.vector_bytes)
     budget = min(blocking.max_accumulators, target.vector_registers - SPARE_REGISTERS)
     sums = max(1, budget // registers)
     across = 2 if sums >= 4 and columns % 2 == 0 else 1
-    return 1 << ((sums // across).bit_length() - 1), across
+    return max(1, sums // across), across

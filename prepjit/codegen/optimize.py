@@ -26,7 +26,10 @@ whatever their count: a count the block divides is cut exactly; any other (symbo
 var, or static and indivisible) runs ceil(rows / UI) blocks whose last one clamps its row index to
 the last row (i = min(i_o * UI + ui, rows - 1), for every row of every block: one min per row block, and the
 bounds proof sees each row below `rows`), so rows past the end recompute and rewrite the last row with
-the same value instead of reading or writing out of bounds. Columns whose count the
+the same value instead of reading or writing out of bounds. A symbolic count over columns the blocks divide into
+more than one group (a decode batch's x @ W) runs its full blocks and then, for the rows past them, at most one
+block of each power of two below UI (row_nests: loop nests of 0 or 1 iterations inside the column groups), so a
+batch of one row computes one row, not UI. Columns whose count the
 block does not divide (symbolic, or static and indivisible) run J // UJ full blocks and a peeled
 tail loop over the last J % UJ columns, each tail step computing one column of every row of the
 row block: loops are (other loops..., row blocks, {column blocks, tail}), so the tail shares every
@@ -121,6 +124,28 @@ def row_block(rows: int, end: UOp) -> tuple[int, bool]:
     return rows, rows > 1
 
 
+def row_nests(end: UOp, rows: int, axis: int) -> list[tuple[list[UOp], int]]:
+    """(row indices, the axis its loops start at) of each loop nest over a row range ending at `end` in blocks of
+    `rows` rows: the full blocks (axis `axis`), then for the rows past them at most one block of each power of two
+    below `rows`, largest first, each a nest of 0 or 1 iterations (two axes a nest). A count of rows the blocks do not
+    divide (a var: a decode batch) costs its own rows, not a block of `rows` recomputing the last one."""
+    rest, nests = simplify(end % rows), []
+    full = simplify(end // rows)
+    if not (full.op is Ops.CONST and full.arg == 0):
+        block = new_range(full, axis)
+        nests.append(([simplify(block * rows + a) for a in range(rows)], axis))
+    size = 1 << ((rows - 1).bit_length() - 1) if rows > 1 else 0
+    while size:
+        past = simplify(rest % (2 * size))  # the rows from this nest's first to the end
+        count = simplify(past // size)
+        axis += 2
+        if not (count.op is Ops.CONST and count.arg == 0):
+            block = new_range(count, axis)
+            nests.append(([simplify(end - past + block * size + a) for a in range(size)], axis))
+        size //= 2
+    return nests
+
+
 def panel_group(panels: int, panel_bytes: int, target: CPUTarget) -> int:
     """Column panels per group: the most that divide `panels`, fit half the L2 cache and leave MIN_PANEL_GROUPS."""
     most = min(target.l2_bytes // 2 // max(1, panel_bytes), panels // MIN_PANEL_GROUPS)
@@ -188,11 +213,17 @@ def upcast_contraction(ast: UOp, target: CPUTarget, blocking: Blocking = DEFAULT
         for r in red.src[1:]:
             reduce_size *= max(1, int(r.src[0].vmax))
         group = panel_group(panels, uj * reduce_size * acc, target)
-        if group > 1:  # groups of panels outermost, each group's panels innermost: they stay in cache for all rows
-            j_outer = new_range(UOp.const(panels // group), -1) * group + new_range(UOp.const(group), axis + 1)
+        groups = new_range(UOp.const(panels // group), -1)
+
+        def columns(n: int) -> list[UOp]:  # groups of panels outermost, each group's panels innermost (axis n):
+            j_outer = groups * group + new_range(UOp.const(group), n) if group > 1 else groups  # in cache for all rows
+            return [j_outer * uj + b + lane for b in range(0, uj, width)]
+        # a var row count: the rows past the full blocks in smaller blocks, the groups the loop threads split
+        if clamp and i.src[0].op is not Ops.CONST and groups.op is Ops.RANGE:
+            stores = [s for block_rows, n in row_nests(i.src[0], ui, axis + 5)
+                      for s in block_stores(store, j, i, columns(n + 1), block_rows, memo)]
         else:
-            j_outer = new_range(UOp.const(panels), -1)
-        stores = block_stores(store, j, i, [j_outer * uj + b + lane for b in range(0, uj, width)], rows, memo)
+            stores = block_stores(store, j, i, columns(axis + 1), rows, memo)
     else:  # row blocks outermost (after the other loops), then the full column blocks, then the peeled tail
         full = simplify(j.src[0] // uj)
         j_outer = new_range(full, axis + 1)
