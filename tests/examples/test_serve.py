@@ -417,3 +417,21 @@ def test_model_names_are_checked():
         with pytest.raises(openai_api.ApiError) as e:
             openai_api.check_model(body, served, kind)
         assert e.value.status == status and e.value.body()["error"]["param"] == "model"
+
+
+def test_an_engine_failure_ends_its_requests_with_500_and_the_server_goes_on(server):
+    engine = server.server.worker.engine
+    real = engine.step
+
+    def failing():
+        del engine.step  # fails once, then the engine's own step again
+        raise RuntimeError("injected")
+    engine.step = failing
+    status, out = post(server, "/v1/completions", {**GREEDY, "prompt": PROMPTS[0]})
+    assert status == 500 and "injected" in out["error"]["message"] and out["error"]["code"] == "engine_failed"
+    assert engine.step == real
+    engine.step = failing  # a stream already begun ends with an error event and [DONE]
+    chunks, done = stream(server, "/v1/completions", {**GREEDY, "prompt": PROMPTS[0]})
+    assert done and "injected" in chunks[-1]["error"]["message"]
+    status, out = post(server, "/v1/completions", {**GREEDY, "prompt": PROMPTS[0]})
+    assert status == 200 and wait_idle(server)["serve_kv_blocks_used"] == 0
