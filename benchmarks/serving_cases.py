@@ -67,7 +67,7 @@ class PaddedBuckets:
 def _engine(weights: str, smoke: bool, num_blocks: int | None = None):
     from examples import engine as serving
     argv = ["--weights", weights, "--context", str(CONTEXT), "--max-batch", str(STREAMS)] + \
-        (["--layers", "1"] if smoke else []) + ([] if num_blocks is None else ["--num-blocks", str(num_blocks)])
+        (["--layers", "1"] if smoke else []) + ([] if num_blocks is None else ["--kv-blocks", str(num_blocks)])
     return serving.Engine.from_args(serving.add_arguments(argparse.ArgumentParser()).parse_args(argv))
 
 

