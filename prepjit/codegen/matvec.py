@@ -11,7 +11,8 @@ renderer reassociates a lone float sum, so LLVM vectorises it along the contiguo
 independent accumulators (interleaved) and adds them up at the end. No operand is packed. A weight stored in
 blocks (pj.quant: the row's bytes indexed k // 32 and k % 32) is contiguous along no reduction until its reduction
 is split at the blocks (block_split.py): the split kernel, if it is a matvec, is the one ordered so, its block
-ranges and innermost lane range inside the rows.
+ranges and innermost lane range inside the rows; with more rows than one static row (a var decode batch, a
+prefill) it is register-blocked over rows and columns instead (block_matmul.py).
 
 A single row against a weight contiguous along the columns keeps optimize.py's blocking, with blocks of
 many columns instead of two vectors: with no row accumulators the registers are free, and each reduction
