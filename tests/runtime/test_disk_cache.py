@@ -84,13 +84,30 @@ def run(device: str, cache_dir, code, cache: str = "1") -> dict:
     return finish(start(device, cache_dir, code, cache), code)
 
 
+@pytest.fixture(scope="module")
+def filled(tmp_path_factory, code):
+    """filled(device, cache_dir): fill `cache_dir` as one process running SCRIPT leaves it and return that
+    process's result. The process runs once per device; each test gets its own copy of the directory (modes
+    kept), so the tests that start from a filled cache do not each compile the same kernels again."""
+    done = {}
+
+    def fill(device: str, cache_dir) -> dict:
+        if device not in done:
+            first = tmp_path_factory.mktemp(f"filled-{device}")
+            done[device] = first, run(device, first, code)
+        first, result = done[device]
+        shutil.copytree(first, cache_dir, dirs_exist_ok=True)
+        return result
+    return fill
+
+
 def entries(cache_dir) -> list:
     kernels = cache_dir / "kernels"
     return sorted(kernels.iterdir()) if kernels.exists() else []
 
 
-def test_second_process_loads_every_kernel_from_disk(device, tmp_path, code):
-    first = run(device, tmp_path, code)
+def test_second_process_loads_every_kernel_from_disk(device, tmp_path, code, filled):
+    first = filled(device, tmp_path)
     kernels = first["stats"]["compiles"]
     assert kernels >= 3 and first["stats"]["disk_hits"] == 0
     assert len(entries(tmp_path)) == kernels
@@ -102,8 +119,8 @@ def test_second_process_loads_every_kernel_from_disk(device, tmp_path, code):
     assert not any(line.startswith("prepjit: compile") for line in second["log"])
 
 
-def test_cache_off_reads_and_writes_nothing(device, tmp_path, code):
-    run(device, tmp_path, code)
+def test_cache_off_reads_and_writes_nothing(device, tmp_path, code, filled):
+    filled(device, tmp_path)
     written = [p.read_bytes() for p in entries(tmp_path)]
     off = run(device, tmp_path, code, cache="0")
     assert off["stats"]["disk_hits"] == 0 and off["stats"]["compiles"] == len(written)
@@ -113,8 +130,8 @@ def test_cache_off_reads_and_writes_nothing(device, tmp_path, code):
     assert not fresh.exists()
 
 
-def test_corrupt_truncated_and_misplaced_entries_are_rebuilt(device, tmp_path, code):
-    run(device, tmp_path, code)
+def test_corrupt_truncated_and_misplaced_entries_are_rebuilt(device, tmp_path, code, filled):
+    filled(device, tmp_path)
     paths = entries(tmp_path)
     assert len(paths) >= 3
     good = [p.read_bytes() for p in paths]
@@ -237,8 +254,8 @@ class Payload:
         return os.system, (self.command,)
 
 
-def test_forged_pickle_entries_are_never_executed(device, tmp_path, code):
-    run(device, tmp_path, code)
+def test_forged_pickle_entries_are_never_executed(device, tmp_path, code, filled):
+    filled(device, tmp_path)
     marker = tmp_path / "executed"
     evil = pickle.dumps(Payload(f"touch {marker}"))
     paths = entries(tmp_path)
@@ -253,8 +270,8 @@ def test_forged_pickle_entries_are_never_executed(device, tmp_path, code):
     assert run(device, tmp_path, code)["stats"]["disk_hits"] == len(paths)
 
 
-def test_fifo_and_symlink_entries_are_skipped_without_blocking(device, tmp_path, code):
-    run(device, tmp_path, code)
+def test_fifo_and_symlink_entries_are_skipped_without_blocking(device, tmp_path, code, filled):
+    filled(device, tmp_path)
     paths = entries(tmp_path)
     for i, path in enumerate(paths):
         path.unlink()
