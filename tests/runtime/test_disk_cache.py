@@ -53,39 +53,29 @@ print(json.dumps({"stats": layer.stats, "error": error, "package": pj.__file__, 
 """
 
 
-@pytest.fixture(scope="module")
-def code(tmp_path_factory):
-    """A frozen copy of the prepjit package for the test processes to import. Keys include a fingerprint of
-    prepjit's source, so a source file edited between two processes (as in a shared working tree) would
-    rightly make the second miss; a copy makes "two processes running the same code" hold."""
-    root = tmp_path_factory.mktemp("code")
-    shutil.copytree(disk_cache.PACKAGE_ROOT, root / "prepjit", ignore=shutil.ignore_patterns("__pycache__"))
-    return root
-
-
-def start(device: str, cache_dir, code, cache: str = "1") -> subprocess.Popen:
+def start(device: str, cache_dir, frozen_code, cache: str = "1") -> subprocess.Popen:
     env = {**os.environ, "PREPJIT_CACHE_DIR": str(cache_dir), "PREPJIT_CACHE": cache, "PREPJIT_LOG": "compiles",
-           "PYTHONPATH": str(code)}
-    return subprocess.Popen([sys.executable, "-c", SCRIPT, device], env=env, cwd=code, stdout=subprocess.PIPE,
+           "PYTHONPATH": str(frozen_code)}
+    return subprocess.Popen([sys.executable, "-c", SCRIPT, device], env=env, cwd=frozen_code, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
 
-def finish(process: subprocess.Popen, code) -> dict:
+def finish(process: subprocess.Popen, frozen_code) -> dict:
     out, err = process.communicate(timeout=120)
     assert process.returncode == 0, err
     result = json.loads(out)
     assert result["error"] < 1e-5
-    assert os.path.realpath(result["package"]).startswith(os.path.realpath(code))
+    assert os.path.realpath(result["package"]).startswith(os.path.realpath(frozen_code))
     result["log"] = [line for line in err.splitlines() if line.startswith("prepjit:")]
     return result
 
 
-def run(device: str, cache_dir, code, cache: str = "1") -> dict:
-    return finish(start(device, cache_dir, code, cache), code)
+def run(device: str, cache_dir, frozen_code, cache: str = "1") -> dict:
+    return finish(start(device, cache_dir, frozen_code, cache), frozen_code)
 
 
 @pytest.fixture(scope="module")
-def filled(tmp_path_factory, code):
+def filled(tmp_path_factory, frozen_code):
     """filled(device, cache_dir): fill `cache_dir` as one process running SCRIPT leaves it and return that
     process's result. The process runs once per device; each test gets its own copy of the directory (modes
     kept), so the tests that start from a filled cache do not each compile the same kernels again."""
@@ -94,7 +84,7 @@ def filled(tmp_path_factory, code):
     def fill(device: str, cache_dir) -> dict:
         if device not in done:
             first = tmp_path_factory.mktemp(f"filled-{device}")
-            done[device] = first, run(device, first, code)
+            done[device] = first, run(device, first, frozen_code)
         first, result = done[device]
         shutil.copytree(first, cache_dir, dirs_exist_ok=True)
         return result
@@ -106,31 +96,31 @@ def entries(cache_dir) -> list:
     return sorted(kernels.iterdir()) if kernels.exists() else []
 
 
-def test_second_process_loads_every_kernel_from_disk(device, tmp_path, code, filled):
+def test_second_process_loads_every_kernel_from_disk(device, tmp_path, frozen_code, filled):
     first = filled(device, tmp_path)
     kernels = first["stats"]["compiles"]
     assert kernels >= 3 and first["stats"]["disk_hits"] == 0
     assert len(entries(tmp_path)) == kernels
     assert first["optimized"] >= kernels
-    second = run(device, tmp_path, code)
+    second = run(device, tmp_path, frozen_code)
     assert second["stats"]["compiles"] == 0 and second["stats"]["disk_hits"] == kernels
     assert second["optimized"] == 0  # a hit skips optimisation (by any pass: proofs too), not only compiling
     assert sum("from the disk cache" in line for line in second["log"]) == kernels
     assert not any(line.startswith("prepjit: compile") for line in second["log"])
 
 
-def test_cache_off_reads_and_writes_nothing(device, tmp_path, code, filled):
+def test_cache_off_reads_and_writes_nothing(device, tmp_path, frozen_code, filled):
     filled(device, tmp_path)
     written = [p.read_bytes() for p in entries(tmp_path)]
-    off = run(device, tmp_path, code, cache="0")
+    off = run(device, tmp_path, frozen_code, cache="0")
     assert off["stats"]["disk_hits"] == 0 and off["stats"]["compiles"] == len(written)
     assert [p.read_bytes() for p in entries(tmp_path)] == written
     fresh = tmp_path / "fresh"
-    run(device, fresh, code, cache="0")
+    run(device, fresh, frozen_code, cache="0")
     assert not fresh.exists()
 
 
-def test_corrupt_truncated_and_misplaced_entries_are_rebuilt(device, tmp_path, code, filled):
+def test_corrupt_truncated_and_misplaced_entries_are_rebuilt(device, tmp_path, frozen_code, filled):
     filled(device, tmp_path)
     paths = entries(tmp_path)
     assert len(paths) >= 3
@@ -140,19 +130,19 @@ def test_corrupt_truncated_and_misplaced_entries_are_rebuilt(device, tmp_path, c
     paths[2].write_bytes(good[0])                                     # another kernel's intact entry
     for path in paths[3:]:
         path.write_bytes(b"")                                         # empty
-    rebuilt = run(device, tmp_path, code)
+    rebuilt = run(device, tmp_path, frozen_code)
     assert rebuilt["stats"]["compiles"] == len(paths) and rebuilt["stats"]["disk_hits"] == 0
     assert [p.read_bytes() for p in entries(tmp_path)] == good
-    assert run(device, tmp_path, code)["stats"]["disk_hits"] == len(paths)
+    assert run(device, tmp_path, frozen_code)["stats"]["disk_hits"] == len(paths)
 
 
-def test_concurrent_writers_leave_whole_entries(device, tmp_path, code):
-    writers = [start(device, tmp_path, code) for _ in range(2)]
-    results = [finish(w, code) for w in writers]
+def test_concurrent_writers_leave_whole_entries(device, tmp_path, frozen_code):
+    writers = [start(device, tmp_path, frozen_code) for _ in range(2)]
+    results = [finish(w, frozen_code) for w in writers]
     kernels = max(r["stats"]["compiles"] + r["stats"]["disk_hits"] for r in results)
     assert [p.name for p in (tmp_path / "kernels").iterdir() if p.name.startswith(".")] == []  # no temp files left
     assert len(entries(tmp_path)) == kernels
-    reader = run(device, tmp_path, code)
+    reader = run(device, tmp_path, frozen_code)
     assert reader["stats"]["compiles"] == 0 and reader["stats"]["disk_hits"] == kernels
 
 
@@ -177,8 +167,8 @@ print(disk_cache.kernel_key(ast, "cpu", get_device("cpu").compiler_id))
 """
 
 
-def test_key_is_the_same_in_every_process(code):
-    keys = [subprocess.run([sys.executable, "-c", KEY_SCRIPT], cwd=code, env={**os.environ, "PYTHONPATH": str(code)},
+def test_key_is_the_same_in_every_process(frozen_code):
+    keys = [subprocess.run([sys.executable, "-c", KEY_SCRIPT], cwd=frozen_code, env={**os.environ, "PYTHONPATH": str(frozen_code)},
                            capture_output=True, text=True, check=True, timeout=120).stdout.strip() for _ in range(2)]
     assert len(keys[0]) == 64 and keys[0] == keys[1]
 
@@ -254,7 +244,7 @@ class Payload:
         return os.system, (self.command,)
 
 
-def test_forged_pickle_entries_are_never_executed(device, tmp_path, code, filled):
+def test_forged_pickle_entries_are_never_executed(device, tmp_path, frozen_code, filled):
     filled(device, tmp_path)
     marker = tmp_path / "executed"
     evil = pickle.dumps(Payload(f"touch {marker}"))
@@ -263,14 +253,14 @@ def test_forged_pickle_entries_are_never_executed(device, tmp_path, code, filled
         key = path.name.encode()
         old_format = b"prepjit-kernel-cache-v1\n" + hashlib.sha256(key + b"\0" + evil).digest() + evil
         path.write_bytes([old_format, evil][i % 2])
-    rebuilt = run(device, tmp_path, code)
+    rebuilt = run(device, tmp_path, frozen_code)
     assert not marker.exists()
     assert rebuilt["stats"]["compiles"] == len(paths) and rebuilt["stats"]["disk_hits"] == 0
     assert all(p.read_bytes().startswith(b"PREPJIT\0kernel") for p in entries(tmp_path))
-    assert run(device, tmp_path, code)["stats"]["disk_hits"] == len(paths)
+    assert run(device, tmp_path, frozen_code)["stats"]["disk_hits"] == len(paths)
 
 
-def test_fifo_and_symlink_entries_are_skipped_without_blocking(device, tmp_path, code, filled):
+def test_fifo_and_symlink_entries_are_skipped_without_blocking(device, tmp_path, frozen_code, filled):
     filled(device, tmp_path)
     paths = entries(tmp_path)
     for i, path in enumerate(paths):
@@ -279,10 +269,10 @@ def test_fifo_and_symlink_entries_are_skipped_without_blocking(device, tmp_path,
             os.symlink("/dev/zero", path)
         else:
             os.mkfifo(path)
-    rebuilt = run(device, tmp_path, code)  # communicate() times out if a read blocks on the FIFO
+    rebuilt = run(device, tmp_path, frozen_code)  # communicate() times out if a read blocks on the FIFO
     assert rebuilt["stats"]["compiles"] == len(paths) and rebuilt["stats"]["disk_hits"] == 0
     assert all(stat.S_ISREG(p.lstat().st_mode) for p in entries(tmp_path))  # each bad entry was replaced
-    assert run(device, tmp_path, code)["stats"]["disk_hits"] == len(paths)
+    assert run(device, tmp_path, frozen_code)["stats"]["disk_hits"] == len(paths)
 
 
 def test_fifo_read_returns_at_once(cache):

@@ -4,7 +4,6 @@ accumulated in float32 and rounded once, preferred_element_type= and precision=,
 random, saved plans and the disk cache on bfloat16."""
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -14,7 +13,6 @@ import pytest
 
 import prepjit as pj
 import prepjit.numpy as pnp
-from prepjit.runtime import disk_cache
 
 BF16 = ml_dtypes.bfloat16
 
@@ -209,14 +207,12 @@ print(json.dumps({"stats": f.stats, "bits": np.asarray(out).view(np.uint16).toli
 """
 
 
-def test_disk_cache_on_bfloat16(device, tmp_path):
-    code = tmp_path / "code"  # a frozen copy: a source edited between the two processes would rightly miss
-    shutil.copytree(disk_cache.PACKAGE_ROOT, code / "prepjit", ignore=shutil.ignore_patterns("__pycache__"))
-    env = {**os.environ, "PREPJIT_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(code)}
+def test_disk_cache_on_bfloat16(device, tmp_path, frozen_code):
+    env = {**os.environ, "PREPJIT_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(frozen_code)}
     runs = []
     for _ in range(2):
-        out = subprocess.run([sys.executable, "-c", _CACHE_SCRIPT, device], env=env, cwd=code, capture_output=True,
-                             text=True, timeout=300)
+        out = subprocess.run([sys.executable, "-c", _CACHE_SCRIPT, device], env=env, cwd=frozen_code,
+                             capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr
         runs.append(json.loads(out.stdout))
     first, second = runs
