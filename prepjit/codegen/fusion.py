@@ -37,6 +37,7 @@ ROW_VALUE_COST = 8     # a kept-dims value of reductions this cheap is recompute
 STREAM_INLINE_COST = 16  # a value unpacked from integer data this cheap is recomputed by a streaming reader,
 STREAM_REUSE = 4         # one that uses each element it loads at most this many times (4-bit weights: twice)
 CONTRACTION_INLINE_COST = 64  # and one this cheap by a sum of products (q4_k's weight: 48; q8_0's 11)
+STREAM_OPERAND_COST = 24  # a float value this cheap is recomputed by the streaming kernels that read it
 PROLOGUE_MAX = 1 << 14  # a one-element reduction of at most this many elements is computed as a prologue of its
 # reader when that kernel has at most this many outputs too (each CPU thread and each GPU work-group of the reader
 # computes it; a C-style kernel that reads one is a row kernel of one row, a single work-group)
@@ -85,12 +86,12 @@ def choose_materialized(outputs: list[UOp], row_values: bool = False) -> set[UOp
             chosen.add(node)  # read at several places, its expression would double with each (a concatenate chain)
             cost[node] = 1
     readers: dict[UOp, set] = {}  # node -> the kernel roots whose kernels compute it inline
-    streams: dict[UOp, int] = {}  # kernel root -> the most an unpacked value may cost it (_unpacked_in_stream)
+    streams: dict[UOp, tuple] = {}  # kernel root -> how it reads its operands (_recomputed_in_stream)
     for node in graph:  # parents first, so a node's readers are final when it is reached
         mine = readers.get(node, set())
         if node in chosen or node.op in ELEMENTWISE and node not in is_root and node.shape and not _widening(
-                node) and _worth_materialising(node, mine, cost, row_values) and not _unpacked_in_stream(
-                node, mine, cost, streams):
+                node) and _worth_materialising(node, mine, cost, row_values) and not _recomputed_in_stream(
+                node, mine, cost, streams, chosen, readers_of):
             chosen.add(node)
             mine = set()
         passes = {node} if node in is_root or node in chosen else mine
@@ -166,26 +167,76 @@ def _worth_materialising(node: UOp, readers: set, cost: dict, row_values: bool) 
     return (c - 1) * evaluations > (c + MEMORY_COST) * size + LAUNCH_COST
 
 
-def _unpacked_in_stream(node: UOp, readers: set, cost: dict, streams: dict) -> bool:
-    """Whether `node` is a cheap value unpacked from integer data (a quantized weight's block scale: bytes joined,
-    bitcast to float16, widened) that only kernels streaming their operands read: it is recomputed in registers
-    there, where the loads bound the time, because materialising it would cost bytes quantization saved. A sum of
-    products (a matmul of many rows over a quantized weight) is such a reader too: codegen unpacks each block once
-    per register block of rows (block_matmul.py), so no float32 copy of the weight is made."""
-    if cost[node] > CONTRACTION_INLINE_COST or \
-            not _reads(node, lambda leaf: leaf.op is Ops.INPUT and leaf.dtype.is_int):
-        return False
+def _recomputed_in_stream(node: UOp, readers: set, cost: dict, streams: dict, chosen: set,
+                          readers_of: Counter) -> bool:
+    """Whether `node` is recomputed by the kernels reading it, which stream their operands, instead of materialised.
+
+    A cheap value unpacked from integer data (a quantized weight's block scale: bytes joined, bitcast to float16,
+    widened) that only streaming kernels read is recomputed in registers there, where the loads bound the time,
+    because materialising it would cost bytes quantization saved. A sum of products (a matmul of many rows over a
+    quantized weight) is such a reader too: codegen unpacks each block once per register block of rows
+    (block_matmul.py), so no float32 copy of the weight is made.
+
+    A cheap float value (STREAM_OPERAND_COST: a normalised row x * rsqrt(mean(x^2)) * gain, SiLU(gate) * up) that
+    only streaming sums of products read (a decode step's matvecs, each weight element loaded used a few times at
+    most) is their operand computed where it is read: once per reduction step and column block on the cpu, once per
+    weight element on a GPU's row kernel, a few ops next to a weight load, where materialising it costs a kernel (a
+    launch, a pass over the value). A one-element reduction it reads (the norm's mean of squares) is then a prologue
+    of the contraction's kernel (fused_reductions); one that reads a row's reduction broadcast along the row (softmax's
+    probabilities) is not: it and its row's reductions are one row kernel, where the contraction would leave them
+    kernels of their own."""
+    unpacked = _reads(node, lambda leaf: leaf.op is Ops.INPUT and leaf.dtype.is_int)
+    if unpacked:
+        own = cost[node]
+        if own > CONTRACTION_INLINE_COST:
+            return False
+    else:
+        own, kernel, shares = _own_expression(node, chosen, readers_of)
+        if kernel or own > STREAM_OPERAND_COST:
+            return False
     for r in readers:
-        if r not in streams:  # the most an unpacked value may cost for r's kernel to recompute it
+        if r not in streams:  # (whether r is a sum of products, whether it streams: few uses of each element loaded)
             loaded: list[int] = []
             _reads(r.src[0] if r.op is Ops.REDUCE_AXIS else r, lambda leaf: loaded.append(_elements(leaf)) or True)
             products = r.op is Ops.REDUCE_AXIS and r.arg[0] is Ops.ADD and r.src[0].op is Ops.MUL
-            # each element loaded is used a few times at most (a matvec streaming its weight), or a sum of products
-            streams[r] = CONTRACTION_INLINE_COST if products else \
-                STREAM_INLINE_COST if _iterations(r) <= STREAM_REUSE * sum(loaded) else -1
-        if cost[node] > streams[r]:
+            streams[r] = products, _iterations(r) <= STREAM_REUSE * sum(loaded)
+        products, streaming = streams[r]
+        limit = (CONTRACTION_INLINE_COST if products else STREAM_INLINE_COST if streaming else -1) if unpacked else \
+            STREAM_OPERAND_COST if streaming and (products or len(readers) == 1 or not shares) else -1
+        if own > limit:
             return False
     return True
+
+
+def _own_expression(node: UOp, chosen: set, readers_of: Counter) -> tuple[int, bool, bool]:
+    """(the cost of `node`'s inlined expression down to the values others read too, a load each: those are theirs
+    to materialise or recompute, like a residual stream; whether materialising `node` costs no kernel of its own, or
+    saves its reductions theirs: the expression reads a reduction element for element, a residual add after a
+    projection the contraction's kernel stores as its epilogue, or one of more than one element broadcast, a row's
+    max or sum its row's kernel computes with it; whether it reads a value others read too that is not materialised
+    (yet: decided after its readers), which each kernel recomputing `node` would recompute too)."""
+    total, kernel, shares, stack, seen = 0, False, False, [(node, True)], set()
+    while stack:
+        n, direct = stack.pop()
+        if (n, direct) in seen:
+            continue
+        seen.add((n, direct))
+        if n is not node and (n.op in REALIZED and n.op is not Ops.REDUCE_AXIS or n in chosen or
+                              readers_of[n] > 1 and n.op in ELEMENTWISE):
+            total += 1
+            shares |= not (n.op in REALIZED or n in chosen)
+            continue
+        if n.op is Ops.REDUCE_AXIS:
+            total += 1
+            kernel |= direct
+            continue
+        if n.op is Ops.EXPAND and not _one_element(n.src[0]) and not _reads(
+                n.src[0], lambda leaf: leaf.op is not Ops.REDUCE_AXIS):
+            kernel = True
+        if n.op in ELEMENTWISE and (n, not direct) not in seen:  # each op counted once, however it is reached
+            total += 0 if _widening(n) or _rounded_reduction(n) else OP_COST.get(n.op, 1)
+        stack.extend((s, direct and (n.op in ELEMENTWISE or n.op is Ops.RESHAPE)) for s in n.src)
+    return total, kernel, shares
 
 
 def _reads(node: UOp, ok) -> bool:
@@ -305,8 +356,9 @@ def fused_reductions(outputs: list[UOp], materialized: set[UOp], rows: bool = Fa
         more = set()
         for red, readers in reads.items():
             root = readers[0][0]
-            if red in explicit or red in in_loops or root in in_loops or root.op is Ops.REDUCE_AXIS:
-                continue
+            if red in explicit or red in in_loops or root in in_loops or \
+                    root.op is Ops.REDUCE_AXIS and any(how != _UNIFORM for _, how in readers):
+                continue  # a reduction's kernel computes another inside it only as its prologue
             if all(r is root and (how in ok or how == _UNIFORM and _small_prologue(red, root)) for r, how in readers):
                 if one_contraction and red not in fused and _is_contraction(red, expands):
                     if holds.setdefault(root, red) is not red:
@@ -353,7 +405,7 @@ def _step(how: int, n: UOp) -> int:
         return _INNER if how in (_DIRECT, _ROW, _UNIFORM) else _OTHER
     if how == _UNIFORM:  # what a one-element value reads is read at one index
         return _UNIFORM
-    if n.op is Ops.EXPAND and how != _OTHER and _one_element(n.src[0]):
+    if n.op is Ops.EXPAND and _one_element(n.src[0]):  # whatever index reaches it, it reads its one element
         return _UNIFORM
     if n.op in ELEMENTWISE:
         return how
@@ -371,9 +423,9 @@ def _step(how: int, n: UOp) -> int:
 
 def _reductions_read(root: UOp, materialized: set[UOp], fused: set[UOp]) -> list[tuple[UOp, int]]:
     """The reductions the kernel computing `root` reads, each with how its index reaches it (`_step`); the walk
-    goes on into the `fused` ones (reductions and inlined scatters: their kernel is this one), reading their
-    operands as `_OTHER`."""
-    out, seen, stack = [], set(), [(root, _OTHER if root.op is Ops.REDUCE_AXIS else _DIRECT)]
+    goes on into the `fused` ones (reductions and inlined scatters: their kernel is this one) and into `root`'s own
+    operands (a reduction's read `_INNER`, inside it)."""
+    out, seen, stack = [], set(), [(root, _DIRECT)]
     while stack:
         n, how = stack.pop()
         if (n, how) in seen:
@@ -382,6 +434,5 @@ def _reductions_read(root: UOp, materialized: set[UOp], fused: set[UOp]) -> list
         if n is not root and n.op is Ops.REDUCE_AXIS and n not in fused:
             out.append((n, how))
         if n is root or n in fused or not (n.op in REALIZED or n in materialized):
-            below = _OTHER if n is root and root.op is Ops.REDUCE_AXIS else _step(how, n)
-            stack.extend((s, below) for s in n.src)
+            stack.extend((s, _step(how, n)) for s in n.src)
     return out
