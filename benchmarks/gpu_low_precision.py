@@ -30,8 +30,7 @@ from .gpu_models import CONTEXT, POS, SMOLLM2, _bert, _llama, cosine, to_device
 
 
 def matmul_rows(device: str, t: Torch, sizes, reps: int):
-    torch = t.torch
-    torch.backends.cuda.matmul.allow_tf32 = False
+    torch = t.torch   # Torch() turned TF32 off: float32 products are exact
     rng = np.random.default_rng(0)
     mm = pj.prepare(lambda a, b: a @ b, device=device)
     for size in sizes:

@@ -20,7 +20,8 @@ matvec.py's one-row kernel costs, three rows a block of 2 and a block of 1, not 
 
 One row's sum is the same sequence of operations in a block of any size (a vector of lane sums accumulated over
 the block ranges in order, its lanes added up once): row b's result has the same bits for B = 1 and B = 64 (a
-serving engine's greedy output does not depend on its batch; tests/codegen/test_block_matmul.py checks it). The sum is reassociated as in the one-row kernel.
+serving engine's greedy output does not depend on its batch; tests/codegen/test_block_matmul.py checks it). The
+sum is reassociated as in the one-row kernel.
 """
 from __future__ import annotations
 

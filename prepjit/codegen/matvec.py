@@ -70,7 +70,7 @@ def matvec(ast: UOp, target: CPUTarget, blocking: Blocking = DEFAULT_BLOCKING) -
     loop and every other loop inside, in order (unless another loop is larger, like a batch of matrices: then
     the loops keep their order); a one-row contraction over a weight contiguous along the columns blocked
     wide (see row_bytes, or `blocking`'s width); a contraction of several rows over a weight in blocks
-register-blocked (block_matmul.py); None for other kernels (optimize.py blocks them)."""
+    register-blocked (block_matmul.py); None for other kernels (optimize.py blocks them)."""
     split = split_blocks(ast)
     blocked = block_matmul(split, target, blocking) if split is not ast else None
     if blocked is not None:

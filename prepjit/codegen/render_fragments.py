@@ -44,7 +44,8 @@ def emit_fragment_contraction(r, c: Contraction):
     accs = {(x, y, e): f"acc{x}_{y}_{e}" for x in range(fm) for y in range(fn) for e in range(4)}
     for x in range(fm):
         r.emit(" ".join(f"float {accs[x, y, e]} = 0.0f;" for y in range(fn) for e in range(4)))
-    def bits(r, operand):   # a 16-bit element's bits: a plain load's as stored, else the value's rounded (exact)
+
+    def bits(operand):   # a 16-bit element's bits: a plain load's as stored, else the value's rounded (exact)
         inner = operand.src[0]
         if inner.op is Ops.LOAD and len(inner.src) == 2:
             return f"buf{inner.src[0].arg}[{r.value(inner.src[1])}]"

@@ -16,13 +16,8 @@ group each) MiniLM's 4096 x 1536 feed-forward (k = 384) ran in 133 us in 768 til
 in 384 of 128 x 128, its batched 128 x 128 attention scores in 18.7 against 29.8 us, while 4096^3 keeps its
 1024 tiles of 128 x 128 (PREPJIT_TUNE's timings, tune.py, which picks among these shapes on any GPU).
 
-Where both operands are 16-bit floats widened to float32 (bfloat16 or float16 values: a bf16 matmul with float32
-accumulation) and the dialect has tensor-core instructions (`Dialect.tensor_core_mma`: CUDA, sm_80 or newer),
-the launch says so (`fragments`, the operands' dtype) and the slices are staged as 16-bit values and multiplied
-by warp-wide m16n8k16 matrix instructions (`mma.sync`) instead of work-items' FMAs: each warp owns a WARP_TILE of
-the tile (64 x 32 or 32 x 64 outputs, 4 x 4 or 2 x 8 fragments of 16 x 8), its accumulators the fragments' float32
-registers (PTX ISA's m16n8k16 layouts: A's rows g and g + 8 and k 2t, 2t + 1 (+ 8), B's column g, C's rows g,
-g + 8 and columns 2t, 2t + 1, with g = lane / 4 and t = lane % 4).
+Where both operands are 16-bit floats widened to float32 and the dialect has matrix instructions, the launch
+says so (`fragments`) and render_fragments.py multiplies the slices on tensor cores instead of work-items' FMAs.
 
 The rows (i) and columns (j) may each be several ranges (x @ w with x of shape (B, T, C): the rows are B x T),
 flattened row-major. `match_contraction` finds the pattern; `emit_contraction` writes the kernel body through
@@ -234,7 +229,8 @@ def _operands(c: Contraction):
 
 def emit_loads(r, c: Contraction, regs: dict, k0: str, value=None):
     """Load the slice at k0 of both operands into the registers `regs` (name -> list of register names), each
-    element as `value(r, operand)` spells it (default: the operand's value)."""
+    element as `value(operand)` spells it (default: the operand's value, r.value)."""
+    value = value or r.value
     long, kk_end = r.long, r.value(c.k.src[0])
     for name, operand, own, width, axis, per in _operands(c):
         extent = r.value(_extent(own))
@@ -258,7 +254,7 @@ def emit_loads(r, c: Contraction, regs: dict, k0: str, value=None):
             for e in range(per):
                 r.open_block("", {bound: f"({base} + {e})", **{i: f"({v} + {e})" for i, v in starts.items()}}
                              if per > 1 else {})
-                r.emit(f"{reg}[{e}] = {(value or type(r).value)(r, operand)};")
+                r.emit(f"{reg}[{e}] = {value(operand)};")
                 r.close_block()
             r.close_block()
             r.close_block()
@@ -287,7 +283,7 @@ def emit_tile_start(r, c: Contraction, element: str, k_major: bool = True) -> tu
     Bs[k][column], or with `k_major` False As[row][k] and Bs[column][k]), the work-item's and the group's ids (lid,
     own, part, tx, ty, bid, i0, j0; the batch ranges bound) and the registers the slices are loaded into (of type
     `element` too); returns (m, n, k's end, {operand name: its registers})."""
-    d, long, acc_t = r.d, r.long, r.d.ctype(dtypes.float32)
+    d, long = r.d, r.long
     m, n, kk_end = r.value(_extent(c.i)), r.value(_extent(c.j)), r.value(c.k.src[0])
     sx = c.tn // REG                  # work-items along a tile's columns
     for name, width in (("As", c.tm), ("Bs", c.tn)):
