@@ -91,9 +91,28 @@ class InlineMath:
         quiet = self.op(f"or {i} {self.op(f'and {i} {bits}, {n_(-2**31)}')}, {n_(0x7FC00000)}")
         return self.op(f"select {b} {self.op(f'fcmp uno {f} {v}, {v}')}, {i} {quiet}, {i} {rounded}")
 
+    def sticky_double(self, v: str, src: DType) -> str:
+        """Integer `v` as a double that `odd_float` rounds as it would round `v`: `v` itself where a double holds
+        it (magnitude below 2**53), else its bits but the lowest 11, those folded into one sticky bit (42 or more
+        bits below the top one, beyond float's reach), so that no first rounding to double makes a tie."""
+        d = self.ty(dtypes.float64)
+        if src.itemsize < 8:
+            return self.op(f"{'sitofp' if src.kind == 'i' else 'uitofp'} {self.ty(src)} {v} to {d}")
+        i, b = self.ty(dtypes.int64), self.ty(dtypes.bool)
+        n_ = lambda k: self.const(str(k), dtypes.int64)  # noqa: E731
+        negative = self.op(f"icmp slt {i} {v}, {n_(0)}") if src.kind == "i" else None
+        a = self.op(f"select {b} {negative}, {i} {self.op(f'sub {i} {n_(0)}, {v}')}, {i} {v}") if negative else v
+        lost = self.op(f"icmp ne {i} {self.op(f'and {i} {a}, {n_(2047)}')}, {n_(0)}")
+        folded = self.op(f"or {i} {self.op(f'lshr {i} {a}, {n_(11)}')}, {self.op(f'zext {b} {lost} to {i}')}")
+        scale = self.const(const_literal(2048.0, dtypes.float64), dtypes.float64)
+        scaled = self.op(f"fmul {d} {self.op(f'uitofp {i} {folded} to {d}')}, {scale}")
+        big = self.op(f"icmp uge {i} {a}, {n_(2**53)}")
+        out = self.op(f"select {b} {big}, {d} {scaled}, {d} {self.op(f'uitofp {i} {a} to {d}')}")
+        return self.op(f"select {b} {negative}, {d} {self.op(f'fneg {d} {out}')}, {d} {out}") if negative else out
+
     def odd_float(self, v: str, src: DType) -> str:
         """A double `v` as float rounded to odd (toward zero, the lowest bit set when inexact), so that rounding
-        it on to bfloat16 rounds the double once (ml_dtypes rounds a double to bfloat16 directly)."""
+        it on to a 16-bit float rounds the double once (renderer.rounds_through_odd_float)."""
         f, d, i, b = self.ty(dtypes.float32), self.ty(src), self.ty(dtypes.int32), self.ty(dtypes.bool)
         n_ = lambda k: self.const(str(k), dtypes.int32)  # noqa: E731
         near = self.op(f"fptrunc {d} {v} to {f}")

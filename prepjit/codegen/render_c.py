@@ -37,7 +37,7 @@ from .render_rows import launch_size as row_launch_size
 from .render_fragments import emit_fragment_contraction
 from .render_tiles import emit_contraction, match_contraction
 from .render_tiles import launch_size as contraction_size
-from .renderer import KernelRenderer
+from .renderer import KernelRenderer, rounds_through_odd_float
 
 ALIGN = 16                # bytes every buffer's start is aligned to (each is an allocation's start)
 
@@ -74,7 +74,14 @@ _BFLOAT16 = """{func}float pj_bfloat16_to_float({u16} b) {{ return {bits_float};
   return ({u16})((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }}
 {func}float pj_round_bfloat16(float x) {{ return pj_bfloat16_to_float(pj_float_to_bfloat16(x)); }}"""
-# a double (or an integer, exactly as a double) as a float rounded to odd: rounding that on to bfloat16 rounds once
+# a 64-bit integer as a double that pj_odd_float rounds as it would round the integer: the integer where a double
+# holds it, else with its lowest 11 bits folded into a sticky bit (renderer.rounds_through_odd_float)
+_STICKY_DOUBLE = """double pj_sticky_double_{n}({t} v) {{
+  {u} a = {negative} ? ({u})0 - ({u})v : ({u})v;
+  double d = a >> 53 ? (double)((a >> 11) | ({u})((a & 2047{us}) != 0)) * 2048.0 : (double)a;
+  return {negative} ? -d : d;
+}}"""
+# a double as a float rounded to odd: rounding that on to a 16-bit float rounds the double once
 _ODD_FLOAT = """{func}float pj_odd_float(double d) {{
   float x = (float)d;
   {u32} u = {float_bits};
@@ -346,8 +353,9 @@ class CStyleRenderer(KernelRenderer):
             return self.let(dst, f"{v} != 0")
         if src.is_float and not dst.is_float:  # saturating, NaN -> 0 (like llvm.fpto*i.sat)
             return self.let(dst, f"{self.saturate_helper(src, dst)}({v})")
-        if dst == dtypes.bfloat16 and (src.is_int or src == dtypes.float64):  # round once, as ml_dtypes
-            return self.round_to(self.let(dst, f"{self.bfloat16_helpers(odd=True)}odd_float((double){v})"), dst)
+        if rounds_through_odd_float(src, dst):
+            wide = f"{self.sticky_double_helper(src)}({v})" if src.is_int and src.itemsize == 8 else f"(double){v}"
+            return self.round_to(self.let(dst, f"{self.bfloat16_helpers(odd=True)}odd_float({wide})"), dst)
         if src.is_float and dst.is_float and self.d.ctype(src) == t:
             return self.round_to(v, dst) if dst.narrow else v
         if src.itemsize == dst.itemsize and src.is_int and dst.is_int and src.kind == dst.kind:
@@ -373,6 +381,14 @@ class CStyleRenderer(KernelRenderer):
         if dt == dtypes.float16 and self.d.bit_view_helper:
             self.helpers.setdefault("pj_half_bits", self.d.bit_view_helper)
         return self.d.bit_views[dt][way]
+
+    def sticky_double_helper(self, src: DType) -> str:
+        """64-bit integer -> a double that pj_odd_float rounds as it would round the integer (llvm_ir.py's
+        sticky_double)."""
+        u = self.d.ctype(dtypes.uint64)
+        text = _STICKY_DOUBLE.format(n=src.name, t=self.d.ctype(src), u=u, us=self.d.ulong_suffix,
+                                     negative="v < 0" if src.kind == "i" else "0")
+        return self.helper(f"pj_sticky_double_{src.name}", text)
 
     def saturate_helper(self, src: DType, dst: DType) -> str:
         """float -> integer, truncating, clamped to the integer's range (the float bounds round outward)."""

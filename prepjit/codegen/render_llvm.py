@@ -21,7 +21,7 @@ from ..uop.ops import FMA_DTYPES
 from .kernel import KernelSource, kernel_vars, parallel_range
 from .llvm_ir import InlineMath, const_literal, intrinsic_suffix, mem_type, reg_type
 from .llvm_reductions import ReductionRendering
-from .renderer import KernelRenderer
+from .renderer import KernelRenderer, rounds_through_odd_float
 from .target import CPUTarget, host_target
 
 _MATH = {Ops.EXP: "exp", Ops.EXP2: "exp2", Ops.LOG: "log", Ops.LOG2: "log2", Ops.SQRT: "sqrt", Ops.SIN: "sin",
@@ -244,11 +244,9 @@ class _Renderer(ReductionRendering, KernelRenderer, InlineMath):
             return self.op(f"fcmp une {st} {v}, {zero}" if src.is_float else f"icmp ne {st} {v}, {zero}")
         if src == dtypes.bool:
             return self.op(f"uitofp {st} {v} to {dt_}" if dst.is_float else f"zext {st} {v} to {dt_}")
-        if dst == dtypes.bfloat16 and (src.is_int or reg_type(src) == "double"):  # round once, as ml_dtypes
-            if src.is_int:
-                v, st = self.op(f"{'sitofp' if src.kind == 'i' else 'uitofp'} {st} {v} to {self.ty(dtypes.float64)}"), \
-                    self.ty(dtypes.float64)
-            return self.round_to(self.odd_float(v, dtypes.float64), dst)
+        if rounds_through_odd_float(src, dst):
+            wide = self.sticky_double(v, src) if src.is_int else v
+            return self.round_to(self.odd_float(wide, dtypes.float64), dst)
         if src.is_float and dst.is_float:
             if st == dt_:
                 return self.round_to(v, dst) if dst.narrow else v

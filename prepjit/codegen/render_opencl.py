@@ -2,8 +2,8 @@
 
 ABI: `__kernel void name(__global T0 *buf0, ..., long v_<var>, ...)`. float16 is stored as `half` through
 the core `vload_half`/`vstore_half_rte` built-ins (no cl_khr_fp16 needed), bfloat16 as `ushort` bits; float64
-needs cl_khr_fp64, requested with a pragma the device checks (also by a cast to bfloat16 from an integer or
-a double, which rounds through a double). Kernels that are not grouped leave the work-group size to
+needs cl_khr_fp64, requested with a pragma the device checks (also by a cast to bfloat16 from a 32- or 64-bit
+integer, which rounds through a double: renderer.rounds_through_odd_float). Kernels that are not grouped leave the work-group size to
 the runtime.
 """
 from __future__ import annotations
@@ -14,6 +14,7 @@ from .kernel import KernelSource
 from .optimize import Blocking
 from .render_c import Dialect, render_c
 from .render_rows import GROUP_REDUCE_MIN, REDUCE_GROUP, uses_grouped_reduce
+from .renderer import rounds_through_odd_float
 
 __all__ = ["GROUP_REDUCE_MIN", "OPENCL", "REDUCE_GROUP", "render_opencl", "uses_grouped_reduce"]
 
@@ -34,7 +35,7 @@ _INT64_ATOMICS = "#pragma OPENCL EXTENSION cl_khr_int64_base_atomics : enable"
 
 
 def _fp64_pragma(ast: UOp) -> list[str]:
-    doubles = any(u.dtype == dtypes.float64 or u.op is Ops.CAST and u.dtype == dtypes.bfloat16 and u.src[0].dtype.is_int
+    doubles = any(u.dtype == dtypes.float64 or u.op is Ops.CAST and rounds_through_odd_float(u.src[0].dtype, u.dtype)
                   for u in ast.toposort())
     return ["#pragma OPENCL EXTENSION cl_khr_fp64 : enable"] if doubles else []
 

@@ -4,10 +4,19 @@ each op (float16 and bfloat16 are computed in float and every result is rounded 
 AST node to the renderer's own hooks (`literal`, `var_name`, `load`, `reduce`, `cast`, `bitcast`, `alu`)."""
 from __future__ import annotations
 
-from ..uop import Ops, UOp
+from ..uop import DType, Ops, UOp, dtypes
 
 _NOT_ROUNDED = (Ops.CONST, Ops.LOAD, Ops.REDUCE, Ops.CAST, Ops.BITCAST)  # exact halves, or rounded by their hook
 _OWN_WALK = (Ops.LOAD, Ops.REDUCE)  # their hooks render their operands themselves (inside a loop, for a reduce)
+
+
+def rounds_through_odd_float(src: DType, dst: DType) -> bool:
+    """Whether a conversion from `src` to the 16-bit float `dst` goes through float rounded to odd (then rounded
+    on, which rounds the exact value once): where going through float rounded to nearest could round twice, from
+    float64, and to bfloat16 from an integer wider than float's 24-bit significand (one that float16 cannot hold
+    exactly overflows to infinity however it is rounded). A renderer gives it the value as a double (an integer
+    past double's 53 bits with its low bits folded into a sticky one); OpenCL then needs cl_khr_fp64."""
+    return dst.narrow and (src == dtypes.float64 or dst == dtypes.bfloat16 and src.is_int and src.itemsize >= 4)
 
 
 class KernelRenderer:

@@ -1,6 +1,11 @@
-"""bfloat16 in every renderer: stored as its 16 bits, computed in float, and every conversion to it rounds once to
-nearest even with NaN kept quiet, bit-equal to ml_dtypes (the LLVM renderer on this CPU and on AVX2 only, OpenCL,
-and CUDA C through its CPU emulation)."""
+"""bfloat16 in every renderer: stored as its 16 bits, computed in float, and every conversion to it rounds the exact
+value once to nearest even, a NaN becoming the quiet NaN of its sign (the LLVM renderer on this CPU and on AVX2
+only, OpenCL, and CUDA C through its CPU emulation).
+
+The reference, `exact_bfloat16`, is computed here from the exact value (NumPy's float64 rint, Python integers),
+not by a library's cast: ml_dtypes 0.7 rounds once, as this does; ml_dtypes 0.6 and XLA's CPU code (jax 0.10)
+round a float64 or an integer to float32 first, which rounds twice (1 + 2**-8 + 2**-30 becomes 1.0, not
+1.0078125)."""
 import json
 import os
 import subprocess
@@ -34,9 +39,36 @@ def float32_patterns(random: int = 100_000) -> np.ndarray:
     return np.concatenate([bits, rand]).view(np.float32)
 
 
-def same_bits(got, want) -> bool:
-    with np.errstate(all="ignore"):
-        return np.array_equal(np.asarray(got).view(np.uint16), np.asarray(want).astype(BF16).view(np.uint16))
+BF16_MAX = float(ml_dtypes.finfo(BF16).max)
+
+
+def exact_bfloat16(x) -> np.ndarray:
+    """The bits of each value of `x` (floats of any width, or integers) rounded once to bfloat16: to nearest, ties
+    to even, at bfloat16's 8 significant bits (fewer below its smallest normal, 2**-126), to infinity beyond its
+    largest float; a NaN is the quiet NaN of its sign (0x7fc0, 0xffc0)."""
+    x = np.asarray(x)
+    if x.dtype.kind in "iu":  # exactly, in Python integers: an int64 need not be a double
+        rounded = []
+        for v in x.tolist():
+            a, shift = abs(v), max(abs(v).bit_length() - 8, 0)
+            kept, lost = divmod(a, 1 << shift)
+            half = 1 << shift >> 1
+            kept += shift > 0 and (lost > half or lost == half and kept & 1)
+            rounded.append(float(kept << shift) * (-1 if v < 0 else 1))
+        x = np.array(rounded)
+    with np.errstate(invalid="ignore", over="ignore"):
+        x = x.astype(np.float64)  # exact for every float dtype
+        _, exp = np.frexp(x)  # |x| in [2**(exp-1), 2**exp)
+        step = np.maximum(exp - 8, -133)  # the exponent of a bfloat16 ulp at |x| (subnormals: 2**-133)
+        y = np.ldexp(np.rint(np.ldexp(x, -step)), step)  # exact: a scaling, then an integer rounded to even
+        y = np.where(np.abs(y) > BF16_MAX, np.copysign(np.inf, x), y)
+        bits = (y.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)  # y is a bfloat16: these are its bits
+    return np.where(np.isnan(x), np.where(np.signbit(x), 0xFFC0, 0x7FC0), bits).astype(np.uint16)
+
+
+def same_bits(got, x) -> bool:
+    """Whether bfloat16 array `got` holds `x` rounded once to bfloat16, bit for bit."""
+    return np.array_equal(np.asarray(got).view(np.uint16), exact_bfloat16(x))
 
 
 def float64_patterns() -> np.ndarray:
@@ -49,12 +81,20 @@ def float64_patterns() -> np.ndarray:
     return np.concatenate([x, ties])
 
 
+def bfloat16_ties(bits: int) -> list[int]:
+    """The integers of `bits` bits halfway between two bfloat16s (2**e + 2**(e-8)), and their negatives: one more
+    becomes one of them when rounded to float (e >= 25) or to double (e >= 54), so rounding it twice goes to even
+    where rounding it once goes away from zero."""
+    ties = [(1 << e) + (1 << (e - 8)) for e in range(8, bits - 1)]
+    return [v for t in ties for v in (t, -t)]
+
+
 def run_cast(device: str, x: np.ndarray) -> np.ndarray:
     return np.asarray(pj.prepare(lambda a: a.astype(BF16), device=device)(x))
 
 
-@pytest.mark.parametrize("source", ["float32", "float64", "float16", "int32", "int64", "uint8"])
-def test_casts_to_bfloat16_are_bit_equal_to_ml_dtypes(device, source):
+@pytest.mark.parametrize("source", ["float32", "float64", "float16", "int32", "int64", "uint8", "uint32", "uint64"])
+def test_casts_to_bfloat16_round_once(device, source):
     if source == "float32":
         x = float32_patterns()
     elif source == "float64":
@@ -63,12 +103,23 @@ def test_casts_to_bfloat16_are_bit_equal_to_ml_dtypes(device, source):
         x = np.arange(2**16, dtype=np.uint16).view(np.float16)
     else:
         info = np.iinfo(source)
-        edge = np.array([info.min, info.max, 0, 1, 2**24 + 2**16 + 1 if info.bits > 24 else 3], np.int64)
-        rand = np.random.default_rng(1).integers(info.min, info.max, 20_000, dtype=np.int64, endpoint=True)
-        if source == "int64":  # ml_dtypes goes through a double: equal where the int is one
-            rand = rand >> 11
-        x = np.concatenate([edge.astype(source), rand.astype(source)])
+        edge = [info.min, info.max, 0, 1, -1, 3] + [t + d for t in bfloat16_ties(info.bits) for d in (-1, 0, 1)]
+        rand = np.random.default_rng(1).integers(info.min, info.max, 20_000, dtype=source, endpoint=True)
+        x = np.concatenate([np.array([v for v in edge if info.min <= v <= info.max], source), rand,
+                            rand >> np.random.default_rng(3).integers(0, info.bits, rand.size, dtype=source)])
     assert same_bits(run_cast(device, x), x)
+
+
+def test_the_reference_rounds_as_ml_dtypes_07():
+    """exact_bfloat16 is ml_dtypes' cast where that rounds once: from float32 and float16 in every version, from
+    float64 and integers from 0.7 on (0.6 rounds those to float32 first)."""
+    sources = [float32_patterns(), np.arange(2**16, dtype=np.uint16).view(np.float16)]
+    if tuple(int(p) for p in ml_dtypes.__version__.split(".")[:2]) >= (0, 7):
+        sources += [float64_patterns(), np.array(bfloat16_ties(64), np.int64) + 1,
+                    np.random.default_rng(4).integers(-2**63, 2**63 - 1, 1000, dtype=np.int64)]
+    for x in sources:
+        with np.errstate(invalid="ignore", over="ignore"):
+            assert np.array_equal(x.astype(BF16).view(np.uint16), exact_bfloat16(x))
 
 
 def test_bfloat16_arrays_go_in_and_come_out_unchanged(device):

@@ -31,6 +31,26 @@ def assert_rounded_once(got, want_f32, dtype=BF16):
     np.testing.assert_array_less(np.abs(got.astype(np.float32) - want), ulp + 1e-30 + 1e-6 * (ulp == 0))
 
 
+@pytest.mark.parametrize("source", ["float64", "int32", "int64"])
+def test_casts_to_float16_round_once(device, source):
+    """A double (or an integer) rounds to float16 once, as NumPy rounds it (and JAX): not through float32 first,
+    which makes 1 + 2**-11 + 2**-30 a tie and gives 1.0 where the nearest float16 is 1 + 2**-10."""
+    rng = np.random.default_rng(6)
+    if source == "float64":
+        ties = 2.0 ** np.arange(-24, 16) * (1 + 2.0 ** -11)  # halfway between two float16s (subnormals included)
+        x = np.concatenate([ties, ties * (1 + 2.0 ** -40), ties * (1 - 2.0 ** -40), -ties * (1 + 2.0 ** -30),
+                            [0.0, -0.0, 65504.0, 65520.0, 65520.0 * (1 - 2.0 ** -30), 1e300, -np.inf, np.nan],
+                            rng.standard_normal(5000) * 2.0 ** rng.integers(-30, 17, 5000)])
+    else:
+        x = np.concatenate([rng.integers(-70000, 70000, 5000), [2**11 + 1, 2**12 + 2 + 1, -(2**13 + 4), 65519,
+                                                                   65520, 2**40 + 1]]).astype(source)
+    got = np.asarray(pj.prepare(lambda a: a.astype(pnp.float16), device=device)(x))
+    with np.errstate(over="ignore"):
+        want = x.astype(np.float16)
+    nan = np.isnan(want)  # (a NaN's payload is the device's)
+    assert np.array_equal(np.isnan(got), nan) and np.array_equal(got.view(np.uint16)[~nan], want.view(np.uint16)[~nan])
+
+
 @pytest.mark.parametrize("other,want", [(np.int32, BF16), (np.int8, BF16), (np.bool_, BF16), (np.float16, np.float32),
                                         (np.float32, np.float32), (np.float64, np.float64), (BF16, BF16)])
 def test_promotion_follows_jax(device, other, want):
