@@ -14,7 +14,7 @@ from ..codegen.offsets import share_offsets
 from ..codegen.dynamic_loop import PARTS, DynamicLoop
 from ..codegen.targets import target_for
 from ..codegen.schedule import KernelSequence, LoopKernels, ScheduledKernel, schedule
-from ..errors import CompileError
+from ..errors import CompileError, DeviceError
 from ..runtime import disk_cache
 from ..runtime.cache import Abandoned, CachedKernel, kernel_cache
 from ..runtime.dynamic_loop import DynamicLaunches
@@ -122,7 +122,7 @@ def _build(asts: list[UOp], device, counts: dict, meanwhile=None):
         try:
             with stage("compilation"):
                 binary = job.result()
-        except CompileError as e:
+        except (CompileError, DeviceError) as e:  # (DeviceError: the device cannot run what the kernel needs)
             yield ast, e
             continue
         except Exception as e:  # a renderer or driver bug must still say which kernel and show its source

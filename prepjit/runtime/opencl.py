@@ -128,6 +128,11 @@ class OpenCLLauncher(KernelStep):
                 self.enqueue(self.queue, self.kernel, (-(-size // group) * group,), self.local)
 
 
+# what a kernel asks an OpenCL extension for (render_opencl.py's pragmas; float16 needs none: it is stored and
+# loaded through the core vload_half / vstore_half_rte and computed in float)
+EXTENSION_USES = {"cl_khr_fp64": "float64", "cl_khr_int64_base_atomics": "int64 atomics"}
+
+
 class OpenCLDevice(DeviceBase):
     """Builds OpenCL C with pyopencl for one device and keeps results in its memory."""
 
@@ -161,11 +166,12 @@ class OpenCLDevice(DeviceBase):
         """OpenCL C -> the device's program binary (the expensive step; `load` makes it launchable).
         pyopencl's own binary cache is off: prepjit's disk cache (disk_cache.py) keeps these binaries."""
         cl = self.cl
-        for ext in re.findall(r"#pragma OPENCL EXTENSION (\w+) : enable", source):
-            if ext not in self.extensions:
-                raise CompileError(f"kernel {name} needs {ext} ({'float64' if ext == 'cl_khr_fp64' else ext}), "
-                                   f"which the OpenCL device {self.description} does not support\n"
-                                   f"--- source ---\n{source}")
+        missing = [ext for ext in re.findall(r"#pragma OPENCL EXTENSION (\w+) : enable", source)
+                   if ext not in self.extensions]
+        if missing:
+            needs = " and ".join(f"{EXTENSION_USES.get(ext, ext)} ({ext})" for ext in missing)
+            raise DeviceError(f"kernel {name} needs {needs}, which the OpenCL device {self.description} does not "
+                              f"support; run this signature on another device (device='cpu') or another dtype")
         try:
             program = cl.Program(self.context, source).build(options=self.build_options, cache_dir=False)
             required, most = self._group_sizes(cl.Kernel(program, name))

@@ -1,5 +1,7 @@
 """The opencl device: NumPy semantics per dtype, work-group sizes, large and odd sizes, replay with new
 shapes, results kept on the device, device selection and the errors of a missing platform or extension."""
+import re
+
 import numpy as np
 import pytest
 
@@ -227,7 +229,7 @@ def test_missing_platform_raises_device_error_with_install_hint(monkeypatch, pla
         OpenCLDevice()
 
 
-def test_float64_on_a_device_without_fp64_is_a_clear_compile_error():
+def test_float64_on_a_device_without_fp64_is_a_clear_device_error():
     from prepjit.runtime.opencl import OpenCLDevice
     f = pj.prepare(lambda x: x * 2, device="opencl")
     x = np.ones(4, np.float64)
@@ -236,8 +238,32 @@ def test_float64_on_a_device_without_fp64_is_a_clear_compile_error():
     source = f.plan(x).kernels[0].kernel.source
     no_fp64 = OpenCLDevice()
     no_fp64.extensions.discard("cl_khr_fp64")
-    with pytest.raises(pj.CompileError, match="cl_khr_fp64.*float64"):
+    with pytest.raises(pj.DeviceError, match="float64 \\(cl_khr_fp64\\).*" + re.escape(no_fp64.description)):
         no_fp64.compile("E_4", source)
+
+
+def test_prepare_on_a_device_without_fp64_or_fp16_says_which_dtype(monkeypatch):
+    """A program that needs float64 on an OpenCL device without cl_khr_fp64 (faked here) raises pj.DeviceError at
+    its first call, naming the dtype and the device, not a build failure; float16 needs no cl_khr_fp16 (it is
+    stored through the core vload_half / vstore_half_rte and computed in float), so it runs; the prepared
+    function keeps working."""
+    device = get_device("opencl")
+    monkeypatch.setattr(device, "extensions", device.extensions - {"cl_khr_fp64", "cl_khr_fp16"})
+    monkeypatch.setenv("PREPJIT_CACHE", "0")
+    f = pj.prepare(lambda x: x * 3.25 - 0.0625, device="opencl")  # a kernel no other test compiled
+    for dtype in ("float64", "int64"):  # a cast to bfloat16 from an int64 rounds through a double too
+        x = np.arange(6).astype(dtype)
+        g = f if dtype == "float64" else pj.prepare(lambda x: x.astype(pnp.bfloat16) * 3, device="opencl")
+        with pytest.raises(pj.DeviceError, match=f"float64 \\(cl_khr_fp64\\).*{re.escape(device.description)}"):
+            g(x)
+    half = np.arange(6, dtype=np.float16)
+    np.testing.assert_array_equal(f(half).numpy(), half * np.float16(3.25) - np.float16(0.0625))
+    assert f(np.ones(3, np.float32)).numpy().tolist() == [3.1875] * 3
+    with pytest.raises(pj.DeviceError):
+        f(np.ones(6))
+    monkeypatch.undo()
+    if "cl_khr_fp64" in device.extensions:
+        np.testing.assert_array_equal(f(np.ones(6)).numpy(), np.full(6, 3.1875))
 
 
 def test_build_errors_are_compile_errors_holding_the_source():
