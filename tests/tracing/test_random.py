@@ -219,8 +219,13 @@ def test_normal_equals_jax_bit_for_bit(dtype, device):
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64"])
 def test_normal_equals_live_jax(dtype, device):
     """300k draws (3 keys, 3 shapes) against jax.random.normal, bit for bit (float64 off the cpu: 4 ulp, measured
-    3 on PoCL)."""
+    3 on PoCL). float64 draws call the C library's log, as XLA's CPU code did (jax 0.10): a jax whose float64 log
+    is not the C library's is no reference for them (the stored bits of jax 0.10.2 above still check them)."""
     jax, jnp = _jax(x64=dtype == "float64")
+    if dtype == "float64":
+        x = np.exp(np.random.default_rng(8).uniform(-30, 30, 20_000))
+        if not np.array_equal(np.asarray(jax.jit(jnp.log)(x)), [math.log(v) for v in x]):
+            pytest.skip(f"jax {jax.__version__}'s float64 log is not the C library's")
     for seed, shape in ((0, (100_000,)), (77, (250, 400)), (2 ** 31 - 1, (10, 100, 100))):
         ours = np.asarray(pj.prepare(lambda k: pr.normal(k, shape, dtype), device=device)(pr.key(seed)))
         theirs = np.asarray(jax.random.normal(jax.random.key(seed), shape, jnp.dtype(dtype)))
