@@ -6,10 +6,14 @@ one by index or by a substring of "platform device".
 Each PreparedKernel gets its own `cl.Kernel` with every argument set once; replay only patches
 var values and I/O buffers and enqueues it. Results stay on the device until read.
 
-Threads: every call into the OpenCL runtime that sets a kernel argument, queues a command or allocates holds
-the device's lock (`DeviceBase.lock`); waits (a download's event, a synchronize's clFinish) happen outside it.
-OpenCL allows concurrent calls except on one kernel object, but NVIDIA's runtime has crashed and hung on
-concurrent calls that the standard allows, and an uncontended lock costs well under a microsecond.
+Threads: every call into the OpenCL runtime that sets a kernel argument, queues a command, allocates, builds a
+program, creates a kernel or releases an event this device holds is made under the device's lock
+(`DeviceBase.lock`); only the two waits (a download's event, a synchronize's clFinish) happen outside it, so a
+thread waiting for the device never keeps another from queuing. OpenCL allows concurrent calls except on one
+kernel object, but NVIDIA's runtime has crashed and hung on concurrent calls that the standard allows, and an
+uncontended lock costs well under a microsecond (a build holds it for the build: a thread preparing a new
+signature delays other threads' launches, never interleaves with them). A kernel object is never shared: each
+launcher owns its own, and a plan's launches run under the plan's lock (plan.py).
 Each thread keeps the events of its own uploads until it synchronises, so one call never waits for, or
 drops, another thread's copies.
 """
@@ -173,22 +177,26 @@ class OpenCLDevice(DeviceBase):
             raise DeviceError(f"kernel {name} needs {needs}, which the OpenCL device {self.description} does not "
                               f"support; run this signature on another device (device='cpu') or another dtype")
         try:
-            program = cl.Program(self.context, source).build(options=self.build_options, cache_dir=False)
-            required, most = self._group_sizes(cl.Kernel(program, name))
+            with self.lock:
+                program = cl.Program(self.context, source).build(options=self.build_options, cache_dir=False)
+                required, most = self._group_sizes(cl.Kernel(program, name))
+                binary = bytes(program.get_info(cl.program_info.BINARIES)[0])
+                del program   # (its release, clReleaseProgram, under the lock too)
         except cl.Error as e:
             raise CompileError(f"OpenCL ({self.description}) failed to build kernel {name}: {e}\n"
                                f"--- source ---\n{source}") from e
         if required > most:
             raise CompileError(f"kernel {name} needs work-groups of {required} work-items; the OpenCL device "
                                f"{self.description} allows at most {most} for it\n--- source ---\n{source}")
-        return bytes(program.get_info(cl.program_info.BINARIES)[0])
+        return binary
 
     def load(self, name: str, binary: bytes) -> OpenCLProgram:
         """A program binary from `compile` (this process's or the disk cache's) -> kernel `name`, ready to launch."""
         cl = self.cl
         try:
-            program = cl.Program(self.context, [self.device], [binary]).build(options=self.build_options)
-            required, most = self._group_sizes(cl.Kernel(program, name))
+            with self.lock:
+                program = cl.Program(self.context, [self.device], [binary]).build(options=self.build_options)
+                required, most = self._group_sizes(cl.Kernel(program, name))
         except cl.Error as e:
             raise CompileError(f"OpenCL ({self.description}) failed to load the binary of kernel {name}: {e}") from e
         return OpenCLProgram(program, name, required or min(ELEMENTWISE_GROUP, most))
@@ -238,6 +246,8 @@ class OpenCLDevice(DeviceBase):
         with self.lock:
             event = self.cl.enqueue_copy(self.queue, host, memory, is_blocking=False)
         event.wait()
+        with self.lock:
+            del event   # (its release, clReleaseEvent)
 
     def _copy(self, dst, src, nbytes: int):
         with self.lock:
@@ -245,6 +255,9 @@ class OpenCLDevice(DeviceBase):
 
     def synchronize(self):
         """Wait for everything queued so far (clFinish, a wait: outside the lock), then let go of this thread's
-        upload events."""
+        upload events (their release under the lock)."""
         self.queue.finish()
-        self.upload_events().clear()
+        events = self.upload_events()
+        if events:
+            with self.lock:
+                events.clear()

@@ -50,9 +50,24 @@ class WatchedKernel:
         return getattr(self.real, name)
 
 
+class WatchedProgram:
+    """A program whose creation and build are watched."""
+
+    def __init__(self, watch: Watch, *args):
+        self._watch = watch
+        self.real = watch.wrap("Program", cl.Program)(*args)
+
+    def build(self, *args, **kwargs):
+        self._watch.wrap("Program.build", self.real.build)(*args, **kwargs)
+        return self
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
 class WatchedCL:
-    """pyopencl as the device sees it, with every call that queues a command, sets an argument or allocates
-    watched."""
+    """pyopencl as the device sees it, with every call that queues a command, sets an argument, allocates,
+    builds a program or creates a kernel watched."""
 
     def __init__(self, watch: Watch):
         self._watch = watch
@@ -61,8 +76,11 @@ class WatchedCL:
         run = watch.wrap("enqueue_nd_range_kernel", cl.enqueue_nd_range_kernel)
         self.enqueue_nd_range_kernel = lambda queue, kernel, *a, **k: run(queue, kernel.real, *a, **k)
 
-    def Kernel(self, *args):
-        return WatchedKernel(self._watch, cl.Kernel(*args))
+    def Program(self, *args):
+        return WatchedProgram(self._watch, *args)
+
+    def Kernel(self, program, name):
+        return WatchedKernel(self._watch, self._watch.wrap("Kernel", cl.Kernel)(program.real, name))
 
     def __getattr__(self, name):
         return getattr(cl, name)
@@ -112,6 +130,104 @@ def test_no_two_threads_are_inside_the_opencl_runtime_at_once(watched_device):
         t.join()
     assert failures == []
     assert watch.calls > 100
+    assert watch.overlaps == []
+
+
+class KernelUse:
+    """Per cl_kernel, the threads that set its arguments and launch it: a thread that sets an argument owns the
+    kernel until it launches it; another thread's call on it meanwhile is a shared use (`shared`)."""
+
+    def __init__(self, monkeypatch, device):
+        self.owner, self.shared, self.launches, self.guard = {}, [], 0, threading.Lock()
+        real_kernel, real_run = cl.Kernel, device.cl.enqueue_nd_range_kernel
+        use = self
+
+        class Kernel:
+            def __init__(self, *args):
+                self.real = real_kernel(*args)
+
+            def set_arg(self, slot, value):
+                use.touch(self.real, launch=False)
+                return self.real.set_arg(slot, value)
+
+            def __getattr__(self, name):
+                return getattr(self.real, name)
+
+        def run(queue, kernel, *args, **kwargs):
+            use.touch(kernel.real, launch=True)
+            return real_run(queue, kernel.real, *args, **kwargs)
+
+        monkeypatch.setattr(device.cl, "Kernel", Kernel)
+        monkeypatch.setattr(device.cl, "enqueue_nd_range_kernel", run)
+
+    def touch(self, kernel, launch: bool):
+        me = threading.get_ident()
+        with self.guard:
+            owner = self.owner.get(kernel.int_ptr)
+            if owner not in (None, me):
+                self.shared.append(kernel.function_name)
+            self.owner[kernel.int_ptr] = None if launch else me
+            self.launches += launch
+        time.sleep(0.0005)   # (a window another thread could use)
+
+
+def test_two_threads_never_share_a_kernel_between_its_arguments_and_its_launch(monkeypatch):
+    """Threads replaying one prepared function (one plan: its launchers, one cl_kernel each, are shared by the
+    calls): from a call's first argument set on a kernel to its launch, no other thread touches that kernel
+    (clSetKernelArg on one cl_kernel from two threads is the race OpenCL forbids). The plan's lock makes a call's
+    launches one critical section; without it in run_arrays (the fast path these calls take): fails."""
+    device = get_device("opencl")
+    use = KernelUse(monkeypatch, device)
+    f = pj.prepare(lambda x, s: pnp.sum(x * s, axis=1) + 1, vars={"n": (1, 64), "s": (0, 9)}, shapes={"x": ("n", 3)},
+                   device="opencl")
+    f(np.ones((2, 3), np.float32), 1)
+    failures = []
+
+    def worker(seed):
+        rng = np.random.default_rng(seed)
+        for _ in range(15):
+            x, s = rng.standard_normal((int(rng.integers(1, 65)), 3)).astype(np.float32), int(rng.integers(0, 10))
+            if not np.allclose(np.asarray(f(x, s)), np.sum(x * s, axis=1) + 1, rtol=1e-5, atol=1e-5):
+                failures.append(seed)
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+    assert use.launches >= 60 and use.shared == []
+
+
+def test_builds_never_run_beside_other_threads_launches(watched_device):
+    """A thread preparing new signatures (each kernel built from source, or from the disk cache's binary, and its
+    cl_kernel created) while others replay: the builds and kernel creations are made alone too (NVIDIA's runtime
+    is where concurrent calls crashed). Without the lock around compile's and load's builds: overlaps, fails."""
+    device, watch = watched_device
+    add = pj.prepare(lambda x: x * 3 + 1, vars={"n": (1, 64)}, shapes={"x": ("n",)}, device="opencl")
+    add(np.ones(2, np.float32))
+    failures, stop = [], threading.Event()
+
+    def replay(seed):
+        rng = np.random.default_rng(seed)
+        while not stop.is_set():
+            x = rng.standard_normal(int(rng.integers(1, 65))).astype(np.float32)
+            if not np.allclose(np.asarray(add(x)), x * 3 + 1, rtol=1e-6):
+                failures.append(seed)
+
+    threads = [threading.Thread(target=replay, args=(s,)) for s in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        x = np.linspace(-1, 1, 5, dtype=np.float32)
+        for k in range(4):   # a constant of its own: a kernel no cache holds in this process
+            f = pj.prepare(lambda x, k=k: pnp.tanh(x) * (k + 0.125), device="opencl")
+            np.testing.assert_allclose(np.asarray(f(x)), np.tanh(x) * (k + 0.125), rtol=1e-5, atol=1e-6)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert failures == []
     assert watch.overlaps == []
 
 
