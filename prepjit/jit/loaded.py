@@ -319,23 +319,19 @@ def _check_vars(fn: LoadedFunction, spec: PlanSpec):
 
 
 def _check_var_values(spec: PlanSpec, table):
-    """Every var of every kernel gets values inside the bounds its AST gives it (those the bounds proof assumed):
-    a var each call supplies and checks, the counter of a native loop the kernel is inside (that loop's own
-    var), or values the plan fixes (a fori_loop's counter over [lower, upper), a fixedvar). Shapes, constraints
-    and native loop bounds use only the call's vars (and enclosing counters)."""
+    """Every var of every kernel gets a value: one each call supplies and checks, the counter of a native loop the
+    kernel is inside (that loop's own var), or one the plan fixes (a fori_loop's counter, a fixedvar). Shapes,
+    constraints and native loop bounds use only the call's vars (and enclosing counters). That the fixed values
+    are inside the bounds the proof assumed is checked by the plan when it is built (PreparedKernel.check_fixed,
+    against the kernels' runtime_vars)."""
     def uses(e, counters: dict, what: str):
         for u in e.variables():
             if u.arg[0] not in table.var and counters.get(u.arg[0]) is not u:
                 raise ValueError(f"{what} uses var {u.arg[0]!r}, which no call supplies")
 
-    def check(k, fixed: dict, counters: dict):
+    def check(k, fixed: set, counters: dict):
         for u in k.ast.variables():
-            name, lo, hi = u.arg
-            if name in fixed:
-                if not all(lo <= v <= hi for v in fixed[name]):
-                    raise ValueError(f"kernel {k.ast.arg} fixes var {name!r} at {fixed[name]}, outside its bounds "
-                                     f"[{lo}, {hi}]")
-            else:
+            if u.arg[0] not in fixed:
                 uses(u, counters, f"kernel {k.ast.arg}")
 
     def walk(segments, counters: dict):
@@ -348,10 +344,9 @@ def _check_var_values(spec: PlanSpec, table):
                                                                           {seg.name: seg.var}))
             elif isinstance(seg, LoopKernels):
                 for body in seg.body:
-                    check(body, {seg.name: (seg.lower, seg.upper - 1)} | {n: (v,) for n, v in body.fixedvars},
-                          counters)
+                    check(body, {seg.name} | {n for n, _ in body.fixedvars}, counters)
             else:
-                check(seg, {n: (v,) for n, v in seg.fixedvars}, counters)
+                check(seg, {n for n, _ in seg.fixedvars}, counters)
     walk(spec.kernels.segments, {})
     for b in spec.buffers:
         for d in b.shape:

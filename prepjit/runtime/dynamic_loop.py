@@ -53,6 +53,11 @@ class DynamicLaunches(Run):
                 rows += [f"{indent}  {name}:", *(row for seg in part for row in seg.describe(indent + "    "))]
         return rows
 
+    def check_fixed(self, counters: dict | None = None):
+        """Its kernels' fixed values in their vars' bounds (its own counter is a var each iteration binds)."""
+        for seg in (seg for part in self.parts for seg in part):
+            seg.check_fixed(counters)
+
     def step(self, plan, loop_vars: tuple = ()) -> DynamicStep:
         """The DynamicStep running it in `plan` (inside the loops whose vars are `loop_vars`)."""
         inner = loop_vars + ((self.name,) if self.name else ())

@@ -50,6 +50,17 @@ class PreparedKernel:
         """Its node of `plan`'s launch tree: its launcher (launch_steps.py)."""
         return plan.launcher(self, loop_vars)
 
+    def check_fixed(self, counters: dict | None = None):
+        """Raise VarBoundError when a value the plan gives one of its vars (a `fixedvars` value, or the first and
+        last of a fori_loop counter's: `counters`, name -> (first, last)) is outside the bounds its runtime_vars
+        record holds: the bounds the proof assumed for it (a forged plan file's fixedvar would index past a buffer)."""
+        counters = counters or {}
+        for rv in self.runtime_vars:
+            if rv.name in self.fixedvars:
+                rv.check(self.fixedvars[rv.name], f"kernel {self.kernel.name}'s fixedvars")
+            for value in counters.get(rv.name, ()):
+                rv.check(value, f"the counter of the fori_loop around kernel {self.kernel.name}")
+
 
 @attrs.frozen
 class LoopLaunches(Run):
@@ -94,6 +105,12 @@ class LoopLaunches(Run):
                 *(row for i in range(min(len(self), 2 * len(self.templates[0])))
                   for row in self.item(i).describe(indent + "  "))]
 
+    def check_fixed(self, counters: dict | None = None):
+        """Each launching kernel's fixed values and this loop's counter, over [lower, upper), in its vars' bounds."""
+        counters = {**(counters or {}), self.name: (self.lower, self.upper - 1)}
+        for k in self.prepared():
+            k.check_fixed(counters)
+
     def step(self, plan: ExecutionPlan, loop_vars: tuple = ()) -> LoopStep:
         """Its node of `plan`'s launch tree: the templates' launchers, the loop var patched per iteration."""
         inner = loop_vars + (self.name,)
@@ -103,7 +120,8 @@ class LoopLaunches(Run):
 class PreparedKernels(Segments):
     """A plan's PreparedKernels in execution order (a Sequence): single kernels, and each fori_loop as one
     LoopLaunches whose iterations are built on access; loops the plan runs natively as DynamicLaunches. Each
-    segment lists the PreparedKernels that launch (`prepared()`) and builds its node of the launch tree (`step`)."""
+    segment lists the PreparedKernels that launch (`prepared()`), builds its node of the launch tree (`step`) and
+    checks the values the plan fixes against its kernels' runtime_vars (`check_fixed`)."""
 
 
 def _reads_where_it_writes(pk: PreparedKernel, buffer: int) -> bool:
@@ -169,6 +187,8 @@ class ExecutionPlan:
         self.device = device.name
         self.inputs, self.outputs = tuple(inputs), tuple(outputs)
         self.lock = threading.Lock()
+        for seg in kernels.segments:  # (VarBoundError before anything is built)
+            seg.check_fixed()
         self._steps = [seg.step(self) for seg in kernels.segments]  # the launch tree (launch_steps.py)
         self._launches = launchers(self._steps)
         # (launcher, argument slot, VarTable slot): the plan vars written into the launchers before a run
