@@ -20,6 +20,26 @@ def _fill(value: float, n: int = LARGE) -> np.ndarray:
     return np.full(n, value, np.float32)
 
 
+class PoolUse:
+    """The shared pool's hand-outs during a test: `reused` counts blocks it handed out again (a block one earlier
+    output held), the mechanism whose freshness these tests check; without the pool nothing is reused."""
+
+    def __init__(self, monkeypatch):
+        self.seen, self.reused, take = set(), 0, host_pool.take
+
+        def counted(nbytes):
+            block = take(nbytes)
+            self.reused += block[2] in self.seen
+            self.seen.add(block[2])
+            return block
+        monkeypatch.setattr(host_pool, "take", counted)
+
+
+@pytest.fixture
+def pool_use(monkeypatch):
+    return PoolUse(monkeypatch)
+
+
 def _s(value: float) -> np.ndarray:
     """A 0-d array (a traced input, so every value replays the same plan)."""
     return np.array(value, np.float32)
@@ -37,7 +57,7 @@ def test_large_outputs_are_pooled_and_their_blocks_reused():
     np.testing.assert_array_equal(again, 3.0)
 
 
-def test_outputs_kept_across_calls_never_change():
+def test_outputs_kept_across_calls_never_change(pool_use):
     f = _scaled()
     kept = [f(_fill(1.0), _s(float(k))) for k in range(6)]
     for k in range(6):
@@ -45,6 +65,7 @@ def test_outputs_kept_across_calls_never_change():
     for k, out in enumerate(kept):
         np.testing.assert_array_equal(np.asarray(out), float(k))
     assert len({np.asarray(o).ctypes.data for o in kept}) == len(kept)
+    assert pool_use.reused >= 5   # the dropped outputs' blocks came back while the kept ones stayed out
 
 
 @pytest.mark.parametrize("make_view", [
@@ -55,7 +76,7 @@ def test_outputs_kept_across_calls_never_change():
     lambda a: np.asarray(memoryview(a)),
     lambda a: a[np.newaxis].T,
 ])
-def test_views_outlive_their_array_and_stay_fresh(make_view):
+def test_views_outlive_their_array_and_stay_fresh(make_view, pool_use):
     f = _scaled()
     view = make_view(np.asarray(f(_fill(1.0), _s(2.0))))
     expected = view.copy()
@@ -63,9 +84,10 @@ def test_views_outlive_their_array_and_stay_fresh(make_view):
     for k in range(4):
         f(_fill(9.0), _s(11.0 + k))
     np.testing.assert_array_equal(view, expected)
+    assert pool_use.reused >= 3   # later outputs cycled through the pool while the view held its block
 
 
-def test_an_output_fed_back_as_input_is_not_overwritten():
+def test_an_output_fed_back_as_input_is_not_overwritten(pool_use):
     f = _scaled()
     out = f(_fill(1.0), _s(2.0))
     twice = f(out, _s(2.0))
@@ -75,19 +97,22 @@ def test_an_output_fed_back_as_input_is_not_overwritten():
     for _ in range(5):
         chain = f(chain, _s(2.0))
     np.testing.assert_array_equal(np.asarray(chain), 32.0)
+    assert pool_use.reused >= 3   # the chain's dropped links' blocks were handed out again
 
 
-def test_symbolic_sizes_and_keyword_calls_stay_fresh():
+def test_symbolic_sizes_and_keyword_calls_stay_fresh(pool_use):
     f = pj.prepare(lambda x: x + 1, vars={"n": (1, 4 * LARGE)}, shapes={"x": ("n",)}, device="cpu")
     kept = {}
     for n in (LARGE, 2 * LARGE, LARGE + 1, 7, LARGE, 3 * LARGE):
         kept[n] = (f(_fill(float(n % 97), n)), float(n % 97) + 1)
         kept[-n] = (f(x=_fill(float(n % 89), n)), float(n % 89) + 1)
+        f(_fill(-1.0, n))   # dropped: its block comes back for a later output of its size in pages
+    assert pool_use.reused >= 3
     for out, value in kept.values():
         np.testing.assert_array_equal(np.asarray(out), value)
 
 
-def test_threads_each_see_their_own_results():
+def test_threads_each_see_their_own_results(pool_use):
     f = _scaled()
     errors = []
 
@@ -107,6 +132,7 @@ def test_threads_each_see_their_own_results():
     for t in threads:
         t.join()
     assert not errors
+    assert pool_use.reused >= 4   # blocks moved between calls (and threads) while others were held
 
 
 def test_idle_blocks_are_bounded_oldest_dropped_first():
