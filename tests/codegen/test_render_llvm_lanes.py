@@ -47,6 +47,9 @@ def test_vector_lanes_of_other_float_widths(rng, dtype, tol):
     f = pj.prepare(lambda a, b: pnp.maximum(a @ b, 0), device="cpu")
     want = np.maximum(a.astype(np.float64) @ b.astype(np.float64), 0)
     np.testing.assert_allclose(np.asarray(f(a, b)).astype(np.float64), want, rtol=tol, atol=tol)
+    assert _lanes_of(f, a, b), "the contraction was not computed in vector lanes"
+    (kernel,) = f.plan(a, b).kernels
+    assert f"x {'double' if dtype == np.float64 else 'half'}>" in kernel.kernel.source   # vectors of its width
 
 
 def test_symbolic_columns_gather_and_tail(rng):
@@ -57,6 +60,7 @@ def test_symbolic_columns_gather_and_tail(rng):
         q, k = rng.standard_normal((s, 16)).astype(np.float32), rng.standard_normal((s, 16)).astype(np.float32)
         m = (rng.random(s) > 0.3).astype(np.float32)
         np.testing.assert_allclose(np.asarray(f(q, k, m)), np.where(m > 0, q @ k.T, -1e9), rtol=1e-4, atol=1e-4)
+    assert _lanes_of(f, q, k, m), "the symbolic columns were not computed in vector lanes"
 
 
 @pytest.mark.parametrize("target,lanes", [(AVX512, 16), (AVX2, 8)])
