@@ -427,10 +427,13 @@ def prove_kernel(ast: UOp, shapes: list[tuple], constraints=()) -> int:
         groups.setdefault(key, {}).setdefault(lanes, {}).setdefault(offset, (u, index, gate, opaque[0]))
     prover = _Prover()
     for (slot, template, *gate_part, terms), by_lanes in groups.items():
-        if len(by_lanes) > 1 and _lanes_in_bounds(prover, template, by_lanes, sizes[slot], terms):
+        # a kernel's own array (DEFINE_LOCAL, arg (number, elements): operand_prologue.py) has the size it names
+        shape = (slot[1],) if type(slot) is tuple else shapes[slot]
+        size = buffer_size(shape) if type(slot) is tuple else sizes[slot]
+        if len(by_lanes) > 1 and _lanes_in_bounds(prover, template, by_lanes, size, terms):
             continue
         for accesses in by_lanes.values():  # one lane at a time (or the general proof failed)
-            _prove_offsets(prover, ast, accesses, sizes[slot], terms, not gate_part, slot, shapes[slot])
+            _prove_offsets(prover, ast, accesses, size, terms, not gate_part, slot, shape)
     return count
 
 

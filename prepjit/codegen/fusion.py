@@ -91,7 +91,7 @@ def choose_materialized(outputs: list[UOp], row_values: bool = False) -> set[UOp
         mine = readers.get(node, set())
         if node in chosen or node.op in ELEMENTWISE and node not in is_root and node.shape and not _widening(
                 node) and _worth_materialising(node, mine, cost, row_values) and not _recomputed_in_stream(
-                node, mine, cost, streams, chosen, readers_of, row_values):
+                node, mine, cost, streams, chosen, readers_of):
             chosen.add(node)
             mine = set()
         passes = {node} if node in is_root or node in chosen else mine
@@ -168,7 +168,7 @@ def _worth_materialising(node: UOp, readers: set, cost: dict, row_values: bool) 
 
 
 def _recomputed_in_stream(node: UOp, readers: set, cost: dict, streams: dict, chosen: set,
-                          readers_of: Counter, work_groups: bool) -> bool:
+                          readers_of: Counter) -> bool:
     """Whether `node` is recomputed by the kernels reading it, which stream their operands, instead of materialised.
 
     A cheap value unpacked from integer data (a quantized weight's block scale: bytes joined, bitcast to float16,
@@ -177,16 +177,15 @@ def _recomputed_in_stream(node: UOp, readers: set, cost: dict, streams: dict, ch
     quantized weight) is such a reader too: codegen unpacks each block once per register block of rows
     (block_matmul.py), so no float32 copy of the weight is made.
 
-    On `work_groups` targets (the GPUs, whose decode step is bound by its launches), a cheap float value
-    (STREAM_OPERAND_COST: a normalised row x * rsqrt(mean(x^2)) * gain, SiLU(gate) * up) that only streaming kernels
-    read (a decode step's matvecs, each weight element loaded used a few times at most) is computed where it is
-    read: once per weight element in a GPU's row kernel, a few ops next to a weight load, where materialising it
-    costs a launch and a pass over the value. (Not on the cpu: its matvec over a weight in blocks, or contiguous along
-    the reduction, recomputes the value at each weight element in a vector loop bound by those ops, not by loads:
-    SmolLM2's f32 decode over GGUF weights took 64 ms a token instead of 20.) A one-element reduction it reads (the
-    norm's mean of squares) is then a prologue of the contraction's kernel (fused_reductions); one that reads a row's
-    reduction broadcast along the row (softmax's probabilities) is not: it and its row's reductions are one row
-    kernel, where the contraction would leave them kernels of their own."""
+    A cheap float value (STREAM_OPERAND_COST: a normalised row x * rsqrt(mean(x^2)) * gain, SiLU(gate) * up) that
+    only streaming kernels read (a decode step's matvecs, each weight element loaded used a few times at most) is
+    computed where it is read, where materialising it costs a launch and a pass over the value: once per weight
+    element in a GPU's row kernel, a few ops next to a weight load; once per call in a cpu matvec, whose kernel
+    computes it into an array of its own before its loops (operand_prologue.py: recomputed at each weight element
+    in the vector loop, SmolLM2's f32 decode over GGUF weights took 64 ms a token instead of 20). A one-element
+    reduction it reads (the norm's mean of squares) is then a prologue of the contraction's kernel
+    (fused_reductions); one that reads a row's reduction broadcast along the row (softmax's probabilities) is not:
+    it and its row's reductions are one row kernel, where the contraction would leave them kernels of their own."""
     unpacked = _reads(node, lambda leaf: leaf.op is Ops.INPUT and leaf.dtype.is_int)
     if unpacked:
         own = cost[node]
@@ -204,7 +203,7 @@ def _recomputed_in_stream(node: UOp, readers: set, cost: dict, streams: dict, ch
             streams[r] = products, _iterations(r) <= STREAM_REUSE * sum(loaded)
         products, streaming = streams[r]
         limit = (CONTRACTION_INLINE_COST if products else STREAM_INLINE_COST if streaming else -1) if unpacked else \
-            STREAM_OPERAND_COST if work_groups and streaming and (products or len(readers) == 1 or not shares) else -1
+            STREAM_OPERAND_COST if streaming and (products or len(readers) == 1 or not shares) else -1
         if own > limit:
             return False
     return True

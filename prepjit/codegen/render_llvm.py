@@ -60,6 +60,11 @@ def _laned(topo: list[UOp], lane: UOp) -> set[UOp]:
     return out
 
 
+def _pointer(buf: UOp) -> str:
+    """The pointer of a kernel's buffer slot, or of an array of its own (DEFINE_LOCAL: operand_prologue.py)."""
+    return f"%local{buf.arg[0]}" if buf.op is Ops.DEFINE_LOCAL else f"%buf{buf.arg}"
+
+
 def _loops(ranges) -> list[UOp]:
     """The loop (and serial) ranges among `ranges`, outermost first."""
     return sorted((r for r in ranges if r.arg[1] in ("loop", "serial")), key=lambda r: r.arg[0])
@@ -275,7 +280,7 @@ class _Renderer(ReductionRendering, KernelRenderer, InlineMath):
 
     # ---- memory ----
     def address(self, buf: UOp, index: str) -> str:
-        return self.op(f"getelementptr inbounds {mem_type(buf.dtype)}, ptr %buf{buf.arg}, i64 {index}", "p")
+        return self.op(f"getelementptr inbounds {mem_type(buf.dtype)}, ptr {_pointer(buf)}, i64 {index}", "p")
 
     def lane_pointer(self, buf: UOp, index: UOp, gated: bool) -> tuple[str, bool]:
         """(the address of lane 0, True) when `index` steps by one along the lane, else (the lanes' addresses as
@@ -286,9 +291,9 @@ class _Renderer(ReductionRendering, KernelRenderer, InlineMath):
             lanes, self.vec = self.vec, 0
             first = self.value(first)
             self.vec = lanes
-            return self.op(f"getelementptr{inbounds} {mem_type(buf.dtype)}, ptr %buf{buf.arg}, i64 {first}", "p"), True
+            return self.op(f"getelementptr{inbounds} {mem_type(buf.dtype)}, ptr {_pointer(buf)}, i64 {first}", "p"), True
         offsets = self.vector(index, self.value(index))
-        return self.op(f"getelementptr{inbounds} {mem_type(buf.dtype)}, ptr %buf{buf.arg}, <{self.vec} x i64> "
+        return self.op(f"getelementptr{inbounds} {mem_type(buf.dtype)}, ptr {_pointer(buf)}, <{self.vec} x i64> "
                        f"{offsets}", "p"), False
 
     def lane_start(self, index: UOp) -> UOp | None:
@@ -447,18 +452,34 @@ class _Renderer(ReductionRendering, KernelRenderer, InlineMath):
                     self.waits.get(u, 0) <= self.stores_done:
                 self.value(u)
 
+    def local_store(self, store: UOp):
+        """A store into an array of the kernel's own, allocated on entry, in serial loops of its own (before the
+        parallel loop: the kernel's first stores)."""
+        buf = store.src[0]
+        self.allocas.append(f"  {_pointer(buf)} = alloca [{buf.arg[1]} x {mem_type(buf.dtype)}], align 64")
+        loops = []
+        for r in _loops(self.ranges[store]):
+            loops.append(self.open_loop(r, "0", self.value(r.src[0])))
+        self.store(store)
+        self.stores_done += 1
+        while loops:
+            self.close_loop(loops.pop())
+
     def kernel(self) -> str:
         """The stores in order, each inside the loops of the ranges it depends on: consecutive stores share
         the loops their ranges have in common (outermost first), so stores over other ranges (a peeled tail)
         get loop nests of their own inside the shared ones. Every store is inside the parallel range."""
         loops = []
         self.hoist_reductions()  # one-element reductions: a prologue, once per call (fusion.py: PROLOGUE_MAX)
+        for store in self.ast.src:  # then the arrays of the kernel's own, once per call (operand_prologue.py)
+            if store.src[0].op is Ops.DEFINE_LOCAL:
+                self.local_store(store)
         if self.prange is None:  # a single element: run once, in the call whose slice holds index 0
             self.emit("%end.one = call i64 @llvm.smin.i64(i64 %end, i64 1)")
             self.decls.add("declare i64 @llvm.smin.i64(i64, i64)")
             loops.append(self.open_loop(None, "%start", "%end.one"))
         base = len(loops)
-        for store in self.ast.src:
+        for store in self.ast.src[self.stores_done:]:
             need = _loops(self.ranges[store])
             if self.prange is not None and (not need or need[0] is not self.prange):
                 raise RuntimeError(f"a store of {self.ast.arg} is outside the parallel range")

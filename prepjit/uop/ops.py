@@ -10,6 +10,8 @@ class Ops(Enum):
     DEFINE_VAR = auto()     # arg: (name, min, max); an int64 symbolic variable
     INPUT = auto()          # traced only; arg: (input number, shape)
     DEFINE_GLOBAL = auto()  # kernel only; arg: buffer slot; dtype: element dtype
+    DEFINE_LOCAL = auto()   # kernel only (the cpu's operand prologue); arg: (number, elements): an array of the
+                            # kernel's own, one per call (codegen/operand_prologue.py); dtype: element dtype
     IOTA = auto()           # traced only; arg: (shape, axis); element = its index along axis
     RANGE = auto()          # kernel only; src: (end,); arg: (axis, "loop" | "reduce" | "serial"); a serial loop
                             # is never split over CPU threads (a scatter whose updates may collide); a "lane"
