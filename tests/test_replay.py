@@ -58,6 +58,26 @@ def test_pytree_calls_take_the_fast_path_and_match_numpy(device, rng, monkeypatc
     np.testing.assert_allclose(np.asarray(f(params, x, 6)), model(np, params, x, 6), rtol=1e-5, atol=1e-5)
 
 
+def test_a_partial_with_keywords_takes_the_fast_path(device, rng, monkeypatch):
+    """functools.partial(fn, xp, scale=...) has keyword-only parameters with defaults (examples/models/llama.py's
+    decode plans): positional calls still skip the signature read and use the keywords' values; a call passing a
+    keyword goes to the full path."""
+    import functools
+
+    def scaled(xp, params, x, pos, scale=1.0, shift=None):
+        return model(xp, params, x, pos) * scale + (0 if shift is None else shift)
+    f = pj.prepare(functools.partial(scaled, pnp, scale=2.0, shift=0.5), vars={"pos": (0, 7)}, device=device)
+    reads = counting_reads(f, monkeypatch)
+    params, x = weights(rng), rng.standard_normal((4, 8)).astype(np.float32)
+    for pos in (3, 0, 7):
+        np.testing.assert_allclose(np.asarray(f(params, x, pos)), scaled(np, params, x, pos, 2.0, 0.5),
+                                   rtol=1e-5, atol=1e-5)
+    assert len(reads) == 1 and f.stats["replays"] == 3
+    np.testing.assert_allclose(np.asarray(f(params, x, 2, scale=3.0)), scaled(np, params, x, 2, 3.0, 0.5),
+                               rtol=1e-5, atol=1e-5)
+    assert len(reads) == 2
+
+
 def test_what_the_key_does_not_cover_goes_to_the_full_path(device, rng, monkeypatch):
     f = prepared(device)
     params, x = weights(rng), rng.standard_normal((4, 8)).astype(np.float32)

@@ -114,7 +114,12 @@ class Signature:
             raise ValueError(f"{name!r} is static (static_argnums / static_argnames) and also in "
                              f"{'shapes' if name in shapes else 'vars'}: a parameter is one or the other")
         self.scalar_vars = {n for n in vars_ if n in names and n not in shapes}
-        self.simple = all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in self.params)
+        # a call with positional arguments only reads the same way each time where the other parameters are
+        # keyword-only with defaults (a functools.partial's keywords): such calls take the fast path (replay.py)
+        self.positional = [p for p in self.params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        self.keyword_defaults = [(p.name, p.default) for p in self.params if p.kind is p.KEYWORD_ONLY]
+        self.simple = all(p in self.positional or (p.kind is p.KEYWORD_ONLY and p.default is not p.empty)
+                          for p in self.params)
         # (concrete_key) argument position -> the scalar var it gives; the positions of static parameters
         self.var_positions = {i: p.name for i, p in enumerate(self.params) if p.name in self.scalar_vars}
         self.static_positions = frozenset(i for i, p in enumerate(self.params) if p.name in self.static)
@@ -145,8 +150,8 @@ class Signature:
         return frozenset(out)
 
     def bind(self, args, kwargs) -> list[tuple[str, object]]:
-        if self.simple and not kwargs and len(args) == len(self.params):
-            return [(p.name, a) for p, a in zip(self.params, args)]
+        if self.simple and not kwargs and len(args) == len(self.positional):
+            return [(p.name, a) for p, a in zip(self.positional, args)] + self.keyword_defaults
         try:
             bound = self.sig.bind(*args, **kwargs)
         except TypeError as e:
