@@ -31,12 +31,28 @@ __device__ __forceinline__ unsigned short pj_float_to_half(float f) {
 _ROUND_HALF = "__device__ __forceinline__ float pj_round_half(float x) { return pj_half_to_float(pj_float_to_half(x)); }"
 
 
-_MMA = """__device__ __forceinline__ void pj_mma_{kind}(float &c0, float &c1, float &c2, float &c3, unsigned a0, unsigned a1,
-    unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
+_TENSOR_CORES = {  # Ampere's and Hopper's (sm_80 and newer) warp-wide matrix, matrix-load and async-copy instructions
+    "pj_mma_{kind}": """__device__ __forceinline__ void pj_mma_{kind}(float &c0, float &c1, float &c2, float &c3, unsigned a0,
+    unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
                "{%0, %1, %2, %3};" : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}"""  # Ampere's and Hopper's (sm_80 and newer) warp-wide matrix instruction
+}""",
+    **{f"pj_ldmatrix_{name}": f"""__device__ __forceinline__ void pj_ldmatrix_{name}(unsigned &r0, unsigned &r1, unsigned &r2,
+    unsigned &r3, const unsigned short *row) {{
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4{suffix}.shared.b16 {{%0, %1, %2, %3}}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"((unsigned)__cvta_generic_to_shared(row)));
+}}""" for name, suffix in (("x4", ""), ("x4_trans", ".trans"))},
+    "pj_cp_async16": """__device__ __forceinline__ void pj_cp_async16(unsigned short *dst, const unsigned short *src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src));
+}""",
+    "pj_cp_async_commit": """__device__ __forceinline__ void pj_cp_async_commit() {
+  asm volatile("cp.async.commit_group;");
+}""",
+    "pj_cp_async_wait": """template <int N> __device__ __forceinline__ void pj_cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" :: "n"(N));
+}""",
+}
 
 
 def _bits(dt: DType, single: str, double: str) -> str:
@@ -77,7 +93,7 @@ CUDA = Dialect(
     atomic_cas={4: ("", "atomicCAS((unsigned int *){ptr}, {cmp}, {val})"),
                 8: ("", "atomicCAS((unsigned long long *){ptr}, {cmp}, {val})")},
     preamble=lambda ast: [_HALF] if any(u.dtype == dtypes.float16 for u in ast.toposort()) else [],
-    tensor_core_mma=_MMA,
+    tensor_core_mma=_TENSOR_CORES,
 )
 
 

@@ -1,79 +1,203 @@
 """Tiled contractions on tensor cores: the body of a tile kernel whose launch has `fragments` (gpu_launch.py decides
 it on the AST: both operands 16-bit floats widened to float32, a dialect with `tensor_core_mma`).
 
-The group stages TILE_K-deep slices of both operands in local memory as 16-bit values (a plain load's bits as
-stored, loaded into 16-bit registers: no widening and rounding back), k the minor axis (As[row][k],
-Bs[column][k], rows padded so a warp's reads of pairs along k hit 32 banks; loaded as render_tiles.py loads them,
-the next slice in flight during the arithmetic) and each warp multiplies its
-WARP_TILE of the tile with m16n8k16 matrix instructions, float32 accumulators in registers. A fragment's registers
-follow the PTX ISA's layouts for m16n8k16 with 16-bit operands, with g = lane / 4 and t = lane % 4:
+A group of WARPS warps owns a TM x TN tile of outputs, each warp a quarter of it (64 x 64 of a 128 x 128 tile), in
+float32 accumulators in registers. Both operands are staged in local memory as 16-bit values, FRAG_K deep along k,
+in `stages` buffers (as many as fit MAX_LOCAL_BYTES, at most MAX_STAGES): while the group multiplies one slice, the
+next stages - 1 are in flight. Each operand's tile keeps the axis its memory is contiguous in as the minor one
+(`Staged.minor`: "k", or "own" for its rows' or columns' axis), so the group copies it in 16-byte chunks of 8
+elements; rows are padded by one chunk, which puts the 8 rows a matrix load reads at 8 distinct 16-byte bank
+groups (row strides of 48, 80, 144 and 272 bytes are all 16 modulo 128, or 48 and 80: each a permutation).
+
+A chunk is copied by the dialect's asynchronous 16-byte copy (pj_cp_async16: cp.async, completed per slice with
+commit/wait groups) where the operand is a plain load of 16-bit data along a unit stride, the chunk lies wholly in
+range and its address is 16-byte aligned (checked at run time); otherwise its 8 elements are read and stored one by
+one, the ones out of range as zeros (ragged edges, computed operands, unaligned views), which the barrier that
+starts each slice's arithmetic orders as it orders the copies.
+
+Fragments come from local memory by matrix loads (pj_ldmatrix_x4: ldmatrix .x4, .trans where the operand's minor
+axis is its own), 4 8 x 8 matrices of 16-bit values a load, each lane giving one matrix row's address; the PTX
+ISA's register layouts for m16n8k16 (g = lane / 4, t = lane % 4):
 - A (16 x 16, row major): a0 = (row g, k 2t and 2t + 1), a1 = row g + 8, a2 = k + 8, a3 = both;
 - B (16 x 8, column major): b0 = (k 2t and 2t + 1, column g), b1 = k + 8;
-- C (16 x 8 floats): c0, c1 = (row g, columns 2t and 2t + 1), c2, c3 = row g + 8;
-two 16-bit values in one 32-bit register, the lower k in the low half: one 32-bit read of the k-minor tile. A TILE_K
-slice is one k step.
+- C (16 x 8 floats): c0, c1 = (row g, columns 2t and 2t + 1), c2, c3 = row g + 8.
+One load gives A's four registers (matrices: rows +0/+8 by k +0/+8) or the two registers of two neighbouring
+8-column B fragments (matrices: k +0/+8 by columns +0/+8); the lane's matrix q = lane / 8 and row lane % 8 say
+which address it gives (`_lane_offsets`).
 """
 from __future__ import annotations
 
-from ..uop import Ops, dtypes
-from .render_tiles import TILE_K, Contraction, emit_loads, emit_stores, emit_tile_start
+import attrs
+
+from ..uop import Ops, UOp, dtypes
+from .render_tiles import FRAGMENT_THREADS, Contraction, _extent, _static_multiple, _unit_stride
 
 WARP = 32
-FRAG_M, FRAG_N = 16, 8                # one matrix instruction's outputs
-WARP_TILES = ((64, 32), (32, 64))     # a warp's outputs (2048: REG x REG per work-item), the first that divides
+WARPS = FRAGMENT_THREADS // WARP   # warps of a group, 2 x 2 over the tile
+FRAG_M, FRAG_N, FRAG_K = 16, 8, 16   # one matrix instruction's outputs and depth; a slice is one FRAG_K step
+CHUNK = 8                       # 16-bit elements of one 16-byte copy
+MAX_STAGES = 4
+MAX_LOCAL_BYTES = 44 * 1024     # within the 48 KB a kernel may declare statically
 
 
 def warp_tile(c: Contraction) -> tuple[int, int]:
-    return next(w for w in WARP_TILES if c.tm % w[0] == 0 and c.tn % w[1] == 0)
+    """A warp's outputs: half the tile's rows by half its columns (WARPS = 4)."""
+    return c.tm // 2, c.tn // 2
+
+
+@attrs.frozen
+class Staged:
+    """How one operand is staged: its local tile `name` (A or B), the ranges it owns, their tile side, the minor axis
+    of its local tile, and the plain 16-bit load it is (its LOAD node) where chunks may be copied asynchronously."""
+    name: str
+    operand: UOp
+    own: tuple
+    width: int
+    minor: str
+    direct: UOp | None
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(rows, row length in elements, padding included) of one stage of the local tile."""
+        return (self.width, FRAG_K + CHUNK) if self.minor == "k" else (FRAG_K, self.width + CHUNK)
+
+    def cell(self, stage: str, own: str, k: str) -> str:
+        return f"{self.name}s[{stage}][{own}][{k}]" if self.minor == "k" else f"{self.name}s[{stage}][{k}][{own}]"
+
+
+def _staged(c: Contraction) -> list[Staged]:
+    out = []
+    for name, operand, own, width in (("A", c.a, c.i, c.tm), ("B", c.b, c.j, c.tn)):
+        inner = operand.src[0]
+        load = inner if operand.op is Ops.CAST and inner.op is Ops.LOAD and len(inner.src) == 2 else None
+        along_own = (load is not None and not _unit_stride(load.src[1], c.k) and
+                     _static_multiple(own[-1], CHUNK) and _unit_stride(load.src[1], own[-1]))
+        minor = "own" if along_own else "k"
+        direct = load if load is not None and (along_own or _unit_stride(load.src[1], c.k)) else None
+        out.append(Staged(name, operand, own, width, minor, direct))
+    return out
+
+
+def stages_for(c: Contraction) -> int:
+    per_stage = sum(2 * rows * length for rows, length in (s.shape for s in _staged(c)))
+    return max(2, min(MAX_STAGES, MAX_LOCAL_BYTES // per_stage))
+
+
+def _lane_offsets(s: Staged) -> tuple[str, str]:
+    """(own, k) offsets of the row address lane `lane` gives to a matrix load of operand `s`'s fragment (q = lane / 8
+    the matrix, lane % 8 its row): A's matrices go rows +8 first, B's k +8 first (the PTX layouts above)."""
+    own_half, k_half = ("(lane / 8 % 2)", "(lane / 16)") if s.name == "A" else ("(lane / 16)", "(lane / 8 % 2)")
+    if s.minor == "k":   # the local tile's rows are the operand's own axis
+        return f"lane % 8 + 8 * {own_half}", f"8 * {k_half}"
+    return f"8 * {own_half}", f"lane % 8 + 8 * {k_half}"
 
 
 def emit_fragment_contraction(r, c: Contraction):
-    """The kernel body through the C-style renderer `r`, whose dialect spells the matrix instruction."""
+    """The kernel body through the C-style renderer `r`, whose dialect spells the matrix and copy instructions."""
     d, long = r.d, r.long
-    u16, u32 = d.types[dtypes.uint16], d.types[dtypes.uint32]
+    u16 = d.types[dtypes.uint16]
     kind = "bf16" if c.fragments == "bfloat16" else "f16"
-    to_bits = ("pj_float_to_bfloat16({v})" if kind == "bf16" else "pj_float_to_half({v})")
     if kind == "bf16":
         r.bfloat16_helpers()
-    r.helpers.setdefault(f"pj_mma_{kind}", d.tensor_core_mma.replace("{kind}", kind))
+    for name, text in d.tensor_core_mma.items():   # (the matrix instruction's is spelled per kind)
+        r.helpers.setdefault(name.replace("{kind}", kind), text.replace("{kind}", kind))
+    staged, stages = _staged(c), stages_for(c)
     wm, wn = warp_tile(c)
     fm, fn = wm // FRAG_M, wn // FRAG_N
-    m, n, kk_end, regs = emit_tile_start(r, c, u16, k_major=False)
-    r.emit(f"const int lane = lid % {WARP}, fg = lane / 4, ft = lane % 4 * 2;")  # g and 2t
-    r.emit(f"const int wm = lid / {WARP} / {c.tn // wn} * {wm}, wn = lid / {WARP} % {c.tn // wn} * {wn};")
+    m, n, kk_end = r.value(_extent(c.i)), r.value(_extent(c.j)), r.value(c.k.src[0])
+    for s in staged:
+        rows, length = s.shape
+        r.locals.append(d.local_array.format(type=u16, name=f"{s.name}s", n=f"{stages}][{rows}][{length}") + ";")
+    r.emit(f"const int lid = {d.local_id}, lane = lid % {WARP}, fg = lane / 4, ft = lane % 4 * 2;")
+    r.emit(f"const int wm = lid / {WARP} / 2 * {wm}, wn = lid / {WARP} % 2 * {wn};")
+    r.emit(f"const {long} bid = {d.group_id};")
+    r.emit(f"const {long} nbn = ({n} + {c.tn - 1}) / {c.tn}, nbm = ({m} + {c.tm - 1}) / {c.tm};")
+    r.emit(f"const {long} i0 = (bid / nbn) % nbm * {c.tm}, j0 = bid % nbn * {c.tn};")
+    if c.batch:
+        r.scopes[-1].update(r.unflatten("(bid / (nbn * nbm))", list(c.batch)))
+    r.emit(f"const {long} slices = ({kk_end} + {FRAG_K - 1}) / {FRAG_K};")
     accs = {(x, y, e): f"acc{x}_{y}_{e}" for x in range(fm) for y in range(fn) for e in range(4)}
     for x in range(fm):
         r.emit(" ".join(f"float {accs[x, y, e]} = 0.0f;" for y in range(fn) for e in range(4)))
 
-    def bits(operand):   # a 16-bit element's bits: a plain load's as stored, else the value's rounded (exact)
-        inner = operand.src[0]
-        if inner.op is Ops.LOAD and len(inner.src) == 2:
-            return f"buf{inner.src[0].arg}[{r.value(inner.src[1])}]"
-        return to_bits.format(v=r.value(operand))
-    emit_loads(r, c, regs, "0", bits)
-    r.open_block(f"for ({long} k0 = 0; k0 < {kk_end}; k0 += {TILE_K})", {})
-    emit_stores(r, c, regs, k_major=False)
-    r.emit(d.barrier)
-    r.open_block(f"if (k0 + {TILE_K} < {kk_end})", {})   # the next slice's loads, in flight during the arithmetic
-    emit_loads(r, c, regs, f"(k0 + {TILE_K})", bits)
+    def load_slice(stage: str, slice_: str):
+        for s in staged:
+            _emit_slice_copy(r, c, s, stage, f"({slice_}) * {FRAG_K}")
+    r.open_block(f"for (int s = 0; s < {stages - 1}; s++)", {})
+    r.open_block("if (s < slices)", {})
+    load_slice("s", "s")
     r.close_block()
-
-    def pair(tile, k, at):   # elements k and k + 1 (4-byte aligned: k even) of a row (A) or column (B) `at`
-        return f"*(const {u32} *)&{tile}[{at}][{k}]"
+    r.emit("pj_cp_async_commit();")   # (an empty group where there is no such slice: the waits count groups)
+    r.close_block()
+    r.open_block(f"for ({long} kt = 0; kt < slices; kt++)", {})
+    r.emit(f"pj_cp_async_wait<{stages - 2}>();")
+    r.emit(d.barrier)        # slice kt is in local memory; every warp is done with the stage loaded next
+    r.open_block(f"if (kt + {stages - 1} < slices)", {})
+    r.emit(f"const int next = (kt + {stages - 1}) % {stages};")
+    load_slice("next", f"kt + {stages - 1}")
+    r.close_block()
+    r.emit("pj_cp_async_commit();")
+    r.emit(f"const int st = kt % {stages};")
+    a, b = staged
+    a_own, a_k = _lane_offsets(a)
     for x in range(fm):
-        row = f"wm + {x * FRAG_M} + fg"
-        r.emit(f"const {u32} a{x}_0 = {pair('As', 'ft', row)}, a{x}_1 = {pair('As', 'ft', f'{row} + 8')}, "
-               f"a{x}_2 = {pair('As', 'ft + 8', row)}, a{x}_3 = {pair('As', 'ft + 8', f'{row} + 8')};")
-    for y in range(fn):
-        col = f"wn + {y * FRAG_N} + fg"
-        r.emit(f"const {u32} b{y}_0 = {pair('Bs', 'ft', col)}, b{y}_1 = {pair('Bs', 'ft + 8', col)};")
+        r.emit(f"unsigned a{x}_0, a{x}_1, a{x}_2, a{x}_3;")
+        r.emit(f"pj_ldmatrix_{'x4' if a.minor == 'k' else 'x4_trans'}(a{x}_0, a{x}_1, a{x}_2, a{x}_3, "
+               f"&{a.cell('st', f'wm + {x * FRAG_M} + {a_own}', a_k)});")
+    b_own, b_k = _lane_offsets(b)
+    for y in range(0, fn, 2):
+        r.emit(f"unsigned b{y}_0, b{y}_1, b{y + 1}_0, b{y + 1}_1;")
+        r.emit(f"pj_ldmatrix_{'x4' if b.minor == 'k' else 'x4_trans'}(b{y}_0, b{y}_1, b{y + 1}_0, b{y + 1}_1, "
+               f"&{b.cell('st', f'wn + {y * FRAG_N} + {b_own}', b_k)});")
     for x in range(fm):
         for y in range(fn):
             outs = ", ".join(accs[x, y, e] for e in range(4))
             r.emit(f"pj_mma_{kind}({outs}, a{x}_0, a{x}_1, a{x}_2, a{x}_3, b{y}_0, b{y}_1);")
-    r.emit(d.barrier)
     r.close_block()
+    r.emit("pj_cp_async_wait<0>();")
     _emit_fragment_results(r, c, accs, fm, fn, m, n)
+
+
+def _emit_slice_copy(r, c: Contraction, s: Staged, stage: str, k0: str):
+    """Copy operand `s`'s slice at k0 into local stage `stage`: each work-item its chunks of CHUNK elements along the
+    tile's minor axis, asynchronously where it can (see the module's docstring), else element by element."""
+    long, u16, kk_end = r.long, r.d.types[dtypes.uint16], r.value(c.k.src[0])
+    extent, origin = r.value(_extent(s.own)), "i0" if s.name == "A" else "j0"
+    rows, length = s.shape
+    per_row = (length - CHUNK) // CHUNK
+    along_k = s.minor == "k"
+    r.emit("#pragma unroll")
+    r.open_block(f"for (int ch = lid; ch < {rows * per_row}; ch += {FRAGMENT_THREADS})", {})
+    r.emit(f"const int row = ch / {per_row}, col = ch % {per_row} * {CHUNK};")
+    r.emit(f"const {long} gk = {k0} + {'col' if along_k else 'row'}, go = {origin} + {'row' if along_k else 'col'};")
+    r.emit(f"{u16} *dst = &{s.cell(stage, 'row' if along_k else 'col', 'col' if along_k else 'row')};")
+
+    def inside(e: int) -> str:   # whether the chunk's element e is in range
+        return f"gk + {e} < {kk_end} && go < {extent}" if along_k else f"gk < {kk_end} && go + {e} < {extent}"
+    if s.direct is None:   # a computed operand: each element's value, rounded to the 16-bit float (exact)
+        to_bits = "pj_float_to_bfloat16({v})" if c.fragments == "bfloat16" else "pj_float_to_half({v})"
+        for e in range(CHUNK):
+            gk, go = (f"gk + {e}", "go") if along_k else ("gk", f"go + {e}")
+            r.emit(f"dst[{e}] = 0;")
+            r.open_block(f"if ({inside(e)})", {})
+            r.open_block("", {c.k: f"({gk})", **r.unflatten(f"({go})", list(s.own))})
+            r.emit(f"dst[{e}] = {to_bits.format(v=r.value(s.operand))};")
+            r.close_block()
+            r.close_block()
+        r.close_block()
+        return
+    # a plain load along a unit stride (inside the chunk: along k, or along the last own range, whose static end
+    # CHUNK divides, from a chunk start CHUNK divides): element e is at src + e, its bits as stored
+    r.open_block("", {c.k: "gk", **r.unflatten("go", list(s.own))})
+    r.emit(f"const {r.d.mem_type(s.direct.dtype)} *src = &buf{s.direct.src[0].arg}[{r.value(s.direct.src[1])}];")
+    r.open_block(f"if ({inside(CHUNK - 1)} && ((unsigned long long)src & 15) == 0)", {})
+    r.emit("pj_cp_async16(dst, src);")
+    r.close_block()
+    r.open_block("else", {})
+    r.emit(" ".join(f"dst[{e}] = {inside(e)} ? src[{e}] : 0;" for e in range(CHUNK)))
+    r.close_block()
+    r.close_block()
+    r.close_block()
 
 
 def _emit_fragment_results(r, c: Contraction, accs: dict, fm: int, fn: int, m: str, n: str):

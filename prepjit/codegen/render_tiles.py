@@ -42,7 +42,7 @@ MIN_WARPS = 1536                  # warps a contraction should run in all: fewer
                                   # 8 x 8) and each tile's slice is split between SPLITS sets of warps
 SPLITS = (1, 2, 4)                # how many sets of work-items may share a tile, each multiplying part of a slice
 MAX_THREADS = 256                 # work-items of a group, at most
-K_MINOR_PAD = 8                   # padding of a k-minor local tile's rows (render_fragments.py's 16-bit slices)
+FRAGMENT_THREADS = 128            # work-items of a tile on tensor cores: 4 warps (render_fragments.py)
 
 
 @attrs.frozen
@@ -66,7 +66,7 @@ class Contraction:
 
     @property
     def threads(self) -> int:
-        return self.owners * self.splits
+        return FRAGMENT_THREADS if self.fragments else self.owners * self.splits
 
 
 def _ranges(u: UOp) -> set:
@@ -227,10 +227,8 @@ def _operands(c: Contraction):
         yield name, operand, own, width, axis, 1 if axis is None else RUN
 
 
-def emit_loads(r, c: Contraction, regs: dict, k0: str, value=None):
-    """Load the slice at k0 of both operands into the registers `regs` (name -> list of register names), each
-    element as `value(operand)` spells it (default: the operand's value, r.value)."""
-    value = value or r.value
+def emit_loads(r, c: Contraction, regs: dict, k0: str):
+    """Load the slice at k0 of both operands into the registers `regs` (name -> list of register names)."""
     long, kk_end = r.long, r.value(c.k.src[0])
     for name, operand, own, width, axis, per in _operands(c):
         extent = r.value(_extent(own))
@@ -254,42 +252,40 @@ def emit_loads(r, c: Contraction, regs: dict, k0: str, value=None):
             for e in range(per):
                 r.open_block("", {bound: f"({base} + {e})", **{i: f"({v} + {e})" for i, v in starts.items()}}
                              if per > 1 else {})
-                r.emit(f"{reg}[{e}] = {value(operand)};")
+                r.emit(f"{reg}[{e}] = {r.value(operand)};")
                 r.close_block()
             r.close_block()
             r.close_block()
 
 
-def emit_stores(r, c: Contraction, regs: dict, stored: str = "{v}", k_major: bool = True):
-    """Write the registers loaded by `emit_loads` into the local tiles As[k][row] and Bs[k][column] (As[row][k] and
-    Bs[column][k] without `k_major`), each value as `stored` spells it (format {v})."""
+def emit_stores(r, c: Contraction, regs: dict):
+    """Write the registers loaded by `emit_loads` into the local tiles As[k][row] and Bs[k][column]."""
     def cell(name, k, own):
-        return f"{name}s[{k}][{own}]" if k_major else f"{name}s[{own}][{k}]"
+        return f"{name}s[{k}][{own}]"
     for name, operand, own, width, axis, per in _operands(c):
         for n, reg in enumerate(regs[name]):
             slot = f"(lid + {n * c.threads})"
             if axis == "own":
                 lo, lk = f"{slot} % {width // per} * {per}", f"{slot} / {width // per}"
-                r.emit(" ".join(f"{cell(name, lk, f'{lo} + {e}')} = {stored.format(v=f'{reg}[{e}]')};"
+                r.emit(" ".join(f"{cell(name, lk, f'{lo} + {e}')} = {reg}[{e}];"
                                 for e in range(per)))
             else:
                 lk, lo = f"{slot} % {TILE_K // per} * {per}", f"{slot} / {TILE_K // per}"
-                r.emit(" ".join(f"{cell(name, f'{lk} + {e}', lo)} = {stored.format(v=f'{reg}[{e}]')};"
+                r.emit(" ".join(f"{cell(name, f'{lk} + {e}', lo)} = {reg}[{e}];"
                                 for e in range(per)))
 
 
-def emit_tile_start(r, c: Contraction, element: str, k_major: bool = True) -> tuple[str, str, str, dict]:
+def emit_tile_start(r, c: Contraction, element: str) -> tuple[str, str, str, dict]:
     """The part every tiled kernel begins with: the local tiles As and Bs (of C type `element`; As[k][row] and
-    Bs[k][column], or with `k_major` False As[row][k] and Bs[column][k]), the work-item's and the group's ids (lid,
+    Bs[k][column]), the work-item's and the group's ids (lid,
     own, part, tx, ty, bid, i0, j0; the batch ranges bound) and the registers the slices are loaded into (of type
     `element` too); returns (m, n, k's end, {operand name: its registers})."""
     d, long = r.d, r.long
     m, n, kk_end = r.value(_extent(c.i)), r.value(_extent(c.j)), r.value(c.k.src[0])
     sx = c.tn // REG                  # work-items along a tile's columns
     for name, width in (("As", c.tm), ("Bs", c.tn)):
-        # k-major rows padded by one 4-vector: 16-byte aligned rows, and a run along k stores to banks 4 apart;
-        # k-minor rows by K_MINOR_PAD elements (bank-conflict-free reads of pairs along k)
-        shape = f"{TILE_K}][{width + RUN}" if k_major else f"{width}][{TILE_K + K_MINOR_PAD}"
+        # rows padded by one 4-vector: 16-byte aligned rows, and a run along k stores to banks 4 apart
+        shape = f"{TILE_K}][{width + RUN}"
         r.locals.append(d.local_array.format(type=element, name=name, n=shape) + ";")
     r.emit(f"const int lid = {d.local_id};")
     r.emit(f"const int own = lid % {c.owners}, part = lid / {c.owners};")   # part: which share of each slice

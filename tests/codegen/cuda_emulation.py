@@ -1,7 +1,10 @@
 """Runs CUDA C from the cuda renderer on the CPU, for tests on machines without a GPU: the kernel is compiled as
 C++ (clang++) against a small shim (one std::thread per CUDA thread of a block, blocks in turn, __syncthreads a
 pthread barrier, warp shuffles through a per-warp exchange), so the tile and row kernels' indexing and
-synchronisation are checked against NumPy. Static launch sizes only; kernels that use atomics are not covered."""
+synchronisation are checked against NumPy. The tensor-core helpers (render_cuda's mma.sync, ldmatrix and cp.async)
+are replaced by C++ that follows the PTX ISA's register layouts through the per-warp exchange (the matrix product in
+float32, summed in k order; the copies synchronous, so commit and wait do nothing). Static launch sizes only;
+kernels that use atomics are not covered."""
 from __future__ import annotations
 
 import ctypes
@@ -56,6 +59,46 @@ template <class T> static T __shfl_xor_sync(unsigned, T v, int o) {
   memcpy(&v, &bits, sizeof(T));
   return v;
 }
+static unsigned pj_frag[32][32][6];
+static const unsigned short *pj_rows[32][32];
+static inline float pj_bf16_value(unsigned short h) { return __uint_as_float((unsigned)h << 16); }
+#if defined(__x86_64__)
+static inline float pj_f16_value(unsigned short h) { return _cvtsh_ss(h); }
+#endif
+template <float (*value)(unsigned short)>
+static void pj_mma(float &c0, float &c1, float &c2, float &c3, unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                   unsigned b0, unsigned b1) {
+  unsigned w = threadIdx.x / 32, lane = threadIdx.x % 32;
+  unsigned mine[6] = {a0, a1, a2, a3, b0, b1};
+  memcpy(pj_frag[w][lane], mine, sizeof mine);
+  pthread_barrier_wait(&pj_warp_bar[w]);
+  auto half = [&](unsigned lane_of, int reg, int k) {
+    unsigned bits = pj_frag[w][lane_of][reg];
+    return value(k % 2 ? bits >> 16 : bits & 0xffff);
+  };
+  float *c[4] = {&c0, &c1, &c2, &c3};
+  for (int e = 0; e < 4; e++) {
+    int row = lane / 4 + (e >= 2) * 8, col = lane % 4 * 2 + e % 2;
+    float sum = 0.0f;
+    for (int k = 0; k < 16; k++)
+      sum += half((row % 8) * 4 + k % 8 / 2, (row >= 8) + 2 * (k >= 8), k) * half(col * 4 + k % 8 / 2, 4 + (k >= 8), k);
+    *c[e] += sum;
+  }
+  pthread_barrier_wait(&pj_warp_bar[w]);
+}
+template <bool trans>
+static void pj_ldmatrix(unsigned &r0, unsigned &r1, unsigned &r2, unsigned &r3, const unsigned short *row) {
+  unsigned w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4 * 2;
+  pj_rows[w][lane] = row;
+  pthread_barrier_wait(&pj_warp_bar[w]);
+  unsigned *r[4] = {&r0, &r1, &r2, &r3};
+  for (int q = 0; q < 4; q++) {
+    unsigned lo = trans ? pj_rows[w][q * 8 + t][g] : pj_rows[w][q * 8 + g][t];
+    unsigned hi = trans ? pj_rows[w][q * 8 + t + 1][g] : pj_rows[w][q * 8 + g][t + 1];
+    *r[q] = lo | hi << 16;
+  }
+  pthread_barrier_wait(&pj_warp_bar[w]);
+}
 template <class F> static void pj_launch(unsigned blocks, unsigned threads, F body) {
   blockDim.x = threads;
   pthread_barrier_t end;
@@ -82,10 +125,29 @@ _PTX = {  # the float16 conversions the cuda dialect spells in PTX, in C++ (x86-
 F16C = ["-mf16c"] if platform.machine() in ("x86_64", "AMD64") else []
 
 
+_TENSOR_CORES = {  # render_cuda's tensor-core helpers, by name, in C++ for the shim
+    "pj_mma_bf16": "static void pj_mma_bf16(float &c0, float &c1, float &c2, float &c3, unsigned a0, unsigned a1, "
+                   "unsigned a2, unsigned a3, unsigned b0, unsigned b1) "
+                   "{ pj_mma<pj_bf16_value>(c0, c1, c2, c3, a0, a1, a2, a3, b0, b1); }",
+    "pj_mma_f16": "static void pj_mma_f16(float &c0, float &c1, float &c2, float &c3, unsigned a0, unsigned a1, "
+                  "unsigned a2, unsigned a3, unsigned b0, unsigned b1) "
+                  "{ pj_mma<pj_f16_value>(c0, c1, c2, c3, a0, a1, a2, a3, b0, b1); }",
+    "pj_ldmatrix_x4": "static void pj_ldmatrix_x4(unsigned &r0, unsigned &r1, unsigned &r2, unsigned &r3, "
+                      "const unsigned short *row) { pj_ldmatrix<false>(r0, r1, r2, r3, row); }",
+    "pj_ldmatrix_x4_trans": "static void pj_ldmatrix_x4_trans(unsigned &r0, unsigned &r1, unsigned &r2, unsigned &r3, "
+                            "const unsigned short *row) { pj_ldmatrix<true>(r0, r1, r2, r3, row); }",
+    "pj_cp_async16": "static void pj_cp_async16(unsigned short *dst, const unsigned short *src) { memcpy(dst, src, 16); }",
+    "pj_cp_async_commit": "static void pj_cp_async_commit() {}",
+    "pj_cp_async_wait": "template <int N> static void pj_cp_async_wait() {}",
+}
+_HELPER = re.compile(r"(?:template <int N> )?__device__ __forceinline__ void (pj_\w+)\(.*?\n\}", re.S)
+
+
 def host_source(source: str) -> str:
     """The kernel's CUDA C as C++ for the shim (its inline PTX replaced)."""
     for ptx, cpp in _PTX.items():
         source = source.replace(ptx, cpp)
+    source = _HELPER.sub(lambda m: _TENSOR_CORES.get(m.group(1), m.group(0)), source)
     return SHIM + source
 
 
