@@ -6,7 +6,12 @@
   (cuBLAS; float32 with TF32 off, the exact product), in TFLOP/s;
 - SmolLM2-135M's decode step (random weights of the real shapes, position 256 of a 512-token cache) and MiniLM's
   static batch of 32 x 128, each in float32 and bfloat16, against the same models in torch eager (transformers)
-  cast to the same dtype, with the launches per call of prepjit's plan.
+  cast to the same dtype, with the launches per call of prepjit's plan; in bfloat16 also against
+  torch.compile(mode="reduce-overhead") (CUDA graphs): MiniLM the transformers model compiled, SmolLM2 a torch
+  decode step over a static cache (`torch_static_decode`: fixed shapes, the position a device tensor, keys and values
+  written in place), as transformers' StaticCache does. A peer that fails to compile is reported with its reason.
+- with --sass DIR: each 16-bit matmul kernel's machine code (cuobjdump -sass of the cubin prepjit loaded) and the
+  count of its tensor-core (HMMA, HGMMA), matrix-load (LDSM) and async-copy (LDGSTS) instructions in the row.
 
 Inputs are resident on the device (pj.Arrays made by a prepared copy, torch CUDA tensors); every figure is the
 median of synchronised calls after warm-up. Each matmul is checked against float64 NumPy on a corner of the
@@ -16,7 +21,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import re
+import shutil
+import subprocess
 import time
 
 import numpy as np
@@ -29,7 +38,22 @@ from .gpu import Torch, median_us
 from .gpu_models import CONTEXT, POS, SMOLLM2, _bert, _llama, cosine, to_device
 
 
-def matmul_rows(device: str, t: Torch, sizes, reps: int):
+SASS_OPS = ("HMMA", "HGMMA", "LDSM", "LDGSTS")   # tensor-core products, matrix loads, async global->shared copies
+
+
+def sass_counts(binary: bytes, path: str) -> dict:
+    """The count of each of SASS_OPS in a cubin's machine code (cuobjdump -sass), the listing kept at `path`."""
+    if shutil.which("cuobjdump") is None:
+        return {"error": "no cuobjdump"}
+    with open(path + ".cubin", "wb") as f:
+        f.write(binary)
+    listing = subprocess.run(["cuobjdump", "-sass", path + ".cubin"], capture_output=True, text=True).stdout
+    with open(path + ".sass", "w") as f:
+        f.write(listing)
+    return {op: len(re.findall(rf"\b{op}\b", listing)) for op in SASS_OPS}
+
+
+def matmul_rows(device: str, t: Torch, sizes, reps: int, sass: str | None = None):
     torch = t.torch   # Torch() turned TF32 off: float32 products are exact
     rng = np.random.default_rng(0)
     mm = pj.prepare(lambda a, b: a @ b, device=device)
@@ -47,9 +71,15 @@ def matmul_rows(device: str, t: Torch, sizes, reps: int):
             ours = median_us(lambda da=da, db=db: mm(da, db), reps)
             peer = median_us(t.sync(lambda ta=ta, tb=tb: ta @ tb), reps)
             flops = 2 * size ** 3
-            yield {"case": f"matmul_{name}_{size}", "prepjit_tflops": flops / ours / 1e6,
-                   "torch_tflops": flops / peer / 1e6, "ratio": ours / peer, "rel_error": err,
-                   "kernels": len(mm.plan(da, db).kernels)}
+            kernels = mm.plan(da, db).kernels
+            row = {"case": f"matmul_{name}_{size}", "prepjit_tflops": flops / ours / 1e6,
+                   "torch_tflops": flops / peer / 1e6, "of_torch": peer / ours, "rel_error": err, "kernels": len(kernels)}
+            if sass and name != "f32" and size == sizes[0]:
+                os.makedirs(sass, exist_ok=True)
+                row["sass"] = sass_counts(kernels[0].kernel.binary, os.path.join(sass, f"matmul_{name}"))
+                with open(os.path.join(sass, f"matmul_{name}.cu"), "w") as f:
+                    f.write(kernels[0].kernel.source)
+            yield row
 
 
 def model_rows(device: str, t: Torch, reps: int):
@@ -85,6 +115,7 @@ def model_rows(device: str, t: Torch, reps: int):
         cache.crop(-1)
         torch.cuda.synchronize()
     yield {"case": "smollm2_decode_bf16_torch_eager", "torch_ms": median_us(peer, reps) / 1e3}
+    yield compiled_row("smollm2_decode_bf16_torch_compile", lambda: _static_decode_peer(torch, cfg, params32, k, v), reps)
 
     mparams32 = minilm.random_params(rng, layers=6, vocab=30522)
     b, tt = 32, 128
@@ -106,6 +137,82 @@ def model_rows(device: str, t: Torch, reps: int):
         yield {"case": f"minilm_b32_t128_{name}", "prepjit_ms": ours / 1e3,
                "torch_eager_ms": median_us(peer, reps) / 1e3, "kernels": len(f.plan(dparams, mids, mask).kernels)}
 
+    def compiled_bert():
+        tb = torch.compile(bert.to(torch.bfloat16), mode="reduce-overhead")
+
+        def call():
+            with torch.no_grad():
+                tb(input_ids=tids, attention_mask=tmask.long())
+            torch.cuda.synchronize()
+        return call
+    yield compiled_row("minilm_b32_t128_bf16_torch_compile", compiled_bert, reps)
+
+
+def compiled_row(case: str, make, reps: int) -> dict:
+    """The timing of the call `make()` returns (built and compiled, warm-up included, inside the guard), or the
+    reason it failed: a peer that cannot compile costs its row only."""
+    try:
+        call = make()
+        start = time.perf_counter()
+        call()
+        first = time.perf_counter() - start
+        return {"case": case, "torch_ms": median_us(call, reps, warmup=5) / 1e3, "first_call_s": first}
+    except Exception as e:  # noqa: BLE001  (torch.compile's failures are of many kinds: report, go on)
+        return {"case": case, "error": f"{type(e).__name__}: {e}"[:2000]}
+
+
+def torch_static_decode(torch, cfg, params, k, v):
+    """One SmolLM2 decode step in torch over a static cache, as torch.compile wants it: params a tree of tensors
+    (prepjit's layout: x @ w), k and v (L, kv heads, context, head dim) written in place at the position; returns
+    step(ids (1,), pos (1,) device tensors) -> logits (vocab,). RMSNorm, rotate-half RoPE and softmax as
+    examples/models/llama.py computes them (float32 inside, rounded to the activations' dtype)."""
+    heads, kv_heads, hd, dim, ff = cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.dim, cfg.ff
+    kv, group, context = kv_heads * hd, heads // kv_heads, k.shape[2]
+    inv = 1.0 / cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float64, device=k.device) / hd)
+    angles = torch.arange(context, dtype=torch.float64, device=k.device)[:, None] * inv[None]
+    angles = torch.cat([angles, angles], -1)
+    cos, sin = angles.cos().float().to(k.dtype), angles.sin().float().to(k.dtype)
+    slots = torch.arange(context, device=k.device)
+
+    def rms(x, gain):
+        w = x.float()
+        return (w * torch.rsqrt(w.pow(2).mean(-1, keepdim=True) + cfg.eps)).to(x.dtype) * gain
+
+    def rope(x, c, s):
+        return x * c + torch.cat([-x[..., hd // 2:], x[..., :hd // 2]], -1) * s
+
+    def step(ids, pos):
+        h = params["embed"][ids]
+        c, s = cos[pos], sin[pos]
+        for layer, bp in enumerate(params["blocks"]):
+            q, kk, vv = (rms(h, bp["attn_norm"]) @ bp["wqkv"]).split([dim, kv, kv], -1)
+            q, kk = rope(q.view(heads, hd), c, s), rope(kk.view(kv_heads, hd), c, s)
+            k[layer].index_copy_(1, pos, kk.view(kv_heads, 1, hd))
+            v[layer].index_copy_(1, pos, vv.view(kv_heads, 1, hd))
+            scores = (q.view(kv_heads, group, hd) @ k[layer].transpose(-1, -2)).float() / hd ** 0.5
+            probs = scores.masked_fill(slots > pos, float("-inf")).softmax(-1).to(h.dtype)
+            h = h + (probs @ v[layer]).reshape(1, dim) @ bp["wo"]
+            gate, up = (rms(h, bp["ffn_norm"]) @ bp["gate_up"]).split(ff, -1)
+            h = h + (torch.nn.functional.silu(gate) * up) @ bp["down"]
+        return (rms(h, params["norm"]) @ params["head"].T)[0]
+    return step
+
+
+def _static_decode_peer(torch, cfg, params32, k, v):
+    """torch_static_decode in bfloat16 on the GPU, compiled with mode="reduce-overhead", at position POS."""
+    def tensor(x):
+        return torch.from_numpy(np.ascontiguousarray(np.asarray(x, np.float32))).cuda().to(torch.bfloat16)
+    params = {key: [{n: tensor(w) for n, w in bp.items()} for bp in value] if key == "blocks" else tensor(value)
+              for key, value in params32.items()}
+    step = torch.compile(torch_static_decode(torch, cfg, params, tensor(k), tensor(v)), mode="reduce-overhead")
+    ids, pos = torch.tensor([42], device="cuda"), torch.tensor([POS], device="cuda")
+
+    def call():
+        with torch.no_grad():
+            step(ids, pos)
+        torch.cuda.synchronize()
+    return call
+
 
 def main(argv=None):
     parser = argparse.ArgumentParser()
@@ -113,12 +220,16 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--out", default="benchmarks/results/gpu-low-precision.json")
+    parser.add_argument("--sass", default=None, help="a folder for the 16-bit matmul kernels' source and SASS")
+    parser.add_argument("--only", choices=("matmul", "models"), default=None)
     args = parser.parse_args(argv)
     t = Torch()
     result = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "gpu": t.torch.cuda.get_device_name(),
               "platform": platform.platform(), "torch": t.torch.__version__, "rows": []}
     sizes = (4096,) if args.quick else (4096, 8192)
-    for rows in (lambda: matmul_rows(args.device, t, sizes, args.reps), lambda: model_rows(args.device, t, args.reps)):
+    groups = {"matmul": lambda: matmul_rows(args.device, t, sizes, args.reps, args.sass),
+              "models": lambda: model_rows(args.device, t, args.reps)}
+    for rows in [g for name, g in groups.items() if args.only in (None, name)]:
         try:
             for row in rows():
                 print(json.dumps(row), flush=True)
