@@ -37,7 +37,18 @@ class Sampling:
     max_tokens: int
     temperature: float = 0.0  # 0: greedy
     top_p: float = 1.0
-    seed: int | None = None  # per-sequence np.random.default_rng(seed): same text whatever else is batched
+    seed: int | tuple | None = None  # np.random.default_rng(seed) per sequence: same text whatever else is batched
+    presence_penalty: float = 0.0  # subtracted from the logit of each token the sequence generated
+    frequency_penalty: float = 0.0  # ... times the number of times it generated it
+    logprobs: int | None = None  # None: no log-probabilities; k: the sampled token's and the k most likely tokens'
+
+
+@attrs.frozen
+class TokenLogprobs:
+    """A sampled token's log-probability and the most likely tokens' ((token, log-probability), most likely
+    first) under the model's distribution."""
+    logprob: float
+    top: tuple = ()
 
 
 @attrs.frozen
@@ -45,6 +56,7 @@ class Event:
     seq_id: int
     token: int | None  # the new token, None when the event only ends a sequence
     finish: str | None  # None (running), "stop" (a stop id, reported), "length", "cancelled"
+    logprobs: TokenLogprobs | None = None  # when its Sampling asks for them
 
 
 @attrs.define
@@ -230,16 +242,30 @@ class Engine:
         return events
 
     def _emit(self, seq: _Sequence, logits: np.ndarray) -> Event:
-        """Sample its next token; end it on a stop id or at max_tokens (its blocks freed)."""
+        """Sample its next token (its penalties applied); end it on a stop id or at max_tokens (its blocks
+        freed)."""
         s = seq.sampling
-        token = sample(logits.astype(np.float32), s.temperature, s.top_p, seq.rng)
+        scores = logits.astype(np.float32)
+        if (s.presence_penalty or s.frequency_penalty) and seq.generated:
+            seen, counts = np.unique(seq.generated, return_counts=True)
+            scores[seen] -= s.frequency_penalty * counts + s.presence_penalty
+        token = sample(scores, s.temperature, s.top_p, seq.rng)
         seq.generated.append(token)
         self.generated_tokens += 1
         finish = "stop" if token in self.stop_ids else "length" if len(seq.generated) >= seq.max_tokens else None
         if finish is not None:
             self.running.remove(seq)
             self.pool.release(seq.blocks)
-        return Event(seq.id, token, finish)
+        return Event(seq.id, token, finish, None if s.logprobs is None else token_logprobs(logits, token, s.logprobs))
+
+
+def token_logprobs(logits: np.ndarray, token: int, k: int) -> TokenLogprobs:
+    """`token`'s log-probability and the k most likely tokens' under softmax(logits), in float64."""
+    z = logits.astype(np.float64)
+    logp = z - (z.max() + np.log(np.exp(z - z.max()).sum()))
+    top = np.argpartition(-logp, k)[:k] if k < len(logp) else np.arange(len(logp))
+    top = top[np.argsort(-logp[top], kind="stable")]
+    return TokenLogprobs(float(logp[token]), tuple((int(t), float(logp[t])) for t in top))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

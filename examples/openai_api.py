@@ -18,6 +18,8 @@ import numpy as np
 
 MAX_STOP_STRINGS = 4  # as OpenAI's API
 MAX_EMBEDDING_INPUTS = 2048  # as OpenAI's API
+MAX_CHOICES = 128  # n, as OpenAI's API
+MAX_TOP_LOGPROBS = 20  # top_logprobs (chat) and logprobs (completions), as OpenAI's chat API
 ROLES = ("system", "user", "assistant")
 
 
@@ -69,6 +71,10 @@ class GenerationRequest:
     temperature: float
     top_p: float
     seed: int | None
+    n: int                  # choices per prompt
+    presence_penalty: float
+    frequency_penalty: float
+    logprobs: int | None    # None: no log-probabilities; k: the sampled tokens' and the k most likely tokens' each
     stop: tuple             # stop strings
     stream: bool
     include_usage: bool     # stream_options.include_usage: a last chunk with the usage
@@ -164,19 +170,58 @@ def generation_request(body: dict, *, chat: bool, codec, served: dict, context: 
         raise ApiError(400, f"'stop' must be a non-empty string or a list of at most {MAX_STOP_STRINGS} of them",
                        param="stop")
     n = _field(body, "n", (int,), default=1)
-    if n != 1:
-        raise ApiError(400, f"'n' must be 1 (one choice per prompt), not {n}", param="n", code="unsupported")
+    if not 1 <= n <= MAX_CHOICES:
+        raise ApiError(400, f"'n' must be between 1 and {MAX_CHOICES}, not {n}", param="n", code="invalid_value")
+    best_of = _field(body, "best_of", (int,), default=n)
+    if best_of != n:
+        raise ApiError(400, f"'best_of' other than n is not supported (best_of {best_of}, n {n})", param="best_of",
+                       code="unsupported")
+    if _field(body, "logit_bias", (dict,), default={}):
+        raise ApiError(400, "'logit_bias' is not supported", param="logit_bias", code="unsupported")
+    penalties = {}
     for name in ("presence_penalty", "frequency_penalty"):
-        if _field(body, name, (int, float), default=0) != 0:
-            raise ApiError(400, f"'{name}' is not supported (only 0)", param=name, code="unsupported")
-    if body.get("logprobs") not in (None, False, 0) or body.get("top_logprobs") is not None:
-        raise ApiError(400, "'logprobs' is not supported", param="logprobs", code="unsupported")
+        penalties[name] = float(_field(body, name, (int, float), default=0))
+        if not -2 <= penalties[name] <= 2:
+            raise ApiError(400, f"'{name}' must be between -2 and 2, not {penalties[name]}", param=name,
+                           code="invalid_value")
+    echo = not chat and _field(body, "echo", (bool,), default=False)
     options = _field(body, "stream_options", (dict,), default={})
     return GenerationRequest(model=model, prompts=tuple(tuple(p) for p in prompts), max_tokens=max_tokens,
-                             temperature=temperature, top_p=top_p, seed=seed, stop=tuple(stop),
-                             stream=_field(body, "stream", (bool,), default=False),
+                             temperature=temperature, top_p=top_p, seed=seed, n=n, **penalties,
+                             logprobs=_chat_logprobs(body) if chat else _completion_logprobs(body, echo),
+                             stop=tuple(stop), stream=_field(body, "stream", (bool,), default=False),
                              include_usage=bool(_field(options, "include_usage", (bool,), default=False)),
-                             echo=not chat and _field(body, "echo", (bool,), default=False))
+                             echo=echo)
+
+
+def _top_count(body: dict, name: str) -> int:
+    k = _field(body, name, (int,))
+    if not 0 <= k <= MAX_TOP_LOGPROBS:
+        raise ApiError(400, f"'{name}' must be between 0 and {MAX_TOP_LOGPROBS}, not {k}", param=name,
+                       code="invalid_value")
+    return k
+
+
+def _chat_logprobs(body: dict) -> int | None:
+    """Chat's `logprobs` (true: the sampled tokens' log-probabilities) and `top_logprobs` (how many most likely
+    tokens each, which needs logprobs true)."""
+    wanted = _field(body, "logprobs", (bool,), default=False)
+    if body.get("top_logprobs") is None:
+        return 0 if wanted else None
+    if not wanted:
+        raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs", code="invalid_value")
+    return _top_count(body, "top_logprobs")
+
+
+def _completion_logprobs(body: dict, echo: bool) -> int | None:
+    """Completions' `logprobs`: how many most likely tokens each (0: only the sampled ones'); not with echo (the
+    prompt's log-probabilities are not computed)."""
+    if body.get("logprobs") is None:
+        return None
+    if echo:
+        raise ApiError(400, "'logprobs' with 'echo' is not supported (the prompt's log-probabilities are not "
+                            "computed)", param="logprobs", code="unsupported")
+    return _top_count(body, "logprobs")
 
 
 def embedding_inputs(body: dict, served: dict) -> tuple[str, list[str], str]:
@@ -208,15 +253,45 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
 
 
 def completion_choice(index: int, text: str | None, finish: str | None, chat: bool, stream: bool,
-                      first: bool = False) -> dict:
-    """One choice of a response (`stream` False) or of a chunk: `text`, `message` or `delta`."""
+                      first: bool = False, logprobs: dict | None = None) -> dict:
+    """One choice of a response (`stream` False) or of a chunk: `text`, `message` or `delta`, and its
+    `logprobs` (Logprobs.payload)."""
     if not chat:
-        return {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish}
+        return {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
     if stream:
         delta = ({"role": "assistant", "content": ""} if first else {}) | ({"content": text} if text else {})
-        return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
-    return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": None,
+        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+    return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
             "finish_reason": finish}
+
+
+class Logprobs:
+    """The `logprobs` of one choice, in OpenAI's shapes, from its tokens' engine.TokenLogprobs: chat's
+    {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]}, completions' {"tokens", "token_logprobs",
+    "top_logprobs" ({token: logprob}), "text_offset"}. A token's string is its own decoded text (a piece of a
+    character decodes to U+FFFD, as in vLLM's). `payload(entries)` formats the next tokens, a whole response's or
+    a chunk's: completions' text offsets continue from the last call's."""
+
+    def __init__(self, codec, chat: bool):
+        self.codec, self.chat, self.offset = codec, chat, 0
+
+    def payload(self, entries: list) -> dict:
+        """entries: (token, TokenLogprobs) pairs."""
+        if self.chat:
+            return {"content": [{**self._token(token, lp.logprob),
+                                 "top_logprobs": [self._token(t, p) for t, p in lp.top]} for token, lp in entries]}
+        tokens = [self.codec.decode([token]) for token, _ in entries]
+        offsets = []
+        for text in tokens:
+            offsets.append(self.offset)
+            self.offset += len(text)
+        return {"tokens": tokens, "token_logprobs": [lp.logprob for _, lp in entries],
+                "top_logprobs": [{self.codec.decode([t]): p for t, p in lp.top} for _, lp in entries],
+                "text_offset": offsets}
+
+    def _token(self, token: int, logprob: float) -> dict:
+        text = self.codec.decode([token])
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
 
 
 def envelope(rid: str, model: str, chat: bool, stream: bool, choices: list, created: int, **extra) -> dict:

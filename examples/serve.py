@@ -337,13 +337,17 @@ class Server:
         arrived = time.perf_counter()
         req = api.generation_request(api.parse_json(await request.read()), chat=chat, codec=self.codec,
                                      served=self.served, context=self.context)
-        if self.in_flight + len(req.prompts) > self.capacity:
+        choices = len(req.prompts) * req.n
+        if choices > self.capacity:
+            raise api.ApiError(400, f"the request asks for {choices} choices (prompts times n): this server runs or "
+                                    f"queues at most {self.capacity} sequences", param="n", code="invalid_value")
+        if self.in_flight + choices > self.capacity:
             raise api.ApiError(503, f"the server is full ({self.in_flight} sequences running or waiting): try again "
                                     "later", code="queue_full")
         events: asyncio.Queue = asyncio.Queue()
-        sampling = Sampling(max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p, seed=req.seed)
         loop = asyncio.get_running_loop()
-        seqs = [Sequence(i, list(p), sampling, events, loop.create_future()) for i, p in enumerate(req.prompts)]
+        seqs = [Sequence(i, list(req.prompts[i // req.n]), _sampling(req, i % req.n), events, loop.create_future())
+                for i in range(choices)]
         self.in_flight += len(seqs)
         try:
             for seq in seqs:
@@ -365,8 +369,10 @@ class Server:
             self.in_flight -= len(seqs)
 
     async def _choices(self, req, seqs, arrived):
-        """(index, new text, finish reason or None) as the sequences' tokens arrive."""
+        """(index, new text, finish reason or None, [(token, TokenLogprobs)] since the last) as the sequences'
+        tokens arrive (the log-probabilities of the tokens of its text, when the request asks for them)."""
         streams = [api.TextStream(self.codec, req.stop) for _ in seqs]
+        pending = [[] for _ in seqs]
         remaining = len(seqs)
         while remaining:
             index, event = await seqs[0].events.get()
@@ -382,10 +388,13 @@ class Server:
                     self.metrics.first_token(time.perf_counter() - arrived)
                 if not (event.finish == "stop" and event.token in self.stop_ids):
                     text, stopped = stream.add(event.token)
+                    if event.logprobs is not None:
+                        pending[index].append((event.token, event.logprobs))
             finish = "stop" if stopped else event.finish
             if finish is None:
                 if text:
-                    yield index, text, None
+                    yield index, text, None, pending[index]
+                    pending[index] = []
                 continue
             if stopped:
                 self.worker.cancel(seq)
@@ -394,17 +403,20 @@ class Server:
             seq.done = True
             remaining -= 1
             self.metrics.requests[finish] += 1
-            yield index, text, finish
+            yield index, text, finish, pending[index]
 
     async def _whole(self, req, seqs, chat: bool, choices):
-        texts, finishes = collections.defaultdict(str), {}
-        async for index, text, finish in choices:
+        texts, finishes, entries = collections.defaultdict(str), {}, collections.defaultdict(list)
+        async for index, text, finish, logprobs in choices:
             texts[index] += text
             finishes[index] = finish or finishes.get(index)
+            entries[index] += logprobs
         out = []
-        for i, prompt in enumerate(req.prompts):
-            text = (self.codec.decode(prompt) if req.echo else "") + texts[i]
-            out.append(api.completion_choice(i, text, finishes.get(i), chat, stream=False))
+        for seq in seqs:
+            i = seq.index
+            text = (self.codec.decode(seq.prompt) if req.echo else "") + texts[i]
+            logprobs = None if req.logprobs is None else api.Logprobs(self.codec, chat).payload(entries[i])
+            out.append(api.completion_choice(i, text, finishes.get(i), chat, stream=False, logprobs=logprobs))
         return web.json_response(api.envelope(api.new_id("chatcmpl" if chat else "cmpl"), req.model, chat, False, out,
                                               api.now(), usage=_usage(req, seqs)))
 
@@ -416,14 +428,16 @@ class Server:
         async def send(choice_list, **extra):
             chunk = api.envelope(rid, req.model, chat, True, choice_list, created, **extra)
             await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        formats = [api.Logprobs(self.codec, chat) for _ in seqs] if req.logprobs is not None else None
         try:
-            for i, prompt in enumerate(req.prompts):
+            for seq in seqs:
                 if chat:
-                    await send([api.completion_choice(i, None, None, chat, True, first=True)])
+                    await send([api.completion_choice(seq.index, None, None, chat, True, first=True)])
                 elif req.echo:
-                    await send([api.completion_choice(i, self.codec.decode(prompt), None, chat, True)])
-            async for index, text, finish in choices:
-                await send([api.completion_choice(index, text, finish, chat, True)])
+                    await send([api.completion_choice(seq.index, self.codec.decode(seq.prompt), None, chat, True)])
+            async for index, text, finish, logprobs in choices:
+                await send([api.completion_choice(index, text, finish, chat, True,
+                                                  logprobs=formats and formats[index].payload(logprobs))])
         except ConnectionError:  # the client went away: _generate cancels its sequences
             return response
         except EngineFailure as e:  # the engine failed mid-stream
@@ -433,6 +447,15 @@ class Server:
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
+
+
+def _sampling(req, choice: int) -> Sampling:
+    """The engine's Sampling of a prompt's choice: a seeded request's first choice draws from its seed, the
+    others from (seed, choice), so n choices differ and each is the same whatever else is batched."""
+    seed = req.seed if req.seed is None or choice == 0 else (req.seed, choice)
+    return Sampling(max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p, seed=seed,
+                    presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
+                    logprobs=req.logprobs)
 
 
 def _usage(req, seqs) -> dict:

@@ -130,6 +130,55 @@ def test_seeded_sampling_is_independent_of_the_batch(params):
     assert _run(engine, [(prompt, serving.Sampling(max_tokens=12, temperature=4.0, top_p=0.9, seed=8))])[0][0] != alone
 
 
+def _numpy_logits(params, tokens):
+    """NumPy llama.prefill's logits of the last of `tokens` (float32)."""
+    xp, cos, sin = numpy_namespace(), *llama.rope_tables(CFG, CONTEXT)
+    return np.asarray(llama.prefill(xp, CFG, params, np.array(tokens), cos, sin)[0], np.float32)
+
+
+def test_penalties_equal_numpy_greedy_with_openai_penalties(params):
+    """Presence and frequency penalties (OpenAI's rule over the sequence's generated tokens) in a batch with an
+    unpenalised request: the penalised greedy tokens equal a NumPy greedy loop subtracting them, and differ from
+    the unpenalised ones, which repeat tokens."""
+    engine = _engine(params)
+    prompt, n = _prompts(1, seed=4)[0], 16
+    penalised = serving.Sampling(max_tokens=n, presence_penalty=0.5, frequency_penalty=1.5)
+    (tokens, plain), _ = _run(engine, [(prompt, penalised), (prompt, serving.Sampling(max_tokens=n))])
+    want = []
+    for _ in range(n):
+        logits = _numpy_logits(params, prompt + want)
+        seen, counts = np.unique(want, return_counts=True) if want else (np.array([], int), 0)
+        logits[seen] -= 1.5 * counts + 0.5
+        want.append(int(np.argmax(logits)))
+    assert tokens == want
+    assert len(set(plain)) < n and tokens != plain, "the test needs an unpenalised text that repeats tokens"
+
+
+def test_logprobs_are_the_models_log_softmax(params):
+    """logprobs=k: each event carries its token's log-probability and the k most likely tokens' (most likely
+    first) under the model's distribution, equal to NumPy's log-softmax of the logits, whatever the penalties and
+    temperature; no logprobs asked, none given."""
+    engine = _engine(params)
+    prompt = _prompts(1, seed=5)[0]
+    ids = [engine.submit(prompt, serving.Sampling(max_tokens=6, logprobs=3, frequency_penalty=1.0)),
+           engine.submit(prompt, serving.Sampling(max_tokens=6, temperature=2.0, seed=3, logprobs=0)),
+           engine.submit(prompt, serving.Sampling(max_tokens=6))]
+    events = {i: [] for i in ids}
+    while engine.busy:
+        for event in engine.step():
+            events[event.seq_id].append(event)
+    assert all(e.logprobs is None for e in events[ids[2]])
+    for seq_id, k in zip(ids, (3, 0)):
+        tokens = [e.token for e in events[seq_id]]
+        for i, event in enumerate(events[seq_id]):
+            z = _numpy_logits(params, prompt + tokens[:i]).astype(np.float64)
+            want = z - z.max() - np.log(np.exp(z - z.max()).sum())
+            assert event.logprobs.logprob == pytest.approx(want[event.token], abs=2e-5)
+            top = np.argsort(-want)[:k]
+            assert [t for t, _ in event.logprobs.top] == list(top)
+            np.testing.assert_allclose([p for _, p in event.logprobs.top], want[top], atol=2e-5)
+
+
 def test_stop_id_ends_a_sequence_and_is_reported(params):
     engine = _engine(params)
     prompt = _prompts(1)[0]

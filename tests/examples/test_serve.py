@@ -224,7 +224,10 @@ BAD = [(b"{not json", "invalid_json"), (b"[1, 2]", "invalid_json"),
        ({"prompt": "hi", "max_tokens": "5"}, "invalid_type"), ({"prompt": "hi", "max_tokens": True}, "invalid_type"),
        ({"prompt": "hi", "temperature": 9}, "invalid_request"), ({"prompt": "hi", "stop": [1]}, "invalid_request"),
        ({"prompt": "x" * 4 * CONTEXT}, "context_length_exceeded"), ({"prompt": [10 ** 7]}, "invalid_request"),
-       ({"prompt": "hi", "model": "gpt-4"}, "model_not_found"), ({"prompt": "hi", "n": 2}, "unsupported")]
+       ({"prompt": "hi", "model": "gpt-4"}, "model_not_found"), ({"prompt": "hi", "n": 0}, "invalid_value"),
+       ({"prompt": "hi", "n": 2, "best_of": 3}, "unsupported"), ({"prompt": "hi", "logit_bias": {"5": 1}}, "unsupported"),
+       ({"prompt": "hi", "presence_penalty": 2.5}, "invalid_value"), ({"prompt": "hi", "logprobs": 21}, "invalid_value"),
+       ({"prompt": "hi", "logprobs": 2, "echo": True}, "unsupported"), ({"prompt": "hi", "n": 10 ** 4}, "invalid_value")]
 
 
 @pytest.mark.parametrize("body,code", BAD, ids=[str(i) for i in range(len(BAD))])
@@ -234,6 +237,74 @@ def test_bad_input_is_a_4xx_json_error_and_the_server_goes_on(server, body, code
     assert status in (400, 404) and out["error"]["code"] == code and out["error"]["message"], out
     status, out = post(server, "/v1/completions", {**GREEDY, "prompt": "still here", "max_tokens": 2})
     assert status == 200 and out["usage"]["completion_tokens"] >= 1
+
+
+def test_logprobs_in_completions_and_chat_whole_and_streamed(server):
+    """OpenAI's shapes: completions' tokens, token_logprobs, top_logprobs and text_offset, one per token of the text
+    (a greedy token the most likely); chat's content entries with bytes; a stream's chunks carry the same entries
+    as the whole response."""
+    body = {**GREEDY, "prompt": PROMPTS[3], "logprobs": 3}
+    out = post(server, "/v1/completions", body)[1]
+    choice, used = out["choices"][0], out["usage"]["completion_tokens"]
+    lp = choice["logprobs"]
+    n = len(lp["tokens"])
+    assert n == used - (choice["finish_reason"] == "stop") and n >= 1
+    assert len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(lp["text_offset"]) == n
+    assert lp["text_offset"] == [sum(map(len, lp["tokens"][:i])) for i in range(n)]
+    for logprob, top in zip(lp["token_logprobs"], lp["top_logprobs"]):
+        assert len(top) <= 3 and logprob <= 0 and logprob == pytest.approx(max(top.values()))
+        assert sum(np.exp(list(top.values()))) <= 1 + 1e-6
+    chunks, _ = stream(server, "/v1/completions", body)
+    streamed = [c["choices"][0]["logprobs"] for c in chunks if c["choices"]]
+    assert sum((c["token_logprobs"] for c in streamed), []) == lp["token_logprobs"]
+    assert sum((c["text_offset"] for c in streamed), []) == lp["text_offset"]
+    assert post(server, "/v1/completions", {**GREEDY, "prompt": PROMPTS[3]})[1]["choices"][0]["logprobs"] is None
+
+    chat = {**GREEDY, "messages": [{"role": "user", "content": "Hi!"}], "logprobs": True, "top_logprobs": 2}
+    out = post(server, "/v1/chat/completions", chat)[1]
+    content = out["choices"][0]["logprobs"]["content"]
+    assert len(content) == out["usage"]["completion_tokens"] - (out["choices"][0]["finish_reason"] == "stop")
+    for entry in content:
+        assert entry["bytes"] == list(entry["token"].encode()) and len(entry["top_logprobs"]) == 2
+        assert entry["top_logprobs"][0]["logprob"] == pytest.approx(entry["logprob"])
+        assert entry["top_logprobs"][0]["logprob"] >= entry["top_logprobs"][1]["logprob"]
+    chunks, _ = stream(server, "/v1/chat/completions", chat)
+    assert sum((c["choices"][0]["logprobs"]["content"] for c in chunks[1:]), []) == content
+    status, err = post(server, "/v1/chat/completions", {**chat, "logprobs": False})
+    assert status == 400 and err["error"]["param"] == "top_logprobs"
+
+
+def test_n_choices_per_prompt(server):
+    """n choices per prompt, indexed prompt by prompt: a seeded request's first choice is the n=1 text, the others
+    its own draws (the same again, and whatever else is batched); greedy choices are equal; usage counts every
+    choice's tokens and each prompt once."""
+    seeded = {**GREEDY, "prompt": PROMPTS[2], "temperature": 1.0, "seed": 11, "max_tokens": 30}
+    one = post(server, "/v1/completions", seeded)[1]["choices"][0]["text"]
+    out = post(server, "/v1/completions", {**seeded, "n": 3})[1]
+    texts = [c["text"] for c in out["choices"]]
+    assert [c["index"] for c in out["choices"]] == [0, 1, 2] and texts[0] == one and len(set(texts)) == 3
+    assert [c["text"] for c in post(server, "/v1/completions", {**seeded, "n": 3})[1]["choices"]] == texts
+    chunks, _ = stream(server, "/v1/completions", {**seeded, "n": 3})
+    assert ["".join(c["choices"][0]["text"] for c in chunks if c["choices"] and c["choices"][0]["index"] == i)
+            for i in range(3)] == texts
+    greedy = post(server, "/v1/completions", {**GREEDY, "prompt": PROMPTS[:2], "n": 2})[1]
+    alone = [post(server, "/v1/completions", {**GREEDY, "prompt": p})[1] for p in PROMPTS[:2]]
+    assert [c["text"] for c in greedy["choices"]] == [a["choices"][0]["text"] for a in alone for _ in range(2)]
+    assert greedy["usage"]["prompt_tokens"] == sum(a["usage"]["prompt_tokens"] for a in alone)
+    assert greedy["usage"]["completion_tokens"] == 2 * sum(a["usage"]["completion_tokens"] for a in alone)
+    chat = post(server, "/v1/chat/completions", {**GREEDY, "n": 2, "messages": [{"role": "user", "content": "Hi"}]})
+    assert [c["index"] for c in chat[1]["choices"]] == [0, 1]
+
+
+def test_penalties_change_greedy_text_as_the_engine_does(server):
+    """presence_penalty and frequency_penalty reach the engine (test_engine checks its values): a penalised
+    greedy text differs from the unpenalised one, and streams the same."""
+    body = {**GREEDY, "prompt": PROMPTS[4], "max_tokens": 40}
+    plain = post(server, "/v1/completions", body)[1]["choices"][0]["text"]
+    penalised = post(server, "/v1/completions", {**body, "frequency_penalty": 2, "presence_penalty": 1})[1]
+    assert penalised["choices"][0]["text"] != plain
+    chunks, _ = stream(server, "/v1/completions", {**body, "frequency_penalty": 2, "presence_penalty": 1})
+    assert "".join(c["choices"][0]["text"] for c in chunks) == penalised["choices"][0]["text"]
 
 
 def test_bad_chat_messages_and_unknown_routes(server):
@@ -320,8 +391,19 @@ def test_a_full_pool_makes_requests_wait_and_a_full_queue_answers_503(server):
     assert all(r[0] == 200 for r in results) and len({r[1]["choices"][0]["text"] for r in results}) == 1
     assert max(m["serve_kv_blocks_used"] for m in seen) > BLOCKS - 7
     assert max(m["serve_waiting_sequences"] for m in seen) > 0
-    status, out = post(server, "/v1/completions", {**GREEDY, "prompt": [[1, 2, 3]] * (MAX_BATCH + MAX_WAITING + 1)})
+    capacity = MAX_BATCH + MAX_WAITING
+    status, out = post(server, "/v1/completions", {**GREEDY, "prompt": [[1, 2, 3]] * (capacity + 1)})
+    assert status == 400 and out["error"]["param"] == "n"  # more sequences than the server ever holds
+    import http.client
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    conn.request("POST", "/v1/completions", headers={"Content-Type": "application/json"},
+                 body=json.dumps({**GREEDY, "prompt": [[1, 2, 3]] * capacity, "max_tokens": 100, "stream": True}))
+    response = conn.getresponse()
+    assert response.status == 200 and response.readline().startswith(b"data: ")  # the server is full now
+    status, out = post(server, "/v1/completions", {**GREEDY, "prompt": "one more"})
     assert status == 503 and out["error"]["code"] == "queue_full"
+    conn.sock.close()
+    conn.close()
     assert wait_idle(server)["serve_kv_blocks_used"] == 0
 
 
