@@ -2,7 +2,9 @@
 greedy requests in the same run, and against the padded-bucket approach: the same decode step prepared at fixed
 batch sizes (1, 2, 4, 8, 16) and a fixed table width (the whole context), a batch padded up to the next size.
 
-One session per weight format measures, in one process, with the same prompt and the same new tokens:
+One session per weight format measures, in one process, with the same prompt and the same new tokens, ROUNDS
+rounds of the three runs in turn (the host is shared and noisy: each round's runs see the same load), their
+medians compared:
 - `one_stream`: one request at a time, output tokens / wall seconds (prefill included);
 - `prepjit`: 16 requests submitted together (the var-batch plan);
 - `padded_buckets`: the same 16 through the engine with its decode step replaced by the padded buckets (their
@@ -25,7 +27,7 @@ from .case import Case
 
 BUCKETS = (1, 2, 4, 8, 16)
 PROMPT = "Compilers translate programs written by people into instructions a machine can run."
-CONTEXT, NEW_TOKENS, STREAMS = 256, 32, 16
+CONTEXT, NEW_TOKENS, STREAMS, ROUNDS = 256, 32, 16, 3
 SMOKE_NEW_TOKENS = 4
 
 
@@ -107,26 +109,32 @@ def serving_session(weights: str, smoke: bool) -> dict | None:
     # distinct prompts of the same length: the last token varies
     prompts = [prompt[:-1] + [prompt[-1] + i] for i in range(STREAMS)]
     _generate(engine, prompts[:2], 2)  # trace and compile both plans
-    one = [_generate(engine, [p], new_tokens) for p in prompts[:2]]
-    tokens, concurrent = _generate(engine, prompts, new_tokens)
-    assert [t[0] for t, _ in one] == tokens[:2], "a concurrent greedy request differs from the same request alone"
+    var_decode, padded = engine.decode, PaddedBuckets(engine)
+    start = time.perf_counter()
+    padded.prepare_all(engine)
+    prepare_s = time.perf_counter() - start
+    ones, concurrent, padded_rates = [], [], []
+    for _ in range(1 if smoke else ROUNDS):
+        one_tokens, one_rate = _generate(engine, prompts[:1], new_tokens)
+        tokens, rate = _generate(engine, prompts, new_tokens)
+        assert one_tokens[0] == tokens[0], "a concurrent greedy request differs from the same request alone"
+        engine.decode = padded
+        padded_tokens, padded_rate = _generate(engine, prompts, new_tokens)
+        engine.decode = var_decode
+        ones.append(one_rate)
+        concurrent.append(rate)
+        padded_rates.append(padded_rate)
     var_plan = engine.decode.plan(engine.params, np.zeros(STREAMS, np.int64), np.zeros(STREAMS, np.int64),
                                   np.zeros((STREAMS, engine.table_width), np.int64), engine.pool.keys,
                                   engine.pool.values, engine.cos, engine.sin)
     record = {"weights": weights, "new_tokens": new_tokens, "prompt_tokens": len(prompt), "streams": STREAMS,
-              "context": CONTEXT, "var_batch": {"tokens_per_s": concurrent, "traces": engine.decode.stats["traces"],
+              "context": CONTEXT, "var_batch": {"tokens_per_s": float(np.median(concurrent)), "rounds": concurrent,
+                                                "traces": engine.decode.stats["traces"],
                                                 "compiles": engine.decode.stats["compiles"],
                                                 "memory_bytes": var_plan.memory_bytes},
-              "one_stream_tokens_per_s": float(np.median([rate for _, rate in one]))}
-    var_decode = engine.decode
-    padded = PaddedBuckets(engine)
-    start = time.perf_counter()
-    padded.prepare_all(engine)
-    prepare_s = time.perf_counter() - start
-    engine.decode = padded
-    padded_tokens, padded_rate = _generate(engine, prompts, new_tokens)
-    engine.decode = var_decode
-    record["padded_buckets"] = {"tokens_per_s": padded_rate, "same_tokens": padded_tokens == tokens,
+              "one_stream_tokens_per_s": float(np.median(ones)), "one_stream_rounds": ones}
+    record["padded_buckets"] = {"tokens_per_s": float(np.median(padded_rates)), "rounds": padded_rates,
+                                "same_tokens": padded_tokens == tokens,
                                 "plans": len(padded.plans), "traces": padded.prepared.stats["traces"],
                                 "compiles": padded.prepared.stats["compiles"], "prepare_s": prepare_s,
                                 "memory_bytes": sum(p.memory_bytes for p in padded.plans.values())}
