@@ -92,3 +92,27 @@ def test_columns_contiguous_weight_and_many_rows_stay_blocked(rng):
     g = pj.prepare(lambda x, w: x @ w.T, device="cpu")
     np.testing.assert_allclose(np.asarray(g(x, w.T.copy())), x @ w, rtol=1e-4, atol=1e-4)
     assert matvec_axes(_kernel_ast(g, x, w.T.copy())) is None
+
+
+@pytest.mark.parametrize("target", [AVX2, AVX512])
+def test_one_row_over_16_bit_rows_a_page_apart_prefetches_rows_ahead(rng, target):
+    """x @ W.astype(float32) for W (576, 3072) bfloat16 or float16 (rows 6 KB apart, a page or more): each reduction
+    step of a column block asks for the block's cache lines ROWS_AHEAD rows ahead (one per 64 bytes of its span, and
+    its last byte); float32 weights, and rows closer than a page, are not prefetched. Values equal NumPy's."""
+    import ml_dtypes
+
+    from prepjit.codegen.llvm_reductions import ROWS_AHEAD
+    from prepjit.codegen.render_llvm import render_llvm
+    h = rng.standard_normal(576).astype(np.float32)
+    for dtype, rows_prefetched in ((ml_dtypes.bfloat16, True), (np.float16, True), (np.float32, False)):
+        for n in (3072, 1024):
+            w = rng.standard_normal((576, n)).astype(dtype)
+            f = pj.prepare(lambda h, w: h @ w.astype(np.float32), device="cpu")
+            np.testing.assert_allclose(np.asarray(f(h, w)), h @ w.astype(np.float32), rtol=1e-4, atol=1e-3)
+            out = optimize(_kernel_ast(f, h, w), "llvm", target)
+            ir = render_llvm(out, target).source
+            span = _columns(out) * 2
+            prefetched = rows_prefetched and n * 2 >= 4096
+            assert ir.count("call void @llvm.prefetch") == ((span // 64 + 1) if prefetched else 0)
+            if prefetched:
+                assert f", {ROWS_AHEAD * n}\n" in ir  # the offset of the row ROWS_AHEAD steps ahead
