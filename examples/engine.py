@@ -149,7 +149,7 @@ class Engine:
 
     def submit(self, prompt, sampling: Sampling) -> int:
         """Queue a request; its id. ValueError for an empty prompt, ids outside the vocabulary, a prompt that
-        fills the context, max_tokens < 1 or a request larger than the whole pool."""
+        fills the context, max_tokens < 1, logprobs outside [0, vocab] or a request larger than the whole pool."""
         prompt = [int(t) for t in prompt]
         if not prompt:
             raise ValueError("the prompt is empty")
@@ -161,6 +161,8 @@ class Engine:
                              f"output), so at most {self.context - 1}")
         if sampling.max_tokens < 1:
             raise ValueError(f"max_tokens is {sampling.max_tokens}: at least 1")
+        if sampling.logprobs is not None and not 0 <= sampling.logprobs <= self.cfg.vocab:
+            raise ValueError(f"logprobs is {sampling.logprobs}: between 0 and the vocabulary's {self.cfg.vocab}")
         seq = _Sequence(self.next_id, prompt, sampling, min(sampling.max_tokens, self.context - len(prompt)),
                         np.random.default_rng(sampling.seed))
         if seq.blocks_needed(self.pool.block_size) > self.pool.total:

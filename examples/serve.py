@@ -436,8 +436,8 @@ class Server:
                 elif req.echo:
                     await send([api.completion_choice(seq.index, self.codec.decode(seq.prompt), None, chat, True)])
             async for index, text, finish, logprobs in choices:
-                await send([api.completion_choice(index, text, finish, chat, True,
-                                                  logprobs=formats and formats[index].payload(logprobs))])
+                logprobs = None if formats is None else formats[index].payload(logprobs)
+                await send([api.completion_choice(index, text, finish, chat, True, logprobs=logprobs)])
         except ConnectionError:  # the client went away: _generate cancels its sequences
             return response
         except EngineFailure as e:  # the engine failed mid-stream

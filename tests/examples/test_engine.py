@@ -168,6 +168,8 @@ def test_logprobs_are_the_models_log_softmax(params):
         for event in engine.step():
             events[event.seq_id].append(event)
     assert all(e.logprobs is None for e in events[ids[2]])
+    with pytest.raises(ValueError, match="logprobs is -1"):
+        engine.submit(prompt, serving.Sampling(max_tokens=1, logprobs=-1))
     for seq_id, k in zip(ids, (3, 0)):
         tokens = [e.token for e in events[seq_id]]
         for i, event in enumerate(events[seq_id]):
