@@ -215,7 +215,9 @@ def _own_expression(node: UOp, chosen: set, readers_of: Counter) -> tuple[int, b
     saves its reductions theirs: the expression reads a reduction element for element, a residual add after a
     projection the contraction's kernel stores as its epilogue, or one of more than one element broadcast, a row's
     max or sum its row's kernel computes with it; whether it reads a value others read too that is not materialised
-    (yet: decided after its readers), which each kernel recomputing `node` would recompute too)."""
+    (yet: decided after its readers), which each kernel recomputing `node` would recompute too, and that reads
+    some buffer and is more than a reduction rounded to 16 bits: one computed from indices alone (a concatenate's
+    mask in RoPE) is index arithmetic wherever it is, and a rounded one a load and a rounding)."""
     total, kernel, shares, stack, seen = 0, False, False, [(node, True)], set()
     while stack:
         n, direct = stack.pop()
@@ -225,7 +227,7 @@ def _own_expression(node: UOp, chosen: set, readers_of: Counter) -> tuple[int, b
         if n is not node and (n.op in REALIZED and n.op is not Ops.REDUCE_AXIS or n in chosen or
                               readers_of[n] > 1 and n.op in ELEMENTWISE):
             total += 1
-            shares |= not (n.op in REALIZED or n in chosen)
+            shares |= not (n.op in REALIZED or n in chosen or _rounded_reduction(n) or _reads(n, lambda leaf: False))
             continue
         if n.op is Ops.REDUCE_AXIS:
             total += 1

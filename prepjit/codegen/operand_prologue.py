@@ -1,8 +1,9 @@
-"""The cpu's operand prologue: a contraction operand that depends on the reduction only, computed once per call.
+"""The cpu's operand prologue: a contraction operand that some of its loops do not change, computed once per call.
 
 fusion.py recomputes a cheap value that only streaming kernels read (a decode step's matvecs) in those kernels
 instead of materialising it: RMSNorm's normalised row x * rsqrt(mean(x^2)) * gain in the projections reading
-it, SiLU(gate) * up in the down projection. A GPU's row kernel computes it next to each weight load. A cpu
+it, SiLU(gate) * up in the down projection, q's and k's RoPE in the attention scores (k's as the cache's new
+row). A GPU's row kernel computes it next to each weight load. A cpu
 matvec would compute it at every weight element in a vector loop bound by those ops, and its reduction would
 not split at a quantized weight's blocks (block_split.py takes one sum of products). So on the cpu the kernel
 computes such an operand first, into an array of its own (DEFINE_LOCAL, one per call: a thread's chunk of the
@@ -11,11 +12,13 @@ outputs), and the contraction reads it back:
     scratch[k'] = operand(k')             serial loops before the parallel loop: once per call
     out[j]      = sum_k scratch[k] * w[j, k]
 
-An operand qualifies when it is a float computation (not a load as it is, nor a widened load), depends on
-some of the contraction's reduce ranges and on no other range, and those ranges' static extents hold at most
-fusion.PROLOGUE_MAX elements (a one-element reduction it reads, the norm's mean of squares, is computed before
-it: the renderer's prologue). The contraction without its prologue is optimised as any kernel (matvec.py,
-optimize.py); the bounds proof sees the scratch's accesses against the size its DEFINE_LOCAL names.
+An operand qualifies when it is a float computation (not a load as it is, nor a widened load) that does not
+depend on some range the contraction's body runs in (so each value is used again along it: the output columns of
+a matvec, the cache positions of attention scores) nor on the range the output is contiguous along, and the
+ranges it depends on have static extents holding at most fusion.PROLOGUE_MAX elements (a one-element reduction it
+reads, the norm's mean of squares, is computed before it: the renderer's prologue). The contraction without its
+prologue is optimised as any kernel (matvec.py, optimize.py); the bounds proof sees the scratch's accesses against
+the size its DEFINE_LOCAL names.
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ from ..uop import Ops, UOp, dtypes, simplify
 from ..uop.ops import ALU
 from .fusion import PROLOGUE_MAX
 from .lower import linear_index
-from .optimize import const_end
+from .optimize import const_end, stride_along
 
 
 def with_operand_prologue(ast: UOp, optimise: Callable[[UOp], UOp]) -> UOp:
@@ -56,10 +59,14 @@ def operand_prologue(ast: UOp) -> tuple[tuple[UOp, ...], UOp] | None:
         return None
     topo = ast.toposort()
     free = _free_ranges(topo)
+    store = ast.src[0]
+    # an operand must not depend on the range the output is contiguous along: optimize.py blocks it and peels its
+    # tail, and a select on it (a packed operand's, for the columns past the panels) may read past a buffer elsewhere
+    kept = {r for r in free[store] if stride_along(store.src[1], r) == 1}
     found: dict[UOp, None] = {}
     for red in topo:
-        if red.op is Ops.REDUCE and red.arg is Ops.ADD and free[red]:  # computed more than once per call
-            found.update(dict.fromkeys(_operands(red, free)))
+        if red.op is Ops.REDUCE and red.arg is Ops.ADD:
+            found.update(dict.fromkeys(_operands(red, free, frozenset(kept))))
     if not found:
         return None
     axis = 1 + _last_axis(ast)
@@ -94,21 +101,19 @@ def _free_ranges(topo: list[UOp]) -> dict[UOp, frozenset]:
     return free
 
 
-def _operands(red: UOp, free: dict) -> list[UOp]:
-    """The largest float computations under REDUCE `red` whose free ranges are some of `red`'s reduce ranges
-    (with static extents, PROLOGUE_MAX elements at most)."""
-    bound = frozenset(red.src[1:])
+def _operands(red: UOp, free: dict, kept: frozenset) -> list[UOp]:
+    """The largest float computations under REDUCE `red` that do not depend on some range its body runs in (each
+    value is used again along it) nor on the `kept` ranges, with static extents, PROLOGUE_MAX elements at most."""
+    around = free[red] | frozenset(red.src[1:])
     out, stack, seen = [], [red.src[0]], set()
     while stack:
         n = stack.pop()
         if n in seen or not free[n]:
             continue
         seen.add(n)
-        if free[n] <= bound:
-            if n.dtype.is_float and _computes(n) and _fits(free[n]):
-                out.append(n)
-            continue
-        if n.op is not Ops.LOAD:  # a load's index is no operand
+        if free[n] < around and not free[n] & kept and n.dtype.is_float and _computes(n) and _fits(free[n]):
+            out.append(n)
+        elif n.op is not Ops.LOAD:  # a load's index is no operand
             stack.extend(n.src)
     return out
 

@@ -291,7 +291,8 @@ class _Renderer(ReductionRendering, KernelRenderer, InlineMath):
             lanes, self.vec = self.vec, 0
             first = self.value(first)
             self.vec = lanes
-            return self.op(f"getelementptr{inbounds} {mem_type(buf.dtype)}, ptr {_pointer(buf)}, i64 {first}", "p"), True
+            return self.op(f"getelementptr{inbounds} {mem_type(buf.dtype)}, ptr {_pointer(buf)}, i64 {first}",
+                           "p"), True
         offsets = self.vector(index, self.value(index))
         return self.op(f"getelementptr{inbounds} {mem_type(buf.dtype)}, ptr {_pointer(buf)}, <{self.vec} x i64> "
                        f"{offsets}", "p"), False
@@ -468,7 +469,8 @@ class _Renderer(ReductionRendering, KernelRenderer, InlineMath):
     def kernel(self) -> str:
         """The stores in order, each inside the loops of the ranges it depends on: consecutive stores share
         the loops their ranges have in common (outermost first), so stores over other ranges (a peeled tail)
-        get loop nests of their own inside the shared ones. Every store is inside the parallel range."""
+        get loop nests of their own inside the shared ones. Every store is inside the parallel range but those
+        into the kernel's own arrays (local_store), which come first."""
         loops = []
         self.hoist_reductions()  # one-element reductions: a prologue, once per call (fusion.py: PROLOGUE_MAX)
         for store in self.ast.src:  # then the arrays of the kernel's own, once per call (operand_prologue.py)

@@ -4,10 +4,11 @@ target; everything that differs between the kernels of the cpu and the GPUs asks
 class. (Runtime facts of a device, such as whether its memory is the host's, are the device's own.)
 
 `launched(ast, blocking)` is the kernel as it runs: on the cpu, blocked for this host's vector unit
-(optimize.py, matvec.py), a contraction's computed operand first computed once per call (operand_prologue.py); on a GPU, with its launch decided (gpu_launch.py: a tiled contraction, a row kernel
-or elementwise work-items). The Blocking is passed, never looked up: the planner asks PREPJIT_TUNE's record
-(jit/tune.py) once per kernel build and keeps the launched AST with the compiled kernel (CachedKernel.ast), so
-the bounds proof, the renderer, the disk key and PREPJIT_TUNE's candidates all see that one kernel.
+(optimize.py, matvec.py), a contraction's computed operands first computed once per call (operand_prologue.py);
+on a GPU, with its launch decided (gpu_launch.py: a tiled contraction, a row kernel or elementwise work-items).
+The Blocking is passed, never looked up: the planner asks PREPJIT_TUNE's record (jit/tune.py) once per kernel
+build and keeps the launched AST with the compiled kernel (CachedKernel.ast), so the bounds proof, the renderer,
+the disk key and PREPJIT_TUNE's candidates all see that one kernel.
 """
 from __future__ import annotations
 
@@ -63,7 +64,8 @@ def _gpu(dialect: Dialect) -> Target:
 
 
 LLVM = Target("llvm", work_groups=False, packs_contractions=True,
-              passes=lambda ast, blocking: with_operand_prologue(ast, lambda a: optimize_with(a, "llvm", None, blocking)),
+              passes=lambda ast, blocking: with_operand_prologue(
+                  ast, lambda main: optimize_with(main, "llvm", None, blocking)),
               renderer=render_llvm,
               candidates=blocking_candidates)
 OPENCL_TARGET = _gpu(OPENCL)

@@ -127,15 +127,58 @@ def test_a_bfloat16_decode_step_has_the_float32_ones_kernels(device):
     assert len(bf16) == len(f32), (bf16, f32)
 
 
-def test_a_decode_block_is_eight_kernels(device):
+def test_a_decode_block_is_seven_kernels(device):
     """SmolLM2's decode step, 2 blocks: the normalised row is computed in the projection reading it (its mean of
-    squares the kernel's prologue), SiLU(gate) * up in the down projection, q's RoPE in the scores: 8 kernels a
-    block, 20 in all (was 12 a block, 29). On the cpu the matvec computes its operand once per call into an array of
-    its own (operand_prologue.py; before it the cpu kept those operands materialised: 29)."""
+    squares the kernel's prologue), SiLU(gate) * up in the down projection, q's and k's RoPE in the scores (k's
+    where it is written into the cache's row, and in the stacked new keys): 7 kernels a block, 18 in all (was 12 a
+    block, 29; 8 and 20 while k's RoPE had a kernel). On the cpu the kernels compute those operands once per call
+    into arrays of their own (operand_prologue.py; before it the cpu kept them materialised: 29)."""
     import ml_dtypes
     for dtype in (np.float32, ml_dtypes.bfloat16):
         names = _decode_launches(device, dtype)
-        assert len(names) == 20, names
+        assert len(names) == 18, names
+
+
+def _rope(xp, x, cos, sin):
+    return llama.rope(xp, x, cos, sin)
+
+
+def _two_layers(xp, xs, ws, caches, cos, sin, pos, dtype=np.float32):
+    """Each layer's key row k = RoPE(x @ w) written into its cache at `pos` and read by its scores against q = x;
+    the new key rows stacked (a decode step's attention, keys only), the projection rounded to `dtype`."""
+    scores, keys = [], []
+    for layer in range(2):
+        qk = (xs[layer] @ ws[layer]).astype(dtype)  # q and k side by side, as a model's fused projection
+        k = _rope(xp, qk[192:].reshape(3, 64), cos[pos], sin[pos])
+        keys.append(k)
+        q = qk[:192].reshape(3, 1, 64)
+        scores.append(_attend(xp, caches[layer], k, q, pos))
+    return xp.stack(scores), xp.stack(keys)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_keys_rope_is_computed_where_the_cache_row_is_read(device, rng, dtype):
+    """k's RoPE, read by the scores (through the cache's new row) and by the stacked new keys, is computed in those
+    kernels: the projection and the scores a layer, and the two stacks (was 3 a layer: RoPE's index mask, shared by
+    its two halves, and in bfloat16 the rounded projection that q and k slice, counted as values other kernels would
+    recompute, so k's RoPE had a kernel of its own)."""
+    import ml_dtypes
+    dt = np.dtype(getattr(ml_dtypes, dtype, dtype))
+    xs, ws = rng.standard_normal((2, 192)).astype(np.float32), rng.standard_normal((2, 192, 384)).astype(np.float32)
+    caches = rng.standard_normal((2, 3, 16, 64)).astype(dt)
+    cos, sin = llama.rope_tables(llama.Config(layers=1, dim=192, ff=8, heads=3, kv_heads=3, vocab=8, context=16,
+                                              rope_theta=1e4, eps=1e-5), 16, dt)
+    f = pj.prepare(lambda xs, ws, c, cos, sin, pos: _two_layers(pnp, xs, ws, c, cos, sin, pos, dt),
+                   vars={"pos": (0, 15)}, device=device)
+    tol = 1e-4 if dt == np.float32 else 0.05
+    for pos in (0, 9):
+        got = f(xs, ws, caches, cos, sin, pos)
+        want = _two_layers(np, xs.astype(np.float64), ws.astype(np.float64), caches.astype(np.float64),
+                           cos.astype(np.float64), sin.astype(np.float64), pos)
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(np.asarray(g).astype(np.float64), w, rtol=tol, atol=tol * np.abs(w).max())
+    names = _launches(f, xs, ws, caches, cos, sin, 9)
+    assert len(names) == 6, names
 
 
 def test_a_normalised_row_is_computed_in_the_matvec_reading_it(device, rng):

@@ -98,3 +98,24 @@ def test_the_bounds_proof_covers_the_kernels_own_array():
     assert prove_kernel(_local_kernel(16), [(4,)]) == 3
     with pytest.raises(CompileError, match="store to buffer slot"):
         prove_kernel(_local_kernel(17), [(4,)])
+
+
+def test_operands_of_some_loops_are_prologues_too(rng):
+    """Attention scores over a cache whose new row is k's RoPE, against q's RoPE: both RoPEs depend on the heads and
+    the reduction, not on the cache position, so each is computed once per call (k's 3 x 64, q's 3 x 2 x 64 values)
+    and the contraction only selects the new row (one WHERE left; inline, each RoPE is a chain of them at every
+    cache element)."""
+    from examples.models.llama import rope
+    cache = rng.standard_normal((3, 16, 64)).astype(np.float32)
+    qk = rng.standard_normal(576).astype(np.float32)
+    cos, sin = rng.standard_normal((2, 64)).astype(np.float32)
+
+    def g(qk, cache, cos, sin, pos):
+        k = rope(pnp, qk[384:].reshape(3, 64), cos, sin)
+        q = rope(pnp, qk[:384].reshape(3, 2, 64), cos, sin)
+        return q @ pnp.swapaxes(cache[:, :pos + 1].at[:, pos].set(k), 1, 2)
+    traced = pj.trace(pj.prepare(g, vars={"pos": (0, 15)}), qk, cache, cos, sin, 5)
+    (kernel,) = schedule(list(traced.outputs), list(traced.inputs), pack_contractions=True).kernels
+    *prologue, main = LLVM.launched(kernel.ast).src
+    assert sorted(st.src[0].arg[1] for st in prologue) == [192, 384]
+    assert sum(u.op is Ops.WHERE for u in main.toposort()) == 1
