@@ -1,10 +1,11 @@
 """How the LLVM renderer renders reductions: a loop nest of accumulators per upcast block (reduce), a sum over
 a "lane" range as vector accumulators added up once (lane_sum) with its streamed blocks prefetched
-(prefetch_streams), and bfloat16 products summed in pairs by vdpbf16ps (bfloat16_pairs). A mixin of
-render_llvm's renderer: it reads the renderer's state and emitters."""
+(prefetch_streams) and its functions of 4-bit values looked up in 16-entry tables (lookup_tables), and bfloat16
+products summed in pairs by vdpbf16ps (bfloat16_pairs). A mixin of render_llvm's renderer: it reads the renderer's
+state and emitters."""
 from __future__ import annotations
 
-from ..uop import DType, Ops, UOp, simplify
+from ..uop import DType, Ops, UOp, dtypes, simplify
 from .llvm_ir import const_literal, intrinsic_suffix, mem_type, reg_type
 from .optimize import stride_along
 
@@ -29,6 +30,8 @@ def _identity(op: Ops, dt: DType):
 
 # vdpbf16ps (AVX512_BF16): 16 float lanes, each plus the two products of its pair of bfloat16 lanes
 DOT, DOT_LANES, DOT_PAIRS = "llvm.x86.avx512bf16.dpbf16ps.512", 16, "<32 x bfloat>"
+# vpermps (AVX-512): 16 float lanes, each the entry of a 16-float table its lane's index (low 4 bits) picks
+PERMUTE, TABLE_ENTRIES = "llvm.x86.avx512.permvar.sf.512", 16
 
 
 class ReductionRendering:
@@ -117,9 +120,15 @@ class ReductionRendering:
                 for v in x.src[0].toposort():
                     if v not in self.laned and r in self.ranges[v] and self.ranges[v] <= opened:
                         self.value(v)
+        tables = self.lookup_tables([x.src[0] for x in group])
+        for table in tables.values():  # built once per block, unless it changes with the unrolled step
+            if unrolled not in self.ranges[table]:
+                self.value(table)
         for step in steps:
             if unrolled is not None:
                 self.scopes.append({unrolled: str(step)})
+            for u, table in tables.items():
+                self.look_up(u, table)
             for r, per_sum in zip(group, accs):
                 x = r.src[0]
                 if x.op is Ops.MUL:  # contracted with the add: one FMA
@@ -200,6 +209,70 @@ class ReductionRendering:
             for at in sorted(set(range(0, span, 64)) | {span - 1}):
                 line = self.op(f"getelementptr i8, ptr {base}, i64 {at}", "p")
                 self.emit(f"call void @llvm.prefetch.p0(ptr {line}, i32 0, i32 3, i32 1)")
+
+    def lookup_tables(self, bodies: list[UOp]) -> dict[UOp, UOp]:
+        """Per float32 value of `bodies` computed lane by lane that depends on the lane only through one integer of at
+        most 16 values (a 4-bit weight unpacked from its byte: q4_1's d * q + m), its table: the same expression of the
+        lane index in place of that integer, each lane the value at its index, built where its other operands are (a
+        block's scale and min, once per block). `look_up` then replaces the conversion and arithmetic of every lane by
+        one permute of the table. Same operations on the same values: the same bits. With AVX-512's 16 float lanes;
+        q4_1 576 x 576, one thread, in L2: 26.1 us -> 21.5."""
+        if self.width != TABLE_ENTRIES or not self.permutes:
+            return {}
+        tables = {}
+        lane = self.lane
+
+        def visit(n: UOp):
+            if n not in self.laned or n in tables:
+                return
+            index = self.four_bit_index(n) if n.dtype == dtypes.float32 and n.op not in (Ops.CAST, Ops.LOAD) \
+                else None
+            if index is None:
+                for x in n.src:
+                    visit(x)
+                return
+            tables[n] = self.adopt(n.substitute({index: UOp(Ops.CAST, index.dtype, (lane,))}))
+            self.indices[n] = index
+        for body in bodies:
+            visit(body)
+        return tables
+
+    def four_bit_index(self, u: UOp) -> UOp | None:
+        """The one lane-dependent integer below `u` through which `u` depends on the lane, when it takes at most
+        TABLE_ENTRIES values from 0 (x & 15, or a range analysis' bound), else None."""
+        found, stack, seen = set(), list(u.src), set()
+        while stack:
+            n = stack.pop()
+            if n in seen or n not in self.laned:
+                continue
+            seen.add(n)
+            if n.op in (Ops.LOAD, Ops.RANGE, Ops.REDUCE):  # (not a function of a loaded integer: nothing to gain)
+                return None
+            masked = n.op is Ops.AND and any(x.op is Ops.CONST and 0 <= x.arg < TABLE_ENTRIES for x in n.src)
+            if n.dtype.is_int and (masked or 0 <= n.vmin <= n.vmax < TABLE_ENTRIES):
+                found.add(n)
+            else:
+                stack.extend(n.src)
+        return found.pop() if len(found) == 1 else None
+
+    def adopt(self, u: UOp) -> UOp:
+        """`u`, a node made here, with its nodes' ranges and lane dependence recorded as the AST's are."""
+        for n in u.toposort():
+            if n not in self.ranges:
+                self.ranges[n] = frozenset().union(*(self.ranges[x] for x in n.src))
+                if any(x in self.laned for x in n.src):
+                    self.laned.add(n)
+        return u
+
+    def look_up(self, u: UOp, table: UOp):
+        """`u` (see lookup_tables) rendered in this scope as its table permuted by its 4-bit index."""
+        index = self.value(self.indices[u])
+        it = reg_type(self.indices[u].dtype)
+        vi = f"<{self.width} x i32>"
+        if it != "i32":
+            index = self.op(f"{'zext' if it in ('i8', 'i16') else 'trunc'} <{self.width} x {it}> {index} to {vi}")
+        vt = f"<{self.width} x float>"
+        self.scopes[-1][u] = self.call(PERMUTE, vt, [(vt, self.value(table)), (vi, index)])
 
     def bfloat16_pairs(self, products: list[UOp], pair: UOp) -> dict[UOp, str]:
         """Per widened bfloat16 load of `products` (optimize.py's paired reduction), its values at pair steps 0

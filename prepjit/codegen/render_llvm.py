@@ -95,6 +95,8 @@ class _Renderer(ReductionRendering, KernelRenderer, InlineMath):
             raise NotImplementedError(f"LLVM renderer: kernel {ast.arg} has {len(lanes)} lane ranges")
         self.lane = lanes[0] if lanes else None
         self.width = int(self.lane.src[0].arg) if lanes else 0
+        self.permutes = target.vector_bytes == 64  # AVX-512 (64-byte vectors are zmm: llvm_cpu.py): vpermps
+        self.indices: dict[UOp, UOp] = {}  # a value looked up in a table -> its 4-bit index (lookup_tables)
         self.vec = 0  # lanes of the value being rendered (0: a scalar)
         self.laned = _laned(topo, self.lane) if lanes else set()
         if lanes:

@@ -81,6 +81,49 @@ def test_a_block_scale_is_computed_once_per_block(rng):
     assert ir.count("alloca <16 x float>") == 2
 
 
+def _run_rendered(kernel_ast, target, out_size, arrays):
+    """The kernel rendered for `target`, compiled and run once over its whole range on `arrays` (its input buffers,
+    in order after the output): the output."""
+    import ctypes
+    from prepjit.runtime.devices import get_device
+    device = get_device("cpu")
+    source = render_llvm(kernel_ast, target).source
+    name = source.split("define void @", 1)[1].split("(", 1)[0]
+    program = device.load(name, device.compile(name, source))
+    out = np.zeros(out_size, np.float32)
+    pointers = (ctypes.c_void_p * (1 + len(arrays)))(*[a.ctypes.data for a in (out, *arrays)])
+    (loop,) = [u for u in kernel_ast.toposort() if u.op is Ops.RANGE and u.arg[1] == "loop"]
+    program.fn(ctypes.addressof(pointers), ctypes.addressof((ctypes.c_int64 * 1)()), 0, loop.src[0].arg)
+    return out
+
+
+@pytest.mark.parametrize("kind", ["q4_0", "q4_1"])
+def test_a_4_bit_weight_is_looked_up_in_a_table_of_its_block(kind, rng, monkeypatch):
+    """On AVX-512 a 4-bit weight's value (q4_1's d * q + m, q4_0's d * (q - 8)) is one permute (vpermps) of a 16-entry
+    table built once per block from the scales (one conversion of 16 lanes, not one per nibble half), and the sums
+    are bit for bit those of the kernel that computes each lane's value; AVX2 and 8-bit weights keep the arithmetic."""
+    from prepjit.codegen.llvm_reductions import PERMUTE, ReductionRendering
+    from prepjit.codegen.target import host_target
+    blocks = _blocks(rng, kind, 64, 768)
+    x = rng.standard_normal((1, 768)).astype(np.float32)
+    (kernel,) = _matvec(kind).plan(x, blocks).kernels
+    out = optimize(kernel.kernel.scheduled, "llvm", AVX512)
+    ir = render_llvm(out, AVX512).source
+    assert ir.count(f"call <16 x float> @{PERMUTE}(") == 2 and ir.count("itofp <16 x i8>") == 1
+    assert PERMUTE not in render_llvm(optimize(kernel.kernel.scheduled, "llvm", AVX2), AVX2).source
+    (q8,) = _matvec("q8_0").plan(x, _blocks(rng, "q8_0", 64, 768)).kernels
+    assert PERMUTE not in render_llvm(optimize(q8.kernel.scheduled, "llvm", AVX512), AVX512).source
+    if host_target().vector_bytes < 64:
+        pytest.skip("no AVX-512 on this host to run the kernels")
+    tabled = _run_rendered(out, AVX512, 64, [x, blocks])
+    monkeypatch.setattr(ReductionRendering, "lookup_tables", lambda self, bodies: {})
+    computed = _run_rendered(out, AVX512, 64, [x, blocks])
+    assert PERMUTE not in render_llvm(out, AVX512).source
+    np.testing.assert_array_equal(tabled.view(np.uint32), computed.view(np.uint32))
+    ref = x.astype(np.float64) @ pj.quant.dequantize(blocks, kind).T.astype(np.float64)
+    np.testing.assert_allclose(tabled, ref[0], rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
 def test_quantized_matvec_on_avx2():
     """The same kernels compiled for a CPU without AVX-512 (PREPJIT_CPU=haswell) equal NumPy."""
     script = ("import json, numpy as np\n"
