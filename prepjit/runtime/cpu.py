@@ -264,7 +264,7 @@ class CPUPlanRunner:
 
 
 class CPUDevice:
-    """Compiles LLVM IR (optimised at -O3, vectorised for the host CPU) and allocates host buffers."""
+    """Compiles LLVM IR (optimised at -O2, vectorised for the host CPU) and allocates host buffers."""
 
     name = "cpu"
     language = "llvm"      # the kernels it runs (codegen/targets.py: their target)
