@@ -19,7 +19,7 @@ import attrs
 import numpy as np
 
 from ..errors import CompileError, PrepjitError, TraceError, VarError
-from .planner import build_plan
+from .planner import build_plan, gc_paused
 from .profiler import log_timed_call
 from .replay import MISS, FastCalls
 from .saved import save
@@ -301,7 +301,7 @@ def has_tracer(args, kwargs) -> bool:
 
 
 def _trace_and_plan(fn, info: CallInfo, device):
-    with tally() as times:
+    with tally() as times, gc_paused():
         with stage("tracing"):
             traced = trace_call(fn, info.build_args, info.leaves)
         return traced, build_plan(traced, device), times
