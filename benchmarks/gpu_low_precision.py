@@ -163,8 +163,10 @@ def compiled_row(case: str, make, reps: int) -> dict:
 
 def torch_static_decode(torch, cfg, params, k, v):
     """One SmolLM2 decode step in torch over a static cache, as torch.compile wants it: params a tree of tensors
-    (prepjit's layout: x @ w), k and v (L, kv heads, context, head dim) written in place at the position; returns
-    step(ids (1,), pos (1,) device tensors) -> logits (vocab,). RMSNorm, rotate-half RoPE and softmax as
+    (prepjit's layout: x @ w), k and v (L, kv heads, context, head dim) the cache; returns step(ids (1,), pos (1,)
+    device tensors) -> (logits (vocab,), the token's keys and values (L, kv heads, head dim)), the new key and value
+    taking the position's slot out of place (as prepjit's decode: the caller stores them; an in-place write into
+    the cache made torch.compile skip its CUDA graphs, "mutated inputs"). RMSNorm, rotate-half RoPE and softmax as
     examples/models/llama.py computes them (float32 inside, rounded to the activations' dtype)."""
     heads, kv_heads, hd, dim, ff = cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.dim, cfg.ff
     kv, group, context = kv_heads * hd, heads // kv_heads, k.shape[2]
@@ -184,17 +186,21 @@ def torch_static_decode(torch, cfg, params, k, v):
     def step(ids, pos):
         h = params["embed"][ids]
         c, s = cos[pos], sin[pos]
+        here = (slots == pos)[:, None]
+        keys, values = [], []
         for layer, bp in enumerate(params["blocks"]):
             q, kk, vv = (rms(h, bp["attn_norm"]) @ bp["wqkv"]).split([dim, kv, kv], -1)
-            q, kk = rope(q.view(heads, hd), c, s), rope(kk.view(kv_heads, hd), c, s)
-            k[layer].index_copy_(1, pos, kk.view(kv_heads, 1, hd))
-            v[layer].index_copy_(1, pos, vv.view(kv_heads, 1, hd))
-            scores = (q.view(kv_heads, group, hd) @ k[layer].transpose(-1, -2)).float() / hd ** 0.5
+            q, kk, vv = rope(q.view(heads, hd), c, s), rope(kk.view(kv_heads, hd), c, s), vv.view(kv_heads, hd)
+            keys.append(kk)
+            values.append(vv)
+            k_all = torch.where(here, kk[:, None], k[layer])
+            v_all = torch.where(here, vv[:, None], v[layer])
+            scores = (q.view(kv_heads, group, hd) @ k_all.transpose(-1, -2)).float() / hd ** 0.5
             probs = scores.masked_fill(slots > pos, float("-inf")).softmax(-1).to(h.dtype)
-            h = h + (probs @ v[layer]).reshape(1, dim) @ bp["wo"]
+            h = h + (probs @ v_all).reshape(1, dim) @ bp["wo"]
             gate, up = (rms(h, bp["ffn_norm"]) @ bp["gate_up"]).split(ff, -1)
             h = h + (torch.nn.functional.silu(gate) * up) @ bp["down"]
-        return (rms(h, params["norm"]) @ params["head"].T)[0]
+        return (rms(h, params["norm"]) @ params["head"].T)[0], torch.stack(keys), torch.stack(values)
     return step
 
 

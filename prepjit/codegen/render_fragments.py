@@ -2,15 +2,17 @@
 it on the AST: both operands 16-bit floats widened to float32, a dialect with `tensor_core_mma`).
 
 A group of WARPS warps owns a TM x TN tile of outputs, each warp a quarter of it (64 x 64 of a 128 x 128 tile), in
-float32 accumulators in registers. Both operands are staged in local memory as 16-bit values, FRAG_K deep along k,
-in `stages` buffers (as many as fit MAX_LOCAL_BYTES, at most MAX_STAGES): while the group multiplies one slice, the
-next stages - 1 are in flight. Each operand's tile keeps the axis its memory is contiguous in as the minor one
-(`Staged.minor`: "k", or "own" for its rows' or columns' axis), so the group copies it in 16-byte chunks of 8
-elements; rows are padded by one chunk, which puts the 8 rows a matrix load reads at 8 distinct 16-byte bank
-groups (row strides of 48, 80, 144 and 272 bytes are all 16 modulo 128, or 48 and 80: each a permutation).
+float32 accumulators in registers. Both operands are staged in local memory as 16-bit values, SLICE_K deep along k
+(two matrix-instruction steps), in `stages` buffers (as many as fit MAX_LOCAL_BYTES, at most MAX_STAGES): while the
+group multiplies one slice, the next stages - 1 are in flight. Each operand's tile keeps the axis its memory is
+contiguous in as the minor one (`Staged.minor`: "k", or "own" for its rows' or columns' axis), so the group copies
+it in 16-byte chunks of 8 elements. The chunks of a tile row are swizzled (`Staged.chunk`: chunk c of row r is
+stored at c ^ f(r)) so that the 8 rows a matrix load reads, at one chunk of each, fall in 8 distinct 16-byte bank
+groups, and a full 16-byte chunk stays whole (copies and matrix loads address chunks only).
 
 A chunk is copied by the dialect's asynchronous 16-byte copy (pj_cp_async16: cp.async, completed per slice with
-commit/wait groups) where the operand is a plain load of 16-bit data along a unit stride, the chunk lies wholly in
+commit/wait groups) where the operand is a plain load of 16-bit data along a unit stride whose index moves by a
+fixed step per slice (each work-item's chunk addresses are computed once, then advanced), the chunk lies wholly in
 range and its address is 16-byte aligned (checked at run time); otherwise its 8 elements are read and stored one by
 one, the ones out of range as zeros (ragged edges, computed operands, unaligned views), which the barrier that
 starts each slice's arithmetic orders as it orders the copies.
@@ -29,15 +31,16 @@ from __future__ import annotations
 
 import attrs
 
-from ..uop import Ops, UOp, dtypes
+from ..uop import Ops, UOp, dtypes, simplify
 from .render_tiles import FRAGMENT_THREADS, Contraction, _extent, _static_multiple, _unit_stride
 
 WARP = 32
 WARPS = FRAGMENT_THREADS // WARP   # warps of a group, 2 x 2 over the tile
-FRAG_M, FRAG_N, FRAG_K = 16, 8, 16   # one matrix instruction's outputs and depth; a slice is one FRAG_K step
+FRAG_M, FRAG_N, FRAG_K = 16, 8, 16   # one matrix instruction's outputs and depth
+SLICE_K = 32                    # k of one staged slice: two matrix-instruction steps between barriers
 CHUNK = 8                       # 16-bit elements of one 16-byte copy
 MAX_STAGES = 4
-MAX_LOCAL_BYTES = 44 * 1024     # within the 48 KB a kernel may declare statically
+MAX_LOCAL_BYTES = 48 * 1024     # the local memory a kernel may declare statically
 
 
 def warp_tile(c: Contraction) -> tuple[int, int]:
@@ -48,21 +51,38 @@ def warp_tile(c: Contraction) -> tuple[int, int]:
 @attrs.frozen
 class Staged:
     """How one operand is staged: its local tile `name` (A or B), the ranges it owns, their tile side, the minor axis
-    of its local tile, and the plain 16-bit load it is (its LOAD node) where chunks may be copied asynchronously."""
+    of its local tile, and the plain 16-bit load it is (its LOAD node) with the step of its index from one slice to
+    the next, where chunks may be copied asynchronously."""
     name: str
     operand: UOp
     own: tuple
     width: int
     minor: str
     direct: UOp | None
+    step: UOp | None
 
     @property
     def shape(self) -> tuple[int, int]:
-        """(rows, row length in elements, padding included) of one stage of the local tile."""
-        return (self.width, FRAG_K + CHUNK) if self.minor == "k" else (FRAG_K, self.width + CHUNK)
+        """(rows, row length in elements) of one stage of the local tile."""
+        return (self.width, SLICE_K) if self.minor == "k" else (SLICE_K, self.width)
+
+    @property
+    def chunks(self) -> int:
+        rows, length = self.shape
+        return rows * length // CHUNK
+
+    def chunk(self, row: str, minor: str) -> str:
+        """The stored position of the chunk starting at element `minor` (a multiple of CHUNK) of tile row `row`: its
+        chunk index xor the row's 3 bits (rows of 8 or more chunks), or of the row pair's 2 (rows of 4 chunks, two
+        rows a 128-byte line)."""
+        per_row = self.shape[1] // CHUNK
+        salt = f"({row}) % 8" if per_row >= 8 else f"({row}) / 2 % 4"
+        return f"(({minor}) / {CHUNK} ^ {salt}) * {CHUNK}"
 
     def cell(self, stage: str, own: str, k: str) -> str:
-        return f"{self.name}s[{stage}][{own}][{k}]" if self.minor == "k" else f"{self.name}s[{stage}][{k}][{own}]"
+        """The element of the stage at (own, k), `k` (k-minor) or `own` (own-minor) a multiple of CHUNK."""
+        row, minor = (own, k) if self.minor == "k" else (k, own)
+        return f"{self.name}s[{stage}][{row}][{self.chunk(row, minor)}]"
 
 
 def _staged(c: Contraction) -> list[Staged]:
@@ -73,8 +93,11 @@ def _staged(c: Contraction) -> list[Staged]:
         along_own = (load is not None and not _unit_stride(load.src[1], c.k) and
                      _static_multiple(own[-1], CHUNK) and _unit_stride(load.src[1], own[-1]))
         minor = "own" if along_own else "k"
-        direct = load if load is not None and (along_own or _unit_stride(load.src[1], c.k)) else None
-        out.append(Staged(name, operand, own, width, minor, direct))
+        step = None
+        if load is not None and (along_own or _unit_stride(load.src[1], c.k)):
+            step = simplify(load.src[1].substitute({c.k: c.k + SLICE_K}) - load.src[1])
+            step = None if any(x.op is Ops.RANGE for x in step.toposort()) else step
+        out.append(Staged(name, operand, own, width, minor, load if step is not None else None, step))
     return out
 
 
@@ -115,14 +138,16 @@ def emit_fragment_contraction(r, c: Contraction):
     r.emit(f"const {long} i0 = (bid / nbn) % nbm * {c.tm}, j0 = bid % nbn * {c.tn};")
     if c.batch:
         r.scopes[-1].update(r.unflatten("(bid / (nbn * nbm))", list(c.batch)))
-    r.emit(f"const {long} slices = ({kk_end} + {FRAG_K - 1}) / {FRAG_K};")
+    r.emit(f"const {long} slices = ({kk_end} + {SLICE_K - 1}) / {SLICE_K};")
+    for s in staged:
+        _emit_chunk_starts(r, c, s)
     accs = {(x, y, e): f"acc{x}_{y}_{e}" for x in range(fm) for y in range(fn) for e in range(4)}
     for x in range(fm):
         r.emit(" ".join(f"float {accs[x, y, e]} = 0.0f;" for y in range(fn) for e in range(4)))
 
     def load_slice(stage: str, slice_: str):
         for s in staged:
-            _emit_slice_copy(r, c, s, stage, f"({slice_}) * {FRAG_K}")
+            _emit_slice_copy(r, c, s, stage, slice_)
     r.open_block(f"for (int s = 0; s < {stages - 1}; s++)", {})
     r.open_block("if (s < slices)", {})
     load_slice("s", "s")
@@ -140,64 +165,92 @@ def emit_fragment_contraction(r, c: Contraction):
     r.emit(f"const int st = kt % {stages};")
     a, b = staged
     a_own, a_k = _lane_offsets(a)
-    for x in range(fm):
-        r.emit(f"unsigned a{x}_0, a{x}_1, a{x}_2, a{x}_3;")
-        r.emit(f"pj_ldmatrix_{'x4' if a.minor == 'k' else 'x4_trans'}(a{x}_0, a{x}_1, a{x}_2, a{x}_3, "
-               f"&{a.cell('st', f'wm + {x * FRAG_M} + {a_own}', a_k)});")
     b_own, b_k = _lane_offsets(b)
-    for y in range(0, fn, 2):
-        r.emit(f"unsigned b{y}_0, b{y}_1, b{y + 1}_0, b{y + 1}_1;")
-        r.emit(f"pj_ldmatrix_{'x4' if b.minor == 'k' else 'x4_trans'}(b{y}_0, b{y}_1, b{y + 1}_0, b{y + 1}_1, "
-               f"&{b.cell('st', f'wn + {y * FRAG_N} + {b_own}', b_k)});")
-    for x in range(fm):
-        for y in range(fn):
-            outs = ", ".join(accs[x, y, e] for e in range(4))
-            r.emit(f"pj_mma_{kind}({outs}, a{x}_0, a{x}_1, a{x}_2, a{x}_3, b{y}_0, b{y}_1);")
+    for step in range(SLICE_K // FRAG_K):
+        r.open_block("", {})
+        kk = step * FRAG_K
+        for x in range(fm):
+            r.emit(f"unsigned a{x}_0, a{x}_1, a{x}_2, a{x}_3;")
+            r.emit(f"pj_ldmatrix_{'x4' if a.minor == 'k' else 'x4_trans'}(a{x}_0, a{x}_1, a{x}_2, a{x}_3, "
+                   f"&{a.cell('st', f'wm + {x * FRAG_M} + {a_own}', f'{kk} + {a_k}')});")
+        for y in range(0, fn, 2):
+            r.emit(f"unsigned b{y}_0, b{y}_1, b{y + 1}_0, b{y + 1}_1;")
+            r.emit(f"pj_ldmatrix_{'x4' if b.minor == 'k' else 'x4_trans'}(b{y}_0, b{y}_1, b{y + 1}_0, b{y + 1}_1, "
+                   f"&{b.cell('st', f'wn + {y * FRAG_N} + {b_own}', f'{kk} + {b_k}')});")
+        for x in range(fm):
+            for y in range(fn):
+                outs = ", ".join(accs[x, y, e] for e in range(4))
+                r.emit(f"pj_mma_{kind}({outs}, a{x}_0, a{x}_1, a{x}_2, a{x}_3, b{y}_0, b{y}_1);")
+        r.close_block()
     r.close_block()
     r.emit("pj_cp_async_wait<0>();")
     _emit_fragment_results(r, c, accs, fm, fn, m, n)
 
 
-def _emit_slice_copy(r, c: Contraction, s: Staged, stage: str, k0: str):
-    """Copy operand `s`'s slice at k0 into local stage `stage`: each work-item its chunks of CHUNK elements along the
-    tile's minor axis, asynchronously where it can (see the module's docstring), else element by element."""
-    long, u16, kk_end = r.long, r.d.types[dtypes.uint16], r.value(c.k.src[0])
-    extent, origin = r.value(_extent(s.own)), "i0" if s.name == "A" else "j0"
-    rows, length = s.shape
-    per_row = (length - CHUNK) // CHUNK
-    along_k = s.minor == "k"
-    r.emit("#pragma unroll")
-    r.open_block(f"for (int ch = lid; ch < {rows * per_row}; ch += {FRAGMENT_THREADS})", {})
-    r.emit(f"const int row = ch / {per_row}, col = ch % {per_row} * {CHUNK};")
-    r.emit(f"const {long} gk = {k0} + {'col' if along_k else 'row'}, go = {origin} + {'row' if along_k else 'col'};")
-    r.emit(f"{u16} *dst = &{s.cell(stage, 'row' if along_k else 'col', 'col' if along_k else 'row')};")
-
-    def inside(e: int) -> str:   # whether the chunk's element e is in range
-        return f"gk + {e} < {kk_end} && go < {extent}" if along_k else f"gk < {kk_end} && go + {e} < {extent}"
-    if s.direct is None:   # a computed operand: each element's value, rounded to the 16-bit float (exact)
-        to_bits = "pj_float_to_bfloat16({v})" if c.fragments == "bfloat16" else "pj_float_to_half({v})"
-        for e in range(CHUNK):
-            gk, go = (f"gk + {e}", "go") if along_k else ("gk", f"go + {e}")
-            r.emit(f"dst[{e}] = 0;")
-            r.open_block(f"if ({inside(e)})", {})
-            r.open_block("", {c.k: f"({gk})", **r.unflatten(f"({go})", list(s.own))})
-            r.emit(f"dst[{e}] = {to_bits.format(v=r.value(s.operand))};")
-            r.close_block()
-            r.close_block()
+def _emit_chunk_starts(r, c: Contraction, s: Staged):
+    """Where each of the work-item's chunks of operand `s` goes and comes from, computed once: chunk n (of
+    s.chunks // FRAGMENT_THREADS) is tile row rowX_n, element colX_n of it, at k offset kX_n and own index goX_n;
+    for a direct operand its first slice's address srcX_n and whether it may be copied whole (okX_n: in range along
+    its own axis, aligned, and the slice step keeps it aligned)."""
+    long, name = r.long, s.name
+    extent, origin = r.value(_extent(s.own)), "i0" if name == "A" else "j0"
+    per_row, along_k = s.shape[1] // CHUNK, s.minor == "k"
+    assert s.chunks % FRAGMENT_THREADS == 0, (s.chunks, FRAGMENT_THREADS)
+    for n in range(s.chunks // FRAGMENT_THREADS):
+        ch = f"(lid + {n * FRAGMENT_THREADS})"
+        row, col, k, go = f"row{name}{n}", f"col{name}{n}", f"k{name}{n}", f"go{name}{n}"
+        r.emit(f"const int {row} = {ch} / {per_row}, {col} = {ch} % {per_row} * {CHUNK}, "
+               f"{k} = {col if along_k else row};")
+        r.emit(f"const {long} {go} = {origin} + {row if along_k else col};")
+        if s.direct is None:
+            continue
+        inside = f"{go} < {extent}" if along_k else f"{go} + {CHUNK} <= {extent}"
+        mem = r.d.mem_type(s.direct.dtype)
+        r.emit(f"const {mem} *src{name}{n};")
+        r.open_block("", {c.k: k})
+        r.scopes[-1].update(r.unflatten(go, list(s.own)))
+        r.emit(f"src{name}{n} = &buf{s.direct.src[0].arg}[{r.value(s.direct.src[1])}];")
         r.close_block()
-        return
-    # a plain load along a unit stride (inside the chunk: along k, or along the last own range, whose static end
-    # CHUNK divides, from a chunk start CHUNK divides): element e is at src + e, its bits as stored
-    r.open_block("", {c.k: "gk", **r.unflatten("go", list(s.own))})
-    r.emit(f"const {r.d.mem_type(s.direct.dtype)} *src = &buf{s.direct.src[0].arg}[{r.value(s.direct.src[1])}];")
-    r.open_block(f"if ({inside(CHUNK - 1)} && ((unsigned long long)src & 15) == 0)", {})
-    r.emit("pj_cp_async16(dst, src);")
-    r.close_block()
-    r.open_block("else", {})
-    r.emit(" ".join(f"dst[{e}] = {inside(e)} ? src[{e}] : 0;" for e in range(CHUNK)))
-    r.close_block()
-    r.close_block()
-    r.close_block()
+        r.emit(f"const bool ok{name}{n} = {inside} && ((unsigned long long)src{name}{n} & 15) == 0 && "
+               f"({r.value(s.step)}) % {CHUNK} == 0;")
+
+
+def _emit_slice_copy(r, c: Contraction, s: Staged, stage: str, slice_: str):
+    """Copy operand `s`'s slice number `slice_` into local stage `stage`: each work-item its chunks of CHUNK elements
+    along the tile's minor axis, asynchronously where it can (see the module's docstring), else element by element."""
+    long, u16, kk_end, name = r.long, r.d.types[dtypes.uint16], r.value(c.k.src[0]), s.name
+    extent, along_k = r.value(_extent(s.own)), s.minor == "k"
+    for n in range(s.chunks // FRAGMENT_THREADS):
+        row, col, go = f"row{name}{n}", f"col{name}{n}", f"go{name}{n}"
+        r.open_block("", {})
+        r.emit(f"const {long} gk = ({slice_}) * {SLICE_K} + k{name}{n};")
+        r.emit(f"{u16} *dst = &{name}s[{stage}][{row}][{s.chunk(row, col)}];")
+
+        def inside(e: int) -> str:   # whether the chunk's element e is in range
+            return f"gk + {e} < {kk_end} && {go} < {extent}" if along_k else f"gk < {kk_end} && {go} + {e} < {extent}"
+        if s.direct is None:   # a computed operand: each element's value, rounded to the 16-bit float (exact)
+            to_bits = "pj_float_to_bfloat16({v})" if c.fragments == "bfloat16" else "pj_float_to_half({v})"
+            for e in range(CHUNK):
+                gk, go_e = (f"gk + {e}", go) if along_k else ("gk", f"{go} + {e}")
+                r.emit(f"dst[{e}] = 0;")
+                r.open_block(f"if ({inside(e)})", {})
+                r.open_block("", {c.k: f"({gk})"})
+                r.scopes[-1].update(r.unflatten(f"({go_e})", list(s.own)))
+                r.emit(f"dst[{e}] = {to_bits.format(v=r.value(s.operand))};")
+                r.close_block()
+                r.close_block()
+            r.close_block()
+            continue
+        # a plain load along a unit stride (inside the chunk: along k, or along the last own range, whose static
+        # end CHUNK divides, from a chunk start CHUNK divides): element e is at src + e, its bits as stored
+        r.emit(f"const {r.d.mem_type(s.direct.dtype)} *src = src{name}{n} + ({slice_}) * ({r.value(s.step)});")
+        r.open_block(f"if (ok{name}{n} && {'gk + %d <= %s' % (CHUNK, kk_end) if along_k else 'gk < ' + kk_end})", {})
+        r.emit("pj_cp_async16(dst, src);")
+        r.close_block()
+        r.open_block("else", {})
+        r.emit(" ".join(f"dst[{e}] = {inside(e)} ? src[{e}] : 0;" for e in range(CHUNK)))
+        r.close_block()
+        r.close_block()
 
 
 def _emit_fragment_results(r, c: Contraction, accs: dict, fm: int, fn: int, m: str, n: str):
