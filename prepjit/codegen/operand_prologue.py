@@ -16,7 +16,8 @@ An operand qualifies when it is a float computation (not a load as it is, nor a 
 depend on some range the contraction's body runs in (so each value is used again along it: the output columns of
 a matvec, the cache positions of attention scores) nor on the range the output is contiguous along, and the
 ranges it depends on have static extents holding at most fusion.PROLOGUE_MAX elements (a one-element reduction it
-reads, the norm's mean of squares, is computed before it: the renderer's prologue). The contraction without its
+reads, the norm's mean of squares, is computed before it: the renderer's prologue), and MAX_BYTES hold every
+operand of the kernel (the arrays are on each calling thread's stack). The contraction without its
 prologue is optimised as any kernel (matvec.py, optimize.py); the bounds proof sees the scratch's accesses against
 the size its DEFINE_LOCAL names.
 """
@@ -27,6 +28,8 @@ from typing import Callable
 from ..uop import Ops, UOp, dtypes, simplify
 from ..uop.ops import ALU
 from .fusion import PROLOGUE_MAX
+
+MAX_BYTES = 1 << 16  # a kernel's own arrays, in all, at most: they live on the stack of every thread calling it
 from .lower import linear_index
 from .optimize import const_end, stride_along
 
@@ -67,6 +70,13 @@ def operand_prologue(ast: UOp) -> tuple[tuple[UOp, ...], UOp] | None:
     for red in topo:
         if red.op is Ops.REDUCE and red.arg is Ops.ADD:
             found.update(dict.fromkeys(_operands(red, free, frozenset(kept))))
+    room = MAX_BYTES
+    for operand in list(found):  # as many as the stack takes, in order
+        size = _product([const_end(r) for r in free[operand]]) * operand.dtype.itemsize
+        if size > room:
+            del found[operand]
+        else:
+            room -= size
     if not found:
         return None
     axis = 1 + _last_axis(ast)

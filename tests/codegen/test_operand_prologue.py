@@ -119,3 +119,21 @@ def test_operands_of_some_loops_are_prologues_too(rng):
     *prologue, main = LLVM.launched(kernel.ast).src
     assert sorted(st.src[0].arg[1] for st in prologue) == [192, 384]
     assert sum(u.op is Ops.WHERE for u in main.toposort()) == 1
+
+
+def test_operands_past_the_stack_budget_stay_inline(rng):
+    """The kernel's own arrays live on each calling thread's stack: a float64 operand of 2**14 elements (128 KiB,
+    past MAX_BYTES) is computed inline, a float32 one (64 KiB) as a prologue; both equal NumPy."""
+    from prepjit.codegen.operand_prologue import MAX_BYTES
+    n = 1 << 14
+    for dtype, kept in ((np.float32, True), (np.float64, False)):
+        assert (n * np.dtype(dtype).itemsize <= MAX_BYTES) == kept
+        x, gain = rng.standard_normal(n).astype(dtype), rng.standard_normal(n).astype(dtype)
+        w = rng.standard_normal((8, n)).astype(dtype)
+        f = pj.prepare(lambda x, g, w: _norm_matvec(pnp, x, g, w, lambda w: w.T))
+        np.testing.assert_allclose(np.asarray(f(x, gain, w)), _norm_matvec(np, x, gain, w, lambda w: w.T),
+                                   rtol=1e-4, atol=1e-3)
+        traced = pj.trace(f, x, gain, w)
+        (kernel,) = schedule(list(traced.outputs), list(traced.inputs), pack_contractions=True).kernels
+        locals_ = [u for u in LLVM.launched(kernel.ast).toposort() if u.op is Ops.DEFINE_LOCAL]
+        assert bool(locals_) == kept
