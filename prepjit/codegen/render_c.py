@@ -137,9 +137,9 @@ class Dialect:
     atomic_cas: dict               # element bytes -> (a pragma it needs or "", format {ptr}, {cmp}, {val}: an atomic
                                    # compare-and-swap of the unsigned bits at ptr, returning the old bits)
     preamble: Callable[[UOp], list[str]]   # lines before everything (extension pragmas)
-    # defines pj_mma_{kind}(c0..c3 by reference, a0..a3, b0, b1): one m16n8k16 matrix instruction on 16-bit `kind`
-    # ("bf16", "f16") fragments accumulating in float32 (render_fragments.py); None: no tensor cores
-    tensor_core_mma: str | None = None
+    # helper name -> definition ({kind}: "bf16" or "f16"): pj_mma_{kind}, pj_ldmatrix_x4(_trans), pj_cp_async16,
+    # pj_cp_async_commit, pj_cp_async_wait<N> (render_fragments.py); None: no tensor cores
+    tensor_core_mma: dict | None = None
 
     def ctype(self, dt: DType) -> str:
         return self.types[dt.compute]

@@ -31,26 +31,70 @@ __device__ __forceinline__ unsigned short pj_float_to_half(float f) {
 _ROUND_HALF = "__device__ __forceinline__ float pj_round_half(float x) { return pj_half_to_float(pj_float_to_half(x)); }"
 
 
-_TENSOR_CORES = {  # Ampere's and Hopper's (sm_80 and newer) warp-wide matrix, matrix-load and async-copy instructions
+_TENSOR_CORES = {  # Ampere's and Hopper's (sm_80 and newer) warp-wide matrix, matrix-load and async-copy instructions;
+    # older GPUs get the same results from shuffles and plain copies (correct, not fast: no tensor cores there)
+    "pj_widen_{kind}": """__device__ __forceinline__ float pj_widen_{kind}(unsigned bits) {
+  float f;
+  unsigned short h = bits;
+  if ("{kind}"[0] == 'b') return __uint_as_float(bits << 16);
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}""",
     "pj_mma_{kind}": """__device__ __forceinline__ void pj_mma_{kind}(float &c0, float &c1, float &c2, float &c3, unsigned a0,
     unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
+#if __CUDA_ARCH__ >= 800
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
                "{%0, %1, %2, %3};" : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#else
+  const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+  for (int q = 0; q < 4; q++) {   // k pairs 2q and 2q + 1 (and + 8): from lane g * 4 + q (A), column * 4 + q (B)
+    const unsigned x0 = __shfl_sync(0xffffffffu, a0, g * 4 + q), x1 = __shfl_sync(0xffffffffu, a1, g * 4 + q),
+                   x2 = __shfl_sync(0xffffffffu, a2, g * 4 + q), x3 = __shfl_sync(0xffffffffu, a3, g * 4 + q),
+                   y0 = __shfl_sync(0xffffffffu, b0, 8 * t + q), y1 = __shfl_sync(0xffffffffu, b1, 8 * t + q),
+                   z0 = __shfl_sync(0xffffffffu, b0, 8 * t + 4 + q), z1 = __shfl_sync(0xffffffffu, b1, 8 * t + 4 + q);
+    for (int h = 0; h < 32; h += 16) {
+      const float p0 = pj_widen_{kind}(x0 >> h), p1 = pj_widen_{kind}(x1 >> h), p2 = pj_widen_{kind}(x2 >> h),
+                  p3 = pj_widen_{kind}(x3 >> h), u0 = pj_widen_{kind}(y0 >> h), u1 = pj_widen_{kind}(y1 >> h),
+                  v0 = pj_widen_{kind}(z0 >> h), v1 = pj_widen_{kind}(z1 >> h);
+      c0 += p0 * u0 + p2 * u1; c1 += p0 * v0 + p2 * v1; c2 += p1 * u0 + p3 * u1; c3 += p1 * v0 + p3 * v1;
+    }
+  }
+#endif
 }""",
     **{f"pj_ldmatrix_{name}": f"""__device__ __forceinline__ void pj_ldmatrix_{name}(unsigned &r0, unsigned &r1, unsigned &r2,
     unsigned &r3, const unsigned short *row) {{
+#if __CUDA_ARCH__ >= 750
   asm volatile("ldmatrix.sync.aligned.m8n8.x4{suffix}.shared.b16 {{%0, %1, %2, %3}}, [%4];"
                : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"((unsigned)__cvta_generic_to_shared(row)));
+#else
+  const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4 * 2;
+  unsigned *out[4] = {{&r0, &r1, &r2, &r3}};
+  for (int q = 0; q < 4; q++) {{   // matrix q's rows come from lanes 8q ... 8q + 7
+    const unsigned short *lo = (const unsigned short *)__shfl_sync(0xffffffffu, (unsigned long long)row,
+                                                                   8 * q + {"t" if suffix else "g"});
+    const unsigned short *hi = (const unsigned short *)__shfl_sync(0xffffffffu, (unsigned long long)row,
+                                                                   8 * q + {"t + 1" if suffix else "g"});
+    *out[q] = {"lo[g] | (unsigned)hi[g] << 16" if suffix else "lo[t] | (unsigned)hi[t + 1] << 16"};
+  }}
+#endif
 }}""" for name, suffix in (("x4", ""), ("x4_trans", ".trans"))},
     "pj_cp_async16": """__device__ __forceinline__ void pj_cp_async16(unsigned short *dst, const unsigned short *src) {
+#if __CUDA_ARCH__ >= 800
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src));
+#else
+  *(uint4 *)dst = *(const uint4 *)src;
+#endif
 }""",
     "pj_cp_async_commit": """__device__ __forceinline__ void pj_cp_async_commit() {
+#if __CUDA_ARCH__ >= 800
   asm volatile("cp.async.commit_group;");
+#endif
 }""",
     "pj_cp_async_wait": """template <int N> __device__ __forceinline__ void pj_cp_async_wait() {
+#if __CUDA_ARCH__ >= 800
   asm volatile("cp.async.wait_group %0;" :: "n"(N));
+#endif
 }""",
 }
 

@@ -36,6 +36,7 @@ static pj_dim3 blockDim;
 static pthread_barrier_t pj_bar, pj_warp_bar[32];
 static unsigned long long pj_xch[32][32];
 struct float4 { float x, y, z, w; };
+struct uint4 { unsigned x, y, z, w; };
 #define __global__
 #define __device__
 #define __forceinline__ inline
@@ -99,6 +100,17 @@ static void pj_ldmatrix(unsigned &r0, unsigned &r1, unsigned &r2, unsigned &r3, 
   }
   pthread_barrier_wait(&pj_warp_bar[w]);
 }
+template <class T> static T __shfl_sync(unsigned, T v, int from) {
+  unsigned w = threadIdx.x / 32, lane = threadIdx.x % 32;
+  unsigned long long bits = 0;
+  memcpy(&bits, &v, sizeof(T));
+  pj_xch[w][lane] = bits;
+  pthread_barrier_wait(&pj_warp_bar[w]);
+  bits = pj_xch[w][from];
+  pthread_barrier_wait(&pj_warp_bar[w]);
+  memcpy(&v, &bits, sizeof(T));
+  return v;
+}
 template <class F> static void pj_launch(unsigned blocks, unsigned threads, F body) {
   blockDim.x = threads;
   pthread_barrier_t end;
@@ -143,11 +155,13 @@ _TENSOR_CORES = {  # render_cuda's tensor-core helpers, by name, in C++ for the 
 _HELPER = re.compile(r"(?:template <int N> )?__device__ __forceinline__ void (pj_\w+)\(.*?\n\}", re.S)
 
 
-def host_source(source: str) -> str:
-    """The kernel's CUDA C as C++ for the shim (its inline PTX replaced)."""
+def host_source(source: str, tensor_cores: bool = True) -> str:
+    """The kernel's CUDA C as C++ for the shim (its inline PTX replaced): the tensor-core helpers emulated as the
+    instructions, or (`tensor_cores` False) their own code for GPUs older than sm_80 (shuffles, plain copies)."""
     for ptx, cpp in _PTX.items():
         source = source.replace(ptx, cpp)
-    source = _HELPER.sub(lambda m: _TENSOR_CORES.get(m.group(1), m.group(0)), source)
+    if tensor_cores:
+        source = _HELPER.sub(lambda m: _TENSOR_CORES.get(m.group(1), m.group(0)), source)
     return SHIM + source
 
 
@@ -155,12 +169,13 @@ def available() -> bool:
     return shutil.which("clang++") is not None
 
 
-def run(src: KernelSource, buffers: list[np.ndarray]):
-    """Launch the kernel `src` (static launch size, no vars) over `buffers` (slot order; slot 0 is written)."""
+def run(src: KernelSource, buffers: list[np.ndarray], tensor_cores: bool = True):
+    """Launch the kernel `src` (static launch size, no vars) over `buffers` (slot order; slot 0 is written), its
+    tensor-core helpers as `host_source` says."""
     assert src.language == "cuda" and not src.var_names and src.global_size[0].op is Ops.CONST
     params = re.search(re.escape(src.name) + r"\((.*?)\) \{", src.source).group(1).split(", ")
     casts = ", ".join(f"({p.rsplit(' ', 1)[0].replace('__restrict__', '').strip()})a[{i}]" for i, p in enumerate(params))
-    text = host_source(src.source) + ('\nextern "C" void pj_run(void **a, unsigned blocks, unsigned threads) '
+    text = host_source(src.source, tensor_cores) + ('\nextern "C" void pj_run(void **a, unsigned blocks, unsigned threads) '
                                 f"{{ pj_launch(blocks, threads, [&] {{ {src.name}({casts}); }}); }}\n")
     folder = os.path.join(tempfile.gettempdir(), "prepjit-cuda-emulation")
     os.makedirs(folder, exist_ok=True)

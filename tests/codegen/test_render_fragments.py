@@ -76,7 +76,8 @@ def strided_narrow_kernel(dtype, m, n, k, a_t=False, b_t=False, batch=1, offset=
     return kernel(total + UOp.const(1.0, dtypes.float32), (p * m + i) * n + j, "r_p_m_n")
 
 
-def emulate(ast, np_dtype, m, n, k, a_t=False, b_t=False, batch=1, offset=0, scale_b=False, tile=None, seed=0):
+def emulate(ast, np_dtype, m, n, k, a_t=False, b_t=False, batch=1, offset=0, scale_b=False, tile=None, seed=0,
+            tensor_cores=True):
     rng = np.random.default_rng(seed)
     a = rng.standard_normal((batch, m, k), np.float32).astype(np_dtype)
     b = rng.standard_normal((batch, k, n), np.float32).astype(np_dtype)
@@ -87,7 +88,7 @@ def emulate(ast, np_dtype, m, n, k, a_t=False, b_t=False, batch=1, offset=0, sca
     src = render_cuda(ast, tile)
     assert "pj_mma_" in src.source
     cuda_emulation.run(src, [out, np.concatenate([pad, a_mem.ravel()]).view(np.uint16),
-                             np.concatenate([pad, b_mem.ravel()]).view(np.uint16)])
+                             np.concatenate([pad, b_mem.ravel()]).view(np.uint16)], tensor_cores)
     want = a.astype(np.float32) @ (b.astype(np.float32) * (2 if scale_b else 1)) + 1
     np.testing.assert_allclose(out.reshape(batch, m, n), want, rtol=1e-5, atol=1e-4 * np.sqrt(k), err_msg=str(tile))
 
@@ -124,3 +125,15 @@ def test_every_tensor_core_tile_shape_computes_the_matmul():
         tile = (tm, tn, 1, "bfloat16")
         assert render_cuda(ast, tile).local_size == (128,)
         emulate(ast, ml_dtypes.bfloat16, m, n, k, tile=tile)
+
+
+@EMULATED
+@pytest.mark.parametrize("name", list(NARROW))
+def test_gpus_before_sm80_get_the_same_products_without_tensor_cores(name):
+    """The helpers' own code for GPUs older than sm_80 (mma from shuffles, ldmatrix from shuffled row addresses,
+    plain copies), run through cuda_emulation with __CUDA_ARCH__ undefined: the same matmul, ragged and transposed."""
+    dtype, np_dtype = NARROW[name]
+    if name == "float16" and not cuda_emulation.F16C:
+        pytest.skip("the emulation converts float16 with x86-64's F16C")
+    for m, n, k, a_t, b_t in ((70, 45, 33, False, False), (130, 136, 40, True, True), (96, 64, 64, False, False)):
+        emulate(strided_narrow_kernel(dtype, m, n, k, a_t, b_t), np_dtype, m, n, k, a_t, b_t, tensor_cores=False)
