@@ -29,9 +29,10 @@ from ..uop import Ops, UOp, dtypes, simplify
 from ..uop.ops import ALU
 from .fusion import PROLOGUE_MAX
 
-MAX_BYTES = 1 << 16  # a kernel's own arrays, in all, at most: they live on the stack of every thread calling it
 from .lower import linear_index
 from .optimize import const_end, stride_along
+
+MAX_BYTES = 1 << 16  # a kernel's own arrays, in all, at most: they live on the stack of every thread calling it
 
 
 def with_operand_prologue(ast: UOp, optimise: Callable[[UOp], UOp]) -> UOp:
