@@ -28,7 +28,6 @@ from typing import Callable
 from ..uop import Ops, UOp, dtypes, simplify
 from ..uop.ops import ALU
 from .fusion import PROLOGUE_MAX
-
 from .lower import linear_index
 from .optimize import const_end, stride_along
 
