@@ -32,32 +32,32 @@ SMOKE_NEW_TOKENS = 4
 
 
 class PaddedBuckets:
-    """The decode step prepared with every shape static at each batch size of BUCKETS and the table width of the
-    whole context: a call pads the batch to the next bucket (rows of token 0 at position 0) and the tables to the
-    full width, and returns the real rows."""
+    """The decode step prepared with every shape static at each batch size of `buckets` (BUCKETS unless given) and
+    the table width of the whole context, on the engine's device: a call pads the batch to the next bucket (rows of
+    token 0 at position 0) and the tables to the full width, and returns the real rows."""
 
-    def __init__(self, engine):
+    def __init__(self, engine, buckets=BUCKETS):
         import prepjit as pj
         import prepjit.numpy as pnp
         from examples.models import llama_paged
         fn = functools.partial(llama_paged.decode_batch, pnp, engine.cfg, dtype=engine.dtype)
         fn.__name__ = "llama_decode_padded"
-        self.prepared, self.width = pj.prepare(fn), engine.table_width
-        self.plans = {}
+        self.prepared, self.width = pj.prepare(fn, device=engine.decode.device_name), engine.table_width
+        self.plans, self.buckets = {}, buckets
 
     def prepare_all(self, engine) -> None:
         """Prepare every bucket's plan (what a padded server does at start)."""
         pool = engine.pool
         with warnings.catch_warnings():  # a new plan per bucket is the point
             warnings.filterwarnings("ignore", "llama_decode_padded traced a new plan")
-            for b in BUCKETS:
+            for b in self.buckets:
                 self.plans[b] = self.prepared.plan(engine.params, np.zeros(b, np.int64), np.zeros(b, np.int64),
                                                    np.zeros((b, self.width), np.int64), pool.keys, pool.values,
                                                    engine.cos, engine.sin)
 
     def __call__(self, params, ids, pos, table, k_pool, v_pool, cos, sin):
         n = len(ids)
-        b = next(size for size in BUCKETS if size >= n)
+        b = next(size for size in self.buckets if size >= n)
         padded_table = np.zeros((b, self.width), np.int64)
         padded_table[:n, :table.shape[1]] = table
         padded_table[:n, table.shape[1]:] = table[:, :1]

@@ -1,0 +1,280 @@
+"""SmolLM2-135M on a GPU in one call (issues 23 and 24): decode with 4-bit weights against prepjit's own bfloat16
+decode, and serving 64 concurrent greedy sequences through examples/engine.py against one stream.
+
+    python -m benchmarks.gpu_llm [--device cuda] [--quick] [--out FILE] [--layers N] [--streams N]
+
+The weights are random, of SmolLM2-135M's shapes (benchmarks/gpu_models.SMOLLM2; the model file stays off the GPU
+machine), stored the ways examples/models/llama.py reads them: bfloat16 floats, or q4_1 / q8_0 blocks made by
+pj.quant.quantize ({kind: blocks}, a row of blocks per output feature, the token table too), which the plans
+dequantize inside the kernels that read them (the path of smollm2_generate.py --weights q4_1). Every row is one
+JSON line, printed and written to --out:
+
+- `decode_<weights>`: one decode step (llama.prepared's decode plan, position POS of a CONTEXT-token cache,
+  computing in --dtype) with weights, KV cache and RoPE tables resident on the device: median ms of synchronised
+  calls after warm-up, the plan's kernels per step, its weight bytes, and the logits checked against the same model
+  code run by NumPy in float32 on the dequantized weights (cosine, largest difference / largest logit, argmax);
+- `decode_q4_1_vs_bf16`: the ratio of the two steps' times (issue 23's goal: at most 0.7);
+- `serve_step_b1_vs_b<streams>`: the engine's var-batch decode plan alone (pool resident on the device) at one
+  sequence and at --streams: ms per step and the tokens/s ratio, the ceiling the engine could reach;
+- `serve_<streams>_vs_1`: examples/engine.py with token ids for prompts (no tokenizer): output tokens/s of a few
+  sequences each run alone against all --streams submitted together (greedy, --new-tokens each, prefill included;
+  also the rate over the steps where every sequence was decoding), the greedy tokens of the sequences run alone
+  equal to theirs in the batch, and the traces/compiles of the engine's plans (one plan for every batch
+  composition: none after warm-up). Issue 24's goal: at least 20x;
+- `serve_padded_buckets`: the same --streams through the engine with its decode step replaced by
+  benchmarks/serving_cases.PaddedBuckets (a static plan per power-of-two batch up to --streams), unless --quick or
+  the time budget is spent.
+
+A failed check is recorded in its row ("ok": false) and the script exits with status 1 after writing every row.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+
+import attrs
+import numpy as np
+
+import prepjit as pj
+from examples import engine as serving
+from examples.models import llama
+from examples.models.common import DTYPES, tree_cast
+
+from .gpu import median_us
+from .gpu_models import CONTEXT, POS, SMOLLM2, cosine, to_device
+from .serving_cases import PaddedBuckets
+
+SERVE_CONTEXT, BLOCK_SIZE = 256, 16
+COSINE_MIN = {"float32": 0.9999, "bfloat16": 0.99, "float16": 0.995}  # decode logits vs NumPy float32
+
+
+def _quantized(w, kind: str, transposed: bool = True) -> dict:
+    """A float matrix as {kind: blocks}, a row of blocks per output feature: projections are stored (in, out), the
+    token table (vocab, dim) is already a row per output."""
+    return {kind: pj.quant.quantize(np.ascontiguousarray(w.T) if transposed else w, kind)}
+
+
+def stored_params(params32: dict, weights: str) -> dict:
+    """random_params' float32 tree stored as `weights`: a float dtype name of DTYPES (every array cast, as
+    load_params(dtype=...) stores them) or a block format (matrices in blocks, norms in float32, the head tied to
+    the token table, as load_params(dtype="q4_1") stores them)."""
+    if weights in DTYPES:
+        return tree_cast(params32, DTYPES[weights])
+    embed = _quantized(params32["embed"], weights, transposed=False)
+    blocks = [{name: _quantized(w, weights) if w.ndim == 2 else w for name, w in bp.items()}
+              for bp in params32["blocks"]]
+    return {"embed": embed, "head": embed, "norm": params32["norm"], "blocks": blocks}
+
+
+def _bytes(tree) -> int:
+    if isinstance(tree, dict):
+        # the head tied to the token table is one array, stored once
+        return sum(_bytes(v) for k, v in tree.items() if not (k == "head" and v is tree.get("embed")))
+    if isinstance(tree, list):
+        return sum(_bytes(v) for v in tree)
+    return tree.nbytes
+
+
+def decode_rows(args, cfg, params32, rng):
+    """A row per weight format: the decode step's time, kernels and logits check; then the q4_1/bf16 ratio."""
+    dtype = DTYPES[args.dtype]
+    cos, sin = llama.rope_tables(cfg, CONTEXT, dtype)
+    shape = (cfg.layers, cfg.kv_heads, CONTEXT, cfg.head_dim)
+    k32, v32 = (rng.standard_normal(shape, np.float32) * 0.5 for _ in range(2))
+    k, v = k32.astype(dtype), v32.astype(dtype)
+    cos32, sin32 = llama.rope_tables(cfg, CONTEXT)
+    ids = np.array([42], np.int64)
+    dk, dv, dcos, dsin = (to_device(a, args.device) for a in (k, v, cos, sin))
+    _, decode = llama.prepared(cfg, CONTEXT, device=args.device, dtype=dtype)
+    times = {}
+    for weights in ("bf16", "q4_1", "q8_0"):
+        params = stored_params(params32, weights)
+        dparams = to_device(params, args.device)
+        call = (dparams, ids, POS, dk, dv, dcos, dsin)
+        start = time.perf_counter()
+        ours = np.asarray(decode(*call)[0]).astype(np.float64)
+        first_s = time.perf_counter() - start
+        ms = median_us(lambda call=call: decode(*call), args.reps, warmup=5) / 1e3
+        times[weights] = ms
+        reference = tree_cast(llama.dequantized(params), np.float32)
+        ref = np.asarray(llama.decode(np, cfg, reference, ids, POS, k.astype(np.float32), v.astype(np.float32),
+                                      cos32, sin32)[0], np.float64)
+        agree = cosine(ours, ref)
+        plan = decode.plan(*call)
+        yield {"case": f"decode_{weights}", "dtype": np.dtype(dtype).name, "layers": cfg.layers, "pos": POS,
+               "context": CONTEXT, "ms_per_token": ms, "tokens_per_s": 1e3 / ms, "kernels": len(plan.kernels),
+               "weight_bytes": _bytes(params), "plan_memory_bytes": plan.memory_bytes, "first_call_s": first_s,
+               "cosine_vs_numpy_f32": agree, "max_diff_over_max_logit": float(np.abs(ours - ref).max()
+                                                                               / np.abs(ref).max()),
+               "same_argmax": int(ours.argmax()) == int(ref.argmax()),
+               "ok": agree >= COSINE_MIN[np.dtype(dtype).name]}
+    ratio = times["q4_1"] / times["bf16"]
+    yield {"case": "decode_q4_1_vs_bf16", "ratio": ratio, "goal": 0.7, "met": ratio <= 0.7,
+           "q8_0_vs_bf16": times["q8_0"] / times["bf16"], "stats": decode.stats}
+
+
+def _engine(args, cfg, dparams, prompt_tokens: int):
+    """examples/engine.py's Engine over device-resident weights, with a pool of exactly the blocks --streams
+    requests of `prompt_tokens` + --new-tokens reserve, and no stop ids (every sequence runs to --new-tokens)."""
+    per_request = -(-(prompt_tokens + args.new_tokens - 1) // BLOCK_SIZE)
+    return serving.Engine(cfg, dparams, stop_ids=(), dtype=DTYPES[args.dtype], device=args.device,
+                          context=SERVE_CONTEXT, block_size=BLOCK_SIZE, num_blocks=args.streams * per_request,
+                          max_batch=args.streams, prefill_chunk=64)
+
+
+def generate(engine, prompts, new_tokens: int) -> dict:
+    """Every prompt submitted at once, greedy: their tokens; output tokens per wall second (prefill included) and
+    over the steps where every sequence was decoding (no prefill, nobody waiting)."""
+    seq_ids = [engine.submit(p, serving.Sampling(max_tokens=new_tokens)) for p in prompts]
+    tokens = {i: [] for i in seq_ids}
+    steady_tokens, steady_s = 0, 0.0
+    start = time.perf_counter()
+    while engine.busy:
+        decoding_only = not engine.waiting and all(s.prefilled for s in engine.running)
+        step_start = time.perf_counter()
+        events = engine.step()
+        step_s = time.perf_counter() - step_start
+        for event in events:
+            tokens[event.seq_id].append(event.token)
+        if decoding_only:
+            steady_tokens, steady_s = steady_tokens + len(events), steady_s + step_s
+    seconds = time.perf_counter() - start
+    total = sum(map(len, tokens.values()))
+    return {"tokens": [tokens[i] for i in seq_ids], "tokens_per_s": total / seconds, "seconds": seconds,
+            "decoding_tokens_per_s": steady_tokens / steady_s if steady_s else None}
+
+
+def _plan_stats(engine) -> dict:
+    return {name: {k: fn.stats[k] for k in ("traces", "compiles", "plans")}
+            for name, fn in (("decode", engine.decode), ("prefill", engine.prefill))}
+
+
+def serve_rows(args, cfg, params32, rng, deadline: float):
+    """The engine at one stream and at --streams (see the module docstring), then the padded buckets."""
+    dparams = to_device(stored_params(params32, args.serve_weights), args.device)
+    prompts = [list(map(int, rng.integers(0, cfg.vocab, args.prompt_tokens))) for _ in range(args.streams)]
+    engine = _engine(args, cfg, dparams, args.prompt_tokens)
+    start = time.perf_counter()
+    generate(engine, prompts[:2], 2)  # trace and compile both plans
+    warm_s = time.perf_counter() - start
+    warm_stats = _plan_stats(engine)
+    yield step_row(args, engine)
+
+    alone_index = sorted({0, len(prompts) // 2, len(prompts) - 1})
+    alone = [generate(engine, [prompts[i]], args.new_tokens) for i in alone_index]
+    batch = generate(engine, prompts, args.new_tokens)
+    same = all(run["tokens"][0] == batch["tokens"][i] for i, run in zip(alone_index, alone))
+    one = statistics.median(run["tokens_per_s"] for run in alone)
+    one_decoding = statistics.median(run["decoding_tokens_per_s"] for run in alone)
+    stats = _plan_stats(engine)
+    one_plan = stats == warm_stats and all(s["traces"] == 1 and s["plans"] == 1 for s in stats.values())
+    ratio = batch["tokens_per_s"] / one
+    yield {"case": f"serve_{args.streams}_vs_1", "weights": args.serve_weights, "dtype": args.dtype,
+           "layers": cfg.layers, "streams": args.streams, "prompt_tokens": args.prompt_tokens,
+           "new_tokens": args.new_tokens, "one_stream_tokens_per_s": one,
+           "concurrent_tokens_per_s": batch["tokens_per_s"], "ratio": ratio, "goal": 20, "met": ratio >= 20,
+           "one_stream_decoding_tokens_per_s": one_decoding,
+           "concurrent_decoding_tokens_per_s": batch["decoding_tokens_per_s"],
+           "decoding_ratio": batch["decoding_tokens_per_s"] / one_decoding,
+           "concurrent_seconds": batch["seconds"], "engine_steps": engine.steps, "warm_up_s": warm_s,
+           "pool_bytes_per_step": engine.pool.keys.nbytes + engine.pool.values.nbytes,
+           "same_tokens_alone_and_batched": same, "sequences_checked": alone_index, "plan_stats": stats,
+           "one_plan_no_recompiles": one_plan, "ok": same and one_plan}
+
+    if args.quick or time.perf_counter() > deadline:
+        yield {"case": "serve_padded_buckets", "skipped": "--quick" if args.quick else "time budget spent"}
+        return
+    yield padded_row(args, engine, prompts, batch)
+
+
+def step_row(args, engine) -> dict:
+    """The var-batch decode plan alone, its pool resident on the device: ms per step at 1 and --streams
+    sequences, each midway through its new tokens with the blocks it needs."""
+    position = min(SERVE_CONTEXT - 1, args.prompt_tokens + args.new_tokens // 2)
+    width = -(-position // BLOCK_SIZE)
+    pool_k, pool_v = to_device(engine.pool.keys, args.device), to_device(engine.pool.values, args.device)
+    cos, sin = to_device(engine.cos, args.device), to_device(engine.sin, args.device)
+    ms = {}
+    for b in (1, args.streams):
+        table = (np.arange(b * width).reshape(b, width) % engine.pool.total).astype(np.int64)
+        call = (engine.params, np.arange(b, dtype=np.int64) + 100, np.full(b, position, np.int64), table,
+                pool_k, pool_v, cos, sin)
+        ms[b] = median_us(lambda call=call: engine.decode(*call), args.reps, warmup=3) / 1e3
+    kernels = len(engine.decode.plan(*call).kernels)
+    return {"case": f"serve_step_b1_vs_b{args.streams}", "position": position, "kernels": kernels,
+            "step_ms_b1": ms[1], f"step_ms_b{args.streams}": ms[args.streams],
+            "tokens_per_s_ratio": args.streams * ms[1] / ms[args.streams]}
+
+
+def padded_row(args, engine, prompts, batch) -> dict:
+    """The same --streams requests through the engine with PaddedBuckets (power-of-two static batches up to
+    --streams) for its decode step: tokens/s, plans, compiles, prepare time; its tokens must equal the var batch's."""
+    buckets = tuple(2 ** i for i in range(args.streams.bit_length()) if 2 ** i < args.streams) + (args.streams,)
+    var_decode, padded = engine.decode, PaddedBuckets(engine, buckets)
+    start = time.perf_counter()
+    padded.prepare_all(engine)
+    prepare_s = time.perf_counter() - start
+    engine.decode = padded
+    try:
+        run = generate(engine, prompts, args.new_tokens)
+    finally:
+        engine.decode = var_decode
+    same = run["tokens"] == batch["tokens"]
+    return {"case": "serve_padded_buckets", "buckets": buckets, "tokens_per_s": run["tokens_per_s"],
+            "var_batch_tokens_per_s": batch["tokens_per_s"], "var_batch_vs_padded": batch["tokens_per_s"]
+            / run["tokens_per_s"], "decoding_tokens_per_s": run["decoding_tokens_per_s"], "prepare_s": prepare_s,
+            "plans": len(padded.plans), "traces": padded.prepared.stats["traces"],
+            "compiles": padded.prepared.stats["compiles"],
+            "memory_bytes": sum(p.memory_bytes for p in padded.plans.values()), "same_tokens": same, "ok": same}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions and new tokens, no padded buckets")
+    parser.add_argument("--out", default="benchmarks/results/gpu-llm.jsonl", help="the JSON lines, one per row")
+    parser.add_argument("--layers", type=int, default=SMOLLM2.layers, help="keep the first N blocks (CPU tests)")
+    parser.add_argument("--dtype", choices=tuple(DTYPES), default="bf16", help="compute dtype, KV cache included")
+    parser.add_argument("--serve-weights", choices=("bf16", "f32", "q4_1", "q8_0"), default="bf16",
+                        help="how the engine's weights are stored")
+    parser.add_argument("--streams", type=int, default=64, help="concurrent sequences of the serving rows")
+    parser.add_argument("--new-tokens", type=int, default=None, help="per sequence (default 32, 8 with --quick)")
+    parser.add_argument("--prompt-tokens", type=int, default=16)
+    parser.add_argument("--reps", type=int, default=None, help="timed calls per figure (default 30, 5 --quick)")
+    parser.add_argument("--budget-s", type=float, default=270, help="skip the padded buckets past this time")
+    parser.add_argument("--only", choices=("decode", "serve"), default=None)
+    args = parser.parse_args(argv)
+    args.new_tokens = args.new_tokens or (8 if args.quick else 32)
+    args.reps = args.reps or (5 if args.quick else 30)
+    started = time.perf_counter()
+    cfg = attrs.evolve(SMOLLM2, layers=args.layers)
+    params32 = llama.random_params(np.random.default_rng(0), cfg)
+    rows = [{"case": "meta", "command": "python -m benchmarks.gpu_llm " + " ".join(sys.argv[1:] if argv is None
+                                                                                    else argv),
+             "date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": args.device, "platform": platform.platform(),
+             "config": attrs.asdict(cfg)}]
+    print(json.dumps(rows[0]), flush=True)
+    groups = {"decode": lambda: decode_rows(args, cfg, params32, np.random.default_rng(1)),
+              "serve": lambda: serve_rows(args, cfg, params32, np.random.default_rng(2), started + args.budget_s)}
+    for name, group in groups.items():
+        if args.only not in (None, name):
+            continue
+        try:
+            for row in group():
+                row["elapsed_s"] = time.perf_counter() - started
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+        except Exception as e:  # noqa: BLE001  (record the failure, run the other group)
+            rows.append({"case": name, "error": f"{type(e).__name__}: {e}"[:2000], "ok": False})
+            print(json.dumps(rows[-1]), flush=True)
+    with open(args.out, "w") as f:
+        f.writelines(json.dumps(row) + "\n" for row in rows)
+    return 0 if all(row.get("ok", True) for row in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
