@@ -18,13 +18,17 @@ JSON line, printed and written to --out:
   pool resident on the device (the ceiling the engine could reach) and passed as NumPy as the engine does: ms per
   step and the tokens/s ratio;
 - `serve_<streams>_vs_1`: examples/engine.py with token ids for prompts (no tokenizer): output tokens/s of a few
-  sequences each run alone against all --streams submitted together (greedy, --new-tokens each, prefill included;
-  also the rate over the steps where every sequence was decoding), the greedy tokens of the sequences run alone
-  equal to theirs in the batch, and the traces/compiles of the engine's plans (one plan for every batch
-  composition: none after warm-up). Issue 24's goal: at least 20x;
-- `serve_padded_buckets`: the same --streams through the engine with its decode step replaced by
-  benchmarks/serving_cases.PaddedBuckets (a static plan per power-of-two batch up to --streams), unless --quick or
-  the time budget is spent.
+  sequences each run alone against all --streams submitted together (greedy, --new-tokens each, prefill
+  included), the greedy tokens of the sequences run alone equal to theirs in the batch, and the traces/compiles of
+  the engine's plans (one plan for every batch composition: none after warm-up). The engine prefills one prompt
+  per step, so with fewer new tokens than streams the batch never holds them all (`widest_decode_batch`);
+- `serve_lockstep_<streams>_vs_1`: the engine's plans, pool and block tables driven the way the engine drives them
+  but every prompt prefilled first, then every decode step over all --streams: tokens/s overall and over the decode
+  steps against one sequence driven the same way (issue 24's goal, at least 20x, on the decode steps), tokens equal
+  to the engine's;
+- `serve_padded_buckets`: the same --streams through the engine and in lockstep with its decode step replaced by
+  benchmarks/serving_cases.PaddedBuckets (a static plan per power-of-two batch up to --streams, the table padded
+  to the whole context), unless --quick or the time budget is spent.
 
 A failed check is recorded in its row ("ok": false) and the script exits with status 1 after writing every row.
 """
@@ -128,25 +132,56 @@ def _engine(args, cfg, dparams, prompt_tokens: int):
 
 
 def generate(engine, prompts, new_tokens: int) -> dict:
-    """Every prompt submitted at once, greedy: their tokens; output tokens per wall second (prefill included) and
-    over the steps where every sequence was decoding (no prefill, nobody waiting)."""
+    """Every prompt submitted at once, greedy: their tokens, output tokens per wall second (prefill included) and
+    the most sequences one decode step held (the engine prefills one prompt per step, so with fewer new tokens
+    than prompts the first sequences end before the last ones start)."""
     seq_ids = [engine.submit(p, serving.Sampling(max_tokens=new_tokens)) for p in prompts]
     tokens = {i: [] for i in seq_ids}
-    steady_tokens, steady_s = 0, 0.0
+    widest = 0
     start = time.perf_counter()
     while engine.busy:
-        decoding_only = not engine.waiting and all(s.prefilled for s in engine.running)
-        step_start = time.perf_counter()
-        events = engine.step()
-        step_s = time.perf_counter() - step_start
-        for event in events:
+        widest = max(widest, sum(s.prefilled for s in engine.running))
+        for event in engine.step():
             tokens[event.seq_id].append(event.token)
-        if decoding_only:
-            steady_tokens, steady_s = steady_tokens + len(events), steady_s + step_s
     seconds = time.perf_counter() - start
     total = sum(map(len, tokens.values()))
     return {"tokens": [tokens[i] for i in seq_ids], "tokens_per_s": total / seconds, "seconds": seconds,
-            "decoding_tokens_per_s": steady_tokens / steady_s if steady_s else None}
+            "widest_decode_batch": widest}
+
+
+def lockstep(engine, prompts, new_tokens: int) -> dict:
+    """The engine's two plans, pool and tables driven as Engine._prefill/_decode drive them, but every prompt
+    prefilled first (one chunk each) and then all sequences decoded together, so every decode step holds all of
+    them: their greedy tokens, output tokens per second overall and over the decode steps."""
+    pool, block = engine.pool, engine.pool.block_size
+    assert all(len(p) <= engine.chunk for p in prompts), "lockstep prefills a prompt in one chunk"
+    tables = [pool.allocate(-(-(len(p) + new_tokens - 1) // block)) for p in prompts]
+    tokens = [[] for _ in prompts]
+    start = time.perf_counter()
+    for prompt, blocks, out in zip(prompts, tables, tokens):
+        logits, keys, values = engine.prefill(engine.params, np.asarray(prompt, np.int64), 0,
+                                              np.asarray(blocks[:1], np.int64), pool.keys, pool.values,
+                                              engine.cos, engine.sin)
+        pool.write([pool.slot(blocks, i) for i in range(len(prompt))], np.swapaxes(np.asarray(keys), 1, 2),
+                   np.swapaxes(np.asarray(values), 1, 2))
+        out.append(int(np.argmax(np.asarray(logits))))
+    decode_start = time.perf_counter()
+    for step in range(new_tokens - 1):
+        pos = np.array([len(p) + step for p in prompts], np.int64)
+        width = max(1, -(-int(pos.max()) // block))
+        table = np.array([(blocks + blocks[:1] * width)[:width] for blocks in tables], np.int64)
+        logits, keys, values = engine.decode(engine.params, np.array([out[-1] for out in tokens], np.int64), pos,
+                                             table, pool.keys, pool.values, engine.cos, engine.sin)
+        pool.write([pool.slot(blocks, int(p)) for blocks, p in zip(tables, pos)], np.asarray(keys),
+                   np.asarray(values))
+        for out, row in zip(tokens, np.asarray(logits)):
+            out.append(int(np.argmax(row)))
+    end = time.perf_counter()
+    for blocks in tables:
+        pool.release(blocks)
+    count = len(prompts)
+    return {"tokens": tokens, "tokens_per_s": count * new_tokens / (end - start),
+            "decode_tokens_per_s": count * (new_tokens - 1) / (end - decode_start) if new_tokens > 1 else None}
 
 
 def _plan_stats(engine) -> dict:
@@ -170,26 +205,40 @@ def serve_rows(args, cfg, params32, rng, deadline: float):
     batch = generate(engine, prompts, args.new_tokens)
     same = all(run["tokens"][0] == batch["tokens"][i] for i, run in zip(alone_index, alone))
     one = statistics.median(run["tokens_per_s"] for run in alone)
-    one_decoding = statistics.median(run["decoding_tokens_per_s"] for run in alone)
     stats = _plan_stats(engine)
     one_plan = stats == warm_stats and all(s["traces"] == 1 and s["plans"] == 1 for s in stats.values())
     ratio = batch["tokens_per_s"] / one
-    yield {"case": f"serve_{args.streams}_vs_1", "weights": args.serve_weights, "dtype": args.dtype,
-           "layers": cfg.layers, "streams": args.streams, "prompt_tokens": args.prompt_tokens,
-           "new_tokens": args.new_tokens, "one_stream_tokens_per_s": one,
+    shape = {"weights": args.serve_weights, "dtype": args.dtype, "layers": cfg.layers, "streams": args.streams,
+             "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens}
+    yield {"case": f"serve_{args.streams}_vs_1", **shape, "one_stream_tokens_per_s": one,
            "concurrent_tokens_per_s": batch["tokens_per_s"], "ratio": ratio, "goal": 20, "met": ratio >= 20,
-           "one_stream_decoding_tokens_per_s": one_decoding,
-           "concurrent_decoding_tokens_per_s": batch["decoding_tokens_per_s"],
-           "decoding_ratio": batch["decoding_tokens_per_s"] / one_decoding,
-           "concurrent_seconds": batch["seconds"], "engine_steps": engine.steps, "warm_up_s": warm_s,
+           "widest_decode_batch": batch["widest_decode_batch"], "concurrent_seconds": batch["seconds"],
+           "engine_steps": engine.steps, "warm_up_s": warm_s,
            "pool_bytes_per_step": engine.pool.keys.nbytes + engine.pool.values.nbytes,
            "same_tokens_alone_and_batched": same, "sequences_checked": alone_index, "plan_stats": stats,
            "one_plan_no_recompiles": one_plan, "ok": same and one_plan}
 
+    singles = [lockstep(engine, [prompts[i]], args.new_tokens) for i in alone_index]
+    together = lockstep(engine, prompts, args.new_tokens)
+    same = all(run["tokens"][0] == together["tokens"][i] == batch["tokens"][i]
+               for i, run in zip(alone_index, singles))
+    one = statistics.median(run["tokens_per_s"] for run in singles)
+    one_decode = statistics.median(run["decode_tokens_per_s"] for run in singles)
+    stats = _plan_stats(engine)
+    one_plan = stats == warm_stats and all(s["traces"] == 1 and s["plans"] == 1 for s in stats.values())
+    yield {"case": f"serve_lockstep_{args.streams}_vs_1", **shape, "one_stream_tokens_per_s": one,
+           "concurrent_tokens_per_s": together["tokens_per_s"], "ratio": together["tokens_per_s"] / one,
+           "one_stream_decode_tokens_per_s": one_decode,
+           "concurrent_decode_tokens_per_s": together["decode_tokens_per_s"],
+           "decode_ratio": together["decode_tokens_per_s"] / one_decode, "goal": 20,
+           "met": together["decode_tokens_per_s"] / one_decode >= 20,
+           "same_tokens_as_engine": same, "plan_stats": stats, "one_plan_no_recompiles": one_plan,
+           "ok": same and one_plan}
+
     if args.quick or time.perf_counter() > deadline:
         yield {"case": "serve_padded_buckets", "skipped": "--quick" if args.quick else "time budget spent"}
         return
-    yield padded_row(args, engine, prompts, batch)
+    yield padded_row(args, engine, prompts, batch, together)
 
 
 def step_row(args, engine) -> dict:
@@ -215,9 +264,10 @@ def step_row(args, engine) -> dict:
     return row
 
 
-def padded_row(args, engine, prompts, batch) -> dict:
-    """The same --streams requests through the engine with PaddedBuckets (power-of-two static batches up to
-    --streams) for its decode step: tokens/s, plans, compiles, prepare time; its tokens must equal the var batch's."""
+def padded_row(args, engine, prompts, batch, together) -> dict:
+    """The same --streams requests through the engine and in lockstep with PaddedBuckets (power-of-two static
+    batches up to --streams) for its decode step: tokens/s, plans, compiles, prepare time; its tokens must equal the
+    var batch's."""
     buckets = tuple(2 ** i for i in range(args.streams.bit_length()) if 2 ** i < args.streams) + (args.streams,)
     var_decode, padded = engine.decode, PaddedBuckets(engine, buckets)
     start = time.perf_counter()
@@ -226,13 +276,16 @@ def padded_row(args, engine, prompts, batch) -> dict:
     engine.decode = padded
     try:
         run = generate(engine, prompts, args.new_tokens)
+        steps = lockstep(engine, prompts, args.new_tokens)
     finally:
         engine.decode = var_decode
-    same = run["tokens"] == batch["tokens"]
+    same = run["tokens"] == batch["tokens"] and steps["tokens"] == together["tokens"]
     return {"case": "serve_padded_buckets", "buckets": buckets, "tokens_per_s": run["tokens_per_s"],
-            "var_batch_tokens_per_s": batch["tokens_per_s"], "var_batch_vs_padded": batch["tokens_per_s"]
-            / run["tokens_per_s"], "decoding_tokens_per_s": run["decoding_tokens_per_s"], "prepare_s": prepare_s,
-            "plans": len(padded.plans), "traces": padded.prepared.stats["traces"],
+            "var_batch_tokens_per_s": batch["tokens_per_s"],
+            "var_batch_vs_padded": batch["tokens_per_s"] / run["tokens_per_s"],
+            "lockstep_decode_tokens_per_s": steps["decode_tokens_per_s"],
+            "lockstep_var_batch_vs_padded": together["decode_tokens_per_s"] / steps["decode_tokens_per_s"],
+            "prepare_s": prepare_s, "plans": len(padded.plans), "traces": padded.prepared.stats["traces"],
             "compiles": padded.prepared.stats["compiles"],
             "memory_bytes": sum(p.memory_bytes for p in padded.plans.values()), "same_tokens": same, "ok": same}
 
