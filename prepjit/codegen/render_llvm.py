@@ -458,8 +458,6 @@ class _Renderer(ReductionRendering, KernelRenderer, InlineMath):
     def local_store(self, store: UOp):
         """A store into an array of the kernel's own, allocated on entry, in serial loops of its own (before the
         parallel loop: the kernel's first stores)."""
-        buf = store.src[0]
-        self.allocas.append(f"  {_pointer(buf)} = alloca [{buf.arg[1]} x {mem_type(buf.dtype)}], align 64")
         loops = []
         for r in _loops(self.ranges[store]):
             loops.append(self.open_loop(r, "0", self.value(r.src[0])))
@@ -472,12 +470,14 @@ class _Renderer(ReductionRendering, KernelRenderer, InlineMath):
         """The stores in order, each inside the loops of the ranges it depends on: consecutive stores share
         the loops their ranges have in common (outermost first), so stores over other ranges (a peeled tail)
         get loop nests of their own inside the shared ones. Every store is inside the parallel range but those
-        into the kernel's own arrays (local_store), which come first."""
+        into the kernel's own arrays filled once per call (local_store), which come first."""
         loops = []
         self.hoist_reductions()  # one-element reductions: a prologue, once per call (fusion.py: PROLOGUE_MAX)
-        for store in self.ast.src:  # then the arrays of the kernel's own, once per call (operand_prologue.py)
-            if store.src[0].op is Ops.DEFINE_LOCAL:
-                self.local_store(store)
+        for buf in dict.fromkeys(st.src[0] for st in self.ast.src if st.src[0].op is Ops.DEFINE_LOCAL):
+            self.allocas.append(f"  {_pointer(buf)} = alloca [{buf.arg[1]} x {mem_type(buf.dtype)}], align 64")
+        for store in self.ast.src:  # then the kernel's own arrays filled once per call (operand_prologue.py); one
+            if store.src[0].op is Ops.DEFINE_LOCAL and self.prange not in self.ranges[store]:  # filled per step of
+                self.local_store(store)  # the parallel range (block_matmul.py's tile) comes in order with the rest
         if self.prange is None:  # a single element: run once, in the call whose slice holds index 0
             self.emit("%end.one = call i64 @llvm.smin.i64(i64 %end, i64 1)")
             self.decls.add("declare i64 @llvm.smin.i64(i64, i64)")

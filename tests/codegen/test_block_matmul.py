@@ -5,10 +5,12 @@ import numpy as np
 import pytest
 
 import prepjit as pj
+from prepjit.codegen.block_matmul import TILE_BYTES
 from prepjit.codegen.optimize import optimize
 from prepjit.codegen.render_llvm import render_llvm
 from prepjit.codegen.target import AVX2, AVX512
 from prepjit.uop import Ops
+
 from .test_quant_matvec import _blocks
 
 N, K = 72, 768   # K: whole q6_k blocks (256)
@@ -80,3 +82,39 @@ def test_each_block_is_unpacked_once_for_a_register_block_of_rows(kind, loads, r
         ir = render_llvm(out, target).source
         halves = 2 if kind == "q4_1" else 1
         assert ir.count(loads) == nests * columns * halves
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "q4_1", "q6_k"])
+def test_a_prefill_unpacks_each_panels_blocks_once_into_a_tile(kind, rng):
+    """With up to 512 rows (a prefill) the kernel as launched (AVX-512 and AVX2) first unpacks a panel's columns
+    of blocks into a tile of its own (one store into a DEFINE_LOCAL of columns x K floats, at most TILE_BYTES),
+    and its register blocks read the tile, not the blocks: no store of the outputs loads a block byte."""
+    blocks = _blocks(rng, kind, 1536, K)
+    x = rng.standard_normal((3, K)).astype(np.float32)
+    (kernel,) = _batched(kind, "cpu", rows=(1, 512)).plan(x, blocks).kernels
+    for target, columns in ((AVX512, 6), (AVX2, 4)):
+        out = optimize(kernel.kernel.scheduled, "llvm", target)
+        fills = [s for s in out.src if s.src[0].op is Ops.DEFINE_LOCAL]
+        assert len(fills) == 1 and fills[0] is out.src[0] and fills[0].src[0].arg[1] == columns * K
+        assert fills[0].src[0].arg[1] * 4 <= TILE_BYTES
+        for store in out.src[1:]:
+            assert not any(u.op is Ops.LOAD and u.src[0].op is Ops.DEFINE_GLOBAL and u.src[0].arg == 2
+                           for u in store.toposort())
+        render_llvm(out, target)
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "q4_1", "q6_k"])
+def test_prefill_rows_over_a_tile_match_numpy_and_keep_their_bits(kind, device, rng):
+    """A prefill plan (B up to 512: the weights unpacked into a tile per panel on the cpu) equals float64 NumPy for
+    B in {1, 3, 128, 131}, holds no float32 weight, and gives a row the bits it has alone."""
+    blocks = _blocks(rng, kind, N, K)
+    w = pj.quant.dequantize(blocks, kind).astype(np.float64)
+    f = _batched(kind, device, rows=(1, 512))
+    x = rng.standard_normal((131, K)).astype(np.float32)
+    for rows in (1, 3, 128, 131):
+        ref = x[:rows].astype(np.float64) @ w.T
+        np.testing.assert_allclose(np.asarray(f(x[:rows], blocks)), ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    batch = np.asarray(f(x, blocks))
+    for b in (0, 2, 130):
+        np.testing.assert_array_equal(np.asarray(f(x[b:b + 1], blocks))[0], batch[b])
+    assert len(f.plan(x, blocks).kernels) == 1 and f.plan(x, blocks).memory_bytes == 0
