@@ -55,7 +55,8 @@ from .target import CPUTarget, host_target
 SPARE_REGISTERS = 3  # vector registers a step needs besides the sums: an unpacked block, an activation, a scale
 MIN_TILE_ROWS = 128  # rows (their maximum) from which each panel's weights are unpacked once into a tile
 TILE_BYTES = 1 << 15  # a tile's bytes, at most: it lives on the stack of each thread calling the kernel
-TILE_COLUMNS = (6, 4, 2)  # a tile's columns, the first dividing the weight's (at most a quarter of the registers)
+TILE_COLUMNS = (6, 4, 2)  # a tile's columns: the first that divides the weight's, fits TILE_BYTES and a quarter
+# of the registers
 TILE_ROWS = 3  # rows of a register block over a tile, at most (with 6 columns: 18 sums, 6 column vectors, a row's)
 
 
@@ -115,10 +116,11 @@ def _weight_tile(split: UOp, store: UOp, red: UOp, j: UOp, i: UOp, target: CPUTa
     if j in x.toposort() or not {u for u in w.toposort() if u.op is Ops.RANGE} <= {j, *reduces} or \
             not steps or extents[-1] % width:
         return None
-    columns = next(c for c in TILE_COLUMNS + (1,) if j.src[0].arg % c == 0 and c <= target.vector_registers // 4)
-    rows = max(1, min(TILE_ROWS, (target.vector_registers - columns - 1) // columns))
-    if columns * steps * w.dtype.itemsize > TILE_BYTES or j.src[0].arg // columns < 2:
+    columns = next((c for c in TILE_COLUMNS if j.src[0].arg % c == 0 and c <= target.vector_registers // 4 and
+                    c * steps * w.dtype.itemsize <= TILE_BYTES and j.src[0].arg // c >= 2), None)
+    if columns is None:
         return None
+    rows = max(1, min(TILE_ROWS, (target.vector_registers - columns - 1) // columns))
     # the reduction as one range of vectors of `width` lanes: k = kk * width + lane
     axis = 1 + max(u.arg[0] for u in split.toposort() if u.op is Ops.RANGE)
     kk = UOp(Ops.RANGE, dtypes.index, (UOp.const(steps // width),), (axis, "reduce"))
