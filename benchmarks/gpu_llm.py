@@ -319,6 +319,7 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer repetitions and new tokens, no padded buckets")
     parser.add_argument("--out", default="benchmarks/results/gpu-llm.jsonl", help="the JSON lines, one per row")
     parser.add_argument("--layers", type=int, default=SMOLLM2.layers, help="keep the first N blocks (CPU tests)")
+    parser.add_argument("--vocab", type=int, default=SMOLLM2.vocab, help="a smaller vocabulary (CPU tests)")
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="bf16", help="compute dtype, KV cache included")
     parser.add_argument("--serve-weights", choices=("bf16", "f32", "q4_1", "q8_0"), default="bf16",
                         help="how the engine's weights are stored")
@@ -332,7 +333,7 @@ def main(argv=None) -> int:
     args.new_tokens = args.new_tokens or (8 if args.quick else 32)
     args.reps = args.reps or (5 if args.quick else 30)
     started = time.perf_counter()
-    cfg = attrs.evolve(SMOLLM2, layers=args.layers)
+    cfg = attrs.evolve(SMOLLM2, layers=args.layers, vocab=args.vocab)
     params32 = llama.random_params(np.random.default_rng(0), cfg)
     meta = {"case": "meta", "command": "python -m benchmarks.gpu_llm " + " ".join(sys.argv[1:] if argv is None
                                                                                  else argv),

@@ -1,0 +1,41 @@
+"""benchmarks/gpu_llm.py, the one-call GPU benchmark of SmolLM2 decode and serving, runs end to end at a tiny size on
+every device here (so the GPU run does not fail on a typo), its checks pass, and its weights are the float weights
+stored in blocks (no timing claims)."""
+import json
+
+import attrs
+import numpy as np
+
+from benchmarks import gpu_llm
+from examples.models import llama
+
+
+def test_stored_blocks_hold_the_float_weights():
+    cfg = attrs.evolve(gpu_llm.SMOLLM2, layers=1, vocab=64)
+    params32 = llama.random_params(np.random.default_rng(0), cfg)
+    for kind, error in (("q8_0", 0.01), ("q4_1", 0.1)):
+        stored = gpu_llm.stored_params(params32, kind)
+        assert stored["head"] is stored["embed"]
+        back = llama.dequantized(stored)
+        for name, w in params32["blocks"][0].items():
+            got = back["blocks"][0][name]
+            assert got.shape == w.shape, (kind, name)
+            assert np.abs(got - w).max() <= error * np.abs(w).max(), (kind, name)
+        np.testing.assert_allclose(back["embed"], params32["embed"], atol=error * np.abs(params32["embed"]).max())
+
+
+def test_runs_every_row_and_its_checks_pass(device, tmp_path):
+    out = tmp_path / "rows.jsonl"
+    rc = gpu_llm.main(["--device", device, "--layers", "1", "--vocab", "1024", "--streams", "3", "--new-tokens", "3",
+                       "--prompt-tokens", "5", "--reps", "1", "--out", str(out)])
+    rows = {row["case"]: row for row in map(json.loads, out.read_text().splitlines())}
+    assert rc == 0, [row for row in rows.values() if not row.get("ok", True)]
+    assert set(rows) == {"meta", "decode_bf16", "decode_q4_1", "decode_q8_0", "decode_q4_1_vs_bf16",
+                         "serve_step_b1_vs_b3", "serve_3_vs_1", "serve_lockstep_3_vs_1", "serve_padded_buckets"}
+    assert all(rows[f"decode_{w}"]["same_argmax"] for w in ("bf16", "q4_1", "q8_0"))
+    assert rows["decode_q4_1"]["weight_bytes"] < rows["decode_bf16"]["weight_bytes"] / 3
+    serve = rows["serve_3_vs_1"]
+    assert serve["same_tokens_alone_and_batched"] and serve["one_plan_no_recompiles"]
+    assert serve["plan_stats"]["decode"]["plans"] == 1
+    assert rows["serve_lockstep_3_vs_1"]["same_tokens_as_engine"]
+    assert rows["serve_padded_buckets"]["buckets"] == [1, 2, 3] and rows["serve_padded_buckets"]["same_tokens"]
