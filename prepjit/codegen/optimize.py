@@ -70,7 +70,10 @@ class Blocking:
     tile: tuple[int, int, int] | None = attrs.field(default=None, converter=_tile)
     # bfloat16 products summed in pairs by vdpbf16ps where the target has it; else widened (one FMA a product).
     # Off by default, a PREPJIT_TUNE candidate: on a Xeon (model 167) a 512^2 bf16 matmul took 3.1 ms paired against
-    # 2.5 widened (one thread) and MiniLM bf16 batch 32 ~10% longer paired; SmolLM2's bf16 decode the same either way
+    # 2.5 widened (one thread) and MiniLM bf16 batch 32 ~10% longer paired; SmolLM2's bf16 decode the same either way.
+    # There vdpbf16ps zmm issues at a quarter of vfmadd231ps zmm's rate (16 independent chains: 1.8 vs 7.2 G/s), so a
+    # pair of products costs twice one float32 FMA: 4096 x 384 @ 384 one thread, paired 11.8-12.1 ms, widened 9.9,
+    # float32 6.0
     bf16_dot: bool = False
 
 
