@@ -59,11 +59,16 @@ def _iterations(root: UOp) -> int:
 
 def kernel_roots(outputs: list[UOp]) -> tuple[list[UOp], list[UOp]]:
     """(all graph nodes parents-first, the nodes some kernel computes: outputs, reductions, loop results)."""
+    if not outputs:
+        return [], []
     roots = list(outputs)
-    for node in UOp(Ops.SINK, outputs[0].dtype, tuple(outputs)).toposort() if outputs else []:
+    graph = UOp(Ops.SINK, outputs[0].dtype, tuple(outputs)).toposort()
+    for node in graph:
         if node.op is Ops.LOOP:
             roots += list(node.src) + list(node.arg.body_roots)
-    graph = UOp(Ops.SINK, outputs[0].dtype, tuple(roots)).toposort()[::-1] if roots else []
+    if len(roots) > len(outputs):  # loops: their bodies' nodes too
+        graph = UOp(Ops.SINK, outputs[0].dtype, tuple(roots)).toposort()
+    graph = graph[::-1]
     roots += [n for n in graph if n.op in (Ops.REDUCE_AXIS, Ops.SCATTER)]
     return graph, roots
 

@@ -126,41 +126,36 @@ class UOp:
     def toposort(self) -> list["UOp"]:
         """Every node under this one (itself included), children first, each once (postorder's walk, unfiltered:
         graph walks are hot)."""
-        order, done, entered, stack = [], set(), set(), [self]
-        while stack:
-            node = stack.pop()
-            if node in done:
-                continue
-            if node in entered:
-                done.add(node)
-                order.append(node)
+        order, seen, stack = [], {self}, [(self, iter(self.src))]
+        while stack:  # each entry: a node and its sources still to enter, so a node is appended once they are done
+            node, sources = stack[-1]
+            for s in sources:
+                if s not in seen:
+                    seen.add(s)
+                    stack.append((s, iter(s.src)))
+                    break
             else:
-                entered.add(node)
-                stack.append(node)
-                for s in reversed(node.src):
-                    if s not in done:
-                        stack.append(s)
+                stack.pop()
+                order.append(node)
         return order
 
     def postorder(self, todo) -> list["UOp"]:
         """The nodes `n` under this one (itself included) with `todo(n)`, children first, each once; the walk does
         not enter a node without `todo` (a cache filled below it), so it costs only the nodes still to do."""
-        order, done, entered, stack = [], set(), set(), [self]
+        if not todo(self):
+            return []
+        order, seen, stack = [], {self}, [(self, iter(self.src))]
         while stack:
-            node = stack.pop()
-            if node in done:
-                continue
-            if node in entered:  # second visit: its sources are done
-                done.add(node)
-                order.append(node)
-            elif todo(node):
-                entered.add(node)
-                stack.append(node)
-                for s in reversed(node.src):
-                    if s not in done:
-                        stack.append(s)
+            node, sources = stack[-1]
+            for s in sources:
+                if s not in seen:
+                    seen.add(s)
+                    if todo(s):
+                        stack.append((s, iter(s.src)))
+                        break
             else:
-                done.add(node)
+                stack.pop()
+                order.append(node)
         return order
 
     def depends_on(self, targets) -> bool:
@@ -187,8 +182,13 @@ class UOp:
         return False
 
     def variables(self) -> list["UOp"]:
-        """The DEFINE_VARs reachable from this node, sorted by name."""
-        return sorted((u for u in self.toposort() if u.op is Ops.DEFINE_VAR), key=lambda u: u.arg[0])
+        """The DEFINE_VARs reachable from this node, sorted by name (cached per node: a plan asks each kernel's
+        AST at every launch it records)."""
+        found = self.__dict__.get("_variables")
+        if found is None:
+            found = self.__dict__["_variables"] = tuple(
+                sorted((u for u in self.toposort() if u.op is Ops.DEFINE_VAR), key=lambda u: u.arg[0]))
+        return list(found)
 
     def substitute(self, mapping: dict) -> "UOp":
         memo: dict = dict(mapping)

@@ -52,8 +52,11 @@ def to_sint(x, what: str = "value") -> sint:
 
 def is_symbolic(u: UOp) -> bool:
     """True for integer expressions of constants and vars only (no array data)."""
-    allowed = {Ops.CONST, Ops.DEFINE_VAR, Ops.ADD, Ops.SUB, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.MIN, Ops.CAST}
-    return all(n.op in allowed and n.dtype.is_int for n in u.toposort())
+    return all(n.op in _SYMBOLIC_OPS and n.dtype.is_int for n in u.toposort())
+
+
+_SYMBOLIC_OPS = frozenset({Ops.CONST, Ops.DEFINE_VAR, Ops.ADD, Ops.SUB, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.MIN,
+                           Ops.CAST})
 
 
 def _describe(x) -> str:
@@ -67,6 +70,8 @@ def _describe(x) -> str:
 def dims_equal(a: sint, b: sint) -> bool:
     if isinstance(a, int) and isinstance(b, int):
         return a == b
+    if a is b:  # one hash-consed expression (a symbolic dim passed along): no subtraction to simplify
+        return True
     return as_int_if_const(simplify(UOp.const(0) + a - b)) == 0
 
 

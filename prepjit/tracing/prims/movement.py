@@ -37,10 +37,10 @@ def reshape(x: Tracer, shape) -> Tracer:
     shape = tuple(to_sint(d, "a dimension") for d in shape)
     if any(isinstance(d, int) and d < 0 for d in shape):
         raise ValueError(f"negative dimensions are not allowed: {fmt_shape(shape)}")
+    if shape == tuple(x.uop.shape):  # the same dims: the same size, no product to simplify
+        return x
     if not dims_equal(sym_prod(shape), sym_prod(x.uop.shape)):
         raise ValueError(f"cannot reshape array of shape {fmt_shape(x.uop.shape)} into shape {fmt_shape(shape)}")
-    if shape == tuple(x.uop.shape):
-        return x
     return Tracer(UOp(Ops.RESHAPE, x.dtype, (x.uop,), shape), weak=x.weak)
 
 
