@@ -476,8 +476,9 @@ class _Renderer(ReductionRendering, KernelRenderer, InlineMath):
         for buf in dict.fromkeys(st.src[0] for st in self.ast.src if st.src[0].op is Ops.DEFINE_LOCAL):
             self.allocas.append(f"  {_pointer(buf)} = alloca [{buf.arg[1]} x {mem_type(buf.dtype)}], align 64")
         for store in self.ast.src:  # then the kernel's own arrays filled once per call (operand_prologue.py); one
-            if store.src[0].op is Ops.DEFINE_LOCAL and self.prange not in self.ranges[store]:  # filled per step of
-                self.local_store(store)  # the parallel range (block_matmul.py's tile) comes in order with the rest
+            if store.src[0].op is not Ops.DEFINE_LOCAL or self.prange in self.ranges[store]:  # filled per step of
+                break  # the parallel range (block_matmul.py's tile) comes in order with the rest
+            self.local_store(store)
         if self.prange is None:  # a single element: run once, in the call whose slice holds index 0
             self.emit("%end.one = call i64 @llvm.smin.i64(i64 %end, i64 1)")
             self.decls.add("declare i64 @llvm.smin.i64(i64, i64)")
