@@ -73,7 +73,8 @@ class Blocking:
     # 2.5 widened (one thread) and MiniLM bf16 batch 32 ~10% longer paired; SmolLM2's bf16 decode the same either way.
     # There vdpbf16ps zmm issues at a quarter of vfmadd231ps zmm's rate (16 independent chains: 1.8 vs 7.2 G/s), so a
     # pair of products costs twice one float32 FMA: 4096 x 384 @ 384 one thread, paired 11.8-12.1 ms, widened 9.9,
-    # float32 6.0
+    # float32 6.0. Its AMX_BF16 tiles (permitted by arch_prctl there) ran tdpbf16ps at 497 G products/s on one core
+    # against the FMAs' ~115 G float32 products/s: the route to bfloat16 contractions faster than float32 on it
     bf16_dot: bool = False
 
 
