@@ -356,10 +356,15 @@ def fused_reductions(outputs: list[UOp], materialized: set[UOp], rows: bool = Fa
     position = {n: k for k, n in enumerate(graph)}
     by_position = sorted(materialized, key=position.__getitem__)
     expands = _expands_below(graph) if one_contraction else {}
+    walks: dict[UOp, list] = {}  # root -> _reductions_read: it changes only when a reduction in it fuses
+    fresh: set[UOp] = set()  # the reductions fused by the last round
     while True:  # a fused reduction's reads become its reader's: the reductions it read may fuse next
         reads: dict[UOp, list] = {}  # reduction -> [(reader root, how it reads it)]
+        inside = fused | inlined
         for root in dict.fromkeys([r for r in roots if r not in fused] + by_position):
-            for red, how in _reductions_read(root, materialized, fused | inlined):
+            if root not in walks or any(red in fresh for red, _ in walks[root]):
+                walks[root] = _reductions_read(root, materialized, inside)
+            for red, how in walks[root]:
                 reads.setdefault(red, []).append((root, how))
         more = set()
         for red, readers in reads.items():
@@ -374,6 +379,7 @@ def fused_reductions(outputs: list[UOp], materialized: set[UOp], rows: bool = Fa
                 more.add(red)
         if more <= fused:
             return fused
+        fresh = more - fused
         fused |= more
 
 
