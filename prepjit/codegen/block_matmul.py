@@ -39,6 +39,7 @@ from __future__ import annotations
 from ..uop import Ops, UOp, dtypes, simplify
 from .block_split import split_blocks
 from .llvm_reductions import UNROLLED_STEPS
+from .lower import linear_index
 from .optimize import (
     DEFAULT_BLOCKING,
     Blocking,
@@ -126,8 +127,9 @@ def _weight_tile(split: UOp, store: UOp, red: UOp, j: UOp, i: UOp, target: CPUTa
     kk = UOp(Ops.RANGE, dtypes.index, (UOp.const(steps // width),), (axis, "reduce"))
     flat_lane = UOp(Ops.RANGE, dtypes.index, (UOp.const(width),), (axis + 1, "lane"))
 
+    per_lane = extents[-1] // width  # vectors of `width` lanes in the split's lane range
+
     def split_ranges(vectors: UOp) -> dict:  # each range of the block split as an expression of the flat one
-        per_lane = extents[-1] // width
         mapping, outer = {lane: vectors % per_lane * width + flat_lane if per_lane > 1 else flat_lane}, \
             vectors // per_lane if per_lane > 1 else vectors
         for r, extent in zip(reversed(reduces[:-1]), reversed(extents[:-1])):
@@ -136,16 +138,20 @@ def _weight_tile(split: UOp, store: UOp, red: UOp, j: UOp, i: UOp, target: CPUTa
     number = 1 + max((u.arg[0] for u in split.toposort() if u.op is Ops.DEFINE_LOCAL), default=-1)
     tile = UOp(Ops.DEFINE_LOCAL, w.dtype, (), (number, columns * steps))
     panel = UOp(Ops.RANGE, dtypes.index, (UOp.const(j.src[0].arg // columns),), (-1, "loop"))
-    column = UOp(Ops.RANGE, dtypes.index, (UOp.const(columns),), (axis + 2, "serial"))
-    vectors = UOp(Ops.RANGE, dtypes.index, (UOp.const(steps // width),), (axis + 3, "serial"))
-    fill = UOp(Ops.STORE, dtypes.bool, (tile, simplify(column * steps + vectors * width + flat_lane),
-                                        _simplified_loads(w.substitute({j: panel * columns + column,
-                                                                         **split_ranges(vectors)}))))
+    # the fill runs the split's own ranges (serial loops, a block's scales loaded once, its nibble halves a loop
+    # of constant steps LLVM unrolls), then the lane's vectors
+    fill_ranges = [UOp(Ops.RANGE, dtypes.index, (UOp.const(e),), (axis + 2 + n, "serial"))
+                   for n, e in enumerate([columns, *extents[:-1], per_lane])]
+    column, *outer, part = fill_ranges
+    fill_lane = part * width + flat_lane
+    fill = UOp(Ops.STORE, dtypes.bool, (tile, simplify(column * steps + linear_index([*outer, fill_lane], extents)),
+                                        _simplified_loads(w.substitute({j: panel * columns + column, lane: fill_lane,
+                                                                         **dict(zip(reduces[:-1], outer))}))))
     read = UOp(Ops.LOAD, w.dtype, (tile, (j % columns) * steps + kk * width + flat_lane))
     flat = UOp(Ops.REDUCE, red.dtype, (_simplified_loads(x.substitute(split_ranges(kk))) * read, kk, flat_lane),
                red.arg)
     store = store.substitute({red: flat})
-    stores = [s for block_rows, n in row_nests(i.src[0], rows, axis + 4)
+    stores = [s for block_rows, n in row_nests(i.src[0], rows, axis + 3 + len(fill_ranges))
               for s in block_stores(store, j, i, [panel * columns + c for c in range(columns)], block_rows, {})]
     return renumber(UOp(Ops.SINK, split.dtype, (fill, *stores), split.arg))
 
