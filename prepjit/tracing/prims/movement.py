@@ -39,9 +39,26 @@ def reshape(x: Tracer, shape) -> Tracer:
         raise ValueError(f"negative dimensions are not allowed: {fmt_shape(shape)}")
     if shape == tuple(x.uop.shape):  # the same dims: the same size, no product to simplify
         return x
-    if not dims_equal(sym_prod(shape), sym_prod(x.uop.shape)):
+    if not _same_size(shape, x.uop.shape):
         raise ValueError(f"cannot reshape array of shape {fmt_shape(x.uop.shape)} into shape {fmt_shape(shape)}")
     return Tracer(UOp(Ops.RESHAPE, x.dtype, (x.uop,), shape), weak=x.weak)
+
+
+def _same_size(a: tuple, b: tuple) -> bool:
+    """Whether shapes `a` and `b` have as many elements: at once when their int dims multiply alike and their
+    symbolic dims are the same UOps (a KV cache's length moved between axes), else by the simplified products."""
+    return _factors(a) == _factors(b) or dims_equal(sym_prod(a), sym_prod(b))
+
+
+def _factors(shape: tuple) -> tuple[int, list]:
+    """(the product of the int dims, the ids of the symbolic dims, sorted)."""
+    size, symbolic = 1, []
+    for d in shape:
+        if isinstance(d, int):
+            size *= d
+        else:
+            symbolic.append(id(d))
+    return size, sorted(symbolic)
 
 
 def _exact_div(total: sint, known: sint, x: Tracer, shape) -> sint:
