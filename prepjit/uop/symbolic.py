@@ -403,6 +403,18 @@ def _fold_const(x: UOp):
     return UOp.const(_FOLD[x.op](*(s.arg for s in x.src)), x.dtype)
 
 
+def fold_index_consts(op: Ops, a: UOp, b: UOp) -> UOp | None:
+    """`a op b` for two index constants and a sum, difference or product: the constant _fold_const makes of the
+    node, without building the node and simplifying it (shape and stride arithmetic is mostly this)."""
+    if a.op is Ops.CONST and b.op is Ops.CONST and a.dtype is dtypes.index and b.dtype is dtypes.index and \
+            op in _INDEX_FOLD:
+        return UOp.const(_FOLD[op](a.arg, b.arg))
+    return None
+
+
+_INDEX_FOLD = (Ops.ADD, Ops.SUB, Ops.MUL)
+
+
 def _fold_by_bounds(x: UOp):
     """Integer/bool nodes whose bounds pin one value become constants."""
     if x.op is Ops.CONST or x.dtype.is_float or x.op in (Ops.DEFINE_VAR, Ops.RANGE, Ops.LOAD, Ops.REDUCE,

@@ -209,8 +209,8 @@ class UOp:
             return NotImplemented
         other = other if isinstance(other, UOp) else UOp.const(other, self.dtype)
         a, b = (other, self) if reverse else (self, other)
-        from .symbolic import simplify
-        return simplify(a.alu(op, b))
+        from .symbolic import fold_index_consts, simplify
+        return fold_index_consts(op, a, b) or simplify(a.alu(op, b))
 
     def __add__(self, o): return self._sym(Ops.ADD, o)
     def __radd__(self, o): return self._sym(Ops.ADD, o, True)
