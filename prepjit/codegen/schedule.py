@@ -214,19 +214,21 @@ class _Scheduler:
         (each of a model's identical layers) gives the same placeholder graph, lowered once."""
         memo: dict[UOp, UOp] = {}
         reads: list[UOp] = []
-        stack = [(root, False)]
+        stack = [(root, iter(root.src))]  # depth first, sources in order: each node with its sources still to see
         while stack:
-            n, ready = stack.pop()
-            if n in memo:
-                continue
-            if n is not root and self.has_buffer(n):
-                memo[n] = UOp(Ops.INPUT, n.dtype, (), ((_SLOT, len(reads)), tuple(n.shape)))
-                reads.append(n)
-            elif not ready:
-                stack.append((n, True))
-                stack.extend((x, False) for x in reversed(n.src) if x not in memo)
+            n, sources = stack[-1]
+            for x in sources:
+                if x in memo:
+                    continue
+                if self.has_buffer(x):
+                    memo[x] = UOp(Ops.INPUT, x.dtype, (), ((_SLOT, len(reads)), tuple(x.shape)))
+                    reads.append(x)
+                else:
+                    stack.append((x, iter(x.src)))
+                    break
             else:
-                src = tuple(memo[x] for x in n.src)
+                stack.pop()
+                src = tuple([memo[x] for x in n.src])
                 memo[n] = n if src == n.src else UOp(n.op, n.dtype, src, n.arg)
         return memo[root], reads
 
