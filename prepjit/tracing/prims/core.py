@@ -39,6 +39,8 @@ def to_tracer(x, dtype: DType | None = None) -> Tracer:
 
 def to_sint(x, what: str = "value") -> sint:
     """An int or a symbolic int UOp from an int, Var, symbolic Tracer or integer NumPy scalar."""
+    if type(x) is int:  # most dims: as they are
+        return x
     if isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_)):
         return int(x)
     if isinstance(x, Var):
