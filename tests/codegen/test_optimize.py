@@ -10,11 +10,28 @@ from prepjit.codegen.target import AVX2, AVX512
 from prepjit.uop import Ops
 
 
-@pytest.mark.parametrize("m,k,n", [(64, 32, 48), (128, 17, 96), (5, 7, 64), (16, 3, 32), (8, 8, 8), (3, 5, 7)])
-def test_matmul_shapes_match_numpy(rng, m, k, n):
+@pytest.mark.parametrize("m,k,n,avx512,avx2", [
+    (64, 32, 48, (8, 16), (6, 16)),  # 48 columns: the widest block that divides them, one vector
+    (128, 17, 96, (8, 32), (6, 16)),
+    (5, 7, 64, (5, 32), (5, 16)),    # fewer rows than a block: one block of them all
+    (16, 3, 32, (8, 32), (6, 16)),
+    (8, 8, 8, None, (6, 8)),         # fewer columns than an AVX-512 vector: left unblocked there
+    (3, 5, 7, None, None)])
+def test_matmul_shapes_match_numpy(rng, m, k, n, avx512, avx2):
+    """Each shape is register-blocked in (rows, columns) blocks of its target (None: left as it is), the last row
+    block clamped where the rows are more than a block and not a multiple of one; the host's kernel equals NumPy."""
     a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
     f = pj.prepare(lambda a, b: a @ b, device="cpu")
     np.testing.assert_allclose(np.asarray(f(a, b)), a @ b, rtol=1e-4, atol=1e-4)
+    (kernel,) = f.plan(a, b).kernels
+    for target, block in ((AVX512, avx512), (AVX2, avx2)):
+        blocked = optimize(kernel.kernel.scheduled, "llvm", target)
+        if block is None:
+            assert blocked is kernel.kernel.scheduled
+            continue
+        rows, columns = block
+        assert _columns(blocked) == rows * columns
+        assert (_clamped_rows(blocked) > 0) == (m > rows and m % rows != 0)
 
 
 def test_block_shapes_come_from_the_target():
@@ -36,22 +53,37 @@ def test_blocked_kernel_stores_a_block_per_iteration(rng, target, rows, cols, wi
 
 
 def test_batched_float64_and_fused_operands(rng):
+    """Both float64 contractions of a batch of matrices are blocked in vectors of 8 doubles (AVX-512), the first
+    with its epilogue (+ 1, maximum) computed in each of its 8 x 16 stores, the second (over w.T, packed) 8 x 8."""
     x = rng.standard_normal((4, 16, 8))
     w = rng.standard_normal((8, 32))
     f = pj.prepare(lambda x, w: pnp.maximum(x @ w + 1, 0) @ w.T, device="cpu")
     ref = np.maximum(x @ w + 1, 0) @ w.T
     np.testing.assert_allclose(np.asarray(f(x, w)), ref, rtol=1e-10, atol=1e-10)
+    first, pack, second = f.plan(x, w).kernels
+    assert pack.ast.arg[:5] == "pack_"
+    blocked = optimize(first.kernel.scheduled, "llvm", AVX512)
+    assert _columns(blocked) == 8 * 16 and {_lanes(s) for s in blocked.src} == {8}
+    assert all(any(u.op is Ops.MAX for u in s.src[2].toposort()) for s in blocked.src)
+    blocked = optimize(second.kernel.scheduled, "llvm", AVX512)
+    assert _columns(blocked) == 8 * 8 and {_lanes(s) for s in blocked.src} == {8}
 
 
 def test_symbolic_batch_matmul(rng):
+    """A var row count over two column blocks: full blocks of 8 rows (AVX2: 6), then one of 4, 2 and 1 rows."""
     w = rng.standard_normal((24, 64)).astype(np.float32)
     f = pj.prepare(lambda x, w: x @ w, vars={"n": (1, 100)}, shapes={"x": ("n", 24)}, device="cpu")
     for n in (1, 37, 100):
         x = rng.standard_normal((n, 24)).astype(np.float32)
         np.testing.assert_allclose(np.asarray(f(x, w)), x @ w, rtol=1e-4, atol=1e-4)
+    (kernel,) = f.plan(x, w).kernels
+    assert _columns(optimize(kernel.kernel.scheduled, "llvm", AVX512)) == (8 + 4 + 2 + 1) * 32
+    assert _columns(optimize(kernel.kernel.scheduled, "llvm", AVX2)) == (6 + 4 + 2 + 1) * 16
 
 
 def test_row_sums_and_integer_contractions_untouched_but_correct(rng):
+    """Only float sums of products are blocked: an int32 matmul and a row sum (no operand constant along the
+    output's columns) keep their AST, on either target."""
     x = rng.integers(-5, 5, (16, 32)).astype(np.int32)
     y = rng.integers(-5, 5, (32, 16)).astype(np.int32)
     f = pj.prepare(lambda x, y: x @ y, device="cpu")
@@ -59,6 +91,9 @@ def test_row_sums_and_integer_contractions_untouched_but_correct(rng):
     g = pj.prepare(lambda x: x.sum(axis=1), device="cpu")
     xf = x.astype(np.float32)
     np.testing.assert_allclose(np.asarray(g(xf)), xf.sum(axis=1))
+    for kernel in (*f.plan(x, y).kernels, *g.plan(xf).kernels):
+        for target in (AVX512, AVX2):
+            assert optimize(kernel.kernel.scheduled, "llvm", target) is kernel.kernel.scheduled
 
 
 def _lanes(store) -> int:
@@ -105,6 +140,8 @@ def test_static_row_counts_no_block_divides_are_clamped(rng, m):
 
 
 def test_symbolic_rows_in_a_batched_fused_mlp(rng):
+    """Both contractions of an MLP over a (b, n) batch of rows are blocked: x @ w1 (two column blocks) in full row
+    blocks and then one of 4, 2 and 1 rows; h @ w2 (one AVX-512 column block) in 8-row blocks, the last clamping."""
     w1, b1 = rng.standard_normal((16, 64)).astype(np.float32), rng.standard_normal(64).astype(np.float32)
     w2 = rng.standard_normal((64, 32)).astype(np.float32)
     f = pj.prepare(lambda x, w1, b1, w2: pnp.maximum(x @ w1 + b1, 0) @ w2, vars={"b": (1, 3), "n": (0, 40)},
@@ -113,14 +150,21 @@ def test_symbolic_rows_in_a_batched_fused_mlp(rng):
         x = rng.standard_normal((b, n, 16)).astype(np.float32)
         ref = np.maximum(x @ w1 + b1, 0) @ w2
         np.testing.assert_allclose(np.asarray(f(x, w1, b1, w2)), ref, rtol=1e-4, atol=1e-4, err_msg=f"b={b} n={n}")
+    first, second = (optimize(k.kernel.scheduled, "llvm", AVX512) for k in f.plan(x, w1, b1, w2).kernels)
+    assert _columns(first) == (8 + 4 + 2 + 1) * 32 and _clamped_rows(first) == 0
+    assert _columns(second) == 8 * 32 and _clamped_rows(second) == 7 * 32  # a block's first row is never past the end
 
 
 def test_symbolic_rows_of_a_transposed_operand_and_float64(rng):
+    """x @ w.T in float64 with a var row count: blocks of vectors of 8 doubles (AVX2: 4), rows as for float32."""
     w = rng.standard_normal((32, 12))
     f = pj.prepare(lambda x, w: x @ w.T, vars={"n": (1, 50)}, shapes={"x": ("n", 12)}, device="cpu")
     for n in (1, 2, 9, 23, 50):
         x = rng.standard_normal((n, 12))
         np.testing.assert_allclose(np.asarray(f(x, w)), x @ w.T, rtol=1e-10, atol=1e-10)
+    (kernel,) = f.plan(x, w).kernels
+    assert _columns(optimize(kernel.kernel.scheduled, "llvm", AVX512)) == (8 + 4 + 2 + 1) * 16
+    assert _columns(optimize(kernel.kernel.scheduled, "llvm", AVX2)) == (6 + 4 + 2 + 1) * 8
 
 
 def _tail_stores(ast) -> int:
@@ -154,7 +198,6 @@ def test_static_columns_no_block_divides_are_peeled(rng, n):
     assert _tail_stores(optimize(kernel.kernel.scheduled, "llvm", AVX512)) == 8
 
 
-
 def test_symbolic_rows_in_one_block_and_columns_in_one_block_plus_tail(rng):
     """At most 4 rows (one row block: its range folds to a single iteration) and at most 32 columns (at most one
     full block, then the tail): the blocks and the tail must still share a loop, or stay unblocked."""
@@ -163,3 +206,6 @@ def test_symbolic_rows_in_one_block_and_columns_in_one_block_plus_tail(rng):
     for n, s in [(1, 1), (4, 32), (3, 31), (2, 5)]:
         x, w = rng.standard_normal((n, 16)).astype(np.float32), rng.standard_normal((16, s)).astype(np.float32)
         np.testing.assert_allclose(np.asarray(f(x, w)), x @ w, rtol=1e-4, atol=1e-4, err_msg=f"n={n} s={s}")
+    (kernel,) = f.plan(x, w).kernels  # the row blocks' range folds to one iteration: no loop the tail could share
+    for target in (AVX512, AVX2):
+        assert optimize(kernel.kernel.scheduled, "llvm", target) is kernel.kernel.scheduled
