@@ -7,7 +7,7 @@ import pytest
 
 import prepjit as pj
 import prepjit.numpy as pnp
-from prepjit.codegen.optimize import optimize
+from prepjit.codegen.optimize import optimize, stride_along
 from prepjit.codegen.render_llvm import render_llvm
 from prepjit.codegen.target import AVX2, AVX512
 from prepjit.uop import Ops
@@ -52,8 +52,10 @@ def test_vector_lanes_of_other_float_widths(rng, dtype, tol):
     assert f"x {'double' if dtype == np.float64 else 'half'}>" in kernel.kernel.source   # vectors of its width
 
 
-def test_symbolic_columns_gather_and_tail(rng):
-    """q @ k.T with a symbolic sequence: full vector blocks, a peeled scalar tail, the mask gathered per lane."""
+def test_symbolic_columns_contiguous_mask_and_tail(rng):
+    """q @ k.T with a symbolic sequence: k.T packed into column panels, so no operand is gathered: AVX-512 blocks
+    of 8 rows x 2 vectors of 16 lanes, each loading its 16 mask values as one contiguous vector, then a peeled tail
+    of one scalar column per row."""
     f = pj.prepare(lambda q, k, m: pnp.where(m > 0, q @ k.T, -1e9), vars={"s": (1, 70)},
                    shapes={"q": ("s", 16), "k": ("s", 16), "m": ("s",)}, device="cpu")
     for s in (1, 15, 32, 33, 70):
@@ -61,6 +63,17 @@ def test_symbolic_columns_gather_and_tail(rng):
         m = (rng.random(s) > 0.3).astype(np.float32)
         np.testing.assert_allclose(np.asarray(f(q, k, m)), np.where(m > 0, q @ k.T, -1e9), rtol=1e-4, atol=1e-4)
     assert _lanes_of(f, q, k, m), "the symbolic columns were not computed in vector lanes"
+    pack, kernel = f.plan(q, k, m).kernels
+    assert pack.ast.arg[:5] == "pack_"
+    blocked = optimize(kernel.kernel.scheduled, "llvm", AVX512)
+    mask_strides = []  # per store: its lanes, and the mask load's step along them (None: a scalar store)
+    for store in blocked.src:
+        lane = next((u for u in store.toposort() if u.op is Ops.RANGE and u.arg[1] == "lane"), None)
+        summed = {u for r in store.toposort() if r.op is Ops.REDUCE for u in r.toposort()}
+        (mask,) = [u for u in store.src[2].toposort() if u.op is Ops.LOAD and u not in summed]
+        mask_strides.append((lane.src[0].arg, stride_along(mask.src[1], lane)) if lane is not None else None)
+    assert mask_strides == [(16, 1)] * 16 + [None] * 8
+    assert "masked.gather" not in render_llvm(blocked, AVX512).source
 
 
 @pytest.mark.parametrize("target,lanes", [(AVX512, 16), (AVX2, 8)])
