@@ -30,41 +30,84 @@ from ..uop.serial import DTYPES_BY_NAME
 from .saved import KIND, MAX_ELEMENTS, MAX_FILE_BYTES, PARAMETER_KINDS, VERSION, decode_spec, decode_tree, decode_value
 
 
-def _dec_dynamic(data, expr, buffers: tuple, kernel, depth: int) -> DynamicLoop:
-    """A DynamicLoop from its data form (`_enc_kernels`; `expr(i, dtype)` is graph node i, checked to be an
-    expression of that dtype), checked: a fori_loop's var is a var whose bounds hold every value its bounds
-    can give it, a while_loop's predicate a 0-d bool buffer."""
-    var, lower, upper, pred, swap, conditions, parts = data
-    if depth > 16 or len(parts) != 5:
-        raise ValueError("not a loop the plan runs natively")
-    bound = lambda b: _int(b) if type(b) is int else expr(b["u"])  # noqa: E731
-    n = len(buffers)
-    if var is None:
-        pred = _index(pred, n)
-        if buffers[pred].dtype is not dtypes.bool or buffers[pred].shape != () or (lower, upper) != (None, None):
-            raise ValueError("a while_loop's predicate is not a 0-d bool buffer")
-        lower = upper = None
-    else:
-        var, lower, upper = expr(var), bound(lower), bound(upper)
-        low = lower if type(lower) is int else lower.vmin
-        high = upper if type(upper) is int else upper.vmax
-        if var.op is not Ops.DEFINE_VAR or pred is not None or any(
-                isinstance(b, UOp) and b.dtype is not dtypes.int64 for b in (lower, upper)) or not (
-                var.vmin <= low and high - 1 <= var.vmax):
-            raise ValueError("a loop's var does not hold every value of its bounds")
-    conditions = tuple(expr(c, dtypes.bool) for c in conditions)
-    return DynamicLoop(var, lower, upper, pred, tuple(tuple(kernel(k) for k in part) for part in parts),
-                       tuple((_index(a, n), _index(b, n)) for a, b in swap), conditions)
+class _SegmentDecoder:
+    """Decodes a plan's segments from their data forms (saved.py's `_enc_segment`), one method per form, keyed by
+    the form's tag (a kernel is a plain list), each segment checked as it is built. Records every loop the plan runs
+    natively, and per kernel and loop bound the vars it takes from a call or an enclosing native loop's counter
+    (the counters in scope): what _check_loop_conditions and _check_var_values check once the plan is whole."""
+
+    def __init__(self, graph: list, n_asts: int, expr, buffers: tuple):
+        self.graph, self.n_asts, self.expr, self.buffers = graph, n_asts, expr, buffers
+        self.loops: list[DynamicLoop] = []
+        self.var_uses: list[tuple[str, list[UOp], dict]] = []  # (what, vars no fixedvar sets, counters in scope)
+
+    def segment(self, data, depth: int = 0, counters: dict | None = None):
+        if type(data) is list:
+            return self.kernel(data, counters or {})
+        if type(data) is not dict or len(data) != 1 or next(iter(data)) not in _TAGGED_FORMS:
+            raise ValueError(f"not a plan segment: {data!r:.60}")
+        (tag, body), = data.items()
+        return _TAGGED_FORMS[tag](self, body, depth, counters or {})
+
+    def kernel(self, data, counters: dict, counter: str | None = None) -> ScheduledKernel:
+        """[ast, buffers, fixedvars]; `counter`: the var of the fori_loop it is the body of (fixed per iteration)."""
+        a, slots, fixed = data
+        kernel = ScheduledKernel(self.graph[_index(a, self.n_asts)], tuple(_index(b, len(self.buffers)) for b in slots),
+                                 tuple((_name(k), _int(v)) for k, v in fixed))
+        set_by_plan = {counter} | {name for name, _ in kernel.fixedvars}
+        self.var_uses.append((f"kernel {kernel.ast.arg}",
+                              [u for u in kernel.ast.variables() if u.arg[0] not in set_by_plan], counters))
+        return kernel
+
+    def fori_loop(self, data, depth: int, counters: dict) -> LoopKernels:
+        """A fori_loop the plan unrolls, outside any loop: [var, lower, upper, swap, body kernels]."""
+        name, lower, upper, swap, body = data
+        if depth or not _int(lower) < _int(upper):
+            raise ValueError("not a fori_loop")
+        name = _name(name)
+        return LoopKernels(tuple(self.kernel(k, counters, name) for k in body), name, lower, upper, self.swap(swap))
+
+    def dynamic_loop(self, data, depth: int, counters: dict) -> DynamicLoop:
+        """A loop the plan runs natively: [var, lower, upper, predicate buffer, swap, conditions, parts]. A
+        fori_loop's var is a var whose bounds hold every value its bounds can give it, a while_loop's predicate a
+        0-d bool buffer."""
+        var, lower, upper, pred, swap, conditions, parts = data
+        if depth > 16 or len(parts) != 5:
+            raise ValueError("not a loop the plan runs natively")
+        bound = lambda b: _int(b) if type(b) is int else self.expr(b["u"])
+        if var is None:
+            pred = _index(pred, len(self.buffers))
+            if self.buffers[pred].dtype is not dtypes.bool or self.buffers[pred].shape != () or \
+                    (lower, upper) != (None, None):
+                raise ValueError("a while_loop's predicate is not a 0-d bool buffer")
+            lower = upper = None
+        else:
+            var, lower, upper = self.expr(var), bound(lower), bound(upper)
+            low = lower if type(lower) is int else lower.vmin
+            high = upper if type(upper) is int else upper.vmax
+            symbolic = [b for b in (lower, upper) if isinstance(b, UOp)]
+            if var.op is not Ops.DEFINE_VAR or pred is not None or any(b.dtype is not dtypes.int64 for b in symbolic) \
+                    or not (var.vmin <= low and high - 1 <= var.vmax):
+                raise ValueError("a loop's var does not hold every value of its bounds")
+            self.var_uses.append(("a loop bound", [u for b in symbolic for u in b.variables()], counters))
+        conditions = tuple(self.expr(c, dtypes.bool) for c in conditions)
+        inside = counters if var is None else counters | {var.arg[0]: var}
+        loop = DynamicLoop(var, lower, upper, pred, tuple(tuple(self.segment(k, depth + 1, inside) for k in part)
+                                                          for part in parts), self.swap(swap), conditions)
+        self.loops.append(loop)
+        return loop
+
+    def swap(self, pairs) -> tuple:
+        return tuple((_index(a, len(self.buffers)), _index(b, len(self.buffers))) for a, b in pairs)
 
 
-def _check_loop_conditions(spec, var_names: set):
-    """Every index condition a loop the plan runs natively lets the bounds proof assume is checked per call: the
-    plan's constraints hold it at the loop var's first and last values (as checks.py recorded it when tracing)."""
-    loops, stack = [], [s for s in spec.kernels.segments if isinstance(s, DynamicLoop)]
-    while stack:
-        loop = stack.pop()
-        loops.append(loop)
-        stack += [s for part in loop.parts for s in part if isinstance(s, DynamicLoop)]
+_TAGGED_FORMS = {"loop": _SegmentDecoder.fori_loop, "dloop": _SegmentDecoder.dynamic_loop}  # a kernel: a list
+
+
+def _check_loop_conditions(spec, loops: list[DynamicLoop], var_names: set):
+    """Every index condition a loop the plan runs natively (`loops`: all of them) lets the bounds proof assume is
+    checked per call: the plan's constraints hold it at the loop var's first and last values (as checks.py recorded
+    it when tracing)."""
     counters = {loop.var: (loop.lower, loop.upper) for loop in loops if loop.var is not None}
     checked = {c.cond for c in spec.constraints}
     for loop in loops:
@@ -209,19 +252,8 @@ def _decode(meta: dict, payload: bytes, path, device_name: str):
     buffers, n = tuple(buffers), len(buffers)
     home = tuple(_index(h, n) for *_, h in meta["buffers"])
 
-    def kernel(data, depth=0):
-        if isinstance(data, dict) and set(data) == {"dloop"}:
-            return _dec_dynamic(data["dloop"], expr, buffers, lambda k: kernel(k, depth + 1), depth)
-        if isinstance(data, dict):
-            (name, lower, upper, swap, body), = data.values() if set(data) == {"loop"} else ((),)
-            if depth or not _int(lower) < _int(upper):
-                raise ValueError("not a fori_loop")
-            return LoopKernels(tuple(kernel(k, 1) for k in body), _name(name), lower, upper,
-                               tuple((_index(a, n), _index(b, n)) for a, b in swap))
-        a, slots, fixed = data
-        return ScheduledKernel(graph[_index(a, n_asts)], tuple(_index(b, n) for b in slots),
-                               tuple((_name(k), _int(v)) for k, v in fixed))
-    kernels = KernelSequence([kernel(k) for k in meta["kernels"]])
+    segments = _SegmentDecoder(graph, n_asts, expr, buffers)
+    kernels = KernelSequence([segments.segment(k) for k in meta["kernels"]])
     inputs = tuple(_index(b, n) for b in meta["inputs"])
     outputs = tuple(_index(b, n) for b in meta["outputs"])
     constraints = tuple(IndexConstraint(expr(c[0], dtypes.bool), str(c[1]), str(c[2]), _error_kind(c))
@@ -231,8 +263,8 @@ def _decode(meta: dict, payload: bytes, path, device_name: str):
         raise ValueError("a gather's flag is not a 0-d bool buffer")
     spec = PlanSpec(buffers, home, kernels, inputs, outputs, constraints, flags, _int(meta["proven"], 0))
     _check_kernels(spec, slot_dtypes)
-    _check_var_values(spec, _check_vars(fn, spec))
-    _check_loop_conditions(spec, {str(v[0]) for v in meta["vars"]})
+    _check_var_values(spec, _check_vars(fn, spec), segments.var_uses)
+    _check_loop_conditions(spec, segments.loops, {str(v[0]) for v in meta["vars"]})
     _check_io(fn, meta, spec)
     codes, offset = [], 0
     for c in meta["codes"]:
@@ -318,42 +350,18 @@ def _check_vars(fn: LoadedFunction, spec: PlanSpec):
     return table
 
 
-def _check_var_values(spec: PlanSpec, table):
+def _check_var_values(spec: PlanSpec, table, var_uses: list):
     """Every var of every kernel gets a value: one each call supplies and checks, the counter of a native loop the
-    kernel is inside (that loop's own var), or one the plan fixes (a fori_loop's counter, a fixedvar). Shapes,
-    constraints and native loop bounds use only the call's vars (and enclosing counters). That the fixed values
-    are inside the bounds the proof assumed is checked by the plan when it is built (PreparedKernel.check_fixed,
-    against the kernels' runtime_vars)."""
-    def uses(e, counters: dict, what: str):
-        for u in e.variables():
+    kernel is inside (that loop's own var), or one the plan fixes (a fori_loop's counter, a fixedvar): `var_uses`
+    holds each kernel's other vars with the counters in scope (_SegmentDecoder). Shapes, constraints and native loop
+    bounds use only the call's vars (and enclosing counters). That the fixed values are inside the bounds the proof
+    assumed is checked by the plan when it is built (PreparedKernel.check_fixed, against the kernels' runtime_vars)."""
+    shapes = [("a buffer shape", d.variables(), {}) for b in spec.buffers for d in b.shape if isinstance(d, UOp)]
+    constraints = [("an index constraint", c.cond.variables(), {}) for c in spec.constraints]
+    for what, variables, counters in var_uses + shapes + constraints:
+        for u in variables:
             if u.arg[0] not in table.var and counters.get(u.arg[0]) is not u:
                 raise ValueError(f"{what} uses var {u.arg[0]!r}, which no call supplies")
-
-    def check(k, fixed: set, counters: dict):
-        for u in k.ast.variables():
-            if u.arg[0] not in fixed:
-                uses(u, counters, f"kernel {k.ast.arg}")
-
-    def walk(segments, counters: dict):
-        for seg in segments:
-            if isinstance(seg, DynamicLoop):
-                for b in (seg.lower, seg.upper):
-                    if isinstance(b, UOp):
-                        uses(b, counters, "a loop bound")
-                walk((k for part in seg.parts for k in part), counters | ({} if seg.var is None else
-                                                                          {seg.name: seg.var}))
-            elif isinstance(seg, LoopKernels):
-                for body in seg.body:
-                    check(body, {seg.name} | {n for n, _ in body.fixedvars}, counters)
-            else:
-                check(seg, {n for n, _ in seg.fixedvars}, counters)
-    walk(spec.kernels.segments, {})
-    for b in spec.buffers:
-        for d in b.shape:
-            if isinstance(d, UOp):
-                uses(d, {}, "a buffer shape")
-    for c in spec.constraints:
-        uses(c.cond, {}, "an index constraint")
 
 
 def _error_kind(c) -> str:

@@ -125,7 +125,7 @@ def save(fn, path, info: CallInfo):
                for b, h in zip(spec.buffers, spec.home)]
     constraints = [[ref(c.cond), c.text, c.what] + ([c.error_kind] if c.error_kind != "index" else [])
                    for c in spec.constraints]
-    kernels = [_enc_kernels(seg, ast_index, ref) for seg in spec.kernels.segments]  # refs before the graph
+    kernels = [_enc_segment(seg, ast_index, ref) for seg in spec.kernels.segments]  # refs before the graph
     payload, codes = [], []
     for ast in asts:
         k = programs[ast]
@@ -178,18 +178,18 @@ def save(fn, path, info: CallInfo):
         raise
 
 
-def _enc_kernels(seg, ast_index: dict, ref):
+def _enc_segment(seg, ast_index: dict, ref):
     """A kernel as [ast, buffers, fixedvars], a fori_loop as {"loop": [var, lower, upper, swap, body]}, or a loop
     the plan runs natively as {"dloop": [var, lower, upper, predicate buffer, swap, conditions, parts]} (UOps as
-    graph indices, `ref`'s)."""
+    graph indices, `ref`'s); loaded.py's _SegmentDecoder reads each form back by its tag."""
     if isinstance(seg, LoopKernels):
         return {"loop": [seg.name, seg.lower, seg.upper, [list(p) for p in seg.swap],
-                         [_enc_kernels(k, ast_index, ref) for k in seg.body]]}
+                         [_enc_segment(k, ast_index, ref) for k in seg.body]]}
     if isinstance(seg, DynamicLoop):
         bound = lambda b: b if b is None or isinstance(b, int) else {"u": ref(b)}  # noqa: E731
         return {"dloop": [None if seg.var is None else ref(seg.var), bound(seg.lower), bound(seg.upper),
                           seg.pred_buffer, [list(p) for p in seg.swap], [ref(c) for c in seg.conditions],
-                          [[_enc_kernels(k, ast_index, ref) for k in part] for part in seg.parts]]}
+                          [[_enc_segment(k, ast_index, ref) for k in part] for part in seg.parts]]}
     return [ast_index[seg.ast], list(seg.buffers), [[n, v] for n, v in seg.fixedvars]]
 
 
