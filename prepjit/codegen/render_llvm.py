@@ -114,10 +114,13 @@ class _Renderer(ReductionRendering, KernelRenderer, InlineMath):
             self.reduce_loops[u] = set(_loops(self.ranges[u]))
             self.reduce_free[u] = set(self.ranges[u] - bound[u])
         if reduces and any(x.op is Ops.LOAD and x.src[0] in written for x in topo):
+            first_use: dict[UOp, int] = {}  # per node, the index of the first store whose value uses it
+            for i, st in enumerate(stores):  # what an earlier store uses is not walked again
+                first_use.update((x, i) for x in st.postorder(lambda x: x not in first_use))
             for u in reduces:
                 reads = {x.src[0] for x in u.toposort() if x.op is Ops.LOAD} & written
                 if reads:  # the stores to those buffers before the first store that uses it (reuse.py)
-                    first = next(i for i, st in enumerate(stores) if u in st.toposort())
+                    first = first_use[u]
                     self.waits[u] = max((i + 1 for i, st in enumerate(stores[:first]) if st.src[0] in reads), default=0)
 
     def tmp(self, prefix="t") -> str:
