@@ -20,10 +20,12 @@ JSON line, printed and written to --out:
 - `serve_<streams>_vs_1`: examples/engine.py with token ids for prompts (no tokenizer): output tokens/s of a few
   sequences each run alone against all --streams submitted together (greedy, --new-tokens each, prefill
   included), the greedy tokens of the sequences run alone equal to theirs in the batch, and the traces/compiles of
-  the engine's plans (one plan for every batch composition: none after warm-up). The engine prefills one prompt
-  per step, so with fewer new tokens than streams the batch never holds them all (`widest_decode_batch`);
+  the engine's plans (one plan for every batch composition: none after warm-up). The engine prefills as many
+  prompts per step as its prefill token budget holds (`widest_decode_batch`: the most sequences one decode step
+  held);
 - `serve_lockstep_<streams>_vs_1`: the engine's plans, pool and block tables driven the way the engine drives them
-  but every prompt prefilled first, then every decode step over all --streams: tokens/s overall and over the decode
+  but every prompt prefilled first (as many per call as the engine's budget holds), then every decode step over
+  all --streams: tokens/s overall and over the decode
   steps against one sequence driven the same way (issue 24's goal, at least 20x, on the decode steps), tokens equal
   to the engine's;
 - `serve_padded_buckets`: the same --streams through the engine and in lockstep with its decode step replaced by
@@ -156,8 +158,9 @@ def _engine(args, cfg, dparams, prompt_tokens: int):
 
 def generate(engine, prompts, new_tokens: int) -> dict:
     """Every prompt submitted at once, greedy: their tokens, output tokens per wall second (prefill included) and
-    the most sequences one decode step held (the engine prefills one prompt per step, so with fewer new tokens
-    than prompts the first sequences end before the last ones start)."""
+    the most sequences one decode step held (the engine prefills as many prompts per step as its prefill token
+    budget holds, so with fewer new tokens than prefill steps the first sequences end before the last ones
+    start)."""
     seq_ids = [engine.submit(p, serving.Sampling(max_tokens=new_tokens)) for p in prompts]
     tokens = {i: [] for i in seq_ids}
     widest = 0
@@ -174,20 +177,25 @@ def generate(engine, prompts, new_tokens: int) -> dict:
 
 def lockstep(engine, prompts, new_tokens: int) -> dict:
     """The engine's two plans, pool and tables driven as Engine._prefill/_decode drive them, but every prompt
-    prefilled first (one chunk each) and then all sequences decoded together, so every decode step holds all of
-    them: their greedy tokens, output tokens per second overall and over the decode steps."""
+    prefilled first (one chunk each, as many per call as the engine's prefill budget holds) and then all sequences
+    decoded together, so every decode step holds all of them: their greedy tokens, output tokens per second overall
+    and over the decode steps."""
     pool, block = engine.pool, engine.pool.block_size
     assert all(len(p) <= engine.chunk for p in prompts), "lockstep prefills a prompt in one chunk"
     tables = [pool.allocate(-(-(len(p) + new_tokens - 1) // block)) for p in prompts]
     tokens = [[] for _ in prompts]
     start = time.perf_counter()
-    for prompt, blocks, out in zip(prompts, tables, tokens):
-        logits, keys, values = engine.prefill(engine.params, np.asarray(prompt, np.int64), 0,
-                                              np.asarray(blocks[:1], np.int64), pool.keys, pool.values,
-                                              engine.cos, engine.sin)
-        pool.write([pool.slot(blocks, i) for i in range(len(prompt))], np.swapaxes(np.asarray(keys), 1, 2),
-                   np.swapaxes(np.asarray(values), 1, 2))
-        out.append(int(np.argmax(np.asarray(logits))))
+    for group in _prefill_groups(prompts, engine.prefill_tokens):
+        steps = [p for j in group for p in range(len(prompts[j]))]
+        logits, keys, values = engine.prefill(
+            engine.params, np.array([t for j in group for t in prompts[j]], np.int64), np.array(steps, np.int64),
+            np.array(steps, np.int64), np.array([tables[j][:1] for j in group for _ in prompts[j]], np.int64),
+            np.cumsum([len(prompts[j]) for j in group]) - 1, max(len(prompts[j]) for j in group),
+            pool.keys, pool.values, engine.cos, engine.sin)
+        pool.write([pool.slot(tables[j], p) for j in group for p in range(len(prompts[j]))], np.asarray(keys),
+                   np.asarray(values))
+        for j, row in zip(group, np.asarray(logits)):
+            tokens[j].append(int(np.argmax(row)))
     decode_start = time.perf_counter()
     for step in range(new_tokens - 1):
         pos = np.array([len(p) + step for p in prompts], np.int64)
@@ -205,6 +213,18 @@ def lockstep(engine, prompts, new_tokens: int) -> dict:
     count = len(prompts)
     return {"tokens": tokens, "tokens_per_s": count * new_tokens / (end - start),
             "decode_tokens_per_s": count * (new_tokens - 1) / (end - decode_start) if new_tokens > 1 else None}
+
+
+def _prefill_groups(prompts, budget: int) -> list[list[int]]:
+    """The prompts' indices in order, cut into groups of at most `budget` tokens (the engine's prefill calls)."""
+    groups, size = [[]], 0
+    for i, prompt in enumerate(prompts):
+        if groups[-1] and size + len(prompt) > budget:
+            groups.append([])
+            size = 0
+        groups[-1].append(i)
+        size += len(prompt)
+    return groups
 
 
 def _plan_stats(engine) -> dict:

@@ -8,9 +8,11 @@ one batched decode plan over a var batch and a paged KV cache (examples/models/l
 
 Each `step()` admits waiting requests (first come, first served) while the running batch has room and the pool
 has the KV blocks a request can use (prompt + max_tokens, capped by the context: reserved at admission, so a
-running sequence never runs out; when the pool is full, requests wait), runs at most one prefill chunk (a fixed
-number of prompt tokens, so a long prompt does not stall the running sequences and results do not depend on the
-load) and one decode step of every running sequence that has its first token. A sequence's blocks go back to
+running sequence never runs out; when the pool is full, requests wait), runs one prefill call over the next chunk
+of as many prefilling sequences as `prefill_tokens` holds (a prompt is cut into chunks of `prefill_chunk` tokens
+at fixed positions, so a long prompt does not stall the running sequences and results do not depend on the load;
+several short prompts are admitted in one step) and one decode step of every running sequence that has its first
+token. A sequence's blocks go back to
 the free list when it finishes or is cancelled. The two plans are prepared once: every batch composition, prompt
 length and position replays them (no recompiles, no padding of the batch or of lengths). A greedy request gives
 the tokens it gives alone; a seeded sampled one draws from its own generator (np.random.default_rng(seed)).
@@ -117,15 +119,17 @@ class Engine:
     """Requests in, tokens out: see the module docstring. Single-threaded: call every method from one thread."""
 
     def __init__(self, cfg, params, *, stop_ids, dtype=np.float32, device=None, context=2048, block_size=16,
-                 num_blocks=None, max_batch=16, prefill_chunk=64):
+                 num_blocks=None, max_batch=16, prefill_chunk=64, prefill_tokens=None):
         self.cfg, self.params, self.stop_ids = cfg, params, frozenset(int(t) for t in stop_ids)
         self.dtype, self.context, self.max_batch, self.chunk = np.dtype(dtype), context, max_batch, prefill_chunk
+        self.prefill_tokens = max(prefill_chunk, prefill_tokens or 2 * prefill_chunk)  # one chunk fits, at least
         self.table_width = -(-context // block_size)
         self.pool = BlockPool(cfg, num_blocks or max_batch * self.table_width, block_size, self.dtype)
         self.cos, self.sin = llama.rope_tables(cfg, context, self.dtype)
         self.decode, self.prefill = llama_paged.prepared(cfg, context=context, block_size=block_size,
                                                          max_batch=max_batch, max_chunk=prefill_chunk,
-                                                         device=device, dtype=self.dtype)
+                                                         max_tokens=self.prefill_tokens, device=device,
+                                                         dtype=self.dtype)
         self.codec = None  # the tokenizer, when built by from_args
         self.waiting: collections.deque[_Sequence] = collections.deque()
         self.running: list[_Sequence] = []
@@ -143,7 +147,8 @@ class Engine:
         dtype = DTYPES[args.dtype]
         engine = cls(cfg, params, stop_ids=codec.stop_ids, dtype=dtype, device=args.device,
                      context=args.context, block_size=args.block_size, num_blocks=_kv_blocks(args, cfg, dtype),
-                     max_batch=args.max_batch, prefill_chunk=args.prefill_chunk)
+                     max_batch=args.max_batch, prefill_chunk=args.prefill_chunk,
+                     prefill_tokens=args.prefill_tokens)
         engine.codec = codec
         return engine
 
@@ -182,13 +187,20 @@ class Engine:
                 self.ended.append(Event(seq_id, None, "cancelled"))
 
     def step(self) -> list[Event]:
-        """Admit, run at most one prefill chunk and one batched decode step; the events of this step."""
+        """Admit, run one prefill call (the next chunks of the prefilling sequences, first come first, as many as
+        `prefill_tokens` holds) and one batched decode step; the events of this step."""
         events, self.ended = self.ended, []
         self._admit()
         decoding = [s for s in self.running if s.prefilled]
-        prefilling = next((s for s in self.running if not s.prefilled), None)
-        if prefilling is not None:
-            events += self._prefill(prefilling)
+        chunks, budget = [], self.prefill_tokens
+        for seq in (s for s in self.running if not s.prefilled):
+            size = min(self.chunk, len(seq.prompt) - seq.cached)
+            if size > budget:
+                break
+            chunks.append((seq, size))
+            budget -= size
+        if chunks:
+            events += self._prefill(chunks)
         if decoding:
             events += self._decode(decoding)
         self.steps += 1
@@ -217,16 +229,29 @@ class Engine:
         (masked: no position there is below its own)."""
         return (seq.blocks + [seq.blocks[0]] * width)[:width]
 
-    def _prefill(self, seq: _Sequence) -> list[Event]:
-        start = seq.cached
-        ids = np.asarray(seq.prompt[start:start + self.chunk], np.int64)
-        width = max(1, -(-start // self.pool.block_size))
-        logits, keys, values = self.prefill(self.params, ids, start, np.asarray(self._table(seq, width), np.int64),
+    def _prefill(self, chunks: list[tuple[_Sequence, int]]) -> list[Event]:
+        """One prefill call over the (sequence, tokens) chunks; the first token of each sequence it completes."""
+        block = self.pool.block_size
+        width = max(1, max(-(-seq.cached // block) for seq, _ in chunks))
+        ids, pos, offset, table, slots, last = [], [], [], [], [], []
+        for seq, size in chunks:
+            ids += seq.prompt[seq.cached:seq.cached + size]
+            pos += range(seq.cached, seq.cached + size)
+            offset += range(size)
+            table += [self._table(seq, width)] * size
+            slots += [self.pool.slot(seq.blocks, p) for p in range(seq.cached, seq.cached + size)]
+            last.append(len(ids) - 1)
+        logits, keys, values = self.prefill(self.params, np.asarray(ids, np.int64), np.asarray(pos, np.int64),
+                                            np.asarray(offset, np.int64), np.asarray(table, np.int64),
+                                            np.asarray(last, np.int64), max(size for _, size in chunks),
                                             self.pool.keys, self.pool.values, self.cos, self.sin)
-        self.pool.write([self.pool.slot(seq.blocks, start + i) for i in range(len(ids))],
-                        np.swapaxes(np.asarray(keys), 1, 2), np.swapaxes(np.asarray(values), 1, 2))
-        seq.cached += len(ids)
-        return [self._emit(seq, np.asarray(logits))] if seq.prefilled else []
+        self.pool.write(slots, np.asarray(keys), np.asarray(values))
+        logits, events = np.asarray(logits), []
+        for i, (seq, size) in enumerate(chunks):
+            seq.cached += size
+            if seq.prefilled:
+                events.append(self._emit(seq, logits[i]))
+        return events
 
     def _decode(self, batch: list[_Sequence]) -> list[Event]:
         pos = np.array([s.cached for s in batch], np.int64)
@@ -285,7 +310,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="KV blocks in the pool (default: max-batch full contexts); requests wait when it is full")
     parser.add_argument("--kv-memory", type=float, default=None, help="MiB of KV cache, instead of --kv-blocks")
     parser.add_argument("--max-batch", type=int, default=16, help="most sequences decoded together")
-    parser.add_argument("--prefill-chunk", type=int, default=64, help="prompt tokens prefilled per step")
+    parser.add_argument("--prefill-chunk", type=int, default=64, help="most tokens of one prompt prefilled per step")
+    parser.add_argument("--prefill-tokens", type=int, default=None,
+                        help="most prompt tokens prefilled per step, over several prompts (default: 2 chunks)")
     return parser
 
 

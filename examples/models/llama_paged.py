@@ -7,8 +7,9 @@ the blocks its block table lists; position p of a sequence lives in block `table
   NB, so one plan serves every batch composition. Attention reads each sequence's blocks through its table (a
   gather fused into the scores and context kernels, no padded copy of the cache), masked at positions >= pos[b],
   plus the token's own key/value.
-- `prefill_chunk`: C tokens (var) of one sequence starting at position `start` (var), attending to its cached
-  blocks (positions < start) and causally within the chunk, so a long prompt is prefilled a chunk per step.
+- `prefill_batch`: prompt chunks of several sequences in one call (T tokens in all, var), each token attending to
+  its sequence's cached blocks and causally within its chunk, so waiting prompts are prefilled together, a long
+  one a chunk per step.
 
 Both return the new keys/values for the host to write into the pool (the pool is an input: the plan reads it in
 place and never writes it). Block tables are data: a table entry outside the pool raises pj.IndexBoundError (the
@@ -22,7 +23,7 @@ import math
 import numpy as np
 
 from .common import cast
-from .llama import Config, _qkv, embedding, linear, logits, rms_norm, rope, swiglu
+from .llama import Config, _qkv, embedding, linear, rms_norm, rope, swiglu
 
 MASKED = -1e30  # the score of a position a sequence does not have (exp gives 0)
 
@@ -79,37 +80,47 @@ def decode_batch(xp, cfg: Config, params, ids, pos, block_table, k_pool, v_pool,
     return _logits(xp, params, out, dtype), xp.stack(keys), xp.stack(values)
 
 
-def prefill_chunk(xp, cfg: Config, params, ids, start, block_table, k_pool, v_pool, cos, sin, dtype=np.float32):
-    """ids (C,) at positions start .. start + C - 1 of one sequence whose positions < start are cached in blocks
-    block_table (NB,) -> (logits (vocab,) of the chunk's last token, its keys and values (L, KV, C, hd))."""
+def prefill_batch(xp, cfg: Config, params, ids, pos, offset, block_table, last, window, k_pool, v_pool, cos, sin,
+                  dtype=np.float32):
+    """Prompt chunks of several sequences side by side (vLLM's var-length prefill): ids (T,), each chunk's tokens
+    consecutive and in order, token t at position pos[t], the offset[t]-th of its chunk, its sequence's positions
+    < pos[t] - offset[t] cached in blocks block_table[t] (T, NB); `window` (var) is at least the longest chunk
+    -> (logits (S, vocab) of the tokens `last` (S,), the tokens' keys and values (L, T, KV, hd)).
+
+    A token attends to its cached blocks (as in decode_batch) and to the tokens of its chunk up to itself, read
+    back from its own row (t - w for w < window, masked where w > offset[t]): a sequence's sums are the same
+    whatever else is in the batch (other chunks and a wider table or window only add exact zeros)."""
     heads, kv_heads, hd, eps = cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.eps
     group = heads // kv_heads
-    c = ids.shape[0]
-    nb, block = block_table.shape[0], k_pool.shape[3]
-    steps = xp.arange(c)
-    cos_c, sin_c = cos[start + steps], sin[start + steps]  # a gather: start + C <= context is checked per call
-    causal = steps[:, None] >= steps[None, :]  # (C, C)
-    slots = xp.arange(nb)[:, None] * block + xp.arange(block)[None, :]
-    visible = (slots < start)[None]  # (1, NB, block): the same for every query of the chunk
-    h = embedding(params["embed"], ids, dtype)
+    t, nb = block_table.shape
+    block = k_pool.shape[3]
+    cos_p, sin_p = cos[pos][:, None], sin[pos][:, None]  # (T, 1, hd)
+    slots = xp.arange(nb)[:, None] * block + xp.arange(block)[None, :]  # (NB, block) positions
+    visible = (slots[None] < (pos - offset)[:, None, None])[:, None]  # (T, 1, NB, block)
+    back = xp.arange(window)
+    earlier = xp.maximum(xp.arange(t)[:, None] - back[None, :], 0)  # (T, W) rows of the chunk's earlier tokens
+    in_chunk = (back[None, :] <= offset[:, None])[:, None, None, None]  # (T, 1, 1, 1, W)
+    h = embedding(params["embed"], ids, dtype)  # (T, dim)
     keys, values = [], []
     for layer, bp in enumerate(params["blocks"]):
         x = rms_norm(xp, h, bp["attn_norm"], eps)
         q, k, v = _qkv(xp, bp, x, cfg, dtype)
-        q = rope(xp, xp.swapaxes(q.reshape(c, heads, hd), 0, 1), cos_c, sin_c)  # (H, C, hd)
-        k = rope(xp, xp.swapaxes(k.reshape(c, kv_heads, hd), 0, 1), cos_c, sin_c)  # (KV, C, hd)
-        v = xp.swapaxes(v.reshape(c, kv_heads, hd), 0, 1)
+        q = rope(xp, q.reshape(t, heads, hd), cos_p, sin_p)
+        k = rope(xp, k.reshape(t, kv_heads, hd), cos_p, sin_p)
+        v = v.reshape(t, kv_heads, hd)
         keys.append(k)
         values.append(v)
-        q = q.reshape(kv_heads, group, c, hd)
-        k_blocks, v_blocks = k_pool[layer][block_table], v_pool[layer][block_table]  # (NB, KV, block, hd)
-        own = cast(q @ xp.swapaxes(k, 1, 2)[:, None] * (1 / math.sqrt(hd)), np.float32)  # (KV, group, C, C)
-        own = xp.where(causal, own, MASKED)
-        ctx = _attend(xp, _cached_scores(xp, q, k_blocks, visible, hd), own, v_blocks, v, dtype).reshape(heads, c, hd)
-        h = h + linear(xp, xp.swapaxes(ctx, 0, 1).reshape(c, heads * hd), bp["wo"], dtype)
+        q = q.reshape(t, kv_heads, group, 1, hd)
+        k_blocks, v_blocks = k_pool[layer][block_table], v_pool[layer][block_table]  # (T, NB, KV, block, hd)
+        k_own = xp.take(k, earlier, axis=0, mode="clip")  # (T, W, KV, hd)
+        v_own = xp.swapaxes(xp.take(v, earlier, axis=0, mode="clip"), 1, 2)  # (T, KV, W, hd)
+        own = cast(xp.einsum("tkgqd,twkd->tkgqw", q, k_own) * (1 / math.sqrt(hd)), np.float32)
+        own = xp.where(in_chunk, own, MASKED)
+        ctx = _attend(xp, _cached_scores(xp, q, k_blocks, visible, hd), own, v_blocks, v_own, dtype)
+        h = h + linear(xp, ctx.reshape(t, heads * hd), bp["wo"], dtype)
         h = h + swiglu(xp, bp, rms_norm(xp, h, bp["ffn_norm"], eps), cfg.ff)
-    last = rms_norm(xp, h[c - 1], params["norm"], eps)
-    return logits(xp, params, last, dtype), xp.stack(keys), xp.stack(values)
+    out = rms_norm(xp, h[last], params["norm"], eps)
+    return _logits(xp, params, out, dtype), xp.stack(keys), xp.stack(values)
 
 
 def _logits(xp, params, x, dtype):
@@ -119,19 +130,22 @@ def _logits(xp, params, x, dtype):
 
 
 def prepared(cfg: Config, *, context: int, block_size: int, max_batch: int, max_chunk: int,
-             device: str | None = None, dtype=np.float32):
-    """(decode_batch, prefill_chunk) prepared with prepjit: vars B (1, max_batch), NB (1, context // block_size)
-    for the decode step; C (1, max_chunk), start and NB for a prefill chunk. One plan each serves every batch
-    composition and every chunk."""
+             max_tokens: int | None = None, device: str | None = None, dtype=np.float32):
+    """(decode_batch, prefill_batch) prepared with prepjit: vars B (1, max_batch), NB (1, context // block_size)
+    for the decode step; T (1, max_tokens: default max_chunk) tokens of S (1, max_batch) sequences, chunks of at
+    most `window` (1, max_chunk) tokens, and NB for a prefill call. One plan each serves every batch composition
+    and every chunk."""
     import prepjit as pj
     import prepjit.numpy as pnp
     kwargs = {} if device is None else {"device": device}
     tables = -(-context // block_size)
     dec = functools.partial(decode_batch, pnp, cfg, dtype=dtype)
     dec.__name__ = "llama_decode_batch"
-    pre = functools.partial(prefill_chunk, pnp, cfg, dtype=dtype)
-    pre.__name__ = "llama_prefill_chunk"
+    pre = functools.partial(prefill_batch, pnp, cfg, dtype=dtype)
+    pre.__name__ = "llama_prefill_batch"
     return (pj.prepare(dec, vars={"B": (1, max_batch), "NB": (1, tables)},
                        shapes={"ids": ("B",), "pos": ("B",), "block_table": ("B", "NB")}, **kwargs),
-            pj.prepare(pre, vars={"C": (1, max_chunk), "start": (0, context - 1), "NB": (1, tables)},
-                       shapes={"ids": ("C",), "block_table": ("NB",)}, **kwargs))
+            pj.prepare(pre, vars={"T": (1, max_tokens or max_chunk), "S": (1, max_batch), "NB": (1, tables),
+                                  "window": (1, max_chunk)},
+                       shapes={"ids": ("T",), "pos": ("T",), "offset": ("T",), "block_table": ("T", "NB"),
+                               "last": ("S",)}, **kwargs))

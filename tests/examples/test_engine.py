@@ -84,25 +84,43 @@ def test_decode_batch_equals_decode_of_each_sequence(device, params):
         np.testing.assert_allclose(np.asarray(values)[:, b], want[2], rtol=1e-5, atol=1e-5)
 
 
-def test_chunked_prefill_equals_prefill(device, params):
-    """A prompt of 19 tokens in chunks of 8 through the engine's prefill plan: the last chunk's logits and every
-    chunk's keys equal llama.prefill of the whole prompt."""
+def test_batched_chunked_prefill_equals_prefill(device, params):
+    """Three prompts (19, 5 and 13 tokens) in chunks of 8 through the engine's prefill plan, the chunks of all
+    three in each call: each call's keys and the logits of each prompt's last chunk equal llama.prefill of the
+    whole prompt."""
     xp, cos, sin = numpy_namespace(), *llama.rope_tables(CFG, CONTEXT)
-    prompt = [int(t) for t in np.random.default_rng(4).integers(0, CFG.vocab, 19)]
-    want_logits, want_k, _ = llama.prefill(xp, CFG, params, np.array(prompt), cos, sin)
-    engine = _engine(params, device)
-    seq = serving._Sequence(0, prompt, serving.Sampling(1), 1, np.random.default_rng())
-    seq.blocks = engine.pool.allocate(seq.blocks_needed(BLOCK))
-    engine.running.append(seq)
+    rng = np.random.default_rng(4)
+    prompts = [[int(t) for t in rng.integers(0, CFG.vocab, n)] for n in (19, 5, 13)]
+    wants = [llama.prefill(xp, CFG, params, np.array(p), cos, sin) for p in prompts]
+    engine = _engine(params, device, prefill_tokens=24)
+    seqs = [serving._Sequence(i, p, serving.Sampling(1), 1, np.random.default_rng()) for i, p in enumerate(prompts)]
+    for seq in seqs:
+        seq.blocks = engine.pool.allocate(seq.blocks_needed(BLOCK))
+    logits = {}
     for start in (0, 8, 16):
-        chunk = np.array(prompt[start:start + 8])
+        batch = [(seq, min(8, len(seq.prompt) - start)) for seq in seqs if start < len(seq.prompt)]
         width = max(1, -(-start // BLOCK))
-        logits, keys, values = engine.prefill(params, chunk, start, np.array(seq.blocks[:width]), engine.pool.keys,
-                                         engine.pool.values, engine.cos, engine.sin)
-        np.testing.assert_allclose(np.asarray(keys), want_k[:, :, start:start + 8], rtol=1e-5, atol=1e-5)
-        engine.pool.write([engine.pool.slot(seq.blocks, start + i) for i in range(len(chunk))],
-                          np.swapaxes(np.asarray(keys), 1, 2), np.swapaxes(np.asarray(values), 1, 2))
-    np.testing.assert_allclose(np.asarray(logits), want_logits, rtol=1e-5, atol=2e-5)
+        ids, pos, offset, table, last = [], [], [], [], []
+        for seq, size in batch:
+            ids += seq.prompt[start:start + size]
+            pos += range(start, start + size)
+            offset += range(size)
+            table += [seq.blocks[:width]] * size
+            last.append(len(ids) - 1)
+        out, keys, values = engine.prefill(params, np.array(ids), np.array(pos), np.array(offset), np.array(table),
+                                           np.array(last), max(size for _, size in batch), engine.pool.keys,
+                                           engine.pool.values, engine.cos, engine.sin)
+        row = 0
+        for i, (seq, size) in enumerate(batch):
+            want_k = wants[seq.id][1][:, :, start:start + size].swapaxes(1, 2)  # (L, size, KV, hd)
+            np.testing.assert_allclose(np.asarray(keys)[:, row:row + size], want_k, rtol=1e-5, atol=1e-5)
+            engine.pool.write([engine.pool.slot(seq.blocks, p) for p in range(start, start + size)],
+                              np.asarray(keys)[:, row:row + size], np.asarray(values)[:, row:row + size])
+            logits[seq.id] = np.asarray(out)[i]
+            row += size
+    for i, want in enumerate(wants):
+        np.testing.assert_allclose(logits[i], want[0], rtol=1e-5, atol=2e-5)
+    assert engine.prefill.stats["traces"] == 1
 
 
 def test_concurrent_greedy_requests_equal_each_alone_with_one_plan(device, params):
@@ -117,6 +135,22 @@ def test_concurrent_greedy_requests_equal_each_alone_with_one_plan(device, param
     assert engine.decode.stats["traces"] == 1 and engine.prefill.stats["traces"] == 1
     assert engine.decode.stats["replays"] > 20
     assert engine.stats()["blocks_used"] == 0 and engine.stats()["generated_tokens"] == 2 * sum(map(len, together))
+
+
+def test_waiting_prompts_are_prefilled_together_while_others_decode(params):
+    """Three short prompts (15 tokens, within the default budget of two chunks) get their first tokens in the first
+    step, from one prefill call; a 12-token prompt sent next is prefilled in chunks of 8 and 4 over the next two
+    steps while the three keep decoding, one token each per step."""
+    engine = _engine(params)
+    rng = np.random.default_rng(9)
+    first = [engine.submit([int(t) for t in rng.integers(0, CFG.vocab, n)], serving.Sampling(max_tokens=6))
+             for n in (5, 6, 4)]
+    assert sorted(e.seq_id for e in engine.step() if e.token is not None) == first
+    assert engine.prefill.stats["replays"] == 1
+    late = engine.submit([int(t) for t in rng.integers(0, CFG.vocab, 12)], serving.Sampling(max_tokens=2))
+    assert sorted(e.seq_id for e in engine.step()) == first  # its first chunk, and the three decode
+    assert sorted(e.seq_id for e in engine.step()) == [*first, late]  # its last chunk gives its first token
+    assert engine.prefill.stats["replays"] == 3
 
 
 def test_seeded_sampling_is_independent_of_the_batch(params):
@@ -255,7 +289,11 @@ def test_forged_block_table_raises_index_bound_error(device, params):
     with pytest.raises(pj.IndexBoundError):
         engine.decode(params, np.array([1, 2]), np.array([3, 5]), np.array([[0, 1], [2, 16]]), *args)
     with pytest.raises(pj.IndexBoundError):
-        engine.prefill(params, np.array([1, 2]), 4, np.array([1 << 40]), *args)
+        engine.prefill(params, np.array([1, 2]), np.array([4, 5]), np.array([0, 1]), np.array([[1 << 40]] * 2),
+                       np.array([1]), 2, *args)
+    with pytest.raises(pj.IndexBoundError):  # a `last` row past the tokens
+        engine.prefill(params, np.array([1, 2]), np.array([0, 1]), np.array([0, 1]), np.array([[0], [0]]),
+                       np.array([2]), 2, *args)
     logits = engine.decode(params, np.array([1, 2]), np.array([3, 5]), np.array([[0, 1], [2, 3]]), *args)[0]
     assert np.isfinite(np.asarray(logits)).all()
 
