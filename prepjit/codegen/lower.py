@@ -148,7 +148,8 @@ class _Lowerer:
             new = tuple(UOp.const(0) if isinstance(sd, int) and sd == 1 else i for i, sd in zip(idx, src.shape))
             return (yield (src, new, gate))
         if op is Ops.SHRINK:
-            new = tuple(simplify(as_uop(start) + i * step) for i, (start, step, _) in zip(idx, node.arg))
+            new = tuple(i if step == 1 and isinstance(start, int) and start == 0 else  # (idx is simplified)
+                        simplify(as_uop(start) + i * step) for i, (start, step, _) in zip(idx, node.arg))
             return (yield (src, new, gate))
         if op is Ops.PAD:
             valid, new = UOp.const(True, dtypes.bool), []
