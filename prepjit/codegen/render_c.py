@@ -140,6 +140,8 @@ class Dialect:
     # helper name -> definition ({kind}: "bf16" or "f16"): pj_mma_{kind}, pj_ldmatrix_x4(_trans), pj_cp_async16,
     # pj_cp_async_commit, pj_cp_async_wait<N> (render_fragments.py); None: no tensor cores
     tensor_core_mma: dict | None = None
+    tile_array: str | None = None  # format {type}, {name}, {n}: a local array of tensor-core tiles, 1024-byte aligned
+                                   # (the period of the swizzles the matrix instructions read: render_fragments.py)
 
     def ctype(self, dt: DType) -> str:
         return self.types[dt.compute]

@@ -31,6 +31,43 @@ __device__ __forceinline__ unsigned short pj_float_to_half(float f) {
 _ROUND_HALF = "__device__ __forceinline__ float pj_round_half(float x) { return pj_half_to_float(pj_float_to_half(x)); }"
 
 
+WGMMA_ARCH = "defined(__CUDA_ARCH_FEAT_SM90_ALL)"   # Hopper's arch-specific target (sm_90a): warpgroup matrix instructions
+
+_WGMMA = {  # Hopper's warpgroup matrix instructions (PTX ISA, wgmma): operands in local memory named by matrix
+    # descriptors (start address, leading and stride byte offsets, swizzle mode; each >> 4), float32 accumulators in
+    # registers; issued asynchronously, fenced, committed and waited for by the warpgroup. Only called where
+    # WGMMA_ARCH holds (kernels test PJ_WGMMA); elsewhere their bodies are empty
+    "PJ_WGMMA": f"#if {WGMMA_ARCH}\n#define PJ_WGMMA 1\n#else\n#define PJ_WGMMA 0\n#endif",
+    "pj_wgmma_desc": f"""__device__ __forceinline__ unsigned long long pj_wgmma_desc(const unsigned short *tile, unsigned lbo,
+    unsigned sbo, unsigned swizzle) {{
+  const unsigned long long start = (unsigned)__cvta_generic_to_shared(tile);
+  return (start & 0x3FFFF) >> 4 | (unsigned long long)(lbo >> 4) << 16 | (unsigned long long)(sbo >> 4) << 32 |
+         (unsigned long long)swizzle << 62;
+}}""",
+    **{name: f"""__device__ __forceinline__ void {name}() {{
+#if {WGMMA_ARCH}
+  asm volatile("{ptx}" ::: "memory");
+#endif
+}}""" for name, ptx in (("pj_wgmma_fence", "wgmma.fence.sync.aligned;"),
+                        ("pj_wgmma_commit", "wgmma.commit_group.sync.aligned;"),
+                        ("pj_fence_async_shared", "fence.proxy.async.shared::cta;"))},
+    "pj_wgmma_wait": f"""template <int N> __device__ __forceinline__ void pj_wgmma_wait() {{
+#if {WGMMA_ARCH}
+  asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory");
+#endif
+}}""",
+    # d += a (64 x 16) @ b (16 x n): {ta}/{tb} 1 where the operand's tile is major along m/n (else along k);
+    # {dlist} and {outs} spell the n / 2 accumulators d[0] ... (render_fragments.wgmma_helper fills them in)
+    "pj_wgmma_{kind}_n{n}_{ta}{tb}": f"""__device__ __forceinline__ void pj_wgmma_{{kind}}_n{{n}}_{{ta}}{{tb}}(float *d,
+    unsigned long long a, unsigned long long b) {{
+#if {WGMMA_ARCH}
+  asm volatile("{{ .reg .pred p; setp.ne.b32 p, %{{scale}}, 0; "
+               "wgmma.mma_async.sync.aligned.m64n{{n}}k16.f32.{{kind}}.{{kind}} {{dlist}}, %{{a}}, %{{b}}, p, 1, 1, {{ta}}, {{tb}}; }}"
+               : {{outs}} : "l"(a), "l"(b), "r"(1));
+#endif
+}}""",
+}
+
 _TENSOR_CORES = {  # Ampere's and Hopper's (sm_80 and newer) warp-wide matrix, matrix-load and async-copy instructions;
     # older GPUs get the same results from shuffles and plain copies (correct, not fast: no tensor cores there)
     "pj_widen_{kind}": """__device__ __forceinline__ float pj_widen_{kind}(unsigned bits) {
@@ -96,6 +133,7 @@ _TENSOR_CORES = {  # Ampere's and Hopper's (sm_80 and newer) warp-wide matrix, m
   asm volatile("cp.async.wait_group %0;" :: "n"(N));
 #endif
 }""",
+    **_WGMMA,
 }
 
 
@@ -137,7 +175,7 @@ CUDA = Dialect(
     atomic_cas={4: ("", "atomicCAS((unsigned int *){ptr}, {cmp}, {val})"),
                 8: ("", "atomicCAS((unsigned long long *){ptr}, {cmp}, {val})")},
     preamble=lambda ast: [_HALF] if any(u.dtype == dtypes.float16 for u in ast.toposort()) else [],
-    tensor_core_mma=_TENSOR_CORES,
+    tensor_core_mma=_TENSOR_CORES, tile_array="__shared__ __align__(1024) {type} {name}[{n}]",
 )
 
 

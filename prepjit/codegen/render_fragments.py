@@ -1,14 +1,25 @@
 """Tiled contractions on tensor cores: the body of a tile kernel whose launch has `fragments` (gpu_launch.py decides
 it on the AST: both operands 16-bit floats widened to float32, a dialect with `tensor_core_mma`).
 
-A group of WARPS warps owns a TM x TN tile of outputs, each warp a quarter of it (64 x 64 of a 128 x 128 tile), in
-float32 accumulators in registers. Both operands are staged in local memory as 16-bit values, SLICE_K deep along k
-(two matrix-instruction steps), in `stages` buffers (as many as fit MAX_LOCAL_BYTES, at most MAX_STAGES): while the
-group multiplies one slice, the next stages - 1 are in flight. Each operand's tile keeps the axis its memory is
-contiguous in as the minor one (`Staged.minor`: "k", or "own" for its rows' or columns' axis), so the group copies
-it in 16-byte chunks of 8 elements. The chunks of a tile row are swizzled (`Staged.chunk`: chunk c of row r is
-stored at c ^ f(r)) so that the 8 rows a matrix load reads, at one chunk of each, fall in 8 distinct 16-byte bank
-groups, and a full 16-byte chunk stays whole (copies and matrix loads address chunks only).
+A group of WARPS warps owns a TM x TN tile of outputs in float32 accumulators in registers. Two variants of the
+arithmetic are emitted, the GPU's compiler keeping one (PJ_WGMMA: the dialect's test for Hopper's sm_90a target):
+- where the tile's rows are a multiple of GROUP_M and the GPU has them, the four warps are one warpgroup issuing
+  wgmma m64nNk16 (N the tile's columns) on both operands in local memory, named by matrix descriptors
+  (`_WarpgroupTile`, `Staged.descriptor`);
+- else each warp multiplies a quarter of the tile (64 x 64 of 128 x 128) with mma.sync m16n8k16 on fragments
+  loaded by ldmatrix (`_WarpTiles`; sm_80 on, shuffles on older GPUs).
+Both operands are staged in local memory as 16-bit values, SLICE_K deep along k (two matrix-instruction steps), in
+`stages` buffers (as many as fit MAX_LOCAL_BYTES, at most MAX_STAGES): while the group multiplies one slice, the
+next stages - 1 are in flight. Each operand's tile keeps the axis its memory is contiguous in as the minor one
+(`Staged.minor`: "k", or "own" for its rows' or columns' axis), so the group copies it in 16-byte chunks of 8
+elements: a k-minor tile is rows of SLICE_K elements (64 bytes), an own-minor one blocks of OWN_BLOCK elements
+along its own axis, each SLICE_K rows of 128 bytes. The chunks of a tile row are swizzled (`Staged.chunk`: chunk
+c of row r is stored at c ^ f(r)), exactly the 64- and 128-byte swizzles wgmma's descriptors name (the tiles
+1024-byte aligned), so that the 8 rows a matrix load reads, at one chunk of each, fall in 8 distinct 16-byte bank
+groups, and a full 16-byte chunk stays whole (copies and matrix loads address chunks only). wgmma reads local
+memory through the async proxy: each work-item fences its copies and stores (fence.proxy.async) before the
+barrier that starts a slice, and the group waits for its instructions before the next barrier (the stage is
+refilled after it).
 
 A chunk is copied by the dialect's asynchronous 16-byte copy (pj_cp_async16: cp.async, completed per slice with
 commit/wait groups) where the operand is a plain load of 16-bit data along a unit stride whose index moves by a
@@ -35,17 +46,25 @@ from ..uop import Ops, UOp, dtypes, simplify
 from .render_tiles import FRAGMENT_THREADS, Contraction, _extent, _static_multiple, _unit_stride
 
 WARP = 32
-WARPS = FRAGMENT_THREADS // WARP   # warps of a group, 2 x 2 over the tile
+WARPS = FRAGMENT_THREADS // WARP   # warps of a group, 2 x 2 over the tile (mma.sync); one warpgroup (wgmma)
 FRAG_M, FRAG_N, FRAG_K = 16, 8, 16   # one matrix instruction's outputs and depth
+GROUP_M = 64                    # rows of one warpgroup instruction (wgmma m64nNk16)
 SLICE_K = 32                    # k of one staged slice: two matrix-instruction steps between barriers
 CHUNK = 8                       # 16-bit elements of one 16-byte copy
+OWN_BLOCK = 64                  # elements along its own axis of one block of an own-minor tile (128-byte rows)
 MAX_STAGES = 4
 MAX_LOCAL_BYTES = 48 * 1024     # the local memory a kernel may declare statically
+SWIZZLES = {128: 1, 64: 2, 32: 3}   # a matrix descriptor's swizzle mode for rows of so many bytes
 
 
 def warp_tile(c: Contraction) -> tuple[int, int]:
     """A warp's outputs: half the tile's rows by half its columns (WARPS = 4)."""
     return c.tm // 2, c.tn // 2
+
+
+def uses_wgmma(c: Contraction) -> bool:
+    """Whether the tile has warpgroup-instruction variant (its rows a multiple of GROUP_M)."""
+    return c.tm % GROUP_M == 0
 
 
 @attrs.frozen
@@ -62,27 +81,48 @@ class Staged:
     step: UOp | None
 
     @property
-    def shape(self) -> tuple[int, int]:
-        """(rows, row length in elements) of one stage of the local tile."""
-        return (self.width, SLICE_K) if self.minor == "k" else (SLICE_K, self.width)
+    def block(self) -> int:
+        """Elements along the operand's own axis of one block of the tile (all of them where the minor axis is k)."""
+        return self.width if self.minor == "k" else min(self.width, OWN_BLOCK)
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(blocks, rows, row length in elements) of one stage of the local tile."""
+        if self.minor == "k":
+            return 1, self.width, SLICE_K
+        return self.width // self.block, SLICE_K, self.block
 
     @property
     def chunks(self) -> int:
-        rows, length = self.shape
-        return rows * length // CHUNK
+        blocks, rows, length = self.shape
+        return blocks * rows * length // CHUNK
 
     def chunk(self, row: str, minor: str) -> str:
         """The stored position of the chunk starting at element `minor` (a multiple of CHUNK) of tile row `row`: its
         chunk index xor the row's 3 bits (rows of 8 or more chunks), or of the row pair's 2 (rows of 4 chunks, two
-        rows a 128-byte line)."""
-        per_row = self.shape[1] // CHUNK
+        rows a 128-byte line): the 128- and 64-byte swizzles of the matrix descriptors, tiles 1024-byte aligned."""
+        per_row = self.shape[2] // CHUNK
         salt = f"({row}) % 8" if per_row >= 8 else f"({row}) / 2 % 4"
         return f"(({minor}) / {CHUNK} ^ {salt}) * {CHUNK}"
 
     def cell(self, stage: str, own: str, k: str) -> str:
         """The element of the stage at (own, k), `k` (k-minor) or `own` (own-minor) a multiple of CHUNK."""
-        row, minor = (own, k) if self.minor == "k" else (k, own)
-        return f"{self.name}s[{stage}][{row}][{self.chunk(row, minor)}]"
+        if self.minor == "k":
+            return f"{self.name}s[{stage}][0][{own}][{self.chunk(own, k)}]"
+        return (f"{self.name}s[{stage}][({own}) / {self.block}][{k}]"
+                f"[{self.chunk(k, f'({own}) % {self.block}')}]")
+
+    def descriptor(self, stage: str, own: int, step: int) -> str:
+        """The matrix descriptor of the 16-deep step `step` of the stage's rows or columns from `own` (a multiple of
+        GROUP_M for A): k-minor tiles are 8-row groups SBO bytes apart, the step's k 32 bytes into a row; own-minor
+        ones blocks LBO bytes apart along their own axis, 8-row groups along k SBO bytes apart."""
+        blocks, rows, length = self.shape
+        row_bytes = 2 * length
+        if self.minor == "k":
+            first, lbo = f"&{self.name}s[{stage}][0][{own}][{step * FRAG_K}]", 16
+        else:
+            first, lbo = f"&{self.name}s[{stage}][{own // self.block}][{step * FRAG_K}][0]", rows * row_bytes
+        return f"pj_wgmma_desc({first}, {lbo}, {8 * row_bytes}, {SWIZZLES[row_bytes]})"
 
 
 def _staged(c: Contraction) -> list[Staged]:
@@ -102,7 +142,7 @@ def _staged(c: Contraction) -> list[Staged]:
 
 
 def stages_for(c: Contraction) -> int:
-    per_stage = sum(2 * rows * length for rows, length in (s.shape for s in _staged(c)))
+    per_stage = sum(2 * s.chunks * CHUNK for s in _staged(c))
     return max(2, min(MAX_STAGES, MAX_LOCAL_BYTES // per_stage))
 
 
@@ -115,24 +155,43 @@ def _lane_offsets(s: Staged) -> tuple[str, str]:
     return f"8 * {own_half}", f"lane % 8 + 8 * {k_half}"
 
 
+def _helpers(r, kind: str):
+    """The dialect's tensor-core helpers for `kind` (the warpgroup instruction's are added per shape)."""
+    for name, text in r.d.tensor_core_mma.items():
+        if "{n}" not in name:
+            r.helpers.setdefault(name.replace("{kind}", kind), text.replace("{kind}", kind))
+
+
+def wgmma_helper(r, kind: str, n: int, ta: int, tb: int) -> str:
+    """The name of the warpgroup instruction's helper for m64 x n x 16 (operands' tiles transposed as ta, tb), added."""
+    name = f"pj_wgmma_{kind}_n{n}_{ta}{tb}"
+    fill = {"{kind}": kind, "{n}": str(n), "{ta}": str(ta), "{tb}": str(tb), "{scale}": str(n // 2 + 2),
+            "{a}": str(n // 2), "{b}": str(n // 2 + 1),
+            "{dlist}": "{" + ", ".join(f"%{e}" for e in range(n // 2)) + "}",
+            "{outs}": ", ".join(f'"+f"(d[{e}])' for e in range(n // 2))}
+    text = r.d.tensor_core_mma["pj_wgmma_{kind}_n{n}_{ta}{tb}"]
+    for key, value in fill.items():
+        text = text.replace(key, value)
+    r.helpers.setdefault(name, text)
+    return name
+
+
 def emit_fragment_contraction(r, c: Contraction):
-    """The kernel body through the C-style renderer `r`, whose dialect spells the matrix and copy instructions."""
+    """The kernel body through the C-style renderer `r`, whose dialect spells the matrix and copy instructions: the
+    warpgroup instructions where the GPU has them (PJ_WGMMA) and the tile's rows allow, else the warps' mma.sync."""
     d, long = r.d, r.long
     u16 = d.types[dtypes.uint16]
     kind = "bf16" if c.fragments == "bfloat16" else "f16"
     if kind == "bf16":
         r.bfloat16_helpers()
-    for name, text in d.tensor_core_mma.items():   # (the matrix instruction's is spelled per kind)
-        r.helpers.setdefault(name.replace("{kind}", kind), text.replace("{kind}", kind))
+    _helpers(r, kind)
     staged, stages = _staged(c), stages_for(c)
-    wm, wn = warp_tile(c)
-    fm, fn = wm // FRAG_M, wn // FRAG_N
+    wgmma = uses_wgmma(c)
     m, n, kk_end = r.value(_extent(c.i)), r.value(_extent(c.j)), r.value(c.k.src[0])
     for s in staged:
-        rows, length = s.shape
-        r.locals.append(d.local_array.format(type=u16, name=f"{s.name}s", n=f"{stages}][{rows}][{length}") + ";")
+        blocks, rows, length = s.shape
+        r.locals.append(d.tile_array.format(type=u16, name=f"{s.name}s", n=f"{stages}][{blocks}][{rows}][{length}") + ";")
     r.emit(f"const int lid = {d.local_id}, lane = lid % {WARP}, fg = lane / 4, ft = lane % 4 * 2;")
-    r.emit(f"const int wm = lid / {WARP} / 2 * {wm}, wn = lid / {WARP} % 2 * {wn};")
     r.emit(f"const {long} bid = {d.group_id};")
     r.emit(f"const {long} nbn = ({n} + {c.tn - 1}) / {c.tn}, nbm = ({m} + {c.tm - 1}) / {c.tm};")
     r.emit(f"const {long} i0 = (bid / nbn) % nbm * {c.tm}, j0 = bid % nbn * {c.tn};")
@@ -141,9 +200,9 @@ def emit_fragment_contraction(r, c: Contraction):
     r.emit(f"const {long} slices = ({kk_end} + {SLICE_K - 1}) / {SLICE_K};")
     for s in staged:
         _emit_chunk_starts(r, c, s)
-    accs = {(x, y, e): f"acc{x}_{y}_{e}" for x in range(fm) for y in range(fn) for e in range(4)}
-    for x in range(fm):
-        r.emit(" ".join(f"float {accs[x, y, e]} = 0.0f;" for y in range(fn) for e in range(4)))
+    group = _WarpgroupTile(r, c, staged, kind) if wgmma else None
+    warps = _WarpTiles(r, c, staged, kind)
+    _variants(r, group, warps, "declare")
 
     def load_slice(stage: str, slice_: str):
         for s in staged:
@@ -156,52 +215,139 @@ def emit_fragment_contraction(r, c: Contraction):
     r.close_block()
     r.open_block(f"for ({long} kt = 0; kt < slices; kt++)", {})
     r.emit(f"pj_cp_async_wait<{stages - 2}>();")
+    r.emit(f"const int st = kt % {stages};")
+    _variants(r, group, warps, "arrive")
     r.emit(d.barrier)        # slice kt is in local memory; every warp is done with the stage loaded next
+    _variants(r, group, None, "issue")
     r.open_block(f"if (kt + {stages - 1} < slices)", {})
     r.emit(f"const int next = (kt + {stages - 1}) % {stages};")
     load_slice("next", f"kt + {stages - 1}")
     r.close_block()
     r.emit("pj_cp_async_commit();")
-    r.emit(f"const int st = kt % {stages};")
-    a, b = staged
-    a_own, a_k = _lane_offsets(a)
-    b_own, b_k = _lane_offsets(b)
-    for step in range(SLICE_K // FRAG_K):
-        r.open_block("", {})
-        kk = step * FRAG_K
-        for x in range(fm):
-            r.emit(f"unsigned a{x}_0, a{x}_1, a{x}_2, a{x}_3;")
-            r.emit(f"pj_ldmatrix_{'x4' if a.minor == 'k' else 'x4_trans'}(a{x}_0, a{x}_1, a{x}_2, a{x}_3, "
-                   f"&{a.cell('st', f'wm + {x * FRAG_M} + {a_own}', f'{kk} + {a_k}')});")
-        for y in range(0, fn, 2):
-            r.emit(f"unsigned b{y}_0, b{y}_1, b{y + 1}_0, b{y + 1}_1;")
-            r.emit(f"pj_ldmatrix_{'x4' if b.minor == 'k' else 'x4_trans'}(b{y}_0, b{y}_1, b{y + 1}_0, b{y + 1}_1, "
-                   f"&{b.cell('st', f'wn + {y * FRAG_N} + {b_own}', f'{kk} + {b_k}')});")
-        for x in range(fm):
-            for y in range(fn):
-                outs = ", ".join(accs[x, y, e] for e in range(4))
-                r.emit(f"pj_mma_{kind}({outs}, a{x}_0, a{x}_1, a{x}_2, a{x}_3, b{y}_0, b{y}_1);")
-        r.close_block()
+    _variants(r, group, warps, "multiply")
     r.close_block()
     r.emit("pj_cp_async_wait<0>();")
-    _emit_fragment_results(r, c, accs, fm, fn, m, n)
+    _variants(r, group, warps, "store")
+
+
+def _variants(r, group, warps, part: str):
+    """Emit `part` of the warpgroup tile where PJ_WGMMA holds and of the warps' tiles elsewhere (either may be None:
+    that variant has nothing there)."""
+    if group is None:
+        if warps is not None:
+            getattr(warps, part)()
+        return
+    r.lines.append("#if PJ_WGMMA")
+    getattr(group, part)()
+    if warps is not None:
+        r.lines.append("#else")
+        getattr(warps, part)()
+    r.lines.append("#endif")
+
+
+class _WarpTiles:
+    """Four warps each multiply a quarter of the tile with mma.sync m16n8k16, fragments by ldmatrix (sm_80 on)."""
+
+    def __init__(self, r, c: Contraction, staged: list, kind: str):
+        self.r, self.c, self.staged, self.kind = r, c, staged, kind
+        self.wm, self.wn = warp_tile(self.c)
+        self.fm, self.fn = self.wm // FRAG_M, self.wn // FRAG_N
+        self.accs = {(x, y, e): f"acc{x}_{y}_{e}" for x in range(self.fm) for y in range(self.fn) for e in range(4)}
+
+    def declare(self):
+        r = self.r
+        r.emit(f"const int wm = lid / {WARP} / 2 * {self.wm}, wn = lid / {WARP} % 2 * {self.wn};")
+        for x in range(self.fm):
+            r.emit(" ".join(f"float {self.accs[x, y, e]} = 0.0f;" for y in range(self.fn) for e in range(4)))
+
+    def arrive(self):
+        pass
+
+    def multiply(self):
+        r, (a, b), kind = self.r, self.staged, self.kind
+        a_own, a_k = _lane_offsets(a)
+        b_own, b_k = _lane_offsets(b)
+        for step in range(SLICE_K // FRAG_K):
+            r.open_block("", {})
+            kk = step * FRAG_K
+            for x in range(self.fm):
+                r.emit(f"unsigned a{x}_0, a{x}_1, a{x}_2, a{x}_3;")
+                r.emit(f"pj_ldmatrix_{'x4' if a.minor == 'k' else 'x4_trans'}(a{x}_0, a{x}_1, a{x}_2, a{x}_3, "
+                       f"&{a.cell('st', f'wm + {x * FRAG_M} + {a_own}', f'{kk} + {a_k}')});")
+            for y in range(0, self.fn, 2):
+                r.emit(f"unsigned b{y}_0, b{y}_1, b{y + 1}_0, b{y + 1}_1;")
+                r.emit(f"pj_ldmatrix_{'x4' if b.minor == 'k' else 'x4_trans'}(b{y}_0, b{y}_1, b{y + 1}_0, "
+                       f"b{y + 1}_1, &{b.cell('st', f'wn + {y * FRAG_N} + {b_own}', f'{kk} + {b_k}')});")
+            for x in range(self.fm):
+                for y in range(self.fn):
+                    outs = ", ".join(self.accs[x, y, e] for e in range(4))
+                    r.emit(f"pj_mma_{kind}({outs}, a{x}_0, a{x}_1, a{x}_2, a{x}_3, b{y}_0, b{y}_1);")
+            r.close_block()
+
+    def store(self):
+        """Each accumulator at its output (row g or g + 8, columns 2t and 2t + 1 of its fragment)."""
+        cells = [(self.accs[x, y, e], f"wm + {x * FRAG_M + (8 if e >= 2 else 0)} + fg",
+                  f"wn + {y * FRAG_N + e % 2} + ft")
+                 for x in range(self.fm) for y in range(self.fn) for e in range(4)]
+        _emit_results(self.r, self.c, cells)
+
+
+class _WarpgroupTile:
+    """The group's four warps, one warpgroup, multiply the whole tile with wgmma m64nNk16 (N the tile's columns), one
+    instruction per GROUP_M rows and 16-deep step, both operands read from the local tiles through matrix descriptors
+    (sm_90a). Accumulators: warp w's lane holds, in acc x's register 4q + e, row 64x + 16w + g (+ 8 for e >= 2),
+    column 8q + 2t + e % 2 (the PTX ISA's layout of a wgmma float32 accumulator)."""
+
+    def __init__(self, r, c: Contraction, staged: list, kind: str):
+        self.r, self.c, self.staged, self.kind = r, c, staged, kind
+        self.blocks = self.c.tm // GROUP_M
+        a, b = self.staged
+        self.helper = wgmma_helper(self.r, self.kind, self.c.tn, int(a.minor == "own"), int(b.minor == "own"))
+
+    def declare(self):
+        r = self.r
+        r.emit(f"const int wg_row = lid / {WARP} * 16 + fg;")
+        for x in range(self.blocks):
+            r.emit(f"float wacc{x}[{self.c.tn // 2}] = {{}};")
+
+    def arrive(self):
+        self.r.emit("pj_fence_async_shared();")   # (this work-item's copies and stores, before the matrix reads)
+
+    def issue(self):
+        r, (a, b) = self.r, self.staged
+        r.emit("pj_wgmma_fence();")
+        for step in range(SLICE_K // FRAG_K):
+            for x in range(self.blocks):
+                r.emit(f"{self.helper}(wacc{x}, {a.descriptor('st', x * GROUP_M, step)}, "
+                       f"{b.descriptor('st', 0, step)});")
+        r.emit("pj_wgmma_commit();")
+
+    def multiply(self):
+        self.r.emit("pj_wgmma_wait<0>();")   # (done before the next slice's barrier: its copy overwrites this stage)
+
+    def store(self):
+        cells = [(f"wacc{x}[{4 * q + e}]", f"{x * GROUP_M + (8 if e >= 2 else 0)} + wg_row", f"{8 * q + e % 2} + ft")
+                 for x in range(self.blocks) for q in range(self.c.tn // 8) for e in range(4)]
+        _emit_results(self.r, self.c, cells)
 
 
 def _emit_chunk_starts(r, c: Contraction, s: Staged):
     """Where each of the work-item's chunks of operand `s` goes and comes from, computed once: chunk n (of
-    s.chunks // FRAGMENT_THREADS) is tile row rowX_n, element colX_n of it, at k offset kX_n and own index goX_n;
+    s.chunks // FRAGMENT_THREADS) is block blkX_n's tile row rowX_n, element colX_n of it, at k offset kX_n and own
+    index goX_n;
     for a direct operand its first slice's address srcX_n and whether it may be copied whole (okX_n: in range along
     its own axis, aligned, and the slice step keeps it aligned)."""
     long, name = r.long, s.name
     extent, origin = r.value(_extent(s.own)), "i0" if name == "A" else "j0"
-    per_row, along_k = s.shape[1] // CHUNK, s.minor == "k"
+    _, rows, length = s.shape
+    per_row, along_k = length // CHUNK, s.minor == "k"
     assert s.chunks % FRAGMENT_THREADS == 0, (s.chunks, FRAGMENT_THREADS)
     for n in range(s.chunks // FRAGMENT_THREADS):
         ch = f"(lid + {n * FRAGMENT_THREADS})"
-        row, col, k, go = f"row{name}{n}", f"col{name}{n}", f"k{name}{n}", f"go{name}{n}"
-        r.emit(f"const int {row} = {ch} / {per_row}, {col} = {ch} % {per_row} * {CHUNK}, "
-               f"{k} = {col if along_k else row};")
-        r.emit(f"const {long} {go} = {origin} + {row if along_k else col};")
+        row, col, blk, k, go = f"row{name}{n}", f"col{name}{n}", f"blk{name}{n}", f"k{name}{n}", f"go{name}{n}"
+        r.emit(f"const int {row} = {ch} / {per_row} % {rows}, {col} = {ch} % {per_row} * {CHUNK}, "
+               f"{blk} = {ch} / {per_row * rows}, {k} = {col if along_k else row};")
+        r.emit(f"const {long} {go} = {origin} + {row if along_k else f'{blk} * {s.block} + {col}'};")
         if s.direct is None:
             continue
         inside = f"{go} < {extent}" if along_k else f"{go} + {CHUNK} <= {extent}"
@@ -224,7 +370,7 @@ def _emit_slice_copy(r, c: Contraction, s: Staged, stage: str, slice_: str):
         row, col, go = f"row{name}{n}", f"col{name}{n}", f"go{name}{n}"
         r.open_block("", {})
         r.emit(f"const {long} gk = ({slice_}) * {SLICE_K} + k{name}{n};")
-        r.emit(f"{u16} *dst = &{name}s[{stage}][{row}][{s.chunk(row, col)}];")
+        r.emit(f"{u16} *dst = &{name}s[{stage}][blk{name}{n}][{row}][{s.chunk(row, col)}];")
 
         def inside(e: int) -> str:   # whether the chunk's element e is in range
             return f"gk + {e} < {kk_end} && {go} < {extent}" if along_k else f"gk < {kk_end} && {go} + {e} < {extent}"
@@ -253,17 +399,12 @@ def _emit_slice_copy(r, c: Contraction, s: Staged, stage: str, slice_: str):
         r.close_block()
 
 
-def _emit_fragment_results(r, c: Contraction, accs: dict, fm: int, fn: int, m: str, n: str):
-    """Store each accumulator at its output (row g or g + 8, columns 2t and 2t + 1 of its fragment), checked."""
-    store, long = r.ast.src[0], r.long
-    for x in range(fm):
-        for y in range(fn):
-            for e in range(4):
-                row = f"i0 + wm + {x * FRAG_M + (8 if e >= 2 else 0)} + fg"
-                col = f"j0 + wn + {y * FRAG_N + e % 2} + ft"
-                r.open_block(f"if ({row} < {m} && {col} < {n})", {})
-                r.emit(f"const {long} oi = {row}, oj = {col};")
-                r.scopes[-1].update({**r.unflatten("oi", list(c.i)), **r.unflatten("oj", list(c.j)),
-                                     c.reduce: accs[x, y, e]})
-                r.emit(r.store_line(store))
-                r.close_block()
+def _emit_results(r, c: Contraction, cells: list):
+    """Store each accumulator (name, row and column in the tile) at its output, checked."""
+    store, long, m, n = r.ast.src[0], r.long, r.value(_extent(c.i)), r.value(_extent(c.j))
+    for acc, row, col in cells:
+        r.open_block(f"if (i0 + {row} < {m} && j0 + {col} < {n})", {})
+        r.emit(f"const {long} oi = i0 + {row}, oj = j0 + {col};")
+        r.scopes[-1].update({**r.unflatten("oi", list(c.i)), **r.unflatten("oj", list(c.j)), c.reduce: acc})
+        r.emit(r.store_line(store))
+        r.close_block()

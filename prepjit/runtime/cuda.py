@@ -154,9 +154,11 @@ class CUDADevice(DeviceBase):
         major, minor = self.device.compute_capability()
         self.arch = f"sm_{major}{minor}"
         self.description = f"{self.device.name()} ({self.arch})"
-        self.compiler_id = (f"cuda-{self.device.name()}-{self.arch}-driver{drv.get_driver_version()}-"
+        # sm_90 builds for its arch-specific target sm_90a (wgmma: render_cuda.WGMMA_ARCH)
+        built_for = self.arch + ("a" if self.arch == "sm_90" else "")
+        self.compiler_id = (f"cuda-{self.device.name()}-{built_for}-driver{drv.get_driver_version()}-"
                             f"nvrtc{self.nvrtc.version[0]}.{self.nvrtc.version[1]}")
-        self.options = [f"-arch={self.arch}", "-std=c++17", "--fmad=false"]  # NumPy rounds a*b and +c apart
+        self.options = [f"-arch={built_for}", "-std=c++17", "--fmad=false"]  # NumPy rounds a*b and +c apart
 
     # ---- contexts: CUDA's are current per thread, pycuda's stack of them must be empty when a thread ends ----
     def current(self, force: bool = False):

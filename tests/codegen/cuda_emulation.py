@@ -3,8 +3,11 @@ C++ (clang++) against a small shim (one std::thread per CUDA thread of a block, 
 pthread barrier, warp shuffles through a per-warp exchange), so the tile and row kernels' indexing and
 synchronisation are checked against NumPy. The tensor-core helpers (render_cuda's mma.sync, ldmatrix and cp.async)
 are replaced by C++ that follows the PTX ISA's register layouts through the per-warp exchange (the matrix product in
-float32, summed in k order; the copies synchronous, so commit and wait do nothing). Static launch sizes only;
-kernels that use atomics are not covered."""
+float32, summed in k order; the copies synchronous, so commit and wait do nothing). Compiled as for sm_90a
+(`wgmma`), the warpgroup instructions read local memory through their matrix descriptors as the PTX ISA lays them
+out (start address, leading and stride byte offsets, swizzle of the address bits): local arrays live in one section
+whose start is local address 0 (__cvta_generic_to_shared). Static launch sizes only; kernels that use atomics are
+not covered."""
 from __future__ import annotations
 
 import ctypes
@@ -26,6 +29,7 @@ SHIM = r"""
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
+#include <cstdlib>
 #include <cstring>
 #include <cmath>
 #include <thread>
@@ -40,7 +44,7 @@ struct uint4 { unsigned x, y, z, w; };
 #define __global__
 #define __device__
 #define __forceinline__ inline
-#define __shared__ static
+#define __shared__ static __attribute__((section("pj_shared")))
 #define __align__(n) __attribute__((aligned(n)))
 #define __launch_bounds__(n)
 #define __restrict__ __restrict
@@ -100,6 +104,35 @@ static void pj_ldmatrix(unsigned &r0, unsigned &r1, unsigned &r2, unsigned &r3, 
   }
   pthread_barrier_wait(&pj_warp_bar[w]);
 }
+extern "C" char __start_pj_shared[] __attribute__((weak));   // local memory: the section's offsets its addresses
+static inline unsigned __cvta_generic_to_shared(const void *p) { return (unsigned)((const char *)p - __start_pj_shared); }
+static unsigned short pj_described(unsigned long long desc, int mn, int k, bool mn_major) {
+  // element (mn, k) of the operand a wgmma matrix descriptor names: 8-row groups SBO apart, rows of the swizzle's
+  // width (K-major: rows along mn, k within a row; MN-major: rows along k, blocks of a row's elements LBO apart),
+  // then the swizzle on the address: bits 4.. xor bits 7.. (3 of them for 128-byte rows, 2 for 64, 1 for 32)
+  unsigned start = (desc & 0x3FFF) << 4, lbo = (desc >> 16 & 0x3FFF) << 4, sbo = (desc >> 32 & 0x3FFF) << 4;
+  unsigned mode = desc >> 62, row = mode == 1 ? 128 : mode == 2 ? 64 : mode == 3 ? 32 : 0, bits = mode == 1 ? 3 : 4 - mode;
+  if (!row) abort();   // (interleaved tiles: not emulated)
+  unsigned per_row = row / 2, at = mn_major ? (mn / per_row) * lbo + (k / 8) * sbo + (k % 8) * row + (mn % per_row) * 2
+                                            : (mn / 8) * sbo + (mn % 8) * row + k * 2;
+  if (!mn_major && k >= (int)per_row) abort();
+  at += start;
+  at ^= (at >> 7 & ((1u << bits) - 1)) << 4;
+  unsigned short v;
+  memcpy(&v, __start_pj_shared + at, 2);
+  return v;
+}
+template <float (*value)(unsigned short), int N, bool TA, bool TB>
+static void pj_wgmma(float *d, unsigned long long a, unsigned long long b) {
+  // each work-item its own accumulators (warp w of the warpgroup rows 16w ..., PTX's D layout), read from local memory
+  unsigned w = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
+  for (int i = 0; i < N / 2; i++) {
+    int row = 16 * w + lane / 4 + 8 * (i % 4 / 2), col = 8 * (i / 4) + lane % 4 * 2 + i % 2;
+    float sum = 0.0f;
+    for (int k = 0; k < 16; k++) sum += value(pj_described(a, row, k, TA)) * value(pj_described(b, col, k, TB));
+    d[i] += sum;
+  }
+}
 template <class T> static T __shfl_sync(unsigned, T v, int from) {
   unsigned w = threadIdx.x / 32, lane = threadIdx.x % 32;
   unsigned long long bits = 0;
@@ -151,31 +184,45 @@ _TENSOR_CORES = {  # render_cuda's tensor-core helpers, by name, in C++ for the 
     "pj_cp_async16": "static void pj_cp_async16(unsigned short *dst, const unsigned short *src) { memcpy(dst, src, 16); }",
     "pj_cp_async_commit": "static void pj_cp_async_commit() {}",
     "pj_cp_async_wait": "template <int N> static void pj_cp_async_wait() {}",
+    **{name: f"static void {name}() {{}}" for name in ("pj_wgmma_fence", "pj_wgmma_commit", "pj_fence_async_shared")},
+    "pj_wgmma_wait": "template <int N> static void pj_wgmma_wait() {}",
 }
 _HELPER = re.compile(r"(?:template <int N> )?__device__ __forceinline__ void (pj_\w+)\(.*?\n\}", re.S)
+_WGMMA = re.compile(r"pj_wgmma_(bf16|f16)_n(\d+)_([01])([01])")
 
 
-def host_source(source: str, tensor_cores: bool = True) -> str:
+def _emulated(name: str, text: str) -> str:
+    """A tensor-core helper's C++ for the shim (a wgmma's from its name: kind, n, operands' majors), else `text`."""
+    wgmma = _WGMMA.fullmatch(name)
+    if wgmma:
+        kind, n, ta, tb = wgmma.groups()
+        return (f"static void {name}(float *d, unsigned long long a, unsigned long long b) "
+                f"{{ pj_wgmma<pj_{kind}_value, {n}, {ta}, {tb}>(d, a, b); }}")
+    return _TENSOR_CORES.get(name, text)
+
+
+def host_source(source: str, tensor_cores: bool = True, wgmma: bool = False) -> str:
     """The kernel's CUDA C as C++ for the shim (its inline PTX replaced): the tensor-core helpers emulated as the
-    instructions, or (`tensor_cores` False) their own code for GPUs older than sm_80 (shuffles, plain copies)."""
+    instructions, or (`tensor_cores` False) their own code for GPUs older than sm_80 (shuffles, plain copies); with
+    `wgmma`, compiled as for sm_90a (its warpgroup instructions)."""
     for ptx, cpp in _PTX.items():
         source = source.replace(ptx, cpp)
     if tensor_cores:
-        source = _HELPER.sub(lambda m: _TENSOR_CORES.get(m.group(1), m.group(0)), source)
-    return SHIM + source
+        source = _HELPER.sub(lambda m: _emulated(m.group(1), m.group(0)), source)
+    return ("#define __CUDA_ARCH_FEAT_SM90_ALL 1\n" if wgmma else "") + SHIM + source
 
 
 def available() -> bool:
     return shutil.which("clang++") is not None
 
 
-def run(src: KernelSource, buffers: list[np.ndarray], tensor_cores: bool = True):
+def run(src: KernelSource, buffers: list[np.ndarray], tensor_cores: bool = True, wgmma: bool = False):
     """Launch the kernel `src` (static launch size, no vars) over `buffers` (slot order; slot 0 is written), its
     tensor-core helpers as `host_source` says."""
     assert src.language == "cuda" and not src.var_names and src.global_size[0].op is Ops.CONST
     params = re.search(re.escape(src.name) + r"\((.*?)\) \{", src.source).group(1).split(", ")
     casts = ", ".join(f"({p.rsplit(' ', 1)[0].replace('__restrict__', '').strip()})a[{i}]" for i, p in enumerate(params))
-    text = host_source(src.source, tensor_cores) + ('\nextern "C" void pj_run(void **a, unsigned blocks, unsigned threads) '
+    text = host_source(src.source, tensor_cores, wgmma) + ('\nextern "C" void pj_run(void **a, unsigned blocks, unsigned threads) '
                                 f"{{ pj_launch(blocks, threads, [&] {{ {src.name}({casts}); }}); }}\n")
     folder = os.path.join(tempfile.gettempdir(), "prepjit-cuda-emulation")
     os.makedirs(folder, exist_ok=True)

@@ -40,6 +40,11 @@ def test_sixteen_bit_contractions_launch_on_tensor_cores_in_cuda(name):
     assert "pj_ldmatrix_x4(a0_0" in source and "pj_ldmatrix_x4_trans(b0_0" in source
     assert "cp.async.cg.shared.global" in source and "pj_cp_async16(dst, src)" in source
     assert launch_of(launch(ast, OPENCL))[4:] == () and "mma" not in render_opencl(ast).source
+    # its 32 x 128 tile has no warpgroup variant; a 128 x 128 one has both, the GPU's compiler keeping one
+    assert "wgmma.mma_async" not in source and "#if PJ_WGMMA" not in source
+    wide = render_cuda(ast, (128, 128, 1, name)).source
+    assert f"wgmma.mma_async.sync.aligned.m64n128k16.f32.{kind}.{kind}" in wide and "#if PJ_WGMMA" in wide
+    assert f"pj_wgmma_{kind}_n128_01(wacc1, " in wide and f"pj_mma_{kind}(acc0_0_0" in wide   # b along its columns
 
 
 def test_float32_contractions_keep_their_fma_tiles():
@@ -77,7 +82,7 @@ def strided_narrow_kernel(dtype, m, n, k, a_t=False, b_t=False, batch=1, offset=
 
 
 def emulate(ast, np_dtype, m, n, k, a_t=False, b_t=False, batch=1, offset=0, scale_b=False, tile=None, seed=0,
-            tensor_cores=True):
+            tensor_cores=True, wgmma=False):
     rng = np.random.default_rng(seed)
     a = rng.standard_normal((batch, m, k), np.float32).astype(np_dtype)
     b = rng.standard_normal((batch, k, n), np.float32).astype(np_dtype)
@@ -88,7 +93,7 @@ def emulate(ast, np_dtype, m, n, k, a_t=False, b_t=False, batch=1, offset=0, sca
     src = render_cuda(ast, tile)
     assert "pj_mma_" in src.source
     cuda_emulation.run(src, [out, np.concatenate([pad, a_mem.ravel()]).view(np.uint16),
-                             np.concatenate([pad, b_mem.ravel()]).view(np.uint16)], tensor_cores)
+                             np.concatenate([pad, b_mem.ravel()]).view(np.uint16)], tensor_cores, wgmma)
     want = a.astype(np.float32) @ (b.astype(np.float32) * (2 if scale_b else 1)) + 1
     np.testing.assert_allclose(out.reshape(batch, m, n), want, rtol=1e-5, atol=1e-4 * np.sqrt(k), err_msg=str(tile))
 
@@ -97,6 +102,7 @@ EMULATED = pytest.mark.skipif(not cuda_emulation.available(), reason="needs clan
 
 
 @EMULATED
+@pytest.mark.parametrize("wgmma", [False, True], ids=["mma_sync", "wgmma"])
 @pytest.mark.parametrize("name", list(NARROW))
 @pytest.mark.parametrize("m, n, k, a_t, b_t, batch, offset, scale_b", [
     (256, 192, 64, False, False, 1, 0, False),   # a along k, b along its columns: copies, ldmatrix and .trans
@@ -105,26 +111,30 @@ EMULATED = pytest.mark.skipif(not cuda_emulation.available(), reason="needs clan
     (128, 96, 40, False, False, 2, 1, False),    # a batch, both views one element in: no aligned chunk, element copies
     (96, 128, 48, False, False, 1, 0, True),     # b computed (b * 2 in its 16-bit float): element copies
 ])
-def test_tensor_core_kernels_compute_the_matmul(name, m, n, k, a_t, b_t, batch, offset, scale_b):
+def test_tensor_core_kernels_compute_the_matmul(name, m, n, k, a_t, b_t, batch, offset, scale_b, wgmma):
     """The CUDA tensor-core kernel, run on the CPU through cuda_emulation (mma.sync, ldmatrix and cp.async emulated
-    from the PTX ISA's layouts), equals NumPy's float32 matmul of the 16-bit values."""
+    from the PTX ISA's layouts; with `wgmma` compiled as for sm_90a: wgmma reading the swizzled tiles through its
+    matrix descriptors, emulated from the descriptor and swizzle formats), equals NumPy's float32 matmul."""
     dtype, np_dtype = NARROW[name]
     if name == "float16" and not cuda_emulation.F16C:
         pytest.skip("the emulation converts float16 with x86-64's F16C")
     ast = strided_narrow_kernel(dtype, m, n, k, a_t, b_t, batch, offset, scale_b)
-    emulate(ast, np_dtype, m, n, k, a_t, b_t, batch, offset, scale_b)
+    emulate(ast, np_dtype, m, n, k, a_t, b_t, batch, offset, scale_b, wgmma=wgmma)
 
 
 @EMULATED
-def test_every_tensor_core_tile_shape_computes_the_matmul():
-    """Each tile shape PREPJIT_TUNE may pick, on tensor cores (4 warps, each a quarter of the tile), with ragged
-    edges on both sides and a partial slice."""
+@pytest.mark.parametrize("wgmma", [False, True], ids=["mma_sync", "wgmma"])
+@pytest.mark.parametrize("a_t, b_t", [(False, False), (True, True)])
+def test_every_tensor_core_tile_shape_computes_the_matmul(wgmma, a_t, b_t):
+    """Each tile shape PREPJIT_TUNE may pick, on tensor cores (4 warps, each a quarter of the tile, or one warpgroup
+    where the tile's rows are a multiple of 64 and the GPU has wgmma), with ragged edges on both sides and a partial
+    slice, both operands' tiles minor along k or both along their own axes (128- and 64-byte swizzles)."""
     m, n, k = 200, 136, 40
-    ast = strided_narrow_kernel(dtypes.bfloat16, m, n, k)
+    ast = strided_narrow_kernel(dtypes.bfloat16, m, n, k, a_t, b_t)
     for tm, tn in SHAPES:
         tile = (tm, tn, 1, "bfloat16")
         assert render_cuda(ast, tile).local_size == (128,)
-        emulate(ast, ml_dtypes.bfloat16, m, n, k, tile=tile)
+        emulate(ast, ml_dtypes.bfloat16, m, n, k, a_t, b_t, tile=tile, wgmma=wgmma)
 
 
 @EMULATED
