@@ -6,6 +6,7 @@ with the symbolic rules, which folds static-shape indexing to affine forms.
 """
 from __future__ import annotations
 
+import functools
 import re
 
 from ..uop import Ops, UOp, as_uop, dtypes, simplify, sint, sym_prod
@@ -27,6 +28,13 @@ def linear_index(idx, shape) -> UOp:
     for i, st in zip(idx, strides_of(shape)):
         total = UOp(Ops.ADD, dtypes.index, (total, UOp(Ops.MUL, dtypes.index, (i, st))))
     return total
+
+
+@functools.lru_cache(maxsize=4096)
+def flat_index(idx: tuple, shape: tuple) -> UOp:
+    """The simplified row-major offset of index `idx` into `shape` (memoised, as reshape_index: the kernels of a
+    model's layers read their buffers at the same indices)."""
+    return simplify(linear_index(idx, shape))
 
 
 def _same_size(a: sint, b: sint) -> bool:
@@ -62,6 +70,7 @@ def _dim_groups(out_shape: tuple, src_shape: tuple) -> list[tuple[list[int], lis
     return groups
 
 
+@functools.lru_cache(maxsize=4096)
 def reshape_index(idx: tuple, out_shape: tuple, src_shape: tuple) -> tuple:
     """The source index of a reshape's output index `idx`: dims are matched in runs of equal size, so a
     reshape that only adds or drops unit dims, or merges or splits some dims, divides only within a run."""
@@ -113,7 +122,7 @@ class _Lowerer:
         """Lower one node (a generator: yields the (node, idx, gate) values it reads, returns its value)."""
         op = node.op
         if self.is_buffer(node):
-            index = simplify(linear_index(idx, node.shape))
+            index = flat_index(idx, node.shape)
             src = (self.global_of(node), index) + (() if gate is None else (gate,))
             return UOp(Ops.LOAD, node.dtype, src)
         if op in (Ops.CONST, Ops.DEFINE_VAR):
@@ -234,7 +243,7 @@ def lower_kernel(root: UOp, is_buffer) -> tuple[UOp, list[UOp]]:
     low.next_axis = len(shape)
     value = low.build(root, idx, None)
     out = UOp(Ops.DEFINE_GLOBAL, root.dtype, (), 0)
-    store = UOp(Ops.STORE, dtypes.bool, (out, simplify(linear_index(idx, shape)), value))
+    store = UOp(Ops.STORE, dtypes.bool, (out, flat_index(idx, shape), value))
     reduces = root.op is Ops.REDUCE_AXIS or any(u.op is Ops.REDUCE for u in value.toposort())
     return UOp(Ops.SINK, dtypes.bool, (store,), kernel_name("r_" if reduces else "E_", shape)), low.buffers
 
@@ -268,6 +277,6 @@ def lower_scatter(root: UOp, is_buffer) -> tuple[UOp, list[UOp]]:
     gate = simplify(gate)
     out = UOp(Ops.DEFINE_GLOBAL, root.dtype, (), 0)
     always = gate.op is Ops.CONST and gate.arg
-    src = (out, simplify(linear_index(at, target.shape)), value) + (() if always else (gate,))
+    src = (out, flat_index(tuple(at), target.shape), value) + (() if always else (gate,))
     store = UOp(Ops.STORE, dtypes.bool, src, combine)
     return UOp(Ops.SINK, dtypes.bool, (store,), kernel_name("S_", shape)), low.buffers
