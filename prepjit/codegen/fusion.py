@@ -73,11 +73,12 @@ def kernel_roots(outputs: list[UOp]) -> tuple[list[UOp], list[UOp]]:
     return graph, roots
 
 
-def choose_materialized(outputs: list[UOp], row_values: bool = False) -> set[UOp]:
+def choose_materialized(outputs: list[UOp], row_values: bool = False, walk: tuple | None = None) -> set[UOp]:
     """The elementwise values to compute once into a buffer; with `row_values` (kernels that give each row a
     work-group: the C-style renderers), never a cheap kept-dims value of reductions (a row's mean or scale),
-    which is recomputed where it is read, so its reductions fuse into the readers (layernorm: one kernel)."""
-    graph, roots = kernel_roots(outputs)
+    which is recomputed where it is read, so its reductions fuse into the readers (layernorm: one kernel).
+    `walk` is kernel_roots(outputs) where the caller has it (schedule: one walk of the graph for every pass)."""
+    graph, roots = walk or kernel_roots(outputs)
     is_root = set(roots)
     places = _places(graph)
     readers_of = Counter(s for node in graph for s in set(node.src))
@@ -299,12 +300,13 @@ def _of_reductions(node: UOp) -> bool:
     return True
 
 
-def inlined_scatters(outputs: list[UOp]) -> set[UOp]:
+def inlined_scatters(outputs: list[UOp], walk: tuple | None = None) -> set[UOp]:
     """The scatters computed where they are read, as a select, instead of a copy of their target and a kernel
     writing the updates: those that write each target element at most once at an index the same everywhere
     (`.at[:, pos].set(row)` with a scalar `pos`: a KV cache's new row), into a view of a buffer, outside loops
-    and not an output. A reader's element is then `update if its index is the written one else target`."""
-    graph, _ = kernel_roots(outputs)
+    and not an output. A reader's element is then `update if its index is the written one else target`. `walk`: as
+    choose_materialized's."""
+    graph, _ = walk or kernel_roots(outputs)
     in_loops = {n for node in graph if node.op is Ops.LOOP
                 for n in UOp(Ops.SINK, node.dtype, node.arg.body_roots).toposort()}
     return {n for n in graph if n.op is Ops.SCATTER and n not in in_loops and n not in outputs and _is_row_set(n)}
@@ -337,15 +339,17 @@ def _uniform(node: UOp) -> bool:
 
 
 def fused_reductions(outputs: list[UOp], materialized: set[UOp], rows: bool = False,
-                     one_contraction: bool = False, inlined: frozenset = frozenset()) -> set[UOp]:
+                     one_contraction: bool = False, inlined: frozenset = frozenset(),
+                     walk: tuple | None = None) -> set[UOp]:
     """The reductions computed inside their only reader's kernel (see the module docstring); with `rows`
     (kernels that are loop nests, which compute a value where its loops are open), also those it reads
     broadcast along trailing axes only (a row's max or sum in softmax, layernorm's mean and variance). With
     `one_contraction` (kernels that register-block one contraction: llvm), a kernel computes at most one
     contraction inside it: SwiGLU's silu(x @ Wg) * (x @ Wu) computes x @ Wg in a kernel of its own, and the
     other with the product as its epilogue, each blocked, instead of both unblocked in one kernel. The `inlined`
-    scatters have no kernel of their own (inlined_scatters): a reduction they read is computed into a buffer."""
-    graph, roots = kernel_roots(outputs)
+    scatters have no kernel of their own (inlined_scatters): a reduction they read is computed into a buffer.
+    `walk`: as choose_materialized's."""
+    graph, roots = walk or kernel_roots(outputs)
     roots = [r for r in roots if r not in inlined]
     explicit = set(roots) - {n for n in roots if n.op is Ops.REDUCE_AXIS} | set(outputs)
     in_loops = {n for node in graph if node.op is Ops.LOOP

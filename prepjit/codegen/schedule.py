@@ -374,10 +374,10 @@ def _used_slots(ast: UOp) -> tuple[UOp, tuple[int, ...]]:
     return ast.substitute({u: UOp(Ops.DEFINE_GLOBAL, u.dtype, (), renumber[u.arg]) for u in globals_}), tuple(used)
 
 
-def _readers(outputs: list[UOp]) -> dict:
-    """How many nodes read each node, counting each output and loop body output as one reader more."""
+def _readers(outputs: list[UOp], graph: list[UOp]) -> dict:
+    """How many nodes read each node of `graph` (kernel_roots'), counting each output and loop body output as one
+    reader more."""
     count: dict = {}
-    graph, _ = kernel_roots(outputs)
     extra = list(outputs) + [o for n in graph if n.op is Ops.LOOP for o in n.arg.body_outputs]
     for n in graph:
         for s in set(n.src):
@@ -395,11 +395,12 @@ def schedule(outputs: list[UOp], inputs: list[UOp], pack_contractions: bool = Fa
     `pack_contractions` (for devices whose kernels are register-blocking loop nests: llvm), large
     contractions first copy their column operand into contiguous panels (packing.py).
     """
-    materialized = choose_materialized(outputs, row_values=not pack_contractions)
-    inlined = inlined_scatters(outputs)
+    walk = kernel_roots(outputs)  # the graph and its kernel roots, walked once for every pass below
+    materialized = choose_materialized(outputs, row_values=not pack_contractions, walk=walk)
+    inlined = inlined_scatters(outputs, walk=walk)
     fused = inlined | fused_reductions(outputs, materialized, rows=True, one_contraction=pack_contractions,
-                                       inlined=frozenset(inlined))
-    s = _Scheduler(materialized, fused, pack_contractions, _readers(outputs))
+                                       inlined=frozenset(inlined), walk=walk)
+    s = _Scheduler(materialized, fused, pack_contractions, _readers(outputs, walk[0]))
     env = {node: s.new_buffer(node) for node in inputs}
     input_bufs = tuple(env[n] for n in inputs)
     output_bufs, done = [], {}
