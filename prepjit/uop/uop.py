@@ -20,12 +20,13 @@ _INTS = object()  # tags the key of a tuple of plain ints (a shape, an axis orde
 
 def _arg_key(arg):
     """A key that tells apart args equal under ==, e.g. 0.0 / -0.0 and 1 / 1.0 / True."""
+    if isinstance(arg, tuple):  # (a loop, not all(): node construction is hot)
+        for a in arg:
+            if type(a) is not int:
+                return tuple([_arg_key(a) for a in arg])
+        return (_INTS, arg)  # the common case, without a key per element
     if isinstance(arg, float):
         return ("f", repr(arg))
-    if isinstance(arg, tuple):
-        if all(type(a) is int for a in arg):  # the common case, without a key per element
-            return (_INTS, arg)
-        return tuple(_arg_key(a) for a in arg)
     if isinstance(arg, (bool, int)):
         return (type(arg).__name__, arg)
     return arg
