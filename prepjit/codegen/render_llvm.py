@@ -37,12 +37,13 @@ def function_attributes(target: CPUTarget) -> str:
 
 # operations computed lane by lane in a vector (no vector form rendered here)
 _PER_LANE = {Ops.IDIV, Ops.MOD, Ops.ATAN2, Ops.SIGN}
-def _ranges_below(topo: list[UOp]) -> dict[UOp, frozenset]:
-    """Per node of a children-first order, the RANGEs it depends on (one pass: no walk per node)."""
+def _below(topo: list[UOp], own) -> dict[UOp, frozenset]:
+    """Per node of a children-first order, the union of `own(n)` (a frozenset, or None for none) over the nodes n
+    under it, itself included (one pass: no walk per node)."""
     below: dict[UOp, frozenset] = {}
     empty = frozenset()
     for u in topo:
-        out = frozenset((u,)) if u.op is Ops.RANGE else empty
+        out = own(u) or empty
         for s in u.src:
             if below[s]:
                 out = out | below[s] if out else below[s]
@@ -89,7 +90,8 @@ class _Renderer(ReductionRendering, KernelRenderer, InlineMath):
         stores = list(ast.src)
         written = {st.src[0] for st in stores}
         topo = ast.toposort()  # operands first
-        self.ranges = _ranges_below(topo)
+        self.n_bufs = 1 + max((u.arg for u in topo if u.op is Ops.DEFINE_GLOBAL), default=0)  # the slots it takes
+        self.ranges = _below(topo, lambda u: frozenset((u,)) if u.op is Ops.RANGE else None)  # what each depends on
         lanes = [u for u in topo if u.op is Ops.RANGE and u.arg[1] == "lane"]
         if len(lanes) > 1:
             raise NotImplementedError(f"LLVM renderer: kernel {ast.arg} has {len(lanes)} lane ranges")
@@ -102,13 +104,7 @@ class _Renderer(ReductionRendering, KernelRenderer, InlineMath):
         if lanes:
             self.scopes[0][self.lane] = "<" + ", ".join(f"i64 {k}" for k in range(self.width)) + ">"
         reduces = [u for u in topo if u.op is Ops.REDUCE]
-        bound = {}  # per node, the reduce ranges of the reductions under it
-        for u in topo:
-            inner = frozenset(u.src[1:]) if u.op is Ops.REDUCE else frozenset()
-            for s in u.src:
-                if bound.get(s):
-                    inner = inner | bound[s]
-            bound[u] = inner
+        bound = _below(topo, lambda u: frozenset(u.src[1:]) if u.op is Ops.REDUCE else None)  # reductions' ranges
         for u in reduces:
             self.reduce_groups.setdefault((u.arg, u.dtype, u.src[1:]), []).append(u)
             self.reduce_loops[u] = set(_loops(self.ranges[u]))
@@ -117,8 +113,10 @@ class _Renderer(ReductionRendering, KernelRenderer, InlineMath):
             first_use: dict[UOp, int] = {}  # per node, the index of the first store whose value uses it
             for i, st in enumerate(stores):  # what an earlier store uses is not walked again
                 first_use.update((x, i) for x in st.postorder(lambda x: x not in first_use))
+            stored_reads = _below(topo, lambda u: frozenset((u.src[0],)) if u.op is Ops.LOAD and u.src[0] in written
+                                  else None)  # per node, the buffers the kernel stores that it loads
             for u in reduces:
-                reads = {x.src[0] for x in u.toposort() if x.op is Ops.LOAD} & written
+                reads = stored_reads[u]
                 if reads:  # the stores to those buffers before the first store that uses it (reuse.py)
                     first = first_use[u]
                     self.waits[u] = max((i + 1 for i, st in enumerate(stores[:first]) if st.src[0] in reads), default=0)
@@ -508,14 +506,13 @@ class _Renderer(ReductionRendering, KernelRenderer, InlineMath):
             self.close_loop(loops.pop())
         if base:
             self.close_loop(loops.pop())
-        n_bufs = 1 + max((u.arg for u in self.ast.toposort() if u.op is Ops.DEFINE_GLOBAL), default=0)
         name = self.ast.arg
-        params = [f"ptr noalias %buf{i}" for i in range(n_bufs)] + [f"i64 %var_{v}" for v in self.vars]
+        params = [f"ptr noalias %buf{i}" for i in range(self.n_bufs)] + [f"i64 %var_{v}" for v in self.vars]
         body = [f"define internal void @{name}_body({', '.join(params + ['i64 %start', 'i64 %end'])}) "
                 f"alwaysinline {self.attributes} {{", "entry:", *self.allocas, *self.lines, "  ret void", "}"]
         wrap = [f"define void @{name}(ptr %bufs, ptr %vals, i64 %start, i64 %end) {self.attributes} {{", "entry:"]
         args = []
-        for i in range(n_bufs):
+        for i in range(self.n_bufs):
             wrap.append(f"  %bp{i} = getelementptr ptr, ptr %bufs, i64 {i}")
             wrap.append(f"  %b{i} = load ptr, ptr %bp{i}")
             args.append(f"ptr %b{i}")
