@@ -56,6 +56,10 @@ _WGMMA = {  # Hopper's warpgroup matrix instructions (PTX ISA, wgmma): operands 
   asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory");
 #endif
 }}""",
+    "pj_wgmma_hold": """template <int N> __device__ __forceinline__ void pj_wgmma_hold(float *d) {
+#pragma unroll
+  for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i]) :: "memory");   // (no use of d moves above the wait)
+}""",
     # d += a (64 x 16) @ b (16 x n): {ta}/{tb} 1 where the operand's tile is major along m/n (else along k);
     # {dlist} and {outs} spell the n / 2 accumulators d[0] ... (render_fragments.wgmma_helper fills them in)
     "pj_wgmma_{kind}_n{n}_{ta}{tb}": f"""__device__ __forceinline__ void pj_wgmma_{{kind}}_n{{n}}_{{ta}}{{tb}}(float *d,

@@ -326,6 +326,8 @@ class _WarpgroupTile:
         self.r.emit("pj_wgmma_wait<0>();")   # (done before the next slice's barrier: its copy overwrites this stage)
 
     def store(self):
+        for x in range(self.blocks):
+            self.r.emit(f"pj_wgmma_hold<{self.c.tn // 2}>(wacc{x});")
         cells = [(f"wacc{x}[{4 * q + e}]", f"{x * GROUP_M + (8 if e >= 2 else 0)} + wg_row", f"{8 * q + e % 2} + ft")
                  for x in range(self.blocks) for q in range(self.c.tn // 8) for e in range(4)]
         _emit_results(self.r, self.c, cells)

@@ -186,6 +186,7 @@ _TENSOR_CORES = {  # render_cuda's tensor-core helpers, by name, in C++ for the 
     "pj_cp_async_wait": "template <int N> static void pj_cp_async_wait() {}",
     **{name: f"static void {name}() {{}}" for name in ("pj_wgmma_fence", "pj_wgmma_commit", "pj_fence_async_shared")},
     "pj_wgmma_wait": "template <int N> static void pj_wgmma_wait() {}",
+    "pj_wgmma_hold": "template <int N> static void pj_wgmma_hold(float *) {}",
 }
 _HELPER = re.compile(r"(?:template <int N> )?__device__ __forceinline__ void (pj_\w+)\(.*?\n\}", re.S)
 _WGMMA = re.compile(r"pj_wgmma_(bf16|f16)_n(\d+)_([01])([01])")
