@@ -452,5 +452,6 @@ def _reductions_read(root: UOp, materialized: set[UOp], fused: set[UOp]) -> list
         if n is not root and n.op is Ops.REDUCE_AXIS and n not in fused:
             out.append((n, how))
         if n is root or n in fused or not (n.op in REALIZED or n in materialized):
-            stack.extend((s, _step(how, n)) for s in n.src)
+            reaches = _step(how, n)  # (the same for each operand)
+            stack += [(s, reaches) for s in n.src]
     return out
