@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import os
 import sys
 
 import attrs
 import numpy as np
+
+import prepjit as pj
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from models import llama, llama_paged  # noqa: E402
@@ -84,13 +87,22 @@ class _Sequence:
 
 class BlockPool:
     """The KV cache as a pool of fixed-size blocks, (L, blocks, KV heads, block size, head dim) for keys and
-    values, and its free list."""
+    values, and its free list. On a device with its own memory (a GPU, OpenCL) keys and values are pj.Arrays that
+    stay there: each write is a prepared scatter that takes the old arrays (donated) and returns the new ones in
+    their memory, the new keys and values never leaving the device. On the cpu they are NumPy arrays, written in
+    place (the plans read them in place)."""
 
-    def __init__(self, cfg, num_blocks: int, block_size: int, dtype):
+    def __init__(self, cfg, num_blocks: int, block_size: int, dtype, device=None):
         shape = (cfg.layers, num_blocks, cfg.kv_heads, block_size, cfg.head_dim)
         self.keys, self.values = np.zeros(shape, dtype), np.zeros(shape, dtype)
         self.block_size, self.total = block_size, num_blocks
         self.free = list(range(num_blocks - 1, -1, -1))  # a stack: the lowest ids go first
+        self._store = None
+        if own_memory(device):
+            self.keys, self.values = resident((self.keys, self.values), device)
+            self._store = pj.prepare(_store, vars={"n": (1, num_blocks * block_size)}, donate_argnums=(0, 1),
+                                     shapes={"blocks": ("n",), "rows": ("n",), "keys": (None, "n", None, None),
+                                             "values": (None, "n", None, None)}, device=device)
 
     @property
     def used(self) -> int:
@@ -109,10 +121,48 @@ class BlockPool:
         return blocks[position // self.block_size], position % self.block_size
 
     def write(self, slots, keys, values) -> None:
-        """Store keys and values (L, n, KV, hd) at n (block, row) slots."""
+        """Store keys and values (L, n, KV, hd; NumPy or pj.Arrays) at n (block, row) slots."""
         blocks, rows = np.array(slots, np.int64).reshape(-1, 2).T
-        self.keys[:, blocks, :, rows] = np.moveaxis(keys, 1, 0)
-        self.values[:, blocks, :, rows] = np.moveaxis(values, 1, 0)
+        if self._store is not None:
+            self.keys, self.values = self._store(self.keys, self.values, blocks, rows, keys, values)
+            return
+        self.keys[:, blocks, :, rows] = np.moveaxis(np.asarray(keys), 1, 0)
+        self.values[:, blocks, :, rows] = np.moveaxis(np.asarray(values), 1, 0)
+
+
+def _store(k_pool, v_pool, blocks, rows, keys, values):
+    """The pools with keys and values (L, n, KV, hd) at n (block, row) slots. Slots come from the engine's own
+    tables; mode="drop" (an id out of range is skipped, not flagged) because a call that can flag an error after
+    running cannot write into donated arrays (docs/prepare.md)."""
+    import prepjit.numpy as pnp
+    return (k_pool.at[:, blocks, :, rows].set(pnp.swapaxes(keys, 0, 1), mode="drop"),
+            v_pool.at[:, blocks, :, rows].set(pnp.swapaxes(values, 0, 1), mode="drop"))
+
+
+def own_memory(device) -> bool:
+    """Whether `device` (None: the default) keeps arrays in memory of its own, to which NumPy inputs are uploaded
+    by every call (a GPU, OpenCL), rather than reading them in place (the cpu)."""
+    from prepjit.runtime.devices import get_device
+    return get_device(device).device_memory
+
+
+def resident(tree, device):
+    """`tree` (dicts, lists, tuples of arrays) with each array copied once to `device` as a pj.Array (those
+    already there kept)."""
+    if isinstance(tree, dict):
+        return {k: resident(v, device) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(resident(v, device) for v in tree)
+    if isinstance(tree, pj.Array) and tree.device == device:
+        return tree
+    tree = np.asarray(tree)
+    return _copy_to(device, tree.shape, tree.dtype)(tree)
+
+
+@functools.lru_cache(maxsize=None)
+def _copy_to(device, shape, dtype):
+    """A prepared copy onto `device`, one per shape and dtype (each is traced once)."""
+    return pj.prepare(lambda x: x + 0, device=device)
 
 
 class Engine:
@@ -120,12 +170,15 @@ class Engine:
 
     def __init__(self, cfg, params, *, stop_ids, dtype=np.float32, device=None, context=2048, block_size=16,
                  num_blocks=None, max_batch=16, prefill_chunk=64, prefill_tokens=None):
-        self.cfg, self.params, self.stop_ids = cfg, params, frozenset(int(t) for t in stop_ids)
+        self.cfg, self.stop_ids = cfg, frozenset(int(t) for t in stop_ids)
         self.dtype, self.context, self.max_batch, self.chunk = np.dtype(dtype), context, max_batch, prefill_chunk
         self.prefill_tokens = max(prefill_chunk, prefill_tokens or 2 * prefill_chunk)  # one chunk fits, at least
         self.table_width = -(-context // block_size)
-        self.pool = BlockPool(cfg, num_blocks or max_batch * self.table_width, block_size, self.dtype)
-        self.cos, self.sin = llama.rope_tables(cfg, context, self.dtype)
+        self.pool = BlockPool(cfg, num_blocks or max_batch * self.table_width, block_size, self.dtype, device)
+        # weights and RoPE tables where the plans run: copied once, not uploaded by every step
+        self.params, (self.cos, self.sin) = params, llama.rope_tables(cfg, context, self.dtype)
+        if own_memory(device):
+            self.params, self.cos, self.sin = resident((params, self.cos, self.sin), device)
         self.decode, self.prefill = llama_paged.prepared(cfg, context=context, block_size=block_size,
                                                          max_batch=max_batch, max_chunk=prefill_chunk,
                                                          max_tokens=self.prefill_tokens, device=device,
@@ -245,7 +298,7 @@ class Engine:
                                             np.asarray(offset, np.int64), np.asarray(table, np.int64),
                                             np.asarray(last, np.int64), max(size for _, size in chunks),
                                             self.pool.keys, self.pool.values, self.cos, self.sin)
-        self.pool.write(slots, np.asarray(keys), np.asarray(values))
+        self.pool.write(slots, keys, values)
         logits, events = np.asarray(logits), []
         for i, (seq, size) in enumerate(chunks):
             seq.cached += size
@@ -260,7 +313,7 @@ class Engine:
         ids = np.array([s.generated[-1] for s in batch], np.int64)
         logits, keys, values = self.decode(self.params, ids, pos, table, self.pool.keys, self.pool.values,
                                            self.cos, self.sin)
-        self.pool.write([self.pool.slot(s.blocks, s.cached) for s in batch], np.asarray(keys), np.asarray(values))
+        self.pool.write([self.pool.slot(s.blocks, s.cached) for s in batch], keys, values)
         logits = np.asarray(logits)
         events = []
         for i, seq in enumerate(batch):

@@ -153,6 +153,29 @@ def test_waiting_prompts_are_prefilled_together_while_others_decode(params):
     assert engine.prefill.stats["replays"] == 3
 
 
+def test_kv_pool_and_weights_stay_on_the_device(device, params):
+    """On a device with its own memory (opencl) the weights, RoPE tables and KV pool are pj.Arrays there, and
+    every step writes the pool into its own memory (the old arrays donated: deleted, the memory the same); on the
+    cpu the pool is one NumPy array written in place. Either way the tokens equal NumPy's greedy ones."""
+    engine = _engine(params, device)
+    prompt = _prompts(1, seed=6)[0]
+    engine.submit(prompt, serving.Sampling(max_tokens=5))
+    resident = device != "cpu"
+    pools, tokens = [], []
+    while engine.busy:
+        keys = engine.pool.keys
+        assert isinstance(keys, pj.Array if resident else np.ndarray)
+        pools.append(id(keys.buffer) if resident else id(keys))
+        tokens += [e.token for e in engine.step()]
+        assert not resident or keys.is_deleted()
+    assert len(set(pools)) == 1 and len(tokens) == 5
+    if resident:
+        leaves = [engine.cos, engine.sin, engine.params["embed"], engine.params["blocks"][0]["wqkv"]]
+        assert all(isinstance(a, pj.Array) and a.device == device for a in [*leaves, engine.pool.values])
+    for i, token in enumerate(tokens):
+        assert token == int(np.argmax(_numpy_logits(params, prompt + tokens[:i])))
+
+
 def test_seeded_sampling_is_independent_of_the_batch(params):
     engine = _engine(params)
     sampled = serving.Sampling(max_tokens=12, temperature=4.0, top_p=0.9, seed=7)
