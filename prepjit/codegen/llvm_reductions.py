@@ -186,9 +186,10 @@ class ReductionRendering:
             return
         rows = {}
         for ld in dict.fromkeys(v for x in bodies for v in x.toposort() if v.op is Ops.LOAD):
+            if ld.dtype.itemsize >= acc.itemsize or self.prange not in self.ranges[ld.src[1]]:
+                continue  # (before the stride: simplifying it is what costs)
             step = stride_along(ld.src[1], r)
-            if step is not None and step * ld.dtype.itemsize >= PAGE_BYTES and ld.dtype.itemsize < acc.itemsize \
-                    and self.prange in self.ranges[ld.src[1]]:
+            if step is not None and step * ld.dtype.itemsize >= PAGE_BYTES:
                 rows.setdefault(ld.src[0], []).append(ld)
         for buf, loads in rows.items():
             # at the first lane and pair step: the ranges not open here (the lane, vdpbf16ps's pair)
