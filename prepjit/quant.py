@@ -15,7 +15,7 @@ import numpy as np
 from . import numpy as _pnp
 from .errors import TraceError
 from .tracing import core as _tracing
-from .tracing.quant_formats import FORMATS, Format
+from .tracing.quant_formats import FORMATS, Format, traced_dequantize
 from .tracing.tracer import Tracer
 
 __all__ = ["dequantize", "quantize", "KINDS", "QUANTIZABLE", "block_size", "block_bytes"]
@@ -60,7 +60,8 @@ def dequantize(blocks, kind):
         raise ValueError(f"{f.name} blocks: a row of {row} bytes is not whole blocks of {f.nbytes} bytes "
                          f"({f.block} weights each)")
     lead, n = tuple(blocks.shape[:-1]), row // f.nbytes
-    weights = f.dequantize(blocks.reshape(*lead, n, f.nbytes), xp)
+    blocks = blocks.reshape(*lead, n, f.nbytes)
+    weights = traced_dequantize(f, blocks, xp) if traced else f.dequantize(blocks, xp)
     return weights.reshape(*lead, n * f.block)
 
 

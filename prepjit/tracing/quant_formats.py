@@ -10,10 +10,14 @@ block) float32; `xp` is the namespace of its arrays (numpy, or prepjit.numpy ins
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import attrs
 import numpy as np
+
+from ..uop import Ops, UOp
+from .tracer import Tracer
 
 
 @attrs.frozen
@@ -171,3 +175,23 @@ FORMATS = {f.name: f for f in (
     Format("q4_k", 256, 2 + 2 + 12 + 128, _q4_k),
     Format("q6_k", 256, 128 + 64 + 16 + 2, _q6_k),
 )}
+
+
+def traced_dequantize(f: Format, blocks: Tracer, xp) -> Tracer:
+    """`f.dequantize(blocks, xp)` of traced blocks: with static dims, the expression is traced once per format,
+    dtype and shape over a placeholder input and put over `blocks` by substitution, which builds the very nodes
+    tracing it again would (UOps are hash-consed, and the expression reads only its input's dtype and shape: it
+    captures nothing and checks nothing per call). A model's weights of one shape (SmolLM2's 30 layers) then cost
+    one trace of the ~60 ops of their dequantization, not one each."""
+    shape = blocks.uop.shape
+    if blocks.weak or blocks.uop.op is Ops.CONST or not all(type(d) is int for d in shape):
+        return f.dequantize(blocks, xp)
+    placeholder, out = _template(f, xp, blocks.dtype, shape)
+    return Tracer(out.uop.substitute({placeholder: blocks.uop}), weak=out.weak)
+
+
+@functools.lru_cache(maxsize=64)
+def _template(f: Format, xp, dtype, shape: tuple) -> tuple[UOp, Tracer]:
+    """(a placeholder input of `dtype` and `shape`, `f.dequantize`'s traced expression of it)."""
+    placeholder = UOp(Ops.INPUT, dtype, (), (("dequantize", f.name), shape))
+    return placeholder, f.dequantize(Tracer(placeholder), xp)

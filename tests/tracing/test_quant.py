@@ -58,6 +58,25 @@ def test_traced_dequantize_is_ggufs(kind, device, rng):
     assert _same_or_both_nan(g(np.float32(1)), _reference(captured, kind))
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_weights_of_one_shape_share_one_traced_dequantization(kind, device, rng):
+    """The dequantization of traced blocks is traced once per format and shape and substituted over each input
+    (quant_formats.traced_dequantize): the nodes are those tracing it for that input builds, and each weight of
+    one shape is still dequantized from its own blocks."""
+    from prepjit.tracing.quant_formats import FORMATS, traced_dequantize
+    from prepjit.tracing.tracer import Tracer
+    from prepjit.uop import Ops, UOp, dtypes
+    fmt = FORMATS[kind]
+    for number in (7, 8):
+        x = Tracer(UOp(Ops.INPUT, dtypes.uint8, (), (number, (3, 2, fmt.nbytes))))
+        direct = fmt.dequantize(x, pj.numpy)
+        assert traced_dequantize(fmt, x, pj.numpy).uop is direct.uop
+    a, b = _random_blocks(rng, kind), _random_blocks(rng, kind)
+    f = pj.prepare(lambda a, b: (pj.quant.dequantize(a, kind), pj.quant.dequantize(b, kind)), device=device)
+    got_a, got_b = f(a, b)
+    assert _same_or_both_nan(got_a, _reference(a, kind)) and _same_or_both_nan(got_b, _reference(b, kind))
+
+
 @pytest.mark.parametrize("kind", ["q8_0", "q4_0", "q4_1"])
 def test_quantize_is_ggufs(kind, rng):
     w = rng.standard_normal((4, 256)).astype(np.float32)
