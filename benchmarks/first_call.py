@@ -23,12 +23,27 @@ cold start. Measured here (2 cores, other sessions loading the host, so wall tim
                                   canonical walk with iterators, fused_reductions keeps unchanged walks, reshape
                                   compares its dims before multiplying them, constant index arithmetic folds at
                                   once); the kernels are the same ASTs
+    memoised lowering, one walk   2.12-2.22 -> 1.83-1.94 s (alternating 3 x vs 28f7fc0, host shared with other
+    per pass, dequantization      sessions; this process's CPU 1.72-2.02 -> 1.30-1.33 s): tracing 0.21 + 0.18 ->
+    traced once per shape         0.15 + 0.11 (a weight's dequantization traced once per format and shape, then
+                                  substituted over each layer's blocks: quant_formats.traced_dequantize),
+                                  scheduling and lowering 0.25 + 0.35 -> 0.22 + 0.24 (reshape_index and flat
+                                  offsets memoised: the 30 layers' KV-cache kernels are lowered one by one over
+                                  the same indices; the traced graph walked once for the fusion passes),
+                                  rendering 0.15-0.20 -> 0.06-0.09 (no toposort per store or per reduction);
+                                  every rendered source byte-identical
 
-Where the rest goes: some 4 CPU seconds in all (this process and its compile workers): tracing ~0.37 (the NumPy
-layer's per-op cost: each dequantized weight is some 20 traced ops), scheduling and lowering ~0.58 (lower_kernel
-0.22, choose_materialized 0.10, packing 0.09, fused_reductions 0.07, canonical 0.05), optimisation, rendering and
-the bounds proof ~0.5-0.7, LLVM ~1.1 on the workers; on two cores that is about the 2 s issue 23 asks for. Identical kernels are compiled once already
-(the kernel cache, and offsets.py for the layers' slices of the KV cache: 38 compiles for 730 launches).
+Where the rest goes (2 cores): this process ~1.3 CPU seconds: tracing ~0.26 (the NumPy layer's per-op cost, ~10 us
+a node), scheduling and lowering ~0.45 (lower_kernel 0.12, choose_materialized 0.09, pack_contraction 0.09,
+fused_reductions 0.06, canonical 0.05), optimisation ~0.15-0.2 (matvec and block_matmul's register tiles), the
+bounds proof ~0.14 (in_bounds 0.10), rendering ~0.08, creating the cpu device ~0.1 (its replay module compiled
+here, 0.03), loading the 37 objects ~0.05; the compile workers' LLVM ~1.1 s (37 kernels at -O2, 1.13 s in one
+warm process), of which the largest are decode's E_30_3_64 (the 30 layers' new K or V rows stacked: a 30-way
+select of gated loads, 2046 lines of IR, 0.11 s), prefill's r_T_576 (the first residual add, its 18 unrolled
+stores each recomputing the gathered q8_0 embedding with 3 gated byte loads and floor divisions, 3411 lines, 0.12 s)
+and r_3_3_pos1 (softmax: 224 lines, but 0.09 s in the vectoriser); each prepare ends waiting 0.13-0.2 s for its
+last compiles. Identical kernels are compiled once already (the kernel cache, and offsets.py for the layers' slices
+of the KV cache: 37 compiles for 730 launches).
 """
 from __future__ import annotations
 
