@@ -23,7 +23,7 @@ cold start. Measured here (2 cores, other sessions loading the host, so wall tim
                                   canonical walk with iterators, fused_reductions keeps unchanged walks, reshape
                                   compares its dims before multiplying them, constant index arithmetic folds at
                                   once); the kernels are the same ASTs
-    memoised lowering, one walk   2.12-2.22 -> 1.83-1.94 s (alternating 3 x vs 28f7fc0, host shared with other
+    memoised lowering, one walk   2.12-2.22 -> 1.83-1.94 s (alternating 3 x vs f4c1b20, host shared with other
     per pass, dequantization      sessions; this process's CPU 1.72-2.02 -> 1.30-1.33 s): tracing 0.21 + 0.18 ->
     traced once per shape         0.15 + 0.11 (a weight's dequantization traced once per format and shape, then
                                   substituted over each layer's blocks: quant_formats.traced_dequantize),
