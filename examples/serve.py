@@ -12,10 +12,10 @@ events ending with `data: [DONE]` when "stream" is true), /v1/embeddings (MiniLM
 /metrics (Prometheus' text format). The models are named `smollm2` and `minilm`.
 
 One worker thread makes every engine call: it drains the queue of submissions and cancellations, runs one engine
-step (admitting waiting sequences into the running batch, a prefill chunk, a batched decode step) and hands the
-step's tokens to the event loop, which turns them into text (openai_api.TextStream). A client that goes away
-cancels its sequences, which frees their KV blocks at once; a request that would make more than --max-waiting
-sequences wait is answered 503.
+step (admitting waiting sequences into the running batch, one prefill of several prompts' chunks, a batched
+decode step) and hands the step's tokens to the event loop, which turns them into text (openai_api.TextStream).
+A client that goes away cancels its sequences, which frees their KV blocks at once; a request that would make
+more than --max-waiting sequences wait is answered 503.
 """
 from __future__ import annotations
 
