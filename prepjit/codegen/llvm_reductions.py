@@ -6,6 +6,7 @@ state and emitters."""
 from __future__ import annotations
 
 from ..uop import DType, Ops, UOp, dtypes, simplify
+from .llvm_amx import AMXRendering
 from .llvm_ir import const_literal, intrinsic_suffix, mem_type, reg_type
 from .optimize import stride_along
 
@@ -34,7 +35,7 @@ DOT, DOT_LANES, DOT_PAIRS = "llvm.x86.avx512bf16.dpbf16ps.512", 16, "<32 x bfloa
 PERMUTE, TABLE_ENTRIES = "llvm.x86.avx512.permvar.sf.512", 16
 
 
-class ReductionRendering:
+class ReductionRendering(AMXRendering):
     """The reduction methods of render_llvm._Renderer."""
 
     def reduce(self, u: UOp) -> str:
@@ -50,12 +51,17 @@ class ReductionRendering:
         group = [u] + [r for r in self.reduce_groups[(u.arg, u.dtype, u.src[1:])]
                        if r is not u and self.reduce_loops[r] <= here and (r in self.laned) == laned
                        and not any(r in scope for scope in self.scopes)]
+        tiled = u.src[-1].arg[1] == "tile" and laned and self.tile_sums(group)  # amx.py's blocks
+        if tiled:
+            for r, out in zip(group[1:], tiled[1:]):
+                self.scopes[-1][r] = out
+            return tiled[0]
         t, block = self.ty(u.dtype), len(group) > 1
         accs = [self.tmp("acc") for _ in group]
         for acc in accs:
             self.allocas.append(f"  {acc} = alloca {t}")
             self.emit(f"store {t} {self.const(const_literal(_identity(u.arg, u.dtype), u.dtype), u.dtype)}, ptr {acc}")
-        pair = u.src[-1] if u.src[-1].arg[1] == "pair" else None
+        pair = u.src[-1] if u.src[-1].arg[1] in ("pair", "tile") else None
         dot = pair is not None and laned and self.width == DOT_LANES
         looped = [r for r in u.src[1:] if not (dot and r is pair)]
         loops = [self.open_loop(r, "0", self.value(r.src[0])) for r in looped]

@@ -195,7 +195,9 @@ def upcast_contraction(ast: UOp, target: CPUTarget, blocking: Blocking = DEFAULT
     store, red, loops, j, i = axes_found
     out, index, value = store.src
     acc = red.dtype.itemsize  # blocks hold accumulators: float32 also where 16-bit floats are stored
-    rows_per_block, _ = register_block(target, acc, blocking)
+    from .amx import TILE_ROWS, tiled_operands  # amx.py builds on this module's contraction analysis
+    tiled = tiled_operands(target, red, j, i) is not None
+    rows_per_block = TILE_ROWS if tiled else register_block(target, acc, blocking)[0]
     uj, tail = column_block(target, acc, j.src[0])
     if uj == 1:
         return ast
@@ -208,7 +210,9 @@ def upcast_contraction(ast: UOp, target: CPUTarget, blocking: Blocking = DEFAULT
     rows = [i] if i is not None and ui == 1 else [None] if i is None else \
         [(i_outer * ui + a).smin(i.src[0] - 1) if clamp else i_outer * ui + a for a in range(ui)]
     width = lane_width(target, acc, uj) if len(store.src) == 3 and store.arg is None else 1
-    if target.bf16_dot and blocking.bf16_dot and width == PAIR_LANES:
+    if tiled and width == PAIR_LANES:  # on AMX tiles (amx.py, llvm_amx.py)
+        store, red = _pair_bfloat16_products(store, red, axis + 4, "tile")
+    elif target.bf16_dot and blocking.bf16_dot and width == PAIR_LANES:
         store, red = _pair_bfloat16_products(store, red, axis + 4)
     lane = UOp(Ops.RANGE, dtypes.index, (UOp.const(width),), (axis + 3, "lane")) if width > 1 else UOp.const(0)
     memo: dict = {}
@@ -239,21 +243,21 @@ def upcast_contraction(ast: UOp, target: CPUTarget, blocking: Blocking = DEFAULT
     return renumber(UOp(Ops.SINK, ast.dtype, tuple(stores), ast.arg))
 
 
-def _pair_bfloat16_products(store: UOp, red: UOp, axis: int) -> tuple[UOp, UOp]:
+def _pair_bfloat16_products(store: UOp, red: UOp, axis: int, kind: str = "pair") -> tuple[UOp, UOp]:
     """(store, reduction) with a sum of products of two bfloat16 loads over an even static innermost reduction
-    k summed in pairs, k = 2 k2 + p for a RANGE p of kind "pair" (2 steps, no loop), for vdpbf16ps (a target's
-    `bf16_dot`); any other store as it is."""
+    k summed in pairs, k = 2 k2 + p for a RANGE p of kind `kind` (2 steps, no loop): "pair" for vdpbf16ps (a
+    target's `bf16_dot`), "tile" for AMX tiles (amx.py); any other store as it is."""
     x, k = red.src[0], red.src[-1]
-    if x.op is not Ops.MUL or not all(_widened_bfloat16_load(s) for s in x.src) or \
+    if x.op is not Ops.MUL or not all(widened_bfloat16_load(s) for s in x.src) or \
             k.src[0].op is not Ops.CONST or k.src[0].arg % 2 or k.src[0].arg < 2:
         return store, red
     k2 = UOp(Ops.RANGE, dtypes.index, (UOp.const(k.src[0].arg // 2),), k.arg)
-    p = UOp(Ops.RANGE, dtypes.index, (UOp.const(2),), (axis, "pair"))
+    p = UOp(Ops.RANGE, dtypes.index, (UOp.const(2),), (axis, kind))
     paired = UOp(Ops.REDUCE, red.dtype, (x.substitute({k: k2 * 2 + p}), *red.src[1:-1], k2, p), red.arg)
     return store.substitute({red: paired}), paired
 
 
-def _widened_bfloat16_load(u: UOp) -> bool:
+def widened_bfloat16_load(u: UOp) -> bool:
     return u.op is Ops.CAST and u.dtype == dtypes.float32 and u.src[0].op is Ops.LOAD and \
         u.src[0].dtype == dtypes.bfloat16 and len(u.src[0].src) == 2
 

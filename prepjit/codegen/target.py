@@ -3,8 +3,8 @@
 `host_target()` reads them from the machine this process runs on: the vector width and number of
 vector registers of the CPU the cpu device compiles for (llvm_cpu.py: the host's, or PREPJIT_CPU's),
 the data cache sizes from the kernel's cache description, and whether it has AVX512_BF16's dot product
-(vdpbf16ps). Passes take a
-`CPUTarget` argument, so a test can ask what a kernel becomes on another host (`AVX2`, `AVX512`).
+(vdpbf16ps) and AMX_BF16's tiles (tdpbf16ps, where Linux lets this process use them: amx_tiles.py). Passes take
+a `CPUTarget` argument, so a test can ask what a kernel becomes on another host (`AVX2`, `AVX512`).
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import os
 
 import attrs
 
+from ..amx_tiles import amx_tiles_permitted
 from ..llvm_cpu import compile_cpu
 
 
@@ -24,6 +25,7 @@ class CPUTarget:
     l1_bytes: int = 32 << 10
     l2_bytes: int = 1 << 20
     bf16_dot: bool = False   # AVX512_BF16's vdpbf16ps: pairs of bfloat16 products summed into float32 lanes
+    amx_bf16: bool = False   # AMX_BF16's tdpbf16ps: 16 x 32 by 32 x 16 bfloat16 tiles into 16 x 16 float32 (amx.py)
 
     def lanes(self, itemsize: int) -> int:
         return max(1, self.vector_bytes // itemsize)
@@ -32,6 +34,7 @@ class CPUTarget:
 AVX2 = CPUTarget("haswell", 32, 16)
 AVX512 = CPUTarget("skylake-avx512", 64, 32)
 AVX512_BF16 = CPUTarget("sapphirerapids", 64, 32, bf16_dot=True)
+AMX_BF16 = CPUTarget("sapphirerapids", 64, 32, bf16_dot=True, amx_bf16=True)
 
 
 def _cache_bytes(level: int) -> int | None:
@@ -66,7 +69,8 @@ def host_target() -> CPUTarget:
     cpu = compile_cpu()
     l1, l2 = _cache_bytes(1), _cache_bytes(2)
     return CPUTarget(cpu.name, cpu.vector_bytes, cpu.vector_registers, l1 or 32 << 10, l2 or 1 << 20,
-                     bf16_dot=_has_bf16_dot(cpu.features, cpu.vector_bytes))
+                     bf16_dot=_has_bf16_dot(cpu.features, cpu.vector_bytes),
+                     amx_bf16=_has_amx_bf16(cpu.features, cpu.vector_bytes))
 
 
 def _has_bf16_dot(features: str, vector_bytes: int) -> bool:
@@ -74,3 +78,10 @@ def _has_bf16_dot(features: str, vector_bytes: int) -> bool:
     (the host's list; a PREPJIT_CPU's names only the features this host lacks, so its kernels never use it) and
     they get 512-bit vectors."""
     return vector_bytes == 64 and "+avx512bf16" in features.split(",")
+
+
+def _has_amx_bf16(features: str, vector_bytes: int) -> bool:
+    """Whether kernels may use AMX_BF16 tiles: the CPU they compile for has them (a PREPJIT_CPU's never: as for
+    vdpbf16ps), its vectors are 512 bits (a tile row is one) and Linux let this process use them."""
+    flags = features.split(",")
+    return vector_bytes == 64 and "+amx-bf16" in flags and "+amx-tile" in flags and amx_tiles_permitted()

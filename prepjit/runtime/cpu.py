@@ -15,6 +15,7 @@ import threading
 
 import numpy as np
 
+from ..amx_tiles import amx_tiles_permitted
 from ..errors import CompileError
 from ..llvm_cpu import compile_cpu
 from ..uop import Ops, render_python
@@ -276,6 +277,7 @@ class CPUDevice:
         llvm.initialize_native_target()
         llvm.initialize_native_asmprinter()
         cpu = compile_cpu()  # the host's CPU, or PREPJIT_CPU's
+        amx_tiles_permitted()  # asked once, before any kernel (codegen's AMX blocks need it: amx_tiles.py)
         self.cpu_name, features = cpu.name, cpu.features
         # The target machine, as data so compile workers build the same one (llvm_compile.py).
         # The large code model addresses constants, other sections and external symbols with 64-bit
