@@ -63,10 +63,9 @@ SERVE_CONTEXT, BLOCK_SIZE = 256, 16
 COSINE_MIN = {"float32": 0.9999, "bfloat16": 0.995, "float16": 0.998}  # decode logits vs NumPy float32
 
 
-def _quantized(w, kind: str, transposed: bool = True) -> dict:
-    """A float matrix as {kind: blocks}, a row of blocks per output feature: projections are stored (in, out), the
-    token table (vocab, dim) is already a row per output."""
-    return {kind: pj.quant.quantize(np.ascontiguousarray(w.T) if transposed else w, kind)}
+def _quantized(w, kind: str) -> dict:
+    """A float matrix (out, in) as {kind: blocks}, a row of blocks per output feature."""
+    return {kind: pj.quant.quantize(w, kind)}
 
 
 def stored_params(params32: dict, weights: str) -> dict:
@@ -75,7 +74,7 @@ def stored_params(params32: dict, weights: str) -> dict:
     the token table, as load_params(dtype="q4_1") stores them)."""
     if weights in DTYPES:
         return tree_cast(params32, DTYPES[weights])
-    embed = _quantized(params32["embed"], weights, transposed=False)
+    embed = _quantized(params32["embed"], weights)
     blocks = [{name: _quantized(w, weights) if w.ndim == 2 else w for name, w in bp.items()}
               for bp in params32["blocks"]]
     return {"embed": embed, "head": embed, "norm": params32["norm"], "blocks": blocks}

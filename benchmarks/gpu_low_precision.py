@@ -189,7 +189,7 @@ def torch_static_decode(torch, cfg, params, k, v):
         here = (slots == pos)[:, None]
         keys, values = [], []
         for layer, bp in enumerate(params["blocks"]):
-            q, kk, vv = (rms(h, bp["attn_norm"]) @ bp["wqkv"]).split([dim, kv, kv], -1)
+            q, kk, vv = (rms(h, bp["attn_norm"]) @ bp["wqkv"].T).split([dim, kv, kv], -1)
             q, kk, vv = rope(q.view(heads, hd), c, s), rope(kk.view(kv_heads, hd), c, s), vv.view(kv_heads, hd)
             keys.append(kk)
             values.append(vv)
@@ -197,9 +197,9 @@ def torch_static_decode(torch, cfg, params, k, v):
             v_all = torch.where(here, vv[:, None], v[layer])
             scores = (q.view(kv_heads, group, hd) @ k_all.transpose(-1, -2)).float() / hd ** 0.5
             probs = scores.masked_fill(slots > pos, float("-inf")).softmax(-1).to(h.dtype)
-            h = h + (probs @ v_all).reshape(1, dim) @ bp["wo"]
-            gate, up = (rms(h, bp["ffn_norm"]) @ bp["gate_up"]).split(ff, -1)
-            h = h + (torch.nn.functional.silu(gate) * up) @ bp["down"]
+            h = h + (probs @ v_all).reshape(1, dim) @ bp["wo"].T
+            gate, up = (rms(h, bp["ffn_norm"]) @ bp["gate_up"].T).split(ff, -1)
+            h = h + (torch.nn.functional.silu(gate) * up) @ bp["down"].T
         return (rms(h, params["norm"]) @ params["head"].T)[0], torch.stack(keys), torch.stack(values)
     return step
 

@@ -101,13 +101,13 @@ def _llama(torch, cfg: llama.Config, params):
         pre = f"model.layers.{i}."
         state.update({pre + "input_layernorm.weight": t(bp["attn_norm"]),
                       pre + "post_attention_layernorm.weight": t(bp["ffn_norm"]),
-                      pre + "self_attn.q_proj.weight": t(bp["wqkv"][:, :cfg.dim].T),
-                      pre + "self_attn.k_proj.weight": t(bp["wqkv"][:, cfg.dim:cfg.dim + kv].T),
-                      pre + "self_attn.v_proj.weight": t(bp["wqkv"][:, cfg.dim + kv:].T),
-                      pre + "self_attn.o_proj.weight": t(bp["wo"].T),
-                      pre + "mlp.gate_proj.weight": t(bp["gate_up"][:, :cfg.ff].T),
-                      pre + "mlp.up_proj.weight": t(bp["gate_up"][:, cfg.ff:].T),
-                      pre + "mlp.down_proj.weight": t(bp["down"].T)})
+                      pre + "self_attn.q_proj.weight": t(bp["wqkv"][:cfg.dim]),
+                      pre + "self_attn.k_proj.weight": t(bp["wqkv"][cfg.dim:cfg.dim + kv]),
+                      pre + "self_attn.v_proj.weight": t(bp["wqkv"][cfg.dim + kv:]),
+                      pre + "self_attn.o_proj.weight": t(bp["wo"]),
+                      pre + "mlp.gate_proj.weight": t(bp["gate_up"][:cfg.ff]),
+                      pre + "mlp.up_proj.weight": t(bp["gate_up"][cfg.ff:]),
+                      pre + "mlp.down_proj.weight": t(bp["down"])})
     model.load_state_dict(state, strict=False)
     return model.cuda()
 

@@ -87,11 +87,11 @@ STORED = "gguf"  # load_params' dtype keeping each tensor as the file stores it
 
 
 def load_params(reader=None, layers: int | None = None, dtype=np.float32) -> tuple[Config, dict]:
-    """The config and the weights stored in `dtype`: projections as (in, out) so activations multiply them from the
-    left; `embed` (vocab, dim) serves as the token table and, tied, as the output head. `layers` keeps the first
-    few. `dtype` may also be STORED (every tensor as the file stores it) or a block format pj.quant can quantize
-    (q8_0, q4_0, q4_1: the matrices quantized from their float32 values): a matrix in blocks is {kind: blocks},
-    its rows the output features as in the file (see `linear`)."""
+    """The config and the weights stored in `dtype`: every matrix (out, in) as the file stores it, a row per output
+    feature (see `linear`); `embed` (vocab, dim) serves as the token table and, tied, as the output head. `layers`
+    keeps the first few. `dtype` may also be STORED (every tensor as the file stores it) or a block format pj.quant
+    can quantize (q8_0, q4_0, q4_1: the matrices quantized from their float32 values): a matrix in blocks is
+    {kind: blocks}, a row of blocks per output feature."""
     quants = require("gguf.quants", INSTALL)
     reader = reader or open_gguf()
     cfg = read_config(reader)
@@ -116,10 +116,10 @@ def load_params(reader=None, layers: int | None = None, dtype=np.float32) -> tup
         return dequantized(name).astype(np.float32 if isinstance(dtype, str) else dtype)
 
     def rows(*parts):
-        """Weights of output features side by side: float (out, in) matrices concatenated and transposed to
-        (in, out); blocks of one kind concatenated (a block row is one output feature), else kept as parts."""
+        """Weights of output features stacked: float (out, in) matrices or blocks of one kind concatenated along
+        the rows (a row is one output feature), blocks of different kinds kept as parts."""
         if not isinstance(parts[0], dict):
-            return np.ascontiguousarray(np.concatenate(parts).T)
+            return np.concatenate(parts)
         kinds = {kind for part in parts for kind in part}
         if len(kinds) > 1:
             return list(parts)
@@ -132,11 +132,11 @@ def load_params(reader=None, layers: int | None = None, dtype=np.float32) -> tup
         p = f"blk.{i}."
         blocks.append({
             "attn_norm": weight(p + "attn_norm.weight"), "ffn_norm": weight(p + "ffn_norm.weight"),
-            # q, k and v side by side: one contraction (dim | kv | kv columns), split after it
+            # q, k and v stacked: one contraction (dim | kv | kv output rows), split after it
             "wqkv": rows(_unpermuted(weight(p + "attn_q.weight"), cfg.heads),
                          _unpermuted(weight(p + "attn_k.weight"), cfg.kv_heads), weight(p + "attn_v.weight")),
             "wo": rows(weight(p + "attn_output.weight")),
-            # gate and up side by side: one contraction (ff | ff columns), split after it
+            # gate and up stacked: one contraction (ff | ff output rows), split after it
             "gate_up": rows(weight(p + "ffn_gate.weight"), weight(p + "ffn_up.weight")),
             "down": rows(weight(p + "ffn_down.weight")),
         })
@@ -152,16 +152,17 @@ def _unpermuted(w, heads: int):
 
 
 def linear(xp, x, w, dtype):
-    """x @ W in `dtype` for a projection stored (in, out) as floats; for one stored in blocks ({kind: blocks}, a row
-    of blocks per output feature) x @ pj.quant.dequantize(blocks, kind).T, which a prepared function computes in the
-    kernel reading the blocks (NumPy dequantizes them first); parts in blocks of different kinds side by side."""
+    """x @ W.T in `dtype` for a projection W stored (out, in), a row per output feature: as floats, or in blocks
+    ({kind: blocks}: W is pj.quant.dequantize(blocks, kind), which a prepared function computes in the kernel
+    reading the blocks, NumPy first); parts in blocks of different kinds stacked as a list. A decode step's
+    matrix-vector product then reads each output's weights as one contiguous row."""
     if isinstance(w, list):
         return xp.concatenate([linear(xp, x, part, dtype) for part in w], axis=-1)
     if isinstance(w, dict):
         import prepjit as pj
         ((kind, blocks),) = w.items()
         return cast(x @ pj.quant.dequantize(blocks, kind).T, dtype)
-    return x @ cast(w, dtype)
+    return x @ cast(w, dtype).T
 
 
 def embedding(table, ids, dtype):
@@ -175,24 +176,22 @@ def embedding(table, ids, dtype):
 
 def logits(xp, params, x, dtype):
     """The output head (vocab, dim) applied to x (dim,)."""
-    head = params["head"]
-    return linear(xp, x, head, dtype) if isinstance(head, dict) else cast(head, dtype) @ x
+    return linear(xp, x, params["head"], dtype)
 
 
 def dequantized(params: dict) -> dict:
-    """`params` with every weight in blocks dequantized to float32 in the float layout (a NumPy reference)."""
+    """`params` with every weight in blocks dequantized to float32 (a NumPy reference), the layout unchanged."""
     import prepjit as pj
 
-    def floats(w, transposed=True):
-        if isinstance(w, list):  # parts side by side
-            return np.concatenate([floats(part) for part in w], axis=1)
+    def floats(w):
+        if isinstance(w, list):  # parts stacked
+            return np.concatenate([floats(part) for part in w])
         if not isinstance(w, dict):
             return w
         ((kind, blocks),) = w.items()
-        out = pj.quant.dequantize(blocks, kind)
-        return np.ascontiguousarray(out.T) if transposed else out
-    embed = floats(params["embed"], transposed=False)
-    head = embed if params["head"] is params["embed"] else floats(params["head"], transposed=False)
+        return pj.quant.dequantize(blocks, kind)
+    embed = floats(params["embed"])
+    head = embed if params["head"] is params["embed"] else floats(params["head"])
     return {**params, "embed": embed, "head": head,
             "blocks": [{k: floats(v) for k, v in bp.items()} for bp in params["blocks"]]}
 
@@ -203,9 +202,9 @@ def random_params(rng, cfg: Config) -> dict:
         return (rng.standard_normal(shape) * scale).astype(np.float32)
     d, kv = cfg.dim, cfg.kv_heads * cfg.head_dim
     blocks = [{"attn_norm": 1 + f32(d, scale=0.1), "ffn_norm": 1 + f32(d, scale=0.1),
-               "wqkv": f32(d, d + 2 * kv, scale=d ** -0.5),
-               "wo": f32(d, d, scale=d ** -0.5), "gate_up": f32(d, 2 * cfg.ff, scale=d ** -0.5),
-               "down": f32(cfg.ff, d, scale=cfg.ff ** -0.5)}
+               "wqkv": f32(d + 2 * kv, d, scale=d ** -0.5),
+               "wo": f32(d, d, scale=d ** -0.5), "gate_up": f32(2 * cfg.ff, d, scale=d ** -0.5),
+               "down": f32(d, cfg.ff, scale=cfg.ff ** -0.5)}
               for _ in range(cfg.layers)]
     embed = f32(cfg.vocab, d)
     return {"embed": embed, "head": embed, "norm": 1 + f32(d, scale=0.1), "blocks": blocks}
@@ -295,8 +294,8 @@ def softmax(xp, x, keep=None):
 
 
 def _qkv(xp, bp, x, cfg: Config, dtype):
-    """The query, key and value projections of x (..., dim), computed by one contraction with the weights side by
-    side (`wqkv`: dim | kv | kv columns) and split after it."""
+    """The query, key and value projections of x (..., dim), computed by one contraction with the weights stacked
+    (`wqkv`: dim | kv | kv output rows) and split after it."""
     qkv = linear(xp, x, bp["wqkv"], dtype)
     kv = cfg.kv_heads * cfg.head_dim
     return qkv[..., :cfg.dim], qkv[..., cfg.dim:cfg.dim + kv], qkv[..., cfg.dim + kv:]

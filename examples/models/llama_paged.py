@@ -125,8 +125,7 @@ def prefill_batch(xp, cfg: Config, params, ids, pos, offset, block_table, last, 
 
 def _logits(xp, params, x, dtype):
     """The output head applied to rows x (B, dim) -> (B, vocab)."""
-    head = params["head"]
-    return linear(xp, x, head, dtype) if isinstance(head, dict) else x @ cast(head, dtype).T
+    return linear(xp, x, params["head"], dtype)
 
 
 def prepared(cfg: Config, *, context: int, block_size: int, max_batch: int, max_chunk: int,

@@ -46,6 +46,19 @@ def test_weights_in_blocks_match_numpy_of_their_dequantized_values(weights, caps
                                                                         else {weights})
 
 
+def test_float_and_block_weights_share_one_layout_a_row_per_output():
+    """Float weights are stored (out, in) as the file and the blocks store them (a decode step's matrix-vector
+    product reads each output's weights as one contiguous row): each float matrix equals its blocks dequantized."""
+    reader = llama.open_gguf()
+    _, floats = llama.load_params(reader, layers=1, dtype=np.float32)
+    _, blocks = llama.load_params(reader, layers=1, dtype="q8_0")
+    back = llama.dequantized(blocks)
+    for name, w in floats["blocks"][0].items():
+        assert w.shape == back["blocks"][0][name].shape, name
+        np.testing.assert_allclose(w, back["blocks"][0][name], atol=0.01 * np.abs(w).max(), err_msg=name)
+    assert floats["blocks"][0]["wqkv"].shape[1] == floats["blocks"][0]["down"].shape[0] == floats["embed"].shape[1]
+
+
 @pytest.mark.parametrize("dtype, weights", [("bf16", "bf16"), ("f16", "f16"), ("f32", "bf16"), ("bf16", "f32")])
 def test_dtype_and_weight_storage(dtype, weights, capsys):
     """--dtype is what the plans compute in, --weights what they read: the decode plan's inputs are the weights in
