@@ -15,7 +15,7 @@ products/s on one core, ~4x the FMAs' float32.
 from __future__ import annotations
 
 from ..uop import Ops, UOp
-from .optimize import stride_along, widened_bfloat16_load
+from .optimize import contraction_axes, stride_along, widened_bfloat16_load
 from .target import CPUTarget
 
 TILE_ROWS = 16   # rows of a tile (A's and C's), the most a block takes
@@ -39,3 +39,9 @@ def tiled_operands(target: CPUTarget, red: UOp, j: UOp, i: UOp | None) -> tuple[
     b, a = (loads[0], loads[1]) if along_j[0] else (loads[1], loads[0])
     return (a, b) if stride_along(a.src[1], k) == 1 else None
 
+
+
+def tiled(ast: UOp, target: CPUTarget) -> bool:
+    """Whether the kernel `ast` is a contraction that goes on `target`'s tiles (before matvec.py's rules)."""
+    found = contraction_axes(ast)
+    return found is not None and tiled_operands(target, found[1], found[3], found[4]) is not None

@@ -5,14 +5,16 @@ llvm_reductions' ReductionRendering: it reads the renderer's state and emitters.
 The block's sums are C tiles (0 and 1: one per 16-lane column vector, a row per block row) that start at zero
 (tilezero); each step of TILE_K products copies the block's rows of A (64 bytes each) into a stack tile and
 each column vector's 16 pairs of B rows, interleaved, into another (VNNI layout), loads them into tiles 2 and 3,
-4 and runs tdpbf16ps per column tile. At the end the C tiles are stored to the stack and each sum is its row
+4 and runs tdpbf16ps per column tile; a B already in VNNI layout (packing.py's panels for tiled contractions) is
+loaded into its tile straight from memory. At the end the C tiles are stored to the stack and each sum is its row
 there. The tile configuration (palette 1, each tile's rows and bytes a row) is loaded per block: a var or
 clamped row block configures fewer rows.
 """
 from __future__ import annotations
 
-from ..uop import UOp
+from ..uop import UOp, simplify
 from .amx import TILE_K, TILE_LANES, TILE_ROWS
+from .optimize import stride_along
 
 ROW_BYTES = 64            # bytes of a tile row (the most: 16 floats, 32 bfloat16)
 TILE_BYTES = TILE_ROWS * ROW_BYTES
@@ -67,7 +69,8 @@ class AMXRendering:
             bits = self.op(f"load <{TILE_K} x i16>, ptr {self.address(ld.src[0], self.value(ld.src[1]))}, align 2")
             self.emit(f"store <{TILE_K} x i16> {bits}, ptr {self.at(a_buf, r * ROW_BYTES)}, align 64")
         self.scopes.pop()
-        for s in range(TILE_K // 2):  # B's pairs of rows, interleaved as vdpbf16ps reads them
+        packed = [self.vnni_rows(b.src[0], k2, pair) for b in columns]
+        for s in range(TILE_K // 2 if None in packed else 0):  # B's pairs of rows, interleaved as vdpbf16ps does
             step = self.op(f"add i64 {base}, {s}")
             halves = []
             for p in range(2):
@@ -81,9 +84,15 @@ class AMXRendering:
                 at = self.at(b_buf, c * TILE_BYTES + s * ROW_BYTES)
                 self.emit(f"store <{2 * self.width} x i16> {both}, ptr {at}, align 64")
         self.emit(f"call void @llvm.x86.tileloadd64(i8 {A_TILE}, ptr {a_buf}, i64 {ROW_BYTES})")
-        for c in range(len(columns)):
-            self.emit(f"call void @llvm.x86.tileloadd64(i8 {B_TILE + c}, ptr {self.at(b_buf, c * TILE_BYTES)}, "
-                      f"i64 {ROW_BYTES})")
+        for c, b in enumerate(columns):
+            if None in packed:
+                at, stride = self.at(b_buf, c * TILE_BYTES), ROW_BYTES
+            else:  # straight from the packed panel (packing.py's VNNI layout)
+                start, stride = packed[c]
+                self.scopes.append({k2: base, pair: "0"})
+                at = self.address(b.src[0].src[0], self.value(start))
+                self.scopes.pop()
+            self.emit(f"call void @llvm.x86.tileloadd64(i8 {B_TILE + c}, ptr {at}, i64 {stride})")
             self.emit(f"call void @llvm.x86.tdpbf16ps(i8 {C_TILE + c}, i8 {A_TILE}, i8 {B_TILE + c})")
         self.close_loop(loop)
         for c in range(len(columns)):
@@ -92,6 +101,15 @@ class AMXRendering:
         self.emit("call void @llvm.x86.tilerelease()")
         return [self.op(f"load <{self.width} x float>, ptr {self.at(c_buf, c * TILE_BYTES + r * ROW_BYTES)}, "
                         f"align 64") for r, c in cells]
+
+    def vnni_rows(self, load: UOp, k2: UOp, pair: UOp) -> tuple[UOp, int] | None:
+        """(B's index at lane 0, bytes between its pairs of rows) when the ungated bfloat16 `load` already holds
+        a tile's rows in VNNI layout (lane l's pair at 2l and 2l + 1, contiguous: packing.py's panels), else None."""
+        index = load.src[1]
+        if len(load.src) != 2 or stride_along(index, self.lane) != 2 or stride_along(index, pair) != 1:
+            return None
+        step = stride_along(index, k2)
+        return None if step is None else (simplify(index.substitute({self.lane: UOp.const(0)})), 2 * step)
 
     def at(self, buf: str, offset: int) -> str:
         """The address `offset` bytes into a stack buffer."""

@@ -332,9 +332,10 @@ def optimize_with(ast: UOp, language: str, target: CPUTarget | None, blocking: B
     for the same kernel."""
     if language != "llvm":
         return ast
-    from .matvec import matvec  # matvec.py builds on this module's contraction analysis
+    from .amx import tiled  # amx.py and matvec.py build on this module's contraction analysis
+    from .matvec import matvec
     ast = store_shared_value(ast)
-    found = matvec(ast, target or host_target(), blocking)
+    found = None if tiled(ast, target or host_target()) else matvec(ast, target or host_target(), blocking)
     return found if found is not None else upcast_contraction(ast, target or host_target(), blocking)
 
 

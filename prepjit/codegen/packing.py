@@ -61,7 +61,7 @@ def pack_contraction(ast: UOp, slot: int, target: CPUTarget | None = None) -> tu
     found = contraction_axes(ast)
     if found is None or reads_blocks(ast, target):
         return None
-    _, value, loops, j, _ = found
+    _, value, loops, j, i = found
     if value.src[0].op is not Ops.MUL:
         return None
     reduces = list(value.src[1:])
@@ -69,7 +69,7 @@ def pack_contraction(ast: UOp, slot: int, target: CPUTarget | None = None) -> tu
     if j in x.toposort():
         x, y = y, x
     packs = []
-    columns = _pack_columns(ast, x, y, value, loops, j, reduces, slot, target or host_target())
+    columns = _pack_columns(ast, x, y, value, loops, j, i, reduces, slot, target or host_target())
     if columns is not None:
         ast, pack = columns
         packs.append(pack)
@@ -90,9 +90,12 @@ def _stored(operand: UOp):
     return operand, lambda load: load
 
 
-def _pack_columns(ast: UOp, x: UOp, y: UOp, value: UOp, loops: list, j: UOp, reduces: list, slot: int,
-                  target: CPUTarget) -> tuple[UOp, tuple] | None:
-    """(contraction reading the column operand `y` packed in panels from `slot`, (packing AST, shape)), or None."""
+def _pack_columns(ast: UOp, x: UOp, y: UOp, value: UOp, loops: list, j: UOp, i: UOp | None, reduces: list,
+                  slot: int, target: CPUTarget) -> tuple[UOp, tuple] | None:
+    """(contraction reading the column operand `y` packed in panels from `slot`, (packing AST, shape)), or None.
+
+    A contraction on AMX tiles (amx.py) gets its panels in the tiles' VNNI layout, (..., J / UJ, K / 2, UJ, 2):
+    rows k and k + 1 interleaved, so a tile of B is 16 rows of 64 bytes a panel row apart (llvm_amx.py)."""
     width, tail = column_block(target, value.dtype.itemsize, j.src[0])
     y_ranges = set(y.toposort())
     if width == 1 or j not in y_ranges or j in x.toposort() or not all(k in y_ranges for k in reduces):
@@ -110,18 +113,26 @@ def _pack_columns(ast: UOp, x: UOp, y: UOp, value: UOp, loops: list, j: UOp, red
     if not rows or reuse < least or reduce_size < MIN_REDUCE and not gathers or tail and not gathers:
         return None
     outer = [r for r in loops if r in y_ranges and r is not j]
-    shape = tuple(r.src[0] for r in outer) + (simplify(j.src[0] // width),) + \
+    from .amx import tiled_operands  # amx.py builds on optimize.py, as this module does
+    vnni = tiled_operands(target, value, j, i) is not None  # one static reduce range, a multiple of 32
+    inner = (simplify(reduces[0].src[0] // 2), UOp.const(width), UOp.const(2)) if vnni else \
         tuple(k.src[0] for k in reduces) + (UOp.const(width),)
+    shape = tuple(r.src[0] for r in outer) + (simplify(j.src[0] // width),) + inner
     new = [UOp(Ops.RANGE, dtypes.index, (end,), (n, "loop")) for n, end in enumerate(shape)]
-    mapping = dict(zip(outer, new)) | dict(zip(reduces, new[len(outer) + 1:-1]))
-    mapping[j] = new[len(outer)] * width + new[-1]
+    panel = new[len(outer)]
+    if vnni:
+        mapping = dict(zip(outer, new)) | {reduces[0]: new[-3] * 2 + new[-1], j: panel * width + new[-2]}
+        read = (j // width, reduces[0] // 2, j % width, reduces[0] % 2)
+    else:
+        mapping = dict(zip(outer, new)) | dict(zip(reduces, new[len(outer) + 1:-1])) | {j: panel * width + new[-1]}
+        read = (j // width, *reduces, j % width)
     stored, widen = _stored(y)
     packed_value = stored.substitute(mapping)
     pack_store = UOp(Ops.STORE, dtypes.bool, (UOp(Ops.DEFINE_GLOBAL, stored.dtype, (), 0),
                                              simplify(linear_index(new, shape)), packed_value))
     # named by what it packs, not by its contraction: two contractions packing one operand alike share one kernel
     pack = UOp(Ops.SINK, dtypes.bool, (pack_store,), kernel_name("pack_", shape))
-    read_index = simplify(linear_index(tuple(outer) + (j // width,) + tuple(reduces) + (j % width,), shape))
+    read_index = simplify(linear_index(tuple(outer) + read, shape))
     packed_load = widen(UOp(Ops.LOAD, stored.dtype, (UOp(Ops.DEFINE_GLOBAL, stored.dtype, (), slot), read_index)))
     if tail:  # only the full panels are packed; the peeled tail's columns read `y` itself
         packed_load = UOp(Ops.WHERE, y.dtype, (in_full_blocks(j, width), packed_load, y))

@@ -83,3 +83,17 @@ def test_tiled_epilogue_and_float32_output(rng):
     want = np.tanh(a.astype(np.float32) @ b.astype(np.float32) + bias)
     np.testing.assert_allclose(np.asarray(f(a, b, bias)), want, rtol=1e-5, atol=1e-5)
     assert _tiled(_kernel(f, a, b, bias), host_target())
+
+
+@on_host
+def test_packed_panels_are_in_vnni_layout_and_loaded_straight_into_tiles(rng):
+    """A large B is packed for the tiles, (J / 32, K / 2, 32, 2): its tiles load from the panels (rows 128 bytes
+    apart), no interleaving in the kernel."""
+    a, b = rng.standard_normal((512, 256)).astype(bfloat16), rng.standard_normal((256, 512)).astype(bfloat16)
+    f = pj.prepare(lambda a, b: a @ b, device="cpu")
+    _check(f(a, b), a, b, bfloat16)
+    *packs, kernel = f.plan(a, b).kernels
+    assert [p.ast.arg for p in packs] == ["pack_16_128_32_2"]
+    source = render_llvm(optimize(kernel.kernel.scheduled, "llvm", host_target()), host_target()).source
+    assert "@llvm.x86.tileloadd64(i8 3, ptr %p" in source and ", i64 128)" in source
+    assert "shufflevector" not in source
