@@ -13,7 +13,9 @@ The machine is shared and noisy: each round starts one process per figure, prepj
 order rotated every round), and a case reports the median over ROUNDS. Where the cpu has AVX512_BF16, bfloat16
 contractions sum pairs of products with vdpbf16ps (Blocking.bf16_dot, codegen/optimize.py); the `-unpaired`
 figures are the same runs with PREPJIT_CPU set to the host's own CPU name, which leaves that pairing off (a
-PREPJIT_CPU's kernels never use AVX512_BF16: codegen/target.py) and nothing else of the CPU model changed.
+PREPJIT_CPU's kernels never use AVX512_BF16: codegen/target.py) and nothing else of the CPU model changed. Where it
+has AMX_BF16 tiles, bfloat16 contractions run on them by default (codegen/amx.py) and the `-unpaired` figures are
+without tiles too.
 
 `python -m benchmarks.low_precision_models minilm DTYPE [--smoke]` is the MiniLM process: one JSON line.
 """
