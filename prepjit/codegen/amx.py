@@ -1,13 +1,15 @@
 """The AST rule for contractions on AMX tiles (AMX_BF16's tdpbf16ps), where the target has them (target.py).
 
 A register-blocked contraction (optimize.py) whose sum is of products of two bfloat16 loads widened to float32
-over one static reduction range k, a multiple of TILE_K, is blocked TILE_ROWS rows by one or two 16-lane column
+over one static even reduction range k of TILE_K or more is blocked TILE_ROWS rows by one or two 16-lane column
 vectors, and k is split in pairs like vdpbf16ps's (k = 2 k2 + p), the pair range of kind "tile": llvm_amx.py
 renders a block's sums as one or two 16 x 16 float32 tiles, each step of TILE_K products a tdpbf16ps of a
 16 x 32 bfloat16 tile of the row operand A by a 16 x 16-pair tile of the column operand B (VNNI layout: B's rows
-k and k + 1 interleaved). Both are copied into aligned stack tiles each step (A's rows as 64-byte vectors, so
-clamped or var row blocks need no stride; B's pairs of rows, read as the renderer reads any lane vector (packed
-panels too), interleaved as for vdpbf16ps), so any layout whose A is contiguous along k qualifies. Float32 accumulation, one rounding per output at the end.
+k and k + 1 interleaved), the last step's tiles zero past k's end. A's rows are copied into an aligned stack tile
+each step (64-byte vectors, so clamped or var row blocks need no stride); B is loaded from packing.py's VNNI
+panels where it is packed, else its pairs of rows, read as the renderer reads any lane vector, are interleaved into
+another stack tile. So any layout whose A is contiguous along k qualifies. Float32 accumulation, one rounding per
+output at the end.
 
 On the Xeon (model 167) here vdpbf16ps issues at a quarter of the float32 FMA rate; tdpbf16ps ran 497 G
 products/s on one core, ~4x the FMAs' float32.
@@ -29,7 +31,7 @@ def tiled_operands(target: CPUTarget, red: UOp, j: UOp, i: UOp | None) -> tuple[
     if not target.amx_bf16 or i is None or len(red.src) != 2:
         return None
     x, k = red.src
-    if x.op is not Ops.MUL or k.src[0].op is not Ops.CONST or k.src[0].arg % TILE_K or \
+    if x.op is not Ops.MUL or k.src[0].op is not Ops.CONST or k.src[0].arg % 2 or k.src[0].arg < TILE_K or \
             not all(widened_bfloat16_load(s) for s in x.src):
         return None
     loads = [s.src[0] for s in x.src]

@@ -61,28 +61,58 @@ class AMXRendering:
         self.emit(f"call void @llvm.x86.ldtilecfg(ptr {cfg})")
         for c in range(len(columns)):
             self.emit(f"call void @llvm.x86.tilezero(i8 {C_TILE + c})")
-        loop = self.open_loop(None, "0", str(k2.src[0].arg * 2 // TILE_K))
-        base = self.op(f"mul i64 {loop[2]}, {TILE_K // 2}")
+        pairs = k2.src[0].arg
+        steps, rest = divmod(pairs, TILE_K // 2)
+        packed = [self.vnni_rows(b.src[0], k2, pair) for b in columns]
+        buffers = (a_buf, b_buf)
+        if steps:
+            loop = self.open_loop(None, "0", str(steps))
+            self.tile_step(self.op(f"mul i64 {loop[2]}, {TILE_K // 2}"), TILE_K // 2, rows, columns, k2, pair,
+                           packed, buffers)
+            self.close_loop(loop)
+        if rest:  # the last pairs, the tiles' other rows zero (and B interleaved here: the panel ends)
+            self.tile_step(str(steps * TILE_K // 2), rest, rows, columns, k2, pair, [None] * len(columns), buffers)
+        for c in range(len(columns)):
+            self.emit(f"call void @llvm.x86.tilestored64(i8 {C_TILE + c}, ptr {self.at(c_buf, c * TILE_BYTES)}, "
+                      f"i64 {ROW_BYTES})")
+        self.emit("call void @llvm.x86.tilerelease()")
+        return [self.op(f"load <{self.width} x float>, ptr {self.at(c_buf, c * TILE_BYTES + r * ROW_BYTES)}, "
+                        f"align 64") for r, c in cells]
+
+    def tile_step(self, base: str, pairs: int, rows: list[UOp], columns: list[UOp], k2: UOp, pair: UOp,
+                  packed: list, buffers: tuple[str, str]):
+        """One tdpbf16ps per column tile over the `pairs` (at most TILE_K / 2) pairs of k from pair `base`:
+        A's rows copied into the A buffer, B's tiles loaded from their panels where `packed` says where, else
+        interleaved into the B buffer; past `pairs` both are zero."""
+        a_buf, b_buf = buffers
+        mask = "<" + ", ".join(f"i1 {int(e < 2 * pairs)}" for e in range(TILE_K)) + ">"
         self.scopes.append({k2: base, pair: "0"})
         for r, a in enumerate(rows):  # A's rows: TILE_K contiguous bfloat16 each (amx.py)
             ld = a.src[0]
-            bits = self.op(f"load <{TILE_K} x i16>, ptr {self.address(ld.src[0], self.value(ld.src[1]))}, align 2")
-            self.emit(f"store <{TILE_K} x i16> {bits}, ptr {self.at(a_buf, r * ROW_BYTES)}, align 64")
+            at = self.address(ld.src[0], self.value(ld.src[1]))
+            vt = f"<{TILE_K} x i16>"
+            bits = self.op(f"load {vt}, ptr {at}, align 2") if pairs == TILE_K // 2 else \
+                self.call(f"llvm.masked.load.v{TILE_K}i16.p0", vt,
+                          [("ptr", at), ("i32", "2"), (f"<{TILE_K} x i1>", mask), (vt, "zeroinitializer")])
+            self.emit(f"store {vt} {bits}, ptr {self.at(a_buf, r * ROW_BYTES)}, align 64")
         self.scopes.pop()
-        packed = [self.vnni_rows(b.src[0], k2, pair) for b in columns]
+        vt, wide = f"<{self.width} x i16>", f"<{2 * self.width} x i16>"
+        lanes = ", ".join(f"i32 {k // 2 + (k % 2) * self.width}" for k in range(2 * self.width))
         for s in range(TILE_K // 2 if None in packed else 0):  # B's pairs of rows, interleaved as vdpbf16ps does
+            if s >= pairs:
+                for c in range(len(columns)):
+                    self.emit(f"store {wide} zeroinitializer, ptr {self.at(b_buf, c * TILE_BYTES + s * ROW_BYTES)}, "
+                              f"align 64")
+                continue
             step = self.op(f"add i64 {base}, {s}")
             halves = []
             for p in range(2):
                 self.scopes.append({k2: step, pair: str(p)})
                 halves.append([self.lane_bits(b.src[0]) for b in columns])
                 self.scopes.pop()
-            vt = f"<{self.width} x i16>"
-            lanes = ", ".join(f"i32 {k // 2 + (k % 2) * self.width}" for k in range(2 * self.width))
             for c, (even, odd) in enumerate(zip(*halves)):
                 both = self.op(f"shufflevector {vt} {even}, {vt} {odd}, <{2 * self.width} x i32> <{lanes}>")
-                at = self.at(b_buf, c * TILE_BYTES + s * ROW_BYTES)
-                self.emit(f"store <{2 * self.width} x i16> {both}, ptr {at}, align 64")
+                self.emit(f"store {wide} {both}, ptr {self.at(b_buf, c * TILE_BYTES + s * ROW_BYTES)}, align 64")
         self.emit(f"call void @llvm.x86.tileloadd64(i8 {A_TILE}, ptr {a_buf}, i64 {ROW_BYTES})")
         for c, b in enumerate(columns):
             if None in packed:
@@ -94,13 +124,6 @@ class AMXRendering:
                 self.scopes.pop()
             self.emit(f"call void @llvm.x86.tileloadd64(i8 {B_TILE + c}, ptr {at}, i64 {stride})")
             self.emit(f"call void @llvm.x86.tdpbf16ps(i8 {C_TILE + c}, i8 {A_TILE}, i8 {B_TILE + c})")
-        self.close_loop(loop)
-        for c in range(len(columns)):
-            self.emit(f"call void @llvm.x86.tilestored64(i8 {C_TILE + c}, ptr {self.at(c_buf, c * TILE_BYTES)}, "
-                      f"i64 {ROW_BYTES})")
-        self.emit("call void @llvm.x86.tilerelease()")
-        return [self.op(f"load <{self.width} x float>, ptr {self.at(c_buf, c * TILE_BYTES + r * ROW_BYTES)}, "
-                        f"align 64") for r, c in cells]
 
     def vnni_rows(self, load: UOp, k2: UOp, pair: UOp) -> tuple[UOp, int] | None:
         """(B's index at lane 0, bytes between its pairs of rows) when the ungated bfloat16 `load` already holds
