@@ -99,3 +99,16 @@ def test_packed_panels_are_in_vnni_layout_and_loaded_straight_into_tiles(rng):
     source = render_llvm(optimize(kernel.kernel.scheduled, "llvm", host_target()), host_target()).source
     assert "@llvm.x86.tileloadd64(i8 3, ptr %p" in source and ", i64 128)" in source
     assert "shufflevector" not in source
+
+
+@on_host
+def test_tiled_contraction_matches_jax(rng):
+    """JAX's bfloat16 matmul summed in float32 (preferred_element_type) on the same values: float32 sums of exact
+    products, so the two differ by float32 summation order only."""
+    jnp = pytest.importorskip("jax.numpy")
+    a, b = rng.standard_normal((70, 160)).astype(bfloat16), rng.standard_normal((160, 96)).astype(bfloat16)
+    f = pj.prepare(lambda a, b: a.astype(np.float32) @ b.astype(np.float32), device="cpu")
+    want = np.asarray(jnp.matmul(jnp.asarray(a), jnp.asarray(b), preferred_element_type=jnp.float32))
+    scale = np.abs(a.astype(np.float32)) @ np.abs(b.astype(np.float32))
+    np.testing.assert_array_less(np.abs(np.asarray(f(a, b)) - want), 1e-5 * scale + 1e-30)
+    assert _tiled(_kernel(f, a, b), host_target())
