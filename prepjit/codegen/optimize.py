@@ -74,7 +74,7 @@ class Blocking:
     # There vdpbf16ps zmm issues at a quarter of vfmadd231ps zmm's rate (16 independent chains: 1.8 vs 7.2 G/s), so a
     # pair of products costs twice one float32 FMA: 4096 x 384 @ 384 one thread, paired 11.8-12.1 ms, widened 9.9,
     # float32 6.0. Its AMX_BF16 tiles (permitted by arch_prctl there) ran tdpbf16ps at 497 G products/s on one core
-    # against the FMAs' ~115 G float32 products/s: the route to bfloat16 contractions faster than float32 on it
+    # against the FMAs' ~115 G float32 products/s: where the host permits them, amx.py's tiles take these contractions
     bf16_dot: bool = False
 
 
