@@ -30,6 +30,7 @@ import attrs
 from ..uop import DType, Ops, UOp, dtypes, sym_prod
 from ..uop.ops import FMA_DTYPES
 from ..uop.uop import as_uop
+from . import c_helpers
 from .gpu_launch import launch_of
 from .kernel import KernelSource, kernel_vars
 from .render_rows import emit_rows, loop_ranges, reduce_together, rows_of, run_length
@@ -49,49 +50,6 @@ _INFIX = {Ops.CMPLT: "<", Ops.CMPEQ: "==", Ops.CMPNE: "!=", Ops.AND: "&", Ops.OR
 # ops NumPy has only for integers / only for floats (the front end casts before them): others are refused
 INTEGER_ONLY = frozenset({Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.NOT, Ops.IDIV})
 FLOAT_ONLY = frozenset(set(_MATH) - {Ops.ABS} | {Ops.POW, Ops.ATAN2, Ops.FMA, Ops.FDIV})
-
-_FMAX = "{t} pj_{name}_{n}({t} a, {t} b) {{ return (a != a || b != b) ? a + b : {fn}(a, b); }}"
-_IDIV_SIGNED = """{t} pj_idiv_{n}({t} a, {t} b) {{
-  if (b == 0) return 0;
-  if (b == -1) return ({t})(0 - ({u})a);
-  {t} q = a / b, r = a % b;
-  return (r != 0 && ((r ^ b) < 0)) ? q - 1 : q;
-}}"""
-_MOD_SIGNED = """{t} pj_mod_{n}({t} a, {t} b) {{
-  if (b == 0 || b == -1) return 0;
-  {t} r = a % b;
-  return (r != 0 && ((r ^ b) < 0)) ? r + b : r;
-}}"""
-_DIVMOD_UNSIGNED = "{t} pj_{name}_{n}({t} a, {t} b) {{ return b == 0 ? 0 : a {sym} b; }}"
-_FMOD = """{t} pj_mod_{n}({t} a, {t} b) {{
-  {t} r = {fn}(a, b);
-  return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
-}}"""
-_BFLOAT16 = """{func}float pj_bfloat16_to_float({u16} b) {{ return {bits_float}; }}
-{func}{u16} pj_float_to_bfloat16(float x) {{
-  {u32} u = {float_bits};
-  if ((u & 0x7fffffffu) > 0x7f800000u) return ({u16})(((u >> 16) & 0x8000u) | 0x7fc0u);
-  return ({u16})((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}}
-{func}float pj_round_bfloat16(float x) {{ return pj_bfloat16_to_float(pj_float_to_bfloat16(x)); }}"""
-# a 64-bit integer as a double that pj_odd_float rounds as it would round the integer: the integer where a double
-# holds it, else with its lowest 11 bits folded into a sticky bit (renderer.rounds_through_odd_float)
-_STICKY_DOUBLE = """double pj_sticky_double_{n}({t} v) {{
-  {u} a = {negative} ? ({u})0 - ({u})v : ({u})v;
-  double d = a >> 53 ? (double)((a >> 11) | ({u})((a & 2047{us}) != 0)) * 2048.0 : (double)a;
-  return {negative} ? -d : d;
-}}"""
-# a double as a float rounded to odd: rounding that on to a 16-bit float rounds the double once
-_ODD_FLOAT = """{func}float pj_odd_float(double d) {{
-  float x = (float)d;
-  {u32} u = {float_bits};
-  if ((double)x != d && d == d) u = (u - (fabs((double)x) > fabs(d) ? 1u : 0u)) | 1u;
-  return {odd_float};
-}}"""
-_SATURATE = """{t} pj_sat_{n}_{fn}({f} x) {{
-  return x != x ? ({t})0 : x <= {lo} ? {tmin} : x >= {hi} ? {tmax} : ({t})x;
-}}"""
-
 
 _UNSIGNED = {1: dtypes.uint8, 2: dtypes.uint16, 4: dtypes.uint32, 8: dtypes.uint64}  # a bitcast's bits, by size
 
@@ -239,11 +197,11 @@ class CStyleRenderer(KernelRenderer):
     def bfloat16_helpers(self, odd: bool = False) -> str:
         """Define the bfloat16 conversions (and with `odd`, pj_odd_float); their name prefix."""
         u16, u32 = self.d.types[dtypes.uint16], self.d.types[dtypes.uint32]
-        self.helpers.setdefault("pj_bfloat16", _BFLOAT16.format(
+        self.helpers.setdefault("pj_bfloat16", c_helpers.BFLOAT16.format(
             func=self.d.func, u16=u16, u32=u32, bits_float=self.d.bits_float.format(v=f"({u32})b << 16"),
             float_bits=self.d.float_bits.format(v="x")))
         if odd:
-            self.helpers.setdefault("pj_odd_float", _ODD_FLOAT.format(
+            self.helpers.setdefault("pj_odd_float", c_helpers.ODD_FLOAT.format(
                 func=self.d.func, u32=u32, float_bits=self.d.float_bits.format(v="x"),
                 odd_float=self.d.bits_float.format(v="u")))
         return "pj_"
@@ -292,7 +250,7 @@ class CStyleRenderer(KernelRenderer):
                 return self.let(dt, f"{s[0]} {'||' if op is Ops.MAX else '&&'} {s[1]}")
             name = op.name.lower()
             if fl:  # NaN-propagating, like np.maximum / np.minimum
-                fn = self.helper(f"pj_{name}_{sdt.name}", _FMAX.format(t=t, name=name, n=sdt.name,
+                fn = self.helper(f"pj_{name}_{sdt.name}", c_helpers.FMAX.format(t=t, name=name, n=sdt.name,
                                                                        fn=self.d.math(f"f{name}", sdt)))
                 return self.let(dt, f"{fn}({s[0]}, {s[1]})")
             return self.let(dt, f"{s[0]} {'>' if op is Ops.MAX else '<'} {s[1]} ? {s[0]} : {s[1]}")
@@ -323,12 +281,12 @@ class CStyleRenderer(KernelRenderer):
         """NumPy floor division / modulo: x // 0 == x % 0 == 0, no trap on MIN // -1; float mod takes b's sign."""
         t, name = self.d.ctype(dt), "idiv" if op is Ops.IDIV else "mod"
         if dt.is_float:
-            text = _FMOD.format(t=t, n=dt.name, fn=self.d.math("fmod", dt))
+            text = c_helpers.FMOD.format(t=t, n=dt.name, fn=self.d.math("fmod", dt))
         elif dt.kind == "i":
-            text = (_IDIV_SIGNED if op is Ops.IDIV else _MOD_SIGNED).format(
+            text = (c_helpers.IDIV_SIGNED if op is Ops.IDIV else c_helpers.MOD_SIGNED).format(
                 t=t, n=dt.name, u=self.d.ctype(_wide_unsigned(dt)))
         else:
-            text = _DIVMOD_UNSIGNED.format(t=t, n=dt.name, name=name, sym="/" if op is Ops.IDIV else "%")
+            text = c_helpers.DIVMOD_UNSIGNED.format(t=t, n=dt.name, name=name, sym="/" if op is Ops.IDIV else "%")
         return self.helper(f"pj_{name}_{dt.name}", text)
 
     def shift(self, op: Ops, dt: DType, a: str, b: str) -> str:
@@ -388,7 +346,7 @@ class CStyleRenderer(KernelRenderer):
         """64-bit integer -> a double that pj_odd_float rounds as it would round the integer (llvm_ir.py's
         sticky_double)."""
         u = self.d.ctype(dtypes.uint64)
-        text = _STICKY_DOUBLE.format(n=src.name, t=self.d.ctype(src), u=u, us=self.d.ulong_suffix,
+        text = c_helpers.STICKY_DOUBLE.format(n=src.name, t=self.d.ctype(src), u=u, us=self.d.ulong_suffix,
                                      negative="v < 0" if src.kind == "i" else "0")
         return self.helper(f"pj_sticky_double_{src.name}", text)
 
@@ -396,7 +354,7 @@ class CStyleRenderer(KernelRenderer):
         """float -> integer, truncating, clamped to the integer's range (the float bounds round outward)."""
         f = dtypes.float64 if src == dtypes.float64 else dtypes.float32
         lo, hi = float(f.np.type(dst.min())), float(f.np.type(dst.max()))
-        text = _SATURATE.format(t=self.d.ctype(dst), n=dst.name, fn=f.name, f=self.d.ctype(f),
+        text = c_helpers.SATURATE.format(t=self.d.ctype(dst), n=dst.name, fn=f.name, f=self.d.ctype(f),
                                 lo=self.d.literal(lo, f), hi=self.d.literal(hi, f),
                                 tmin=self.d.literal(dst.min(), dst), tmax=self.d.literal(dst.max(), dst))
         return self.helper(f"pj_sat_{dst.name}_{f.name}", text)
@@ -450,7 +408,8 @@ class CStyleRenderer(KernelRenderer):
         t, bits = self.d.ctype(dt), self.d.ctype(dtypes.uint32 if dt.itemsize == 4 else dtypes.uint64)
         if op in (Ops.MAX, Ops.MIN) and dt.is_float:
             n = op.name.lower()  # NaN-propagating, like np.maximum.at
-            fn = self.helper(f"pj_{n}_{dt.name}", _FMAX.format(t=t, name=n, n=dt.name, fn=self.d.math(f"f{n}", dt)))
+            fn = self.helper(f"pj_{n}_{dt.name}",
+                             c_helpers.FMAX.format(t=t, name=n, n=dt.name, fn=self.d.math(f"f{n}", dt)))
             combined = f"{fn}(old.v, v)"
         elif op in (Ops.MAX, Ops.MIN):
             combined = f"old.v {'>' if op is Ops.MAX else '<'} v ? old.v : v"
