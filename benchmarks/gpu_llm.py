@@ -56,7 +56,7 @@ from examples.models import llama
 from examples.models.common import DTYPES, tree_cast
 
 from .gpu import median_us
-from .gpu_models import CONTEXT, POS, SMOLLM2, cosine, to_device
+from .gpu_models import CONTEXT, POS, SMOLLM2, cosine
 from .serving_cases import PaddedBuckets
 
 SERVE_CONTEXT, BLOCK_SIZE = 256, 16
@@ -108,7 +108,7 @@ def decode_rows(args, cfg, params32, rng):
     shape = (cfg.layers, cfg.kv_heads, CONTEXT, cfg.head_dim)
     k, v = ((rng.standard_normal(shape, np.float32) * 0.5).astype(dtype) for _ in range(2))
     cos, sin = llama.rope_tables(cfg, CONTEXT, dtype)
-    device_inputs = [to_device(a, args.device) for a in (k, v, cos, sin)]
+    device_inputs = [serving.resident(a, args.device) for a in (k, v, cos, sin)]
     reference_inputs = (k.astype(np.float32), v.astype(np.float32), *llama.rope_tables(cfg, CONTEXT))
     _, decode = llama.prepared(cfg, CONTEXT, device=args.device, dtype=dtype)
     rows = {}
@@ -128,7 +128,7 @@ def decode_row(args, cfg, decode, params, weights: str, device_inputs, reference
     dequantized weights."""
     ids = np.array([42], np.int64)
     dk, dv, dcos, dsin = device_inputs
-    call = (to_device(params, args.device), ids, POS, dk, dv, dcos, dsin)
+    call = (serving.resident(params, args.device), ids, POS, dk, dv, dcos, dsin)
     start = time.perf_counter()
     ours = np.asarray(decode(*call)[0]).astype(np.float64)
     first_s = time.perf_counter() - start
@@ -233,7 +233,7 @@ def _plan_stats(engine) -> dict:
 
 def serve_rows(args, cfg, params32, rng, deadline: float):
     """The engine at one stream and at --streams (see the module docstring), then the padded buckets."""
-    dparams = to_device(stored_params(params32, args.serve_weights), args.device)
+    dparams = serving.resident(stored_params(params32, args.serve_weights), args.device)
     prompts = [list(map(int, rng.integers(0, cfg.vocab, args.prompt_tokens))) for _ in range(args.streams)]
     engine = _engine(args, cfg, dparams, args.prompt_tokens)
     start = time.perf_counter()
@@ -290,9 +290,9 @@ def step_row(args, engine) -> dict:
     (uploaded by every call on a GPU device)."""
     position = min(SERVE_CONTEXT - 1, args.prompt_tokens + args.new_tokens // 2)
     width = -(-position // BLOCK_SIZE)
-    pools = {"device_pool": tuple(to_device(p, args.device) for p in (engine.pool.keys, engine.pool.values)),
+    pools = {"device_pool": tuple(serving.resident(p, args.device) for p in (engine.pool.keys, engine.pool.values)),
              "host_pool": (np.asarray(engine.pool.keys), np.asarray(engine.pool.values))}
-    cos, sin = to_device(engine.cos, args.device), to_device(engine.sin, args.device)
+    cos, sin = serving.resident(engine.cos, args.device), serving.resident(engine.sin, args.device)
     row = {"case": f"serve_step_b1_vs_b{args.streams}", "position": position}
     for where, (pool_k, pool_v) in pools.items():
         ms = {}

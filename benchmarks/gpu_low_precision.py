@@ -31,11 +31,12 @@ import time
 import numpy as np
 
 import prepjit as pj
+from examples.engine import resident
 from examples.models import llama, minilm
 from examples.models.common import DTYPES, tree_cast
 
 from .gpu import Torch, median_us
-from .gpu_models import CONTEXT, POS, SMOLLM2, _bert, _llama, cosine, to_device
+from .gpu_models import CONTEXT, POS, SMOLLM2, _bert, _llama, cosine
 
 
 SASS_OPS = ("HMMA", "HGMMA", "LDSM", "LDGSTS")   # tensor-core products, matrix loads, async global->shared copies
@@ -61,7 +62,7 @@ def matmul_rows(device: str, t: Torch, sizes, reps: int, sass: str | None = None
         for name, dtype in DTYPES.items():
             a = rng.standard_normal((size, size), np.float32).astype(dtype)
             b = rng.standard_normal((size, size), np.float32).astype(dtype)
-            da, db = to_device(a, device), to_device(b, device)
+            da, db = resident(a, device), resident(b, device)
             ta = torch.from_numpy(a.astype(np.float32)).cuda().to(getattr(torch, {"f32": "float32", "bf16":
                                                                                    "bfloat16", "f16": "float16"}[name]))
             tb = torch.from_numpy(b.astype(np.float32)).cuda().to(ta.dtype)
@@ -95,8 +96,8 @@ def model_rows(device: str, t: Torch, reps: int):
         k = (rng.standard_normal(shape, np.float32) * 0.5).astype(dtype)
         v = (rng.standard_normal(shape, np.float32) * 0.5).astype(dtype)
         _, decode = llama.prepared(cfg, CONTEXT, device=device, dtype=dtype)
-        dparams, dk, dv = to_device(params, device), to_device(k, device), to_device(v, device)
-        dcos, dsin, ids = to_device(cos, device), to_device(sin, device), np.array([42], np.int64)
+        dparams, dk, dv = resident(params, device), resident(k, device), resident(v, device)
+        dcos, dsin, ids = resident(cos, device), resident(sin, device), np.array([42], np.int64)
         args = (dparams, ids, POS, dk, dv, dcos, dsin)
         ours = np.asarray(decode(*args)[0]).astype(np.float32)
         ref = np.asarray(llama.decode(np, cfg, params32, ids, POS, k.astype(np.float32), v.astype(np.float32),
@@ -126,7 +127,7 @@ def model_rows(device: str, t: Torch, reps: int):
     tids, tmask = torch.from_numpy(mids).cuda(), torch.from_numpy(mask).cuda()
     for name in ("f32", "bf16"):
         f = minilm.prepared_embed(b, tt, symbolic=False, device=device)
-        dparams = to_device(tree_cast(mparams32, DTYPES[name]), device)
+        dparams = resident(tree_cast(mparams32, DTYPES[name]), device)
         tb = bert.to(torch.float32 if name == "f32" else torch.bfloat16)
 
         def peer(tb=tb):

@@ -14,22 +14,12 @@ from __future__ import annotations
 
 import numpy as np
 
-import prepjit as pj
+from examples.engine import resident
 from examples.models import llama, minilm
 
 SMOLLM2 = llama.Config(layers=30, dim=576, ff=1536, heads=9, kv_heads=3, vocab=49152, context=8192,
                        rope_theta=1e5, eps=1e-5)
 CONTEXT, POS = 512, 256
-
-
-def to_device(tree, device: str):
-    """The same tree with every NumPy array copied to `device` once (pj.Arrays resident there)."""
-    copy = pj.prepare(lambda x: x + 0, device=device)
-    if isinstance(tree, dict):
-        return {k: to_device(v, device) for k, v in tree.items()}
-    if isinstance(tree, list):
-        return [to_device(v, device) for v in tree]
-    return copy(tree)
 
 
 def cosine(a, b) -> float:
@@ -71,7 +61,7 @@ def minilm_case(device: str, t, rng):
     mask = (np.arange(tt)[None, :] < lengths[:, None]).astype(np.float32)
     ids = np.where(mask > 0, rng.integers(1, 30522, (b, tt)), 0).astype(np.int64)
     f = minilm.prepared_embed(b, tt, symbolic=False, device=device)
-    dparams = to_device(params, device)
+    dparams = resident(params, device)
     ours = np.asarray(f(dparams, ids, mask))
     model, tids, tmask = _bert(torch, params), torch.from_numpy(ids).cuda(), torch.from_numpy(mask).cuda()
 
@@ -129,8 +119,8 @@ def smollm2_case(device: str, t, rng):
         k[layer, :, :POS] = keys[0].cpu().numpy()
         v[layer, :, :POS] = values[0].cpu().numpy()
     _, decode = llama.prepared(cfg, CONTEXT, device=device)
-    dparams, dk, dv = to_device(params, device), to_device(k, device), to_device(v, device)
-    dcos, dsin, ids = to_device(cos, device), to_device(sin, device), np.array([42], np.int64)
+    dparams, dk, dv = resident(params, device), resident(k, device), resident(v, device)
+    dcos, dsin, ids = resident(cos, device), resident(sin, device), np.array([42], np.int64)
     ours = np.asarray(decode(dparams, ids, POS, dk, dv, dcos, dsin)[0])
 
     def peer():

@@ -42,7 +42,6 @@ def tiled_operands(target: CPUTarget, red: UOp, j: UOp, i: UOp | None) -> tuple[
     return (a, b) if stride_along(a.src[1], k) == 1 else None
 
 
-
 def tiled(ast: UOp, target: CPUTarget) -> bool:
     """Whether the kernel `ast` is a contraction that goes on `target`'s tiles (before matvec.py's rules)."""
     found = contraction_axes(ast)
