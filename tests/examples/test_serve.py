@@ -514,6 +514,9 @@ def test_an_engine_failure_ends_its_requests_with_500_and_the_server_goes_on(ser
     status, out = post(server, "/v1/completions", {**GREEDY, "prompt": PROMPTS[0]})
     assert status == 500 and "injected" in out["error"]["message"] and out["error"]["code"] == "engine_failed"
     assert engine.step == real
+    deadline = time.monotonic() + 30  # the worker's next step reports the cancellations: it must not take the failure
+    while engine.busy and time.monotonic() < deadline:
+        time.sleep(0.01)
     engine.step = failing  # a stream already begun ends with an error event and [DONE]
     chunks, done = stream(server, "/v1/completions", {**GREEDY, "prompt": PROMPTS[0]})
     assert done and "injected" in chunks[-1]["error"]["message"]
