@@ -172,3 +172,33 @@ def test_concurrent_readers_see_old_values_or_the_deleted_error(device):
             done.set()
             reader.join()
     assert not bad, bad[:3]
+
+
+
+def test_the_copy_a_scatter_starts_from_is_not_run_in_place(device):
+    """cache.at[pos].set(v) is a copy of cache into the output, then the scatter of v. Donated, the output is the
+    cache's own memory, so the copy has nothing to do: the call runs only the scatter (the profile's copy row: no
+    time, no bytes). A NumPy cache, and a donated cache also read through another argument (so not written in
+    place), are copied. Results equal NumPy's."""
+    update = pj.prepare(lambda cache, rows, pos: cache.at[pos].set(rows[0]), vars={"pos": (0, 7)},
+                        donate_argnums=0, device=device)
+    rows = np.ones((1, 4), np.float32)
+    cache = _device_array(np.zeros((8, 4), np.float32), device)
+    copy, scatter = pj.profile(update, cache, rows, 3).rows
+    assert cache.is_deleted()
+    assert (copy["time_s"], copy["bytes"]) == (0.0, 0) and scatter["bytes"] == 2 * rows.nbytes
+    x = np.arange(32, dtype=np.float32).reshape(8, 4)
+    a = _device_array(x, device)
+    for args in ((x, rows), (a, a)):
+        copy, scatter = pj.profile(update, *args, 3).rows
+        assert copy["time_s"] > 0 and copy["bytes"] == 2 * x.nbytes  # read and written
+    assert not a.is_deleted()
+    expected, cache = x.copy(), _device_array(x, device)
+    memory = id(cache.buffer)
+    for pos in (3, 5, 0):
+        cache = update(cache, np.full((1, 4), pos, np.float32), pos)
+        expected[pos] = pos
+    assert id(cache.buffer) == memory
+    assert_matches(cache, expected)
+    assert_matches(update(a, a, 7), np.concatenate([x[:7], x[:1]]))
+    assert_matches(a, x)

@@ -99,12 +99,14 @@ def kernel_counts(ast: UOp) -> KernelCounts:
 class Profile:
     """One call's kernels with their time, bytes moved and FLOPs; `str()` is a table, `.rows` the same as dicts."""
 
-    def __init__(self, name: str, plan, values: dict[str, int], timings: list[float]):
+    def __init__(self, name: str, plan, values: dict[str, int], timings: list[float | None]):
         self.name, self.device = name, plan.device
         self.rows = []
         for pk, seconds in zip(plan.kernels, timings):
             live = {**values, **pk.fixedvars}
             flops, elements = kernel_counts(pk.kernel.scheduled).evaluate(live)  # the computation's, not its blocks'
+            if seconds is None:  # not run by this call (a copy into a donated argument's own memory)
+                seconds, flops, elements = 0.0, 0, {}
             moved = 0
             for slot, count in elements.items():
                 buf = plan.buffers[pk.buffer_indices[slot]]

@@ -135,6 +135,18 @@ def _reads_where_it_writes(pk: PreparedKernel, buffer: int) -> bool:
                for u in pk.ast.toposort() if u.op is Ops.LOAD and u.src[0].arg in slots)
 
 
+def _copies(pk: PreparedKernel, source: int, target: int) -> bool:
+    """Whether `pk` only copies buffer `source` into buffer `target` element for element (target[i] = source[i],
+    the copy a `.at[...].set` starts from): nothing to do once the two are one memory (a donated input the call
+    writes that output into), so such a call skips it."""
+    stores = [u for u in pk.ast.src if u.op is Ops.STORE]
+    if len(stores) != 1 or pk.buffer_indices[stores[0].src[0].arg] != target:
+        return False
+    value = stores[0].src[2]
+    return (value.op is Ops.LOAD and len(value.src) == 2 and value.src[1] is stores[0].src[1]
+            and pk.buffer_indices[value.src[0].arg] == source)
+
+
 class PlanBuffer:
     """What the plan knows of a buffer: dtype, planned size, live shape (a function of the vars), memory.
 
@@ -194,20 +206,38 @@ class ExecutionPlan:
         # (launcher, argument slot, VarTable slot): the plan vars written into the launchers before a run
         self._var_args = [(launch, i, table.slot[name]) for launch in self._launches for i, name in launch.var_slots]
         self._distinct_outputs = list(dict.fromkeys(self.outputs))
-        self._donation_targets: dict[int, int | None] = {}  # input position -> donation_target's answer
+        # input position -> (the output written into it when donated, the position of a kernel that then has
+        # nothing to do or None), or None: no output can take it (see donation_target)
+        self._donations: dict[int, tuple[int, int | None] | None] = {}
+        self._skipping: dict[frozenset, tuple] = {}  # kernel positions a call skips -> (its steps, its runner)
         self._flag_arrays = tuple(np.zeros((), np.bool_) for _ in self.flags)  # the fast path's flag outputs
         io = set(self.inputs) | set(self.outputs) | {b for b, _ in self.flags}
         self._io_slots = {b: [(launch, slot) for launch in self._launches
                               for slot, bi in enumerate(launch.pk.buffer_indices) if bi == b] for b in io}
         self._runner = self._native_runner()
 
-    def _native_runner(self):
-        """The device's whole-plan replay (the cpu's runs kernels back to back natively), or None."""
+    def _native_runner(self, steps=None):
+        """The device's whole-plan replay of `steps` (default: all; the cpu's runs kernels back to back
+        natively), or None."""
+        steps = self._steps if steps is None else steps
         io_order = list(self.inputs) + self._distinct_outputs + [b for b, _ in self.flags]
         if not hasattr(self._device, "plan_runner") or len(set(io_order)) != len(io_order):
             return None
-        return self._device.plan_runner(self._steps, io_order, self._io_slots, self.var_table,
+        running = set(launchers(steps))
+        io_slots = {b: [(launch, slot) for launch, slot in slots if launch in running]
+                    for b, slots in self._io_slots.items()}
+        return self._device.plan_runner(steps, io_order, io_slots, self.var_table,
                                         [self._buffers[b].dtype for b in io_order])
+
+    def _without(self, skip: frozenset) -> tuple:
+        """(launch steps, whole-plan runner or None) of this plan less the kernels at positions `skip` (a plan of
+        single kernels: its steps are its kernels'), built on first use."""
+        if not skip:
+            return self._steps, self._runner
+        if skip not in self._skipping:
+            steps = [step for position, step in enumerate(self._steps) if position not in skip]
+            self._skipping[skip] = (steps, self._native_runner(steps) if self._runner is not None else None)
+        return self._skipping[skip]
 
     def predicate_reader(self, buffer: int | None):
         """A function reading the 0-d bool plan buffer `buffer` (a while_loop's predicate), or None for None."""
@@ -228,10 +258,6 @@ class ExecutionPlan:
         pk.buffer_ptrs = launcher.buffer_ptrs  # what the launches read: I/O slots are patched there before a run
         launcher.pk, launcher.var_slots, launcher.loop_slots = pk, runtime, loop_slots
         return launcher
-
-    def _ordered(self):
-        """Every launch in execution order."""
-        return (launch for _, launch in ordered_positions(self._steps))
 
     @property
     def buffers(self) -> list[PlanBuffer]:
@@ -303,19 +329,21 @@ class ExecutionPlan:
             self._raise_flagged([self._device.read_buffer(self._buffers[b].memory, ()).item()
                                  for b, _ in self.flags])
 
-    def _run(self, handles: dict, timings: list | None = None):
+    def _run(self, handles: dict, timings: list | None = None, skip: frozenset = frozenset()):
         """The replay every entry shares (execute, execute_with_vars, run_with_io; run_arrays is it with the
         device's runner patching the call's arrays itself): point the kernels' I/O slots at `handles` (plan
-        buffer -> the device's handle), run the launch tree (through the device's whole-plan runner where it has
-        one; with `timings`, the profiler's, one launch at a time, each waited for and timed), wait for the device."""
+        buffer -> the device's handle), run the launch tree but the kernels at positions `skip` (through the
+        device's whole-plan runner where it has one; with `timings`, the profiler's, one launch at a time, each
+        waited for and timed, None for a skipped kernel), wait for the device."""
         self._patch(handles)
+        steps, runner = self._without(skip)
         if timings is not None:
-            self._run_timed(timings)
-        elif self._runner is not None:  # it writes the var values into the launchers itself
-            self._runner.run_launches()
+            self._run_timed(steps, timings, skip)
+        elif runner is not None:  # it writes the var values into the launchers itself
+            runner.run_launches()
         else:
             self._write_var_args()
-            for launch in self._ordered():
+            for _, launch in ordered_positions(steps):
                 launch.run()
         self._device.synchronize()
 
@@ -359,7 +387,8 @@ class ExecutionPlan:
         one's wall time in seconds is appended. `donated`: positions of arguments the caller gives up: a
         pj.Array of this device there whose memory an output can take (`donation_target`, same live shape)
         gets that output written into it, and is deleted. It is taken last, when nothing but the kernels can
-        fail, and only when nothing else references the memory (Array._give_up_memory).
+        fail, and only when nothing else references the memory (Array._give_up_memory). A kernel that only
+        copies a taken argument into its output (the copy a scatter starts from) is then not run.
         """
         device = self._device
         self.require(values)
@@ -370,6 +399,7 @@ class ExecutionPlan:
                     and arg.shape == tuple(output_shapes[j])
                     and not any(other is arg for q, other in enumerate(args) if q != p)):  # (read elsewhere too)
                 reusable[j] = p
+        skip = set()  # positions of kernels with nothing to do: copies of a taken argument into its output
         with self.lock:
             self.var_table.bind(values)
             handles, keep = {}, []
@@ -394,7 +424,9 @@ class ExecutionPlan:
                 keep.append(alive)
                 if memory is not None:
                     handles[self._distinct_outputs[j]] = handles[b]
-            self._run(handles, timings)
+                    if self._donations[p][1] is not None:
+                        skip.add(self._donations[p][1])
+            self._run(handles, timings, frozenset(skip))
         if flags:
             self._raise_flagged([bool(np.asarray(f)) for f in flags])
         return results
@@ -406,11 +438,13 @@ class ExecutionPlan:
         at all, only where it writes (an elementwise update such as x + 1, or the copy a scatter starts
         from: cache.at[pos].set(v)). None when no output can, and in a plan whose kernels can flag an error
         (a gather's out-of-range id): that call raises after its kernels ran, and must leave the argument intact."""
-        if position not in self._donation_targets:
-            self._donation_targets[position] = self._find_donation_target(position)
-        return self._donation_targets[position]
+        if position not in self._donations:
+            self._donations[position] = self._find_donation(position)
+        found = self._donations[position]
+        return None if found is None else found[0]
 
-    def _find_donation_target(self, position: int) -> int | None:
+    def _find_donation(self, position: int) -> tuple[int, int | None] | None:
+        """(donation_target, the position of its first writing kernel when that only copies the input into it)."""
         kernels = self.kernels.segments
         b_in = self.inputs[position]
         if self.flags or not all(isinstance(k, PreparedKernel) for k in kernels) or self.inputs.count(b_in) > 1:
@@ -427,19 +461,19 @@ class ExecutionPlan:
             readers = [i for i, k in enumerate(kernels) if b_in in k.buffer_indices]
             if writers and all(i < writers[0] or i == writers[0] and _reads_where_it_writes(kernels[i], b_in)
                                for i in readers):
-                return j
+                return j, (writers[0] if _copies(kernels[writers[0]], b_in, b_out) else None)
         return None
 
-    def _run_timed(self, timings: list):
+    def _run_timed(self, steps: list, timings: list, skip: frozenset):
         self._device.synchronize()  # inputs staged on the device are not part of the first kernel's time
         self._write_var_args()
         times = [0.0] * len(self.kernels)  # a loop run natively: each kernel's time summed over the iterations
-        for position, launch in ordered_positions(self._steps):
+        for position, launch in ordered_positions(steps):
             start = time.perf_counter()
             launch.run()
             self._device.synchronize()
             times[position] += time.perf_counter() - start
-        timings.extend(times)
+        timings.extend(None if position in skip else t for position, t in enumerate(times))
 
     @property
     def replays_arrays(self) -> bool:
