@@ -10,7 +10,7 @@ a float32 buffer would read twice the bytes the proof counted.
 from __future__ import annotations
 
 from ..uop import Ops, UOp, dtypes
-from ..uop.ops import BINARY, COMPARISON, FMA_DTYPES, REDUCE_OPS, UNARY
+from ..uop.ops import BINARY, COMPARISON, FMA_DTYPES, PRODUCT_PRECISIONS, REDUCE_OPS, UNARY
 
 RANGE_KINDS = ("loop", "reduce", "serial")  # "lane" ranges are made by optimize.py, after a plan is saved
 MAX_SLOTS = 1 << 12
@@ -54,7 +54,8 @@ def _check_node(u: UOp):
                 and _int64(u.arg[0]) and u.arg[1] in RANGE_KINDS):
             raise ValueError(f"not a range: {u.arg!r:.40}")
     elif op in UNARY or op in BINARY:
-        if u.arg is not None or any(s.dtype is not src[0].dtype for s in src) or (
+        precision = op is Ops.MUL and d is dtypes.float32 and u.arg in PRODUCT_PRECISIONS
+        if (u.arg is not None and not precision) or any(s.dtype is not src[0].dtype for s in src) or (
                 d is not (dtypes.bool if op in COMPARISON else src[0].dtype)):
             raise ValueError(f"{op.name} of {[s.dtype.name for s in src]} is not {d.name}")
     elif op is Ops.WHERE:

@@ -1,7 +1,8 @@
 """NumPy-named linear algebra on traced arrays: matmul (batched and vector cases), dot, outer, tensordot, einsum,
 and `linalg.norm`.
 
-The contractions take jax.numpy's `preferred_element_type=` (the result dtype) and `precision=` (precision.py).
+The contractions take jax.numpy's `preferred_element_type=` (the result dtype) and `precision=` (precision.py: their
+product carries it).
 Their dtype rule is `_contraction_dtypes`: the operands' promoted dtype is the result unless
 `preferred_element_type` says otherwise, and products and sums are computed in the compute dtype of the wider of
 the two (float32 for 16-bit floats), rounded once to the result."""
@@ -18,17 +19,17 @@ from .numpy_create import iota
 from .numpy_math import absolute, multiply, not_equal, power, sqrt
 from .numpy_reduce import amax, amin, sum
 from .numpy_shape import expand_dims, reshape, swapaxes
-from .precision import matmul_precision
+from .precision import matmul_precision, product
 from .prims import to_tracer
 from .tracer import Tracer
 
 
-def _contraction_dtypes(xs: list[Tracer], preferred_element_type, precision) -> tuple[DType, DType]:
-    """(accumulation dtype, result dtype) of a contraction of `xs` (see the module docstring); checks `precision`."""
-    matmul_precision(precision)
+def _contraction_dtypes(xs: list[Tracer], preferred_element_type, precision) -> tuple[DType, DType, str]:
+    """(accumulation dtype, result dtype, resolved precision) of a contraction of `xs` (see the module docstring)."""
+    chosen = matmul_precision(precision)
     dt = prims.result_dtype(*xs)
     out = dt if preferred_element_type is None else to_dtype(preferred_element_type)
-    return promote((dt, False), (out, False)).compute, out
+    return promote((dt, False), (out, False)).compute, out, chosen
 
 
 def matmul(a, b, *, precision=None, preferred_element_type=None) -> Tracer:
@@ -39,11 +40,11 @@ def matmul(a, b, *, precision=None, preferred_element_type=None) -> Tracer:
     b2 = expand_dims(b, 1) if b.ndim == 1 else b
     if not prims.dims_equal(a2.uop.shape[-1], b2.uop.shape[-2]):
         raise ValueError(f"matmul: contracted dims differ: {a.shape_str} @ {b.shape_str}")
-    acc, dt = _contraction_dtypes([a, b], preferred_element_type, precision)
+    acc, dt, chosen = _contraction_dtypes([a, b], preferred_element_type, precision)
     # (..., M, K) -> (..., M, 1, K);  (..., K, N) -> (..., 1, N, K);  multiply and sum over K
     lhs = expand_dims(prims.cast(a2, acc), -2)
     rhs = expand_dims(swapaxes(prims.cast(b2, acc), -1, -2), -3)
-    out = prims.cast(sum(multiply(lhs, rhs), axis=-1, dtype=acc), dt)
+    out = prims.cast(sum(product(lhs, rhs, chosen), axis=-1, dtype=acc), dt)
     if a.ndim == 1:
         out = reshape(out, out.uop.shape[:-2] + out.uop.shape[-1:])
     if b.ndim == 1:
@@ -55,7 +56,7 @@ def dot(a, b, *, precision=None, preferred_element_type=None) -> Tracer:
     """NumPy's dot: a product with scalars, matmul up to 2-d, else a sum over a's last and b's second-to-last axis."""
     a, b = (Tracer(t.uop) for t in (to_tracer(a), to_tracer(b)))  # dot converts scalars to arrays: no weak scalars
     if a.ndim == 0 or b.ndim == 0:
-        acc, dt = _contraction_dtypes([a, b], preferred_element_type, precision)
+        acc, dt, _ = _contraction_dtypes([a, b], preferred_element_type, precision)   # (a product: nothing summed)
         return prims.cast(multiply(prims.cast(a, acc), prims.cast(b, acc)), dt)
     if b.ndim <= 2:
         return matmul(a, b, precision=precision, preferred_element_type=preferred_element_type)
@@ -107,19 +108,19 @@ def einsum(subscripts: str, *operands, precision=None, preferred_element_type=No
                 sizes.setdefault(c, d)
     contracted = sorted(set(sizes) - set(output))
     order = list(output) + contracted
-    acc, dt = _contraction_dtypes(xs, preferred_element_type, precision)
+    acc, dt, chosen = _contraction_dtypes(xs, preferred_element_type, precision)
     aligned = []
     for subs, x in zip(inputs, xs):
         x = prims.permute(prims.cast(x, acc), [subs.index(c) for c in order if c in subs])
         present = [c for c in order if c in subs]
         aligned.append(reshape(x, [x.uop.shape[present.index(c)] if c in subs else 1 for c in order]))
-    product = aligned[0]
+    terms = aligned[0]
     for x in aligned[1:]:
-        product = multiply(product, x)
-    product = prims.broadcast_to(product, [sizes[c] for c in order])
+        terms = product(terms, x, chosen)
+    terms = prims.broadcast_to(terms, [sizes[c] for c in order])
     if contracted:
-        product = sum(product, axis=tuple(range(len(output), len(order))), dtype=acc)
-    return prims.cast(product, dt)
+        terms = sum(terms, axis=tuple(range(len(output), len(order))), dtype=acc)
+    return prims.cast(terms, dt)
 
 
 def _diagonals(subs: list[str], x: Tracer) -> tuple[list[str], Tracer]:

@@ -74,3 +74,6 @@ MOVEMENT = {Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.SHRINK, Ops.PAD}
 # op, and a float32 FMA rounded again is not one rounding
 FMA_DTYPES = (dtypes.float32, dtypes.float64)
 REDUCE_OPS = {Ops.ADD, Ops.MUL, Ops.MAX, Ops.MIN, Ops.AND, Ops.OR}
+# the arg a float32 contraction's product (MUL) may carry: the reduced precision a device may multiply it in
+# (tracing/precision.py; an exact product has none)
+PRODUCT_PRECISIONS = ("tf32", "bf16")
