@@ -89,7 +89,8 @@ class BlockPool:
     """The KV cache as a pool of fixed-size blocks, (L, blocks, KV heads, block size, head dim) for keys and
     values, and its free list. On a device with its own memory (a GPU, OpenCL) keys and values are pj.Arrays that
     stay there: each write is a prepared scatter that takes the old arrays (donated) and returns the new ones in
-    their memory, the new keys and values never leaving the device. On the cpu they are NumPy arrays, written in
+    their memory, the new keys and values never leaving the device; it writes only the new rows (the plan's copy
+    of a pool into its output is not run once that output is the pool's own memory: docs/prepare.md). On the cpu they are NumPy arrays, written in
     place (the plans read them in place)."""
 
     def __init__(self, cfg, num_blocks: int, block_size: int, dtype, device=None):

@@ -155,8 +155,8 @@ def test_waiting_prompts_are_prefilled_together_while_others_decode(params):
 
 def test_kv_pool_and_weights_stay_on_the_device(device, params):
     """On a device with its own memory (opencl) the weights, RoPE tables and KV pool are pj.Arrays there, and
-    every step writes the pool into its own memory (the old arrays donated: deleted, the memory the same); on the
-    cpu the pool is one NumPy array written in place. Either way the tokens equal NumPy's greedy ones."""
+    every step writes the pool into its own memory (the old arrays donated: deleted, the memory the same), moving
+    only the new rows; on the cpu the pool is one NumPy array written in place. Either way the tokens equal NumPy's greedy ones."""
     engine = _engine(params, device)
     prompt = _prompts(1, seed=6)[0]
     engine.submit(prompt, serving.Sampling(max_tokens=5))
@@ -172,6 +172,10 @@ def test_kv_pool_and_weights_stay_on_the_device(device, params):
     if resident:
         leaves = [engine.cos, engine.sin, engine.params["embed"], engine.params["blocks"][0]["wqkv"]]
         assert all(isinstance(a, pj.Array) and a.device == device for a in [*leaves, engine.pool.values])
+        pool, rows = engine.pool, np.ones((CFG.layers, 1, CFG.kv_heads, CFG.head_dim), np.float32)
+        write = pj.profile(pool._store, pool.keys, pool.values, np.array([1]), np.array([2]), rows, rows)
+        moved = sum(r["bytes"] for r in write.rows)  # the new rows' (the pools are not copied into themselves)
+        assert pool.keys.is_deleted() and moved < pool.keys.size * pool.keys.dtype.itemsize / 4
     for i, token in enumerate(tokens):
         assert token == int(np.argmax(_numpy_logits(params, prompt + tokens[:i])))
 
