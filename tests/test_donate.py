@@ -202,3 +202,33 @@ def test_the_copy_a_scatter_starts_from_is_not_run_in_place(device):
     assert_matches(cache, expected)
     assert_matches(update(a, a, 7), np.concatenate([x[:7], x[:1]]))
     assert_matches(a, x)
+
+
+def test_an_output_written_in_place_allocates_nothing(device, monkeypatch):
+    """A donation taken gives its output the argument's memory: no new output is allocated (a KV pool does not
+    need twice its size on the device). When another donation of the same call cannot be taken (the memory is
+    referenced) and its output's allocation then fails, the call raises before running, and the argument already
+    taken is given back: valid, unchanged."""
+    from prepjit.runtime.devices import get_device
+    step = pj.prepare(lambda x, y: (x + 1, y * 2), donate_argnums=(0, 1), device=device)
+    x = np.arange(6, dtype=np.float32)
+    a, b = _device_array(x, device), _device_array(x, device)
+    allocated = []
+    real = get_device(device).new_output
+    monkeypatch.setattr(get_device(device), "new_output", lambda *spec: allocated.append(spec) or real(*spec))
+    first, second = step(a, b)
+    assert allocated == [] and a.is_deleted() and b.is_deleted()
+    assert_matches(first, x + 1)
+    assert_matches(second, x * 2)
+
+    def out_of_memory(*spec):
+        raise MemoryError("no device memory left")
+    monkeypatch.setattr(get_device(device), "new_output", out_of_memory)
+    held = second.buffer  # referenced: `second` cannot be donated
+    with pytest.raises(MemoryError):
+        step(first, second)
+    assert not first.is_deleted() and not second.is_deleted()
+    assert_matches(first, x + 1)
+    del held
+    monkeypatch.setattr(get_device(device), "new_output", real)
+    assert_matches(step(first, second)[1], x * 4)

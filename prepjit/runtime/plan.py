@@ -407,22 +407,33 @@ class ExecutionPlan:
                 if p not in reusable.values():
                     handles[b], alive = device.input_handle(arg)
                     keep.append(alive)
-            results = []
+            results = [None] * len(self._distinct_outputs)
             for j, (b, shape) in enumerate(zip(self._distinct_outputs, output_shapes)):
-                handles[b], array = device.new_output(shape, self._buffers[b].dtype)
-                results.append(array)
+                if j not in reusable:
+                    handles[b], results[j] = device.new_output(shape, self._buffers[b].dtype)
             flags = []
             for b, _ in self.flags:
                 handles[b], array = device.new_output((), np.dtype(np.bool_))
                 flags.append(array)
-            for j, p in reusable.items():
-                arg, b = args[p], self.inputs[p]
-                memory = arg._give_up_memory()  # from here on the argument is deleted (None: still referenced)
-                if memory is not None:
-                    arg = results[j] = Array(memory, arg.shape, arg.dtype, device)
+            # from here on a taken argument is deleted; None: still referenced, so its output gets new memory
+            taken = {j: args[p]._give_up_memory() for j, p in reusable.items()}
+            try:
+                for j, memory in taken.items():
+                    if memory is None:
+                        b = self._distinct_outputs[j]
+                        handles[b], results[j] = device.new_output(output_shapes[j], self._buffers[b].dtype)
+            except BaseException:  # (out of memory) the call fails before any kernel ran: the arguments stay
+                for j, memory in taken.items():
+                    if memory is not None:
+                        args[reusable[j]]._buffer = memory
+                raise
+            for j, memory in taken.items():
+                p, b = reusable[j], self.inputs[reusable[j]]
+                arg = args[p] if memory is None else Array(memory, args[p].shape, args[p].dtype, device)
                 handles[b], alive = device.input_handle(arg)
                 keep.append(alive)
                 if memory is not None:
+                    results[j] = arg
                     handles[self._distinct_outputs[j]] = handles[b]
                     if self._donations[p][1] is not None:
                         skip.add(self._donations[p][1])
