@@ -16,7 +16,9 @@ its reader stores `f(reduce(...))` directly, without a buffer and a pass of its 
 loop nests (llvm), so is a row reduction its reader broadcasts along trailing axes: the renderer
 computes it once per row, where the row's loops are open, before the loops it is broadcast along. A one-element
 reduction (RMSNorm's mean of squares) its small reader reads at every element is computed once per kernel as its
-prologue (PROLOGUE_MAX), before the reader's loops.
+prologue (PROLOGUE_MAX), before the reader's loops; one element per row that its reader's leading output axes alone
+index (a decode batch's rows: each row's mean of squares read by the row's projection) once per row, as the row's
+prologue, so each row of a batch fuses as a single row does.
 
 A scatter that writes each element at most once at indices the same everywhere (a KV cache's new row at `pos`)
 is read as a select by the kernels that read it (`inlined_scatters`): no copy of its target, no kernel of its own.
@@ -41,6 +43,9 @@ STREAM_OPERAND_COST = 24  # a float value this cheap is recomputed by the stream
 PROLOGUE_MAX = 1 << 14  # a one-element reduction of at most this many elements is computed as a prologue of its
 # reader when that kernel has at most this many outputs too (each CPU thread and each GPU work-group of the reader
 # computes it; a C-style kernel that reads one is a row kernel of one row, a single work-group)
+OPERAND_MAX = 1 << 15  # a value that streaming kernels of several rows recompute holds at most this many elements
+# in all (a decode batch's normalised rows, its SiLU(gate) * up): the cpu computes it into an array of its own once per
+# call (operand_prologue.py), and a larger one (a prefill's rows) is materialised
 OP_COST = {Ops.EXP: 4, Ops.EXP2: 4, Ops.LOG: 8, Ops.LOG2: 8, Ops.SQRT: 2, Ops.FDIV: 2, Ops.IDIV: 8, Ops.MOD: 8,
            Ops.SIN: 16, Ops.COS: 16, Ops.TANH: 24, Ops.ERF: 24, Ops.POW: 24, Ops.ATAN2: 32}  # ops-equivalents; others cost 1
 
@@ -73,7 +78,8 @@ def kernel_roots(outputs: list[UOp]) -> tuple[list[UOp], list[UOp]]:
     return graph, roots
 
 
-def choose_materialized(outputs: list[UOp], row_values: bool = False, walk: tuple | None = None) -> set[UOp]:
+def choose_materialized(outputs: list[UOp], row_values: bool = False, walk: tuple | None = None,
+                        operand_prologues: bool = False) -> set[UOp]:
     """The elementwise values to compute once into a buffer; with `row_values` (kernels that give each row a
     work-group: the C-style renderers), never a cheap kept-dims value of reductions (a row's mean or scale),
     which is recomputed where it is read, so its reductions fuse into the readers (layernorm: one kernel).
@@ -96,8 +102,8 @@ def choose_materialized(outputs: list[UOp], row_values: bool = False, walk: tupl
     for node in graph:  # parents first, so a node's readers are final when it is reached
         mine = readers.get(node, set())
         if node in chosen or node.op in ELEMENTWISE and node not in is_root and node.shape and not _widening(
-                node) and _worth_materialising(node, mine, cost, row_values) and not _recomputed_in_stream(
-                node, mine, cost, streams, chosen, readers_of):
+                node) and _worth_materialising(node, mine, cost, row_values, chosen) and not _recomputed_in_stream(
+                node, mine, cost, streams, chosen, readers_of, operand_prologues):
             chosen.add(node)
             mine = set()
         passes = {node} if node in is_root or node in chosen else mine
@@ -159,12 +165,14 @@ def _rounded_reduction(node: UOp) -> bool:
     return src.op is Ops.REDUCE_AXIS
 
 
-def _worth_materialising(node: UOp, readers: set, cost: dict, row_values: bool) -> bool:
+def _worth_materialising(node: UOp, readers: set, cost: dict, row_values: bool, chosen: set) -> bool:
     if not readers:
         return False
     c, size = cost[node], _elements(node)
-    if c <= ROW_VALUE_COST and (row_values and 1 in node.shape or _one_element(node)) and _of_reductions(node):
-        return False  # recomputed where it is read, with its reductions (a one-element one: once per kernel)
+    if c <= ROW_VALUE_COST and _of_reductions(node) and (row_values and 1 in node.shape or _one_element(node) or len(
+            readers) == 1 and _read_per_row(next(iter(readers)), {node}, chosen)):
+        return False  # recomputed where it is read, with its reductions (a one-element one: once per kernel, one
+    # its only reader reads one element per row, a decode batch's row's norm: once per row)
     if len(readers) >= 2 and c >= MAX_INLINE_COST:
         return True
     if row_values and _one_row_kernel(node, readers):
@@ -174,7 +182,7 @@ def _worth_materialising(node: UOp, readers: set, cost: dict, row_values: bool) 
 
 
 def _recomputed_in_stream(node: UOp, readers: set, cost: dict, streams: dict, chosen: set,
-                          readers_of: Counter) -> bool:
+                          readers_of: Counter, operand_prologues: bool) -> bool:
     """Whether `node` is recomputed by the kernels reading it, which stream their operands, instead of materialised.
 
     A cheap value unpacked from integer data (a quantized weight's block scale: bytes joined, bitcast to float16,
@@ -184,47 +192,99 @@ def _recomputed_in_stream(node: UOp, readers: set, cost: dict, streams: dict, ch
     (block_matmul.py), so no float32 copy of the weight is made.
 
     A cheap float value (STREAM_OPERAND_COST: a normalised row x * rsqrt(mean(x^2)) * gain, SiLU(gate) * up) that
-    only streaming kernels read (a decode step's matvecs, each weight element loaded used a few times at most) is
+    only streaming kernels read (with `operand_prologues`, the cpu's kernels computing it once per call: each row of
+    a kernel of several rows, a decode batch's, streaming as a kernel of one row does, up to OPERAND_MAX elements) (a decode step's matvecs, each weight element loaded used a few times at most) is
     computed where it is read, where materialising it costs a launch and a pass over the value: once per weight
     element in a GPU's row kernel, a few ops next to a weight load; once per call in a cpu matvec, whose kernel
     computes it into an array of its own before its loops (operand_prologue.py: recomputed at each weight element
     in the vector loop, SmolLM2's f32 decode over GGUF weights took 64 ms a token instead of 20). A one-element
     reduction it reads (the norm's mean of squares) is then a prologue of the contraction's kernel
-    (fused_reductions); one that reads a row's reduction broadcast along the row (softmax's probabilities) is not:
-    it and its row's reductions are one row kernel, where the contraction would leave them kernels of their own."""
+    (fused_reductions), and so is a row's one that the contraction reads one element per row (a batch row's mean of
+    squares: its row's prologue); one that reads a row's reduction otherwise broadcast is not: it and its row's
+    reductions are one row kernel, where the contraction would leave them kernels of their own."""
     unpacked = _reads(node, lambda leaf: leaf.op is Ops.INPUT and leaf.dtype.is_int)
     if unpacked:
         own = cost[node]
         if own > CONTRACTION_INLINE_COST:
             return False
     else:
-        own, kernel, shares = _own_expression(node, chosen, readers_of)
-        if kernel or own > STREAM_OPERAND_COST:
+        own, rows_read, shares = _own_expression(node, chosen, readers_of)
+        if rows_read is None or own > STREAM_OPERAND_COST or rows_read and not all(
+                _read_per_row(r, rows_read, chosen) for r in readers):
             return False
     for r in readers:
-        if r not in streams:  # (whether r is a sum of products, whether it streams: few uses of each element loaded)
-            loaded: list[int] = []
-            _reads(r.src[0] if r.op is Ops.REDUCE_AXIS else r, lambda leaf: loaded.append(_elements(leaf)) or True)
+        if r not in streams:  # (whether r is a sum of products, whether it streams: few uses of each element loaded
+            # by each of its rows, and how many rows)
             products = r.op is Ops.REDUCE_AXIS and r.arg[0] is Ops.ADD and r.src[0].op is Ops.MUL
-            streams[r] = products, _iterations(r) <= STREAM_REUSE * sum(loaded)
-        products, streaming = streams[r]
+            streams[r] = (products, *_stream_rows(r, operand_prologues))
+        products, streaming, rows = streams[r]
         limit = (CONTRACTION_INLINE_COST if products else STREAM_INLINE_COST if streaming else -1) if unpacked else \
             STREAM_OPERAND_COST if streaming and (products or len(readers) == 1 or not shares) else -1
-        if own > limit:
+        if own > limit or rows > 1 and _elements(node) > OPERAND_MAX:
             return False
     return True
 
 
-def _own_expression(node: UOp, chosen: set, readers_of: Counter) -> tuple[int, bool, bool]:
+def _stream_rows(r: UOp, by_row: bool) -> tuple[bool, int]:
+    """(whether the kernel computing `r` streams what it loads, each element used at most STREAM_REUSE times by each
+    of its rows, its rows: the product of its output axes along which the largest value it loads is broadcast (a
+    decode batch's rows, the weight's elements read once by each))."""
+    loaded: dict[UOp, set] = {}
+    stack, seen = [(r, tuple(frozenset((k,)) for k in range(len(r.shape))))], set()
+    while stack:
+        item = stack.pop()
+        if item in seen:
+            continue
+        seen.add(item)
+        n, axes = item
+        if n is not r and n.op in REALIZED:
+            loaded.setdefault(n, set()).add(axes)
+            continue
+        stack += list(zip(n.src, _read_axes(n, axes)))
+    if not loaded:
+        return True, 1
+    largest = max(loaded, key=_elements)
+    along = frozenset().union(*(a for axes in loaded[largest] for a in axes))
+    if not by_row or _UNKNOWN <= along:  # (a gathered weight: rows unknown)
+        along = frozenset(range(len(r.shape)))
+    rows = 1
+    for k, d in enumerate(r.shape):
+        if k not in along:
+            rows *= d if isinstance(d, int) else max(1, d.vmax)
+    return _iterations(r) <= STREAM_REUSE * sum(map(_elements, loaded)) * rows, rows
+
+
+def _read_per_row(root: UOp, targets: set, chosen: set) -> bool:
+    """Whether the kernel computing `root`, computing inline what is not realized or `chosen`, reads every node of
+    `targets` one element per row (_per_row): a row's reduction it can compute as the row's prologue."""
+    stack, seen = [(root, tuple(frozenset((k,)) for k in range(len(root.shape))))], set()
+    while stack:
+        item = stack.pop()
+        if item in seen:
+            continue
+        seen.add(item)
+        n, axes = item
+        if n in targets:
+            if not _per_row(n, axes, root):
+                return False
+            continue
+        if n is root or not (n.op in REALIZED or n in chosen):
+            stack += list(zip(n.src, _read_axes(n, axes)))
+    return True
+
+
+def _own_expression(node: UOp, chosen: set, readers_of: Counter) -> tuple[int, set | None, bool]:
     """(the cost of `node`'s inlined expression down to the values others read too, a load each: those are theirs
-    to materialise or recompute, like a residual stream; whether materialising `node` costs no kernel of its own, or
-    saves its reductions theirs: the expression reads a reduction element for element, a residual add after a
-    projection the contraction's kernel stores as its epilogue, or one of more than one element broadcast, a row's
-    max or sum its row's kernel computes with it; whether it reads a value others read too that is not materialised
+    to materialise or recompute, like a residual stream; None where materialising `node` costs no kernel of its own
+    (the expression reads a reduction element for element, a residual add after a projection the contraction's
+    kernel stores as its epilogue), else the values of reductions of more than one element it broadcasts (a row's
+    max or sum, a row's mean of squares), which materialising `node` computes in its row's kernel, and which a
+    reader computes as a prologue only where it reads them one element per row (_read_per_row); whether it reads
+    a value others read too that is not materialised
     (yet: decided after its readers), which each kernel recomputing `node` would recompute too, and that reads
     some buffer and is more than a reduction rounded to 16 bits: one computed from indices alone (a concatenate's
     mask in RoPE) is index arithmetic wherever it is, and a rounded one a load and a rounding)."""
-    total, kernel, shares, stack, seen = 0, False, False, [(node, True)], set()
+    total, kernel, rows, shares, stack, seen = 0, False, set(), False, [(node, True)], set()
     while stack:
         n, direct = stack.pop()
         if (n, direct) in seen:
@@ -241,11 +301,11 @@ def _own_expression(node: UOp, chosen: set, readers_of: Counter) -> tuple[int, b
             continue
         if n.op is Ops.EXPAND and not _one_element(n.src[0]) and not _reads(
                 n.src[0], lambda leaf: leaf.op is not Ops.REDUCE_AXIS):
-            kernel = True
+            rows.add(n.src[0])
         if n.op in ELEMENTWISE and (n, not direct) not in seen:  # each op counted once, however it is reached
             total += 0 if _widening(n) or _rounded_reduction(n) else OP_COST.get(n.op, 1)
         stack.extend((s, direct and (n.op in ELEMENTWISE or n.op is Ops.RESHAPE)) for s in n.src)
-    return total, kernel, shares
+    return total, None if kernel else rows, shares
 
 
 def _reads(node: UOp, ok) -> bool:
@@ -374,9 +434,9 @@ def fused_reductions(outputs: list[UOp], materialized: set[UOp], rows: bool = Fa
         for red, readers in reads.items():
             root = readers[0][0]
             if red in explicit or red in in_loops or root in in_loops or \
-                    root.op is Ops.REDUCE_AXIS and any(how != _UNIFORM for _, how in readers):
+                    root.op is Ops.REDUCE_AXIS and any(how not in _PROLOGUES for _, how in readers):
                 continue  # a reduction's kernel computes another inside it only as its prologue
-            if all(r is root and (how in ok or how == _UNIFORM and _small_prologue(red, root)) for r, how in readers):
+            if all(r is root and (how in ok or how in _PROLOGUES and _small_prologue(red, root)) for r, how in readers):
                 if one_contraction and red not in fused and _is_contraction(red, expands):
                     if holds.setdefault(root, red) is not red:
                         continue
@@ -402,10 +462,15 @@ def _is_contraction(red: UOp, expands: dict[UOp, bool]) -> bool:
     return red.arg[0] is Ops.ADD and x.op is Ops.MUL and any(expands[s] for s in x.src)
 
 
-_DIRECT, _RESHAPED, _ROW, _INNER, _OTHER, _UNIFORM = range(6)  # how a kernel's index reaches a node: element for
-# element, through reshapes too, broadcast along trailing axes (each value read for a run of the innermost loops),
-# inside a fused row reduction (only a broadcast along its trailing axes is read once per row there), otherwise, or
-# at one element whatever the index (a one-element node: the same value everywhere)
+_DIRECT, _RESHAPED, _ROW, _INNER, _OTHER, _UNIFORM, _PER_ROW = range(7)  # how a kernel's index reaches a node:
+# element for element, through reshapes too, broadcast along trailing axes (each value read for a run of the
+# innermost loops), inside a fused row reduction (only a broadcast along its trailing axes is read once per row
+# there), otherwise, at one element whatever the index (a one-element node: the same value everywhere), or at an
+# index that only the kernel's output axes give, where the index of a reduction or of a broadcast reaches it
+# otherwise (a decode batch's row: the row's mean of squares read by every product of the row's projection)
+_PROLOGUES = (_UNIFORM, _PER_ROW)  # reads a kernel serves from a prologue: once per call, once per row
+_INNER_AXIS, _UNKNOWN = frozenset((-1,)), frozenset((-2,))  # what an axis's index depends on (_read_axes) besides
+# the kernel's output axes: a reduction's own axis, or what is not known (a gather's indices)
 
 
 def _one_element(node: UOp) -> bool:
@@ -413,8 +478,10 @@ def _one_element(node: UOp) -> bool:
 
 
 def _small_prologue(red: UOp, root: UOp) -> bool:
-    """Whether one-element reduction `red` is small enough to compute as a prologue of `root`'s kernel."""
-    return _elements(red.src[0]) <= PROLOGUE_MAX and _elements(root) <= PROLOGUE_MAX
+    """Whether reduction `red`, one element per call or per row of `root` (`_PROLOGUES`), is small enough to compute
+    as a prologue of `root`'s kernel: a row's part of it and of `root` at most PROLOGUE_MAX elements each."""
+    rows = _elements(red)
+    return _elements(red.src[0]) <= PROLOGUE_MAX * rows and _elements(root) <= PROLOGUE_MAX * rows
 
 
 def _step(how: int, n: UOp) -> int:
@@ -443,15 +510,63 @@ def _reductions_read(root: UOp, materialized: set[UOp], fused: set[UOp]) -> list
     """The reductions the kernel computing `root` reads, each with how its index reaches it (`_step`); the walk
     goes on into the `fused` ones (reductions and inlined scatters: their kernel is this one) and into `root`'s own
     operands (a reduction's read `_INNER`, inside it)."""
-    out, seen, stack = [], set(), [(root, _DIRECT)]
+    out, seen, stack = [], set(), [(root, _DIRECT, tuple(frozenset((k,)) for k in range(len(root.shape))))]
     while stack:
-        n, how = stack.pop()
-        if (n, how) in seen:
+        item = stack.pop()
+        if item in seen:
             continue
-        seen.add((n, how))
+        seen.add(item)
+        n, how, axes = item
         if n is not root and n.op is Ops.REDUCE_AXIS and n not in fused:
-            out.append((n, how))
+            out.append((n, _PER_ROW if how in (_INNER, _OTHER) and _per_row(n, axes, root) else how))
         if n is root or n in fused or not (n.op in REALIZED or n in materialized):
             reaches = _step(how, n)  # (the same for each operand)
-            stack += [(s, reaches) for s in n.src]
+            stack += [(s, reaches, a) for s, a in zip(n.src, _read_axes(n, axes))]
     return out
+
+
+def _per_row(node: UOp, axes: tuple, root: UOp) -> bool:
+    """Whether `node`, read with `axes` (per axis, what its index depends on: _read_axes) by the kernel computing
+    `root`, is read at an index that some leading output axes of the kernel alone give, not all (each of its
+    elements is one row's value, read for each output of the row, computed where the row's loops are open)."""
+    used = frozenset().union(*(a for a, d in zip(axes, node.shape) if not _is_one(d)))
+    outputs = [k for k, d in enumerate(root.shape) if not _is_one(d)]
+    return 0 < len(used) < len(outputs) and used == frozenset(outputs[:len(used)])  # leading axes: the row's loops
+
+
+def _read_axes(n: UOp, axes: tuple) -> list[tuple]:
+    """Per operand of `n`, per axis of it, what its index depends on (the kernel's output axes by number,
+    _INNER_AXIS, _UNKNOWN), `n`'s index depending on `axes` so: an elementwise op reads its operands at
+    its own index, a broadcast reads its grown axes at 0, a reshape keeps the axes on either side of its
+    unchanged leading ones or of its size-1 axes alone, a reduction's reduced axes are its own."""
+    def same(s):
+        return axes if len(s.shape) == len(axes) else (_UNKNOWN,) * len(s.shape)
+    if n.op in ELEMENTWISE:
+        return [same(s) for s in n.src]
+    src = n.src[0].shape if n.src else ()
+    if n.op is Ops.REDUCE_AXIS:
+        return [tuple(_INNER_AXIS if k in n.arg[1] else a for k, a in enumerate(axes))]
+    if n.op is Ops.EXPAND:
+        return [tuple(frozenset() if _is_one(d) and not _is_one(e) else a for d, e, a in zip(src, n.shape, axes))]
+    if n.op in (Ops.SHRINK, Ops.PAD):
+        return [axes]
+    if n.op is Ops.PERMUTE:
+        out = [None] * len(src)
+        for a, k in zip(axes, n.arg):
+            out[k] = a
+        return [tuple(out)]
+    if n.op is Ops.RESHAPE:
+        kept = [k for k, d in enumerate(n.shape) if not _is_one(d)]
+        if [n.shape[k] for k in kept] == [d for d in src if not _is_one(d)]:  # size-1 axes added or dropped
+            moved = iter(axes[k] for k in kept)
+            return [tuple(frozenset() if _is_one(d) else next(moved) for d in src)]
+        lead = 0
+        while lead < min(len(src), len(n.shape)) and src[lead] == n.shape[lead]:
+            lead += 1
+        rest = frozenset().union(*axes[lead:])
+        return [tuple(axes[:lead]) + (rest,) * (len(src) - lead)]
+    return [(_UNKNOWN,) * len(s.shape) for s in n.src]
+
+
+def _is_one(d) -> bool:
+    return isinstance(d, int) and d == 1

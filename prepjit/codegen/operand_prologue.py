@@ -15,9 +15,10 @@ outputs), and the contraction reads it back:
 An operand qualifies when it is a float computation (not a load as it is, nor a widened load) that does not
 depend on some range the contraction's body runs in (so each value is used again along it: the output columns of
 a matvec, the cache positions of attention scores) nor on the range the output is contiguous along, and the
-ranges it depends on have static extents holding at most fusion.PROLOGUE_MAX elements (a one-element reduction it
-reads, the norm's mean of squares, is computed before it: the renderer's prologue), and MAX_BYTES hold every
-operand of the kernel (the arrays are on each calling thread's stack). The contraction without its
+ranges it depends on hold at most fusion.OPERAND_MAX elements at the vars' maxima (a decode batch's rows: the array
+is laid out for the most rows, its loops run over the rows there are; a one-element reduction it reads, the norm's
+mean of squares, is computed before it, and a row's reduction once per row: the renderer's prologue), and MAX_BYTES
+hold every operand of the kernel (the arrays are on each calling thread's stack). The contraction without its
 prologue is optimised as any kernel (matvec.py, optimize.py); the bounds proof sees the scratch's accesses against
 the size its DEFINE_LOCAL names.
 """
@@ -27,11 +28,11 @@ from typing import Callable
 
 from ..uop import Ops, UOp, dtypes, simplify
 from ..uop.ops import ALU
-from .fusion import PROLOGUE_MAX
+from .fusion import OPERAND_MAX
 from .lower import linear_index
-from .optimize import const_end, stride_along
+from .optimize import stride_along
 
-MAX_BYTES = 1 << 16  # a kernel's own arrays, in all, at most: they live on the stack of every thread calling it
+MAX_BYTES = 1 << 17  # a kernel's own arrays, in all, at most: they live on the stack of every thread calling it
 
 
 def with_operand_prologue(ast: UOp, optimise: Callable[[UOp], UOp]) -> UOp:
@@ -72,7 +73,7 @@ def operand_prologue(ast: UOp) -> tuple[tuple[UOp, ...], UOp] | None:
             found.update(dict.fromkeys(_operands(red, free, frozenset(kept))))
     room = MAX_BYTES
     for operand in list(found):  # as many as the stack takes, in order
-        size = _product([const_end(r) for r in free[operand]]) * operand.dtype.itemsize
+        size = _product([_max_end(r) for r in free[operand]]) * operand.dtype.itemsize
         if size > room:
             del found[operand]
         else:
@@ -83,7 +84,7 @@ def operand_prologue(ast: UOp) -> tuple[tuple[UOp, ...], UOp] | None:
     stores, reads = [], {}
     for number, operand in enumerate(found):
         ranges = sorted(free[operand], key=lambda r: r.arg[0])
-        extents = [const_end(r) for r in ranges]
+        extents = [_max_end(r) for r in ranges]  # (laid out at a var's maximum; its loop runs to its value)
         scratch = UOp(Ops.DEFINE_LOCAL, operand.dtype, (), (number, _product(extents)))
         serial = {r: UOp(Ops.RANGE, dtypes.index, r.src, (axis + k, "serial")) for k, r in enumerate(ranges)}
         axis += len(ranges)
@@ -113,7 +114,7 @@ def _free_ranges(topo: list[UOp]) -> dict[UOp, frozenset]:
 
 def _operands(red: UOp, free: dict, kept: frozenset) -> list[UOp]:
     """The largest float computations under REDUCE `red` that do not depend on some range its body runs in (each
-    value is used again along it) nor on the `kept` ranges, with static extents, PROLOGUE_MAX elements at most."""
+    value is used again along it) nor on the `kept` ranges, OPERAND_MAX elements at most at the vars' maxima."""
     around = free[red] | frozenset(red.src[1:])
     out, stack, seen = [], [red.src[0]], set()
     while stack:
@@ -142,6 +143,10 @@ def _computes(n: UOp) -> bool:
     return False
 
 
+def _max_end(r: UOp) -> int:
+    """The largest extent of range `r`: its end's, or a var's maximum (a decode batch's rows)."""
+    return max(0, int(r.src[0].vmax))
+
+
 def _fits(ranges: frozenset) -> bool:
-    extents = [const_end(r) for r in ranges]
-    return None not in extents and _product(extents) <= PROLOGUE_MAX
+    return _product([_max_end(r) for r in ranges]) <= OPERAND_MAX

@@ -458,13 +458,17 @@ class _Renderer(ReductionRendering, KernelRenderer, InlineMath):
 
     def local_store(self, store: UOp):
         """A store into an array of the kernel's own, allocated on entry, in serial loops of its own (before the
-        parallel loop: the kernel's first stores)."""
+        parallel loop: the kernel's first stores); a reduction it reads once per row (a batch row's mean of squares)
+        is computed where the row's loop is open."""
         loops = []
         for r in _loops(self.ranges[store]):
             loops.append(self.open_loop(r, "0", self.value(r.src[0])))
+            self.open_ranges.append(r)
+            self.hoist_reductions()
         self.store(store)
         self.stores_done += 1
         while loops:
+            self.open_ranges.pop()
             self.close_loop(loops.pop())
 
     def kernel(self) -> str:

@@ -396,7 +396,8 @@ def schedule(outputs: list[UOp], inputs: list[UOp], pack_contractions: bool = Fa
     contractions first copy their column operand into contiguous panels (packing.py).
     """
     walk = kernel_roots(outputs)  # the graph and its kernel roots, walked once for every pass below
-    materialized = choose_materialized(outputs, row_values=not pack_contractions, walk=walk)
+    materialized = choose_materialized(outputs, row_values=not pack_contractions, walk=walk,
+                                       operand_prologues=pack_contractions)
     inlined = inlined_scatters(outputs, walk=walk)
     fused = inlined | fused_reductions(outputs, materialized, rows=True, one_contraction=pack_contractions,
                                        inlined=frozenset(inlined), walk=walk)

@@ -122,17 +122,20 @@ def test_operands_of_some_loops_are_prologues_too(rng):
 
 
 def test_operands_past_the_stack_budget_stay_inline(rng):
-    """The kernel's own arrays live on each calling thread's stack: a float64 operand of 2**14 elements (128 KiB,
-    past MAX_BYTES) is computed inline, a float32 one (64 KiB) as a prologue; both equal NumPy."""
+    """The kernel's own arrays live on each calling thread's stack, laid out for a var's maximum: the normalised rows
+    of a batch of at most 8 rows of 2**12 floats (128 KiB in float32, MAX_BYTES) are a prologue, in float64 (256 KiB)
+    computed inline; both equal NumPy for each batch size."""
     from prepjit.codegen.operand_prologue import MAX_BYTES
-    n = 1 << 14
+    rows, n = 8, 1 << 12
     for dtype, kept in ((np.float32, True), (np.float64, False)):
-        assert (n * np.dtype(dtype).itemsize <= MAX_BYTES) == kept
-        x, gain = rng.standard_normal(n).astype(dtype), rng.standard_normal(n).astype(dtype)
-        w = rng.standard_normal((8, n)).astype(dtype)
-        f = pj.prepare(lambda x, g, w: _norm_matvec(pnp, x, g, w, lambda w: w.T))
-        np.testing.assert_allclose(np.asarray(f(x, gain, w)), _norm_matvec(np, x, gain, w, lambda w: w.T),
-                                   rtol=1e-4, atol=1e-3)
+        assert (rows * n * np.dtype(dtype).itemsize <= MAX_BYTES) == kept
+        gain, w = rng.standard_normal(n).astype(dtype), rng.standard_normal((8, n)).astype(dtype)
+        f = pj.prepare(lambda x, g, w: _norm_matvec(pnp, x, g, w, lambda w: w.T), vars={"B": (1, rows)},
+                       shapes={"x": ("B", n)})
+        for b in (1, 5, rows):
+            x = rng.standard_normal((b, n)).astype(dtype)
+            np.testing.assert_allclose(np.asarray(f(x, gain, w)), _norm_matvec(np, x, gain, w, lambda w: w.T),
+                                       rtol=1e-4, atol=1e-3)
         traced = pj.trace(f, x, gain, w)
         (kernel,) = schedule(list(traced.outputs), list(traced.inputs), pack_contractions=True).kernels
         locals_ = [u for u in LLVM.launched(kernel.ast).toposort() if u.op is Ops.DEFINE_LOCAL]
