@@ -4,8 +4,9 @@ bounds proof and the renderer, so both (and the caches, and PREPJIT_TUNE) see on
 A kernel becomes one of three launches, recorded as a LAUNCH node, the SINK's last source, which the C-style
 renderer (render_c.py) follows and never decides itself:
 - ("tile", rows, columns, splits[, fragments]): a contraction tiled through local memory (render_tiles.py); the
-  tile is the Blocking's (PREPJIT_TUNE's choice) or the tile policy's; `fragments` (a 16-bit float's name, one set
-  of work-items) where both operands are that float widened and the dialect has tensor cores (render_fragments.py);
+  tile is the Blocking's (PREPJIT_TUNE's choice) or the tile policy's; `fragments` (render_tiles.fragment_kind:
+  a 16-bit float's name where both operands are that float widened, or "tf32" / "bfloat16" where the contraction's
+  precision allows; one set of work-items) where the dialect has tensor cores (render_fragments.py);
 - ("rows", group, pack): a row kernel (render_rows.py), its row reductions' passes rewritten to share the
   columns' range where every pass is one static run per work-item (`share_passes`: the proof sees that range);
 - ("items", n): a work-item per `n` outputs (the dialect's items per thread).
@@ -15,7 +16,7 @@ from __future__ import annotations
 from ..uop import Ops, UOp, dtypes
 from .optimize import DEFAULT_BLOCKING, Blocking
 from .render_rows import row_plan, share_passes
-from .render_tiles import match_contraction, tensor_core_dtype
+from .render_tiles import fragment_kind, match_contraction
 
 WARP_ROWS = 4             # rows of one warp each a work-group packs (dialects with shuffles)
 
@@ -31,9 +32,9 @@ def launch(ast: UOp, dialect, blocking: Blocking = DEFAULT_BLOCKING) -> UOp:
         return ast
     contraction = match_contraction(ast, blocking.tile)
     if contraction is not None:
-        fragments = tensor_core_dtype(contraction) if dialect.tensor_core_mma else None
+        fragments = fragment_kind(contraction) if dialect.tensor_core_mma else None
         if fragments is not None:
-            return _with_launch(ast, ("tile", contraction.tm, contraction.tn, 1, fragments.name))
+            return _with_launch(ast, ("tile", contraction.tm, contraction.tn, 1, fragments))
         return _with_launch(ast, ("tile", contraction.tm, contraction.tn, contraction.splits))
     ast = share_passes(ast, dialect.items_per_thread, warp_rows(dialect))
     rows = row_plan(ast, dialect.items_per_thread, warp_rows(dialect))

@@ -103,12 +103,46 @@ _TENSOR_CORES = {  # Ampere's and Hopper's (sm_80 and newer) warp-wide matrix, m
   }
 #endif
 }""",
+    # float32 rounded to tf32 (cvt.rna: to nearest, ties away from zero; the low 13 bits zero) on m16n8k8; its
+    # fragments are loaded as 32-bit words and rounded once each (pj_round_tf32)
+    "pj_round_tf32": """__device__ __forceinline__ unsigned pj_round_tf32(unsigned x) {
+#if __CUDA_ARCH__ >= 800
+  unsigned y;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(y) : "f"(__uint_as_float(x)));
+  return y;
+#else
+  return (x & 0x7f800000u) == 0x7f800000u ? x : (x + 0x1000u) & 0xffffe000u;   // (infinities and NaNs kept)
+#endif
+}""",
+    "pj_widen_tf32": """__device__ __forceinline__ float pj_widen_tf32(unsigned bits) {
+  return __uint_as_float(bits);
+}""",
+    "pj_mma_tf32": """__device__ __forceinline__ void pj_mma_tf32(float &c0, float &c1, float &c2, float &c3,
+    unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+               "{%0, %1, %2, %3};" : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#else
+  const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+  for (int k = 0; k < 8; k++) {   // in k order: A's (row, k) from lane 4 row + k % 4, B's (k, column) 4 column + k % 4
+    const int q = k % 4;
+    const unsigned x0 = __shfl_sync(0xffffffffu, k < 4 ? a0 : a2, g * 4 + q),
+                   x1 = __shfl_sync(0xffffffffu, k < 4 ? a1 : a3, g * 4 + q),
+                   y0 = __shfl_sync(0xffffffffu, k < 4 ? b0 : b1, 8 * t + q),
+                   y1 = __shfl_sync(0xffffffffu, k < 4 ? b0 : b1, 8 * t + 4 + q);
+    const float p0 = pj_widen_tf32(x0), p1 = pj_widen_tf32(x1), u0 = pj_widen_tf32(y0), u1 = pj_widen_tf32(y1);
+    c0 += p0 * u0; c1 += p0 * u1; c2 += p1 * u0; c3 += p1 * u1;
+  }
+#endif
+}""",
     **{f"pj_ldmatrix_{name}": f"""__device__ __forceinline__ void pj_ldmatrix_{name}(unsigned &r0, unsigned &r1, unsigned &r2,
-    unsigned &r3, const unsigned short *row) {{
+    unsigned &r3, const void *at) {{
 #if __CUDA_ARCH__ >= 750
   asm volatile("ldmatrix.sync.aligned.m8n8.x4{suffix}.shared.b16 {{%0, %1, %2, %3}}, [%4];"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"((unsigned)__cvta_generic_to_shared(row)));
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"((unsigned)__cvta_generic_to_shared(at)));
 #else
+  const unsigned short *row = (const unsigned short *)at;
   const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4 * 2;
   unsigned *out[4] = {{&r0, &r1, &r2, &r3}};
   for (int q = 0; q < 4; q++) {{   // matrix q's rows come from lanes 8q ... 8q + 7
@@ -120,7 +154,7 @@ _TENSOR_CORES = {  # Ampere's and Hopper's (sm_80 and newer) warp-wide matrix, m
   }}
 #endif
 }}""" for name, suffix in (("x4", ""), ("x4_trans", ".trans"))},
-    "pj_cp_async16": """__device__ __forceinline__ void pj_cp_async16(unsigned short *dst, const unsigned short *src) {
+    "pj_cp_async16": """__device__ __forceinline__ void pj_cp_async16(void *dst, const void *src) {
 #if __CUDA_ARCH__ >= 800
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src));
 #else

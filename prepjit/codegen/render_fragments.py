@@ -1,5 +1,10 @@
 """Tiled contractions on tensor cores: the body of a tile kernel whose launch has `fragments` (gpu_launch.py decides
-it on the AST: both operands 16-bit floats widened to float32, a dialect with `tensor_core_mma`).
+it on the AST, render_tiles.fragment_kind: both operands 16-bit floats widened to float32, or float32 operands of a
+contraction whose precision is "tf32" or "bf16"; a dialect with `tensor_core_mma`). The fragments' `Kind` says what
+they are multiplied in: bf16 or f16 (m16n8k16; a float32 operand under "bf16" is rounded to bfloat16 as it is
+staged), or tf32 (m16n8k8 on float32 values staged as they are, rounded by cvt.rna.tf32.f32 as they are loaded into
+fragments; no warpgroup variant). The tiles' byte geometry is the same for every kind: below, "elements" are 16-bit
+ones; a tf32 tile holds half as many float32 ones (slices 16 deep, chunks of 4, blocks of 32).
 
 A group of WARPS warps owns a TM x TN tile of outputs in float32 accumulators in registers. Two variants of the
 arithmetic are emitted, the GPU's compiler keeping one (PJ_WGMMA: the dialect's test for Hopper's sm_90a target):
@@ -8,12 +13,12 @@ arithmetic are emitted, the GPU's compiler keeping one (PJ_WGMMA: the dialect's 
   (`_WarpgroupTile`, `Staged.descriptor`);
 - else each warp multiplies a quarter of the tile (64 x 64 of 128 x 128) with mma.sync m16n8k16 on fragments
   loaded by ldmatrix (`_WarpTiles`; sm_80 on, shuffles on older GPUs).
-Both operands are staged in local memory as 16-bit values, SLICE_K deep along k (two matrix-instruction steps), in
+Both operands are staged in local memory as 16-bit values, 32 deep along k (two matrix-instruction steps), in
 `stages` buffers (as many as fit MAX_LOCAL_BYTES, at most MAX_STAGES): while the group multiplies one slice, the
 next stages - 1 are in flight. Each operand's tile keeps the axis its memory is contiguous in as the minor one
 (`Staged.minor`: "k", or "own" for its rows' or columns' axis), so the group copies it in 16-byte chunks of 8
-elements: a k-minor tile is rows of SLICE_K elements (64 bytes), an own-minor one blocks of OWN_BLOCK elements
-along its own axis, each SLICE_K rows of 128 bytes. The chunks of a tile row are swizzled (`Staged.chunk`: chunk
+elements: a k-minor tile is rows of 32 elements (64 bytes), an own-minor one blocks of 64 elements along its own
+axis, each 32 rows of 128 bytes. The chunks of a tile row are swizzled (`Staged.chunk`: chunk
 c of row r is stored at c ^ f(r)), exactly the 64- and 128-byte swizzles wgmma's descriptors name (the tiles
 1024-byte aligned), so that the 8 rows a matrix load reads, at one chunk of each, fall in 8 distinct 16-byte bank
 groups, and a full 16-byte chunk stays whole (copies and matrix loads address chunks only). wgmma reads local
@@ -36,7 +41,9 @@ ISA's register layouts for m16n8k16 (g = lane / 4, t = lane % 4):
 - C (16 x 8 floats): c0, c1 = (row g, columns 2t and 2t + 1), c2, c3 = row g + 8.
 One load gives A's four registers (matrices: rows +0/+8 by k +0/+8) or the two registers of two neighbouring
 8-column B fragments (matrices: k +0/+8 by columns +0/+8); the lane's matrix q = lane / 8 and row lane % 8 say
-which address it gives (`_lane_offsets`).
+which address it gives (`_lane_offsets`). tf32's m16n8k8 fragments are the same 16 x 8 and 8 x 8 shapes of 32-bit
+values (`_load_fragments`), which non-transposed matrix loads give alike; an own-minor tf32 tile is read by one
+plain load per register (a matrix load transposes 16-bit elements, not 32-bit ones).
 """
 from __future__ import annotations
 
@@ -47,14 +54,45 @@ from .render_tiles import FRAGMENT_THREADS, Contraction, _extent, _static_multip
 
 WARP = 32
 WARPS = FRAGMENT_THREADS // WARP   # warps of a group, 2 x 2 over the tile (mma.sync); one warpgroup (wgmma)
-FRAG_M, FRAG_N, FRAG_K = 16, 8, 16   # one matrix instruction's outputs and depth
+FRAG_M, FRAG_N = 16, 8           # one matrix instruction's outputs
 GROUP_M = 64                    # rows of one warpgroup instruction (wgmma m64nNk16)
-SLICE_K = 32                    # k of one staged slice: two matrix-instruction steps between barriers
-CHUNK = 8                       # 16-bit elements of one 16-byte copy
-OWN_BLOCK = 64                  # elements along its own axis of one block of an own-minor tile (128-byte rows)
+CHUNK_BYTES = 16                # one asynchronous copy
 MAX_STAGES = 4
 MAX_LOCAL_BYTES = 48 * 1024     # the local memory a kernel may declare statically
 SWIZZLES = {128: 1, 64: 2, 32: 3}   # a matrix descriptor's swizzle mode for rows of so many bytes
+
+
+@attrs.frozen
+class Kind:
+    """What the operands are multiplied in: the instructions' type name, the bytes of one staged element (its float
+    widened from 16 bits, or float32 for tf32: the tiles' byte geometry is the same), one instruction's depth,
+    whether the warpgroup instructions are used, and how a computed float32 value is staged (C: {v} the value)."""
+    ptx: str
+    bytes: int
+    frag_k: int
+    wgmma: bool
+    staged: str
+
+    @property
+    def chunk(self) -> int:
+        """Elements of one 16-byte copy (and of one matrix row of a matrix load)."""
+        return CHUNK_BYTES // self.bytes
+
+    @property
+    def slice_k(self) -> int:
+        """k of one staged slice (64 bytes of a k-minor row): two matrix-instruction steps between barriers."""
+        return 64 // self.bytes
+
+    @property
+    def own_block(self) -> int:
+        """Elements along its own axis of one block of an own-minor tile (128-byte rows)."""
+        return 128 // self.bytes
+
+
+# a launch's `fragments` -> its Kind: 16-bit floats on m16n8k16 (and wgmma m64nNk16), float32 rounded to tf32
+# on m16n8k8 (cvt.rna.tf32.f32 as its fragments are loaded)
+KINDS = {"bfloat16": Kind("bf16", 2, 16, True, "pj_float_to_bfloat16({v})"),
+         "float16": Kind("f16", 2, 16, True, "pj_float_to_half({v})"), "tf32": Kind("tf32", 4, 8, False, "{v}")}
 
 
 def warp_tile(c: Contraction) -> tuple[int, int]:
@@ -63,15 +101,16 @@ def warp_tile(c: Contraction) -> tuple[int, int]:
 
 
 def uses_wgmma(c: Contraction) -> bool:
-    """Whether the tile has warpgroup-instruction variant (its rows a multiple of GROUP_M)."""
-    return c.tm % GROUP_M == 0
+    """Whether the tile has a warpgroup-instruction variant (a 16-bit kind, its rows a multiple of GROUP_M)."""
+    return KINDS[c.fragments].wgmma and c.tm % GROUP_M == 0
 
 
 @attrs.frozen
 class Staged:
     """How one operand is staged: its local tile `name` (A or B), the ranges it owns, their tile side, the minor axis
-    of its local tile, and the plain 16-bit load it is (its LOAD node) with the step of its index from one slice to
-    the next, where chunks may be copied asynchronously."""
+    of its local tile, and the plain load of the kind's elements it is (its LOAD node) with the step of its index
+    from one slice to the next, where chunks may be copied asynchronously."""
+    kind: Kind
     name: str
     operand: UOp
     own: tuple
@@ -83,66 +122,74 @@ class Staged:
     @property
     def block(self) -> int:
         """Elements along the operand's own axis of one block of the tile (all of them where the minor axis is k)."""
-        return self.width if self.minor == "k" else min(self.width, OWN_BLOCK)
+        return self.width if self.minor == "k" else min(self.width, self.kind.own_block)
 
     @property
     def shape(self) -> tuple[int, int, int]:
         """(blocks, rows, row length in elements) of one stage of the local tile."""
         if self.minor == "k":
-            return 1, self.width, SLICE_K
-        return self.width // self.block, SLICE_K, self.block
+            return 1, self.width, self.kind.slice_k
+        return self.width // self.block, self.kind.slice_k, self.block
 
     @property
     def chunks(self) -> int:
         blocks, rows, length = self.shape
-        return blocks * rows * length // CHUNK
+        return blocks * rows * length // self.kind.chunk
 
     def chunk(self, row: str, minor: str) -> str:
-        """The stored position of the chunk starting at element `minor` (a multiple of CHUNK) of tile row `row`: its
+        """The stored position of the chunk starting at element `minor` (a multiple of a chunk) of tile row `row`: its
         chunk index xor the row's 3 bits (rows of 8 or more chunks), or of the row pair's 2 (rows of 4 chunks, two
         rows a 128-byte line): the 128- and 64-byte swizzles of the matrix descriptors, tiles 1024-byte aligned."""
-        per_row = self.shape[2] // CHUNK
+        per_row, chunk = self.shape[2] // self.kind.chunk, self.kind.chunk
         salt = f"({row}) % 8" if per_row >= 8 else f"({row}) / 2 % 4"
-        return f"(({minor}) / {CHUNK} ^ {salt}) * {CHUNK}"
+        return f"(({minor}) / {chunk} ^ {salt}) * {chunk}"
 
     def cell(self, stage: str, own: str, k: str) -> str:
-        """The element of the stage at (own, k), `k` (k-minor) or `own` (own-minor) a multiple of CHUNK."""
+        """The element of the stage at (own, k), `k` (k-minor) or `own` (own-minor) a multiple of a chunk."""
         if self.minor == "k":
             return f"{self.name}s[{stage}][0][{own}][{self.chunk(own, k)}]"
         return (f"{self.name}s[{stage}][({own}) / {self.block}][{k}]"
                 f"[{self.chunk(k, f'({own}) % {self.block}')}]")
+
+    def element(self, stage: str, own: str, k: str) -> str:
+        """The element of the stage at any (own, k): in its chunk, at its offset from the chunk's start."""
+        chunk = self.kind.chunk
+        if self.minor == "k":
+            return f"{self.name}s[{stage}][0][{own}][{self.chunk(own, k)} + ({k}) % {chunk}]"
+        return (f"{self.name}s[{stage}][({own}) / {self.block}][{k}]"
+                f"[{self.chunk(k, f'({own}) % {self.block}')} + ({own}) % {chunk}]")
 
     def descriptor(self, stage: str, own: int, step: int) -> str:
         """The matrix descriptor of the 16-deep step `step` of the stage's rows or columns from `own` (a multiple of
         GROUP_M for A): k-minor tiles are 8-row groups SBO bytes apart, the step's k 32 bytes into a row; own-minor
         ones blocks LBO bytes apart along their own axis, 8-row groups along k SBO bytes apart."""
         blocks, rows, length = self.shape
-        row_bytes = 2 * length
+        row_bytes, depth = self.kind.bytes * length, self.kind.frag_k
         if self.minor == "k":
-            first, lbo = f"&{self.name}s[{stage}][0][{own}][{step * FRAG_K}]", 16
+            first, lbo = f"&{self.name}s[{stage}][0][{own}][{step * depth}]", 16
         else:
-            first, lbo = f"&{self.name}s[{stage}][{own // self.block}][{step * FRAG_K}][0]", rows * row_bytes
+            first, lbo = f"&{self.name}s[{stage}][{own // self.block}][{step * depth}][0]", rows * row_bytes
         return f"pj_wgmma_desc({first}, {lbo}, {8 * row_bytes}, {SWIZZLES[row_bytes]})"
 
 
 def _staged(c: Contraction) -> list[Staged]:
-    out = []
+    kind, out = KINDS[c.fragments], []
     for name, operand, own, width in (("A", c.a, c.i, c.tm), ("B", c.b, c.j, c.tn)):
-        inner = operand.src[0]
-        load = inner if operand.op is Ops.CAST and inner.op is Ops.LOAD and len(inner.src) == 2 else None
+        inner = operand.src[0] if operand.op is Ops.CAST else operand   # (a 16-bit load widened, or a float32 one)
+        load = inner if inner.op is Ops.LOAD and len(inner.src) == 2 and inner.dtype.itemsize == kind.bytes else None
         along_own = (load is not None and not _unit_stride(load.src[1], c.k) and
-                     _static_multiple(own[-1], CHUNK) and _unit_stride(load.src[1], own[-1]))
+                     _static_multiple(own[-1], kind.chunk) and _unit_stride(load.src[1], own[-1]))
         minor = "own" if along_own else "k"
         step = None
         if load is not None and (along_own or _unit_stride(load.src[1], c.k)):
-            step = simplify(load.src[1].substitute({c.k: c.k + SLICE_K}) - load.src[1])
+            step = simplify(load.src[1].substitute({c.k: c.k + kind.slice_k}) - load.src[1])
             step = None if any(x.op is Ops.RANGE for x in step.toposort()) else step
-        out.append(Staged(name, operand, own, width, minor, load if step is not None else None, step))
+        out.append(Staged(kind, name, operand, own, width, minor, load if step is not None else None, step))
     return out
 
 
 def stages_for(c: Contraction) -> int:
-    per_stage = sum(2 * s.chunks * CHUNK for s in _staged(c))
+    per_stage = sum(CHUNK_BYTES * s.chunks for s in _staged(c))
     return max(2, min(MAX_STAGES, MAX_LOCAL_BYTES // per_stage))
 
 
@@ -150,16 +197,22 @@ def _lane_offsets(s: Staged) -> tuple[str, str]:
     """(own, k) offsets of the row address lane `lane` gives to a matrix load of operand `s`'s fragment (q = lane / 8
     the matrix, lane % 8 its row): A's matrices go rows +8 first, B's k +8 first (the PTX layouts above)."""
     own_half, k_half = ("(lane / 8 % 2)", "(lane / 16)") if s.name == "A" else ("(lane / 16)", "(lane / 8 % 2)")
-    if s.minor == "k":   # the local tile's rows are the operand's own axis
-        return f"lane % 8 + 8 * {own_half}", f"8 * {k_half}"
+    if s.minor == "k":   # the local tile's rows are the operand's own axis (a matrix row is one chunk along k)
+        return f"lane % 8 + 8 * {own_half}", f"{s.kind.chunk} * {k_half}"
     return f"8 * {own_half}", f"lane % 8 + 8 * {k_half}"
 
 
 def _helpers(r, kind: str):
-    """The dialect's tensor-core helpers for `kind` (the warpgroup instruction's are added per shape)."""
-    for name, text in r.d.tensor_core_mma.items():
-        if "{n}" not in name:
-            r.helpers.setdefault(name.replace("{kind}", kind), text.replace("{kind}", kind))
+    """The dialect's tensor-core helpers for `kind`: those of every kind, those named for it, and the templates of
+    the others ({kind} in their names) where it has no helper of its own by that name (the warpgroup instruction's
+    are added per shape)."""
+    helpers = r.d.tensor_core_mma
+    for name, text in helpers.items():
+        own = name.replace("{kind}", kind)
+        named_for = name.rsplit("_", 1)[-1] if name.rsplit("_", 1)[-1] in (k.ptx for k in KINDS.values()) else kind
+        if "{n}" in name or named_for != kind or (own != name and own in helpers):
+            continue
+        r.helpers.setdefault(own, text.replace("{kind}", kind))
 
 
 def wgmma_helper(r, kind: str, n: int, ta: int, tb: int) -> str:
@@ -180,8 +233,7 @@ def emit_fragment_contraction(r, c: Contraction):
     """The kernel body through the C-style renderer `r`, whose dialect spells the matrix and copy instructions: the
     warpgroup instructions where the GPU has them (PJ_WGMMA) and the tile's rows allow, else the warps' mma.sync."""
     d, long = r.d, r.long
-    u16 = d.types[dtypes.uint16]
-    kind = "bf16" if c.fragments == "bfloat16" else "f16"
+    kind = KINDS[c.fragments].ptx
     if kind == "bf16":
         r.bfloat16_helpers()
     _helpers(r, kind)
@@ -190,14 +242,16 @@ def emit_fragment_contraction(r, c: Contraction):
     m, n, kk_end = r.value(_extent(c.i)), r.value(_extent(c.j)), r.value(c.k.src[0])
     for s in staged:
         blocks, rows, length = s.shape
-        r.locals.append(d.tile_array.format(type=u16, name=f"{s.name}s", n=f"{stages}][{blocks}][{rows}][{length}") + ";")
+        r.locals.append(d.tile_array.format(type=_element_type(r, s.kind), name=f"{s.name}s",
+                                            n=f"{stages}][{blocks}][{rows}][{length}") + ";")
     r.emit(f"const int lid = {d.local_id}, lane = lid % {WARP}, fg = lane / 4, ft = lane % 4 * 2;")
     r.emit(f"const {long} bid = {d.group_id};")
     r.emit(f"const {long} nbn = ({n} + {c.tn - 1}) / {c.tn}, nbm = ({m} + {c.tm - 1}) / {c.tm};")
     r.emit(f"const {long} i0 = (bid / nbn) % nbm * {c.tm}, j0 = bid % nbn * {c.tn};")
     if c.batch:
         r.scopes[-1].update(r.unflatten("(bid / (nbn * nbm))", list(c.batch)))
-    r.emit(f"const {long} slices = ({kk_end} + {SLICE_K - 1}) / {SLICE_K};")
+    depth = KINDS[c.fragments].slice_k
+    r.emit(f"const {long} slices = ({kk_end} + {depth - 1}) / {depth};")
     for s in staged:
         _emit_chunk_starts(r, c, s)
     group = _WarpgroupTile(r, c, staged, kind) if wgmma else None
@@ -228,6 +282,11 @@ def emit_fragment_contraction(r, c: Contraction):
     r.close_block()
     r.emit("pj_cp_async_wait<0>();")
     _variants(r, group, warps, "store")
+
+
+def _element_type(r, kind: Kind) -> str:
+    """The C type of a staged element: a 16-bit float's bits, or the float32 value (rounded to tf32 once loaded)."""
+    return r.d.types[dtypes.uint16 if kind.bytes == 2 else dtypes.float32]
 
 
 def _variants(r, group, warps, part: str):
@@ -265,19 +324,14 @@ class _WarpTiles:
 
     def multiply(self):
         r, (a, b), kind = self.r, self.staged, self.kind
-        a_own, a_k = _lane_offsets(a)
-        b_own, b_k = _lane_offsets(b)
-        for step in range(SLICE_K // FRAG_K):
+        depth = a.kind.frag_k
+        for step in range(a.kind.slice_k // depth):
             r.open_block("", {})
-            kk = step * FRAG_K
+            kk = step * depth
             for x in range(self.fm):
-                r.emit(f"unsigned a{x}_0, a{x}_1, a{x}_2, a{x}_3;")
-                r.emit(f"pj_ldmatrix_{'x4' if a.minor == 'k' else 'x4_trans'}(a{x}_0, a{x}_1, a{x}_2, a{x}_3, "
-                       f"&{a.cell('st', f'wm + {x * FRAG_M} + {a_own}', f'{kk} + {a_k}')});")
+                _load_fragments(r, a, [f"a{x}_{e}" for e in range(4)], f"wm + {x * FRAG_M}", kk)
             for y in range(0, self.fn, 2):
-                r.emit(f"unsigned b{y}_0, b{y}_1, b{y + 1}_0, b{y + 1}_1;")
-                r.emit(f"pj_ldmatrix_{'x4' if b.minor == 'k' else 'x4_trans'}(b{y}_0, b{y}_1, b{y + 1}_0, "
-                       f"b{y + 1}_1, &{b.cell('st', f'wn + {y * FRAG_N} + {b_own}', f'{kk} + {b_k}')});")
+                _load_fragments(r, b, [f"b{y}_0", f"b{y}_1", f"b{y + 1}_0", f"b{y + 1}_1"], f"wn + {y * FRAG_N}", kk)
             for x in range(self.fm):
                 for y in range(self.fn):
                     outs = ", ".join(self.accs[x, y, e] for e in range(4))
@@ -290,6 +344,28 @@ class _WarpTiles:
                   f"wn + {y * FRAG_N + e % 2} + ft")
                  for x in range(self.fm) for y in range(self.fn) for e in range(4)]
         _emit_results(self.r, self.c, cells)
+
+
+def _load_fragments(r, s: Staged, regs: list, own: str, kk: int):
+    """Load the 4 registers `regs` of operand `s` at its rows or columns from `own` and k from `kk` of stage st: A's
+    16 x depth fragment, or two neighbouring 8-column B fragments (the module docstring's layouts; for tf32's
+    m16n8k8, t = lane % 4: a0 = (row g, k t), a1 = row g + 8, a2 = k t + 4, a3 = both; b0 = (k t, column g), b1 = k
+    t + 4). A k-minor tile gives them by one matrix load (its 8 x 8 matrices of 16-bit values are 8 x 4 of 32-bit
+    ones: lane 4g + t gets element t of row g, the layouts above); an own-minor one by a transposed matrix load of
+    16-bit values, or one plain load per register of 32-bit ones (a matrix load cannot transpose those). tf32
+    registers are then rounded (cvt.rna.tf32.f32)."""
+    r.emit(f"unsigned {', '.join(regs)};")
+    if s.minor == "k" or s.kind.bytes == 2:
+        lane_own, lane_k = _lane_offsets(s)
+        r.emit(f"pj_ldmatrix_{'x4' if s.minor == 'k' else 'x4_trans'}({', '.join(regs)}, "
+               f"&{s.cell('st', f'{own} + {lane_own}', f'{kk} + {lane_k}')});")
+    else:
+        # A: register e at rows +8 (e odd), k +4 (e >= 2); B: fragment e // 2, k +4 (e odd)
+        offsets = [(8 * (e % 2), 4 * (e // 2)) if s.name == "A" else (FRAG_N * (e // 2), 4 * (e % 2)) for e in range(4)]
+        cells = [s.element("st", f"{own} + {o} + fg", f"{kk} + {k} + ft / 2") for o, k in offsets]
+        r.emit(" ".join(f"{reg} = {r.d.float_bits.format(v=cell)};" for reg, cell in zip(regs, cells)))
+    if s.kind.bytes == 4:
+        r.emit(" ".join(f"{reg} = pj_round_{s.kind.ptx}({reg});" for reg in regs))
 
 
 class _WarpgroupTile:
@@ -316,7 +392,7 @@ class _WarpgroupTile:
     def issue(self):
         r, (a, b) = self.r, self.staged
         r.emit("pj_wgmma_fence();")
-        for step in range(SLICE_K // FRAG_K):
+        for step in range(a.kind.slice_k // a.kind.frag_k):
             for x in range(self.blocks):
                 r.emit(f"{self.helper}(wacc{x}, {a.descriptor('st', x * GROUP_M, step)}, "
                        f"{b.descriptor('st', 0, step)});")
@@ -342,17 +418,18 @@ def _emit_chunk_starts(r, c: Contraction, s: Staged):
     long, name = r.long, s.name
     extent, origin = r.value(_extent(s.own)), "i0" if name == "A" else "j0"
     _, rows, length = s.shape
-    per_row, along_k = length // CHUNK, s.minor == "k"
+    chunk = s.kind.chunk
+    per_row, along_k = length // chunk, s.minor == "k"
     assert s.chunks % FRAGMENT_THREADS == 0, (s.chunks, FRAGMENT_THREADS)
     for n in range(s.chunks // FRAGMENT_THREADS):
         ch = f"(lid + {n * FRAGMENT_THREADS})"
         row, col, blk, k, go = f"row{name}{n}", f"col{name}{n}", f"blk{name}{n}", f"k{name}{n}", f"go{name}{n}"
-        r.emit(f"const int {row} = {ch} / {per_row} % {rows}, {col} = {ch} % {per_row} * {CHUNK}, "
+        r.emit(f"const int {row} = {ch} / {per_row} % {rows}, {col} = {ch} % {per_row} * {chunk}, "
                f"{blk} = {ch} / {per_row * rows}, {k} = {col if along_k else row};")
         r.emit(f"const {long} {go} = {origin} + {row if along_k else f'{blk} * {s.block} + {col}'};")
         if s.direct is None:
             continue
-        inside = f"{go} < {extent}" if along_k else f"{go} + {CHUNK} <= {extent}"
+        inside = f"{go} < {extent}" if along_k else f"{go} + {chunk} <= {extent}"
         mem = r.d.mem_type(s.direct.dtype)
         r.emit(f"const {mem} *src{name}{n};")
         r.open_block("", {c.k: k})
@@ -360,43 +437,42 @@ def _emit_chunk_starts(r, c: Contraction, s: Staged):
         r.emit(f"src{name}{n} = &buf{s.direct.src[0].arg}[{r.value(s.direct.src[1])}];")
         r.close_block()
         r.emit(f"const bool ok{name}{n} = {inside} && ((unsigned long long)src{name}{n} & 15) == 0 && "
-               f"({r.value(s.step)}) % {CHUNK} == 0;")
+               f"({r.value(s.step)}) % {chunk} == 0;")
 
 
 def _emit_slice_copy(r, c: Contraction, s: Staged, stage: str, slice_: str):
-    """Copy operand `s`'s slice number `slice_` into local stage `stage`: each work-item its chunks of CHUNK elements
-    along the tile's minor axis, asynchronously where it can (see the module's docstring), else element by element."""
-    long, u16, kk_end, name = r.long, r.d.types[dtypes.uint16], r.value(c.k.src[0]), s.name
+    """Copy operand `s`'s slice number `slice_` into local stage `stage`: each work-item its chunks of 16 bytes along
+    the tile's minor axis, asynchronously where it can (see the module's docstring), else element by element."""
+    long, kk_end, name, chunk = r.long, r.value(c.k.src[0]), s.name, s.kind.chunk
     extent, along_k = r.value(_extent(s.own)), s.minor == "k"
     for n in range(s.chunks // FRAGMENT_THREADS):
         row, col, go = f"row{name}{n}", f"col{name}{n}", f"go{name}{n}"
         r.open_block("", {})
-        r.emit(f"const {long} gk = ({slice_}) * {SLICE_K} + k{name}{n};")
-        r.emit(f"{u16} *dst = &{name}s[{stage}][blk{name}{n}][{row}][{s.chunk(row, col)}];")
+        r.emit(f"const {long} gk = ({slice_}) * {s.kind.slice_k} + k{name}{n};")
+        r.emit(f"{_element_type(r, s.kind)} *dst = &{name}s[{stage}][blk{name}{n}][{row}][{s.chunk(row, col)}];")
 
         def inside(e: int) -> str:   # whether the chunk's element e is in range
             return f"gk + {e} < {kk_end} && {go} < {extent}" if along_k else f"gk < {kk_end} && {go} + {e} < {extent}"
-        if s.direct is None:   # a computed operand: each element's value, rounded to the 16-bit float (exact)
-            to_bits = "pj_float_to_bfloat16({v})" if c.fragments == "bfloat16" else "pj_float_to_half({v})"
-            for e in range(CHUNK):
+        if s.direct is None:   # a computed operand (or float32 under "bf16"): each value as the kind stages it
+            for e in range(chunk):
                 gk, go_e = (f"gk + {e}", go) if along_k else ("gk", f"{go} + {e}")
                 r.emit(f"dst[{e}] = 0;")
                 r.open_block(f"if ({inside(e)})", {})
                 r.open_block("", {c.k: f"({gk})"})
                 r.scopes[-1].update(r.unflatten(f"({go_e})", list(s.own)))
-                r.emit(f"dst[{e}] = {to_bits.format(v=r.value(s.operand))};")
+                r.emit(f"dst[{e}] = {s.kind.staged.format(v=r.value(s.operand))};")
                 r.close_block()
                 r.close_block()
             r.close_block()
             continue
         # a plain load along a unit stride (inside the chunk: along k, or along the last own range, whose static
-        # end CHUNK divides, from a chunk start CHUNK divides): element e is at src + e, its bits as stored
+        # end a chunk divides, from a chunk start): element e is at src + e, its bits as stored
         r.emit(f"const {r.d.mem_type(s.direct.dtype)} *src = src{name}{n} + ({slice_}) * ({r.value(s.step)});")
-        r.open_block(f"if (ok{name}{n} && {'gk + %d <= %s' % (CHUNK, kk_end) if along_k else 'gk < ' + kk_end})", {})
+        r.open_block(f"if (ok{name}{n} && {'gk + %d <= %s' % (chunk, kk_end) if along_k else 'gk < ' + kk_end})", {})
         r.emit("pj_cp_async16(dst, src);")
         r.close_block()
         r.open_block("else", {})
-        r.emit(" ".join(f"dst[{e}] = {inside(e)} ? src[{e}] : 0;" for e in range(CHUNK)))
+        r.emit(" ".join(f"dst[{e}] = {inside(e)} ? src[{e}] : 0;" for e in range(chunk)))
         r.close_block()
         r.close_block()
 

@@ -16,8 +16,9 @@ group each) MiniLM's 4096 x 1536 feed-forward (k = 384) ran in 133 us in 768 til
 in 384 of 128 x 128, its batched 128 x 128 attention scores in 18.7 against 29.8 us, while 4096^3 keeps its
 1024 tiles of 128 x 128 (PREPJIT_TUNE's timings, tune.py, which picks among these shapes on any GPU).
 
-Where both operands are 16-bit floats widened to float32 and the dialect has matrix instructions, the launch
-says so (`fragments`) and render_fragments.py multiplies the slices on tensor cores instead of work-items' FMAs.
+Where both operands are 16-bit floats widened to float32, or the contraction's precision is "tf32" or "bf16"
+(`fragment_kind`), and the dialect has matrix instructions, the launch says so (`fragments`) and render_fragments.py
+multiplies the slices on tensor cores instead of work-items' FMAs.
 
 The rows (i) and columns (j) may each be several ranges (x @ w with x of shape (B, T, C): the rows are B x T),
 flattened row-major. `match_contraction` finds the pattern; `emit_contraction` writes the kernel body through
@@ -57,7 +58,7 @@ class Contraction:
     tm: int = 128        # rows of a tile
     tn: int = 128        # columns of a tile
     splits: int = 1      # sets of work-items per tile, each multiplying TILE_K / splits of every slice
-    fragments: str | None = None   # the 16-bit dtype both operands are multiplied in on tensor cores, or None
+    fragments: str | None = None   # what both operands are multiplied in on tensor cores (fragment_kind), or None
 
     @property
     def owners(self) -> int:
@@ -114,12 +115,16 @@ def tile_candidates(ast: UOp) -> list[tuple[int, int, int]]:
     return chosen
 
 
-def tensor_core_dtype(c: Contraction):
-    """The 16-bit float both operands of `c` are widened from (so multiplying them in it loses nothing), or None."""
+def fragment_kind(c: Contraction) -> str | None:
+    """What tensor cores may multiply `c`'s operands in, or None: the 16-bit float both are widened from (exactly),
+    else what the contraction's precision allows its float32 operands (its product's arg, tracing/precision.py):
+    "tf32", or "bfloat16" (the operands rounded to it) for "bf16"."""
     def narrow(x: UOp):
         return x.src[0].dtype if x.op is Ops.CAST and x.src[0].dtype in (dtypes.bfloat16, dtypes.float16) else None
     kind = narrow(c.a)
-    return kind if kind is not None and kind == narrow(c.b) else None
+    if kind is not None and kind == narrow(c.b):
+        return kind.name
+    return {"tf32": "tf32", "bf16": "bfloat16"}.get(c.reduce.src[0].arg)
 
 
 def match_contraction(ast: UOp, tile: tuple | None = None) -> Contraction | None:

@@ -91,6 +91,23 @@ static void pj_mma(float &c0, float &c1, float &c2, float &c3, unsigned a0, unsi
   }
   pthread_barrier_wait(&pj_warp_bar[w]);
 }
+static void pj_mma_k8_tf32(float &c0, float &c1, float &c2, float &c3, unsigned a0, unsigned a1, unsigned a2,
+                           unsigned a3, unsigned b0, unsigned b1) {
+  // m16n8k8 .tf32: A (row g, k t) in a0, row + 8 in a1, k + 4 in a2, both in a3; B (k t, column g) in b0, k + 4 in b1;
+  // the instruction reads only an operand's tf32 bits (the low 13 ignored); products summed into C in k order
+  unsigned w = threadIdx.x / 32, lane = threadIdx.x % 32;
+  unsigned mine[6] = {a0, a1, a2, a3, b0, b1};
+  memcpy(pj_frag[w][lane], mine, sizeof mine);
+  pthread_barrier_wait(&pj_warp_bar[w]);
+  auto tf32 = [&](unsigned lane_of, int reg) { return __uint_as_float(pj_frag[w][lane_of][reg] & 0xffffe000u); };
+  float *c[4] = {&c0, &c1, &c2, &c3};
+  for (int e = 0; e < 4; e++) {
+    int row = lane / 4 + (e >= 2) * 8, col = lane % 4 * 2 + e % 2;
+    for (int k = 0; k < 8; k++)
+      *c[e] += tf32((row % 8) * 4 + k % 4, (row >= 8) + 2 * (k >= 4)) * tf32(col * 4 + k % 4, 4 + (k >= 4));
+  }
+  pthread_barrier_wait(&pj_warp_bar[w]);
+}
 template <bool trans>
 static void pj_ldmatrix(unsigned &r0, unsigned &r1, unsigned &r2, unsigned &r3, const unsigned short *row) {
   unsigned w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4 * 2;
@@ -177,11 +194,14 @@ _TENSOR_CORES = {  # render_cuda's tensor-core helpers, by name, in C++ for the 
     "pj_mma_f16": "static void pj_mma_f16(float &c0, float &c1, float &c2, float &c3, unsigned a0, unsigned a1, "
                   "unsigned a2, unsigned a3, unsigned b0, unsigned b1) "
                   "{ pj_mma<pj_f16_value>(c0, c1, c2, c3, a0, a1, a2, a3, b0, b1); }",
+    "pj_mma_tf32": "static void pj_mma_tf32(float &c0, float &c1, float &c2, float &c3, unsigned a0, unsigned a1, "
+                   "unsigned a2, unsigned a3, unsigned b0, unsigned b1) "
+                   "{ pj_mma_k8_tf32(c0, c1, c2, c3, a0, a1, a2, a3, b0, b1); }",
     "pj_ldmatrix_x4": "static void pj_ldmatrix_x4(unsigned &r0, unsigned &r1, unsigned &r2, unsigned &r3, "
-                      "const unsigned short *row) { pj_ldmatrix<false>(r0, r1, r2, r3, row); }",
+                      "const void *row) { pj_ldmatrix<false>(r0, r1, r2, r3, (const unsigned short *)row); }",
     "pj_ldmatrix_x4_trans": "static void pj_ldmatrix_x4_trans(unsigned &r0, unsigned &r1, unsigned &r2, unsigned &r3, "
-                            "const unsigned short *row) { pj_ldmatrix<true>(r0, r1, r2, r3, row); }",
-    "pj_cp_async16": "static void pj_cp_async16(unsigned short *dst, const unsigned short *src) { memcpy(dst, src, 16); }",
+                            "const void *row) { pj_ldmatrix<true>(r0, r1, r2, r3, (const unsigned short *)row); }",
+    "pj_cp_async16": "static void pj_cp_async16(void *dst, const void *src) { memcpy(dst, src, 16); }",
     "pj_cp_async_commit": "static void pj_cp_async_commit() {}",
     "pj_cp_async_wait": "template <int N> static void pj_cp_async_wait() {}",
     **{name: f"static void {name}() {{}}" for name in ("pj_wgmma_fence", "pj_wgmma_commit", "pj_fence_async_shared")},

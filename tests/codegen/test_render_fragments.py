@@ -10,6 +10,7 @@ import prepjit.numpy as pnp
 from prepjit.codegen.gpu_launch import launch, launch_of
 from prepjit.codegen.render_tiles import SHAPES
 from prepjit.codegen.render_cuda import CUDA, render_cuda
+from prepjit.codegen.schedule import schedule
 from prepjit.codegen.render_opencl import OPENCL, render_opencl
 from prepjit.uop import Ops, UOp, dtypes
 
@@ -147,3 +148,143 @@ def test_gpus_before_sm80_get_the_same_products_without_tensor_cores(name):
         pytest.skip("the emulation converts float16 with x86-64's F16C")
     for m, n, k, a_t, b_t in ((70, 45, 33, False, False), (130, 136, 40, True, True), (96, 64, 64, False, False)):
         emulate(strided_narrow_kernel(dtype, m, n, k, a_t, b_t), np_dtype, m, n, k, a_t, b_t, tensor_cores=False)
+
+
+def tf32(x: np.ndarray) -> np.ndarray:
+    """float32 rounded to tf32 as cvt.rna.tf32.f32 (to nearest, ties away from zero: the low 13 bits dropped)."""
+    bits = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+    return ((bits + 0x1000) & 0xFFFFE000).astype(np.uint32).view(np.float32)
+
+
+def tf32_reference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Operands rounded to tf32, their (exact) products summed in float32 in k order: the emulated instruction's
+    arithmetic, so the kernel's result equals it bit for bit."""
+    a, b = tf32(a), tf32(b)
+    out = np.zeros(a.shape[:-1] + b.shape[-1:], np.float32)
+    for r in range(a.shape[-1]):
+        out = (out + a[..., r:r + 1] * b[..., r:r + 1, :]).astype(np.float32)
+    return out
+
+
+def float32_kernel(m, n, k, precision, a_t=False, b_t=False, batch=1, offset=0, scale_b=False):
+    """strided_narrow_kernel's contraction over float32 operands, its product carrying `precision` (None: exact)."""
+    p, i, j = loop(UOp.const(batch), 0), loop(UOp.const(m), 1), loop(UOp.const(n), 2)
+    r = UOp(Ops.RANGE, dtypes.index, (UOp.const(k),), (3, "reduce"))
+    a = load(1, dtypes.float32, p * (m * k) + (r * m + i if a_t else i * k + r) + offset)
+    b = load(2, dtypes.float32, p * (k * n) + (j * k + r if b_t else r * n + j) + offset)
+    b = b * UOp.const(2.0, dtypes.float32) if scale_b else b
+    total = UOp(Ops.REDUCE, dtypes.float32, (UOp(Ops.MUL, dtypes.float32, (a, b), precision), r), Ops.ADD)
+    return kernel(total + UOp.const(1.0, dtypes.float32), (p * m + i) * n + j, "r_p_m_n")
+
+
+def emulate_float32(precision, m, n, k, a_t=False, b_t=False, batch=1, offset=0, scale_b=False, tile=None,
+                    tensor_cores=True, seed=0):
+    """The float32 contraction under `precision` rendered for CUDA and run through cuda_emulation: (result, a, b)."""
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((batch, m, k), np.float32)
+    b = rng.standard_normal((batch, k, n), np.float32)
+    a_mem = np.ascontiguousarray(np.swapaxes(a, 1, 2)) if a_t else a
+    b_mem = np.ascontiguousarray(np.swapaxes(b, 1, 2)) if b_t else b
+    pad = np.zeros(offset, np.float32)
+    out = np.zeros(batch * m * n, np.float32)
+    src = render_cuda(float32_kernel(m, n, k, precision, a_t, b_t, batch, offset, scale_b), tile)
+    cuda_emulation.run(src, [out, np.concatenate([pad, a_mem.ravel()]), np.concatenate([pad, b_mem.ravel()])],
+                       tensor_cores)
+    return out.reshape(batch, m, n), a, b * (2 if scale_b else 1)
+
+
+TF32_CASES = [
+    (256, 192, 64, False, False, 1, 0, False),   # a along k (matrix loads), b along its columns (a load a register)
+    (70, 45, 33, False, False, 1, 0, False),     # every edge partial: b's columns no multiple of 4, a partial slice
+    (130, 136, 40, True, True, 1, 0, False),     # both transposed: a along its rows (loads), b along k (matrix loads)
+    (128, 96, 40, False, False, 2, 1, False),    # a batch, both views one element in: no aligned chunk, element copies
+    (96, 128, 48, False, False, 1, 0, True),     # b computed (b * 2): element copies
+]
+
+
+def test_tf32_contractions_launch_on_tensor_cores_in_cuda():
+    """A float32 contraction whose product carries "tf32" gets tf32 fragments (m16n8k8, operands rounded by
+    cvt.rna.tf32.f32, staged as float32 and copied asynchronously), "bf16" the bfloat16 fragments; without a
+    precision it keeps its FMA tiles; OpenCL has no tensor cores."""
+    ast = float32_kernel(256, 192, 64, "tf32")
+    assert launch_of(launch(ast, CUDA))[4:] == ("tf32",)
+    source = render_cuda(ast).source
+    assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in source and "pj_mma_tf32(acc0_0_0" in source
+    assert "cvt.rna.tf32.f32" in source and "a0_0 = pj_round_tf32(a0_0)" in source
+    assert "float As[" in source and "pj_cp_async16(dst, src)" in source and "pj_ldmatrix_x4(a0_0" in source
+    assert "m16n8k16" not in source and "wgmma.mma_async" not in render_cuda(ast, (128, 128, 1, "tf32")).source
+    assert launch_of(launch(float32_kernel(256, 192, 64, "bf16"), CUDA))[4:] == ("bfloat16",)
+    assert "m16n8k16.row.col.f32.bf16" in render_cuda(float32_kernel(256, 192, 64, "bf16")).source
+    assert len(launch_of(launch(float32_kernel(256, 192, 64, None), CUDA))) == 4
+    assert launch_of(launch(ast, OPENCL))[4:] == () and "mma" not in render_opencl(ast).source
+
+
+@EMULATED
+@pytest.mark.parametrize("m, n, k, a_t, b_t, batch, offset, scale_b", TF32_CASES)
+def test_tf32_kernels_round_operands_and_sum_in_float32(m, n, k, a_t, b_t, batch, offset, scale_b):
+    """The tf32 tensor-core kernel through cuda_emulation (m16n8k8 emulated from the PTX ISA's fragment layouts,
+    reading only the tf32 bits of its operands) equals, bit for bit, operands rounded to tf32 (RNA) with products
+    summed in float32 in k order, and is within tf32's error of the float64 product."""
+    got, a, b = emulate_float32("tf32", m, n, k, a_t, b_t, batch, offset, scale_b)
+    np.testing.assert_array_equal(got, (tf32_reference(a, b) + np.float32(1)).astype(np.float32))
+    exact = a.astype(np.float64) @ b + 1
+    assert np.abs(got - exact).max() <= 2.0 ** -10 * (np.abs(a) @ np.abs(b)).max()
+    assert np.abs(got - exact).max() > 1e-5   # (not the exact product: the operands were rounded)
+
+
+@EMULATED
+@pytest.mark.parametrize("a_t, b_t", [(False, False), (True, True)])
+def test_every_tf32_tile_shape_and_gpus_before_sm80(a_t, b_t):
+    """Each tile shape PREPJIT_TUNE may pick, ragged on both sides with a partial slice; and the helpers' own code
+    for GPUs older than sm_80 (shuffles, __CUDA_ARCH__ undefined): the same bits."""
+    m, n, k = 200, 136, 40
+    for tm, tn in SHAPES:
+        got, a, b = emulate_float32("tf32", m, n, k, a_t, b_t, tile=(tm, tn, 1, "tf32"))
+        np.testing.assert_array_equal(got, tf32_reference(a, b) + np.float32(1), err_msg=str((tm, tn)))
+    got, a, b = emulate_float32("tf32", m, n, k, a_t, b_t, tensor_cores=False)
+    np.testing.assert_array_equal(got, tf32_reference(a, b) + np.float32(1))
+
+
+@EMULATED
+@pytest.mark.parametrize("a_t, b_t", [(False, False), (True, True)])
+def test_bf16_precision_rounds_float32_operands_to_bfloat16(a_t, b_t):
+    """"bf16": the float32 operands rounded to bfloat16 (nearest even, as ml_dtypes) on the bfloat16 fragments,
+    products summed in float32."""
+    m, n, k = 130, 96, 40
+    got, a, b = emulate_float32("bf16", m, n, k, a_t, b_t)
+    rounded = a.astype(ml_dtypes.bfloat16).astype(np.float32) @ b.astype(ml_dtypes.bfloat16).astype(np.float32) + 1
+    np.testing.assert_allclose(got, rounded, rtol=1e-5, atol=1e-4 * np.sqrt(k))
+    assert np.abs(got - (a.astype(np.float64) @ b + 1)).max() > 1e-3
+
+
+def test_traced_precision_selects_the_kernel():
+    """Through tracing: pnp.matmul(precision="tf32") (and the default's context) renders the tf32 tensor-core
+    kernel for CUDA; "highest" (the default) keeps the exact float32 FMA tiles."""
+    a, b = np.ones((256, 64), np.float32), np.ones((64, 192), np.float32)
+
+    def source(fn):
+        traced = pj.trace(pj.prepare(fn), a, b)
+        (k,) = schedule(list(traced.outputs), list(traced.inputs)).kernels
+        return render_cuda(k.ast).source
+    assert "m16n8k8" in source(lambda x, y: pnp.matmul(x, y, precision="tf32"))
+    with pj.default_matmul_precision("tensorfloat32"):
+        assert "m16n8k8" in source(lambda x, y: x @ y)
+    assert "mma" not in source(lambda x, y: x @ y)
+    assert "mma" not in source(lambda x, y: pnp.matmul(x, y, precision="highest"))
+    assert "m16n8k16.row.col.f32.bf16" in source(lambda x, y: pnp.matmul(x, y, precision="bf16"))
+
+
+def test_tf32_kernels_compile_with_nvrtc_for_sm80_and_sm90():
+    """The tf32 (and float32-under-bf16) tile kernels, k-minor and transposed operands, compile for sm_80 and sm_90
+    (NVRTC alone: its inline PTX is checked by ptxas)."""
+    from prepjit.runtime.nvrtc import NVRTC
+    try:
+        nvrtc = NVRTC()
+        nvrtc.compile("probe", 'extern "C" __global__ void probe(int *a) { a[0] = 1; }', ["-arch=sm_80"])
+    except (pj.DeviceError, pj.CompileError) as e:
+        pytest.skip(f"no working NVRTC here ({str(e).splitlines()[0]})")
+    for precision, a_t, b_t, tile in (("tf32", False, False, None), ("tf32", True, True, (128, 128, 1, "tf32")),
+                                      ("bf16", False, False, None)):
+        src = render_cuda(float32_kernel(256, 192, 64, precision, a_t, b_t), tile)
+        for arch in ("sm_80", "sm_90"):
+            nvrtc.compile(src.name, src.source, [f"-arch={arch}", "-std=c++17", "--fmad=false"])
