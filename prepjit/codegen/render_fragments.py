@@ -139,9 +139,14 @@ class Staged:
     def chunk(self, row: str, minor: str) -> str:
         """The stored position of the chunk starting at element `minor` (a multiple of a chunk) of tile row `row`: its
         chunk index xor the row's 3 bits (rows of 8 or more chunks), or of the row pair's 2 (rows of 4 chunks, two
-        rows a 128-byte line): the 128- and 64-byte swizzles of the matrix descriptors, tiles 1024-byte aligned."""
+        rows a 128-byte line): the 128- and 64-byte swizzles of the matrix descriptors, tiles 1024-byte aligned. An
+        own-minor tile of 32-bit values (read a register a load: four rows t at eight neighbouring elements g, two
+        chunks) takes its rows' 2 low bits as chunk bits 1-2 instead, so those 32 reads hit 32 distinct banks."""
         per_row, chunk = self.shape[2] // self.kind.chunk, self.kind.chunk
-        salt = f"({row}) % 8" if per_row >= 8 else f"({row}) / 2 % 4"
+        if per_row >= 8:
+            salt = f"({row}) % 4 * 2" if self.minor == "own" and self.kind.bytes == 4 else f"({row}) % 8"
+        else:
+            salt = f"({row}) / 2 % 4"
         return f"(({minor}) / {chunk} ^ {salt}) * {chunk}"
 
     def cell(self, stage: str, own: str, k: str) -> str:
