@@ -3,14 +3,16 @@
     python -m benchmarks.gpu_low_precision [--device cuda] [--quick] [--out FILE]
 
 - matmul of square float32, bfloat16 and float16 matrices (4096, and 8192 unless --quick) against torch.matmul
-  (cuBLAS; float32 with TF32 off, the exact product), in TFLOP/s;
+  (cuBLAS; float32 with TF32 off, the exact product), in TFLOP/s; and float32 under precision="tf32" (prepjit's
+  tensor-core tiles) against torch with torch.backends.cuda.matmul.allow_tf32 = True (cuBLAS TF32; issue 22's goal
+  0.7x of it);
 - SmolLM2-135M's decode step (random weights of the real shapes, position 256 of a 512-token cache) and MiniLM's
   static batch of 32 x 128, each in float32 and bfloat16, against the same models in torch eager (transformers)
   cast to the same dtype, with the launches per call of prepjit's plan; in bfloat16 also against
   torch.compile(mode="reduce-overhead") (CUDA graphs): MiniLM the transformers model compiled, SmolLM2 a torch
   decode step over a static cache (`torch_static_decode`: fixed shapes, the position a device tensor, keys and values
   written in place), as transformers' StaticCache does. A peer that fails to compile is reported with its reason.
-- with --sass DIR: each 16-bit matmul kernel's machine code (cuobjdump -sass of the cubin prepjit loaded) and the
+- with --sass DIR: each 16-bit and tf32 matmul kernel's machine code (cuobjdump -sass of the cubin prepjit loaded) and the
   count of its tensor-core (HMMA, HGMMA), matrix-load (LDSM) and async-copy (LDGSTS) instructions in the row.
 
 Inputs are resident on the device (pj.Arrays made by a prepared copy, torch CUDA tensors); every figure is the
@@ -20,6 +22,7 @@ product before it is timed, each model against its torch twin (cosine of the out
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -31,6 +34,7 @@ import time
 import numpy as np
 
 import prepjit as pj
+import prepjit.numpy as pnp
 from examples.engine import resident
 from examples.models import llama, minilm
 from examples.models.common import DTYPES, tree_cast
@@ -54,23 +58,42 @@ def sass_counts(binary: bytes, path: str) -> dict:
     return {op: len(re.findall(rf"\b{op}\b", listing)) for op in SASS_OPS}
 
 
+# (case name, operands' dtype, prepjit's precision=, torch's allow_tf32)
+MATMULS = (("f32", "f32", "highest", False), ("tf32", "f32", "tf32", True), ("bf16", "bf16", "highest", False),
+           ("f16", "f16", "highest", False))
+TORCH_DTYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
+
+
+@contextlib.contextmanager
+def torch_tf32(torch, allow: bool):
+    """torch.backends.cuda.matmul.allow_tf32 set to `allow` inside (Torch() turns it off: exact float32)."""
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = allow
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+
+
 def matmul_rows(device: str, t: Torch, sizes, reps: int, sass: str | None = None):
-    torch = t.torch   # Torch() turned TF32 off: float32 products are exact
+    torch = t.torch
     rng = np.random.default_rng(0)
-    mm = pj.prepare(lambda a, b: a @ b, device=device)
+    prepared = {p: pj.prepare(lambda a, b, p=p: pnp.matmul(a, b, precision=p), device=device)
+                for p in {case[2] for case in MATMULS}}
     for size in sizes:
-        for name, dtype in DTYPES.items():
+        for name, dtype_name, precision, allow_tf32 in MATMULS:
+            mm, dtype = prepared[precision], DTYPES[dtype_name]
             a = rng.standard_normal((size, size), np.float32).astype(dtype)
             b = rng.standard_normal((size, size), np.float32).astype(dtype)
             da, db = resident(a, device), resident(b, device)
-            ta = torch.from_numpy(a.astype(np.float32)).cuda().to(getattr(torch, {"f32": "float32", "bf16":
-                                                                                   "bfloat16", "f16": "float16"}[name]))
+            ta = torch.from_numpy(a.astype(np.float32)).cuda().to(getattr(torch, TORCH_DTYPES[dtype_name]))
             tb = torch.from_numpy(b.astype(np.float32)).cuda().to(ta.dtype)
             out = np.asarray(mm(da, db))[:64, :64].astype(np.float64)
             ref = a[:64].astype(np.float64) @ b[:, :64].astype(np.float64)
             err = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
-            ours = median_us(lambda da=da, db=db: mm(da, db), reps)
-            peer = median_us(t.sync(lambda ta=ta, tb=tb: ta @ tb), reps)
+            ours = median_us(lambda da=da, db=db, mm=mm: mm(da, db), reps)
+            with torch_tf32(torch, allow_tf32):
+                peer = median_us(t.sync(lambda ta=ta, tb=tb: ta @ tb), reps)
             flops = 2 * size ** 3
             kernels = mm.plan(da, db).kernels
             row = {"case": f"matmul_{name}_{size}", "prepjit_tflops": flops / ours / 1e6,
