@@ -17,10 +17,14 @@ The state is one block of int64 words, each group on its own cache line:
     CONFIG    workers (0 after a fork: everything runs inline), spins before a worker sleeps, spins before
               the waiting publisher yields, and the addresses of pthread_mutex_lock / unlock,
               pthread_cond_wait / broadcast and sched_yield (read by ctypes from the C library)
-    COOLDOWN  split launches left to run alone: when the publisher, done with its own chunks, waits more than
-              STALL ticks of the cycle counter plus the time its own chunks took for a worker's (the OS
-              preempted it: a loaded host; a chunk as long as the publisher's is no stall), the next
-              AFTER_STALL split launches run on the calling thread alone, then threads are tried again
+    COOLDOWN  the cycle count until which split launches run on the calling thread alone. When the publisher,
+              done with its own chunks, waits more than STALL ticks of the cycle counter plus the time its own
+              chunks took for a worker's (the OS preempted it: a loaded host; a chunk as long as the
+              publisher's is no stall), split launches run alone for BACKOFF ticks from then on, and BACKOFF
+              doubles (up to MAX_BACKOFF); a split launch that ran without a stall halves it (down to
+              MIN_BACKOFF). A stall on a briefly busy host so costs about a millisecond alone, not a fixed
+              count of launches (a decode step's worth), and a host whose other core stays busy soon runs alone
+              most of the time, trying the workers again at most every MAX_BACKOFF ticks
     mutex, condition variable: opaque, MUTEX_BYTES each (larger than any libc's)
 
 Workers are Python threads that call `prepjit_worker(state)` through ctypes (which releases the GIL) and
@@ -36,7 +40,7 @@ import threading
 TICKET, BUSY, SLEEPERS = 0, 8, 16
 SLOTS = (24, 40)             # fn, bufs, vals, size, chunk, nchunks; its done count at +8
 WORKERS, SPINS, YIELD_AFTER, LOCK, UNLOCK, WAIT, BROADCAST, YIELD = range(56, 64)
-COOLDOWN, STALL_CYCLES, COOLDOWN_LAUNCHES = range(64, 67)
+COOLDOWN, STALL_CYCLES, BACKOFF, MIN_BACKOFF, MAX_BACKOFF = range(64, 69)
 MUTEX, COND = 72, 104
 STATE_WORDS = 136
 MUTEX_BYTES = 256
@@ -45,7 +49,8 @@ WORKER_SPINS = 1 << 10       # polls of TICKET (with a pause) before an idle wor
 WAIT_SPINS = 1 << 8          # polls of the done count before the publisher yields its core between polls
 CHUNKS_PER_THREAD = 4        # chunks of a split range per thread: whoever runs takes the next
 STALL = 1 << 18              # cycle-counter ticks (~0.1 ms) the publisher waits for a worker's chunk: a stall
-AFTER_STALL = 64             # split launches run alone after a stall (a loaded host preempts workers mid-chunk)
+AFTER_STALL = 1 << 21        # ticks (~1 ms) split launches run alone after a first stall (MIN_BACKOFF), doubling
+MOST_AFTER_STALL = 1 << 26   # with each stall that follows up to ~25 ms (MAX_BACKOFF), halving with each clean launch
 
 WORKER_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 PARALLEL_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
@@ -125,12 +130,9 @@ entry:
   %workers = load atomic i64, ptr %workers.p monotonic, align 8
 {_word("cool.p", COOLDOWN)}
   %cool = load atomic i64, ptr %cool.p monotonic, align 8
-  %warm = icmp sle i64 %cool, 0
-  br i1 %warm, label %check, label %cooling
-cooling:
-  %cool.next = sub i64 %cool, 1
-  store atomic i64 %cool.next, ptr %cool.p monotonic, align 8
-  br label %inline
+  %entered = call i64 @llvm.readcyclecounter()
+  %warm = icmp uge i64 %entered, %cool
+  br i1 %warm, label %check, label %inline
 check:
   %has = icmp sgt i64 %workers, 0
   %split = icmp sgt i64 %chunks, 1
@@ -191,8 +193,8 @@ work:
   %stall = add i64 %stall.min, %own
   br label %wait
 wait:
-  %spins = phi i64 [0, %work], [%spins.next, %idle], [%spins.next, %yield], [%spins.next, %stalled]
-  %noted = phi i1 [false, %work], [%noted, %idle], [%noted, %yield], [true, %stalled]
+  %spins = phi i64 [0, %work], [%spins.next, %idle], [%spins.next, %yield]
+  %noted = phi i1 [false, %work], [%noted, %idle], [%noted.next, %yield]
   %done = load atomic i64, ptr %done.p acquire, align 8
   %finished = icmp uge i64 %done, %n
   br i1 %finished, label %exit, label %idle
@@ -206,15 +208,32 @@ yield:
   %now = call i64 @llvm.readcyclecounter()
   %waited = sub i64 %now, %since
   %long = icmp ugt i64 %waited, %stall
-  %first = xor i1 %noted, true
-  %note = and i1 %long, %first
-  br i1 %note, label %stalled, label %wait
-stalled:
-{_word("after.p", COOLDOWN_LAUNCHES)}
-  %after = load atomic i64, ptr %after.p monotonic, align 8
-  store atomic i64 %after, ptr %cool.p monotonic, align 8
+  %noted.next = or i1 %noted, %long
   br label %wait
 exit:
+{_word("backoff.p", BACKOFF)}
+  %backoff = load atomic i64, ptr %backoff.p monotonic, align 8
+  br i1 %noted, label %slower, label %faster
+slower:
+  %ended = call i64 @llvm.readcyclecounter()
+  %until = add i64 %ended, %backoff
+  store atomic i64 %until, ptr %cool.p monotonic, align 8
+{_word("most.p", MAX_BACKOFF)}
+  %most = load atomic i64, ptr %most.p monotonic, align 8
+  %doubled = shl i64 %backoff, 1
+  %capped = icmp ugt i64 %doubled, %most
+  %longer = select i1 %capped, i64 %most, i64 %doubled
+  store atomic i64 %longer, ptr %backoff.p monotonic, align 8
+  br label %release
+faster:
+{_word("least.p", MIN_BACKOFF)}
+  %least = load atomic i64, ptr %least.p monotonic, align 8
+  %halved = lshr i64 %backoff, 1
+  %floored = icmp ult i64 %halved, %least
+  %shorter = select i1 %floored, i64 %least, i64 %halved
+  store atomic i64 %shorter, ptr %backoff.p monotonic, align 8
+  br label %release
+release:
   store atomic i64 0, ptr %busy.p release, align 8
   ret void
 }}
@@ -299,7 +318,8 @@ class NativeThreads:
         for word, address in addresses.items():
             self.words[word] = address
         self.words[SPINS], self.words[YIELD_AFTER] = WORKER_SPINS, WAIT_SPINS
-        self.words[STALL_CYCLES], self.words[COOLDOWN_LAUNCHES] = STALL, AFTER_STALL
+        self.words[STALL_CYCLES], self.words[BACKOFF] = STALL, AFTER_STALL
+        self.words[MIN_BACKOFF], self.words[MAX_BACKOFF] = AFTER_STALL, MOST_AFTER_STALL
         ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)(init_mutex)(self.address + 8 * MUTEX, None)
         ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)(init_cond)(self.address + 8 * COND, None)
         worker = self._worker = WORKER_FN(worker_address)

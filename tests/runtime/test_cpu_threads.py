@@ -1,6 +1,7 @@
 """The cpu device's native worker threads (runtime/cpu_threads.py): split launches run from the replay program,
 chunked over the threads, with the var-dependent ones sized per call; results match NumPy. Every test runs with
 two worker threads (the `worker_threads` fixture), whatever this host's cores, and checks the split it names."""
+import ctypes
 import threading
 import time
 
@@ -8,7 +9,8 @@ import numpy as np
 
 import prepjit as pj
 from prepjit.runtime.cpu import PARALLEL_MIN_ITERATIONS
-from prepjit.runtime.cpu_threads import SLEEPERS, TICKET, NativeThreads
+from prepjit.runtime.cpu_threads import AFTER_STALL as MIN_BACKOFF_TICKS
+from prepjit.runtime.cpu_threads import BACKOFF, MAX_BACKOFF, SLEEPERS, TICKET, NativeThreads
 from tests.runtime.native_threads import launch_entries, published
 
 
@@ -57,9 +59,13 @@ def test_callers_on_several_threads_share_the_workers(rng, worker_threads):
 
 def _settles(read, want: int) -> bool:
     """Whether `read()` reaches `want` within 5 s."""
-    deadline = time.monotonic() + 5
+    return _settles_within(read, want, pause=0.001)
+
+
+def _settles_within(read, want: int, pause: float = 0.0, seconds: float = 5) -> bool:
+    deadline = time.monotonic() + seconds
     while read() != want and time.monotonic() < deadline:
-        time.sleep(0.001)
+        time.sleep(pause)
     return read() == want
 
 
@@ -85,3 +91,47 @@ def test_sleeping_workers_wake_and_a_forked_child_runs_inline(rng, worker_thread
     threads.parallel(fn, bufs, vals, 300, 12)  # inline
     np.testing.assert_array_equal(out, x.max(axis=1))
     assert threads.words[TICKET] >> 32 == generation   # nothing was published
+
+
+CHUNK_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
+
+
+def test_a_stall_runs_split_launches_alone_for_a_while_then_threads_again(worker_threads):
+    """A worker that takes far longer than the publisher's chunks (preempted on a loaded host) makes split launches
+    run alone for BACKOFF cycles, not for a count of launches: a launch after that time is split again. Each stall
+    in a row doubles the time (up to MAX_BACKOFF), launches without one halve it (down to MIN_BACKOFF)."""
+    threads = NativeThreads(2, worker_threads.parallel_address, worker_threads.worker_address)  # its own state
+    caller, stall = threading.get_ident(), []
+
+    def chunk(bufs, vals, lo, hi):
+        if threading.get_ident() != caller and stall:
+            stall.pop()
+            time.sleep(0.05)   # the worker's chunk: 50 ms, against the caller's few microseconds
+
+    fn = ctypes.cast(keep := CHUNK_FN(chunk), ctypes.c_void_p).value
+
+    def launch(stalling: bool) -> tuple[int, int]:
+        """(task generations a launch published: 0 when it ran alone, BACKOFF before it), making the worker's chunk
+        stall when asked (launching again until the worker, perhaps still waking up, takes a chunk)."""
+        before = threads.words[TICKET] >> 32
+        stall[:] = [True] if stalling else []
+        for _ in range(200):
+            backoff = threads.words[BACKOFF]
+            threads.parallel(fn, 0, 0, 1000, 1000)
+            if not stall:
+                break
+        assert not stall
+        return (threads.words[TICKET] >> 32) - before, backoff
+
+    assert threads.words[BACKOFF] == MIN_BACKOFF_TICKS
+    for _ in range(3):  # stalls in a row: each split launch after the time alone stalls again
+        published, backoff = launch(stalling=True)
+        assert published >= 1 and threads.words[BACKOFF] == min(2 * backoff, threads.words[MAX_BACKOFF])
+        assert launch(stalling=False)[0] == 0   # right after the stall: alone
+        time.sleep(0.2)   # more than MAX_BACKOFF ticks later (~25 ms at 2.6 GHz)
+    assert threads.words[BACKOFF] > MIN_BACKOFF_TICKS
+    published, backoff = launch(stalling=False)
+    assert published == 1 and threads.words[BACKOFF] == backoff // 2   # split again, and no stall: halved
+    assert _settles_within(lambda: (threads.parallel(fn, 0, 0, 1000, 1000), threads.words[BACKOFF])[1],
+                           MIN_BACKOFF_TICKS)
+    del keep
