@@ -74,3 +74,16 @@ def test_devices_without_tensor_cores_compute_it_exactly(device, precision):
         assert np.abs(got - want).max() <= 2.0 ** -bits * (np.abs(a) @ np.abs(b)).max()
     else:
         assert np.array_equal(got, exact)
+
+
+def test_vmap_keeps_it_and_the_gradients_contractions_are_exact(device):
+    """vmap batches the product with its precision; grad's contractions (the cotangent's products) carry none
+    (docs/tracing.md says so), and equal NumPy's."""
+    a, b = _operands(16, 24, 8)
+    batched = pj.prepare(pj.vmap(lambda x, y: pnp.matmul(x, y, precision="tf32")), device=device)
+    stacked = (np.stack([a, a * 2]), np.stack([b, b]))
+    assert _product_precisions(batched.plan(*stacked).kernels) == {"tf32"}
+    np.testing.assert_allclose(np.asarray(batched(*stacked)), stacked[0] @ b, rtol=1e-2, atol=1e-2)
+    grad = pj.prepare(pj.grad(lambda x, y: pnp.matmul(x, y, precision="tf32").sum()), device=device)
+    assert _product_precisions(grad.plan(a, b).kernels) == {None}
+    np.testing.assert_allclose(np.asarray(grad(a, b)), np.ones((16, 8), np.float32) @ b.T, rtol=1e-5)
