@@ -220,7 +220,7 @@ def _recomputed_in_stream(node: UOp, readers: set, cost: dict, streams: dict, ch
         products, streaming, rows = streams[r]
         limit = (CONTRACTION_INLINE_COST if products else STREAM_INLINE_COST if streaming else -1) if unpacked else \
             STREAM_OPERAND_COST if streaming and (products or len(readers) == 1 or not shares) else -1
-        if own > limit or rows > 1 and _elements(node) > OPERAND_MAX:
+        if own > limit or rows > 1 and not unpacked and _elements(node) > OPERAND_MAX:
             return False
     return True
 
