@@ -192,3 +192,56 @@ def test_a_normalised_row_is_computed_in_the_matvec_reading_it(device, rng):
     f = pj.prepare(lambda x, gain, w: g(pnp, x, gain, w), device=device)
     np.testing.assert_allclose(np.asarray(f(x, gain, w)), g(np, x, gain, w), rtol=1e-4, atol=1e-4)
     assert len(_launches(f, x, gain, w)) == 1
+
+
+@pytest.mark.parametrize("operand", ["norm", "swiglu"])
+def test_each_row_of_a_var_batch_fuses_as_one_row(device, rng, operand):
+    """A projection of a var batch of rows reads each row's normalised values (the row's mean of squares its
+    prologue) or SiLU(gate) * up computed in it, as a one-row projection does: one kernel on the cpu for every row
+    count (was 3 for the norm: the sums, the normalised rows, the product; 2 for SiLU); equal to NumPy everywhere."""
+    w = (rng.standard_normal((960, 576)) * 0.05).astype(np.float32)
+    gain = rng.standard_normal(576).astype(np.float32)
+
+    def g(xp, x, gain, w):
+        if operand == "norm":
+            return _rms_norm(xp, x, gain) @ w.T
+        gate, up = x, x[:, ::-1] * gain
+        return gate / (1 + xp.exp(-gate)) * up @ w.T
+    f = pj.prepare(lambda x, gain, w: g(pnp, x, gain, w), vars={"B": (1, 16)}, shapes={"x": ("B", 576)},
+                   device=device)
+    for rows in (1, 5, 16):
+        x = rng.standard_normal((rows, 576)).astype(np.float32)
+        np.testing.assert_allclose(np.asarray(f(x, gain, w)), g(np, x.astype(np.float64), gain, w), rtol=1e-4,
+                                   atol=1e-4)
+    if device == "cpu":  # GPUs materialise the rows: a row kernel would recompute them at each weight element
+        assert len(_launches(f, x, gain, w)) == 1
+
+
+def test_a_batched_decode_block_fuses_as_a_one_row_block(device):
+    """llama_paged's decode step of a var batch B (SmolLM2's sizes, 2 blocks, a pool of 256 blocks): outside
+    attention each block is the one-row step's four projections (qkv reading the normalised rows, wo, gate/up reading
+    the normalised rows, down reading SiLU(gate) * up; q's RoPE computed in the scores), 12 kernels a block on the
+    cpu (was 19: each norm's sums and normalised rows, SiLU(gate) * up and q's RoPE had kernels; the paged
+    attention's two-part softmax keeps 8); its logits, keys and values equal NumPy's for 1 and 3 rows."""
+    from examples.models import llama_paged
+    cfg = llama.Config(layers=2, dim=576, ff=1536, heads=9, kv_heads=3, vocab=256, context=256, rope_theta=1e5,
+                       eps=1e-5)
+    rng = np.random.default_rng(0)
+    params = llama.random_params(rng, cfg)
+    cos, sin = llama.rope_tables(cfg, cfg.context)
+    k_pool, v_pool = rng.standard_normal((2, cfg.layers, 256, cfg.kv_heads, 16, cfg.head_dim)).astype(np.float32)
+    decode, _ = llama_paged.prepared(cfg, context=256, block_size=16, max_batch=16, max_chunk=32, device=device)
+    for ids, pos in (([42], [7]), ([1, 2, 3], [5, 40, 17])):
+        ids, pos = np.array(ids), np.array(pos)
+        table = np.stack([rng.permutation(256)[:3] for _ in ids])
+        args = (params, ids, pos, table, k_pool, v_pool, cos, sin)
+        want = llama_paged.decode_batch(np, cfg, *args)
+        for got, w in zip(decode(*args), want):
+            np.testing.assert_allclose(np.asarray(got), w, rtol=1e-3, atol=1e-3 * np.abs(w).max())
+    if device != "cpu":
+        return
+    names = _launches(decode, *args)
+    one_row = _decode_launches(device, np.float32)
+    assert [n for n in names if "3_3_" not in n][:8] == ["r_B_960_1", "r_B_576", "r_B_3072_1", "r_B_576"] * 2, names
+    assert [n for n in one_row if "3_3_" not in n][:8] == ["r_1_960_1", "r_576", "r_1_3072_1", "r_576"] * 2, one_row
+    assert len(names) == 12 * cfg.layers + 6, names
