@@ -82,7 +82,9 @@ def choose_materialized(outputs: list[UOp], row_values: bool = False, walk: tupl
                         operand_prologues: bool = False) -> set[UOp]:
     """The elementwise values to compute once into a buffer; with `row_values` (kernels that give each row a
     work-group: the C-style renderers), never a cheap kept-dims value of reductions (a row's mean or scale),
-    which is recomputed where it is read, so its reductions fuse into the readers (layernorm: one kernel).
+    which is recomputed where it is read, so its reductions fuse into the readers (layernorm: one kernel); with
+    `operand_prologues` (kernels that compute a contraction's computed operand once per call: the cpu's,
+    operand_prologue.py), a kernel of several rows recomputes such an operand as a kernel of one row does.
     `walk` is kernel_roots(outputs) where the caller has it (schedule: one walk of the graph for every pass)."""
     graph, roots = walk or kernel_roots(outputs)
     is_root = set(roots)
@@ -192,10 +194,11 @@ def _recomputed_in_stream(node: UOp, readers: set, cost: dict, streams: dict, ch
     (block_matmul.py), so no float32 copy of the weight is made.
 
     A cheap float value (STREAM_OPERAND_COST: a normalised row x * rsqrt(mean(x^2)) * gain, SiLU(gate) * up) that
-    only streaming kernels read (with `operand_prologues`, the cpu's kernels computing it once per call: each row of
-    a kernel of several rows, a decode batch's, streaming as a kernel of one row does, up to OPERAND_MAX elements) (a decode step's matvecs, each weight element loaded used a few times at most) is
-    computed where it is read, where materialising it costs a launch and a pass over the value: once per weight
-    element in a GPU's row kernel, a few ops next to a weight load; once per call in a cpu matvec, whose kernel
+    only streaming kernels read (a decode step's matvecs, each weight element loaded used a few times at most; with
+    `operand_prologues`, kernels that compute it once per call, the cpu's, by each of their rows: a decode batch's
+    rows each stream the weight as one row does, the value at most OPERAND_MAX elements) is computed where it is
+    read, where materialising it costs a launch and a pass over the value: once per weight element in a GPU's row
+    kernel, a few ops next to a weight load; once per call in a cpu matvec, whose kernel
     computes it into an array of its own before its loops (operand_prologue.py: recomputed at each weight element
     in the vector loop, SmolLM2's f32 decode over GGUF weights took 64 ms a token instead of 20). A one-element
     reduction it reads (the norm's mean of squares) is then a prologue of the contraction's kernel
