@@ -1,7 +1,8 @@
-"""How the LLVM renderer renders reductions: a loop nest of accumulators per upcast block (reduce), a sum over
-a "lane" range as vector accumulators added up once (lane_sum) with its streamed blocks prefetched
-(prefetch_streams) and its functions of 4-bit values looked up in 16-entry tables (lookup_tables), and bfloat16
-products summed in pairs by vdpbf16ps (bfloat16_pairs). A mixin of render_llvm's renderer: it reads the renderer's
+"""How the LLVM renderer renders reductions: a loop nest of accumulators per upcast block (reduce), a lone sum
+over a row of 16-bit float weights with the rows ahead prefetched (prefetch_sum), a sum over a "lane" range as
+vector accumulators added up once (lane_sum) with its streamed blocks prefetched (prefetch_streams) and its
+functions of 4-bit values looked up in 16-entry tables (lookup_tables), and bfloat16 products summed in pairs by
+vdpbf16ps (bfloat16_pairs). A mixin of render_llvm's renderer: it reads the renderer's
 state and emitters."""
 from __future__ import annotations
 
@@ -13,6 +14,10 @@ from .optimize import stride_along
 UNROLLED_STEPS = 4  # a sum over lanes unrolls an innermost loop of this many steps at most (lane_sum)
 PREFETCH_BYTES = 2048  # how far ahead a sum over lanes prefetches the blocks it streams (prefetch_streams): on one
 # thread from DRAM, q8_0 49152 x 576 took 2.9 ms with 512 bytes, 2.6 with 1024, 2.3 with 2048, 2.3 with 4096
+SUM_AHEAD_BYTES = 8192  # how far ahead a lone sum over a row of narrow weights prefetches (prefetch_sum): bfloat16
+# x (576) @ W.T, 2 threads, 300-140 weights round robin from DRAM: (576, 576) 42 -> 31 us with 2304 or 9216 bytes,
+# (3072, 576) 202 -> 162-165 with 4608, 9216 or 18432, (1536, 576) ~91 -> 75-81; float32 weights gain nothing
+LINE_BYTES = 64
 PAGE_BYTES = 4096  # a register block's narrow load that steps this far a reduction step is prefetched (prefetch_rows)
 ROWS_AHEAD = 4  # reduction steps ahead it is prefetched: x (576) @ W (576, 3072) bfloat16, one thread, 8 weights
 # round robin (28 MB, from L3): 164-183 us without, 148-160 with 4 steps, 162 with 2 and 8, 168 with 16. float32
@@ -64,6 +69,8 @@ class ReductionRendering(AMXRendering):
         pair = u.src[-1] if u.src[-1].arg[1] in ("pair", "tile") else None
         dot = pair is not None and laned and self.width == DOT_LANES
         looped = [r for r in u.src[1:] if not (dot and r is pair)]
+        if not block and not laned and len(looped) == 1:
+            self.prefetch_sum([x.src[0] for x in group], looped[0], u.dtype)
         loops = [self.open_loop(r, "0", self.value(r.src[0])) for r in looped]
         if block and looped:
             self.prefetch_rows([r.src[0] for r in group], looped[-1], u.dtype)
@@ -121,7 +128,7 @@ class ReductionRendering(AMXRendering):
             loops.append(self.open_loop(r, "0", self.value(r.src[0])))
             opened.add(r)
             if r is ranges[0]:
-                self.prefetch_streams([x.src[0] for x in group], u.src[2:])
+                self.prefetch_streams([x.src[0] for x in group], u.src[2:], u.dtype)
             for x in group:
                 for v in x.src[0].toposort():
                     if v not in self.laned and r in self.ranges[v] and self.ranges[v] <= opened:
@@ -161,9 +168,10 @@ class ReductionRendering(AMXRendering):
             self.scopes[-1][r] = out
         return outs[0]
 
-    def prefetch_streams(self, bodies: list[UOp], inner: tuple):
+    def prefetch_streams(self, bodies: list[UOp], inner: tuple, acc: DType):
         """Ask for the bytes PREFETCH_BYTES ahead of each block a sum over lanes streams (a load of a buffer that
-        moves with the parallel range: a weight's rows, not the activations every row reuses), once per block:
+        moves with the parallel range: a weight's rows, not the activations every row reuses), once per block, and
+        for floats narrower than the `acc` accumulators (a bfloat16 row's split block) once per cache line of it:
         unpacking a block keeps the core busy long enough that the hardware prefetchers fall behind, and the matvec
         waits on memory (q8_0 49152 x 576 from DRAM on one thread: 4.4 ms without, 2.3 ms with)."""
         if self.prange is None:
@@ -174,13 +182,48 @@ class ReductionRendering(AMXRendering):
                 continue
             seen.add(ld.src[0])
             start = simplify(ld.src[1].substitute({r: UOp.const(0) for r in inner}))
+            last = simplify(ld.src[1].substitute({r: r.src[0] - 1 for r in inner}) - start)
+            widened = ld.dtype.is_float and ld.dtype.itemsize < acc.itemsize and last.op is Ops.CONST
+            span = (last.arg + 1) * ld.dtype.itemsize if widened else 1
             lanes, self.vec = self.vec, 0
             index = self.value(start)
             self.vec = lanes
             here = self.op(f"getelementptr {mem_type(ld.src[0].dtype)}, ptr %buf{ld.src[0].arg}, i64 {index}", "p")
-            ahead = self.op(f"getelementptr i8, ptr {here}, i64 {PREFETCH_BYTES}", "p")
             self.decls.add("declare void @llvm.prefetch.p0(ptr, i32, i32, i32)")
-            self.emit(f"call void @llvm.prefetch.p0(ptr {ahead}, i32 0, i32 3, i32 1)")
+            for at in range(PREFETCH_BYTES, PREFETCH_BYTES + span, LINE_BYTES):
+                ahead = self.op(f"getelementptr i8, ptr {here}, i64 {at}", "p")
+                self.emit(f"call void @llvm.prefetch.p0(ptr {ahead}, i32 0, i32 3, i32 1)")
+
+    def prefetch_sum(self, bodies: list[UOp], r: UOp, acc: DType):
+        """Before a lone sum's loop over reduction range `r` (a matvec's output row against a weight contiguous along
+        `r`, W (out, in), its rows one after another), ask for the row SUM_AHEAD_BYTES ahead into L2, one prefetch
+        per cache line of a row, for each buffer of values narrower than its `acc` accumulator (bfloat16 or float16
+        weights, widened) that moves with the parallel range: widening keeps the core busy long enough that the
+        hardware prefetchers fall behind the rows."""
+        if self.prange is None or r.src[0].op is not Ops.CONST:
+            return
+        here = set(self.open_ranges)
+        seen = set()
+        for ld in (v for x in bodies for v in x.toposort() if v.op is Ops.LOAD):
+            index = ld.src[1]
+            if ld.src[0] in seen or not ld.dtype.is_float or ld.dtype.itemsize >= acc.itemsize \
+                    or self.prange not in self.ranges[index] or not self.ranges[index] - {r} <= here:
+                continue  # (before the strides: simplifying them is what costs)
+            if stride_along(index, r) != 1 or stride_along(index, self.prange) != r.src[0].arg:
+                continue  # not one contiguous run of rows
+            seen.add(ld.src[0])
+            lanes, self.vec = self.vec, 0
+            start = self.value(simplify(index.substitute({r: UOp.const(0)})))
+            self.vec = lanes
+            row = self.op(f"getelementptr {mem_type(ld.src[0].dtype)}, ptr %buf{ld.src[0].arg}, i64 {start}", "p")
+            ahead = self.op(f"getelementptr i8, ptr {row}, i64 {SUM_AHEAD_BYTES}", "p")
+            lines = -(-r.src[0].arg * ld.dtype.itemsize // LINE_BYTES)
+            self.decls.add("declare void @llvm.prefetch.p0(ptr, i32, i32, i32)")
+            loop = self.open_loop(None, "0", str(lines))
+            offset = self.op(f"mul i64 {loop[2]}, {LINE_BYTES}")
+            line = self.op(f"getelementptr i8, ptr {ahead}, i64 {offset}", "p")
+            self.emit(f"call void @llvm.prefetch.p0(ptr {line}, i32 0, i32 2, i32 1)")
+            self.close_loop(loop)
 
     def prefetch_rows(self, bodies: list[UOp], r: UOp, acc: DType):
         """Ask for the bytes a register block will read ROWS_AHEAD steps of reduction range `r` ahead, for each buffer

@@ -116,3 +116,49 @@ def test_one_row_over_16_bit_rows_a_page_apart_prefetches_rows_ahead(rng, target
             assert ir.count("call void @llvm.prefetch") == ((span // 64 + 1) if prefetched else 0)
             if prefetched:
                 assert f", {ROWS_AHEAD * n}\n" in ir  # the offset of the row ROWS_AHEAD steps ahead
+
+
+@pytest.mark.parametrize("target", [AVX2, AVX512])
+def test_one_row_over_16_bit_weight_rows_prefetches_the_row_ahead_into_l2(rng, target):
+    """h @ W.T.astype(float32) for W (n, 576) bfloat16 or float16 (a lone sum per output over one contiguous row):
+    before each row's sum, one prefetch into L2 per cache line of the row SUM_AHEAD_BYTES ahead (a loop of 18 lines
+    of 1152 bytes); float32 weights, which the hardware prefetchers keep up with, are not prefetched. Values equal
+    NumPy's."""
+    import ml_dtypes
+
+    from prepjit.codegen.llvm_reductions import SUM_AHEAD_BYTES
+    from prepjit.codegen.render_llvm import render_llvm
+    h = rng.standard_normal(576).astype(np.float32)
+    for dtype, prefetched in ((ml_dtypes.bfloat16, True), (np.float16, True), (np.float32, False)):
+        w = rng.standard_normal((960, 576)).astype(dtype)
+        f = pj.prepare(lambda h, w: h @ w.T.astype(np.float32), device="cpu")
+        np.testing.assert_allclose(np.asarray(f(h, w)), h @ w.T.astype(np.float32), rtol=1e-4, atol=1e-3)
+        ir = render_llvm(optimize(_kernel_ast(f, h, w), "llvm", target), target).source
+        if not prefetched:
+            assert "llvm.prefetch" not in ir
+            continue
+        (call,) = [line for line in ir.splitlines() if "call void @llvm.prefetch" in line]
+        assert call.endswith("i32 0, i32 2, i32 1)")  # a read, into L2
+        assert f"i64 {SUM_AHEAD_BYTES}\n" in ir and ", 18\n" in ir and "mul i64 %r" in ir
+
+
+def test_a_split_sum_over_16_bit_rows_prefetches_every_line_of_a_block(rng):
+    """h + ctx @ W.T.astype(float32) with ctx a (3, 3, 64) attention output (an o-projection: its sum split over
+    ctx's layout and summed over lanes, 3 blocks of 192 per row): each block of a bfloat16 weight row (384 bytes)
+    asks for all 6 of its cache lines PREFETCH_BYTES ahead, a float32 row's block (the hardware prefetchers keep
+    up) for its first only, as a quantized block (one line or less). Values equal NumPy's."""
+    import ml_dtypes
+
+    from prepjit.codegen.llvm_reductions import PREFETCH_BYTES
+    p, v = rng.random((3, 3, 40)).astype(np.float32), rng.standard_normal((3, 40, 64)).astype(np.float32)
+    h = rng.standard_normal(576).astype(np.float32)
+    for dtype, lines in ((ml_dtypes.bfloat16, 6), (np.float32, 1)):
+        w = rng.standard_normal((576, 576)).astype(dtype)
+        f = pj.prepare(lambda p, v, w, h: h + (p @ v).reshape(576) @ w.T.astype(np.float32), device="cpu")
+        want = h + (p @ v).reshape(576) @ w.T.astype(np.float32)
+        np.testing.assert_allclose(np.asarray(f(p, v, w, h)), want, rtol=1e-4, atol=1e-3)
+        ir = f.plan(p, v, w, h).kernels[-1].kernel.source
+        assert "x float> zeroinitializer" in ir  # summed over lanes
+        assert ir.count("call void @llvm.prefetch") == lines
+        for at in range(lines):
+            assert f"i64 {PREFETCH_BYTES + 64 * at}\n" in ir
