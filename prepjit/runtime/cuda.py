@@ -154,11 +154,8 @@ class CUDADevice(DeviceBase):
         major, minor = self.device.compute_capability()
         self.arch = f"sm_{major}{minor}"
         self.description = f"{self.device.name()} ({self.arch})"
-        # PREPJIT_WGMMA=1 builds sm_90 for its arch-specific target sm_90a, whose tiles use wgmma
-        # (render_cuda.WGMMA_ARCH). Opt-in until that variant has run on a Hopper GPU: so far it is checked only
-        # by tests/codegen/cuda_emulation.py's reading of the PTX ISA; by default Hopper runs the mma.sync variant
-        wgmma = self.arch == "sm_90" and os.environ.get("PREPJIT_WGMMA", "0") == "1"
-        built_for = self.arch + ("a" if wgmma else "")
+        # sm_90 builds for its arch-specific target sm_90a, whose 16-bit tiles use wgmma (render_cuda.WGMMA_ARCH)
+        built_for = self.arch + ("a" if self.arch == "sm_90" else "")
         self.compiler_id = (f"cuda-{self.device.name()}-{built_for}-driver{drv.get_driver_version()}-"
                             f"nvrtc{self.nvrtc.version[0]}.{self.nvrtc.version[1]}")
         self.options = [f"-arch={built_for}", "-std=c++17", "--fmad=false"]  # NumPy rounds a*b and +c apart
