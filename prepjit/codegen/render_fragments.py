@@ -156,6 +156,11 @@ class Staged:
         return (f"{self.name}s[{stage}][({own}) / {self.block}][{k}]"
                 f"[{self.chunk(k, f'({own}) % {self.block}')}]")
 
+    @property
+    def plain_loads(self) -> bool:
+        """Whether its fragments are read a register a load: an own-minor tile of 32-bit values."""
+        return self.minor == "own" and self.kind.bytes == 4
+
     def element(self, stage: str, own: str, k: str) -> str:
         """The element of the stage at any (own, k): in its chunk, at its offset from the chunk's start."""
         chunk = self.kind.chunk
@@ -321,6 +326,11 @@ class _WarpTiles:
     def declare(self):
         r = self.r
         r.emit(f"const int wm = lid / {WARP} / 2 * {self.wm}, wn = lid / {WARP} % 2 * {self.wn};")
+        for s, origin in zip(self.staged, ("wm", "wn")):
+            if s.plain_loads:   # where the lane's element at (origin + 8j + g, k t) is in a stage, for j = 0 ... 3
+                cells = [s.element("0", f"{origin} + {8 * j} + fg", "ft / 2") for j in range(4)]
+                r.emit(" ".join(f"const int {s.name}lane{j} = (int)(&{cell} - &{s.name}s[0][0][0][0]);"
+                                for j, cell in enumerate(cells)))
         for x in range(self.fm):
             r.emit(" ".join(f"float {self.accs[x, y, e]} = 0.0f;" for y in range(self.fn) for e in range(4)))
 
@@ -334,9 +344,9 @@ class _WarpTiles:
             r.open_block("", {})
             kk = step * depth
             for x in range(self.fm):
-                _load_fragments(r, a, [f"a{x}_{e}" for e in range(4)], f"wm + {x * FRAG_M}", kk)
+                _load_fragments(r, a, [f"a{x}_{e}" for e in range(4)], "wm", x * FRAG_M, kk)
             for y in range(0, self.fn, 2):
-                _load_fragments(r, b, [f"b{y}_0", f"b{y}_1", f"b{y + 1}_0", f"b{y + 1}_1"], f"wn + {y * FRAG_N}", kk)
+                _load_fragments(r, b, [f"b{y}_0", f"b{y}_1", f"b{y + 1}_0", f"b{y + 1}_1"], "wn", y * FRAG_N, kk)
             for x in range(self.fm):
                 for y in range(self.fn):
                     outs = ", ".join(self.accs[x, y, e] for e in range(4))
@@ -351,23 +361,29 @@ class _WarpTiles:
         _emit_results(self.r, self.c, cells)
 
 
-def _load_fragments(r, s: Staged, regs: list, own: str, kk: int):
-    """Load the 4 registers `regs` of operand `s` at its rows or columns from `own` and k from `kk` of stage st: A's
+def _load_fragments(r, s: Staged, regs: list, origin: str, offset: int, kk: int):
+    """Load the 4 registers `regs` of operand `s` at its rows or columns from `origin` + `offset` (the warp's first
+    and a multiple of 8 past it) and k from `kk` of stage st: A's
     16 x depth fragment, or two neighbouring 8-column B fragments (the module docstring's layouts; for tf32's
     m16n8k8, t = lane % 4: a0 = (row g, k t), a1 = row g + 8, a2 = k t + 4, a3 = both; b0 = (k t, column g), b1 = k
     t + 4). A k-minor tile gives them by one matrix load (its 8 x 8 matrices of 16-bit values are 8 x 4 of 32-bit
     ones: lane 4g + t gets element t of row g, the layouts above); an own-minor one by a transposed matrix load of
-    16-bit values, or one plain load per register of 32-bit ones (a matrix load cannot transpose those). tf32
-    registers are then rounded (cvt.rna.tf32.f32)."""
+    16-bit values, or one plain load per register of 32-bit ones (a matrix load cannot transpose those), at the
+    lane's element for its 8-element group j (`_WarpTiles.declare`) plus a constant: 32 elements further along its
+    own axis are one block further, 4 rows further along k keep the rows' swizzle (`Staged.chunk`). tf32 registers
+    are then rounded (cvt.rna.tf32.f32)."""
     r.emit(f"unsigned {', '.join(regs)};")
-    if s.minor == "k" or s.kind.bytes == 2:
+    if not s.plain_loads:
         lane_own, lane_k = _lane_offsets(s)
         r.emit(f"pj_ldmatrix_{'x4' if s.minor == 'k' else 'x4_trans'}({', '.join(regs)}, "
-               f"&{s.cell('st', f'{own} + {lane_own}', f'{kk} + {lane_k}')});")
+               f"&{s.cell('st', f'{origin} + {offset} + {lane_own}', f'{kk} + {lane_k}')});")
     else:
         # A: register e at rows +8 (e odd), k +4 (e >= 2); B: fragment e // 2, k +4 (e odd)
         offsets = [(8 * (e % 2), 4 * (e // 2)) if s.name == "A" else (FRAG_N * (e // 2), 4 * (e % 2)) for e in range(4)]
-        cells = [s.element("st", f"{own} + {o} + fg", f"{kk} + {k} + ft / 2") for o, k in offsets]
+        _, rows, length = s.shape
+        assert s.block == length == s.kind.own_block, (s.block, length)
+        cells = [f"(&{s.name}s[st][0][0][0])[{s.name}lane{(offset + o) // 8 % 4} + "
+                 f"{(offset + o) // length * rows * length + (kk + k) * length}]" for o, k in offsets]
         r.emit(" ".join(f"{reg} = {r.d.float_bits.format(v=cell)};" for reg, cell in zip(regs, cells)))
     if s.kind.bytes == 4:
         r.emit(" ".join(f"{reg} = pj_round_{s.kind.ptx}({reg});" for reg in regs))
