@@ -3,7 +3,8 @@ C++ (clang++) against a small shim (one std::thread per CUDA thread of a block, 
 pthread barrier, warp shuffles through a per-warp exchange), so the tile and row kernels' indexing and
 synchronisation are checked against NumPy. The tensor-core helpers (render_cuda's mma.sync, ldmatrix and cp.async)
 are replaced by C++ that follows the PTX ISA's register layouts through the per-warp exchange (the matrix product in
-float32, summed in k order; the copies synchronous, so commit and wait do nothing). Compiled as for sm_90a
+float32, summed in k order; tf32's m16n8k8 reads only its operands' tf32 bits and adds each product to the
+accumulator in k order; the copies synchronous, so commit and wait do nothing). Compiled as for sm_90a
 (`wgmma`), the warpgroup instructions read local memory through their matrix descriptors as the PTX ISA lays them
 out (start address, leading and stride byte offsets, swizzle of the address bits): local arrays live in one section
 whose start is local address 0 (__cvta_generic_to_shared). Static launch sizes only; kernels that use atomics are

@@ -1,6 +1,8 @@
 """Contractions of 16-bit floats on tensor cores (render_fragments.py): the launch decides the fragments on the AST
 for dialects that have matrix instructions (CUDA), the kernel multiplies with them, and the products equal NumPy's
-on every device (where the launch has no fragments, the same tests check the float32 tiles and the cpu)."""
+on every device (where the launch has no fragments, the same tests check the float32 tiles and the cpu). Float32
+contractions whose precision is "tf32" (m16n8k8 on tf32-rounded operands, bit-equal to its emulation) or "bf16"
+(operands rounded to bfloat16) too."""
 import ml_dtypes
 import numpy as np
 import pytest
