@@ -290,3 +290,18 @@ def test_tf32_kernels_compile_with_nvrtc_for_sm80_and_sm90():
         src = render_cuda(float32_kernel(256, 192, 64, precision, a_t, b_t), tile)
         for arch in ("sm_80", "sm_90"):
             nvrtc.compile(src.name, src.source, [f"-arch={arch}", "-std=c++17", "--fmad=false"])
+
+
+@EMULATED
+def test_traced_tf32_matmul_with_an_epilogue_runs_as_emulated():
+    """The scheduled kernel of a traced x @ W.T under "tf32" with a fused bias and tanh (both operands k-minor) runs
+    through cuda_emulation: the tf32 reference's products, then the epilogue (tanh within float32's error)."""
+    rng = np.random.default_rng(5)
+    x, w, bias = (rng.standard_normal(s, np.float32) for s in ((96, 40), (72, 40), (72,)))
+    traced = pj.trace(pj.prepare(lambda x, w, c: pnp.tanh(pnp.matmul(x, w.T, precision="tf32") + c)), x, w, bias)
+    (k,) = schedule(list(traced.outputs), list(traced.inputs)).kernels
+    src = render_cuda(k.ast)
+    assert "pj_mma_tf32(" in src.source and "pj_ldmatrix_x4(b0_0" in src.source
+    out = np.zeros(96 * 72, np.float32)
+    cuda_emulation.run(src, [out, x, w, bias])
+    np.testing.assert_allclose(out.reshape(96, 72), np.tanh(tf32_reference(x, w.T) + bias), rtol=2e-6, atol=2e-6)
