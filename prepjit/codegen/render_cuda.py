@@ -38,7 +38,7 @@ _WGMMA = {  # Hopper's warpgroup matrix instructions (PTX ISA, wgmma): operands 
     # registers; issued asynchronously, fenced, committed and waited for by the warpgroup. Only called where
     # WGMMA_ARCH holds (kernels test PJ_WGMMA); elsewhere their bodies are empty
     "PJ_WGMMA": f"#if {WGMMA_ARCH}\n#define PJ_WGMMA 1\n#else\n#define PJ_WGMMA 0\n#endif",
-    "pj_wgmma_desc": f"""__device__ __forceinline__ unsigned long long pj_wgmma_desc(const unsigned short *tile, unsigned lbo,
+    "pj_wgmma_desc": f"""__device__ __forceinline__ unsigned long long pj_wgmma_desc(const void *tile, unsigned lbo,
     unsigned sbo, unsigned swizzle) {{
   const unsigned long long start = (unsigned)__cvta_generic_to_shared(tile);
   return (start & 0x3FFFF) >> 4 | (unsigned long long)(lbo >> 4) << 16 | (unsigned long long)(sbo >> 4) << 32 |
@@ -60,13 +60,14 @@ _WGMMA = {  # Hopper's warpgroup matrix instructions (PTX ISA, wgmma): operands 
 #pragma unroll
   for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i]) :: "memory");   // (no use of d moves above the wait)
 }""",
-    # d += a (64 x 16) @ b (16 x n): {ta}/{tb} 1 where the operand's tile is major along m/n (else along k);
-    # {dlist} and {outs} spell the n / 2 accumulators d[0] ... (render_fragments.wgmma_helper fills them in)
+    # d += a (64 x k) @ b (k x n), k 16 (16-bit) or 8 (tf32): {trans} the 16-bit kinds' ", ta, tb", 1 where the
+    # operand's tile is major along m/n (else along k; tf32 tiles are always); {dlist} and {outs} spell the n / 2
+    # accumulators d[0] ... (render_fragments.wgmma_helper fills them in)
     "pj_wgmma_{kind}_n{n}_{ta}{tb}": f"""__device__ __forceinline__ void pj_wgmma_{{kind}}_n{{n}}_{{ta}}{{tb}}(float *d,
     unsigned long long a, unsigned long long b) {{
 #if {WGMMA_ARCH}
   asm volatile("{{ .reg .pred p; setp.ne.b32 p, %{{scale}}, 0; "
-               "wgmma.mma_async.sync.aligned.m64n{{n}}k16.f32.{{kind}}.{{kind}} {{dlist}}, %{{a}}, %{{b}}, p, 1, 1, {{ta}}, {{tb}}; }}"
+               "wgmma.mma_async.sync.aligned.m64n{{n}}k{{k}}.f32.{{kind}}.{{kind}} {{dlist}}, %{{a}}, %{{b}}, p, 1, 1{{trans}}; }}"
                : {{outs}} : "l"(a), "l"(b), "r"(1));
 #endif
 }}""",

@@ -3,13 +3,14 @@ it on the AST, render_tiles.fragment_kind: both operands 16-bit floats widened t
 contraction whose precision is "tf32" or "bf16"; a dialect with `tensor_core_mma`). The fragments' `Kind` says what
 they are multiplied in: bf16 or f16 (m16n8k16; a float32 operand under "bf16" is rounded to bfloat16 as it is
 staged), or tf32 (m16n8k8 on float32 values staged as they are, rounded by cvt.rna.tf32.f32 as they are loaded into
-fragments; no warpgroup variant). The tiles' byte geometry is the same for every kind: below, "elements" are 16-bit
-ones; a tf32 tile holds half as many float32 ones (slices 16 deep, chunks of 4, blocks of 32).
+fragments; wgmma m64nNk8 where both tiles are minor along k, which it cannot transpose, the work-items rounding the
+chunks they copied in local memory first). The tiles' byte geometry is the same for every kind: below, "elements"
+are 16-bit ones; a tf32 tile holds half as many float32 ones (slices 16 deep, chunks of 4, blocks of 32).
 
 A group of WARPS warps owns a TM x TN tile of outputs in float32 accumulators in registers. Two variants of the
 arithmetic are emitted, the GPU's compiler keeping one (PJ_WGMMA: the dialect's test for Hopper's sm_90a target):
 - where the tile's rows are a multiple of GROUP_M and the GPU has them, the four warps are one warpgroup issuing
-  wgmma m64nNk16 (N the tile's columns) on both operands in local memory, named by matrix descriptors
+  wgmma m64nNk16 (N the tile's columns; m64nNk8 for tf32) on both operands in local memory, named by matrix descriptors
   (`_WarpgroupTile`, `Staged.descriptor`);
 - else each warp multiplies a quarter of the tile (64 x 64 of 128 x 128) with mma.sync m16n8k16 on fragments
   loaded by ldmatrix (`_WarpTiles`; sm_80 on, shuffles on older GPUs).
@@ -66,11 +67,13 @@ SWIZZLES = {128: 1, 64: 2, 32: 3}   # a matrix descriptor's swizzle mode for row
 class Kind:
     """What the operands are multiplied in: the instructions' type name, the bytes of one staged element (its float
     widened from 16 bits, or float32 for tf32: the tiles' byte geometry is the same), one instruction's depth,
-    whether the warpgroup instructions are used, and how a computed float32 value is staged (C: {v} the value)."""
+    whether matrix loads and the warpgroup instructions can transpose its tiles (16-bit elements only: a tf32 tile
+    minor along its own axis is read by plain loads, and has no warpgroup variant), and how a computed float32 value
+    is staged (C: {v} the value)."""
     ptx: str
     bytes: int
     frag_k: int
-    wgmma: bool
+    transposes: bool
     staged: str
 
     @property
@@ -90,7 +93,7 @@ class Kind:
 
 
 # a launch's `fragments` -> its Kind: 16-bit floats on m16n8k16 (and wgmma m64nNk16), float32 rounded to tf32
-# on m16n8k8 (cvt.rna.tf32.f32 as its fragments are loaded)
+# (cvt.rna.tf32.f32) on m16n8k8 as its fragments are loaded, or on wgmma m64nNk8 in local memory once a slice is in
 KINDS = {"bfloat16": Kind("bf16", 2, 16, True, "pj_float_to_bfloat16({v})"),
          "float16": Kind("f16", 2, 16, True, "pj_float_to_half({v})"), "tf32": Kind("tf32", 4, 8, False, "{v}")}
 
@@ -101,8 +104,9 @@ def warp_tile(c: Contraction) -> tuple[int, int]:
 
 
 def uses_wgmma(c: Contraction) -> bool:
-    """Whether the tile has a warpgroup-instruction variant (a 16-bit kind, its rows a multiple of GROUP_M)."""
-    return KINDS[c.fragments].wgmma and c.tm % GROUP_M == 0
+    """Whether the tile has a warpgroup-instruction variant: its rows a multiple of GROUP_M, and tiles the
+    instruction can read (any, for a kind it transposes; else both minor along k)."""
+    return c.tm % GROUP_M == 0 and (KINDS[c.fragments].transposes or all(s.minor == "k" for s in _staged(c)))
 
 
 @attrs.frozen
@@ -144,7 +148,7 @@ class Staged:
         chunks) takes its rows' 2 low bits as chunk bits 1-2 instead, so those 32 reads hit 32 distinct banks."""
         per_row, chunk = self.shape[2] // self.kind.chunk, self.kind.chunk
         if per_row >= 8:
-            salt = f"({row}) % 4 * 2" if self.minor == "own" and self.kind.bytes == 4 else f"({row}) % 8"
+            salt = f"({row}) % 4 * 2" if self.plain_loads else f"({row}) % 8"
         else:
             salt = f"({row}) / 2 % 4"
         return f"(({minor}) / {chunk} ^ {salt}) * {chunk}"
@@ -159,7 +163,7 @@ class Staged:
     @property
     def plain_loads(self) -> bool:
         """Whether its fragments are read a register a load: an own-minor tile of 32-bit values."""
-        return self.minor == "own" and self.kind.bytes == 4
+        return self.minor == "own" and not self.kind.transposes
 
     def element(self, stage: str, own: str, k: str) -> str:
         """The element of the stage at any (own, k): in its chunk, at its offset from the chunk's start."""
@@ -225,10 +229,13 @@ def _helpers(r, kind: str):
         r.helpers.setdefault(own, text.replace("{kind}", kind))
 
 
-def wgmma_helper(r, kind: str, n: int, ta: int, tb: int) -> str:
-    """The name of the warpgroup instruction's helper for m64 x n x 16 (operands' tiles transposed as ta, tb), added."""
-    name = f"pj_wgmma_{kind}_n{n}_{ta}{tb}"
-    fill = {"{kind}": kind, "{n}": str(n), "{ta}": str(ta), "{tb}": str(tb), "{scale}": str(n // 2 + 2),
+def wgmma_helper(r, kind: Kind, n: int, ta: int, tb: int) -> str:
+    """The name of the warpgroup instruction's helper for m64 x n x the kind's depth (operands' tiles transposed as
+    ta, tb), added."""
+    name = f"pj_wgmma_{kind.ptx}_n{n}_{ta}{tb}"
+    fill = {"{kind}": kind.ptx, "{n}": str(n), "{k}": str(kind.frag_k),
+            "{trans}": f", {ta}, {tb}" if kind.transposes else "", "{ta}": str(ta), "{tb}": str(tb),
+            "{scale}": str(n // 2 + 2),
             "{a}": str(n // 2), "{b}": str(n // 2 + 1),
             "{dlist}": "{" + ", ".join(f"%{e}" for e in range(n // 2)) + "}",
             "{outs}": ", ".join(f'"+f"(d[{e}])' for e in range(n // 2))}
@@ -264,7 +271,7 @@ def emit_fragment_contraction(r, c: Contraction):
     r.emit(f"const {long} slices = ({kk_end} + {depth - 1}) / {depth};")
     for s in staged:
         _emit_chunk_starts(r, c, s)
-    group = _WarpgroupTile(r, c, staged, kind) if wgmma else None
+    group = _WarpgroupTile(r, c, staged) if wgmma else None
     warps = _WarpTiles(r, c, staged, kind)
     _variants(r, group, warps, "declare")
 
@@ -390,16 +397,17 @@ def _load_fragments(r, s: Staged, regs: list, origin: str, offset: int, kk: int)
 
 
 class _WarpgroupTile:
-    """The group's four warps, one warpgroup, multiply the whole tile with wgmma m64nNk16 (N the tile's columns), one
-    instruction per GROUP_M rows and 16-deep step, both operands read from the local tiles through matrix descriptors
-    (sm_90a). Accumulators: warp w's lane holds, in acc x's register 4q + e, row 64x + 16w + g (+ 8 for e >= 2),
-    column 8q + 2t + e % 2 (the PTX ISA's layout of a wgmma float32 accumulator)."""
+    """The group's four warps, one warpgroup, multiply the whole tile with wgmma m64nNk16 (N the tile's columns; k8 for
+    tf32, whose work-items first round the chunks they copied), one instruction per GROUP_M rows and step, both
+    operands read from the local tiles through matrix descriptors (sm_90a). Accumulators: warp w's lane holds, in acc
+    x's register 4q + e, row 64x + 16w + g (+ 8 for e >= 2), column 8q + 2t + e % 2 (the PTX ISA's layout of a wgmma
+    float32 accumulator)."""
 
-    def __init__(self, r, c: Contraction, staged: list, kind: str):
-        self.r, self.c, self.staged, self.kind = r, c, staged, kind
+    def __init__(self, r, c: Contraction, staged: list):
+        self.r, self.c, self.staged = r, c, staged
         self.blocks = self.c.tm // GROUP_M
         a, b = self.staged
-        self.helper = wgmma_helper(self.r, self.kind, self.c.tn, int(a.minor == "own"), int(b.minor == "own"))
+        self.helper = wgmma_helper(self.r, a.kind, self.c.tn, int(a.minor == "own"), int(b.minor == "own"))
 
     def declare(self):
         r = self.r
@@ -408,7 +416,17 @@ class _WarpgroupTile:
             r.emit(f"float wacc{x}[{self.c.tn // 2}] = {{}};")
 
     def arrive(self):
-        self.r.emit("pj_fence_async_shared();")   # (this work-item's copies and stores, before the matrix reads)
+        r = self.r
+        for s in self.staged:
+            if s.kind.bytes == 4:   # tf32: the work-item rounds the chunks it copied (its copies are complete)
+                for n in range(s.chunks // FRAGMENT_THREADS):
+                    row = f"row{s.name}{n}"
+                    r.open_block("", {})
+                    r.emit(f"unsigned *ch = (unsigned *)&{s.name}s[st][blk{s.name}{n}][{row}]"
+                           f"[{s.chunk(row, f'col{s.name}{n}')}];")
+                    r.emit(" ".join(f"ch[{e}] = pj_round_{s.kind.ptx}(ch[{e}]);" for e in range(s.kind.chunk)))
+                    r.close_block()
+        r.emit("pj_fence_async_shared();")   # (this work-item's copies and stores, before the matrix reads)
 
     def issue(self):
         r, (a, b) = self.r, self.staged

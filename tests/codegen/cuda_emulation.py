@@ -5,9 +5,10 @@ synchronisation are checked against NumPy. The tensor-core helpers (render_cuda'
 are replaced by C++ that follows the PTX ISA's register layouts through the per-warp exchange (the matrix product in
 float32, summed in k order; tf32's m16n8k8 reads only its operands' tf32 bits and adds each product to the
 accumulator in k order; the copies synchronous, so commit and wait do nothing). Compiled as for sm_90a
-(`wgmma`), the warpgroup instructions read local memory through their matrix descriptors as the PTX ISA lays them
-out (start address, leading and stride byte offsets, swizzle of the address bits): local arrays live in one section
-whose start is local address 0 (__cvta_generic_to_shared). Static launch sizes only; kernels that use atomics are
+(`wgmma`), the warpgroup instructions (16-bit or tf32 elements, products added to the accumulators in k order) read
+local memory through their matrix descriptors as the PTX ISA lays them out (start address, leading and stride byte
+offsets, swizzle of the address bits): local arrays live in one section whose start is local address 0
+(__cvta_generic_to_shared). Static launch sizes only; kernels that use atomics are
 not covered."""
 from __future__ import annotations
 
@@ -124,31 +125,31 @@ static void pj_ldmatrix(unsigned &r0, unsigned &r1, unsigned &r2, unsigned &r3, 
 }
 extern "C" char __start_pj_shared[] __attribute__((weak));   // local memory: the section's offsets its addresses
 static inline unsigned __cvta_generic_to_shared(const void *p) { return (unsigned)((const char *)p - __start_pj_shared); }
-static unsigned short pj_described(unsigned long long desc, int mn, int k, bool mn_major) {
+template <class T> static T pj_described(unsigned long long desc, int mn, int k, bool mn_major) {
   // element (mn, k) of the operand a wgmma matrix descriptor names: 8-row groups SBO apart, rows of the swizzle's
   // width (K-major: rows along mn, k within a row; MN-major: rows along k, blocks of a row's elements LBO apart),
   // then the swizzle on the address: bits 4.. xor bits 7.. (3 of them for 128-byte rows, 2 for 64, 1 for 32)
   unsigned start = (desc & 0x3FFF) << 4, lbo = (desc >> 16 & 0x3FFF) << 4, sbo = (desc >> 32 & 0x3FFF) << 4;
   unsigned mode = desc >> 62, row = mode == 1 ? 128 : mode == 2 ? 64 : mode == 3 ? 32 : 0, bits = mode == 1 ? 3 : 4 - mode;
   if (!row) abort();   // (interleaved tiles: not emulated)
-  unsigned per_row = row / 2, at = mn_major ? (mn / per_row) * lbo + (k / 8) * sbo + (k % 8) * row + (mn % per_row) * 2
-                                            : (mn / 8) * sbo + (mn % 8) * row + k * 2;
+  unsigned size = sizeof(T), per_row = row / size;
+  unsigned at = mn_major ? (mn / per_row) * lbo + (k / 8) * sbo + (k % 8) * row + (mn % per_row) * size
+                         : (mn / 8) * sbo + (mn % 8) * row + k * size;
   if (!mn_major && k >= (int)per_row) abort();
   at += start;
   at ^= (at >> 7 & ((1u << bits) - 1)) << 4;
-  unsigned short v;
-  memcpy(&v, __start_pj_shared + at, 2);
+  T v;
+  memcpy(&v, __start_pj_shared + at, size);
   return v;
 }
-template <float (*value)(unsigned short), int N, bool TA, bool TB>
+static inline float pj_tf32_value(unsigned x) { return __uint_as_float(x & 0xffffe000u); }   // (its tf32 bits only)
+template <class T, float (*value)(T), int N, int K, bool TA, bool TB>
 static void pj_wgmma(float *d, unsigned long long a, unsigned long long b) {
   // each work-item its own accumulators (warp w of the warpgroup rows 16w ..., PTX's D layout), read from local memory
   unsigned w = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
   for (int i = 0; i < N / 2; i++) {
     int row = 16 * w + lane / 4 + 8 * (i % 4 / 2), col = 8 * (i / 4) + lane % 4 * 2 + i % 2;
-    float sum = 0.0f;
-    for (int k = 0; k < 16; k++) sum += value(pj_described(a, row, k, TA)) * value(pj_described(b, col, k, TB));
-    d[i] += sum;
+    for (int k = 0; k < K; k++) d[i] += value(pj_described<T>(a, row, k, TA)) * value(pj_described<T>(b, col, k, TB));
   }
 }
 template <class T> static T __shfl_sync(unsigned, T v, int from) {
@@ -210,7 +211,7 @@ _TENSOR_CORES = {  # render_cuda's tensor-core helpers, by name, in C++ for the 
     "pj_wgmma_hold": "template <int N> static void pj_wgmma_hold(float *) {}",
 }
 _HELPER = re.compile(r"(?:template <int N> )?__device__ __forceinline__ void (pj_\w+)\(.*?\n\}", re.S)
-_WGMMA = re.compile(r"pj_wgmma_(bf16|f16)_n(\d+)_([01])([01])")
+_WGMMA = re.compile(r"pj_wgmma_(bf16|f16|tf32)_n(\d+)_([01])([01])")
 
 
 def _emulated(name: str, text: str) -> str:
@@ -218,8 +219,9 @@ def _emulated(name: str, text: str) -> str:
     wgmma = _WGMMA.fullmatch(name)
     if wgmma:
         kind, n, ta, tb = wgmma.groups()
+        element, k = ("unsigned", 8) if kind == "tf32" else ("unsigned short", 16)
         return (f"static void {name}(float *d, unsigned long long a, unsigned long long b) "
-                f"{{ pj_wgmma<pj_{kind}_value, {n}, {ta}, {tb}>(d, a, b); }}")
+                f"{{ pj_wgmma<{element}, pj_{kind}_value, {n}, {k}, {ta}, {tb}>(d, a, b); }}")
     return _TENSOR_CORES.get(name, text)
 
 

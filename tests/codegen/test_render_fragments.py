@@ -180,7 +180,7 @@ def float32_kernel(m, n, k, precision, a_t=False, b_t=False, batch=1, offset=0, 
 
 
 def emulate_float32(precision, m, n, k, a_t=False, b_t=False, batch=1, offset=0, scale_b=False, tile=None,
-                    tensor_cores=True, seed=0):
+                    tensor_cores=True, seed=0, wgmma=False):
     """The float32 contraction under `precision` rendered for CUDA and run through cuda_emulation: (result, a, b)."""
     rng = np.random.default_rng(seed)
     a = rng.standard_normal((batch, m, k), np.float32)
@@ -191,7 +191,7 @@ def emulate_float32(precision, m, n, k, a_t=False, b_t=False, batch=1, offset=0,
     out = np.zeros(batch * m * n, np.float32)
     src = render_cuda(float32_kernel(m, n, k, precision, a_t, b_t, batch, offset, scale_b), tile)
     cuda_emulation.run(src, [out, np.concatenate([pad, a_mem.ravel()]), np.concatenate([pad, b_mem.ravel()])],
-                       tensor_cores)
+                       tensor_cores, wgmma)
     return out.reshape(batch, m, n), a, b * (2 if scale_b else 1)
 
 
@@ -201,6 +201,8 @@ TF32_CASES = [
     (130, 136, 40, True, True, 1, 0, False),     # both transposed: a along its rows (loads), b along k (matrix loads)
     (128, 96, 40, False, False, 2, 1, False),    # a batch, both views one element in: no aligned chunk, element copies
     (96, 128, 48, False, False, 1, 0, True),     # b computed (b * 2): element copies
+    (256, 136, 40, False, True, 1, 0, False),    # both along k (x @ W.T): matrix loads, and wgmma on sm_90a
+    (130, 96, 33, False, True, 2, 1, False),     # the same ragged, batched, unaligned
 ]
 
 
@@ -215,6 +217,8 @@ def test_tf32_contractions_launch_on_tensor_cores_in_cuda():
     assert "cvt.rna.tf32.f32" in source and "a0_0 = pj_round_tf32(a0_0)" in source
     assert "float As[" in source and "pj_cp_async16(dst, src)" in source and "pj_ldmatrix_x4(a0_0" in source
     assert "m16n8k16" not in source and "wgmma.mma_async" not in render_cuda(ast, (128, 128, 1, "tf32")).source
+    both_k = render_cuda(float32_kernel(256, 192, 64, "tf32", b_t=True), (128, 128, 1, "tf32")).source
+    assert "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32" in both_k and "pj_mma_tf32(acc0_0_0" in both_k
     assert launch_of(launch(float32_kernel(256, 192, 64, "bf16"), CUDA))[4:] == ("bfloat16",)
     assert "m16n8k16.row.col.f32.bf16" in render_cuda(float32_kernel(256, 192, 64, "bf16")).source
     assert len(launch_of(launch(float32_kernel(256, 192, 64, None), CUDA))) == 4
@@ -222,12 +226,15 @@ def test_tf32_contractions_launch_on_tensor_cores_in_cuda():
 
 
 @EMULATED
+@pytest.mark.parametrize("wgmma", [False, True], ids=["mma_sync", "wgmma"])
 @pytest.mark.parametrize("m, n, k, a_t, b_t, batch, offset, scale_b", TF32_CASES)
-def test_tf32_kernels_round_operands_and_sum_in_float32(m, n, k, a_t, b_t, batch, offset, scale_b):
+def test_tf32_kernels_round_operands_and_sum_in_float32(m, n, k, a_t, b_t, batch, offset, scale_b, wgmma):
     """The tf32 tensor-core kernel through cuda_emulation (m16n8k8 emulated from the PTX ISA's fragment layouts,
-    reading only the tf32 bits of its operands) equals, bit for bit, operands rounded to tf32 (RNA) with products
-    summed in float32 in k order, and is within tf32's error of the float64 product."""
-    got, a, b = emulate_float32("tf32", m, n, k, a_t, b_t, batch, offset, scale_b)
+    reading only the tf32 bits of its operands; with `wgmma` compiled as for sm_90a, where tiles of rows a multiple of
+    64 with both operands along k use wgmma m64nNk8 on the local tiles, rounded there) equals, bit for bit, operands
+    rounded to tf32 (RNA) with products summed in float32 in k order, and is within tf32's error of the float64
+    product."""
+    got, a, b = emulate_float32("tf32", m, n, k, a_t, b_t, batch, offset, scale_b, wgmma=wgmma)
     np.testing.assert_array_equal(got, (tf32_reference(a, b) + np.float32(1)).astype(np.float32))
     exact = a.astype(np.float64) @ b + 1
     assert np.abs(got - exact).max() <= 2.0 ** -10 * (np.abs(a) @ np.abs(b)).max()
@@ -235,13 +242,14 @@ def test_tf32_kernels_round_operands_and_sum_in_float32(m, n, k, a_t, b_t, batch
 
 
 @EMULATED
-@pytest.mark.parametrize("a_t, b_t", [(False, False), (True, True)])
-def test_every_tf32_tile_shape_and_gpus_before_sm80(a_t, b_t):
-    """Each tile shape PREPJIT_TUNE may pick, ragged on both sides with a partial slice; and the helpers' own code
-    for GPUs older than sm_80 (shuffles, __CUDA_ARCH__ undefined): the same bits."""
+@pytest.mark.parametrize("a_t, b_t, wgmma", [(False, False, False), (True, True, False), (False, True, True)])
+def test_every_tf32_tile_shape_and_gpus_before_sm80(a_t, b_t, wgmma):
+    """Each tile shape PREPJIT_TUNE may pick, ragged on both sides with a partial slice (with both operands along k
+    also as for sm_90a: wgmma where the rows are a multiple of 64); and the helpers' own code for GPUs older than
+    sm_80 (shuffles, __CUDA_ARCH__ undefined): the same bits."""
     m, n, k = 200, 136, 40
     for tm, tn in SHAPES:
-        got, a, b = emulate_float32("tf32", m, n, k, a_t, b_t, tile=(tm, tn, 1, "tf32"))
+        got, a, b = emulate_float32("tf32", m, n, k, a_t, b_t, tile=(tm, tn, 1, "tf32"), wgmma=wgmma)
         np.testing.assert_array_equal(got, tf32_reference(a, b) + np.float32(1), err_msg=str((tm, tn)))
     got, a, b = emulate_float32("tf32", m, n, k, a_t, b_t, tensor_cores=False)
     np.testing.assert_array_equal(got, tf32_reference(a, b) + np.float32(1))
@@ -277,8 +285,8 @@ def test_traced_precision_selects_the_kernel():
 
 
 def test_tf32_kernels_compile_with_nvrtc_for_sm80_and_sm90():
-    """The tf32 (and float32-under-bf16) tile kernels, k-minor and transposed operands, compile for sm_80 and sm_90
-    (NVRTC alone: its inline PTX is checked by ptxas)."""
+    """The tf32 (and float32-under-bf16) tile kernels, k-minor and transposed operands, compile for sm_80, sm_90 and
+    sm_90a (wgmma for both operands along k) (NVRTC alone: its inline PTX is checked by ptxas)."""
     from prepjit.runtime.nvrtc import NVRTC
     try:
         nvrtc = NVRTC()
@@ -286,9 +294,9 @@ def test_tf32_kernels_compile_with_nvrtc_for_sm80_and_sm90():
     except (pj.DeviceError, pj.CompileError) as e:
         pytest.skip(f"no working NVRTC here ({str(e).splitlines()[0]})")
     for precision, a_t, b_t, tile in (("tf32", False, False, None), ("tf32", True, True, (128, 128, 1, "tf32")),
-                                      ("bf16", False, False, None)):
+                                      ("tf32", False, True, (128, 128, 1, "tf32")), ("bf16", False, False, None)):
         src = render_cuda(float32_kernel(256, 192, 64, precision, a_t, b_t), tile)
-        for arch in ("sm_80", "sm_90"):
+        for arch in ("sm_80", "sm_90", "sm_90a"):
             nvrtc.compile(src.name, src.source, [f"-arch={arch}", "-std=c++17", "--fmad=false"])
 
 
