@@ -5,7 +5,7 @@
 - matmul of square float32, bfloat16 and float16 matrices (4096, and 8192 unless --quick) against torch.matmul
   (cuBLAS; float32 with TF32 off, the exact product), in TFLOP/s; and float32 under precision="tf32" (prepjit's
   tensor-core tiles) against torch with torch.backends.cuda.matmul.allow_tf32 = True (cuBLAS TF32; issue 22's goal
-  0.7x of it);
+  0.7x of it), as a @ b and as a @ b.T (both operands contiguous along k: wgmma on sm_90);
 - SmolLM2-135M's decode step (random weights of the real shapes, position 256 of a 512-token cache) and MiniLM's
   static batch of 32 x 128, each in float32 and bfloat16, against the same models in torch eager (transformers)
   cast to the same dtype, with the launches per call of prepjit's plan; in bfloat16 also against
@@ -58,9 +58,10 @@ def sass_counts(binary: bytes, path: str) -> dict:
     return {op: len(re.findall(rf"\b{op}\b", listing)) for op in SASS_OPS}
 
 
-# (case name, operands' dtype, prepjit's precision=, torch's allow_tf32)
-MATMULS = (("f32", "f32", "highest", False), ("tf32", "f32", "tf32", True), ("bf16", "bf16", "highest", False),
-           ("f16", "f16", "highest", False))
+# (case name, operands' dtype, prepjit's precision=, torch's allow_tf32, b transposed: a @ b.T)
+MATMULS = (("f32", "f32", "highest", False, False), ("tf32", "f32", "tf32", True, False),
+           ("tf32_bt", "f32", "tf32", True, True), ("bf16", "bf16", "highest", False, False),
+           ("f16", "f16", "highest", False, False))
 TORCH_DTYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
 
 
@@ -78,22 +79,22 @@ def torch_tf32(torch, allow: bool):
 def matmul_rows(device: str, t: Torch, sizes, reps: int, sass: str | None = None):
     torch = t.torch
     rng = np.random.default_rng(0)
-    prepared = {p: pj.prepare(lambda a, b, p=p: pnp.matmul(a, b, precision=p), device=device)
-                for p in {case[2] for case in MATMULS}}
+    prepared = {(p, t): pj.prepare(lambda a, b, p=p, t=t: pnp.matmul(a, b.T if t else b, precision=p), device=device)
+                for _, _, p, _, t in MATMULS}
     for size in sizes:
-        for name, dtype_name, precision, allow_tf32 in MATMULS:
-            mm, dtype = prepared[precision], DTYPES[dtype_name]
+        for name, dtype_name, precision, allow_tf32, transposed in MATMULS:
+            mm, dtype = prepared[precision, transposed], DTYPES[dtype_name]
             a = rng.standard_normal((size, size), np.float32).astype(dtype)
             b = rng.standard_normal((size, size), np.float32).astype(dtype)
             da, db = resident(a, device), resident(b, device)
             ta = torch.from_numpy(a.astype(np.float32)).cuda().to(getattr(torch, TORCH_DTYPES[dtype_name]))
             tb = torch.from_numpy(b.astype(np.float32)).cuda().to(ta.dtype)
             out = np.asarray(mm(da, db))[:64, :64].astype(np.float64)
-            ref = a[:64].astype(np.float64) @ b[:, :64].astype(np.float64)
+            ref = a[:64].astype(np.float64) @ (b.T if transposed else b)[:, :64].astype(np.float64)
             err = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
             ours = median_us(lambda da=da, db=db, mm=mm: mm(da, db), reps)
             with torch_tf32(torch, allow_tf32):
-                peer = median_us(t.sync(lambda ta=ta, tb=tb: ta @ tb), reps)
+                peer = median_us(t.sync(lambda ta=ta, tb=tb.T if transposed else tb: ta @ tb), reps)
             flops = 2 * size ** 3
             kernels = mm.plan(da, db).kernels
             row = {"case": f"matmul_{name}_{size}", "prepjit_tflops": flops / ours / 1e6,
