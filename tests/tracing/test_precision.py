@@ -66,14 +66,18 @@ def test_devices_without_tensor_cores_compute_it_exactly(device, precision):
     """The cpu ("tf32" as JAX on the CPU; "bf16" too where its float32 kernels have no bf16 path) and OpenCL give
     the exact kernel's bits; a CUDA GPU is within the reduced precision's error of float64."""
     a, b = _operands(130, 96, 70)
-    got = np.asarray(pj.prepare(lambda x, y: pnp.matmul(x, y, precision=precision), device=device)(a, b))
-    exact = np.asarray(pj.prepare(lambda x, y: x @ y, device=device)(a, b))
-    if device == "cuda":
-        bits = 11 if precision == "tf32" else 8
-        want = a.astype(np.float64) @ b
-        assert np.abs(got - want).max() <= 2.0 ** -bits * (np.abs(a) @ np.abs(b)).max()
-    else:
-        assert np.array_equal(got, exact)
+    w = np.ascontiguousarray(b.T)   # x @ W.T: both operands contiguous along k (wgmma's tf32 tiles on sm_90)
+    for fn, args in ((lambda x, y, p: pnp.matmul(x, y, precision=p), (a, b)),
+                     (lambda x, y, p: pnp.matmul(x, y.T, precision=p), (a, w))):
+        got = np.asarray(pj.prepare(lambda x, y: fn(x, y, precision), device=device)(*args))
+        exact = np.asarray(pj.prepare(lambda x, y: fn(x, y, "highest"), device=device)(*args))
+        if device == "cuda":
+            bits = 10 if precision == "tf32" else 7
+            want = a.astype(np.float64) @ b
+            assert np.abs(got - want).max() <= 2.0 ** -bits * (np.abs(a) @ np.abs(b)).max()
+            assert not np.array_equal(got, exact)   # (the operands were rounded)
+        else:
+            assert np.array_equal(got, exact)
 
 
 def test_vmap_keeps_it_and_the_gradients_contractions_are_exact(device):
