@@ -24,7 +24,7 @@ The state is one block of int64 words, each group on its own cache line:
               doubles (up to MAX_BACKOFF); a split launch that ran without a stall halves it (down to
               MIN_BACKOFF). A stall on a briefly busy host so costs about a millisecond alone, not a fixed
               count of launches (a decode step's worth), and a host whose other core stays busy soon runs alone
-              most of the time, trying the workers again at most every MAX_BACKOFF ticks
+              most of the time, trying the workers again at most once every MAX_BACKOFF ticks
     mutex, condition variable: opaque, MUTEX_BYTES each (larger than any libc's)
 
 Workers are Python threads that call `prepjit_worker(state)` through ctypes (which releases the GIL) and

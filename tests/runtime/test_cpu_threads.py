@@ -10,7 +10,7 @@ import numpy as np
 import prepjit as pj
 from prepjit.runtime.cpu import PARALLEL_MIN_ITERATIONS
 from prepjit.runtime.cpu_threads import AFTER_STALL as MIN_BACKOFF_TICKS
-from prepjit.runtime.cpu_threads import BACKOFF, MAX_BACKOFF, SLEEPERS, TICKET, NativeThreads
+from prepjit.runtime.cpu_threads import BACKOFF, MAX_BACKOFF, MIN_BACKOFF, SLEEPERS, TICKET, NativeThreads
 from tests.runtime.native_threads import launch_entries, published
 
 
@@ -111,27 +111,32 @@ def test_a_stall_runs_split_launches_alone_for_a_while_then_threads_again(worker
     fn = ctypes.cast(keep := CHUNK_FN(chunk), ctypes.c_void_p).value
 
     def launch(stalling: bool) -> tuple[int, int]:
-        """(task generations a launch published: 0 when it ran alone, BACKOFF before it), making the worker's chunk
-        stall when asked (launching again until the worker, perhaps still waking up, takes a chunk)."""
-        before = threads.words[TICKET] >> 32
+        """(whether a launch published its task: 0 when it ran alone, BACKOFF before the last launch), making the
+        worker's chunk stall when asked (launching again until the worker, perhaps still waking up, takes a chunk)."""
+        before, first = threads.words[TICKET] >> 32, None
         stall[:] = [True] if stalling else []
         for _ in range(200):
             backoff = threads.words[BACKOFF]
             threads.parallel(fn, 0, 0, 1000, 1000)
+            if first is None:
+                first = (threads.words[TICKET] >> 32) - before
             if not stall:
                 break
         assert not stall
-        return (threads.words[TICKET] >> 32) - before, backoff
+        return first, backoff
 
-    assert threads.words[BACKOFF] == MIN_BACKOFF_TICKS
+    assert threads.words[BACKOFF] == threads.words[MIN_BACKOFF] == MIN_BACKOFF_TICKS
+    # longer times alone than the defaults (~25 ms doubling to ~100 ms at 2.6 GHz), so that a test thread the OS
+    # preempts for a few ms on a busy host still calls again within them
+    least = threads.words[MIN_BACKOFF] = threads.words[BACKOFF] = 1 << 26
+    threads.words[MAX_BACKOFF] = 1 << 28
     for _ in range(3):  # stalls in a row: each split launch after the time alone stalls again
         published, backoff = launch(stalling=True)
-        assert published >= 1 and threads.words[BACKOFF] == min(2 * backoff, threads.words[MAX_BACKOFF])
+        assert published == 1 and threads.words[BACKOFF] == min(2 * backoff, threads.words[MAX_BACKOFF])
         assert launch(stalling=False)[0] == 0   # right after the stall: alone
-        time.sleep(0.2)   # more than MAX_BACKOFF ticks later (~25 ms at 2.6 GHz)
-    assert threads.words[BACKOFF] > MIN_BACKOFF_TICKS
+        time.sleep(0.3)   # more than MAX_BACKOFF ticks later
+    assert threads.words[BACKOFF] > least
     published, backoff = launch(stalling=False)
     assert published == 1 and threads.words[BACKOFF] == backoff // 2   # split again, and no stall: halved
-    assert _settles_within(lambda: (threads.parallel(fn, 0, 0, 1000, 1000), threads.words[BACKOFF])[1],
-                           MIN_BACKOFF_TICKS)
+    assert _settles_within(lambda: (threads.parallel(fn, 0, 0, 1000, 1000), threads.words[BACKOFF])[1], least)
     del keep
