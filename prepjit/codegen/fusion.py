@@ -233,17 +233,8 @@ def _stream_rows(r: UOp, by_row: bool) -> tuple[bool, int]:
     of its rows, its rows: the product of its output axes along which the largest value it loads is broadcast (a
     decode batch's rows, the weight's elements read once by each))."""
     loaded: dict[UOp, set] = {}
-    stack, seen = [(r, tuple(frozenset((k,)) for k in range(len(r.shape))))], set()
-    while stack:
-        item = stack.pop()
-        if item in seen:
-            continue
-        seen.add(item)
-        n, axes = item
-        if n is not r and n.op in REALIZED:
-            loaded.setdefault(n, set()).add(axes)
-            continue
-        stack += list(zip(n.src, _read_axes(n, axes)))
+    for n, axes in _reads_with_axes(r, lambda n: n.op in REALIZED):
+        loaded.setdefault(n, set()).add(axes)
     if not loaded:
         return True, 1
     largest = max(loaded, key=_elements)
@@ -260,6 +251,13 @@ def _stream_rows(r: UOp, by_row: bool) -> tuple[bool, int]:
 def _read_per_row(root: UOp, targets: set, chosen: set) -> bool:
     """Whether the kernel computing `root`, computing inline what is not realized or `chosen`, reads every node of
     `targets` one element per row (_per_row): a row's reduction it can compute as the row's prologue."""
+    return all(_per_row(n, axes, root) for n, axes in _reads_with_axes(
+        root, lambda n: n in targets or n.op in REALIZED or n in chosen) if n in targets)
+
+
+def _reads_with_axes(root: UOp, stop):
+    """Each (node, axes) the kernel computing `root` reads where `stop(node)` (not walked below it), computing inline
+    what is above: axes holds, per dim of the node, the output axes of `root` its index depends on (_read_axes)."""
     stack, seen = [(root, tuple(frozenset((k,)) for k in range(len(root.shape))))], set()
     while stack:
         item = stack.pop()
@@ -267,13 +265,10 @@ def _read_per_row(root: UOp, targets: set, chosen: set) -> bool:
             continue
         seen.add(item)
         n, axes = item
-        if n in targets:
-            if not _per_row(n, axes, root):
-                return False
-            continue
-        if n is root or not (n.op in REALIZED or n in chosen):
+        if n is not root and stop(n):
+            yield item
+        else:
             stack += list(zip(n.src, _read_axes(n, axes)))
-    return True
 
 
 def _own_expression(node: UOp, chosen: set, readers_of: Counter) -> tuple[int, set | None, bool]:
