@@ -83,14 +83,15 @@ class Dialect:
     local_array: str               # format: {type}, {name}, {n}
     vector4_load: str              # format: {ref}: the float4 at local-memory element `ref` (its index a
                                    # multiple of 4 in a local array whose rows are: 16-byte aligned)
-    load_half: str                 # format: {ptr}, {idx}
+    load_half: str                 # format: {ptr}, {idx} (a NaN keeps its sign and payload: c_helpers.HALF_TO_FLOAT)
     store_half: str                # format: {ptr}, {idx}, {v}
-    round_half_helper: str         # defines `float pj_round_half(float)` (and what it needs)
+    round_half_helper: str         # defines `float pj_round_half(float)` (given bit_view_helper's definitions)
     float_bits: str                # format {v}: a float's bits as an unsigned int
     bits_float: str                # format {v}: an unsigned int's bits as a float
     bit_views: dict                # float16 / float64 -> (format {v}: a value's unsigned bits, format {v}: bits as
                                    # a value), for bitcasts; a float16 value is its float register value
-    bit_view_helper: str           # defines what bit_views' float16 formats call ("" for nothing)
+    bit_view_helper: str           # defines what bit_views', load_half's and round_half_helper's float16
+                                   # conversions call ("" for nothing)
     atomic_add: dict               # DType -> (a pragma it needs or "", format {ptr}, {val}): a native atomic add
     atomic_cas: dict               # element bytes -> (a pragma it needs or "", format {ptr}, {cmp}, {val}: an atomic
                                    # compare-and-swap of the unsigned bits at ptr, returning the old bits)
@@ -190,6 +191,7 @@ class CStyleRenderer(KernelRenderer):
     def round_to(self, v: str, dt: DType) -> str:
         """A float `v` rounded to the 16-bit float `dt` (kept as a float)."""
         if dt == dtypes.float16:
+            self.half_helpers()
             self.helpers.setdefault("pj_round_half", self.d.round_half_helper)
             return self.let(dt, f"pj_round_half({v})")
         return self.let(dt, f"{self.bfloat16_helpers()}round_bfloat16({v})")
@@ -338,9 +340,14 @@ class CStyleRenderer(KernelRenderer):
             return (self.d.float_bits, self.d.bits_float)[way]
         if dt == dtypes.bfloat16:
             return self.bfloat16_helpers() + ("float_to_bfloat16({v})", "bfloat16_to_float({v})")[way]
-        if dt == dtypes.float16 and self.d.bit_view_helper:
-            self.helpers.setdefault("pj_half_bits", self.d.bit_view_helper)
+        if dt == dtypes.float16:
+            self.half_helpers()
         return self.d.bit_views[dt][way]
+
+    def half_helpers(self) -> None:
+        """Define the dialect's float16 conversions, if they are helpers (loads, bit views and roundings call them)."""
+        if self.d.bit_view_helper:
+            self.helpers.setdefault("pj_half_bits", self.d.bit_view_helper)
 
     def sticky_double_helper(self, src: DType) -> str:
         """64-bit integer -> a double that pj_odd_float rounds as it would round the integer (llvm_ir.py's
@@ -367,6 +374,7 @@ class CStyleRenderer(KernelRenderer):
             idx = self.let(dtypes.int64, f"{gate} ? {idx} : 0")
         ptr = f"buf{buf.arg}"
         if u.dtype == dtypes.float16:
+            self.half_helpers()
             raw = self.d.load_half.format(ptr=ptr, idx=idx)
         elif u.dtype == dtypes.bfloat16:
             raw = f"{self.bfloat16_helpers()}bfloat16_to_float({ptr}[{idx}])"

@@ -10,6 +10,7 @@ and NaNs are spelled as bit patterns (NVRTC has no math.h macros).
 from __future__ import annotations
 
 from ..uop import DType, UOp, dtypes
+from . import c_helpers
 from .gpu_launch import launch
 from .kernel import KernelSource
 from .optimize import Blocking
@@ -18,11 +19,9 @@ from .render_c import ALIGN, Dialect, render_c
 ELEMENTWISE_GROUP = 256   # threads per block of kernels that are not grouped reductions
 ITEMS_PER_THREAD = 4      # outputs per thread of those (a block's width apart: coalesced, more loads in flight)
 
-_HALF = """__device__ __forceinline__ float pj_half_to_float(unsigned short h) {
-  float f;
-  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-  return f;
-}
+_HALF = c_helpers.HALF_TO_FLOAT.format(
+    func="__device__ __forceinline__ ", u16="unsigned short", u32="unsigned", nan_float="__uint_as_float(nan)",
+    widen='asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));') + """
 __device__ __forceinline__ unsigned short pj_float_to_half(float f) {
   unsigned short h;
   asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));

@@ -9,6 +9,7 @@ the runtime.
 from __future__ import annotations
 
 from ..uop import DType, Ops, UOp, dtypes
+from . import c_helpers
 from .gpu_launch import launch
 from .kernel import KernelSource
 from .optimize import Blocking
@@ -18,17 +19,14 @@ from .renderer import rounds_through_odd_float
 
 __all__ = ["GROUP_REDUCE_MIN", "OPENCL", "REDUCE_GROUP", "render_opencl", "uses_grouped_reduce"]
 
-_ROUND_HALF = """float pj_round_half(float x) {
-  ushort h;
-  vstore_half_rte(x, 0, (__private half *)&h);
-  return vload_half(0, (__private const half *)&h);
-}"""
 _HALF_BITS = """ushort pj_half_bits(float x) {
   ushort h;
   vstore_half_rte(x, 0, (__private half *)&h);
   return h;
 }
-float pj_bits_half(ushort h) { return vload_half(0, (__private const half *)&h); }"""
+""" + c_helpers.HALF_TO_FLOAT.format(func="", u16="ushort", u32="uint", nan_float="as_float(nan)",
+                                    widen="f = vload_half(0, (__private const half *)&h);")
+_ROUND_HALF = "float pj_round_half(float x) { return pj_half_to_float(pj_half_bits(x)); }"   # needs _HALF_BITS
 
 
 _INT64_ATOMICS = "#pragma OPENCL EXTENSION cl_khr_int64_base_atomics : enable"
@@ -62,9 +60,9 @@ OPENCL = Dialect(
     barrier="barrier(CLK_LOCAL_MEM_FENCE);", shuffle_xor=None,   # (sub-group shuffles are an extension)
     local_array="__local {type} {name}[{n}] __attribute__((aligned(16)))",
     vector4_load="*(__local const float4 *)&{ref}",
-    load_half="vload_half({idx}, {ptr})", store_half="vstore_half_rte({v}, {idx}, {ptr})",
+    load_half="pj_half_to_float(((__global const ushort *){ptr})[{idx}])", store_half="vstore_half_rte({v}, {idx}, {ptr})",
     round_half_helper=_ROUND_HALF, float_bits="as_uint({v})", bits_float="as_float({v})",
-    bit_views={dtypes.float16: ("pj_half_bits({v})", "pj_bits_half({v})"),
+    bit_views={dtypes.float16: ("pj_half_bits({v})", "pj_half_to_float({v})"),
                dtypes.float64: ("as_ulong({v})", "as_double({v})")}, bit_view_helper=_HALF_BITS,
     atomic_add={dtypes.int32: ("", "atomic_add({ptr}, {val})"), dtypes.uint32: ("", "atomic_add({ptr}, {val})"),
                 dtypes.int64: (_INT64_ATOMICS, "atom_add({ptr}, {val})"),
