@@ -24,6 +24,18 @@ ROWS_AHEAD = 4  # reduction steps ahead it is prefetched: x (576) @ W (576, 3072
 # weights gain nothing (320-328 us without, 334-340 with a prefetch per line or per two lines): not prefetched
 
 
+def _stream(buf: UOp, start: UOp, step: int) -> tuple:
+    """The stream of a load of `buf` starting at `start` whose index moves `step` elements a step of the loop it is
+    prefetched in: its buffer, the non-constant part of its index and which step's span its constant offset falls
+    in. The parts of a weight row's block (a scale, its quants) are one stream; the next weight row, a register
+    block's next column (a row's length away: at least a step), is another."""
+    if not step:
+        return (buf,)
+    if start.op is Ops.ADD and start.src[1].op is Ops.CONST:
+        return buf, start.src[0], start.src[1].arg // step
+    return (buf, None, start.arg // step) if start.op is Ops.CONST else (buf, start, 0)
+
+
 def _identity(op: Ops, dt: DType):
     if op is Ops.ADD or op is Ops.OR:
         return 0
@@ -128,7 +140,7 @@ class ReductionRendering(AMXRendering):
             loops.append(self.open_loop(r, "0", self.value(r.src[0])))
             opened.add(r)
             if r is ranges[0]:
-                self.prefetch_streams([x.src[0] for x in group], u.src[2:], u.dtype)
+                self.prefetch_streams([x.src[0] for x in group], r, u.src[2:], u.dtype)
             for x in group:
                 for v in x.src[0].toposort():
                     if v not in self.laned and r in self.ranges[v] and self.ranges[v] <= opened:
@@ -168,9 +180,10 @@ class ReductionRendering(AMXRendering):
             self.scopes[-1][r] = out
         return outs[0]
 
-    def prefetch_streams(self, bodies: list[UOp], inner: tuple, acc: DType):
+    def prefetch_streams(self, bodies: list[UOp], step: UOp, inner: tuple, acc: DType):
         """Ask for the bytes PREFETCH_BYTES ahead of each block a sum over lanes streams (a load of a buffer that
-        moves with the parallel range: a weight's rows, not the activations every row reuses), once per block, and
+        moves with the parallel range: a weight's rows, not the activations every row reuses; each column of a
+        register block is a stream of its own), once per block of each stream (`step` the loop of blocks), and
         for floats narrower than the `acc` accumulators (a bfloat16 row's split block) once per cache line of it:
         unpacking a block keeps the core busy long enough that the hardware prefetchers fall behind, and the matvec
         waits on memory (q8_0 49152 x 576 from DRAM on one thread: 4.4 ms without, 2.3 ms with)."""
@@ -178,10 +191,13 @@ class ReductionRendering(AMXRendering):
             return
         seen = set()
         for ld in (v for x in bodies for v in x.toposort() if v.op is Ops.LOAD):
-            if ld.src[0] in seen or self.prange not in self.ranges[ld.src[1]]:
+            if self.prange not in self.ranges[ld.src[1]]:
                 continue
-            seen.add(ld.src[0])
             start = simplify(ld.src[1].substitute({r: UOp.const(0) for r in inner}))
+            stream = _stream(ld.src[0], start, abs(stride_along(ld.src[1], step) or 0))
+            if stream in seen:  # each column of a register block is a stream of its own
+                continue
+            seen.add(stream)
             last = simplify(ld.src[1].substitute({r: r.src[0] - 1 for r in inner}) - start)
             widened = ld.dtype.is_float and ld.dtype.itemsize < acc.itemsize and last.op is Ops.CONST
             span = (last.arg + 1) * ld.dtype.itemsize if widened else 1
