@@ -501,9 +501,18 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def configure_logging():
+    """The server's and aiohttp's INFO lines on stderr; prepjit's own INFO lines (one per kernel compiled, a
+    hundred at warm-up) only when PREPJIT_LOG asks for them, as in any other program."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    prepjit_log = logging.getLogger("prepjit")
+    if prepjit_log.level == logging.NOTSET:  # PREPJIT_LOG unset: prepjit left its logger alone
+        prepjit_log.setLevel(logging.WARNING)
+
+
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    configure_logging()
     try:
         engine, codec, embedder = load(args)
     except (MissingPackage, ValueError) as e:

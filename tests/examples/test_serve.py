@@ -8,8 +8,12 @@ import base64
 import concurrent.futures
 import importlib.util
 import json
+import os
+import pathlib
 import re
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -522,3 +526,17 @@ def test_an_engine_failure_ends_its_requests_with_500_and_the_server_goes_on(ser
     assert done and "injected" in chunks[-1]["error"]["message"]
     status, out = post(server, "/v1/completions", {**GREEDY, "prompt": PROMPTS[0]})
     assert status == 200 and wait_idle(server)["serve_kv_blocks_used"] == 0
+
+
+@pytest.mark.parametrize("prepjit_log", ["", "compiles"])
+def test_the_server_logs_prepjit_compiles_only_when_prepjit_log_asks(prepjit_log):
+    """serve.main's logging: its own INFO lines, and prepjit's per-kernel compile lines (a hundred at warm-up)
+    only under PREPJIT_LOG=compiles, as for any other program."""
+    code = ("import logging; from examples import serve; serve.configure_logging(); "
+            "logging.getLogger('prepjit').info('compile r_576 on cpu'); logging.getLogger('serve').info('listening')")
+    env = {k: v for k, v in os.environ.items() if k != "PREPJIT_LOG"} | {"PREPJIT_LOG": prepjit_log}
+    out = subprocess.run([sys.executable, "-c", code], cwd=pathlib.Path(__file__).parents[2], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "listening" in out.stderr
+    assert ("compile r_576 on cpu" in out.stderr) == bool(prepjit_log), out.stderr
