@@ -115,7 +115,9 @@ def sentence_transformer(max_len: int, dtype=np.float32):
     """sentence-transformers' model of the same files, offline, on the CPU, its weights in `dtype`."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
+    import transformers
     from sentence_transformers import SentenceTransformer
+    transformers.utils.logging.disable_progress_bar()  # its "Loading weights" bar would cut into --bench's table
     model = SentenceTransformer(minilm.model_dir(), device="cpu")
     model.max_seq_length = max_len
     return model.to(getattr(torch, np.dtype(dtype).name))

