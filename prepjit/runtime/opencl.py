@@ -8,11 +8,14 @@ var values and I/O buffers and enqueues it. Results stay on the device until rea
 
 Threads: every call into the OpenCL runtime that sets a kernel argument, queues a command, allocates, builds a
 program, creates a kernel or releases an event this device holds is made under the device's lock
-(`DeviceBase.lock`); only the two waits (a download's event, a synchronize's clFinish) happen outside it, so a
-thread waiting for the device never keeps another from queuing. OpenCL allows concurrent calls except on one
-kernel object, but NVIDIA's runtime has crashed and hung on concurrent calls that the standard allows, and an
-uncontended lock costs well under a microsecond (a build holds it for the build: a thread preparing a new
-signature delays other threads' launches, never interleaves with them). A kernel object is never shared: each
+(`DeviceBase.lock`); only a synchronize's wait (clFinish) happens outside it, so a thread waiting for its launches
+never keeps another from queuing. OpenCL allows concurrent calls except on one kernel object, but NVIDIA's runtime
+has crashed and hung on concurrent calls that the standard allows, and an uncontended lock costs well under a
+microsecond (a build holds it for the build: a thread preparing a new signature delays other threads' launches,
+never interleaves with them). A download is a blocking read made under the lock: a non-blocking read into pageable
+host memory leaves the runtime host-side work (its staging copy into the array) for after the call, and on
+NVIDIA's runtime, with that read's wait outside the lock beside other threads' copies, replays under threads got
+wrong values (issue 22; PoCL never did; the cause is inferred, not observed on NVIDIA). A kernel object is never shared: each
 launcher owns its own, and a plan's launches run under the plan's lock (plan.py).
 Each thread keeps the events of its own uploads until it synchronises, so one call never waits for, or
 drops, another thread's copies.
@@ -243,11 +246,9 @@ class OpenCLDevice(DeviceBase):
         return events
 
     def _download(self, host: np.ndarray, memory):
+        """Blocking, under the lock (the module's docstring says why): `host` is filled when it returns."""
         with self.lock:
-            event = self.cl.enqueue_copy(self.queue, host, memory, is_blocking=False)
-        event.wait()
-        with self.lock:
-            del event   # (its release, clReleaseEvent)
+            self.cl.enqueue_copy(self.queue, host, memory, is_blocking=True)
 
     def _copy(self, dst, src, nbytes: int):
         with self.lock:

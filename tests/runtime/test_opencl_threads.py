@@ -231,6 +231,38 @@ def test_builds_never_run_beside_other_threads_launches(watched_device):
     assert watch.overlaps == []
 
 
+def test_downloads_are_blocking_reads_made_under_the_lock(monkeypatch):
+    """Threads replaying and reading their results: every read into host memory is blocking and made under the
+    device's lock, so none of the runtime's host-side work for it is left to run beside another thread's calls
+    (NVIDIA's runtime gave wrong values with a non-blocking read waited for outside the lock: issue 22, not
+    reproducible on PoCL). Fails on a non-blocking read."""
+    device = get_device("opencl")
+    reads, copy = [], cl.enqueue_copy
+
+    def recording(queue, dst, src, **kwargs):
+        if isinstance(dst, np.ndarray):
+            reads.append((kwargs.get("is_blocking", True), device.lock._is_owned()))
+        return copy(queue, dst, src, **kwargs)
+
+    monkeypatch.setattr(device.cl, "enqueue_copy", recording)
+    add = pj.prepare(lambda x: x * 3 + 1, vars={"n": (1, 64)}, shapes={"x": ("n",)}, device="opencl")
+    failures = []
+
+    def replay(seed):
+        rng = np.random.default_rng(seed)
+        for _ in range(20):
+            x = rng.standard_normal(int(rng.integers(1, 65))).astype(np.float32)
+            if not np.allclose(np.asarray(add(x)), x * 3 + 1, rtol=1e-6):
+                failures.append(seed)
+
+    threads = [threading.Thread(target=replay, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+    assert len(reads) >= 80 and set(reads) == {(True, True)}
+
 def test_an_upload_event_belongs_to_the_thread_that_queued_it():
     """A thread's synchronize lets go of its own upload events only: another thread's pending copy keeps its
     event, and so its host array, until that thread synchronises (a list shared by the device was emptied
