@@ -191,8 +191,7 @@ def lockstep(engine, prompts, new_tokens: int) -> dict:
             np.array(steps, np.int64), np.array([tables[j][:1] for j in group for _ in prompts[j]], np.int64),
             np.cumsum([len(prompts[j]) for j in group]) - 1, max(len(prompts[j]) for j in group),
             pool.keys, pool.values, engine.cos, engine.sin)
-        pool.write([pool.slot(tables[j], p) for j in group for p in range(len(prompts[j]))], np.asarray(keys),
-                   np.asarray(values))
+        pool.write([pool.slot(tables[j], p) for j in group for p in range(len(prompts[j]))], keys, values)
         for j, row in zip(group, np.asarray(logits)):
             tokens[j].append(int(np.argmax(row)))
     decode_start = time.perf_counter()
@@ -202,8 +201,7 @@ def lockstep(engine, prompts, new_tokens: int) -> dict:
         table = np.array([(blocks + blocks[:1] * width)[:width] for blocks in tables], np.int64)
         logits, keys, values = engine.decode(engine.params, np.array([out[-1] for out in tokens], np.int64), pos,
                                              table, pool.keys, pool.values, engine.cos, engine.sin)
-        pool.write([pool.slot(blocks, int(p)) for blocks, p in zip(tables, pos)], np.asarray(keys),
-                   np.asarray(values))
+        pool.write([pool.slot(blocks, int(p)) for blocks, p in zip(tables, pos)], keys, values)
         for out, row in zip(tokens, np.asarray(logits)):
             out.append(int(np.argmax(row)))
     end = time.perf_counter()

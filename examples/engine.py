@@ -101,9 +101,10 @@ class BlockPool:
         self._store = None
         if own_memory(device):
             self.keys, self.values = resident((self.keys, self.values), device)
+            layers = [("n", None, None)] * cfg.layers
             self._store = pj.prepare(_store, vars={"n": (1, num_blocks * block_size)}, donate_argnums=(0, 1),
-                                     shapes={"blocks": ("n",), "rows": ("n",), "keys": (None, "n", None, None),
-                                             "values": (None, "n", None, None)}, device=device)
+                                     shapes={"blocks": ("n",), "rows": ("n",), "keys": layers, "values": layers},
+                                     device=device)
 
     @property
     def used(self) -> int:
@@ -122,7 +123,8 @@ class BlockPool:
         return blocks[position // self.block_size], position % self.block_size
 
     def write(self, slots, keys, values) -> None:
-        """Store keys and values (L, n, KV, hd; NumPy or pj.Arrays) at n (block, row) slots."""
+        """Store keys and values (a (n, KV, hd) array a layer, NumPy or pj.Arrays: the plans' outputs) at n (block,
+        row) slots."""
         blocks, rows = np.array(slots, np.int64).reshape(-1, 2).T
         if self._store is not None:
             self.keys, self.values = self._store(self.keys, self.values, blocks, rows, keys, values)
@@ -132,12 +134,12 @@ class BlockPool:
 
 
 def _store(k_pool, v_pool, blocks, rows, keys, values):
-    """The pools with keys and values (L, n, KV, hd) at n (block, row) slots. Slots come from the engine's own
+    """The pools with keys and values (a (n, KV, hd) array a layer) at n (block, row) slots. Slots come from the engine's own
     tables; mode="drop" (an id out of range is skipped, not flagged) because a call that can flag an error after
     running cannot write into donated arrays (docs/prepare.md)."""
     import prepjit.numpy as pnp
-    return (k_pool.at[:, blocks, :, rows].set(pnp.swapaxes(keys, 0, 1), mode="drop"),
-            v_pool.at[:, blocks, :, rows].set(pnp.swapaxes(values, 0, 1), mode="drop"))
+    return (k_pool.at[:, blocks, :, rows].set(pnp.stack(keys, axis=1), mode="drop"),
+            v_pool.at[:, blocks, :, rows].set(pnp.stack(values, axis=1), mode="drop"))
 
 
 def own_memory(device) -> bool:

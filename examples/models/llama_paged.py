@@ -12,7 +12,8 @@ the blocks its block table lists; position p of a sequence lives in block `table
   one a chunk per step.
 
 Both return the new keys/values for the host to write into the pool (the pool is an input: the plan reads it in
-place and never writes it). Block tables are data: a table entry outside the pool raises pj.IndexBoundError (the
+place and never writes it), one array a layer: a stacked (L, B, KV, hd) copy would be one kernel computing each
+layer's RoPE for every layer's rows (0.36 ms of a 6.4 ms one-sequence step, 5 of 36 ms for 16 sequences). Block tables are data: a table entry outside the pool raises pj.IndexBoundError (the
 gather's per-call check) and the bounds proof covers every read.
 """
 from __future__ import annotations
@@ -50,8 +51,8 @@ def _attend(xp, cached, own, values, own_values, dtype):
 
 def decode_batch(xp, cfg: Config, params, ids, pos, block_table, k_pool, v_pool, cos, sin, dtype=np.float32):
     """ids (B,) at positions pos (B,), sequence b's positions < pos[b] cached in blocks block_table[b] (B, NB) of
-    the pools (L, blocks, KV, block, hd) -> (logits (B, vocab), the tokens' keys and values (L, B, KV, hd)) in
-    `dtype`, for the caller to store at (block_table[b, pos[b] // block], pos[b] % block)."""
+    the pools (L, blocks, KV, block, hd) -> (logits (B, vocab), the tokens' keys and values: a tuple of L (B, KV,
+    hd) arrays each) in `dtype`, for the caller to store at (block_table[b, pos[b] // block], pos[b] % block)."""
     heads, kv_heads, hd, eps = cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.eps
     group = heads // kv_heads
     b, nb = block_table.shape
@@ -77,7 +78,7 @@ def decode_batch(xp, cfg: Config, params, ids, pos, block_table, k_pool, v_pool,
         h = h + linear(xp, ctx, bp["wo"], dtype)
         h = h + swiglu(xp, bp, rms_norm(xp, h, bp["ffn_norm"], eps), cfg.ff)
     out = rms_norm(xp, h, params["norm"], eps)
-    return _logits(xp, params, out, dtype), xp.stack(keys), xp.stack(values)
+    return _logits(xp, params, out, dtype), tuple(keys), tuple(values)
 
 
 def prefill_batch(xp, cfg: Config, params, ids, pos, offset, block_table, last, window, k_pool, v_pool, cos, sin,
@@ -85,7 +86,7 @@ def prefill_batch(xp, cfg: Config, params, ids, pos, offset, block_table, last, 
     """Prompt chunks of several sequences side by side (vLLM's var-length prefill): ids (T,), each chunk's tokens
     consecutive and in order, token t at position pos[t], the offset[t]-th of its chunk, its sequence's positions
     < pos[t] - offset[t] cached in blocks block_table[t] (T, NB); `window` (var) is at least the longest chunk
-    -> (logits (S, vocab) of the tokens `last` (S,), the tokens' keys and values (L, T, KV, hd)).
+    -> (logits (S, vocab) of the tokens `last` (S,), the tokens' keys and values: tuples of L (T, KV, hd) arrays).
 
     A token attends to its cached blocks (as in decode_batch) and to the tokens of its chunk up to itself, read
     back from its own row (t - w for w < window, masked where w > offset[t]): a sequence's sums are the same
@@ -120,7 +121,7 @@ def prefill_batch(xp, cfg: Config, params, ids, pos, offset, block_table, last, 
         h = h + linear(xp, ctx.reshape(t, heads * hd), bp["wo"], dtype)
         h = h + swiglu(xp, bp, rms_norm(xp, h, bp["ffn_norm"], eps), cfg.ff)
     out = rms_norm(xp, h[last], params["norm"], eps)
-    return _logits(xp, params, out, dtype), xp.stack(keys), xp.stack(values)
+    return _logits(xp, params, out, dtype), tuple(keys), tuple(values)
 
 
 def _logits(xp, params, x, dtype):
