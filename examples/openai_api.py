@@ -21,6 +21,7 @@ MAX_EMBEDDING_INPUTS = 2048  # as OpenAI's API
 MAX_CHOICES = 128  # n, as OpenAI's API
 MAX_TOP_LOGPROBS = 20  # top_logprobs (chat) and logprobs (completions), as OpenAI's chat API
 ROLES = ("system", "user", "assistant")
+ROLE_ALIASES = {"developer": "system"}  # OpenAI's newer name for system instructions (its clients send it)
 
 
 class ApiError(Exception):
@@ -117,8 +118,10 @@ def _message_text(message, i: int) -> dict:
     if not isinstance(message, dict):
         raise ApiError(400, f"messages[{i}] must be an object with 'role' and 'content'", param="messages")
     role, content = message.get("role"), message.get("content")
+    role = ROLE_ALIASES.get(role, role) if isinstance(role, str) else role
     if role not in ROLES:
-        raise ApiError(400, f"messages[{i}].role must be one of {', '.join(ROLES)}, not {json.dumps(role)}",
+        raise ApiError(400, f"messages[{i}].role must be one of {', '.join((*ROLES, *ROLE_ALIASES))}, "
+                            f"not {json.dumps(role)}",
                        param="messages")
     if isinstance(content, list):  # content parts: only text ones
         if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)

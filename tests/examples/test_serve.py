@@ -313,6 +313,17 @@ def test_penalties_change_greedy_text_as_the_engine_does(server):
     assert "".join(c["choices"][0]["text"] for c in chunks) == penalised["choices"][0]["text"]
 
 
+def test_a_developer_message_is_a_system_message(server):
+    """OpenAI's clients send instructions as role 'developer' (its newer name for 'system'), as vLLM accepts."""
+    def chat(role):
+        return post(server, "/v1/chat/completions",
+                    {**GREEDY, "messages": [{"role": role, "content": "Be brief."}, {"role": "user", "content": "Hi!"}]})
+    (status, developer), (_, system) = chat("developer"), chat("system")
+    assert status == 200, developer
+    assert developer["usage"] == system["usage"]
+    assert developer["choices"][0]["message"] == system["choices"][0]["message"]
+
+
 def test_bad_chat_messages_and_unknown_routes(server):
     for messages in (None, [], [{"role": "wizard", "content": "x"}], [{"role": "user", "content": 5}], "hi"):
         status, out = post(server, "/v1/chat/completions", {"messages": messages})
