@@ -302,10 +302,12 @@ class Engine:
                                             np.asarray(last, np.int64), max(size for _, size in chunks),
                                             self.pool.keys, self.pool.values, self.cos, self.sin)
         self.pool.write(slots, keys, values)
-        for seq, size in chunks:
+        logits, events = np.asarray(logits), []
+        for i, (seq, size) in enumerate(chunks):
             seq.cached += size
-        done = [i for i, (seq, _) in enumerate(chunks) if seq.prefilled]
-        return self._emit_rows([chunks[i][0] for i in done], np.asarray(logits)[done])
+            if seq.prefilled:
+                events.append(self._emit(seq, logits[i]))
+        return events
 
     def _decode(self, batch: list[_Sequence]) -> list[Event]:
         pos = np.array([s.cached for s in batch], np.int64)
@@ -315,30 +317,22 @@ class Engine:
         logits, keys, values = self.decode(self.params, ids, pos, table, self.pool.keys, self.pool.values,
                                            self.cos, self.sin)
         self.pool.write([self.pool.slot(s.blocks, s.cached) for s in batch], keys, values)
-        for seq in batch:
+        logits = np.asarray(logits)
+        events = []
+        for i, seq in enumerate(batch):
             seq.cached += 1
-        return self._emit_rows(batch, np.asarray(logits))
+            events.append(self._emit(seq, logits[i]))
+        return events
 
-    def _emit_rows(self, batch: list[_Sequence], logits: np.ndarray) -> list[Event]:
-        """The events of the sequences of `batch`, sequence i's next token drawn from row i of logits (rows, vocab):
-        every row's greedy token in one argmax over the rows (what sample gives at temperature 0), not one pass
-        per sequence."""
-        greedy = np.argmax(logits.astype(np.float32, copy=False), axis=-1)
-        return [self._emit(seq, row, int(top)) for seq, row, top in zip(batch, logits, greedy)]
-
-    def _emit(self, seq: _Sequence, logits: np.ndarray, greedy: int) -> Event:
-        """Its next token: `greedy` (the argmax of logits) for a greedy sequence without penalties, else sampled
-        (its penalties applied); end it on a stop id or at max_tokens (its blocks freed)."""
+    def _emit(self, seq: _Sequence, logits: np.ndarray) -> Event:
+        """Sample its next token (its penalties applied); end it on a stop id or at max_tokens (its blocks
+        freed)."""
         s = seq.sampling
-        penalized = (s.presence_penalty or s.frequency_penalty) and seq.generated
-        if s.temperature <= 0 and not penalized:
-            token = greedy
-        else:
-            scores = logits.astype(np.float32)
-            if penalized:
-                seen, counts = np.unique(seq.generated, return_counts=True)
-                scores[seen] -= s.frequency_penalty * counts + s.presence_penalty
-            token = sample(scores, s.temperature, s.top_p, seq.rng)
+        scores = logits.astype(np.float32)
+        if (s.presence_penalty or s.frequency_penalty) and seq.generated:
+            seen, counts = np.unique(seq.generated, return_counts=True)
+            scores[seen] -= s.frequency_penalty * counts + s.presence_penalty
+        token = sample(scores, s.temperature, s.top_p, seq.rng)
         seq.generated.append(token)
         self.generated_tokens += 1
         finish = "stop" if token in self.stop_ids else "length" if len(seq.generated) >= seq.max_tokens else None
