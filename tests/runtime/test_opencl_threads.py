@@ -91,6 +91,15 @@ class WatchedPool:
         self.allocate = watch.wrap("pool.allocate", pool.allocate)
 
 
+def run_threads(target, count: int) -> None:
+    """`target(seed)` in `count` threads at once (seeds 0..count-1), waited for."""
+    threads = [threading.Thread(target=target, args=(seed,)) for seed in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
 @pytest.fixture
 def watched_device(monkeypatch):
     device = get_device("opencl")
@@ -123,11 +132,7 @@ def test_no_two_threads_are_inside_the_opencl_runtime_at_once(watched_device):
             if not np.allclose(np.asarray(total(y)), y.sum(axis=1), rtol=1e-5, atol=1e-6):
                 failures.append(("total", n))
 
-    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_threads(worker, 4)
     assert failures == []
     assert watch.calls > 100
     assert watch.overlaps == []
@@ -190,11 +195,7 @@ def test_two_threads_never_share_a_kernel_between_its_arguments_and_its_launch(m
             if not np.allclose(np.asarray(f(x, s)), np.sum(x * s, axis=1) + 1, rtol=1e-5, atol=1e-5):
                 failures.append(seed)
 
-    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_threads(worker, 4)
     assert failures == []
     assert use.launches >= 60 and use.shared == []
 
@@ -255,13 +256,10 @@ def test_downloads_are_blocking_reads_made_under_the_lock(monkeypatch):
             if not np.allclose(np.asarray(add(x)), x * 3 + 1, rtol=1e-6):
                 failures.append(seed)
 
-    threads = [threading.Thread(target=replay, args=(s,)) for s in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_threads(replay, 4)
     assert failures == []
     assert len(reads) >= 80 and set(reads) == {(True, True)}
+
 
 def test_an_upload_event_belongs_to_the_thread_that_queued_it():
     """A thread's synchronize lets go of its own upload events only: another thread's pending copy keeps its
