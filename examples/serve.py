@@ -349,6 +349,7 @@ class Server:
         seqs = [Sequence(i, list(req.prompts[i // req.n]), _sampling(req, i % req.n), events, loop.create_future())
                 for i in range(choices)]
         self.in_flight += len(seqs)
+        refused = False
         try:
             for seq in seqs:
                 self.worker.submit(seq)
@@ -356,6 +357,7 @@ class Server:
                 try:
                     await seq.submitted
                 except ValueError as e:  # the engine refused the prompt (e.g. token ids outside the vocabulary)
+                    refused = True
                     raise api.ApiError(400, str(e), param="prompt") from None
             self.metrics.prompt_tokens += sum(len(p) for p in req.prompts)
             choices = self._choices(req, seqs, arrived)
@@ -366,6 +368,8 @@ class Server:
             for seq in seqs:
                 if not seq.done:
                     self.worker.cancel(seq)
+                    if not refused:  # ended before its finish (client gone, engine failed): vLLM's "abort"
+                        self.metrics.requests["abort"] += 1
             self.in_flight -= len(seqs)
 
     async def _choices(self, req, seqs, arrived):
