@@ -123,6 +123,8 @@ entry:
 }}
 
 declare i64 @llvm.readcyclecounter()
+declare i64 @llvm.umin.i64(i64, i64)
+declare i64 @llvm.umax.i64(i64, i64)
 
 define void @prepjit_parallel(ptr %s, ptr %fn, ptr %bufs, ptr %vals, i64 %size, i64 %chunks) nounwind {{
 entry:
@@ -213,25 +215,21 @@ yield:
 exit:
 {_word("backoff.p", BACKOFF)}
   %backoff = load atomic i64, ptr %backoff.p monotonic, align 8
-  br i1 %noted, label %slower, label %faster
+{_word("most.p", MAX_BACKOFF)}
+  %most = load atomic i64, ptr %most.p monotonic, align 8
+{_word("least.p", MIN_BACKOFF)}
+  %least = load atomic i64, ptr %least.p monotonic, align 8
+  %doubled = shl i64 %backoff, 1
+  %longer = call i64 @llvm.umin.i64(i64 %doubled, i64 %most)
+  %halved = lshr i64 %backoff, 1
+  %shorter = call i64 @llvm.umax.i64(i64 %halved, i64 %least)
+  %next = select i1 %noted, i64 %longer, i64 %shorter
+  store atomic i64 %next, ptr %backoff.p monotonic, align 8
+  br i1 %noted, label %slower, label %release
 slower:
   %ended = call i64 @llvm.readcyclecounter()
   %until = add i64 %ended, %backoff
   store atomic i64 %until, ptr %cool.p monotonic, align 8
-{_word("most.p", MAX_BACKOFF)}
-  %most = load atomic i64, ptr %most.p monotonic, align 8
-  %doubled = shl i64 %backoff, 1
-  %capped = icmp ugt i64 %doubled, %most
-  %longer = select i1 %capped, i64 %most, i64 %doubled
-  store atomic i64 %longer, ptr %backoff.p monotonic, align 8
-  br label %release
-faster:
-{_word("least.p", MIN_BACKOFF)}
-  %least = load atomic i64, ptr %least.p monotonic, align 8
-  %halved = lshr i64 %backoff, 1
-  %floored = icmp ult i64 %halved, %least
-  %shorter = select i1 %floored, i64 %least, i64 %halved
-  store atomic i64 %shorter, ptr %backoff.p monotonic, align 8
   br label %release
 release:
   store atomic i64 0, ptr %busy.p release, align 8
