@@ -61,6 +61,10 @@ class Array:
             return None
         return buffer
 
+    def _take_back_memory(self, buffer) -> None:
+        """Undo _give_up_memory (a donating call that fails before any kernel ran): the array is whole again."""
+        self._buffer = buffer
+
     @property
     def device(self) -> str:
         return self._device.name

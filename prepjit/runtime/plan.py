@@ -425,7 +425,7 @@ class ExecutionPlan:
             except BaseException:  # (out of memory) the call fails before any kernel ran: the arguments stay
                 for j, memory in taken.items():
                     if memory is not None:
-                        args[reusable[j]]._buffer = memory
+                        args[reusable[j]]._take_back_memory(memory)
                 raise
             for j, memory in taken.items():
                 p, b = reusable[j], self.inputs[reusable[j]]
