@@ -3,8 +3,8 @@
 ABI: `__kernel void name(__global T0 *buf0, ..., long v_<var>, ...)`. float16 is stored as `half` through
 the core `vload_half`/`vstore_half_rte` built-ins (no cl_khr_fp16 needed), bfloat16 as `ushort` bits; float64
 needs cl_khr_fp64, requested with a pragma the device checks (also by a cast to bfloat16 from a 32- or 64-bit
-integer, which rounds through a double: renderer.rounds_through_odd_float). Kernels that are not grouped leave the work-group size to
-the runtime.
+integer, which rounds through a double: renderer.rounds_through_odd_float). Every kernel turns FP_CONTRACT off, so
+`a * b + c` rounds twice as NumPy's does. Kernels that are not grouped leave the work-group size to the runtime.
 """
 from __future__ import annotations
 
@@ -30,12 +30,15 @@ _ROUND_HALF = "float pj_round_half(float x) { return pj_half_to_float(pj_half_bi
 
 
 _INT64_ATOMICS = "#pragma OPENCL EXTENSION cl_khr_int64_base_atomics : enable"
+# OpenCL C lets a compiler fuse `a * b + c` into one rounding unless told not to (NVIDIA's does; PoCL's did not):
+# NumPy rounds the product and the sum apart, and a fused multiply-add is the FMA op's, written as fma()
+NO_CONTRACTION = "#pragma OPENCL FP_CONTRACT OFF"
 
 
-def _fp64_pragma(ast: UOp) -> list[str]:
+def _pragmas(ast: UOp) -> list[str]:
     doubles = any(u.dtype == dtypes.float64 or u.op is Ops.CAST and rounds_through_odd_float(u.src[0].dtype, u.dtype)
                   for u in ast.toposort())
-    return ["#pragma OPENCL EXTENSION cl_khr_fp64 : enable"] if doubles else []
+    return (["#pragma OPENCL EXTENSION cl_khr_fp64 : enable"] if doubles else []) + [NO_CONTRACTION]
 
 
 def _cast_literal(dt: DType, name: str) -> str:
@@ -70,7 +73,7 @@ OPENCL = Dialect(
     atomic_cas={4: ("", "atomic_cmpxchg((volatile __global uint *){ptr}, {cmp}, {val})"),
                 8: (_INT64_ATOMICS,
                     "atom_cmpxchg((volatile __global ulong *){ptr}, {cmp}, {val})")},
-    preamble=_fp64_pragma,
+    preamble=_pragmas,
 )
 
 

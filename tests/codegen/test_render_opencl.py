@@ -89,3 +89,14 @@ def test_float16_uses_core_half_builtins_and_float64_requests_fp64():
     assert "cl_khr_fp16" not in half
     double = render_opencl(kernel(UOp(Ops.SQRT, dtypes.float64, (load(1, dtypes.float64, r),)), r)).source
     assert "#pragma OPENCL EXTENSION cl_khr_fp64 : enable" in double and "double" in double
+
+
+def test_every_kernel_forbids_contracting_a_product_and_a_sum():
+    """OpenCL C lets a compiler fuse `a * b + c` unless FP_CONTRACT is off: every kernel says it is (NumPy rounds
+    twice; the FMA op is written as fma() and keeps its single rounding)."""
+    r = loop(N)
+    product_sum = UOp(Ops.ADD, dtypes.float32, (UOp(Ops.MUL, dtypes.float32, (load(1, dtypes.float32, r),
+                                                                               load(2, dtypes.float32, r))),
+                                                 load(3, dtypes.float32, r)))
+    for ast in (kernel(product_sum, r), alu_kernel(Ops.FMA, dtypes.float32), alu_kernel(Ops.ADD, dtypes.int32)):
+        assert "#pragma OPENCL FP_CONTRACT OFF" in render_opencl(ast).source

@@ -48,6 +48,16 @@ def test_fma_rounds_once(dt, device):
     assert np.count_nonzero(out[::2]) > 100  # the rounding errors a separate multiply and add would lose
 
 
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+def test_a_product_plus_a_sum_rounds_twice_as_numpy_does(dt, device):
+    """`a * b + c` written out (no FMA op) is rounded after the product and after the sum, as NumPy does, on
+    every device: a compiler free to contract it into one fused multiply-add (OpenCL C's default: NVIDIA's
+    contracted) returns the product's rounding error where c = -(a * b) instead of 0."""
+    a, b, c = _operands(dt)
+    out = np.asarray(pj.prepare(lambda a, b, c: a * b + c, device=device)(a, b, c))
+    np.testing.assert_array_equal(out, a * b + c)
+
+
 def test_fma_special_values(device):
     inf, nan = np.float32(np.inf), np.float32(np.nan)
     a = np.array([inf, 0, inf, 1, 3e38, 1], np.float32)
