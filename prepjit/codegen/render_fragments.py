@@ -60,6 +60,8 @@ GROUP_M = 64                    # rows of one warpgroup instruction (wgmma m64nN
 CHUNK_BYTES = 16                # one asynchronous copy
 MAX_STAGES = 4
 MAX_LOCAL_BYTES = 48 * 1024     # the local memory a kernel may declare statically
+SLICE_K = 32                    # depth of one staged slice in 16-bit elements (32: 64-byte k-minor rows; 64: 128-byte)
+WGMMA_IN_FLIGHT = 0             # warpgroup instruction groups left in flight while the next slice is issued (0 or 1)
 SWIZZLES = {128: 1, 64: 2, 32: 3}   # a matrix descriptor's swizzle mode for rows of so many bytes
 
 
@@ -83,8 +85,9 @@ class Kind:
 
     @property
     def slice_k(self) -> int:
-        """k of one staged slice (64 bytes of a k-minor row): two matrix-instruction steps between barriers."""
-        return 64 // self.bytes
+        """k of one staged slice (SLICE_K 16-bit elements' bytes, a k-minor row: 64 or 128 bytes): two or four
+        matrix-instruction steps between barriers."""
+        return SLICE_K * 2 // self.bytes
 
     @property
     def own_block(self) -> int:
@@ -202,9 +205,17 @@ def _staged(c: Contraction) -> list[Staged]:
     return out
 
 
+def in_flight(c: Contraction) -> int:
+    """Warpgroup instruction groups a tile leaves in flight as it issues the next slice's (WGMMA_IN_FLIGHT where it
+    has the warpgroup variant)."""
+    return WGMMA_IN_FLIGHT if uses_wgmma(c) else 0
+
+
 def stages_for(c: Contraction) -> int:
+    """Local buffers of slices: as many as fit MAX_LOCAL_BYTES, at most MAX_STAGES, at least one more than the
+    slices being multiplied (the one issued and those in flight) so one is always being copied."""
     per_stage = sum(CHUNK_BYTES * s.chunks for s in _staged(c))
-    return max(2, min(MAX_STAGES, MAX_LOCAL_BYTES // per_stage))
+    return max(2 + in_flight(c), min(MAX_STAGES, MAX_LOCAL_BYTES // per_stage))
 
 
 def _lane_offsets(s: Staged) -> tuple[str, str]:
@@ -278,21 +289,29 @@ def emit_fragment_contraction(r, c: Contraction):
     def load_slice(stage: str, slice_: str):
         for s in staged:
             _emit_slice_copy(r, c, s, stage, slice_)
-    r.open_block(f"for (int s = 0; s < {stages - 1}; s++)", {})
+    # slices copied ahead of the one multiplied: all but one stage, less the stages whose warpgroup instructions may
+    # be in flight (every warp waited for all but the last in_flight groups before the barrier starting slice kt,
+    # so the stage of slice kt - 1 - in_flight is free); the warps' variant (other GPUs) keeps all but one
+    ahead, landed = str(stages - 1), str(stages - 2)   # (landed: copy groups left in flight as slice kt starts)
+    if in_flight(c):
+        r.lines += ["#if PJ_WGMMA", f"constexpr int ahead = {stages - 1 - in_flight(c)};", "#else",
+                    f"constexpr int ahead = {stages - 1};", "#endif"]
+        ahead, landed = "ahead", "ahead - 1"
+    r.open_block(f"for (int s = 0; s < {ahead}; s++)", {})
     r.open_block("if (s < slices)", {})
     load_slice("s", "s")
     r.close_block()
     r.emit("pj_cp_async_commit();")   # (an empty group where there is no such slice: the waits count groups)
     r.close_block()
     r.open_block(f"for ({long} kt = 0; kt < slices; kt++)", {})
-    r.emit(f"pj_cp_async_wait<{stages - 2}>();")
+    r.emit(f"pj_cp_async_wait<{landed}>();")
     r.emit(f"const int st = kt % {stages};")
     _variants(r, group, warps, "arrive")
     r.emit(d.barrier)        # slice kt is in local memory; every warp is done with the stage loaded next
     _variants(r, group, None, "issue")
-    r.open_block(f"if (kt + {stages - 1} < slices)", {})
-    r.emit(f"const int next = (kt + {stages - 1}) % {stages};")
-    load_slice("next", f"kt + {stages - 1}")
+    r.open_block(f"if (kt + {ahead} < slices)", {})
+    r.emit(f"const int next = (kt + {ahead}) % {stages};")
+    load_slice("next", f"kt + {ahead}")
     r.close_block()
     r.emit("pj_cp_async_commit();")
     _variants(r, group, warps, "multiply")
@@ -438,9 +457,12 @@ class _WarpgroupTile:
         r.emit("pj_wgmma_commit();")
 
     def multiply(self):
-        self.r.emit("pj_wgmma_wait<0>();")   # (done before the next slice's barrier: its copy overwrites this stage)
+        # all but the last in_flight groups done before the next slice's barrier (the stage of the oldest is refilled
+        # after it)
+        self.r.emit(f"pj_wgmma_wait<{in_flight(self.c)}>();")
 
     def store(self):
+        self.r.emit("pj_wgmma_wait<0>();")
         for x in range(self.blocks):
             self.r.emit(f"pj_wgmma_hold<{self.c.tn // 2}>(wacc{x});")
         cells = [(f"wacc{x}[{4 * q + e}]", f"{x * GROUP_M + (8 if e >= 2 else 0)} + wg_row", f"{8 * q + e % 2} + ft")

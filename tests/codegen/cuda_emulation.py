@@ -144,13 +144,30 @@ template <class T> static T pj_described(unsigned long long desc, int mn, int k,
 }
 static inline float pj_tf32_value(unsigned x) { return __uint_as_float(x & 0xffffe000u); }   // (its tf32 bits only)
 template <class T, float (*value)(T), int N, int K, bool TA, bool TB>
-static void pj_wgmma(float *d, unsigned long long a, unsigned long long b) {
+static void pj_wgmma_now(float *d, unsigned long long a, unsigned long long b) {
   // each work-item its own accumulators (warp w of the warpgroup rows 16w ..., PTX's D layout), read from local memory
   unsigned w = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
   for (int i = 0; i < N / 2; i++) {
     int row = 16 * w + lane / 4 + 8 * (i % 4 / 2), col = 8 * (i / 4) + lane % 4 * 2 + i % 2;
     for (int k = 0; k < K; k++) d[i] += value(pj_described<T>(a, row, k, TA)) * value(pj_described<T>(b, col, k, TB));
   }
+}
+// wgmma is asynchronous: an instruction reads local memory and its accumulators when the work-item waits for its
+// group (the latest the hardware may), so a kernel that refills a stage, or reads the accumulators, before the wait
+// for the instructions reading them gets wrong results here
+struct pj_pending_wgmma { void (*run)(float *, unsigned long long, unsigned long long); float *d; unsigned long long a, b;
+                          int group; };
+static thread_local std::vector<pj_pending_wgmma> pj_wgmma_pending;
+static thread_local int pj_wgmma_groups;   // groups committed by the work-item
+template <class T, float (*value)(T), int N, int K, bool TA, bool TB>
+static void pj_wgmma(float *d, unsigned long long a, unsigned long long b) {
+  pj_wgmma_pending.push_back({pj_wgmma_now<T, value, N, K, TA, TB>, d, a, b, pj_wgmma_groups});
+}
+static void pj_wgmma_drain(int left) {   // wgmma.wait_group: run the committed groups but the last `left`
+  std::vector<pj_pending_wgmma> still;
+  for (auto &p : pj_wgmma_pending)
+    if (p.group < pj_wgmma_groups - left) p.run(p.d, p.a, p.b); else still.push_back(p);
+  pj_wgmma_pending = still;
 }
 template <class T> static T __shfl_sync(unsigned, T v, int from) {
   unsigned w = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -173,7 +190,9 @@ template <class F> static void pj_launch(unsigned blocks, unsigned threads, F bo
   for (unsigned t = 0; t < threads; t++)
     pool.emplace_back([&, t] {
       threadIdx.x = t;
-      for (unsigned b = 0; b < blocks; b++) { blockIdx.x = b; body(); pthread_barrier_wait(&end); }
+      for (unsigned b = 0; b < blocks; b++) {
+        blockIdx.x = b; body(); pj_wgmma_pending.clear(); pj_wgmma_groups = 0; pthread_barrier_wait(&end);
+      }
     });
   for (auto &th : pool) th.join();
 }
@@ -208,8 +227,9 @@ _TENSOR_CORES = {  # render_cuda's tensor-core helpers, by name, in C++ for the 
     "pj_cp_async16": "static void pj_cp_async16(void *dst, const void *src) { memcpy(dst, src, 16); }",
     "pj_cp_async_commit": "static void pj_cp_async_commit() {}",
     "pj_cp_async_wait": "template <int N> static void pj_cp_async_wait() {}",
-    **{name: f"static void {name}() {{}}" for name in ("pj_wgmma_fence", "pj_wgmma_commit", "pj_fence_async_shared")},
-    "pj_wgmma_wait": "template <int N> static void pj_wgmma_wait() {}",
+    **{name: f"static void {name}() {{}}" for name in ("pj_wgmma_fence", "pj_fence_async_shared")},
+    "pj_wgmma_commit": "static void pj_wgmma_commit() { pj_wgmma_groups++; }",
+    "pj_wgmma_wait": "template <int N> static void pj_wgmma_wait() { pj_wgmma_drain(N); }",
     "pj_wgmma_hold": "template <int N> static void pj_wgmma_hold(float *) {}",
 }
 _HELPER = re.compile(r"(?:template <int N> )?__device__ __forceinline__ void (pj_\w+)\(.*?\n\}", re.S)

@@ -9,6 +9,7 @@ import pytest
 
 import prepjit as pj
 import prepjit.numpy as pnp
+from prepjit.codegen import render_fragments
 from prepjit.codegen.gpu_launch import launch, launch_of
 from prepjit.codegen.render_tiles import SHAPES
 from prepjit.codegen.render_cuda import CUDA, render_cuda
@@ -138,6 +139,32 @@ def test_every_tensor_core_tile_shape_computes_the_matmul(wgmma, a_t, b_t):
         tile = (tm, tn, 1, "bfloat16")
         assert render_cuda(ast, tile).local_size == (128,)
         emulate(ast, ml_dtypes.bfloat16, m, n, k, a_t, b_t, tile=tile, wgmma=wgmma)
+
+
+# render_fragments' knobs of the warpgroup kernels (the defaults first), each timed on a GPU before it is a default
+VARIANTS = [{}, {"WGMMA_IN_FLIGHT": 1}]
+
+
+@pytest.fixture(params=VARIANTS, ids=lambda v: "-".join(f"{k}={x}" for k, x in v.items()) or "default")
+def variant(request, monkeypatch):
+    for knob, value in request.param.items():
+        monkeypatch.setattr(render_fragments, knob, value)
+    return request.param
+
+
+@EMULATED
+@pytest.mark.parametrize("a_t, b_t", [(False, False), (True, True)])
+def test_every_wgmma_variant_computes_the_matmul(variant, a_t, b_t):
+    """Each variant of the warpgroup kernels (sm_90a, emulated with wgmma asynchronous: an instruction reads its
+    stage and accumulators only when waited for, so a stage refilled too early shows) on tiles of 64 and 128 rows,
+    ragged on both sides, k long enough for the stages to be refilled several times and a partial last slice, both
+    16-bit operands minor along k or along their own axes; tf32 with both along k: the same bits as its reference."""
+    m, n, k = 200, 136, 300
+    ast = strided_narrow_kernel(dtypes.bfloat16, m, n, k, a_t, b_t)
+    for tm, tn in ((128, 128), (64, 128), (128, 64)):
+        emulate(ast, ml_dtypes.bfloat16, m, n, k, a_t, b_t, tile=(tm, tn, 1, "bfloat16"), wgmma=True)
+    got, a, b = emulate_float32("tf32", m, n, k, False, True, tile=(128, 128, 1, "tf32"), wgmma=True)
+    np.testing.assert_array_equal(got, tf32_reference(a, b) + np.float32(1))
 
 
 @EMULATED
