@@ -218,9 +218,12 @@ def test_normal_equals_jax_bit_for_bit(dtype, device):
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64"])
 def test_normal_equals_live_jax(dtype, device):
-    """300k draws (3 keys, 3 shapes) against jax.random.normal, bit for bit (float64 off the cpu: 4 ulp, measured
-    3 on PoCL). float64 draws call the C library's log, as XLA's CPU code did (jax 0.10): a jax whose float64 log
-    is not the C library's is no reference for them (the stored bits of jax 0.10.2 above still check them)."""
+    """300k draws (3 keys, 3 shapes) against jax.random.normal, bit for bit. float64 draws call the C library's
+    log, as XLA's CPU code did (jax 0.10): a jax whose float64 log is not the C library's is no reference for them
+    (the stored bits of jax 0.10.2 above still check them). Off the cpu, float64 draws are checked against the cpu
+    device's (equal to jax's where this test runs on the cpu), within 4 ulp (measured 3 on PoCL and on an H100's
+    CUDA and OpenCL: the device's log differs by an ulp now and then; the jax of that GPU's image gave other float64
+    draws, 30 ulp from these)."""
     jax, jnp = _jax(x64=dtype == "float64")
     if dtype == "float64":
         x = np.exp(np.random.default_rng(8).uniform(-30, 30, 20_000))
@@ -231,7 +234,8 @@ def test_normal_equals_live_jax(dtype, device):
         theirs = np.asarray(jax.random.normal(jax.random.key(seed), shape, jnp.dtype(dtype)))
         assert ours.dtype == theirs.dtype
         if dtype == "float64" and device != "cpu":
-            assert _ulps(ours, theirs) <= 4, f"seed {seed}"
+            on_cpu = np.asarray(pj.prepare(lambda k: pr.normal(k, shape, dtype), device="cpu")(pr.key(seed)))
+            assert _ulps(ours, on_cpu) <= 4, f"seed {seed}"
         else:
             differ = int(np.sum(ours.view(np.uint8) != theirs.view(np.uint8)))
             assert differ == 0, f"seed {seed}: {differ} bytes of {ours.nbytes} differ, up to {_ulps(ours, theirs)} ulp"
