@@ -81,15 +81,53 @@ def require(module: str, install: str):
 
 
 def sample(logits: np.ndarray, temperature: float, top_p: float, rng) -> int:
-    """Greedy at temperature 0, else nucleus sampling: the smallest set of tokens whose probability reaches top_p."""
+    """Greedy at temperature 0, else nucleus sampling: of the most likely tokens first (ties in token order), the
+    shortest run whose probability reaches top_p, one drawn by `rng.choice`. The token is the one sorting the whole
+    vocabulary would give, for the same rng, but no token ids are sorted and, below top_p 1, only the largest
+    probabilities (`_nucleus`)."""
     if temperature <= 0:
         return int(np.argmax(logits))
     z = logits.astype(np.float64) / temperature
     p = np.exp(z - z.max())
-    p /= p.sum()
-    order = np.argsort(-p)
-    keep = order[:int(np.searchsorted(np.cumsum(p[order]), top_p)) + 1]
-    return int(rng.choice(keep, p=p[keep] / p[keep].sum()))
+    total = p.sum()
+    if not np.isfinite(total):
+        raise ValueError(f"the logits have a NaN or an infinity (the maximum is {logits.max()})")
+    p /= total
+    kept = _nucleus(p, top_p)
+    rank = int(rng.choice(len(kept), p=kept / kept.sum()))
+    value = kept[rank]
+    return int(np.flatnonzero(p == value)[rank - np.count_nonzero(kept > value)])  # ties of value in token order
+
+
+def _nucleus(p: np.ndarray, top_p: float) -> np.ndarray:
+    """The kept probabilities, largest first: the shortest prefix of the descending order whose running sum
+    (np.cumsum's, in that order) reaches top_p, else all of them. Those at least each of `_thresholds` are sorted in
+    turn; the first whose sum reaches top_p hold that prefix. Else (and at top_p 1, whose prefix is nearly always all
+    but the last few tokens or all) every probability is sorted."""
+    for least in _thresholds(p, top_p):
+        largest = _descending(p[p >= least])
+        mass = np.cumsum(largest)
+        if mass[-1] >= top_p:
+            return largest[:int(np.searchsorted(mass, top_p)) + 1]
+    largest = _descending(p)
+    return largest[:int(np.searchsorted(np.cumsum(largest), top_p)) + 1]
+
+
+def _thresholds(p: np.ndarray, top_p: float):
+    """The least probabilities `_nucleus` tries: the 64th and the 1024th largest (the nucleus of a peaked
+    distribution, and of most others at top_p <= 0.95), then (1 - top_p) / 2 / len(p): the tokens under it hold
+    less than (1 - top_p) / 2 together, so the others reach top_p."""
+    if top_p >= 1:
+        return
+    for count in (64, 1024):
+        if count < len(p):
+            yield np.partition(p, len(p) - count)[len(p) - count]  # one kth each: NumPy's several-kth path is slow
+    yield (1 - top_p) / (2 * len(p))
+
+
+def _descending(values: np.ndarray) -> np.ndarray:
+    """`values` sorted largest first (a reversed view: NumPy sums and accumulates it in that order)."""
+    return np.sort(values)[::-1]
 
 
 class Stopwatch:
