@@ -95,23 +95,31 @@ def check_model(body: dict, served: dict, kind: str) -> str:
     return name
 
 
+def _texts_or_token_ids(body: dict, name: str) -> list:
+    """OpenAI's `prompt` (completions) or `input` (embeddings): a string, a list of strings, a list of token ids
+    (one item) or a list of lists of token ids, as a list of strings and lists of token ids."""
+    value = body.get(name)
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and value:
+        if all(isinstance(v, str) for v in value):
+            return list(value)
+        if all(_is_token_id(t) for t in value):
+            return [list(value)]
+        if all(isinstance(v, list) and v and all(_is_token_id(t) for t in v) for v in value):
+            return [list(v) for v in value]
+    if value is None:
+        raise ApiError(400, f"'{name}' is required", param=name, code="missing_field")
+    raise ApiError(400, f"'{name}' must be a string, a list of strings, a list of token ids or a list of lists of "
+                        "token ids (none empty)", param=name, code="invalid_type")
+
+
+def _is_token_id(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _prompts(body: dict, codec) -> list[list[int]]:
-    """OpenAI's `prompt`: a string, a list of strings, a list of token ids or a list of lists of token ids."""
-    prompt = body.get("prompt")
-    if isinstance(prompt, str):
-        return [codec.encode(prompt)]
-    if isinstance(prompt, list) and prompt:
-        if all(isinstance(p, str) for p in prompt):
-            return [codec.encode(p) for p in prompt]
-        if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            return [list(prompt)]
-        if all(isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p)
-               for p in prompt):
-            return [list(p) for p in prompt]
-    if prompt is None:
-        raise ApiError(400, "'prompt' is required", param="prompt", code="missing_field")
-    raise ApiError(400, "'prompt' must be a string, a list of strings, a list of token ids or a list of lists of "
-                        "token ids (none empty)", param="prompt", code="invalid_type")
+    return [codec.encode(p) if isinstance(p, str) else p for p in _texts_or_token_ids(body, "prompt")]
 
 
 def _message_text(message, i: int) -> dict:
@@ -227,21 +235,29 @@ def _completion_logprobs(body: dict, echo: bool) -> int | None:
     return _top_count(body, "logprobs")
 
 
-def embedding_inputs(body: dict, served: dict) -> tuple[str, list[str], str]:
-    """(model, sentences, encoding_format) of an /v1/embeddings body."""
+def embedding_inputs(body: dict, served: dict, *, vocab: int, max_tokens: int) -> tuple[str, list, str]:
+    """(model, inputs, encoding_format) of an /v1/embeddings body. An input is a string (tokenized, and truncated to
+    `max_tokens` as sentence-transformers does) or a list of token ids, the model's input as it is (as vLLM takes
+    them: no special tokens added), each id below `vocab` and at most `max_tokens` of them."""
     model = check_model(body, served, "embeddings")
-    sentences = body.get("input")
-    sentences = [sentences] if isinstance(sentences, str) else sentences
-    if not isinstance(sentences, list) or not sentences or not all(isinstance(s, str) for s in sentences):
-        raise ApiError(400, "'input' must be a string or a non-empty list of strings", param="input",
-                       code="missing_field" if sentences is None else "invalid_type")
-    if len(sentences) > MAX_EMBEDDING_INPUTS:
-        raise ApiError(400, f"'input' has {len(sentences)} strings; at most {MAX_EMBEDDING_INPUTS} per request",
+    inputs = _texts_or_token_ids(body, "input")
+    if len(inputs) > MAX_EMBEDDING_INPUTS:
+        raise ApiError(400, f"'input' has {len(inputs)} inputs; at most {MAX_EMBEDDING_INPUTS} per request",
                        param="input", code="invalid_value")
+    for i, ids in enumerate(inputs):
+        if isinstance(ids, str):
+            continue
+        if len(ids) > max_tokens:
+            raise ApiError(400, f"this model takes at most {max_tokens} tokens; input {i} has {len(ids)}",
+                           param="input", code="context_length_exceeded")
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ApiError(400, f"input {i} has the token id {bad}, outside the vocabulary (0 to {vocab - 1})",
+                           param="input", code="invalid_value")
     encoding = _field(body, "encoding_format", (str,), default="float")
     if encoding not in ("float", "base64"):
         raise ApiError(400, f"'encoding_format' must be 'float' or 'base64', not {encoding!r}", param="encoding_format")
-    return model, sentences, encoding
+    return model, inputs, encoding
 
 
 # --- responses ----------------------------------------------------------------------------------------------------

@@ -94,9 +94,10 @@ class Worker:
         seq.done = True
         self.commands.put(("cancel", seq))
 
-    def embed(self, sentences: list[str]) -> asyncio.Future:
+    def embed(self, inputs: list) -> asyncio.Future:
+        """inputs: strings and lists of token ids."""
         future = self.loop.create_future()
-        self.commands.put(("embed", sentences, future))
+        self.commands.put(("embed", inputs, future))
         return future
 
     def tokens_per_s(self) -> float:
@@ -185,11 +186,12 @@ class Worker:
             self.rate_samples.popleft()
 
     def _embed(self, embeds):
-        """Every waiting embedding request's sentences in one call of the embedder (its own batches)."""
-        sentences = [s for request, _ in embeds for s in request]
+        """Every waiting embedding request's inputs in one call of the embedder (its own batches)."""
+        inputs = [s for request, _ in embeds for s in request]
         try:
-            vectors = self.embedder.embed(sentences)
-            counts = [len(e.ids) - e.ids.count(0) for e in self.embedder.tokenizer.encode_batch(sentences)]
+            vectors = self.embedder.embed(inputs)
+            texts = iter(self.embedder.tokenizer.encode_batch([s for s in inputs if isinstance(s, str)]))
+            counts = [sum(next(texts).attention_mask) if isinstance(s, str) else len(s) for s in inputs]
             results, start = [], 0
             for request, _ in embeds:
                 end = start + len(request)
@@ -288,6 +290,9 @@ class Server:
         stats = engine.stats()
         self.context, self.capacity = stats["context"], stats["max_batch"] + max_waiting
         self.served = {names[0]: "generation", **({names[1]: "embeddings"} if embedder is not None else {})}
+        # the token ids an embedding input may hold (below the vocabulary's size) and how many
+        self.embedding_vocab, self.embedding_tokens = ((embedder.tokenizer.get_vocab_size(), embedder.max_len)
+                                                       if embedder is not None else (0, 0))
         self.stop_ids = frozenset(codec.stop_ids)
         self.metrics = Metrics()
         self.in_flight = 0  # sequences of requests being answered
@@ -323,8 +328,9 @@ class Server:
                             content_type="text/plain", charset="utf-8", headers={"X-Content-Type-Options": "nosniff"})
 
     async def embeddings(self, request):
-        model, sentences, encoding = api.embedding_inputs(api.parse_json(await request.read()), self.served)
-        vectors, tokens = await self.worker.embed(sentences)
+        model, inputs, encoding = api.embedding_inputs(api.parse_json(await request.read()), self.served,
+                                                       vocab=self.embedding_vocab, max_tokens=self.embedding_tokens)
+        vectors, tokens = await self.worker.embed(inputs)
         return web.json_response(api.embeddings_response(model, vectors, encoding, tokens))
 
     async def completions(self, request):

@@ -83,12 +83,20 @@ def load_tokenizer(max_length: int):
     return tok
 
 
-def encode_batch(tokenizer, sentences) -> tuple[np.ndarray, np.ndarray]:
-    """Token ids (int64) and attention mask (float32), both (batch, longest)."""
-    encs = tokenizer.encode_batch(list(sentences))
-    ids = np.array([e.ids for e in encs], np.int64)
-    mask = np.array([e.attention_mask for e in encs], np.float32)
+def encode_batch(tokenizer, inputs) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids (int64) and attention mask (float32), both (batch, longest), padded with id 0 after each input: a
+    string is tokenized (and truncated), a list of token ids is taken as it is."""
+    texts = iter(tokenizer.encode_batch([s for s in inputs if isinstance(s, str)]))
+    rows = [_unpadded(next(texts)) if isinstance(s, str) else s for s in inputs]
+    ids = np.zeros((len(rows), max(map(len, rows))), np.int64)
+    mask = np.zeros(ids.shape, np.float32)
+    for i, row in enumerate(rows):
+        ids[i, :len(row)], mask[i, :len(row)] = row, 1
     return ids, mask
+
+
+def _unpadded(encoding) -> list[int]:
+    return encoding.ids[:sum(encoding.attention_mask)]
 
 
 def layer_norm(xp, x, gain, bias, eps=LN_EPS):

