@@ -101,6 +101,9 @@ class Dialect:
     tensor_core_mma: dict | None = None
     tile_array: str | None = None  # format {type}, {name}, {n}: a local array of tensor-core tiles, 1024-byte aligned
                                    # (the period of the swizzles the matrix instructions read: render_fragments.py)
+    dynamic_local: str | None = None   # format {bytes}: local memory beyond the static limit (the kernel's tiles),
+                                       # declared with its size for the runtime (render_fragments.py)
+    dynamic_tile_array: str | None = None   # format {type}, {name}, {n}, {offset}: a tile array in that memory
 
     def ctype(self, dt: DType) -> str:
         return self.types[dt.compute]

@@ -175,6 +175,13 @@ _TENSOR_CORES = {  # Ampere's and Hopper's (sm_80 and newer) warp-wide matrix, m
 }
 
 
+# local memory beyond the 48 KB a kernel may declare statically: the launch must pass its size and allow it
+# (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES); the runtime reads the size from the module's
+# pj_dynamic_local_bytes (runtime/cuda_driver.py)
+DYNAMIC_LOCAL = """extern __shared__ __align__(1024) unsigned char pj_dynamic_local[];
+extern "C" __constant__ unsigned pj_dynamic_local_bytes = {bytes};"""
+
+
 def _bits(dt: DType, single: str, double: str) -> str:
     return f"__longlong_as_double({double}LL)" if dt == dtypes.float64 else f"__int_as_float({single})"
 
@@ -214,6 +221,7 @@ CUDA = Dialect(
                 8: ("", "atomicCAS((unsigned long long *){ptr}, {cmp}, {val})")},
     preamble=lambda ast: [_HALF] if any(u.dtype == dtypes.float16 for u in ast.toposort()) else [],
     tensor_core_mma=_TENSOR_CORES, tile_array="__shared__ __align__(1024) {type} {name}[{n}]",
+    dynamic_local=DYNAMIC_LOCAL, dynamic_tile_array="{type} (&{name})[{n}] = *({type} (*)[{n}])(pj_dynamic_local + {offset})",
 )
 
 

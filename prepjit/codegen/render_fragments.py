@@ -14,18 +14,23 @@ arithmetic are emitted, the GPU's compiler keeping one (PJ_WGMMA: the dialect's 
   (`_WarpgroupTile`, `Staged.descriptor`);
 - else each warp multiplies a quarter of the tile (64 x 64 of 128 x 128) with mma.sync m16n8k16 on fragments
   loaded by ldmatrix (`_WarpTiles`; sm_80 on, shuffles on older GPUs).
-Both operands are staged in local memory as 16-bit values, 32 deep along k (two matrix-instruction steps), in
-`stages` buffers (as many as fit MAX_LOCAL_BYTES, at most MAX_STAGES): while the group multiplies one slice, the
-next stages - 1 are in flight. Each operand's tile keeps the axis its memory is contiguous in as the minor one
+Both operands are staged in local memory as 16-bit values, SLICE_K deep along k (32: two matrix-instruction steps,
+or 64: four), in `stages` buffers (as many as fit MAX_LOCAL_BYTES, at most MAX_STAGES; beyond STATIC_LOCAL_BYTES
+they are carved from dynamic local memory, whose size the runtime reads from the module: runtime/cuda_cubin.py):
+while the group multiplies one slice, the next `ahead` are being copied, stages - 1 of them, less
+WGMMA_IN_FLIGHT for the warpgroup variant: with 1, the warpgroup issues slice kt's instructions and then waits for
+all but that group (wgmma.wait_group 1), so the tensor cores have the next slice's work while the previous one
+completes, and the stage a copy refills must be one whose instructions every warp waited for before the barrier.
+Each operand's tile keeps the axis its memory is contiguous in as the minor one
 (`Staged.minor`: "k", or "own" for its rows' or columns' axis), so the group copies it in 16-byte chunks of 8
-elements: a k-minor tile is rows of 32 elements (64 bytes), an own-minor one blocks of 64 elements along its own
-axis, each 32 rows of 128 bytes. The chunks of a tile row are swizzled (`Staged.chunk`: chunk
+elements: a k-minor tile is rows of SLICE_K elements (64 or 128 bytes), an own-minor one blocks of 64 elements along
+its own axis, each SLICE_K rows of 128 bytes. The chunks of a tile row are swizzled (`Staged.chunk`: chunk
 c of row r is stored at c ^ f(r)), exactly the 64- and 128-byte swizzles wgmma's descriptors name (the tiles
 1024-byte aligned), so that the 8 rows a matrix load reads, at one chunk of each, fall in 8 distinct 16-byte bank
 groups, and a full 16-byte chunk stays whole (copies and matrix loads address chunks only). wgmma reads local
 memory through the async proxy: each work-item fences its copies and stores (fence.proxy.async) before the
-barrier that starts a slice, and the group waits for its instructions before the next barrier (the stage is
-refilled after it).
+barrier that starts a slice, and the group waits for all but its last WGMMA_IN_FLIGHT groups of instructions
+before the next barrier (the oldest stage is refilled after it).
 
 A chunk is copied by the dialect's asynchronous 16-byte copy (pj_cp_async16: cp.async, completed per slice with
 commit/wait groups) where the operand is a plain load of 16-bit data along a unit stride whose index moves by a
@@ -59,7 +64,8 @@ FRAG_M, FRAG_N = 16, 8           # one matrix instruction's outputs
 GROUP_M = 64                    # rows of one warpgroup instruction (wgmma m64nNk16)
 CHUNK_BYTES = 16                # one asynchronous copy
 MAX_STAGES = 4
-MAX_LOCAL_BYTES = 48 * 1024     # the local memory a kernel may declare statically
+STATIC_LOCAL_BYTES = 48 * 1024  # the local memory a kernel may declare statically (beyond it: dynamic local memory)
+MAX_LOCAL_BYTES = 48 * 1024     # the local memory the stages may take (Hopper allows a block 227 KB, dynamically)
 SLICE_K = 32                    # depth of one staged slice in 16-bit elements (32: 64-byte k-minor rows; 64: 128-byte)
 WGMMA_IN_FLIGHT = 0             # warpgroup instruction groups left in flight while the next slice is issued (0 or 1)
 SWIZZLES = {128: 1, 64: 2, 32: 3}   # a matrix descriptor's swizzle mode for rows of so many bytes
@@ -268,10 +274,7 @@ def emit_fragment_contraction(r, c: Contraction):
     staged, stages = _staged(c), stages_for(c)
     wgmma = uses_wgmma(c)
     m, n, kk_end = r.value(_extent(c.i)), r.value(_extent(c.j)), r.value(c.k.src[0])
-    for s in staged:
-        blocks, rows, length = s.shape
-        r.locals.append(d.tile_array.format(type=_element_type(r, s.kind), name=f"{s.name}s",
-                                            n=f"{stages}][{blocks}][{rows}][{length}") + ";")
+    _declare_tiles(r, staged, stages)
     r.emit(f"const int lid = {d.local_id}, lane = lid % {WARP}, fg = lane / 4, ft = lane % 4 * 2;")
     r.emit(f"const {long} bid = {d.group_id};")
     r.emit(f"const {long} nbn = ({n} + {c.tn - 1}) / {c.tn}, nbm = ({m} + {c.tm - 1}) / {c.tm};")
@@ -318,6 +321,20 @@ def emit_fragment_contraction(r, c: Contraction):
     r.close_block()
     r.emit("pj_cp_async_wait<0>();")
     _variants(r, group, warps, "store")
+
+
+def _declare_tiles(r, staged: list, stages: int):
+    """The local tiles As and Bs (stages x blocks x rows x row length): static arrays, or, where they pass
+    STATIC_LOCAL_BYTES, arrays at 1024-byte aligned offsets of the dynamic local memory (the launch passing its size)."""
+    sizes = [-(-stages * CHUNK_BYTES * s.chunks // 1024) * 1024 for s in staged]
+    dynamic = sum(sizes) > STATIC_LOCAL_BYTES
+    if dynamic:
+        r.helpers.setdefault("pj_dynamic_local", r.d.dynamic_local.format(bytes=sum(sizes)))
+    for s, offset in zip(staged, (0, sizes[0])):
+        blocks, rows, length = s.shape
+        fill = {"type": _element_type(r, s.kind), "name": f"{s.name}s", "n": f"{stages}][{blocks}][{rows}][{length}"}
+        r.locals.append((r.d.dynamic_tile_array.format(**fill, offset=offset) if dynamic else
+                         r.d.tile_array.format(**fill)) + ";")
 
 
 def _element_type(r, kind: Kind) -> str:

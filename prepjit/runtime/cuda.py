@@ -55,10 +55,12 @@ def _import_pycuda():
 
 
 class CUDAProgram:
-    """A loaded module, its kernel function and the block size the kernel declares."""
+    """A loaded module, its kernel function, the block size the kernel declares and the dynamic local memory its
+    launches pass."""
 
-    def __init__(self, device, module, function, name: str, block: int):
+    def __init__(self, device, module, function, name: str, block: int, shared: int = 0):
         self.device, self.module, self.function, self.name, self.block = device, module, function, name, block
+        self.shared = shared
 
     def __del__(self):
         with contextlib.suppress(Exception):  # at interpreter exit the driver may be gone already
@@ -104,7 +106,8 @@ class CUDALauncher(KernelStep):
 
     def launch(self, stream):
         self.device.driver.check(self.device.driver.lib.cuLaunchKernel(
-            self.program.function, self.grid, 1, 1, self.block, 1, 1, 0, stream, None, self.args.extra),
+            self.program.function, self.grid, 1, 1, self.block, 1, 1, self.program.shared, stream, None,
+            self.args.extra),
             "cuLaunchKernel")
 
     def state(self) -> tuple:
@@ -113,7 +116,7 @@ class CUDALauncher(KernelStep):
 
     def node_params(self) -> KernelNodeParams:
         return KernelNodeParams(func=self.program.function.value, grid=(self.grid, 1, 1), block=(self.block, 1, 1),
-                                shared=0, kernel_params=None, extra=ctypes.addressof(self.args.extra))
+                                shared=self.program.shared, kernel_params=None, extra=ctypes.addressof(self.args.extra))
 
 
 class CUDADevice(DeviceBase):
@@ -201,13 +204,14 @@ class CUDADevice(DeviceBase):
 
     def load(self, name: str, binary: bytes) -> CUDAProgram:
         """A cubin from `compile` (this process's or the disk cache's) -> kernel `name`, ready to launch.
-        The block size is the kernel's `__launch_bounds__`, read back as its maximum threads per block."""
+        The block size is the kernel's `__launch_bounds__`, read back as its maximum threads per block; its dynamic
+        local memory the cubin's pj_dynamic_local_bytes (cuda_cubin.py)."""
         self.current()
         try:
-            module, function, block = self.driver.load(binary, name)
+            module, function, block, shared = self.driver.load(binary, name)
         except RuntimeError as e:
             raise CompileError(f"CUDA ({self.description}) failed to load the cubin of kernel {name}: {e}") from e
-        return CUDAProgram(self, module, function, name, block)
+        return CUDAProgram(self, module, function, name, block, shared)
 
     def launcher(self, program: CUDAProgram, buffer_handles, vals, size_fn, static_size) -> CUDALauncher:
         return CUDALauncher(self, program, buffer_handles, vals, size_fn, static_size)

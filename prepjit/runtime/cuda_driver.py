@@ -11,8 +11,10 @@ import ctypes
 import ctypes.util
 
 from ..errors import DeviceError
+from .cuda_cubin import dynamic_local_bytes
 
 CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 0
+CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 _BUFFER_POINTER, _BUFFER_SIZE, _END = 1, 2, 0   # CU_LAUNCH_PARAM_*
 
 
@@ -38,6 +40,7 @@ class Driver:
                          (lib.cuModuleLoadData, [out, ctypes.c_char_p]), (lib.cuModuleUnload, [ptr]),
                          (lib.cuModuleGetFunction, [out, ptr, ctypes.c_char_p]),
                          (lib.cuFuncGetAttribute, [ctypes.POINTER(ctypes.c_int), ctypes.c_int, ptr]),
+                         (lib.cuFuncSetAttribute, [ptr, ctypes.c_int, ctypes.c_int]),
                          (lib.cuLaunchKernel, [ptr] + [ctypes.c_uint] * 7 + [ptr] * 3),
                          (lib.cuGraphCreate, [out, ctypes.c_uint]),
                          (self.add_kernel_node, [out, ptr, out, ctypes.c_size_t, params]),
@@ -60,14 +63,19 @@ class Driver:
             self.check(self.lib.cuCtxSetCurrent(context), "cuCtxSetCurrent")
 
     # ---- modules ----
-    def load(self, cubin: bytes, name: str) -> tuple[ctypes.c_void_p, ctypes.c_void_p, int]:
-        """(module, function, its maximum threads per block) for kernel `name` of `cubin`."""
+    def load(self, cubin: bytes, name: str) -> tuple[ctypes.c_void_p, ctypes.c_void_p, int, int]:
+        """(module, function, its maximum threads per block, the dynamic local memory its launches pass) for kernel
+        `name` of `cubin`, allowed that much dynamic local memory."""
         module, function, most = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_int()
         self.check(self.lib.cuModuleLoadData(ctypes.byref(module), cubin), "cuModuleLoadData")
         self.check(self.lib.cuModuleGetFunction(ctypes.byref(function), module, name.encode()), "cuModuleGetFunction")
         self.check(self.lib.cuFuncGetAttribute(ctypes.byref(most), CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
                                                function), "cuFuncGetAttribute")
-        return module, function, most.value
+        shared = dynamic_local_bytes(cubin)
+        if shared:
+            self.check(self.lib.cuFuncSetAttribute(function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared),
+                       "cuFuncSetAttribute")
+        return module, function, most.value, shared
 
     def unload(self, module: ctypes.c_void_p):
         self.lib.cuModuleUnload(module)

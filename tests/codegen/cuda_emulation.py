@@ -7,8 +7,9 @@ float32, summed in k order; tf32's m16n8k8 reads only its operands' tf32 bits an
 accumulator in k order; the copies synchronous, so commit and wait do nothing). Compiled as for sm_90a
 (`wgmma`), the warpgroup instructions (16-bit or tf32 elements, products added to the accumulators in k order) read
 local memory through their matrix descriptors as the PTX ISA lays them out (start address, leading and stride byte
-offsets, swizzle of the address bits): local arrays live in one section whose start is local address 0
-(__cvta_generic_to_shared). Static launch sizes only; kernels that use atomics are
+offsets, swizzle of the address bits), each when the work-item waits for its group (wgmma.wait_group: the latest
+the hardware may read its operands): local arrays, the dynamic one too, live in one section whose start is local
+address 0 (__cvta_generic_to_shared). Static launch sizes only; kernels that use atomics are
 not covered."""
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ struct uint4 { unsigned x, y, z, w; };
 #define __device__
 #define __forceinline__ inline
 #define __shared__ static __attribute__((section("pj_shared")))
+#define __constant__
 #define __align__(n) __attribute__((aligned(n)))
 #define __launch_bounds__(n)
 #define __restrict__ __restrict
@@ -253,6 +255,9 @@ def host_source(source: str, tensor_cores: bool = True, wgmma: bool = False) -> 
     `wgmma`, compiled as for sm_90a (its warpgroup instructions)."""
     for ptx, cpp in _PTX.items():
         source = source.replace(ptx, cpp)
+    # dynamic local memory: an array of the most a block may have, in the local memory's section
+    source = source.replace("extern __shared__ __align__(1024) unsigned char pj_dynamic_local[];",
+                            "__shared__ __align__(1024) unsigned char pj_dynamic_local[227 * 1024];")
     if tensor_cores:
         source = _HELPER.sub(lambda m: _emulated(m.group(1), m.group(0)), source)
     return ("#define __CUDA_ARCH_FEAT_SM90_ALL 1\n" if wgmma else "") + SHIM + source

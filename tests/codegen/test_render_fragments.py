@@ -3,6 +3,8 @@ for dialects that have matrix instructions (CUDA), the kernel multiplies with th
 on every device (where the launch has no fragments, the same tests check the float32 tiles and the cpu). Float32
 contractions whose precision is "tf32" (m16n8k8 on tf32-rounded operands, bit-equal to its emulation) or "bf16"
 (operands rounded to bfloat16) too."""
+import re
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -142,7 +144,9 @@ def test_every_tensor_core_tile_shape_computes_the_matmul(wgmma, a_t, b_t):
 
 
 # render_fragments' knobs of the warpgroup kernels (the defaults first), each timed on a GPU before it is a default
-VARIANTS = [{}, {"WGMMA_IN_FLIGHT": 1}]
+HOPPER_LOCAL_BYTES = 200 * 1024   # (an H100 block may have 227 KB of local memory)
+VARIANTS = [{}, {"WGMMA_IN_FLIGHT": 1}, {"SLICE_K": 64},
+            {"SLICE_K": 64, "WGMMA_IN_FLIGHT": 1, "MAX_LOCAL_BYTES": HOPPER_LOCAL_BYTES}]
 
 
 @pytest.fixture(params=VARIANTS, ids=lambda v: "-".join(f"{k}={x}" for k, x in v.items()) or "default")
@@ -311,20 +315,43 @@ def test_traced_precision_selects_the_kernel():
     assert "m16n8k16.row.col.f32.bf16" in source(lambda x, y: pnp.matmul(x, y, precision="bf16"))
 
 
-def test_tf32_kernels_compile_with_nvrtc_for_sm80_and_sm90():
-    """The tf32 (and float32-under-bf16) tile kernels, k-minor and transposed operands, compile for sm_80, sm_90 and
-    sm_90a (wgmma for both operands along k) (NVRTC alone: its inline PTX is checked by ptxas)."""
+def working_nvrtc():
+    """NVRTC, where it loads and compiles here (else the test is skipped)."""
     from prepjit.runtime.nvrtc import NVRTC
     try:
         nvrtc = NVRTC()
         nvrtc.compile("probe", 'extern "C" __global__ void probe(int *a) { a[0] = 1; }', ["-arch=sm_80"])
     except (pj.DeviceError, pj.CompileError) as e:
         pytest.skip(f"no working NVRTC here ({str(e).splitlines()[0]})")
+    return nvrtc
+
+
+def test_tf32_kernels_compile_with_nvrtc_for_sm80_and_sm90():
+    """The tf32 (and float32-under-bf16) tile kernels, k-minor and transposed operands, compile for sm_80, sm_90 and
+    sm_90a (wgmma for both operands along k) (NVRTC alone: its inline PTX is checked by ptxas)."""
+    nvrtc = working_nvrtc()
     for precision, a_t, b_t, tile in (("tf32", False, False, None), ("tf32", True, True, (128, 128, 1, "tf32")),
                                       ("tf32", False, True, (128, 128, 1, "tf32")), ("bf16", False, False, None)):
         src = render_cuda(float32_kernel(256, 192, 64, precision, a_t, b_t), tile)
         for arch in ("sm_80", "sm_90", "sm_90a"):
             nvrtc.compile(src.name, src.source, [f"-arch={arch}", "-std=c++17", "--fmad=false"])
+
+
+def test_every_wgmma_variant_compiles_with_nvrtc_for_sm90a_and_sm80(variant):
+    """Each variant's 4096^3 kernels (16-bit operands along k or along their own axes, tf32 both along k) compile for
+    sm_90a (wgmma) and sm_80 (mma.sync), ptxas checking their inline PTX and local memory; tiles beyond 48 KB are
+    in dynamic local memory, whose size the runtime reads from the cubin (cuda_cubin.py), 0 for static tiles."""
+    from prepjit.runtime.cuda_cubin import dynamic_local_bytes
+    nvrtc = working_nvrtc()
+    kernels = [(strided_narrow_kernel(dtypes.bfloat16, 4096, 4096, 4096, t, t), "bfloat16") for t in (False, True)]
+    kernels.append((float32_kernel(4096, 4096, 4096, "tf32", b_t=True), "tf32"))
+    for ast, kind in kernels:
+        src = render_cuda(ast, (128, 128, 1, kind))
+        declared = re.search(r"pj_dynamic_local_bytes = (\d+);", src.source)
+        for arch in ("sm_90a", "sm_80"):
+            cubin = nvrtc.compile(src.name, src.source, [f"-arch={arch}", "-std=c++17", "--fmad=false"])
+            assert dynamic_local_bytes(cubin) == (int(declared.group(1)) if declared else 0)
+    assert (declared is not None) == (variant.get("SLICE_K") == 64)   # (two 64-deep stages of 128 x 128: 64 KB)
 
 
 @EMULATED
