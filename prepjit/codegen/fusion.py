@@ -104,7 +104,7 @@ def choose_materialized(outputs: list[UOp], row_values: bool = False, walk: tupl
     for node in graph:  # parents first, so a node's readers are final when it is reached
         mine = readers.get(node, set())
         if node in chosen or node.op in ELEMENTWISE and node not in is_root and node.shape and not _widening(
-                node) and _worth_materialising(node, mine, cost, row_values, chosen) and not _recomputed_in_stream(
+                node) and _worth_materialising(node, mine, cost, row_values, chosen, operand_prologues) and not _recomputed_in_stream(
                 node, mine, cost, streams, chosen, readers_of, operand_prologues):
             chosen.add(node)
             mine = set()
@@ -167,14 +167,16 @@ def _rounded_reduction(node: UOp) -> bool:
     return src.op is Ops.REDUCE_AXIS
 
 
-def _worth_materialising(node: UOp, readers: set, cost: dict, row_values: bool, chosen: set) -> bool:
+def _worth_materialising(node: UOp, readers: set, cost: dict, row_values: bool, chosen: set,
+                         operand_prologues: bool) -> bool:
     if not readers:
         return False
     c, size = cost[node], _elements(node)
     if c <= ROW_VALUE_COST and _of_reductions(node) and (row_values and 1 in node.shape or _one_element(node) or len(
-            readers) == 1 and _read_per_row(next(iter(readers)), {node}, chosen)):
+            readers) == 1 and operand_prologues and _read_per_row(next(iter(readers)), {node}, chosen)):
         return False  # recomputed where it is read, with its reductions (a one-element one: once per kernel, one
-    # its only reader reads one element per row, a decode batch's row's norm: once per row)
+    # its only reader reads one element per row, a decode batch's row's norm, where that reader's kernel computes
+    # it once per row, the cpu's: a GPU's many-row kernel would recompute it at every element it reads)
     if len(readers) >= 2 and c >= MAX_INLINE_COST:
         return True
     if row_values and _one_row_kernel(node, readers):
@@ -212,8 +214,8 @@ def _recomputed_in_stream(node: UOp, readers: set, cost: dict, streams: dict, ch
             return False
     else:
         own, rows_read, shares = _own_expression(node, chosen, readers_of)
-        if rows_read is None or own > STREAM_OPERAND_COST or rows_read and not all(
-                _read_per_row(r, rows_read, chosen) for r in readers):
+        if rows_read is None or own > STREAM_OPERAND_COST or rows_read and not (operand_prologues and all(
+                _read_per_row(r, rows_read, chosen) for r in readers)):
             return False
     for r in readers:
         if r not in streams:  # (whether r is a sum of products, whether it streams: few uses of each element loaded
@@ -398,7 +400,7 @@ def _uniform(node: UOp) -> bool:
 
 def fused_reductions(outputs: list[UOp], materialized: set[UOp], rows: bool = False,
                      one_contraction: bool = False, inlined: frozenset = frozenset(),
-                     walk: tuple | None = None) -> set[UOp]:
+                     walk: tuple | None = None, row_prologues: bool = False) -> set[UOp]:
     """The reductions computed inside their only reader's kernel (see the module docstring); with `rows`
     (kernels that are loop nests, which compute a value where its loops are open), also those it reads
     broadcast along trailing axes only (a row's max or sum in softmax, layernorm's mean and variance). With
@@ -406,13 +408,16 @@ def fused_reductions(outputs: list[UOp], materialized: set[UOp], rows: bool = Fa
     contraction inside it: SwiGLU's silu(x @ Wg) * (x @ Wu) computes x @ Wg in a kernel of its own, and the
     other with the product as its epilogue, each blocked, instead of both unblocked in one kernel. The `inlined`
     scatters have no kernel of their own (inlined_scatters): a reduction they read is computed into a buffer.
-    `walk`: as choose_materialized's."""
+    A reduction read once per call is a prologue of its reader's kernel; one read once per row of it only with
+    `row_prologues` (kernels that compute it once per row: the cpu's; a GPU's kernel of many rows would compute it
+    again at every element that reads it). `walk`: as choose_materialized's."""
     graph, roots = walk or kernel_roots(outputs)
     roots = [r for r in roots if r not in inlined]
     explicit = set(roots) - {n for n in roots if n.op is Ops.REDUCE_AXIS} | set(outputs)
     in_loops = {n for node in graph if node.op is Ops.LOOP
                 for n in UOp(Ops.SINK, node.dtype, node.arg.body_roots).toposort()}
     ok = {_DIRECT, _RESHAPED, _ROW} if rows else {_DIRECT, _RESHAPED}
+    prologues = _PROLOGUES if row_prologues else (_UNIFORM,)
     fused: set[UOp] = set()
     holds: dict[UOp, UOp] = {}  # a kernel's root -> the contraction fused into it (one_contraction)
     position = {n: k for k, n in enumerate(graph)}
@@ -432,9 +437,9 @@ def fused_reductions(outputs: list[UOp], materialized: set[UOp], rows: bool = Fa
         for red, readers in reads.items():
             root = readers[0][0]
             if red in explicit or red in in_loops or root in in_loops or \
-                    root.op is Ops.REDUCE_AXIS and any(how not in _PROLOGUES for _, how in readers):
+                    root.op is Ops.REDUCE_AXIS and any(how not in prologues for _, how in readers):
                 continue  # a reduction's kernel computes another inside it only as its prologue
-            if all(r is root and (how in ok or how in _PROLOGUES and _small_prologue(red, root)) for r, how in readers):
+            if all(r is root and (how in ok or how in prologues and _small_prologue(red, root)) for r, how in readers):
                 if one_contraction and red not in fused and _is_contraction(red, expands):
                     if holds.setdefault(root, red) is not red:
                         continue

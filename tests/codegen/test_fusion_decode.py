@@ -2,15 +2,18 @@
 prologue of the kernel that reads it; a row written into a cache at a uniform index is read as a
 select by the kernel that reads the cache (no copy of the cache, no kernel writing the row); a model computing in
 bfloat16 (casts around its norms, softmax and SiLU, each result rounded) fuses like the float32 one."""
+import ml_dtypes
 import numpy as np
 import pytest
 
 import prepjit as pj
 import prepjit.numpy as pnp
 from examples.models import llama
+from examples.models.common import tree_cast
 from prepjit.codegen.fusion import PROLOGUE_MAX
 from prepjit.codegen.render_llvm import render_llvm
 from prepjit.codegen.schedule import schedule
+from prepjit.uop import Ops
 
 
 def _launches(f, *args) -> list[str]:
@@ -217,6 +220,18 @@ def test_each_row_of_a_var_batch_fuses_as_one_row(device, rng, operand):
         assert len(_launches(f, x, gain, w)) == 1
 
 
+def _invariant_nested(ast) -> list:
+    """The reductions of kernel `ast` nested in another whose loop they do not depend on (computed again at each
+    iteration of it where the kernel computes them inline)."""
+    found = []
+    for outer in ast.toposort():
+        if outer.op is Ops.REDUCE:
+            loop = set(outer.src[1:])
+            found += [inner for inner in outer.src[0].toposort() if inner.op is Ops.REDUCE and inner is not outer
+                      and not loop & {n for n in inner.src[0].toposort() if n.op is Ops.RANGE}]
+    return found
+
+
 def test_a_batched_decode_block_fuses_as_a_one_row_block(device):
     """llama_paged's decode step of a var batch B (SmolLM2's sizes, 2 blocks, a pool of 256 blocks): outside
     attention each block is the one-row step's four projections (qkv reading the normalised rows, wo, gate/up reading
@@ -246,3 +261,26 @@ def test_a_batched_decode_block_fuses_as_a_one_row_block(device):
     assert [n for n in names if "3_3_" not in n][:8] == ["r_B_960_1", "r_B_576", "r_B_3072_1", "r_B_576"] * 2, names
     assert [n for n in one_row if "3_3_" not in n][:8] == ["r_1_960_1", "r_576", "r_1_3072_1", "r_576"] * 2, one_row
     assert len(names) == (12 + 2) * cfg.layers + 4, names  # + each layer's new keys (RoPE) and values (returned)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+def test_a_gpu_batched_decode_never_computes_a_rows_norm_inside_a_projection(device, dtype):
+    """On a GPU a batched decode step (llama_paged, up to 64 rows) computes each norm's rows in a kernel of their
+    own: no kernel computes a reduction inside another's loop that it does not depend on, which its many-row kernels
+    would compute again at each weight element (in bfloat16 the gate/up projection computed the row's mean of
+    squares at each of its 576 terms: 8 ms a call at one row on an H100, a step 245 ms). The cpu computes such a
+    row's value once per row (operand_prologue.py): not checked there."""
+    if device == "cpu":
+        pytest.skip("the cpu's kernels compute a row's prologue once per row")
+    from examples.models import llama_paged
+    cfg = llama.Config(layers=1, dim=576, ff=1536, heads=9, kv_heads=3, vocab=49152, context=256, rope_theta=1e5,
+                       eps=1e-5)   # (SmolLM2's vocabulary: the token table is then the largest array a projection reads)
+    rng = np.random.default_rng(0)
+    params = tree_cast(llama.random_params(rng, cfg), dtype)
+    cos, sin = llama.rope_tables(cfg, cfg.context, dtype)
+    k_pool, v_pool = rng.standard_normal((2, cfg.layers, 64, cfg.kv_heads, 16, cfg.head_dim)).astype(dtype)
+    decode, _ = llama_paged.prepared(cfg, context=256, block_size=16, max_batch=64, max_chunk=32, device=device,
+                                     dtype=dtype)
+    args = (params, np.array([42]), np.array([7]), np.array([[3]]), k_pool, v_pool, cos, sin)
+    recomputed = {k.kernel.name for k in decode.plan(*args).kernels if _invariant_nested(k.kernel.scheduled)}
+    assert not recomputed, recomputed
