@@ -13,9 +13,9 @@ never keeps another from queuing. OpenCL allows concurrent calls except on one k
 has crashed and hung on concurrent calls that the standard allows, and an uncontended lock costs well under a
 microsecond (a build holds it for the build: a thread preparing a new signature delays other threads' launches,
 never interleaves with them). A download is a blocking read made under the lock: a non-blocking read into pageable
-host memory leaves the runtime host-side work (its staging copy into the array) for after the call, and on
-NVIDIA's runtime, with that read's wait outside the lock beside other threads' copies, replays under threads got
-wrong values (issue 22; PoCL never did; the cause is inferred, not observed on NVIDIA). A kernel object is never shared: each
+host memory would leave the runtime host-side work (its staging copy into the array) for after the call, beside
+other threads' calls. (The wrong values replays under threads once gave on NVIDIA's runtime were not the threads':
+its compiler contracted a * b + c, which render_opencl.py now forbids.) A kernel object is never shared: each
 launcher owns its own, and a plan's launches run under the plan's lock (plan.py).
 Each thread keeps the events of its own uploads until it synchronises, so one call never waits for, or
 drops, another thread's copies.

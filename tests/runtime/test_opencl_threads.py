@@ -234,9 +234,9 @@ def test_builds_never_run_beside_other_threads_launches(watched_device):
 
 def test_downloads_are_blocking_reads_made_under_the_lock(monkeypatch):
     """Threads replaying and reading their results: every read into host memory is blocking and made under the
-    device's lock, so none of the runtime's host-side work for it is left to run beside another thread's calls
-    (NVIDIA's runtime gave wrong values with a non-blocking read waited for outside the lock: issue 22, not
-    reproducible on PoCL). Fails on a non-blocking read."""
+    device's lock, so none of the runtime's host-side work for it is left to run beside another thread's calls.
+    Fails on a non-blocking read. (Its value checks failed on NVIDIA's OpenCL until kernels turned FP_CONTRACT
+    off: x * 3 + 1 was contracted, not torn by threads.)"""
     device = get_device("opencl")
     reads, copy = [], cl.enqueue_copy
 
