@@ -6,9 +6,12 @@ register blocking of optimize.py suits it when the weight is contiguous along th
 each block loads contiguous vectors of a weight row. When the weight is contiguous along the reduction
 instead (x @ W.T, an embedding table as the output head), blocking columns would gather UJ values from UJ
 rows a row's length apart for every step. Such a kernel is left as one lone sum per output, its loops
-reordered so the output columns are the outermost loop (threads split them) and the rows inside: the
-renderer reassociates a lone float sum, so LLVM vectorises it along the contiguous reduction with several
-independent accumulators (interleaved) and adds them up at the end. No operand is packed. A weight stored in
+reordered so the output columns are the outermost loop (threads split them) and the rows inside. A float32
+weight row's sum is split into steps of MAX_LANES lanes (summed_over_lanes): the renderer accumulates vectors of
+lanes and asks for each step's cache lines PREFETCH_BYTES ahead, so a row streams from memory faster than the
+hardware prefetchers alone bring it (SmolLM2's float32 decode reads 540 MB a token). A bfloat16 row's lone sum is
+reassociated instead, so LLVM vectorises it along the contiguous reduction with several independent
+accumulators, and the rows ahead are prefetched into L2 (prefetch_sum). No operand is packed. A weight stored in
 blocks (pj.quant: the row's bytes indexed k // 32 and k % 32) is contiguous along no reduction until its reduction
 is split at the blocks (block_split.py): the split kernel, if it is a matvec, is the one ordered so, its block
 ranges and innermost lane range inside the rows; with more rows than one static row (a var decode batch, a
@@ -29,11 +32,19 @@ from __future__ import annotations
 
 import attrs
 
-from ..uop import Ops, UOp
+from ..uop import Ops, UOp, simplify
 from .block_matmul import block_matmul
-from .block_split import split_blocks
-from .optimize import (COLUMN_VECTORS, DEFAULT_BLOCKING, Blocking, column_block, contraction_axes, stride_along,
-                       upcast_contraction)
+from .block_split import MAX_LANES, split_blocks
+from .optimize import (
+    COLUMN_VECTORS,
+    DEFAULT_BLOCKING,
+    Blocking,
+    column_block,
+    const_end,
+    contraction_axes,
+    stride_along,
+    upcast_contraction,
+)
 from .target import CPUTarget
 
 MAX_ROWS = 8                 # output rows (product of the loops the weight does not depend on) of a matvec, at most
@@ -93,9 +104,38 @@ def matvec(ast: UOp, target: CPUTarget, blocking: Blocking = DEFAULT_BLOCKING) -
     j, others = found
     if any(r.src[0].vmax > j.src[0].vmax for r in others):  # a larger loop (a batch) stays where it is
         return ast
+    ast = summed_over_lanes(ast, j)
     order = [j] + others + sorted({u for u in ast.toposort() if u.op is Ops.RANGE and u.arg[1] in ("reduce", "lane")},
                                   key=lambda r: r.arg[0])
     return ast.substitute({r: UOp(Ops.RANGE, r.dtype, r.src, (n, r.arg[1])) for n, r in enumerate(order)})
+
+
+def summed_over_lanes(ast: UOp, j: UOp) -> UOp:
+    """`ast`, a matvec ordered as above, with its lone float sum over a float32 weight row (W (out, in), contiguous
+    along the reduction k) split into k = step * MAX_LANES + lane: the renderer then accumulates vectors of the
+    row's lanes (lane_sum) and asks for each step's cache lines PREFETCH_BYTES ahead (prefetch_streams), which
+    the hardware prefetchers alone do not reach (see the module docstring). `ast` itself when it already sums over
+    lanes (a weight in blocks), its weight is narrower than the sum (bfloat16 rows: prefetch_sum asks for the
+    rows ahead), or its reduction is not a whole number of MAX_LANES steps."""
+    if any(u.op is Ops.RANGE and u.arg[1] == "lane" for u in ast.toposort()):
+        return ast
+    sums = [u for u in ast.toposort() if u.op is Ops.REDUCE and u.arg is Ops.ADD and u.dtype.is_float and
+            len(u.src) == 2 and any(ld.op is Ops.LOAD and j in ld.src[1].toposort() for ld in u.src[0].toposort())]
+    if len(sums) != 1:
+        return ast
+    red, k = sums[0], sums[0].src[1]
+    rows = [ld for ld in red.src[0].toposort() if ld.op is Ops.LOAD and j in ld.src[1].toposort()]
+    steps = const_end(k)
+    if any(ld.dtype.itemsize < red.dtype.itemsize for ld in rows) or steps is None or steps % MAX_LANES or \
+            steps == MAX_LANES:
+        return ast
+    axis = max(u.arg[0] for u in ast.toposort() if u.op is Ops.RANGE) + 1
+    step = UOp(Ops.RANGE, k.dtype, (UOp.const(steps // MAX_LANES),), (axis, "reduce"))
+    lane = UOp(Ops.RANGE, k.dtype, (UOp.const(MAX_LANES),), (axis + 1, "lane"))
+    body = red.src[0].substitute({k: step * MAX_LANES + lane})
+    indices = {x for u in body.toposort() if u.op is Ops.LOAD for x in u.src[1:2] if x.op not in (Ops.CONST, Ops.RANGE)}
+    body = body.substitute({x: simplify(x) for x in indices})
+    return ast.substitute({red: UOp(Ops.REDUCE, red.dtype, (body, step, lane), red.arg)})
 
 
 def _row_bytes(itemsize: int, columns: UOp) -> int:

@@ -1,4 +1,6 @@
 """Matrix-vector contractions (codegen/matvec.py): both weight layouts, static and symbolic, equal NumPy."""
+import re
+
 import numpy as np
 import pytest
 
@@ -7,6 +9,7 @@ from prepjit.codegen.matvec import MATVEC_ROW_BYTES, MAX_ROWS, matvec_axes
 from prepjit.codegen.optimize import optimize
 from prepjit.codegen.target import AVX2, AVX512
 from prepjit.uop import Ops
+
 from .test_optimize import _columns
 
 
@@ -122,37 +125,33 @@ def test_one_row_over_16_bit_rows_a_page_apart_prefetches_rows_ahead(rng, target
 def test_one_row_over_16_bit_weight_rows_prefetches_the_row_ahead_into_l2(rng, target):
     """h @ W.T.astype(float32) for W (n, 576) bfloat16 or float16 (a lone sum per output over one contiguous row):
     before each row's sum, one prefetch into L2 per cache line of the row SUM_AHEAD_BYTES ahead (a loop of 18 lines
-    of 1152 bytes); float32 weights, which the hardware prefetchers keep up with, are not prefetched. Values equal
-    NumPy's."""
+    of 1152 bytes). Values equal NumPy's."""
     import ml_dtypes
 
     from prepjit.codegen.llvm_reductions import SUM_AHEAD_BYTES
     from prepjit.codegen.render_llvm import render_llvm
     h = rng.standard_normal(576).astype(np.float32)
-    for dtype, prefetched in ((ml_dtypes.bfloat16, True), (np.float16, True), (np.float32, False)):
+    for dtype in (ml_dtypes.bfloat16, np.float16):
         w = rng.standard_normal((960, 576)).astype(dtype)
         f = pj.prepare(lambda h, w: h @ w.T.astype(np.float32), device="cpu")
         np.testing.assert_allclose(np.asarray(f(h, w)), h @ w.T.astype(np.float32), rtol=1e-4, atol=1e-3)
         ir = render_llvm(optimize(_kernel_ast(f, h, w), "llvm", target), target).source
-        if not prefetched:
-            assert "llvm.prefetch" not in ir
-            continue
         (call,) = [line for line in ir.splitlines() if "call void @llvm.prefetch" in line]
         assert call.endswith("i32 0, i32 2, i32 1)")  # a read, into L2
         assert f"i64 {SUM_AHEAD_BYTES}\n" in ir and ", 18\n" in ir and "mul i64 %r" in ir
 
 
-def test_a_split_sum_over_16_bit_rows_prefetches_every_line_of_a_block(rng):
+def test_a_split_sum_over_float_rows_prefetches_every_line_of_a_block(rng):
     """h + ctx @ W.T.astype(float32) with ctx a (3, 3, 64) attention output (an o-projection: its sum split over
     ctx's layout and summed over lanes, 3 blocks of 192 per row): each block of a bfloat16 weight row (384 bytes)
-    asks for all 6 of its cache lines PREFETCH_BYTES ahead, a float32 row's block (the hardware prefetchers keep
-    up) for its first only, as a quantized block (one line or less). Values equal NumPy's."""
+    asks for all 6 of its cache lines PREFETCH_BYTES ahead, a float32 row's block (768 bytes) for all 12. Values
+    equal NumPy's."""
     import ml_dtypes
 
     from prepjit.codegen.llvm_reductions import PREFETCH_BYTES
     p, v = rng.random((3, 3, 40)).astype(np.float32), rng.standard_normal((3, 40, 64)).astype(np.float32)
     h = rng.standard_normal(576).astype(np.float32)
-    for dtype, lines in ((ml_dtypes.bfloat16, 6), (np.float32, 1)):
+    for dtype, lines in ((ml_dtypes.bfloat16, 6), (np.float32, 12)):
         w = rng.standard_normal((576, 576)).astype(dtype)
         f = pj.prepare(lambda p, v, w, h: h + (p @ v).reshape(576) @ w.T.astype(np.float32), device="cpu")
         want = h + (p @ v).reshape(576) @ w.T.astype(np.float32)
@@ -162,3 +161,24 @@ def test_a_split_sum_over_16_bit_rows_prefetches_every_line_of_a_block(rng):
         assert ir.count("call void @llvm.prefetch") == lines
         for at in range(lines):
             assert f"i64 {PREFETCH_BYTES + 64 * at}\n" in ir
+
+
+@pytest.mark.parametrize("n,k", [(960, 576), (576, 1536), (3000, 160)])
+def test_a_float32_row_sum_is_summed_over_lanes_with_every_line_prefetched(rng, device, n, k):
+    """h @ W.T for W (n, k) float32 (SmolLM2's projections and output head as llama.py stores them): values equal
+    NumPy's on every device; on the cpu each output's sum over its weight row is split into k / 32 steps of a
+    32-lane vector (one vector accumulator, its lanes added up once) and every step asks for both cache lines of its
+    128 bytes of the row PREFETCH_BYTES ahead."""
+    from prepjit.codegen.block_split import MAX_LANES
+    from prepjit.codegen.llvm_reductions import PREFETCH_BYTES
+    w, h = rng.standard_normal((n, k)).astype(np.float32), rng.standard_normal(k).astype(np.float32)
+    f = pj.prepare(lambda h, w: h @ w.T, device=device)
+    np.testing.assert_allclose(np.asarray(f(h, w)), h @ w.T, rtol=1e-4, atol=1e-4)
+    if device != "cpu":
+        return
+    (kernel,) = f.plan(h, w).kernels
+    ir = kernel.kernel.source
+    assert f"<{MAX_LANES} x float> zeroinitializer" in ir
+    assert re.search(rf"icmp slt i64 %r\d+, {k // MAX_LANES}\n", ir)  # the loop of steps
+    assert ir.count("call void @llvm.prefetch") == MAX_LANES * 4 // 64
+    assert f"i64 {PREFETCH_BYTES}\n" in ir and f"i64 {PREFETCH_BYTES + 64}\n" in ir
