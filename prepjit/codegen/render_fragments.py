@@ -7,13 +7,15 @@ fragments; wgmma m64nNk8 where both tiles are minor along k, which it cannot tra
 chunks they copied in local memory first). The tiles' byte geometry is the same for every kind: below, "elements"
 are 16-bit ones; a tf32 tile holds half as many float32 ones (slices 16 deep, chunks of 4, blocks of 32).
 
-A group of WARPS warps owns a TM x TN tile of outputs in float32 accumulators in registers. Two variants of the
-arithmetic are emitted, the GPU's compiler keeping one (PJ_WGMMA: the dialect's test for Hopper's sm_90a target):
-- where the tile's rows are a multiple of GROUP_M and the GPU has them, the four warps are one warpgroup issuing
-  wgmma m64nNk16 (N the tile's columns; m64nNk8 for tf32) on both operands in local memory, named by matrix descriptors
-  (`_WarpgroupTile`, `Staged.descriptor`);
-- else each warp multiplies a quarter of the tile (64 x 64 of 128 x 128) with mma.sync m16n8k16 on fragments
-  loaded by ldmatrix (`_WarpTiles`; sm_80 on, shuffles on older GPUs).
+A group of warpgroups (four warps each: one, or one per 128 x 128 outputs, render_tiles.fragment_threads: two for
+128 x 256 and 256 x 128 tiles) owns a TM x TN tile of outputs in float32 accumulators in registers (128 a work-item).
+Two variants of the arithmetic are emitted, the GPU's compiler keeping one (PJ_WGMMA: the dialect's test for
+Hopper's sm_90a target):
+- where each warpgroup's share of the tile's rows (`group_rows`) is a multiple of GROUP_M and the GPU has them, each
+  warpgroup issues wgmma m64nNk16 (N the tile's columns; m64nNk8 for tf32) on both operands in local memory, named
+  by matrix descriptors (`_WarpgroupTile`, `Staged.descriptor`);
+- else each warp multiplies its share of the tile (two rows of warps: 64 x 64 of 128 x 128) with mma.sync m16n8k16
+  on fragments loaded by ldmatrix (`_WarpTiles`; sm_80 on, shuffles on older GPUs).
 Both operands are staged in local memory as 16-bit values, SLICE_K deep along k (32: two matrix-instruction steps,
 or 64: four), in `stages` buffers (as many as fit MAX_LOCAL_BYTES, at most MAX_STAGES; beyond STATIC_LOCAL_BYTES
 they are carved from dynamic local memory, whose size the runtime reads from the module: runtime/cuda_cubin.py):
@@ -59,7 +61,7 @@ from ..uop import Ops, UOp, dtypes, simplify
 from .render_tiles import FRAGMENT_THREADS, Contraction, _extent, _static_multiple, _unit_stride
 
 WARP = 32
-WARPS = FRAGMENT_THREADS // WARP   # warps of a group, 2 x 2 over the tile (mma.sync); one warpgroup (wgmma)
+GROUP_WARPS = FRAGMENT_THREADS // WARP   # warps of a warpgroup
 FRAG_M, FRAG_N = 16, 8           # one matrix instruction's outputs
 GROUP_M = 64                    # rows of one warpgroup instruction (wgmma m64nNk16)
 CHUNK_BYTES = 16                # one asynchronous copy
@@ -107,15 +109,26 @@ KINDS = {"bfloat16": Kind("bf16", 2, 16, True, "pj_float_to_bfloat16({v})"),
          "float16": Kind("f16", 2, 16, True, "pj_float_to_half({v})"), "tf32": Kind("tf32", 4, 8, False, "{v}")}
 
 
+def warp_grid(c: Contraction) -> tuple[int, int]:
+    """(rows, columns) of the tile's warps on mma.sync: two rows of them (2 x 2 for one warpgroup, 2 x 4 for two)."""
+    return 2, c.threads // WARP // 2
+
+
 def warp_tile(c: Contraction) -> tuple[int, int]:
-    """A warp's outputs: half the tile's rows by half its columns (WARPS = 4)."""
-    return c.tm // 2, c.tn // 2
+    """A warp's outputs: its share of the tile's rows and columns (`warp_grid`)."""
+    rows, cols = warp_grid(c)
+    return c.tm // rows, c.tn // cols
+
+
+def group_rows(c: Contraction) -> int:
+    """Rows of the tile each warpgroup owns (all its columns), wgmma: the rows split between its warpgroups."""
+    return c.tm // (c.threads // FRAGMENT_THREADS)
 
 
 def uses_wgmma(c: Contraction) -> bool:
     """Whether the tile has a warpgroup-instruction variant: its rows a multiple of GROUP_M, and tiles the
     instruction can read (any, for a kind it transposes; else both minor along k)."""
-    return c.tm % GROUP_M == 0 and (KINDS[c.fragments].transposes or all(s.minor == "k" for s in _staged(c)))
+    return group_rows(c) % GROUP_M == 0 and (KINDS[c.fragments].transposes or all(s.minor == "k" for s in _staged(c)))
 
 
 @attrs.frozen
@@ -182,7 +195,7 @@ class Staged:
         return (f"{self.name}s[{stage}][({own}) / {self.block}][{k}]"
                 f"[{self.chunk(k, f'({own}) % {self.block}')} + ({own}) % {chunk}]")
 
-    def descriptor(self, stage: str, own: int, step: int) -> str:
+    def descriptor(self, stage: str, own: str, step: int) -> str:
         """The matrix descriptor of the 16-deep step `step` of the stage's rows or columns from `own` (a multiple of
         GROUP_M for A): k-minor tiles are 8-row groups SBO bytes apart, the step's k 32 bytes into a row; own-minor
         ones blocks LBO bytes apart along their own axis, 8-row groups along k SBO bytes apart."""
@@ -191,7 +204,7 @@ class Staged:
         if self.minor == "k":
             first, lbo = f"&{self.name}s[{stage}][0][{own}][{step * depth}]", 16
         else:
-            first, lbo = f"&{self.name}s[{stage}][{own // self.block}][{step * depth}][0]", rows * row_bytes
+            first, lbo = f"&{self.name}s[{stage}][({own}) / {self.block}][{step * depth}][0]", rows * row_bytes
         return f"pj_wgmma_desc({first}, {lbo}, {8 * row_bytes}, {SWIZZLES[row_bytes]})"
 
 
@@ -368,7 +381,8 @@ class _WarpTiles:
 
     def declare(self):
         r = self.r
-        r.emit(f"const int wm = lid / {WARP} / 2 * {self.wm}, wn = lid / {WARP} % 2 * {self.wn};")
+        cols = warp_grid(self.c)[1]
+        r.emit(f"const int wm = lid / {WARP} / {cols} * {self.wm}, wn = lid / {WARP} % {cols} * {self.wn};")
         for s, origin in zip(self.staged, ("wm", "wn")):
             if s.plain_loads:   # where the lane's element at (origin + 8j + g, k t) is in a stage, for j = 0 ... 3
                 cells = [s.element("0", f"{origin} + {8 * j} + fg", "ft / 2") for j in range(4)]
@@ -441,13 +455,14 @@ class _WarpgroupTile:
 
     def __init__(self, r, c: Contraction, staged: list):
         self.r, self.c, self.staged = r, c, staged
-        self.blocks = self.c.tm // GROUP_M
+        self.blocks = group_rows(c) // GROUP_M
         a, b = self.staged
         self.helper = wgmma_helper(self.r, a.kind, self.c.tn, int(a.minor == "own"), int(b.minor == "own"))
 
     def declare(self):
         r = self.r
-        r.emit(f"const int wg_row = lid / {WARP} * 16 + fg;")
+        r.emit(f"const int wg_m = lid / {FRAGMENT_THREADS} * {group_rows(self.c)}, "
+               f"wg_row = wg_m + lid / {WARP} % {GROUP_WARPS} * 16 + fg;")
         for x in range(self.blocks):
             r.emit(f"float wacc{x}[{self.c.tn // 2}] = {{}};")
 
@@ -455,7 +470,7 @@ class _WarpgroupTile:
         r = self.r
         for s in self.staged:
             if s.kind.bytes == 4:   # tf32: the work-item rounds the chunks it copied (its copies are complete)
-                for n in range(s.chunks // FRAGMENT_THREADS):
+                for n in range(s.chunks // self.c.threads):
                     row = f"row{s.name}{n}"
                     r.open_block("", {})
                     r.emit(f"unsigned *ch = (unsigned *)&{s.name}s[st][blk{s.name}{n}][{row}]"
@@ -469,8 +484,8 @@ class _WarpgroupTile:
         r.emit("pj_wgmma_fence();")
         for step in range(a.kind.slice_k // a.kind.frag_k):
             for x in range(self.blocks):
-                r.emit(f"{self.helper}(wacc{x}, {a.descriptor('st', x * GROUP_M, step)}, "
-                       f"{b.descriptor('st', 0, step)});")
+                r.emit(f"{self.helper}(wacc{x}, {a.descriptor('st', f'wg_m + {x * GROUP_M}', step)}, "
+                       f"{b.descriptor('st', '0', step)});")
         r.emit("pj_wgmma_commit();")
 
     def multiply(self):
@@ -489,7 +504,7 @@ class _WarpgroupTile:
 
 def _emit_chunk_starts(r, c: Contraction, s: Staged):
     """Where each of the work-item's chunks of operand `s` goes and comes from, computed once: chunk n (of
-    s.chunks // FRAGMENT_THREADS) is block blkX_n's tile row rowX_n, element colX_n of it, at k offset kX_n and own
+    s.chunks // c.threads) is block blkX_n's tile row rowX_n, element colX_n of it, at k offset kX_n and own
     index goX_n;
     for a direct operand its first slice's address srcX_n and whether it may be copied whole (okX_n: in range along
     its own axis, aligned, and the slice step keeps it aligned)."""
@@ -498,9 +513,9 @@ def _emit_chunk_starts(r, c: Contraction, s: Staged):
     _, rows, length = s.shape
     chunk = s.kind.chunk
     per_row, along_k = length // chunk, s.minor == "k"
-    assert s.chunks % FRAGMENT_THREADS == 0, (s.chunks, FRAGMENT_THREADS)
-    for n in range(s.chunks // FRAGMENT_THREADS):
-        ch = f"(lid + {n * FRAGMENT_THREADS})"
+    assert s.chunks % c.threads == 0, (s.chunks, c.threads)
+    for n in range(s.chunks // c.threads):
+        ch = f"(lid + {n * c.threads})"
         row, col, blk, k, go = f"row{name}{n}", f"col{name}{n}", f"blk{name}{n}", f"k{name}{n}", f"go{name}{n}"
         r.emit(f"const int {row} = {ch} / {per_row} % {rows}, {col} = {ch} % {per_row} * {chunk}, "
                f"{blk} = {ch} / {per_row * rows}, {k} = {col if along_k else row};")
@@ -523,7 +538,7 @@ def _emit_slice_copy(r, c: Contraction, s: Staged, stage: str, slice_: str):
     the tile's minor axis, asynchronously where it can (see the module's docstring), else element by element."""
     long, kk_end, name, chunk = r.long, r.value(c.k.src[0]), s.name, s.kind.chunk
     extent, along_k = r.value(_extent(s.own)), s.minor == "k"
-    for n in range(s.chunks // FRAGMENT_THREADS):
+    for n in range(s.chunks // c.threads):
         row, col, go = f"row{name}{n}", f"col{name}{n}", f"go{name}{n}"
         r.open_block("", {})
         r.emit(f"const {long} gk = ({slice_}) * {s.kind.slice_k} + k{name}{n};")

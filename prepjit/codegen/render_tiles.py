@@ -43,7 +43,14 @@ MIN_WARPS = 1536                  # warps a contraction should run in all: fewer
                                   # 8 x 8) and each tile's slice is split between SPLITS sets of warps
 SPLITS = (1, 2, 4)                # how many sets of work-items may share a tile, each multiplying part of a slice
 MAX_THREADS = 256                 # work-items of a group, at most
-FRAGMENT_THREADS = 128            # work-items of a tile on tensor cores: 4 warps (render_fragments.py)
+FRAGMENT_THREADS = 128            # work-items of a tile on tensor cores: 4 warps (render_fragments.py), a warpgroup
+FRAGMENT_OUTPUTS = 128 * 128      # outputs a warpgroup keeps in its registers (128 float32 a work-item), at most:
+                                  # larger tiles (128 x 256, 256 x 128) take a warpgroup per FRAGMENT_OUTPUTS
+
+
+def fragment_threads(tm: int, tn: int) -> int:
+    """Work-items of a tm x tn tile on tensor cores: a warpgroup per FRAGMENT_OUTPUTS outputs (one at least)."""
+    return FRAGMENT_THREADS * max(1, tm * tn // FRAGMENT_OUTPUTS)
 
 
 @attrs.frozen
@@ -67,7 +74,7 @@ class Contraction:
 
     @property
     def threads(self) -> int:
-        return FRAGMENT_THREADS if self.fragments else self.owners * self.splits
+        return fragment_threads(self.tm, self.tn) if self.fragments else self.owners * self.splits
 
 
 def _ranges(u: UOp) -> set:
@@ -95,7 +102,7 @@ def tile_shape(m: int, n: int, batch: int) -> tuple[int, int]:
 
 def splits_for(groups: int, owners: int) -> int:
     """Sets of work-items per tile: the fewest that give MIN_WARPS warps in all (within MAX_THREADS a group)."""
-    fit = [s for s in SPLITS if owners * s <= MAX_THREADS]
+    fit = [s for s in SPLITS if owners * s <= MAX_THREADS] or [1]   # (a tile for tensor cores only: no split)
     return next((s for s in fit if groups * owners * s >= MIN_WARPS * 32), fit[-1])
 
 

@@ -3,6 +3,7 @@ for dialects that have matrix instructions (CUDA), the kernel multiplies with th
 on every device (where the launch has no fragments, the same tests check the float32 tiles and the cpu). Float32
 contractions whose precision is "tf32" (m16n8k8 on tf32-rounded operands, bit-equal to its emulation) or "bf16"
 (operands rounded to bfloat16) too."""
+import itertools
 import re
 
 import ml_dtypes
@@ -160,15 +161,22 @@ def variant(request, monkeypatch):
 @pytest.mark.parametrize("a_t, b_t", [(False, False), (True, True)])
 def test_every_wgmma_variant_computes_the_matmul(variant, a_t, b_t):
     """Each variant of the warpgroup kernels (sm_90a, emulated with wgmma asynchronous: an instruction reads its
-    stage and accumulators only when waited for, so a stage refilled too early shows) on tiles of 64 and 128 rows,
-    ragged on both sides, k long enough for the stages to be refilled several times and a partial last slice, both
-    16-bit operands minor along k or along their own axes; tf32 with both along k: the same bits as its reference."""
+    stage and accumulators only when waited for, so a stage refilled too early shows) on tiles of 64 and 128 rows
+    (one warpgroup) and of 128 x 256 and 256 x 128 (two warpgroups, 64 or 128 rows each; the mma.sync variant's 8
+    warps too), ragged on both sides, k long enough for the stages to be refilled several times and a partial last
+    slice, both 16-bit operands minor along k or along their own axes; tf32 with both along k: the same bits as its
+    reference."""
     m, n, k = 200, 136, 300
     ast = strided_narrow_kernel(dtypes.bfloat16, m, n, k, a_t, b_t)
-    for tm, tn in ((128, 128), (64, 128), (128, 64)):
-        emulate(ast, ml_dtypes.bfloat16, m, n, k, a_t, b_t, tile=(tm, tn, 1, "bfloat16"), wgmma=True)
-    got, a, b = emulate_float32("tf32", m, n, k, False, True, tile=(128, 128, 1, "tf32"), wgmma=True)
-    np.testing.assert_array_equal(got, tf32_reference(a, b) + np.float32(1))
+    for tm, tn in ((128, 128), (64, 128), (128, 64), (128, 256), (256, 128)):
+        tile = (tm, tn, 1, "bfloat16")
+        assert render_cuda(ast, tile).local_size == (128 * max(1, tm * tn // 128 ** 2),)
+        emulate(ast, ml_dtypes.bfloat16, m, n, k, a_t, b_t, tile=tile, wgmma=True)
+        if tm * tn > 128 ** 2:
+            emulate(ast, ml_dtypes.bfloat16, m, n, k, a_t, b_t, tile=tile)
+    for tile in ((128, 128, 1, "tf32"), (256, 128, 1, "tf32")):
+        got, a, b = emulate_float32("tf32", m, n, k, False, True, tile=tile, wgmma=True)
+        np.testing.assert_array_equal(got, tf32_reference(a, b) + np.float32(1))
 
 
 @EMULATED
@@ -345,13 +353,14 @@ def test_every_wgmma_variant_compiles_with_nvrtc_for_sm90a_and_sm80(variant):
     nvrtc = working_nvrtc()
     kernels = [(strided_narrow_kernel(dtypes.bfloat16, 4096, 4096, 4096, t, t), "bfloat16") for t in (False, True)]
     kernels.append((float32_kernel(4096, 4096, 4096, "tf32", b_t=True), "tf32"))
-    for ast, kind in kernels:
-        src = render_cuda(ast, (128, 128, 1, kind))
+    for (ast, kind), tile in itertools.product(kernels, ((128, 128), (128, 256))):
+        src = render_cuda(ast, (*tile, 1, kind))
         declared = re.search(r"pj_dynamic_local_bytes = (\d+);", src.source)
         for arch in ("sm_90a", "sm_80"):
             cubin = nvrtc.compile(src.name, src.source, [f"-arch={arch}", "-std=c++17", "--fmad=false"])
             assert dynamic_local_bytes(cubin) == (int(declared.group(1)) if declared else 0)
-    assert (declared is not None) == (variant.get("SLICE_K") == 64)   # (two 64-deep stages of 128 x 128: 64 KB)
+        if tile == (128, 128):   # (two 64-deep stages of 128 x 128: 64 KB)
+            assert (declared is not None) == (variant.get("SLICE_K") == 64)
 
 
 @EMULATED
