@@ -7,8 +7,9 @@ renderer (render_c.py) follows and never decides itself:
   tile is the Blocking's (PREPJIT_TUNE's choice) or the tile policy's; `fragments` (render_tiles.fragment_kind:
   a 16-bit float's name where both operands are that float widened, or "tf32" / "bfloat16" where the contraction's
   precision allows; one set of work-items) where the dialect has tensor cores (render_fragments.py);
-- ("rows", group, pack): a row kernel (render_rows.py), its row reductions' passes rewritten to share the
-  columns' range where every pass is one static run per work-item (`share_passes`: the proof sees that range);
+- ("rows", group, pack, run): a row kernel (render_rows.py; work-items take runs of `run` elements), its row
+  reductions' passes rewritten to share the columns' range where every pass is one static run per work-item
+  (`share_passes`: the proof sees that range);
 - ("items", n): a work-item per `n` outputs (the dialect's items per thread).
 """
 from __future__ import annotations
@@ -39,7 +40,7 @@ def launch(ast: UOp, dialect, blocking: Blocking = DEFAULT_BLOCKING) -> UOp:
     ast = share_passes(ast, dialect.items_per_thread, warp_rows(dialect))
     rows = row_plan(ast, dialect.items_per_thread, warp_rows(dialect))
     if rows is not None:
-        return _with_launch(ast, ("rows", rows.group, rows.pack))
+        return _with_launch(ast, ("rows", rows.group, rows.pack, rows.run))
     return _with_launch(ast, ("items", dialect.items_per_thread))
 
 

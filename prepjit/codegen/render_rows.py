@@ -18,6 +18,14 @@ through shuffles, the smallest multiple of WARP that does (a layernorm row of 38
 A pass that each work-item makes at most once (a static row of at most a group's runs) is straight-line code, not
 a loop, so the compiler keeps the row's values in registers from one pass to the next.
 
+Matvec-shaped kernels (no columns, every reduction static, the rows' reductions reading memory along their
+range, at least MATVEC_MIN_OUTPUTS outputs: a one-row projection) get a warp per output and MATVEC_WARPS outputs a
+work-group when WARP_PER_OUTPUT is on (dialects with shuffles): each lane takes runs of LOAD_BYTES of the narrowest
+element its reduction loads (8 16-bit floats, 4 float32: one 16-byte load each), combined by shuffles only. A
+reduction no output depends on (a fused norm's mean of squares: uniform) is computed by the whole work-group of a
+kernel packing several rows, once (its warps' partials combined through local memory after one barrier, in a fixed
+order, so every work-group has the same value), before the warps past the last row leave.
+
 Reductions nested in a row's reduction that depend on its range (sum_j max_k x[i, j, k]) are not the row's:
 each work-item computes them inline, so no barrier is ever inside a loop whose trip count differs between
 work-items.
@@ -36,6 +44,10 @@ GROUP_REDUCE_MIN = 256    # reductions of more iterations than this always get a
 ROW_INLINE_MAX = 16       # broadcast or row-contiguous reductions of more iterations than this get one
 WARP = 32                 # the smallest work-group of a row kernel (a warp: shuffles need all its lanes)
 MANY_OUTPUTS = 1 << 16    # reductions with more outputs than this (and no columns) run in a work-item each
+WARP_PER_OUTPUT = True    # matvec-shaped row kernels get a warp per output (False: a work-group per output, as before)
+MATVEC_WARPS = 8          # outputs (warps) a work-group of such a kernel packs
+MATVEC_MIN_OUTPUTS = 256  # fewer outputs than this keep a work-group each (a warp each would leave the GPU idle)
+LOAD_BYTES = 16           # a matvec lane's run: this many bytes of the narrowest element its reductions load
 
 
 @attrs.frozen
@@ -48,6 +60,7 @@ class Rows:
     cols: tuple          # the other loop ranges (each row's group stores all of them)
     group: int
     pack: int = 1        # rows per work-group: one warp each where a row's group is a warp (shuffles only)
+    run: int = 1         # consecutive elements a work-item takes at a time (where they divide the last range's end)
 
     @property
     def shared(self) -> bool:
@@ -58,6 +71,15 @@ class Rows:
     def size(self) -> int:
         """The work-group's size."""
         return self.group * self.pack
+
+    def uniform(self, u: UOp) -> bool:
+        """Whether the whole work-group computes the reduction `u` once (no row depends on it, the group packs several
+        rows and the passes are not shared): its work-items are then the group's, not a row's."""
+        return self.pack > 1 and not self.shared and _free_ranges(u).isdisjoint(self.rows)
+
+    def team(self, u: UOp) -> tuple[str, int]:
+        """(the work-item id's name, how many work-items) that compute the reduction `u` together."""
+        return ("tid", self.size) if self.uniform(u) else ("lid", self.group)
 
 
 def loop_ranges(ast: UOp) -> list[UOp]:  # a scatter's serial loops are work-items too (its combines are atomic)
@@ -103,6 +125,23 @@ def _hoisted(ast: UOp) -> tuple[list, tuple, tuple]:
     return hoisted, rows, tuple(r for r in loops if r not in rows)
 
 
+def _matvec_run(hoisted: list, rows: tuple, cols: tuple, warp_rows: int) -> int | None:
+    """A lane's run where the kernel is matvec-shaped and gets a warp per output (see the module's docstring), else
+    None: LOAD_BYTES of the narrowest element its reductions load, halved until it divides every reduction's
+    innermost end."""
+    if not WARP_PER_OUTPUT or warp_rows <= 1 or cols or math.prod(r.src[0].vmax for r in rows) < MATVEC_MIN_OUTPUTS:
+        return None
+    if not all(_shuffles(u.dtype) and all(r.src[0].op is Ops.CONST for r in u.src[1:]) for u in hoisted):
+        return None
+    if not all(_contiguous(u) for u in hoisted if not _free_ranges(u).isdisjoint(rows)):
+        return None
+    narrowest = min((x.dtype.itemsize for u in hoisted for x in u.src[0].toposort() if x.op is Ops.LOAD), default=4)
+    run = max(1, LOAD_BYTES // narrowest)
+    while any(u.src[-1].src[0].arg % run for u in hoisted):
+        run //= 2
+    return run
+
+
 def row_plan(ast: UOp, items: int = 1, warp_rows: int = 1) -> Rows | None:
     """The row kernel this kernel becomes, or None (its reductions, if any, run inline in each work-item), for a
     dialect whose work-items take runs of `items` consecutive elements where they can (the group covers a row's
@@ -117,18 +156,29 @@ def row_plan(ast: UOp, items: int = 1, warp_rows: int = 1) -> Rows | None:
         return None   # enough outputs to fill the GPU with one work-item each
     if longest <= (ROW_INLINE_MAX if cols or any(_contiguous(u) for u in hoisted) else GROUP_REDUCE_MIN):
         return None
+    run = _matvec_run(hoisted, rows, cols, warp_rows)
+    if run is not None:
+        return Rows(frozenset(hoisted), _uniform_first(hoisted, rows), rows, cols, WARP, MATVEC_WARPS, run)
     runs = [-(-_length(u) // run_length(list(u.src[1:]), items)) for u in hoisted]
     work = max(runs + [-(-math.prod(r.src[0].vmax for r in cols) // run_length(list(cols), items))])
     group = min(REDUCE_GROUP, max(WARP, 1 << (work - 1).bit_length()))
     if warp_rows > 1 and group > WARP and all(_shuffles(u.dtype) for u in hoisted):
         group = min(group, -(-work // WARP) * WARP)   # any number of warps combines: none of the group idles
-    return Rows(frozenset(hoisted), tuple(hoisted), rows, cols, group, warp_rows if group == WARP else 1)
+    return Rows(frozenset(hoisted), _uniform_first(hoisted, rows), rows, cols, group, warp_rows if group == WARP else 1,
+                items)
 
 
-def rows_of(ast: UOp, group: int, pack: int) -> Rows:
-    """The row kernel a launch decided (gpu_launch.py: `group` work-items a row, `pack` rows a work-group)."""
+def _uniform_first(hoisted: list, rows: tuple) -> tuple:
+    """The reductions in the order they are computed: those no row depends on first (they read no row's value),
+    each group operands first."""
+    return tuple(sorted(hoisted, key=lambda u: not _free_ranges(u).isdisjoint(rows)))
+
+
+def rows_of(ast: UOp, group: int, pack: int, run: int) -> Rows:
+    """The row kernel a launch decided (gpu_launch.py: `group` work-items a row, `pack` rows a work-group, each
+    work-item taking runs of `run` elements)."""
     hoisted, rows, cols = _hoisted(ast)
-    return Rows(frozenset(hoisted), tuple(hoisted), rows, cols, group, pack)
+    return Rows(frozenset(hoisted), _uniform_first(hoisted, rows), rows, cols, group, pack, run)
 
 
 def share_passes(ast: UOp, items: int = 1, warp_rows: int = 1) -> UOp:
@@ -164,22 +214,28 @@ def emit_rows(r, store: UOp):
     """The kernel body, emitted through the C-style renderer `r`: the row's reductions together (every work-item
     reaches every barrier), then its columns (or, with none, the one output, stored by work-item 0)."""
     rows = r.rows
-    if rows.pack > 1:   # a warp per row: the warp's lane is the row's work-item; a warp past the last row leaves
-        r.emit(f"const {r.long} gid = {r.d.group_id} * {rows.pack} + {r.d.local_id} / {WARP};")
-        r.emit(f"const int lid = {r.d.local_id} % {WARP};")
-        r.emit(f"if (gid >= {r.value(as_uop(sym_prod(x.src[0] for x in rows.rows)))}) return;")
+    count = as_uop(sym_prod(x.src[0] for x in rows.rows))
+    if rows.pack > 1:   # a warp per row: the warp's lane is the row's work-item
+        r.emit(f"const int tid = {r.d.local_id};")
+        r.emit(f"const {r.long} gid = {r.d.group_id} * {rows.pack} + tid / {WARP};")
+        r.emit(f"const int lid = tid % {WARP};")
     else:
         r.emit(f"const {r.long} gid = {r.d.group_id};")
         r.emit(f"const int lid = {r.d.local_id};")
     r.scopes[-1].update(r.unflatten("gid", list(rows.rows)))
     if rows.shared:   # one run per work-item, all passes: each element's scope lives on from pass to pass
-        per = r.run_length(list(rows.cols))
-        r.emit(f"const {r.long} c = {_first(per)};")
+        per = run_length(list(rows.cols), rows.run)
+        r.emit(f"const {r.long} c = {_first('lid', per)};")
         names = r.unflatten("c", list(rows.cols))
         r.scopes[-1].update(names)
         r.aligned = r.aligned or per > 1
         col = rows.cols[0]
         r.row_elements = [{col: f"({names[col]} + {e})"} if per > 1 else {} for e in range(per)]
+    uniform = [u for u in rows.order if rows.uniform(u)]
+    for u in uniform:   # the whole group's, before any warp leaves (their combines have a barrier)
+        r.value(u)
+    if rows.pack > 1:   # a warp past the last row leaves
+        r.emit(f"if (gid >= {r.value(count)}) return;")
     for u in rows.order:
         r.value(u)
     if rows.shared:
@@ -190,25 +246,31 @@ def emit_rows(r, store: UOp):
         r.emit(f"if (lid == 0) {line}")
         return
     cols = list(rows.cols)
-    per = r.run_length(cols)
-    blocks = _open_pass(r, "c", as_uop(sym_prod(c.src[0] for c in cols)), per)
+    per = run_length(cols, rows.run)
+    blocks = _open_pass(r, "c", as_uop(sym_prod(c.src[0] for c in cols)), per, ("lid", rows.group))
     r.consecutive("c", cols, per, lambda: r.emit(r.store_line(store)))
     for _ in range(blocks):
         r.close_block()
 
 
-def _open_pass(r, flat: str, count: UOp, per: int) -> int:
-    """Open the work-item's pass over a row's `count` flat indices in runs of `per` (a loop, or where each work-item
-    takes at most one run, straight-line code: the compiler then keeps the row in registers across the passes and
-    merges a run's loads); returns how many blocks to close."""
-    step = r.rows.group * per
+def _first(lid: str, per: int) -> str:
+    return lid if per == 1 else f"{lid} * {per}"
+
+
+def _open_pass(r, flat: str, count: UOp, per: int, team: tuple[str, int]) -> int:
+    """Open the work-item's pass over a row's `count` flat indices in runs of `per`, split over the `team` (the
+    work-item id's name, how many: a row's or the whole group's): a loop, or where each work-item takes at most one
+    run, straight-line code (the compiler then keeps the row in registers across the passes and merges a run's
+    loads); returns how many blocks to close."""
+    lid, group = team
+    step = group * per
     if count.op is not Ops.CONST or count.arg > step:
         end = r.value(count)   # (a symbolic count's lines come before the pragma)
         r.emit("#pragma unroll 4" if per == 1 else "#pragma unroll 2")
-        r.open_block(f"for ({r.long} {flat} = {_first(per)}; {flat} < {end}; {flat} += {step})", {})
+        r.open_block(f"for ({r.long} {flat} = {_first(lid, per)}; {flat} < {end}; {flat} += {step})", {})
         return 1
     r.open_block("", {})
-    r.emit(f"const {r.long} {flat} = {_first(per)};")
+    r.emit(f"const {r.long} {flat} = {_first(lid, per)};")
     if count.arg == step:
         return 1
     r.open_block(f"if ({flat} < {r.value(count)})", {})
@@ -216,17 +278,19 @@ def _open_pass(r, flat: str, count: UOp, per: int) -> int:
 
 
 def reduce_together(r, u: UOp, acc: str) -> str:
-    """The row's reduction `u` split over the work-group into `acc` (declared), combined; returns the result."""
+    """The row's reduction `u` split over its team (the row's work-items, or a uniform one's: the group's) into
+    `acc` (declared), combined; returns the result."""
     dt, ranges = u.dtype, list(u.src[1:])
+    team = r.rows.team(u)
     if r.rows.shared:
         _each_element(r, lambda: r.emit(f"{acc} = {r.combine(u.arg, dt, acc, r.value(u.src[0]))};"))
-        return _combine_group(r, u.arg, dt, acc)
-    flat, per = f"f{r.n}", r.run_length(ranges)
-    blocks = _open_pass(r, flat, as_uop(sym_prod(x.src[0] for x in ranges)), per)
+        return _combine_group(r, u.arg, dt, acc, team)
+    flat, per = f"f{r.n}", run_length(ranges, r.rows.run)
+    blocks = _open_pass(r, flat, as_uop(sym_prod(x.src[0] for x in ranges)), per, team)
     r.consecutive(flat, ranges, per, lambda: r.emit(f"{acc} = {r.combine(u.arg, dt, acc, r.value(u.src[0]))};"))
     for _ in range(blocks):
         r.close_block()
-    return _combine_group(r, u.arg, dt, acc)
+    return _combine_group(r, u.arg, dt, acc, team)
 
 
 def _each_element(r, body):
@@ -244,16 +308,16 @@ def _shuffles(dt: DType) -> bool:
     return dt.itemsize >= 4 or dt.narrow
 
 
-def _combine_group(r, op: Ops, dt: DType, acc: str) -> str:
-    """Combine the work-group's partial accumulators; every work-item gets the result (in the same order)."""
-    group, part = r.rows.group, f"part{r.n}"
+def _combine_group(r, op: Ops, dt: DType, acc: str, team: tuple[str, int]) -> str:
+    """Combine the team's partial accumulators; every work-item gets the result (in the same order)."""
+    (lid, group), part = team, f"part{r.n}"
     if r.d.shuffle_xor is None or not _shuffles(dt):
         r.locals.append(r.d.local_array.format(type=r.d.ctype(dt), name=part, n=group) + ";")
-        r.emit(f"{part}[lid] = {acc};")
+        r.emit(f"{part}[{lid}] = {acc};")
         r.emit(r.d.barrier)
         r.open_block(f"for (int s = {group // 2}; s > 0; s >>= 1)", {})
-        r.open_block("if (lid < s)", {})
-        r.emit(f"{part}[lid] = {r.combine(op, dt, f'{part}[lid]', f'{part}[lid + s]')};")
+        r.open_block(f"if ({lid} < s)", {})
+        r.emit(f"{part}[{lid}] = {r.combine(op, dt, f'{part}[{lid}]', f'{part}[{lid} + s]')};")
         r.close_block()
         r.emit(r.d.barrier)
         r.close_block()
@@ -265,7 +329,7 @@ def _combine_group(r, op: Ops, dt: DType, acc: str) -> str:
     if group == WARP:
         return acc
     r.locals.append(r.d.local_array.format(type=r.d.ctype(dt), name=part, n=group // WARP) + ";")
-    r.emit(f"if ((lid & {WARP - 1}) == 0) {part}[lid / {WARP}] = {acc};")
+    r.emit(f"if (({lid} & {WARP - 1}) == 0) {part}[{lid} / {WARP}] = {acc};")
     r.emit(r.d.barrier)
     red = r.let(dt, f"{part}[0]", "red")
     for w in range(1, group // WARP):

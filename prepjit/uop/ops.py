@@ -54,7 +54,7 @@ class Ops(Enum):
                             # buf[index] = op(buf[index], value) (a scatter's combine)
     SINK = auto()           # src: stores or traced outputs; arg: kernel name or None
     LAUNCH = auto()         # kernel only, a SINK's last src (a work-group target's pass, codegen/gpu_launch.py): how
-                            # the kernel is launched: arg ("tile", rows, columns, splits) | ("rows", group, pack) |
+                            # the kernel is launched: arg ("tile", rows, columns, splits) | ("rows", group, pack, run) |
                             # ("items", per work-item); the renderer follows it
 
     __hash__ = object.__hash__  # members are singletons; Enum's own hash (of the name, in Python) is slow

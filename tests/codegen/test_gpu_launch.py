@@ -36,7 +36,7 @@ def test_a_tiled_contraction_carries_its_tile_and_its_accesses_are_proven(target
 @pytest.mark.parametrize("target", GPUS, ids=lambda t: t.language)
 def test_row_kernels_and_elementwise_kernels_carry_their_launch(target):
     rows = target.launched(softmax_kernel(4096))
-    kind, group, pack = gpu_launch.launch_of(rows)
+    kind, group, pack, _ = gpu_launch.launch_of(rows)
     assert kind == "rows" and target.render(rows).local_size == (group * pack,)
     short = gpu_launch.launch_of(target.launched(softmax_kernel(16)))   # short rows: computed inline
     assert short == ("items", 4 if target is CUDA_TARGET else 1)
