@@ -221,7 +221,8 @@ CUDA = Dialect(
                 8: ("", "atomicCAS((unsigned long long *){ptr}, {cmp}, {val})")},
     preamble=lambda ast: [_HALF] if any(u.dtype == dtypes.float16 for u in ast.toposort()) else [],
     tensor_core_mma=_TENSOR_CORES, tile_array="__shared__ __align__(1024) {type} {name}[{n}]",
-    dynamic_local=DYNAMIC_LOCAL, dynamic_tile_array="{type} (&{name})[{n}] = *({type} (*)[{n}])(pj_dynamic_local + {offset})",
+    dynamic_local=DYNAMIC_LOCAL,
+    dynamic_tile_array="{type} (&{name})[{n}] = *({type} (*)[{n}])(pj_dynamic_local + {offset})",
 )
 
 

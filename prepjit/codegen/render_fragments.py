@@ -338,7 +338,8 @@ def emit_fragment_contraction(r, c: Contraction):
 
 def _declare_tiles(r, staged: list, stages: int):
     """The local tiles As and Bs (stages x blocks x rows x row length): static arrays, or, where they pass
-    STATIC_LOCAL_BYTES, arrays at 1024-byte aligned offsets of the dynamic local memory (the launch passing its size)."""
+    STATIC_LOCAL_BYTES, arrays at 1024-byte aligned offsets of the dynamic local memory (the launch passes its
+    size)."""
     sizes = [-(-stages * CHUNK_BYTES * s.chunks // 1024) * 1024 for s in staged]
     dynamic = sum(sizes) > STATIC_LOCAL_BYTES
     if dynamic:

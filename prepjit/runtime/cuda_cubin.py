@@ -7,7 +7,8 @@ from __future__ import annotations
 import struct
 
 DYNAMIC_LOCAL_SYMBOL = b"pj_dynamic_local_bytes"
-_SECTION = struct.Struct("<IIQQQQIIQQ")   # Elf64_Shdr: name, type, flags, addr, offset, size, link, info, align, entsize
+_SECTION = struct.Struct("<IIQQQQIIQQ")   # Elf64_Shdr: name, type, flags, address, offset, size, link, info, align,
+                                          # entry size
 _SYMBOL = struct.Struct("<IBBHQQ")        # Elf64_Sym: name, info, other, section index, value, size
 _SYMTAB = 2                               # SHT_SYMTAB
 
