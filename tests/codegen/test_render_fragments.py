@@ -12,7 +12,7 @@ import pytest
 
 import prepjit as pj
 import prepjit.numpy as pnp
-from prepjit.codegen import render_fragments
+from prepjit.codegen import render_fragments, render_tiles
 from prepjit.codegen.gpu_launch import launch, launch_of
 from prepjit.codegen.render_tiles import SHAPES
 from prepjit.codegen.render_cuda import CUDA, render_cuda
@@ -147,13 +147,14 @@ def test_every_tensor_core_tile_shape_computes_the_matmul(wgmma, a_t, b_t):
 # render_fragments' knobs of the warpgroup kernels (the defaults first), each timed on a GPU before it is a default
 HOPPER_LOCAL_BYTES = 200 * 1024   # (an H100 block may have 227 KB of local memory)
 VARIANTS = [{}, {"WGMMA_IN_FLIGHT": 1}, {"SLICE_K": 64},
-            {"SLICE_K": 64, "WGMMA_IN_FLIGHT": 1, "MAX_LOCAL_BYTES": HOPPER_LOCAL_BYTES}]
+            {"SLICE_K": 64, "WGMMA_IN_FLIGHT": 1, "MAX_LOCAL_BYTES": HOPPER_LOCAL_BYTES},
+            {"FRAGMENT_OUTPUTS": 64 * 128, "SLICE_K": 64, "WGMMA_IN_FLIGHT": 1, "MAX_LOCAL_BYTES": HOPPER_LOCAL_BYTES}]
 
 
 @pytest.fixture(params=VARIANTS, ids=lambda v: "-".join(f"{k}={x}" for k, x in v.items()) or "default")
 def variant(request, monkeypatch):
     for knob, value in request.param.items():
-        monkeypatch.setattr(render_fragments, knob, value)
+        monkeypatch.setattr(render_tiles if knob == "FRAGMENT_OUTPUTS" else render_fragments, knob, value)
     return request.param
 
 
@@ -163,14 +164,14 @@ def test_every_wgmma_variant_computes_the_matmul(variant, a_t, b_t):
     """Each variant of the warpgroup kernels (sm_90a, emulated with wgmma asynchronous: an instruction reads its
     stage and accumulators only when waited for, so a stage refilled too early shows) on tiles of 64 and 128 rows
     (one warpgroup) and of 128 x 256 and 256 x 128 (two warpgroups, 64 or 128 rows each; the mma.sync variant's 8
-    warps too), ragged on both sides, k long enough for the stages to be refilled several times and a partial last
+    warps too; with FRAGMENT_OUTPUTS 64 x 128, two warpgroups of 64 rows for 128 x 128 and four for the larger), ragged on both sides, k long enough for the stages to be refilled several times and a partial last
     slice, both 16-bit operands minor along k or along their own axes; tf32 with both along k: the same bits as its
     reference."""
     m, n, k = 200, 136, 300
     ast = strided_narrow_kernel(dtypes.bfloat16, m, n, k, a_t, b_t)
     for tm, tn in ((128, 128), (64, 128), (128, 64), (128, 256), (256, 128)):
         tile = (tm, tn, 1, "bfloat16")
-        assert render_cuda(ast, tile).local_size == (128 * max(1, tm * tn // 128 ** 2),)
+        assert render_cuda(ast, tile).local_size == (128 * max(1, tm * tn // render_tiles.FRAGMENT_OUTPUTS),)
         emulate(ast, ml_dtypes.bfloat16, m, n, k, a_t, b_t, tile=tile, wgmma=True)
         if tm * tn > 128 ** 2:
             emulate(ast, ml_dtypes.bfloat16, m, n, k, a_t, b_t, tile=tile)
