@@ -36,7 +36,7 @@ import math
 
 import attrs
 
-from ..uop import DType, Ops, UOp, dtypes, sym_prod
+from ..uop import DType, Ops, UOp, sym_prod
 from ..uop.uop import as_uop
 
 REDUCE_GROUP = 256        # the largest work-group of a row kernel (a power of two, a multiple of WARP)
@@ -45,7 +45,7 @@ ROW_INLINE_MAX = 16       # broadcast or row-contiguous reductions of more itera
 WARP = 32                 # the smallest work-group of a row kernel (a warp: shuffles need all its lanes)
 MANY_OUTPUTS = 1 << 16    # reductions with more outputs than this (and no columns) run in a work-item each
 WARP_PER_OUTPUT = True    # matvec-shaped row kernels get a warp per output (False: a work-group per output, as before)
-MATVEC_WARPS = 8          # outputs (warps) a work-group of such a kernel packs
+MATVEC_WARPS = 4          # outputs (warps) a work-group of such a kernel packs (960 outputs: 240 groups, more SMs busy)
 MATVEC_MIN_OUTPUTS = 256  # fewer outputs than this keep a work-group each (a warp each would leave the GPU idle)
 LOAD_BYTES = 16           # a matvec lane's run: this many bytes of the narrowest element its reductions load
 
@@ -164,8 +164,9 @@ def row_plan(ast: UOp, items: int = 1, warp_rows: int = 1) -> Rows | None:
     group = min(REDUCE_GROUP, max(WARP, 1 << (work - 1).bit_length()))
     if warp_rows > 1 and group > WARP and all(_shuffles(u.dtype) for u in hoisted):
         group = min(group, -(-work // WARP) * WARP)   # any number of warps combines: none of the group idles
-    return Rows(frozenset(hoisted), _uniform_first(hoisted, rows), rows, cols, group, warp_rows if group == WARP else 1,
-                items)
+    shuffled = all(_shuffles(u.dtype) for u in hoisted)   # (a local-memory tree is the whole group's: one row a group)
+    return Rows(frozenset(hoisted), _uniform_first(hoisted, rows), rows, cols, group,
+                warp_rows if group == WARP and shuffled else 1, items)
 
 
 def _uniform_first(hoisted: list, rows: tuple) -> tuple:

@@ -1,7 +1,7 @@
-"""Matvec-shaped row kernels (render_rows.py): a one-row projection, with or without a fused RMSNorm prologue, gets a
-warp per output and MATVEC_WARPS outputs a work-group on dialects with shuffles (lanes take 16-byte runs, combined by
-shuffles; the norm's mean of squares computed once per work-group), and computes what NumPy does on every device
-and, for CUDA, through cuda_emulation."""
+"""GPU row kernels (render_rows.py). Matvec-shaped ones: a one-row projection, with or without a fused RMSNorm
+prologue, gets a warp per output and MATVEC_WARPS outputs a work-group on dialects with shuffles (lanes take 16-byte
+runs, combined by shuffles; the norm's mean of squares computed once per work-group), and computes what NumPy does on
+every device and, for CUDA, through cuda_emulation. Rows that combine through local memory are a work-group's each."""
 import ml_dtypes
 import numpy as np
 import pytest
@@ -18,7 +18,7 @@ from prepjit.codegen.targets import CUDA_TARGET
 from . import cuda_emulation
 
 DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
-OUTPUTS = 300   # at least MATVEC_MIN_OUTPUTS, not a multiple of MATVEC_WARPS (the last group's warps past it leave)
+OUTPUTS = 301   # at least MATVEC_MIN_OUTPUTS, not a multiple of MATVEC_WARPS (the last group's warps past it leave)
 TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2, "float16": 2e-3}
 
 
@@ -50,10 +50,10 @@ def _one_kernel(norm, args):
 @pytest.mark.parametrize("norm", [False, True])
 @pytest.mark.parametrize("dtype, run", [("bfloat16", 8), ("float16", 8), ("float32", 4)])
 def test_a_one_row_projection_gets_a_warp_per_output(monkeypatch, dtype, run, norm):
-    """On CUDA each output of a one-row projection is a warp's, 8 a work-group, its lanes taking 16 bytes of weights
-    at a time; the only barrier is the norm's (once per work-group; none without it). Before: a work-group of 160
-    work-items per output in runs of 4, a barrier for each of its reductions."""
-    sched, k = _one_kernel(norm, _args(576, DTYPES[dtype]))
+    """On CUDA each output of a one-row projection is a warp's, MATVEC_WARPS a work-group, its lanes taking 16
+    bytes of weights at a time; the only barrier is the norm's (once per work-group; none without it). Before: a
+    work-group of 160 work-items per output in runs of 4, a barrier for each of its reductions."""
+    _, k = _one_kernel(norm, _args(576, DTYPES[dtype]))
     launched = CUDA_TARGET.launched(optimize(k.ast, "cuda"))
     assert gpu_launch.launch_of(launched) == ("rows", render_rows.WARP, render_rows.MATVEC_WARPS, run)
     src = CUDA_TARGET.render(launched)
@@ -95,3 +95,21 @@ def test_warp_per_output_matvecs_compute_numpys_projection(dtype, norm, k):
     want = _reference(args, norm)
     got = out.astype(np.float64).reshape(want.shape)
     np.testing.assert_allclose(got, want, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype] * np.abs(want).max())
+
+
+@pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
+@pytest.mark.parametrize("dtype", [np.int16, np.int8, np.float32])
+def test_rows_of_a_warp_combined_in_local_memory_get_a_work_group_each(dtype):
+    """Rows of one warp each whose partials combine through a local-memory tree (integers narrower than 4 bytes have
+    no shuffles) get a work-group each: packed 4 a group, the warps' trees shared one local array (and the warps past
+    the last row left before its barriers), and an int16 row max of 8 rows of 100 came out wrong (fails before);
+    rows that shuffle stay packed."""
+    x = np.random.default_rng(1).integers(-100, 100, (8, 100)).astype(dtype)
+    traced = pj.trace(lambda x: x.max(axis=1), x)
+    sched = schedule(list(traced.outputs), list(traced.inputs))
+    (kern,) = sched.kernels
+    launched = CUDA_TARGET.launched(optimize(kern.ast, "cuda"))
+    assert gpu_launch.launch_of(launched)[1:3] == (render_rows.WARP, 4 if dtype == np.float32 else 1)
+    out = np.zeros(8, dtype)
+    cuda_emulation.run(render_cuda(launched), [out, x.ravel()])
+    np.testing.assert_array_equal(out, x.max(axis=1))
