@@ -113,3 +113,26 @@ def test_rows_of_a_warp_combined_in_local_memory_get_a_work_group_each(dtype):
     out = np.zeros(8, dtype)
     cuda_emulation.run(render_cuda(launched), [out, x.ravel()])
     np.testing.assert_array_equal(out, x.max(axis=1))
+
+
+@pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
+@pytest.mark.parametrize("kind", ["q8_0", "q4_0", "q4_1"])
+def test_quantized_matvecs_get_a_warp_per_output(kind):
+    """A normalised row times a dequantized weight (pj.quant, 1-byte quants: lanes take runs of 16) is a warp per
+    output on CUDA, and its emulated kernel equals the cpu's."""
+    rng = np.random.default_rng(4)
+    x, g = rng.standard_normal((1, 576)).astype(np.float32), rng.standard_normal(576).astype(np.float32)
+    blocks = pj.quant.quantize(rng.standard_normal((OUTPUTS, 576)).astype(np.float32), kind)
+
+    def fn(x, g, b):
+        return (x / pnp.sqrt(pnp.mean(x * x) + 1e-5) * g) @ pj.quant.dequantize(b, kind).T
+    traced = pj.trace(fn, x, g, blocks)
+    sched = schedule(list(traced.outputs), list(traced.inputs))
+    (kern,) = sched.kernels
+    launched = CUDA_TARGET.launched(optimize(kern.ast, "cuda"))
+    assert gpu_launch.launch_of(launched) == ("rows", render_rows.WARP, render_rows.MATVEC_WARPS, 16)
+    bufs = {i: np.ascontiguousarray(a).ravel() for i, a in zip(sched.inputs, (x, g, blocks))}
+    out = np.zeros(OUTPUTS, np.float32)
+    cuda_emulation.run(render_cuda(launched), [out] + [bufs[i] for i in kern.buffers[1:]])
+    want = np.asarray(pj.prepare(fn, device="cpu")(x, g, blocks)).ravel()
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
