@@ -15,8 +15,9 @@ work-item. The group is the smallest power of two from WARP to REDUCE_GROUP
 covering a row's work, counted in the runs the dialect's work-items take (CUDA: 4 elements, so a softmax row of
 128 is one warp's, no barrier; with 128 work-items, three quarters of them would idle); where its partials combine
 through shuffles, the smallest multiple of WARP that does (a layernorm row of 384: 3 warps, not 4 with one idle).
-A pass that each work-item makes at most once (a static row of at most a group's runs) is straight-line code, not
-a loop, so the compiler keeps the row's values in registers from one pass to the next.
+A pass that each work-item makes at most UNROLLED_PASSES times (a static row) is straight-line code, not a loop: the
+compiler issues its loads together, and where each work-item makes it once, keeps the row's values in registers from
+one pass to the next.
 
 Matvec-shaped kernels (no columns, every reduction static, the rows' reductions reading memory along their
 range, at least MATVEC_MIN_OUTPUTS outputs: a one-row projection) get a warp per output and MATVEC_WARPS outputs a
@@ -48,6 +49,7 @@ WARP_PER_OUTPUT = True    # matvec-shaped row kernels get a warp per output (Fal
 MATVEC_WARPS = 4          # outputs (warps) a work-group of such a kernel packs (960 outputs: 240 groups, more SMs busy)
 MATVEC_MIN_OUTPUTS = 256  # fewer outputs than this keep a work-group each (a warp each would leave the GPU idle)
 LOAD_BYTES = 16           # a matvec lane's run: this many bytes of the narrowest element its reductions load
+UNROLLED_PASSES = 8       # a static row of at most this many runs per work-item is straight-line code, not a loop
 
 
 @attrs.frozen
@@ -248,34 +250,38 @@ def emit_rows(r, store: UOp):
         return
     cols = list(rows.cols)
     per = run_length(cols, rows.run)
-    blocks = _open_pass(r, "c", as_uop(sym_prod(c.src[0] for c in cols)), per, ("lid", rows.group))
-    r.consecutive("c", cols, per, lambda: r.emit(r.store_line(store)))
-    for _ in range(blocks):
-        r.close_block()
+    _each_pass(r, "c", as_uop(sym_prod(c.src[0] for c in cols)), per, ("lid", rows.group),
+               lambda: r.consecutive("c", cols, per, lambda: r.emit(r.store_line(store))))
 
 
 def _first(lid: str, per: int) -> str:
     return lid if per == 1 else f"{lid} * {per}"
 
 
-def _open_pass(r, flat: str, count: UOp, per: int, team: tuple[str, int]) -> int:
-    """Open the work-item's pass over a row's `count` flat indices in runs of `per`, split over the `team` (the
-    work-item id's name, how many: a row's or the whole group's): a loop, or where each work-item takes at most one
-    run, straight-line code (the compiler then keeps the row in registers across the passes and merges a run's
-    loads); returns how many blocks to close."""
+def _each_pass(r, flat: str, count: UOp, per: int, team: tuple[str, int], body):
+    """Emit `body` for each of the work-item's runs (of `per`) of a row's `count` flat indices, split over the `team`
+    (the work-item id's name, how many: a row's or the whole group's): straight-line code where the count is static
+    and each work-item takes at most UNROLLED_PASSES runs (the compiler issues their loads together; with one run it
+    keeps the row in registers across the passes and merges a run's loads), else a loop."""
     lid, group = team
     step = group * per
-    if count.op is not Ops.CONST or count.arg > step:
+    if count.op is not Ops.CONST or count.arg > step * UNROLLED_PASSES:
         end = r.value(count)   # (a symbolic count's lines come before the pragma)
         r.emit("#pragma unroll 4" if per == 1 else "#pragma unroll 2")
         r.open_block(f"for ({r.long} {flat} = {_first(lid, per)}; {flat} < {end}; {flat} += {step})", {})
-        return 1
-    r.open_block("", {})
-    r.emit(f"const {r.long} {flat} = {_first(lid, per)};")
-    if count.arg == step:
-        return 1
-    r.open_block(f"if ({flat} < {r.value(count)})", {})
-    return 2
+        body()
+        r.close_block()
+        return
+    for p in range(-(-count.arg // step)):
+        r.open_block("", {})
+        r.emit(f"const {r.long} {flat} = {_first(lid, per)}{f' + {p * step}' if p else ''};")
+        guarded = (p + 1) * step > count.arg
+        if guarded:
+            r.open_block(f"if ({flat} < {r.value(count)})", {})
+        body()
+        if guarded:
+            r.close_block()
+        r.close_block()
 
 
 def reduce_together(r, u: UOp, acc: str) -> str:
@@ -287,10 +293,8 @@ def reduce_together(r, u: UOp, acc: str) -> str:
         _each_element(r, lambda: r.emit(f"{acc} = {r.combine(u.arg, dt, acc, r.value(u.src[0]))};"))
         return _combine_group(r, u.arg, dt, acc, team)
     flat, per = f"f{r.n}", run_length(ranges, r.rows.run)
-    blocks = _open_pass(r, flat, as_uop(sym_prod(x.src[0] for x in ranges)), per, team)
-    r.consecutive(flat, ranges, per, lambda: r.emit(f"{acc} = {r.combine(u.arg, dt, acc, r.value(u.src[0]))};"))
-    for _ in range(blocks):
-        r.close_block()
+    _each_pass(r, flat, as_uop(sym_prod(x.src[0] for x in ranges)), per, team, lambda: r.consecutive(
+        flat, ranges, per, lambda: r.emit(f"{acc} = {r.combine(u.arg, dt, acc, r.value(u.src[0]))};")))
     return _combine_group(r, u.arg, dt, acc, team)
 
 

@@ -105,7 +105,8 @@ def test_row_reductions_get_a_work_group_per_row(language):
     assert inline.local_size == ((ELEMENTWISE_GROUP,) if language == "cuda" else ()) and barrier not in inline.source
     runs = RENDERERS[language](softmax_kernel(4096, static=True)).source   # runs of consecutive columns
     if language == "cuda":
-        assert f"c = lid * {ITEMS_PER_THREAD}; c < 4096LL; c += {REDUCE_GROUP * ITEMS_PER_THREAD})" in runs
+        step = REDUCE_GROUP * ITEMS_PER_THREAD   # 4 passes a work-item: straight-line code (UNROLLED_PASSES)
+        assert f"c = lid * {ITEMS_PER_THREAD} + {3 * step};" in runs and "for (" not in runs.split("c = lid")[1]
         assert "__builtin_assume_aligned(buf1, 16)" in runs
     else:   # one item at a time
         assert f"c = lid; c < 4096L; c += {REDUCE_GROUP})" in runs
