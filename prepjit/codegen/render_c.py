@@ -169,6 +169,7 @@ class CStyleRenderer(KernelRenderer):
         self.rows = rows_of(ast, *decided) if kind == "rows" else None
         self.items = decided[0] if kind == "items" else 1   # outputs per work-item of an elementwise launch
         self.row_elements: list[dict] = []   # a shared row's element scopes (render_rows.emit_rows)
+        self.row_operands: dict = {}   # a row reduction -> [(its operand, the local array holding it)] (render_rows)
         self.long = dialect.ctype(dtypes.int64)
         self.aligned = False   # whether the kernel tells the compiler its buffers are ALIGN-byte aligned
 

@@ -49,6 +49,7 @@ WARP_PER_OUTPUT = True    # matvec-shaped row kernels get a warp per output (Fal
 MATVEC_WARPS = 4          # outputs (warps) a work-group of such a kernel packs (960 outputs: 240 groups, more SMs busy)
 MATVEC_MIN_OUTPUTS = 256  # fewer outputs than this keep a work-group each (a warp each would leave the GPU idle)
 LOAD_BYTES = 16           # a matvec lane's run: this many bytes of the narrowest element its reductions load
+SHARED_OPERAND_MAX = 4096  # elements of a matvec's row computed once per work-group into local memory (16 KB of float)
 UNROLLED_PASSES = 8       # a static row of at most this many runs per work-item is straight-line code, not a loop
 
 
@@ -237,6 +238,8 @@ def emit_rows(r, store: UOp):
     uniform = [u for u in rows.order if rows.uniform(u)]
     for u in uniform:   # the whole group's, before any warp leaves (their combines have a barrier)
         r.value(u)
+    if rows.pack > 1 and not rows.cols:
+        _shared_operands(r, [u for u in rows.order if u not in uniform])
     if rows.pack > 1:   # a warp past the last row leaves
         r.emit(f"if (gid >= {r.value(count)}) return;")
     for u in rows.order:
@@ -252,6 +255,58 @@ def emit_rows(r, store: UOp):
     per = run_length(cols, rows.run)
     _each_pass(r, "c", as_uop(sym_prod(c.src[0] for c in cols)), per, ("lid", rows.group),
                lambda: r.consecutive("c", cols, per, lambda: r.emit(r.store_line(store))))
+
+
+_CHEAP = (Ops.DEFINE_GLOBAL, Ops.LOAD, Ops.CAST, Ops.CONST)   # operands not worth a local array (a load, widened)
+
+
+def _operands(u: UOp) -> list[UOp]:
+    """The largest computed parts of the row reduction `u`'s operand that no row depends on (a normalised row,
+    SiLU(gate) * up): values of its range alone, each the same for every output."""
+    mine, found = set(u.src[1:]), []
+
+    def visit(x: UOp):
+        if x.op in (Ops.LOAD, Ops.CONST, Ops.RANGE, Ops.DEFINE_GLOBAL) or x in found:
+            return
+        free = _free_ranges(x)
+        if free and free <= mine and x.dtype.is_float and any(y.dtype.is_float and y.op not in _CHEAP for y in x.toposort()):
+            found.append(x)
+            return
+        for y in x.src:
+            visit(y)
+    visit(u.src[0])
+    return found
+
+
+def _shared_operands(r, reduces: list[UOp]):
+    """Compute once per work-group, into local memory, each row reduction's operands that no row depends on
+    (`_operands`; static ranges of at most SHARED_OPERAND_MAX elements), which every warp then reads (one barrier),
+    instead of each warp computing them again at each element."""
+    for u in reduces:
+        ranges = list(u.src[1:])
+        count = math.prod(x.src[0].vmax for x in ranges)
+        if not all(x.src[0].op is Ops.CONST for x in ranges) or count > SHARED_OPERAND_MAX:
+            continue
+        r.row_operands[u] = [(x, _shared_operand(r, x, ranges, count)) for x in _operands(u)]
+    if any(r.row_operands.values()):
+        r.emit(r.d.barrier)
+
+
+def _shared_operand(r, x: UOp, ranges: list[UOp], count: int) -> str:
+    """Store the value `x` at each of the `count` flat indices of `ranges` into a local array, the work-group's
+    work-items splitting them; returns the array's name."""
+    name, flat, per = f"op{r.n}", f"g{r.n}", run_length(ranges, r.rows.run)
+    r.n += 1
+    r.locals.append(r.d.local_array.format(type=r.d.ctype(x.dtype), name=name, n=count) + ";")
+    store = _by_element(per, lambda e: r.emit(f"{name}[{flat} + {e}] = {r.value(x)};"))
+    _each_pass(r, flat, as_uop(count), per, ("tid", r.rows.size), lambda: r.consecutive(flat, ranges, per, store))
+    return name
+
+
+def _by_element(per: int, body):
+    """A `consecutive` body that passes `body` the element's place in its run (consecutive emits it in that order)."""
+    calls = iter(range(1 << 62))
+    return lambda: body(next(calls) % per)
 
 
 def _first(lid: str, per: int) -> str:
@@ -293,8 +348,13 @@ def reduce_together(r, u: UOp, acc: str) -> str:
         _each_element(r, lambda: r.emit(f"{acc} = {r.combine(u.arg, dt, acc, r.value(u.src[0]))};"))
         return _combine_group(r, u.arg, dt, acc, team)
     flat, per = f"f{r.n}", run_length(ranges, r.rows.run)
-    _each_pass(r, flat, as_uop(sym_prod(x.src[0] for x in ranges)), per, team, lambda: r.consecutive(
-        flat, ranges, per, lambda: r.emit(f"{acc} = {r.combine(u.arg, dt, acc, r.value(u.src[0]))};")))
+    held = r.row_operands.get(u, [])
+
+    def element(e: int):
+        r.scopes[-1].update({x: f"{name}[{flat} + {e}]" for x, name in held})   # (computed once per group)
+        r.emit(f"{acc} = {r.combine(u.arg, dt, acc, r.value(u.src[0]))};")
+    _each_pass(r, flat, as_uop(sym_prod(x.src[0] for x in ranges)), per, team,
+               lambda: r.consecutive(flat, ranges, per, _by_element(per, element)))
     return _combine_group(r, u.arg, dt, acc, team)
 
 

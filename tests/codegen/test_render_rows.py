@@ -51,14 +51,16 @@ def _one_kernel(norm, args):
 @pytest.mark.parametrize("dtype, run", [("bfloat16", 8), ("float16", 8), ("float32", 4)])
 def test_a_one_row_projection_gets_a_warp_per_output(monkeypatch, dtype, run, norm):
     """On CUDA each output of a one-row projection is a warp's, MATVEC_WARPS a work-group, its lanes taking 16
-    bytes of weights at a time; the only barrier is the norm's (once per work-group; none without it). Before: a
-    work-group of 160 work-items per output in runs of 4, a barrier for each of its reductions."""
+    bytes of weights at a time; the only barriers are the norm's (once per work-group its mean of squares, then its
+    normalised row into local memory; none without it). Before: a work-group of 160 work-items per output in runs of
+    4, a barrier for each of its reductions, the row normalised again by each output."""
     _, k = _one_kernel(norm, _args(576, DTYPES[dtype]))
     launched = CUDA_TARGET.launched(optimize(k.ast, "cuda"))
     assert gpu_launch.launch_of(launched) == ("rows", render_rows.WARP, render_rows.MATVEC_WARPS, run)
     src = CUDA_TARGET.render(launched)
     assert src.local_size == (render_rows.WARP * render_rows.MATVEC_WARPS,)
-    assert src.source.count("__syncthreads()") == int(norm)
+    assert src.source.count("__syncthreads()") == 2 * norm   # the norm's mean of squares, its normalised row
+    assert "sqrt" not in src.source.split("return;")[1]   # each output reads the normalised row, computed once
     monkeypatch.setattr(render_rows, "WARP_PER_OUTPUT", False)   # the knob: the work-group per output of before
     assert gpu_launch.launch_of(gpu_launch.launch(optimize(k.ast, "cuda"), CUDA)) == ("rows", 160, 1, 4)
 
