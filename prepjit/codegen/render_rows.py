@@ -25,7 +25,9 @@ work-group when WARP_PER_OUTPUT is on (dialects with shuffles): each lane takes 
 element its reduction loads (8 16-bit floats, 4 float32: one 16-byte load each), combined by shuffles only. A
 reduction no output depends on (a fused norm's mean of squares: uniform) is computed by the whole work-group of a
 kernel packing several rows, once (its warps' partials combined through local memory after one barrier, in a fixed
-order, so every work-group has the same value), before the warps past the last row leave.
+order, so every work-group has the same value), before the warps past the last row leave. So are a matvec's operand
+parts that no output depends on and that compute something (the normalised row, SiLU(gate) * up): into a local
+array of the row's length (up to SHARED_OPERAND_MAX), which every warp then reads, after one more barrier.
 
 Reductions nested in a row's reduction that depend on its range (sum_j max_k x[i, j, k]) are not the row's:
 each work-item computes them inline, so no barrier is ever inside a loop whose trip count differs between
@@ -49,7 +51,7 @@ WARP_PER_OUTPUT = True    # matvec-shaped row kernels get a warp per output (Fal
 MATVEC_WARPS = 4          # outputs (warps) a work-group of such a kernel packs (960 outputs: 240 groups, more SMs busy)
 MATVEC_MIN_OUTPUTS = 256  # fewer outputs than this keep a work-group each (a warp each would leave the GPU idle)
 LOAD_BYTES = 16           # a matvec lane's run: this many bytes of the narrowest element its reductions load
-SHARED_OPERAND_MAX = 4096  # elements of a matvec's row computed once per work-group into local memory (16 KB of float)
+SHARED_OPERAND_MAX = 4096  # a matvec row's elements computed once per work-group into local memory (16 KB)
 UNROLLED_PASSES = 8       # a static row of at most this many runs per work-item is straight-line code, not a loop
 
 
