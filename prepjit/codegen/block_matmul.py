@@ -57,7 +57,7 @@ SPARE_REGISTERS = 3  # vector registers a step needs besides the sums: an unpack
 MIN_TILE_ROWS = 128  # rows (their maximum) from which each panel's weights are unpacked once into a tile
 TILE_BYTES = 1 << 15  # a tile's bytes, at most: it lives on the stack of each thread calling the kernel
 TILE_COLUMNS = (6, 4, 2)  # a tile's columns: the first that divides the weight's, fits TILE_BYTES and a quarter
-# of the registers
+# of the registers (a batch's tile: its columns' sums do, AVX-512 q4_1 / q8_0: 4 columns of two registers each)
 TILE_ROWS = 3  # rows of a register block over a tile, at most (with 6 columns: 18 sums, 6 column vectors, a row's)
 
 
@@ -92,7 +92,9 @@ def block_matmul(split: UOp, target: CPUTarget, blocking: Blocking = DEFAULT_BLO
     if groups.op is not Ops.RANGE:  # one panel: no loop for threads to split around the row nests
         return None
 
-    tiled = _weight_tile(split, store, red, j, i, target) if i.src[0].vmax >= MIN_TILE_ROWS else None
+    most = i.src[0].vmax  # a prefill's tile for all rows; a batch's for more rows than one register block holds
+    tiled = _weight_tile(split, store, red, j, i, target, None if most >= MIN_TILE_ROWS else (rows, columns)) \
+        if most > rows else None
     if tiled is not None:  # each panel's weights unpacked into a tile once, for all rows
         return tiled
 
@@ -103,10 +105,15 @@ def block_matmul(split: UOp, target: CPUTarget, blocking: Blocking = DEFAULT_BLO
     return renumber(UOp(Ops.SINK, split.dtype, tuple(stores), split.arg))
 
 
-def _weight_tile(split: UOp, store: UOp, red: UOp, j: UOp, i: UOp, target: CPUTarget) -> UOp | None:
+def _weight_tile(split: UOp, store: UOp, red: UOp, j: UOp, i: UOp, target: CPUTarget,
+                 direct: tuple[int, int] | None) -> UOp | None:
     """The kernel of a sum of products x(i, k) * w(j, k) that unpacks each panel's weights w once into a tile for
     all its rows (see the module docstring), or None where the products are not so or the tile would not fit
-    TILE_BYTES."""
+    TILE_BYTES. With `direct`, the (rows, columns) of the block kernel's register block (a batch of a few rows,
+    at most MIN_TILE_ROWS), the tile's sums run over the split's own ranges, as the block kernel's do, and the
+    tile is filled and read only when the live rows are more than one such block holds; fewer rows read the
+    panel's blocks themselves in blocks of that shape (the same sums of the same floats: a row's bits do not
+    depend on which it took)."""
     body, reduces = red.src[0], red.src[1:]
     if body.op is not Ops.MUL or red.dtype != dtypes.float32:
         return None
@@ -117,11 +124,14 @@ def _weight_tile(split: UOp, store: UOp, red: UOp, j: UOp, i: UOp, target: CPUTa
     if j in x.toposort() or not {u for u in w.toposort() if u.op is Ops.RANGE} <= {j, *reduces} or \
             not steps or extents[-1] % width:
         return None
+    sums = 1 if direct is None else _sum_registers(red, target)  # vector registers of one output's sums
     columns = next((c for c in TILE_COLUMNS if j.src[0].arg % c == 0 and c <= target.vector_registers // 4 and
-                    c * steps * w.dtype.itemsize <= TILE_BYTES and j.src[0].arg // c >= 2), None)
+                    c * steps * w.dtype.itemsize <= TILE_BYTES and j.src[0].arg // c >= 2 and
+                    (direct is None or c % direct[1] == 0 and c * sums <= target.vector_registers // 4)), None)
     if columns is None:
         return None
-    rows = max(1, min(TILE_ROWS, (target.vector_registers - columns - 1) // columns))
+    fit = (target.vector_registers - columns - 1) // (columns * sums)  # rows of sums beside the column vectors
+    rows = max(1, min(TILE_ROWS, fit) if direct is None else fit)
     # the reduction as one range of vectors of `width` lanes: k = kk * width + lane
     axis = 1 + max(u.arg[0] for u in split.toposort() if u.op is Ops.RANGE)
     kk = UOp(Ops.RANGE, dtypes.index, (UOp.const(steps // width),), (axis, "reduce"))
@@ -147,12 +157,27 @@ def _weight_tile(split: UOp, store: UOp, red: UOp, j: UOp, i: UOp, target: CPUTa
     fill = UOp(Ops.STORE, dtypes.bool, (tile, simplify(column * steps + linear_index([*outer, fill_lane], extents)),
                                         _simplified_loads(w.substitute({j: panel * columns + column, lane: fill_lane,
                                                                          **dict(zip(reduces[:-1], outer))}))))
-    read = UOp(Ops.LOAD, w.dtype, (tile, (j % columns) * steps + kk * width + flat_lane))
-    flat = UOp(Ops.REDUCE, red.dtype, (_simplified_loads(x.substitute(split_ranges(kk))) * read, kk, flat_lane),
-               red.arg)
-    store = store.substitute({red: flat})
-    stores = [s for block_rows, n in row_nests(i.src[0], rows, axis + 3 + len(fill_ranges))
-              for s in block_stores(store, j, i, [panel * columns + c for c in range(columns)], block_rows, {})]
+    panel_columns = [panel * columns + c for c in range(columns)]
+    if direct is None:
+        read = UOp(Ops.LOAD, w.dtype, (tile, (j % columns) * steps + kk * width + flat_lane))
+        flat = UOp(Ops.REDUCE, red.dtype, (_simplified_loads(x.substitute(split_ranges(kk))) * read, kk, flat_lane),
+                   red.arg)
+        stores = [s for block_rows, n in row_nests(i.src[0], rows, axis + 3 + len(fill_ranges))
+                  for s in block_stores(store.substitute({red: flat}), j, i, panel_columns, block_rows, {})]
+        return renumber(UOp(Ops.SINK, split.dtype, (fill, *stores), split.arg))
+    # a few rows: the tile only for more live rows than a direct block holds (shared = 1), else the blocks
+    shared = simplify((i.src[0] // (direct[0] + 1)).smin(1))
+    fill = fill.substitute({column: UOp(Ops.RANGE, dtypes.index, (simplify(shared * columns),), column.arg),
+                            part: UOp.const(0), flat_lane: lane})  # one lane range: the sums'
+    read = UOp(Ops.LOAD, w.dtype, (tile, (j % columns) * steps + linear_index(reduces, extents)))
+    on_tile = store.substitute({red: UOp(Ops.REDUCE, red.dtype, (x * read, *reduces), red.arg)})
+    first = axis + 3 + len(fill_ranges)
+    nests = row_nests(simplify(i.src[0] * shared), rows, first)
+    stores = [s for block_rows, _ in nests for s in block_stores(on_tile, j, i, panel_columns, block_rows, {})]
+    after = 2 + max((n for _, n in nests), default=first)
+    stores += [s for block_rows, _ in row_nests(simplify(i.src[0] - i.src[0] * shared), direct[0], after)
+               for c in range(0, columns, direct[1])
+               for s in block_stores(store, j, i, panel_columns[c:c + direct[1]], block_rows, {})]
     return renumber(UOp(Ops.SINK, split.dtype, (fill, *stores), split.arg))
 
 
@@ -168,13 +193,18 @@ def _product(extents: list[int]) -> int:
     return out
 
 
-def _register_block(red: UOp, target: CPUTarget, blocking: Blocking, columns: int) -> tuple[int, int]:
-    """(rows, columns) of the register block: as many vector sums as the accumulator budget holds, each the
-    vector of the lane range's float sums (times the renderer's unrolled innermost steps), two columns when
-    four sums fit and the columns are even (AVX-512: 4 x 2, AVX2: 3 x 1)."""
+def _sum_registers(red: UOp, target: CPUTarget) -> int:
+    """Vector registers of one output's sums: the lane range's float sums times the renderer's unrolled innermost
+    steps (llvm_reductions.lane_sum)."""
     lanes, inner = red.src[-1].src[0].arg, red.src[-2].src[0] if len(red.src) > 2 else UOp.const(1)
     unrolled = inner.arg if inner.op is Ops.CONST and inner.arg <= UNROLLED_STEPS else 1
-    registers = -(-lanes * red.dtype.itemsize * unrolled // target.vector_bytes)
+    return -(-lanes * red.dtype.itemsize * unrolled // target.vector_bytes)
+
+
+def _register_block(red: UOp, target: CPUTarget, blocking: Blocking, columns: int) -> tuple[int, int]:
+    """(rows, columns) of the register block: as many vector sums as the accumulator budget holds, each
+    `_sum_registers`, two columns when four sums fit and the columns are even (AVX-512: 4 x 2, AVX2: 3 x 1)."""
+    registers = _sum_registers(red, target)
     budget = min(blocking.max_accumulators, target.vector_registers - SPARE_REGISTERS)
     sums = max(1, budget // registers)
     across = 2 if sums >= 4 and columns % 2 == 0 else 1

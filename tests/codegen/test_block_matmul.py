@@ -9,7 +9,7 @@ from prepjit.codegen.block_matmul import TILE_BYTES
 from prepjit.codegen.optimize import optimize
 from prepjit.codegen.render_llvm import render_llvm
 from prepjit.codegen.target import AVX2, AVX512
-from prepjit.uop import Ops
+from prepjit.uop import Ops, UOp, simplify
 
 from .test_quant_matvec import _blocks
 
@@ -73,7 +73,7 @@ def test_each_block_is_unpacked_once_for_a_register_block_of_rows(kind, loads, r
     nibble halves read the same 16 bytes, unrolled), not once per row."""
     blocks = _blocks(rng, kind, 1536, K)
     x = rng.standard_normal((3, K)).astype(np.float32)
-    (kernel,) = _batched(kind, "cpu").plan(x, blocks).kernels
+    (kernel,) = _batched(kind, "cpu", rows=(1, 4)).plan(x, blocks).kernels  # at most one block: no tile
     for target, (rows, columns, nests) in ((AVX512, (4, 2, 3)), (AVX2, (3, 1, 3))):
         out = optimize(kernel.kernel.scheduled, "llvm", target)
         assert len(out.src) == (rows + 2 + 1) * columns
@@ -94,11 +94,66 @@ def test_every_column_of_a_register_block_prefetches_its_blocks(kind, rng):
     column's prefetch SmolLM2's engine decode step of one sequence took 7.7 ms against the one-row plan's 6.2."""
     blocks = _blocks(rng, kind, 1536, K)
     x = rng.standard_normal((3, K)).astype(np.float32)
-    (kernel,) = _batched(kind, "cpu").plan(x, blocks).kernels
+    (kernel,) = _batched(kind, "cpu", rows=(1, 4)).plan(x, blocks).kernels
     for target, (columns, nests) in ((AVX512, (2, 3)), (AVX2, (1, 3))):
         ir = render_llvm(optimize(kernel.kernel.scheduled, "llvm", target), target).source
         calls = [line for line in ir.splitlines() if "call void @llvm.prefetch" in line]
         assert len(calls) == nests * columns
+def _at(u, **values):
+    """`u` with its vars set to `values`, simplified (a range's live extent)."""
+    return simplify(u.substitute({v: UOp.const(values[v.arg[0]]) for v in u.toposort() if v.op is Ops.DEFINE_VAR}))
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "q4_1"])
+def test_a_batch_of_more_rows_than_a_register_block_reads_a_tile(kind, rng):
+    """A decode batch (B a var up to 16, more rows than AVX-512's 4 x 2 block of two-register sums) unpacks each
+    4-column panel's blocks once into a tile for all its rows when the live rows exceed one block: the fill runs
+    4 columns at B = 5 and 16 and none at B = 1 or 4; the tile's sums are 3 x 4 blocks (12 stores a block) over
+    the block split's own ranges (the sums of the block kernel), and the rows of one block or fewer read the
+    blocks in 4 x 2 blocks, each column's blocks prefetched. The IR loads a column's block bytes in the fill
+    (its nibble halves a loop) and in each direct nest (halves unrolled), never in the tile's sums."""
+    blocks = _blocks(rng, kind, 1536, K)
+    x = rng.standard_normal((16, K)).astype(np.float32)
+    (kernel,) = _batched(kind, "cpu", rows=(1, 16)).plan(x, blocks).kernels
+    out = optimize(kernel.kernel.scheduled, "llvm", AVX512)
+    fill, *stores = out.src
+    assert fill.src[0].op is Ops.DEFINE_LOCAL and fill.src[0].arg[1] == 4 * K
+    column = min((r for r in fill.toposort() if r.op is Ops.RANGE and r.arg[1] == "serial"), key=lambda r: r.arg[0])
+    assert [_at(column.src[0], B=b).arg for b in (1, 4, 5, 16)] == [0, 0, 4, 4]
+    on_tile = [s for s in stores if any(u.op is Ops.DEFINE_LOCAL for u in s.toposort())]
+    direct = [s for s in stores if s not in on_tile]
+    assert len(on_tile) == (3 + 2 + 1) * 4 and len(direct) == (4 + 2 + 1) * 4
+    block_bytes = [u for u in out.toposort() if u.op is Ops.LOAD and u.src[0].op is Ops.DEFINE_GLOBAL and
+                   u.src[0].arg == 2]
+    assert block_bytes and not any(u in s.toposort() for s in on_tile for u in block_bytes)
+    assert len({r.src[1:] for s in stores for r in s.toposort() if r.op is Ops.REDUCE}) == 1  # one set of ranges
+    ir = render_llvm(out, AVX512).source
+    halves = 2 if kind == "q4_1" else 1
+    assert ir.count("load <32 x i8>" if kind == "q8_0" else "load <16 x i8>") == 1 + 3 * 4 * halves  # fill: a loop
+    assert sum("call void @llvm.prefetch" in line for line in ir.splitlines()) >= 3 * 4
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "q4_1", "q6_k"])
+def test_batch_rows_on_or_off_the_tile_match_numpy_and_keep_their_bits(kind, device, rng):
+    """B a var up to 16 (on the cpu rows past one register block read a tile, fewer the blocks): every B in
+    {1, 3, 4, 5, 16} equals float64 NumPy, and a row has the same bits alone, in a batch of 4 (the blocks) and in
+    one of 5 or 16 (the tile), whichever position it takes."""
+    blocks = _blocks(rng, kind, N, K)
+    w = pj.quant.dequantize(blocks, kind).astype(np.float64)
+    f = _batched(kind, device, rows=(1, 16))
+    x = rng.standard_normal((16, K)).astype(np.float32)
+    batch = np.asarray(f(x, blocks))
+    for rows in (1, 3, 4, 5, 16):
+        ref = x[:rows].astype(np.float64) @ w.T
+        got = np.asarray(f(x[:rows], blocks))
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+        np.testing.assert_array_equal(got, batch[:rows])
+    for b in (0, 5, 15):
+        np.testing.assert_array_equal(np.asarray(f(x[b:b + 1], blocks))[0], batch[b])
+        np.testing.assert_array_equal(np.asarray(f(x[b:b + 4], blocks))[0], batch[b])
+    assert len(f.plan(x, blocks).kernels) == 1 and f.plan(x, blocks).memory_bytes == 0
+
+
 @pytest.mark.parametrize("kind", ["q8_0", "q4_1", "q6_k"])
 def test_a_prefill_unpacks_each_panels_blocks_once_into_a_tile(kind, rng):
     """With up to 512 rows (a prefill) the kernel as launched (AVX-512 and AVX2) first unpacks a panel's columns
