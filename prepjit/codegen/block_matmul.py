@@ -28,11 +28,24 @@ wide in columns (3 x 6 on AVX-512: 128 rows x 576 @ 1536 q4_1 on one thread 1.34
 1.44-1.78, 2 x 8's 1.65 and the block kernel's 2.46-2.75; NumPy's float32 matmul 1.42-1.45). The bounds proof sees
 the tile's accesses against the size its DEFINE_LOCAL names; no float32 copy of the weight is made.
 
+A decode batch (more rows at most than one register block holds, fewer than MIN_TILE_ROWS: a serving engine's B
+up to 16) gets a tile too, whose use depends on the live row count: the column panels outermost (threads split
+them), each panel's blocks unpacked into the tile only when the rows are more than one register block holds (the
+fill's column loop runs 0 or C times), the tile's sums over the block split's own ranges (the block kernel's sums,
+not the prefill tile's flat range), and fewer rows reading the panel's blocks in the block kernel's register
+blocks. Why: 16 rows in 4 x 2 blocks unpacked each weight block 4 times (q4_1: ~12 vector instructions for two
+vectors of weights, beside the 16 FMAs of a step, on the two ports that do both): SmolLM2's 16-row projections ran
+at 80-90 GFLOP/s on one thread against the prefill tile's 130-150. With the tile (4 columns of two-register sums,
+3 x 4 blocks on AVX-512), one thread, q4_1: 3072 x 576 at B = 16 0.65-0.70 -> 0.45-0.50 ms, 576 x 576 0.125 ->
+0.09, 576 x 1536 0.30-0.33 -> 0.28-0.29 (its 16 rows of activations stream from L2 per panel); q8_0 head 49152 x
+576, two threads, 9.6-9.7 -> 6.9-7.9 ms; B <= 4 as before (B = 1 head 1.34-1.53 vs 1.36-1.39).
+
 One row's sum is the same sequence of operations in a block of any size (a vector of lane sums accumulated over
 the block ranges in order, its lanes added up once): row b's result has the same bits for B = 1 and B = 64 (a
 serving engine's greedy output does not depend on its batch; tests/codegen/test_block_matmul.py checks it). The
 sum is reassociated as in the one-row kernel. Over a tile the sums add k in another grouping than over the blocks
 (one vector of lanes per step, not one per nibble half): a row still has the same bits in any batch of one plan.
+A decode batch's tile sums as its blocks do: a row's bits are the same on or off the tile.
 """
 from __future__ import annotations
 
