@@ -188,9 +188,12 @@ def _weight_tile(split: UOp, store: UOp, red: UOp, j: UOp, i: UOp, target: CPUTa
     nests = row_nests(simplify(i.src[0] * shared), rows, first)
     stores = [s for block_rows, _ in nests for s in block_stores(on_tile, j, i, panel_columns, block_rows, {})]
     after = 2 + max((n for _, n in nests), default=first)
-    stores += [s for block_rows, _ in row_nests(simplify(i.src[0] - i.src[0] * shared), direct[0], after)
-               for c in range(0, columns, direct[1])
-               for s in block_stores(store, j, i, panel_columns[c:c + direct[1]], block_rows, {})]
+
+    def direct_columns(n: int) -> list[UOp]:  # a loop over the panel's blocks of direct[1] columns, inside nest n
+        sub = new_range(UOp.const(columns // direct[1]), n + 1)
+        return [panel * columns + sub * direct[1] + c for c in range(direct[1])]
+    stores += [s for block_rows, n in row_nests(simplify(i.src[0] - i.src[0] * shared), direct[0], after)
+               for s in block_stores(store, j, i, direct_columns(n), block_rows, {})]
     return renumber(UOp(Ops.SINK, split.dtype, (fill, *stores), split.arg))
 
 
