@@ -142,8 +142,39 @@ def load_params(reader=None, layers: int | None = None, dtype=np.float32) -> tup
         })
     embed = weight("token_embd.weight")
     head = weight("output.weight") if "output.weight" in tensors else embed
-    return attrs.evolve(cfg, layers=n), {"embed": embed, "head": head, "norm": weight("output_norm.weight"),
-                                         "blocks": blocks}
+    return attrs.evolve(cfg, layers=n), in_one_block({"embed": embed, "head": head,
+                                                      "norm": weight("output_norm.weight"), "blocks": blocks})
+
+
+def in_one_block(tree, align: int = 64):
+    """`tree` (dicts and lists of arrays) with its arrays copied into one allocation, each `align`-byte aligned
+    (what it holds twice, a tied head, copied once and still one object). A decode step streams every weight once:
+    NumPy backs an allocation of 4 MB or more with transparent huge pages, while a 1.3 MB matrix of its own gets
+    4 KB pages, whose TLB misses and page-bounded hardware prefetching slow the stream (SmolLM2 float32, 2 threads,
+    loaded host: decode 44-46 -> 39 ms with the weights in one block)."""
+    arrays = {}
+
+    def collect(t):
+        if isinstance(t, dict):
+            return [collect(v) for v in t.values()]
+        if isinstance(t, list):
+            return [collect(v) for v in t]
+        arrays.setdefault(id(t), t)
+    collect(tree)
+    sizes = [-(-a.nbytes // align) * align for a in arrays.values()]
+    block = np.empty(sum(sizes) + align, np.uint8)
+    at = (-block.ctypes.data) % align
+    copies = {}
+    for (key, a), size in zip(arrays.items(), sizes):
+        copies[key] = block[at:at + a.nbytes].view(a.dtype).reshape(a.shape)
+        copies[key][...] = a
+        at += size
+
+    def rebuilt(t):
+        if id(t) not in copies:
+            copies[id(t)] = {k: rebuilt(v) for k, v in t.items()} if isinstance(t, dict) else [rebuilt(v) for v in t]
+        return copies[id(t)]
+    return rebuilt(tree)
 
 
 def _unpermuted(w, heads: int):

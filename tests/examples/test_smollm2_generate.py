@@ -59,6 +59,28 @@ def test_float_and_block_weights_share_one_layout_a_row_per_output():
     assert floats["blocks"][0]["wqkv"].shape[1] == floats["blocks"][0]["down"].shape[0] == floats["embed"].shape[1]
 
 
+def test_the_weights_are_one_block_of_aligned_arrays():
+    """load_params puts every weight (floats or blocks) in one allocation, each 64-byte aligned, the tied head the
+    token table itself (so a decode step streams them from huge pages: llama.in_one_block); values unchanged."""
+    def leaves(t):
+        if isinstance(t, np.ndarray):
+            return [t]
+        return [a for v in (t.values() if isinstance(t, dict) else t) for a in leaves(v)]
+
+    reader = llama.open_gguf()
+    for dtype in (np.float32, "q8_0"):
+        _, params = llama.load_params(reader, layers=2, dtype=dtype)
+        bases = {id(a.base if a.base is not None else a) for a in leaves(params)}
+        assert len(bases) == 1 and all(a.ctypes.data % 64 == 0 for a in leaves(params))
+        assert params["head"] is params["embed"]
+    tree = {"a": np.arange(5, dtype=np.float32), "b": [np.ones((3, 7), np.int8)]}
+    tree["c"] = tree["a"]
+    packed = llama.in_one_block(tree)
+    assert packed["c"] is packed["a"] and packed["a"].base is packed["b"][0].base
+    np.testing.assert_array_equal(packed["a"], tree["a"])
+    np.testing.assert_array_equal(packed["b"][0], tree["b"][0])
+
+
 @pytest.mark.parametrize("dtype, weights", [("bf16", "bf16"), ("f16", "f16"), ("f32", "bf16"), ("bf16", "f32")])
 def test_dtype_and_weight_storage(dtype, weights, capsys):
     """--dtype is what the plans compute in, --weights what they read: the decode plan's inputs are the weights in
