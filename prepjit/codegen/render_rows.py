@@ -35,6 +35,7 @@ work-items.
 """
 from __future__ import annotations
 
+import itertools
 import math
 
 import attrs
@@ -259,17 +260,18 @@ def emit_rows(r, store: UOp):
                lambda: r.consecutive("c", cols, per, lambda: r.emit(r.store_line(store))))
 
 
-_CHEAP = (Ops.DEFINE_GLOBAL, Ops.LOAD, Ops.CAST, Ops.CONST)   # operands not worth a local array (a load, widened)
+_CHEAP = (Ops.DEFINE_GLOBAL, Ops.LOAD, Ops.CAST, Ops.CONST, Ops.RANGE)   # not worth a local array: a load, widened
 
 
 def _operands(u: UOp) -> list[UOp]:
     """The largest computed parts of the row reduction `u`'s operand that no row depends on (a normalised row,
     SiLU(gate) * up): values of its range alone, each the same for every output."""
-    mine, found = set(u.src[1:]), []
+    mine, found, seen = set(u.src[1:]), [], set()
 
     def visit(x: UOp):
-        if x.op in (Ops.LOAD, Ops.CONST, Ops.RANGE, Ops.DEFINE_GLOBAL) or x in found:
+        if x.op in (Ops.LOAD, Ops.CONST, Ops.RANGE, Ops.DEFINE_GLOBAL) or x in seen:
             return
+        seen.add(x)
         free = _free_ranges(x)
         if free and free <= mine and x.dtype.is_float and any(y.dtype.is_float and y.op not in _CHEAP for y in x.toposort()):
             found.append(x)
@@ -307,7 +309,7 @@ def _shared_operand(r, x: UOp, ranges: list[UOp], count: int) -> str:
 
 def _by_element(per: int, body):
     """A `consecutive` body that passes `body` the element's place in its run (consecutive emits it in that order)."""
-    calls = iter(range(1 << 62))
+    calls = itertools.count()
     return lambda: body(next(calls) % per)
 
 
