@@ -68,7 +68,7 @@ class Dialect:
     math: Callable[[str, DType], str]   # a C math function's name for a float type ("exp" -> "expf" in CUDA)
     func: str                      # qualifier of helper functions
     kernel_head: str               # format: {bounds}, {name}, {params}
-    bounds: str                    # format: {n}, the declared work-group size
+    bounds: str                    # format: {n}, the declared work-group size; {resident}: ", groups" at once or ""
     always_bounded: bool           # whether every kernel declares its work-group size (CUDA) or grouped ones only
     elementwise_group: int         # the declared size of a kernel that is not grouped (when always_bounded)
     global_ptr: str                # format: {const}, {type}, {name}
@@ -172,6 +172,7 @@ class CStyleRenderer(KernelRenderer):
         self.row_operands: dict = {}   # a row reduction -> [(its operand, the local array holding it)] (render_rows)
         self.long = dialect.ctype(dtypes.int64)
         self.aligned = False   # whether the kernel tells the compiler its buffers are ALIGN-byte aligned
+        self.resident_groups = 1   # work-groups a multiprocessor should hold at once (render_fragments sets it)
 
     def emit(self, line: str):
         self.lines.append("  " * self.depth + line)
@@ -569,7 +570,8 @@ class CStyleRenderer(KernelRenderer):
                   for i, dt in sorted(dtype_of.items())]
         params += [f"{self.long} {_c_name(v)}" for v in self.vars]
         group = self.group_size()
-        bounds = self.d.bounds.format(n=group) if group else ""
+        resident = f", {self.resident_groups}" if self.resident_groups > 1 else ""
+        bounds = self.d.bounds.format(n=group, resident=resident) if group else ""
         head = self.d.kernel_head.format(bounds=bounds, name=self.ast.arg, params=", ".join(params))
         if self.aligned:
             self.locals += [self.d.assume_aligned.format(name=f"buf{i}", const="" if i == 0 else "const ",

@@ -198,7 +198,7 @@ CUDA = Dialect(
     math=lambda name, dt: name if dt == dtypes.float64 else name + "f",
     func="__device__ ",
     kernel_head='extern "C" __global__ void {bounds}{name}({params})',
-    bounds="__launch_bounds__({n}) ",
+    bounds="__launch_bounds__({n}{resident}) ",
     always_bounded=True, elementwise_group=ELEMENTWISE_GROUP,
     global_ptr="{const}{type} *__restrict__ {name}",
     global_id="(long long)blockIdx.x * blockDim.x + threadIdx.x", group_id="(long long)blockIdx.x",

@@ -44,8 +44,10 @@ MIN_WARPS = 1536                  # warps a contraction should run in all: fewer
 SPLITS = (1, 2, 4)                # how many sets of work-items may share a tile, each multiplying part of a slice
 MAX_THREADS = 256                 # work-items of a group, at most
 FRAGMENT_THREADS = 128            # work-items of a tile on tensor cores: 4 warps (render_fragments.py), a warpgroup
-FRAGMENT_OUTPUTS = 128 * 128      # outputs a warpgroup keeps in its registers (128 float32 a work-item), at most:
-                                  # larger tiles (128 x 256, 256 x 128) take a warpgroup per FRAGMENT_OUTPUTS
+FRAGMENT_OUTPUTS = 64 * 128       # outputs a warpgroup keeps in its registers (64 float32 a work-item), at most:
+                                  # a 128 x 128 tile takes two warpgroups, two tiles a multiprocessor (on an H100,
+                                  # bf16 4096^3: 388 TFLOP/s with one group in flight, against 313 for one warpgroup
+                                  # of 128 accumulators a work-item, 218 registers, one tile a multiprocessor)
 
 
 def fragment_threads(tm: int, tn: int) -> int:

@@ -50,7 +50,7 @@ struct uint4 { unsigned x, y, z, w; };
 #define __shared__ static __attribute__((section("pj_shared")))
 #define __constant__
 #define __align__(n) __attribute__((aligned(n)))
-#define __launch_bounds__(n)
+#define __launch_bounds__(...)
 #define __restrict__ __restrict
 #define __syncthreads() pthread_barrier_wait(&pj_bar)
 static inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }

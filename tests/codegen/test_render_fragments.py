@@ -51,7 +51,9 @@ def test_sixteen_bit_contractions_launch_on_tensor_cores_in_cuda(name):
     assert "wgmma.mma_async" not in source and "#if PJ_WGMMA" not in source
     wide = render_cuda(ast, (128, 128, 1, name)).source
     assert f"wgmma.mma_async.sync.aligned.m64n128k16.f32.{kind}.{kind}" in wide and "#if PJ_WGMMA" in wide
-    assert f"pj_wgmma_{kind}_n128_01(wacc1, " in wide and f"pj_mma_{kind}(acc0_0_0" in wide   # b along its columns
+    assert f"pj_wgmma_{kind}_n128_01(wacc0, " in wide and f"pj_mma_{kind}(acc0_0_0" in wide   # b along its columns
+    # two warpgroups of 64 rows (FRAGMENT_OUTPUTS), two tiles a multiprocessor (RESIDENT_TILES)
+    assert "__launch_bounds__(256, 2)" in wide and render_cuda(ast, (128, 128, 1, name)).local_size == (256,)
 
 
 def test_float32_contractions_keep_their_fma_tiles():
@@ -133,22 +135,22 @@ def test_tensor_core_kernels_compute_the_matmul(name, m, n, k, a_t, b_t, batch, 
 @pytest.mark.parametrize("wgmma", [False, True], ids=["mma_sync", "wgmma"])
 @pytest.mark.parametrize("a_t, b_t", [(False, False), (True, True)])
 def test_every_tensor_core_tile_shape_computes_the_matmul(wgmma, a_t, b_t):
-    """Each tile shape PREPJIT_TUNE may pick, on tensor cores (4 warps, each a quarter of the tile, or one warpgroup
-    where the tile's rows are a multiple of 64 and the GPU has wgmma), with ragged edges on both sides and a partial
+    """Each tile shape PREPJIT_TUNE may pick, on tensor cores (a warpgroup per FRAGMENT_OUTPUTS outputs: its warps
+    each a part of the tile, or warpgroup instructions where the tile's rows are a multiple of 64 and the GPU has
+    wgmma), with ragged edges on both sides and a partial
     slice, both operands' tiles minor along k or both along their own axes (128- and 64-byte swizzles)."""
     m, n, k = 200, 136, 40
     ast = strided_narrow_kernel(dtypes.bfloat16, m, n, k, a_t, b_t)
     for tm, tn in SHAPES:
         tile = (tm, tn, 1, "bfloat16")
-        assert render_cuda(ast, tile).local_size == (128,)
+        assert render_cuda(ast, tile).local_size == (render_tiles.fragment_threads(tm, tn),)
         emulate(ast, ml_dtypes.bfloat16, m, n, k, a_t, b_t, tile=tile, wgmma=wgmma)
 
 
 # render_fragments' knobs of the warpgroup kernels (the defaults first), each timed on a GPU before it is a default
 HOPPER_LOCAL_BYTES = 200 * 1024   # (an H100 block may have 227 KB of local memory)
-VARIANTS = [{}, {"WGMMA_IN_FLIGHT": 1}, {"SLICE_K": 64},
-            {"SLICE_K": 64, "WGMMA_IN_FLIGHT": 1, "MAX_LOCAL_BYTES": HOPPER_LOCAL_BYTES},
-            {"FRAGMENT_OUTPUTS": 64 * 128, "SLICE_K": 64, "WGMMA_IN_FLIGHT": 1, "MAX_LOCAL_BYTES": HOPPER_LOCAL_BYTES}]
+VARIANTS = [{}, {"FRAGMENT_OUTPUTS": 128 * 128, "WGMMA_IN_FLIGHT": 0},   # (the default before 2 warpgroups a tile)
+            {"SLICE_K": 64}, {"SLICE_K": 64, "MAX_LOCAL_BYTES": HOPPER_LOCAL_BYTES}]
 
 
 @pytest.fixture(params=VARIANTS, ids=lambda v: "-".join(f"{k}={x}" for k, x in v.items()) or "default")
