@@ -10,8 +10,9 @@ are 16-bit ones; a tf32 tile holds half as many float32 ones (slices 16 deep, ch
 A group of warpgroups (four warps each: one per FRAGMENT_OUTPUTS outputs, render_tiles.fragment_threads: two for a
 128 x 128 tile, 64 accumulators a work-item) owns a TM x TN tile of outputs in float32 accumulators in registers;
 where a work-item holds at most RESIDENT_ACCUMULATORS, the kernel asks for RESIDENT_TILES tiles a multiprocessor
-(`__launch_bounds__(threads, 2)`), so one tile's copies and barriers overlap another's arithmetic (an H100's bf16
-4096^3: 388 TFLOP/s, against 313 for one warpgroup of 128 accumulators, one tile a multiprocessor).
+(`__launch_bounds__(threads, 2)`), so one tile's copies and barriers overlap another's arithmetic. On an H100, bf16
+4096^3 in the same process: 383 TFLOP/s with four stages (64 KB), 363 with six, 259 with three (48 KB, static),
+against 298 for one warpgroup of 128 accumulators, one tile a multiprocessor.
 Two variants of the arithmetic are emitted, the GPU's compiler keeping one (PJ_WGMMA: the dialect's test for
 Hopper's sm_90a target):
 - where each warpgroup's share of the tile's rows (`group_rows`) is a multiple of GROUP_M and the GPU has them, each
@@ -70,7 +71,8 @@ GROUP_M = 64                    # rows of one warpgroup instruction (wgmma m64nN
 CHUNK_BYTES = 16                # one asynchronous copy
 MAX_STAGES = 4
 STATIC_LOCAL_BYTES = 48 * 1024  # the local memory a kernel may declare statically (beyond it: dynamic local memory)
-MAX_LOCAL_BYTES = 48 * 1024     # the local memory the stages may take (Hopper allows a block 227 KB, dynamically)
+MAX_LOCAL_BYTES = 64 * 1024     # the local memory the stages may take, dynamically beyond 48 KB (sm_75 allows a block
+                                # 64 KB, sm_80 163 KB, Hopper 227 KB; two 128 x 128 tiles of four stages fit an SM)
 SLICE_K = 32                    # depth of one staged slice in 16-bit elements (32: 64-byte k-minor rows; 64: 128-byte)
 WGMMA_IN_FLIGHT = 1             # warpgroup instruction groups left in flight while the next slice is issued (0 or 1)
 RESIDENT_TILES = 2              # tiles a multiprocessor should hold at once where a work-item's accumulators are at
