@@ -150,7 +150,7 @@ def test_every_tensor_core_tile_shape_computes_the_matmul(wgmma, a_t, b_t):
 # render_fragments' knobs of the warpgroup kernels (the defaults first), each timed on a GPU before it is a default
 HOPPER_LOCAL_BYTES = 200 * 1024   # (an H100 block may have 227 KB of local memory)
 VARIANTS = [{}, {"FRAGMENT_OUTPUTS": 128 * 128, "WGMMA_IN_FLIGHT": 0},   # (the default before 2 warpgroups a tile)
-            {"SLICE_K": 64}, {"SLICE_K": 64, "MAX_LOCAL_BYTES": HOPPER_LOCAL_BYTES}]
+            {"SLICE_K": 64, "MAX_LOCAL_BYTES": HOPPER_LOCAL_BYTES}]   # (64-deep slices: two stages in 64 KB, four here)
 
 
 @pytest.fixture(params=VARIANTS, ids=lambda v: "-".join(f"{k}={x}" for k, x in v.items()) or "default")
