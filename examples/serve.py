@@ -37,6 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import openai_api as api  # noqa: E402
 from engine import Engine, Sampling, add_arguments  # noqa: E402
 from models.common import MissingPackage  # noqa: E402
+from models.minilm import token_rows  # noqa: E402
 
 log = logging.getLogger("serve")
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -190,8 +191,7 @@ class Worker:
         inputs = [s for request, _ in embeds for s in request]
         try:
             vectors = self.embedder.embed(inputs)
-            texts = iter(self.embedder.tokenizer.encode_batch([s for s in inputs if isinstance(s, str)]))
-            counts = [sum(next(texts).attention_mask) if isinstance(s, str) else len(s) for s in inputs]
+            counts = [len(row) for row in token_rows(self.embedder.tokenizer, inputs)]
             results, start = [], 0
             for request, _ in embeds:
                 end = start + len(request)

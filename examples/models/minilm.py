@@ -86,13 +86,18 @@ def load_tokenizer(max_length: int):
 def encode_batch(tokenizer, inputs) -> tuple[np.ndarray, np.ndarray]:
     """Token ids (int64) and attention mask (float32), both (batch, longest), padded with id 0 after each input: a
     string is tokenized (and truncated), a list of token ids is taken as it is."""
-    texts = iter(tokenizer.encode_batch([s for s in inputs if isinstance(s, str)]))
-    rows = [_unpadded(next(texts)) if isinstance(s, str) else s for s in inputs]
+    rows = token_rows(tokenizer, inputs)
     ids = np.zeros((len(rows), max(map(len, rows))), np.int64)
     mask = np.zeros(ids.shape, np.float32)
     for i, row in enumerate(rows):
         ids[i, :len(row)], mask[i, :len(row)] = row, 1
     return ids, mask
+
+
+def token_rows(tokenizer, inputs) -> list[list[int]]:
+    """Each input's token ids, unpadded: a string tokenized (and truncated), a list of token ids as it is."""
+    texts = iter(tokenizer.encode_batch([s for s in inputs if isinstance(s, str)]))
+    return [_unpadded(next(texts)) if isinstance(s, str) else s for s in inputs]
 
 
 def _unpadded(encoding) -> list[int]:

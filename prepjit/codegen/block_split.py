@@ -42,17 +42,26 @@ def split_blocks(ast: UOp) -> UOp:
         outer.append(kb)
     if not outer or _divisors(body, k):
         return ast
+    lanes = split_lanes(body, k, axis)
+    if lanes is None:
+        return ast
+    body, steps, lane = lanes
+    return ast.substitute({red: UOp(Ops.REDUCE, red.dtype, (body, *red.src[1:-1], *outer, *steps, lane), red.arg)})
+
+
+def split_lanes(body: UOp, k: UOp, axis: int) -> tuple[UOp, list[UOp], UOp] | None:
+    """(`body` over k = step * lanes + lane, the step range if any, the "lane" range of at most MAX_LANES steps),
+    the new ranges numbered from `axis`: vectors of MAX_LANES steps where k is longer; None where MAX_LANES does not
+    divide a longer k."""
     steps = const_end(k)
     lanes = min(steps, MAX_LANES)
     if steps % lanes:
-        return ast
+        return None
     lane = UOp(Ops.RANGE, dtypes.index, (UOp.const(lanes),), (axis + 1, "lane"))
-    if steps > lanes:  # a long block without divisors of its own: vectors of MAX_LANES steps
-        outer.append(UOp(Ops.RANGE, dtypes.index, (UOp.const(steps // lanes),), (axis, "reduce")))
-        body = _simplified_indices(body.substitute({k: outer[-1] * lanes + lane}))
-    else:
-        body = body.substitute({k: lane})
-    return ast.substitute({red: UOp(Ops.REDUCE, red.dtype, (body, *red.src[1:-1], *outer, lane), red.arg)})
+    if steps == lanes:
+        return body.substitute({k: lane}), [], lane
+    step = UOp(Ops.RANGE, dtypes.index, (UOp.const(steps // lanes),), (axis, "reduce"))
+    return _simplified_indices(body.substitute({k: step * lanes + lane})), [step], lane
 
 
 def _divisors(body: UOp, k: UOp) -> set[int]:

@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import attrs
 
-from ..uop import Ops, UOp, simplify
+from ..uop import Ops, UOp
 from .block_matmul import block_matmul
-from .block_split import MAX_LANES, split_blocks
+from .block_split import MAX_LANES, split_blocks, split_lanes
 from .optimize import (
     COLUMN_VECTORS,
     DEFAULT_BLOCKING,
@@ -130,12 +130,8 @@ def summed_over_lanes(ast: UOp, j: UOp) -> UOp:
             steps == MAX_LANES:
         return ast
     axis = max(u.arg[0] for u in ast.toposort() if u.op is Ops.RANGE) + 1
-    step = UOp(Ops.RANGE, k.dtype, (UOp.const(steps // MAX_LANES),), (axis, "reduce"))
-    lane = UOp(Ops.RANGE, k.dtype, (UOp.const(MAX_LANES),), (axis + 1, "lane"))
-    body = red.src[0].substitute({k: step * MAX_LANES + lane})
-    indices = {x for u in body.toposort() if u.op is Ops.LOAD for x in u.src[1:2] if x.op not in (Ops.CONST, Ops.RANGE)}
-    body = body.substitute({x: simplify(x) for x in indices})
-    return ast.substitute({red: UOp(Ops.REDUCE, red.dtype, (body, step, lane), red.arg)})
+    body, step, lane = split_lanes(red.src[0], k, axis)
+    return ast.substitute({red: UOp(Ops.REDUCE, red.dtype, (body, *step, lane), red.arg)})
 
 
 def _row_bytes(itemsize: int, columns: UOp) -> int:

@@ -177,7 +177,7 @@ _TENSOR_CORES = {  # Ampere's and Hopper's (sm_80 and newer) warp-wide matrix, m
 
 # local memory beyond the 48 KB a kernel may declare statically: the launch must pass its size and allow it
 # (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES); the runtime reads the size from the module's
-# pj_dynamic_local_bytes (runtime/cuda_driver.py)
+# pj_dynamic_local_bytes (runtime/cuda_cubin.py)
 DYNAMIC_LOCAL = """extern __shared__ __align__(1024) unsigned char pj_dynamic_local[];
 extern "C" __constant__ unsigned pj_dynamic_local_bytes = {bytes};"""
 

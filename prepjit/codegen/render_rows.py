@@ -213,10 +213,6 @@ def launch_size(rows: Rows) -> UOp:
     return (count + (rows.pack - 1)) // rows.pack * rows.size if rows.pack > 1 else count * rows.group
 
 
-def _first(per: int) -> str:
-    return "lid" if per == 1 else f"lid * {per}"
-
-
 def emit_rows(r, store: UOp):
     """The kernel body, emitted through the C-style renderer `r`: the row's reductions together (every work-item
     reaches every barrier), then its columns (or, with none, the one output, stored by work-item 0)."""
