@@ -37,19 +37,29 @@ CHILD = textwrap.dedent(r"""
             out.append((lo, hi, fields[1], fields[5] if len(fields) > 5 else ""))
         return sorted(out)
 
-    def reserve(addr, size):
-        libc.mmap(addr, size, 0, FLAGS, -1, 0)  # may fail where something was mapped meanwhile: that is fine
+    def reserve(addr, size):  # True where [addr, addr + size) is now ours, False where something is mapped there
+        return libc.mmap(addr, size, 0, FLAGS, -1, 0) == addr
+
+    def mmap_area():
+        maps = mappings()
+        heap_end = max([hi for lo, hi, _, name in maps if name == "[heap]"] or [0])
+        return [(lo, hi) for lo, hi, _, name in maps
+                if lo > heap_end + 2**40 and name not in ("[stack]", "[vvar]", "[vdso]", "[vsyscall]")]
 
     pj.prepare(lambda a: a + 1)(np.zeros(4, np.float32))  # the device and its replay program exist first
-    maps = mappings()
-    heap_end = max([hi for lo, hi, _, name in maps if name == "[heap]"] or [0])
-    area = [(lo, hi) for lo, hi, _, name in maps
-            if lo > heap_end + 2**40 and name not in ("[stack]", "[vvar]", "[vdso]", "[vsyscall]")]
+    area = mmap_area()
     for (_, end), (start, _) in zip(area, area[1:]):
         if start > end:
             reserve(end, start - end)
-    low = min(lo for lo, _ in area)
-    reserve(low - SPAN, SPAN)
+    # Python may map a new arena below the area while it is crowded: the holes are punched only in a
+    # reservation the test owns, never in memory that someone else mapped there (a CI run once unmapped
+    # pages of a live arena that way and crashed in pymalloc).
+    for attempt in range(10):
+        low = min(lo for lo, _ in mmap_area())
+        if reserve(low - SPAN, SPAN):
+            break
+    else:
+        raise SystemExit("could not reserve the span below the mmap area")
     for k in range(HOLES):
         libc.munmap(low - (2 * k + 1) * PAGE, PAGE)
 
