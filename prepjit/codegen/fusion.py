@@ -30,6 +30,7 @@ from collections import Counter
 from ..uop import Ops, UOp
 from ..uop.ops import ELEMENTWISE, MOVEMENT
 from .lower import REALIZED
+from .softmax_contraction import softmax_contractions
 
 MEMORY_COST = 6        # ops-equivalent of writing an element and reading it back once
 LAUNCH_COST = 2000     # ops-equivalent of one more kernel launch
@@ -88,6 +89,7 @@ def choose_materialized(outputs: list[UOp], row_values: bool = False, walk: tupl
     `walk` is kernel_roots(outputs) where the caller has it (schedule: one walk of the graph for every pass)."""
     graph, roots = walk or kernel_roots(outputs)
     is_root = set(roots)
+    in_softmax = set().union(*softmax_contractions(graph, outputs).values()) if row_values else set()
     places = _places(graph)
     readers_of = Counter(s for node in graph for s in set(node.src))
     exprs: dict[UOp, set] = {}  # what a node's inlined expression evaluates: (node, view, is a load) terms
@@ -103,7 +105,7 @@ def choose_materialized(outputs: list[UOp], row_values: bool = False, walk: tupl
     streams: dict[UOp, tuple] = {}  # kernel root -> how it reads its operands (_recomputed_in_stream)
     for node in graph:  # parents first, so a node's readers are final when it is reached
         mine = readers.get(node, set())
-        if node in chosen or node.op in ELEMENTWISE and node not in is_root and node.shape and not _widening(
+        if node in chosen or node.op in ELEMENTWISE and node not in is_root | in_softmax and node.shape and not _widening(
                 node) and _worth_materialising(node, mine, cost, row_values, chosen, operand_prologues) and not _recomputed_in_stream(
                 node, mine, cost, streams, chosen, readers_of, operand_prologues):
             chosen.add(node)
@@ -400,7 +402,7 @@ def _uniform(node: UOp) -> bool:
 
 def fused_reductions(outputs: list[UOp], materialized: set[UOp], rows: bool = False,
                      one_contraction: bool = False, inlined: frozenset = frozenset(),
-                     walk: tuple | None = None, row_prologues: bool = False) -> set[UOp]:
+                     walk: tuple | None = None, row_prologues: bool = False, softmax_rows: bool = False) -> set[UOp]:
     """The reductions computed inside their only reader's kernel (see the module docstring); with `rows`
     (kernels that are loop nests, which compute a value where its loops are open), also those it reads
     broadcast along trailing axes only (a row's max or sum in softmax, layernorm's mean and variance). With
@@ -410,7 +412,9 @@ def fused_reductions(outputs: list[UOp], materialized: set[UOp], rows: bool = Fa
     scatters have no kernel of their own (inlined_scatters): a reduction they read is computed into a buffer.
     A reduction read once per call is a prologue of its reader's kernel; one read once per row of it only with
     `row_prologues` (kernels that compute it once per row: the cpu's; a GPU's kernel of many rows would compute it
-    again at every element that reads it). `walk`: as choose_materialized's."""
+    again at every element that reads it). With `softmax_rows` (row kernels: the C-style renderers), a softmax that
+    only a contraction over its axis reads is computed inside the contraction's kernel, its scores and row
+    reductions too (softmax_contraction.py). `walk`: as choose_materialized's."""
     graph, roots = walk or kernel_roots(outputs)
     roots = [r for r in roots if r not in inlined]
     explicit = set(roots) - {n for n in roots if n.op is Ops.REDUCE_AXIS} | set(outputs)
@@ -418,7 +422,8 @@ def fused_reductions(outputs: list[UOp], materialized: set[UOp], rows: bool = Fa
                 for n in UOp(Ops.SINK, node.dtype, node.arg.body_roots).toposort()}
     ok = {_DIRECT, _RESHAPED, _ROW} if rows else {_DIRECT, _RESHAPED}
     prologues = _PROLOGUES if row_prologues else (_UNIFORM,)
-    fused: set[UOp] = set()
+    fused: set[UOp] = {n for nodes in (softmax_contractions(graph, outputs).values() if softmax_rows else ())
+                       for n in nodes if n.op is Ops.REDUCE_AXIS}
     holds: dict[UOp, UOp] = {}  # a kernel's root -> the contraction fused into it (one_contraction)
     position = {n: k for k, n in enumerate(graph)}
     by_position = sorted(materialized, key=position.__getitem__)

@@ -40,8 +40,9 @@ import math
 
 import attrs
 
-from ..uop import DType, Ops, UOp, sym_prod
+from ..uop import DType, Ops, UOp, dtypes, sym_prod
 from ..uop.uop import as_uop
+from .softmax_contraction import SOFTMAX_ROW_MAX
 
 REDUCE_GROUP = 256        # the largest work-group of a row kernel (a power of two, a multiple of WARP)
 GROUP_REDUCE_MIN = 256    # reductions of more iterations than this always get a work-group per row
@@ -67,6 +68,18 @@ class Rows:
     group: int
     pack: int = 1        # rows per work-group: one warp each where a row's group is a warp (shuffles only)
     run: int = 1         # consecutive elements a work-item takes at a time (where they divide the last range's end)
+    columns: tuple = ()  # reductions of each column that read the row's reductions (a softmax's p @ V): in `reduces`
+
+    @property
+    def column_runs(self) -> int:
+        """Runs of columns (of `run_length` each) a column reduction's partials are split into."""
+        return -(-math.prod(c.src[0].vmax for c in self.cols) // run_length(list(self.cols), self.run))
+
+    @property
+    def slices(self) -> int:
+        """Slices of a column reduction's range the group's work-items take: the group's work-items cover each run of
+        columns that many times."""
+        return max(1, self.group // self.column_runs)
 
     @property
     def shared(self) -> bool:
@@ -122,13 +135,18 @@ def run_length(ranges: list[UOp], items: int) -> int:
     return items if end is not None and end.op is Ops.CONST and end.arg % items == 0 else 1
 
 
-def _hoisted(ast: UOp) -> tuple[list, tuple, tuple]:
+def _hoisted(ast: UOp) -> tuple[list, tuple, tuple, tuple]:
     """(the reductions every work-item of a row's group would compute together, the loop ranges they depend on:
-    the rows, the other loop ranges: the columns)."""
+    the rows, the other loop ranges: the columns, the column reductions: those that read a row's reduction and
+    depend on ranges it does not, the columns (a softmax's p @ V, reading the row's max and sum))."""
     loops = loop_ranges(ast)
     hoisted = [u for u in ast.toposort() if u.op is Ops.REDUCE and _free_ranges(u) <= set(loops)]
-    rows = tuple(r for r in loops if any(r in _free_ranges(u) for u in hoisted))
-    return hoisted, rows, tuple(r for r in loops if r not in rows)
+    free = {u: _free_ranges(u) for u in hoisted}
+    columns = tuple(u for u in hoisted if u.arg is Ops.ADD and any(v is not u and free[v] and free[v] < free[u] and v in u.src[0].toposort()
+                                              for v in hoisted))
+    hoisted = [u for u in hoisted if u not in columns]
+    rows = tuple(r for r in loops if any(r in free[u] for u in hoisted))
+    return hoisted, rows, tuple(r for r in loops if r not in rows), columns
 
 
 def _matvec_run(hoisted: list, rows: tuple, cols: tuple, warp_rows: int) -> int | None:
@@ -154,9 +172,11 @@ def row_plan(ast: UOp, items: int = 1, warp_rows: int = 1) -> Rows | None:
     work in runs: a row of 128 elements in runs of 4 is one warp's) and packs `warp_rows` rows of a warp each into
     a work-group (a dialect with shuffles: such rows need no barrier; work-groups of one warp would leave half of a
     multiprocessor's warp slots empty)."""
-    hoisted, rows, cols = _hoisted(ast)
+    hoisted, rows, cols, columns = _hoisted(ast)
     if not hoisted:
         return None
+    if columns:
+        return _column_plan(hoisted, rows, cols, columns, items)
     longest = max(_length(u) for u in hoisted)
     if not cols and math.prod(r.src[0].vmax for r in rows) > MANY_OUTPUTS:
         return None   # enough outputs to fill the GPU with one work-item each
@@ -175,6 +195,21 @@ def row_plan(ast: UOp, items: int = 1, warp_rows: int = 1) -> Rows | None:
                 warp_rows if group == WARP and shuffled else 1, items)
 
 
+def _column_plan(hoisted: list, rows: tuple, cols: tuple, columns: tuple, items: int) -> Rows | None:
+    """The row kernel of a kernel with column reductions (softmax_contraction.py): a row a work-group (the row's
+    values live in local memory), covering each run of columns at least once; None (each work-item computes its
+    outputs inline) where the columns are not static or more runs than the largest group."""
+    if not all(c.src[0].op is Ops.CONST for c in cols):
+        return None
+    probe = Rows(frozenset(hoisted), (), rows, cols, REDUCE_GROUP, 1, items, columns)
+    work = max([probe.column_runs] + [_length(u) for u in (*hoisted, *columns)])
+    group = min(REDUCE_GROUP, max(WARP, 1 << (work - 1).bit_length()))
+    if probe.column_runs > group:
+        return None
+    return Rows(frozenset(hoisted) | frozenset(columns), _uniform_first(hoisted, rows), rows, cols, group, 1, items,
+                columns)
+
+
 def _uniform_first(hoisted: list, rows: tuple) -> tuple:
     """The reductions in the order they are computed: those no row depends on first (they read no row's value),
     each group operands first."""
@@ -184,8 +219,9 @@ def _uniform_first(hoisted: list, rows: tuple) -> tuple:
 def rows_of(ast: UOp, group: int, pack: int, run: int) -> Rows:
     """The row kernel a launch decided (gpu_launch.py: `group` work-items a row, `pack` rows a work-group, each
     work-item taking runs of `run` elements)."""
-    hoisted, rows, cols = _hoisted(ast)
-    return Rows(frozenset(hoisted), _uniform_first(hoisted, rows), rows, cols, group, pack, run)
+    hoisted, rows, cols, columns = _hoisted(ast)
+    return Rows(frozenset(hoisted) | frozenset(columns), _uniform_first(hoisted, rows), rows, cols, group, pack, run,
+                columns)
 
 
 def share_passes(ast: UOp, items: int = 1, warp_rows: int = 1) -> UOp:
@@ -193,6 +229,8 @@ def share_passes(ast: UOp, items: int = 1, warp_rows: int = 1) -> UOp:
     work-item over ranges of one extent (softmax's row of 128, layernorm's of 384 on CUDA): the passes then read the
     row's elements as the same values, which the renderer keeps from the first pass (in registers) for the others."""
     rows = row_plan(ast, items, warp_rows)
+    if rows is not None and rows.columns:
+        return _one_range(ast, rows)
     if rows is None or len(rows.cols) != 1:
         return ast
     col = rows.cols[0]
@@ -201,6 +239,18 @@ def share_passes(ast: UOp, items: int = 1, warp_rows: int = 1) -> UOp:
             len(u.src) != 2 or u.src[1].src[0].op is not Ops.CONST or u.src[1].src[0].arg != end.arg for u in rows.order):
         return ast
     return ast.substitute({u.src[1]: col for u in rows.order})
+
+
+def _one_range(ast: UOp, rows: Rows) -> UOp:
+    """`ast` with the row's and the column reductions' ranges of one extent made one range (a softmax row's max, sum
+    and p @ V all over its positions): the values each reads at a position are then the same nodes, which the row
+    keeps in local memory once (`_row_arrays`)."""
+    first: dict = {}
+    for u in (*rows.order, *rows.columns):
+        if len(u.src) == 2:
+            first.setdefault(u.src[1].src[0], u.src[1])
+    return ast.substitute({u.src[1]: first[u.src[1].src[0]] for u in (*rows.order, *rows.columns)
+                           if len(u.src) == 2 and u.src[1] is not first[u.src[1].src[0]]})
 
 
 def uses_grouped_reduce(ast: UOp) -> bool:
@@ -241,8 +291,14 @@ def emit_rows(r, store: UOp):
         _shared_operands(r, [u for u in rows.order if u not in uniform])
     if rows.pack > 1:   # a warp past the last row leaves
         r.emit(f"if (gid >= {r.value(count)}) return;")
+    if rows.columns:   # the scores the row's reductions read, once into local memory
+        _row_arrays(r, rows.order, rows.order)
     for u in rows.order:
         r.value(u)
+    if rows.columns:   # the probabilities the column reductions read, then their partials
+        _row_arrays(r, rows.columns, ())
+        for u in rows.columns:
+            _column_partials(r, u)
     if rows.shared:
         _each_element(r, lambda: r.emit(r.store_line(store)))
         return
@@ -254,6 +310,122 @@ def emit_rows(r, store: UOp):
     per = run_length(cols, rows.run)
     _each_pass(r, "c", as_uop(sym_prod(c.src[0] for c in cols)), per, ("lid", rows.group),
                lambda: r.consecutive("c", cols, per, lambda: r.emit(r.store_line(store))))
+
+
+def _row_arrays(r, reduces, pending):
+    """Compute once per row into local memory (one array a value, a work-group's work-items splitting its elements)
+    the parts of each reduction's operand that no column depends on (`_row_parts`), over ranges of at most
+    SOFTMAX_ROW_MAX elements; the reductions then read them there (`row_operands`). A part another array holds over
+    the same ranges is that array; a part reading one reads it there. One barrier after them."""
+    known = {(_canonical(x), tuple(u.src[1:])): name for u, pairs in r.row_operands.items()
+             if u not in r.rows.columns for x, name in pairs}
+    made = False
+    for u in reduces:
+        ranges = tuple(u.src[1:])
+        if math.prod(x.src[0].vmax for x in ranges) > SOFTMAX_ROW_MAX:
+            continue
+        held = r.row_operands.setdefault(u, [])
+        for x in _row_parts(u, r.rows, pending):
+            key = (_canonical(x), ranges)
+            if key not in known:
+                known[key] = _row_array(r, x, ranges, {k: n for (k, rs), n in known.items() if rs == ranges})
+                made = True
+            held.append((x, known[key]))
+    if made:
+        r.emit(r.d.barrier)
+
+
+def _canonical(x: UOp) -> UOp:
+    """`x` with the ranges its reductions bind renumbered in the order they appear: two copies of one value whose
+    reductions were lowered with ranges of their own (a softmax row's scores read by its max, its sum and its
+    probabilities) are then one node."""
+    bound = list(dict.fromkeys(r for y in x.toposort() if y.op is Ops.REDUCE for r in y.src[1:]))
+    return x.substitute({r: UOp(Ops.RANGE, r.dtype, r.src, (-1 - k, r.arg[1])) for k, r in enumerate(bound)})
+
+
+def _row_parts(u: UOp, rows: Rows, pending) -> list[UOp]:
+    """The largest float parts of reduction `u`'s operand that no column depends on and that read none of the
+    `pending` reductions (not computed yet): with pending ones, those that hold a reduction of their own (a softmax
+    row's scores), else those that compute something (its probabilities)."""
+    cols, found, seen = set(rows.cols), [], set()
+
+    def visit(x: UOp):
+        if x.op in (Ops.LOAD, Ops.CONST, Ops.RANGE, Ops.DEFINE_GLOBAL) or x in seen or x in rows.columns:
+            return
+        seen.add(x)
+        inside = x.toposort()
+        wanted = any(y.op is Ops.REDUCE for y in inside) if pending else any(
+            y.dtype.is_float and y.op not in _CHEAP for y in inside)
+        if x.dtype.is_float and x not in rows.reduces and wanted and not _free_ranges(x) & cols and not any(
+                v in inside for v in pending):
+            found.append(x)
+            return
+        for y in x.src:
+            visit(y)
+    visit(u.src[0])
+    return found
+
+
+def _row_array(r, x: UOp, ranges: tuple, arrays: dict) -> str:
+    """Store `x` at each flat index of `ranges` (a symbolic count too) into a local array of their largest count, the
+    row's work-items splitting them, reading the `arrays` over the same ranges (value -> name) there; its name."""
+    name, flat = f"row{r.n}", f"h{r.n}"
+    r.n += 1
+    r.locals.append(r.d.local_array.format(type=r.d.ctype(x.dtype), name=name,
+                                           n=math.prod(y.src[0].vmax for y in ranges)) + ";")
+
+    def body():
+        r.scopes[-1].update({y: f"{arrays[_canonical(y)]}[{flat}]" for y in x.toposort() if y is not x and
+                             y.op is not Ops.REDUCE and y.dtype.is_float and _canonical(y) in arrays})
+        r.emit(f"{name}[{flat}] = {r.value(x)};")
+    _each_pass(r, flat, as_uop(sym_prod(y.src[0] for y in ranges)), 1, ("lid", r.rows.group),
+               lambda: r.consecutive(flat, list(ranges), 1, body))
+    return name
+
+
+def _column_partials(r, u: UOp):
+    """The column reduction `u`'s partials: the row's work-items each take a run of columns and a slice of `u`'s
+    range (every `slices`-th index), reading the row's arrays there, into a local array of a row of partials a slice;
+    one barrier. `_column_total` adds a column's partials in slice order."""
+    rows, ranges, cols = r.rows, list(u.src[1:]), list(r.rows.cols)
+    per = run_length(cols, rows.run)
+    width = rows.column_runs * per
+    name, acc, flat = f"cp{r.n}", f"ca{r.n}_", f"ft{r.n}"
+    r.n += 1
+    dt = u.dtype.compute
+    r.locals.append(r.d.local_array.format(type=r.d.ctype(dt), name=name, n=rows.slices * width) + ";")
+    held = dict(r.row_operands.get(u, []))
+    r.open_block(f"if (lid < {rows.slices * rows.column_runs})", {})
+    r.emit(f"const int cj = lid / {rows.column_runs};")
+    r.emit(f"const {r.long} cc = (lid % {rows.column_runs}) * {per};")
+    for e in range(per):
+        r.emit(f"{r.d.ctype(dt)} {acc}{e} = {r.d.literal(0, dt)};")   # (a sum: _hoisted)
+    count = r.value(as_uop(sym_prod(x.src[0] for x in ranges)))
+    r.open_block(f"for ({r.long} {flat} = cj; {flat} < {count}; {flat} += {rows.slices})", {})
+    r.scopes[-1].update(r.unflatten(flat, ranges))
+    r.scopes[-1].update({x: f"{n}[{flat}]" for x, n in held.items()})
+    r.consecutive("cc", cols, per, _by_element(per, lambda e: r.emit(
+        f"{acc}{e} = {r.combine(u.arg, dt, f'{acc}{e}', r.value(u.src[0]))};")))
+    r.close_block()
+    for e in range(per):
+        r.emit(f"{name}[cj * {width} + cc + {e}] = {acc}{e};")
+    r.close_block()
+    r.emit(r.d.barrier)
+    r.row_operands[u] = [(u, name)]
+
+
+def _column_total(r, u: UOp, acc: str) -> str:
+    """Column reduction `u` at the columns bound in scope: its partials (`_column_partials`) added in slice order."""
+    rows, name = r.rows, r.row_operands[u][0][1]
+    flat = "0"
+    for c in rows.cols:
+        flat = f"({flat}) * {c.src[0].arg} + {r.value(c)}"
+    width = rows.column_runs * run_length(list(rows.cols), rows.run)
+    at = r.let(dtypes.int32, flat, "col")
+    r.emit(f"{acc} = {name}[{at}];")
+    for j in range(1, rows.slices):
+        r.emit(f"{acc} = {r.combine(u.arg, u.dtype.compute, acc, f'{name}[{j * width} + {at}]')};")
+    return acc
 
 
 _CHEAP = (Ops.DEFINE_GLOBAL, Ops.LOAD, Ops.CAST, Ops.CONST, Ops.RANGE)   # not worth a local array: a load, widened
@@ -342,6 +514,8 @@ def _each_pass(r, flat: str, count: UOp, per: int, team: tuple[str, int], body):
 def reduce_together(r, u: UOp, acc: str) -> str:
     """The row's reduction `u` split over its team (the row's work-items, or a uniform one's: the group's) into
     `acc` (declared), combined; returns the result."""
+    if u in r.rows.columns:
+        return _column_total(r, u, acc)
     dt, ranges = u.dtype, list(u.src[1:])
     team = r.rows.team(u)
     if r.rows.shared:

@@ -400,7 +400,8 @@ def schedule(outputs: list[UOp], inputs: list[UOp], pack_contractions: bool = Fa
                                        operand_prologues=pack_contractions)
     inlined = inlined_scatters(outputs, walk=walk)
     fused = inlined | fused_reductions(outputs, materialized, rows=True, one_contraction=pack_contractions,
-                                       inlined=frozenset(inlined), walk=walk, row_prologues=pack_contractions)
+                                       inlined=frozenset(inlined), walk=walk, row_prologues=pack_contractions,
+                                       softmax_rows=not pack_contractions)
     s = _Scheduler(materialized, fused, pack_contractions, _readers(outputs, walk[0]))
     env = {node: s.new_buffer(node) for node in inputs}
     input_bufs = tuple(env[n] for n in inputs)
