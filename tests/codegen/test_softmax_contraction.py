@@ -117,3 +117,19 @@ def test_an_encoders_attention_keeps_its_tiled_contractions():
     sched = schedule(list(traced.outputs), list(traced.inputs))
     assert len(sched.kernels) == 3
     assert launch_of(CUDA_TARGET.launched(optimize(sched.kernels[2].ast, "cuda")))[0] == "tile"
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+def test_the_fused_kernel_compiles_with_nvrtc(dtype):
+    """The fused kernel (var position, SmolLM2's heads) compiles with NVRTC for sm_90 and sm_80 (no GPU needed)."""
+    from prepjit.runtime.nvrtc import NVRTC
+    try:
+        nvrtc = NVRTC()
+        nvrtc.compile("probe", 'extern "C" __global__ void probe(int *a) { a[0] = 1; }', ["-arch=sm_90"])
+    except (pj.DeviceError, pj.CompileError) as e:
+        pytest.skip(f"no working NVRTC here ({str(e).splitlines()[0]})")
+    _, sched = _kernel(dtype)
+    (kernel,) = sched.kernels
+    src = CUDA_TARGET.render(CUDA_TARGET.launched(optimize(kernel.ast, "cuda")))
+    for arch in ("sm_90", "sm_80"):
+        nvrtc.compile(src.name, src.source, [f"-arch={arch}", "-std=c++17", "--fmad=false"])
