@@ -9,7 +9,7 @@ import prepjit as pj
 import prepjit.numpy as pnp
 from prepjit.codegen.optimize import optimize, stride_along
 from prepjit.codegen.render_llvm import render_llvm
-from prepjit.codegen.target import AVX2, AVX512
+from prepjit.codegen.target import AVX2, AVX512, host_target
 from prepjit.uop import Ops
 
 EPILOGUES = {
@@ -53,9 +53,9 @@ def test_vector_lanes_of_other_float_widths(rng, dtype, tol):
 
 
 def test_symbolic_columns_contiguous_mask_and_tail(rng):
-    """q @ k.T with a symbolic sequence: k.T packed into column panels, so no operand is gathered: AVX-512 blocks
-    of 8 rows x 2 vectors of 16 lanes, each loading its 16 mask values as one contiguous vector, then a peeled tail
-    of one scalar column per row."""
+    """q @ k.T with a symbolic sequence: k.T packed into column panels (for this host's vector width), so no
+    operand is gathered: AVX-512 blocks of 8 rows x 2 vectors of 16 lanes (AVX2: 6 rows x 2 vectors of 8), each
+    loading its mask values as one contiguous vector, then a peeled tail of one scalar column per row."""
     f = pj.prepare(lambda q, k, m: pnp.where(m > 0, q @ k.T, -1e9), vars={"s": (1, 70)},
                    shapes={"q": ("s", 16), "k": ("s", 16), "m": ("s",)}, device="cpu")
     for s in (1, 15, 32, 33, 70):
@@ -65,15 +65,17 @@ def test_symbolic_columns_contiguous_mask_and_tail(rng):
     assert _lanes_of(f, q, k, m), "the symbolic columns were not computed in vector lanes"
     pack, kernel = f.plan(q, k, m).kernels
     assert pack.ast.arg[:5] == "pack_"
-    blocked = optimize(kernel.kernel.scheduled, "llvm", AVX512)
+    host = host_target()  # the target the pack kernel's panels were laid out for
+    blocked = optimize(kernel.kernel.scheduled, "llvm", host)
     mask_strides = []  # per store: its lanes, and the mask load's step along them (None: a scalar store)
     for store in blocked.src:
         lane = next((u for u in store.toposort() if u.op is Ops.RANGE and u.arg[1] == "lane"), None)
         summed = {u for r in store.toposort() if r.op is Ops.REDUCE for u in r.toposort()}
         (mask,) = [u for u in store.src[2].toposort() if u.op is Ops.LOAD and u not in summed]
         mask_strides.append((lane.src[0].arg, stride_along(mask.src[1], lane)) if lane is not None else None)
-    assert mask_strides == [(16, 1)] * 16 + [None] * 8
-    assert "masked.gather" not in render_llvm(blocked, AVX512).source
+    rows, lanes = (8, 16) if host.vector_bytes == 64 else (6, 8)
+    assert mask_strides == [(lanes, 1)] * (rows * 2) + [None] * rows
+    assert "masked.gather" not in render_llvm(blocked, host).source
 
 
 @pytest.mark.parametrize("target,lanes", [(AVX512, 16), (AVX2, 8)])
