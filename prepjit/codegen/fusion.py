@@ -20,6 +20,9 @@ prologue (PROLOGUE_MAX), before the reader's loops; one element per row that its
 index (a decode batch's rows: each row's mean of squares read by the row's projection) once per row, as the row's
 prologue, so each row of a batch fuses as a single row does.
 
+On the work-group targets a softmax that only a contraction over its axis reads (decode attention) is computed inside
+the contraction's kernel, its scores and row reductions too (softmax_contraction.py).
+
 A scatter that writes each element at most once at indices the same everywhere (a KV cache's new row at `pos`)
 is read as a select by the kernels that read it (`inlined_scatters`): no copy of its target, no kernel of its own.
 """
@@ -89,7 +92,8 @@ def choose_materialized(outputs: list[UOp], row_values: bool = False, walk: tupl
     `walk` is kernel_roots(outputs) where the caller has it (schedule: one walk of the graph for every pass)."""
     graph, roots = walk or kernel_roots(outputs)
     is_root = set(roots)
-    in_softmax = set().union(*softmax_contractions(graph, outputs).values()) if row_values else set()
+    never_chosen = is_root.union(*softmax_contractions(graph, outputs).values()) if row_values else is_root
+    # (kernel roots have buffers of their own; a softmax only a contraction reads is computed in its kernel)
     places = _places(graph)
     readers_of = Counter(s for node in graph for s in set(node.src))
     exprs: dict[UOp, set] = {}  # what a node's inlined expression evaluates: (node, view, is a load) terms
@@ -105,7 +109,7 @@ def choose_materialized(outputs: list[UOp], row_values: bool = False, walk: tupl
     streams: dict[UOp, tuple] = {}  # kernel root -> how it reads its operands (_recomputed_in_stream)
     for node in graph:  # parents first, so a node's readers are final when it is reached
         mine = readers.get(node, set())
-        if node in chosen or node.op in ELEMENTWISE and node not in is_root | in_softmax and node.shape and not _widening(
+        if node in chosen or node.op in ELEMENTWISE and node not in never_chosen and node.shape and not _widening(
                 node) and _worth_materialising(node, mine, cost, row_values, chosen, operand_prologues) and not _recomputed_in_stream(
                 node, mine, cost, streams, chosen, readers_of, operand_prologues):
             chosen.add(node)

@@ -29,6 +29,13 @@ order, so every work-group has the same value), before the warps past the last r
 parts that no output depends on and that compute something (the normalised row, SiLU(gate) * up): into a local
 array of the row's length (up to SHARED_OPERAND_MAX), which every warp then reads, after one more barrier.
 
+A sum that reads a row's reductions and depends on columns they do not (a softmax's p @ V over its row's max and
+sum: softmax_contraction.py) is a column reduction: the row kernel gives each row a work-group, computes the parts of
+the row's reductions' operands that hold a reduction of their own (the scores) once into local memory, the row's
+reductions over them, the column reductions' operand parts no column depends on (the probabilities) once into local
+memory too (rows of at most SOFTMAX_ROW_MAX), then each column reduction's partials, the group's work-items taking
+a run of columns and a slice of the range each, added in slice order where the columns are stored.
+
 Reductions nested in a row's reduction that depend on its range (sum_j max_k x[i, j, k]) are not the row's:
 each work-item computes them inline, so no barrier is ever inside a loop whose trip count differs between
 work-items.
@@ -142,8 +149,8 @@ def _hoisted(ast: UOp) -> tuple[list, tuple, tuple, tuple]:
     loops = loop_ranges(ast)
     hoisted = [u for u in ast.toposort() if u.op is Ops.REDUCE and _free_ranges(u) <= set(loops)]
     free = {u: _free_ranges(u) for u in hoisted}
-    columns = tuple(u for u in hoisted if u.arg is Ops.ADD and any(v is not u and free[v] and free[v] < free[u] and v in u.src[0].toposort()
-                                              for v in hoisted))
+    columns = tuple(u for u in hoisted if u.arg is Ops.ADD and any(
+        v is not u and free[v] and free[v] < free[u] and v in u.src[0].toposort() for v in hoisted))
     hoisted = [u for u in hoisted if u not in columns]
     rows = tuple(r for r in loops if any(r in free[u] for u in hoisted))
     return hoisted, rows, tuple(r for r in loops if r not in rows), columns
@@ -401,6 +408,7 @@ def _column_partials(r, u: UOp):
     for e in range(per):
         r.emit(f"{r.d.ctype(dt)} {acc}{e} = {r.d.literal(0, dt)};")   # (a sum: _hoisted)
     count = r.value(as_uop(sym_prod(x.src[0] for x in ranges)))
+    r.emit("#pragma unroll 4")   # (the loads of several positions in flight)
     r.open_block(f"for ({r.long} {flat} = cj; {flat} < {count}; {flat} += {rows.slices})", {})
     r.scopes[-1].update(r.unflatten(flat, ranges))
     r.scopes[-1].update({x: f"{n}[{flat}]" for x, n in held.items()})

@@ -122,5 +122,5 @@ def _softmax(p: UOp) -> set | None:
 
 
 def _row_reduction(n: UOp, p: UOp) -> bool:
-    """Whether reduction `n` reduces the last axis of a value of `p`'s shape, keeping the others (a row's max or sum)."""
+    """Whether reduction `n` reduces the last axis of a value of `p`'s shape, keeping the others (a row's max, sum)."""
     return n.src[0].shape == p.shape and n.arg[1] == (len(p.shape) - 1,)
