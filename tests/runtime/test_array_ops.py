@@ -1,5 +1,7 @@
 """pj.Array outside a prepared function: operators, indexing, ndarray methods and NumPy functions compute on the
 host and give what they give on the NumPy copy; the result cannot be written through."""
+import sys
+
 import numpy as np
 import pytest
 
@@ -42,6 +44,25 @@ def test_methods_indexing_and_numpy_functions(result):
     assert np.allclose(a, ref) and float(a[0, 1]) == 2.0 and f"{a.sum():.1f}" == f"{ref.sum():.1f}"
     with pytest.raises(AttributeError, match="no attribute 'bogus'"):
         a.bogus
+
+
+def test_asarray_raises_nothing_on_the_way(result):
+    """np.asarray(a) asks for __array_struct__ and __array_interface__ first: a Python attribute hook raising
+    AttributeError for each cost ~2 us of a 2.7 us call (the engine reads 60 Arrays a decode step)."""
+    a, ref = result
+    raised = []
+
+    def tracer(frame, event, arg):
+        if event == "exception":
+            raised.append((frame.f_code.co_name, arg[0].__name__))
+        return tracer
+    sys.settrace(tracer)
+    try:
+        got = np.asarray(a)
+    finally:
+        sys.settrace(None)
+    np.testing.assert_array_equal(got, ref)
+    assert raised == []
 
 
 def test_results_stay_read_only(result):
