@@ -33,7 +33,7 @@ from ..uop.uop import as_uop
 from . import c_helpers
 from .gpu_launch import launch_of
 from .kernel import KernelSource, kernel_vars
-from .render_rows import emit_rows, loop_ranges, reduce_together, rows_of, run_length
+from .render_rows import emit_rows, held_in_loop, loop_ranges, reduce_together, rows_of, run_length
 from .render_rows import launch_size as row_launch_size
 from .render_fragments import emit_fragment_contraction
 from .render_tiles import emit_contraction, match_contraction
@@ -464,6 +464,7 @@ class CStyleRenderer(KernelRenderer):
             for r in ranges:
                 name = _range_name(r)
                 self.open_block(f"for ({self.long} {name} = 0; {name} < {self.value(r.src[0])}; {name}++)", {r: name})
+            self.scopes[-1].update(held_in_loop(self, u))
             self.emit(f"{acc} = {self.combine(u.arg, dt, acc, self.value(u.src[0]))};")
             for _ in ranges:
                 self.close_block()

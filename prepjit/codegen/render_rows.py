@@ -375,7 +375,9 @@ def _row_parts(u: UOp, rows: Rows, pending) -> list[UOp]:
 
 def _row_array(r, x: UOp, ranges: tuple, arrays: dict) -> str:
     """Store `x` at each flat index of `ranges` (a symbolic count too) into a local array of their largest count, the
-    row's work-items splitting them, reading the `arrays` over the same ranges (value -> name) there; its name."""
+    row's work-items splitting them, reading the `arrays` over the same ranges (value -> name) there, and the parts of
+    its own reductions' operands that only the row and their range give (`_nested_arrays`); its name."""
+    _nested_arrays(r, x, arrays)
     name, flat = f"row{r.n}", f"h{r.n}"
     r.n += 1
     r.locals.append(r.d.local_array.format(type=r.d.ctype(x.dtype), name=name,
@@ -388,6 +390,52 @@ def _row_array(r, x: UOp, ranges: tuple, arrays: dict) -> str:
     _each_pass(r, flat, as_uop(sym_prod(y.src[0] for y in ranges)), 1, ("lid", r.rows.group),
                lambda: r.consecutive(flat, list(ranges), 1, body))
     return name
+
+
+def _nested_reductions(r, x: UOp, arrays: dict) -> list[UOp]:
+    """The reductions of one range `x` computes where it is rendered: not the row's (computed before) nor those
+    inside the parts the `arrays` (canonical value -> name) hold."""
+    found, seen, stack = [], set(), [x]
+    while stack:
+        y = stack.pop()
+        if y in seen or y in r.rows.reduces or y is not x and y.op is not Ops.REDUCE and _canonical(y) in arrays:
+            continue
+        seen.add(y)
+        if y.op is Ops.REDUCE and len(y.src) == 2 and y not in r.row_operands:
+            found.append(y)
+        stack.extend(y.src)
+    return found
+
+
+def _nested_arrays(r, x: UOp, arrays: dict):
+    """Hold in local memory, once per row, the computed float parts of the operand of each reduction of one range `x`
+    computes (`_nested_reductions`) that no range but the row's and that one gives (a query head's rotated row, read
+    at each position's dot product); the reduction's loop reads them there (`held_in_loop`). One barrier after them."""
+    made = False
+    for n in _nested_reductions(r, x, arrays):
+        mine, found = set(r.rows.rows) | {n.src[1]}, []
+        stack = [n.src[0]]
+        while stack:
+            y = stack.pop()
+            if y.op in (Ops.LOAD, Ops.CONST, Ops.RANGE, Ops.DEFINE_GLOBAL):
+                continue
+            free = _free_ranges(y)
+            if y.dtype.is_float and n.src[1] in free and free <= mine and any(
+                    z.dtype.is_float and z.op not in _CHEAP for z in y.toposort()):
+                found.append(y)
+            else:
+                stack.extend(y.src)
+        r.row_operands[n] = [(y, _row_array(r, y, (n.src[1],), {})) for y in dict.fromkeys(found)]
+        made = made or bool(found)
+    if made:
+        r.emit(r.d.barrier)
+
+
+def held_in_loop(r, u: UOp) -> dict:
+    """The parts of the reduction `u`'s operand its row kernel holds in local memory (`_nested_arrays`), at the index its
+    loop (open, its range bound in scope) is at: bindings for the loop's scope."""
+    held = r.row_operands.get(u, []) if r.rows is not None else []
+    return {y: f"{name}[{r.value(u.src[1])}]" for y, name in held}
 
 
 def _column_partials(r, u: UOp):

@@ -25,9 +25,10 @@ TOLERANCE = {np.float32: 1e-5, ml_dtypes.bfloat16: 3e-2}
 
 
 def attend(xp, q, k_cache, v_cache, pos):
-    """One query row a head, q (KV, GROUP, D), against the caches' positions <= pos (llama.decode's attention)."""
+    """One query row a head, q (KV, GROUP, D) computed from the argument (as RoPE computes it from the projection),
+    against the caches' positions <= pos (llama.decode's attention)."""
     k_all, v_all = k_cache[:, :pos + 1], v_cache[:, :pos + 1]
-    scores = q @ xp.swapaxes(k_all, 1, 2) * (1 / math.sqrt(D))
+    scores = (q * 1.5 - 0.5) @ xp.swapaxes(k_all, 1, 2) * (1 / math.sqrt(D))
     return llama.softmax(xp, scores) @ v_all
 
 
@@ -76,7 +77,8 @@ def test_the_fused_kernel_is_a_work_group_per_head(target):
     """The one kernel is a row kernel whose rows are the KV x GROUP query heads (a work-group each, covering the
     positions), its columns the head's D values; the scores' dot product over D is rendered once (into local memory),
     not again for the row's max, its sum and each value column; local arrays: scores, probabilities, p @ V's
-    partials (and the max's and sum's of each warp)."""
+    partials (and the max's and sum's of each warp), and the head's computed query row, which each position's dot
+    product reads there."""
     _, sched = _kernel(np.float32)
     assert len(sched.kernels) == 1, [k.ast.arg for k in sched.kernels]
     launched = target.launched(optimize(sched.kernels[0].ast, target.language))
@@ -89,6 +91,7 @@ def test_the_fused_kernel_is_a_work_group_per_head(target):
     assert src.global_size[0].arg == KV * GROUP * 256
     assert len(re.findall(rf"for \(.*< {D}L", src.source)) == 1, src.source   # the scores' loop over D
     assert len(re.findall(rf"row\d+\[{CONTEXT}\]", src.source)) == 2, src.source   # scores, probabilities
+    assert len(re.findall(rf"row\d+\[{D}\]", src.source)) == 1, src.source   # the computed query row, once
     assert len(re.findall(rf"cp\d+\[{rows.slices * D}\]", src.source)) == 1, src.source   # p @ V's partials
 
 
