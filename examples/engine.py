@@ -129,8 +129,8 @@ class BlockPool:
         if self._store is not None:
             self.keys, self.values = self._store(self.keys, self.values, blocks, rows, keys, values)
             return
-        for pool, layers in ((self.keys, keys), (self.values, values)):
-            pool[:, blocks, :, rows] = np.stack([_host(a) for a in layers], axis=1)
+        self.keys[:, blocks, :, rows] = np.moveaxis(np.asarray(keys), 1, 0)
+        self.values[:, blocks, :, rows] = np.moveaxis(np.asarray(values), 1, 0)
 
 
 def _store(k_pool, v_pool, blocks, rows, keys, values):
@@ -140,13 +140,6 @@ def _store(k_pool, v_pool, blocks, rows, keys, values):
     import prepjit.numpy as pnp
     return (k_pool.at[:, blocks, :, rows].set(pnp.stack(keys, axis=1), mode="drop"),
             v_pool.at[:, blocks, :, rows].set(pnp.stack(values, axis=1), mode="drop"))
-
-
-def _host(a) -> np.ndarray:
-    """A plan output (or a NumPy array) as a NumPy array: pj.Array.numpy() copies its few rows (an L-layer step
-    writes 2L of them; np.asarray of a pj.Array costs 2 us, its attribute lookups' exceptions, 0.25 of a 6 ms one-
-    sequence step)."""
-    return a.numpy() if isinstance(a, pj.Array) else np.asarray(a)
 
 
 def own_memory(device) -> bool:
