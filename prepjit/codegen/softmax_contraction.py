@@ -15,12 +15,17 @@ float32.
 """
 from __future__ import annotations
 
+import math
+
 from ..uop import Ops, UOp
 from ..uop.ops import ELEMENTWISE
 
 SOFTMAX_ROW_MAX = 4096   # elements of a softmax row kept in local memory (two float32 arrays: 32 KB)
 MAX_ROWS_A_VALUE = 8     # softmax rows that read each value row at most (grouped-query heads: 3 in SmolLM2); more
 # (an encoder's or a prefill's T queries a key) are tiled contractions: a work-group a row would read the values T times
+MAX_COLUMNS = 256        # outputs a softmax row's contraction computes at most (a head's dimension: 64), each of
+# them at least one work-item's of the row's work-group (render_rows.REDUCE_GROUP): more (a weight matrix's columns)
+# keep the contraction a kernel of its own
 _GROWS = (Ops.RESHAPE, Ops.EXPAND)
 
 
@@ -42,7 +47,8 @@ def softmax_contractions(graph: list[UOp], outputs: list[UOp]) -> dict[UOp, froz
         for side in c.src[0].src:
             p = _grown_from(side)
             other = c.src[0].src[1] if side is c.src[0].src[0] else c.src[0].src[0]
-            nodes = _softmax(p) if p is not None and _reuse(c, other) <= MAX_ROWS_A_VALUE else None
+            nodes = _softmax(p) if p is not None and _reuse(c, other) <= MAX_ROWS_A_VALUE and _columns(
+                c, p) <= MAX_COLUMNS else None
             inside = (nodes or set()) | {c} | _path(side, p)
             if nodes and all(inside.issuperset(readers_of.get(n, ())) for n in nodes
                              if n is p or n.op is Ops.REDUCE_AXIS):
@@ -52,10 +58,7 @@ def softmax_contractions(graph: list[UOp], outputs: list[UOp]) -> dict[UOp, froz
 
 
 def _elements(node: UOp) -> int:
-    size = 1
-    for d in node.shape:
-        size *= d if isinstance(d, int) else max(1, d.vmax)
-    return size
+    return math.prod(_elements_of(d) for d in node.shape)
 
 
 def _reuse(c: UOp, other: UOp) -> int:
@@ -64,6 +67,15 @@ def _reuse(c: UOp, other: UOp) -> int:
     while base.op in (*_GROWS, Ops.PERMUTE):
         base = base.src[0]
     return _elements(c.src[0]) // _elements(base)
+
+
+def _columns(c: UOp, p: UOp) -> int:
+    """Outputs of the contraction `c` a row of the softmax `p` gives."""
+    return _elements(c) * _elements_of(p.shape[-1]) // _elements(p)
+
+
+def _elements_of(d) -> int:
+    return d if isinstance(d, int) else max(1, d.vmax)
 
 
 def _grown_from(side: UOp) -> UOp | None:

@@ -136,3 +136,13 @@ def test_the_fused_kernel_compiles_with_nvrtc(dtype):
     src = CUDA_TARGET.render(CUDA_TARGET.launched(optimize(kernel.ast, "cuda")))
     for arch in ("sm_90", "sm_80"):
         nvrtc.compile(src.name, src.source, [f"-arch={arch}", "-std=c++17", "--fmad=false"])
+
+
+def test_a_softmax_read_by_a_wide_contraction_keeps_its_kernels():
+    """A softmax row read by a contraction of more than MAX_COLUMNS outputs a row (pooling a weight matrix's 512
+    columns) keeps its kernels, the softmax row's and the contraction's (one, without MAX_COLUMNS): a row's work-group
+    would take more columns than work-items."""
+    rng = np.random.default_rng(2)
+    x, w = rng.standard_normal((2, 40)).astype(np.float32), rng.standard_normal((40, 512)).astype(np.float32)
+    traced = pj.trace(lambda x, w: llama.softmax(pnp, x) @ w, x, w)
+    assert len(schedule(list(traced.outputs), list(traced.inputs)).kernels) == 2
