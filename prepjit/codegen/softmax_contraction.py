@@ -5,8 +5,9 @@ On a GPU the three kernels of before (the scores, the softmax row, p @ V) are ea
 sizes (a few rows of a few hundred positions). Fused, the contraction's kernel is a row kernel (render_rows.py) whose
 work-group owns one softmax row (a query head): it computes the row's scores once into local memory, the row's max
 and sum over them, the probabilities once into local memory, and then each output column (a value dimension) as a
-sum over the row's probabilities, one pass over the keys and one over the values. Nothing is computed twice and
-every rounding of the graph stays where it is (a bfloat16 model's probabilities are rounded before p @ V).
+sum over the row's probabilities, one pass over the keys and one over the values (a computed query row, RoPE's,
+held in local memory too). The scores are computed once, and every rounding of the graph stays where it is (a
+bfloat16 model's probabilities are rounded before p @ V). Contractions inside a fori_loop's body keep their kernels.
 
 `softmax_contractions(graph)`: per such contraction, the nodes of its softmax (the elementwise values, the row's
 reductions, the scores), which fusion.py neither materialises nor gives kernels of their own. A softmax row is at
@@ -39,9 +40,11 @@ def softmax_contractions(graph: list[UOp], outputs: list[UOp]) -> dict[UOp, froz
             readers_of.setdefault(s, set()).add(node)
     for out in outputs:
         readers_of.setdefault(out, set()).add(None)
+    in_loops = {n for node in graph if node.op is Ops.LOOP
+                for n in UOp(Ops.SINK, node.dtype, node.arg.body_roots).toposort()}
     found = {}
     for c in graph:
-        if not (c.op is Ops.REDUCE_AXIS and c.arg[0] is Ops.ADD and len(c.arg[1]) == 1 and c.src[0].op is Ops.MUL
+        if c in in_loops or not (c.op is Ops.REDUCE_AXIS and c.arg[0] is Ops.ADD and len(c.arg[1]) == 1 and c.src[0].op is Ops.MUL
                 and c.arg[1][0] == len(c.src[0].shape) - 1):
             continue
         for side in c.src[0].src:
