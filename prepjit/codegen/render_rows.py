@@ -393,15 +393,16 @@ def _row_array(r, x: UOp, ranges: tuple, arrays: dict) -> str:
 
 
 def _nested_reductions(r, x: UOp, arrays: dict) -> list[UOp]:
-    """The reductions of one range `x` computes where it is rendered: not the row's (computed before) nor those
-    inside the parts the `arrays` (canonical value -> name) hold."""
+    """The reductions of one range (of at most SOFTMAX_ROW_MAX) `x` computes where it is rendered: not the row's
+    (computed before) nor those inside the parts the `arrays` (canonical value -> name) hold."""
     found, seen, stack = [], set(), [x]
     while stack:
         y = stack.pop()
         if y in seen or y in r.rows.reduces or y is not x and y.op is not Ops.REDUCE and _canonical(y) in arrays:
             continue
         seen.add(y)
-        if y.op is Ops.REDUCE and len(y.src) == 2 and y not in r.row_operands:
+        if y.op is Ops.REDUCE and len(y.src) == 2 and y not in r.row_operands and \
+                y.src[1].src[0].vmax <= SOFTMAX_ROW_MAX:
             found.append(y)
         stack.extend(y.src)
     return found
@@ -419,9 +420,9 @@ def _nested_arrays(r, x: UOp, arrays: dict):
             y = stack.pop()
             if y.op in (Ops.LOAD, Ops.CONST, Ops.RANGE, Ops.DEFINE_GLOBAL):
                 continue
-            free = _free_ranges(y)
+            free, inside = _free_ranges(y), y.toposort()
             if y.dtype.is_float and n.src[1] in free and free <= mine and any(
-                    z.dtype.is_float and z.op not in _CHEAP for z in y.toposort()):
+                    z.dtype.is_float and z.op not in _CHEAP for z in inside) and r.rows.reduces.isdisjoint(inside):
                 found.append(y)
             else:
                 stack.extend(y.src)
@@ -432,8 +433,8 @@ def _nested_arrays(r, x: UOp, arrays: dict):
 
 
 def held_in_loop(r, u: UOp) -> dict:
-    """The parts of the reduction `u`'s operand its row kernel holds in local memory (`_nested_arrays`), at the index its
-    loop (open, its range bound in scope) is at: bindings for the loop's scope."""
+    """The parts of the reduction `u`'s operand its row kernel holds in local memory (`_nested_arrays`), at the index
+    its loop (open, its range bound in scope) is at: bindings for the loop's scope."""
     held = r.row_operands.get(u, []) if r.rows is not None else []
     return {y: f"{name}[{r.value(u.src[1])}]" for y, name in held}
 
