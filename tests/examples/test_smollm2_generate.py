@@ -32,14 +32,18 @@ def test_greedy_tokens_and_logits_match_numpy(capsys):
 
 
 @pytest.mark.parametrize("weights", ["gguf", "q8_0", "q4_0", "q4_1"])
-def test_weights_in_blocks_match_numpy_of_their_dequantized_values(weights, capsys):
+def test_weights_in_blocks_match_numpy_of_their_dequantized_values(weights, capsys, monkeypatch):
     """--weights gguf keeps the file's Q4_1 / Q8_0 blocks (nothing dequantized at load), the others re-quantize
     at load: the decode plan reads uint8 blocks, never a float32 copy of a matrix, and its greedy tokens and logits
-    equal NumPy's float32 run of the dequantized weights."""
+    equal NumPy's float32 run of the dequantized weights. The weights checked are the ones the run loaded (loading
+    them again would re-quantize the token table: ~8 s for q8_0)."""
+    loaded, load = [], smollm2_generate.llama.load_params
+    monkeypatch.setattr(smollm2_generate.llama, "load_params", lambda *a, **kw: loaded.append(load(*a, **kw)) or
+                        loaded[-1])
     assert smollm2_generate.main([*SMALL, "--check", "--reference", "numpy", "--weights", weights,
                                   "The capital of France is"]) == 0
     assert f"check float32 (weights {weights}) vs NumPy float32" in capsys.readouterr().out
-    _, params = llama.load_params(llama.open_gguf(), layers=1, dtype="gguf" if weights == "gguf" else weights)
+    (_, params), = loaded
     matrices = [params["embed"], *params["blocks"][0].values()]
     assert all(isinstance(w, dict) for w in matrices if np.ndim(w) != 1)
     assert {next(iter(w)) for w in matrices if isinstance(w, dict)} == ({"q4_1", "q8_0"} if weights == "gguf"
