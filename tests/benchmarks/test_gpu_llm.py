@@ -26,16 +26,18 @@ def test_stored_blocks_hold_the_float_weights():
 
 def test_runs_every_row_and_its_checks_pass(device, tmp_path):
     out = tmp_path / "rows.jsonl"
-    rc = gpu_llm.main(["--device", device, "--layers", "1", "--vocab", "1024", "--streams", "3", "--new-tokens", "3",
+    # two streams: the var batch's plans are the same at 2 as at 3, and the padded buckets (1, 2) are each a plan of
+    # their own (a third costs ~7 s of compiles on opencl, more than a tenth of the test)
+    rc = gpu_llm.main(["--device", device, "--layers", "1", "--vocab", "1024", "--streams", "2", "--new-tokens", "3",
                        "--prompt-tokens", "5", "--reps", "1", "--out", str(out)])
     rows = {row["case"]: row for row in map(json.loads, out.read_text().splitlines())}
     assert rc == 0, [row for row in rows.values() if not row.get("ok", True)]
     assert set(rows) == {"meta", "decode_bf16", "decode_q4_1", "decode_q8_0", "decode_q4_1_vs_bf16",
-                         "serve_step_b1_vs_b3", "serve_3_vs_1", "serve_lockstep_3_vs_1", "serve_padded_buckets"}
+                         "serve_step_b1_vs_b2", "serve_2_vs_1", "serve_lockstep_2_vs_1", "serve_padded_buckets"}
     assert all(rows[f"decode_{w}"]["same_argmax"] for w in ("bf16", "q4_1", "q8_0"))
     assert rows["decode_q4_1"]["weight_bytes"] < rows["decode_bf16"]["weight_bytes"] / 3
-    serve = rows["serve_3_vs_1"]
+    serve = rows["serve_2_vs_1"]
     assert serve["same_tokens_alone_and_batched"] and serve["one_plan_no_recompiles"]
     assert serve["plan_stats"]["decode"]["plans"] == 1
-    assert rows["serve_lockstep_3_vs_1"]["same_tokens_as_engine"]
-    assert rows["serve_padded_buckets"]["buckets"] == [1, 2, 3] and rows["serve_padded_buckets"]["same_tokens"]
+    assert rows["serve_lockstep_2_vs_1"]["same_tokens_as_engine"]
+    assert rows["serve_padded_buckets"]["buckets"] == [1, 2] and rows["serve_padded_buckets"]["same_tokens"]
