@@ -7,7 +7,7 @@ renderer (render_c.py) follows and never decides itself:
   tile is the Blocking's (PREPJIT_TUNE's choice) or the tile policy's; `fragments` (render_tiles.fragment_kind:
   a 16-bit float's name where both operands are that float widened, or "tf32" / "bfloat16" where the contraction's
   precision allows; one set of work-items) where the dialect has tensor cores (render_fragments.py);
-- ("rows", group, pack, run): a row kernel (render_rows.py; work-items take runs of `run` elements), its row
+- ("rows", group, pack, run): a row kernel (row_plan.py; work-items take runs of `run` elements), its row
   reductions' passes rewritten to share the columns' range where every pass is one static run per work-item
   (`share_passes`: the proof sees that range);
 - ("items", n): a work-item per `n` outputs (the dialect's items per thread).
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from ..uop import Ops, UOp, dtypes
 from .optimize import DEFAULT_BLOCKING, Blocking
-from .render_rows import row_plan, share_passes
+from .row_plan import row_plan, share_passes
 from .render_tiles import fragment_kind, match_contraction
 
 WARP_ROWS = 4             # rows of one warp each a work-group packs (dialects with shuffles)

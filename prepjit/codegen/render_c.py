@@ -33,8 +33,9 @@ from ..uop.uop import as_uop
 from . import c_helpers
 from .gpu_launch import launch_of
 from .kernel import KernelSource, kernel_vars
-from .render_rows import emit_rows, held_in_loop, loop_ranges, reduce_together, rows_of, run_length
-from .render_rows import launch_size as row_launch_size
+from .render_rows import emit_rows, held_in_loop, reduce_together
+from .row_plan import launch_size as row_launch_size
+from .row_plan import loop_ranges, rows_of, run_length
 from .render_fragments import emit_fragment_contraction
 from .render_tiles import emit_contraction, match_contraction
 from .render_tiles import launch_size as contraction_size

@@ -14,7 +14,7 @@ from .gpu_launch import launch
 from .kernel import KernelSource
 from .optimize import Blocking
 from .render_c import Dialect, render_c
-from .render_rows import GROUP_REDUCE_MIN, REDUCE_GROUP, uses_grouped_reduce
+from .row_plan import GROUP_REDUCE_MIN, REDUCE_GROUP, uses_grouped_reduce
 from .renderer import rounds_through_odd_float
 
 __all__ = ["GROUP_REDUCE_MIN", "OPENCL", "REDUCE_GROUP", "render_opencl", "uses_grouped_reduce"]

@@ -1,273 +1,43 @@
-"""Row kernels for the C-style renderers: a kernel whose reductions depend on only some of its loop ranges (the
-rows: softmax's max and sum, layernorm's mean and variance, fused into the kernel that broadcasts them along
-the other ranges, the columns) gives each row a work-group.
+"""Rendering row kernels (row_plan.py decides which kernels are, and their `Rows`) through the C-style renderers
+(render_c.py calls `emit_rows` for the kernel body and `reduce_together` for each of the row's reductions).
 
 The group's work-items split each of the row's reductions (work-item `lid` takes iterations lid, lid + group,
 ..., or runs of consecutive ones where the dialect takes several items at a time), combine the partials so that
 every work-item holds the row's value (warp shuffles where the dialect has them, then one barrier and the
 warps' partials read from local memory in a fixed order; a local-memory tree otherwise), and then store the
 row's columns a work-group's width apart. A reduction with no columns is a row of one output (work-item 0
-stores it). Which kernels are row kernels (`row_plan`): those whose reductions run more than ROW_INLINE_MAX
-iterations and are broadcast or read along their innermost range (a row in memory), and any whose reductions
-run more than GROUP_REDUCE_MIN; shorter ones, those down a column (neighbouring outputs read neighbouring
-memory), and those with more than MANY_OUTPUTS outputs and no columns (a thin matmul) run inline in each
-work-item. The group is the smallest power of two from WARP to REDUCE_GROUP
-covering a row's work, counted in the runs the dialect's work-items take (CUDA: 4 elements, so a softmax row of
-128 is one warp's, no barrier; with 128 work-items, three quarters of them would idle); where its partials combine
-through shuffles, the smallest multiple of WARP that does (a layernorm row of 384: 3 warps, not 4 with one idle).
-A pass that each work-item makes at most UNROLLED_PASSES times (a static row) is straight-line code, not a loop: the
-compiler issues its loads together, and where each work-item makes it once, keeps the row's values in registers from
-one pass to the next.
+stores it). A pass that each work-item makes at most UNROLLED_PASSES times (a static row) is straight-line code, not
+a loop: the compiler issues its loads together, and where each work-item makes it once, keeps the row's values in
+registers from one pass to the next.
 
-Matvec-shaped kernels (no columns, every reduction static, the rows' reductions reading memory along their
-range, at least MATVEC_MIN_OUTPUTS outputs: a one-row projection) get a warp per output and MATVEC_WARPS outputs a
-work-group when WARP_PER_OUTPUT is on (dialects with shuffles): each lane takes runs of LOAD_BYTES of the narrowest
-element its reduction loads (8 16-bit floats, 4 float32: one 16-byte load each), combined by shuffles only. A
-reduction no output depends on (a fused norm's mean of squares: uniform) is computed by the whole work-group of a
-kernel packing several rows, once (its warps' partials combined through local memory after one barrier, in a fixed
-order, so every work-group has the same value), before the warps past the last row leave. So are a matvec's operand
-parts that no output depends on and that compute something (the normalised row, SiLU(gate) * up): into a local
-array of the row's length (up to SHARED_OPERAND_MAX), which every warp then reads, after one more barrier.
+A matvec-shaped kernel's warps (a warp per output) combine their lanes by shuffles only. A reduction no output
+depends on (a fused norm's mean of squares: uniform) is computed by the whole work-group of a kernel packing several
+rows, once (its warps' partials combined through local memory after one barrier, in a fixed order, so every
+work-group has the same value), before the warps past the last row leave. So are a matvec's operand parts that no
+output depends on and that compute something (the normalised row, SiLU(gate) * up): into a local array of the row's
+length (up to SHARED_OPERAND_MAX), which every warp then reads, after one more barrier.
 
-A sum that reads a row's reductions and depends on columns they do not (a softmax's p @ V over its row's max and
-sum: softmax_contraction.py) is a column reduction: the row kernel gives each row a work-group, computes the parts of
-the row's reductions' operands that hold a reduction of their own (the scores) once into local memory, the row's
-reductions over them, the column reductions' operand parts no column depends on (the probabilities) once into local
-memory too (rows of at most SOFTMAX_ROW_MAX), then each column reduction's partials, the group's work-items taking
-a run of columns and a slice of the range each, added in slice order where the columns are stored.
+A kernel with column reductions (a softmax's p @ V over its row's max and sum: softmax_contraction.py) computes the
+parts of the row's reductions' operands that hold a reduction of their own (the scores) once into local memory, the
+row's reductions over them, the column reductions' operand parts no column depends on (the probabilities) once into
+local memory too (rows of at most SOFTMAX_ROW_MAX), then each column reduction's partials, the group's work-items
+taking a run of columns and a slice of the range each, added in slice order where the columns are stored.
 
-Reductions nested in a row's reduction that depend on its range (sum_j max_k x[i, j, k]) are not the row's:
-each work-item computes them inline, so no barrier is ever inside a loop whose trip count differs between
-work-items.
+Reductions nested in a row's reduction that depend on its range are computed inline by each work-item, so no barrier
+is ever inside a loop whose trip count differs between work-items.
 """
 from __future__ import annotations
 
 import itertools
 import math
 
-import attrs
-
 from ..uop import DType, Ops, UOp, dtypes, sym_prod
 from ..uop.uop import as_uop
+from .row_plan import WARP, Rows, free_ranges, run_length, shuffles
 from .softmax_contraction import SOFTMAX_ROW_MAX
 
-REDUCE_GROUP = 256        # the largest work-group of a row kernel (a power of two, a multiple of WARP)
-GROUP_REDUCE_MIN = 256    # reductions of more iterations than this always get a work-group per row
-ROW_INLINE_MAX = 16       # broadcast or row-contiguous reductions of more iterations than this get one
-WARP = 32                 # the smallest work-group of a row kernel (a warp: shuffles need all its lanes)
-MANY_OUTPUTS = 1 << 16    # reductions with more outputs than this (and no columns) run in a work-item each
-WARP_PER_OUTPUT = True    # matvec-shaped row kernels get a warp per output (False: a work-group per output, as before)
-MATVEC_WARPS = 4          # outputs (warps) a work-group of such a kernel packs (960 outputs: 240 groups, more SMs busy)
-MATVEC_MIN_OUTPUTS = 256  # fewer outputs than this keep a work-group each (a warp each would leave the GPU idle)
-LOAD_BYTES = 16           # a matvec lane's run: this many bytes of the narrowest element its reductions load
 SHARED_OPERAND_MAX = 4096  # a matvec row's elements computed once per work-group into local memory (16 KB)
 UNROLLED_PASSES = 8       # a static row of at most this many runs per work-item is straight-line code, not a loop
-
-
-@attrs.frozen
-class Rows:
-    """A row kernel: a work-group of `group` work-items per value of the `rows` ranges."""
-
-    reduces: frozenset   # the reductions every work-item of a row's group computes together
-    order: tuple         # those, operands first
-    rows: tuple          # the loop ranges they depend on
-    cols: tuple          # the other loop ranges (each row's group stores all of them)
-    group: int
-    pack: int = 1        # rows per work-group: one warp each where a row's group is a warp (shuffles only)
-    run: int = 1         # consecutive elements a work-item takes at a time (where they divide the last range's end)
-    columns: tuple = ()  # reductions of each column that read the row's reductions (a softmax's p @ V): in `reduces`
-
-    @property
-    def column_runs(self) -> int:
-        """Runs of columns (of `run_length` each) a column reduction's partials are split into."""
-        return -(-math.prod(c.src[0].vmax for c in self.cols) // run_length(list(self.cols), self.run))
-
-    @property
-    def slices(self) -> int:
-        """Slices of a column reduction's range the group's work-items take: the group's work-items cover each run of
-        columns that many times."""
-        return max(1, self.group // self.column_runs)
-
-    @property
-    def shared(self) -> bool:
-        """Whether every pass (each reduction, the columns) is over the columns' one range (share_passes)."""
-        return len(self.cols) == 1 and all(tuple(u.src[1:]) == self.cols for u in self.order)
-
-    @property
-    def size(self) -> int:
-        """The work-group's size."""
-        return self.group * self.pack
-
-    def uniform(self, u: UOp) -> bool:
-        """Whether the whole work-group computes the reduction `u` once (no row depends on it, the group packs several
-        rows and the passes are not shared): its work-items are then the group's, not a row's."""
-        return self.pack > 1 and not self.shared and _free_ranges(u).isdisjoint(self.rows)
-
-    def team(self, u: UOp) -> tuple[str, int]:
-        """(the work-item id's name, how many work-items) that compute the reduction `u` together."""
-        return ("tid", self.size) if self.uniform(u) else ("lid", self.group)
-
-
-def loop_ranges(ast: UOp) -> list[UOp]:  # a scatter's serial loops are work-items too (its combines are atomic)
-    return sorted({u for u in ast.toposort() if u.op is Ops.RANGE and u.arg[1] in ("loop", "serial")},
-                  key=lambda r: r.arg[0])
-
-
-def _length(u: UOp) -> int:
-    return math.prod(r.src[0].vmax for r in u.src[1:])
-
-
-def _free_ranges(u: UOp) -> set:
-    """The ranges a reduction's value depends on: those it reads that no reduction inside it (itself included) binds."""
-    inner = [x for x in u.toposort() if x.op in (Ops.RANGE, Ops.REDUCE)]
-    bound = {r for x in inner if x.op is Ops.REDUCE for r in x.src[1:]}
-    return {x for x in inner if x.op is Ops.RANGE} - bound
-
-
-def _terms(idx: UOp) -> list[UOp]:
-    return [t for x in idx.src for t in _terms(x)] if idx.op is Ops.ADD else [idx]
-
-
-def _contiguous(u: UOp) -> bool:
-    """Whether the reduction reads memory along its innermost range (a row: neighbouring work-items of a group
-    read neighbouring elements)."""
-    last = u.src[-1]
-    return any(x.op is Ops.LOAD and last in _terms(x.src[1]) for x in u.src[0].toposort())
-
-
-def run_length(ranges: list[UOp], items: int) -> int:
-    """How many consecutive flat indices over `ranges` a work-item takes at a time: `items` where the last range's
-    end is a constant they divide (a run never crosses it), else 1."""
-    end = ranges[-1].src[0] if ranges else None
-    return items if end is not None and end.op is Ops.CONST and end.arg % items == 0 else 1
-
-
-def _hoisted(ast: UOp) -> tuple[list, tuple, tuple, tuple]:
-    """(the reductions every work-item of a row's group would compute together, the loop ranges they depend on:
-    the rows, the other loop ranges: the columns, the column reductions: those that read a row's reduction and
-    depend on ranges it does not, the columns (a softmax's p @ V, reading the row's max and sum))."""
-    loops = loop_ranges(ast)
-    hoisted = [u for u in ast.toposort() if u.op is Ops.REDUCE and _free_ranges(u) <= set(loops)]
-    free = {u: _free_ranges(u) for u in hoisted}
-    columns = tuple(u for u in hoisted if u.arg is Ops.ADD and any(
-        v is not u and free[v] and free[v] < free[u] and v in u.src[0].toposort() for v in hoisted))
-    hoisted = [u for u in hoisted if u not in columns]
-    rows = tuple(r for r in loops if any(r in free[u] for u in hoisted))
-    return hoisted, rows, tuple(r for r in loops if r not in rows), columns
-
-
-def _matvec_run(hoisted: list, rows: tuple, cols: tuple, warp_rows: int) -> int | None:
-    """A lane's run where the kernel is matvec-shaped and gets a warp per output (see the module's docstring), else
-    None: LOAD_BYTES of the narrowest element its reductions load, halved until it divides every reduction's
-    innermost end."""
-    if not WARP_PER_OUTPUT or warp_rows <= 1 or cols or math.prod(r.src[0].vmax for r in rows) < MATVEC_MIN_OUTPUTS:
-        return None
-    if not all(_shuffles(u.dtype) and all(r.src[0].op is Ops.CONST for r in u.src[1:]) for u in hoisted):
-        return None
-    if not all(_contiguous(u) for u in hoisted if not _free_ranges(u).isdisjoint(rows)):
-        return None
-    narrowest = min((x.dtype.itemsize for u in hoisted for x in u.src[0].toposort() if x.op is Ops.LOAD), default=4)
-    run = max(1, LOAD_BYTES // narrowest)
-    while any(u.src[-1].src[0].arg % run for u in hoisted):
-        run //= 2
-    return run
-
-
-def row_plan(ast: UOp, items: int = 1, warp_rows: int = 1) -> Rows | None:
-    """The row kernel this kernel becomes, or None (its reductions, if any, run inline in each work-item), for a
-    dialect whose work-items take runs of `items` consecutive elements where they can (the group covers a row's
-    work in runs: a row of 128 elements in runs of 4 is one warp's) and packs `warp_rows` rows of a warp each into
-    a work-group (a dialect with shuffles: such rows need no barrier; work-groups of one warp would leave half of a
-    multiprocessor's warp slots empty)."""
-    hoisted, rows, cols, columns = _hoisted(ast)
-    if not hoisted:
-        return None
-    if columns:
-        return _column_plan(hoisted, rows, cols, columns, items)
-    longest = max(_length(u) for u in hoisted)
-    if not cols and math.prod(r.src[0].vmax for r in rows) > MANY_OUTPUTS:
-        return None   # enough outputs to fill the GPU with one work-item each
-    if longest <= (ROW_INLINE_MAX if cols or any(_contiguous(u) for u in hoisted) else GROUP_REDUCE_MIN):
-        return None
-    run = _matvec_run(hoisted, rows, cols, warp_rows)
-    if run is not None:
-        return Rows(frozenset(hoisted), _uniform_first(hoisted, rows), rows, cols, WARP, MATVEC_WARPS, run)
-    runs = [-(-_length(u) // run_length(list(u.src[1:]), items)) for u in hoisted]
-    work = max(runs + [-(-math.prod(r.src[0].vmax for r in cols) // run_length(list(cols), items))])
-    group = min(REDUCE_GROUP, max(WARP, 1 << (work - 1).bit_length()))
-    if warp_rows > 1 and group > WARP and all(_shuffles(u.dtype) for u in hoisted):
-        group = min(group, -(-work // WARP) * WARP)   # any number of warps combines: none of the group idles
-    shuffled = all(_shuffles(u.dtype) for u in hoisted)   # (a local-memory tree is the whole group's: one row a group)
-    return Rows(frozenset(hoisted), _uniform_first(hoisted, rows), rows, cols, group,
-                warp_rows if group == WARP and shuffled else 1, items)
-
-
-def _column_plan(hoisted: list, rows: tuple, cols: tuple, columns: tuple, items: int) -> Rows | None:
-    """The row kernel of a kernel with column reductions (softmax_contraction.py): a row a work-group (the row's
-    values live in local memory), covering each run of columns at least once; None (each work-item computes its
-    outputs inline) where the columns are not static or more runs than the largest group."""
-    if not all(c.src[0].op is Ops.CONST for c in cols):
-        return None
-    probe = Rows(frozenset(hoisted), (), rows, cols, REDUCE_GROUP, 1, items, columns)
-    work = max([probe.column_runs] + [_length(u) for u in (*hoisted, *columns)])
-    group = min(REDUCE_GROUP, max(WARP, 1 << (work - 1).bit_length()))
-    if probe.column_runs > group:
-        return None
-    return Rows(frozenset(hoisted) | frozenset(columns), _uniform_first(hoisted, rows), rows, cols, group, 1, items,
-                columns)
-
-
-def _uniform_first(hoisted: list, rows: tuple) -> tuple:
-    """The reductions in the order they are computed: those no row depends on first (they read no row's value),
-    each group operands first."""
-    return tuple(sorted(hoisted, key=lambda u: not _free_ranges(u).isdisjoint(rows)))
-
-
-def rows_of(ast: UOp, group: int, pack: int, run: int) -> Rows:
-    """The row kernel a launch decided (gpu_launch.py: `group` work-items a row, `pack` rows a work-group, each
-    work-item taking runs of `run` elements)."""
-    hoisted, rows, cols, columns = _hoisted(ast)
-    return Rows(frozenset(hoisted) | frozenset(columns), _uniform_first(hoisted, rows), rows, cols, group, pack, run,
-                columns)
-
-
-def share_passes(ast: UOp, items: int = 1, warp_rows: int = 1) -> UOp:
-    """`ast` with each row reduction's range replaced by the columns' range where every pass is one static run per
-    work-item over ranges of one extent (softmax's row of 128, layernorm's of 384 on CUDA): the passes then read the
-    row's elements as the same values, which the renderer keeps from the first pass (in registers) for the others."""
-    rows = row_plan(ast, items, warp_rows)
-    if rows is not None and rows.columns:
-        return _one_range(ast, rows)
-    if rows is None or len(rows.cols) != 1:
-        return ast
-    col = rows.cols[0]
-    end = col.src[0]
-    if end.op is not Ops.CONST or end.arg != rows.group * run_length([col], items) or any(
-            len(u.src) != 2 or u.src[1].src[0].op is not Ops.CONST or u.src[1].src[0].arg != end.arg for u in rows.order):
-        return ast
-    return ast.substitute({u.src[1]: col for u in rows.order})
-
-
-def _one_range(ast: UOp, rows: Rows) -> UOp:
-    """`ast` with the row's and the column reductions' ranges of one extent made one range (a softmax row's max, sum
-    and p @ V all over its positions): the values each reads at a position are then the same nodes, which the row
-    keeps in local memory once (`_row_arrays`)."""
-    first: dict = {}
-    for u in (*rows.order, *rows.columns):
-        if len(u.src) == 2:
-            first.setdefault(u.src[1].src[0], u.src[1])
-    return ast.substitute({u.src[1]: first[u.src[1].src[0]] for u in (*rows.order, *rows.columns)
-                           if len(u.src) == 2 and u.src[1] is not first[u.src[1].src[0]]})
-
-
-def uses_grouped_reduce(ast: UOp) -> bool:
-    """Whether this kernel gives each row (or output) a work-group."""
-    return row_plan(ast) is not None
-
-
-def launch_size(rows: Rows) -> UOp:
-    count = as_uop(sym_prod([r.src[0] for r in rows.rows]))
-    return (count + (rows.pack - 1)) // rows.pack * rows.size if rows.pack > 1 else count * rows.group
 
 
 def emit_rows(r, store: UOp):
@@ -363,7 +133,7 @@ def _row_parts(u: UOp, rows: Rows, pending) -> list[UOp]:
         inside = x.toposort()
         wanted = any(y.op is Ops.REDUCE for y in inside) if pending else any(
             y.dtype.is_float and y.op not in _CHEAP for y in inside)
-        if x.dtype.is_float and x not in rows.reduces and wanted and not _free_ranges(x) & cols and not any(
+        if x.dtype.is_float and x not in rows.reduces and wanted and not free_ranges(x) & cols and not any(
                 v in inside for v in pending):
             found.append(x)
             return
@@ -420,7 +190,7 @@ def _nested_arrays(r, x: UOp, arrays: dict):
             y = stack.pop()
             if y.op in (Ops.LOAD, Ops.CONST, Ops.RANGE, Ops.DEFINE_GLOBAL):
                 continue
-            free, inside = _free_ranges(y), y.toposort()
+            free, inside = free_ranges(y), y.toposort()
             if y.dtype.is_float and n.src[1] in free and free <= mine and any(
                     z.dtype.is_float and z.op not in _CHEAP for z in inside) and r.rows.reduces.isdisjoint(inside):
                 found.append(y)
@@ -455,7 +225,7 @@ def _column_partials(r, u: UOp):
     r.emit(f"const int cj = lid / {rows.column_runs};")
     r.emit(f"const {r.long} cc = (lid % {rows.column_runs}) * {per};")
     for e in range(per):
-        r.emit(f"{r.d.ctype(dt)} {acc}{e} = {r.d.literal(0, dt)};")   # (a sum: _hoisted)
+        r.emit(f"{r.d.ctype(dt)} {acc}{e} = {r.d.literal(0, dt)};")   # (a sum: row_plan._hoisted)
     count = r.value(as_uop(sym_prod(x.src[0] for x in ranges)))
     r.emit("#pragma unroll 4")   # (the loads of several positions in flight)
     r.open_block(f"for ({r.long} {flat} = cj; {flat} < {count}; {flat} += {rows.slices})", {})
@@ -497,7 +267,7 @@ def _operands(u: UOp) -> list[UOp]:
         if x.op in (Ops.LOAD, Ops.CONST, Ops.RANGE, Ops.DEFINE_GLOBAL) or x in seen:
             return
         seen.add(x)
-        free = _free_ranges(x)
+        free = free_ranges(x)
         if free and free <= mine and x.dtype.is_float and any(y.dtype.is_float and y.op not in _CHEAP for y in x.toposort()):
             found.append(x)
             return
@@ -598,16 +368,10 @@ def _each_element(r, body):
         r.scopes.pop()
 
 
-def _shuffles(dt: DType) -> bool:
-    """Whether partials of `dt` combine through warp shuffles (where the dialect has them); others go through a
-    local-memory tree, which needs a power-of-two group."""
-    return dt.itemsize >= 4 or dt.narrow
-
-
 def _combine_group(r, op: Ops, dt: DType, acc: str, team: tuple[str, int]) -> str:
     """Combine the team's partial accumulators; every work-item gets the result (in the same order)."""
     (lid, group), part = team, f"part{r.n}"
-    if r.d.shuffle_xor is None or not _shuffles(dt):
+    if r.d.shuffle_xor is None or not shuffles(dt):
         r.locals.append(r.d.local_array.format(type=r.d.ctype(dt), name=part, n=group) + ";")
         r.emit(f"{part}[{lid}] = {acc};")
         r.emit(r.d.barrier)

@@ -25,7 +25,7 @@ SOFTMAX_ROW_MAX = 4096   # elements of a softmax row kept in local memory (two f
 MAX_ROWS_A_VALUE = 8     # softmax rows that read each value row at most (grouped-query heads: 3 in SmolLM2); more
 # (an encoder's or a prefill's T queries a key) are tiled contractions: a work-group a row would read the values T times
 MAX_COLUMNS = 256        # outputs a softmax row's contraction computes at most (a head's dimension: 64), each of
-# them at least one work-item's of the row's work-group (render_rows.REDUCE_GROUP): more (a weight matrix's columns)
+# them at least one work-item's of the row's work-group (row_plan.REDUCE_GROUP): more (a weight matrix's columns)
 # keep the contraction a kernel of its own
 _GROWS = (Ops.RESHAPE, Ops.EXPAND)
 

@@ -8,7 +8,7 @@ import prepjit as pj
 import prepjit.numpy as pnp
 from prepjit.codegen.optimize import optimize
 from prepjit.codegen.render_c import FLOAT_ONLY, INTEGER_ONLY
-from prepjit.codegen.render_rows import REDUCE_GROUP
+from prepjit.codegen.row_plan import REDUCE_GROUP
 from prepjit.codegen.render_cuda import ELEMENTWISE_GROUP, ITEMS_PER_THREAD, render_cuda
 from prepjit.codegen.render_llvm import render_llvm
 from prepjit.codegen.render_opencl import render_opencl

@@ -5,7 +5,7 @@ import pytest
 from prepjit.codegen.render_c import FLOAT_ONLY, INTEGER_ONLY
 from prepjit.codegen.render_llvm import render_llvm
 from prepjit.codegen.render_opencl import GROUP_REDUCE_MIN, REDUCE_GROUP, render_opencl
-from prepjit.codegen.render_rows import ROW_INLINE_MAX
+from prepjit.codegen.row_plan import ROW_INLINE_MAX
 from prepjit.uop import Ops, UOp, dtypes, eval_uop
 from prepjit.uop.ops import ALU, COMPARISON, UNARY
 

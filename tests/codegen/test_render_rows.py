@@ -8,7 +8,7 @@ import pytest
 
 import prepjit as pj
 import prepjit.numpy as pnp
-from prepjit.codegen import gpu_launch, render_rows
+from prepjit.codegen import gpu_launch, row_plan
 from prepjit.codegen.optimize import optimize
 from prepjit.codegen.render_cuda import CUDA, render_cuda
 from prepjit.codegen.render_opencl import render_opencl
@@ -56,12 +56,12 @@ def test_a_one_row_projection_gets_a_warp_per_output(monkeypatch, dtype, run, no
     4, a barrier for each of its reductions, the row normalised again by each output."""
     _, k = _one_kernel(norm, _args(576, DTYPES[dtype]))
     launched = CUDA_TARGET.launched(optimize(k.ast, "cuda"))
-    assert gpu_launch.launch_of(launched) == ("rows", render_rows.WARP, render_rows.MATVEC_WARPS, run)
+    assert gpu_launch.launch_of(launched) == ("rows", row_plan.WARP, row_plan.MATVEC_WARPS, run)
     src = CUDA_TARGET.render(launched)
-    assert src.local_size == (render_rows.WARP * render_rows.MATVEC_WARPS,)
+    assert src.local_size == (row_plan.WARP * row_plan.MATVEC_WARPS,)
     assert src.source.count("__syncthreads()") == 2 * norm   # the norm's mean of squares, its normalised row
     assert "sqrt" not in src.source.split("return;")[1]   # each output reads the normalised row, computed once
-    monkeypatch.setattr(render_rows, "WARP_PER_OUTPUT", False)   # the knob: the work-group per output of before
+    monkeypatch.setattr(row_plan, "WARP_PER_OUTPUT", False)   # the knob: the work-group per output of before
     assert gpu_launch.launch_of(gpu_launch.launch(optimize(k.ast, "cuda"), CUDA)) == ("rows", 160, 1, 4)
 
 
@@ -89,7 +89,7 @@ def test_warp_per_output_matvecs_compute_numpys_projection(dtype, norm, k):
     sched, kern = _one_kernel(norm, args)
     render_opencl(optimize(kern.ast, "opencl"))
     launched = CUDA_TARGET.launched(optimize(kern.ast, "cuda"))
-    assert gpu_launch.launch_of(launched)[1:3] == (render_rows.WARP, render_rows.MATVEC_WARPS)
+    assert gpu_launch.launch_of(launched)[1:3] == (row_plan.WARP, row_plan.MATVEC_WARPS)
     src = render_cuda(launched)
     bufs = {i: a.ravel() for i, a in zip(sched.inputs, args)}
     out = np.zeros(sched.buffers[kern.buffers[0]].max_size, DTYPES[dtype])
@@ -111,7 +111,7 @@ def test_rows_of_a_warp_combined_in_local_memory_get_a_work_group_each(dtype):
     sched = schedule(list(traced.outputs), list(traced.inputs))
     (kern,) = sched.kernels
     launched = CUDA_TARGET.launched(optimize(kern.ast, "cuda"))
-    assert gpu_launch.launch_of(launched)[1:3] == (render_rows.WARP, 4 if dtype == np.float32 else 1)
+    assert gpu_launch.launch_of(launched)[1:3] == (row_plan.WARP, 4 if dtype == np.float32 else 1)
     out = np.zeros(8, dtype)
     cuda_emulation.run(render_cuda(launched), [out, x.ravel()])
     np.testing.assert_array_equal(out, x.max(axis=1))
@@ -132,7 +132,7 @@ def test_quantized_matvecs_get_a_warp_per_output(kind):
     sched = schedule(list(traced.outputs), list(traced.inputs))
     (kern,) = sched.kernels
     launched = CUDA_TARGET.launched(optimize(kern.ast, "cuda"))
-    assert gpu_launch.launch_of(launched) == ("rows", render_rows.WARP, render_rows.MATVEC_WARPS, 16)
+    assert gpu_launch.launch_of(launched) == ("rows", row_plan.WARP, row_plan.MATVEC_WARPS, 16)
     bufs = {i: np.ascontiguousarray(a).ravel() for i, a in zip(sched.inputs, (x, g, blocks))}
     out = np.zeros(OUTPUTS, np.float32)
     cuda_emulation.run(render_cuda(launched), [out] + [bufs[i] for i in kern.buffers[1:]])

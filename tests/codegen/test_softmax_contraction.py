@@ -12,7 +12,7 @@ import pytest
 import prepjit as pj
 import prepjit.numpy as pnp
 from examples.models import llama
-from prepjit.codegen import render_rows
+from prepjit.codegen import row_plan
 from prepjit.codegen.gpu_launch import launch_of
 from prepjit.codegen.optimize import optimize
 from prepjit.codegen.schedule import schedule
@@ -84,7 +84,7 @@ def test_the_fused_kernel_is_a_work_group_per_head(target):
     launched = target.launched(optimize(sched.kernels[0].ast, target.language))
     run = 4 if target is CUDA_TARGET else 1   # (the dialect's items a work-item)
     assert launch_of(launched) == ("rows", 256, 1, run)
-    rows = render_rows.rows_of(launched, 256, 1, run)
+    rows = row_plan.rows_of(launched, 256, 1, run)
     assert [r.src[0].arg for r in rows.rows] == [KV, GROUP] and [c.src[0].arg for c in rows.cols] == [D]
     assert len(rows.columns) == 1 and rows.column_runs == D // run and rows.slices == 256 // (D // run)
     src = target.render(launched)

@@ -10,7 +10,7 @@ import pytest
 
 import prepjit as pj
 import prepjit.numpy as pnp
-from prepjit.codegen.render_rows import REDUCE_GROUP
+from prepjit.codegen.row_plan import REDUCE_GROUP
 from prepjit.codegen.render_cuda import ELEMENTWISE_GROUP
 from prepjit.runtime.devices import available_devices, get_device
 

@@ -1,0 +1,258 @@
+"""Which kernels of the C-style renderers are row kernels, and their shape (`Rows`: what gpu_launch.py launches and
+render_rows.py renders): a kernel whose reductions depend on only some of its loop ranges (the rows: softmax's max
+and sum, layernorm's mean and variance, fused into the kernel that broadcasts them along the other ranges, the
+columns) gives each row a work-group.
+
+Which kernels are row kernels (`row_plan`): those whose reductions run more than ROW_INLINE_MAX iterations and are
+broadcast or read along their innermost range (a row in memory), and any whose reductions run more than
+GROUP_REDUCE_MIN; shorter ones, those down a column (neighbouring outputs read neighbouring memory), and those with
+more than MANY_OUTPUTS outputs and no columns (a thin matmul) run inline in each work-item. The group is the smallest
+power of two from WARP to REDUCE_GROUP covering a row's work, counted in the runs the dialect's work-items take
+(CUDA: 4 elements, so a softmax row of 128 is one warp's, no barrier; with 128 work-items, three quarters of them
+would idle); where its partials combine through shuffles, the smallest multiple of WARP that does (a layernorm row of
+384: 3 warps, not 4 with one idle).
+
+Matvec-shaped kernels (no columns, every reduction static, the rows' reductions reading memory along their range, at
+least MATVEC_MIN_OUTPUTS outputs: a one-row projection) get a warp per output and MATVEC_WARPS outputs a work-group
+when WARP_PER_OUTPUT is on (dialects with shuffles): each lane takes runs of LOAD_BYTES of the narrowest element its
+reduction loads (8 16-bit floats, 4 float32: one 16-byte load each). A reduction no output depends on (a fused norm's
+mean of squares) is then the whole work-group's (`Rows.uniform`), computed before the reductions that read it.
+
+A sum that reads a row's reductions and depends on columns they do not (a softmax's p @ V over its row's max and
+sum: softmax_contraction.py) is a column reduction (`Rows.columns`): a row a work-group, whose work-items each take a
+run of columns and a slice of its range (`Rows.column_runs`, `Rows.slices`). `share_passes` makes the ranges of a
+row's passes one range where they read the same elements (`_one_range` for column reductions).
+
+Reductions nested in a row's reduction that depend on its range (sum_j max_k x[i, j, k]) are not the row's
+(`free_ranges`): each work-item computes them inline.
+"""
+from __future__ import annotations
+
+import math
+
+import attrs
+
+from ..uop import DType, Ops, UOp, sym_prod
+from ..uop.uop import as_uop
+
+REDUCE_GROUP = 256        # the largest work-group of a row kernel (a power of two, a multiple of WARP)
+GROUP_REDUCE_MIN = 256    # reductions of more iterations than this always get a work-group per row
+ROW_INLINE_MAX = 16       # broadcast or row-contiguous reductions of more iterations than this get one
+WARP = 32                 # the smallest work-group of a row kernel (a warp: shuffles need all its lanes)
+MANY_OUTPUTS = 1 << 16    # reductions with more outputs than this (and no columns) run in a work-item each
+WARP_PER_OUTPUT = True    # matvec-shaped row kernels get a warp per output (False: a work-group per output, as before)
+MATVEC_WARPS = 4          # outputs (warps) a work-group of such a kernel packs (960 outputs: 240 groups, more SMs busy)
+MATVEC_MIN_OUTPUTS = 256  # fewer outputs than this keep a work-group each (a warp each would leave the GPU idle)
+LOAD_BYTES = 16           # a matvec lane's run: this many bytes of the narrowest element its reductions load
+
+
+@attrs.frozen
+class Rows:
+    """A row kernel: a work-group of `group` work-items per value of the `rows` ranges."""
+
+    reduces: frozenset   # the reductions every work-item of a row's group computes together
+    order: tuple         # those, operands first
+    rows: tuple          # the loop ranges they depend on
+    cols: tuple          # the other loop ranges (each row's group stores all of them)
+    group: int
+    pack: int = 1        # rows per work-group: one warp each where a row's group is a warp (shuffles only)
+    run: int = 1         # consecutive elements a work-item takes at a time (where they divide the last range's end)
+    columns: tuple = ()  # reductions of each column that read the row's reductions (a softmax's p @ V): in `reduces`
+
+    @property
+    def column_runs(self) -> int:
+        """Runs of columns (of `run_length` each) a column reduction's partials are split into."""
+        return -(-math.prod(c.src[0].vmax for c in self.cols) // run_length(list(self.cols), self.run))
+
+    @property
+    def slices(self) -> int:
+        """Slices of a column reduction's range the group's work-items take: the group's work-items cover each run of
+        columns that many times."""
+        return max(1, self.group // self.column_runs)
+
+    @property
+    def shared(self) -> bool:
+        """Whether every pass (each reduction, the columns) is over the columns' one range (share_passes)."""
+        return len(self.cols) == 1 and all(tuple(u.src[1:]) == self.cols for u in self.order)
+
+    @property
+    def size(self) -> int:
+        """The work-group's size."""
+        return self.group * self.pack
+
+    def uniform(self, u: UOp) -> bool:
+        """Whether the whole work-group computes the reduction `u` once (no row depends on it, the group packs several
+        rows and the passes are not shared): its work-items are then the group's, not a row's."""
+        return self.pack > 1 and not self.shared and free_ranges(u).isdisjoint(self.rows)
+
+    def team(self, u: UOp) -> tuple[str, int]:
+        """(the work-item id's name, how many work-items) that compute the reduction `u` together."""
+        return ("tid", self.size) if self.uniform(u) else ("lid", self.group)
+
+
+def loop_ranges(ast: UOp) -> list[UOp]:  # a scatter's serial loops are work-items too (its combines are atomic)
+    return sorted({u for u in ast.toposort() if u.op is Ops.RANGE and u.arg[1] in ("loop", "serial")},
+                  key=lambda r: r.arg[0])
+
+
+def _length(u: UOp) -> int:
+    return math.prod(r.src[0].vmax for r in u.src[1:])
+
+
+def free_ranges(u: UOp) -> set:
+    """The ranges a reduction's value depends on: those it reads that no reduction inside it (itself included) binds."""
+    inner = [x for x in u.toposort() if x.op in (Ops.RANGE, Ops.REDUCE)]
+    bound = {r for x in inner if x.op is Ops.REDUCE for r in x.src[1:]}
+    return {x for x in inner if x.op is Ops.RANGE} - bound
+
+
+def _terms(idx: UOp) -> list[UOp]:
+    return [t for x in idx.src for t in _terms(x)] if idx.op is Ops.ADD else [idx]
+
+
+def _contiguous(u: UOp) -> bool:
+    """Whether the reduction reads memory along its innermost range (a row: neighbouring work-items of a group
+    read neighbouring elements)."""
+    last = u.src[-1]
+    return any(x.op is Ops.LOAD and last in _terms(x.src[1]) for x in u.src[0].toposort())
+
+
+def run_length(ranges: list[UOp], items: int) -> int:
+    """How many consecutive flat indices over `ranges` a work-item takes at a time: `items` where the last range's
+    end is a constant they divide (a run never crosses it), else 1."""
+    end = ranges[-1].src[0] if ranges else None
+    return items if end is not None and end.op is Ops.CONST and end.arg % items == 0 else 1
+
+
+def shuffles(dt: DType) -> bool:
+    """Whether partials of `dt` combine through warp shuffles (where the dialect has them); others go through a
+    local-memory tree, which needs a power-of-two group."""
+    return dt.itemsize >= 4 or dt.narrow
+
+
+def _hoisted(ast: UOp) -> tuple[list, tuple, tuple, tuple]:
+    """(the reductions every work-item of a row's group would compute together, the loop ranges they depend on:
+    the rows, the other loop ranges: the columns, the column reductions: those that read a row's reduction and
+    depend on ranges it does not, the columns (a softmax's p @ V, reading the row's max and sum))."""
+    loops = loop_ranges(ast)
+    hoisted = [u for u in ast.toposort() if u.op is Ops.REDUCE and free_ranges(u) <= set(loops)]
+    free = {u: free_ranges(u) for u in hoisted}
+    columns = tuple(u for u in hoisted if u.arg is Ops.ADD and any(
+        v is not u and free[v] and free[v] < free[u] and v in u.src[0].toposort() for v in hoisted))
+    hoisted = [u for u in hoisted if u not in columns]
+    rows = tuple(r for r in loops if any(r in free[u] for u in hoisted))
+    return hoisted, rows, tuple(r for r in loops if r not in rows), columns
+
+
+def _matvec_run(hoisted: list, rows: tuple, cols: tuple, warp_rows: int) -> int | None:
+    """A lane's run where the kernel is matvec-shaped and gets a warp per output (see the module's docstring), else
+    None: LOAD_BYTES of the narrowest element its reductions load, halved until it divides every reduction's
+    innermost end."""
+    if not WARP_PER_OUTPUT or warp_rows <= 1 or cols or math.prod(r.src[0].vmax for r in rows) < MATVEC_MIN_OUTPUTS:
+        return None
+    if not all(shuffles(u.dtype) and all(r.src[0].op is Ops.CONST for r in u.src[1:]) for u in hoisted):
+        return None
+    if not all(_contiguous(u) for u in hoisted if not free_ranges(u).isdisjoint(rows)):
+        return None
+    narrowest = min((x.dtype.itemsize for u in hoisted for x in u.src[0].toposort() if x.op is Ops.LOAD), default=4)
+    run = max(1, LOAD_BYTES // narrowest)
+    while any(u.src[-1].src[0].arg % run for u in hoisted):
+        run //= 2
+    return run
+
+
+def row_plan(ast: UOp, items: int = 1, warp_rows: int = 1) -> Rows | None:
+    """The row kernel this kernel becomes, or None (its reductions, if any, run inline in each work-item), for a
+    dialect whose work-items take runs of `items` consecutive elements where they can (the group covers a row's
+    work in runs: a row of 128 elements in runs of 4 is one warp's) and packs `warp_rows` rows of a warp each into
+    a work-group (a dialect with shuffles: such rows need no barrier; work-groups of one warp would leave half of a
+    multiprocessor's warp slots empty)."""
+    hoisted, rows, cols, columns = _hoisted(ast)
+    if not hoisted:
+        return None
+    if columns:
+        return _column_plan(hoisted, rows, cols, columns, items)
+    longest = max(_length(u) for u in hoisted)
+    if not cols and math.prod(r.src[0].vmax for r in rows) > MANY_OUTPUTS:
+        return None   # enough outputs to fill the GPU with one work-item each
+    if longest <= (ROW_INLINE_MAX if cols or any(_contiguous(u) for u in hoisted) else GROUP_REDUCE_MIN):
+        return None
+    run = _matvec_run(hoisted, rows, cols, warp_rows)
+    if run is not None:
+        return Rows(frozenset(hoisted), _uniform_first(hoisted, rows), rows, cols, WARP, MATVEC_WARPS, run)
+    runs = [-(-_length(u) // run_length(list(u.src[1:]), items)) for u in hoisted]
+    work = max(runs + [-(-math.prod(r.src[0].vmax for r in cols) // run_length(list(cols), items))])
+    group = min(REDUCE_GROUP, max(WARP, 1 << (work - 1).bit_length()))
+    if warp_rows > 1 and group > WARP and all(shuffles(u.dtype) for u in hoisted):
+        group = min(group, -(-work // WARP) * WARP)   # any number of warps combines: none of the group idles
+    shuffled = all(shuffles(u.dtype) for u in hoisted)   # (a local-memory tree is the whole group's: one row a group)
+    return Rows(frozenset(hoisted), _uniform_first(hoisted, rows), rows, cols, group,
+                warp_rows if group == WARP and shuffled else 1, items)
+
+
+def _column_plan(hoisted: list, rows: tuple, cols: tuple, columns: tuple, items: int) -> Rows | None:
+    """The row kernel of a kernel with column reductions (softmax_contraction.py): a row a work-group (the row's
+    values live in local memory), covering each run of columns at least once; None (each work-item computes its
+    outputs inline) where the columns are not static or more runs than the largest group."""
+    if not all(c.src[0].op is Ops.CONST for c in cols):
+        return None
+    probe = Rows(frozenset(hoisted), (), rows, cols, REDUCE_GROUP, 1, items, columns)
+    work = max([probe.column_runs] + [_length(u) for u in (*hoisted, *columns)])
+    group = min(REDUCE_GROUP, max(WARP, 1 << (work - 1).bit_length()))
+    if probe.column_runs > group:
+        return None
+    return Rows(frozenset(hoisted) | frozenset(columns), _uniform_first(hoisted, rows), rows, cols, group, 1, items,
+                columns)
+
+
+def _uniform_first(hoisted: list, rows: tuple) -> tuple:
+    """The reductions in the order they are computed: those no row depends on first (they read no row's value),
+    each group operands first."""
+    return tuple(sorted(hoisted, key=lambda u: not free_ranges(u).isdisjoint(rows)))
+
+
+def rows_of(ast: UOp, group: int, pack: int, run: int) -> Rows:
+    """The row kernel a launch decided (gpu_launch.py: `group` work-items a row, `pack` rows a work-group, each
+    work-item taking runs of `run` elements)."""
+    hoisted, rows, cols, columns = _hoisted(ast)
+    return Rows(frozenset(hoisted) | frozenset(columns), _uniform_first(hoisted, rows), rows, cols, group, pack, run,
+                columns)
+
+
+def share_passes(ast: UOp, items: int = 1, warp_rows: int = 1) -> UOp:
+    """`ast` with each row reduction's range replaced by the columns' range where every pass is one static run per
+    work-item over ranges of one extent (softmax's row of 128, layernorm's of 384 on CUDA): the passes then read the
+    row's elements as the same values, which the renderer keeps from the first pass (in registers) for the others."""
+    rows = row_plan(ast, items, warp_rows)
+    if rows is not None and rows.columns:
+        return _one_range(ast, rows)
+    if rows is None or len(rows.cols) != 1:
+        return ast
+    col = rows.cols[0]
+    end = col.src[0]
+    if end.op is not Ops.CONST or end.arg != rows.group * run_length([col], items) or any(
+            len(u.src) != 2 or u.src[1].src[0].op is not Ops.CONST or u.src[1].src[0].arg != end.arg for u in rows.order):
+        return ast
+    return ast.substitute({u.src[1]: col for u in rows.order})
+
+
+def _one_range(ast: UOp, rows: Rows) -> UOp:
+    """`ast` with the row's and the column reductions' ranges of one extent made one range (a softmax row's max, sum
+    and p @ V all over its positions): the values each reads at a position are then the same nodes, which the row
+    keeps in local memory once (render_rows._row_arrays)."""
+    first: dict = {}
+    for u in (*rows.order, *rows.columns):
+        if len(u.src) == 2:
+            first.setdefault(u.src[1].src[0], u.src[1])
+    return ast.substitute({u.src[1]: first[u.src[1].src[0]] for u in (*rows.order, *rows.columns)
+                           if len(u.src) == 2 and u.src[1] is not first[u.src[1].src[0]]})
+
+
+def uses_grouped_reduce(ast: UOp) -> bool:
+    """Whether this kernel gives each row (or output) a work-group."""
+    return row_plan(ast) is not None
+
+
+def launch_size(rows: Rows) -> UOp:
+    count = as_uop(sym_prod([r.src[0] for r in rows.rows]))
+    return (count + (rows.pack - 1)) // rows.pack * rows.size if rows.pack > 1 else count * rows.group
