@@ -68,15 +68,15 @@ def test_a_row_has_the_same_bits_in_any_batch(kind, device, rng):
 @pytest.mark.parametrize("kind,loads", [("q8_0", "load <32 x i8>"), ("q4_1", "load <16 x i8>")])
 def test_each_block_is_unpacked_once_for_a_register_block_of_rows(kind, loads, rng):
     """The kernel as launched (AVX-512 and AVX2): R x C stores (rows x columns of the register block, R > 1) for the
-    full row blocks, then 2 x C and 1 x C for the rows past them; the column panels outermost (threads split
-    them); its IR loads each column's block bytes once per step of each loop nest, for all its rows (q4_1: its two
-    nibble halves read the same 16 bytes, unrolled), not once per row."""
+    full row blocks, then (R - 1) x C, ..., 1 x C for the rows past them; the column panels outermost (threads
+    split them); its IR loads each column's block bytes once per step of each loop nest, for all its rows (q4_1:
+    its two nibble halves read the same 16 bytes, unrolled), not once per row."""
     blocks = _blocks(rng, kind, 1536, K)
     x = rng.standard_normal((3, K)).astype(np.float32)
     (kernel,) = _batched(kind, "cpu", rows=(1, 4)).plan(x, blocks).kernels  # at most one block: no tile
-    for target, (rows, columns, nests) in ((AVX512, (4, 2, 3)), (AVX2, (3, 1, 3))):
+    for target, (rows, columns, nests) in ((AVX512, (4, 2, 4)), (AVX2, (3, 1, 3))):
         out = optimize(kernel.kernel.scheduled, "llvm", target)
-        assert len(out.src) == (rows + 2 + 1) * columns
+        assert len(out.src) == rows * (rows + 1) // 2 * columns
         loops = sorted((u for u in out.toposort() if u.op is Ops.RANGE and u.arg[1] == "loop"), key=lambda r: r.arg[0])
         assert loops[0].src[0].op is Ops.CONST and 1536 % (loops[0].src[0].arg * columns) == 0
         ir = render_llvm(out, target).source
@@ -86,16 +86,36 @@ def test_each_block_is_unpacked_once_for_a_register_block_of_rows(kind, loads, r
 
 
 
+@pytest.mark.parametrize("most", [4, 16])
+def test_rows_up_to_a_register_block_read_the_blocks_in_one_nest(most, rng):
+    """Every live row count up to a register block's R (AVX-512 4, AVX2 3) runs as one block of exactly its rows:
+    of the kernel's loop nests (their var extents at that B) one runs, with B x C stores. A nest reads and unpacks
+    every weight block of the panels, so three rows as a block of 2 and one of 1 (the powers of two) read them
+    twice: one thread, 3072 x 576 q4_1, B = 3 took 223 us against B = 4's 171."""
+    blocks = _blocks(rng, "q4_1", 1536, K)
+    x = rng.standard_normal((3, K)).astype(np.float32)
+    (kernel,) = _batched("q4_1", "cpu", rows=(1, most)).plan(x, blocks).kernels
+    for target, (rows, columns) in ((AVX512, (4, 2)), (AVX2, (3, 1))):
+        out = optimize(kernel.kernel.scheduled, "llvm", target)
+        for b in range(1, rows + 1):
+            nests = {}
+            for store in out.src:
+                loops = frozenset(r for r in store.toposort() if r.op is Ops.RANGE and r.src[0].op is not Ops.CONST)
+                if all(_at(r.src[0], B=b).arg > 0 for r in loops) and store.src[0].op is Ops.DEFINE_GLOBAL:
+                    nests.setdefault(loops, []).append(store)
+            assert [len(stores) for stores in nests.values()] == [b * columns], (target.cpu, b)
+
+
 @pytest.mark.parametrize("kind", ["q8_0", "q4_1"])
 def test_every_column_of_a_register_block_prefetches_its_blocks(kind, rng):
     """Each column of a register block streams its own weight row: each loop nest of the kernel as launched asks
     for every column's blocks PREFETCH_BYTES ahead, once per block (a block's scale and bytes are one stream), not
-    only its first column's (AVX-512: 2 columns, 3 nests -> 6 prefetches; AVX2: 1 column -> 3). Without the second
+    only its first column's (AVX-512: 2 columns, 4 nests -> 8 prefetches; AVX2: 1 column, 3 nests -> 3). Without the second
     column's prefetch SmolLM2's engine decode step of one sequence took 7.7 ms against the one-row plan's 6.2."""
     blocks = _blocks(rng, kind, 1536, K)
     x = rng.standard_normal((3, K)).astype(np.float32)
     (kernel,) = _batched(kind, "cpu", rows=(1, 4)).plan(x, blocks).kernels
-    for target, (columns, nests) in ((AVX512, (2, 3)), (AVX2, (1, 3))):
+    for target, (columns, nests) in ((AVX512, (2, 4)), (AVX2, (1, 3))):
         ir = render_llvm(optimize(kernel.kernel.scheduled, "llvm", target), target).source
         calls = [line for line in ir.splitlines() if "call void @llvm.prefetch" in line]
         assert len(calls) == nests * columns
@@ -122,15 +142,15 @@ def test_a_batch_of_more_rows_than_a_register_block_reads_a_tile(kind, rng):
     assert [_at(column.src[0], B=b).arg for b in (1, 4, 5, 16)] == [0, 0, 4, 4]
     on_tile = [s for s in stores if any(u.op is Ops.DEFINE_LOCAL for u in s.toposort())]
     direct = [s for s in stores if s not in on_tile]
-    assert len(on_tile) == (3 + 2 + 1) * 4 and len(direct) == (4 + 2 + 1) * 2  # direct: a loop of 2 blocks
+    assert len(on_tile) == (3 + 2 + 1) * 4 and len(direct) == (4 + 3 + 2 + 1) * 2  # direct: a loop of 2 blocks
     block_bytes = [u for u in out.toposort() if u.op is Ops.LOAD and u.src[0].op is Ops.DEFINE_GLOBAL and
                    u.src[0].arg == 2]
     assert block_bytes and not any(u in s.toposort() for s in on_tile for u in block_bytes)
     assert len({r.src[1:] for s in stores for r in s.toposort() if r.op is Ops.REDUCE}) == 1  # one set of ranges
     ir = render_llvm(out, AVX512).source
     halves = 2 if kind == "q4_1" else 1
-    assert ir.count("load <32 x i8>" if kind == "q8_0" else "load <16 x i8>") == 1 + 3 * 2 * halves  # fill: a loop
-    assert sum("call void @llvm.prefetch" in line for line in ir.splitlines()) >= 3 * 2
+    assert ir.count("load <32 x i8>" if kind == "q8_0" else "load <16 x i8>") == 1 + 4 * 2 * halves  # fill: a loop
+    assert sum("call void @llvm.prefetch" in line for line in ir.splitlines()) >= 4 * 2
 
 
 @pytest.mark.parametrize("kind", ["q8_0", "q4_1", "q6_k"])
