@@ -40,7 +40,11 @@ vectors of weights, beside the 16 FMAs of a step, on the two ports that do both)
 at 80-90 GFLOP/s on one thread against the prefill tile's 130-150. With the tile (4 columns of two-register sums,
 3 x 4 blocks on AVX-512), one thread, q4_1: 3072 x 576 at B = 16 0.65-0.70 -> 0.45-0.50 ms, 576 x 576 0.125 ->
 0.09, 576 x 1536 0.30-0.33 -> 0.28-0.29 (its 16 rows of activations stream from L2 per panel); q8_0 head 49152 x
-576, two threads, 9.6-9.7 -> 6.9-7.9 ms; B <= 4 as before (B = 1 head 1.34-1.53 vs 1.36-1.39).
+576, two threads, 9.6-9.7 -> 6.9-7.9 ms; B <= 4 as before (B = 1 head 1.34-1.53 vs 1.36-1.39). A decode batch's
+register block holds DECODE_ACCUMULATORS sums, not the default 16 (AVX-512: 6 x 2 blocks, not 4 x 2; AVX2's 13
+registers keep 3 x 1), so 5 and 6 rows are one read of the blocks, not a tile's fill and two blocks of it: one
+thread, B = 5 and 6, 3072 x 576 q4_1 211-227 -> 190-203 and 255 -> 230 us, q8_0 210 -> 203 and 233 -> 232, 576 x
+1536 q4_1 137 -> 103 and 156 -> 116; other B within noise (7 x 2 measured no better at 7).
 
 One row's sum is the same sequence of operations in a block of any size (a vector of lane sums accumulated over
 the block ranges in order, its lanes added up once): row b's result has the same bits for B = 1 and B = 64 (a
@@ -72,6 +76,7 @@ MIN_TILE_ROWS = 128  # rows (their maximum) from which each panel's weights are 
 TILE_BYTES = 1 << 15  # a tile's bytes, at most: it lives on the stack of each thread calling the kernel
 TILE_COLUMNS = (6, 4, 2)  # a tile's columns: the first that divides the weight's, fits TILE_BYTES and a quarter
 # of the registers (a batch's tile: its columns' sums do, AVX-512 q4_1 / q8_0: 4 columns of two registers each)
+DECODE_ACCUMULATORS = 24  # a decode batch's register block (fewer rows than MIN_TILE_ROWS): see the docstring
 TILE_ROWS = 3  # rows of a register block over a tile, at most (with 6 columns: 18 sums, 6 column vectors, a row's)
 
 
@@ -97,7 +102,10 @@ def block_matmul(split: UOp, target: CPUTarget, blocking: Blocking = DEFAULT_BLO
     weights = [ld for ld in red.toposort() if ld.op is Ops.LOAD and j in ld.src[1].toposort()]
     if not any(stride_along(ld.src[1], lane) == 1 for ld in weights):
         return None
-    rows, columns = _register_block(red, target, blocking, j.src[0].arg)
+    most = i.src[0].vmax  # a prefill's tile for all rows; a batch's for more rows than one register block holds
+    decode = most < MIN_TILE_ROWS and blocking == DEFAULT_BLOCKING  # (PREPJIT_TUNE's blocking as it chose)
+    rows, columns = _register_block(red, target, DECODE_ACCUMULATORS if decode else blocking.max_accumulators,
+                                    j.src[0].arg)
     column_bytes = sum({ld.src[0]: (stride_along(ld.src[1], j) or 0) * ld.dtype.itemsize for ld in weights}.values())
     panels = j.src[0].arg // columns
     group = panel_group(panels, columns * column_bytes, target)
@@ -106,7 +114,6 @@ def block_matmul(split: UOp, target: CPUTarget, blocking: Blocking = DEFAULT_BLO
     if groups.op is not Ops.RANGE:  # one panel: no loop for threads to split around the row nests
         return None
 
-    most = i.src[0].vmax  # a prefill's tile for all rows; a batch's for more rows than one register block holds
     tiled = _weight_tile(split, store, red, j, i, target, None if most >= MIN_TILE_ROWS else (rows, columns)) \
         if most > rows else None
     if tiled is not None:  # each panel's weights unpacked into a tile once, for all rows
@@ -239,11 +246,12 @@ def _sum_registers(red: UOp, target: CPUTarget) -> int:
     return -(-lanes * red.dtype.itemsize * unrolled // target.vector_bytes)
 
 
-def _register_block(red: UOp, target: CPUTarget, blocking: Blocking, columns: int) -> tuple[int, int]:
-    """(rows, columns) of the register block: as many vector sums as the accumulator budget holds, each
-    `_sum_registers`, two columns when four sums fit and the columns are even (AVX-512: 4 x 2, AVX2: 3 x 1)."""
+def _register_block(red: UOp, target: CPUTarget, accumulators: int, columns: int) -> tuple[int, int]:
+    """(rows, columns) of the register block: as many vector sums as `accumulators` and the registers hold, each
+    `_sum_registers`, two columns when four sums fit and the columns are even (AVX-512: 4 x 2 of 16, 6 x 2 of
+    DECODE_ACCUMULATORS; AVX2: 3 x 1)."""
     registers = _sum_registers(red, target)
-    budget = min(blocking.max_accumulators, target.vector_registers - SPARE_REGISTERS)
+    budget = min(accumulators, target.vector_registers - SPARE_REGISTERS)
     sums = max(1, budget // registers)
     across = 2 if sums >= 4 and columns % 2 == 0 else 1
     return max(1, sums // across), across

@@ -88,16 +88,16 @@ def test_each_block_is_unpacked_once_for_a_register_block_of_rows(kind, loads, r
 
 @pytest.mark.parametrize("most", [4, 16])
 def test_rows_up_to_a_register_block_read_the_blocks_in_one_nest(most, rng):
-    """Every live row count up to a register block's R (AVX-512 4, AVX2 3) runs as one block of exactly its rows:
-    of the kernel's loop nests (their var extents at that B) one runs, with B x C stores. A nest reads and unpacks
-    every weight block of the panels, so three rows as a block of 2 and one of 1 (the powers of two) read them
-    twice: one thread, 3072 x 576 q4_1, B = 3 took 223 us against B = 4's 171."""
+    """Every live row count up to a decode batch's register block (AVX-512 6 x 2, AVX2 3 x 1) runs as one block of
+    exactly its rows: of the kernel's loop nests (their var extents at that B) one runs, with B x C stores. A nest
+    reads and unpacks every weight block of the panels, so three rows as a block of 2 and one of 1 (the powers of
+    two) read them twice: one thread, 3072 x 576 q4_1, B = 3 took 223 us against B = 4's 171."""
     blocks = _blocks(rng, "q4_1", 1536, K)
     x = rng.standard_normal((3, K)).astype(np.float32)
     (kernel,) = _batched("q4_1", "cpu", rows=(1, most)).plan(x, blocks).kernels
-    for target, (rows, columns) in ((AVX512, (4, 2)), (AVX2, (3, 1))):
+    for target, (rows, columns) in ((AVX512, (6, 2)), (AVX2, (3, 1))):
         out = optimize(kernel.kernel.scheduled, "llvm", target)
-        for b in range(1, rows + 1):
+        for b in range(1, min(rows, most) + 1):
             nests = {}
             for store in out.src:
                 loops = frozenset(r for r in store.toposort() if r.op is Ops.RANGE and r.src[0].op is not Ops.CONST)
@@ -126,11 +126,12 @@ def _at(u, **values):
 
 @pytest.mark.parametrize("kind", ["q8_0", "q4_1"])
 def test_a_batch_of_more_rows_than_a_register_block_reads_a_tile(kind, rng):
-    """A decode batch (B a var up to 16, more rows than AVX-512's 4 x 2 block of two-register sums) unpacks each
+    """A decode batch (B a var up to 16, more rows than AVX-512's 6 x 2 block of two-register sums) unpacks each
     4-column panel's blocks once into a tile for all its rows when the live rows exceed one block: the fill runs
-    4 columns at B = 5 and 16 and none at B = 1 or 4; the tile's sums are 3 x 4 blocks (12 stores a block) over
+    4 columns at B = 7 and 16 and none at B = 1 or 6; the tile's sums are 3 x 4 blocks (12 stores a block) over
     the block split's own ranges (the sums of the block kernel), and the rows of one block or fewer read the
-    blocks in 4 x 2 blocks (a loop over the panel's two), each column's blocks prefetched. The IR loads a column's block bytes in the fill
+    blocks in one block of 6, 5, ..., 1 rows x 2 columns (a loop over the panel's two), each column's blocks
+    prefetched. The IR loads a column's block bytes in the fill
     (its nibble halves a loop) and in each direct nest (halves unrolled), never in the tile's sums."""
     blocks = _blocks(rng, kind, 1536, K)
     x = rng.standard_normal((16, K)).astype(np.float32)
@@ -139,31 +140,31 @@ def test_a_batch_of_more_rows_than_a_register_block_reads_a_tile(kind, rng):
     fill, *stores = out.src
     assert fill.src[0].op is Ops.DEFINE_LOCAL and fill.src[0].arg[1] == 4 * K
     column = min((r for r in fill.toposort() if r.op is Ops.RANGE and r.arg[1] == "serial"), key=lambda r: r.arg[0])
-    assert [_at(column.src[0], B=b).arg for b in (1, 4, 5, 16)] == [0, 0, 4, 4]
+    assert [_at(column.src[0], B=b).arg for b in (1, 6, 7, 16)] == [0, 0, 4, 4]
     on_tile = [s for s in stores if any(u.op is Ops.DEFINE_LOCAL for u in s.toposort())]
     direct = [s for s in stores if s not in on_tile]
-    assert len(on_tile) == (3 + 2 + 1) * 4 and len(direct) == (4 + 3 + 2 + 1) * 2  # direct: a loop of 2 blocks
+    assert len(on_tile) == (3 + 2 + 1) * 4 and len(direct) == 6 * 7 // 2 * 2  # direct: a loop of 2 blocks
     block_bytes = [u for u in out.toposort() if u.op is Ops.LOAD and u.src[0].op is Ops.DEFINE_GLOBAL and
                    u.src[0].arg == 2]
     assert block_bytes and not any(u in s.toposort() for s in on_tile for u in block_bytes)
     assert len({r.src[1:] for s in stores for r in s.toposort() if r.op is Ops.REDUCE}) == 1  # one set of ranges
     ir = render_llvm(out, AVX512).source
     halves = 2 if kind == "q4_1" else 1
-    assert ir.count("load <32 x i8>" if kind == "q8_0" else "load <16 x i8>") == 1 + 4 * 2 * halves  # fill: a loop
-    assert sum("call void @llvm.prefetch" in line for line in ir.splitlines()) >= 4 * 2
+    assert ir.count("load <32 x i8>" if kind == "q8_0" else "load <16 x i8>") == 1 + 6 * 2 * halves  # fill: a loop
+    assert sum("call void @llvm.prefetch" in line for line in ir.splitlines()) >= 6 * 2
 
 
 @pytest.mark.parametrize("kind", ["q8_0", "q4_1", "q6_k"])
 def test_batch_rows_on_or_off_the_tile_match_numpy_and_keep_their_bits(kind, device, rng):
     """B a var up to 16 (on the cpu rows past one register block read a tile, fewer the blocks): every B in
-    {1, 3, 4, 5, 16} equals float64 NumPy, and a row has the same bits alone, in a batch of 4 (the blocks) and in
-    one of 5 or 16 (the tile), whichever position it takes."""
+    {1, 3, 4, 5, 7, 16} equals float64 NumPy, and a row has the same bits alone, in a batch of 4 or 5 (the blocks) and
+    in one of 7 or 16 (the tile), whichever position it takes."""
     blocks = _blocks(rng, kind, N, K)
     w = pj.quant.dequantize(blocks, kind).astype(np.float64)
     f = _batched(kind, device, rows=(1, 16))
     x = rng.standard_normal((16, K)).astype(np.float32)
     batch = np.asarray(f(x, blocks))
-    for rows in (1, 3, 4, 5, 16):
+    for rows in (1, 3, 4, 5, 7, 16):
         ref = x[:rows].astype(np.float64) @ w.T
         got = np.asarray(f(x[:rows], blocks))
         np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
