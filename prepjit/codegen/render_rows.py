@@ -124,23 +124,15 @@ def _row_parts(u: UOp, rows: Rows, pending) -> list[UOp]:
     """The largest float parts of reduction `u`'s operand that no column depends on and that read none of the
     `pending` reductions (not computed yet): with pending ones, those that hold a reduction of their own (a softmax
     row's scores), else those that compute something (its probabilities)."""
-    cols, found, seen = set(rows.cols), [], set()
+    cols = set(rows.cols)
 
-    def visit(x: UOp):
-        if x.op in (Ops.LOAD, Ops.CONST, Ops.RANGE, Ops.DEFINE_GLOBAL) or x in seen or x in rows.columns:
-            return
-        seen.add(x)
+    def part(x: UOp) -> bool:
         inside = x.toposort()
         wanted = any(y.op is Ops.REDUCE for y in inside) if pending else any(
             y.dtype.is_float and y.op not in _CHEAP for y in inside)
-        if x.dtype.is_float and x not in rows.reduces and wanted and not free_ranges(x) & cols and not any(
-                v in inside for v in pending):
-            found.append(x)
-            return
-        for y in x.src:
-            visit(y)
-    visit(u.src[0])
-    return found
+        return x.dtype.is_float and x not in rows.reduces and wanted and not free_ranges(x) & cols and not any(
+            v in inside for v in pending)
+    return _largest_parts(u.src[0], part, skip=rows.columns)
 
 
 def _row_array(r, x: UOp, ranges: tuple, arrays: dict) -> str:
@@ -261,19 +253,30 @@ _CHEAP = (Ops.DEFINE_GLOBAL, Ops.LOAD, Ops.CAST, Ops.CONST, Ops.RANGE)   # not w
 def _operands(u: UOp) -> list[UOp]:
     """The largest computed parts of the row reduction `u`'s operand that no row depends on (a normalised row,
     SiLU(gate) * up): values of its range alone, each the same for every output."""
-    mine, found, seen = set(u.src[1:]), [], set()
+    mine = set(u.src[1:])
+
+    def part(x: UOp) -> bool:
+        free = free_ranges(x)
+        return bool(free) and free <= mine and x.dtype.is_float and any(
+            y.dtype.is_float and y.op not in _CHEAP for y in x.toposort())
+    return _largest_parts(u.src[0], part)
+
+
+def _largest_parts(root: UOp, part, skip=()) -> list[UOp]:
+    """The outermost nodes of `root` for which `part(node)` holds (not searched inside), in visiting order; leaves
+    and the nodes in `skip` are neither parts nor searched."""
+    found, seen = [], set()
 
     def visit(x: UOp):
-        if x.op in (Ops.LOAD, Ops.CONST, Ops.RANGE, Ops.DEFINE_GLOBAL) or x in seen:
+        if x.op in (Ops.LOAD, Ops.CONST, Ops.RANGE, Ops.DEFINE_GLOBAL) or x in seen or x in skip:
             return
         seen.add(x)
-        free = free_ranges(x)
-        if free and free <= mine and x.dtype.is_float and any(y.dtype.is_float and y.op not in _CHEAP for y in x.toposort()):
+        if part(x):
             found.append(x)
             return
         for y in x.src:
             visit(y)
-    visit(u.src[0])
+    visit(root)
     return found
 
 
