@@ -330,9 +330,9 @@ class NativeThreads:
     def _forked(self):
         self.workers = self.words[WORKERS] = 0
 
-    def chunks(self, size: int) -> int:
-        """Chunks to cut a split range of `size` iterations into."""
-        return min(size, CHUNKS_PER_THREAD * (self.workers + 1)) if self.workers else 0
+    def chunks(self, size: int, per_thread: int = CHUNKS_PER_THREAD) -> int:
+        """Chunks to cut a split range of `size` iterations into, `per_thread` a thread at most."""
+        return min(size, per_thread * (self.workers + 1)) if self.workers else 0
 
     def parallel(self, fn: int, bufs: int, vals: int, size: int, chunks: int):
         """fn over [0, size) in `chunks` slices over the threads (ctypes call: the GIL is released)."""

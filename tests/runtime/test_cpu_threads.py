@@ -140,3 +140,23 @@ def test_a_stall_runs_split_launches_alone_for_a_while_then_threads_again(worker
     assert published == 1 and threads.words[BACKOFF] == backoff // 2   # split again, and no stall: halved
     assert _settles_within(lambda: (threads.parallel(fn, 0, 0, 1000, 1000), threads.words[BACKOFF])[1], least)
     del keep
+
+
+def test_a_kernel_filling_its_own_array_first_takes_one_chunk_a_thread(rng, worker_threads):
+    """A decode batch's projection computes its normalised rows once per call into an array of its own
+    (operand_prologue.py) before its split loop: each chunk of a split would do it again, so the launch is cut into
+    one chunk a thread, not CHUNKS_PER_THREAD; a kernel without such a prologue keeps its chunks."""
+    import prepjit.numpy as pnp
+
+    def project(x, g, w):
+        return (x / pnp.sqrt(pnp.mean(x * x, axis=-1, keepdims=True) + 1e-5) * g) @ w.T
+    x, g = rng.standard_normal((16, 576)).astype(np.float32), rng.standard_normal(576).astype(np.float32)
+    w = rng.standard_normal((1536, 576)).astype(np.float32)
+    f = pj.prepare(project, vars={"B": (1, 16)}, shapes={"x": ("B", None)}, device="cpu")
+    want = (x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + 1e-5) * g) @ w.T
+    np.testing.assert_allclose(np.asarray(f(x, g, w)), want, rtol=1e-3, atol=1e-3)
+    plan = f.plan(x, g, w)
+    (kernel,) = plan.kernels
+    assert any(u.op.name == "DEFINE_LOCAL" for u in kernel.ast.toposort()), "no operand prologue: not the path named"
+    ((size, chunks),) = launch_entries(plan._runner.first_launches)
+    assert chunks == worker_threads.chunks(size, 1) == worker_threads.workers + 1 < worker_threads.chunks(size)
