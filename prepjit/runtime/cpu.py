@@ -92,11 +92,16 @@ class CPULauncher(KernelStep):
         return ctypes.cast(self.fn, ctypes.c_void_p).value
 
 
+def _outer_loop(ast):
+    """The outermost loop range (the one threads split), or None."""
+    loops = [u for u in ast.toposort() if u.op is Ops.RANGE and u.arg[1] == "loop"]
+    return min(loops, key=lambda r: r.arg[0]) if loops else None
+
+
 def _loop_iterations(ast) -> tuple[int, int]:
     """(outermost range size, iterations of everything inside it), both at the vars' maxima."""
     ranges = [u for u in ast.toposort() if u.op is Ops.RANGE]
-    loops = [r for r in ranges if r.arg[1] == "loop"]
-    outer = min(loops, key=lambda r: r.arg[0]) if loops else None
+    outer = _outer_loop(ast)
     inner = 1
     for r in ranges:
         if r is not outer:
@@ -109,8 +114,7 @@ def _fills_before_its_loop(launched) -> bool:
     a decode batch's normalised rows, SiLU(gate) * up): work each call does once, so each chunk of a launch split
     over the threads does it again. Such a launch gets one chunk a thread, not CHUNKS_PER_THREAD: in a 16-row
     SmolLM2 decode step its down projection took 221-245 us a layer at 4 chunks a thread and 163-177 at one."""
-    loops = [u for u in launched.toposort() if u.op is Ops.RANGE and u.arg[1] == "loop"]
-    outer = min(loops, key=lambda r: r.arg[0]) if loops else None
+    outer = _outer_loop(launched)
     return any(u.op is Ops.STORE and u.src[0].op is Ops.DEFINE_LOCAL and (outer is None or outer not in u.toposort())
                for u in launched.src)
 
