@@ -15,10 +15,10 @@ Loops: column panels of C columns, grouped so a group's blocks fit half the L2 c
 the group index outermost (threads split it), then the row blocks, then the group's panels: a group's blocks
 are read from memory once per call and from L2 by every row block, and a row block's activations stay in L1
 across the group's panels. The rows past the last full block (a var count, or a static one R does not divide)
-run as one block of their own count (_row_blocks: a nest of 0 or 1 iterations for each count below R): one row
-costs what matvec.py's one-row kernel costs, three rows one read of the weights, not a block of R recomputing its
-last, nor optimize.row_nests' block of 2 and block of 1, each reading and unpacking all the blocks (3072 x 576
-q4_1, one thread, B = 3 223 -> 153 us; B = 2 124, B = 4 171).
+run as one block of their own count (optimize.row_nests with every_count: a nest of 0 or 1 iterations for each
+count below R): one row costs what matvec.py's one-row kernel costs, three rows one read of the weights, not a
+block of R recomputing its last, nor a block of 2 and a block of 1, each reading and unpacking all the blocks
+(3072 x 576 q4_1, one thread, B = 3 223 -> 153 us; B = 2 124, B = 4 171).
 
 A prefill (the rows' maximum MIN_TILE_ROWS or more) reuses each unpacked block for all its rows instead: the
 column panels are the outermost loop (threads split them), and each panel's C columns are unpacked once per call
@@ -67,6 +67,7 @@ from .optimize import (
     new_range,
     panel_group,
     renumber,
+    row_nests,
     stride_along,
 )
 from .target import CPUTarget, host_target
@@ -121,7 +122,7 @@ def block_matmul(split: UOp, target: CPUTarget, blocking: Blocking = DEFAULT_BLO
 
     def panel(n: int) -> UOp:  # groups outermost (threads split them), a group's panels innermost
         return groups * group + new_range(UOp.const(group), n) if group > 1 else groups
-    stores = [s for block_rows, n in _row_blocks(i.src[0], rows, axis)
+    stores = [s for block_rows, n in row_nests(i.src[0], rows, axis, every_count=True)
               for s in block_stores(store, j, i, [panel(n + 1) * columns + c for c in range(columns)], block_rows, {})]
     return renumber(UOp(Ops.SINK, split.dtype, tuple(stores), split.arg))
 
@@ -183,7 +184,7 @@ def _weight_tile(split: UOp, store: UOp, red: UOp, j: UOp, i: UOp, target: CPUTa
         read = UOp(Ops.LOAD, w.dtype, (tile, (j % columns) * steps + kk * width + flat_lane))
         flat = UOp(Ops.REDUCE, red.dtype, (_simplified_loads(x.substitute(split_ranges(kk))) * read, kk, flat_lane),
                    red.arg)
-        stores = [s for block_rows, n in _row_blocks(i.src[0], rows, axis + 3 + len(fill_ranges))
+        stores = [s for block_rows, n in row_nests(i.src[0], rows, axis + 3 + len(fill_ranges), every_count=True)
                   for s in block_stores(store.substitute({red: flat}), j, i, panel_columns, block_rows, {})]
         return renumber(UOp(Ops.SINK, split.dtype, (fill, *stores), split.arg))
     # a few rows: the tile only for more live rows than a direct block holds (shared = 1), else the blocks
@@ -193,37 +194,17 @@ def _weight_tile(split: UOp, store: UOp, red: UOp, j: UOp, i: UOp, target: CPUTa
     read = UOp(Ops.LOAD, w.dtype, (tile, (j % columns) * steps + linear_index(reduces, extents)))
     on_tile = store.substitute({red: UOp(Ops.REDUCE, red.dtype, (x * read, *reduces), red.arg)})
     first = axis + 3 + len(fill_ranges)
-    nests = _row_blocks(simplify(i.src[0] * shared), rows, first)
+    nests = row_nests(simplify(i.src[0] * shared), rows, first, every_count=True)
     stores = [s for block_rows, _ in nests for s in block_stores(on_tile, j, i, panel_columns, block_rows, {})]
     after = 2 + max((n for _, n in nests), default=first)
 
     def direct_columns(n: int) -> list[UOp]:  # a loop over the panel's blocks of direct[1] columns, inside nest n
         sub = new_range(UOp.const(columns // direct[1]), n + 1)
         return [panel * columns + sub * direct[1] + c for c in range(direct[1])]
-    stores += [s for block_rows, n in _row_blocks(simplify(i.src[0] - i.src[0] * shared), direct[0], after)
+    stores += [s for block_rows, n in row_nests(simplify(i.src[0] - i.src[0] * shared), direct[0], after,
+                                                         every_count=True)
                for s in block_stores(store, j, i, direct_columns(n), block_rows, {})]
     return renumber(UOp(Ops.SINK, split.dtype, (fill, *stores), split.arg))
-
-
-def _row_blocks(end: UOp, rows: int, axis: int) -> list[tuple[list[UOp], int]]:
-    """(row indices, the axis its loops start at) of each loop nest over the rows before `end` in register blocks
-    of `rows` rows: the full blocks (axis `axis`), then the rows past them as one block of their own count: a nest
-    of 0 or 1 iterations for each count below `rows`, largest first (two axes a nest), of which one runs. Every
-    nest reads and unpacks all its panels' weight blocks, so three rows past the blocks cost one such read, not
-    optimize.row_nests' two (a block of 2 and one of 1: its powers of two keep the code of a wide block small)."""
-    nests, rest = [], simplify(end % rows)
-    full = simplify(end // rows)
-    if not (full.op is Ops.CONST and full.arg == 0):
-        block = new_range(full, axis)
-        nests.append(([simplify(block * rows + a) for a in range(rows)], axis))
-    for size in range(rows - 1, 0, -1):  # rest <= size here: its nest runs once when they are equal
-        count = simplify(rest // size)
-        axis += 2
-        if not (count.op is Ops.CONST and count.arg == 0):
-            block = new_range(count, axis)
-            nests.append(([simplify(end - rest + block * size + a) for a in range(size)], axis))
-        rest = simplify(rest % size)
-    return nests
 
 
 def _simplified_loads(u: UOp) -> UOp:

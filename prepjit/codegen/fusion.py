@@ -33,7 +33,6 @@ from collections import Counter
 from ..uop import Ops, UOp
 from ..uop.ops import ELEMENTWISE, MOVEMENT
 from .lower import REALIZED
-from .softmax_contraction import softmax_contractions
 
 MEMORY_COST = 6        # ops-equivalent of writing an element and reading it back once
 LAUNCH_COST = 2000     # ops-equivalent of one more kernel launch
@@ -83,17 +82,18 @@ def kernel_roots(outputs: list[UOp]) -> tuple[list[UOp], list[UOp]]:
 
 
 def choose_materialized(outputs: list[UOp], row_values: bool = False, walk: tuple | None = None,
-                        operand_prologues: bool = False) -> set[UOp]:
+                        operand_prologues: bool = False, in_contractions: frozenset = frozenset()) -> set[UOp]:
     """The elementwise values to compute once into a buffer; with `row_values` (kernels that give each row a
     work-group: the C-style renderers), never a cheap kept-dims value of reductions (a row's mean or scale),
     which is recomputed where it is read, so its reductions fuse into the readers (layernorm: one kernel); with
     `operand_prologues` (kernels that compute a contraction's computed operand once per call: the cpu's,
     operand_prologue.py), a kernel of several rows recomputes such an operand as a kernel of one row does.
-    `walk` is kernel_roots(outputs) where the caller has it (schedule: one walk of the graph for every pass)."""
+    `in_contractions`: the nodes of softmaxes computed inside their contraction's kernel (softmax_contraction.py),
+    never chosen. `walk` is kernel_roots(outputs) where the caller has it (schedule: one walk of the graph for every
+    pass)."""
     graph, roots = walk or kernel_roots(outputs)
     is_root = set(roots)
-    never_chosen = is_root.union(*softmax_contractions(graph, outputs).values()) if row_values else is_root
-    # (kernel roots have buffers of their own; a softmax only a contraction reads is computed in its kernel)
+    never_chosen = is_root | in_contractions  # kernel roots have buffers of their own
     places = _places(graph)
     readers_of = Counter(s for node in graph for s in set(node.src))
     exprs: dict[UOp, set] = {}  # what a node's inlined expression evaluates: (node, view, is a load) terms
@@ -406,7 +406,8 @@ def _uniform(node: UOp) -> bool:
 
 def fused_reductions(outputs: list[UOp], materialized: set[UOp], rows: bool = False,
                      one_contraction: bool = False, inlined: frozenset = frozenset(),
-                     walk: tuple | None = None, row_prologues: bool = False, softmax_rows: bool = False) -> set[UOp]:
+                     walk: tuple | None = None, row_prologues: bool = False,
+                     in_contractions: frozenset = frozenset()) -> set[UOp]:
     """The reductions computed inside their only reader's kernel (see the module docstring); with `rows`
     (kernels that are loop nests, which compute a value where its loops are open), also those it reads
     broadcast along trailing axes only (a row's max or sum in softmax, layernorm's mean and variance). With
@@ -416,9 +417,9 @@ def fused_reductions(outputs: list[UOp], materialized: set[UOp], rows: bool = Fa
     scatters have no kernel of their own (inlined_scatters): a reduction they read is computed into a buffer.
     A reduction read once per call is a prologue of its reader's kernel; one read once per row of it only with
     `row_prologues` (kernels that compute it once per row: the cpu's; a GPU's kernel of many rows would compute it
-    again at every element that reads it). With `softmax_rows` (row kernels: the C-style renderers), a softmax that
-    only a contraction over its axis reads is computed inside the contraction's kernel, its scores and row
-    reductions too (softmax_contraction.py). `walk`: as choose_materialized's."""
+    again at every element that reads it). The reductions among `in_contractions` (a softmax's row reductions and
+    scores, computed inside its contraction's kernel: softmax_contraction.py) are fused there. `walk`: as
+    choose_materialized's."""
     graph, roots = walk or kernel_roots(outputs)
     roots = [r for r in roots if r not in inlined]
     explicit = set(roots) - {n for n in roots if n.op is Ops.REDUCE_AXIS} | set(outputs)
@@ -426,8 +427,7 @@ def fused_reductions(outputs: list[UOp], materialized: set[UOp], rows: bool = Fa
                 for n in UOp(Ops.SINK, node.dtype, node.arg.body_roots).toposort()}
     ok = {_DIRECT, _RESHAPED, _ROW} if rows else {_DIRECT, _RESHAPED}
     prologues = _PROLOGUES if row_prologues else (_UNIFORM,)
-    fused: set[UOp] = {n for nodes in (softmax_contractions(graph, outputs).values() if softmax_rows else ())
-                       for n in nodes if n.op is Ops.REDUCE_AXIS}
+    fused: set[UOp] = {n for n in in_contractions if n.op is Ops.REDUCE_AXIS}
     holds: dict[UOp, UOp] = {}  # a kernel's root -> the contraction fused into it (one_contraction)
     position = {n: k for k, n in enumerate(graph)}
     by_position = sorted(materialized, key=position.__getitem__)

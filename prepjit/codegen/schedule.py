@@ -23,6 +23,7 @@ from .dynamic_loop import DynamicLoop, dynamic_loop
 from .fusion import choose_materialized, fused_reductions, inlined_scatters, kernel_roots
 from .lower import REALIZED, lower_copy, lower_kernel, lower_scatter
 from .packing import pack_contraction
+from .softmax_contraction import softmax_contractions
 
 
 @attrs.frozen
@@ -396,12 +397,15 @@ def schedule(outputs: list[UOp], inputs: list[UOp], pack_contractions: bool = Fa
     contractions first copy their column operand into contiguous panels (packing.py).
     """
     walk = kernel_roots(outputs)  # the graph and its kernel roots, walked once for every pass below
+    # a softmax only a contraction over its axis reads: computed inside that kernel where each row has a work-group
+    in_contractions = frozenset() if pack_contractions else frozenset().union(
+        *softmax_contractions(walk[0], outputs).values())
     materialized = choose_materialized(outputs, row_values=not pack_contractions, walk=walk,
-                                       operand_prologues=pack_contractions)
+                                       operand_prologues=pack_contractions, in_contractions=in_contractions)
     inlined = inlined_scatters(outputs, walk=walk)
     fused = inlined | fused_reductions(outputs, materialized, rows=True, one_contraction=pack_contractions,
                                        inlined=frozenset(inlined), walk=walk, row_prologues=pack_contractions,
-                                       softmax_rows=not pack_contractions)
+                                       in_contractions=in_contractions)
     s = _Scheduler(materialized, fused, pack_contractions, _readers(outputs, walk[0]))
     env = {node: s.new_buffer(node) for node in inputs}
     input_bufs = tuple(env[n] for n in inputs)
