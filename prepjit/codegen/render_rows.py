@@ -176,19 +176,14 @@ def _nested_arrays(r, x: UOp, arrays: dict):
     at each position's dot product); the reduction's loop reads them there (`held_in_loop`). One barrier after them."""
     made = False
     for n in _nested_reductions(r, x, arrays):
-        mine, found = set(r.rows.rows) | {n.src[1]}, []
-        stack = [n.src[0]]
-        while stack:
-            y = stack.pop()
-            if y.op in (Ops.LOAD, Ops.CONST, Ops.RANGE, Ops.DEFINE_GLOBAL):
-                continue
+        mine = set(r.rows.rows) | {n.src[1]}
+
+        def part(y: UOp, n=n, mine=mine) -> bool:
             free, inside = free_ranges(y), y.toposort()
-            if y.dtype.is_float and n.src[1] in free and free <= mine and any(
-                    z.dtype.is_float and z.op not in _CHEAP for z in inside) and r.rows.reduces.isdisjoint(inside):
-                found.append(y)
-            else:
-                stack.extend(y.src)
-        r.row_operands[n] = [(y, _row_array(r, y, (n.src[1],), {})) for y in dict.fromkeys(found)]
+            return y.dtype.is_float and n.src[1] in free and free <= mine and any(
+                z.dtype.is_float and z.op not in _CHEAP for z in inside) and r.rows.reduces.isdisjoint(inside)
+        found = _largest_parts(n.src[0], part)[::-1]
+        r.row_operands[n] = [(y, _row_array(r, y, (n.src[1],), {})) for y in found]
         made = made or bool(found)
     if made:
         r.emit(r.d.barrier)
