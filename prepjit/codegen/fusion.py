@@ -468,10 +468,12 @@ def _expands_below(graph: list[UOp]) -> dict[UOp, bool]:
 
 
 def _is_contraction(red: UOp, expands: dict[UOp, bool]) -> bool:
-    """Whether a reduction is a sum of products with a broadcast operand (a matmul, a matvec, an einsum);
-    `expands`: _expands_below of the graph."""
+    """Whether a reduction is a sum of products with a broadcast operand (a matmul, a matvec, an einsum); a sum over
+    axes of one element (an einsum's axis of size 1: decode attention's own token, p_own * v) is one product, an
+    elementwise value, not a contraction. `expands`: _expands_below of the graph."""
     x = red.src[0]
-    return red.arg[0] is Ops.ADD and x.op is Ops.MUL and any(expands[s] for s in x.src)
+    return red.arg[0] is Ops.ADD and x.op is Ops.MUL and any(expands[s] for s in x.src) and \
+        not all(_is_one(x.shape[a]) for a in red.arg[1])
 
 
 _DIRECT, _RESHAPED, _ROW, _INNER, _OTHER, _UNIFORM, _PER_ROW = range(7)  # how a kernel's index reaches a node:
