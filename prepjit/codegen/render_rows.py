@@ -132,7 +132,7 @@ def _row_parts(u: UOp, rows: Rows, pending) -> list[UOp]:
             y.dtype.is_float and y.op not in _CHEAP for y in inside)
         return x.dtype.is_float and x not in rows.reduces and wanted and not free_ranges(x) & cols and not any(
             v in inside for v in pending)
-    return _largest_parts(u.src[0], part, skip=rows.columns)
+    return _largest_parts(u.src[0], part, skip=rows.reduces)   # (the row's reductions: values it computes)
 
 
 def _row_array(r, x: UOp, ranges: tuple, arrays: dict) -> str:

@@ -237,15 +237,15 @@ def share_passes(ast: UOp, items: int = 1, warp_rows: int = 1) -> UOp:
 
 
 def _one_range(ast: UOp, rows: Rows) -> UOp:
-    """`ast` with the row's and the column reductions' ranges of one extent made one range (a softmax row's max, sum
-    and p @ V all over its positions): the values each reads at a position are then the same nodes, which the row
-    keeps in local memory once (render_rows._row_arrays)."""
+    """`ast` with the row's and the column reductions' ranges of the same extents made the same ranges (a softmax
+    row's max, sum and p @ V all over its positions; a paged one's over its blocks and their rows): the values each
+    reads at a position are then the same nodes, which the row keeps in local memory once
+    (render_rows._row_arrays)."""
     first: dict = {}
     for u in (*rows.order, *rows.columns):
-        if len(u.src) == 2:
-            first.setdefault(u.src[1].src[0], u.src[1])
-    return ast.substitute({u.src[1]: first[u.src[1].src[0]] for u in (*rows.order, *rows.columns)
-                           if len(u.src) == 2 and u.src[1] is not first[u.src[1].src[0]]})
+        first.setdefault(tuple(r.src[0] for r in u.src[1:]), u.src[1:])
+    return ast.substitute({old: new for u in (*rows.order, *rows.columns)
+                           for old, new in zip(u.src[1:], first[tuple(r.src[0] for r in u.src[1:])]) if old is not new})
 
 
 def uses_grouped_reduce(ast: UOp) -> bool:

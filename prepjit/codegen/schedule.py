@@ -23,7 +23,7 @@ from .dynamic_loop import DynamicLoop, dynamic_loop
 from .fusion import choose_materialized, fused_reductions, inlined_scatters, kernel_roots
 from .lower import REALIZED, lower_copy, lower_kernel, lower_scatter
 from .packing import pack_contraction
-from .softmax_contraction import softmax_contractions
+from .softmax_contraction import joins, softmax_contractions
 
 
 @attrs.frozen
@@ -398,10 +398,11 @@ def schedule(outputs: list[UOp], inputs: list[UOp], pack_contractions: bool = Fa
     """
     walk = kernel_roots(outputs)  # the graph and its kernel roots, walked once for every pass below
     # a softmax only a contraction over its axis reads: computed inside that kernel where each row has a work-group
-    in_contractions = frozenset() if pack_contractions else frozenset().union(
-        *softmax_contractions(walk[0], outputs).values())
+    found = {} if pack_contractions else softmax_contractions(walk[0], outputs)
+    in_contractions = frozenset().union(*found.values())
     materialized = choose_materialized(outputs, row_values=not pack_contractions, walk=walk,
-                                       operand_prologues=pack_contractions, in_contractions=in_contractions)
+                                       operand_prologues=pack_contractions, in_contractions=in_contractions) | joins(
+        found, outputs)
     inlined = inlined_scatters(outputs, walk=walk)
     fused = inlined | fused_reductions(outputs, materialized, rows=True, one_contraction=pack_contractions,
                                        inlined=frozenset(inlined), walk=walk, row_prologues=pack_contractions,

@@ -28,12 +28,16 @@ MAX_COLUMNS = 256        # outputs a softmax row's contraction computes at most 
 # them at least one work-item's of the row's work-group (row_plan.REDUCE_GROUP): more (a weight matrix's columns)
 # keep the contraction a kernel of its own
 _GROWS = (Ops.RESHAPE, Ops.EXPAND)
+_RESULT = (Ops.RESHAPE, Ops.CAST)  # what a contraction's result passes through to its join (a bfloat16 model's rounding)
 
 
 def softmax_contractions(graph: list[UOp], outputs: list[UOp]) -> dict[UOp, frozenset]:
-    """{contraction: the nodes of the softmax it reads} for each contraction of `graph` (kernel_roots' walk) that
-    reads a softmax row along its reduced axis, where no other kernel and no output reads the row or its reductions
-    (the elementwise nodes others read too, a RoPE table's row, are left out)."""
+    """{kernel root: the nodes computed inside its kernel} for each contraction of `graph` (kernel_roots' walk) that
+    reads a softmax row along its reduced axes, where no other kernel and no output reads the row or its reductions
+    (the elementwise nodes others read too, a RoPE table's row, are left out). Contractions whose softmaxes share a
+    row reduction read one softmax in parts (paged attention: the cached positions' probabilities against the
+    gathered values, the token's own against its value); the elementwise node that joins their results (their sum)
+    is then the kernel's root, which the schedule materialises, and the parts' contractions are among its nodes."""
     readers_of: dict[UOp, set] = {}
     for node in graph:
         for s in node.src:
@@ -42,22 +46,88 @@ def softmax_contractions(graph: list[UOp], outputs: list[UOp]) -> dict[UOp, froz
         readers_of.setdefault(out, set()).add(None)
     in_loops = {n for node in graph if node.op is Ops.LOOP
                 for n in UOp(Ops.SINK, node.dtype, node.arg.body_roots).toposort()}
-    found = {}
+    parts = {}  # contraction -> (its softmax's nodes, its probabilities p, the broadcasts of p it reads)
     for c in graph:
-        if c in in_loops or not (c.op is Ops.REDUCE_AXIS and c.arg[0] is Ops.ADD and len(c.arg[1]) == 1 and c.src[0].op is Ops.MUL
-                and c.arg[1][0] == len(c.src[0].shape) - 1):
-            continue
-        for side in c.src[0].src:
-            p = _grown_from(side)
+        axes = _contracted(c) if c not in in_loops else 0
+        for side in c.src[0].src if axes else ():
+            p = _grown_from(side, axes)
             other = c.src[0].src[1] if side is c.src[0].src[0] else c.src[0].src[0]
-            nodes = _softmax(p) if p is not None and _reuse(c, other) <= MAX_ROWS_A_VALUE and _columns(
-                c, p) <= MAX_COLUMNS else None
-            inside = (nodes or set()) | {c} | _path(side, p)
-            if nodes and all(inside.issuperset(readers_of.get(n, ())) for n in nodes
-                             if n is p or n.op is Ops.REDUCE_AXIS):
-                found[c] = frozenset(n for n in nodes if inside.issuperset(readers_of.get(n, ())))
+            nodes = _softmax(p, axes) if p is not None and _reuse(c, other) <= MAX_ROWS_A_VALUE and _columns(
+                c, p, axes) <= MAX_COLUMNS else None
+            if nodes:
+                parts[c] = (nodes, p, _path(side, p))
                 break
+    found = {}
+    for group in _sharing_reductions(parts):
+        root = group[0] if len(group) == 1 else _join(group, readers_of)
+        if root is None:
+            continue  # parts no one node joins: each part's kernel would compute the whole softmax
+        nodes = frozenset().union(*(parts[c][0] for c in group))
+        inside = nodes | set(group) | set().union(*(parts[c][2] for c in group)) | _between(group, root)
+        probabilities = {parts[c][1] for c in group}
+        if all(inside.issuperset(readers_of.get(n, ())) for n in nodes if n in probabilities or n.op is Ops.REDUCE_AXIS):
+            kept = frozenset(n for n in nodes if inside.issuperset(readers_of.get(n, ())))
+            found[root] = kept if len(group) == 1 else kept | frozenset(group)
     return found
+
+
+def joins(found: dict[UOp, frozenset], outputs: list[UOp]) -> set[UOp]:
+    """The kernel roots of `found` (softmax_contractions') that join a softmax's parts and are no outputs: the
+    elementwise nodes the schedule materialises (their kernel computes the whole softmax and every part)."""
+    return {root for root in found if root.op is not Ops.REDUCE_AXIS} - set(outputs)
+
+
+def _contracted(c: UOp) -> int:
+    """How many trailing axes `c` sums products over (0: not such a contraction)."""
+    if not (c.op is Ops.REDUCE_AXIS and c.arg[0] is Ops.ADD and c.src[0].op is Ops.MUL):
+        return 0
+    rank = len(c.src[0].shape)
+    return len(c.arg[1]) if sorted(c.arg[1]) == list(range(rank - len(c.arg[1]), rank)) else 0
+
+
+def _sharing_reductions(parts: dict) -> list[list[UOp]]:
+    """The contractions of `parts` grouped so that two whose softmaxes share a reduction are in one group, in the
+    order of `parts`."""
+    groups: list[list[UOp]] = []
+    reductions: list[set] = []
+    for c, (nodes, _, _) in parts.items():
+        mine = {n for n in nodes if n.op is Ops.REDUCE_AXIS}
+        merged = [k for k, r in enumerate(reductions) if r & mine]
+        group = [x for k in merged for x in groups[k]] + [c]
+        mine = mine.union(*(reductions[k] for k in merged))
+        groups = [g for k, g in enumerate(groups) if k not in merged] + [group]
+        reductions = [r for k, r in enumerate(reductions) if k not in merged] + [mine]
+    return groups
+
+
+def _join(group: list[UOp], readers_of: dict) -> UOp | None:
+    """The elementwise node that alone reads each contraction of `group` (through reshapes and roundings: _RESULT)
+    and reads nothing else, or None."""
+    ends = set()
+    for c in group:
+        n = c
+        while len(readers_of.get(n, ())) == 1 and next(iter(readers_of[n])) is not None and next(
+                iter(readers_of[n])).op in _RESULT:
+            n = next(iter(readers_of[n]))
+        ends.add(next(iter(readers_of[n])) if len(readers_of.get(n, ())) == 1 else None)
+    join = ends.pop() if len(ends) == 1 else None
+    if join is None or join.op not in ELEMENTWISE:
+        return None
+    return join if {_result_chain(s)[-1] for s in join.src} == set(group) else None
+
+
+def _between(group: list[UOp], root: UOp) -> set:
+    """The reshapes and roundings from the contractions of `group` to their join `root`."""
+    return {n for s in root.src for n in _result_chain(s)[:-1]} if root not in group else set()
+
+
+def _result_chain(n: UOp) -> list[UOp]:
+    """`n` and the nodes below it through _RESULT ones, down to the first other node (last)."""
+    out = [n]
+    while n.op in _RESULT:
+        n = n.src[0]
+        out.append(n)
+    return out
 
 
 def _elements(node: UOp) -> int:
@@ -72,22 +142,27 @@ def _reuse(c: UOp, other: UOp) -> int:
     return _elements(c.src[0]) // _elements(base)
 
 
-def _columns(c: UOp, p: UOp) -> int:
-    """Outputs of the contraction `c` a row of the softmax `p` gives."""
-    return _elements(c) * _elements_of(p.shape[-1]) // _elements(p)
+def _columns(c: UOp, p: UOp, axes: int) -> int:
+    """Outputs of the contraction `c` a row (the last `axes` axes) of the softmax `p` gives."""
+    return _elements(c) * _row_length(p, axes) // _elements(p)
+
+
+def _row_length(p: UOp, axes: int) -> int:
+    """Elements of a row of `p` (its last `axes` axes) at the vars' maxima."""
+    return math.prod(_elements_of(d) for d in p.shape[len(p.shape) - axes:])
 
 
 def _elements_of(d) -> int:
     return d if isinstance(d, int) else max(1, d.vmax)
 
 
-def _grown_from(side: UOp) -> UOp | None:
+def _grown_from(side: UOp, axes: int) -> UOp | None:
     """The elementwise value `side` broadcasts through reshapes adding size-1 axes and expands of those (p (h, t) read
-    as (h, 1, t) -> (h, d, t) by p @ V), or None."""
+    as (h, 1, t) -> (h, d, t) by p @ V), its last `axes` axes those of `side`, or None."""
     n = side
     while n.op in _GROWS:
         n = n.src[0]
-    if n.op not in ELEMENTWISE or not n.shape or side.shape[-1] != n.shape[-1]:
+    if n.op not in ELEMENTWISE or len(n.shape) < axes or side.shape[-axes:] != n.shape[-axes:]:
         return None
     chain = side
     while chain is not n:
@@ -110,32 +185,34 @@ def _path(side: UOp, p: UOp | None) -> set:
     return path
 
 
-def _softmax(p: UOp) -> set | None:
-    """The nodes of the softmax row `p`: the values of its shape it computes from (elementwise, broadcasts), the
-    reductions along its last axis it reads broadcast (walked into: their operands are rows too) and the scores
+def _softmax(p: UOp, axes: int) -> set | None:
+    """The nodes of the softmax whose rows are the last `axes` axes of `p`: the values of its shape or of a row's
+    (one value a row: the max, the sum, their parts' combination) it computes from (elementwise, broadcasts), the
+    reductions of a row it reads (walked into: their operands are rows, the other part's too) and the scores
     (reductions it reads whose other axes are its own: not walked into, their operands are the kernel's reads); None
     where `p` reads no row reduction or a row longer than SOFTMAX_ROW_MAX."""
-    last = p.shape[-1]
-    if (last if isinstance(last, int) else last.vmax) > SOFTMAX_ROW_MAX:
+    if _row_length(p, axes) > SOFTMAX_ROW_MAX:
         return None
+    whole, row = _kept(p.shape), _kept(p.shape[:len(p.shape) - axes])
     nodes, stack, rows = set(), [p], 0
     while stack:
         n = stack.pop()
         if n in nodes:
             continue
         if n.op is Ops.REDUCE_AXIS:
-            if _row_reduction(n, p):
+            if _row_reduction(n, row):
                 rows += 1
                 nodes.add(n)
                 stack.extend(n.src)
-            elif _kept(n.shape) == _kept(p.shape):
+            elif _kept(n.shape) == whole:
                 nodes.add(n)
-        elif n.shape == p.shape and (n.op in ELEMENTWISE or n.op in _GROWS):
+        elif (n.op in ELEMENTWISE or n.op in _GROWS) and n.shape and _kept(n.shape) in (whole, row):
             nodes.add(n)
             stack.extend(n.src)
     return nodes if rows else None
 
 
-def _row_reduction(n: UOp, p: UOp) -> bool:
-    """Whether reduction `n` reduces the last axis of a value of `p`'s shape, keeping the others (a row's max, sum)."""
-    return n.src[0].shape == p.shape and n.arg[1] == (len(p.shape) - 1,)
+def _row_reduction(n: UOp, row: list) -> bool:
+    """Whether reduction `n` reduces trailing axes of its operand, keeping the axes `row` (a row's max, sum)."""
+    rank = len(n.src[0].shape)
+    return _kept(n.shape) == row and sorted(n.arg[1]) == list(range(rank - len(n.arg[1]), rank))

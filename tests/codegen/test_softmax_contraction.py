@@ -11,7 +11,8 @@ import pytest
 
 import prepjit as pj
 import prepjit.numpy as pnp
-from examples.models import llama
+from examples.models import llama, llama_paged
+from examples.models.common import cast
 from prepjit.codegen import row_plan
 from prepjit.codegen.gpu_launch import launch_of
 from prepjit.codegen.optimize import optimize
@@ -146,3 +147,114 @@ def test_a_softmax_read_by_a_wide_contraction_keeps_its_kernels():
     x, w = rng.standard_normal((2, 40)).astype(np.float32), rng.standard_normal((40, 512)).astype(np.float32)
     traced = pj.trace(lambda x, w: llama.softmax(pnp, x) @ w, x, w)
     assert len(schedule(list(traced.outputs), list(traced.inputs)).kernels) == 2
+
+
+BLOCK, POOL = 16, 24   # a paged cache: blocks of 16 positions, a pool of 24 blocks
+
+
+def paged_attend(xp, q, k, v, pos, table, k_pool, v_pool, dtype=np.float32):
+    """llama_paged's decode attention: each row's query heads q (B, KV * GROUP, D) against the cached positions < pos
+    of the blocks its table lists and its own key/value (k, v: (B, KV, D)), one softmax over both parts."""
+    b, nb = table.shape
+    slots = xp.arange(nb)[:, None] * BLOCK + xp.arange(BLOCK)[None, :]
+    visible = (slots[None] < pos[:, None, None])[:, None]
+    q = q.reshape(b, KV, GROUP, 1, D)
+    own = cast(xp.einsum("bkgqd,bkd->bkgq", q, k) * (1 / math.sqrt(D)), np.float32)[..., None]
+    cached = llama_paged._cached_scores(xp, q, k_pool[table], visible, D)
+    return llama_paged._attend(xp, cached, own, v_pool[table], v[:, :, None], dtype)
+
+
+def _paged_args(dtype, pos, nb, seed=3):
+    rng = np.random.default_rng(seed)
+    b = len(pos)
+    q, k, v = (rng.standard_normal(s) * 2 for s in ((b, KV * GROUP, D), (b, KV, D), (b, KV, D)))
+    k_pool, v_pool = (rng.standard_normal((POOL, KV, BLOCK, D)) for _ in range(2))
+    table = rng.permutation(POOL)[:b * nb].reshape(b, nb)
+    floats = [a.astype(np.float32).astype(dtype) for a in (q, k, v)]
+    return floats[:3] + [np.array(pos, np.int64), table] + [a.astype(np.float32).astype(dtype) for a in (k_pool, v_pool)]
+
+
+def _paged_reference(args, dtype):
+    return paged_attend(np, *(a.astype(np.float32) if a.dtype == dtype else a for a in args), dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+def test_paged_decode_attention_is_one_kernel_on_gpus(device, dtype):
+    """The paged two-part softmax (cached positions through the block table, the token's own key; one max and one sum
+    over both, p_cached @ V_blocks + p_own @ v_own) is one kernel on a GPU, a work-group per (row, query head); NumPy's
+    values at one row and at three rows of ragged positions (none cached, inside a block, the table's last)."""
+    f = pj.prepare(lambda q, k, v, pos, table, k_pool, v_pool: paged_attend(pnp, q, k, v, pos, table, k_pool, v_pool,
+                                                                            dtype),
+                   vars={"B": (1, 8), "NB": (1, 8)},
+                   shapes={"q": ("B", KV * GROUP, D), "k": ("B", KV, D), "v": ("B", KV, D), "pos": ("B",),
+                           "table": ("B", "NB")}, device=device)
+    for pos, nb in (([37], 3), ([0, 17, 64], 4)):
+        args = _paged_args(dtype, pos, nb)
+        _check(f(*args), _paged_reference(args, dtype), dtype)
+    if device != "cpu":   # (beside the block table's bounds check, r_1)
+        kernels = [row["kernel"] for row in pj.profile(f, *args).rows if not row["kernel"].startswith("r_1")]
+        assert len(kernels) == 1, kernels
+
+
+def _paged_kernel(dtype, pos, nb):
+    """The GPU schedule's kernels of paged attention at static rows and table width (the emulation takes no vars)."""
+    args = _paged_args(dtype, pos, nb)
+    traced = pj.trace(lambda *a: paged_attend(pnp, *a, dtype=dtype), *args)
+    return args, schedule(list(traced.outputs), list(traced.inputs))
+
+
+@pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+def test_the_emulated_paged_cuda_kernel_equals_numpy(dtype):
+    """The fused paged kernel in CUDA, run through cuda_emulation (three rows: no cached position, 20 and 48 of the
+    table's 3 blocks), equals NumPy."""
+    args, sched = _paged_kernel(dtype, [0, 20, 48], 3)
+    (kernel,) = sched.kernels
+    launched = CUDA_TARGET.launched(optimize(kernel.ast, "cuda"))
+    assert launch_of(launched)[0] == "rows"
+    src = CUDA_TARGET.render(launched)
+    bufs = {i: a.ravel() for i, a in zip(sched.inputs, args)}
+    out = np.zeros(sched.buffers[kernel.buffers[0]].max_size, dtype)
+    cuda_emulation.run(src, [out] + [bufs[i] for i in kernel.buffers[1:]])
+    want = _paged_reference(args, dtype)
+    _check(out.reshape(want.shape), want, dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+def test_the_fused_paged_kernel_compiles_with_nvrtc(dtype):
+    """The fused paged kernel (var rows and table width) compiles with NVRTC for sm_90 and sm_80 (no GPU needed)."""
+    from prepjit.runtime.nvrtc import NVRTC
+    try:
+        nvrtc = NVRTC()
+        nvrtc.compile("probe", 'extern "C" __global__ void probe(int *a) { a[0] = 1; }', ["-arch=sm_90"])
+    except (pj.DeviceError, pj.CompileError) as e:
+        pytest.skip(f"no working NVRTC here ({str(e).splitlines()[0]})")
+    f = pj.prepare(lambda q, k, v, pos, table, k_pool, v_pool: paged_attend(pnp, q, k, v, pos, table, k_pool, v_pool,
+                                                                            dtype),
+                   vars={"B": (1, 8), "NB": (1, 8)},
+                   shapes={"q": ("B", KV * GROUP, D), "k": ("B", KV, D), "v": ("B", KV, D), "pos": ("B",),
+                           "table": ("B", "NB")})
+    traced = pj.trace(f, *_paged_args(dtype, [5, 9], 2))
+    (kernel,) = schedule(list(traced.outputs), list(traced.inputs)).kernels
+    src = CUDA_TARGET.render(CUDA_TARGET.launched(optimize(kernel.ast, "cuda")))
+    for arch in ("sm_90", "sm_80"):
+        nvrtc.compile(src.name, src.source, [f"-arch={arch}", "-std=c++17", "--fmad=false"])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+def test_the_paged_decode_step_has_one_attention_kernel_a_layer_on_gpus(device, dtype):
+    """llama_paged.decode_batch (2 layers, var rows and table width) on a GPU: a layer's attention is one kernel, so
+    the step is at most 10 kernels a layer (the norm, q/k/v, attention, wo, the norm, gate/up, SiLU * up, down, the
+    new key and value) and the head's 2, besides the bounds checks (r_1); it was 19 a layer."""
+    if device == "cpu":
+        pytest.skip("the cpu's attention kernels are its own (three)")
+    cfg = llama.Config(layers=2, dim=72, ff=128, heads=KV * GROUP, kv_heads=KV, vocab=64, context=64,
+                       rope_theta=10000.0, eps=1e-5)
+    params = llama.random_params(np.random.default_rng(0), cfg)
+    decode, _ = llama_paged.prepared(cfg, context=64, block_size=BLOCK, max_batch=4, max_chunk=8, device=device,
+                                     dtype=dtype)
+    pools = [np.zeros((cfg.layers, 4, KV, BLOCK, cfg.head_dim), dtype) for _ in range(2)]
+    cos, sin = llama.rope_tables(cfg, 64)
+    plan = decode.plan(params, np.array([1, 2]), np.array([3, 20]), np.array([[0, 1], [2, 3]]), *pools, cos, sin)
+    names = [pk.kernel.name for pk in plan.kernels if not pk.kernel.name.startswith("r_1")]
+    assert len(names) <= 10 * cfg.layers + 2, names
