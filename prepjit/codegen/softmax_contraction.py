@@ -9,8 +9,14 @@ sum over the row's probabilities, one pass over the keys and one over the values
 held in local memory too). The scores are computed once, and every rounding of the graph stays where it is (a
 bfloat16 model's probabilities are rounded before p @ V). Contractions inside a fori_loop's body keep their kernels.
 
-`softmax_contractions(graph)`: per such contraction, the nodes of its softmax (the elementwise values, the row's
-reductions, the scores), which fusion.py neither materialises nor gives kernels of their own. A softmax row is at
+A row may span several trailing axes (a paged cache's blocks and their rows, read through a block table), and one
+softmax may be read in parts (llama_paged's decode: the cached positions' scores and the token's own, one max and one
+sum over both, p_cached @ V_blocks + p_own @ v_own): the parts' contractions share the row's reductions, and the
+node joining their results (their sum) is the one kernel's root, a work-group per (row, query head).
+
+`softmax_contractions(graph)`: per such contraction (or join of parts), the nodes of its softmax (the elementwise
+values, the row's reductions, the scores; a join's parts' contractions), which fusion.py neither materialises nor
+gives kernels of their own; `joins` the roots that schedule.py materialises. A softmax row is at
 most SOFTMAX_ROW_MAX elements long (the largest var value): its scores and probabilities are two local arrays of
 float32.
 """
