@@ -13,7 +13,8 @@ events ending with `data: [DONE]` when "stream" is true), /v1/embeddings (MiniLM
 
 One worker thread makes every engine call: it drains the queue of submissions and cancellations, runs one engine
 step (admitting waiting sequences into the running batch, one prefill of several prompts' chunks, a batched
-decode step) and hands the step's tokens to the event loop, which turns them into text (openai_api.TextStream).
+decode step) and hands the step's tokens to the event loop (one Mailbox wake a step, the GIL kept: see Mailbox),
+which turns them into text (openai_api.TextStream) while the worker's next step runs.
 A client that goes away cancels its sequences, which frees their KV blocks at once; a request that would make
 more than --max-waiting sequences wait is answered 503.
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import ctypes
 import json
 import logging
 import os
@@ -62,6 +64,48 @@ class Sequence:
     generated: int = 0  # tokens the engine reported
 
 
+# libc's write(2) called with the GIL held (PyDLL): the worker's wake of the event loop (Mailbox)
+_write_holding_gil = ctypes.PyDLL(None).write
+_write_holding_gil.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t)
+_write_holding_gil.restype = ctypes.c_ssize_t
+
+
+class Mailbox:
+    """Calls that the worker thread hands to the event loop: a deque, and a pipe the loop watches. `call` appends
+    and, unless the loop has been woken since it last drained the deque, writes one byte to the pipe with the GIL
+    held. loop.call_soon_threadsafe writes it with the GIL released (a Python socket send): the loop, woken by that
+    very byte, took the GIL and turned the step's tokens into text and JSON while the worker waited for the GIL to
+    start its next step. Here the worker keeps the GIL until its plan's native call releases it (cpu_replay), so
+    the loop's work for a token runs while the next token's plan does, not between the two."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop, self.calls = loop, collections.deque()
+        self.woken = False  # a byte is in the pipe that the loop has not drained yet
+        self.read_fd, self.write_fd = os.pipe()
+        for fd in (self.read_fd, self.write_fd):
+            os.set_blocking(fd, False)
+        loop.add_reader(self.read_fd, self._drain)
+
+    def call(self, fn, *args):
+        """From the worker thread: run fn(*args) on the event loop, in the order of the calls."""
+        self.calls.append((fn, args))
+        if not self.woken:
+            self.woken = True
+            _write_holding_gil(self.write_fd, b"\0", 1)
+
+    def _drain(self):
+        os.read(self.read_fd, 64)
+        self.woken = False  # before the calls are taken: a call appended from now on wakes the loop again
+        while self.calls:
+            fn, args = self.calls.popleft()
+            fn(*args)
+
+    def close(self):
+        self.loop.remove_reader(self.read_fd)
+        os.close(self.read_fd)
+        os.close(self.write_fd)
+
+
 class EngineFailure(RuntimeError):
     """The engine (or the embedder) raised: the sequences it was running end with this error."""
 
@@ -78,15 +122,20 @@ class Worker:
         self.step_seconds = 0.0  # in engine.step(), all steps
         self.thread = threading.Thread(target=self._run, name="engine-worker", daemon=True)
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.mailbox: Mailbox | None = None
 
     # --- the event loop's side ---
     def start(self, loop):
-        self.loop = loop
+        self.loop, self.mailbox = loop, Mailbox(loop)
         self.thread.start()
 
     def stop(self):
+        """From any thread but the loop's (it joins the worker); then close() on the loop."""
         self.commands.put(None)
         self.thread.join()
+
+    def close(self):
+        self.mailbox.close()
 
     def submit(self, seq: Sequence):
         self.commands.put(("submit", seq))
@@ -113,9 +162,9 @@ class Worker:
 
     # --- the worker thread ---
     def _post(self, items):
-        """Hand (sequence, item) pairs to the event loop in one callback."""
+        """Hand (sequence, item) pairs to the event loop in one call."""
         if items:
-            self.loop.call_soon_threadsafe(_deliver, items)
+            self.mailbox.call(_deliver, items)
 
     def _run(self):
         while True:
@@ -201,7 +250,7 @@ class Worker:
             log.exception("embedding failed")
             results = [EngineFailure(f"the embedder failed: {e}")] * len(embeds)
         for (_, future), result in zip(embeds, results):
-            self.loop.call_soon_threadsafe(_resolve, future, result)
+            self.mailbox.call(_resolve, future, result)
 
 
 def _deliver(items):
@@ -313,6 +362,7 @@ class Server:
 
     async def _stop(self, app):
         await asyncio.get_running_loop().run_in_executor(None, self.worker.stop)
+        self.worker.close()
 
     async def health(self, request):
         if not self.worker.thread.is_alive():

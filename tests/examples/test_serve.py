@@ -359,6 +359,24 @@ def test_text_stream_holds_back_broken_utf8_and_stop_prefixes():
     assert other.finish() == "ST" and other.text == "a ST"  # ended otherwise: the held text is released
 
 
+def test_the_mailbox_runs_the_worker_calls_in_order_with_one_wake_until_drained():
+    loop = asyncio.new_event_loop()
+    box, got = serve.Mailbox(loop), []
+    try:
+        for i in range(3):
+            box.call(got.append, i)
+        assert os.read(box.read_fd, 64) == b"\0" and got == []  # one wake for the three calls, none run yet
+        os.write(box.write_fd, b"\0")
+        worker = threading.Thread(target=lambda: [box.call(got.append, i) for i in range(3, 2000)])
+        worker.start()
+        worker.join()
+        loop.run_until_complete(asyncio.sleep(0.05))
+        assert got == list(range(2000)) and not box.woken
+    finally:
+        box.close()
+        loop.close()
+
+
 def test_clients_that_go_away_mid_stream_free_their_blocks(server):
     """200 streams dropped at once or after their first chunk, 20 whole answers dropped before they come: each
     cancels its sequence (far fewer tokens are generated than they asked for) and counts as finish reason "abort";
