@@ -188,18 +188,24 @@ class ReductionRendering(AMXRendering):
         the core busy long enough that the hardware prefetchers fall behind, and the matvec waits on memory (q8_0
         49152 x 576 from DRAM on one thread: 4.4 ms without, 2.3 ms with); a float32 row is streamed faster with
         its lines asked for ahead too (reading 540 MB on this host's 2 threads: 31 GB/s without, 37-40 with
-        one prefetch per line 256-2048 bytes ahead, 31-34 with 3072 or more)."""
+        one prefetch per line 256-2048 bytes ahead, 31-34 with 3072 or more). The streams of one buffer (a block's
+        columns, adjacent weight rows) are each asked for PREFETCH_BYTES past the farthest of them (plus their
+        spread): the block reads all of them at once, so PREFETCH_BYTES past its own start would land only that
+        far minus the spread past what the block already reads (a decode batch's one row x 2 columns over a 1536-wide
+        q4_1 row, 960 bytes a column, one thread, weights from DRAM: 76-78 us, the one-row kernel's 67-68)."""
         if self.prange is None:
             return
-        seen = set()
+        streams: dict = {}
         for ld in (v for x in bodies for v in x.toposort() if v.op is Ops.LOAD):
             if self.prange not in self.ranges[ld.src[1]]:
                 continue
             start = simplify(ld.src[1].substitute({r: UOp.const(0) for r in inner}))
-            stream = _stream(ld.src[0], start, abs(stride_along(ld.src[1], step) or 0))
-            if stream in seen:  # each column of a register block is a stream of its own
-                continue
-            seen.add(stream)
+            # each column of a register block is a stream of its own
+            streams.setdefault(_stream(ld.src[0], start, abs(stride_along(ld.src[1], step) or 0)), (ld, start))
+        for ld, start in streams.values():
+            apart = [d.arg for o, other in streams.values() if o.src[0] == ld.src[0]
+                     for d in [simplify(other - start)] if d.op is Ops.CONST]  # this stream's own 0 among them
+            distance = PREFETCH_BYTES + (max(apart) - min(apart)) * ld.dtype.itemsize
             last = simplify(ld.src[1].substitute({r: r.src[0] - 1 for r in inner}) - start)
             span = (last.arg + 1) * ld.dtype.itemsize if ld.dtype.is_float and last.op is Ops.CONST else 1
             lanes, self.vec = self.vec, 0
@@ -207,7 +213,7 @@ class ReductionRendering(AMXRendering):
             self.vec = lanes
             here = self.op(f"getelementptr {mem_type(ld.src[0].dtype)}, ptr %buf{ld.src[0].arg}, i64 {index}", "p")
             self.decls.add("declare void @llvm.prefetch.p0(ptr, i32, i32, i32)")
-            for at in range(PREFETCH_BYTES, PREFETCH_BYTES + span, LINE_BYTES):
+            for at in range(distance, distance + span, LINE_BYTES):
                 ahead = self.op(f"getelementptr i8, ptr {here}, i64 {at}", "p")
                 self.emit(f"call void @llvm.prefetch.p0(ptr {ahead}, i32 0, i32 3, i32 1)")
 
