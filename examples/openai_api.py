@@ -318,6 +318,25 @@ def envelope(rid: str, model: str, chat: bool, stream: bool, choices: list, crea
     return {"id": rid, "object": kind, "created": created, "model": model, "choices": choices, **extra}
 
 
+def sse(payload) -> bytes:
+    """One server-sent event: a JSON payload on a `data:` line."""
+    return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+
+class ChunkEvents:
+    """The server-sent events of one streamed response: `event(choices, **extra)` is sse(envelope(rid, model,
+    chat, True, choices, created, **extra)), byte for byte, with the envelope's head (its fields before "choices",
+    the same in every chunk) encoded once, not for every token."""
+
+    def __init__(self, rid: str, model: str, chat: bool, created: int):
+        empty = json.dumps(envelope(rid, model, chat, True, [], created))  # ... "choices": []}
+        self.head = b"data: " + empty[:-len("[]}")].encode()
+
+    def event(self, choices: list, **extra) -> bytes:
+        tail = "".join(f", {json.dumps(k)}: {json.dumps(v)}" for k, v in extra.items())
+        return self.head + (json.dumps(choices) + tail + "}").encode() + b"\n\n"
+
+
 def embeddings_response(model: str, vectors: np.ndarray, encoding: str, tokens: int) -> dict:
     def encode(v):
         v = np.asarray(v, "<f4")

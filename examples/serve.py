@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import collections
 import ctypes
-import json
 import logging
 import os
 import queue
@@ -483,11 +482,10 @@ class Server:
     async def _stream(self, request, req, seqs, chat: bool, choices):
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
-        rid, created = api.new_id("chatcmpl" if chat else "cmpl"), api.now()
+        events = api.ChunkEvents(api.new_id("chatcmpl" if chat else "cmpl"), req.model, chat, api.now())
 
         async def send(choice_list, **extra):
-            chunk = api.envelope(rid, req.model, chat, True, choice_list, created, **extra)
-            await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            await response.write(events.event(choice_list, **extra))
         formats = [api.Logprobs(self.codec, chat) for _ in seqs] if req.logprobs is not None else None
         try:
             for seq in seqs:
@@ -501,7 +499,7 @@ class Server:
         except ConnectionError:  # the client went away: _generate cancels its sequences
             return response
         except EngineFailure as e:  # the engine failed mid-stream
-            await response.write(b"data: " + json.dumps(api.ApiError(500, str(e)).body()).encode() + b"\n\n")
+            await response.write(api.sse(api.ApiError(500, str(e)).body()))
         if req.include_usage:
             await send([], usage=_usage(req, seqs))
         await response.write(b"data: [DONE]\n\n")

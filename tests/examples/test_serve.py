@@ -377,6 +377,18 @@ def test_the_mailbox_runs_the_worker_calls_in_order_with_one_wake_until_drained(
         loop.close()
 
 
+@pytest.mark.parametrize("chat", [False, True])
+def test_chunk_events_are_the_envelopes_json_byte_for_byte(chat):
+    events = openai_api.ChunkEvents("cmpl-\u00e9\"x", 'smol"lm\n', chat, 1700000000)
+    cases = [([openai_api.completion_choice(0, 'a "quoted" \u00e9\U0001f600 \\ text', None, chat, True)], {}),
+             ([openai_api.completion_choice(3, None, "stop", chat, True, first=True)], {}),
+             ([], {"usage": openai_api.usage(5, 7)})]
+    for choices, extra in cases:
+        envelope = openai_api.envelope("cmpl-\u00e9\"x", 'smol"lm\n', chat, True, choices, 1700000000, **extra)
+        assert events.event(choices, **extra) == openai_api.sse(envelope)
+        assert json.loads(events.event(choices, **extra)[len(b"data: "):]) == envelope
+
+
 def test_clients_that_go_away_mid_stream_free_their_blocks(server):
     """200 streams dropped at once or after their first chunk, 20 whole answers dropped before they come: each
     cancels its sequence (far fewer tokens are generated than they asked for) and counts as finish reason "abort";
