@@ -491,6 +491,9 @@ class _Renderer(ReductionRendering, KernelRenderer, InlineMath):
         base = len(loops)
         for store in self.ast.src[self.stores_done:]:
             need = _loops(self.ranges[store])
+            if store.src[0].op is Ops.DEFINE_LOCAL and self.open_ranges[:1] == [self.prange] and need[:1] != [
+                    self.prange]:  # a row's array whose values read no range of the row (llvm_softmax.py): per step
+                need = [self.prange] + need
             if self.prange is not None and (not need or need[0] is not self.prange):
                 raise RuntimeError(f"a store of {self.ast.arg} is outside the parallel range")
             keep = 0

@@ -20,6 +20,7 @@ import attrs
 from ..uop import UOp
 from .gpu_launch import launch
 from .kernel import KernelSource
+from .llvm_softmax import softmax_rows
 from .operand_prologue import with_operand_prologue
 from .optimize import DEFAULT_BLOCKING, Blocking, blocking_candidates, optimize_with
 from .render_c import Dialect, render_c
@@ -27,6 +28,7 @@ from .render_cuda import CUDA
 from .render_llvm import render_llvm
 from .render_opencl import OPENCL
 from .render_tiles import tile_candidates
+from .target import host_target
 
 
 @attrs.frozen
@@ -63,9 +65,13 @@ def _gpu(dialect: Dialect) -> Target:
                   renderer=lambda ast: render_c(ast, dialect), candidates=candidates)
 
 
-LLVM = Target("llvm", work_groups=False, packs_contractions=True,
-              passes=lambda ast, blocking: with_operand_prologue(
-                  ast, lambda main: optimize_with(main, "llvm", None, blocking)),
+def _llvm_passes(ast: UOp, blocking: Blocking) -> UOp:
+    lowered = softmax_rows(ast, host_target())  # a softmax inside its contraction's kernel (llvm_softmax.py)
+    return lowered if lowered is not None else with_operand_prologue(
+        ast, lambda main: optimize_with(main, "llvm", None, blocking))
+
+
+LLVM = Target("llvm", work_groups=False, packs_contractions=True, passes=_llvm_passes,
               renderer=render_llvm,
               candidates=blocking_candidates)
 OPENCL_TARGET = _gpu(OPENCL)

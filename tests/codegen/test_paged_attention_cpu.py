@@ -3,6 +3,7 @@ blocks and the token's own key) alone: its values equal NumPy's at one row and a
 row's values do not depend on the other rows of the batch, and on the cpu it is few kernels."""
 import math
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -59,12 +60,43 @@ def test_a_rows_attention_does_not_depend_on_the_batch(device, rng):
         np.testing.assert_array_equal(alone[0], batched[b])
 
 
-def test_the_own_tokens_term_is_p_at_v_epilogue_on_the_cpu(rng):
-    """The token's own term p_own * v (an einsum over its axis of one key: a sum of one product, no contraction)
-    is computed as the epilogue of p @ V's register-blocked kernel, not in a kernel adding the two (was 8 kernels at
-    the engine's table width of up to 16 blocks)."""
+def test_paged_attention_is_one_kernel_on_the_cpu(rng):
+    """The scores, the two-part softmax and p @ V + p_own * v are one kernel on the cpu (llvm_softmax.py: a row's
+    scores and probabilities in arrays of its own; was 7 kernels)."""
     args = _arguments(rng, 16, 3)
     names = [row["kernel"] for row in pj.profile(_prepared("cpu"), *args).rows]
     attention_kernels = [n for n in names if "B_" in n]  # (r_1: the gather's per-call check of the table)
-    assert len(attention_kernels) == 7, names
-    assert not any(n.startswith("E_") and n.endswith("_64") for n in names), names
+    assert len(attention_kernels) == 1, names
+
+
+@pytest.mark.parametrize("dtype", [np.float32, "bfloat16"])
+def test_one_kernel_equals_numpy_and_a_rows_bits_do_not_depend_on_the_batch(rng, dtype):
+    """The one kernel at ragged positions (0, a full block, every slot), float32 and a bfloat16 model's rounding
+    of the probabilities (AVX-512's 16 lanes; run the file under PREPJIT_CPU=haswell for AVX2's 8)."""
+    dt = np.float32 if dtype is np.float32 else ml_dtypes.bfloat16
+
+    def attention_of(xp, q, k, v, pos, table, k_pool, v_pool):
+        b, nb = table.shape
+        slots = xp.arange(nb)[:, None] * BLOCK + xp.arange(BLOCK)[None, :]
+        visible = (slots[None] < pos[:, None, None])[:, None]
+        own = cast(xp.einsum("bkgqd,bkd->bkgq", q, k) * (1 / math.sqrt(HD)), np.float32)[..., None]
+        cached = llama_paged._cached_scores(xp, q, k_pool[table], visible, HD)
+        return llama_paged._attend(xp, cached, own, v_pool[table], v[:, :, None], dt)
+
+    def traced(q, k, v, pos, table, k_pool, v_pool):
+        return attention_of(pnp, q, k, v, pos, table, k_pool, v_pool)
+
+    f = pj.prepare(traced, vars={"B": (1, 16), "NB": (1, 16)}, device="cpu",
+                   shapes={"q": ("B", KV, GROUP, 1, HD), "k": ("B", KV, HD), "v": ("B", KV, HD), "pos": ("B",),
+                           "table": ("B", "NB")})
+    args = list(_arguments(rng, 5, 3))
+    args[3] = np.array([0, 16, 48, 1, 33])
+    got = np.asarray(f(*args), np.float32)
+    want = np.asarray(attention_of(np, *args), np.float32)
+    tol = 1e-5 if dt is np.float32 else 2e-2
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    for b in (0, 2, 4):
+        alone = np.asarray(f(*(a[b:b + 1] if i < 5 else a for i, a in enumerate(args))), np.float32)
+        np.testing.assert_array_equal(alone[0], got[b])
+    names = [row["kernel"] for row in pj.profile(f, *args).rows]
+    assert len([n for n in names if "B_" in n]) == 1, names
