@@ -9,7 +9,9 @@ output tokens/s, time to first token and inter-token latency (p50, p99).
 
 Output tokens are the server's `usage.completion_tokens` (stream_options.include_usage); the time to first token
 is from sending a request to its first chunk of text, an inter-token latency the time between two chunks of text
-divided by the tokens between them (one per chunk, unless text was held back).
+divided by the tokens between them (one per chunk, unless text was held back). CPU time per output token: the
+client's own (this process), and with examples/serve.py its event loop's, its engine worker's and its other threads'
+(the plans' native workers), from its /metrics: what the server's threads take from the plans' cores a token.
 """
 from __future__ import annotations
 
@@ -130,6 +132,11 @@ def _healthy(url: str) -> bool:
         return False
 
 
+# the counters of CPU seconds in examples/serve.py's /metrics
+SERVER_CPU = {"event_loop": "serve_event_loop_cpu_seconds_total",
+              "engine_worker": "serve_engine_worker_cpu_seconds_total", "process": "process_cpu_seconds_total"}
+
+
 def scrape(url: str) -> dict:
     """The server's /metrics samples without labels ({name: value}); {} when it has none."""
     import urllib.request
@@ -145,16 +152,25 @@ def scrape(url: str) -> dict:
 def load_test(url: str, *, requests: int, concurrency: int | None = None, rate: float | None = None,
               max_tokens: int = 64, prompt: str = PROMPT, model: str = "smollm2", temperature: float = 0.0) -> dict:
     """The figures of one load test; with examples/serve.py also its mean engine step meanwhile (what the server
-    adds to a token is the inter-token latency less it)."""
+    adds to a token is the inter-token latency less it) and its threads' CPU time per output token."""
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature}
     before = scrape(url)
+    cpu_start = time.process_time()
     results, seconds = asyncio.run(run(url, body, requests, concurrency, rate))
+    client_cpu = time.process_time() - cpu_start
     figures = {"url": url, "concurrency": concurrency, "rate": rate, "max_tokens": max_tokens,
                **summary(results, seconds)}
     after, key = scrape(url), "serve_engine_step_seconds_total"
     if key in before and key in after and after["serve_engine_steps_total"] > before["serve_engine_steps_total"]:
         figures["engine_step_ms_mean"] = 1e3 * (after[key] - before[key]) / (
             after["serve_engine_steps_total"] - before["serve_engine_steps_total"])
+    tokens = figures["output_tokens"]
+    if tokens:
+        figures["client_cpu_ms_per_token"] = 1e3 * client_cpu / tokens
+        if all(name in before and name in after for name in SERVER_CPU.values()):
+            spent = {part: 1e3 * (after[name] - before[name]) / tokens for part, name in SERVER_CPU.items()}
+            spent["other_threads"] = spent.pop("process") - spent["event_loop"] - spent["engine_worker"]
+            figures["server_cpu_ms_per_token"] = spent
     return figures
 
 
@@ -195,6 +211,10 @@ def main(argv=None) -> int:
         if "engine_step_ms_mean" in figures:
             print(f"  the server's engine steps took {figures['engine_step_ms_mean']:.1f} ms on average (prefill "
                   "steps included)")
+        if "server_cpu_ms_per_token" in figures:
+            print("  CPU ms per output token: " + ", ".join(f"server {part.replace('_', ' ')} {ms:.3f}" for part, ms
+                                                            in figures["server_cpu_ms_per_token"].items()) +
+                  f", client {figures['client_cpu_ms_per_token']:.3f}")
         for error in figures["first_errors"]:
             print(f"  error: {error}")
     return 1 if figures["errors"] else 0

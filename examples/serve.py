@@ -119,6 +119,7 @@ class Worker:
         self.stats = dict(engine.stats())
         self.rate_samples: collections.deque = collections.deque()  # (time, generated tokens) per step
         self.step_seconds = 0.0  # in engine.step(), all steps
+        self.cpu_seconds = 0.0  # the worker thread's CPU time (its Python and its part of the plans' native work)
         self.thread = threading.Thread(target=self._run, name="engine-worker", daemon=True)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.mailbox: Mailbox | None = None
@@ -187,6 +188,7 @@ class Worker:
             if self.engine.busy:
                 self._step()
             self.stats = dict(self.engine.stats())
+            self.cpu_seconds = time.thread_time()
 
     def _apply(self, command, posted):
         kind, seq = command
@@ -294,12 +296,18 @@ class Metrics:
         counters = [("generated_tokens_total", "Tokens generated.", s["generated_tokens"]),
                     ("prompt_tokens_total", "Prompt tokens of the sequences submitted.", self.prompt_tokens),
                     ("engine_steps_total", "Engine steps.", s["steps"]),
-                    ("engine_step_seconds_total", "Seconds in engine steps.", worker.step_seconds)]
+                    ("engine_step_seconds_total", "Seconds in engine steps.", worker.step_seconds),
+                    ("engine_worker_cpu_seconds_total", "CPU seconds of the engine worker thread (its last step's).",
+                     worker.cpu_seconds),
+                    ("event_loop_cpu_seconds_total", "CPU seconds of the event loop's thread (HTTP, text, JSON).",
+                     time.thread_time())]
         lines = []
         for name, doc, value in gauges:
             lines += [f"# HELP serve_{name} {doc}", f"# TYPE serve_{name} gauge", f"serve_{name} {value:g}"]
         for name, doc, value in counters:
-            lines += [f"# HELP serve_{name} {doc}", f"# TYPE serve_{name} counter", f"serve_{name} {value:g}"]
+            lines += [f"# HELP serve_{name} {doc}", f"# TYPE serve_{name} counter", f"serve_{name} {value:.9g}"]
+        lines += ["# HELP process_cpu_seconds_total CPU seconds of the server process, all its threads.",
+                  "# TYPE process_cpu_seconds_total counter", f"process_cpu_seconds_total {time.process_time():.9g}"]
         lines += ["# HELP serve_requests_total Choices finished, by finish reason.",
                   "# TYPE serve_requests_total counter"]
         lines += [f'serve_requests_total{{finish_reason="{r}"}} {n}' for r, n in sorted(self.requests.items())]

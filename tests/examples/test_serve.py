@@ -559,7 +559,10 @@ def test_load_test_closed_and_open_loop(server, capsys):
     closed = json.loads(capsys.readouterr().out)
     assert closed["requests"] == 6 and closed["errors"] == 0 and 6 <= closed["output_tokens"] <= 30
     assert closed["ttft_ms_p50"] <= closed["ttft_ms_p99"] and closed["output_tokens_per_s"] > 0
-    assert closed["engine_step_ms_mean"] > 0
+    assert closed["engine_step_ms_mean"] > 0 and closed["client_cpu_ms_per_token"] > 0
+    cpu = closed["server_cpu_ms_per_token"]  # the threads of the server's process, from its /metrics
+    assert set(cpu) == {"event_loop", "engine_worker", "other_threads"}
+    assert cpu["event_loop"] > 0 and cpu["engine_worker"] > 0 and cpu["other_threads"] >= -0.05
     assert load_test.main(["--url", server.url, "--rate", "50", "--requests", "4", "--max-tokens", "3"]) == 0
     text = capsys.readouterr().out
     assert "4 requests (50 requests/s (Poisson)" in text and "time to first token" in text
