@@ -23,16 +23,19 @@ are vectorised over the target's lanes where the dimension is a multiple of them
 """
 from __future__ import annotations
 
+import itertools
 import math
 
 from ..uop import Ops, UOp, dtypes, simplify
 from ..uop.ops import ALU
 from .lower import linear_index
-from .operand_prologue import _free_ranges
+from .operand_prologue import free_ranges_by_node as free_ranges
 from .softmax_contraction import SOFTMAX_ROW_MAX
 from .target import CPUTarget
 
 MAX_VECTORS = 8  # vectors of output columns a row's contraction accumulates at once (a head of 64: 4 of 16 lanes)
+SPARE_REGISTERS = 4  # vector registers a step of the contraction needs besides its sums (a value row's vector, a
+# probability splatted, the next ones loaded)
 
 
 def softmax_rows(ast: UOp, target: CPUTarget) -> UOp | None:
@@ -44,42 +47,91 @@ def softmax_rows(ast: UOp, target: CPUTarget) -> UOp | None:
     store = ast.src[0]
     first = 1 + max((u.arg[0] for u in ast.toposort() if u.op is Ops.RANGE), default=-1)
     value = _canonical(store.src[2], first)
-    free = _free_ranges(value.toposort())
-    loops = free[value] | _free_ranges(store.src[1].toposort())[store.src[1]]
+    free = free_ranges(value.toposort())
+    loops = free[value] | free_ranges(store.src[1].toposort())[store.src[1]]
     positional = [u for u in value.toposort() if u.op is Ops.REDUCE and _nested(u)]
     rows = {free[u] for u in positional if free[u] < loops}
     if len(rows) != 1 or any(not (free[u] < loops or free[u] == loops) for u in positional):
         return None
-    row = next(iter(rows))
+    row = next(iter(rows))  # (empty: one softmax row)
     positions = {u.src[1:] for u in positional}
-    if len(positions) != 1 or not row or row == loops:
-        return None
+    if len(positions) != 1 or row == loops or not any(free[u] == loops for u in positional):
+        return None  # (no contraction: a value of the row's own reductions)
     positions = next(iter(positions))
     extents = [_max_end(r) for r in positions]
     if math.prod(extents) > SOFTMAX_ROW_MAX:
         return None
     columns = loops - row
+    width = target.lanes(4)
+    shared = _shared_rows(value, row, positions, free, _column_vectors(columns, width), target)
+    together = [_max_end(r) for r in shared]  # the rows one loop step computes: each position's loads shared
     arrays: list[UOp] = []  # the row arrays' stores, in order
     axis = first + 1000     # past the canonical ranges
     while True:
         part = _next_part(value, positions, columns, free)
         if part is None:
             break
-        scratch = UOp(Ops.DEFINE_LOCAL, part.dtype, (), (len(arrays), math.prod(extents)))
+        scratch = UOp(Ops.DEFINE_LOCAL, part.dtype, (), (len(arrays), math.prod(together + extents)))
         own = [UOp(Ops.RANGE, dtypes.index, r.src, (axis + k, "serial")) for k, r in enumerate(positions)]
         axis += len(positions)
         kept = {u: u for u in part.toposort() if u.op is Ops.REDUCE and u.src[1:] == positions}  # (the row's)
-        arrays.append(UOp(Ops.STORE, dtypes.bool, (scratch, simplify(linear_index(own, extents)),
+        arrays.append(UOp(Ops.STORE, dtypes.bool, (scratch, simplify(linear_index(shared + own, together + extents)),
                                                    part.substitute({**kept, **dict(zip(positions, own))}))))
-        value = value.substitute({part: UOp(Ops.LOAD, part.dtype, (scratch, simplify(linear_index(positions,
-                                                                                               extents))))})
-        free = _free_ranges(value.toposort())
+        value = value.substitute({part: UOp(Ops.LOAD, part.dtype, (scratch, simplify(linear_index(
+            shared + list(positions), together + extents))))})
+        free = free_ranges(value.toposort())
     if not arrays:
         return None
     out = UOp(Ops.STORE, store.dtype, (store.src[0], store.src[1], value))
-    lowered = UOp(Ops.SINK, ast.dtype, (*arrays, out), ast.arg)
-    return _one_row_loop(_lanes(lowered, columns, target.lanes(4), axis), sorted(row, key=lambda r: r.arg[0]),
-                         axis + 1)
+    lowered = _lanes(UOp(Ops.SINK, ast.dtype, (*arrays, out), ast.arg), positions, columns, width, axis)
+    lowered = _unrolled(lowered, shared, row, positions, axis + 1)
+    return _one_row_loop(lowered, sorted(row - set(shared), key=lambda r: r.arg[0]), axis + 1 + len(positions) *
+                         math.prod(together))
+
+
+def _column_vectors(columns: frozenset, width: int) -> int:
+    """The vectors of output columns a row's contraction accumulates at once (_lanes: one column range whose
+    extent is a multiple of `width`, at most MAX_VECTORS of them), else 1 (a loop over the columns)."""
+    column = next(iter(columns), None)
+    extent = column.src[0].arg if len(columns) == 1 and column.src[0].op is Ops.CONST else 0
+    return extent // width if extent and extent % width == 0 and extent // width <= MAX_VECTORS else 1
+
+
+def _shared_rows(value: UOp, row: frozenset, positions: tuple, free: dict, vectors: int,
+                 target: CPUTarget) -> list[UOp]:
+    """The ranges of the row (outermost first) that no load over the positions reads (grouped-query attention:
+    the query heads of one kv head read the same keys and values), of constant extents: one loop step computes
+    all their rows, each position's key and value (and block-table entry) loaded once for them. Only where their
+    contractions' sums fit the vector registers beside a step's operands (AVX-512: 3 heads x 4 vectors of a
+    64-wide head; AVX2's 3 x 8 would not)."""
+    read = frozenset().union(*(free[u] for u in value.toposort() if u.op is Ops.LOAD and free[u] & set(positions)))
+    shared = sorted((r for r in row - read if r.src[0].op is Ops.CONST), key=lambda r: r.arg[0])
+    rows = math.prod(_max_end(r) for r in shared)
+    return shared if 1 < rows and rows * vectors <= target.vector_registers - SPARE_REGISTERS else []
+
+
+def _unrolled(ast: UOp, shared: list[UOp], row: frozenset, positions: tuple, axis: int) -> UOp:
+    """`ast` with its stores repeated for each value of the `shared` row ranges (one after another: the copies of
+    a row array's store share its loops, those of the contraction's one reduction loop). A row's own reductions
+    over the positions (its max, its sum: no column's) get ranges of their own per row, so each is the sum it was
+    alone (a lone float sum: reassociated, vectorised)."""
+    if not shared:
+        return ast
+    copies = []
+    for k, at in enumerate(itertools.product(*(range(_max_end(r)) for r in shared))):
+        fixed = [s.substitute({r: UOp.const(v) for r, v in zip(shared, at)}) for s in ast.src]
+        own = [UOp(Ops.RANGE, dtypes.index, r.src, (axis + k * len(positions) + j, "reduce"))
+               for j, r in enumerate(positions)]
+        renamed = {}
+        for s in fixed:
+            free = free_ranges(s.toposort())
+            renamed.update((u, UOp(Ops.REDUCE, u.dtype, (u.src[0].substitute(dict(zip(positions, own))), *own), u.arg))
+                           for u in free if u.op is Ops.REDUCE and u.src[1:] == positions and free[u] <= row)
+        copies.append([s.substitute(renamed) for s in fixed])
+    arrays = len(ast.src) - sum(1 for s in ast.src if s.src[0].op is Ops.DEFINE_GLOBAL)
+    ordered = [c[i] for i in range(arrays) for c in copies] + [c[i] for c in copies for i in range(arrays,
+                                                                                                   len(ast.src))]
+    return UOp(Ops.SINK, ast.dtype, tuple(ordered), ast.arg)
 
 
 def _nested(reduce: UOp) -> bool:
@@ -133,7 +185,7 @@ def _canonical(value: UOp, first: int) -> UOp:
         new = u if src == u.src else UOp(u.op, u.dtype, src, u.arg)
         if u.op is Ops.REDUCE:
             body, bound = new.src[0], set(new.src[1:])
-            free = _free_ranges(body.toposort())
+            free = free_ranges(body.toposort())
             n = 1 + max((level[x] for x in body.toposort() if x.op is Ops.REDUCE and free[x] & bound), default=0)
             canon = []
             for k, r in enumerate(new.src[1:]):
@@ -147,17 +199,18 @@ def _canonical(value: UOp, first: int) -> UOp:
     return memo[value]
 
 
-def _lanes(ast: UOp, columns: frozenset, width: int, axis: int) -> UOp:
-    """`ast` with the single range of each sum of products that reads no reduction (a score's dot product over the
-    head dimension) split into steps of `width` lanes, one "lane" range (render_llvm.py: one vector; a sum over it
-    adds the lanes up once), and its one column range (the contraction's output dimension) unrolled into a store
+def _lanes(ast: UOp, positions: tuple, columns: frozenset, width: int, axis: int) -> UOp:
+    """`ast` with the single range of each sum of products that reads no reduction and is no sum over the row's
+    `positions` (a score's dot product over the head dimension; not the row's sum nor p @ V, whose sums are over
+    the columns' lanes) split into steps of `width` lanes, one "lane" range (render_llvm.py: one vector; a sum over
+    it adds the lanes up once), and its one column range (the contraction's output dimension) unrolled into a store
     of a vector of lanes each (a register block: their sums share each position's loads), where their extents are
     multiples of `width` (the columns at most MAX_VECTORS of them)."""
     lane = UOp(Ops.RANGE, dtypes.index, (UOp.const(width),), (axis, "lane"))
     mapping = {}
     for u in ast.toposort():
-        if u.op is Ops.REDUCE and u.arg is Ops.ADD and len(u.src) == 2 and not _nested(u) and \
-                u.src[1].src[0].op is Ops.CONST and u.src[1].src[0].arg % width == 0:
+        if u.op is Ops.REDUCE and u.arg is Ops.ADD and len(u.src) == 2 and not _nested(u) and u.src[1:] != positions \
+                and u.src[1].src[0].op is Ops.CONST and u.src[1].src[0].arg % width == 0:
             r = u.src[1]
             steps = UOp(Ops.RANGE, dtypes.index, (UOp.const(r.src[0].arg // width),), r.arg)
             mapping[u] = UOp(Ops.REDUCE, u.dtype, (u.src[0].substitute({r: steps * width + lane}), steps, lane), u.arg)
@@ -173,7 +226,10 @@ def _lanes(ast: UOp, columns: frozenset, width: int, axis: int) -> UOp:
 
 def _one_row_loop(ast: UOp, row: list[UOp], axis: int) -> UOp:
     """`ast` with the `row` ranges (outermost first) flattened into one loop, the outermost (threads split it: a
-    batch row's query heads are steps of it), and its other loops (the columns') numbered after it from `axis`."""
+    batch row's query heads are steps of it), and its other loops (the columns') numbered after it from `axis`; as
+    it is without `row` ranges (one softmax row: its arrays filled once a call, before any loop)."""
+    if not row:
+        return ast
     size = row[0].src[0]
     for r in row[1:]:
         size = size * r.src[0]

@@ -62,7 +62,7 @@ def operand_prologue(ast: UOp) -> tuple[tuple[UOp, ...], UOp] | None:
     if ast.op is not Ops.SINK or len(ast.src) != 1 or ast.src[0].op is not Ops.STORE:
         return None
     topo = ast.toposort()
-    free = _free_ranges(topo)
+    free = free_ranges_by_node(topo)
     store = ast.src[0]
     # an operand must not depend on the range the output is contiguous along: optimize.py blocks it and peels its
     # tail, and a select on it (a packed operand's, for the columns past the panels) may read past a buffer elsewhere
@@ -101,7 +101,7 @@ def _product(extents: list[int]) -> int:
     return size
 
 
-def _free_ranges(topo: list[UOp]) -> dict[UOp, frozenset]:
+def free_ranges_by_node(topo: list[UOp]) -> dict[UOp, frozenset]:
     """Per node of a children-first order, the ranges its value depends on that no reduction inside it binds."""
     free: dict[UOp, frozenset] = {}
     for u in topo:

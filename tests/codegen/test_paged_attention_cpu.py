@@ -1,6 +1,7 @@
 """The paged decode attention of examples/models/llama_paged.py (its two-part softmax over a sequence's gathered KV
 blocks and the token's own key) alone: its values equal NumPy's at one row and at 16 rows of ragged positions, a
-row's values do not depend on the other rows of the batch, and on the cpu it is few kernels."""
+row's values do not depend on the other rows of the batch, and on the cpu it is one kernel (llvm_softmax.py), a loop
+step per (row, kv head). Every softmax the cpu schedule computes inside its contraction's kernel is lowered so."""
 import math
 
 import ml_dtypes
@@ -9,8 +10,12 @@ import pytest
 
 import prepjit as pj
 import prepjit.numpy as pnp
-from examples.models import llama_paged
+from examples.models import llama, llama_paged
 from examples.models.common import cast
+from prepjit.codegen.kernel import parallel_range
+from prepjit.codegen.llvm_softmax import softmax_rows
+from prepjit.codegen.schedule import schedule
+from prepjit.codegen.target import AVX2, AVX512
 
 KV, GROUP, HD, BLOCK, POOL = 3, 3, 64, 16, 256  # SmolLM2's heads
 
@@ -100,3 +105,42 @@ def test_one_kernel_equals_numpy_and_a_rows_bits_do_not_depend_on_the_batch(rng,
         np.testing.assert_array_equal(alone[0], got[b])
     names = [row["kernel"] for row in pj.profile(f, *args).rows]
     assert len([n for n in names if "B_" in n]) == 1, names
+
+
+def _cpu_kernels(fn, *args):
+    """The cpu schedule's kernels of `fn` traced at `args`."""
+    traced = pj.trace(fn, *args)
+    return schedule(list(traced.outputs), list(traced.inputs), pack_contractions=True).kernels
+
+
+@pytest.mark.parametrize("target, steps", [(AVX512, 16 * KV), (AVX2, 16 * KV * GROUP)], ids=["avx512", "avx2"])
+def test_a_loop_step_computes_a_kv_heads_query_rows_together(rng, target, steps):
+    """On AVX-512 the kernel's parallel loop has a step per (row, kv head), its GROUP query heads computed together
+    (each gathered key and value row loaded once for them; was a step per query head); AVX2's 16 registers do not
+    hold their 3 x 8 vectors of p @ V sums: a step per query head."""
+    prepared = _prepared("cpu")
+    (kernel,) = [k for k in _cpu_kernels(prepared, *_arguments(rng, 16, 3)) if "B_" in k.ast.arg]
+    assert parallel_range(softmax_rows(kernel.ast, target)).src[0].vmax == steps
+
+
+CASES = {  # softmaxes the cpu schedule computes inside their contraction's kernel (softmax_contraction.py)
+    "one row": (lambda xp, q, k, v: llama.softmax(xp, q @ k.T) @ v, [(1, 64), (40, 64), (40, 64)]),
+    "four rows": (lambda xp, q, k, v: llama.softmax(xp, q @ k.T) @ v, [(4, 64), (40, 64), (40, 64)]),
+    "heads": (lambda xp, q, k, v: llama.softmax(xp, q @ xp.swapaxes(k, 1, 2)) @ v,
+              [(3, 2, 64), (3, 40, 64), (3, 40, 64)]),
+    "a loaded row": (lambda xp, x, v: llama.softmax(xp, x) @ v, [(2, 48), (48, 64)]),  # (48: 3 vectors of 16)
+    "100 columns": (lambda xp, q, k, v: llama.softmax(xp, q @ k.T) @ v, [(2, 50), (40, 50), (40, 100)]),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_softmax_the_cpu_fuses_into_its_contraction_is_lowered_so(rng, case):
+    """The cpu schedule and llvm_softmax agree: its one kernel is lowered by softmax_rows (a kernel it rejected would
+    take the generic loop nest, recomputing the softmax for every output: one softmax row was), with NumPy's values
+    (the row's sum and p @ V over positions a multiple of the lanes were split into lanes, the columns' too: wrong)."""
+    fn, shapes = CASES[case]
+    args = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    (kernel,) = _cpu_kernels(lambda *a: fn(pnp, *a), *args)
+    assert softmax_rows(kernel.ast, AVX512) is not None
+    got = pj.prepare(lambda *a: fn(pnp, *a), device="cpu")(*args)
+    np.testing.assert_allclose(np.asarray(got), fn(np, *args), rtol=1e-5, atol=1e-5)
