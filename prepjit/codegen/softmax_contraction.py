@@ -33,6 +33,9 @@ MAX_ROWS_A_VALUE = 8     # softmax rows that read each value row at most (groupe
 MAX_COLUMNS = 256        # outputs a softmax row's contraction computes at most (a head's dimension: 64), each of
 # them at least one work-item's of the row's work-group (row_plan.REDUCE_GROUP): more (a weight matrix's columns)
 # keep the contraction a kernel of its own
+SCORE_MAX = 256          # elements a score sums at most (q . k over a head's dimension); a row whose values are longer
+# sums (an MLP's down projection read by the final norm, whose normalised row a small head reads) is no softmax row:
+# its contraction is worth a kernel of its own, which inside would run in one work-group a row (one row: each output's)
 _GROWS = (Ops.RESHAPE, Ops.EXPAND)
 _RESULT = (Ops.RESHAPE, Ops.CAST)  # what a contraction's result passes through to its join (a bfloat16 model's rounding)
 
@@ -196,7 +199,7 @@ def _softmax(p: UOp, axes: int) -> set | None:
     (one value a row: the max, the sum, their parts' combination) it computes from (elementwise, broadcasts), the
     reductions of a row it reads (walked into: their operands are rows, the other part's too) and the scores
     (reductions it reads whose other axes are its own: not walked into, their operands are the kernel's reads); None
-    where `p` reads no row reduction or a row longer than SOFTMAX_ROW_MAX."""
+    where `p` reads no row reduction, a row longer than SOFTMAX_ROW_MAX or a score summing more than SCORE_MAX."""
     if _row_length(p, axes) > SOFTMAX_ROW_MAX:
         return None
     whole, row = _kept(p.shape), _kept(p.shape[:len(p.shape) - axes])
@@ -211,6 +214,8 @@ def _softmax(p: UOp, axes: int) -> set | None:
                 nodes.add(n)
                 stack.extend(n.src)
             elif _kept(n.shape) == whole:
+                if math.prod(_elements_of(n.src[0].shape[a]) for a in n.arg[1]) > SCORE_MAX:
+                    return None
                 nodes.add(n)
         elif (n.op in ELEMENTWISE or n.op in _GROWS) and n.shape and _kept(n.shape) in (whole, row):
             nodes.add(n)

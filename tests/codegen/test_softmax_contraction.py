@@ -258,3 +258,23 @@ def test_the_paged_decode_step_has_one_attention_kernel_a_layer_on_gpus(device, 
     plan = decode.plan(params, np.array([1, 2]), np.array([3, 20]), np.array([[0, 1], [2, 3]]), *pools, cos, sin)
     names = [pk.kernel.name for pk in plan.kernels if not pk.kernel.name.startswith("r_1")]
     assert len(names) <= 10 * cfg.layers + 2, names
+
+
+def test_a_norm_of_a_long_contraction_keeps_its_kernels(device):
+    """A decode step's final norm reads the last down projection (sums of 1536) and its normalised row is read by a
+    head of 256 outputs (a small vocabulary): a row normalised like a softmax's, but its values are no scores (each
+    sums more than SCORE_MAX), so the down projection keeps its kernel, the head's holding the norm (was one kernel:
+    each of the head's 256 work-groups computed the down projection, twice, in the norm's prologue); NumPy's values."""
+    rng = np.random.default_rng(4)
+    h, a = rng.standard_normal(576).astype(np.float32), rng.standard_normal(1536).astype(np.float32)
+    gain = rng.standard_normal(576).astype(np.float32)
+    down, head = (rng.standard_normal(s).astype(np.float32) * 0.05 for s in ((1536, 576), (576, 256)))
+
+    def final(xp, h, a, down, gain, head):
+        return llama.rms_norm(xp, h + a @ down, gain, 1e-5) @ head
+
+    args = (h, a, down, gain, head)
+    traced = pj.trace(lambda *args: final(pnp, *args), *args)
+    assert len(schedule(list(traced.outputs), list(traced.inputs)).kernels) == 2
+    f = pj.prepare(lambda *args: final(pnp, *args), device=device)
+    _check(f(*args), final(np, *args), np.float32)
