@@ -199,18 +199,19 @@ def _softmax(p: UOp, axes: int) -> set | None:
     (one value a row: the max, the sum, their parts' combination) it computes from (elementwise, broadcasts), the
     reductions of a row it reads (walked into: their operands are rows, the other part's too) and the scores
     (reductions it reads whose other axes are its own: not walked into, their operands are the kernel's reads); None
-    where `p` reads no row reduction, a row longer than SOFTMAX_ROW_MAX or a score summing more than SCORE_MAX."""
+    where `p` is no softmax (a row's max and sum and an exponential among them: an RMSNorm's row is none), a row longer
+    than SOFTMAX_ROW_MAX or a score summing more than SCORE_MAX."""
     if _row_length(p, axes) > SOFTMAX_ROW_MAX:
         return None
     whole, row = _kept(p.shape), _kept(p.shape[:len(p.shape) - axes])
-    nodes, stack, rows = set(), [p], 0
+    nodes, stack, row_ops = set(), [p], set()
     while stack:
         n = stack.pop()
         if n in nodes:
             continue
         if n.op is Ops.REDUCE_AXIS:
             if _row_reduction(n, row):
-                rows += 1
+                row_ops.add(n.arg[0])
                 nodes.add(n)
                 stack.extend(n.src)
             elif _kept(n.shape) == whole:
@@ -220,7 +221,8 @@ def _softmax(p: UOp, axes: int) -> set | None:
         elif (n.op in ELEMENTWISE or n.op in _GROWS) and n.shape and _kept(n.shape) in (whole, row):
             nodes.add(n)
             stack.extend(n.src)
-    return nodes if rows else None
+    is_softmax = Ops.MAX in row_ops and Ops.ADD in row_ops and any(n.op in (Ops.EXP, Ops.EXP2) for n in nodes)
+    return nodes if is_softmax else None
 
 
 def _row_reduction(n: UOp, row: list) -> bool:

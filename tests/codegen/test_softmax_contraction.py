@@ -15,8 +15,10 @@ from examples.models import llama, llama_paged
 from examples.models.common import cast
 from prepjit.codegen import row_plan
 from prepjit.codegen.gpu_launch import launch_of
+from prepjit.codegen.fusion import kernel_roots
 from prepjit.codegen.optimize import optimize
 from prepjit.codegen.schedule import schedule
+from prepjit.codegen.softmax_contraction import softmax_contractions
 from prepjit.codegen.targets import CUDA_TARGET, OPENCL_TARGET
 
 from . import cuda_emulation
@@ -278,3 +280,20 @@ def test_a_norm_of_a_long_contraction_keeps_its_kernels(device):
     assert len(schedule(list(traced.outputs), list(traced.inputs)).kernels) == 2
     f = pj.prepare(lambda *args: final(pnp, *args), device=device)
     _check(f(*args), final(np, *args), np.float32)
+
+
+def test_a_norm_of_short_sums_is_no_softmax():
+    """An RMSNorm of a projection's row (sums of 64, within SCORE_MAX) read by a 64-column contraction has a row's sum
+    over values that are row-shaped sums, as a softmax has, but no row max and no exponential: softmax_contractions
+    finds nothing there and the projection keeps its kernel (was: taken for a softmax row, its 'scores' computed
+    inside the reading contraction's kernel)."""
+    rng = np.random.default_rng(5)
+    a, gain = rng.standard_normal(64).astype(np.float32), rng.standard_normal(48).astype(np.float32)
+    w, head = (rng.standard_normal(s).astype(np.float32) * 0.1 for s in ((64, 48), (48, 64)))
+
+    def normed(xp, a, w, gain, head):
+        return llama.rms_norm(xp, a @ w, gain, 1e-5) @ head
+
+    traced = pj.trace(lambda *args: normed(pnp, *args), a, w, gain, head)
+    outputs = list(traced.outputs)
+    assert softmax_contractions(kernel_roots(outputs)[0], outputs) == {}
