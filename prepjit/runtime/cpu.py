@@ -316,7 +316,8 @@ class CPUDevice:
         address = self._replay_engine.get_function_address
         method = address("prepjit_replay_method")  # (cpu_replay.py: a prepared call's replay)
         self.method_address = method if method_self_test(self.replay_fn, method) else 0
-        threads = NativeThreads(thread_count(), address("prepjit_parallel"), address("prepjit_worker"))
+        threads = NativeThreads(thread_count(), address("prepjit_parallel"), address("prepjit_worker"),
+                                address("prepjit_cycles"))
         self.threads = threads if threads.workers else None  # None: every kernel runs on the calling thread
 
     # ---- compiling and launching ----

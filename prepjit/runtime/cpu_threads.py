@@ -14,8 +14,9 @@ The state is one block of int64 words, each group on its own cache line:
     slots     two task slots (generation & 1): fn, bufs, vals, size, chunk length, chunk count; each with a
               count of the chunks done on a line of its own. A slot is rewritten only two generations later,
               after every chunk of its task has run, so a claimed chunk always reads its own task
-    CONFIG    workers (0 after a fork: everything runs inline), spins before a worker sleeps, spins before
-              the waiting publisher yields, and the addresses of pthread_mutex_lock / unlock,
+    CONFIG    workers (0 after a fork: everything runs inline), the cycle-counter ticks an idle worker spins
+              before it sleeps (WORKER_SPIN_S of this host's counter, measured when the threads start), spins
+              before the waiting publisher yields, and the addresses of pthread_mutex_lock / unlock,
               pthread_cond_wait / broadcast and sched_yield (read by ctypes from the C library)
     COOLDOWN  the cycle count until which split launches run on the calling thread alone. When the publisher,
               done with its own chunks, waits more than STALL ticks of the cycle counter plus the time its own
@@ -28,24 +29,40 @@ The state is one block of int64 words, each group on its own cache line:
     mutex, condition variable: opaque, MUTEX_BYTES each (larger than any libc's)
 
 Workers are Python threads that call `prepjit_worker(state)` through ctypes (which releases the GIL) and
-never return: each spins a while on TICKET for a new generation, then sleeps on the condition variable.
+never return: each spins on TICKET for a new generation for SPIN_TICKS of the cycle counter (read every
+CLOCK_EVERY polls: a fixed count of polls lasts 10 us on one host and 50 on another), then sleeps on the condition
+variable. A split launch that finds its workers asleep pays their wake (the broadcast and the scheduler putting
+the worker back on a core: ~13 us on a 2-core Rocket Lake, a 576-column f32 matvec over 2048 rows split after an
+idle gap) before the worker's first chunk; a worker that spins takes its core from the host's other processes (a
+server's event loop and its clients, other programs), and from the publisher where they share a core. Spinning
+about as long as a wake costs, then sleeping, never costs more than twice the better of the two. Measured there
+(SmolLM2 decode steps, budgets alternating live in one process, host load ~3.5 on the 2 cores): 5-10 us fastest,
+each step slower with longer budgets (one-row gguf 11.6 ms at 10 us, 12.7 at 20, 14.0 at 40, 16.2 at 100; the
+paged step at B=1 11.1, 11.7, 12.7, 16.0; f32 36.2, 37.1, 37.9, 41.6), the process's CPU time a step growing with
+them; on a quieter host a ~40 us spin once took 3% off a step. 1024 polls, the count used before, lasted 11.7 us
+there and take several times longer where a pause is slower.
 """
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
 import os
+import statistics
 import threading
+import time
 
 TICKET, BUSY, SLEEPERS = 0, 8, 16
 SLOTS = (24, 40)             # fn, bufs, vals, size, chunk, nchunks; its done count at +8
-WORKERS, SPINS, YIELD_AFTER, LOCK, UNLOCK, WAIT, BROADCAST, YIELD = range(56, 64)
+WORKERS, SPIN_TICKS, YIELD_AFTER, LOCK, UNLOCK, WAIT, BROADCAST, YIELD = range(56, 64)
 COOLDOWN, STALL_CYCLES, BACKOFF, MIN_BACKOFF, MAX_BACKOFF = range(64, 69)
 MUTEX, COND = 72, 104
 STATE_WORDS = 136
 MUTEX_BYTES = 256
 
-WORKER_SPINS = 1 << 10       # polls of TICKET (with a pause) before an idle worker sleeps: some 10-50 us
+WORKER_SPIN_S = 12e-6        # seconds an idle worker polls TICKET (with a pause) before it sleeps: about a wake's cost
+CLOCK_EVERY = 32             # polls between reads of the cycle counter while a worker spins
+CALIBRATION_S = 1e-3         # seconds of wall clock the cycle counter's rate is measured over,
+CALIBRATION_ROUNDS = 5       # in this many rounds
 WAIT_SPINS = 1 << 8          # polls of the done count before the publisher yields its core between polls
 CHUNKS_PER_THREAD = 4        # chunks of a split range per thread: whoever runs takes the next
 STALL = 1 << 18              # cycle-counter ticks (~0.1 ms) the publisher waits for a worker's chunk: a stall
@@ -53,6 +70,7 @@ AFTER_STALL = 1 << 21        # ticks (~1 ms) split launches run alone after a fi
 MOST_AFTER_STALL = 1 << 26   # with each stall that follows up to ~25 ms (MAX_BACKOFF), halving with each clean launch
 
 WORKER_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+CYCLES_FN = ctypes.CFUNCTYPE(ctypes.c_int64)
 PARALLEL_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                                ctypes.c_int64, ctypes.c_int64)
 
@@ -238,7 +256,7 @@ release:
 
 define void @prepjit_worker(ptr %s) nounwind {{
 entry:
-{_word("spins.p", SPINS)}
+{_word("spins.p", SPIN_TICKS)}
 {_word("sleepers.p", SLEEPERS)}
 {_word("m.p", MUTEX)}
 {_word("c.p", COND)}
@@ -248,10 +266,11 @@ entry:
   br label %poll.start
 poll.start:
   %seen = phi i64 [%seen0, %entry], [%g.run, %run]
-  %limit = load atomic i64, ptr %spins.p monotonic, align 8
+  %budget = load atomic i64, ptr %spins.p monotonic, align 8
+  %idle.since = call i64 @llvm.readcyclecounter()
   br label %poll
 poll:
-  %i = phi i64 [0, %poll.start], [%i.next, %spin]
+  %i = phi i64 [0, %poll.start], [%i.next, %spin], [%i.next, %clock]
   %t = load atomic i64, ptr %s acquire, align 8
   %g = lshr i64 %t, 32
   %new = icmp ne i64 %g, %seen
@@ -259,7 +278,13 @@ poll:
 spin:
   {pause}
   %i.next = add i64 %i, 1
-  %tired = icmp sgt i64 %i.next, %limit
+  %lap = and i64 %i.next, {CLOCK_EVERY - 1}
+  %on.lap = icmp eq i64 %lap, 0
+  br i1 %on.lap, label %clock, label %poll
+clock:
+  %now = call i64 @llvm.readcyclecounter()
+  %spun = sub i64 %now, %idle.since
+  %tired = icmp uge i64 %spun, %budget
   br i1 %tired, label %sleep, label %poll
 sleep:
   call void @pj_call(ptr %s, i64 {LOCK}, i64 {MUTEX})
@@ -284,6 +309,12 @@ run:
   call void @pj_run_chunks(ptr %s)
   br label %poll.start
 }}
+
+define i64 @prepjit_cycles() nounwind {{
+entry:
+  %now = call i64 @llvm.readcyclecounter()
+  ret i64 %now
+}}
 """
 
 
@@ -296,10 +327,23 @@ def _libc_function(name: str) -> int | None:
     return None
 
 
+def cycles_per_second(cycles_address: int) -> float:
+    """The rate of the cycle counter the native code reads (prepjit_cycles) against the wall clock: the median of
+    CALIBRATION_ROUNDS short measurements (one the OS preempts between a pair of reads is off); 0 where the counter
+    does not advance (a worker then sleeps at its first clock read)."""
+    cycles, rates = CYCLES_FN(cycles_address), []
+    for _ in range(CALIBRATION_ROUNDS):
+        start, counted = time.perf_counter(), cycles()
+        while (elapsed := time.perf_counter() - start) < CALIBRATION_S / CALIBRATION_ROUNDS:
+            pass
+        rates.append(max(cycles() - counted, 0) / elapsed)
+    return statistics.median(rates)
+
+
 class NativeThreads:
     """The state block and the worker threads; `parallel` is prepjit_parallel bound to this state (ctypes)."""
 
-    def __init__(self, threads: int, parallel_address: int, worker_address: int):
+    def __init__(self, threads: int, parallel_address: int, worker_address: int, cycles_address: int):
         self.threads = threads
         self._memory = (ctypes.c_int64 * (STATE_WORDS + 8))()
         self.address = -(-ctypes.addressof(self._memory) // 64) * 64
@@ -309,13 +353,16 @@ class NativeThreads:
         addresses = {word: _libc_function(name) for word, name in names.items()}
         init_mutex, init_cond = _libc_function("pthread_mutex_init"), _libc_function("pthread_cond_init")
         self.parallel_address, self.worker_address = parallel_address, worker_address
+        self.cycles_address = cycles_address
         self._parallel = PARALLEL_FN(parallel_address)
         self.workers = 0
         if threads < 2 or None in addresses.values() or not init_mutex or not init_cond:
             return  # no second thread, or no pthreads here: every kernel runs on the calling thread
         for word, address in addresses.items():
             self.words[word] = address
-        self.words[SPINS], self.words[YIELD_AFTER] = WORKER_SPINS, WAIT_SPINS
+        self.cycles_per_second = cycles_per_second(cycles_address)
+        self.words[SPIN_TICKS] = round(WORKER_SPIN_S * self.cycles_per_second)
+        self.words[YIELD_AFTER] = WAIT_SPINS
         self.words[STALL_CYCLES], self.words[BACKOFF] = STALL, AFTER_STALL
         self.words[MIN_BACKOFF], self.words[MAX_BACKOFF] = AFTER_STALL, MOST_AFTER_STALL
         ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)(init_mutex)(self.address + 8 * MUTEX, None)

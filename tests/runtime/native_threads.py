@@ -16,7 +16,7 @@ def three_threads() -> NativeThreads:
     """A NativeThreads of the cpu device's code with two workers, whatever this host's cores (made once: its
     workers never exit)."""
     address = DEVICE._replay_engine.get_function_address
-    return NativeThreads(3, address("prepjit_parallel"), address("prepjit_worker"))
+    return NativeThreads(3, address("prepjit_parallel"), address("prepjit_worker"), address("prepjit_cycles"))
 
 
 @pytest.fixture

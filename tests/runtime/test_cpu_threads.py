@@ -10,7 +10,8 @@ import numpy as np
 import prepjit as pj
 from prepjit.runtime.cpu import PARALLEL_MIN_ITERATIONS
 from prepjit.runtime.cpu_threads import AFTER_STALL as MIN_BACKOFF_TICKS
-from prepjit.runtime.cpu_threads import BACKOFF, MAX_BACKOFF, MIN_BACKOFF, SLEEPERS, TICKET, NativeThreads
+from prepjit.runtime.cpu_threads import (BACKOFF, COOLDOWN, CYCLES_FN, MAX_BACKOFF, MIN_BACKOFF, SLEEPERS, SPIN_TICKS,
+                                         TICKET, WORKER_SPIN_S, NativeThreads)
 from tests.runtime.native_threads import launch_entries, published
 
 
@@ -70,7 +71,8 @@ def _settles_within(read, want: int, pause: float = 0.0, seconds: float = 5) -> 
 
 
 def test_sleeping_workers_wake_and_a_forked_child_runs_inline(rng, worker_threads):
-    threads = NativeThreads(3, worker_threads.parallel_address, worker_threads.worker_address)
+    threads = NativeThreads(3, worker_threads.parallel_address, worker_threads.worker_address,
+                            worker_threads.cycles_address)
     assert threads.workers == 2 and threads.chunks(300) == 12
     x = rng.standard_normal((300, 1000)).astype(np.float32)
     f = pj.prepare(lambda x: x.max(axis=1), device="cpu")
@@ -100,7 +102,8 @@ def test_a_stall_runs_split_launches_alone_for_a_while_then_threads_again(worker
     """A worker that takes far longer than the publisher's chunks (preempted on a loaded host) makes split launches
     run alone for BACKOFF cycles, not for a count of launches: a launch after that time is split again. Each stall
     in a row doubles the time (up to MAX_BACKOFF), launches without one halve it (down to MIN_BACKOFF)."""
-    threads = NativeThreads(2, worker_threads.parallel_address, worker_threads.worker_address)  # its own state
+    threads = NativeThreads(2, worker_threads.parallel_address, worker_threads.worker_address,  # its own state
+                            worker_threads.cycles_address)
     caller, stall = threading.get_ident(), []
 
     def chunk(bufs, vals, lo, hi):
@@ -160,3 +163,26 @@ def test_a_kernel_filling_its_own_array_first_takes_one_chunk_a_thread(rng, work
     assert any(u.op.name == "DEFINE_LOCAL" for u in kernel.ast.toposort()), "no operand prologue: not the path named"
     ((size, chunks),) = launch_entries(plan._runner.first_launches)
     assert chunks == worker_threads.chunks(size, 1) == worker_threads.workers + 1 < worker_threads.chunks(size)
+
+
+def test_an_idle_worker_spins_for_a_time_of_this_hosts_clock_then_sleeps(worker_threads):
+    """An idle worker polls for a new task for WORKER_SPIN_S, timed by the cycle counter whose rate the threads
+    measured when they started (a count of polls lasts 10 us on one host and 50 on another), then sleeps."""
+    threads = NativeThreads(2, worker_threads.parallel_address, worker_threads.worker_address,  # its own state
+                            worker_threads.cycles_address)
+    cycles = CYCLES_FN(threads.cycles_address)
+    start, counted = time.perf_counter(), cycles()
+    time.sleep(0.05)
+    rate = (cycles() - counted) / (time.perf_counter() - start)
+    assert abs(threads.cycles_per_second / rate - 1) < 0.1
+    assert threads.words[SPIN_TICKS] == round(WORKER_SPIN_S * threads.cycles_per_second)
+    fn = ctypes.cast(keep := CHUNK_FN(lambda bufs, vals, lo, hi: None), ctypes.c_void_p).value
+    assert _settles(lambda: threads.words[SLEEPERS], 1)   # idle since it started
+    threads.words[SPIN_TICKS] = round(0.5 * threads.cycles_per_second)   # half a second of polls
+    threads.words[COOLDOWN] = 0
+    threads.parallel(fn, 0, 0, 1000, 1000)   # wakes the worker, which then polls for the next task
+    assert _settles(lambda: threads.words[SLEEPERS], 0)
+    time.sleep(0.1)
+    assert threads.words[SLEEPERS] == 0   # still polling a tenth of a second on
+    assert _settles(lambda: threads.words[SLEEPERS], 1)   # and asleep once the half second is out
+    del keep
