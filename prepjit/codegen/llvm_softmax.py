@@ -1,6 +1,6 @@
 """The cpu's lowering of a softmax computed inside its contraction's kernel (softmax_contraction.py: decode
-attention's scores, max, sum and p @ V as one kernel): one loop step a softmax row, the row's values in arrays of
-the kernel's own.
+attention's scores, max, sum and p @ V as one kernel): one loop step a softmax row (or a kv head's group of query
+rows), the row's values in arrays of the kernel's own.
 
 The scheduled kernel computes each output column (a value dimension d) as a sum over the row's positions t of
 p(t) * V[t, d], where p(t) reads the row's reductions (its max and sum), which read the scores s(t) again. As
@@ -19,7 +19,21 @@ order the reductions need them:
 Every value and rounding of the graph stays (a bfloat16 model's rounded probabilities are an array's values; the
 same reduction read in several places is one node after `_canonical` names every reduction's ranges by its
 depth and extents), so a row's bits depend on its own inputs only. The contraction's and the dot products' sums
-are vectorised over the target's lanes where the dimension is a multiple of them.
+are vectorised over the target's lanes where the dimension is a multiple of them; the loops filling a1 and a2
+(scalar here) and the row's max and sum are vectorised by LLVM's loop and SLP vectorisers (16 lanes on AVX-512,
+exp's polynomial too: checked in the optimised IR of the paged and the one-row kernels).
+
+Grouped-query attention's query heads of one kv head read the same keys and values: the row ranges no load over
+the positions reads (`_shared_rows`: the group) are not steps of the parallel loop but computed by one step
+together, each store repeated per query row (`_unrolled`), so a gathered key row, value row and block-table entry
+are loaded once for the group (the group's dot products one vector sum, its p @ V one register block of
+group x column vectors), where those sums fit the vector registers. Each row's max and sum stay its own lone sum,
+so the bits are those of a step a row.
+
+The schedule asks softmax_contraction.py on every target which softmaxes to compute inside their contraction, so
+this lowering takes every kernel that gives: a row of any rank (a batch's rows x heads, one row alone), scores
+computed or loaded. The one it leaves (None) has no columns (p @ w with a vector w): the generic loop nest then
+computes each of the row's reductions once anyway.
 """
 from __future__ import annotations
 
@@ -40,7 +54,8 @@ SPARE_REGISTERS = 4  # vector registers a step of the contraction needs besides 
 
 def softmax_rows(ast: UOp, target: CPUTarget) -> UOp | None:
     """`ast` lowered as the module docstring says, or None where it is no softmax computed inside its contraction
-    (a store of a sum over positions whose operand reads reductions of the row over the same positions)."""
+    (a store of a sum over positions whose operand reads reductions of the row over the same positions), or one
+    without columns."""
     if ast.op is not Ops.SINK or len(ast.src) != 1 or ast.src[0].op is not Ops.STORE or len(ast.src[0].src) != 3 \
             or ast.src[0].arg is not None or ast.src[0].src[0].op is not Ops.DEFINE_GLOBAL:
         return None
