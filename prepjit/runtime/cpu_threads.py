@@ -35,12 +35,14 @@ variable. A split launch that finds its workers asleep pays their wake (the broa
 the worker back on a core: ~13 us on a 2-core Rocket Lake, a 576-column f32 matvec over 2048 rows split after an
 idle gap) before the worker's first chunk; a worker that spins takes its core from the host's other processes (a
 server's event loop and its clients, other programs), and from the publisher where they share a core. Spinning
-about as long as a wake costs, then sleeping, never costs more than twice the better of the two. Measured there
-(SmolLM2 decode steps, budgets alternating live in one process, host load ~3.5 on the 2 cores): 5-10 us fastest,
-each step slower with longer budgets (one-row gguf 11.6 ms at 10 us, 12.7 at 20, 14.0 at 40, 16.2 at 100; the
-paged step at B=1 11.1, 11.7, 12.7, 16.0; f32 36.2, 37.1, 37.9, 41.6), the process's CPU time a step growing with
-them; on a quieter host a ~40 us spin once took 3% off a step. 1024 polls, the count used before, lasted 11.7 us
-there and take several times longer where a pause is slower.
+about as long as a wake costs, then sleeping, never costs more than twice the better of the two, whether the
+worker's core is free (spinning costs nothing, sleeping a wake) or shared (spinning takes the publisher's time).
+Measured there (SmolLM2 decode steps, budgets alternating live in one process, 8 rounds): while the host's other
+work left the process about one core (steps at twice their quiet time), 5-10 us was fastest and each step slower
+with longer budgets (one-row gguf 11.6 ms at 10 us, 12.7 at 20, 14.0 at 40, 16.2 at 100; the paged step at B=1
+11.1, 11.7, 12.7, 16.0; f32 36.2, 37.1, 37.9, 41.6); while it had both cores, longer budgets gained less (paged
+B=1 5.97 ms at 12 us, 5.80 at 40, 5.76 at 100; f32 18.96, 18.77, 18.85; gguf 7.0, 6.2, 6.0 in noisier rounds).
+1024 polls, the count used before, lasted 11.7 us there and take several times longer where a pause is slower.
 """
 from __future__ import annotations
 
