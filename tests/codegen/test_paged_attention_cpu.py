@@ -16,6 +16,7 @@ from prepjit.codegen.kernel import parallel_range
 from prepjit.codegen.llvm_softmax import softmax_rows
 from prepjit.codegen.schedule import schedule
 from prepjit.codegen.target import AVX2, AVX512
+from prepjit.uop import Ops
 
 KV, GROUP, HD, BLOCK, POOL = 3, 3, 64, 16, 256  # SmolLM2's heads
 
@@ -144,3 +145,34 @@ def test_every_softmax_the_cpu_fuses_into_its_contraction_is_lowered_so(rng, cas
     assert softmax_rows(kernel.ast, AVX512) is not None
     got = pj.prepare(lambda *a: fn(pnp, *a), device="cpu")(*args)
     np.testing.assert_allclose(np.asarray(got), fn(np, *args), rtol=1e-5, atol=1e-5)
+
+
+def _chunk_attention(xp, q, k_own, v_own, pos, table, k_pool, v_pool):
+    """prefill_batch's attention of one layer: each of T tokens q (T, KV, group, 1, hd) against its cached blocks
+    and a window of its chunk's keys k_own (T, W, KV, hd) / values v_own (T, KV, W, hd): a softmax in two parts, each
+    summing over positions of its own."""
+    b, nb = table.shape
+    slots = xp.arange(nb)[:, None] * BLOCK + xp.arange(BLOCK)[None, :]
+    visible = (slots[None] < pos[:, None, None])[:, None]
+    own = cast(xp.einsum("tkgqd,twkd->tkgqw", q, k_own) * (1 / math.sqrt(HD)), np.float32)
+    cached = llama_paged._cached_scores(xp, q, k_pool[table], visible, HD)
+    return llama_paged._attend(xp, cached, own, v_pool[table], v_own, np.float32)
+
+
+def test_a_softmax_in_parts_over_positions_of_their_own_keeps_its_kernels_on_the_cpu(rng):
+    """A prefill chunk's attention (the cached blocks' part and the chunk's own window of 5 positions) is no single
+    loop over a row's positions, which llvm_softmax needs: the cpu leaves it to its own kernels (was one kernel
+    softmax_rows rejected: the generic loop nest recomputed the softmax at each output, a 14-token prefill of
+    SmolLM2 10x slower); every kernel holding a softmax row is one that softmax_rows lowers; NumPy's values."""
+    args = _arguments(rng, 4, 3)
+    q, k_pool, v_pool = args[0], args[5], args[6]
+    k_own, v_own = rng.standard_normal((4, 5, KV, HD)).astype(np.float32), rng.standard_normal(
+        (4, KV, 5, HD)).astype(np.float32)
+    call = (q, k_own, v_own, args[3], args[4], k_pool, v_pool)
+    for kernel in _cpu_kernels(lambda *a: _chunk_attention(pnp, *a), *call):
+        holds_softmax = any(u.op is Ops.REDUCE and u.arg is Ops.MAX and any(
+            n.op is Ops.REDUCE and n is not u and u in n.toposort() for n in kernel.ast.toposort())
+            for u in kernel.ast.toposort())
+        assert not holds_softmax or softmax_rows(kernel.ast, AVX512) is not None, kernel.ast.arg
+    got = pj.prepare(lambda *a: _chunk_attention(pnp, *a), device="cpu")(*call)
+    np.testing.assert_allclose(np.asarray(got), _chunk_attention(np, *call), rtol=1e-5, atol=1e-5)
