@@ -21,14 +21,18 @@ from prepjit.uop import Ops
 KV, GROUP, HD, BLOCK, POOL = 3, 3, 64, 16, 256  # SmolLM2's heads
 
 
-def _attention(xp, q, k, v, pos, table, k_pool, v_pool):
-    """decode_batch's attention of one layer: q (B, KV, group, 1, hd), the tokens' own k, v (B, KV, hd)."""
-    b, nb = table.shape
+def _visible(xp, pos, table):
+    """Which cached slots (B, 1, NB, block) each row sees: those before its position."""
+    nb = table.shape[1]
     slots = xp.arange(nb)[:, None] * BLOCK + xp.arange(BLOCK)[None, :]
-    visible = (slots[None] < pos[:, None, None])[:, None]
+    return (slots[None] < pos[:, None, None])[:, None]
+
+
+def _attention(xp, q, k, v, pos, table, k_pool, v_pool, dtype=np.float32):
+    """decode_batch's attention of one layer: q (B, KV, group, 1, hd), the tokens' own k, v (B, KV, hd)."""
     own = cast(xp.einsum("bkgqd,bkd->bkgq", q, k) * (1 / math.sqrt(HD)), np.float32)[..., None]
-    cached = llama_paged._cached_scores(xp, q, k_pool[table], visible, HD)
-    return llama_paged._attend(xp, cached, own, v_pool[table], v[:, :, None], np.float32)
+    cached = llama_paged._cached_scores(xp, q, k_pool[table], _visible(xp, pos, table), HD)
+    return llama_paged._attend(xp, cached, own, v_pool[table], v[:, :, None], dtype)
 
 
 def attention(q, k, v, pos, table, k_pool, v_pool):
@@ -81,16 +85,8 @@ def test_one_kernel_equals_numpy_and_a_rows_bits_do_not_depend_on_the_batch(rng,
     of the probabilities (AVX-512's 16 lanes; run the file under PREPJIT_CPU=haswell for AVX2's 8)."""
     dt = np.float32 if dtype is np.float32 else ml_dtypes.bfloat16
 
-    def attention_of(xp, q, k, v, pos, table, k_pool, v_pool):
-        b, nb = table.shape
-        slots = xp.arange(nb)[:, None] * BLOCK + xp.arange(BLOCK)[None, :]
-        visible = (slots[None] < pos[:, None, None])[:, None]
-        own = cast(xp.einsum("bkgqd,bkd->bkgq", q, k) * (1 / math.sqrt(HD)), np.float32)[..., None]
-        cached = llama_paged._cached_scores(xp, q, k_pool[table], visible, HD)
-        return llama_paged._attend(xp, cached, own, v_pool[table], v[:, :, None], dt)
-
     def traced(q, k, v, pos, table, k_pool, v_pool):
-        return attention_of(pnp, q, k, v, pos, table, k_pool, v_pool)
+        return _attention(pnp, q, k, v, pos, table, k_pool, v_pool, dt)
 
     f = pj.prepare(traced, vars={"B": (1, 16), "NB": (1, 16)}, device="cpu",
                    shapes={"q": ("B", KV, GROUP, 1, HD), "k": ("B", KV, HD), "v": ("B", KV, HD), "pos": ("B",),
@@ -98,7 +94,7 @@ def test_one_kernel_equals_numpy_and_a_rows_bits_do_not_depend_on_the_batch(rng,
     args = list(_arguments(rng, 5, 3))
     args[3] = np.array([0, 16, 48, 1, 33])
     got = np.asarray(f(*args), np.float32)
-    want = np.asarray(attention_of(np, *args), np.float32)
+    want = np.asarray(_attention(np, *args, dt), np.float32)
     tol = 1e-5 if dt is np.float32 else 2e-2
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
     for b in (0, 2, 4):
@@ -151,11 +147,8 @@ def _chunk_attention(xp, q, k_own, v_own, pos, table, k_pool, v_pool):
     """prefill_batch's attention of one layer: each of T tokens q (T, KV, group, 1, hd) against its cached blocks
     and a window of its chunk's keys k_own (T, W, KV, hd) / values v_own (T, KV, W, hd): a softmax in two parts, each
     summing over positions of its own."""
-    b, nb = table.shape
-    slots = xp.arange(nb)[:, None] * BLOCK + xp.arange(BLOCK)[None, :]
-    visible = (slots[None] < pos[:, None, None])[:, None]
     own = cast(xp.einsum("tkgqd,twkd->tkgqw", q, k_own) * (1 / math.sqrt(HD)), np.float32)
-    cached = llama_paged._cached_scores(xp, q, k_pool[table], visible, HD)
+    cached = llama_paged._cached_scores(xp, q, k_pool[table], _visible(xp, pos, table), HD)
     return llama_paged._attend(xp, cached, own, v_pool[table], v_own, np.float32)
 
 
