@@ -1,7 +1,8 @@
 """Decode attention on the work-group targets is one kernel (softmax_contraction.py; render_rows' column reductions):
 a softmax that only a contraction over its axis reads is computed inside the contraction's row kernel, a work-group
 per query head holding the row's scores and probabilities in local memory, p @ V split over the group's work-items
-by runs of value columns and slices of the positions. Every device equals NumPy; the cpu keeps its three kernels."""
+by runs of value columns and slices of the positions. Every device equals NumPy; the cpu's one kernel is
+llvm_softmax.py's (test_paged_attention_cpu.py)."""
 import math
 import re
 
@@ -245,12 +246,11 @@ def test_the_fused_paged_kernel_compiles_with_nvrtc(dtype):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
-def test_the_paged_decode_step_has_one_attention_kernel_a_layer_on_gpus(device, dtype):
-    """llama_paged.decode_batch (2 layers, var rows and table width) on a GPU: a layer's attention is one kernel, so
+def test_the_paged_decode_step_has_one_attention_kernel_a_layer(device, dtype):
+    """llama_paged.decode_batch (2 layers, var rows and table width): a layer's attention is one kernel (on the cpu
+    too: llvm_softmax.py, where the norms are computed in their projections: fewer kernels), so
     the step is at most 10 kernels a layer (the norm, q/k/v, attention, wo, the norm, gate/up, SiLU * up, down, the
     new key and value) and the head's 2, besides the bounds checks (r_1); it was 19 a layer."""
-    if device == "cpu":
-        pytest.skip("the cpu's attention kernels are its own (three)")
     cfg = llama.Config(layers=2, dim=72, ff=128, heads=KV * GROUP, kv_heads=KV, vocab=64, context=64,
                        rope_theta=10000.0, eps=1e-5)
     params = llama.random_params(np.random.default_rng(0), cfg)
