@@ -223,12 +223,13 @@ def _recomputed_in_stream(node: UOp, readers: set, cost: dict, streams: dict, ch
         if rows_read is None or own > STREAM_OPERAND_COST or rows_read and not (operand_prologues and all(
                 _read_per_row(r, rows_read, chosen) for r in readers)):
             return False
+    node_loads = _loads(node)
     for r in readers:
         if r not in streams:  # (whether r is a sum of products, what it loads and how: see _stream_rows)
             products = r.op is Ops.REDUCE_AXIS and r.arg[0] is Ops.ADD and r.src[0].op is Ops.MUL
             streams[r] = (products, _loads(r))
         products, loaded = streams[r]
-        streaming, rows = _stream_rows(r, loaded, operand_prologues, node)
+        streaming, rows = _stream_rows(r, loaded, operand_prologues, node_loads)
         limit = (CONTRACTION_INLINE_COST if products else STREAM_INLINE_COST if streaming else -1) if unpacked else \
             STREAM_OPERAND_COST if streaming and (products or len(readers) == 1 or not shares) else -1
         if own > limit or rows > 1 and not unpacked and _elements(node) > OPERAND_MAX:
@@ -244,19 +245,18 @@ def _loads(r: UOp) -> dict[UOp, set]:
     return loaded
 
 
-def _stream_rows(r: UOp, loaded: dict, by_row: bool, operand: UOp) -> tuple[bool, int]:
+def _stream_rows(r: UOp, loaded: dict, by_row: bool, operand_loads: dict) -> tuple[bool, int]:
     """(whether the kernel computing `r`, which loads `loaded` (_loads), streams what it loads, each element used at
     most STREAM_REUSE times by each of its rows, its rows: the product of its output axes along which the largest
     value it loads is broadcast (a decode batch's rows, the weight's elements read once by each)), but not of what
-    `operand`, the value it would recompute, loads (unless it loads nothing else): that is no weight. A prefill's
+    the value it would recompute loads (`operand_loads`, unless it loads nothing else): that is no weight. A prefill's
     qkv projection reads its normalised rows through the residual stream, whose first term gathers the token
     embedding (not yet cut when `operand` is decided), and took that table for its weight, rows unknown: one row,
     so the norm was recomputed at each panel of the weight (SmolLM2 gguf's 126-token prefill, 2 threads: the qkv
     kernels 43-45 ms for 30 layers, 16 with the norm materialised; the call 159-163 -> 130-133 ms)."""
     if not loaded:
         return True, 1
-    own = _loads(operand)
-    largest = max([n for n in loaded if n not in own] or loaded, key=_elements)
+    largest = max([n for n in loaded if n not in operand_loads] or loaded, key=_elements)
     along = frozenset().union(*(a for axes in loaded[largest] for a in axes))
     if not by_row or _UNKNOWN <= along:  # (a gathered weight: rows unknown)
         along = frozenset(range(len(r.shape)))

@@ -101,7 +101,7 @@ def _contracted(c: UOp) -> int:
 
 
 def _summed(c: UOp) -> int:
-    """The most elements contraction `c` sums (a var axis at its largest value)."""
+    """The most elements reduction `c` sums (a var axis at its largest value)."""
     return math.prod(_elements_of(c.src[0].shape[a]) for a in c.arg[1])
 
 
@@ -226,7 +226,7 @@ def _softmax(p: UOp, axes: int) -> set | None:
                 nodes.add(n)
                 stack.extend(n.src)
             elif _kept(n.shape) == whole:
-                if math.prod(_elements_of(n.src[0].shape[a]) for a in n.arg[1]) > SCORE_MAX:
+                if _summed(n) > SCORE_MAX:
                     return None
                 nodes.add(n)
         elif (n.op in ELEMENTWISE or n.op in _GROWS) and n.shape and _kept(n.shape) in (whole, row):
