@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+import warnings
 
 import numpy as np
 
@@ -69,6 +70,14 @@ def candidate_devices(cl, spec: str | None) -> list:
     return gpus + [d for d in devices if d not in gpus]
 
 
+def _built(cl, program, **options):
+    """`program` built, without pyopencl's CompilerWarning for a non-empty build log (NVIDIA's compiler logs for
+    every kernel: a user would get a warning at every compile); a failed build still raises with its log."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", cl.CompilerWarning)
+        return program.build(**options)
+
+
 def _start(cl, device, build_options) -> tuple:
     """(context, queue) of `device` once it has built and can run a probe kernel, else DeviceError: a platform
     that builds nothing (a PoCL whose compiler does not know the host CPU, say) is no device."""
@@ -79,7 +88,7 @@ def _start(cl, device, build_options) -> tuple:
     except cl.Error as e:
         raise DeviceError(f"the OpenCL device {description} failed to start ({e})") from e
     try:
-        cl.Program(context, _PROBE).build(options=build_options, cache_dir=False)
+        _built(cl, cl.Program(context, _PROBE), options=build_options, cache_dir=False)
     except cl.Error as e:
         lines = str(e).strip().splitlines()
         reason = next((line.strip() for line in lines if line.strip().startswith("error:")), lines[0])
@@ -181,7 +190,8 @@ class OpenCLDevice(DeviceBase):
                               f"support; run this signature on another device (device='cpu') or another dtype")
         try:
             with self.lock:
-                program = cl.Program(self.context, source).build(options=self.build_options, cache_dir=False)
+                program = _built(cl, cl.Program(self.context, source), options=self.build_options,
+                                 cache_dir=False)
                 required, most = self._group_sizes(cl.Kernel(program, name))
                 binary = bytes(program.get_info(cl.program_info.BINARIES)[0])
                 del program   # (its release, clReleaseProgram, under the lock too)
@@ -198,7 +208,8 @@ class OpenCLDevice(DeviceBase):
         cl = self.cl
         try:
             with self.lock:
-                program = cl.Program(self.context, [self.device], [binary]).build(options=self.build_options)
+                program = _built(cl, cl.Program(self.context, [self.device], [binary]),
+                                 options=self.build_options)
                 required, most = self._group_sizes(cl.Kernel(program, name))
         except cl.Error as e:
             raise CompileError(f"OpenCL ({self.description}) failed to load the binary of kernel {name}: {e}") from e

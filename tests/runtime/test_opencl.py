@@ -293,3 +293,24 @@ def test_uploads_are_not_waited_for_until_the_next_sync_and_keep_their_host_arra
     np.testing.assert_array_equal(device.read_buffer(buffer, (n,)), np.arange(n, dtype=np.float32))
     device.synchronize()
     assert device.upload_events() == []
+
+
+def test_a_compilers_build_log_gives_the_user_no_warning(monkeypatch):
+    """NVIDIA's OpenCL compiler logs for every kernel, and pyopencl turns a non-empty log into a CompilerWarning:
+    prepjit's builds keep it from the user (an error still raises with its log)."""
+    original = cl.Program.build
+
+    def logging_build(self, *args, **kwargs):
+        cl.compiler_output("a remark")  # what pyopencl's build does with a non-empty log
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(cl.Program, "build", logging_build)
+    monkeypatch.setenv("PREPJIT_CACHE", "0")
+    f = pj.prepare(lambda x: x * 5 - 2, device="opencl")
+    x = np.arange(7, dtype=np.float32)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_array_equal(np.asarray(f(x)), x * 5 - 2)
+    with pytest.warns(cl.CompilerWarning):  # the user's own builds keep pyopencl's warning
+        cl.Program(get_device("opencl").context, "__kernel void k(__global float *a) { a[0] = 1; }").build()
