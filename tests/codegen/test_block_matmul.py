@@ -195,6 +195,27 @@ def test_batch_rows_on_or_off_the_tile_match_numpy_and_keep_their_bits(kind, dev
     assert len(f.plan(x, blocks).kernels) == 1 and f.plan(x, blocks).memory_bytes == 0
 
 
+@pytest.mark.parametrize("kind", ["q8_0", "q4_1"])
+def test_a_register_blocks_sums_add_their_lanes_up_together(kind, rng):
+    """A decode batch's register blocks add up their sums' lanes in one halving tree of shuffles and adds
+    (llvm_reductions.lanes_added_up), not each by llvm.vector.reduce.fadd (AVX-512: no sum alone; AVX2's blocks are
+    3 x 1, so its one-row block is a lone sum); in that intrinsic's order, so each row has the bits the one-row
+    matvec (a lone sum, reduced by the intrinsic) gives it."""
+    from .test_quant_matvec import _matvec
+    blocks = _blocks(rng, kind, N, K)
+    f = _batched(kind, "cpu", rows=(1, 16))
+    x = rng.standard_normal((16, K)).astype(np.float32)
+    (kernel,) = f.plan(x, blocks).kernels
+    for target, alone in ((AVX512, 0), (AVX2, 1)):
+        ir = render_llvm(optimize(kernel.kernel.scheduled, "llvm", target), target).source
+        assert ir.count("call reassoc float @llvm.vector.reduce.fadd") == alone and "shufflevector" in ir
+    one = _matvec(kind)
+    assert "llvm.vector.reduce.fadd" in one.plan(x[:1], blocks).kernels[0].kernel.source
+    batch = np.asarray(f(x, blocks))
+    for b in (0, 1, 5, 15):
+        np.testing.assert_array_equal(np.asarray(one(x[b:b + 1], blocks))[0], batch[b])
+
+
 @pytest.mark.parametrize("kind", ["q8_0", "q4_1", "q6_k"])
 def test_a_prefill_unpacks_each_panels_blocks_once_into_a_tile(kind, rng):
     """With up to 512 rows (a prefill) the kernel as launched (AVX-512 and AVX2) first unpacks a panel's columns
