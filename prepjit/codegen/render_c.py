@@ -33,7 +33,8 @@ from ..uop.uop import as_uop
 from . import c_helpers
 from .gpu_launch import launch_of
 from .kernel import KernelSource, kernel_vars
-from .render_rows import emit_rows, held_in_loop, reduce_together
+from .render_rows import emit_rows, reduce_together
+from .render_softmax_rows import held_in_loop
 from .row_plan import launch_size as row_launch_size
 from .row_plan import loop_ranges, rows_of, run_length
 from .render_fragments import emit_fragment_contraction

@@ -33,6 +33,7 @@ import math
 
 from ..uop import DType, Ops, UOp, dtypes, sym_prod
 from ..uop.uop import as_uop
+from .render_softmax_rows import fill_by_teams, score_team
 from .row_plan import WARP, Rows, free_ranges, run_length, shuffles
 from .softmax_contraction import SOFTMAX_ROW_MAX
 
@@ -138,16 +139,25 @@ def _row_parts(u: UOp, rows: Rows, pending) -> list[UOp]:
 def _row_array(r, x: UOp, ranges: tuple, arrays: dict) -> str:
     """Store `x` at each flat index of `ranges` (a symbolic count too) into a local array of their largest count, the
     row's work-items splitting them, reading the `arrays` over the same ranges (value -> name) there, and the parts of
-    its own reductions' operands that only the row and their range give (`_nested_arrays`); its name."""
+    its own reductions' operands that only the row and their range give (`_nested_arrays`); its name. A value
+    computing one sum of its own (a score's dot product) is filled by teams of lanes where the dialect shuffles
+    (render_softmax_rows.py)."""
+    team = score_team(r, _nested_reductions(r, x, arrays))
     _nested_arrays(r, x, arrays)
     name, flat = f"row{r.n}", f"h{r.n}"
     r.n += 1
     r.locals.append(r.d.local_array.format(type=r.d.ctype(x.dtype), name=name,
                                            n=math.prod(y.src[0].vmax for y in ranges)) + ";")
 
-    def body():
+    def at_position():
         r.scopes[-1].update({y: f"{arrays[_canonical(y)]}[{flat}]" for y in x.toposort() if y is not x and
                              y.op is not Ops.REDUCE and y.dtype.is_float and _canonical(y) in arrays})
+    if team is not None:
+        fill_by_teams(r, x, team, ranges, name, flat, at_position)
+        return name
+
+    def body():
+        at_position()
         r.emit(f"{name}[{flat}] = {r.value(x)};")
     _each_pass(r, flat, as_uop(sym_prod(y.src[0] for y in ranges)), 1, ("lid", r.rows.group),
                lambda: r.consecutive(flat, list(ranges), 1, body))
@@ -173,7 +183,8 @@ def _nested_reductions(r, x: UOp, arrays: dict) -> list[UOp]:
 def _nested_arrays(r, x: UOp, arrays: dict):
     """Hold in local memory, once per row, the computed float parts of the operand of each reduction of one range `x`
     computes (`_nested_reductions`) that no range but the row's and that one gives (a query head's rotated row, read
-    at each position's dot product); the reduction's loop reads them there (`held_in_loop`). One barrier after them."""
+    at each position's dot product); the reduction's loop reads them there (render_softmax_rows.held_in_loop). One
+    barrier after them."""
     made = False
     for n in _nested_reductions(r, x, arrays):
         mine = set(r.rows.rows) | {n.src[1]}
@@ -187,13 +198,6 @@ def _nested_arrays(r, x: UOp, arrays: dict):
         made = made or bool(found)
     if made:
         r.emit(r.d.barrier)
-
-
-def held_in_loop(r, u: UOp) -> dict:
-    """The parts of the reduction `u`'s operand its row kernel holds in local memory (`_nested_arrays`), at the index
-    its loop (open, its range bound in scope) is at: bindings for the loop's scope."""
-    held = r.row_operands.get(u, []) if r.rows is not None else []
-    return {y: f"{name}[{r.value(u.src[1])}]" for y, name in held}
 
 
 def _column_partials(r, u: UOp):

@@ -93,10 +93,29 @@ def test_the_fused_kernel_is_a_work_group_per_head(target):
     assert len(rows.columns) == 1 and rows.column_runs == D // run and rows.slices == 256 // (D // run)
     src = target.render(launched)
     assert src.global_size[0].arg == KV * GROUP * 256
-    assert len(re.findall(rf"for \(.*< {D}L", src.source)) == 1, src.source   # the scores' loop over D
+    loops = 0 if target is CUDA_TARGET else 1   # (CUDA: a team of lanes a score, test_the_scores_are_team_work)
+    assert len(re.findall(rf"for \(.*< {D}L", src.source)) == loops, src.source   # the scores' loop over D
     assert len(re.findall(rf"row\d+\[{CONTEXT}\]", src.source)) == 2, src.source   # scores, probabilities
     assert len(re.findall(rf"row\d+\[{D}\]", src.source)) == 1, src.source   # the computed query row, once
     assert len(re.findall(rf"cp\d+\[{rows.slices * D}\]", src.source)) == 1, src.source   # p @ V's partials
+
+
+@pytest.mark.parametrize("dtype, lanes", [(np.float32, 8), (ml_dtypes.bfloat16, 4)])
+def test_the_scores_are_team_work(dtype, lanes):
+    """On CUDA each position's score is a team's: `lanes` neighbouring lanes each add a run of 32 bytes of the key row
+    (8 float32, 16 bfloat16: the compiler's two 16-byte loads) and the team adds its lanes' sums by shuffles, a pass
+    filling 256 / lanes positions; no work-item computes a score's 64 terms in a loop (it did: 64 dependent adds and
+    loads of key rows 128 bytes apart between neighbouring work-items). OpenCL (no shuffles) keeps that loop."""
+    _, sched = _kernel(dtype)
+    ast = optimize(sched.kernels[0].ast, "cuda")
+    src = CUDA_TARGET.render(CUDA_TARGET.launched(ast)).source
+    assert not re.findall(rf"for \(.*< {D}L", src), src
+    assert re.search(rf"const int (tl\d+) = lid % {lanes};", src), src
+    assert re.search(rf"for \(long long (tb\d+) = 0; \1 < \w+; \1 \+= {256 // lanes}\)", src), src
+    offsets = [int(o) for o in re.findall(r"__shfl_xor_sync\(0xffffffffu, acc\d+, (\d+)\)", src)]
+    assert offsets == [lanes >> k for k in range(1, lanes.bit_length())], offsets
+    opencl = OPENCL_TARGET.render(OPENCL_TARGET.launched(optimize(sched.kernels[0].ast, "opencl"))).source
+    assert len(re.findall(rf"for \(.*< {D}L", opencl)) == 1, opencl
 
 
 @pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
@@ -108,6 +127,36 @@ def test_the_emulated_cuda_kernel_equals_numpy(dtype, pos):
     args, sched = _kernel(dtype, pos, context=48)
     (kernel,) = sched.kernels
     src = CUDA_TARGET.render(CUDA_TARGET.launched(optimize(kernel.ast, "cuda")))
+    bufs = {i: a.ravel() for i, a in zip(sched.inputs, args)}
+    out = np.zeros(sched.buffers[kernel.buffers[0]].max_size, dtype)
+    cuda_emulation.run(src, [out] + [bufs[i] for i in kernel.buffers[1:]])
+    want = _reference(args, pos)
+    _check(out.reshape(want.shape), want, dtype)
+
+
+DECODE_POSITIONS = (0, 1, 31, 256, 511)   # one position, a team's, a warp's, past a pass of 256, the context's last
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+def test_decode_attention_on_opencl_equals_numpy_at_every_pass(dtype):
+    """A context of 512 (SmolLM2's decode bench) on opencl (a work-item a score, the row's passes of 256): NumPy's
+    values at positions that end the row inside a team, a warp and the second and last passes."""
+    args = _args(dtype, context=512)
+    f = pj.prepare(lambda q, k, v, pos: attend(pnp, q, k, v, pos), vars={"pos": (0, 511)}, device="opencl")
+    for pos in DECODE_POSITIONS:
+        _check(f(*args, pos), _reference(args, pos), dtype)
+
+
+@pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
+@pytest.mark.parametrize("pos", DECODE_POSITIONS)
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+def test_the_emulated_team_scores_equal_numpy(dtype, pos):
+    """The fused CUDA kernel at a context of 512, run through cuda_emulation (static positions): the scores' teams
+    (the last pass's teams past the row compute its last position and store nothing) equal NumPy."""
+    args, sched = _kernel(dtype, pos, context=512)
+    (kernel,) = sched.kernels
+    src = CUDA_TARGET.render(CUDA_TARGET.launched(optimize(kernel.ast, "cuda")))
+    assert "__shfl_xor_sync(0xffffffffu, acc" in src.source
     bufs = {i: a.ravel() for i, a in zip(sched.inputs, args)}
     out = np.zeros(sched.buffers[kernel.buffers[0]].max_size, dtype)
     cuda_emulation.run(src, [out] + [bufs[i] for i in kernel.buffers[1:]])
