@@ -85,7 +85,7 @@ def emit_rows(r, store: UOp):
         r.emit(f"if (lid == 0) {line}")
         return
     cols = list(rows.cols)
-    per = run_length(cols, rows.run)
+    per = 1 if rows.columns else run_length(cols, rows.run)   # (a column's total reads a partial a slice: one a lane)
     _each_pass(r, "c", as_uop(sym_prod(c.src[0] for c in cols)), per, ("lid", rows.group),
                lambda: r.consecutive("c", cols, per, lambda: r.emit(r.store_line(store))))
 
@@ -233,16 +233,19 @@ def _column_partials(r, u: UOp):
 
 
 def _column_total(r, u: UOp, acc: str) -> str:
-    """Column reduction `u` at the columns bound in scope: its partials (`_column_partials`) added in slice order."""
+    """Column reduction `u` at the columns bound in scope: its partials (`_column_partials`) read together and added
+    pairwise (neighbouring slices first, then those sums: a tree as deep as the slices' count's log, not a chain)."""
     rows, name = r.rows, r.row_operands[u][0][1]
     flat = "0"
     for c in rows.cols:
         flat = f"({flat}) * {c.src[0].arg} + {r.value(c)}"
     width = rows.column_runs * run_length(list(rows.cols), rows.run)
     at = r.let(dtypes.int32, flat, "col")
-    r.emit(f"{acc} = {name}[{at}];")
-    for j in range(1, rows.slices):
-        r.emit(f"{acc} = {r.combine(u.arg, u.dtype.compute, acc, f'{name}[{j * width} + {at}]')};")
+    dt = u.dtype.compute
+    sums = [r.let(dt, f"{name}[{j * width} + {at}]" if j else f"{name}[{at}]", "cs") for j in range(rows.slices)]
+    while len(sums) > 1:
+        sums = [r.combine(u.arg, dt, a, b) for a, b in zip(sums[::2], sums[1::2])] + sums[len(sums) & ~1:]
+    r.emit(f"{acc} = {sums[0]};")
     return acc
 
 

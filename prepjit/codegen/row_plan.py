@@ -193,9 +193,15 @@ def row_plan(ast: UOp, items: int = 1, warp_rows: int = 1) -> Rows | None:
 def _column_plan(hoisted: list, rows: tuple, cols: tuple, columns: tuple, items: int) -> Rows | None:
     """The row kernel of a kernel with column reductions (softmax_contraction.py): a row a work-group (the row's
     values live in local memory), covering each run of columns at least once; None (each work-item computes its
-    outputs inline) where the columns are not static or more runs than the largest group."""
+    outputs inline) where the columns are not static or more runs than the largest group. Where the dialect's
+    work-items take runs (`items` > 1), a run is LOAD_BYTES of the narrowest element the column reductions load (a
+    bfloat16 value row's 8 columns: one 16-byte load), so more slices of the positions share the group (p @ V over
+    257 positions: 9 a work-item, not 17)."""
     if not all(c.src[0].op is Ops.CONST for c in cols):
         return None
+    if items > 1:
+        items = max(1, LOAD_BYTES // min((x.dtype.itemsize for u in columns for x in u.src[0].toposort()
+                                          if x.op is Ops.LOAD), default=4))
     probe = Rows(frozenset(hoisted), (), rows, cols, REDUCE_GROUP, 1, items, columns)
     work = max([probe.column_runs] + [_length(u) for u in (*hoisted, *columns)])
     group = min(REDUCE_GROUP, max(WARP, 1 << (work - 1).bit_length()))

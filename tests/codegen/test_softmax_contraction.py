@@ -118,6 +118,27 @@ def test_the_scores_are_team_work(dtype, lanes):
     assert len(re.findall(rf"for \(.*< {D}L", opencl)) == 1, opencl
 
 
+def test_p_at_v_takes_16_byte_runs_and_adds_its_partials_pairwise():
+    """bfloat16 values on CUDA: p @ V's work-items take runs of 8 columns (one 16-byte load of a value row), so the
+    group's 256 take 32 slices of the positions (9 a work-item at 257 positions; runs of 4: 16 slices, 17 each); a
+    column's total reads its 32 partials together and adds them pairwise (5 levels, not a chain of 31 adds), a
+    work-item a column."""
+    _, sched = _kernel(ml_dtypes.bfloat16)
+    launched = CUDA_TARGET.launched(optimize(sched.kernels[0].ast, "cuda"))
+    assert launch_of(launched) == ("rows", 256, 1, 8)
+    rows = row_plan.rows_of(launched, 256, 1, 8)
+    assert rows.column_runs == D // 8 and rows.slices == 32
+    src = CUDA_TARGET.render(launched).source
+    partials = re.findall(r"float (cs\d+) = cp\d+\[", src)
+    assert len(partials) == 32, src
+    depth = dict.fromkeys(partials, 0)
+    for out, a, b in re.findall(r"float (t\d+) = (\w+) \+ (\w+);", src):
+        if a in depth and b in depth:
+            depth[out] = max(depth[a], depth[b]) + 1
+    assert max(depth.values()) == 5, src
+    assert "const long long c = lid;" in src, src   # (a column a work-item)
+
+
 @pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
 @pytest.mark.parametrize("pos", [0, 39, 36])
 @pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
