@@ -33,20 +33,27 @@ def split_blocks(ast: UOp) -> UOp:
     k = red.src[-1]
     if k.op is not Ops.RANGE or k.arg[1] != "reduce" or const_end(k) is None:
         return ast
-    body, outer = red.src[0], []
     axis = max(u.arg[0] for u in ast.toposort() if u.op is Ops.RANGE) + 1
+    body, (*outer, k) = split_at_blocks(red.src[0], k, axis)
+    if not outer or _divisors(body, k):
+        return ast
+    lanes = split_lanes(body, k, k.arg[0] + 1)
+    if lanes is None:
+        return ast
+    body, steps, lane = lanes
+    return ast.substitute({red: UOp(Ops.REDUCE, red.dtype, (body, *red.src[1:-1], *outer, *steps, lane), red.arg)})
+
+
+def split_at_blocks(body: UOp, k: UOp, axis: int) -> tuple[UOp, list[UOp]]:
+    """(`body` over reduce range `k` split at the blocks it indexes by (see the module docstring: k = kb * B + kl,
+    then kl the same way), the ranges k became, outermost first, numbered from `axis`): ([k] where nothing splits)."""
+    outer = []
     while (block := _block(body, k)) is not None:
         kb = UOp(Ops.RANGE, dtypes.index, (UOp.const(const_end(k) // block),), (axis, "reduce"))
         kl = UOp(Ops.RANGE, dtypes.index, (UOp.const(block),), (axis + 1, "reduce"))
         body, k, axis = _simplified_indices(body.substitute({k: kb * block + kl})), kl, axis + 2
         outer.append(kb)
-    if not outer or _divisors(body, k):
-        return ast
-    lanes = split_lanes(body, k, axis)
-    if lanes is None:
-        return ast
-    body, steps, lane = lanes
-    return ast.substitute({red: UOp(Ops.REDUCE, red.dtype, (body, *red.src[1:-1], *outer, *steps, lane), red.arg)})
+    return body, [*outer, k]
 
 
 def split_lanes(body: UOp, k: UOp, axis: int) -> tuple[UOp, list[UOp], UOp] | None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from ..uop import Ops, UOp, dtypes
 from .optimize import DEFAULT_BLOCKING, Blocking
-from .row_plan import row_plan, share_passes
+from .row_plan import row_plan, share_passes, split_matvec_blocks
 from .render_tiles import fragment_kind, match_contraction
 
 WARP_ROWS = 4             # rows of one warp each a work-group packs (dialects with shuffles)
@@ -37,7 +37,7 @@ def launch(ast: UOp, dialect, blocking: Blocking = DEFAULT_BLOCKING) -> UOp:
         if fragments is not None:
             return _with_launch(ast, ("tile", contraction.tm, contraction.tn, 1, fragments))
         return _with_launch(ast, ("tile", contraction.tm, contraction.tn, contraction.splits))
-    ast = share_passes(ast, dialect.items_per_thread, warp_rows(dialect))
+    ast = share_passes(split_matvec_blocks(ast, warp_rows(dialect)), dialect.items_per_thread, warp_rows(dialect))
     rows = row_plan(ast, dialect.items_per_thread, warp_rows(dialect))
     if rows is not None:
         return _with_launch(ast, ("rows", rows.group, rows.pack, rows.run))

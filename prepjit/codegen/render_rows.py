@@ -15,7 +15,8 @@ depends on (a fused norm's mean of squares: uniform) is computed by the whole wo
 rows, once (its warps' partials combined through local memory after one barrier, in a fixed order, so every
 work-group has the same value), before the warps past the last row leave. So are a matvec's operand parts that no
 output depends on and that compute something (the normalised row, SiLU(gate) * up): into a local array of the row's
-length (up to SHARED_OPERAND_MAX), which every warp then reads, after one more barrier.
+length (up to SHARED_OPERAND_MAX; a warp's runs side by side, `_operand_at`), which every warp then reads,
+after one more barrier.
 
 A kernel with column reductions (a softmax's p @ V over its row's max and sum: softmax_contraction.py) computes the
 parts of the row's reductions' operands that hold a reduction of their own (the scores) once into local memory, the
@@ -301,10 +302,22 @@ def _shared_operand(r, x: UOp, ranges: list[UOp], count: int) -> str:
     work-items splitting them; returns the array's name."""
     name, flat, per = f"op{r.n}", f"g{r.n}", run_length(ranges, r.rows.run)
     r.n += 1
-    r.locals.append(r.d.local_array.format(type=r.d.ctype(x.dtype), name=name, n=count) + ";")
-    store = _by_element(per, lambda e: r.emit(f"{name}[{flat} + {e}] = {r.value(x)};"))
+    span = WARP * per if per > 1 else 1   # (`_operand_at` places whole spans of a warp's runs)
+    r.locals.append(r.d.local_array.format(type=r.d.ctype(x.dtype), name=name, n=-(-count // span) * span) + ";")
+    store = _by_element(per, lambda e: r.emit(f"{name}[{_operand_at(flat, e, per)}] = {r.value(x)};"))
     _each_pass(r, flat, as_uop(count), per, ("tid", r.rows.size), lambda: r.consecutive(flat, ranges, per, store))
     return name
+
+
+def _operand_at(flat: str, e: int, per: int) -> str:
+    """Where element `e` of the run of `per` at flat index `flat` (a multiple of `per`) of a shared operand lies in
+    its local array: element e of a warp's 32 runs side by side, e + 1 a warp's width on, so that a warp's load of
+    one element of each lane's run reads one contiguous span, no two lanes in one bank (as runs lie in the row, a
+    quantized matvec's 16 floats put 16 lanes in each bank at every load, bfloat16's 8 put 8)."""
+    if per == 1:
+        return f"{flat} + {e}"
+    span = WARP * per
+    return f"{flat} / {span} * {span} + {flat} / {per} % {WARP} + {e * WARP}"
 
 
 def _by_element(per: int, body):
@@ -354,10 +367,12 @@ def reduce_together(r, u: UOp, acc: str) -> str:
         _each_element(r, lambda: r.emit(f"{acc} = {r.combine(u.arg, dt, acc, r.value(u.src[0]))};"))
         return _combine_group(r, u.arg, dt, acc, team)
     flat, per = f"f{r.n}", run_length(ranges, r.rows.run)
-    held = r.row_operands.get(u, [])
+    held = r.row_operands.get(u, [])   # (computed once: with rows packed, by _shared_operands, else _row_arrays)
+    packed = r.rows.pack > 1
 
     def element(e: int):
-        r.scopes[-1].update({x: f"{name}[{flat} + {e}]" for x, name in held})   # (computed once per group)
+        r.scopes[-1].update({x: f"{name}[{_operand_at(flat, e, per) if packed else f'{flat} + {e}'}]"
+                             for x, name in held})
         r.emit(f"{acc} = {r.combine(u.arg, dt, acc, r.value(u.src[0]))};")
     _each_pass(r, flat, as_uop(sym_prod(x.src[0] for x in ranges)), per, team,
                lambda: r.consecutive(flat, ranges, per, _by_element(per, element)))

@@ -17,6 +17,9 @@ least MATVEC_MIN_OUTPUTS outputs: a one-row projection) get a warp per output an
 when WARP_PER_OUTPUT is on (dialects with shuffles): each lane takes runs of LOAD_BYTES of the narrowest element its
 reduction loads (8 16-bit floats, 4 float32: one 16-byte load each). A reduction no output depends on (a fused norm's
 mean of squares) is then the whole work-group's (`Rows.uniform`), computed before the reductions that read it.
+A row reduction over a quantized weight (pj.quant's blocks: its loads index its range k by k // 32, k % 16) is
+first split at the weight's blocks (`split_matvec_blocks`, where the kernel is then matvec-shaped): a lane's run of
+16 one-byte quants stays inside a block, its in-block offsets plain ranges, its block's scale one address a run.
 
 A sum that reads a row's reductions and depends on columns they do not (a softmax's p @ V over its row's max and
 sum: softmax_contraction.py) is a column reduction (`Rows.columns`): a row a work-group, whose work-items each take a
@@ -34,6 +37,7 @@ import attrs
 
 from ..uop import DType, Ops, UOp, sym_prod
 from ..uop.uop import as_uop
+from .block_split import split_at_blocks
 
 REDUCE_GROUP = 256        # the largest work-group of a row kernel (a power of two, a multiple of WARP)
 GROUP_REDUCE_MIN = 256    # reductions of more iterations than this always get a work-group per row
@@ -159,6 +163,31 @@ def _matvec_run(hoisted: list, rows: tuple, cols: tuple, warp_rows: int) -> int 
     while any(u.src[-1].src[0].arg % run for u in hoisted):
         run //= 2
     return run
+
+
+def split_matvec_blocks(ast: UOp, warp_rows: int = 1) -> UOp:
+    """`ast` with each row reduction's range split at the blocks of the quantized weight it reads
+    (block_split.split_at_blocks: q4_1's weight k at (k // 32) * 20 + k % 16 + 4, shifted by (k % 32) // 16 * 4,
+    over ranges (kb, kh, kl) of (k / 32, 2, 16) reads kb * 20 + kl + 4 shifted by kh * 4) where the kernel split so is
+    matvec-shaped (`_matvec_run`): a lane's run is then the innermost range's (one block's neighbouring bytes, the
+    block's scale at one address for the whole run), in the same flat order as before (the same sums); `ast` itself
+    elsewhere."""
+    hoisted, rows, cols, _ = _hoisted(ast)
+    if cols or not rows:
+        return ast
+    axis = max(u.arg[0] for u in ast.toposort() if u.op is Ops.RANGE) + 1
+    split = {}
+    for u in hoisted:
+        if len(u.src) != 2 or u.src[1].src[0].op is not Ops.CONST or free_ranges(u).isdisjoint(rows):
+            continue
+        body, ranges = split_at_blocks(u.src[0], u.src[1], axis)
+        if len(ranges) > 1:
+            split[u] = UOp(Ops.REDUCE, u.dtype, (body, *ranges), u.arg)
+            axis = ranges[-1].arg[0] + 1
+    if not split:
+        return ast
+    out = ast.substitute(split)
+    return out if _matvec_run(*_hoisted(out)[:3], warp_rows) is not None else ast
 
 
 def row_plan(ast: UOp, items: int = 1, warp_rows: int = 1) -> Rows | None:

@@ -2,6 +2,9 @@
 prologue, gets a warp per output and MATVEC_WARPS outputs a work-group on dialects with shuffles (lanes take 16-byte
 runs, combined by shuffles; the norm's mean of squares computed once per work-group), and computes what NumPy does on
 every device and, for CUDA, through cuda_emulation. Rows that combine through local memory are a work-group's each."""
+import math
+import re
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -14,6 +17,7 @@ from prepjit.codegen.render_cuda import CUDA, render_cuda
 from prepjit.codegen.render_opencl import render_opencl
 from prepjit.codegen.schedule import schedule
 from prepjit.codegen.targets import CUDA_TARGET
+from prepjit.uop import Ops
 
 from . import cuda_emulation
 
@@ -138,3 +142,97 @@ def test_quantized_matvecs_get_a_warp_per_output(kind):
     cuda_emulation.run(render_cuda(launched), [out] + [bufs[i] for i in kern.buffers[1:]])
     want = np.asarray(pj.prepare(fn, device="cpu")(x, g, blocks)).ravel()
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def _quantized_projection(kind: str, operand: str):
+    """(fn, args): a normalised row (the head's shape scaled down: `norm`) or attention's heads read through a swap
+    of their axes, plus a residual (the o projection's: `heads`), times a pj.quant weight of OUTPUTS rows."""
+    rng = np.random.default_rng(5)
+    x, g = rng.standard_normal((1, 576)).astype(np.float32), rng.standard_normal(576).astype(np.float32)
+    blocks = pj.quant.quantize(rng.standard_normal((OUTPUTS, 576)).astype(np.float32), kind)
+    if operand == "norm":
+        return (lambda x, g, b: (x / pnp.sqrt(pnp.mean(x * x) + 1e-5) * g) @ pj.quant.dequantize(b, kind).T,
+                (x, g, blocks))
+    ctx = x.reshape(3, 3, 64, 1)
+    return (lambda h, ctx, b: h[:OUTPUTS] + pnp.swapaxes(ctx, 0, 1).reshape(576) @ pj.quant.dequantize(b, kind).T,
+            (g, ctx, blocks))
+
+
+def _numpy_projection(kind: str, operand: str, args):
+    a, b = (np.asarray(v, np.float64) for v in args[:2])
+    w = pj.quant.dequantize(args[2], kind).astype(np.float64)
+    if operand == "norm":
+        return ((a / np.sqrt((a * a).mean() + 1e-5) * b) @ w.T).ravel()
+    return a[:OUTPUTS] + np.swapaxes(b, 0, 1).reshape(576) @ w.T
+
+
+@pytest.mark.parametrize("operand", ["norm", "heads"])
+@pytest.mark.parametrize("kind", ["q8_0", "q4_1"])
+def test_quantized_matvecs_compute_numpys_projection(device, kind, operand):
+    """A one-row projection over a quantized weight, of a normalised row or of heads read through a swap of their
+    axes, equals NumPy's on every device."""
+    fn, args = _quantized_projection(kind, operand)
+    want = _numpy_projection(kind, operand, args)
+    got = np.asarray(pj.prepare(fn, device=device)(*args)).astype(np.float64).ravel()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
+@pytest.mark.parametrize("operand", ["norm", "heads"])
+@pytest.mark.parametrize("kind, inner", [("q8_0", (32,)), ("q4_1", (2, 16))])
+def test_quantized_matvecs_split_their_range_at_the_blocks(kind, inner, operand):
+    """The same projections are a warp per output on CUDA, the row reduction over ranges split at the weight's blocks
+    (row_plan.split_matvec_blocks: a lane's run of 16 stays in one block, its loads a constant offset apart, the
+    block's scale at one address for the run, no division or modulo left in any index). Before, the heads'
+    projection (no load along the unsplit range) was a work-group of 160 per output and the norm's read each
+    element's scale at (k // 32) * B. The emulated kernel equals NumPy's projection."""
+    fn, args = _quantized_projection(kind, operand)
+    traced = pj.trace(fn, *args)
+    sched = schedule(list(traced.outputs), list(traced.inputs))
+    (kern,) = sched.kernels
+    launched = CUDA_TARGET.launched(optimize(kern.ast, "cuda"))
+    assert gpu_launch.launch_of(launched) == ("rows", row_plan.WARP, row_plan.MATVEC_WARPS, 16)
+    (matvec,) = [u for u in launched.toposort() if u.op is Ops.REDUCE and len(u.src) > 2]
+    ends = tuple(r.src[0].arg for r in matvec.src[1:])   # (the heads' split at 192 and 64 too: 3, 3, 2, ...)
+    assert ends[-len(inner):] == inner and math.prod(ends) == 576
+    assert not [u for u in launched.toposort() if u.op in (Ops.IDIV, Ops.MOD)]
+    bufs = {i: np.ascontiguousarray(a).ravel() for i, a in zip(sched.inputs, args)}
+    out = np.zeros(OUTPUTS, np.float32)
+    cuda_emulation.run(render_cuda(launched), [out] + [bufs[i] for i in kern.buffers[1:]])
+    want = _numpy_projection(kind, operand, args)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def _places(source: str, flat: str, per: int, lanes: int, start: int = 0) -> list[list[int]]:
+    """For each local-array access `opN[...]` of the flat index `flat` in `source`, the element each of `lanes`
+    work-items (their run at flat = start + lane * per) reaches."""
+    found = re.findall(rf"op\d+\[({flat} [^\]]*)\]", source)
+    return [[eval(expr.replace("/", "//"), {flat: start + lane * per}) for lane in range(lanes)] for expr in found]
+
+
+@pytest.mark.parametrize("dtype, kind, per", [("bfloat16", None, 8), ("float32", "q4_1", 16), ("float32", "q8_0", 16)])
+def test_a_warps_reads_of_the_shared_operand_are_side_by_side(dtype, kind, per):
+    """The normalised row a matvec's warps read from local memory (computed once per work-group) lies so that each
+    load of a warp (its lanes each at element e of their run) reads 32 neighbouring words: no two lanes in one bank
+    (as the row lies, runs of 16 floats a lane put 16 lanes in a bank at each load, of 8 put 8: fails before); the
+    work-group's stores fill the array, each element once."""
+    if kind is None:
+        _, kern = _one_kernel(True, _args(576, DTYPES[dtype]))
+        ast = kern.ast
+    else:
+        fn, args = _quantized_projection(kind, "norm")
+        traced = pj.trace(fn, *args)
+        (kern,) = schedule(list(traced.outputs), list(traced.inputs)).kernels
+        ast = kern.ast
+    launched = CUDA_TARGET.launched(optimize(ast, "cuda"))
+    assert gpu_launch.launch_of(launched)[3] == per
+    source = CUDA_TARGET.render(launched).source
+    head, reads = source.split("return;")
+    (read_flat,) = set(re.findall(r"op\d+\[(f\d+) ", reads))
+    loads = _places(reads, read_flat, per, row_plan.WARP)
+    assert len(loads) >= per and all(p == list(range(p[0], p[0] + row_plan.WARP)) for p in loads)
+    (store_flat,) = set(re.findall(r"op\d+\[(g\d+) ", head))
+    size = int(re.search(r"float op\d+\[(\d+)\]", source).group(1))
+    group = row_plan.WARP * row_plan.MATVEC_WARPS   # (one pass of the work-group's runs covers the row of 576)
+    stored = [p for place in _places(head, store_flat, per, group) for lane, p in enumerate(place) if lane * per < 576]
+    assert len(stored) == len(set(stored)) == 576 and max(stored) < size
