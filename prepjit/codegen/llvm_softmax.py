@@ -30,6 +30,13 @@ are loaded once for the group (the group's dot products one vector sum, its p @ 
 group x column vectors), where those sums fit the vector registers. Each row's max and sum stay its own lone sum,
 so the bits are those of a step a row.
 
+A softmax read in parts (a prefill's attention: the cached blocks' positions and the chunk's own window, each a
+sum of its own: p_cached @ V + p_own @ v_own) has arrays per part, filled in the order the reductions need them
+(both parts' scores before either's exponentials: the row's max reads both). A fill computed from row arrays
+alone (the exponentials, the probabilities) runs over its positions rounded up to the lanes (the arrays are laid
+out so): a short var trip count (a window of 14) is then one vector step, not LLVM's vector epilogue and scalar
+remainder of a 40-instruction exp each; what it writes past the positions is never read.
+
 The schedule asks softmax_contraction.py on every target which softmaxes to compute inside their contraction, so
 this lowering takes every kernel that gives: a row of any rank (a batch's rows x heads, one row alone), scores
 computed or loaded. The one it leaves (None) has no columns (p @ w with a vector w): the generic loop nest then
@@ -69,38 +76,43 @@ def softmax_rows(ast: UOp, target: CPUTarget) -> UOp | None:
     if len(rows) != 1 or any(not (free[u] < loops or free[u] == loops) for u in positional):
         return None
     row = next(iter(rows))  # (empty: one softmax row)
-    positions = {u.src[1:] for u in positional}
-    if len(positions) != 1 or row == loops or not any(free[u] == loops for u in positional):
+    parts = list(dict.fromkeys(u.src[1:] for u in positional))  # each part's positions (a prefill: cached, own)
+    if row == loops or not any(free[u] == loops for u in positional):
         return None  # (no contraction: a value of the row's own reductions)
-    positions = next(iter(positions))
-    extents = [_max_end(r) for r in positions]
-    if math.prod(extents) > SOFTMAX_ROW_MAX:
+    extents = {p: [_max_end(r) for r in p] for p in parts}
+    if sum(math.prod(e) for e in extents.values()) > SOFTMAX_ROW_MAX:
         return None
     columns = loops - row
     width = target.lanes(4)
-    shared = _shared_rows(value, row, positions, free, _column_vectors(columns, width), target)
+    every = [r for p in parts for r in p]  # the positions' ranges of every part
+    shared = _shared_rows(value, row, every, free, _column_vectors(columns, width), target)
     together = [_max_end(r) for r in shared]  # the rows one loop step computes: each position's loads shared
+    layout = {p: together + e[:-1] + [-(-e[-1] // width) * width] for p, e in extents.items()}  # (rows padded)
     arrays: list[UOp] = []  # the row arrays' stores, in order
     axis = first + 1000     # past the canonical ranges
     while True:
-        part = _next_part(value, positions, columns, free)
-        if part is None:
+        found = _next_part(value, parts, columns, free)
+        if found is None:
             break
-        scratch = UOp(Ops.DEFINE_LOCAL, part.dtype, (), (len(arrays), math.prod(together + extents)))
-        own = [UOp(Ops.RANGE, dtypes.index, r.src, (axis + k, "serial")) for k, r in enumerate(positions)]
+        part, positions = found
+        scratch = UOp(Ops.DEFINE_LOCAL, part.dtype, (), (len(arrays), math.prod(layout[positions])))
+        ends = [r.src[0] for r in positions]
+        if not any(u.op is Ops.DEFINE_GLOBAL for u in part.toposort()):  # computed from row arrays alone
+            ends[-1] = simplify((ends[-1] + (width - 1)) // width * width)
+        own = [UOp(Ops.RANGE, dtypes.index, (end,), (axis + k, "serial")) for k, end in enumerate(ends)]
         axis += len(positions)
-        kept = {u: u for u in part.toposort() if u.op is Ops.REDUCE and u.src[1:] == positions}  # (the row's)
-        arrays.append(UOp(Ops.STORE, dtypes.bool, (scratch, simplify(linear_index(shared + own, together + extents)),
+        kept = {u: u for u in part.toposort() if u.op is Ops.REDUCE and u.src[1:] in parts}  # (the row's)
+        arrays.append(UOp(Ops.STORE, dtypes.bool, (scratch, simplify(linear_index(shared + own, layout[positions])),
                                                    part.substitute({**kept, **dict(zip(positions, own))}))))
         value = value.substitute({part: UOp(Ops.LOAD, part.dtype, (scratch, simplify(linear_index(
-            shared + list(positions), together + extents))))})
+            shared + list(positions), layout[positions]))))})
         free = free_ranges(value.toposort())
     if not arrays:
         return None
     out = UOp(Ops.STORE, store.dtype, (store.src[0], store.src[1], value))
-    lowered = _lanes(UOp(Ops.SINK, ast.dtype, (*arrays, out), ast.arg), positions, columns, width, axis)
-    lowered = _unrolled(lowered, shared, row, positions, axis + 1)
-    return _one_row_loop(lowered, sorted(row - set(shared), key=lambda r: r.arg[0]), axis + 1 + len(positions) *
+    lowered = _lanes(UOp(Ops.SINK, ast.dtype, (*arrays, out), ast.arg), parts, columns, width, axis)
+    lowered = _unrolled(lowered, shared, row, parts, axis + 1)
+    return _one_row_loop(lowered, sorted(row - set(shared), key=lambda r: r.arg[0]), axis + 1 + len(every) *
                          math.prod(together))
 
 
@@ -112,7 +124,7 @@ def _column_vectors(columns: frozenset, width: int) -> int:
     return extent // width if extent and extent % width == 0 and extent // width <= MAX_VECTORS else 1
 
 
-def _shared_rows(value: UOp, row: frozenset, positions: tuple, free: dict, vectors: int,
+def _shared_rows(value: UOp, row: frozenset, positions: list, free: dict, vectors: int,
                  target: CPUTarget) -> list[UOp]:
     """The ranges of the row (outermost first) that no load over the positions reads (grouped-query attention:
     the query heads of one kv head read the same keys and values), of constant extents: one loop step computes
@@ -125,23 +137,25 @@ def _shared_rows(value: UOp, row: frozenset, positions: tuple, free: dict, vecto
     return shared if 1 < rows and rows * vectors <= target.vector_registers - SPARE_REGISTERS else []
 
 
-def _unrolled(ast: UOp, shared: list[UOp], row: frozenset, positions: tuple, axis: int) -> UOp:
+def _unrolled(ast: UOp, shared: list[UOp], row: frozenset, parts: list[tuple], axis: int) -> UOp:
     """`ast` with its stores repeated for each value of the `shared` row ranges (one after another: the copies of
-    a row array's store share its loops, those of the contraction's one reduction loop). A row's own reductions
-    over the positions (its max, its sum: no column's) get ranges of their own per row, so each is the sum it was
-    alone (a lone float sum: reassociated, vectorised)."""
+    a row array's store share its loops, those of the contraction's one reduction loop per part). A row's own
+    reductions over a part's positions (its max, its sum: no column's) get ranges of their own per row, so each is
+    the sum it was alone (a lone float sum: reassociated, vectorised)."""
     if not shared:
         return ast
     copies = []
+    every = [r for p in parts for r in p]
     for k, at in enumerate(itertools.product(*(range(_max_end(r)) for r in shared))):
         fixed = [s.substitute({r: UOp.const(v) for r, v in zip(shared, at)}) for s in ast.src]
-        own = [UOp(Ops.RANGE, dtypes.index, r.src, (axis + k * len(positions) + j, "reduce"))
-               for j, r in enumerate(positions)]
+        own = {r: UOp(Ops.RANGE, dtypes.index, r.src, (axis + k * len(every) + j, "reduce"))
+               for j, r in enumerate(every)}
         renamed = {}
         for s in fixed:
             free = free_ranges(s.toposort())
-            renamed.update((u, UOp(Ops.REDUCE, u.dtype, (u.src[0].substitute(dict(zip(positions, own))), *own), u.arg))
-                           for u in free if u.op is Ops.REDUCE and u.src[1:] == positions and free[u] <= row)
+            renamed.update((u, UOp(Ops.REDUCE, u.dtype, (u.src[0].substitute(own), *(own[r] for r in u.src[1:])),
+                                   u.arg))
+                           for u in free if u.op is Ops.REDUCE and u.src[1:] in parts and free[u] <= row)
         copies.append([s.substitute(renamed) for s in fixed])
     arrays = len(ast.src) - sum(1 for s in ast.src if s.src[0].op is Ops.DEFINE_GLOBAL)
     ordered = [c[i] for i in range(arrays) for c in copies] + [c[i] for c in copies for i in range(arrays,
@@ -154,17 +168,17 @@ def _nested(reduce: UOp) -> bool:
     return any(u.op is Ops.REDUCE for u in reduce.src[0].toposort())
 
 
-def _next_part(value: UOp, positions: tuple, columns: frozenset, free: dict) -> UOp | None:
-    """The first value over `positions` (innermost first) to store in a row array: a reduction's operand over
-    them, or, in a contraction (an operand that depends on the `columns`), its largest parts that do not; a load of
-    a row array is no part."""
+def _next_part(value: UOp, parts: list[tuple], columns: frozenset, free: dict) -> tuple | None:
+    """The first value over one part's positions (innermost first) to store in a row array, with those positions:
+    a reduction's operand over them, or, in a contraction (an operand that depends on the `columns`), its largest
+    parts that do not; a load of a row array is no part."""
     for red in value.toposort():
-        if red.op is not Ops.REDUCE or red.src[1:] != positions:
+        if red.op is not Ops.REDUCE or red.src[1:] not in parts:
             continue
-        body = red.src[0]
+        body, positions = red.src[0], red.src[1:]
         if not free[body] & columns:
             if _computes(body):
-                return body
+                return body, positions
             continue
         stack = [body]
         while stack:
@@ -173,7 +187,7 @@ def _next_part(value: UOp, positions: tuple, columns: frozenset, free: dict) -> 
                 if n.op is not Ops.LOAD:
                     stack.extend(n.src)
             elif _computes(n):
-                return n
+                return n, positions
     return None
 
 
@@ -214,9 +228,9 @@ def _canonical(value: UOp, first: int) -> UOp:
     return memo[value]
 
 
-def _lanes(ast: UOp, positions: tuple, columns: frozenset, width: int, axis: int) -> UOp:
-    """`ast` with the single range of each sum of products that reads no reduction and is no sum over the row's
-    `positions` (a score's dot product over the head dimension; not the row's sum nor p @ V, whose sums are over
+def _lanes(ast: UOp, parts: list[tuple], columns: frozenset, width: int, axis: int) -> UOp:
+    """`ast` with the single range of each sum of products that reads no reduction and is no sum over a part's
+    positions (a score's dot product over the head dimension; not the row's sum nor p @ V, whose sums are over
     the columns' lanes) split into steps of `width` lanes, one "lane" range (render_llvm.py: one vector; a sum over
     it adds the lanes up once), and its one column range (the contraction's output dimension) unrolled into a store
     of a vector of lanes each (a register block: their sums share each position's loads), where their extents are
@@ -224,7 +238,7 @@ def _lanes(ast: UOp, positions: tuple, columns: frozenset, width: int, axis: int
     lane = UOp(Ops.RANGE, dtypes.index, (UOp.const(width),), (axis, "lane"))
     mapping = {}
     for u in ast.toposort():
-        if u.op is Ops.REDUCE and u.arg is Ops.ADD and len(u.src) == 2 and not _nested(u) and u.src[1:] != positions \
+        if u.op is Ops.REDUCE and u.arg is Ops.ADD and len(u.src) == 2 and not _nested(u) and u.src[1:] not in parts \
                 and u.src[1].src[0].op is Ops.CONST and u.src[1].src[0].arg % width == 0:
             r = u.src[1]
             steps = UOp(Ops.RANGE, dtypes.index, (UOp.const(r.src[0].arg // width),), r.arg)

@@ -399,7 +399,7 @@ def schedule(outputs: list[UOp], inputs: list[UOp], pack_contractions: bool = Fa
     walk = kernel_roots(outputs)  # the graph and its kernel roots, walked once for every pass below
     # a softmax only a contraction over its axis reads: computed inside that kernel (a work-group a row on a GPU, a
     # loop step a row on the cpu: llvm_softmax.py)
-    found = softmax_contractions(walk[0], outputs, one_position_loop=pack_contractions)
+    found = softmax_contractions(walk[0], outputs)
     in_contractions = frozenset().union(*found.values())
     materialized = choose_materialized(outputs, row_values=not pack_contractions, walk=walk,
                                        operand_prologues=pack_contractions, in_contractions=in_contractions) | joins(

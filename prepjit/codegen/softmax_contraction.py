@@ -40,17 +40,13 @@ _GROWS = (Ops.RESHAPE, Ops.EXPAND)
 _RESULT = (Ops.RESHAPE, Ops.CAST)  # what a contraction's result passes through to its join (a bfloat16 model's rounding)
 
 
-def softmax_contractions(graph: list[UOp], outputs: list[UOp],
-                         one_position_loop: bool = False) -> dict[UOp, frozenset]:
+def softmax_contractions(graph: list[UOp], outputs: list[UOp]) -> dict[UOp, frozenset]:
     """{kernel root: the nodes computed inside its kernel} for each contraction of `graph` (kernel_roots' walk) that
     reads a softmax row along its reduced axes, where no other kernel and no output reads the row or its reductions
     (the elementwise nodes others read too, a RoPE table's row, are left out). Contractions whose softmaxes share a
     row reduction read one softmax in parts (paged attention: the cached positions' probabilities against the
     gathered values, the token's own against its value); the elementwise node that joins their results (their sum)
-    is then the kernel's root, which the schedule materialises, and the parts' contractions are among its nodes.
-    With `one_position_loop` (the cpu: llvm_softmax.py computes a row's positions in one loop), parts are joined
-    only where at most one of them sums over more than one element (decode's own token: one; a prefill chunk's own
-    window: several, left to their own kernels)."""
+    is then the kernel's root, which the schedule materialises, and the parts' contractions are among its nodes."""
     readers_of: dict[UOp, set] = {}
     for node in graph:
         for s in node.src:
@@ -75,8 +71,6 @@ def softmax_contractions(graph: list[UOp], outputs: list[UOp],
         root = group[0] if len(group) == 1 else _join(group, readers_of)
         if root is None:
             continue  # parts no one node joins: each part's kernel would compute the whole softmax
-        if one_position_loop and sum(_summed(c) > 1 for c in group) > 1:
-            continue  # parts over positions of their own: not one loop over the row's positions
         nodes = frozenset().union(*(parts[c][0] for c in group))
         inside = nodes | set(group) | set().union(*(parts[c][2] for c in group)) | _between(group, root)
         probabilities = {parts[c][1] for c in group}
