@@ -20,15 +20,21 @@ Every value and rounding of the graph stays (a bfloat16 model's rounded probabil
 same reduction read in several places is one node after `_canonical` names every reduction's ranges by its
 depth and extents), so a row's bits depend on its own inputs only. The contraction's and the dot products' sums
 are vectorised over the target's lanes where the dimension is a multiple of them; the loops filling a1 and a2
-(scalar here) and the row's max and sum are vectorised by LLVM's loop and SLP vectorisers (16 lanes on AVX-512,
-exp's polynomial too: checked in the optimised IR of the paged and the one-row kernels).
+(scalar here) and the row's max are vectorised by LLVM's loop and SLP vectorisers (16 lanes on AVX-512, exp's
+polynomial too: checked in the optimised IR of the paged and the one-row kernels). The row's sum over a part's
+positions is a sum over lanes (`_lanes`): its positions rounded up to whole vectors (the arrays are laid out so),
+masked to 0 past the part's end, a vector accumulator a lane added up once. Its order is then fixed by the lanes,
+not by the trip count: a batch's rows see positions they do not have (a wider table than theirs, a window longer
+than their chunk), exact zeros, and LLVM's own vectorisation of a reassociated sum (the window's from 8 positions
+on, the blocks' loop from 16 blocks on) made the order, so a row's bits, follow the call's NB and window.
 
 Grouped-query attention's query heads of one kv head read the same keys and values: the row ranges no load over
 the positions reads (`_shared_rows`: the group) are not steps of the parallel loop but computed by one step
 together, each store repeated per query row (`_unrolled`), so a gathered key row, value row and block-table entry
 are loaded once for the group (the group's dot products one vector sum, its p @ V one register block of
-group x column vectors), where those sums fit the vector registers. Each row's max and sum stay its own lone sum,
-so the bits are those of a step a row.
+group x column vectors), where those sums fit the vector registers. Each row's max stays its own lone reduction and
+its sum over lanes adds its lanes up as alone (llvm_reductions' lanes_added_up), so the bits are those of a step a
+row.
 
 A softmax read in parts (a prefill's attention: the cached blocks' positions and the chunk's own window, each a
 sum of its own: p_cached @ V + p_own @ v_own) has arrays per part, filled in the order the reductions need them
@@ -111,8 +117,9 @@ def softmax_rows(ast: UOp, target: CPUTarget) -> UOp | None:
         return None
     out = UOp(Ops.STORE, store.dtype, (store.src[0], store.src[1], value))
     lowered = _lanes(UOp(Ops.SINK, ast.dtype, (*arrays, out), ast.arg), parts, columns, width, axis)
-    lowered = _unrolled(lowered, shared, row, parts, axis + 1)
-    return _one_row_loop(lowered, sorted(row - set(shared), key=lambda r: r.arg[0]), axis + 1 + len(every) *
+    axis += 1 + len(parts)  # (the lane, the steps of each part's row sums)
+    lowered = _unrolled(lowered, shared, row, parts, axis)
+    return _one_row_loop(lowered, sorted(row - set(shared), key=lambda r: r.arg[0]), axis + len(every) *
                          math.prod(together))
 
 
@@ -140,8 +147,8 @@ def _shared_rows(value: UOp, row: frozenset, positions: list, free: dict, vector
 def _unrolled(ast: UOp, shared: list[UOp], row: frozenset, parts: list[tuple], axis: int) -> UOp:
     """`ast` with its stores repeated for each value of the `shared` row ranges (one after another: the copies of
     a row array's store share its loops, those of the contraction's one reduction loop per part). A row's own
-    reductions over a part's positions (its max, its sum: no column's) get ranges of their own per row, so each is
-    the sum it was alone (a lone float sum: reassociated, vectorised)."""
+    reductions over a part's positions (its max: no column's; its sum is over lanes, `_lanes`) get ranges of their
+    own per row, so each is the reduction it was alone (a lone one: reassociated, vectorised)."""
     if not shared:
         return ast
     copies = []
@@ -234,15 +241,28 @@ def _lanes(ast: UOp, parts: list[tuple], columns: frozenset, width: int, axis: i
     the columns' lanes) split into steps of `width` lanes, one "lane" range (render_llvm.py: one vector; a sum over
     it adds the lanes up once), and its one column range (the contraction's output dimension) unrolled into a store
     of a vector of lanes each (a register block: their sums share each position's loads), where their extents are
-    multiples of `width` (the columns at most MAX_VECTORS of them)."""
+    multiples of `width` (the columns at most MAX_VECTORS of them). A row's sum over a part's positions read from a
+    row array has the part's last range split so too, its steps `axis` + 1 on, the positions rounded up to whole
+    vectors and masked to 0 past the range's end: one order of its terms for every trip count."""
     lane = UOp(Ops.RANGE, dtypes.index, (UOp.const(width),), (axis, "lane"))
-    mapping = {}
+    mapping, steps_of = {}, {}
     for u in ast.toposort():
         if u.op is Ops.REDUCE and u.arg is Ops.ADD and len(u.src) == 2 and not _nested(u) and u.src[1:] not in parts \
                 and u.src[1].src[0].op is Ops.CONST and u.src[1].src[0].arg % width == 0:
             r = u.src[1]
             steps = UOp(Ops.RANGE, dtypes.index, (UOp.const(r.src[0].arg // width),), r.arg)
             mapping[u] = UOp(Ops.REDUCE, u.dtype, (u.src[0].substitute({r: steps * width + lane}), steps, lane), u.arg)
+        elif u.op is Ops.REDUCE and u.arg is Ops.ADD and u.dtype.is_float and u.src[1:] in parts \
+                and u.src[0].op is Ops.LOAD and u.src[0].src[0].op is Ops.DEFINE_LOCAL:
+            r = u.src[-1]  # a row's sum over a part's positions, read from a row array (laid out for whole vectors)
+            if r not in steps_of:
+                steps_of[r] = UOp(Ops.RANGE, dtypes.index, (simplify((r.src[0] + (width - 1)) // width),),
+                                  (axis + 1 + len(steps_of), "reduce"))
+            at = steps_of[r] * width + lane
+            body = u.src[0].substitute({r: at})
+            if r.src[0].op is not Ops.CONST or r.src[0].arg % width:
+                body = (at < r.src[0]).alu(Ops.WHERE, body, UOp.const(0.0, u.dtype))
+            mapping[u] = UOp(Ops.REDUCE, u.dtype, (body, *u.src[1:-1], steps_of[r], lane), u.arg)
     ast = ast.substitute(mapping)
     column = next(iter(columns))
     extent = column.src[0].arg if len(columns) == 1 and column.src[0].op is Ops.CONST else 0

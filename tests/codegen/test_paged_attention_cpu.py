@@ -143,7 +143,7 @@ def test_every_softmax_the_cpu_fuses_into_its_contraction_is_lowered_so(rng, cas
     np.testing.assert_allclose(np.asarray(got), fn(np, *args), rtol=1e-5, atol=1e-5)
 
 
-def _chunk_attention(xp, q, k, v, pos, offset, table, k_pool, v_pool, window):
+def _chunk_attention(xp, q, k, v, pos, offset, table, k_pool, v_pool, window, dtype=np.float32):
     """prefill_batch's attention of one layer: tokens q (T, KV, group, 1, hd) of chunks side by side, token t the
     offset[t]-th of its chunk, against its cached blocks and, through a window of `window` rows back from its own,
     the keys k and values v (T, KV, hd) of its chunk up to itself: a softmax in two parts, each summing over
@@ -156,7 +156,7 @@ def _chunk_attention(xp, q, k, v, pos, offset, table, k_pool, v_pool, window):
     own = cast(xp.einsum("tkgqd,twkd->tkgqw", q, k_own) * (1 / math.sqrt(HD)), np.float32)
     own = xp.where((back[None, :] <= offset[:, None])[:, None, None, None], own, llama_paged.MASKED)
     cached = llama_paged._cached_scores(xp, q, k_pool[table], _visible(xp, pos - offset, table), HD)
-    return llama_paged._attend(xp, cached, own, v_pool[table], v_own, np.float32)
+    return llama_paged._attend(xp, cached, own, v_pool[table], v_own, dtype)
 
 
 def chunk_attention(q, k, v, pos, offset, table, k_pool, v_pool, window):
@@ -179,8 +179,7 @@ def test_a_prefill_chunks_attention_is_one_kernel_on_the_cpu(rng):
     """A prefill's attention (the cached blocks' part and the chunk's own window, each over positions of its own) is
     one kernel on the cpu, softmax_rows' (was 9 a layer: the scores, maxes, exponentials, sums and quotients of each
     part in kernels of their own, 17% of a 126-token prefill of SmolLM2); NumPy's values; a chunk's rows have the
-    same bits alone (its one block) as beside a chunk with more cached blocks (a wider table). (A narrower window,
-    5 for 19, still changes the last bits of some rows, as before this kernel: the window's sums' association.)"""
+    same bits alone (its one block) as beside a chunk with more cached blocks (a wider table)."""
     f = pj.prepare(chunk_attention, vars={"T": (1, 64), "NB": (1, 8), "window": (1, 32)}, device="cpu",
                    shapes={"q": ("T", KV, GROUP, 1, HD), "k": ("T", KV, HD), "v": ("T", KV, HD), "pos": ("T",),
                            "offset": ("T",), "table": ("T", "NB")})
@@ -192,3 +191,53 @@ def test_a_prefill_chunks_attention_is_one_kernel_on_the_cpu(rng):
     alone = [a[:5] if i < 6 else a for i, a in enumerate(args)]
     alone[5] = alone[5][:, :1]
     np.testing.assert_array_equal(np.asarray(f(*alone)), got[:5])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, "bfloat16"])
+def test_a_prefill_rows_bits_do_not_depend_on_the_window_or_the_table(rng, dtype):
+    """The engine prefills several prompts a call, the window (var) the longest chunk's, the table the widest: a
+    5-token chunk's rows have the same bits at windows 5, 8, 19, 33 and 64 and with tables of 1 to 40 blocks (the
+    positions past its own only add exact zeros). Was: windows of 8 and more changed the last bits of ~10% of the
+    float32 values (the window's row sum, a reassociated sum over a var trip count, which LLVM vectorises only from
+    8 positions: its order followed the window). float32 and a bfloat16 model's rounded probabilities; run the file
+    under PREPJIT_CPU=haswell for AVX2's 8 lanes."""
+    dt = np.float32 if dtype is np.float32 else ml_dtypes.bfloat16
+
+    def traced(q, k, v, pos, offset, table, k_pool, v_pool, window):
+        return _chunk_attention(pnp, q, k, v, pos, offset, table, k_pool, v_pool, window, dt)
+
+    f = pj.prepare(traced, vars={"T": (1, 64), "NB": (1, 40), "window": (1, 64)}, device="cpu",
+                   shapes={"q": ("T", KV, GROUP, 1, HD), "k": ("T", KV, HD), "v": ("T", KV, HD), "pos": ("T",),
+                           "offset": ("T",), "table": ("T", "NB")})
+    for cached, nb in ((0, 1), (7, 1), (40, 3)):
+        args = _chunks(rng, [5], np.array([cached]), nb)
+        want = np.asarray(f(*args), np.float32)
+        np.testing.assert_allclose(want, np.asarray(_chunk_attention(np, *args, dt), np.float32), rtol=2e-2 if
+                                   dt is not np.float32 else 1e-5, atol=2e-2 if dt is not np.float32 else 1e-5)
+        for window in (8, 19, 33, 64):
+            np.testing.assert_array_equal(np.asarray(f(*args[:-1], window), np.float32), want, f"window {window}")
+        for width in (8, 17, 40):
+            wider = list(args)
+            wider[5] = np.concatenate([args[5], np.repeat(rng.integers(0, POOL, (1, width - nb)), 5, 0)], axis=1)
+            np.testing.assert_array_equal(np.asarray(f(*wider), np.float32), want, f"{width} blocks")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, "bfloat16"])
+def test_a_decode_rows_bits_do_not_depend_on_the_table(rng, dtype):
+    """A decode row's bits are the same with its table alone (3 blocks) and padded to the batch's widest (8 to 40
+    blocks: positions it does not see, exact zeros)."""
+    dt = np.float32 if dtype is np.float32 else ml_dtypes.bfloat16
+
+    def traced(q, k, v, pos, table, k_pool, v_pool):
+        return _attention(pnp, q, k, v, pos, table, k_pool, v_pool, dt)
+
+    f = pj.prepare(traced, vars={"B": (1, 16), "NB": (1, 40)}, device="cpu",
+                   shapes={"q": ("B", KV, GROUP, 1, HD), "k": ("B", KV, HD), "v": ("B", KV, HD), "pos": ("B",),
+                           "table": ("B", "NB")})
+    args = list(_arguments(rng, 5, 3))
+    args[3] = np.array([0, 16, 48, 1, 33])
+    want = np.asarray(f(*args), np.float32)
+    for width in (8, 17, 40):
+        wider = list(args)
+        wider[4] = np.concatenate([args[4], rng.integers(0, POOL, (5, width - 3))], axis=1)
+        np.testing.assert_array_equal(np.asarray(f(*wider), np.float32), want, f"{width} blocks")

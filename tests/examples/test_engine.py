@@ -185,6 +185,30 @@ def test_kv_pool_and_weights_stay_on_the_device(device, params):
         assert token == int(np.argmax(_numpy_logits(params, prompt + tokens[:i])))
 
 
+def test_a_prompts_prefill_logits_have_the_same_bits_beside_a_longer_prompt(params):
+    """A 5-token prompt prefilled alone and in one call beside a 27-token prompt (the call's window 27, not 5): its
+    logits have the same bits on the cpu (issue 24: a request's tokens whatever else is in the batch). Was: 52 of
+    64 logits changed in their last bits (the window's row sums' order followed the window's length)."""
+    engine = _engine(params, "cpu", prefill_chunk=32, prefill_tokens=64)
+    rng = np.random.default_rng(4)
+    short, longer = ([int(t) for t in rng.integers(0, CFG.vocab, n)] for n in (5, 27))
+
+    def prefill(prompts):
+        ids, pos, offset, table, last = [], [], [], [], []
+        for k, prompt in enumerate(prompts):
+            ids += prompt
+            pos += range(len(prompt))
+            offset += range(len(prompt))
+            table += [[k]] * len(prompt)
+            last.append(len(ids) - 1)
+        logits = engine.prefill(params, np.array(ids), np.array(pos), np.array(offset), np.array(table),
+                                np.array(last), max(map(len, prompts)), engine.pool.keys, engine.pool.values,
+                                engine.cos, engine.sin)[0]
+        return np.asarray(logits)
+
+    np.testing.assert_array_equal(prefill([short, longer])[0], prefill([short])[0])
+
+
 def test_seeded_sampling_is_independent_of_the_batch(params):
     engine = _engine(params)
     sampled = serving.Sampling(max_tokens=12, temperature=4.0, top_p=0.9, seed=7)
