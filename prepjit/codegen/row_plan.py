@@ -148,6 +148,12 @@ def _hoisted(ast: UOp) -> tuple[list, tuple, tuple, tuple]:
     return hoisted, rows, tuple(r for r in loops if r not in rows), columns
 
 
+def _load_run(reductions) -> int:
+    """LOAD_BYTES of the narrowest element `reductions` load (one 16-byte load: 8 16-bit floats, 4 float32)."""
+    return max(1, LOAD_BYTES // min((x.dtype.itemsize for u in reductions for x in u.src[0].toposort()
+                                     if x.op is Ops.LOAD), default=4))
+
+
 def _matvec_run(hoisted: list, rows: tuple, cols: tuple, warp_rows: int) -> int | None:
     """A lane's run where the kernel is matvec-shaped and gets a warp per output (see the module's docstring), else
     None: LOAD_BYTES of the narrowest element its reductions load, halved until it divides every reduction's
@@ -158,8 +164,7 @@ def _matvec_run(hoisted: list, rows: tuple, cols: tuple, warp_rows: int) -> int 
         return None
     if not all(_contiguous(u) for u in hoisted if not free_ranges(u).isdisjoint(rows)):
         return None
-    narrowest = min((x.dtype.itemsize for u in hoisted for x in u.src[0].toposort() if x.op is Ops.LOAD), default=4)
-    run = max(1, LOAD_BYTES // narrowest)
+    run = _load_run(hoisted)
     while any(u.src[-1].src[0].arg % run for u in hoisted):
         run //= 2
     return run
@@ -229,8 +234,7 @@ def _column_plan(hoisted: list, rows: tuple, cols: tuple, columns: tuple, items:
     if not all(c.src[0].op is Ops.CONST for c in cols):
         return None
     if items > 1:
-        items = max(1, LOAD_BYTES // min((x.dtype.itemsize for u in columns for x in u.src[0].toposort()
-                                          if x.op is Ops.LOAD), default=4))
+        items = _load_run(columns)
     probe = Rows(frozenset(hoisted), (), rows, cols, REDUCE_GROUP, 1, items, columns)
     work = max([probe.column_runs] + [_length(u) for u in (*hoisted, *columns)])
     group = min(REDUCE_GROUP, max(WARP, 1 << (work - 1).bit_length()))
