@@ -18,7 +18,7 @@ import numpy as np
 from ..amx_tiles import amx_tiles_permitted
 from ..errors import CompileError
 from ..llvm_cpu import compile_cpu
-from ..uop import Ops, render_python
+from ..uop import Ops, UOp, render_python
 from . import compile_pool
 from .array import Array
 from .buffer import HostBuffer
@@ -151,8 +151,9 @@ def _run_dynamic(step: DynamicStep, parts: list):
 
 
 class _VarSplit:
-    """Top-level launches of one kernel (at the same fixed values) whose size depends on the call's vars: before
-    each run, their end and chunk count in the native programs are set from the values in the VarTable."""
+    """Top-level launches of one kernel whose size depends on the call's vars, at fixed values their size and work
+    do not read (`_sizing_key`: the 30 layers' attention of a decode step, their cache offsets apart, are one):
+    their end and chunk count in the native programs are set from the values in the VarTable."""
 
     def __init__(self, launch: CPULauncher, table):
         self.launch, self.vals, self.values = launch, list(launch.pk.vals), table.values
@@ -168,6 +169,16 @@ class _VarSplit:
         chunks = launch.chunks(size, vals)
         for array, k in self.cells:
             array[k], array[k + 1] = size, chunks
+
+
+def _sizing_key(launch: CPULauncher) -> tuple:
+    """What a top-level launch sized per call shares its _VarSplit by: its kernel, the fixed values that its size
+    (the launch size) or its work (_work_fn: the ranges of the scheduled AST) read, and its var slots."""
+    kernel = launch.pk.kernel
+    exprs = [*kernel.global_size, *(u.src[0] for u in kernel.scheduled.toposort() if u.op is Ops.RANGE)]
+    read = {v.arg[0] for e in exprs if isinstance(e, UOp) for v in e.variables()}
+    fixed = tuple(value if name in read else None for name, value in zip(kernel.var_names, launch.pk.vals))
+    return launch.fn_address, fixed, tuple(launch.var_slots)
 
 
 class CPUPlanRunner:
@@ -190,7 +201,7 @@ class CPUPlanRunner:
         var_patches = [(ctypes.addressof(launch.vals) + 8 * slot, table.address + 8 * table.slot[name])
                        for launch in all_launchers for slot, name in launch.var_slots]
         self.var_table = table
-        self.var_splits: dict = {}  # (kernel fn, fixed vals, var slots) -> _VarSplit
+        self.var_splits: dict = {}  # _sizing_key -> _VarSplit
         self.entries: list = []     # (group, _VarSplit, index of the entry in its group)
         groups = self._group(steps, {}, top=True)
         first = groups.pop(0) if groups and isinstance(groups[0], list) else []
@@ -203,6 +214,8 @@ class CPUPlanRunner:
         self.rest = self._callables(groups)
         self.first_launches = self._program(first, patches=var_patches)
         self.splits = list(self.var_splits.values())
+        self.plan_vars = len(table.names)
+        self.sized_for = None  # the plan vars' values the splits' entries were last set for
 
     def _program(self, group: list, masks=(), patches=()) -> NativeProgram:
         threads = self.device.threads
@@ -249,8 +262,10 @@ class CPUPlanRunner:
                 end = launch.static_size
                 chunks = launch.chunks(end, launch.vals)
             elif top:
-                key = (launch.fn_address, tuple(launch.pk.vals), tuple(launch.var_slots))
-                split = self.var_splits.setdefault(key, _VarSplit(launch, self.var_table))
+                key = _sizing_key(launch)
+                if key not in self.var_splits:
+                    self.var_splits[key] = _VarSplit(launch, self.var_table)
+                split = self.var_splits[key]
             else:
                 groups.append(launch.run)
                 return
@@ -260,16 +275,23 @@ class CPUPlanRunner:
             self.entries.append((groups[-1], split, len(groups[-1])))
         groups[-1].append((launch.fn_address, launch.bufs_ptr, launch.vals_ptr, end, chunks))
 
+    def size_splits(self):
+        """Set the entries of the launches sized per call for the plan vars' values, unless they were last set
+        for these values (a decode step's batch size stays from step to step: no Python per such kernel)."""
+        values = self.var_table.values[:self.plan_vars]
+        if values != self.sized_for:
+            for split in self.splits:
+                split.update()
+            self.sized_for = values
+
     def run_launches(self):
-        for split in self.splits:
-            split.update()
+        self.size_splits()
         self.first_launches()
         for segment in self.rest:
             segment()
 
     def run(self, arrays: tuple) -> bool:
-        for split in self.splits:
-            split.update()
+        self.size_splits()
         if not self.native_reads:
             table = self.io_table
             for i, a in enumerate(arrays):

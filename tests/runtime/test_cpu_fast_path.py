@@ -168,6 +168,30 @@ def test_large_kernels_split_over_threads_match_numpy(rng, worker_threads):
         assert {(array[k], array[k + 1]) for array, k in split.cells} == {want}
 
 
+def test_launches_of_one_kernel_sized_per_call_are_sized_once_and_only_when_their_vars_change(rng, worker_threads):
+    """The same kernel at three buffer offsets (a layer's slice of a stacked array, as a decode step's 30 attention
+    launches): one _VarSplit sizes all three launches, and a call whose var values are the last call's sizes
+    nothing (no Python per such kernel and call)."""
+    x = _f32(rng, 1000, 3, 300)
+    g = pj.prepare(lambda x: [x[:, i].sum(axis=1) for i in range(3)], vars={"n": (1, 1000)},
+                   shapes={"x": ("n", 3, 300)}, device="cpu")
+    g(x)
+    (split,) = g.plan(x)._runner.splits
+    assert len(split.cells) == 3 * 2          # three launches, in each native program that launches them
+    sized = []
+    size_fn = split.launch.size_fn
+    split.launch.size_fn = lambda vals: sized.append(vals[0]) or size_fn(vals)
+    for n, want_sized in ((1000, []), (7, [7]), (7, []), (999, [999]), (999, [])):
+        sized.clear()
+        splits, out = published(worker_threads, g, x[:n])
+        for i in range(3):
+            np.testing.assert_allclose(np.asarray(out[i]), x[:n, i].sum(axis=1), rtol=1e-4, atol=1e-4)
+        assert sized == want_sized
+        assert splits == (3 if n > 7 else 0)
+        want = (n, worker_threads.chunks(n) if n > 7 else 0)
+        assert {(array[k], array[k + 1]) for array, k in split.cells} == {want}
+
+
 def test_concurrent_calls_are_isolated(rng, monkeypatch):
     """Two kernels with an intermediate between them (the max): calls on several threads replay one plan, its
     buffers and argument slots, one at a time (the native replay is watched: each run sleeps a moment, so a
