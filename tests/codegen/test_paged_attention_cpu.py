@@ -79,18 +79,22 @@ def test_paged_attention_is_one_kernel_on_the_cpu(rng):
     assert len(attention_kernels) == 1, names
 
 
+def _prepared_decode_attention(dt, max_blocks: int):
+    """The paged decode attention prepared on the cpu over a var batch B and table width NB."""
+    def traced(q, k, v, pos, table, k_pool, v_pool):
+        return _attention(pnp, q, k, v, pos, table, k_pool, v_pool, dt)
+
+    return pj.prepare(traced, vars={"B": (1, 16), "NB": (1, max_blocks)}, device="cpu",
+                      shapes={"q": ("B", KV, GROUP, 1, HD), "k": ("B", KV, HD), "v": ("B", KV, HD), "pos": ("B",),
+                              "table": ("B", "NB")})
+
+
 @pytest.mark.parametrize("dtype", [np.float32, "bfloat16"])
 def test_one_kernel_equals_numpy_and_a_rows_bits_do_not_depend_on_the_batch(rng, dtype):
     """The one kernel at ragged positions (0, a full block, every slot), float32 and a bfloat16 model's rounding
     of the probabilities (AVX-512's 16 lanes; run the file under PREPJIT_CPU=haswell for AVX2's 8)."""
     dt = np.float32 if dtype is np.float32 else ml_dtypes.bfloat16
-
-    def traced(q, k, v, pos, table, k_pool, v_pool):
-        return _attention(pnp, q, k, v, pos, table, k_pool, v_pool, dt)
-
-    f = pj.prepare(traced, vars={"B": (1, 16), "NB": (1, 16)}, device="cpu",
-                   shapes={"q": ("B", KV, GROUP, 1, HD), "k": ("B", KV, HD), "v": ("B", KV, HD), "pos": ("B",),
-                           "table": ("B", "NB")})
+    f = _prepared_decode_attention(dt, max_blocks=16)
     args = list(_arguments(rng, 5, 3))
     args[3] = np.array([0, 16, 48, 1, 33])
     got = np.asarray(f(*args), np.float32)
@@ -227,13 +231,7 @@ def test_a_decode_rows_bits_do_not_depend_on_the_table(rng, dtype):
     """A decode row's bits are the same with its table alone (3 blocks) and padded to the batch's widest (8 to 40
     blocks: positions it does not see, exact zeros)."""
     dt = np.float32 if dtype is np.float32 else ml_dtypes.bfloat16
-
-    def traced(q, k, v, pos, table, k_pool, v_pool):
-        return _attention(pnp, q, k, v, pos, table, k_pool, v_pool, dt)
-
-    f = pj.prepare(traced, vars={"B": (1, 16), "NB": (1, 40)}, device="cpu",
-                   shapes={"q": ("B", KV, GROUP, 1, HD), "k": ("B", KV, HD), "v": ("B", KV, HD), "pos": ("B",),
-                           "table": ("B", "NB")})
+    f = _prepared_decode_attention(dt, max_blocks=40)
     args = list(_arguments(rng, 5, 3))
     args[3] = np.array([0, 16, 48, 1, 33])
     want = np.asarray(f(*args), np.float32)
