@@ -37,8 +37,9 @@ def launch(ast: UOp, dialect, blocking: Blocking = DEFAULT_BLOCKING) -> UOp:
         if fragments is not None:
             return _with_launch(ast, ("tile", contraction.tm, contraction.tn, 1, fragments))
         return _with_launch(ast, ("tile", contraction.tm, contraction.tn, contraction.splits))
-    ast = share_passes(split_matvec_blocks(ast, warp_rows(dialect)), dialect.items_per_thread, warp_rows(dialect))
-    rows = row_plan(ast, dialect.items_per_thread, warp_rows(dialect))
+    packed = warp_rows(dialect)
+    ast = share_passes(split_matvec_blocks(ast, packed), dialect.items_per_thread, packed)
+    rows = row_plan(ast, dialect.items_per_thread, packed)
     if rows is not None:
         return _with_launch(ast, ("rows", rows.group, rows.pack, rows.run))
     return _with_launch(ast, ("items", dialect.items_per_thread))
