@@ -93,7 +93,7 @@ def softmax_rows(ast: UOp, target: CPUTarget) -> UOp | None:
     every = [r for p in parts for r in p]  # the positions' ranges of every part
     shared = _shared_rows(value, row, every, free, _column_vectors(columns, width), target)
     together = [_max_end(r) for r in shared]  # the rows one loop step computes: each position's loads shared
-    layout = {p: together + e[:-1] + [-(-e[-1] // width) * width] for p, e in extents.items()}  # (rows padded)
+    layout = {p: together + e[:-1] + [_whole_vectors(e[-1], width)] for p, e in extents.items()}  # (rows padded)
     arrays: list[UOp] = []  # the row arrays' stores, in order
     axis = first + 1000     # past the canonical ranges
     while True:
@@ -104,7 +104,7 @@ def softmax_rows(ast: UOp, target: CPUTarget) -> UOp | None:
         scratch = UOp(Ops.DEFINE_LOCAL, part.dtype, (), (len(arrays), math.prod(layout[positions])))
         ends = [r.src[0] for r in positions]
         if not any(u.op is Ops.DEFINE_GLOBAL for u in part.toposort()):  # computed from row arrays alone
-            ends[-1] = simplify((ends[-1] + (width - 1)) // width * width)
+            ends[-1] = simplify(_whole_vectors(ends[-1], width))
         own = [UOp(Ops.RANGE, dtypes.index, (end,), (axis + k, "serial")) for k, end in enumerate(ends)]
         axis += len(positions)
         kept = {u: u for u in part.toposort() if u.op is Ops.REDUCE and u.src[1:] in parts}  # (the row's)
@@ -121,6 +121,12 @@ def softmax_rows(ast: UOp, target: CPUTarget) -> UOp | None:
     lowered = _unrolled(lowered, shared, row, parts, axis)
     return _one_row_loop(lowered, sorted(row - set(shared), key=lambda r: r.arg[0]), axis + len(every) *
                          math.prod(together))
+
+
+def _whole_vectors(end, width: int):
+    """`end` (an int or an index UOp) rounded up to whole vectors of `width` lanes: a part's last dimension in its
+    row arrays, and the trip count of a fill computed from row arrays alone."""
+    return (end + (width - 1)) // width * width
 
 
 def _column_vectors(columns: frozenset, width: int) -> int:
