@@ -29,6 +29,13 @@ print(f.stats["compiles"], f.stats["disk_hits"],
 """
 
 
+@pytest.fixture(autouse=True)
+def disk_cache_on(monkeypatch):
+    """Each test reads a tuned choice back from the disk cache: a PREPJIT_CACHE=0 in the caller's environment (the GPU
+    runs set it) must not turn that cache off in the test or in the process it starts."""
+    monkeypatch.delenv("PREPJIT_CACHE", raising=False)
+
+
 def test_a_tuned_choice_is_used_recorded_and_read_back(tmp_path, monkeypatch):
     monkeypatch.setenv("PREPJIT_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("PREPJIT_TUNE", "1")
