@@ -318,7 +318,8 @@ class ReductionRendering(AMXRendering):
         lane index in place of that integer, each lane the value at its index, built where its other operands are (a
         block's scale and min, once per block). `look_up` then replaces the conversion and arithmetic of every lane by
         one permute of the table. Same operations on the same values: the same bits. With AVX-512's 16 float lanes;
-        q4_1 x (576) @ W.T (576, 576), one thread, in L2: 28.3 us -> 23.0-24.1."""
+        q4_1 x (576) @ W.T (576, 576), one thread, in L2: 28.3 us -> 23.0-24.1. `bodies` are a sum's (lane_sum) or a
+        vector store's value (render_llvm.vector_store: a block_matmul tile's fill)."""
         if self.width != TABLE_ENTRIES or not self.permutes:
             return {}
         tables, seen = {}, set()

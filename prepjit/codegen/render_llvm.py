@@ -348,6 +348,8 @@ class _Renderer(ReductionRendering, KernelRenderer, InlineMath):
         gate = u.src[3] if len(u.src) > 3 else None
         self.vec = self.width
         try:
+            for n, table in self.lookup_tables([val]).items():  # a tile's unpacked 4-bit weights: one permute each
+                self.look_up(n, table)
             v = self.vector(val, self.value(val))
             ptr, contiguous = self.lane_pointer(buf, idx, gate is not None)
             vt, align = self.ty(val.dtype, memory=True), max(1, val.dtype.itemsize)

@@ -250,3 +250,20 @@ def test_prefill_rows_over_a_tile_match_numpy_and_keep_their_bits(kind, device, 
     for b in (0, 2, 130):
         np.testing.assert_array_equal(np.asarray(f(x[b:b + 1], blocks))[0], batch[b])
     assert len(f.plan(x, blocks).kernels) == 1 and f.plan(x, blocks).memory_bytes == 0
+
+
+@pytest.mark.parametrize("kind", ["q4_0", "q4_1"])
+@pytest.mark.parametrize("most", [16, 512])
+def test_a_tiles_4_bit_weights_are_looked_up_in_a_table_of_their_block(kind, most, rng):
+    """On AVX-512 the fill of a batch's or a prefill's tile unpacks a 4-bit weight as the block sums do (llvm_reductions
+    .lookup_tables): one permute of its block's 16-entry table a vector of lanes, not a conversion, a multiply and an
+    add; a 16-row batch's kernel permutes in its fill (once: its nibble halves are a loop) and in its direct nests (6
+    nests of 1-6 rows x 2 columns x 2 unrolled halves), a prefill's only in its fill. AVX2 (8 lanes) keeps the arithmetic. The bits are those of
+    the arithmetic (test_batch_rows_on_or_off_the_tile_..., test_prefill_rows_over_a_tile_...)."""
+    from prepjit.codegen.llvm_reductions import PERMUTE
+    blocks = _blocks(rng, kind, 1536, K)
+    x = rng.standard_normal((16, K)).astype(np.float32)
+    (kernel,) = _batched(kind, "cpu", rows=(1, most)).plan(x, blocks).kernels
+    ir = render_llvm(optimize(kernel.kernel.scheduled, "llvm", AVX512), AVX512).source
+    assert ir.count(f"call <16 x float> @{PERMUTE}(") == 1 + (6 * 2 * 2 if most == 16 else 0)
+    assert PERMUTE not in render_llvm(optimize(kernel.kernel.scheduled, "llvm", AVX2), AVX2).source
