@@ -99,7 +99,11 @@ class BlockPool:
         self.block_size, self.total = block_size, num_blocks
         self.free = list(range(num_blocks - 1, -1, -1))  # a stack: the lowest ids go first
         self._store = None
-        if own_memory(device):
+        if not own_memory(device):  # write's rows: the pools as rows of a head dim; (layer, KV head)'s in block 0
+            self._key_rows, self._value_rows = (pool.reshape(-1, cfg.head_dim) for pool in (self.keys, self.values))
+            self._layer_rows = (np.arange(cfg.layers)[:, None, None] * (num_blocks * cfg.kv_heads * block_size)
+                                + np.arange(cfg.kv_heads) * block_size)
+        else:
             self.keys, self.values = resident((self.keys, self.values), device)
             layers = [("n", None, None)] * cfg.layers
             self._store = pj.prepare(_store, vars={"n": (1, num_blocks * block_size)}, donate_argnums=(0, 1),
@@ -125,12 +129,22 @@ class BlockPool:
     def write(self, slots, keys, values) -> None:
         """Store keys and values (a (n, KV, hd) array a layer, NumPy or pj.Arrays: the plans' outputs) at n (block,
         row) slots."""
-        blocks, rows = np.array(slots, np.int64).reshape(-1, 2).T
         if self._store is not None:
+            blocks, rows = np.array(slots, np.int64).reshape(-1, 2).T
             self.keys, self.values = self._store(self.keys, self.values, blocks, rows, keys, values)
             return
-        self.keys[:, blocks, :, rows] = np.moveaxis(np.asarray(keys), 1, 0)
-        self.values[:, blocks, :, rows] = np.moveaxis(np.asarray(values), 1, 0)
+        # on the cpu one scatter of head rows a pool, into its (L * blocks * KV * block size, hd) view at the rows of
+        # each (layer, slot, KV head), in the order of the layers' arrays end to end (a plan's outputs: their buffers
+        # joined, not each converted): indexing the 5-d pools by (blocks, rows) took ~1.4x its time
+        per_slot = self.keys.shape[2] * self.block_size
+        at = (self._layer_rows + np.array([b * per_slot + r for b, r in slots], np.int64)[:, None]).ravel()
+        self._key_rows[at] = _joined(keys).reshape(len(at), -1)
+        self._value_rows[at] = _joined(values).reshape(len(at), -1)
+
+
+def _joined(arrays) -> np.ndarray:
+    """The layers' (n, KV, hd) arrays (cpu pj.Arrays or NumPy) end to end: (L * n, KV, hd)."""
+    return np.concatenate([a.buffer if isinstance(a, pj.Array) else a for a in arrays])
 
 
 def _store(k_pool, v_pool, blocks, rows, keys, values):
@@ -310,18 +324,18 @@ class Engine:
         return events
 
     def _decode(self, batch: list[_Sequence]) -> list[Event]:
-        pos = np.array([s.cached for s in batch], np.int64)
-        width = max(1, -(-int(pos.max()) // self.pool.block_size))
+        pool, cached = self.pool, [s.cached for s in batch]
+        width = max(1, -(-max(cached) // pool.block_size))
         table = np.array([self._table(s, width) for s in batch], np.int64)
-        ids = np.array([s.generated[-1] for s in batch], np.int64)
-        logits, keys, values = self.decode(self.params, ids, pos, table, self.pool.keys, self.pool.values,
-                                           self.cos, self.sin)
-        self.pool.write([self.pool.slot(s.blocks, s.cached) for s in batch], keys, values)
+        logits, keys, values = self.decode(self.params, np.array([s.generated[-1] for s in batch], np.int64),
+                                           np.array(cached, np.int64), table, pool.keys, pool.values, self.cos,
+                                           self.sin)
+        pool.write([pool.slot(s.blocks, p) for s, p in zip(batch, cached)], keys, values)
         logits = np.asarray(logits)
         events = []
-        for i, seq in enumerate(batch):
+        for seq, row in zip(batch, logits):
             seq.cached += 1
-            events.append(self._emit(seq, logits[i]))
+            events.append(self._emit(seq, row))
         return events
 
     def _emit(self, seq: _Sequence, logits: np.ndarray) -> Event:

@@ -185,6 +185,27 @@ def test_kv_pool_and_weights_stay_on_the_device(device, params):
         assert token == int(np.argmax(_numpy_logits(params, prompt + tokens[:i])))
 
 
+@pytest.mark.parametrize("rows_as", ["numpy", "plan outputs"])
+def test_a_pool_write_puts_each_layers_rows_at_their_slots(rows_as):
+    """BlockPool.write on the cpu: n (block, row) slots of scattered blocks, a layer's (n, KV, hd) rows (NumPy, or
+    the cpu pj.Arrays a plan returns) land at pool[layer, block, :, row] and nothing else changes (NumPy's
+    indexing of the 5-d pools writes the reference)."""
+    rng = np.random.default_rng(7)
+    pool = serving.BlockPool(CFG, 9, BLOCK, np.float32)
+    pool.keys[:], pool.values[:] = rng.standard_normal((2, *pool.keys.shape))
+    want_keys, want_values = pool.keys.copy(), pool.values.copy()
+    slots = [(7, 3), (2, 0), (7, 0), (5, 2), (0, 1)]
+    keys, values = rng.standard_normal((2, CFG.layers, len(slots), CFG.kv_heads, CFG.head_dim), np.float32)
+    for layer in range(CFG.layers):
+        for i, (block, row) in enumerate(slots):
+            want_keys[layer, block, :, row], want_values[layer, block, :, row] = keys[layer, i], values[layer, i]
+    copy = pj.prepare(lambda x: x + 0)
+    as_given = (lambda a: [copy(x) for x in a]) if rows_as == "plan outputs" else list
+    pool.write(slots, as_given(keys), as_given(values))
+    np.testing.assert_array_equal(pool.keys, want_keys)
+    np.testing.assert_array_equal(pool.values, want_values)
+
+
 def test_a_prompts_prefill_logits_have_the_same_bits_beside_a_longer_prompt(params):
     """A 5-token prompt prefilled alone and in one call beside a 27-token prompt (the call's window 27, not 5): its
     logits have the same bits on the cpu (issue 24: a request's tokens whatever else is in the batch). Was: 52 of
