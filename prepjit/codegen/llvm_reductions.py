@@ -246,6 +246,26 @@ class ReductionRendering(AMXRendering):
                 ahead = self.op(f"getelementptr i8, ptr {here}, i64 {at}", "p")
                 self.emit(f"call void @llvm.prefetch.p0(ptr {ahead}, i32 0, i32 3, i32 1)")
 
+    def prefetch_fill(self, value: UOp):
+        """Ask for the bytes PREFETCH_BYTES ahead of what a fill of the kernel's own array (a block_matmul tile)
+        reads of each buffer that moves with the parallel range (a panel's weight rows, contiguous from panel to
+        panel), once a store: the fill is a burst between the tile's sums, too short for the hardware prefetchers
+        to run ahead of it, and its weights come from memory in a model's step."""
+        if self.prange is None:
+            return
+        starts: dict = {}
+        for ld in value.toposort():
+            if ld.op is Ops.LOAD and self.prange in self.ranges[ld.src[1]]:
+                starts.setdefault(ld.src[0], simplify(ld.src[1].substitute({self.lane: UOp.const(0)})))
+        for buf, start in starts.items():
+            lanes, self.vec = self.vec, 0
+            index = self.value(start)
+            self.vec = lanes
+            here = self.op(f"getelementptr {mem_type(buf.dtype)}, ptr %buf{buf.arg}, i64 {index}", "p")
+            ahead = self.op(f"getelementptr i8, ptr {here}, i64 {PREFETCH_BYTES}", "p")
+            self.decls.add("declare void @llvm.prefetch.p0(ptr, i32, i32, i32)")
+            self.emit(f"call void @llvm.prefetch.p0(ptr {ahead}, i32 0, i32 3, i32 1)")
+
     def prefetch_sum(self, bodies: list[UOp], r: UOp, acc: DType):
         """Before a lone sum's loop over reduction range `r` (a matvec's output row against a weight contiguous along
         `r`, W (out, in), its rows one after another), ask for the row SUM_AHEAD_BYTES ahead into L2, one prefetch

@@ -350,6 +350,8 @@ class _Renderer(ReductionRendering, KernelRenderer, InlineMath):
         try:
             for n, table in self.lookup_tables([val]).items():  # a tile's unpacked 4-bit weights: one permute each
                 self.look_up(n, table)
+            if buf.op is Ops.DEFINE_LOCAL:
+                self.prefetch_fill(val)
             v = self.vector(val, self.value(val))
             ptr, contiguous = self.lane_pointer(buf, idx, gate is not None)
             vt, align = self.ty(val.dtype, memory=True), max(1, val.dtype.itemsize)

@@ -267,3 +267,23 @@ def test_a_tiles_4_bit_weights_are_looked_up_in_a_table_of_their_block(kind, mos
     ir = render_llvm(optimize(kernel.kernel.scheduled, "llvm", AVX512), AVX512).source
     assert ir.count(f"call <16 x float> @{PERMUTE}(") == 1 + (6 * 2 * 2 if most == 16 else 0)
     assert PERMUTE not in render_llvm(optimize(kernel.kernel.scheduled, "llvm", AVX2), AVX2).source
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "q4_1"])
+@pytest.mark.parametrize("most", [16, 512])
+def test_a_tiles_fill_prefetches_the_blocks_ahead(kind, most, rng):
+    """The fill of a batch's or a prefill's tile (a burst between the tile's sums that the hardware prefetchers do not
+    run ahead of) asks for the weight's bytes PREFETCH_BYTES past those it unpacks, once a store (its panels'
+    blocks are contiguous: the next panels'); the activations, which the sums read, are not asked for."""
+    blocks = _blocks(rng, kind, 1536, K)
+    x = rng.standard_normal((16, K)).astype(np.float32)
+    (kernel,) = _batched(kind, "cpu", rows=(1, most)).plan(x, blocks).kernels
+    for target in (AVX512, AVX2):
+        out = optimize(kernel.kernel.scheduled, "llvm", target)
+        lines = render_llvm(UOp(Ops.SINK, out.dtype, (out.src[0],), out.arg), target).source.splitlines()
+        (prefetch,) = [line for line in lines if line.strip().startswith("call void @llvm.prefetch")]
+        ahead = prefetch.split("(ptr ")[1].split(",")[0]
+        (gep,) = [line for line in lines if line.strip().startswith(f"{ahead} = getelementptr i8")]
+        assert gep.endswith(f"i64 {PREFETCH_BYTES}")
+        here = gep.split(", ptr ")[1].split(",")[0]
+        assert any(line.strip().startswith(f"{here} = getelementptr") and "%buf2" in line for line in lines)
