@@ -116,7 +116,7 @@ class Worker:
         self.engine, self.embedder = engine, embedder
         self.commands: queue.SimpleQueue = queue.SimpleQueue()
         self.live: dict[int, Sequence] = {}  # seq id -> sequence, only touched by the worker thread
-        self.stats = dict(engine.stats())
+        self.stats = engine.stats()
         self.rate_samples: collections.deque = collections.deque()  # (time, generated tokens) per step
         self.step_seconds = 0.0  # in engine.step(), all steps
         self.cpu_seconds = 0.0  # the worker thread's CPU time (its Python and its part of the plans' native work)
@@ -170,11 +170,8 @@ class Worker:
         while True:
             block = not self.engine.busy
             embeds, posted = [], []
-            while True:
-                try:
-                    command = self.commands.get(block=block)
-                except queue.Empty:
-                    break
+            while block or not self.commands.empty():  # (only this thread takes commands: get() then returns)
+                command = self.commands.get()
                 if command is None:
                     return
                 block = False
@@ -187,7 +184,7 @@ class Worker:
                 self._embed(embeds)
             if self.engine.busy:
                 self._step()
-            self.stats = dict(self.engine.stats())
+            self.stats = self.engine.stats()  # (a new dict: the loop reads the last one whole)
             self.cpu_seconds = time.thread_time()
 
     def _apply(self, command, posted):
@@ -232,7 +229,7 @@ class Worker:
             posted.append((seq, event))
         self._post(posted)
         now = time.monotonic()
-        self.rate_samples.append((now, self.engine.stats()["generated_tokens"]))
+        self.rate_samples.append((now, self.engine.generated_tokens))
         while self.rate_samples and now - self.rate_samples[0][0] > RATE_WINDOW_S:
             self.rate_samples.popleft()
 
