@@ -26,7 +26,7 @@ class CachedKernel:
     local_size: tuple
     program: object             # the device's callable program
     global_size_fn: Callable    # positional var values -> launch size tuple
-    binary: bytes = b""         # the compiled code `program` was loaded from (saved plans store it)
+    binary: bytes = b""         # the code `program` was loaded from (OpenCL C on PoCL: opencl.py); saved plans store it
     scheduled: object = None    # the kernel AST it was built from, as scheduled (the kernel cache's key)
     ast: object = None          # that kernel as launched (codegen/targets.py): what was rendered and proven
     disk_key: str | None = None  # its disk-cache key (runtime/disk_cache.py; None: not kept on disk)

@@ -3,6 +3,13 @@
 Picks a GPU when one is present, else the first device that builds a probe kernel (PoCL's CPU device from
 PyPI runs on CPUs its LLVM knows; a distribution's PoCL covers newer ones); `PREPJIT_OPENCL_DEVICE` picks
 one by index or by a substring of "platform device".
+What prepjit keeps of a kernel (disk cache, saved plans) is the program binary, except on PoCL: fetching a PoCL
+binary (CL_PROGRAM_BINARIES) compiles a generic work-group function of every kernel besides the one its first
+launch specialises to the launch's sizes, which doubled the compiles of a first call. There prepjit keeps the
+kernel's OpenCL C (trusted as a binary would be: disk_cache.py's rules) and PoCL's own cache (POCL_CACHE_DIR, keyed
+by the preprocessed source, the options and the device) keeps what PoCL compiled: a later process rebuilds from
+the source, which PoCL's cache serves in tens of ms a kernel (it preprocesses the source to find the entry; a
+binary loads in a few ms), and its launches find their work-group functions there.
 Each PreparedKernel gets its own `cl.Kernel` with every argument set once; replay only patches
 var values and I/O buffers and enqueues it. Results stay on the device until read.
 
@@ -97,6 +104,23 @@ def _start(cl, device, build_options) -> tuple:
     return context, queue
 
 
+def binary_fetch_compiles(device) -> bool:
+    """Whether fetching a built program's binary compiles its kernels again on `device`'s platform (PoCL, any of
+    its drivers: its CL_PROGRAM_BINARIES builds every kernel's generic work-group function), so that prepjit
+    keeps the source instead (the module's docstring)."""
+    return device.platform.name == "Portable Computing Language"
+
+
+class BuiltSource(bytes):
+    """A kernel's kept code where it is its OpenCL C (SOURCE_TAG + the source), still holding the program `compile`
+    built from it, so that the `load` that follows in this process builds nothing again."""
+
+    program = None
+
+
+SOURCE_TAG = b"\0prepjit-opencl-c\0"   # starts kept code that is OpenCL C (no platform's binary starts so)
+
+
 def _build_options(cl, device) -> list[str]:
     exact = device.single_fp_config & cl.device_fp_config.CORRECTLY_ROUNDED_DIVIDE_SQRT
     return ["-cl-fp32-correctly-rounded-divide-sqrt"] if exact else []
@@ -169,6 +193,7 @@ class OpenCLDevice(DeviceBase):
         else:
             raise DeviceError(f"{'; '.join(failures)}; {INSTALL_HINT}")
         self.device, self.build_options = device, options
+        self.keeps_source = binary_fetch_compiles(device)
         self._uploads = threading.local()   # .events: this thread's copies from the host not yet waited for
         self.pool = cl.tools.MemoryPool(cl.tools.ImmediateAllocator(self.queue))
         platform = device.platform
@@ -179,8 +204,9 @@ class OpenCLDevice(DeviceBase):
 
     # ---- compiling and launching ----
     def compile(self, name: str, source: str) -> bytes:
-        """OpenCL C -> the device's program binary (the expensive step; `load` makes it launchable).
-        pyopencl's own binary cache is off: prepjit's disk cache (disk_cache.py) keeps these binaries."""
+        """OpenCL C -> the code prepjit keeps of the kernel (the expensive step; `load` makes it launchable): the
+        program binary, or where fetching that compiles again (PoCL) the source as BuiltSource.
+        pyopencl's own binary cache is off: prepjit's disk cache (disk_cache.py) keeps this code."""
         cl = self.cl
         missing = [ext for ext in re.findall(r"#pragma OPENCL EXTENSION (\w+) : enable", source)
                    if ext not in self.extensions]
@@ -193,26 +219,36 @@ class OpenCLDevice(DeviceBase):
                 program = _built(cl, cl.Program(self.context, source), options=self.build_options,
                                  cache_dir=False)
                 required, most = self._group_sizes(cl.Kernel(program, name))
-                binary = bytes(program.get_info(cl.program_info.BINARIES)[0])
-                del program   # (its release, clReleaseProgram, under the lock too)
+                if self.keeps_source:
+                    code = BuiltSource(SOURCE_TAG + source.encode())
+                    code.program = program
+                else:
+                    code = bytes(program.get_info(cl.program_info.BINARIES)[0])
+                del program   # (its release, clReleaseProgram, under the lock too, unless `code` holds it)
         except cl.Error as e:
             raise CompileError(f"OpenCL ({self.description}) failed to build kernel {name}: {e}\n"
                                f"--- source ---\n{source}") from e
         if required > most:
             raise CompileError(f"kernel {name} needs work-groups of {required} work-items; the OpenCL device "
                                f"{self.description} allows at most {most} for it\n--- source ---\n{source}")
-        return binary
+        return code
 
-    def load(self, name: str, binary: bytes) -> OpenCLProgram:
-        """A program binary from `compile` (this process's or the disk cache's) -> kernel `name`, ready to launch."""
+    def load(self, name: str, code: bytes) -> OpenCLProgram:
+        """Kept code from `compile` (this process's, the disk cache's or a saved plan's) -> kernel `name`, ready to
+        launch: the program `compile` built, else one built from the source or the binary."""
         cl = self.cl
         try:
             with self.lock:
-                program = _built(cl, cl.Program(self.context, [self.device], [binary]),
-                                 options=self.build_options)
+                program = getattr(code, "program", None)
+                if program is None and code.startswith(SOURCE_TAG):
+                    program = _built(cl, cl.Program(self.context, code[len(SOURCE_TAG):].decode()),
+                                     options=self.build_options, cache_dir=False)
+                elif program is None:
+                    program = _built(cl, cl.Program(self.context, [self.device], [code]),
+                                     options=self.build_options)
                 required, most = self._group_sizes(cl.Kernel(program, name))
-        except cl.Error as e:
-            raise CompileError(f"OpenCL ({self.description}) failed to load the binary of kernel {name}: {e}") from e
+        except (cl.Error, UnicodeDecodeError) as e:
+            raise CompileError(f"OpenCL ({self.description}) failed to load the code of kernel {name}: {e}") from e
         return OpenCLProgram(program, name, required or min(ELEMENTWISE_GROUP, most))
 
     def _group_sizes(self, kernel) -> tuple[int, int]:

@@ -9,6 +9,7 @@ import prepjit as pj
 import prepjit.numpy as pnp
 from prepjit.codegen.render_opencl import GROUP_REDUCE_MIN, REDUCE_GROUP
 from prepjit.runtime.devices import get_device, unavailable_reason
+from prepjit.runtime.opencl import SOURCE_TAG, binary_fetch_compiles
 
 pytestmark = pytest.mark.skipif(unavailable_reason("opencl") is not None,
                                 reason=f"opencl: {unavailable_reason('opencl')}")
@@ -314,3 +315,70 @@ def test_a_compilers_build_log_gives_the_user_no_warning(monkeypatch):
         np.testing.assert_array_equal(np.asarray(f(x)), x * 5 - 2)
     with pytest.warns(cl.CompilerWarning):  # the user's own builds keep pyopencl's warning
         cl.Program(get_device("opencl").context, "__kernel void k(__global float *a) { a[0] = 1; }").build()
+
+
+@pytest.mark.parametrize("keeps_source", [True, False], ids=["source", "binary"])
+def test_kept_code_loads_into_a_launchable_kernel(monkeypatch, keeps_source):
+    """`compile` keeps the source where fetching the binary compiles again (PoCL), else the binary; either loads,
+    from this process's compile (which still holds its program) or as the bytes alone (a later process's)."""
+    device = get_device("opencl")
+    monkeypatch.setattr(device, "keeps_source", keeps_source)
+    source = "__kernel void twice(__global float *a) { a[get_global_id(0)] *= 2.0f; }"
+    code = device.compile("twice", source)
+    assert code.startswith(SOURCE_TAG) == keeps_source
+    for kept in (code, bytes(code)):
+        buffer = device.allocate(np.float32, 256)
+        device.write_buffer(buffer, np.arange(256, dtype=np.float32))
+        device.launcher(device.load("twice", kept), [device.handle(buffer)], [], None, 256).run()
+        np.testing.assert_array_equal(device.read_buffer(buffer, (256,)), 2 * np.arange(256, dtype=np.float32))
+
+
+POCL_SCRIPT = """
+import json
+import numpy as np
+import prepjit as pj
+import prepjit.numpy as pnp
+
+@pj.prepare(vars={"n": (1, 4096)}, shapes={"x": ("n", 8)}, device="opencl")
+def f(x):
+    h = pnp.tanh(x) * 3
+    return h.sum(axis=1), h.max()
+
+x = np.linspace(-2, 2, 800, dtype=np.float32).reshape(100, 8)
+rows, top = f(x)
+h = np.tanh(x) * np.float32(3)
+error = max(float(np.abs(np.asarray(rows) - h.sum(1)).max()), abs(float(np.asarray(top)) - float(h.max())))
+print(json.dumps({"stats": f.stats, "error": error}))
+"""
+
+
+def test_pocl_compiles_each_kernel_once_and_its_cache_serves_the_next_process(tmp_path, frozen_code):
+    """On PoCL a first call compiles each kernel's work-group function once, for its launch (fetching the program
+    binary compiled a generic one besides); a second process loads every kernel from prepjit's disk cache
+    (the source) and PoCL's own cache serves the rebuild and the launch: it compiles nothing."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from collections import Counter
+    if not binary_fetch_compiles(get_device("opencl").device):
+        pytest.skip("the OpenCL device is not PoCL's")
+    pocl_cache = tmp_path / "pocl"
+    env = {**os.environ, "PREPJIT_CACHE_DIR": str(tmp_path / "prepjit"), "POCL_CACHE_DIR": str(pocl_cache),
+           "PYTHONPATH": str(frozen_code)}
+
+    def run() -> tuple[dict, list]:
+        done = subprocess.run([sys.executable, "-c", POCL_SCRIPT], env=env, cwd=frozen_code, capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        result = json.loads(done.stdout)
+        assert result["error"] < 1e-4
+        return result["stats"], sorted(pocl_cache.rglob("*.so"))   # .../<program>/<kernel>/<work-group>/<kernel>.so
+
+    first, compiled = run()
+    assert first["compiles"] >= 2 and first["disk_hits"] == 0
+    per_kernel = Counter(path.parent.parent for path in compiled)
+    assert len(per_kernel) == first["compiles"] and set(per_kernel.values()) == {1}, compiled
+    second, again = run()
+    assert second["compiles"] == 0 and second["disk_hits"] == first["compiles"]
+    assert again == compiled
