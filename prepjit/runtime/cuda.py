@@ -70,11 +70,14 @@ class CUDAProgram:
 
 class CUDALauncher(KernelStep):
     """One PreparedKernel's packed argument buffer; replay patches slots in place and queues the launch on
-    the device (which launches it at once, or with the rest of the plan from a CUDA graph)."""
+    the device (which launches it at once, or with the rest of the plan from a CUDA graph). `version` counts the
+    changes of its grid and argument bytes (what a graph's node of it must match); `grid` is the grid of its next
+    launch, computed again when a var changes (vars change only through `set_val`)."""
 
     def __init__(self, device, program: CUDAProgram, buffer_handles, vals, size_fn, static_size):
         self.device, self.program = device, program
         self.queued = False   # waiting in the device's queue: its arguments must not change before it launches
+        self.version = 0
         self.n_bufs, self.vals = len(buffer_handles), list(vals)
         self.args = PackedArgs(self.n_bufs + len(self.vals))
         self.buffer_ptrs = BufferSlots(buffer_handles, self._bind_buffer, device._address)  # (the PreparedKernel's buffer_ptrs)
@@ -82,13 +85,22 @@ class CUDALauncher(KernelStep):
             _VAL.pack_into(self.args.buffer, 8 * (self.n_bufs + slot), value)
         self.block = program.block
         self.size_fn = size_fn
-        self.static_grid = None if static_size is None else -(-static_size // self.block)
-        self.grid = 0   # the grid of the launch queued last
+        self.static = static_size is not None
+        self.grid = -(-static_size // self.block) if self.static else self._dynamic_grid()
+        self.params = KernelNodeParams(func=program.function.value, grid=(self.grid, 1, 1), block=(self.block, 1, 1),
+                                       shared=program.shared, kernel_params=None,
+                                       extra=ctypes.addressof(self.args.extra))
+
+    def _dynamic_grid(self) -> int:
+        return -(-self.size_fn(self.vals)[0] // self.block)
 
     def _bind_buffer(self, slot: int, handle: int | None):
-        if self.queued:
-            self.device.flush()
-        _SLOT.pack_into(self.args.buffer, 8 * slot, handle or 0)
+        address = handle or 0
+        if _SLOT.unpack_from(self.args.buffer, 8 * slot)[0] != address:
+            if self.queued:
+                self.device.flush()
+            _SLOT.pack_into(self.args.buffer, 8 * slot, address)
+            self.version += 1
 
     def set_val(self, slot: int, value: int):
         if self.vals[slot] != value:
@@ -96,11 +108,13 @@ class CUDALauncher(KernelStep):
                 self.device.flush()
             self.vals[slot] = value
             _VAL.pack_into(self.args.buffer, 8 * (self.n_bufs + slot), value)
+            if not self.static:
+                self.grid = self._dynamic_grid()
+            self.version += 1
 
     def run(self):
         if self.queued:
             self.device.flush()
-        self.grid = self.static_grid if self.static_grid is not None else -(-self.size_fn(self.vals)[0] // self.block)
         if self.grid > 0:
             self.device.enqueue(self)
 
@@ -110,13 +124,10 @@ class CUDALauncher(KernelStep):
             self.args.extra),
             "cuLaunchKernel")
 
-    def state(self) -> tuple:
-        """What a graph node of this launch must match: grid and argument bytes."""
-        return self.grid, self.args.buffer.raw
-
     def node_params(self) -> KernelNodeParams:
-        return KernelNodeParams(func=self.program.function.value, grid=(self.grid, 1, 1), block=(self.block, 1, 1),
-                                shared=self.program.shared, kernel_params=None, extra=ctypes.addressof(self.args.extra))
+        """Its graph node's parameters now (the arguments are read from `args`, copied by the driver)."""
+        self.params.grid[0] = self.grid
+        return self.params
 
 
 class CUDADevice(DeviceBase):
@@ -225,6 +236,22 @@ class CUDADevice(DeviceBase):
         with self._queue_lock:
             launch.queued = True
             self._pending.append(launch)
+
+    def run_all(self, launches: tuple):
+        """Queue a plan's launches (their arguments patched) as one unit: after a flush, none of them is queued
+        (only their plan queues them, one call at a time), so their arguments can be repacked and they can join
+        the queue together."""
+        if not self.use_graphs:
+            for launch in launches:
+                launch.run()
+            return
+        self.flush()
+        with self._queue_lock:
+            pending = self._pending
+            for launch in launches:
+                if launch.grid > 0:
+                    launch.queued = True
+                    pending.append(launch)
 
     def flush(self):
         """Launch what is queued, in order: from the CUDA graph of this sequence of launches (built the second

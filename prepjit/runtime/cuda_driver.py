@@ -93,35 +93,36 @@ class PackedArgs:
 
 class Graph:
     """A CUDA graph of kernel nodes run one after another, instantiated once; replays update only the nodes
-    whose arguments or grid changed since the last launch."""
+    whose launch changed (its `version`: grid or arguments) since the node was last set."""
 
     def __init__(self, driver: Driver, launches: list):
         self.driver, lib = driver, driver.lib
         self.graph, self.exec = ctypes.c_void_p(), ctypes.c_void_p()
         driver.check(lib.cuGraphCreate(ctypes.byref(self.graph), 0), "cuGraphCreate")
-        self.nodes, self.seen, previous = [], [], None
+        self.nodes, previous = [], None
+        self.seen = [launch.version for launch in launches]
         for launch in launches:
-            node, params = ctypes.c_void_p(), launch.node_params()
+            node = ctypes.c_void_p()
             deps = (ctypes.c_void_p * 1)(previous) if previous is not None else None
             driver.check(driver.add_kernel_node(ctypes.byref(node), self.graph, deps, 1 if deps else 0,
-                                                ctypes.byref(params)), "cuGraphAddKernelNode")
+                                                ctypes.byref(launch.node_params())), "cuGraphAddKernelNode")
             self.nodes.append(node)
-            self.seen.append(launch.state())
             previous = node.value
         driver.check(lib.cuGraphInstantiateWithFlags(ctypes.byref(self.exec), self.graph, 0),
                      "cuGraphInstantiateWithFlags")
 
     def launch(self, launches: list, stream: ctypes.c_void_p) -> int:
         """Update the nodes whose launch changed, launch the graph on `stream`; returns how many were updated."""
-        updated = 0
-        for k, launch in enumerate(launches):
-            state = launch.state()
-            if state != self.seen[k]:
-                self.driver.check(self.driver.set_kernel_node(self.exec, self.nodes[k],
-                                                              ctypes.byref(launch.node_params())),
-                                  "cuGraphExecKernelNodeSetParams")
-                self.seen[k] = state
-                updated += 1
+        updated, seen = 0, self.seen
+        versions = [launch.version for launch in launches]
+        if versions != seen:
+            for k, launch in enumerate(launches):
+                if versions[k] != seen[k]:
+                    self.driver.check(self.driver.set_kernel_node(self.exec, self.nodes[k],
+                                                                  ctypes.byref(launch.node_params())),
+                                      "cuGraphExecKernelNodeSetParams")
+                    seen[k] = versions[k]
+                    updated += 1
         self.driver.check(self.driver.lib.cuGraphLaunch(self.exec, stream), "cuGraphLaunch")
         return updated
 

@@ -13,7 +13,7 @@ import threading
 import numpy as np
 
 from .array import Array
-from .launch_steps import ordered_positions
+from .launch_steps import KernelStep, ordered_positions
 
 MIN_BYTES = 16
 
@@ -55,14 +55,25 @@ class DevicePlanRunner:
     block per slot, reused while large enough: no allocation per call); a NumPy array the plan writes (a
     gather's flag) is staged the same way and read back after the run. Then the launches run in order, each
     given the plan vars' values from the plan's VarTable first, and the stream is waited for.
+
+    A call usually passes the arrays of the call before (a model's weights, its caches): a slot whose launchers
+    hold the array's address already is not bound again (a launcher launches with the address it holds, whoever
+    bound it: this runner, the plan's other entries, a runner of the plan less some kernels). A plan of single
+    kernels (no loop run from the host) is handed to the device as one sequence (`run_all`), its var values
+    written only into the launchers that read them.
     """
 
     def __init__(self, device, steps: list, io_buffers: list[int], io_slots: dict, var_table):
         self.device, self.steps = device, steps
-        self.slots = [io_slots[b] for b in io_buffers]
+        # per I/O array: (a launcher's buffer_ptrs, slot) of each place it binds
+        self.places = [[(launch.buffer_ptrs, slot) for launch, slot in io_slots[b]] for b in io_buffers]
         self.written = [any(slot in launch.pk.output_indices for launch, slot in io_slots[b]) for b in io_buffers]
         self.values, self.var_slot = var_table.values, var_table.slot
         self.staged: list = [None] * len(io_buffers)   # (memory, its bytes) per slot, once a NumPy array came
+        single = all(isinstance(step, KernelStep) for step in steps)
+        self.launches = tuple(steps) if single else None   # the launch sequence when it is the same every call
+        self.var_args = [(launch, slot, var_table.slot[name]) for launch in steps if single
+                         for slot, name in launch.var_slots]
 
     def stage(self, k: int, nbytes: int):
         held = self.staged[k]
@@ -72,6 +83,7 @@ class DevicePlanRunner:
 
     def run(self, arrays: tuple) -> bool:
         device, readback = self.device, []
+        arg, address_of = device.arg, device._address
         device.current()
         for k, a in enumerate(arrays):
             if type(a) is np.ndarray:
@@ -82,9 +94,11 @@ class DevicePlanRunner:
                     device._upload(memory, a)
             else:  # this device's memory, or a pj.Array of it (a captured array)
                 memory = a.buffer if type(a) is Array else a
-            handle = device.arg(memory)
-            for launch, slot in self.slots[k]:
-                launch.buffer_ptrs[slot] = handle
+            handle = arg(memory)
+            address = address_of(handle)
+            for ptrs, slot in self.places[k]:
+                if ptrs[slot] != address:
+                    ptrs[slot] = handle
         self.run_launches()
         device.synchronize()
         for a, memory in readback:
@@ -93,7 +107,13 @@ class DevicePlanRunner:
         return True
 
     def run_launches(self):
-        values, var_slot = self.values, self.var_slot
+        values = self.values
+        if self.launches is not None:
+            for launch, slot, index in self.var_args:
+                launch.set_val(slot, values[index])
+            self.device.run_all(self.launches)
+            return
+        var_slot = self.var_slot
         for _, launch in ordered_positions(self.steps):
             for slot, name in launch.var_slots:
                 launch.set_val(slot, values[var_slot[name]])
@@ -130,6 +150,11 @@ class DeviceBase:
 
     def current(self):
         """Make this device current in the calling thread where the backend needs that (CUDA); else nothing."""
+
+    def run_all(self, launches: tuple):
+        """Run `launches` (a plan's launchers, their arguments patched) in order."""
+        for launch in launches:
+            launch.run()
 
     def plan_runner(self, steps: list, io_buffers: list[int], io_slots: dict, var_table,
                     dtypes: list) -> DevicePlanRunner:
