@@ -175,6 +175,8 @@ class CStyleRenderer(KernelRenderer):
         self.long = dialect.ctype(dtypes.int64)
         self.aligned = False   # whether the kernel tells the compiler its buffers are ALIGN-byte aligned
         self.resident_groups = 1   # work-groups a multiprocessor should hold at once (render_fragments sets it)
+        self.loads_in_flight = False   # registers for many loads in flight, not for resident groups: a bound of one
+        # resident group (render_rows sets it; else ptxas keeps ~32 registers and issues each load at its use)
 
     def emit(self, line: str):
         self.lines.append("  " * self.depth + line)
@@ -573,7 +575,7 @@ class CStyleRenderer(KernelRenderer):
                   for i, dt in sorted(dtype_of.items())]
         params += [f"{self.long} {_c_name(v)}" for v in self.vars]
         group = self.group_size()
-        resident = f", {self.resident_groups}" if self.resident_groups > 1 else ""
+        resident = f", {self.resident_groups}" if self.resident_groups > 1 or self.loads_in_flight else ""
         bounds = self.d.bounds.format(n=group, resident=resident) if group else ""
         head = self.d.kernel_head.format(bounds=bounds, name=self.ast.arg, params=", ".join(params))
         if self.aligned:

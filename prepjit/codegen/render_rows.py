@@ -40,6 +40,7 @@ from .softmax_contraction import SOFTMAX_ROW_MAX
 
 SHARED_OPERAND_MAX = 4096  # a matvec row's elements computed once per work-group into local memory (16 KB)
 UNROLLED_PASSES = 8       # a static row of at most this many runs per work-item is straight-line code, not a loop
+POSITIONS_IN_FLIGHT = 8   # positions of a column reduction's slice a work-item loads at once (straight-line code)
 
 
 def emit_rows(r, store: UOp):
@@ -204,7 +205,12 @@ def _nested_arrays(r, x: UOp, arrays: dict):
 def _column_partials(r, u: UOp):
     """The column reduction `u`'s partials: the row's work-items each take a run of columns and a slice of `u`'s
     range (every `slices`-th index), reading the row's arrays there, into a local array of a row of partials a slice;
-    one barrier. `_column_total` adds a column's partials in slice order."""
+    one barrier. `_column_total` adds a column's partials in slice order. A work-item takes POSITIONS_IN_FLIGHT of its
+    slice's positions a step as straight-line code, those past the row reading its last position and adding nothing
+    (a select, no branch): every position's loads first (`_position_loads`), then the sums, the kernel bounded to one
+    resident work-group (`loads_in_flight`: ptxas keeps their registers), so the loads are in flight together. A loop
+    of one position a step (LLVM unrolls it with an exit before each copy) waited out a memory round trip a position
+    (9 at 257 positions, 16 at 512; now 2)."""
     rows, ranges, cols = r.rows, list(u.src[1:]), list(r.rows.cols)
     per = run_length(cols, rows.run)
     width = rows.column_runs * per
@@ -219,18 +225,71 @@ def _column_partials(r, u: UOp):
     for e in range(per):
         r.emit(f"{r.d.ctype(dt)} {acc}{e} = {r.d.literal(0, dt)};")   # (a sum: row_plan._hoisted)
     count = r.value(as_uop(sym_prod(x.src[0] for x in ranges)))
-    r.emit("#pragma unroll 4")   # (the loads of several positions in flight)
-    r.open_block(f"for ({r.long} {flat} = cj; {flat} < {count}; {flat} += {rows.slices})", {})
-    r.scopes[-1].update(r.unflatten(flat, ranges))
-    r.scopes[-1].update({x: f"{n}[{flat}]" for x, n in held.items()})
-    r.consecutive("cc", cols, per, _by_element(per, lambda e: r.emit(
-        f"{acc}{e} = {r.combine(u.arg, dt, f'{acc}{e}', r.value(u.src[0]))};")))
+    base = f"fb{r.n}"
+    r.loads_in_flight = True
+    r.open_block(f"for ({r.long} {base} = cj; {base} < {count}; {base} += {rows.slices * POSITIONS_IN_FLIGHT})", {})
+    loaded, made = {}, {}   # (position k, element e, load) -> the variable holding it; those assigned so far
+
+    def position(k: int, body):
+        """`body(e)` for each element of the run at the work-item's k-th position of this step (past the row: its
+        last), in a C block of its own, the ranges and the row's arrays bound there and the loads made before."""
+        r.open_block("", {})
+        at = f"{base} + {k * rows.slices}" if k else base
+        r.emit(f"const {r.long} {flat} = {f'{at} < {count} ? {at} : {count} - 1' if k else at};")
+        r.scopes[-1].update(r.unflatten(flat, ranges))
+        r.scopes[-1].update({x: f"{n}[{flat}]" for x, n in held.items()})
+
+        def element(e: int):
+            r.scopes[-1].update({x: v for (kk, ee, x), v in made.items() if (kk, ee) == (k, e)})
+            body(e, at)
+        r.consecutive("cc", cols, per, _by_element(per, element))
+        r.close_block()
+
+    for wave in _position_loads(u.src[0], set(ranges), {*held, *rows.reduces}):   # (every position's, a wave a time)
+        for k in range(POSITIONS_IN_FLIGHT):
+            for e in range(per):
+                for x in wave:
+                    loaded[k, e, x] = f"pl{r.n}_{k}_{e}_{len(loaded)}"
+                    r.emit(f"{r.d.ctype(x.dtype)} {loaded[k, e, x]};")
+
+        def load(e: int, at: str, k: int, wave=wave):
+            for x in wave:
+                r.emit(f"{loaded[k, e, x]} = {r.value(x)};")
+        for k in range(POSITIONS_IN_FLIGHT):
+            position(k, lambda e, at, k=k, load=load: load(e, at, k))
+        made.update(loaded)
+    r.n += 1
+
+    def add(e: int, at: str, first: bool):
+        total = r.combine(u.arg, dt, f"{acc}{e}", r.value(u.src[0]))
+        r.emit(f"{acc}{e} = {total if first else f'{at} < {count} ? {total} : {acc}{e}'};")
+    for k in range(POSITIONS_IN_FLIGHT):
+        position(k, lambda e, at, k=k: add(e, at, not k))
     r.close_block()
     for e in range(per):
         r.emit(f"{name}[cj * {width} + cc + {e}] = {acc}{e};")
     r.close_block()
     r.emit(r.d.barrier)
     r.row_operands[u] = [(u, name)]
+
+
+def _position_loads(x: UOp, positions: set, held) -> list[list[UOp]]:
+    """The loads `x` makes (not inside the `held` values: local arrays, the row's reductions) whose address reads the
+    `positions` ranges, in waves: a load reading another's value (a value row through a block table's entry) a wave
+    after it."""
+    wave, ranges, seen = {}, {}, set()
+
+    def visit(y: UOp):   # (operands first: a load's wave follows those of the loads its address reads)
+        if y in seen or y in held:
+            return
+        seen.add(y)
+        for z in y.src:
+            visit(z)
+        ranges[y] = {y} if y.op is Ops.RANGE else set().union(*(ranges.get(z, ()) for z in y.src))
+        if y.op is Ops.LOAD and ranges[y] & positions:
+            wave[y] = 1 + max((wave[z] for z in y.src[1].toposort() if z in wave), default=-1)
+    visit(x)
+    return [[y for y, w in wave.items() if w == level] for level in range(max(wave.values(), default=-1) + 1)]
 
 
 def _column_total(r, u: UOp, acc: str) -> str:

@@ -14,7 +14,7 @@ import prepjit as pj
 import prepjit.numpy as pnp
 from examples.models import llama, llama_paged
 from examples.models.common import cast
-from prepjit.codegen import row_plan
+from prepjit.codegen import render_rows, row_plan
 from prepjit.codegen.gpu_launch import launch_of
 from prepjit.codegen.fusion import kernel_roots
 from prepjit.codegen.optimize import optimize
@@ -137,6 +137,29 @@ def test_p_at_v_takes_16_byte_runs_and_adds_its_partials_pairwise():
             depth[out] = max(depth[a], depth[b]) + 1
     assert max(depth.values()) == 5, src
     assert "const long long c = lid;" in src, src   # (a column a work-item)
+
+
+@pytest.mark.parametrize("target", [CUDA_TARGET, OPENCL_TARGET], ids=["cuda", "opencl"])
+def test_p_at_v_loads_its_positions_in_flight_together(target):
+    """A work-item's p @ V takes POSITIONS_IN_FLIGHT positions of its slice a step: their value rows' loads first
+    (into variables, those past the row at its last position), then the sums (a select keeps a sum past the row), the
+    kernel bounded to one resident work-group on CUDA (else ptxas keeps ~32 registers and issues each load at its
+    use). Was a loop of one position a step: a memory round trip a position (9 at pos 256, 16 at 511)."""
+    _, sched = _kernel(ml_dtypes.bfloat16, context=512)
+    launched = target.launched(optimize(sched.kernels[0].ast, target.language))
+    rows = row_plan.rows_of(launched, *launch_of(launched)[1:])
+    src = target.render(launched).source
+    step = re.search(rf"for \(long(?: long)? (fb\d+) = cj; \1 < \w+; \1 \+= (\d+)\)", src)
+    assert step and int(step.group(2)) == rows.slices * render_rows.POSITIONS_IN_FLIGHT, src
+    loop = src[step.end():src.index("cp", src.index("}\n", src.index(" ? ", step.end())))]
+    run = 8 if target is CUDA_TARGET else 1
+    held = re.findall(r"^\s*float (pl\d+_\d+_\d+_\d+);", loop, re.M)
+    assert len(held) == render_rows.POSITIONS_IN_FLIGHT * run, loop
+    sums = [m.start() for m in re.finditer(r"ca\d+_\d+ = ", loop)]
+    assert len(sums) == render_rows.POSITIONS_IN_FLIGHT * run, loop
+    assert all(loop.index(f"{v} = ") < sums[0] for v in held), loop   # (every load before the first sum)
+    assert len(re.findall(r"ca\d+_\d+ = fb\d+ \+ \d+ < \w+ \? ", loop)) == (render_rows.POSITIONS_IN_FLIGHT - 1) * run
+    assert ("__launch_bounds__(256, 1)" in src) == (target is CUDA_TARGET), src
 
 
 @pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
