@@ -164,3 +164,65 @@ def test_the_device_variable_is_read_on_every_call(monkeypatch):
     monkeypatch.delenv("PREPJIT_DEVICE")
     assert f(x).device == "cpu"
     np.testing.assert_array_equal(np.asarray(f(x)), x * 2)
+
+
+def test_a_layer_dict_changed_between_calls_replays_or_reads_like_the_full_path(device, rng, monkeypatch):
+    """A model's layers (dicts whose values are all NumPy arrays, or all pj.Arrays: container_key reads such a
+    dict in one map) changed in place between calls: each call returns what NumPy computes from its own leaves;
+    a leaf of another dtype, shape, layout or class (a NumPy scalar for a 0-d array, an ndarray subclass, None,
+    a pj.Array among NumPy arrays) or a dict with other keys reads through the full path, and a deleted pj.Array
+    raises."""
+    def fn(layers, x):
+        return [(x * layer["w"]).sum() + layer["b"] for layer in layers]
+
+    f = pj.prepare(lambda layers, x: fn(layers, x) + [pnp.zeros(())], device=device)
+    on_device = pj.prepare(lambda a: a * 1, device=device)
+    reads = counting_reads(f, monkeypatch)
+    layers = [{"w": rng.standard_normal(8).astype(np.float32), "b": np.asarray(np.float32(k))} for k in range(3)]
+    x = rng.standard_normal(8).astype(np.float32)
+
+    def check(n_reads):
+        got = f(layers, x)
+        for g, w in zip(got, fn(layers, x)):
+            np.testing.assert_allclose(np.asarray(g), w, rtol=1e-5, atol=1e-5)
+        assert len(reads) == n_reads, (len(reads), n_reads)
+    check(1)
+    check(1)                                                        # the fast path
+    layers[1]["w"] = rng.standard_normal(8).astype(np.float32)      # a leaf swapped: new values, same key
+    check(1)
+    layers[2]["b"] = np.float32(5.0)                                # a NumPy scalar for a 0-d array
+    check(2)
+    check(3)                                                        # (not remembered: the full path each call)
+    layers[2]["b"] = np.asarray(np.float32(6.0))
+    check(3)                                                        # back to the first key
+    layers[0]["w"].shape = (2, 4)                                   # reshaped in place: the full path
+    with pytest.raises(pj.TraceError):
+        f(layers, x)
+    layers[0]["w"].shape = (8,)
+    check(4)
+    layers[0]["w"] = layers[0]["w"].astype(np.float64)              # another dtype
+    check(5)
+    layers[0]["w"] = np.stack([layers[0]["w"].astype(np.float32)] * 2, 1)[:, 0]  # strided: the full path copies
+    check(6)
+    check(7)
+    layers[0]["w"] = np.ascontiguousarray(layers[0]["w"])
+    check(7)
+    layers[1]["w"] = layers[1]["w"].view(np.recarray)               # an ndarray subclass
+    check(8)
+    check(9)
+    layers[1]["w"] = np.asarray(layers[1]["w"])
+    check(9)
+    layers[1]["extra"] = None                                       # another key
+    check(10)
+    check(10)
+    del layers[1]["extra"]
+    layers[1]["w"] = on_device(layers[1]["w"])      # a pj.Array among NumPy arrays
+    check(11)
+    check(11)
+    layers[1] = {k: on_device(v) for k, v in layers[1].items()}   # all pj.Arrays
+    check(12)
+    check(12)
+    donate = pj.prepare(lambda a: a + 1, device=device, donate_argnums=0)
+    donate(layers[1]["w"])
+    with pytest.raises(pj.DeletedArrayError):
+        f(layers, x)

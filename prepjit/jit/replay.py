@@ -17,6 +17,8 @@ full path, which copies or traces again.
 """
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 
 from ..runtime.array import Array
@@ -35,10 +37,16 @@ class _KnownCall:
                  captures):
         plan = entry.plan
         self.plan, self.device, self.out_tree = plan, device, entry.out_tree
-        self.array_args = array_args
         self.constants = tuple(entry.constants)  # captured arrays (tracing/constants.py): the plan's last inputs
         # the arguments are the plan's first inputs as they are (NumPy arrays, in order, nothing else)
         self.args_first = [i for i, _ in array_args] == list(range(n_args)) and not any(p for _, p in array_args)
+        # else the inputs are picked from the arguments in C: the NumPy arrays, then the pj.Arrays' buffers (read
+        # through Array.buffer, which raises for a deleted one), put back in argument order
+        self.pick_numpy = _picker([i for i, is_pj in array_args if not is_pj])
+        self.pick_pj = _picker([i for i, is_pj in array_args if is_pj])
+        in_order = sorted(range(len(array_args)), key=lambda k: (array_args[k][1], k))  # the picks' order
+        self.reorder = None if in_order == sorted(in_order) else \
+            _picker(sorted(range(len(array_args)), key=in_order.__getitem__))
         # whether the arrays the function reaches are still the ones this plan was traced with (a rebound one
         # goes to the full path, which traces again); None when it reaches none
         self.captures = captures
@@ -61,7 +69,8 @@ class _KnownCall:
     def _inputs(self, args: tuple) -> tuple:
         if self.args_first:
             return args + self.constants
-        return tuple(args[i].buffer if is_pj else args[i] for i, is_pj in self.array_args) + self.constants
+        inputs = self.pick_numpy(args) + tuple(map(_BUFFER, self.pick_pj(args)))
+        return (inputs if self.reorder is None else self.reorder(inputs)) + self.constants
 
     def _run(self, args: tuple):
         """A call whose var values all come from the (keyed) shapes: outputs and values are fixed."""
@@ -119,6 +128,19 @@ class _KnownCall:
         return MISS  # (the test and the checks disagree: the full path decides)
 
 
+_BUFFER = operator.attrgetter("buffer")
+
+
+def _picker(positions: list):
+    """items -> the tuple of items[p] for p in positions (operator.itemgetter, always a tuple)."""
+    if len(positions) > 1:
+        return operator.itemgetter(*positions)
+    if positions:
+        position, = positions
+        return lambda items: (items[position],)
+    return lambda items: ()
+
+
 def _compile_test(plan, var_reads: tuple, var_values: dict):
     """args -> the plan's var values (in plan.vars order), or None when a scalar var read (a position in
     `var_reads`) is outside its var's bounds (used by the plan or not), disagrees with a value the key fixes
@@ -152,14 +174,20 @@ class FastCalls:
         self.signature = signature  # the call reader: concrete keys, and the checks a failed test falls back to
         self.enabled = signature.simple
         self.calls: dict = {}
+        self.last = (MISS, None)  # the concrete key a call found last (MISS: none yet) and its run
         self.watches: dict = {}  # capture_key -> its CaptureWatch, shared by the calls whose plans captured those
 
     def __call__(self, args: tuple, device_name):
         if not self.enabled:
             return MISS
         key, flat = self.signature.concrete_key(args, device_name)
-        run = self.calls.get(key)
-        return MISS if run is None else run(flat)
+        last_key, run = self.last  # (one read: another thread may set it) the key a call found last: compared,
+        if key != last_key:        # not hashed (a model's key is a few hundred parts), as the dict would compare it
+            run = self.calls.get(key)
+            if run is None:
+                return MISS
+            self.last = key, run
+        return run(flat)
 
     def learn(self, args: tuple, device_name, info, entry, device):
         """Remember the call that just went through the full path, when the fast path can replay it."""

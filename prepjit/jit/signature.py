@@ -16,6 +16,7 @@ arguments, and is the one reader of its calls:
 from __future__ import annotations
 
 import inspect
+import operator
 import warnings
 
 import attrs
@@ -341,12 +342,21 @@ class Signature:
         return ("static", type(leaf).__name__, repr(leaf) if isinstance(leaf, float) else leaf)
 
 
+# (container_key) the key parts of a container's leaves when they are all NumPy arrays / all pj.Arrays: the parts
+# its leaf-by-leaf walk appends, read by one C-level map
+_NDARRAY_PARTS = operator.attrgetter("dtype", "shape", "strides")
+_ARRAY_PARTS = operator.attrgetter("__class__", "_device", "dtype", "shape")
+_NDARRAY = np.ndarray
+_ONLY_NDARRAYS, _ONLY_ARRAYS = {_NDARRAY}, {Array}
+
+
 def container_key(tree, parts: list, flat: list, depth: int) -> bool:
     """Append the concrete key parts of a container of arrays (its keys or length, each array's dtype, shape and
     strides) and its arrays in `read`'s order (pytree.flatten: dict insertion order); False when it holds anything
-    else (its other leaves are static values: `read` keys them) or nests deeper than MAX_DEPTH."""
+    else (its other leaves are static values: `read` keys them) or nests deeper than MAX_DEPTH. A container whose
+    values are all of one class, np.ndarray or pj.Array (a model's layer), is read in one map, to the same parts."""
     t = type(tree)
-    if t is np.ndarray:
+    if t is _NDARRAY:
         parts.append((tree.dtype, tree.shape, tree.strides))
     elif t is Array:
         parts.append((Array, tree._device, tree.dtype, tree.shape))
@@ -355,12 +365,18 @@ def container_key(tree, parts: list, flat: list, depth: int) -> bool:
         return True
     elif depth == MAX_DEPTH:
         return False
-    elif t is dict:
-        parts.append((dict, tuple(tree)))
-        return all(container_key(v, parts, flat, depth + 1) for v in tree.values())
-    elif t is list or t is tuple:
-        parts.append((t, len(tree)))
-        return all(container_key(v, parts, flat, depth + 1) for v in tree)
+    elif t is dict or t is list or t is tuple:
+        values = tuple(tree.values()) if t is dict else tree if t is tuple else tuple(tree)  # (read once: its
+        parts.append((t, tuple(tree) if t is dict else len(values)))  # parts and arrays are of the same leaves)
+        kinds = set(map(type, values))
+        if kinds == _ONLY_NDARRAYS or kinds == _ONLY_ARRAYS:
+            parts += map(_NDARRAY_PARTS if _NDARRAY in kinds else _ARRAY_PARTS, values)
+            flat += values
+            return True
+        for v in values:
+            if not container_key(v, parts, flat, depth + 1):
+                return False
+        return True
     else:
         return False
     flat.append(tree)
