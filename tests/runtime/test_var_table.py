@@ -94,7 +94,7 @@ def test_the_gpu_plan_runner_gives_launchers_the_tables_values():
     """DevicePlanRunner (opencl, cuda) writes each launcher's var slots from the VarTable before it runs."""
     from types import SimpleNamespace
 
-    from prepjit.runtime.device_base import DevicePlanRunner
+    from prepjit.runtime.device_base import DeviceBase, DevicePlanRunner
     from prepjit.runtime.launch_steps import KernelStep
 
     class Launch(KernelStep):
@@ -109,7 +109,7 @@ def test_the_gpu_plan_runner_gives_launchers_the_tables_values():
 
     table = VarTable([UOp.variable("n", 1, 8), UOp.variable("pos", 0, 7)])
     steps = [Launch(0, [(0, "pos")]), Launch(1, [(1, "n"), (0, "pos")])]
-    runner = DevicePlanRunner(None, steps, [], {}, table)
+    runner = DevicePlanRunner(DeviceBase(), steps, [], {}, table)   # (DeviceBase.run_all: each launcher in order)
     for n, pos in [(5, 2), (8, 0)]:
         table.bind({"n": n, "pos": pos})
         runner.run_launches()
