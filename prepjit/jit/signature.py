@@ -226,11 +226,11 @@ class Signature:
                     return None, None
                 parts.append((t, a))
             elif t is np.ndarray:
-                parts.append((a.dtype, a.shape, a.strides))
+                parts.append(_NDARRAY_PARTS(a))
             elif t is int:
                 parts.append(int if i in var_positions else a)
             elif t is Array:
-                parts.append((Array, a._device, a.dtype, a.shape))
+                parts.append(_ARRAY_PARTS(a))
             elif t is str or t is bool or a is None:
                 parts.append((t, a))
             elif t is dict or t is list or t is tuple:
@@ -342,8 +342,7 @@ class Signature:
         return ("static", type(leaf).__name__, repr(leaf) if isinstance(leaf, float) else leaf)
 
 
-# (container_key) the key parts of a container's leaves when they are all NumPy arrays / all pj.Arrays: the parts
-# its leaf-by-leaf walk appends, read by one C-level map
+# the key parts of a NumPy array / a pj.Array argument or leaf, read in C (container_key: one map over a container)
 _NDARRAY_PARTS = operator.attrgetter("dtype", "shape", "strides")
 _ARRAY_PARTS = operator.attrgetter("__class__", "_device", "dtype", "shape")
 _NDARRAY = np.ndarray
@@ -357,9 +356,9 @@ def container_key(tree, parts: list, flat: list, depth: int) -> bool:
     values are all of one class, np.ndarray or pj.Array (a model's layer), is read in one map, to the same parts."""
     t = type(tree)
     if t is _NDARRAY:
-        parts.append((tree.dtype, tree.shape, tree.strides))
+        parts.append(_NDARRAY_PARTS(tree))
     elif t is Array:
-        parts.append((Array, tree._device, tree.dtype, tree.shape))
+        parts.append(_ARRAY_PARTS(tree))
     elif tree is None:
         parts.append(None)
         return True

@@ -242,8 +242,7 @@ class CUDADevice(DeviceBase):
         (only their plan queues them, one call at a time), so their arguments can be repacked and they can join
         the queue together."""
         if not self.use_graphs:
-            for launch in launches:
-                launch.run()
+            super().run_all(launches)
             return
         self.flush()
         with self._queue_lock:
