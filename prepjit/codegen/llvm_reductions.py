@@ -237,14 +237,24 @@ class ReductionRendering(AMXRendering):
             distance = PREFETCH_BYTES + (max(apart) - min(apart)) * ld.dtype.itemsize
             last = simplify(ld.src[1].substitute({r: r.src[0] - 1 for r in inner}) - start)
             span = (last.arg + 1) * ld.dtype.itemsize if ld.dtype.is_float and last.op is Ops.CONST else 1
-            lanes, self.vec = self.vec, 0
-            index = self.value(start)
-            self.vec = lanes
-            here = self.op(f"getelementptr {mem_type(ld.src[0].dtype)}, ptr %buf{ld.src[0].arg}, i64 {index}", "p")
-            self.decls.add("declare void @llvm.prefetch.p0(ptr, i32, i32, i32)")
+            here = self.address_of(ld.src[0], start)
             for at in range(distance, distance + span, LINE_BYTES):
-                ahead = self.op(f"getelementptr i8, ptr {here}, i64 {at}", "p")
-                self.emit(f"call void @llvm.prefetch.p0(ptr {ahead}, i32 0, i32 3, i32 1)")
+                self.prefetch(here, at)
+
+    def address_of(self, buf: UOp, index: UOp) -> str:
+        """A pointer to `buf`'s element at `index`, rendered as one scalar index whatever the lanes open (a
+        prefetch's address)."""
+        lanes, self.vec = self.vec, 0
+        at = self.value(index)
+        self.vec = lanes
+        return self.op(f"getelementptr {mem_type(buf.dtype)}, ptr %buf{buf.arg}, i64 {at}", "p")
+
+    def prefetch(self, pointer: str, offset, locality: int = 3):
+        """Ask for the cache line `offset` bytes past `pointer` (llvm.prefetch of a read; `locality` 3: keep it in
+        every level, 2: L2 and below)."""
+        self.decls.add("declare void @llvm.prefetch.p0(ptr, i32, i32, i32)")
+        line = self.op(f"getelementptr i8, ptr {pointer}, i64 {offset}", "p")
+        self.emit(f"call void @llvm.prefetch.p0(ptr {line}, i32 0, i32 {locality}, i32 1)")
 
     def prefetch_fill(self, value: UOp):
         """Ask for the bytes PREFETCH_BYTES ahead of what a fill of the kernel's own array (a block_matmul tile)
@@ -258,13 +268,7 @@ class ReductionRendering(AMXRendering):
             if ld.op is Ops.LOAD and self.prange in self.ranges[ld.src[1]]:
                 starts.setdefault(ld.src[0], simplify(ld.src[1].substitute({self.lane: UOp.const(0)})))
         for buf, start in starts.items():
-            lanes, self.vec = self.vec, 0
-            index = self.value(start)
-            self.vec = lanes
-            here = self.op(f"getelementptr {mem_type(buf.dtype)}, ptr %buf{buf.arg}, i64 {index}", "p")
-            ahead = self.op(f"getelementptr i8, ptr {here}, i64 {PREFETCH_BYTES}", "p")
-            self.decls.add("declare void @llvm.prefetch.p0(ptr, i32, i32, i32)")
-            self.emit(f"call void @llvm.prefetch.p0(ptr {ahead}, i32 0, i32 3, i32 1)")
+            self.prefetch(self.address_of(buf, start), PREFETCH_BYTES)
 
     def prefetch_sum(self, bodies: list[UOp], r: UOp, acc: DType):
         """Before a lone sum's loop over reduction range `r` (a matvec's output row against a weight contiguous along
@@ -284,17 +288,11 @@ class ReductionRendering(AMXRendering):
             if stride_along(index, r) != 1 or stride_along(index, self.prange) != r.src[0].arg:
                 continue  # not one contiguous run of rows
             seen.add(ld.src[0])
-            lanes, self.vec = self.vec, 0
-            start = self.value(simplify(index.substitute({r: UOp.const(0)})))
-            self.vec = lanes
-            row = self.op(f"getelementptr {mem_type(ld.src[0].dtype)}, ptr %buf{ld.src[0].arg}, i64 {start}", "p")
+            row = self.address_of(ld.src[0], simplify(index.substitute({r: UOp.const(0)})))
             ahead = self.op(f"getelementptr i8, ptr {row}, i64 {SUM_AHEAD_BYTES}", "p")
             lines = -(-r.src[0].arg * ld.dtype.itemsize // LINE_BYTES)
-            self.decls.add("declare void @llvm.prefetch.p0(ptr, i32, i32, i32)")
             loop = self.open_loop(None, "0", str(lines))
-            offset = self.op(f"mul i64 {loop[2]}, {LINE_BYTES}")
-            line = self.op(f"getelementptr i8, ptr {ahead}, i64 {offset}", "p")
-            self.emit(f"call void @llvm.prefetch.p0(ptr {line}, i32 0, i32 2, i32 1)")
+            self.prefetch(ahead, self.op(f"mul i64 {loop[2]}, {LINE_BYTES}"), locality=2)
             self.close_loop(loop)
 
     def prefetch_rows(self, bodies: list[UOp], r: UOp, acc: DType):
@@ -322,15 +320,10 @@ class ReductionRendering(AMXRendering):
                 continue
             size = loads[0].dtype.itemsize
             first, last = min(o.arg for o in offsets), max(o.arg for o in offsets) + (self.width if self.lane in unopened else 1)
-            lanes_saved, self.vec = self.vec, 0
-            index = self.value(simplify(starts[0].substitute({r: r + ROWS_AHEAD}) + first))
-            self.vec = lanes_saved
-            base = self.op(f"getelementptr {mem_type(buf.dtype)}, ptr %buf{buf.arg}, i64 {index}", "p")
+            base = self.address_of(buf, simplify(starts[0].substitute({r: r + ROWS_AHEAD}) + first))
             span = (last - first) * size
-            self.decls.add("declare void @llvm.prefetch.p0(ptr, i32, i32, i32)")
             for at in sorted(set(range(0, span, 64)) | {span - 1}):
-                line = self.op(f"getelementptr i8, ptr {base}, i64 {at}", "p")
-                self.emit(f"call void @llvm.prefetch.p0(ptr {line}, i32 0, i32 3, i32 1)")
+                self.prefetch(base, at)
 
     def lookup_tables(self, bodies: list[UOp]) -> dict[UOp, UOp]:
         """Per float32 value of `bodies` computed lane by lane that depends on the lane only through one integer of at
