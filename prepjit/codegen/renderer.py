@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from ..uop import DType, Ops, UOp, dtypes
 
-_NOT_ROUNDED = (Ops.CONST, Ops.LOAD, Ops.REDUCE, Ops.CAST, Ops.BITCAST)  # exact halves, or rounded by their hook
+# 16-bit results that need no rounding: exact halves (CONST, LOAD), rounded by their hook (REDUCE, CAST, BITCAST),
+# or one of their operands, already rounded (WHERE), or its negation (NEG)
+_NOT_ROUNDED = (Ops.CONST, Ops.LOAD, Ops.REDUCE, Ops.CAST, Ops.BITCAST, Ops.WHERE, Ops.NEG)
 _OWN_WALK = (Ops.LOAD, Ops.REDUCE)  # their hooks render their operands themselves (inside a loop, for a reduce)
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import prepjit as pj
+import prepjit.numpy as pnp
 from prepjit.codegen.render_cuda import render_cuda
 from prepjit.uop import Ops, UOp, dtypes
 
@@ -192,3 +193,26 @@ def test_cuda_float16_widens_keeping_a_nans_sign_and_payload():
     wide = np.zeros(len(x), np.float32)
     cuda_emulation.run(render_cuda(kernel(UOp(Ops.CAST, dtypes.float32, (load(1, dtypes.float16, r),)), r)), [wide, x])
     assert np.array_equal(quieted_bits(wide), quieted_bits(x.astype(np.float32)))
+
+
+@pytest.mark.parametrize("narrow", [BF16, np.float16], ids=["bfloat16", "float16"])
+def test_a_select_or_a_negation_of_16_bit_floats_keeps_their_bits(device, narrow):
+    """where(x > 0, -x, y) over every 16-bit pattern: NumPy's bits wherever the result is not a NaN (a stored NaN
+    is quieted, as every store quiets it). A select or a negation of 16-bit values is one of them: the renderers do
+    not round it again."""
+    bits = np.arange(2**16, dtype=np.uint16)
+    x, y = bits.view(narrow), bits[::-1].copy().view(narrow)
+    got = np.asarray(pj.prepare(lambda a, b: pnp.where(a > 0, -a, b), device=device)(x, y))
+    want = np.where(x > 0, -x, y)
+    nan = np.isnan(want.astype(np.float32))
+    assert np.array_equal(got.view(np.uint16)[~nan], want.view(np.uint16)[~nan]) and np.isnan(got[nan]).all()
+
+
+def test_a_select_or_a_negation_of_bfloat16_is_rendered_without_rounding():
+    r = loop(UOp.const(8))
+    x, y = load(1, dtypes.bfloat16, r), load(2, dtypes.bfloat16, r)
+    chosen = UOp(Ops.WHERE, dtypes.bfloat16, (x < y, UOp(Ops.NEG, dtypes.bfloat16, (x,)), y))
+    body = render_cuda(kernel(chosen, r)).source.split("__global__")[1]
+    assert "pj_round_bfloat16(" not in body and "pj_float_to_bfloat16(" in body   # rounded once: at the store
+    added = render_cuda(kernel(x + y, r)).source.split("__global__")[1]
+    assert "pj_round_bfloat16(" in added   # a sum is rounded
