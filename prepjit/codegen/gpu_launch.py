@@ -10,16 +10,21 @@ renderer (render_c.py) follows and never decides itself:
 - ("rows", group, pack, run): a row kernel (row_plan.py; work-items take runs of `run` elements), its row
   reductions' passes rewritten to share the columns' range where every pass is one static run per work-item
   (`share_passes`: the proof sees that range);
-- ("items", n): a work-item per `n` outputs (the dialect's items per thread).
+- ("items", n): a work-item per `n` outputs (the dialect's items per thread; one where the kernel has fewer than
+  FEW_OUTPUTS outputs, `items_per_work_item`).
 """
 from __future__ import annotations
 
+import math
+
 from ..uop import Ops, UOp, dtypes
 from .optimize import DEFAULT_BLOCKING, Blocking
-from .row_plan import row_plan, share_passes, split_matvec_blocks
+from .row_plan import loop_ranges, row_plan, share_passes, split_matvec_blocks
 from .render_tiles import fragment_kind, match_contraction
 
 WARP_ROWS = 4             # rows of one warp each a work-group packs (dialects with shuffles)
+FEW_OUTPUTS = 1 << 18     # an elementwise kernel of fewer outputs (at most) takes one a work-item: its work-items
+                          # would not fill a GPU of ~100 multiprocessors twice over at several each
 
 
 def warp_rows(dialect) -> int:
@@ -42,7 +47,16 @@ def launch(ast: UOp, dialect, blocking: Blocking = DEFAULT_BLOCKING) -> UOp:
     rows = row_plan(ast, dialect.items_per_thread, packed)
     if rows is not None:
         return _with_launch(ast, ("rows", rows.group, rows.pack, rows.run))
-    return _with_launch(ast, ("items", dialect.items_per_thread))
+    return _with_launch(ast, ("items", items_per_work_item(ast, dialect)))
+
+
+def items_per_work_item(ast: UOp, dialect) -> int:
+    """Outputs a work-item of an elementwise kernel stores: the dialect's items per thread, or one where the kernel
+    has fewer than FEW_OUTPUTS outputs at most. A small kernel is latency-bound: each work-item runs its outputs'
+    code one after another (a 30-way concatenation of RoPE'd rows: ~3,000 instructions an output), so one output a
+    work-item puts that many times more work in flight."""
+    outputs = math.prod(r.src[0].vmax for r in loop_ranges(ast))
+    return dialect.items_per_thread if outputs >= FEW_OUTPUTS else 1
 
 
 def _with_launch(ast: UOp, arg: tuple) -> UOp:

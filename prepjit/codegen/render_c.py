@@ -475,9 +475,9 @@ class CStyleRenderer(KernelRenderer):
         return self.round_to(acc, dt) if dt.narrow else acc
 
     def run_length(self, ranges: list[UOp]) -> int:
-        """How many consecutive flat indices a work-item takes at a time (the dialect's items per thread where a
-        run stays inside the last range)."""
-        return run_length(ranges, self.d.items_per_thread)
+        """How many consecutive flat indices a work-item takes at a time (the launch's items where a run stays
+        inside the last range)."""
+        return run_length(ranges, self.items)
 
     def consecutive(self, flat: str, ranges: list[UOp], per: int, body: Callable[[], None]):
         """Bind `ranges` to the flat indices flat, ..., flat + per - 1 (the last range's digit plus 0 ... per - 1: the

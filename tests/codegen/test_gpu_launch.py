@@ -9,10 +9,10 @@ from prepjit.codegen.render_tiles import match_contraction
 from prepjit.codegen.targets import CUDA_TARGET, LLVM, OPENCL_TARGET, TARGETS, target_for
 from prepjit.errors import CompileError
 from prepjit.runtime.devices import get_device
-from prepjit.uop import Ops, UOp
+from prepjit.uop import Ops, UOp, dtypes
 
 from .test_render_cuda import matmul_kernel, softmax_kernel
-from .test_render_opencl import N
+from .test_render_opencl import N, kernel, load, loop
 
 GPUS = [CUDA_TARGET, OPENCL_TARGET]
 M, NN, K = UOp.variable("m", 1, 256), UOp.variable("n", 1, 300), UOp.variable("k", 1, 500)
@@ -39,7 +39,10 @@ def test_row_kernels_and_elementwise_kernels_carry_their_launch(target):
     kind, group, pack, _ = gpu_launch.launch_of(rows)
     assert kind == "rows" and target.render(rows).local_size == (group * pack,)
     short = gpu_launch.launch_of(target.launched(softmax_kernel(16)))   # short rows: computed inline
-    assert short == ("items", 4 if target is CUDA_TARGET else 1)
+    assert short == ("items", 1)   # few outputs (1000 rows of 16 at most): one a work-item
+    r0 = loop(UOp.variable("n", 1, gpu_launch.FEW_OUTPUTS), 0)
+    many = gpu_launch.launch_of(target.launched(kernel(load(1, dtypes.float32, r0) + UOp.const(1.0, dtypes.float32), r0)))
+    assert many == ("items", 4 if target is CUDA_TARGET else 1)
     assert target.launched(rows) is rows   # a launched AST keeps its launch
 
 

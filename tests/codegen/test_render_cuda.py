@@ -7,6 +7,7 @@ import pytest
 import prepjit as pj
 import prepjit.numpy as pnp
 from prepjit.codegen.optimize import optimize
+from prepjit.codegen.gpu_launch import FEW_OUTPUTS
 from prepjit.codegen.render_c import FLOAT_ONLY, INTEGER_ONLY
 from prepjit.codegen.row_plan import REDUCE_GROUP
 from prepjit.codegen.render_cuda import ELEMENTWISE_GROUP, ITEMS_PER_THREAD, render_cuda
@@ -61,6 +62,9 @@ def test_both_dialects_share_launch_sizes_and_grouping():
     assert cuda.global_size == opencl.global_size and cuda.local_size == opencl.local_size == (REDUCE_GROUP,)
     assert "__syncthreads();" in cuda.source and "__shared__ __align__(16) float part" in cuda.source
     assert f"__launch_bounds__({REDUCE_GROUP})" in cuda.source
+    few = render_cuda(kernel(load(1, dtypes.float32, r0) + UOp.const(1.0, dtypes.float32), r0))
+    assert "if (gid >= v_n) return;" in few.source and "base" not in few.source   # n <= 1000: one output an item
+    r0 = loop(UOp.variable("n", 1, FEW_OUTPUTS), 0)   # enough outputs for several a work-item
     elementwise = render_cuda(kernel(load(1, dtypes.float32, r0) + UOp.const(1.0, dtypes.float32), r0))
     assert elementwise.local_size == (ELEMENTWISE_GROUP,) and f"if (base + {ITEMS_PER_THREAD} <= v_n) {{" in \
         elementwise.source   # consecutive outputs, unchecked where all are in range: vector loads and stores
