@@ -23,62 +23,200 @@ import os
 import random
 import shlex
 import socket
+import ssl
 import subprocess
 import sys
 import time
+import urllib.parse
 
-import aiohttp
 import numpy as np
 
 PROMPT = "Once upon a time, in a small village by the sea, there lived"
 SERVE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve.py")
+READ_TIMEOUT_S = 600  # a response that takes longer than this is an error
 
 
-async def one_request(session, url: str, body: dict) -> dict:
-    """A streamed completion: its start, the times of its chunks of text, its output tokens, or its error."""
-    start = time.perf_counter()
-    times, tokens, partial = [], 0, b""
-    async with session.post(url + "/v1/completions", json={**body, "stream": True,
-                                                           "stream_options": {"include_usage": True}}) as r:
-        if r.status != 200:
-            return {"start": start, "error": f"HTTP {r.status}: {(await r.text())[:200]}"}
-        # the lines of each piece of the body as it arrives (one await a piece, not one a line: the client shares
-        # the server's cores when both run on one machine)
-        async for piece in r.content.iter_any():
-            now = time.perf_counter()
-            *lines, partial = (partial + piece).split(b"\n")
-            for line in lines:
-                if not line.startswith(b"data: ") or line.rstrip() == b"data: [DONE]":
+class Connection(asyncio.Protocol):
+    """One HTTP/1.1 connection (kept alive between requests) that reads a response as its bytes arrive, in the
+    transport's callback: no task woken, no await a piece (the client shares the server's cores when both run on
+    one machine). The body is framed by chunks, a Content-Length or the connection's end; a 200 answer's body is
+    read as server-sent events, each parsed (JSON) when its last byte has come, at that piece's arrival time."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop, self.transport, self.closed = loop, None, False
+        self.result: asyncio.Future | None = None
+        self.reusable = False
+
+    def connection_made(self, transport):
+        self.transport = transport
+
+    def request(self, target: str, host: str, body: bytes) -> asyncio.Future:
+        """POST body (JSON) to target: a future of {"chunks": the times of the events with text, "tokens": the
+        usage's completion tokens} or {"error"}; `reusable` then says whether the connection may take another."""
+        self.result, self.reusable = self.loop.create_future(), False
+        self.framing = None  # once the head is read: "chunked", "length" or "close" (the body ends with the connection)
+        self.head, self.wire, self.events, self.error_body = b"", b"", b"", b""
+        self.status, self.remaining, self.keep, self.times, self.tokens = 0, 0, False, [], 0
+        self.transport.write(f"POST {target} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                             f"Accept: text/event-stream\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+        return self.result
+
+    def data_received(self, data: bytes):
+        now = time.perf_counter()
+        if self.result is None or self.result.done():
+            return
+        try:
+            if self.framing is None:
+                self.head += data
+                if b"\r\n\r\n" not in self.head:
+                    return
+                head, data = self.head.split(b"\r\n\r\n", 1)
+                self._read_head(head)
+            if self.framing == "chunked":
+                self._chunks(data, now)
+            elif self.framing == "length":
+                data = data[:self.remaining]
+                self.remaining -= len(data)
+                self._content(data, now)
+                if not self.remaining:
+                    self._body_end()
+            else:
+                self._content(data, now)
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:  # not HTTP, chunks or JSON
+            self._finish({"error": f"bad response: {e!r}"})
+
+    def connection_lost(self, exc):
+        self.closed = True
+        if self.result is not None and not self.result.done():
+            if self.framing == "close":
+                self._body_end()
+            else:
+                self._finish({"error": f"the connection closed mid-response ({exc or 'EOF'})"})
+
+    def _read_head(self, head: bytes):
+        status_line, *lines = head.decode("latin-1").split("\r\n")
+        self.status = int(status_line.split()[1])
+        fields = {k.strip().lower(): v.strip().lower() for k, _, v in (line.partition(":") for line in lines)}
+        self.keep = status_line.startswith("HTTP/1.1") and fields.get("connection") != "close"
+        if "chunked" in fields.get("transfer-encoding", ""):
+            self.framing = "chunked"
+        elif "content-length" in fields:
+            self.framing, self.remaining = "length", int(fields["content-length"])
+            if not self.remaining:
+                self._body_end()
+        else:
+            self.framing, self.keep = "close", False
+
+    def _chunks(self, data: bytes, now: float):
+        """The body's chunks in data (and what was left of the last piece)."""
+        wire = self.wire + data
+        while (line_end := wire.find(b"\r\n")) >= 0:
+            size, start = int(wire[:line_end].split(b";")[0], 16), line_end + 2
+            if not size:  # the last chunk: its (empty) trailer section ends the body
+                if wire.startswith(b"\r\n", start) or b"\r\n\r\n" in wire[start:]:
+                    return self._body_end()
+                break
+            if len(wire) < start + size + 2:
+                break
+            self._content(wire[start:start + size], now)
+            wire = wire[start + size + 2:]
+        self.wire = wire
+
+    def _content(self, data: bytes, now: float):
+        if self.status != 200:
+            self.error_body += data
+            return
+        *events, self.events = (self.events + data).replace(b"\r\n", b"\n").split(b"\n\n")
+        for event in events:
+            for line in event.split(b"\n"):
+                if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
                     continue
-                chunk = json.loads(line[6:])
+                chunk = json.loads(line[5:])
                 if "error" in chunk:
-                    return {"start": start, "error": chunk["error"]["message"]}
+                    return self._finish({"error": chunk["error"]["message"]})
                 if chunk.get("usage"):
-                    tokens = chunk["usage"]["completion_tokens"]
+                    self.tokens = chunk["usage"]["completion_tokens"]
                 if chunk["choices"] and chunk["choices"][0]["text"]:
-                    times.append(now)
-    return {"start": start, "end": time.perf_counter(), "chunks": times, "tokens": tokens}
+                    self.times.append(now)
+
+    def _body_end(self):
+        self.reusable = self.keep
+        if self.status != 200:
+            return self._finish({"error": f"HTTP {self.status}: {self.error_body.decode(errors='replace')[:200]}"})
+        self._finish({"chunks": self.times, "tokens": self.tokens})
+
+    def _finish(self, outcome: dict):
+        if not self.result.done():
+            self.result.set_result(outcome)
+
+
+class Client:
+    """Streamed completions from one server over kept-alive connections (http or https)."""
+
+    def __init__(self, url: str):
+        parts = urllib.parse.urlsplit(url)
+        self.https, self.host = parts.scheme == "https", parts.hostname
+        self.port = parts.port or (443 if self.https else 80)
+        self.netloc, self.prefix = parts.netloc, parts.path.rstrip("/")
+        self.idle: list[Connection] = []
+
+    async def post(self, path: str, body: dict) -> dict:
+        """{"start", "end", "chunks", "tokens"} or {"start", "error"}."""
+        loop = asyncio.get_running_loop()
+        raw = json.dumps(body).encode()
+        start = time.perf_counter()
+        while self.idle:
+            conn = self.idle.pop()
+            if not conn.closed:
+                break
+        else:
+            _, conn = await loop.create_connection(lambda: Connection(loop), self.host, self.port,
+                                                   ssl=ssl.create_default_context() if self.https else None)
+        try:
+            outcome = await asyncio.wait_for(conn.request(self.prefix + path, self.netloc, raw), READ_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            outcome = {"error": f"no whole response within {READ_TIMEOUT_S} s"}
+        if conn.reusable and not conn.closed:
+            self.idle.append(conn)
+        else:
+            conn.transport.close()
+        return {"start": start, **outcome, **({} if "error" in outcome else {"end": time.perf_counter()})}
+
+    def close(self):
+        for conn in self.idle:
+            conn.transport.close()
+        self.idle.clear()
+
+
+async def one_request(client: Client, body: dict) -> dict:
+    """A streamed completion: its start, the times of its chunks of text, its output tokens, or its error."""
+    try:
+        return await client.post("/v1/completions", {**body, "stream": True, "stream_options": {"include_usage": True}})
+    except OSError as e:
+        return {"start": time.perf_counter(), "error": f"cannot connect: {e}"}
 
 
 async def run(url: str, body: dict, requests: int, concurrency: int | None, rate: float | None, seed: int = 0):
     """Every request's record and the wall time: `concurrency` clients each sending its next request when the last
     is answered, or requests sent at `rate` per second (exponential gaps) however many are in flight."""
-    timeout = aiohttp.ClientTimeout(total=None, sock_read=600)
-    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
+    client = Client(url)
+    try:
         start = time.perf_counter()
         if rate is None:
             remaining = iter(range(requests))
 
-            async def client():
-                return [await one_request(session, url, body) for _ in remaining]
-            results = [r for rs in await asyncio.gather(*(client() for _ in range(concurrency))) for r in rs]
+            async def sender():
+                return [await one_request(client, body) for _ in remaining]
+            results = [r for rs in await asyncio.gather(*(sender() for _ in range(concurrency))) for r in rs]
         else:
             rng, tasks = random.Random(seed), []
             for _ in range(requests):
-                tasks.append(asyncio.create_task(one_request(session, url, body)))
+                tasks.append(asyncio.create_task(one_request(client, body)))
                 await asyncio.sleep(rng.expovariate(rate))
             results = await asyncio.gather(*tasks)
         return results, time.perf_counter() - start
+    finally:
+        client.close()
 
 
 def summary(results: list, seconds: float) -> dict:

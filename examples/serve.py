@@ -14,7 +14,8 @@ events ending with `data: [DONE]` when "stream" is true), /v1/embeddings (MiniLM
 One worker thread makes every engine call: it drains the queue of submissions and cancellations, runs one engine
 step (admitting waiting sequences into the running batch, one prefill of several prompts' chunks, a batched
 decode step) and hands the step's tokens to the event loop (one Mailbox wake a step, the GIL kept: see Mailbox),
-which turns them into text (openai_api.TextStream) while the worker's next step runs.
+which turns them into text and a stream's events written to its socket in that one call (examples/choices.py)
+while the worker's next step runs.
 A client that goes away cancels its sequences, which frees their KV blocks at once; a request that would make
 more than --max-waiting sequences wait is answered 503.
 """
@@ -31,11 +32,11 @@ import sys
 import threading
 import time
 
-import attrs
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import openai_api as api  # noqa: E402
+from choices import Choices, EngineFailure, Gathered, Sequence, SseWriter  # noqa: E402
 from engine import Engine, Sampling, add_arguments  # noqa: E402
 from models.common import MissingPackage  # noqa: E402
 from models.minilm import token_rows  # noqa: E402
@@ -46,21 +47,6 @@ RATE_WINDOW_S = 10.0  # tokens/s in /metrics: over the steps of the last this ma
 # how the app must run (web.run_app, web.AppRunner): a client that goes away cancels its request's handler, whose
 # `finally` cancels its sequences (else a request answered whole would run to its end for nobody)
 RUN_OPTIONS = {"handler_cancellation": True}
-
-
-@attrs.define(eq=False)
-class Sequence:
-    """One choice of a request: what the worker submits, and where its results go: `submitted` gets the seq id
-    (or why the engine refused the prompt), `events` (shared by the request's choices) then (index, engine Event or
-    EngineFailure)."""
-    index: int
-    prompt: list
-    sampling: Sampling
-    events: asyncio.Queue
-    submitted: asyncio.Future
-    seq_id: int | None = None
-    done: bool = False
-    generated: int = 0  # tokens the engine reported
 
 
 # libc's write(2) called with the GIL held (PyDLL): the worker's wake of the event loop (Mailbox)
@@ -103,10 +89,6 @@ class Mailbox:
         self.loop.remove_reader(self.read_fd)
         os.close(self.read_fd)
         os.close(self.write_fd)
-
-
-class EngineFailure(RuntimeError):
-    """The engine (or the embedder) raised: the sequences it was running end with this error."""
 
 
 class Worker:
@@ -252,7 +234,8 @@ class Worker:
 
 
 def _deliver(items):
-    """On the event loop: a submission's outcome resolves `submitted`, what follows goes to `events`."""
+    """On the event loop: a submission's outcome resolves `submitted`, what follows goes to the request's choices
+    (which turn it into text and write a stream's events at once)."""
     for seq, item in items:
         if not seq.submitted.done():
             if isinstance(item, Exception):
@@ -260,7 +243,7 @@ def _deliver(items):
             else:
                 seq.submitted.set_result(item)
         else:
-            seq.events.put_nowait((seq.index, item))
+            seq.choices.take(seq, item)
 
 
 def _resolve(future, result):
@@ -397,17 +380,17 @@ class Server:
         arrived = time.perf_counter()
         req = api.generation_request(api.parse_json(await request.read()), chat=chat, codec=self.codec,
                                      served=self.served, context=self.context)
-        choices = len(req.prompts) * req.n
-        if choices > self.capacity:
-            raise api.ApiError(400, f"the request asks for {choices} choices (prompts times n): this server runs or "
+        count = len(req.prompts) * req.n
+        if count > self.capacity:
+            raise api.ApiError(400, f"the request asks for {count} choices (prompts times n): this server runs or "
                                     f"queues at most {self.capacity} sequences", param="n", code="invalid_value")
-        if self.in_flight + choices > self.capacity:
+        if self.in_flight + count > self.capacity:
             raise api.ApiError(503, f"the server is full ({self.in_flight} sequences running or waiting): try again "
                                     "later", code="queue_full")
-        events: asyncio.Queue = asyncio.Queue()
         loop = asyncio.get_running_loop()
-        seqs = [Sequence(i, list(req.prompts[i // req.n]), _sampling(req, i % req.n), events, loop.create_future())
-                for i in range(choices)]
+        choices = Choices(count, self.codec, req.stop, self.stop_ids, self.metrics, self.worker.cancel, arrived, loop)
+        seqs = [Sequence(i, list(req.prompts[i // req.n]), _sampling(req, i % req.n), choices, loop.create_future())
+                for i in range(count)]
         self.in_flight += len(seqs)
         refused = False
         try:
@@ -420,7 +403,6 @@ class Server:
                     refused = True
                     raise api.ApiError(400, str(e), param="prompt") from None
             self.metrics.prompt_tokens += sum(len(p) for p in req.prompts)
-            choices = self._choices(req, seqs, arrived)
             if req.stream:
                 return await self._stream(request, req, seqs, chat, choices)
             return await self._whole(req, seqs, chat, choices)
@@ -432,83 +414,49 @@ class Server:
                         self.metrics.requests["abort"] += 1
             self.in_flight -= len(seqs)
 
-    async def _choices(self, req, seqs, arrived):
-        """(index, new text, finish reason or None, [(token, TokenLogprobs)] since the last) as the sequences'
-        tokens arrive (the log-probabilities of the tokens of its text, when the request asks for them)."""
-        streams = [api.TextStream(self.codec, req.stop) for _ in seqs]
-        pending = [[] for _ in seqs]
-        remaining = len(seqs)
-        while remaining:
-            index, event = await seqs[0].events.get()
-            seq, stream = seqs[index], streams[index]
-            if seq.done:
-                continue
-            if isinstance(event, Exception):
-                raise event
-            text, stopped = "", False
-            if event.token is not None:
-                seq.generated += 1
-                if seq.generated == 1:
-                    self.metrics.first_token(time.perf_counter() - arrived)
-                if not (event.finish == "stop" and event.token in self.stop_ids):
-                    text, stopped = stream.add(event.token)
-                    if event.logprobs is not None:
-                        pending[index].append((event.token, event.logprobs))
-            finish = "stop" if stopped else event.finish
-            if finish is None:
-                if text:
-                    yield index, text, None, pending[index]
-                    pending[index] = []
-                continue
-            if stopped:
-                self.worker.cancel(seq)
-            else:
-                text += stream.finish()
-            seq.done = True
-            remaining -= 1
-            self.metrics.requests[finish] += 1
-            yield index, text, finish, pending[index]
-
-    async def _whole(self, req, seqs, chat: bool, choices):
-        texts, finishes, entries = collections.defaultdict(str), {}, collections.defaultdict(list)
-        async for index, text, finish, logprobs in choices:
-            texts[index] += text
-            finishes[index] = finish or finishes.get(index)
-            entries[index] += logprobs
+    async def _whole(self, req, seqs, chat: bool, choices: Choices):
+        gathered = Gathered()
+        choices.attach(gathered.piece)
+        error = await choices.ended
+        if error is not None:
+            raise error
         out = []
         for seq in seqs:
             i = seq.index
-            text = (self.codec.decode(seq.prompt) if req.echo else "") + texts[i]
-            logprobs = None if req.logprobs is None else api.Logprobs(self.codec, chat).payload(entries[i])
-            out.append(api.completion_choice(i, text, finishes.get(i), chat, stream=False, logprobs=logprobs))
+            text = (self.codec.decode(seq.prompt) if req.echo else "") + gathered.texts[i]
+            logprobs = None if req.logprobs is None else api.Logprobs(self.codec, chat).payload(gathered.entries[i])
+            out.append(api.completion_choice(i, text, gathered.finishes.get(i), chat, stream=False,
+                                             logprobs=logprobs))
         return web.json_response(api.envelope(api.new_id("chatcmpl" if chat else "cmpl"), req.model, chat, False, out,
                                               api.now(), usage=_usage(req, seqs)))
 
-    async def _stream(self, request, req, seqs, chat: bool, choices):
+    async def _stream(self, request, req, seqs, chat: bool, choices: Choices):
+        """The events go out as the tokens come (SseWriter, from the mailbox's call); this waits for their end."""
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await response.prepare(request)
-        events = api.ChunkEvents(api.new_id("chatcmpl" if chat else "cmpl"), req.model, chat, api.now())
-
-        async def send(choice_list, **extra):
-            await response.write(events.event(choice_list, **extra))
-        formats = [api.Logprobs(self.codec, chat) for _ in seqs] if req.logprobs is not None else None
+        if request.version >= HttpVersion11:
+            response.enable_chunked_encoding()
+        await response.prepare(request)  # (which writes the headers: the events follow them on the transport)
+        writer = SseWriter(request.transport, response.chunked,
+                           api.ChunkEvents(api.new_id("chatcmpl" if chat else "cmpl"), req.model, chat, api.now()),
+                           chat, [api.Logprobs(self.codec, chat) for _ in seqs] if req.logprobs is not None else None)
         try:
             for seq in seqs:
                 if chat:
-                    await send([api.completion_choice(seq.index, None, None, chat, True, first=True)])
+                    writer.send([api.completion_choice(seq.index, None, None, chat, True, first=True)])
                 elif req.echo:
-                    await send([api.completion_choice(seq.index, self.codec.decode(seq.prompt), None, chat, True)])
-            async for index, text, finish, logprobs in choices:
-                logprobs = None if formats is None else formats[index].payload(logprobs)
-                await send([api.completion_choice(index, text, finish, chat, True, logprobs=logprobs)])
+                    writer.send([api.completion_choice(seq.index, self.codec.decode(seq.prompt), None, chat, True)])
+            choices.attach(writer.piece)
+            error = await choices.ended
+            if isinstance(error, ConnectionError):
+                raise error
+            if error is not None:  # the engine failed mid-stream
+                writer.write(api.sse(api.ApiError(500, str(error)).body()))
+            if req.include_usage:
+                writer.send([], usage=_usage(req, seqs))
+            writer.write(b"data: [DONE]\n\n")
+            await response.write_eof()
         except ConnectionError:  # the client went away: _generate cancels its sequences
-            return response
-        except EngineFailure as e:  # the engine failed mid-stream
-            await response.write(api.sse(api.ApiError(500, str(e)).body()))
-        if req.include_usage:
-            await send([], usage=_usage(req, seqs))
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
+            pass
         return response
 
 

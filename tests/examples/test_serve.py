@@ -346,6 +346,25 @@ def test_stop_strings_cut_the_text_and_end_the_sequence(server):
     assert wait_idle(server)["serve_kv_blocks_used"] == 0
 
 
+def test_an_http_1_0_client_gets_the_stream_unchunked_to_the_connections_end(server):
+    """Events are written straight to the connection: framed as chunks for HTTP/1.1 (urllib decodes them in
+    stream()), as they are for HTTP/1.0, whose body ends when the server closes the connection."""
+    body = json.dumps({**GREEDY, "prompt": PROMPTS[1], "stream": True}).encode()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n%b" % (len(body), body))
+        wire = b""
+        while piece := s.recv(65536):
+            wire += piece
+    head, raw = wire.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.0 200") and b"chunked" not in head.lower()
+    events = raw.split(b"\n\n")
+    assert events[-1] == b"" and events[-2] == b"data: [DONE]"
+    texts = [json.loads(e[len(b"data: "):])["choices"][0]["text"] for e in events[:-2]]
+    chunks, _ = stream(server, "/v1/completions", {**GREEDY, "prompt": PROMPTS[1]})
+    assert texts == [c["choices"][0]["text"] for c in chunks]
+
+
 def test_clients_that_go_away_mid_stream_free_their_blocks(server):
     """200 streams dropped at once or after their first chunk, 20 whole answers dropped before they come: each
     cancels its sequence (far fewer tokens are generated than they asked for) and counts as finish reason "abort";
