@@ -23,6 +23,7 @@ from .row_plan import loop_ranges, row_plan, share_passes, split_matvec_blocks
 from .render_tiles import fragment_kind, match_contraction
 
 WARP_ROWS = 4             # rows of one warp each a work-group packs (dialects with shuffles)
+FEW_VAR_ROWS = 64         # a quantized contraction with a side of a var of at most this many: rows (few_var_rows)
 FEW_OUTPUTS = 1 << 18     # an elementwise kernel of fewer outputs (at most) takes one a work-item: its work-items
                           # would not fill a GPU of ~100 multiprocessors twice over at several each
 
@@ -37,17 +38,37 @@ def launch(ast: UOp, dialect, blocking: Blocking = DEFAULT_BLOCKING) -> UOp:
     if launch_of(ast) is not None:
         return ast
     contraction = match_contraction(ast, blocking.tile)
-    if contraction is not None:
-        fragments = fragment_kind(contraction) if dialect.tensor_core_mma else None
-        if fragments is not None:
-            return _with_launch(ast, ("tile", contraction.tm, contraction.tn, 1, fragments))
-        return _with_launch(ast, ("tile", contraction.tm, contraction.tn, contraction.splits))
+    if contraction is not None and (blocking.tile is not None or not few_var_rows(contraction)):
+        return _tile_launch(ast, contraction, dialect)
     packed = warp_rows(dialect)
-    ast = share_passes(split_matvec_blocks(ast, packed), dialect.items_per_thread, packed)
-    rows = row_plan(ast, dialect.items_per_thread, packed)
+    shared = share_passes(split_matvec_blocks(ast, packed), dialect.items_per_thread, packed)
+    rows = row_plan(shared, dialect.items_per_thread, packed)
     if rows is not None:
-        return _with_launch(ast, ("rows", rows.group, rows.pack, rows.run))
+        return _with_launch(shared, ("rows", rows.group, rows.pack, rows.run))
+    if contraction is not None:
+        return _tile_launch(ast, contraction, dialect)
+    ast = shared
     return _with_launch(ast, ("items", items_per_work_item(ast, dialect)))
+
+
+def few_var_rows(c) -> bool:
+    """Whether contraction `c` multiplies a side of one var range of at most FEW_VAR_ROWS (a decode step's batch of
+    sequences) by an operand that unpacks quantized blocks (integer loads): its kernel is a row kernel where the row
+    plan takes it, each weight unpacked in registers as in a one-row step, rather than a tile of 32 or more rows that
+    unpacks every weight of a slice into local memory and computes padding at a batch of a few. On an H100 the paged
+    step's Q4_1 tiles took 48-168 us a projection at one sequence (bfloat16 weights' tiles 21-46 us)."""
+    for side, other in ((c.i, c.b), (c.j, c.a)):
+        if len(side) == 1 and side[0].src[0].op is not Ops.CONST and side[0].src[0].vmax <= FEW_VAR_ROWS \
+                and any(u.op is Ops.LOAD and u.dtype.is_int for u in other.toposort()):
+            return True
+    return False
+
+
+def _tile_launch(ast: UOp, c, dialect) -> UOp:
+    fragments = fragment_kind(c) if dialect.tensor_core_mma else None
+    if fragments is not None:
+        return _with_launch(ast, ("tile", c.tm, c.tn, 1, fragments))
+    return _with_launch(ast, ("tile", c.tm, c.tn, c.splits))
 
 
 def items_per_work_item(ast: UOp, dialect) -> int:

@@ -408,3 +408,41 @@ def test_smollm2_engine_matches_the_generator():
     gen = smollm2_generate.Generator(argparse.Namespace(
         gguf=None, dtype="f32", weights="gguf", layers=1, context=64, device=None))
     assert together == [gen.generate(p, 5, stop=False)[0] for p in prompts]
+
+
+def test_a_batch_step_over_quantized_weights_equals_decode_of_each_sequence(device):
+    """q4_1 weights (blocks unpacked in the kernels that read them) in a plan of up to 32 sequences: one step's
+    logits equal llama.decode of each sequence in NumPy on the dequantized weights. On a GPU target (opencl here)
+    each quantized projection of the var batch is a row kernel (gpu_launch.few_var_rows), not a tile of 32 rows."""
+    cfg = llama.Config(layers=1, dim=64, ff=128, heads=4, kv_heads=2, vocab=64, context=64, rope_theta=1e4, eps=1e-5)
+    floats = llama.random_params(np.random.default_rng(5), cfg)
+    embed = {"q4_1": pj.quant.quantize(floats["embed"], "q4_1")}
+    params = {"embed": embed, "head": embed, "norm": floats["norm"],
+              "blocks": [{name: {"q4_1": pj.quant.quantize(w, "q4_1")} if w.ndim == 2 else w for name, w in bp.items()}
+                         for bp in floats["blocks"]]}
+    reference = llama.dequantized(params)
+    xp, cos, sin = numpy_namespace(), *llama.rope_tables(cfg, CONTEXT)
+    rng = np.random.default_rng(6)
+    prompts = [[int(t) for t in rng.integers(0, cfg.vocab, n)] for n in (3, 9, 14)]
+    pool = serving.BlockPool(cfg, 24, BLOCK, np.float32)
+    tables = [list(range(6 * i, 6 * i + 6)) for i in range(3)]
+    caches = []
+    for prompt, table in zip(prompts, tables):
+        shape = (cfg.layers, cfg.kv_heads, CONTEXT, cfg.head_dim)
+        k_cache, v_cache = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+        _, k, v = llama.prefill(xp, cfg, reference, np.array(prompt), cos, sin)
+        k_cache[:, :, :len(prompt)], v_cache[:, :, :len(prompt)] = k, v
+        caches.append((k_cache, v_cache))
+        pool.write([pool.slot(table, p) for p in range(len(prompt))], k.swapaxes(1, 2), v.swapaxes(1, 2))
+    decode, _ = llama_paged.prepared(cfg, context=CONTEXT, block_size=BLOCK, max_batch=32, max_chunk=8, device=device)
+    ids, pos = np.array([5, 6, 7]), np.array([len(p) for p in prompts])
+    call = (params, ids, pos, np.array([t[:4] for t in tables]), pool.keys, pool.values, cos, sin)
+    logits = np.asarray(decode(*call)[0])
+    for b, (prompt, (k_cache, v_cache)) in enumerate(zip(prompts, caches)):
+        want = llama.decode(xp, cfg, reference, ids[b:b + 1], len(prompt), k_cache, v_cache, cos, sin)[0]
+        np.testing.assert_allclose(logits[b], want, rtol=1e-4, atol=1e-4)
+    if device != "cpu":
+        from prepjit.codegen.gpu_launch import launch_of
+        launches = {pk.kernel.name: launch_of(pk.kernel.ast)[0] for pk in decode.plan(*call).kernels}
+        assert launches[f"r_B_{cfg.dim + 2 * cfg.kv_heads * cfg.head_dim}_1"] == "rows"   # q, k and v together
+        assert launches[f"r_B_{cfg.vocab}"] == "rows"   # the head
