@@ -1,4 +1,5 @@
-"""Compile worker processes: a plan's kernels compile in parallel, since llvmlite serialises calls in one process.
+"""Parallel compiles of a plan's kernels: worker processes for LLVM (llvmlite serialises calls in one process), and
+threads for a compiler that runs concurrently in one process (NVRTC: `in_threads`).
 
 A pool is one target machine's set of `python -I llvm_compile.py` workers (plain subprocesses
 speaking a small binary protocol: no pickling, and no re-import of the user's `__main__` as
@@ -18,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from queue import SimpleQueue
 
@@ -29,7 +30,13 @@ log = logging.getLogger("prepjit")
 MIN_KERNELS = 3   # smaller batches compile in this process (a worker costs ~50 ms of CPU to start)
 MAX_WORKERS = 16  # each holds an LLVM (~50 MB); more rarely pays on a plan's few hundred kernels
 _pools: dict[str, "CompilePool"] = {}
+_threads: dict[int, ThreadPoolExecutor] = {}   # this process's compile threads (by pid: a forked child starts its own)
 _pools_lock = threading.Lock()
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def compile_error(name: str, source: str, message: str) -> CompileError:
@@ -128,6 +135,25 @@ class CompilePool:
         except (OSError, ValueError):
             return None
         return None if data is None else (status, data)
+
+
+def in_threads(compile_fn, count: int):
+    """submit(name, source) -> Compile of `compile_fn(name, source)` in one of this process's compile threads, for
+    a compiler that releases the GIL and may be called from several threads at once (NVRTC through ctypes), for a
+    batch of at least MIN_KERNELS kernels on several cores; else in this thread."""
+    workers = min(cores(), MAX_WORKERS)
+    if count < MIN_KERNELS or workers < 2:
+        return lambda name, source: run_now(compile_fn, name, source)
+    with _pools_lock:
+        threads = _threads.get(os.getpid())
+        if threads is None:
+            threads = _threads[os.getpid()] = ThreadPoolExecutor(workers, thread_name_prefix="prepjit-compile")
+
+    def submit(name: str, source: str) -> Compile:
+        job = Compile()
+        threads.submit(job.run, compile_fn, name, source)
+        return job
+    return submit
 
 
 def shared_pool(options: dict, workers: int, fallback) -> CompilePool | None:

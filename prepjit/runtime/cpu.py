@@ -48,7 +48,7 @@ def thread_count() -> int:
     """Threads for one kernel: PREPJIT_THREADS, else the cores this process may run on."""
     if os.environ.get("PREPJIT_THREADS"):
         return max(1, int(os.environ["PREPJIT_THREADS"]))
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return compile_pool.cores()
 
 
 class CPULauncher(KernelStep):

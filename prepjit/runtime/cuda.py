@@ -26,6 +26,7 @@ import threading
 import numpy as np
 
 from ..errors import CompileError, DeviceError
+from . import compile_pool
 from .cuda_driver import Driver, Graph, KernelNodeParams, PackedArgs
 from .device_base import MIN_BYTES, BufferSlots, DeviceBase
 from .launch_steps import KernelStep
@@ -212,6 +213,11 @@ class CUDADevice(DeviceBase):
     def compile(self, name: str, source: str) -> bytes:
         """CUDA C -> cubin for this GPU's arch (NVRTC, in-process; `load` makes it launchable)."""
         return self.nvrtc.compile(name, source, self.options)
+
+    def compile_parallel(self, count: int):
+        """submit(name, source) -> Future of `compile`'s cubin: NVRTC compiles in threads (ctypes lets go of the
+        GIL, and NVRTC allows concurrent calls), a batch of several kernels on several cores at once."""
+        return compile_pool.in_threads(self.compile, count)
 
     def load(self, name: str, binary: bytes) -> CUDAProgram:
         """A cubin from `compile` (this process's or the disk cache's) -> kernel `name`, ready to launch.

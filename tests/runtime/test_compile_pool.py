@@ -1,9 +1,10 @@
 """Compile workers: a plan's kernels compile in worker processes for the parent's exact target machine;
 LLVM errors arrive as the same pj.CompileError; a dead worker falls back to compiling in-process; small
-plans never start workers."""
+plans never start workers. NVRTC compiles in threads of this process, several at once."""
 import json
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -99,3 +100,34 @@ def test_small_plans_start_no_workers(tmp_path):
                          env={"PREPJIT_CACHE": "0", "PREPJIT_THREADS": "2"}).stdout
     result = json.loads(out)
     assert 1 <= result["compiles"] < compile_pool.MIN_KERNELS and result["pools"] == 0
+
+
+def test_a_batch_compiles_in_threads_several_at_once(monkeypatch):
+    """in_threads (NVRTC's way): a batch of MIN_KERNELS or more compiles in this process's compile threads, two at
+    once (each job waits at a barrier for the other: compiled one after another, the barrier breaks), each result or
+    error in its job's own Future; a smaller batch compiles in the calling thread."""
+    monkeypatch.setattr(compile_pool, "cores", lambda: 2)
+    barrier, threads = threading.Barrier(2, timeout=10), []
+
+    def compile_fn(name, source):
+        threads.append(threading.get_ident())
+        barrier.wait()
+        if name == "bad":
+            raise pj.CompileError("bad kernel")
+        return source.encode()
+    submit = compile_pool.in_threads(compile_fn, compile_pool.MIN_KERNELS)
+    good, bad = submit("good", "x"), submit("bad", "y")
+    assert good.result(timeout=30) == b"x"
+    with pytest.raises(pj.CompileError, match="bad kernel"):
+        bad.result(timeout=30)
+    assert threading.get_ident() not in threads and good.seconds > 0
+    here = compile_pool.in_threads(lambda name, source: threading.get_ident(), compile_pool.MIN_KERNELS - 1)
+    assert here("small", "").result() == threading.get_ident()
+
+
+def test_the_cuda_device_compiles_a_plans_kernels_in_threads(monkeypatch):
+    from .cuda_stub import stub_device
+    device = stub_device()
+    monkeypatch.setattr(compile_pool, "cores", lambda: 2)
+    monkeypatch.setattr(device, "compile", lambda name, source: threading.get_ident(), raising=False)
+    assert device.compile_parallel(compile_pool.MIN_KERNELS)("k", "").result(timeout=30) != threading.get_ident()
