@@ -39,13 +39,14 @@ def _bert(torch, params):
              "embeddings.position_embeddings.weight": t(params["pos"]),
              "embeddings.token_type_embeddings.weight": t(np.stack([params["type"]] * cfg.type_vocab_size)),
              "embeddings.LayerNorm.weight": t(params["ln_g"]), "embeddings.LayerNorm.bias": t(params["ln_b"])}
-    names = {"wq": "attention.self.query", "wk": "attention.self.key", "wv": "attention.self.value",
-             "wo": "attention.output.dense", "wup": "intermediate.dense", "wdown": "output.dense"}
+    names = {"o": "attention.output.dense", "up": "intermediate.dense", "down": "output.dense"}
     for i, lp in enumerate(layers):
         pre = f"encoder.layer.{i}."
-        for w, name in names.items():
-            state[pre + name + ".weight"] = t(lp[w].T)
-            state[pre + name + ".bias"] = t(lp["b" + w[1:]])
+        linears = {name: (lp["w" + w], lp["b" + w]) for w, name in names.items()}
+        for name, w, b in zip(("query", "key", "value"), minilm.qkv_parts(lp["wqkv"]), minilm.qkv_parts(lp["bqkv"])):
+            linears["attention.self." + name] = w, b
+        for name, (w, b) in linears.items():
+            state[pre + name + ".weight"], state[pre + name + ".bias"] = t(w.T), t(b)
         for ln, name in (("ln1", "attention.output.LayerNorm"), ("ln2", "output.LayerNorm")):
             state[pre + name + ".weight"], state[pre + name + ".bias"] = t(lp[ln + "_g"]), t(lp[ln + "_b"])
     model.load_state_dict(state, strict=False)

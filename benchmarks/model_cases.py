@@ -95,8 +95,8 @@ def _sentence_transformers(arrays):
 
 # --- the attention block ------------------------------------------------------------------------------------------
 
-def attention_block(xp, h, bias, wq, bq, wk, bk, wv, bv, wo, bo):
-    lp = {"wq": wq, "bq": bq, "wk": wk, "bk": bk, "wv": wv, "bv": bv, "wo": wo, "bo": bo}
+def attention_block(xp, h, bias, wqkv, bqkv, wo, bo):
+    lp = {"wqkv": wqkv, "bqkv": bqkv, "wo": wo, "bo": bo}
     return minilm.attention(xp, lp, h, bias, heads=4 if h.shape[-1] == 32 else minilm.HEADS)
 
 
@@ -106,7 +106,7 @@ def _attention_inputs(rng, smoke):
     h = rng.standard_normal((b, t, d)).astype(np.float32)
     mask = (np.arange(t)[None, :] < rng.integers(1, t + 1, b)[:, None]).astype(np.float32)
     bias = ((1 - mask) * minilm.MASKED)[:, None, None, :]
-    return [h, bias] + [lp[k] for k in ("wq", "bq", "wk", "bk", "wv", "bv", "wo", "bo")]
+    return [h, bias] + [lp[k] for k in ("wqkv", "bqkv", "wo", "bo")]
 
 
 # --- SmolLM2 ------------------------------------------------------------------------------------------------------

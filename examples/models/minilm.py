@@ -33,8 +33,8 @@ def max_seq_length() -> int:
 
 
 def load_params(layers: int | None = None, dtype=np.float32) -> dict:
-    """The weights as a pytree of `dtype` arrays, Linear weights transposed to (in, out).
-    `layers` keeps only the first few encoder layers (the smoke tests use 1)."""
+    """The weights as a pytree of `dtype` arrays, Linear weights transposed to (in, out), the query, key and value
+    projections stacked (`stack_qkv`). `layers` keeps only the first few encoder layers (the smoke tests use 1)."""
     load_file = require("safetensors.numpy", INSTALL).load_file
     w = {k: v.astype(dtype) for k, v in load_file(os.path.join(model_dir(), "model.safetensors")).items()}
 
@@ -46,9 +46,10 @@ def load_params(layers: int | None = None, dtype=np.float32) -> dict:
     for i in range(n_layers if layers is None else min(layers, n_layers)):
         p = f"encoder.layer.{i}."
         lp = {}
-        for name, key in (("q", "attention.self.query"), ("k", "attention.self.key"), ("v", "attention.self.value"),
-                          ("o", "attention.output.dense"), ("up", "intermediate.dense"), ("down", "output.dense")):
+        for name, key in (("o", "attention.output.dense"), ("up", "intermediate.dense"), ("down", "output.dense")):
             lp["w" + name], lp["b" + name] = linear(p + key)
+        q, k, v = (linear(p + "attention.self." + key) for key in ("query", "key", "value"))
+        lp["wqkv"], lp["bqkv"] = stack_qkv(q, k, v)
         lp["ln1_g"], lp["ln1_b"] = w[p + "attention.output.LayerNorm.weight"], w[p + "attention.output.LayerNorm.bias"]
         lp["ln2_g"], lp["ln2_b"] = w[p + "output.LayerNorm.weight"], w[p + "output.LayerNorm.bias"]
         out_layers.append(lp)
@@ -64,14 +65,26 @@ def random_params(rng, layers: int = 1, d: int = 384, ff: int = 1536, vocab: int
     out_layers = []
     for _ in range(layers):
         lp = {}
-        for name, (i, o) in (("q", (d, d)), ("k", (d, d)), ("v", (d, d)), ("o", (d, d)), ("up", (d, ff)),
-                             ("down", (ff, d))):
+        for name, (i, o) in (("qkv", (d, 3 * d)), ("o", (d, d)), ("up", (d, ff)), ("down", (ff, d))):
             lp["w" + name], lp["b" + name] = f32(i, o, scale=i ** -0.5), f32(o, scale=0.02)
         lp.update(ln1_g=1 + f32(d, scale=0.1), ln1_b=f32(d, scale=0.1), ln2_g=1 + f32(d, scale=0.1),
                   ln2_b=f32(d, scale=0.1))
         out_layers.append(lp)
     return {"word": f32(vocab, d), "pos": f32(positions, d, scale=0.1), "type": f32(d, scale=0.1),
             "ln_g": 1 + f32(d, scale=0.1), "ln_b": f32(d, scale=0.1), "layers": out_layers}
+
+
+def stack_qkv(q, k, v) -> tuple:
+    """A layer's `wqkv` (in, 3 * d) and `bqkv` (3 * d,) from the (weight (in, d), bias (d,)) pairs of the query,
+    key and value projections: their output columns side by side, so that one contraction computes all three."""
+    return (np.concatenate([q[0], k[0], v[0]], axis=1), np.concatenate([q[1], k[1], v[1]]))
+
+
+def qkv_parts(x) -> tuple:
+    """The query, key and value parts of x's last axis, laid out as `stack_qkv` does: of `wqkv`, `bqkv` or of the
+    projection h @ wqkv + bqkv."""
+    d = x.shape[-1] // 3
+    return x[..., :d], x[..., d:2 * d], x[..., 2 * d:]
 
 
 def load_tokenizer(max_length: int):
@@ -127,16 +140,15 @@ def gelu(xp, x):
 
 def attention(xp, lp, h, bias, heads: int = HEADS):
     """Multi-head self-attention of h (B, T, C) with an additive float32 mask bias (B, 1, 1, T): the scores are
-    widened to float32 by it."""
+    widened to float32 by it. One contraction computes the query, key and value projections (3 * C columns: wide
+    enough to fill a GPU where one of C columns does not) and reads h once."""
     b, t, c = h.shape
     d = c // heads
 
     def split_heads(x):  # (B, T, C) -> (B, heads, T, d)
         return xp.swapaxes(x.reshape(b, t, heads, d), 1, 2)
 
-    q = split_heads(h @ lp["wq"] + lp["bq"])
-    k = split_heads(h @ lp["wk"] + lp["bk"])
-    v = split_heads(h @ lp["wv"] + lp["bv"])
+    q, k, v = map(split_heads, qkv_parts(h @ lp["wqkv"] + lp["bqkv"]))
     scores = q @ xp.swapaxes(k, 2, 3) * (1 / math.sqrt(d)) + bias
     ctx = softmax(xp, scores, h.dtype) @ v
     return xp.swapaxes(ctx, 1, 2).reshape(b, t, c) @ lp["wo"] + lp["bo"]

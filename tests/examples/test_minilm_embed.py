@@ -74,6 +74,20 @@ def test_cosine_table_and_tokenizer_truncation(capsys):
     assert ids.shape == (2, 8) and mask.sum(1).tolist() == [8, 3]  # truncated to 8; [CLS] hi [SEP] padded
 
 
+def test_query_key_value_are_stacked_as_the_weights_file_has_them():
+    """Each layer's wqkv / bqkv hold the file's query | key | value projections (weights transposed to (in, out)),
+    and qkv_parts gives them back: the layout sentence-transformers' attention reads."""
+    from safetensors.numpy import load_file
+    raw = load_file(os.path.join(minilm.model_dir(), "model.safetensors"))
+    params = minilm.load_params(layers=2)
+    for i, lp in enumerate(params["layers"]):
+        assert lp["wqkv"].shape == (384, 3 * 384) and lp["bqkv"].shape == (3 * 384,)
+        for name, w, b in zip(("query", "key", "value"), minilm.qkv_parts(lp["wqkv"]), minilm.qkv_parts(lp["bqkv"])):
+            key = f"encoder.layer.{i}.attention.self.{name}"
+            np.testing.assert_array_equal(w, raw[key + ".weight"].T)
+            np.testing.assert_array_equal(b, raw[key + ".bias"])
+
+
 def test_full_model_matches_sentence_transformers(capsys):
     if os.environ.get("PREPJIT_EXAMPLES_FULL") != "1":
         pytest.skip("prepares all six layers and loads sentence-transformers (~20 s): set PREPJIT_EXAMPLES_FULL=1")
