@@ -28,6 +28,7 @@ is read as a select by the kernels that read it (`inlined_scatters`): no copy of
 """
 from __future__ import annotations
 
+import functools
 from collections import Counter
 
 from ..uop import Ops, UOp
@@ -107,11 +108,12 @@ def choose_materialized(outputs: list[UOp], row_values: bool = False, walk: tupl
             cost[node] = 1
     readers: dict[UOp, set] = {}  # node -> the kernel roots whose kernels compute it inline
     streams: dict[UOp, tuple] = {}  # kernel root -> how it reads its operands (_recomputed_in_stream)
+    realized_reads: dict[UOp, frozenset] = {}  # node -> the computed nodes its expression reads (_realized_reads)
     for node in graph:  # parents first, so a node's readers are final when it is reached
         mine = readers.get(node, set())
         if node in chosen or node.op in ELEMENTWISE and node not in never_chosen and node.shape and not _widening(
                 node) and _worth_materialising(node, mine, cost, row_values, chosen, operand_prologues) and not _recomputed_in_stream(
-                node, mine, cost, streams, chosen, readers_of, operand_prologues):
+                node, mine, cost, streams, realized_reads, chosen, readers_of, operand_prologues):
             chosen.add(node)
             mine = set()
         passes = {node} if node in is_root or node in chosen else mine
@@ -191,7 +193,7 @@ def _worth_materialising(node: UOp, readers: set, cost: dict, row_values: bool, 
     return (c - 1) * evaluations > (c + MEMORY_COST) * size + LAUNCH_COST
 
 
-def _recomputed_in_stream(node: UOp, readers: set, cost: dict, streams: dict, chosen: set,
+def _recomputed_in_stream(node: UOp, readers: set, cost: dict, streams: dict, realized_reads: dict, chosen: set,
                           readers_of: Counter, operand_prologues: bool) -> bool:
     """Whether `node` is recomputed by the kernels reading it, which stream their operands, instead of materialised.
 
@@ -223,13 +225,16 @@ def _recomputed_in_stream(node: UOp, readers: set, cost: dict, streams: dict, ch
         if rows_read is None or own > STREAM_OPERAND_COST or rows_read and not (operand_prologues and all(
                 _read_per_row(r, rows_read, chosen) for r in readers)):
             return False
-    node_loads = _loads(node)
+    node_loads = _realized_reads(node, realized_reads)
     for r in readers:
-        if r not in streams:  # (whether r is a sum of products, what it loads and how: see _stream_rows)
+        if r not in streams:  # (whether r is a sum of products, what it loads and how: see _stream_rows, whose answers
+            # per value recomputed depend on what that value loads only)
             products = r.op is Ops.REDUCE_AXIS and r.arg[0] is Ops.ADD and r.src[0].op is Ops.MUL
-            streams[r] = (products, _loads(r))
-        products, loaded = streams[r]
-        streaming, rows = _stream_rows(r, loaded, operand_prologues, node_loads)
+            streams[r] = (products, _loads(r), {})
+        products, loaded, answers = streams[r]
+        if node_loads not in answers:
+            answers[node_loads] = _stream_rows(r, loaded, operand_prologues, node_loads)
+        streaming, rows = answers[node_loads]
         limit = (CONTRACTION_INLINE_COST if products else STREAM_INLINE_COST if streaming else -1) if unpacked else \
             STREAM_OPERAND_COST if streaming and (products or len(readers) == 1 or not shares) else -1
         if own > limit or rows > 1 and not unpacked and _elements(node) > OPERAND_MAX:
@@ -243,6 +248,14 @@ def _loads(r: UOp) -> dict[UOp, set]:
     for n, axes in _reads_with_axes(r, lambda n: n.op in REALIZED):
         loaded.setdefault(n, set()).add(axes)
     return loaded
+
+
+def _realized_reads(node: UOp, memo: dict) -> frozenset:
+    """The computed nodes (REALIZED) that `node`'s inlined expression reads: _loads' keys without their axes, built
+    up from its operands' (memoised in `memo`: the nodes' expressions share their lower parts)."""
+    for n in node.postorder(lambda u: u not in memo and u.op not in REALIZED):
+        memo[n] = frozenset().union(*({s} if s.op in REALIZED else memo[s] for s in n.src))
+    return memo[node]
 
 
 def _stream_rows(r: UOp, loaded: dict, by_row: bool, operand_loads: dict) -> tuple[bool, int]:
@@ -559,38 +572,40 @@ def _per_row(node: UOp, axes: tuple, root: UOp) -> bool:
     return 0 < len(used) < len(outputs) and used == frozenset(outputs[:len(used)])  # leading axes: the row's loops
 
 
-def _read_axes(n: UOp, axes: tuple) -> list[tuple]:
+@functools.lru_cache(maxsize=1 << 16)
+def _read_axes(n: UOp, axes: tuple) -> tuple[tuple, ...]:
     """Per operand of `n`, per axis of it, what its index depends on (the kernel's output axes by number,
     _INNER_AXIS, _UNKNOWN), `n`'s index depending on `axes` so: an elementwise op reads its operands at
     its own index, a broadcast reads its grown axes at 0, a reshape keeps the axes on either side of its
-    unchanged leading ones or of its size-1 axes alone, a reduction's reduced axes are its own."""
+    unchanged leading ones or of its size-1 axes alone, a reduction's reduced axes are its own. Cached: every kernel
+    reading a model's residual stream walks the stream's chain of adds through the blocks before it."""
     def same(s):
         return axes if len(s.shape) == len(axes) else (_UNKNOWN,) * len(s.shape)
     if n.op in ELEMENTWISE:
-        return [same(s) for s in n.src]
+        return tuple(same(s) for s in n.src)
     src = n.src[0].shape if n.src else ()
     if n.op is Ops.REDUCE_AXIS:
-        return [tuple(_INNER_AXIS if k in n.arg[1] else a for k, a in enumerate(axes))]
+        return (tuple(_INNER_AXIS if k in n.arg[1] else a for k, a in enumerate(axes)),)
     if n.op is Ops.EXPAND:
-        return [tuple(frozenset() if _is_one(d) and not _is_one(e) else a for d, e, a in zip(src, n.shape, axes))]
+        return (tuple(frozenset() if _is_one(d) and not _is_one(e) else a for d, e, a in zip(src, n.shape, axes)),)
     if n.op in (Ops.SHRINK, Ops.PAD):
-        return [axes]
+        return (axes,)
     if n.op is Ops.PERMUTE:
         out = [None] * len(src)
         for a, k in zip(axes, n.arg):
             out[k] = a
-        return [tuple(out)]
+        return (tuple(out),)
     if n.op is Ops.RESHAPE:
         kept = [k for k, d in enumerate(n.shape) if not _is_one(d)]
         if [n.shape[k] for k in kept] == [d for d in src if not _is_one(d)]:  # size-1 axes added or dropped
             moved = iter(axes[k] for k in kept)
-            return [tuple(frozenset() if _is_one(d) else next(moved) for d in src)]
+            return (tuple(frozenset() if _is_one(d) else next(moved) for d in src),)
         lead = 0
         while lead < min(len(src), len(n.shape)) and src[lead] == n.shape[lead]:
             lead += 1
         rest = frozenset().union(*axes[lead:])
-        return [tuple(axes[:lead]) + (rest,) * (len(src) - lead)]
-    return [(_UNKNOWN,) * len(s.shape) for s in n.src]
+        return (tuple(axes[:lead]) + (rest,) * (len(src) - lead),)
+    return tuple((_UNKNOWN,) * len(s.shape) for s in n.src)
 
 
 def _is_one(d) -> bool:
