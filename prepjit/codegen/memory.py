@@ -17,7 +17,13 @@ def nbytes(spec) -> int:
 
 
 def share_memory(sched: Schedule) -> list[int]:
-    """For each buffer, the buffer whose allocation it lives in (itself when it has its own)."""
+    """For each buffer, the buffer whose allocation it lives in (itself when it has its own).
+
+    Largest buffers first, each into the first allocation none of whose buffers' lifetimes overlaps its own, else
+    an allocation of its own: each allocation is as large as its first buffer, and a model's blocks' buffers of one
+    size (their attention scores) find the same one free. In the order of first use instead, a block's small buffer
+    took the free allocation of the scores before, which the next block's scores then found busy: SmolLM2's prefill
+    plan (T <= 1024) held 30 allocations of 38 MB for them, 1.27 GB in all, each first touched by its first call."""
     first: dict[int, int] = {}
     last: dict[int, int] = {}
     for k, kernel in sched.kernels.boundary():  # a loop's first and last iterations stand for all of them
@@ -26,14 +32,12 @@ def share_memory(sched: Schedule) -> list[int]:
             last[b] = k
     home = list(range(len(sched.buffers)))
     io = set(sched.inputs) | set(sched.outputs)
-    groups: list[list] = []  # [home buffer, last kernel using it, bytes]
-    for b in sorted((b for b in first if b not in io), key=lambda b: first[b]):
-        free = [g for g in groups if g[1] < first[b]]
-        if free:  # the smallest allocation that is big enough, else the biggest (it grows)
-            fits = [g for g in free if g[2] >= nbytes(sched.buffers[b])]
-            group = min(fits, key=lambda g: g[2]) if fits else max(free, key=lambda g: g[2])
-            home[b] = group[0]
-            group[1], group[2] = last[b], max(group[2], nbytes(sched.buffers[b]))
+    groups: list[tuple[int, list]] = []  # (home buffer, the lifetimes (first, last kernel) of the buffers in it)
+    for b in sorted((b for b in first if b not in io), key=lambda b: (-nbytes(sched.buffers[b]), first[b])):
+        group = next((g for g in groups if all(last[b] < start or end < first[b] for start, end in g[1])), None)
+        if group is None:
+            groups.append((b, [(first[b], last[b])]))
         else:
-            groups.append([b, last[b], nbytes(sched.buffers[b])])
+            home[b] = group[0]
+            group[1].append((first[b], last[b]))
     return home

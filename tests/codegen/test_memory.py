@@ -71,3 +71,28 @@ def test_fori_loop_carries_and_body_buffers_are_not_clobbered(device, rng):
     got_x, got_acc = g(x)
     np.testing.assert_allclose(np.asarray(got_x), want_x, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(np.asarray(got_acc), want_acc, rtol=1e-5, atol=1e-6)
+
+
+def test_blocks_share_one_allocation_for_their_largest_buffer():
+    """Each block: a medium buffer made before its large one, read after it and by the next block's first kernel (a
+    block's qkv around its attention scores). The next block's medium buffer must not take the large allocation its
+    large buffer then needs, block after block: the blocks' large buffers share one allocation."""
+    from prepjit.codegen.memory import nbytes
+    from prepjit.codegen.schedule import BufferSpec, KernelSequence, Schedule, ScheduledKernel
+    from prepjit.uop import UOp, dtypes
+    big, medium, small = 1 << 20, 1 << 14, 1 << 10
+    buffers, kernels, x, last = [BufferSpec(dtypes.float32, (small,), small)], [], 0, 0
+    for _ in range(4):
+        m, b, out = len(buffers), len(buffers) + 1, len(buffers) + 2
+        buffers += [BufferSpec(dtypes.float32, (n,), n) for n in (medium, big, small)]
+        ast = UOp.const(0)
+        kernels += [ScheduledKernel(ast, (m, x, last)), ScheduledKernel(ast, (b, m)), ScheduledKernel(ast, (out, b, m))]
+        x, last = out, m
+    sched = Schedule(tuple(buffers), KernelSequence(kernels), (0,), (x,))
+    home = share_memory(sched)
+    io = {0, x}
+    allocations = {}  # home -> its bytes: its largest buffer's (planner.instantiate)
+    for b in range(len(buffers)):
+        if b not in io:
+            allocations[home[b]] = max(allocations.get(home[b], 0), nbytes(buffers[b]))
+    assert sum(allocations.values()) < 2 * nbytes(buffers[2])
