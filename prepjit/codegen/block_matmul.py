@@ -55,6 +55,8 @@ A decode batch's tile sums as its blocks do: a row's bits are the same on or off
 """
 from __future__ import annotations
 
+import functools
+
 from ..uop import Ops, UOp, dtypes, simplify
 from .block_split import split_blocks
 from .llvm_reductions import UNROLLED_STEPS
@@ -88,10 +90,12 @@ def reads_blocks(ast: UOp, target: CPUTarget | None = None) -> bool:
     return split is not ast and block_matmul(split, target or host_target()) is not None
 
 
+@functools.lru_cache(maxsize=256)
 def block_matmul(split: UOp, target: CPUTarget, blocking: Blocking = DEFAULT_BLOCKING) -> UOp | None:
     """The register-blocked kernel (see the module docstring) of a contraction `split` at its weight's blocks
     (block_split.split_blocks) with two loops, rows and columns, where the rows are not one static row (matvec.py's
-    one-row kernel) and the columns are static; None for any other kernel."""
+    one-row kernel) and the columns are static; None for any other kernel. Cached: packing asks (reads_blocks) of
+    the kernel that optimisation then blocks, each build some 10 ms."""
     found = contraction_axes(split)
     if found is None:
         return None
