@@ -109,11 +109,13 @@ def _loop_iterations(ast) -> tuple[int, int]:
     return (max(0, int(outer.src[0].vmax)) if outer is not None else 1), inner
 
 
+@functools.lru_cache(maxsize=1024)
 def _fills_before_its_loop(launched) -> bool:
     """Whether the launched kernel first fills an array of its own outside its outermost loop (operand_prologue.py:
     a decode batch's normalised rows, SiLU(gate) * up): work each call does once, so each chunk of a launch split
     over the threads does it again. Such a launch gets one chunk a thread, not CHUNKS_PER_THREAD: in a 16-row
-    SmolLM2 decode step its down projection took 221-245 us a layer at 4 chunks a thread and 163-177 at one."""
+    SmolLM2 decode step its down projection took 221-245 us a layer at 4 chunks a thread and 163-177 at one.
+    Cached: a model's blocks launch one kernel many times."""
     outer = _outer_loop(launched)
     return any(u.op is Ops.STORE and u.src[0].op is Ops.DEFINE_LOCAL and (outer is None or outer not in u.toposort())
                for u in launched.src)
