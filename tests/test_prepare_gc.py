@@ -42,3 +42,10 @@ def test_the_collector_is_back_on_after_a_failed_trace():
     except Exception:  # noqa: BLE001 - any error; what matters is the collector's state after it
         pass
     assert gc.isenabled()
+
+
+def test_what_a_prepare_built_is_in_the_oldest_generation_after_it():
+    """No young collection walks the plan's objects after the prepare (nor promotes them into a full one's work)."""
+    f = pj.prepare(lambda x: (x * 3 - 1).max())
+    plan = f.plan(np.arange(5.0))
+    assert any(o is plan for o in gc.get_objects(generation=2))
