@@ -111,9 +111,11 @@ def choose_materialized(outputs: list[UOp], row_values: bool = False, walk: tupl
     realized_reads: dict[UOp, frozenset] = {}  # node -> the computed nodes its expression reads (_realized_reads)
     for node in graph:  # parents first, so a node's readers are final when it is reached
         mine = readers.get(node, set())
-        if node in chosen or node.op in ELEMENTWISE and node not in never_chosen and node.shape and not _widening(
-                node) and _worth_materialising(node, mine, cost, row_values, chosen, operand_prologues) and not _recomputed_in_stream(
-                node, mine, cost, streams, realized_reads, chosen, readers_of, operand_prologues):
+        if node in chosen or node.op in ELEMENTWISE and node not in never_chosen and node.shape and \
+                not _widening(node) and \
+                _worth_materialising(node, mine, cost, row_values, chosen, operand_prologues, realized_reads) and \
+                not _recomputed_in_stream(node, mine, cost, streams, realized_reads, chosen, readers_of,
+                                          operand_prologues):
             chosen.add(node)
             mine = set()
         passes = {node} if node in is_root or node in chosen else mine
@@ -176,12 +178,13 @@ def _rounded_reduction(node: UOp) -> bool:
 
 
 def _worth_materialising(node: UOp, readers: set, cost: dict, row_values: bool, chosen: set,
-                         operand_prologues: bool) -> bool:
+                         operand_prologues: bool, realized_reads: dict) -> bool:
     if not readers:
         return False
     c, size = cost[node], _elements(node)
-    if c <= ROW_VALUE_COST and _of_reductions(node) and (row_values and 1 in node.shape or _one_element(node) or len(
-            readers) == 1 and operand_prologues and _read_per_row(next(iter(readers)), {node}, chosen)):
+    if c <= ROW_VALUE_COST and _of_reductions(node, realized_reads) and (
+            row_values and 1 in node.shape or _one_element(node) or
+            len(readers) == 1 and operand_prologues and _read_per_row(next(iter(readers)), {node}, chosen)):
         return False  # recomputed where it is read, with its reductions (a one-element one: once per kernel, one
     # its only reader reads one element per row, a decode batch's row's norm, where that reader's kernel computes
     # it once per row, the cpu's: a GPU's many-row kernel would recompute it at every element it reads)
@@ -374,20 +377,9 @@ def _along_trailing(red: UOp, node: UOp) -> bool:
     return bool(kept) and bool(reduced) and min(reduced) > max(kept)
 
 
-def _of_reductions(node: UOp) -> bool:
-    """Whether `node` is computed from reductions and constants only (no other buffer is read)."""
-    stack, seen = [node], set()
-    while stack:
-        n = stack.pop()
-        if n in seen:
-            continue
-        seen.add(n)
-        if n.op is Ops.REDUCE_AXIS:
-            continue
-        if n.op in REALIZED:
-            return False
-        stack.extend(n.src)
-    return True
+def _of_reductions(node: UOp, realized_reads: dict) -> bool:
+    """Whether elementwise `node` is computed from reductions and constants only (no other buffer is read)."""
+    return all(n.op is Ops.REDUCE_AXIS for n in _realized_reads(node, realized_reads))
 
 
 def inlined_scatters(outputs: list[UOp], walk: tuple | None = None) -> set[UOp]:
