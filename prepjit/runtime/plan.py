@@ -212,8 +212,11 @@ class ExecutionPlan:
         self._skipping: dict[frozenset, tuple] = {}  # kernel positions a call skips -> (its steps, its runner)
         self._flag_arrays = tuple(np.zeros((), np.bool_) for _ in self.flags)  # the fast path's flag outputs
         io = set(self.inputs) | set(self.outputs) | {b for b, _ in self.flags}
-        self._io_slots = {b: [(launch, slot) for launch in self._launches
-                              for slot, bi in enumerate(launch.pk.buffer_indices) if bi == b] for b in io}
+        self._io_slots = {b: [] for b in io}  # (one pass over the launches: a model's weights are hundreds of inputs)
+        for launch in self._launches:
+            for slot, bi in enumerate(launch.pk.buffer_indices):
+                if bi in self._io_slots:
+                    self._io_slots[bi].append((launch, slot))
         self._runner = self._native_runner()
 
     def _native_runner(self, steps=None):
