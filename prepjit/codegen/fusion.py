@@ -261,7 +261,7 @@ def _realized_reads(node: UOp, memo: dict) -> frozenset:
     return memo[node]
 
 
-def _stream_rows(r: UOp, loaded: dict, by_row: bool, operand_loads: dict) -> tuple[bool, int]:
+def _stream_rows(r: UOp, loaded: dict, by_row: bool, operand_loads: frozenset) -> tuple[bool, int]:
     """(whether the kernel computing `r`, which loads `loaded` (_loads), streams what it loads, each element used at
     most STREAM_REUSE times by each of its rows, its rows: the product of its output axes along which the largest
     value it loads is broadcast (a decode batch's rows, the weight's elements read once by each)), but not of what
