@@ -141,7 +141,10 @@ def test_a_stall_runs_split_launches_alone_for_a_while_then_threads_again(worker
     assert threads.words[BACKOFF] > least
     published, backoff = launch(stalling=False)
     assert published == 1 and threads.words[BACKOFF] == backoff // 2   # split again, and no stall: halved
-    assert _settles_within(lambda: (threads.parallel(fn, 0, 0, 1000, 1000), threads.words[BACKOFF])[1], least)
+    # (up to 30 s: on a host whose other tests keep both cores busy the worker is preempted often, each time a
+    # stall that doubles the time alone again; quiet, this settles in a few ms)
+    assert _settles_within(lambda: (threads.parallel(fn, 0, 0, 1000, 1000), threads.words[BACKOFF])[1], least,
+                           seconds=30)
     del keep
 
 
