@@ -25,15 +25,17 @@ the contraction's kernel, its scores and row reductions too (softmax_contraction
 
 A scatter that writes each element at most once at indices the same everywhere (a KV cache's new row at `pos`)
 is read as a select by the kernels that read it (`inlined_scatters`): no copy of its target, no kernel of its own.
+
+Which output axes of a kernel the index of each node it reads depends on is read_axes.py's.
 """
 from __future__ import annotations
 
-import functools
 from collections import Counter
 
 from ..uop import Ops, UOp
 from ..uop.ops import ELEMENTWISE, MOVEMENT
 from .lower import REALIZED
+from .read_axes import UNKNOWN, is_one, per_row, read_axes, reads_with_axes
 
 MEMORY_COST = 6        # ops-equivalent of writing an element and reading it back once
 LAUNCH_COST = 2000     # ops-equivalent of one more kernel launch
@@ -246,9 +248,9 @@ def _recomputed_in_stream(node: UOp, readers: set, cost: dict, streams: dict, re
 
 
 def _loads(r: UOp) -> dict[UOp, set]:
-    """Each computed node (REALIZED) the kernel computing `r` loads -> the axes it is read at (_reads_with_axes)."""
+    """Each computed node (REALIZED) the kernel computing `r` loads -> the axes it is read at (reads_with_axes)."""
     loaded: dict[UOp, set] = {}
-    for n, axes in _reads_with_axes(r, lambda n: n.op in REALIZED):
+    for n, axes in reads_with_axes(r, lambda n: n.op in REALIZED):
         loaded.setdefault(n, set()).add(axes)
     return loaded
 
@@ -274,7 +276,7 @@ def _stream_rows(r: UOp, loaded: dict, by_row: bool, operand_loads: frozenset) -
         return True, 1
     largest = max([n for n in loaded if n not in operand_loads] or loaded, key=_elements)
     along = frozenset().union(*(a for axes in loaded[largest] for a in axes))
-    if not by_row or _UNKNOWN <= along:  # (a gathered weight: rows unknown)
+    if not by_row or UNKNOWN <= along:  # (a gathered weight: rows unknown)
         along = frozenset(range(len(r.shape)))
     rows = 1
     for k, d in enumerate(r.shape):
@@ -286,24 +288,8 @@ def _stream_rows(r: UOp, loaded: dict, by_row: bool, operand_loads: frozenset) -
 def _read_per_row(root: UOp, targets: set, chosen: set) -> bool:
     """Whether the kernel computing `root`, computing inline what is not realized or `chosen`, reads every node of
     `targets` one element per row (_per_row): a row's reduction it can compute as the row's prologue."""
-    return all(_per_row(n, axes, root) for n, axes in _reads_with_axes(
+    return all(per_row(n, axes, root) for n, axes in reads_with_axes(
         root, lambda n: n in targets or n.op in REALIZED or n in chosen) if n in targets)
-
-
-def _reads_with_axes(root: UOp, stop):
-    """Each (node, axes) the kernel computing `root` reads where `stop(node)` (not walked below it), computing inline
-    what is above: axes holds, per dim of the node, the output axes of `root` its index depends on (_read_axes)."""
-    stack, seen = [(root, tuple(frozenset((k,)) for k in range(len(root.shape))))], set()
-    while stack:
-        item = stack.pop()
-        if item in seen:
-            continue
-        seen.add(item)
-        n, axes = item
-        if n is not root and stop(n):
-            yield item
-        else:
-            stack += list(zip(n.src, _read_axes(n, axes)))
 
 
 def _own_expression(node: UOp, chosen: set, readers_of: Counter) -> tuple[int, set | None, bool]:
@@ -489,7 +475,7 @@ def _is_contraction(red: UOp, expands: dict[UOp, bool]) -> bool:
     elementwise value, not a contraction. `expands`: _expands_below of the graph."""
     x = red.src[0]
     return red.arg[0] is Ops.ADD and x.op is Ops.MUL and any(expands[s] for s in x.src) and \
-        not all(_is_one(x.shape[a]) for a in red.arg[1])
+        not all(is_one(x.shape[a]) for a in red.arg[1])
 
 
 _DIRECT, _RESHAPED, _ROW, _INNER, _OTHER, _UNIFORM, _PER_ROW = range(7)  # how a kernel's index reaches a node:
@@ -499,8 +485,6 @@ _DIRECT, _RESHAPED, _ROW, _INNER, _OTHER, _UNIFORM, _PER_ROW = range(7)  # how a
 # index that only the kernel's output axes give, where the index of a reduction or of a broadcast reaches it
 # otherwise (a decode batch's row: the row's mean of squares read by every product of the row's projection)
 _PROLOGUES = (_UNIFORM, _PER_ROW)  # reads a kernel serves from a prologue: once per call, once per row
-_INNER_AXIS, _UNKNOWN = frozenset((-1,)), frozenset((-2,))  # what an axis's index depends on (_read_axes) besides
-# the kernel's output axes: a reduction's own axis, or what is not known (a gather's indices)
 
 
 def _one_element(node: UOp) -> bool:
@@ -548,57 +532,8 @@ def _reductions_read(root: UOp, materialized: set[UOp], fused: set[UOp]) -> list
         seen.add(item)
         n, how, axes = item
         if n is not root and n.op is Ops.REDUCE_AXIS and n not in fused:
-            out.append((n, _PER_ROW if how in (_INNER, _OTHER) and _per_row(n, axes, root) else how))
+            out.append((n, _PER_ROW if how in (_INNER, _OTHER) and per_row(n, axes, root) else how))
         if n is root or n in fused or not (n.op in REALIZED or n in materialized):
             reaches = _step(how, n)  # (the same for each operand)
-            stack += [(s, reaches, a) for s, a in zip(n.src, _read_axes(n, axes))]
+            stack += [(s, reaches, a) for s, a in zip(n.src, read_axes(n, axes))]
     return out
-
-
-def _per_row(node: UOp, axes: tuple, root: UOp) -> bool:
-    """Whether `node`, read with `axes` (per axis, what its index depends on: _read_axes) by the kernel computing
-    `root`, is read at an index that some leading output axes of the kernel alone give, not all (each of its
-    elements is one row's value, read for each output of the row, computed where the row's loops are open)."""
-    used = frozenset().union(*(a for a, d in zip(axes, node.shape) if not _is_one(d)))
-    outputs = [k for k, d in enumerate(root.shape) if not _is_one(d)]
-    return 0 < len(used) < len(outputs) and used == frozenset(outputs[:len(used)])  # leading axes: the row's loops
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def _read_axes(n: UOp, axes: tuple) -> tuple[tuple, ...]:
-    """Per operand of `n`, per axis of it, what its index depends on (the kernel's output axes by number,
-    _INNER_AXIS, _UNKNOWN), `n`'s index depending on `axes` so: an elementwise op reads its operands at
-    its own index, a broadcast reads its grown axes at 0, a reshape keeps the axes on either side of its
-    unchanged leading ones or of its size-1 axes alone, a reduction's reduced axes are its own. Cached: every kernel
-    reading a model's residual stream walks the stream's chain of adds through the blocks before it."""
-    def same(s):
-        return axes if len(s.shape) == len(axes) else (_UNKNOWN,) * len(s.shape)
-    if n.op in ELEMENTWISE:
-        return tuple(same(s) for s in n.src)
-    src = n.src[0].shape if n.src else ()
-    if n.op is Ops.REDUCE_AXIS:
-        return (tuple(_INNER_AXIS if k in n.arg[1] else a for k, a in enumerate(axes)),)
-    if n.op is Ops.EXPAND:
-        return (tuple(frozenset() if _is_one(d) and not _is_one(e) else a for d, e, a in zip(src, n.shape, axes)),)
-    if n.op in (Ops.SHRINK, Ops.PAD):
-        return (axes,)
-    if n.op is Ops.PERMUTE:
-        out = [None] * len(src)
-        for a, k in zip(axes, n.arg):
-            out[k] = a
-        return (tuple(out),)
-    if n.op is Ops.RESHAPE:
-        kept = [k for k, d in enumerate(n.shape) if not _is_one(d)]
-        if [n.shape[k] for k in kept] == [d for d in src if not _is_one(d)]:  # size-1 axes added or dropped
-            moved = iter(axes[k] for k in kept)
-            return (tuple(frozenset() if _is_one(d) else next(moved) for d in src),)
-        lead = 0
-        while lead < min(len(src), len(n.shape)) and src[lead] == n.shape[lead]:
-            lead += 1
-        rest = frozenset().union(*axes[lead:])
-        return (tuple(axes[:lead]) + (rest,) * (len(src) - lead),)
-    return tuple((_UNKNOWN,) * len(s.shape) for s in n.src)
-
-
-def _is_one(d) -> bool:
-    return isinstance(d, int) and d == 1

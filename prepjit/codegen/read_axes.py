@@ -1,0 +1,80 @@
+"""What a kernel's index depends on where it reads a node: per axis of each node the kernel computing `root` reads
+(inlining what is not stopped at), the output axes of `root` the node's index depends on (`read_axes`), besides
+INNER_AXIS (a reduction's own axis) and UNKNOWN (what is not known: a gather's indices). fusion.py asks it whether a
+kernel reads a value one element per row of its output (`per_row`: a decode batch's row's norm) and which axes a
+streaming kernel reads its loads along.
+"""
+from __future__ import annotations
+
+import functools
+
+from ..uop import Ops, UOp
+from ..uop.ops import ELEMENTWISE
+
+INNER_AXIS, UNKNOWN = frozenset((-1,)), frozenset((-2,))  # what an axis's index depends on (read_axes) besides
+# the kernel's output axes: a reduction's own axis, or what is not known (a gather's indices)
+
+
+def reads_with_axes(root: UOp, stop):
+    """Each (node, axes) the kernel computing `root` reads where `stop(node)` (not walked below it), computing inline
+    what is above: axes holds, per dim of the node, the output axes of `root` its index depends on (read_axes)."""
+    stack, seen = [(root, tuple(frozenset((k,)) for k in range(len(root.shape))))], set()
+    while stack:
+        item = stack.pop()
+        if item in seen:
+            continue
+        seen.add(item)
+        n, axes = item
+        if n is not root and stop(n):
+            yield item
+        else:
+            stack += list(zip(n.src, read_axes(n, axes)))
+
+
+def per_row(node: UOp, axes: tuple, root: UOp) -> bool:
+    """Whether `node`, read with `axes` (per axis, what its index depends on: read_axes) by the kernel computing
+    `root`, is read at an index that some leading output axes of the kernel alone give, not all (each of its
+    elements is one row's value, read for each output of the row, computed where the row's loops are open)."""
+    used = frozenset().union(*(a for a, d in zip(axes, node.shape) if not is_one(d)))
+    outputs = [k for k, d in enumerate(root.shape) if not is_one(d)]
+    return 0 < len(used) < len(outputs) and used == frozenset(outputs[:len(used)])  # leading axes: the row's loops
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def read_axes(n: UOp, axes: tuple) -> tuple[tuple, ...]:
+    """Per operand of `n`, per axis of it, what its index depends on (the kernel's output axes by number,
+    INNER_AXIS, UNKNOWN), `n`'s index depending on `axes` so: an elementwise op reads its operands at
+    its own index, a broadcast reads its grown axes at 0, a reshape keeps the axes on either side of its
+    unchanged leading ones or of its size-1 axes alone, a reduction's reduced axes are its own. Cached: every kernel
+    reading a model's residual stream walks the stream's chain of adds through the blocks before it."""
+    def same(s):
+        return axes if len(s.shape) == len(axes) else (UNKNOWN,) * len(s.shape)
+    if n.op in ELEMENTWISE:
+        return tuple(same(s) for s in n.src)
+    src = n.src[0].shape if n.src else ()
+    if n.op is Ops.REDUCE_AXIS:
+        return (tuple(INNER_AXIS if k in n.arg[1] else a for k, a in enumerate(axes)),)
+    if n.op is Ops.EXPAND:
+        return (tuple(frozenset() if is_one(d) and not is_one(e) else a for d, e, a in zip(src, n.shape, axes)),)
+    if n.op in (Ops.SHRINK, Ops.PAD):
+        return (axes,)
+    if n.op is Ops.PERMUTE:
+        out = [None] * len(src)
+        for a, k in zip(axes, n.arg):
+            out[k] = a
+        return (tuple(out),)
+    if n.op is Ops.RESHAPE:
+        kept = [k for k, d in enumerate(n.shape) if not is_one(d)]
+        if [n.shape[k] for k in kept] == [d for d in src if not is_one(d)]:  # size-1 axes added or dropped
+            moved = iter(axes[k] for k in kept)
+            return (tuple(frozenset() if is_one(d) else next(moved) for d in src),)
+        lead = 0
+        while lead < min(len(src), len(n.shape)) and src[lead] == n.shape[lead]:
+            lead += 1
+        rest = frozenset().union(*axes[lead:])
+        return (tuple(axes[:lead]) + (rest,) * (len(src) - lead),)
+    return tuple((UNKNOWN,) * len(s.shape) for s in n.src)
+
+
+def is_one(d) -> bool:
+    return isinstance(d, int) and d == 1
