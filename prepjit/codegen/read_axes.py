@@ -46,7 +46,8 @@ def read_axes(n: UOp, axes: tuple) -> tuple[tuple, ...]:
     INNER_AXIS, UNKNOWN), `n`'s index depending on `axes` so: an elementwise op reads its operands at
     its own index, a broadcast reads its grown axes at 0, a reshape keeps the axes on either side of its
     unchanged leading ones or of its size-1 axes alone, a reduction's reduced axes are its own. Cached: every kernel
-    reading a model's residual stream walks the stream's chain of adds through the blocks before it."""
+    reading a model's residual stream walks the stream's chain of adds through the blocks before it; schedule.py
+    clears it once a graph's fusion is decided."""
     def same(s):
         return axes if len(s.shape) == len(axes) else (UNKNOWN,) * len(s.shape)
     if n.op in ELEMENTWISE:

@@ -21,6 +21,7 @@ from ..uop import DType, Ops, UOp, dtypes, sint
 from ..uop.segments import Run, Segments
 from .dynamic_loop import DynamicLoop, dynamic_loop
 from .fusion import choose_materialized, fused_reductions, inlined_scatters, kernel_roots
+from .read_axes import read_axes
 from .lower import REALIZED, lower_copy, lower_kernel, lower_scatter
 from .packing import pack_contraction
 from .softmax_contraction import joins, softmax_contractions
@@ -408,6 +409,7 @@ def schedule(outputs: list[UOp], inputs: list[UOp], pack_contractions: bool = Fa
     fused = inlined | fused_reductions(outputs, materialized, rows=True, one_contraction=pack_contractions,
                                        inlined=frozenset(inlined), walk=walk, row_prologues=pack_contractions,
                                        in_contractions=in_contractions)
+    read_axes.cache_clear()   # (the fusion decisions' memo: its keys would keep this graph's nodes alive)
     s = _Scheduler(materialized, fused, pack_contractions, _readers(outputs, walk[0]))
     env = {node: s.new_buffer(node) for node in inputs}
     input_bufs = tuple(env[n] for n in inputs)
