@@ -7,6 +7,12 @@ the rest; kernels with the same rest (and the same buffer shapes) whose constant
 which the varying per-buffer offset is a var (bounded by the offsets seen), each launch fixing its value
 as a fori_loop iteration fixes its counter. The bounds proof covers every offset in those bounds, so each
 launch's own offset is proven too.
+
+The scheduler's side of the same fact (`without_starts`, `shifted`): such kernels are one lowering too. A
+kernel reading its slice of a stacked buffer (SHRINK of constant starts straight over the buffer) is lowered
+from the slice at start 0, then each access of that buffer moves by the start's flat offset: the start
+enters only that buffer's index, linearly, so the moved AST is the one the kernel's own graph lowers to
+(tests/codegen/test_offsets.py compares them).
 """
 from __future__ import annotations
 
@@ -28,6 +34,36 @@ def _slot_offsets(ast: UOp) -> dict[int, int]:
             c = poly(u.src[1]).get((), 0)
             consts[slot] = min(c, consts.get(slot, c))
     return {s: c for s, c in consts.items() if s not in skip}
+
+
+def without_starts(graph: UOp, readers: dict[UOp, set[UOp]]) -> tuple[UOp, dict[UOp, int]]:
+    """`graph` with each buffer (a leaf; `readers`: the nodes of `graph` reading each) that only one SHRINK reads,
+    at constant starts not all 0 and a static shape, read at starts 0 instead; and each such buffer's flat offset
+    (its starts' offset)."""
+    swap, offsets = {}, {}
+    for buf, (r, *more) in readers.items():
+        if more or r.op is not Ops.SHRINK or not all(type(d) is int for d in buf.shape):
+            continue
+        starts = [start for start, _, _ in r.arg]
+        if not all(type(s) is int for s in starts) or not any(starts):
+            continue
+        offset, stride = 0, 1
+        for start, d in zip(reversed(starts), reversed(buf.shape)):
+            offset, stride = offset + start * stride, stride * d
+        swap[r] = UOp(Ops.SHRINK, r.dtype, r.src, tuple((0, step, size) for _, step, size in r.arg))
+        offsets[buf] = offset
+    return (graph.substitute(swap), offsets) if swap else (graph, offsets)
+
+
+def shifted(ast: UOp, offsets: dict[int, int]) -> UOp | None:
+    """`ast` with each access of slot s indexed offsets[s] further on, in the form simplify gives the index
+    with that constant added (its polynomial's canonical form); None where an index holds a min or max (whose
+    canonical form may take the constant inside)."""
+    for u in ast.toposort():
+        if u.op in _ACCESS and u.src[0].arg in offsets and any(
+                x.op in (Ops.MAX, Ops.MIN) for x in u.src[1].toposort()):
+            return None
+    return _rebuild(ast, {s: (-c, None) for s, c in offsets.items()})
 
 
 def _rebuild(ast: UOp, shift: dict[int, tuple[int, UOp | None]]) -> UOp:

@@ -23,6 +23,7 @@ from .dynamic_loop import DynamicLoop, dynamic_loop
 from .fusion import choose_materialized, fused_reductions, inlined_scatters, kernel_roots
 from .read_axes import read_axes
 from .lower import REALIZED, lower_copy, lower_kernel, lower_scatter
+from .offsets import shifted, without_starts
 from .packing import pack_contraction
 from .softmax_contraction import joins, softmax_contractions
 
@@ -210,12 +211,14 @@ class _Scheduler:
         self.realize_all(self.deps(node), env)
         self.emit(node, buf, env)
 
-    def canonical(self, root: UOp) -> tuple[UOp, list[UOp]]:
+    def canonical(self, root: UOp) -> tuple[UOp, list[UOp], dict[UOp, set[UOp]]]:
         """The kernel computing `root` with each realized value it reads replaced by a placeholder (an INPUT of
-        its dtype and shape numbered in walk order), and those values: the same computation over other buffers
-        (each of a model's identical layers) gives the same placeholder graph, lowered once."""
+        its dtype and shape numbered in walk order), those values, and each placeholder's readers: the same
+        computation over other buffers (each of a model's identical layers) gives the same placeholder graph,
+        lowered once."""
         memo: dict[UOp, UOp] = {}
         reads: list[UOp] = []
+        readers: dict[UOp, set[UOp]] = {}  # realized value -> the placeholder graph's nodes reading it
         stack = [(root, iter(root.src))]  # depth first, sources in order: each node with its sources still to see
         while stack:
             n, sources = stack[-1]
@@ -225,29 +228,43 @@ class _Scheduler:
                 if self.has_buffer(x):
                     memo[x] = UOp(Ops.INPUT, x.dtype, (), ((_SLOT, len(reads)), tuple(x.shape)))
                     reads.append(x)
+                    readers[x] = set()
                 else:
                     stack.append((x, iter(x.src)))
                     break
             else:
                 stack.pop()
                 src = tuple([memo[x] for x in n.src])
-                memo[n] = n if src == n.src else UOp(n.op, n.dtype, src, n.arg)
-        return memo[root], reads
+                new = memo[n] = n if src == n.src else UOp(n.op, n.dtype, src, n.arg)
+                for x in n.src:
+                    if x in readers:
+                        readers[x].add(new)
+        return memo[root], reads, {memo[x]: r for x, r in readers.items()}
 
     def lower(self, node: UOp) -> tuple[UOp, list[UOp], tuple | None]:
         """(the kernel AST computing `node`, the realized values it reads, pack_contraction's split or None),
         from the lowering of its placeholder graph when an identical kernel was lowered before."""
         if node.op in (Ops.INPUT, Ops.CARRY, Ops.LOOP_OUT):  # a copy of a buffer: lowered as it is
             ast, reads = lower_kernel(node, self.has_buffer)
-            return ast, reads, pack_contraction(ast, 1 + len(reads)) if self.pack_contractions else None
-        canon, values = self.canonical(node)
-        found = self.lowered.get(canon)
+            return ast, reads, self.packed(ast, len(reads))
+        canon, values, readers = self.canonical(node)
+        generic, starts = without_starts(canon, readers)  # a layer's slice of a stacked buffer: lowered at 0
+        found = self.lowered.get(generic)
         if found is None:
-            ast, slots = lower_kernel(canon, _is_slot)
-            packed = pack_contraction(ast, 1 + len(slots)) if self.pack_contractions else None
-            found = self.lowered[canon] = (ast, [p.arg[0][1] for p in slots], packed)
+            ast, slots = lower_kernel(generic, _is_slot)
+            found = self.lowered[generic] = (ast, [p.arg[0][1] for p in slots], self.packed(ast, len(slots)))
         ast, order, packed = found
+        moved = {order.index(k) + 1: c for p, c in starts.items() if (k := p.arg[0][1]) in order}
+        if moved:
+            ast = shifted(ast, moved)
+            if ast is None:
+                ast, slots = lower_kernel(canon, _is_slot)
+                order = [p.arg[0][1] for p in slots]
+            packed = self.packed(ast, len(order))
         return ast, [values[k] for k in order], packed
+
+    def packed(self, ast: UOp, reads: int) -> tuple | None:
+        return pack_contraction(ast, 1 + reads) if self.pack_contractions else None
 
     def emit(self, node: UOp, buf: int, env: dict, keep: bool = True):
         """The kernel(s) computing `node` into `buf`, once everything it reads is realized; `keep` records `buf`

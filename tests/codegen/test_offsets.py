@@ -5,7 +5,8 @@ import pytest
 
 import prepjit as pj
 import prepjit.numpy as pnp
-from prepjit.codegen.offsets import share_offsets
+from prepjit.codegen import schedule as schedule_module
+from prepjit.codegen.offsets import share_offsets, without_starts
 from prepjit.codegen.schedule import ScheduledKernel
 from prepjit.uop import Ops, UOp, dtypes
 
@@ -29,6 +30,34 @@ def test_layers_share_one_kernel(device, rng, symbolic):
     assert offsets == [64 * layer for layer in range(5)]  # each layer's slice of the stack, one launch each
     assert len({k.kernel for k in plan.kernels}) < 5  # the five layers' kernels are one compiled kernel
     assert "offset" not in " ".join(plan.vars)  # the plan fixes them: a caller never supplies them
+
+
+def test_layers_lowered_once(monkeypatch, rng):
+    """The layers' kernels, each reading its slice of the stack, are lowered once (at the slice's start 0), each
+    layer's AST moved from it: exactly the AST the layer's own graph lowers to, and its own reads."""
+    lowered, checked = [], []
+    lower_kernel, lower = schedule_module.lower_kernel, schedule_module._Scheduler.lower
+
+    def counted(root, is_buffer):
+        lowered.append(root)
+        return lower_kernel(root, is_buffer)
+
+    def compared(self, node):
+        ast, reads, packed = lower(self, node)
+        canon, values, readers = self.canonical(node)
+        if without_starts(canon, readers)[1]:
+            own, slots = lower_kernel(canon, schedule_module._is_slot)
+            assert (own, [values[p.arg[0][1]] for p in slots]) == (ast, reads)
+            checked.append(ast)
+        return ast, reads, packed
+    monkeypatch.setattr(schedule_module, "lower_kernel", counted)
+    monkeypatch.setattr(schedule_module._Scheduler, "lower", compared)
+    stack = rng.standard_normal((5, 8, 8)).astype(np.float32) * 0.3
+    h = rng.standard_normal((3, 8)).astype(np.float32)
+    f = pj.prepare(lambda stack, h: layers(pnp, stack, h), device="cpu")
+    np.testing.assert_allclose(np.asarray(f(stack, h)), layers(np, stack, h), rtol=1e-5, atol=1e-6)
+    assert len(set(checked)) == 4  # layers 1-4 moved from layer 0's lowering, each its own AST
+    assert len(lowered) < 5  # not one lowering per layer
 
 
 def _copy_kernel(shift: int, name="E_4") -> UOp:
