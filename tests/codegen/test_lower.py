@@ -86,3 +86,22 @@ def test_symbolic_reshapes_divide_only_within_matched_dims():
                        vars={"s": (1, 64)}, shapes={"x": (3, "s", 16)})
     (ld,) = loads(ast)
     assert not any(u.op in (Ops.IDIV, Ops.MOD) for u in ld.src[1].toposort())
+
+
+def test_a_gathered_row_is_read_ungated_at_a_clamped_id():
+    """A gather from a buffer (a paged cache's blocks through a block table) reads each row at its id clamped into the
+    dim, ungated, and selects 0 where the id is out of range: a row's elements are consecutive addresses (one vector
+    load on a GPU; gated, each element's address was `in range ? index : 0`). A gather from a padded array keeps its
+    gate (the pad's gate is what proves its reads in bounds); NumPy's values either way (the out-of-range id's 0
+    too, `mode="fill"`)."""
+    import prepjit.numpy as pnp
+    pool, ids = np.arange(60, dtype=np.float32).reshape(5, 12), np.array([3, -1, 0, 7], np.int64)
+    ast, _ = kernel_of(lambda p, i: p[i] * 2, pool, ids)
+    pool_load = next(ld for ld in loads(ast) if ld.dtype == ast.src[0].src[0].dtype)
+    assert len(pool_load.src) == 2, pool_load   # no gate
+    assert any(u.op is Ops.WHERE for u in ast.toposort())
+    padded, _ = kernel_of(lambda p, i: pnp.pad(p, ((1, 1), (0, 0)))[i] * 2, pool, ids)
+    padded_loads = [ld for ld in loads(padded) if ld.dtype == padded.src[0].src[0].dtype]
+    assert padded_loads and all(len(ld.src) == 3 for ld in padded_loads), padded_loads
+    fill = pj.prepare(lambda p, i: pnp.take(p, i, axis=0, mode="fill", fill_value=0) * 2)
+    np.testing.assert_array_equal(fill(pool, ids), np.where((ids >= -5) & (ids < 5), 1, 0)[:, None] * pool[ids % 5] * 2)
