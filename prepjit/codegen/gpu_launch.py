@@ -10,6 +10,9 @@ renderer (render_c.py) follows and never decides itself:
 - ("rows", group, pack, run): a row kernel (row_plan.py; work-items take runs of `run` elements), its row
   reductions' passes rewritten to share the columns' range where every pass is one static run per work-item
   (`share_passes`: the proof sees that range);
+- ("batch", group, pack, run): a row kernel of a var batch of at most FEW_VAR_ROWS rows over a quantized weight
+  (row_plan.batch_plan, `few_var_rows`): a column a warp, its weights held in registers for a chunk of the batch's
+  rows, each row's sum combined and stored in turn (render_batch_rows.py);
 - ("items", n): a work-item per `n` outputs (the dialect's items per thread; one where the kernel has fewer than
   FEW_OUTPUTS outputs, `items_per_work_item`).
 """
@@ -19,7 +22,7 @@ import math
 
 from ..uop import Ops, UOp, dtypes
 from .optimize import DEFAULT_BLOCKING, Blocking
-from .row_plan import loop_ranges, row_plan, share_passes, split_matvec_blocks
+from .row_plan import batch_plan, held_parts, loop_ranges, row_plan, share_passes, split_matvec_blocks
 from .render_tiles import fragment_kind, match_contraction
 
 WARP_ROWS = 4             # rows of one warp each a work-group packs (dialects with shuffles)
@@ -41,7 +44,11 @@ def launch(ast: UOp, dialect, blocking: Blocking = DEFAULT_BLOCKING) -> UOp:
     if contraction is not None and (blocking.tile is not None or not few_var_rows(contraction)):
         return _tile_launch(ast, contraction, dialect)
     packed = warp_rows(dialect)
-    shared = share_passes(split_matvec_blocks(ast, packed), dialect.items_per_thread, packed)
+    split = split_matvec_blocks(ast, packed)
+    batch = batch_plan(split, dialect.items_per_thread, packed)
+    if batch is not None and few_var_batch(batch):
+        return _with_launch(split, ("batch", batch.group, batch.pack, batch.run))
+    shared = share_passes(split, dialect.items_per_thread, packed)
     rows = row_plan(shared, dialect.items_per_thread, packed)
     if rows is not None:
         return _with_launch(shared, ("rows", rows.group, rows.pack, rows.run))
@@ -62,6 +69,17 @@ def few_var_rows(c) -> bool:
                 and any(u.op is Ops.LOAD and u.dtype.is_int for u in other.toposort()):
             return True
     return False
+
+
+def few_var_batch(rows) -> bool:
+    """Whether a batch row kernel (row_plan.batch_plan) is launched as one: a batch of at most FEW_VAR_ROWS rows, its
+    reductions reading quantized blocks (integer loads). Each weight is then unpacked once per
+    chunk of rows, where a row kernel of a warp per (row, column) unpacked it again for every row (an H100, the
+    paged step at 64 sequences: qkv 65 us, the output projection 43 us for 0.2-0.6 MB of weights) and the tile
+    launch of gate/up and the head (more than MANY_OUTPUTS rows at the batch's most) computed 32-row tiles at a
+    batch of one (70 and 421 us)."""
+    return rows.batch.src[0].vmax <= FEW_VAR_ROWS and any(x.op is Ops.LOAD and x.dtype.is_int for u in rows.order
+                                                           for part in held_parts(u, rows.batch) for x in part.toposort())
 
 
 def _tile_launch(ast: UOp, c, dialect) -> UOp:

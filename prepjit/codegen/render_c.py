@@ -9,7 +9,8 @@ the loop ends, an expression over the vars evaluated at replay.
 
 The kernel's launch is decided before rendering, by the target's pass (gpu_launch.py), and read here from
 the AST's LAUNCH node: row kernels (render_rows.py) give each row of a kernel whose reductions depend on only
-some loop ranges a work-group; contractions (render_tiles.py) are tiled through local memory. Elementwise
+some loop ranges a work-group (a projection of a var batch: a column a warp looping over the batch's rows,
+render_batch_rows.py); contractions (render_tiles.py) are tiled through local memory. Elementwise
 kernels on dialects with several items per work-item store runs of consecutive outputs (vector accesses).
 
 ABI: `kernel void name(T0 *buf0, ..., int64 v_<var>, ...)`, vars in `var_names` order. float16 is
@@ -33,6 +34,7 @@ from ..uop.uop import as_uop
 from . import c_helpers
 from .gpu_launch import launch_of
 from .kernel import KernelSource, kernel_vars
+from .render_batch_rows import emit_batch_rows
 from .render_rows import emit_rows, reduce_together
 from .render_softmax_rows import held_in_loop
 from .row_plan import launch_size as row_launch_size
@@ -168,7 +170,7 @@ class CStyleRenderer(KernelRenderer):
         self.n = 0
         self.vars = [v.arg[0] for v in kernel_vars(ast)]
         self.contraction = match_contraction(ast, tuple(decided)) if kind == "tile" else None
-        self.rows = rows_of(ast, *decided) if kind == "rows" else None
+        self.rows = rows_of(ast, *decided, batched=kind == "batch") if kind in ("rows", "batch") else None
         self.items = decided[0] if kind == "items" else 1   # outputs per work-item of an elementwise launch
         self.row_elements: list[dict] = []   # a shared row's element scopes (render_rows.emit_rows)
         self.row_operands: dict = {}   # a row reduction -> [(its operand, the local array holding it)] (render_rows)
@@ -527,7 +529,7 @@ class CStyleRenderer(KernelRenderer):
             (emit_fragment_contraction if self.contraction.fragments else emit_contraction)(self, self.contraction)
             return self.kernel_text(contraction_size(self.contraction))
         if self.rows is not None:
-            emit_rows(self, store)
+            (emit_rows if self.rows.batch is None else emit_batch_rows)(self, store)
             return self.kernel_text(row_launch_size(self.rows))
         if self.items > 1:
             self.strided_outputs(store, ranges, outputs)

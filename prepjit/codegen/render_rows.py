@@ -242,7 +242,7 @@ def _column_partials(r, u: UOp):
         def element(e: int):
             r.scopes[-1].update({x: v for (kk, ee, x), v in made.items() if (kk, ee) == (k, e)})
             body(e, at)
-        r.consecutive("cc", cols, per, _by_element(per, element))
+        r.consecutive("cc", cols, per, by_element(per, element))
         r.close_block()
 
     for wave in _position_loads(u.src[0], set(ranges), {*held, *rows.reduces}):   # (every position's, a wave a time)
@@ -363,7 +363,7 @@ def _shared_operand(r, x: UOp, ranges: list[UOp], count: int) -> str:
     r.n += 1
     span = WARP * per if per > 1 else 1   # (`_operand_at` places whole spans of a warp's runs)
     r.locals.append(r.d.local_array.format(type=r.d.ctype(x.dtype), name=name, n=-(-count // span) * span) + ";")
-    store = _by_element(per, lambda e: r.emit(f"{name}[{_operand_at(flat, e, per)}] = {r.value(x)};"))
+    store = by_element(per, lambda e: r.emit(f"{name}[{_operand_at(flat, e, per)}] = {r.value(x)};"))
     _each_pass(r, flat, as_uop(count), per, ("tid", r.rows.size), lambda: r.consecutive(flat, ranges, per, store))
     return name
 
@@ -379,7 +379,7 @@ def _operand_at(flat: str, e: int, per: int) -> str:
     return f"{flat} / {span} * {span} + {flat} / {per} % {WARP} + {e * WARP}"
 
 
-def _by_element(per: int, body):
+def by_element(per: int, body):
     """A `consecutive` body that passes `body` the element's place in its run (consecutive emits it in that order)."""
     calls = itertools.count()
     return lambda: body(next(calls) % per)
@@ -424,7 +424,7 @@ def reduce_together(r, u: UOp, acc: str) -> str:
     team = r.rows.team(u)
     if r.rows.shared:
         _each_element(r, lambda: r.emit(f"{acc} = {r.combine(u.arg, dt, acc, r.value(u.src[0]))};"))
-        return _combine_group(r, u.arg, dt, acc, team)
+        return combine_group(r, u.arg, dt, acc, team)
     flat, per = f"f{r.n}", run_length(ranges, r.rows.run)
     held = r.row_operands.get(u, [])   # (computed once: with rows packed, by _shared_operands, else _row_arrays)
     packed = r.rows.pack > 1
@@ -434,8 +434,8 @@ def reduce_together(r, u: UOp, acc: str) -> str:
                              for x, name in held})
         r.emit(f"{acc} = {r.combine(u.arg, dt, acc, r.value(u.src[0]))};")
     _each_pass(r, flat, as_uop(sym_prod(x.src[0] for x in ranges)), per, team,
-               lambda: r.consecutive(flat, ranges, per, _by_element(per, element)))
-    return _combine_group(r, u.arg, dt, acc, team)
+               lambda: r.consecutive(flat, ranges, per, by_element(per, element)))
+    return combine_group(r, u.arg, dt, acc, team)
 
 
 def _each_element(r, body):
@@ -447,7 +447,7 @@ def _each_element(r, body):
         r.scopes.pop()
 
 
-def _combine_group(r, op: Ops, dt: DType, acc: str, team: tuple[str, int]) -> str:
+def combine_group(r, op: Ops, dt: DType, acc: str, team: tuple[str, int]) -> str:
     """Combine the team's partial accumulators; every work-item gets the result (in the same order)."""
     (lid, group), part = team, f"part{r.n}"
     if r.d.shuffle_xor is None or not shuffles(dt):

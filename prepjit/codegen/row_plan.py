@@ -26,6 +26,13 @@ sum: softmax_contraction.py) is a column reduction (`Rows.columns`): a row a wor
 run of columns and a slice of its range (`Rows.column_runs`, `Rows.slices`). `share_passes` makes the ranges of a
 row's passes one range where they read the same elements (`_one_range` for column reductions).
 
+A projection of a var batch (a decode step's B sequences: one row range of a symbolic end, `batch_range`) whose
+reductions each read a part no batch row indexes (a weight: `held_parts`) is a batch row kernel (`batch_plan`,
+`Rows.batch`): a row of the other ranges (a column of the weight) a warp's (a work-group's without shuffles), each
+work-item holding its share of the held parts in registers (at most HELD_MAX values, unpacked once), then looping over
+BATCH_CHUNK rows of the batch, a row's sum combined and stored in turn: the weights are read once per chunk of rows,
+not once per row, and no row's partial sums wait for another's.
+
 Reductions nested in a row's reduction that depend on its range (sum_j max_k x[i, j, k]) are not the row's
 (`free_ranges`): each work-item computes them inline.
 """
@@ -48,6 +55,8 @@ WARP_PER_OUTPUT = True    # matvec-shaped row kernels get a warp per output (Fal
 MATVEC_WARPS = 4          # outputs (warps) a work-group of such a kernel packs (960 outputs: 240 groups, more SMs busy)
 MATVEC_MIN_OUTPUTS = 256  # fewer outputs than this keep a work-group each (a warp each would leave the GPU idle)
 LOAD_BYTES = 16           # a matvec lane's run: this many bytes of the narrowest element its reductions load
+BATCH_CHUNK = 16          # rows of the batch a warp of a batch row kernel loops over (a batch of 64: 4 warps a column)
+HELD_MAX = 64             # values a work-item of a batch row kernel holds in registers across its rows
 
 
 @attrs.frozen
@@ -62,6 +71,7 @@ class Rows:
     pack: int = 1        # rows per work-group: one warp each where a row's group is a warp (shuffles only)
     run: int = 1         # consecutive elements a work-item takes at a time (where they divide the last range's end)
     columns: tuple = ()  # reductions of each column that read the row's reductions (a softmax's p @ V): in `reduces`
+    batch: UOp | None = None   # the row range each warp loops over, its held parts in registers (batch_plan)
 
     @property
     def column_runs(self) -> int:
@@ -250,12 +260,66 @@ def _uniform_first(hoisted: list, rows: tuple) -> tuple:
     return tuple(sorted(hoisted, key=lambda u: not free_ranges(u).isdisjoint(rows)))
 
 
-def rows_of(ast: UOp, group: int, pack: int, run: int) -> Rows:
+def rows_of(ast: UOp, group: int, pack: int, run: int, batched: bool = False) -> Rows:
     """The row kernel a launch decided (gpu_launch.py: `group` work-items a row, `pack` rows a work-group, each
-    work-item taking runs of `run` elements)."""
+    work-item taking runs of `run` elements; `batched`: looping over the batch range, batch_plan)."""
     hoisted, rows, cols, columns = _hoisted(ast)
     return Rows(frozenset(hoisted) | frozenset(columns), _uniform_first(hoisted, rows), rows, cols, group, pack, run,
-                columns)
+                columns, batch_range(rows) if batched else None)
+
+
+def batch_range(rows: tuple) -> UOp | None:
+    """The batch of a kernel of these row ranges: the one of a symbolic end (a var: a decode step's sequences),
+    where there are others (the columns of a weight), all static; else None."""
+    var = [r for r in rows if r.src[0].op is not Ops.CONST]
+    return var[0] if len(var) == 1 and len(rows) > 1 else None
+
+
+def held_parts(u: UOp, batch: UOp) -> list[UOp]:
+    """The largest float parts of reduction `u`'s operand that read its range but not the `batch` range (a weight,
+    unpacked from its blocks or widened): what a batch row kernel's work-item holds in registers for every row."""
+    mine, found, seen = set(u.src[1:]), [], set()
+
+    def visit(x: UOp):
+        if x in seen or x.op in (Ops.CONST, Ops.RANGE, Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR):
+            return
+        seen.add(x)
+        free = free_ranges(x)
+        if x.dtype.is_float and batch not in free and free & mine:
+            found.append(x)
+            return
+        for y in x.src:
+            visit(y)
+    visit(u.src[0])
+    return found
+
+
+def batch_plan(ast: UOp, items: int = 1, warp_rows: int = 1) -> Rows | None:
+    """The batch row kernel this kernel becomes (see the module's docstring), or None: where it has a batch
+    (`batch_range`), no columns, and every reduction is a sum over static ranges that depends on every row range and
+    holds parts (`held_parts`) of at most HELD_MAX values a work-item. Where the dialect shuffles (`warp_rows` > 1) a
+    column is a warp's (MATVEC_WARPS a work-group) taking the matvec's runs (`_matvec_run`); otherwise a work-group's
+    of the row plan's size, in runs of `items`."""
+    hoisted, rows, cols, columns = _hoisted(ast)
+    batch = batch_range(rows)
+    if not hoisted or cols or columns or batch is None:
+        return None
+    if not all(u.arg is Ops.ADD and free_ranges(u) == set(rows) and all(r.src[0].op is Ops.CONST for r in u.src[1:])
+               for u in hoisted):
+        return None
+    if warp_rows > 1:
+        run, group, pack = _matvec_run(hoisted, rows, cols, warp_rows), WARP, MATVEC_WARPS
+        if run is None:
+            return None
+    else:
+        work = max(-(-_length(u) // run_length(list(u.src[1:]), items)) for u in hoisted)
+        run, group, pack = items, min(REDUCE_GROUP, max(WARP, 1 << (work - 1).bit_length())), 1
+    for u in hoisted:
+        per = run_length(list(u.src[1:]), run)
+        held = len(held_parts(u, batch)) * -(-_length(u) // (group * per)) * per
+        if not held or held > HELD_MAX:
+            return None
+    return Rows(frozenset(hoisted), _uniform_first(hoisted, rows), rows, cols, group, pack, run, batch=batch)
 
 
 def share_passes(ast: UOp, items: int = 1, warp_rows: int = 1) -> UOp:
@@ -293,5 +357,9 @@ def uses_grouped_reduce(ast: UOp) -> bool:
 
 
 def launch_size(rows: Rows) -> UOp:
-    count = as_uop(sym_prod([r.src[0] for r in rows.rows]))
+    """Work-items of a row kernel's launch (a batch row kernel's: a row of the other ranges per BATCH_CHUNK rows of
+    the batch)."""
+    count = as_uop(sym_prod([r.src[0] for r in rows.rows if r is not rows.batch]))
+    if rows.batch is not None:
+        count = count * ((rows.batch.src[0] + (BATCH_CHUNK - 1)) // BATCH_CHUNK)
     return (count + (rows.pack - 1)) // rows.pack * rows.size if rows.pack > 1 else count * rows.group

@@ -9,8 +9,8 @@ accumulator in k order; the copies synchronous, so commit and wait do nothing). 
 local memory through their matrix descriptors as the PTX ISA lays them out (start address, leading and stride byte
 offsets, swizzle of the address bits), each when the work-item waits for its group (wgmma.wait_group: the latest
 the hardware may read its operands): local arrays, the dynamic one too, live in one section whose start is local
-address 0 (__cvta_generic_to_shared). Static launch sizes only; kernels that use atomics are
-not covered."""
+address 0 (__cvta_generic_to_shared). A var is passed as its value (the launch size evaluated there); kernels that
+use atomics are not covered."""
 from __future__ import annotations
 
 import ctypes
@@ -25,7 +25,7 @@ import tempfile
 import numpy as np
 
 from prepjit.codegen.kernel import KernelSource
-from prepjit.uop import Ops
+from prepjit.uop import eval_uop
 
 SHIM = r"""
 #include <pthread.h>
@@ -267,10 +267,12 @@ def available() -> bool:
     return shutil.which("clang++") is not None
 
 
-def run(src: KernelSource, buffers: list[np.ndarray], tensor_cores: bool = True, wgmma: bool = False):
-    """Launch the kernel `src` (static launch size, no vars) over `buffers` (slot order; slot 0 is written), its
-    tensor-core helpers as `host_source` says."""
-    assert src.language == "cuda" and not src.var_names and src.global_size[0].op is Ops.CONST
+def run(src: KernelSource, buffers: list[np.ndarray], tensor_cores: bool = True, wgmma: bool = False,
+        var_values: dict | None = None):
+    """Launch the kernel `src` over `buffers` (slot order; slot 0 is written), its vars at `var_values` (name ->
+    int: the launch size evaluated there), its tensor-core helpers as `host_source` says."""
+    var_values = var_values or {}
+    assert src.language == "cuda" and set(src.var_names) == set(var_values)
     params = re.search(re.escape(src.name) + r"\((.*?)\) \{", src.source).group(1).split(", ")
     casts = ", ".join(f"({p.rsplit(' ', 1)[0].replace('__restrict__', '').strip()})a[{i}]" for i, p in enumerate(params))
     text = host_source(src.source, tensor_cores, wgmma) + ('\nextern "C" void pj_run(void **a, unsigned blocks, unsigned threads) '
@@ -289,5 +291,6 @@ def run(src: KernelSource, buffers: list[np.ndarray], tensor_cores: bool = True,
     run_fn = ctypes.CDLL(lib).pj_run
     run_fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint, ctypes.c_uint]
     threads = src.local_size[0]
-    pointers = (ctypes.c_void_p * len(buffers))(*[b.ctypes.data for b in buffers])
-    run_fn(pointers, -(-src.global_size[0].arg // threads), threads)
+    pointers = (ctypes.c_void_p * (len(buffers) + len(src.var_names)))(
+        *[b.ctypes.data for b in buffers], *[var_values[v] for v in src.var_names])   # (a var: `(long long)a[i]`)
+    run_fn(pointers, -(-eval_uop(src.global_size[0], var_values) // threads), threads)

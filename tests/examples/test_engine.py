@@ -413,7 +413,8 @@ def test_smollm2_engine_matches_the_generator():
 def test_a_batch_step_over_quantized_weights_equals_decode_of_each_sequence(device):
     """q4_1 weights (blocks unpacked in the kernels that read them) in a plan of up to 32 sequences: one step's
     logits equal llama.decode of each sequence in NumPy on the dequantized weights. On a GPU target (opencl here)
-    each quantized projection of the var batch is a row kernel (gpu_launch.few_var_rows), not a tile of 32 rows."""
+    each quantized projection of the var batch is a batch row kernel (gpu_launch.few_var_batch: a column a warp looping
+    over the batch's rows), not a row kernel of a warp per (row, column) nor (gate/up, the head) a tile of 32 rows."""
     cfg = llama.Config(layers=1, dim=64, ff=128, heads=4, kv_heads=2, vocab=64, context=64, rope_theta=1e4, eps=1e-5)
     floats = llama.random_params(np.random.default_rng(5), cfg)
     embed = {"q4_1": pj.quant.quantize(floats["embed"], "q4_1")}
@@ -444,5 +445,5 @@ def test_a_batch_step_over_quantized_weights_equals_decode_of_each_sequence(devi
     if device != "cpu":
         from prepjit.codegen.gpu_launch import launch_of
         launches = {pk.kernel.name: launch_of(pk.kernel.ast)[0] for pk in decode.plan(*call).kernels}
-        assert launches[f"r_B_{cfg.dim + 2 * cfg.kv_heads * cfg.head_dim}_1"] == "rows"   # q, k and v together
-        assert launches[f"r_B_{cfg.vocab}"] == "rows"   # the head
+        assert launches[f"r_B_{cfg.dim + 2 * cfg.kv_heads * cfg.head_dim}_1"] == "batch"   # q, k and v together
+        assert launches[f"r_B_{2 * cfg.ff}_1"] == launches[f"r_B_{cfg.vocab}"] == "batch"   # gate/up, the head

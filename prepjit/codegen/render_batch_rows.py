@@ -1,0 +1,114 @@
+"""Rendering batch row kernels through the C-style renderers (row_plan.batch_plan decides which kernels are one,
+gpu_launch.py launches them as ("batch", group, pack, run), render_c.py calls `emit_batch_rows` for the body): a
+projection of a var batch of rows (a decode step's sequences) by a weight.
+
+A warp (on a dialect without shuffles, the whole work-group) owns a row of the other ranges (a column of the weight;
+MATVEC_WARPS neighbouring columns a work-group, which then read the same rows of the batch) and a chunk of
+BATCH_CHUNK rows of the batch. Its work-items first compute their share of each reduction's held parts
+(row_plan.held_parts: the weight unpacked from its blocks, or widened) into registers, in the matvec's runs as
+straight-line passes; then they loop over the chunk's rows: each row's sums read the held values, combine across the
+work-items (warp shuffles; without them a local-memory tree, and a barrier ending each row, before the tree's array is
+written again) and work-item 0 stores the row's output. The weights are read and unpacked once a chunk, not once a
+row, and a row's sums are done before the next row's start (no accumulator per row).
+"""
+from __future__ import annotations
+
+import math
+
+from ..uop import UOp, dtypes
+from .render_rows import by_element, combine_group
+from .row_plan import BATCH_CHUNK, WARP, held_parts, run_length
+
+ROWS_UNROLLED = 4   # rows of a chunk unrolled (#pragma unroll): their loads and sums overlap (an H100: 5-10% faster)
+
+
+def emit_batch_rows(r, store: UOp):
+    """The kernel body through the C-style renderer `r`: the work-item's held values, then the loop over its chunk
+    of the batch's rows, storing each row's output."""
+    rows = r.rows
+    columns = [x for x in rows.rows if x is not rows.batch]
+    width = math.prod(x.src[0].arg for x in columns)   # (static: row_plan.batch_range)
+    if rows.pack > 1:   # a warp a column
+        r.emit(f"const int tid = {r.d.local_id};")
+        r.emit(f"const {r.long} gid = {r.d.group_id} * {rows.pack} + tid / {WARP};")
+        r.emit(f"const int lid = tid % {WARP};")
+    else:
+        r.emit(f"const {r.long} gid = {r.d.group_id};")
+        r.emit(f"const int lid = {r.d.local_id};")
+    end = r.value(rows.batch.src[0])
+    narrow = f"({r.d.ctype(dtypes.uint32)})"   # (32-bit division: a column and chunk count far below 2^32)
+    r.emit(f"const {r.long} first = {narrow}gid / {narrow}{width} * {BATCH_CHUNK};")
+    r.emit(f"if (first >= {end}) return;")   # (a warp past the last column of the last chunk)
+    r.emit(f"const {r.long} col = {narrow}gid % {narrow}{width};")
+    r.scopes[-1].update(r.unflatten("col", columns))
+    held = {u: _hold(r, u) for u in rows.order}
+    b = f"rb{r.n}"
+    r.n += 1
+    if ROWS_UNROLLED > 1:
+        r.emit(f"#pragma unroll {ROWS_UNROLLED}")
+    r.open_block(f"for ({r.long} {b} = first; {b} < first + {BATCH_CHUNK} && {b} < {end}; {b}++)", {rows.batch: b})
+    for u in rows.order:
+        r.scopes[-1][u] = _row_sum(r, u, held[u])
+    r.emit(f"if (lid == 0) {r.store_line(store)}")
+    if r.d.shuffle_xor is None:   # (the next row's tree writes the array this row's total was read from)
+        r.emit(r.d.barrier)
+    r.close_block()
+
+
+def _passes(r, u: UOp, body):
+    """Emit `body(p, e)` for element e of the work-item's run in each pass p over reduction `u`'s static ranges
+    (runs of the launch's length a work-item, the row's work-items side by side), straight-line code, a pass that
+    runs past the range's end guarded."""
+    ranges = list(u.src[1:])
+    per = run_length(ranges, r.rows.run)
+    total = math.prod(x.src[0].arg for x in ranges)
+    step = r.rows.group * per
+    for p in range(-(-total // step)):
+        flat = f"k{r.n}"
+        r.n += 1
+        r.open_block("", {})
+        r.emit(f"const {r.long} {flat} = lid{f' * {per}' if per > 1 else ''}{f' + {p * step}' if p else ''};")
+        guarded = (p + 1) * step > total
+        if guarded:
+            r.open_block(f"if ({flat} < {total})", {})
+        r.consecutive(flat, ranges, per, by_element(per, lambda e, p=p: body(p, e)))
+        if guarded:
+            r.close_block()
+        r.close_block()
+
+
+def _hold(r, u: UOp) -> dict:
+    """Compute the work-item's share of reduction `u`'s held parts into registers (declared before the passes,
+    zero where a guarded pass runs past the range); {(pass, element, part): the register's name}."""
+    parts = held_parts(u, r.rows.batch)
+    per = run_length(list(u.src[1:]), r.rows.run)
+    total = math.prod(x.src[0].arg for x in u.src[1:])
+    names = {}
+    for p in range(-(-total // (r.rows.group * per))):
+        for e in range(per):
+            for i, x in enumerate(parts):
+                names[p, e, x] = f"w{r.n}_{p}_{e}_{i}"
+                r.emit(f"{r.d.ctype(x.dtype)} {names[p, e, x]} = {r.d.literal(0, x.dtype)};")
+    r.n += 1
+
+    def hold(p: int, e: int):
+        for x in parts:
+            r.emit(f"{names[p, e, x]} = {r.value(x)};")
+    _passes(r, u, hold)
+    return names
+
+
+def _row_sum(r, u: UOp, names: dict) -> str:
+    """Reduction `u` (a sum) of the row of the batch bound in scope, reading the `names` registers for its held
+    parts, combined across the row's work-items (each gets the total); rounded where its dtype is 16-bit."""
+    dt = u.dtype
+    acc = f"acc{r.n}"
+    r.n += 1
+    r.emit(f"{r.d.ctype(dt)} {acc} = {r.d.literal(0, dt)};")
+
+    def add(p: int, e: int):
+        r.scopes[-1].update({x: name for (pp, ee, x), name in names.items() if (pp, ee) == (p, e)})
+        r.emit(f"{acc} = {r.combine(u.arg, dt, acc, r.value(u.src[0]))};")
+    _passes(r, u, add)
+    total = combine_group(r, u.arg, dt, acc, ("lid", r.rows.group))
+    return r.round_to(total, dt) if dt.narrow else total

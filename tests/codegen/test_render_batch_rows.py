@@ -1,0 +1,140 @@
+"""GPU batch row kernels (row_plan.batch_plan, render_batch_rows.py): a projection of a var batch B of at most
+FEW_VAR_ROWS rows by quantized blocks (a decode step's B sequences) is a warp per column on CUDA (a work-group per
+column on OpenCL), its weights unpacked once into registers per BATCH_CHUNK rows and the rows looped over; with a
+residual, a computed operand (SiLU(gate) * up) and ragged batches (1, 3, 37: not a multiple of the chunk, 64: the
+most) it equals NumPy on every device and through cuda_emulation; its kernel compiles with NVRTC."""
+import numpy as np
+import pytest
+
+import prepjit as pj
+import prepjit.numpy as pnp
+from prepjit.codegen import gpu_launch, row_plan
+from prepjit.codegen.optimize import optimize
+from prepjit.codegen.render_cuda import CUDA
+from prepjit.codegen.schedule import schedule
+from prepjit.codegen.targets import CUDA_TARGET, OPENCL_TARGET
+
+from . import cuda_emulation
+
+K, N, MOST = 576, 301, 64   # (N: not a multiple of the work-group's warps)
+BATCHES = [1, 3, 37, 64]
+
+
+def projection(xp, kind, operand):
+    """h + f(x) @ W.T of a batch: x (B, K) or gate/up (B, 2K) through SiLU(gate) * up, W (N, K) in `kind` blocks."""
+    def fn(x, h, blocks):
+        if operand == "silu":
+            gate, up = x[:, :K], x[:, K:]
+            x = gate / (1 + xp.exp(-gate)) * up
+        w = pj.quant.dequantize(blocks, kind) if xp is pnp else blocks
+        return h + x @ w.T
+    return fn
+
+
+def _args(kind, operand, b, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((b, 2 * K if operand == "silu" else K)).astype(np.float32)
+    h = rng.standard_normal((b, N)).astype(np.float32)
+    return x, h, pj.quant.quantize((rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32), kind)
+
+
+def _reference(kind, operand, args):
+    x, h, blocks = args
+    w = pj.quant.dequantize(blocks, kind).astype(np.float64)
+    return projection(np, kind, operand)(x.astype(np.float64), h.astype(np.float64), w)
+
+
+def _prepared(kind, operand, device=None):
+    return pj.prepare(projection(pnp, kind, operand), vars={"B": (1, MOST)}, shapes={"x": ("B", None), "h": ("B", N)},
+                      **({"device": device} if device else {}))
+
+
+def _kernel(kind, operand):
+    """The schedule of the projection at a var batch and its kernel that reads the weight."""
+    traced = pj.trace(_prepared(kind, operand), *_args(kind, operand, 3))
+    sched = schedule(list(traced.outputs), list(traced.inputs))
+    return sched, sched.kernels[-1]
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "q4_1"])
+def test_a_var_batch_projection_is_a_batch_row_kernel(kind, monkeypatch):
+    """On CUDA a warp a column (MATVEC_WARPS a work-group) in the matvec's runs of 16 one-byte quants, the launch a
+    warp per column and chunk of BATCH_CHUNK rows, no local memory; on OpenCL a work-group per column. Before: a warp
+    per (row, column), each unpacking the column's weights again."""
+    _, kern = _kernel(kind, "plain")
+    launched = CUDA_TARGET.launched(optimize(kern.ast, "cuda"))
+    assert gpu_launch.launch_of(launched) == ("batch", row_plan.WARP, row_plan.MATVEC_WARPS, 16)
+    src = CUDA_TARGET.render(launched)
+    chunks = -(-37 // row_plan.BATCH_CHUNK)
+    size = pj.uop.eval_uop(src.global_size[0], {"B": 37})
+    assert size == -(-N * chunks // row_plan.MATVEC_WARPS) * row_plan.WARP * row_plan.MATVEC_WARPS
+    assert "__shared__" not in src.source and "__syncthreads" not in src.source
+    opencl = gpu_launch.launch_of(OPENCL_TARGET.launched(optimize(kern.ast, "opencl")))
+    assert opencl[0] == "batch" and opencl[2:] == (1, 1)
+    monkeypatch.setattr(gpu_launch, "FEW_VAR_ROWS", MOST - 1)   # a batch of more rows: its tile, as before
+    assert gpu_launch.launch_of(gpu_launch.launch(optimize(kern.ast, "cuda"), CUDA))[0] == "tile"
+
+
+def test_a_float_weight_and_a_fused_norm_keep_their_launch():
+    """A float32 weight keeps its tile (few_var_batch: quantized blocks only), and a fused RMSNorm (a reduction of
+    the batch's row alone) keeps a row kernel: batch_plan takes projections only."""
+    traced = pj.trace(pj.prepare(lambda x, w: x @ w.T, vars={"B": (1, MOST)}, shapes={"x": ("B", K)}),
+                      np.ones((3, K), np.float32), np.ones((N, K), np.float32))
+    (kern,) = schedule(list(traced.outputs), list(traced.inputs)).kernels
+    assert gpu_launch.launch_of(CUDA_TARGET.launched(optimize(kern.ast, "cuda")))[0] == "tile"
+    blocks = pj.quant.quantize(np.ones((N, K), np.float32), "q8_0")
+    norm = pj.prepare(lambda x, b: (x / pnp.sqrt(pnp.mean(x * x, axis=-1, keepdims=True) + 1e-5))
+                      @ pj.quant.dequantize(b, "q8_0").T, vars={"B": (1, MOST)}, shapes={"x": ("B", K)})
+    traced = pj.trace(norm, np.ones((3, K), np.float32), blocks)
+    launches = [gpu_launch.launch_of(CUDA_TARGET.launched(optimize(k.ast, "cuda")))[0]
+                for k in schedule(list(traced.outputs), list(traced.inputs)).kernels]
+    assert "batch" not in launches or len(launches) > 1, launches
+
+
+@pytest.mark.parametrize("operand", ["plain", "silu"])
+@pytest.mark.parametrize("kind", ["q8_0", "q4_1"])
+def test_batch_projections_compute_numpys(device, kind, operand):
+    """One plan at batches of 1, 3, 37 and 64 rows equals NumPy's projection on every device."""
+    f = _prepared(kind, operand, device)
+    for b in BATCHES:
+        args = _args(kind, operand, b, seed=b)
+        want = _reference(kind, operand, args)
+        got = np.asarray(f(*args)).astype(np.float64)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
+@pytest.mark.parametrize("operand", ["plain", "silu"])
+@pytest.mark.parametrize("kind", ["q8_0", "q4_1"])
+def test_the_emulated_batch_kernel_equals_numpy(kind, operand):
+    """The CUDA batch row kernel, run through cuda_emulation at B = 1, 3, 37 and 64 (a chunk of 16 rows a warp: the
+    last chunk ragged), equals NumPy's projection."""
+    sched, kern = _kernel(kind, operand)
+    launched = CUDA_TARGET.launched(optimize(kern.ast, "cuda"))
+    assert gpu_launch.launch_of(launched)[0] == "batch"
+    src = CUDA_TARGET.render(launched)
+    for b in BATCHES:
+        args = _args(kind, operand, b, seed=b)
+        x = args[0].astype(np.float64)
+        if operand == "silu":   # (the schedule computes SiLU(gate) * up in a kernel before: this one's operand)
+            x = x[:, :K] / (1 + np.exp(-x[:, :K])) * x[:, K:]
+        bufs = dict(zip(sched.inputs, args))
+        slots = [np.ascontiguousarray(bufs.get(i, x.astype(np.float32))).ravel() for i in kern.buffers[1:]]
+        out = np.zeros((b, N), np.float32)
+        cuda_emulation.run(src, [out] + slots, var_values={"B": b})
+        want = _reference(kind, operand, args)
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def test_the_batch_kernel_compiles_with_nvrtc():
+    """The batch row kernel (q4_1, SiLU(gate) * up operand) compiles with NVRTC for sm_90 and sm_80."""
+    from prepjit.runtime.nvrtc import NVRTC
+    try:
+        nvrtc = NVRTC()
+        nvrtc.compile("probe", 'extern "C" __global__ void probe(int *a) { a[0] = 1; }', ["-arch=sm_90"])
+    except (pj.DeviceError, pj.CompileError) as e:
+        pytest.skip(f"no working NVRTC here ({str(e).splitlines()[0]})")
+    _, kern = _kernel("q4_1", "silu")
+    src = CUDA_TARGET.render(CUDA_TARGET.launched(optimize(kern.ast, "cuda")))
+    for arch in ("sm_90", "sm_80"):
+        nvrtc.compile(src.name, src.source, [f"-arch={arch}", "-std=c++17", "--fmad=false"])
