@@ -36,6 +36,9 @@ def _slice_spec(s: slice, dim: sint):
     if isinstance(dim, int) and all(v is None or isinstance(v, (int, np.integer)) for v in (s.start, s.stop)):
         start, stop, step = slice(s.start, s.stop, step).indices(dim)
         return start, step, len(range(start, stop, step))
+    if s.start is None and s.stop is None and step == 1 and dim.op is not Ops.CONST and dim.vmin >= 0 and \
+            simplify(dim) is dim:  # `:` over a symbolic dim (`x[..., :k]` spells one per leading axis): the whole dim,
+        return 0, 1, dim          # what the clamped bounds below simplify to, without building them
     start, stop = (None if v is None else to_sint(v, "a slice bound") for v in (s.start, s.stop))
 
     def norm(v, default, lo, hi):
