@@ -17,14 +17,14 @@ import math
 
 from ..uop import UOp, dtypes
 from .render_rows import by_element, combine_group
-from .row_plan import BATCH_CHUNK, WARP, held_parts, run_length
+from .row_plan import BATCH_CHUNK, WARP, held_parts, run_length, shuffles
 
-ROWS_UNROLLED = 4   # rows of a chunk unrolled (#pragma unroll): their loads and sums overlap (an H100: 5-10% faster)
+ROWS_IN_FLIGHT = 4   # rows of a chunk a warp computes together (their loads, sums and combines interleaved)
 
 
 def emit_batch_rows(r, store: UOp):
     """The kernel body through the C-style renderer `r`: the work-item's held values, then the loop over its chunk
-    of the batch's rows, storing each row's output."""
+    of the batch's rows, ROWS_IN_FLIGHT at a time, storing each row's output."""
     rows = r.rows
     columns = [x for x in rows.rows if x is not rows.batch]
     width = math.prod(x.src[0].arg for x in columns)   # (static: row_plan.batch_range)
@@ -39,18 +39,21 @@ def emit_batch_rows(r, store: UOp):
     narrow = f"({r.d.ctype(dtypes.uint32)})"   # (32-bit division: a column and chunk count far below 2^32)
     r.emit(f"const {r.long} first = {narrow}gid / {narrow}{width} * {BATCH_CHUNK};")
     r.emit(f"if (first >= {end}) return;")   # (a warp past the last column of the last chunk)
+    r.emit(f"const {r.long} stop = first + {BATCH_CHUNK} < {end} ? first + {BATCH_CHUNK} : {end};")
     r.emit(f"const {r.long} col = {narrow}gid % {narrow}{width};")
     r.scopes[-1].update(r.unflatten("col", columns))
     held = {u: _hold(r, u) for u in rows.order}
-    b = f"rb{r.n}"
-    r.n += 1
-    if ROWS_UNROLLED > 1:
-        r.emit(f"#pragma unroll {ROWS_UNROLLED}")
-    r.open_block(f"for ({r.long} {b} = first; {b} < first + {BATCH_CHUNK} && {b} < {end}; {b}++)", {rows.batch: b})
-    for u in rows.order:
-        r.scopes[-1][u] = _row_sum(r, u, held[u])
-    r.emit(f"if (lid == 0) {r.store_line(store)}")
-    if r.d.shuffle_xor is None:   # (the next row's tree writes the array this row's total was read from)
+    r.open_block(f"for ({r.long} rb = first; rb < stop; rb += {ROWS_IN_FLIGHT})", {})
+    batch = [f"rb{i}" for i in range(ROWS_IN_FLIGHT)]
+    for i, name in enumerate(batch):   # (a row past the chunk reads its last row, and is not stored)
+        r.emit(f"const {r.long} {name} = {f'rb + {i} < stop ? rb + {i} : stop - 1' if i else 'rb'};")
+    sums = {u: _row_sums(r, u, held[u], batch) for u in rows.order}
+    for i, name in enumerate(batch):
+        r.open_block("", {rows.batch: name, **{u: sums[u][i] for u in rows.order}})
+        line = r.store_line(store)
+        r.emit(f"if (lid == 0{f' && rb + {i} < stop' if i else ''}) {line}")
+        r.close_block()
+    if r.d.shuffle_xor is None:   # (the next rows' trees write the arrays these rows' totals were read from)
         r.emit(r.d.barrier)
     r.close_block()
 
@@ -98,17 +101,35 @@ def _hold(r, u: UOp) -> dict:
     return names
 
 
-def _row_sum(r, u: UOp, names: dict) -> str:
-    """Reduction `u` (a sum) of the row of the batch bound in scope, reading the `names` registers for its held
-    parts, combined across the row's work-items (each gets the total); rounded where its dtype is 16-bit."""
+def _row_sums(r, u: UOp, names: dict, batch: list[str]) -> list[str]:
+    """Reduction `u` (a sum) of each row of the batch named in `batch`, in flight together (each element's products
+    for every row, then the rows' combines interleaved), reading the `names` registers for its held parts, each
+    combined across the row's work-items (each gets the total); rounded where its dtype is 16-bit."""
     dt = u.dtype
-    acc = f"acc{r.n}"
+    accs = [f"acc{r.n}_{i}" for i in range(len(batch))]
     r.n += 1
-    r.emit(f"{r.d.ctype(dt)} {acc} = {r.d.literal(0, dt)};")
+    for acc in accs:
+        r.emit(f"{r.d.ctype(dt)} {acc} = {r.d.literal(0, dt)};")
 
     def add(p: int, e: int):
         r.scopes[-1].update({x: name for (pp, ee, x), name in names.items() if (pp, ee) == (p, e)})
-        r.emit(f"{acc} = {r.combine(u.arg, dt, acc, r.value(u.src[0]))};")
+        for acc, row in zip(accs, batch):
+            r.open_block("", {r.rows.batch: row})
+            r.emit(f"{acc} = {r.combine(u.arg, dt, acc, r.value(u.src[0]))};")
+            r.close_block()
     _passes(r, u, add)
-    total = combine_group(r, u.arg, dt, acc, ("lid", r.rows.group))
-    return r.round_to(total, dt) if dt.narrow else total
+    totals = _combine_rows(r, u.arg, dt, accs)
+    return [r.round_to(t, dt) if dt.narrow else t for t in totals]
+
+
+def _combine_rows(r, op, dt, accs: list[str]) -> list[str]:
+    """Each of the rows' partial accumulators `accs` combined across the row's work-items: by warp shuffles, the
+    rows' steps interleaved, where a row is one warp's; else each through render_rows.combine_group."""
+    if r.d.shuffle_xor is None or not shuffles(dt) or r.rows.group != WARP:
+        return [combine_group(r, op, dt, acc, ("lid", r.rows.group)) for acc in accs]
+    r.open_block(f"for (int o = {WARP // 2}; o > 0; o >>= 1)", {})
+    others = [r.let(dt, r.d.shuffle_xor.format(v=acc, o="o")) for acc in accs]
+    for acc, other in zip(accs, others):
+        r.emit(f"{acc} = {r.combine(op, dt, acc, other)};")
+    r.close_block()
+    return accs

@@ -57,6 +57,8 @@ MATVEC_MIN_OUTPUTS = 256  # fewer outputs than this keep a work-group each (a wa
 LOAD_BYTES = 16           # a matvec lane's run: this many bytes of the narrowest element its reductions load
 BATCH_CHUNK = 16          # rows of the batch a warp of a batch row kernel loops over (a batch of 64: 4 warps a column)
 HELD_MAX = 64             # values a work-item of a batch row kernel holds in registers across its rows
+SHORTEST_RUN = 4          # a batch row kernel's shortest run (a 16-byte load of a float32 row: shorter ones are
+                          # not merged into vector loads)
 
 
 @attrs.frozen
@@ -298,8 +300,9 @@ def batch_plan(ast: UOp, items: int = 1, warp_rows: int = 1) -> Rows | None:
     """The batch row kernel this kernel becomes (see the module's docstring), or None: where it has a batch
     (`batch_range`), no columns, and every reduction is a sum over static ranges that depends on every row range and
     holds parts (`held_parts`) of at most HELD_MAX values a work-item. Where the dialect shuffles (`warp_rows` > 1) a
-    column is a warp's (MATVEC_WARPS a work-group) taking the matvec's runs (`_matvec_run`); otherwise a work-group's
-    of the row plan's size, in runs of `items`."""
+    column is a warp's (MATVEC_WARPS a work-group) taking the matvec's runs (`_matvec_run`) or shorter ones where their
+    passes take fewer elements (`_fewest_slots`); otherwise a work-group's of the row plan's size, in runs of
+    `items`."""
     hoisted, rows, cols, columns = _hoisted(ast)
     batch = batch_range(rows)
     if not hoisted or cols or columns or batch is None:
@@ -311,6 +314,7 @@ def batch_plan(ast: UOp, items: int = 1, warp_rows: int = 1) -> Rows | None:
         run, group, pack = _matvec_run(hoisted, rows, cols, warp_rows), WARP, MATVEC_WARPS
         if run is None:
             return None
+        run = _fewest_slots(hoisted, group, run)
     else:
         work = max(-(-_length(u) // run_length(list(u.src[1:]), items)) for u in hoisted)
         run, group, pack = items, min(REDUCE_GROUP, max(WARP, 1 << (work - 1).bit_length())), 1
@@ -354,6 +358,17 @@ def _one_range(ast: UOp, rows: Rows) -> UOp:
 def uses_grouped_reduce(ast: UOp) -> bool:
     """Whether this kernel gives each row (or output) a work-group."""
     return row_plan(ast) is not None
+
+
+def _fewest_slots(hoisted: list, group: int, run: int) -> int:
+    """The run (`run` or a power of two below it) whose passes take the fewest elements a work-item, counting a
+    pass's whole run for each (a pass past the range's end costs the warp as much as a full one), the longest of
+    equals, at least SHORTEST_RUN long: a batch row kernel does every pass for each row. 576 elements over 32 lanes: runs
+    of 4 (5 passes, 20 elements), not 16 (2 passes, 32: the second for 4 lanes)."""
+    def slots(c: int) -> int:
+        return max(-(-_length(u) // (group * c)) * c for u in hoisted)
+    return min((c for c in (run >> s for s in range(run.bit_length())) if c >= min(run, SHORTEST_RUN)),
+               key=lambda c: (slots(c), -c))
 
 
 def launch_size(rows: Rows) -> UOp:
