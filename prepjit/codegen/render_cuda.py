@@ -31,6 +31,9 @@ _ROUND_HALF = "__device__ __forceinline__ float pj_round_half(float x) { return 
 
 
 WGMMA_ARCH = "defined(__CUDA_ARCH_FEAT_SM90_ALL)"   # Hopper's arch-specific target (sm_90a): warpgroup matrix instructions
+# ... compiled as CUDA (NVRTC, nvcc; not as the C++ of tests' CPU emulation): warp-specialised tiles, whose producer
+# and consumer warpgroups synchronise on mbarriers (render_fragments_ws.py)
+WARP_SPECIALISED_ARCH = f"{WGMMA_ARCH} && defined(__CUDACC__)"
 
 _WGMMA = {  # Hopper's warpgroup matrix instructions (PTX ISA, wgmma): operands in local memory named by matrix
     # descriptors (start address, leading and stride byte offsets, swizzle mode; each >> 4), float32 accumulators in
@@ -59,6 +62,37 @@ _WGMMA = {  # Hopper's warpgroup matrix instructions (PTX ISA, wgmma): operands 
 #pragma unroll
   for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i]) :: "memory");   // (no use of d moves above the wait)
 }""",
+    "PJ_WARP_SPECIALISED": f"#if {WARP_SPECIALISED_ARCH}\n#define PJ_WARP_SPECIALISED 1\n#else\n"
+                           "#define PJ_WARP_SPECIALISED 0\n#endif",
+    # mbarriers in local memory (PTX ISA: mbarrier): `count` arrivals complete a phase; a wait for `parity` returns
+    # once the phase of that parity has completed (a fresh barrier's phase -1, parity 1, has)
+    **{name: f"""__device__ __forceinline__ void {name}({args}) {{
+#if {WARP_SPECIALISED_ARCH}
+  asm volatile({ptx} :: "r"((unsigned)__cvta_generic_to_shared(bar)){more} : "memory");
+#endif
+}}""" for name, args, ptx, more in (
+        ("pj_mbar_init", "unsigned long long *bar, unsigned count",
+         '"mbarrier.init.shared::cta.b64 [%0], %1; fence.mbarrier_init.release.cluster;"', ', "r"(count)'),
+        ("pj_mbar_arrive", "unsigned long long *bar", '"mbarrier.arrive.shared::cta.b64 _, [%0];"', ""),
+        # one arrival (counted in the barrier's count: .noinc) once every cp.async the work-item issued has landed
+        ("pj_cp_async_mbar_arrive", "unsigned long long *bar", '"cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];"',
+         ""))},
+    "pj_mbar_wait": f"""__device__ __forceinline__ void pj_mbar_wait(unsigned long long *bar, unsigned parity) {{
+#if {WARP_SPECIALISED_ARCH}
+  unsigned done;
+  do {{
+    asm volatile("{{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }}"
+                 : "=r"(done) : "r"((unsigned)__cvta_generic_to_shared(bar)), "r"(parity) : "memory");
+  }} while (!done);
+#endif
+}}""",
+    # a warpgroup's registers a work-item, lowered or raised (all its warps at once; sm_90a)
+    "pj_setmaxnreg": f"""template <int N, bool RAISE> __device__ __forceinline__ void pj_setmaxnreg() {{
+#if {WARP_SPECIALISED_ARCH}
+  if (RAISE) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(N));
+  else asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(N));
+#endif
+}}""",
     # d += a (64 x k) @ b (k x n), k 16 (16-bit) or 8 (tf32): {trans} the 16-bit kinds' ", ta, tb", 1 where the
     # operand's tile is major along m/n (else along k; tf32 tiles are always); {dlist} and {outs} spell the n / 2
     # accumulators d[0] ... (render_fragments.wgmma_helper fills them in)

@@ -38,12 +38,12 @@ memory through the async proxy: each work-item fences its copies and stores (fen
 barrier that starts a slice, and the group waits for all but its last WGMMA_IN_FLIGHT groups of instructions
 before the next barrier (the oldest stage is refilled after it).
 
-A chunk is copied by the dialect's asynchronous 16-byte copy (pj_cp_async16: cp.async, completed per slice with
-commit/wait groups) where the operand is a plain load of 16-bit data along a unit stride whose index moves by a
-fixed step per slice (each work-item's chunk addresses are computed once, then advanced), the chunk lies wholly in
-range and its address is 16-byte aligned (checked at run time); otherwise its 8 elements are read and stored one by
-one, the ones out of range as zeros (ragged edges, computed operands, unaligned views), which the barrier that
-starts each slice's arithmetic orders as it orders the copies.
+Chunks are copied as fragment_copies.py says (16-byte cp.async where the operand allows, else element by element),
+which the barrier that starts each slice's arithmetic orders as it orders the copies.
+The tiles are taken in bands of RASTER_ROWS tile rows, down a band's rows and then across its columns, so the
+work-groups running at once share their operands' slices in L2. Where CUDA compiles a 16-bit tile of two
+warpgroups for Hopper, the tile is warp-specialised instead (render_fragments_ws.py: a producer warpgroup and a
+consumer one on a ring of mbarriers, 64-deep slices).
 
 Fragments come from local memory by matrix loads (pj_ldmatrix_x4: ldmatrix .x4, .trans where the operand's minor
 axis is its own), 4 8 x 8 matrices of 16-bit values a load, each lane giving one matrix row's address; the PTX
@@ -62,6 +62,7 @@ from __future__ import annotations
 import attrs
 
 from ..uop import Ops, UOp, dtypes, simplify
+from .fragment_copies import element_type, emit_chunk_starts, emit_slice_copy
 from .render_tiles import FRAGMENT_THREADS, Contraction, _extent, _static_multiple, _unit_stride
 
 WARP = 32
@@ -78,6 +79,7 @@ WGMMA_IN_FLIGHT = 1             # warpgroup instruction groups left in flight wh
 RESIDENT_TILES = 2              # tiles a multiprocessor should hold at once where a work-item's accumulators are at
 RESIDENT_ACCUMULATORS = 64      # most this many (the compiler keeps its registers within 65536 / (2 x 256): 128)
 SWIZZLES = {128: 1, 64: 2, 32: 3}   # a matrix descriptor's swizzle mode for rows of so many bytes
+RASTER_ROWS = 8                 # tile rows of a band of the grid's order (emit_fragment_contraction)
 
 
 @attrs.frozen
@@ -142,7 +144,8 @@ def uses_wgmma(c: Contraction) -> bool:
 class Staged:
     """How one operand is staged: its local tile `name` (A or B), the ranges it owns, their tile side, the minor axis
     of its local tile, and the plain load of the kind's elements it is (its LOAD node) with the step of its index
-    from one slice to the next, where chunks may be copied asynchronously."""
+    from one slice to the next, where chunks may be copied asynchronously; `depth`: k of a slice (the kind's
+    slice_k, or the warp-specialised tiles' 128-byte rows)."""
     kind: Kind
     name: str
     operand: UOp
@@ -151,6 +154,7 @@ class Staged:
     minor: str
     direct: UOp | None
     step: UOp | None
+    depth: int
 
     @property
     def block(self) -> int:
@@ -161,8 +165,8 @@ class Staged:
     def shape(self) -> tuple[int, int, int]:
         """(blocks, rows, row length in elements) of one stage of the local tile."""
         if self.minor == "k":
-            return 1, self.width, self.kind.slice_k
-        return self.width // self.block, self.kind.slice_k, self.block
+            return 1, self.width, self.depth
+        return self.width // self.block, self.depth, self.block
 
     @property
     def chunks(self) -> int:
@@ -215,8 +219,10 @@ class Staged:
         return f"pj_wgmma_desc({first}, {lbo}, {8 * row_bytes}, {SWIZZLES[row_bytes]})"
 
 
-def _staged(c: Contraction) -> list[Staged]:
+def _staged(c: Contraction, depth: int | None = None) -> list[Staged]:
+    """Both operands as staged in slices `depth` deep (the kind's slice_k by default)."""
     kind, out = KINDS[c.fragments], []
+    depth = depth or kind.slice_k
     for name, operand, own, width in (("A", c.a, c.i, c.tm), ("B", c.b, c.j, c.tn)):
         inner = operand.src[0] if operand.op is Ops.CAST else operand   # (a 16-bit load widened, or a float32 one)
         load = inner if inner.op is Ops.LOAD and len(inner.src) == 2 and inner.dtype.itemsize == kind.bytes else None
@@ -225,9 +231,9 @@ def _staged(c: Contraction) -> list[Staged]:
         minor = "own" if along_own else "k"
         step = None
         if load is not None and (along_own or _unit_stride(load.src[1], c.k)):
-            step = simplify(load.src[1].substitute({c.k: c.k + kind.slice_k}) - load.src[1])
+            step = simplify(load.src[1].substitute({c.k: c.k + depth}) - load.src[1])
             step = None if any(x.op is Ops.RANGE for x in step.toposort()) else step
-        out.append(Staged(kind, name, operand, own, width, minor, load if step is not None else None, step))
+        out.append(Staged(kind, name, operand, own, width, minor, load if step is not None else None, step, depth))
     return out
 
 
@@ -285,7 +291,9 @@ def wgmma_helper(r, kind: Kind, n: int, ta: int, tb: int) -> str:
 
 def emit_fragment_contraction(r, c: Contraction):
     """The kernel body through the C-style renderer `r`, whose dialect spells the matrix and copy instructions: the
-    warpgroup instructions where the GPU has them (PJ_WGMMA) and the tile's rows allow, else the warps' mma.sync."""
+    warpgroup instructions where the GPU has them (PJ_WGMMA) and the tile's rows allow, else the warps' mma.sync;
+    a 16-bit 128 x 128 tile warp-specialised where CUDA compiles it for Hopper (render_fragments_ws.py)."""
+    from . import render_fragments_ws as ws   # (which builds on this module's staging)
     d, long = r.d, r.long
     kind = KINDS[c.fragments].ptx
     r.resident_groups = RESIDENT_TILES if c.tm * c.tn <= RESIDENT_ACCUMULATORS * c.threads else 1
@@ -295,24 +303,36 @@ def emit_fragment_contraction(r, c: Contraction):
     staged, stages = _staged(c), stages_for(c)
     wgmma = uses_wgmma(c)
     m, n, kk_end = r.value(_extent(c.i)), r.value(_extent(c.j)), r.value(c.k.src[0])
-    _declare_tiles(r, staged, stages)
+    specialised = ws.warp_specialised(c) and "pj_mbar_wait" in d.tensor_core_mma
+    ws_staged = _staged(c, ws.WS_DEPTH) if specialised else None
+    declare_tiles(r, [(ws_staged, ws.WS_STAGES), (staged, stages)] if specialised else [(staged, stages)], ws.TEST)
     r.emit(f"const int lid = {d.local_id}, lane = lid % {WARP}, fg = lane / 4, ft = lane % 4 * 2;")
     r.emit(f"const {long} bid = {d.group_id};")
     r.emit(f"const {long} nbn = ({n} + {c.tn - 1}) / {c.tn}, nbm = ({m} + {c.tm - 1}) / {c.tm};")
-    r.emit(f"const {long} i0 = (bid / nbn) % nbm * {c.tm}, j0 = bid % nbn * {c.tn};")
+    # tiles in bands of RASTER_ROWS tile rows, down each band's rows then across: the work-groups running at once
+    # share their rows' and columns' operand slices in L2 (in row order, 8192^3's 264 resident 128 x 128 tiles span
+    # every column of b: 128 MB of bf16, beyond an H100's 50 MB of L2; untimed alone)
+    g = RASTER_ROWS
+    r.emit(f"const {long} tile = bid % (nbn * nbm), first = tile / ({g} * nbn) * {g}, "
+           f"band = nbm - first < {g} ? nbm - first : {g};")
+    r.emit(f"const {long} i0 = (first + tile % ({g} * nbn) % band) * {c.tm}, j0 = tile % ({g} * nbn) / band * {c.tn};")
     if c.batch:
         r.scopes[-1].update(r.unflatten("(bid / (nbn * nbm))", list(c.batch)))
+    if specialised:
+        r.lines.append(f"#if {ws.TEST}")
+        ws.emit_warp_specialised(r, c, ws_staged)
+        r.lines.append("#else")
     depth = KINDS[c.fragments].slice_k
     r.emit(f"const {long} slices = ({kk_end} + {depth - 1}) / {depth};")
     for s in staged:
-        _emit_chunk_starts(r, c, s)
+        emit_chunk_starts(r, c, s)
     group = _WarpgroupTile(r, c, staged) if wgmma else None
     warps = _WarpTiles(r, c, staged, kind)
     _variants(r, group, warps, "declare")
 
     def load_slice(stage: str, slice_: str):
         for s in staged:
-            _emit_slice_copy(r, c, s, stage, slice_)
+            emit_slice_copy(r, c, s, stage, slice_)
     # slices copied ahead of the one multiplied: all but one stage, less the stages whose warpgroup instructions may
     # be in flight (every warp waited for all but the last in_flight groups before the barrier starting slice kt,
     # so the stage of slice kt - 1 - in_flight is free); the warps' variant (other GPUs) keeps all but one
@@ -342,26 +362,30 @@ def emit_fragment_contraction(r, c: Contraction):
     r.close_block()
     r.emit("pj_cp_async_wait<0>();")
     _variants(r, group, warps, "store")
+    if specialised:
+        r.lines.append("#endif")
 
 
-def _declare_tiles(r, staged: list, stages: int):
-    """The local tiles As and Bs (stages x blocks x rows x row length): static arrays, or, where they pass
-    STATIC_LOCAL_BYTES, arrays at 1024-byte aligned offsets of the dynamic local memory (the launch passes its
-    size)."""
-    sizes = [-(-stages * CHUNK_BYTES * s.chunks // 1024) * 1024 for s in staged]
-    dynamic = sum(sizes) > STATIC_LOCAL_BYTES
-    if dynamic:
-        r.helpers.setdefault("pj_dynamic_local", r.d.dynamic_local.format(bytes=sum(sizes)))
-    for s, offset in zip(staged, (0, sizes[0])):
-        blocks, rows, length = s.shape
-        fill = {"type": _element_type(r, s.kind), "name": f"{s.name}s", "n": f"{stages}][{blocks}][{rows}][{length}"}
-        r.locals.append((r.d.dynamic_tile_array.format(**fill, offset=offset) if dynamic else
-                         r.d.tile_array.format(**fill)) + ";")
-
-
-def _element_type(r, kind: Kind) -> str:
-    """The C type of a staged element: a 16-bit float's bits, or the float32 value (rounded to tf32 once loaded)."""
-    return r.d.types[dtypes.uint16 if kind.bytes == 2 else dtypes.float32]
+def declare_tiles(r, variants: list, test: str | None = None):
+    """The local tiles As and Bs (stages x blocks x rows x row length) of each (staged, stages) of `variants` (two:
+    the first where the preprocessor's `test` holds): static arrays, or, where they pass STATIC_LOCAL_BYTES, arrays
+    at 1024-byte aligned offsets of the dynamic local memory (the launch passes its size: the variant's)."""
+    decls, dynamic_bytes = [], []
+    for staged, stages in variants:
+        sizes = [-(-stages * CHUNK_BYTES * s.chunks // 1024) * 1024 for s in staged]
+        dynamic = sum(sizes) > STATIC_LOCAL_BYTES
+        dynamic_bytes.append(sum(sizes) if dynamic else 0)
+        decls.append([])
+        for s, offset in zip(staged, (0, sizes[0])):
+            blocks, rows, length = s.shape
+            fill = {"type": element_type(r, s.kind), "name": f"{s.name}s",
+                    "n": f"{stages}][{blocks}][{rows}][{length}"}
+            decls[-1].append((r.d.dynamic_tile_array.format(**fill, offset=offset) if dynamic else
+                              r.d.tile_array.format(**fill)) + ";")
+    if any(dynamic_bytes):
+        size = dynamic_bytes[0] if len(variants) == 1 else f"{test} ? {dynamic_bytes[0]} : {dynamic_bytes[1]}"
+        r.helpers.setdefault("pj_dynamic_local", r.d.dynamic_local.format(bytes=size))
+    r.locals += decls[0] if len(variants) == 1 else [f"#if {test}", *decls[0], "#else", *decls[1], "#endif"]
 
 
 def _variants(r, group, warps, part: str):
@@ -406,7 +430,7 @@ class _WarpTiles:
     def multiply(self):
         r, (a, b), kind = self.r, self.staged, self.kind
         depth = a.kind.frag_k
-        for step in range(a.kind.slice_k // depth):
+        for step in range(a.depth // depth):
             r.open_block("", {})
             kk = step * depth
             for x in range(self.fm):
@@ -462,16 +486,17 @@ class _WarpgroupTile:
     x's register 4q + e, row 64x + 16w + g (+ 8 for e >= 2), column 8q + 2t + e % 2 (the PTX ISA's layout of a wgmma
     float32 accumulator)."""
 
-    def __init__(self, r, c: Contraction, staged: list):
+    def __init__(self, r, c: Contraction, staged: list, rows: int | None = None):
         self.r, self.c, self.staged = r, c, staged
-        self.blocks = group_rows(c) // GROUP_M
+        self.rows = rows or group_rows(c)   # (each warpgroup's share; or all of the tile's, its one consumer's)
+        self.blocks = self.rows // GROUP_M
         a, b = self.staged
         self.helper = wgmma_helper(self.r, a.kind, self.c.tn, int(a.minor == "own"), int(b.minor == "own"))
 
     def declare(self):
         r = self.r
-        r.emit(f"const int wg_m = lid / {FRAGMENT_THREADS} * {group_rows(self.c)}, "
-               f"wg_row = wg_m + lid / {WARP} % {GROUP_WARPS} * 16 + fg;")
+        first = f"lid / {FRAGMENT_THREADS} * {self.rows}" if self.rows < self.c.tm else "0"
+        r.emit(f"const int wg_m = {first}, wg_row = wg_m + lid / {WARP} % {GROUP_WARPS} * 16 + fg;")
         for x in range(self.blocks):
             r.emit(f"float wacc{x}[{self.c.tn // 2}] = {{}};")
 
@@ -491,7 +516,7 @@ class _WarpgroupTile:
     def issue(self):
         r, (a, b) = self.r, self.staged
         r.emit("pj_wgmma_fence();")
-        for step in range(a.kind.slice_k // a.kind.frag_k):
+        for step in range(a.depth // a.kind.frag_k):
             for x in range(self.blocks):
                 r.emit(f"{self.helper}(wacc{x}, {a.descriptor('st', f'wg_m + {x * GROUP_M}', step)}, "
                        f"{b.descriptor('st', '0', step)});")
@@ -509,74 +534,6 @@ class _WarpgroupTile:
         cells = [(f"wacc{x}[{4 * q + e}]", f"{x * GROUP_M + (8 if e >= 2 else 0)} + wg_row", f"{8 * q + e % 2} + ft")
                  for x in range(self.blocks) for q in range(self.c.tn // 8) for e in range(4)]
         _emit_results(self.r, self.c, cells)
-
-
-def _emit_chunk_starts(r, c: Contraction, s: Staged):
-    """Where each of the work-item's chunks of operand `s` goes and comes from, computed once: chunk n (of
-    s.chunks // c.threads) is block blkX_n's tile row rowX_n, element colX_n of it, at k offset kX_n and own
-    index goX_n;
-    for a direct operand its first slice's address srcX_n and whether it may be copied whole (okX_n: in range along
-    its own axis, aligned, and the slice step keeps it aligned)."""
-    long, name = r.long, s.name
-    extent, origin = r.value(_extent(s.own)), "i0" if name == "A" else "j0"
-    _, rows, length = s.shape
-    chunk = s.kind.chunk
-    per_row, along_k = length // chunk, s.minor == "k"
-    assert s.chunks % c.threads == 0, (s.chunks, c.threads)
-    for n in range(s.chunks // c.threads):
-        ch = f"(lid + {n * c.threads})"
-        row, col, blk, k, go = f"row{name}{n}", f"col{name}{n}", f"blk{name}{n}", f"k{name}{n}", f"go{name}{n}"
-        r.emit(f"const int {row} = {ch} / {per_row} % {rows}, {col} = {ch} % {per_row} * {chunk}, "
-               f"{blk} = {ch} / {per_row * rows}, {k} = {col if along_k else row};")
-        r.emit(f"const {long} {go} = {origin} + {row if along_k else f'{blk} * {s.block} + {col}'};")
-        if s.direct is None:
-            continue
-        inside = f"{go} < {extent}" if along_k else f"{go} + {chunk} <= {extent}"
-        mem = r.d.mem_type(s.direct.dtype)
-        r.emit(f"const {mem} *src{name}{n};")
-        r.open_block("", {c.k: k})
-        r.scopes[-1].update(r.unflatten(go, list(s.own)))
-        r.emit(f"src{name}{n} = &buf{s.direct.src[0].arg}[{r.value(s.direct.src[1])}];")
-        r.close_block()
-        r.emit(f"const bool ok{name}{n} = {inside} && ((unsigned long long)src{name}{n} & 15) == 0 && "
-               f"({r.value(s.step)}) % {chunk} == 0;")
-
-
-def _emit_slice_copy(r, c: Contraction, s: Staged, stage: str, slice_: str):
-    """Copy operand `s`'s slice number `slice_` into local stage `stage`: each work-item its chunks of 16 bytes along
-    the tile's minor axis, asynchronously where it can (see the module's docstring), else element by element."""
-    long, kk_end, name, chunk = r.long, r.value(c.k.src[0]), s.name, s.kind.chunk
-    extent, along_k = r.value(_extent(s.own)), s.minor == "k"
-    for n in range(s.chunks // c.threads):
-        row, col, go = f"row{name}{n}", f"col{name}{n}", f"go{name}{n}"
-        r.open_block("", {})
-        r.emit(f"const {long} gk = ({slice_}) * {s.kind.slice_k} + k{name}{n};")
-        r.emit(f"{_element_type(r, s.kind)} *dst = &{name}s[{stage}][blk{name}{n}][{row}][{s.chunk(row, col)}];")
-
-        def inside(e: int) -> str:   # whether the chunk's element e is in range
-            return f"gk + {e} < {kk_end} && {go} < {extent}" if along_k else f"gk < {kk_end} && {go} + {e} < {extent}"
-        if s.direct is None:   # a computed operand (or float32 under "bf16"): each value as the kind stages it
-            for e in range(chunk):
-                gk, go_e = (f"gk + {e}", go) if along_k else ("gk", f"{go} + {e}")
-                r.emit(f"dst[{e}] = 0;")
-                r.open_block(f"if ({inside(e)})", {})
-                r.open_block("", {c.k: f"({gk})"})
-                r.scopes[-1].update(r.unflatten(f"({go_e})", list(s.own)))
-                r.emit(f"dst[{e}] = {s.kind.staged.format(v=r.value(s.operand))};")
-                r.close_block()
-                r.close_block()
-            r.close_block()
-            continue
-        # a plain load along a unit stride (inside the chunk: along k, or along the last own range, whose static
-        # end a chunk divides, from a chunk start): element e is at src + e, its bits as stored
-        r.emit(f"const {r.d.mem_type(s.direct.dtype)} *src = src{name}{n} + ({slice_}) * ({r.value(s.step)});")
-        r.open_block(f"if (ok{name}{n} && {'gk + %d <= %s' % (chunk, kk_end) if along_k else 'gk < ' + kk_end})", {})
-        r.emit("pj_cp_async16(dst, src);")
-        r.close_block()
-        r.open_block("else", {})
-        r.emit(" ".join(f"dst[{e}] = {inside(e)} ? src[{e}] : 0;" for e in range(chunk)))
-        r.close_block()
-        r.close_block()
 
 
 def _emit_results(r, c: Contraction, cells: list):

@@ -358,12 +358,17 @@ def test_every_wgmma_variant_compiles_with_nvrtc_for_sm90a_and_sm80(variant):
     kernels.append((float32_kernel(4096, 4096, 4096, "tf32", b_t=True), "tf32"))
     for (ast, kind), tile in itertools.product(kernels, ((128, 128), (128, 256))):
         src = render_cuda(ast, (*tile, 1, kind))
-        declared = re.search(r"pj_dynamic_local_bytes = (\d+);", src.source)
+        # (a warp-specialised tile declares its Hopper variant's size and the others': PJ_WARP_SPECIALISED ? x : y)
+        declared = re.search(r"pj_dynamic_local_bytes = (?:PJ_WARP_SPECIALISED \? (\d+) : )?(\d+);", src.source)
         for arch in ("sm_90a", "sm_80"):
             cubin = nvrtc.compile(src.name, src.source, [f"-arch={arch}", "-std=c++17", "--fmad=false"])
-            assert dynamic_local_bytes(cubin) == (int(declared.group(1)) if declared else 0)
+            size = (declared.group(1) if arch == "sm_90a" else None) or declared.group(2) if declared else 0
+            assert dynamic_local_bytes(cubin) == int(size)
         if tile == (128, 128):   # (four 32-deep stages of 128 x 128, or two 64-deep ones: 64 KB, beyond static's 48)
             assert declared is not None
+            # 16-bit tiles of two warpgroups: three 64-deep stages of the warp-specialised variant on sm_90a (96 KB)
+            specialised = kind == "bfloat16" and "FRAGMENT_OUTPUTS" not in variant
+            assert (declared.group(1) == str(96 * 1024)) == specialised, declared.group(0)
 
 
 @EMULATED

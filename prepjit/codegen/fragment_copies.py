@@ -1,0 +1,98 @@
+"""How a tensor-core tile's operands get into local memory (render_fragments.py, render_fragments_ws.py): each
+work-item copies its chunks (16 bytes: 8 16-bit elements or 4 float32 ones) of an operand's slice into the stage's
+swizzled tile (`Staged.chunk`).
+
+A chunk is copied by the dialect's asynchronous 16-byte copy (pj_cp_async16: cp.async) where the operand is a plain
+load of the staged kind's data along a unit stride whose index moves by a fixed step per slice (each work-item's
+chunk addresses are computed once, then advanced), the chunk lies wholly in range and its address is 16-byte aligned
+(checked at run time); otherwise its elements are read and stored one by one, the ones out of range as zeros (ragged
+edges, computed operands, unaligned views).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..uop import dtypes
+from .render_tiles import Contraction, _extent
+
+if TYPE_CHECKING:   # (render_fragments builds on this module)
+    from .render_fragments import Kind, Staged
+
+
+def element_type(r, kind: Kind) -> str:
+    """The C type of a staged element: a 16-bit float's bits, or the float32 value (rounded to tf32 once loaded)."""
+    return r.d.types[dtypes.uint16 if kind.bytes == 2 else dtypes.float32]
+
+
+def chunk_slots(c: Contraction, s: Staged) -> list[tuple[str, str]]:
+    """(name suffix, chunk number) of each of the work-item's chunks of operand `s`: n and lid + n x the tile's
+    work-items, for n < s.chunks // c.threads."""
+    assert s.chunks % c.threads == 0, (s.chunks, c.threads)
+    return [(str(n), f"(lid + {n * c.threads})") for n in range(s.chunks // c.threads)]
+
+
+def emit_chunk_starts(r, c: Contraction, s: Staged, slots: list | None = None):
+    """Where each of the work-item's chunks of operand `s` (`slots`: chunk_slots's by default) goes and comes from,
+    computed once: chunk n is block blkX_n's tile row rowX_n, element colX_n of it, at k offset kX_n and own
+    index goX_n;
+    for a direct operand its first slice's address srcX_n and whether it may be copied whole (okX_n: in range along
+    its own axis, aligned, and the slice step keeps it aligned)."""
+    long, name = r.long, s.name
+    extent, origin = r.value(_extent(s.own)), "i0" if name == "A" else "j0"
+    _, rows, length = s.shape
+    chunk = s.kind.chunk
+    per_row, along_k = length // chunk, s.minor == "k"
+    for n, ch in slots or chunk_slots(c, s):
+        row, col, blk, k, go = f"row{name}{n}", f"col{name}{n}", f"blk{name}{n}", f"k{name}{n}", f"go{name}{n}"
+        r.emit(f"const int {row} = {ch} / {per_row} % {rows}, {col} = {ch} % {per_row} * {chunk}, "
+               f"{blk} = {ch} / {per_row * rows}, {k} = {col if along_k else row};")
+        r.emit(f"const {long} {go} = {origin} + {row if along_k else f'{blk} * {s.block} + {col}'};")
+        if s.direct is None:
+            continue
+        inside = f"{go} < {extent}" if along_k else f"{go} + {chunk} <= {extent}"
+        mem = r.d.mem_type(s.direct.dtype)
+        r.emit(f"const {mem} *src{name}{n};")
+        r.open_block("", {c.k: k})
+        r.scopes[-1].update(r.unflatten(go, list(s.own)))
+        r.emit(f"src{name}{n} = &buf{s.direct.src[0].arg}[{r.value(s.direct.src[1])}];")
+        r.close_block()
+        r.emit(f"const bool ok{name}{n} = {inside} && ((unsigned long long)src{name}{n} & 15) == 0 && "
+               f"({r.value(s.step)}) % {chunk} == 0;")
+
+
+def emit_slice_copy(r, c: Contraction, s: Staged, stage: str, slice_: str, slots: list | None = None):
+    """Copy operand `s`'s slice number `slice_` into local stage `stage`: each work-item its chunks (`slots`, as
+    emit_chunk_starts's) of 16 bytes along the tile's minor axis, asynchronously where it can (see the module's
+    docstring), else element by element."""
+    long, kk_end, name, chunk = r.long, r.value(c.k.src[0]), s.name, s.kind.chunk
+    extent, along_k = r.value(_extent(s.own)), s.minor == "k"
+    for n, _ in slots or chunk_slots(c, s):
+        row, col, go = f"row{name}{n}", f"col{name}{n}", f"go{name}{n}"
+        r.open_block("", {})
+        r.emit(f"const {long} gk = ({slice_}) * {s.depth} + k{name}{n};")
+        r.emit(f"{element_type(r, s.kind)} *dst = &{name}s[{stage}][blk{name}{n}][{row}][{s.chunk(row, col)}];")
+
+        def inside(e: int) -> str:   # whether the chunk's element e is in range
+            return f"gk + {e} < {kk_end} && {go} < {extent}" if along_k else f"gk < {kk_end} && {go} + {e} < {extent}"
+        if s.direct is None:   # a computed operand (or float32 under "bf16"): each value as the kind stages it
+            for e in range(chunk):
+                gk, go_e = (f"gk + {e}", go) if along_k else ("gk", f"{go} + {e}")
+                r.emit(f"dst[{e}] = 0;")
+                r.open_block(f"if ({inside(e)})", {})
+                r.open_block("", {c.k: f"({gk})"})
+                r.scopes[-1].update(r.unflatten(f"({go_e})", list(s.own)))
+                r.emit(f"dst[{e}] = {s.kind.staged.format(v=r.value(s.operand))};")
+                r.close_block()
+                r.close_block()
+            r.close_block()
+            continue
+        # a plain load along a unit stride (inside the chunk: along k, or along the last own range, whose static
+        # end a chunk divides, from a chunk start): element e is at src + e, its bits as stored
+        r.emit(f"const {r.d.mem_type(s.direct.dtype)} *src = src{name}{n} + ({slice_}) * ({r.value(s.step)});")
+        r.open_block(f"if (ok{name}{n} && {'gk + %d <= %s' % (chunk, kk_end) if along_k else 'gk < ' + kk_end})", {})
+        r.emit("pj_cp_async16(dst, src);")
+        r.close_block()
+        r.open_block("else", {})
+        r.emit(" ".join(f"dst[{e}] = {inside(e)} ? src[{e}] : 0;" for e in range(chunk)))
+        r.close_block()
+        r.close_block()
