@@ -5,8 +5,8 @@ the blocks its block table lists; position p of a sequence lives in block `table
 
 - `decode_batch`: one token for each of B sequences, each at its own position: a var batch B and a var table width
   NB, so one plan serves every batch composition. Attention reads each sequence's blocks through its table (a
-  gather fused into the scores and context kernels, no padded copy of the cache), masked at positions >= pos[b],
-  plus the token's own key/value.
+  gather fused into the scores and context kernels, no padded copy of the cache), masked at positions >= pos[b]
+  (each adding its sums' identities, whatever its slot holds: `_attend`), plus the token's own key/value.
 - `prefill_batch`: prompt chunks of several sequences in one call (T tokens in all, var), each token attending to
   its sequence's cached blocks and causally within its chunk, so waiting prompts are prefilled together, a long
   one a chunk per step.
@@ -26,25 +26,32 @@ import numpy as np
 from .common import cast
 from .llama import Config, _qkv, embedding, linear, rms_norm, rope, swiglu
 
-MASKED = -1e30  # the score of a position a sequence does not have (exp gives 0)
+MASKED = -1e30  # the score of a chunk's position a prefill token does not see (exp gives 0)
 
 
 def _cached_scores(xp, q, keys, visible, hd):
-    """Scores of queries q (..., KV, group, Q, hd) against gathered blocks keys (..., NB, KV, block, hd), masked
-    where `visible` (..., Q or 1, NB, block) is False -> (..., KV, group, Q, NB, block) in float32."""
+    """Scores of queries q (..., KV, group, Q, hd) against gathered blocks keys (..., NB, KV, block, hd), -inf
+    where `visible` (..., 1, NB, block) is False -> (..., KV, group, Q, NB, block) in float32."""
     s = xp.einsum("...kgqd,...nksd->...kgqns", q, keys) * (1 / math.sqrt(hd))
-    return xp.where(visible[..., None, None, :, :, :], cast(s, np.float32), MASKED)
+    return xp.where(visible[..., None, None, :, :, :], cast(s, np.float32), -np.inf)
 
 
-def _attend(xp, cached, own, values, own_values, dtype):
+def _attend(xp, cached, own, values, own_values, visible, dtype):
     """Softmax over every key, the cached ones' scores (..., KV, group, Q, NB, block) and the new ones' (..., KV,
     group, Q, J), in float32 rounded to dtype (llama.softmax's rounding points, one max and one sum over both
     parts: no concatenated copy), then the context: against the gathered values (..., NB, KV, block, hd) and the
-    new ones (..., KV, J, hd)."""
+    new ones (..., KV, J, hd).
+
+    A cached position a row does not see (`visible` (..., 1, NB, block) False) adds each sum's identity: its score
+    is -inf (the max's), its exponential, probability and value 0 (the sum's and p @ V's), the same values as
+    computing it (exp gives 0, and the own key keeps the max finite); so whatever a slot past a sequence's length
+    holds never reaches its result, and a GPU row kernel stops at a row's last visible block (row_bounds.py)."""
+    seen = visible[..., None, None, :, :, :]
     top = xp.maximum(xp.max(cached, axis=(-2, -1)), xp.max(own, axis=-1))[..., None]
-    e_cached, e_own = xp.exp(cached - top[..., None]), xp.exp(own - top)
+    e_cached, e_own = xp.where(seen, xp.exp(cached - top[..., None]), 0), xp.exp(own - top)
     total = (xp.sum(e_cached, axis=(-2, -1)) + xp.sum(e_own, axis=-1))[..., None]
-    p_cached, p_own = cast(e_cached / total[..., None], dtype), cast(e_own / total, dtype)
+    p_cached, p_own = xp.where(seen, cast(e_cached / total[..., None], dtype), 0), cast(e_own / total, dtype)
+    values = xp.where(visible[..., 0, :, None, :, None], values, 0)   # (a stale slot's NaN times 0 is no 0)
     return (xp.einsum("...kgqns,...nksd->...kgqd", p_cached, values)
             + xp.einsum("...kgqj,...kjd->...kgqd", p_own, own_values))
 
@@ -73,7 +80,7 @@ def decode_batch(xp, cfg: Config, params, ids, pos, block_table, k_pool, v_pool,
         q = q.reshape(b, kv_heads, group, 1, hd)
         k_blocks, v_blocks = k_pool[layer][block_table], v_pool[layer][block_table]  # (B, NB, KV, block, hd)
         own = cast(xp.einsum("bkgqd,bkd->bkgq", q, k) * (1 / math.sqrt(hd)), np.float32)[..., None]
-        ctx = _attend(xp, _cached_scores(xp, q, k_blocks, visible, hd), own, v_blocks, v[:, :, None], dtype)
+        ctx = _attend(xp, _cached_scores(xp, q, k_blocks, visible, hd), own, v_blocks, v[:, :, None], visible, dtype)
         ctx = ctx.reshape(b, heads * hd)
         h = h + linear(xp, ctx, bp["wo"], dtype)
         h = h + swiglu(xp, bp, rms_norm(xp, h, bp["ffn_norm"], eps), cfg.ff)
@@ -117,7 +124,7 @@ def prefill_batch(xp, cfg: Config, params, ids, pos, offset, block_table, last, 
         v_own = xp.swapaxes(xp.take(v, earlier, axis=0, mode="clip"), 1, 2)  # (T, KV, W, hd)
         own = cast(xp.einsum("tkgqd,twkd->tkgqw", q, k_own) * (1 / math.sqrt(hd)), np.float32)
         own = xp.where(in_chunk, own, MASKED)
-        ctx = _attend(xp, _cached_scores(xp, q, k_blocks, visible, hd), own, v_blocks, v_own, dtype)
+        ctx = _attend(xp, _cached_scores(xp, q, k_blocks, visible, hd), own, v_blocks, v_own, visible, dtype)
         h = h + linear(xp, ctx.reshape(t, heads * hd), bp["wo"], dtype)
         h = h + swiglu(xp, bp, rms_norm(xp, h, bp["ffn_norm"], eps), cfg.ff)
     out = rms_norm(xp, h[last], params["norm"], eps)

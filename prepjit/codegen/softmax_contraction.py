@@ -12,7 +12,8 @@ bfloat16 model's probabilities are rounded before p @ V). Contractions inside a 
 A row may span several trailing axes (a paged cache's blocks and their rows, read through a block table), and one
 softmax may be read in parts (llama_paged's decode: the cached positions' scores and the token's own, one max and one
 sum over both, p_cached @ V_blocks + p_own @ v_own): the parts' contractions share the row's reductions, and the
-node joining their results (their sum) is the one kernel's root, a work-group per (row, query head).
+node joining their results (their sum) is the one kernel's root, a work-group per (row, query head). A select of the
+values by a mask (a paged row's slots past its length: where(visible, V, 0)) is computed where p @ V reads it.
 
 `softmax_contractions(graph)`: per such contraction (or join of parts), the nodes of its softmax (the elementwise
 values, the row's reductions, the scores; a join's parts' contractions), which fusion.py neither materialises nor
@@ -64,7 +65,7 @@ def softmax_contractions(graph: list[UOp], outputs: list[UOp]) -> dict[UOp, froz
             nodes = _softmax(p, axes) if p is not None and _reuse(c, other) <= MAX_ROWS_A_VALUE and _columns(
                 c, p, axes) <= MAX_COLUMNS else None
             if nodes:
-                parts[c] = (nodes, p, _path(side, p))
+                parts[c] = (nodes, p, _path(side, p), _masked(other))
                 break
     found = {}
     for group in _sharing_reductions(parts):
@@ -72,10 +73,13 @@ def softmax_contractions(graph: list[UOp], outputs: list[UOp]) -> dict[UOp, froz
         if root is None:
             continue  # parts no one node joins: each part's kernel would compute the whole softmax
         nodes = frozenset().union(*(parts[c][0] for c in group))
-        inside = nodes | set(group) | set().union(*(parts[c][2] for c in group)) | _between(group, root)
+        masked = set().union(*(parts[c][3] for c in group))   # (where only the parts' products read them)
+        products = masked | {c.src[0] for c in group}
+        masked = {n for n in masked if products.issuperset(readers_of.get(n, ()))}
+        inside = nodes | set(group) | set().union(*(parts[c][2] for c in group)) | _between(group, root) | masked
         probabilities = {parts[c][1] for c in group}
         if all(inside.issuperset(readers_of.get(n, ())) for n in nodes if n in probabilities or n.op is Ops.REDUCE_AXIS):
-            kept = frozenset(n for n in nodes if inside.issuperset(readers_of.get(n, ())))
+            kept = frozenset(n for n in nodes if inside.issuperset(readers_of.get(n, ()))) | masked
             found[root] = kept if len(group) == 1 else kept | frozenset(group)
     return found
 
@@ -104,7 +108,7 @@ def _sharing_reductions(parts: dict) -> list[list[UOp]]:
     order of `parts`."""
     groups: list[list[UOp]] = []
     reductions: list[set] = []
-    for c, (nodes, _, _) in parts.items():
+    for c, (nodes, *_) in parts.items():
         mine = {n for n in nodes if n.op is Ops.REDUCE_AXIS}
         merged = [k for k, r in enumerate(reductions) if r & mine]
         group = [x for k in merged for x in groups[k]] + [c]
@@ -197,6 +201,25 @@ def _path(side: UOp, p: UOp | None) -> set:
         path.add(n)
         n = n.src[0]
     return path
+
+
+def _masked(other: UOp) -> set:
+    """The views of the contraction's `other` operand (p @ V's values) down to a select of its values by a mask
+    (where(visible, V, 0): a paged cache's slots past a sequence's length), and the select: computed where the
+    contraction reads them (each value element is read by a few rows: MAX_ROWS_A_VALUE), not materialised; else
+    nothing."""
+    path, n = set(), other
+    while n.op in (*_GROWS, Ops.PERMUTE) or n.op is Ops.CAST and n.src[0].dtype.narrow:   # (and a 16-bit widened)
+        path.add(n)
+        n = n.src[0]
+    return path | {n} if n.op is Ops.WHERE and _is_zero(n.src[2]) else set()
+
+
+def _is_zero(n: UOp) -> bool:
+    """Whether `n` is the constant 0 (through broadcasts)."""
+    while n.op in _GROWS:
+        n = n.src[0]
+    return n.op is Ops.CONST and n.arg == 0
 
 
 def _softmax(p: UOp, axes: int) -> set | None:

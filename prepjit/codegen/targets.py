@@ -5,7 +5,8 @@ class. (Runtime facts of a device, such as whether its memory is the host's, are
 
 `launched(ast, blocking)` is the kernel as it runs: on the cpu, blocked for this host's vector unit
 (optimize.py, matvec.py), a contraction's computed operands first computed once per call (operand_prologue.py);
-on a GPU, with its launch decided (gpu_launch.py: a tiled contraction, a row kernel or elementwise work-items).
+on a GPU, with its launch decided (gpu_launch.py: a tiled contraction, a row kernel or elementwise work-items), a
+row kernel's reductions stopping where the rest of a row is masked (row_bounds.py).
 The Blocking is passed, never looked up: the planner asks PREPJIT_TUNE's record (jit/tune.py) once per kernel
 build and keeps the launched AST with the compiled kernel (CachedKernel.ast), so the bounds proof, the renderer,
 the disk key and PREPJIT_TUNE's candidates all see that one kernel.
@@ -28,6 +29,7 @@ from .render_cuda import CUDA
 from .render_llvm import render_llvm
 from .render_opencl import OPENCL
 from .render_tiles import tile_candidates
+from .row_bounds import bounded_rows
 from .target import host_target
 
 
@@ -61,7 +63,7 @@ def _gpu(dialect: Dialect) -> Target:
     def candidates(ast: UOp) -> list[Blocking]:   # the tile policy's own is the first: the default
         return [DEFAULT_BLOCKING] + [Blocking(tile=t) for t in tile_candidates(ast)[1:]]
     return Target(dialect.language, work_groups=True, packs_contractions=False,
-                  passes=lambda ast, blocking: launch(ast, dialect, blocking),
+                  passes=lambda ast, blocking: bounded_rows(launch(ast, dialect, blocking)),
                   renderer=lambda ast: render_c(ast, dialect), candidates=candidates)
 
 

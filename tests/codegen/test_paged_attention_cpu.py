@@ -31,8 +31,9 @@ def _visible(xp, pos, table):
 def _attention(xp, q, k, v, pos, table, k_pool, v_pool, dtype=np.float32):
     """decode_batch's attention of one layer: q (B, KV, group, 1, hd), the tokens' own k, v (B, KV, hd)."""
     own = cast(xp.einsum("bkgqd,bkd->bkgq", q, k) * (1 / math.sqrt(HD)), np.float32)[..., None]
-    cached = llama_paged._cached_scores(xp, q, k_pool[table], _visible(xp, pos, table), HD)
-    return llama_paged._attend(xp, cached, own, v_pool[table], v[:, :, None], dtype)
+    visible = _visible(xp, pos, table)
+    cached = llama_paged._cached_scores(xp, q, k_pool[table], visible, HD)
+    return llama_paged._attend(xp, cached, own, v_pool[table], v[:, :, None], visible, dtype)
 
 
 def attention(q, k, v, pos, table, k_pool, v_pool):
@@ -159,8 +160,9 @@ def _chunk_attention(xp, q, k, v, pos, offset, table, k_pool, v_pool, window, dt
     v_own = xp.swapaxes(xp.take(v, earlier, axis=0, mode="clip"), 1, 2)  # (T, KV, W, hd)
     own = cast(xp.einsum("tkgqd,twkd->tkgqw", q, k_own) * (1 / math.sqrt(HD)), np.float32)
     own = xp.where((back[None, :] <= offset[:, None])[:, None, None, None], own, llama_paged.MASKED)
-    cached = llama_paged._cached_scores(xp, q, k_pool[table], _visible(xp, pos - offset, table), HD)
-    return llama_paged._attend(xp, cached, own, v_pool[table], v_own, dtype)
+    visible = _visible(xp, pos - offset, table)
+    cached = llama_paged._cached_scores(xp, q, k_pool[table], visible, HD)
+    return llama_paged._attend(xp, cached, own, v_pool[table], v_own, visible, dtype)
 
 
 def chunk_attention(q, k, v, pos, offset, table, k_pool, v_pool, window):

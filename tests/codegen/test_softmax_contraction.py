@@ -21,6 +21,7 @@ from prepjit.codegen.optimize import optimize
 from prepjit.codegen.schedule import schedule
 from prepjit.codegen.softmax_contraction import softmax_contractions
 from prepjit.codegen.targets import CUDA_TARGET, OPENCL_TARGET
+from prepjit.uop import Ops
 
 from . import cuda_emulation
 
@@ -263,7 +264,7 @@ def paged_attend(xp, q, k, v, pos, table, k_pool, v_pool, dtype=np.float32):
     q = q.reshape(b, KV, GROUP, 1, D)
     own = cast(xp.einsum("bkgqd,bkd->bkgq", q, k) * (1 / math.sqrt(D)), np.float32)[..., None]
     cached = llama_paged._cached_scores(xp, q, k_pool[table], visible, D)
-    return llama_paged._attend(xp, cached, own, v_pool[table], v[:, :, None], dtype)
+    return llama_paged._attend(xp, cached, own, v_pool[table], v[:, :, None], visible, dtype)
 
 
 def _paged_args(dtype, pos, nb, seed=3):
@@ -320,6 +321,66 @@ def test_the_emulated_paged_cuda_kernel_equals_numpy(dtype):
     cuda_emulation.run(src, [out] + [bufs[i] for i in kernel.buffers[1:]])
     want = _paged_reference(args, dtype)
     _check(out.reshape(want.shape), want, dtype)
+
+
+def _stale(args, value):
+    """`args` with every pool slot past each row's position (in its table's blocks) holding `value`."""
+    q, k, v, pos, table, k_pool, v_pool = (a.copy() for a in args)
+    for b, p in enumerate(pos):
+        for n, block in enumerate(table[b]):
+            for pool in (k_pool, v_pool):
+                pool[block, :, max(0, p - n * BLOCK):] = value
+    return [q, k, v, pos, table, k_pool, v_pool]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+def test_a_paged_rows_slots_past_its_length_never_reach_its_result(device, dtype):
+    """A slot past a sequence's length (a freed block's stale key and value, here NaN) adds nothing to its row: the
+    masked scores are -inf, their probabilities and values 0 (llama_paged._attend); was NaN (0 * NaN in p @ V).
+    NumPy's values of the clean pool, on every device."""
+    f = pj.prepare(lambda q, k, v, pos, table, k_pool, v_pool: paged_attend(pnp, q, k, v, pos, table, k_pool, v_pool,
+                                                                            dtype),
+                   vars={"B": (1, 8), "NB": (1, 8)},
+                   shapes={"q": ("B", KV * GROUP, D), "k": ("B", KV, D), "v": ("B", KV, D), "pos": ("B",),
+                           "table": ("B", "NB")}, device=device)
+    args = _paged_args(dtype, [0, 17, 40], 4)
+    _check(f(*_stale(args, np.nan)), _paged_reference(args, dtype), dtype)
+
+
+@pytest.mark.parametrize("target", [CUDA_TARGET, OPENCL_TARGET], ids=["cuda", "opencl"])
+def test_the_paged_kernel_stops_at_a_rows_last_visible_block(target):
+    """On a GPU the paged row's passes (the scores, the max, the sum, the probabilities, p @ V) run over the blocks a
+    row sees, min(NB, ceil(pos[b] / block)) (row_bounds.py), not over the table's width: the masked rest adds only
+    identities. The block range's end reads the row's position; the row's length stays NB x block at its largest
+    (the local arrays, the bounds proof)."""
+    f = pj.prepare(lambda q, k, v, pos, table, k_pool, v_pool: paged_attend(pnp, q, k, v, pos, table, k_pool, v_pool),
+                   vars={"B": (1, 8), "NB": (1, 8)},
+                   shapes={"q": ("B", KV * GROUP, D), "k": ("B", KV, D), "v": ("B", KV, D), "pos": ("B",),
+                           "table": ("B", "NB")})
+    traced = pj.trace(f, *_paged_args(np.float32, [5, 9], 2))
+    (kernel,) = schedule(list(traced.outputs), list(traced.inputs)).kernels
+    launched = target.launched(optimize(kernel.ast, target.language))
+    ends = {r.src[0] for u in launched.toposort() if u.op is Ops.REDUCE for r in u.src[1:]}
+    blocks = [e for e in ends if e.op is Ops.MIN]
+    assert len(blocks) == 1 and blocks[0].vmax == 8, ends
+    assert any(u.op is Ops.LOAD for u in blocks[0].toposort()), blocks[0]
+    src = target.render(launched).source
+    assert len(re.findall(rf"row\d+\[{8 * BLOCK}\]", src)) == 2, src   # (scores and probabilities: the largest row)
+
+
+@pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
+def test_the_emulated_bounded_paged_kernel_ignores_stale_slots():
+    """The CUDA kernel that stops at each row's last visible block, through cuda_emulation: rows with no cached
+    position, one inside the second block and the table's last, stale slots NaN; NumPy's values of the clean pool."""
+    args, sched = _paged_kernel(ml_dtypes.bfloat16, [0, 20, 48], 3)
+    (kernel,) = sched.kernels
+    src = CUDA_TARGET.render(CUDA_TARGET.launched(optimize(kernel.ast, "cuda")))
+    stale = _stale(args, np.nan)
+    bufs = {i: a.ravel() for i, a in zip(sched.inputs, stale)}
+    out = np.zeros(sched.buffers[kernel.buffers[0]].max_size, ml_dtypes.bfloat16)
+    cuda_emulation.run(src, [out] + [bufs[i] for i in kernel.buffers[1:]])
+    want = _paged_reference(args, ml_dtypes.bfloat16)
+    _check(out.reshape(want.shape), want, ml_dtypes.bfloat16)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
