@@ -97,18 +97,34 @@ def test_banded_grid_order_covers_every_tile(wgmma):
     emulate(ast, ml_dtypes.bfloat16, m, n, k, batch=2, tile=(64, 64, 1, "bfloat16"), wgmma=wgmma)
 
 
+def ws_case(case: str, np_dtype, m=4100, n=2056, k=1000, device="cuda"):
+    """A matmul on `device` against NumPy: float32 sums of 16-bit products. `case`: "a@b", "a@b.T" (b along k),
+    "computed" (b * 2 in its 16-bit float), "unaligned" (a's view one element in), "batch" (two of them)."""
+    rng = np.random.default_rng(0)
+    batch = (2,) if case == "batch" else ()
+    a = rng.standard_normal((*batch, m, k + (case == "unaligned")), np.float32).astype(np_dtype)
+    b = rng.standard_normal((*batch, n, k) if case == "a@b.T" else (*batch, k, n), np.float32).astype(np_dtype)
+
+    def f(x, y):
+        x = x[..., 1:] if case == "unaligned" else x
+        y = y.T if case == "a@b.T" else y * np.asarray(2, np_dtype) if case == "computed" else y
+        return pnp.matmul(x, y, preferred_element_type=pnp.float32)
+    got = np.asarray(pj.prepare(f, device=device)(a, b))
+    a32 = a[..., 1:].astype(np.float32) if case == "unaligned" else a.astype(np.float32)
+    b32 = b.T.astype(np.float32) if case == "a@b.T" else b.astype(np.float32) * (2 if case == "computed" else 1)
+    np.testing.assert_allclose(got, a32 @ b32, rtol=1e-5, atol=1e-4 * np.sqrt(k))
+
+
+def test_the_cuda_cases_check_what_they_say_on_the_cpu():
+    for case in ("a@b", "a@b.T", "computed", "unaligned", "batch"):
+        ws_case(case, ml_dtypes.bfloat16, 40, 24, 16, device="cpu")
+
+
 @pytest.mark.skipif("cuda" not in available_devices(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("np_dtype", [ml_dtypes.bfloat16, np.float16], ids=["bfloat16", "float16"])
-@pytest.mark.parametrize("b_t", [False, True], ids=["a@b", "a@b.T"])
-def test_warp_specialised_tiles_on_cuda_equal_numpy(np_dtype, b_t):
-    """Tiles of 128 x 128 (the policy's, for this size: warp-specialised on an H100 or H200), ragged on every side
-    and a partial last slice, b along its columns or along k: float32 sums of the 16-bit products."""
-    m, n, k = 4100, 2056, 1000
-    assert tile_shape(m, n, 1) == (128, 128)
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal((m, k), np.float32).astype(np_dtype)
-    b = rng.standard_normal((n, k) if b_t else (k, n), np.float32).astype(np_dtype)
-    f = pj.prepare(lambda x, y: pnp.matmul(x, y.T if b_t else y, preferred_element_type=pnp.float32), device="cuda")
-    got = np.asarray(f(a, b))
-    want = a.astype(np.float32) @ (b.T if b_t else b).astype(np.float32)
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4 * np.sqrt(k))
+@pytest.mark.parametrize("case", ["a@b", "a@b.T", "computed", "unaligned", "batch"])
+def test_warp_specialised_tiles_on_cuda_equal_numpy(np_dtype, case):
+    """Tiles of 128 x 128 (the policy's, for these sizes: warp-specialised on an H100 or H200), ragged on every side
+    and a partial last slice, operands as `ws_case` says."""
+    assert tile_shape(4100, 2056, 1) == (128, 128) and tile_shape(2100, 2056, 2) == (128, 128)
+    ws_case(case, np_dtype, *((2100, 2056, 300) if case == "batch" else ()))
