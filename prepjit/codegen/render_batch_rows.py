@@ -2,14 +2,15 @@
 gpu_launch.py launches them as ("batch", group, pack, run), render_c.py calls `emit_batch_rows` for the body): a
 projection of a var batch of rows (a decode step's sequences) by a weight.
 
-A warp (on a dialect without shuffles, the whole work-group) owns a row of the other ranges (a column of the weight;
-MATVEC_WARPS neighbouring columns a work-group, which then read the same rows of the batch) and a chunk of
-BATCH_CHUNK rows of the batch. Its work-items first compute their share of each reduction's held parts
-(row_plan.held_parts: the weight unpacked from its blocks, or widened) into registers, in the matvec's runs as
-straight-line passes; then they loop over the chunk's rows: each row's sums read the held values, combine across the
-work-items (warp shuffles; without them a local-memory tree, and a barrier ending each row, before the tree's array is
-written again) and work-item 0 stores the row's output. The weights are read and unpacked once a chunk, not once a
-row, and a row's sums are done before the next row's start (no accumulator per row).
+A warp's lanes (row_plan.batch_plan: all, half or a quarter of them; on a dialect without shuffles the whole
+work-group) own a row of the other ranges (a column of the weight; MATVEC_WARPS warps a work-group, whose neighbouring
+columns read the same rows of the batch) and a chunk of BATCH_CHUNK rows of the batch. Its work-items first compute
+their share of each reduction's held parts (row_plan.held_parts: the weight unpacked from its blocks, or widened) into
+registers, in runs as straight-line passes; then they loop over the chunk's rows, ROWS_IN_FLIGHT at a time: each
+element's products for those rows, then their sums combined across the column's work-items (warp shuffles within the
+column's lanes, the rows' steps interleaved; without shuffles a local-memory tree each, and a barrier ending the step,
+before the trees' arrays are written again), and work-item 0 stores each row's output. The weights are read and
+unpacked once a chunk, not once a row, and only the rows in flight have accumulators.
 """
 from __future__ import annotations
 
@@ -24,38 +25,64 @@ ROWS_IN_FLIGHT = 4   # rows of a chunk a warp computes together (their loads, su
 
 def emit_batch_rows(r, store: UOp):
     """The kernel body through the C-style renderer `r`: the work-item's held values, then the loop over its chunk
-    of the batch's rows, ROWS_IN_FLIGHT at a time, storing each row's output."""
+    of the batch's rows, ROWS_IN_FLIGHT at a time, storing each row's output. The columns of one warp loop as many
+    times as the one of most rows (their combines are the warp's shuffles); a column past the last, or past its own
+    rows, computes its last one again and stores nothing."""
     rows = r.rows
     columns = [x for x in rows.rows if x is not rows.batch]
     width = math.prod(x.src[0].arg for x in columns)   # (static: row_plan.batch_range)
-    if rows.pack > 1:   # a warp a column
+    shared = WARP // rows.group if rows.pack > 1 else 1   # columns a warp (without shuffles: a work-group) computes
+    if rows.pack > 1:
         r.emit(f"const int tid = {r.d.local_id};")
-        r.emit(f"const {r.long} gid = {r.d.group_id} * {rows.pack} + tid / {WARP};")
-        r.emit(f"const int lid = tid % {WARP};")
+        r.emit(f"const {r.long} gid = {r.d.group_id} * {rows.pack} + tid / {rows.group};")
+        r.emit(f"const int lid = tid % {rows.group};")
+        r.emit(f"const {r.long} warp = {r.d.group_id} * {rows.pack} + tid / {WARP} * {shared};")
     else:
         r.emit(f"const {r.long} gid = {r.d.group_id};")
         r.emit(f"const int lid = {r.d.local_id};")
+        r.emit(f"const {r.long} warp = gid;")
     end = r.value(rows.batch.src[0])
-    narrow = f"({r.d.ctype(dtypes.uint32)})"   # (32-bit division: a column and chunk count far below 2^32)
-    r.emit(f"const {r.long} first = {narrow}gid / {narrow}{width} * {BATCH_CHUNK};")
-    r.emit(f"if (first >= {end}) return;")   # (a warp past the last column of the last chunk)
-    r.emit(f"const {r.long} stop = first + {BATCH_CHUNK} < {end} ? first + {BATCH_CHUNK} : {end};")
-    r.emit(f"const {r.long} col = {narrow}gid % {narrow}{width};")
+    r.emit(f"const {r.long} total = {width} * (({end} + {BATCH_CHUNK - 1}) / {BATCH_CHUNK});")
+    r.emit("if (warp >= total) return;")   # (a warp past the last column of the last chunk)
+    trips = [_trips(r, f"{f'warp + {k}' if k else 'warp'}", width, end) for k in sorted({0, shared - 1})]
+    r.emit(f"const {r.long} trips = {trips[0] if len(trips) == 1 else f'{trips[0]} > {trips[1]} ? {trips[0]} : {trips[1]}'};")
+    first, stop = _chunk(r, "gid", width, end)
+    narrow = f"({r.d.ctype(dtypes.uint32)})"
+    r.emit(f"const {r.long} col = {narrow}(gid < total ? gid : total - 1) % {narrow}{width};")
     r.scopes[-1].update(r.unflatten("col", columns))
     held = {u: _hold(r, u) for u in rows.order}
-    r.open_block(f"for ({r.long} rb = first; rb < stop; rb += {ROWS_IN_FLIGHT})", {})
+    r.open_block(f"for ({r.long} trip = 0; trip < trips; trip++)", {})
+    r.emit(f"const {r.long} rb = {first} + trip * {ROWS_IN_FLIGHT};")
     batch = [f"rb{i}" for i in range(ROWS_IN_FLIGHT)]
-    for i, name in enumerate(batch):   # (a row past the chunk reads its last row, and is not stored)
-        r.emit(f"const {r.long} {name} = {f'rb + {i} < stop ? rb + {i} : stop - 1' if i else 'rb'};")
+    for i, name in enumerate(batch):   # (a row past the column's reads its last row, and is not stored)
+        at = f"rb + {i}" if i else "rb"
+        r.emit(f"const {r.long} {name} = {at} < {stop} ? {at} : {stop} - 1;")
     sums = {u: _row_sums(r, u, held[u], batch) for u in rows.order}
     for i, name in enumerate(batch):
         r.open_block("", {rows.batch: name, **{u: sums[u][i] for u in rows.order}})
         line = r.store_line(store)
-        r.emit(f"if (lid == 0{f' && rb + {i} < stop' if i else ''}) {line}")
+        r.emit(f"if (lid == 0 && gid < total && {f'rb + {i}' if i else 'rb'} < {stop}) {line}")
         r.close_block()
     if r.d.shuffle_xor is None:   # (the next rows' trees write the arrays these rows' totals were read from)
         r.emit(r.d.barrier)
     r.close_block()
+
+
+def _chunk(r, gid: str, width: int, end: str) -> tuple[str, str]:
+    """Names of (the first row, the end of the rows) of the chunk of the flat column index `gid` (clamped to the
+    last: a column past it reads the last chunk's)."""
+    narrow = f"({r.d.ctype(dtypes.uint32)})"   # (32-bit division: a column and chunk count far below 2^32)
+    first, stop = f"first{r.n}", f"stop{r.n}"
+    r.n += 1
+    r.emit(f"const {r.long} {first} = {narrow}({gid} < total ? {gid} : total - 1) / {narrow}{width} * {BATCH_CHUNK};")
+    r.emit(f"const {r.long} {stop} = {first} + {BATCH_CHUNK} < {end} ? {first} + {BATCH_CHUNK} : {end};")
+    return first, stop
+
+
+def _trips(r, gid: str, width: int, end: str) -> str:
+    """Name of the steps of ROWS_IN_FLIGHT rows the column `gid` takes over its chunk."""
+    first, stop = _chunk(r, gid, width, end)
+    return r.let(dtypes.int64, f"({stop} - {first} + {ROWS_IN_FLIGHT - 1}) / {ROWS_IN_FLIGHT}", "trips")
 
 
 def _passes(r, u: UOp, body):
@@ -125,9 +152,9 @@ def _row_sums(r, u: UOp, names: dict, batch: list[str]) -> list[str]:
 def _combine_rows(r, op, dt, accs: list[str]) -> list[str]:
     """Each of the rows' partial accumulators `accs` combined across the row's work-items: by warp shuffles, the
     rows' steps interleaved, where a row is one warp's; else each through render_rows.combine_group."""
-    if r.d.shuffle_xor is None or not shuffles(dt) or r.rows.group != WARP:
+    if r.d.shuffle_xor is None or not shuffles(dt) or r.rows.group > WARP:
         return [combine_group(r, op, dt, acc, ("lid", r.rows.group)) for acc in accs]
-    r.open_block(f"for (int o = {WARP // 2}; o > 0; o >>= 1)", {})
+    r.open_block(f"for (int o = {r.rows.group // 2}; o > 0; o >>= 1)", {})   # (within the column's lanes)
     others = [r.let(dt, r.d.shuffle_xor.format(v=acc, o="o")) for acc in accs]
     for acc, other in zip(accs, others):
         r.emit(f"{acc} = {r.combine(op, dt, acc, other)};")

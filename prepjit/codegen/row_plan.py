@@ -28,10 +28,10 @@ row's passes one range where they read the same elements (`_one_range` for colum
 
 A projection of a var batch (a decode step's B sequences: one row range of a symbolic end, `batch_range`) whose
 reductions each read a part no batch row indexes (a weight: `held_parts`) is a batch row kernel (`batch_plan`,
-`Rows.batch`): a row of the other ranges (a column of the weight) a warp's (a work-group's without shuffles), each
-work-item holding its share of the held parts in registers (at most HELD_MAX values, unpacked once), then looping over
-BATCH_CHUNK rows of the batch, a row's sum combined and stored in turn: the weights are read once per chunk of rows,
-not once per row, and no row's partial sums wait for another's.
+`Rows.batch`): a row of the other ranges (a column of the weight) a warp's or part of one (a work-group's without
+shuffles), each work-item holding its share of the held parts in registers (at most HELD_MAX values, unpacked once),
+then looping over BATCH_CHUNK rows of the batch, a few rows' sums combined and stored at a time: the weights are read
+once per chunk of rows, not once per row, and no accumulator is kept for every row.
 
 Reductions nested in a row's reduction that depend on its range (sum_j max_k x[i, j, k]) are not the row's
 (`free_ranges`): each work-item computes them inline.
@@ -57,6 +57,7 @@ MATVEC_MIN_OUTPUTS = 256  # fewer outputs than this keep a work-group each (a wa
 LOAD_BYTES = 16           # a matvec lane's run: this many bytes of the narrowest element its reductions load
 BATCH_CHUNK = 16          # rows of the batch a warp of a batch row kernel loops over (a batch of 64: 4 warps a column)
 HELD_MAX = 64             # values a work-item of a batch row kernel holds in registers across its rows
+COLUMN_LANES = (WARP, WARP // 2, WARP // 4)   # lanes a column of a batch row kernel may take (shuffles only)
 SHORTEST_RUN = 4          # a batch row kernel's shortest run (a 16-byte load of a float32 row: shorter ones are
                           # not merged into vector loads)
 
@@ -70,7 +71,8 @@ class Rows:
     rows: tuple          # the loop ranges they depend on
     cols: tuple          # the other loop ranges (each row's group stores all of them)
     group: int
-    pack: int = 1        # rows per work-group: one warp each where a row's group is a warp (shuffles only)
+    pack: int = 1        # rows per work-group: one warp each where a row's group is a warp, a batch row kernel's
+                         # column part of one (shuffles only)
     run: int = 1         # consecutive elements a work-item takes at a time (where they divide the last range's end)
     columns: tuple = ()  # reductions of each column that read the row's reductions (a softmax's p @ V): in `reduces`
     batch: UOp | None = None   # the row range each warp loops over, its held parts in registers (batch_plan)
@@ -300,9 +302,8 @@ def batch_plan(ast: UOp, items: int = 1, warp_rows: int = 1) -> Rows | None:
     """The batch row kernel this kernel becomes (see the module's docstring), or None: where it has a batch
     (`batch_range`), no columns, and every reduction is a sum over static ranges that depends on every row range and
     holds parts (`held_parts`) of at most HELD_MAX values a work-item. Where the dialect shuffles (`warp_rows` > 1) a
-    column is a warp's (MATVEC_WARPS a work-group) taking the matvec's runs (`_matvec_run`) or shorter ones where their
-    passes take fewer elements (`_fewest_slots`); otherwise a work-group's of the row plan's size, in runs of
-    `items`."""
+    column is a warp's or part of one (`_lanes_and_run`: MATVEC_WARPS warps a work-group) taking the matvec's runs
+    (`_matvec_run`) or shorter ones; otherwise a work-group's of the row plan's size, in runs of `items`."""
     hoisted, rows, cols, columns = _hoisted(ast)
     batch = batch_range(rows)
     if not hoisted or cols or columns or batch is None:
@@ -311,10 +312,11 @@ def batch_plan(ast: UOp, items: int = 1, warp_rows: int = 1) -> Rows | None:
                for u in hoisted):
         return None
     if warp_rows > 1:
-        run, group, pack = _matvec_run(hoisted, rows, cols, warp_rows), WARP, MATVEC_WARPS
+        run = _matvec_run(hoisted, rows, cols, warp_rows)
         if run is None:
             return None
-        run = _fewest_slots(hoisted, group, run)
+        group, run = _lanes_and_run(hoisted, batch, run)
+        pack = MATVEC_WARPS * WARP // group
     else:
         work = max(-(-_length(u) // run_length(list(u.src[1:]), items)) for u in hoisted)
         run, group, pack = items, min(REDUCE_GROUP, max(WARP, 1 << (work - 1).bit_length())), 1
@@ -360,15 +362,24 @@ def uses_grouped_reduce(ast: UOp) -> bool:
     return row_plan(ast) is not None
 
 
-def _fewest_slots(hoisted: list, group: int, run: int) -> int:
-    """The run (`run` or a power of two below it) whose passes take the fewest elements a work-item, counting a
-    pass's whole run for each (a pass past the range's end costs the warp as much as a full one), the longest of
-    equals, at least SHORTEST_RUN long: a batch row kernel does every pass for each row. 576 elements over 32 lanes: runs
-    of 4 (5 passes, 20 elements), not 16 (2 passes, 32: the second for 4 lanes)."""
-    def slots(c: int) -> int:
-        return max(-(-_length(u) // (group * c)) * c for u in hoisted)
-    return min((c for c in (run >> s for s in range(run.bit_length())) if c >= min(run, SHORTEST_RUN)),
-               key=lambda c: (slots(c), -c))
+def _lanes_and_run(hoisted: list, batch: UOp, run: int) -> tuple[int, int]:
+    """(lanes a column, their run) of a batch row kernel on a dialect with shuffles: of a warp, a half or a quarter of
+    one (a warp then computes 1, 2 or 4 columns, each loaded row of the batch read once for all), in runs of `run` or
+    a power of two below it, at least SHORTEST_RUN long; the one of least work an output, a row's passes (every
+    pass's whole run: a pass past the range's end costs as much as a full one) and its combine's steps, per lane
+    times the lanes, of those holding at most HELD_MAX values a lane; the most lanes, then the longest run, of
+    equals. 576 elements: half a warp in runs of 4 (9 passes, 36 elements, no lane idle; a warp in runs of 16: 2
+    passes, 32 elements, the second for 4 lanes)."""
+    def slots(lanes: int, c: int) -> int:
+        return max(-(-_length(u) // (lanes * c)) * c for u in hoisted)
+
+    def held(lanes: int, c: int) -> int:
+        return max(len(held_parts(u, batch)) * -(-_length(u) // (lanes * c)) * c for u in hoisted)
+    runs = [c for c in (run >> s for s in range(run.bit_length())) if c >= min(run, SHORTEST_RUN)]
+    options = [(lanes, c) for lanes in COLUMN_LANES for c in runs if held(lanes, c) <= HELD_MAX]
+    if not options:
+        return WARP, run
+    return min(options, key=lambda o: ((slots(*o) + o[0].bit_length() - 1) * o[0], -o[0], -o[1]))
 
 
 def launch_size(rows: Rows) -> UOp:

@@ -58,17 +58,19 @@ def _kernel(kind, operand):
 
 @pytest.mark.parametrize("kind", ["q8_0", "q4_1"])
 def test_a_var_batch_projection_is_a_batch_row_kernel(kind, monkeypatch):
-    """On CUDA a warp a column (MATVEC_WARPS a work-group) in runs of 4 (the row of 576 in 5 passes of the warp's
-    runs, 20 elements a lane; the matvec's runs of 16 one-byte quants: 2 passes, 32, the second for 4 lanes), the
-    launch a warp per column and chunk of BATCH_CHUNK rows, no local memory; on OpenCL a work-group per column.
-    Before: a warp per (row, column), each unpacking the column's weights again."""
+    """On CUDA a column is half a warp's (MATVEC_WARPS warps a work-group: 8 columns) in runs of 4 (the row of 576 in
+    9 passes of the lanes' runs, 36 elements a lane, none idle; a warp in the matvec's runs of 16 one-byte quants
+    would be 2 passes, 32 elements, the second for 4 lanes), the launch a column per chunk of BATCH_CHUNK rows, no
+    local memory; on OpenCL a work-group per column. Before: a warp per (row, column), each unpacking the column's
+    weights again."""
     _, kern = _kernel(kind, "plain")
     launched = CUDA_TARGET.launched(optimize(kern.ast, "cuda"))
-    assert gpu_launch.launch_of(launched) == ("batch", row_plan.WARP, row_plan.MATVEC_WARPS, 4)
+    half = row_plan.WARP // 2
+    assert gpu_launch.launch_of(launched) == ("batch", half, row_plan.MATVEC_WARPS * 2, 4)
     src = CUDA_TARGET.render(launched)
     chunks = -(-37 // row_plan.BATCH_CHUNK)
     size = pj.uop.eval_uop(src.global_size[0], {"B": 37})
-    assert size == -(-N * chunks // row_plan.MATVEC_WARPS) * row_plan.WARP * row_plan.MATVEC_WARPS
+    assert size == -(-N * chunks // (row_plan.MATVEC_WARPS * 2)) * row_plan.WARP * row_plan.MATVEC_WARPS
     assert "__shared__" not in src.source and "__syncthreads" not in src.source
     opencl = gpu_launch.launch_of(OPENCL_TARGET.launched(optimize(kern.ast, "opencl")))
     assert opencl[0] == "batch" and opencl[2:] == (1, 1)
