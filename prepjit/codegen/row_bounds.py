@@ -12,8 +12,8 @@ and what is skipped adds identities (x + 0 is x for an accumulator that starts a
 
 `bounded_rows(ast)`: the launched kernel with such a range's end `min(end, ceil(L / stride))` (L read by the
 row's work-group, uniform across it: a bound every work-item shares), where every reduction over the range is
-masked by the same condition `index < L` with `index` = stride * range + (terms of at least 0 without it) and L
-free of the reduction's ranges and of the columns'; the bounds proof sees the bound's largest value, the
+masked by the same condition `index < L` with `index` = stride * range + (terms in [0, stride) without it) and L
+a value of the row (of its ranges alone); the bounds proof sees the bound's largest value, the
 range's old end. A work-group per row only ("rows" launches of one row a group): a tile's rows share their loops.
 """
 from __future__ import annotations
@@ -28,8 +28,7 @@ def bounded_rows(ast: UOp) -> UOp:
     launch = launch_of(ast)
     if launch is None or launch[0] != "rows" or launch[2] != 1:
         return ast
-    rows = rows_of(ast, *launch[1:4])
-    free = set(rows.cols)
+    rows = set(rows_of(ast, *launch[1:4]).rows)
     by_range: dict[UOp, list[UOp]] = {}
     for u in ast.toposort():
         if u.op is Ops.REDUCE:
@@ -37,22 +36,22 @@ def bounded_rows(ast: UOp) -> UOp:
                 by_range.setdefault(r, []).append(u)
     bounded = {}
     for r, reductions in by_range.items():
-        bounds = {_bound(u, r, free) for u in reductions}
+        bounds = {_bound(u, r, rows) for u in reductions}
         if len(bounds) == 1 and None not in bounds:
             (end,) = bounds
             bounded[r] = UOp(Ops.RANGE, r.dtype, (simplify(r.src[0].smin(end)),), r.arg)
     return ast.substitute(bounded) if bounded else ast
 
 
-def _bound(u: UOp, r: UOp, free: set) -> UOp | None:
+def _bound(u: UOp, r: UOp, rows: set) -> UOp | None:
     """The end range `r` of reduction `u` may take, or None: where u's operand is its identity at every index
-    past it (a condition `index < L` it is masked by, index = stride * r + terms of at least 0)."""
+    past it (a condition `index < L` it is masked by, index = stride * r + terms in [0, stride), L read at the
+    row: of no range but the `rows` ranges)."""
     cond = _mask(u.src[0], u.arg)
     if cond is None or cond.op is not Ops.CMPLT:
         return None
     index, limit = cond.src
-    own = set(u.src[1:]) | free
-    if any(x in own for x in limit.toposort()):
+    if any(x.op is Ops.RANGE and x not in rows for x in limit.toposort()):
         return None
     stride, rest = _split(simplify(index), r)
     if stride is None or rest is not None and not 0 <= rest.vmin <= rest.vmax < stride:
