@@ -25,9 +25,10 @@ ROWS_IN_FLIGHT = 4   # rows of a chunk a warp computes together (their loads, su
 
 def emit_batch_rows(r, store: UOp):
     """The kernel body through the C-style renderer `r`: the work-item's held values, then the loop over its chunk
-    of the batch's rows, ROWS_IN_FLIGHT at a time, storing each row's output. The columns of one warp loop as many
-    times as the one of most rows (their combines are the warp's shuffles); a column past the last, or past its own
-    rows, computes its last one again and stores nothing."""
+    of the batch's rows, ROWS_IN_FLIGHT at a time and the rest one at a time (a batch of one computes one row),
+    storing each row's output. The columns of one warp loop over as many rows as the one of most (their combines are
+    the warp's shuffles); a column past the last, or past its own rows, computes its last row again and stores
+    nothing."""
     rows = r.rows
     columns = [x for x in rows.rows if x is not rows.batch]
     width = math.prod(x.src[0].arg for x in columns)   # (static: row_plan.batch_range)
@@ -44,17 +45,26 @@ def emit_batch_rows(r, store: UOp):
     end = r.value(rows.batch.src[0])
     r.emit(f"const {r.long} total = {width} * (({end} + {BATCH_CHUNK - 1}) / {BATCH_CHUNK});")
     r.emit("if (warp >= total) return;")   # (a warp past the last column of the last chunk)
-    trips = [_trips(r, f"{f'warp + {k}' if k else 'warp'}", width, end) for k in sorted({0, shared - 1})]
-    r.emit(f"const {r.long} trips = {trips[0] if len(trips) == 1 else f'{trips[0]} > {trips[1]} ? {trips[0]} : {trips[1]}'};")
+    spans = [_span(r, f"warp + {k}" if k else "warp", width, end) for k in sorted({0, shared - 1})]
+    r.emit(f"const {r.long} span = {spans[0] if len(spans) == 1 else f'{spans[0]} > {spans[1]} ? {spans[0]} : {spans[1]}'};")
     first, stop = _chunk(r, "gid", width, end)
     narrow = f"({r.d.ctype(dtypes.uint32)})"
     r.emit(f"const {r.long} col = {narrow}(gid < total ? gid : total - 1) % {narrow}{width};")
     r.scopes[-1].update(r.unflatten("col", columns))
     held = {u: _hold(r, u) for u in rows.order}
-    r.open_block(f"for ({r.long} trip = 0; trip < trips; trip++)", {})
-    r.emit(f"const {r.long} rb = {first} + trip * {ROWS_IN_FLIGHT};")
-    batch = [f"rb{i}" for i in range(ROWS_IN_FLIGHT)]
-    for i, name in enumerate(batch):   # (a row past the column's reads its last row, and is not stored)
+    _row_steps(r, store, held, first, stop, f"step + {ROWS_IN_FLIGHT} <= span", ROWS_IN_FLIGHT)
+    if ROWS_IN_FLIGHT > 1:
+        _row_steps(r, store, held, first, stop, "step < span", 1, f"span / {ROWS_IN_FLIGHT} * {ROWS_IN_FLIGHT}")
+
+
+def _row_steps(r, store: UOp, held: dict, first: str, stop: str, condition: str, count: int, start: str = "0"):
+    """A loop over the column's rows from `start` while `condition`, `count` rows a step: their sums in flight
+    together, each stored (a row past the column's reads its last row, and is not stored)."""
+    rows = r.rows
+    r.open_block(f"for ({r.long} step = {start}; {condition}; step += {count})", {})
+    r.emit(f"const {r.long} rb = {first} + step;")
+    batch = [f"rb{i}" for i in range(count)]
+    for i, name in enumerate(batch):
         at = f"rb + {i}" if i else "rb"
         r.emit(f"const {r.long} {name} = {at} < {stop} ? {at} : {stop} - 1;")
     sums = {u: _row_sums(r, u, held[u], batch) for u in rows.order}
@@ -79,10 +89,10 @@ def _chunk(r, gid: str, width: int, end: str) -> tuple[str, str]:
     return first, stop
 
 
-def _trips(r, gid: str, width: int, end: str) -> str:
-    """Name of the steps of ROWS_IN_FLIGHT rows the column `gid` takes over its chunk."""
+def _span(r, gid: str, width: int, end: str) -> str:
+    """Name of the number of rows in the chunk of the column `gid`."""
     first, stop = _chunk(r, gid, width, end)
-    return r.let(dtypes.int64, f"({stop} - {first} + {ROWS_IN_FLIGHT - 1}) / {ROWS_IN_FLIGHT}", "trips")
+    return r.let(dtypes.int64, f"{stop} - {first}", "span")
 
 
 def _passes(r, u: UOp, body):

@@ -3,12 +3,14 @@ FEW_VAR_ROWS rows by quantized blocks (a decode step's B sequences) is a warp pe
 column on OpenCL), its weights unpacked once into registers per BATCH_CHUNK rows and the rows looped over; with a
 residual, a computed operand (SiLU(gate) * up) and ragged batches (1, 3, 37: not a multiple of the chunk, 64: the
 most) it equals NumPy on every device and through cuda_emulation; its kernel compiles with NVRTC."""
+import re
+
 import numpy as np
 import pytest
 
 import prepjit as pj
 import prepjit.numpy as pnp
-from prepjit.codegen import gpu_launch, row_plan
+from prepjit.codegen import gpu_launch, render_batch_rows, row_plan
 from prepjit.codegen.optimize import optimize
 from prepjit.codegen.render_cuda import CUDA
 from prepjit.codegen.schedule import schedule
@@ -72,6 +74,8 @@ def test_a_var_batch_projection_is_a_batch_row_kernel(kind, monkeypatch):
     size = pj.uop.eval_uop(src.global_size[0], {"B": 37})
     assert size == -(-N * chunks // (row_plan.MATVEC_WARPS * 2)) * row_plan.WARP * row_plan.MATVEC_WARPS
     assert "__shared__" not in src.source and "__syncthreads" not in src.source
+    steps = re.findall(r"for \(long long step = .*; step \+= (\d+)\)", src.source)
+    assert steps == [str(render_batch_rows.ROWS_IN_FLIGHT), "1"]   # the rest a row at a time: a batch of 1 is 1 row
     opencl = gpu_launch.launch_of(OPENCL_TARGET.launched(optimize(kern.ast, "opencl")))
     assert opencl[0] == "batch" and opencl[2:] == (1, 1)
     monkeypatch.setattr(gpu_launch, "FEW_VAR_ROWS", MOST - 1)   # a batch of more rows: its tile, as before
