@@ -85,17 +85,16 @@ TILE_ROWS = 3  # rows of a register block over a tile, at most (with 6 columns: 
 
 def reads_blocks(ast: UOp, target: CPUTarget | None = None) -> bool:
     """Whether `ast` is a contraction `block_matmul` computes from its weight's blocks (its operands are read as
-    they are: packing a copy of the weight would materialise it as floats)."""
+    they are: packing a copy of the weight would materialise it as floats). Asks `_blocked`, not the build."""
     split = split_blocks(ast)
-    return split is not ast and block_matmul(split, target or host_target()) is not None
+    return split is not ast and _blocked(split, target or host_target(), DEFAULT_BLOCKING) is not None
 
 
-@functools.lru_cache(maxsize=256)
-def block_matmul(split: UOp, target: CPUTarget, blocking: Blocking = DEFAULT_BLOCKING) -> UOp | None:
-    """The register-blocked kernel (see the module docstring) of a contraction `split` at its weight's blocks
-    (block_split.split_blocks) with two loops, rows and columns, where the rows are not one static row (matvec.py's
-    one-row kernel) and the columns are static; None for any other kernel. Cached: packing asks (reads_blocks) of
-    the kernel that optimisation then blocks, each build some 10 ms."""
+def _blocked(split: UOp, target: CPUTarget, blocking: Blocking) -> tuple | None:
+    """What `block_matmul` builds its kernel of `split` from (the contraction's store, reduction, column and row
+    ranges, the rows' maximum, the register block, the panels' group, the groups' range and the next axis), or None
+    where it builds none: its checks without the build (packing asks them of every contraction it schedules, where
+    the build cost SmolLM2's prefill some 60 ms before optimisation built the same kernels again)."""
     found = contraction_axes(split)
     if found is None:
         return None
@@ -118,7 +117,18 @@ def block_matmul(split: UOp, target: CPUTarget, blocking: Blocking = DEFAULT_BLO
     groups = new_range(UOp.const(panels // group), -1)
     if groups.op is not Ops.RANGE:  # one panel: no loop for threads to split around the row nests
         return None
+    return store, red, j, i, most, rows, columns, group, groups, axis
 
+
+@functools.lru_cache(maxsize=256)
+def block_matmul(split: UOp, target: CPUTarget, blocking: Blocking = DEFAULT_BLOCKING) -> UOp | None:
+    """The register-blocked kernel (see the module docstring) of a contraction `split` at its weight's blocks
+    (block_split.split_blocks) with two loops, rows and columns, where the rows are not one static row (matvec.py's
+    one-row kernel) and the columns are static; None for any other kernel (`_blocked`). Each build some 10 ms."""
+    found = _blocked(split, target, blocking)
+    if found is None:
+        return None
+    store, red, j, i, most, rows, columns, group, groups, axis = found
     tiled = _weight_tile(split, store, red, j, i, target, None if most >= MIN_TILE_ROWS else (rows, columns)) \
         if most > rows else None
     if tiled is not None:  # each panel's weights unpacked into a tile once, for all rows

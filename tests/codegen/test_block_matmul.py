@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import prepjit as pj
+from prepjit.codegen import block_matmul
 from prepjit.codegen.block_matmul import TILE_BYTES
 from prepjit.codegen.llvm_reductions import PREFETCH_BYTES
 from prepjit.codegen.optimize import optimize
@@ -85,6 +86,23 @@ def test_each_block_is_unpacked_once_for_a_register_block_of_rows(kind, loads, r
         assert ir.count(loads) == nests * columns * halves
 
 
+
+
+@pytest.mark.parametrize("most", [4, 512])
+def test_packing_asks_whether_blocks_are_read_without_building_the_kernel(most, monkeypatch, rng):
+    """reads_blocks (packing asks it of every contraction it schedules) runs block_matmul's checks, not the build of
+    its register blocks or tile (which optimisation does once it blocks the kernel)."""
+    blocks = _blocks(rng, "q4_1", 1536, K)
+    x = rng.standard_normal((3, K)).astype(np.float32)
+    (kernel,) = _batched("q4_1", "cpu", rows=(1, most)).plan(x, blocks).kernels
+
+    def built(*args):
+        raise AssertionError("reads_blocks built the kernel")
+    monkeypatch.setattr(block_matmul, "_weight_tile", built)
+    monkeypatch.setattr(block_matmul, "block_stores", built)
+    block_matmul.block_matmul.cache_clear()
+    assert block_matmul.reads_blocks(kernel.kernel.scheduled, AVX512)
+    assert block_matmul.reads_blocks(kernel.kernel.scheduled, AVX2)
 
 
 @pytest.mark.parametrize("most", [4, 16])
