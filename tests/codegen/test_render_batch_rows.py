@@ -22,38 +22,38 @@ K, N, MOST = 576, 301, 64   # (N: not a multiple of the work-group's warps)
 BATCHES = [1, 3, 37, 64]
 
 
-def projection(xp, kind, operand):
-    """h + f(x) @ W.T of a batch: x (B, K) or gate/up (B, 2K) through SiLU(gate) * up, W (N, K) in `kind` blocks."""
+def projection(xp, kind, operand, k=K):
+    """h + f(x) @ W.T of a batch: x (B, k) or gate/up (B, 2k) through SiLU(gate) * up, W (N, k) in `kind` blocks."""
     def fn(x, h, blocks):
         if operand == "silu":
-            gate, up = x[:, :K], x[:, K:]
+            gate, up = x[:, :k], x[:, k:]
             x = gate / (1 + xp.exp(-gate)) * up
         w = pj.quant.dequantize(blocks, kind) if xp is pnp else blocks
         return h + x @ w.T
     return fn
 
 
-def _args(kind, operand, b, seed=0):
+def _args(kind, operand, b, seed=0, k=K):
     rng = np.random.default_rng(seed)
-    x = rng.standard_normal((b, 2 * K if operand == "silu" else K)).astype(np.float32)
+    x = rng.standard_normal((b, 2 * k if operand == "silu" else k)).astype(np.float32)
     h = rng.standard_normal((b, N)).astype(np.float32)
-    return x, h, pj.quant.quantize((rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32), kind)
+    return x, h, pj.quant.quantize((rng.standard_normal((N, k)) / np.sqrt(k)).astype(np.float32), kind)
 
 
 def _reference(kind, operand, args):
     x, h, blocks = args
     w = pj.quant.dequantize(blocks, kind).astype(np.float64)
-    return projection(np, kind, operand)(x.astype(np.float64), h.astype(np.float64), w)
+    return projection(np, kind, operand, w.shape[1])(x.astype(np.float64), h.astype(np.float64), w)
 
 
-def _prepared(kind, operand, device=None):
-    return pj.prepare(projection(pnp, kind, operand), vars={"B": (1, MOST)}, shapes={"x": ("B", None), "h": ("B", N)},
-                      **({"device": device} if device else {}))
+def _prepared(kind, operand, device=None, k=K):
+    return pj.prepare(projection(pnp, kind, operand, k), vars={"B": (1, MOST)},
+                      shapes={"x": ("B", None), "h": ("B", N)}, **({"device": device} if device else {}))
 
 
-def _kernel(kind, operand):
+def _kernel(kind, operand, k=K):
     """The schedule of the projection at a var batch and its kernel that reads the weight."""
-    traced = pj.trace(_prepared(kind, operand), *_args(kind, operand, 3))
+    traced = pj.trace(_prepared(kind, operand, k=k), *_args(kind, operand, 3, k=k))
     sched = schedule(list(traced.outputs), list(traced.inputs))
     return sched, sched.kernels[-1]
 
@@ -111,20 +111,22 @@ def test_batch_projections_compute_numpys(device, kind, operand):
 
 
 @pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
-@pytest.mark.parametrize("operand", ["plain", "silu"])
-@pytest.mark.parametrize("kind", ["q8_0", "q4_1"])
-def test_the_emulated_batch_kernel_equals_numpy(kind, operand):
-    """The CUDA batch row kernel, run through cuda_emulation at B = 1, 3, 37 and 64 (a chunk of 16 rows a warp: the
-    last chunk ragged), equals NumPy's projection."""
-    sched, kern = _kernel(kind, operand)
+@pytest.mark.parametrize("kind, operand, k, lanes", [("q8_0", "plain", K, 16), ("q8_0", "silu", K, 16),
+                                                     ("q4_1", "plain", K, 16), ("q4_1", "silu", K, 16),
+                                                     ("q4_1", "plain", 64, 8), ("q4_1", "plain", 1536, 32)])
+def test_the_emulated_batch_kernel_equals_numpy(kind, operand, k, lanes):
+    """The CUDA batch row kernel, run through cuda_emulation at B = 1, 3, 37 and 64 (a chunk of 16 rows a column: the
+    last chunk ragged; a warp's columns straddling two chunks), equals NumPy's projection; with a column a quarter of
+    a warp (k = 64), half of one (576) and a whole one (1536)."""
+    sched, kern = _kernel(kind, operand, k)
     launched = CUDA_TARGET.launched(optimize(kern.ast, "cuda"))
-    assert gpu_launch.launch_of(launched)[0] == "batch"
+    assert gpu_launch.launch_of(launched)[:2] == ("batch", lanes)
     src = CUDA_TARGET.render(launched)
     for b in BATCHES:
-        args = _args(kind, operand, b, seed=b)
+        args = _args(kind, operand, b, seed=b, k=k)
         x = args[0].astype(np.float64)
         if operand == "silu":   # (the schedule computes SiLU(gate) * up in a kernel before: this one's operand)
-            x = x[:, :K] / (1 + np.exp(-x[:, :K])) * x[:, K:]
+            x = x[:, :k] / (1 + np.exp(-x[:, :k])) * x[:, k:]
         bufs = dict(zip(sched.inputs, args))
         slots = [np.ascontiguousarray(bufs.get(i, x.astype(np.float32))).ravel() for i in kern.buffers[1:]]
         out = np.zeros((b, N), np.float32)
