@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import prepjit as pj
+import prepjit.numpy as pnp
 from tests.helpers import assert_matches
 
 
@@ -232,3 +233,50 @@ def test_an_output_written_in_place_allocates_nothing(device, monkeypatch):
     del held
     monkeypatch.setattr(get_device(device), "new_output", real)
     assert_matches(step(first, second)[1], x * 4)
+
+
+def test_a_known_donating_call_takes_the_fast_path(device, monkeypatch):
+    """A donating call of a known key (its first call went through the full path) replays on the fast path
+    (replay.py: no Signature.read), as the serving engine's KV store does every step, with every check of the
+    full path: the donated memory is taken (the result is written into it), a scalar var out of its bounds
+    raises VarBoundError, a deleted argument DeletedArrayError naming it, a donated array referenced elsewhere is
+    not taken (its result gets new memory) and an array passed twice is not written."""
+    from tests.test_replay import counting_reads
+    store = pj.prepare(lambda pool, rows, pos: pool.at[pos].set(pnp.stack(rows)), vars={"pos": (0, 6)},
+                       donate_argnums=0, device=device)
+    expected = np.zeros((8, 2, 4), np.float32)
+    zeros = _device_array(np.zeros(4, np.float32), device)
+    pool = store(_device_array(expected, device), [zeros, zeros], 0)  # the full path: learned
+    reads = counting_reads(store, monkeypatch)
+    memory = id(pool.buffer)
+    for pos in (3, 5, 1):
+        rows = [_device_array(np.full(4, pos + k, np.float32), device) for k in (0, 1)]
+        old, pool = pool, store(pool, rows, pos)
+        expected[pos] = [[pos] * 4, [pos + 1] * 4]
+        assert old.is_deleted() and id(pool.buffer) == memory
+    assert reads == [] and len(store._fast_calls.calls) == 1 and store.stats["traces"] == 1
+    assert_matches(pool, expected)
+    with pytest.raises(pj.VarBoundError):
+        store(pool, rows, 7)
+    with pytest.raises(pj.DeletedArrayError, match="pool is a pj.Array that has been deleted"):
+        store(old, rows, 2)
+    with pytest.raises(pj.DeletedArrayError, match=r"rows\[1\] is a pj.Array that has been deleted"):
+        store(pool, [rows[0], old], 2)
+    assert not pool.is_deleted()
+    held = pool.buffer  # referenced: not taken
+    reads.clear()
+    out = store(pool, rows, 6)
+    assert reads == [] and not pool.is_deleted() and id(out.buffer) != memory
+    expected[6] = [[1] * 4, [2] * 4]  # (the rows of pos 1)
+    assert_matches(out, expected)
+    assert_matches(pool, np.concatenate([expected[:6], np.zeros((2, 2, 4), np.float32)]))
+    del held
+
+    add = pj.prepare(lambda x, y: x + y[::-1], donate_argnums=0, device=device)
+    x = np.arange(5, dtype=np.float32)
+    add(_device_array(x, device), _device_array(x, device))  # the full path: learned
+    reads = counting_reads(add, monkeypatch)
+    a = _device_array(x, device)
+    assert_matches(add(a, a), x + x[::-1])  # passed twice: not written
+    assert reads == [] and not a.is_deleted()
+    assert_matches(a, x)

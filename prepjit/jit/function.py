@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import CompileError, PrepjitError, TraceError, VarError
 from .planner import build_plan, gc_paused
 from .profiler import log_timed_call
-from .replay import MISS, FastCalls
+from .replay import MISS, FastCalls, replay_with_io
 from .saved import save
 from ..runtime.array import Array
 from ..runtime.devices import default_device, get_device
@@ -236,7 +236,7 @@ class PreparedFunction:
 
     # ---- calling ----
     def __call__(self, *args, **kwargs):
-        if not kwargs and not PROFILE_CALLS and not self.donated:  # the fast path (replay.py): a known call
+        if not kwargs and not PROFILE_CALLS:  # the fast path (replay.py): a known call
             out = self._fast_calls(args, self.device_name or default_device())
             if out is not MISS:
                 next(self._replays)
@@ -247,8 +247,9 @@ class PreparedFunction:
         entry = self._entry(info)
         if PROFILE_CALLS:
             return log_timed_call(self, entry, info)
-        if not kwargs and not self.donated:
-            self._fast_calls.learn(args, self.device_name or default_device(), info, entry, self.device)
+        if not kwargs:
+            self._fast_calls.learn(args, self.device_name or default_device(), info, entry, self.device,
+                                   self._donated_inputs(info))
         return self._run(entry, info)
 
     def _run(self, entry: _Entry, info: CallInfo, timings: list | None = None):
@@ -258,15 +259,9 @@ class PreparedFunction:
         if missing:
             raise VarError(f"vars {missing} are used by {self.signature.fn_name} but no argument gives their value; "
                            "add a parameter whose shape (in `shapes`) or value (a scalar var) carries them")
-        arrays = info.arrays + list(entry.constants) if entry.constants else info.arrays
-        distinct = plan.run_with_io({n: values[n] for n in plan.vars}, arrays,
-                                    [fn(values) for fn in entry.out_shape_fns], timings, self._donated_inputs(info))
+        out = replay_with_io(entry, values, info.arrays, self._donated_inputs(info), timings)
         next(self._replays)
-        results, it = [], iter(distinct)
-        for dup, index in zip(entry.duplicate, entry.first_of):
-            results.append(plan.copy_array(results[index]) if dup else next(it))
-        return entry.out_tree.unflatten(results)
-
+        return out
 
     def _donated_inputs(self, info: CallInfo) -> tuple[int, ...]:
         """The positions, among the call's arrays, of the leaves of donated parameters."""

@@ -12,8 +12,13 @@ bounds, their agreement with the shapes, and the plan's index constraints (`plan
 fails, the same reads go through the checks of the full path (`check_reads`, `plan.require`), which raise its
 errors, messages included. A call that passes goes straight to `ExecutionPlan.run_arrays`: inputs are read in
 place (a GPU uploads NumPy inputs into staging it keeps), each output is one `host_pool.empty` (a GPU's: device
-memory from its pool). Anything else unusual (a misaligned array, a rebound captured array) falls back to the
-full path, which copies or traces again.
+memory from its pool). Anything else unusual (a misaligned array, a rebound captured array, a deleted pj.Array)
+falls back to the full path, which copies, traces again or raises.
+
+A call that donates arrays (donate_argnums: the serving engine's KV store) replays instead through
+`replay_with_io` (`ExecutionPlan.run_with_io`, as the full path does): given the arguments' pj.Arrays and the
+donated positions the full path found, it takes a donated array's memory only when nothing else references it
+and the array is not passed twice.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ import operator
 
 import numpy as np
 
+from ..errors import DeletedArrayError
 from ..runtime.array import Array
 from ..runtime.host_pool import allocator_for, empty
 from ..tracing.constants import CaptureWatch, capture_key
@@ -34,9 +40,9 @@ class _KnownCall:
     """What one concrete call key replays: the plan, the argument positions, the var reads and the outputs."""
 
     def __init__(self, entry, info, array_args: list[tuple[int, bool]], n_args: int, var_reads: tuple, device,
-                 captures):
+                 captures, donated: tuple):
         plan = entry.plan
-        self.plan, self.device, self.out_tree = plan, device, entry.out_tree
+        self.entry, self.plan, self.device, self.out_tree = entry, plan, device, entry.out_tree
         self.constants = tuple(entry.constants)  # captured arrays (tracing/constants.py): the plan's last inputs
         # the arguments are the plan's first inputs as they are (NumPy arrays, in order, nothing else)
         self.args_first = [i for i, _ in array_args] == list(range(n_args)) and not any(p for _, p in array_args)
@@ -64,12 +70,19 @@ class _KnownCall:
         self.out_specs = [(device.empty if on_gpu else allocator_for(s, dt), s, dt)
                           for s, dt in zip(self.shapes, self.dtypes)]
         self.single = entry.out_tree.kind == "leaf"
-        self.run = self._run_with_vars if any(pos is not None for _, pos, _, _ in var_reads) else self._run
+        # a donating call: the arrays' positions among the arguments, in the plan's order, and the donated ones'
+        self.pick_arrays, self.donated = _picker([i for i, _ in array_args]), donated
+        self.run = self._run_donating if donated else \
+            self._run_with_vars if any(pos is not None for _, pos, _, _ in var_reads) else self._run
 
     def _inputs(self, args: tuple) -> tuple:
         if self.args_first:
             return args + self.constants
-        inputs = self.pick_numpy(args) + tuple(map(_BUFFER, self.pick_pj(args)))
+        try:
+            buffers = tuple(map(_BUFFER, self.pick_pj(args)))
+        except DeletedArrayError:
+            return None  # (the full path raises the error naming the argument)
+        inputs = self.pick_numpy(args) + buffers
         return (inputs if self.reorder is None else self.reorder(inputs)) + self.constants
 
     def _run(self, args: tuple):
@@ -78,6 +91,8 @@ class _KnownCall:
         if captures is not None and not captures.same():
             return MISS
         inputs = self._inputs(args)
+        if inputs is None:
+            return MISS
         if self.single:  # (the common case, spelled out: a replay's cost is mostly calls like these)
             (alloc, shape, dtype), = self.out_specs
             output = alloc(shape, dtype)
@@ -95,10 +110,26 @@ class _KnownCall:
             return self._raise(args)
         if self.captures is not None and not self.captures.same():
             return MISS
+        inputs = self._inputs(args)
+        if inputs is None:
+            return MISS
         current = dict(zip(self.var_names, values))
         shapes = [fn(current) for fn in self.shape_fns]
         outputs = [self.empty(shape, dtype) for shape, dtype in zip(shapes, self.dtypes)]
-        return self._replay(self._inputs(args), outputs, values, shapes)
+        return self._replay(inputs, outputs, values, shapes)
+
+    def _run_donating(self, args: tuple):
+        """A call that donates arrays: its var values tested as `_run_with_vars` does, then the full path's replay
+        (replay_with_io) on the arguments' arrays as they are (pj.Arrays: a donated one gives up its memory)."""
+        values = self.test(args)
+        if values is None:
+            return self._raise(args)
+        if self.captures is not None and not self.captures.same():
+            return MISS
+        arrays = self.pick_arrays(args)
+        if any(type(a) is Array and a._buffer is None for a in arrays):
+            return MISS  # a deleted pj.Array: the full path raises the error naming it
+        return replay_with_io(self.entry, dict(zip(self.var_names, values)), arrays, self.donated)
 
     def _replay(self, inputs: tuple, outputs: list, values: tuple, shapes: list):
         if not self.plan.run_arrays(inputs + tuple(outputs), values):
@@ -129,6 +160,20 @@ class _KnownCall:
 
 
 _BUFFER = operator.attrgetter("buffer")
+
+
+def replay_with_io(entry, values: dict, arrays, donated: tuple, timings: list | None = None):
+    """Run `entry`'s plan (a prepared function's _Entry) through `ExecutionPlan.run_with_io` on a call's `arrays`
+    (the plan's inputs but its captured constants: NumPy arrays and pj.Arrays, in order) with the var `values`
+    (checked), giving up the arrays at the `donated` positions; the call's result (outputs sharing a buffer
+    copied). The full path's replay (function.py), and the fast path's of a donating call."""
+    plan = entry.plan
+    distinct = plan.run_with_io({n: values[n] for n in plan.vars}, [*arrays, *entry.constants],
+                                [fn(values) for fn in entry.out_shape_fns], timings, donated)
+    results, it = [], iter(distinct)
+    for dup, index in zip(entry.duplicate, entry.first_of):
+        results.append(plan.copy_array(results[index]) if dup else next(it))
+    return entry.out_tree.unflatten(results)
 
 
 def _picker(positions: list):
@@ -189,10 +234,13 @@ class FastCalls:
             self.last = key, run
         return run(flat)
 
-    def learn(self, args: tuple, device_name, info, entry, device):
-        """Remember the call that just went through the full path, when the fast path can replay it."""
+    def learn(self, args: tuple, device_name, info, entry, device, donated: tuple):
+        """Remember the call that just went through the full path, when the fast path can replay it. `donated`:
+        the positions of the arrays it donates among its arrays (a donating call replays through run_with_io,
+        which needs no whole-plan runner and copies outputs that share a buffer)."""
         plan = entry.plan
-        if not self.enabled or not plan.replays_arrays or any(entry.duplicate) or len(self.calls) >= MAX_KEYS:
+        if not self.enabled or len(self.calls) >= MAX_KEYS or \
+                not donated and (not plan.replays_arrays or any(entry.duplicate)):
             return
         signature = self.signature
         key, flat = signature.concrete_key(args, device_name)
@@ -223,7 +271,7 @@ class FastCalls:
         var_reads = tuple((var, var_positions.get(where), value, where)
                           for var, value, where in info.reads)
         self.calls[key] = _KnownCall(entry, info, array_args, len(flat), var_reads, device,
-                                     self._watch(entry.reachable)).run
+                                     self._watch(entry.reachable), donated).run
 
     def _watch(self, reachable: tuple):
         """The CaptureWatch of the arrays a plan captured (one for all the calls whose plans captured the same

@@ -126,6 +126,10 @@ class Signature:
         self.static_positions = frozenset(i for i, p in enumerate(self.params) if p.name in self.static)
         used = self.scalar_vars | _spec_var_names(list(shapes.values()))
         self.unused_vars = [n for n in vars_ if n not in used]
+        # (read's caches) id of a dims spec in `shapes` -> (the spec, its parse_dims); Var -> its UOp (Var.uop
+        # builds and hash-conses one on every use, ~3 us: once per var dim of every array of every call)
+        self._parsed: dict[int, tuple] = {}
+        self._var_uops: dict[Var, UOp] = {}
         for name in self.unused_vars:
             example = next((p.name for p in self.params if p.name not in vars_ and p.name not in self.static), "x")
             warnings.warn(f"{self.fn_name}: var {name!r} is declared in vars but no shapes spec uses it and no "
@@ -278,7 +282,7 @@ class Signature:
         if is_array_like(value) or not isinstance(value, (dict, list, tuple)):
             if not _is_dims_spec(spec):
                 raise SignatureError(f"{path}: shapes gives a pytree spec {spec!r} but the argument is an array")
-            out[path] = parse_dims(spec, self.vars, path)
+            out[path] = self._dims(spec, path)
             return
         if isinstance(value, dict):
             if not isinstance(spec, dict) or set(spec) - set(value):
@@ -292,6 +296,17 @@ class Signature:
                                  f"fit its shapes spec {spec!r}")
         for i, (v, s) in enumerate(zip(value, spec)):
             self._match_spec(v, s, f"{path}[{i}]", out)
+
+    def _dims(self, spec, path: str) -> tuple:
+        """parse_dims of a leaf's dims spec, parsed once per spec object when that is a string or a tuple (of
+        ints, names, Vars and Nones: immutable, so it parses the same on every call; the table holds the
+        object, so its id stays its own)."""
+        if type(spec) is not str and type(spec) is not tuple:
+            return parse_dims(spec, self.vars, path)
+        parsed = self._parsed.get(id(spec))
+        if parsed is None:
+            parsed = self._parsed[id(spec)] = (spec, parse_dims(spec, self.vars, path))
+        return parsed[1]
 
     def _array(self, leaf, dims, path: str, reads: list):
         if isinstance(leaf, Array) and leaf.is_deleted():
@@ -316,7 +331,10 @@ class Signature:
             if isinstance(d, Var):
                 reads.append((d, n, f"{path}.shape[{i}]"))
                 key_dims.append(d.name)
-                trace_shape.append(d.uop)
+                uop = self._var_uops.get(d)
+                if uop is None:
+                    uop = self._var_uops[d] = d.uop
+                trace_shape.append(uop)
             else:
                 if isinstance(d, int) and d != n:
                     raise SignatureError(f"{path}.shape[{i}] is {n}, but shapes declares it static {d} "

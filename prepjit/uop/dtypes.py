@@ -110,12 +110,17 @@ dtypes.all = (dtypes.bool, dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64
               dtypes.uint16, dtypes.uint32, dtypes.uint64, dtypes.float16, dtypes.bfloat16, dtypes.float32,
               dtypes.float64)
 _BY_NAME = {d.name: d for d in dtypes.all}
+_BY_NUMPY = {d.np: d for d in dtypes.all}  # (a NumPy dtype's .name is slow: every array argument's is read)
 
 
 def to_dtype(x) -> DType:
     """A DType from a DType, a NumPy dtype or type, or a name ("float32", "f4", float, ...)."""
     if isinstance(x, DType):
         return x
+    if isinstance(x, np.dtype):
+        known = _BY_NUMPY.get(x)  # (a NumPy dtype equal to one of these has its name: other byte orders are not)
+        if known is not None:
+            return known
     try:
         name = np.dtype(x).name
     except TypeError:
