@@ -393,9 +393,11 @@ def prove_kernel(ast: UOp, shapes: list[tuple], constraints=()) -> int:
 
     `constraints` are bool expressions over the vars known true on every run (checked before it).
     Raises CompileError naming the kernel, the access and its index when one cannot be proven.
-    Accesses are grouped first: identical ones (loads made opaque) are proven once, and ungated ones of one
-    buffer whose indices differ by a constant only at their smallest and largest offsets (the facts are the
-    same, so every offset in between lies between those two); an upcast's lanes, whose indices differ in the
+    An access whose index's interval bounds (vmin, vmax: every var at its bounds, every range in [0, end)) lie in
+    [0, smallest size) is proven at once (SmolLM2's prefill: the embedding gather's 108 clamped reads, the weights'
+    static indices). The others are grouped first: identical ones (loads made opaque) are proven once, and ungated
+    ones of one buffer whose indices differ by a constant only at their smallest and largest offsets (the facts are
+    the same, so every offset in between lies between those two); an upcast's lanes, whose indices differ in the
     constants inside their mins and maxes, are proven at once with those constants as vars over their range.
     """
     sizes = [buffer_size(s) for s in shapes]
@@ -412,6 +414,9 @@ def prove_kernel(ast: UOp, shapes: list[tuple], constraints=()) -> int:
         count += 1
         if gate is not None and gate.op is Ops.CONST and not gate.arg:  # never runs
             continue
+        slot = u.src[0].arg
+        if index.vmin >= 0 and index.vmax < (buffer_size((slot[1],)) if type(slot) is tuple else sizes[slot]).vmin:
+            continue  # its interval bounds are inside the buffer at every var value: proven without the facts
         terms = set(base)
         for r in (*_ranges(u.src[1]), *(_ranges(u.src[gated]) if gate is not None else ()), *enclosing[u]):
             terms.add(linear(r.src[0], None, -1))  # an access inside a loop runs only when the loop does

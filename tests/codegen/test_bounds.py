@@ -145,6 +145,24 @@ def test_lanes_inside_a_min_are_proven_at_once_and_a_bad_lane_alone(monkeypatch)
         prove_kernel(sum_kernel(lanes + [bad]), [(n,), (n, n)])
 
 
+def test_accesses_inside_their_buffers_by_interval_bounds_need_no_proof(monkeypatch):
+    """An index whose interval bounds lie in the buffer (a gather clamped into its dim, a static range's index) is
+    proven without the prover's bounds and facts; one that may leave it still goes to the prover and is refused."""
+    from prepjit.codegen import bounds
+    calls = []
+    in_bounds = bounds._Prover.in_bounds
+    monkeypatch.setattr(bounds._Prover, "in_bounds",
+                        lambda self, *a, **k: calls.append(a[0]) or in_bounds(self, *a, **k))
+    i = UOp(Ops.RANGE, dtypes.index, (UOp.const(4),), (0, "loop"))
+    ids = UOp(Ops.LOAD, dtypes.int64, (UOp(Ops.DEFINE_GLOBAL, dtypes.int64, (), 2), i))
+    at = UOp(Ops.CAST, dtypes.index, (ids,))
+    clamped = UOp(Ops.MIN, dtypes.index, (UOp(Ops.MAX, dtypes.index, (at, UOp.const(0))), UOp.const(7)))
+    assert prove_kernel(kernel(clamped, out_index=i), [(4,), (8,), (4,)]) == 3 and calls == []
+    with pytest.raises(pj.CompileError, match="load from buffer slot 1"):
+        prove_kernel(kernel(UOp(Ops.MAX, dtypes.index, (at, UOp.const(0))), out_index=i), [(4,), (8,), (4,)])
+    assert calls
+
+
 def test_a_gate_over_several_ranges_bounds_the_index_as_a_whole():
     """x.reshape(-1)[8:] padded back to 12 and read as (3, 4): index 4*r0 + r1 + 8 under the gate 4*r0 + r1 < 4
     (each range alone allows 8 + 8 + 3)."""
