@@ -105,10 +105,8 @@ class _KnownCall:
     def _run_with_vars(self, args: tuple):
         """A call with scalar vars: test their bounds, agreement with the shapes and the index constraints
         first (one compiled function); when that fails, the full path's checks raise its error."""
-        values = self.test(args)
-        if values is None:
-            return self._raise(args)
-        if self.captures is not None and not self.captures.same():
+        values = self._tested(args)
+        if values is MISS:
             return MISS
         inputs = self._inputs(args)
         if inputs is None:
@@ -118,13 +116,21 @@ class _KnownCall:
         outputs = [self.empty(shape, dtype) for shape, dtype in zip(shapes, self.dtypes)]
         return self._replay(inputs, outputs, values, shapes)
 
-    def _run_donating(self, args: tuple):
-        """A call that donates arrays: its var values tested as `_run_with_vars` does, then the full path's replay
-        (replay_with_io) on the arguments' arrays as they are (pj.Arrays: a donated one gives up its memory)."""
+    def _tested(self, args: tuple):
+        """The values of a call's vars (plan.vars order), or MISS where the arrays it captured were rebound; a
+        call whose scalar vars fail the compiled test goes through the full path's checks, which raise."""
         values = self.test(args)
         if values is None:
             return self._raise(args)
         if self.captures is not None and not self.captures.same():
+            return MISS
+        return values
+
+    def _run_donating(self, args: tuple):
+        """A call that donates arrays: its var values tested as `_run_with_vars` does, then the full path's replay
+        (replay_with_io) on the arguments' arrays as they are (pj.Arrays: a donated one gives up its memory)."""
+        values = self._tested(args)
+        if values is MISS:
             return MISS
         arrays = self.pick_arrays(args)
         if any(type(a) is Array and a._buffer is None for a in arrays):
