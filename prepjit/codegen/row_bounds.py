@@ -15,6 +15,8 @@ row's work-group, uniform across it: a bound every work-item shares), where ever
 masked by the same condition `index < L` with `index` = stride * range + (terms in [0, stride) without it) and L
 a value of the row (of its ranges alone); the bounds proof sees the bound's largest value, the
 range's old end. A work-group per row only ("rows" launches of one row a group): a tile's rows share their loops.
+Never a range of the kernel's loops (a row's passes sharing the columns' range, row_plan.share_passes): the row
+stores every column, and the renderer takes that range's static runs.
 """
 from __future__ import annotations
 
@@ -28,12 +30,14 @@ def bounded_rows(ast: UOp) -> UOp:
     launch = launch_of(ast)
     if launch is None or launch[0] != "rows" or launch[2] != 1:
         return ast
-    rows = set(rows_of(ast, *launch[1:4]).rows)
+    plan = rows_of(ast, *launch[1:4])
+    rows, loops = set(plan.rows), {*plan.rows, *plan.cols}
     by_range: dict[UOp, list[UOp]] = {}
     for u in ast.toposort():
         if u.op is Ops.REDUCE:
             for r in u.src[1:]:
-                by_range.setdefault(r, []).append(u)
+                if r not in loops:   # (a row's passes over the columns' own range: share_passes)
+                    by_range.setdefault(r, []).append(u)
     bounded = {}
     for r, reductions in by_range.items():
         bounds = {_bound(u, r, rows) for u in reductions}
