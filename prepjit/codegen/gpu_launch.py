@@ -11,8 +11,9 @@ renderer (render_c.py) follows and never decides itself:
   reductions' passes rewritten to share the columns' range where every pass is one static run per work-item
   (`share_passes`: the proof sees that range);
 - ("batch", group, pack, run): a row kernel of a var batch of at most FEW_VAR_ROWS rows over a quantized weight
-  (row_plan.batch_plan, `few_var_rows`): a column a warp, its weights held in registers for a chunk of the batch's
-  rows, each row's sum combined and stored in turn (render_batch_rows.py);
+  (row_plan.batch_plan, `few_var_batch`): a column a warp or part of one (a work-group's without shuffles), its
+  weights held in registers for a chunk of the batch's rows, a few rows' sums combined and stored at a time
+  (render_batch_rows.py);
 - ("items", n): a work-item per `n` outputs (the dialect's items per thread; one where the kernel has fewer than
   FEW_OUTPUTS outputs, `items_per_work_item`).
 """

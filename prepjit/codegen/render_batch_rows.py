@@ -53,8 +53,7 @@ def emit_batch_rows(r, store: UOp):
     r.scopes[-1].update(r.unflatten("col", columns))
     held = {u: _hold(r, u) for u in rows.order}
     _row_steps(r, store, held, first, stop, f"step + {ROWS_IN_FLIGHT} <= span", ROWS_IN_FLIGHT)
-    if ROWS_IN_FLIGHT > 1:
-        _row_steps(r, store, held, first, stop, "step < span", 1, f"span / {ROWS_IN_FLIGHT} * {ROWS_IN_FLIGHT}")
+    _row_steps(r, store, held, first, stop, "step < span", 1, f"span / {ROWS_IN_FLIGHT} * {ROWS_IN_FLIGHT}")
 
 
 def _row_steps(r, store: UOp, held: dict, first: str, stop: str, condition: str, count: int, start: str = "0"):
