@@ -401,6 +401,11 @@ def prove_kernel(ast: UOp, shapes: list[tuple], constraints=()) -> int:
     constants inside their mins and maxes, are proven at once with those constants as vars over their range.
     """
     sizes = [buffer_size(s) for s in shapes]
+
+    def shape_and_size(slot) -> tuple:
+        # a kernel's own array (DEFINE_LOCAL, arg (number, elements): operand_prologue.py) has the size it names
+        return ((slot[1],), buffer_size((slot[1],))) if type(slot) is tuple else (shapes[slot], sizes[slot])
+
     base = frozenset(t for c in constraints for t in ge0_terms(c, True))
     enclosing = _enclosing_ranges(ast)
     groups: dict = {}  # (slot, lane template, opaque gate, facts) -> {lane constants: {offset: access}}
@@ -414,8 +419,7 @@ def prove_kernel(ast: UOp, shapes: list[tuple], constraints=()) -> int:
         count += 1
         if gate is not None and gate.op is Ops.CONST and not gate.arg:  # never runs
             continue
-        slot = u.src[0].arg
-        if index.vmin >= 0 and index.vmax < (buffer_size((slot[1],)) if type(slot) is tuple else sizes[slot]).vmin:
+        if index.vmin >= 0 and index.vmax < shape_and_size(u.src[0].arg)[1].vmin:
             continue  # its interval bounds are inside the buffer at every var value: proven without the facts
         terms = set(base)
         for r in (*_ranges(u.src[1]), *(_ranges(u.src[gated]) if gate is not None else ()), *enclosing[u]):
@@ -432,9 +436,7 @@ def prove_kernel(ast: UOp, shapes: list[tuple], constraints=()) -> int:
         groups.setdefault(key, {}).setdefault(lanes, {}).setdefault(offset, (u, index, gate, opaque[0]))
     prover = _Prover()
     for (slot, template, *gate_part, terms), by_lanes in groups.items():
-        # a kernel's own array (DEFINE_LOCAL, arg (number, elements): operand_prologue.py) has the size it names
-        shape = (slot[1],) if type(slot) is tuple else shapes[slot]
-        size = buffer_size(shape) if type(slot) is tuple else sizes[slot]
+        shape, size = shape_and_size(slot)
         if len(by_lanes) > 1 and _lanes_in_bounds(prover, template, by_lanes, size, terms):
             continue
         for accesses in by_lanes.values():  # one lane at a time (or the general proof failed)
