@@ -133,7 +133,7 @@ class _KnownCall:
         if values is MISS:
             return MISS
         arrays = self.pick_arrays(args)
-        if any(type(a) is Array and a._buffer is None for a in arrays):
+        if any(type(a) is Array and a.is_deleted() for a in arrays):
             return MISS  # a deleted pj.Array: the full path raises the error naming it
         return replay_with_io(self.entry, dict(zip(self.var_names, values)), arrays, self.donated)
 
