@@ -57,8 +57,9 @@ def _field(body: dict, name: str, kinds: tuple, default=None, required=False):
         return default
     if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
         names = " or ".join(k.__name__.replace("str", "string").replace("int", "integer").replace("float", "number")
-                            for k in kinds)
-        raise ApiError(400, f"'{name}' must be a {names}, not {json.dumps(value)[:80]}", param=name,
+                            for k in kinds if not (k is int and float in kinds))   # (an integer is a number)
+        article = "an" if names[0] in "aeiou" else "a"
+        raise ApiError(400, f"'{name}' must be {article} {names}, not {json.dumps(value)[:80]}", param=name,
                        code="invalid_type")
     return value
 

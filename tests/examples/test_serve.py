@@ -245,6 +245,12 @@ def test_bad_input_is_a_4xx_json_error_and_the_server_goes_on(server, body, code
     assert status == 200 and out["usage"]["completion_tokens"] >= 1
 
 
+def test_a_wrongly_typed_field_is_named_with_the_type_it_takes(server):
+    for field, kind in (("max_tokens", "an integer"), ("temperature", "a number")):
+        out = post(server, "/v1/completions", {"prompt": "hi", field: "x"})[1]
+        assert out["error"]["message"] == f"'{field}' must be {kind}, not \"x\"", out
+
+
 def test_logprobs_in_completions_and_chat_whole_and_streamed(server):
     """OpenAI's shapes: completions' tokens, token_logprobs, top_logprobs and text_offset, one per token of the text
     (a greedy token the most likely); chat's content entries with bytes; a stream's chunks carry the same entries
