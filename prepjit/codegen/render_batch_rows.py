@@ -18,7 +18,7 @@ import math
 
 from ..uop import UOp, dtypes
 from .render_rows import by_element, combine_group
-from .row_plan import BATCH_CHUNK, WARP, held_parts, run_length, shuffles
+from .row_plan import BATCH_CHUNK, WARP, held_parts, run_length
 
 ROWS_IN_FLIGHT = 4   # rows of a chunk a warp computes together (their loads, sums and combines interleaved)
 
@@ -159,9 +159,11 @@ def _row_sums(r, u: UOp, names: dict, batch: list[str]) -> list[str]:
 
 
 def _combine_rows(r, op, dt, accs: list[str]) -> list[str]:
-    """Each of the rows' partial accumulators `accs` combined across the row's work-items: by warp shuffles, the
-    rows' steps interleaved, where a row is one warp's; else each through render_rows.combine_group."""
-    if r.d.shuffle_xor is None or not shuffles(dt) or r.rows.group > WARP:
+    """Each of the rows' partial accumulators `accs` combined across the row's work-items: by warp shuffles within
+    the column's lanes, the rows' steps interleaved (batch_plan takes a dialect's shuffles only for sums of dtypes
+    that shuffle, a column at most a warp); without shuffles each through render_rows.combine_group (a work-group a
+    column)."""
+    if r.d.shuffle_xor is None:
         return [combine_group(r, op, dt, acc, ("lid", r.rows.group)) for acc in accs]
     r.open_block(f"for (int o = {r.rows.group // 2}; o > 0; o >>= 1)", {})   # (within the column's lanes)
     others = [r.let(dt, r.d.shuffle_xor.format(v=acc, o="o")) for acc in accs]
