@@ -17,8 +17,8 @@ On an H100 (benchmarks.gpu_low_precision's rows, each variant in its own process
 banded order), bf16 4096^3 and 8192^3 ran at 384 and 488 TFLOP/s (torch 683 and 773), f16 at 399 and 461, against
 385 / 452 and 383 / 430 for the tiles' other variants; with 40 / 216 registers 355 / 420 (spilling). A standalone
 prototype of this geometry (cp.async producer, packed stores, banded order) reached 491-530; bulk tensor copies (TMA)
-with 128 x 256 tiles and two consumers of m64n256 657-697, 0.87-0.92x cuBLAS in the same process
-(/work/notes/s13/h100/PROTOTYPE.md): they need a tensor map per operand and launch, not done.
+with 128 x 256 tiles and two consumers of m64n256 657-697, 0.87-0.92x cuBLAS in the same process: they need a tensor
+map per operand and launch, not done.
 """
 from __future__ import annotations
 
