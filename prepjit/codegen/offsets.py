@@ -57,11 +57,12 @@ def without_starts(graph: UOp, readers: dict[UOp, set[UOp]]) -> tuple[UOp, dict[
 
 def shifted(ast: UOp, offsets: dict[int, int]) -> UOp | None:
     """`ast` with each access of slot s indexed offsets[s] further on, in the form simplify gives the index
-    with that constant added (its polynomial's canonical form); None where an index holds a min or max (whose
-    canonical form may take the constant inside)."""
+    with that constant added (its polynomial's canonical form); None where an index is a min or max (a sum
+    pushed into one, whose form with the constant takes it inside). A min or max within the sum's terms (a
+    gathered id clamped into its dim: the paged KV cache's k_pool[layer]) keeps its form with any constant
+    added (symbolic._push_into_minmax does not count constants merging)."""
     for u in ast.toposort():
-        if u.op in _ACCESS and u.src[0].arg in offsets and any(
-                x.op in (Ops.MAX, Ops.MIN) for x in u.src[1].toposort()):
+        if u.op in _ACCESS and u.src[0].arg in offsets and u.src[1].op in (Ops.MAX, Ops.MIN):
             return None
     return _rebuild(ast, {s: (-c, None) for s, c in offsets.items()})
 
@@ -73,7 +74,7 @@ def _rebuild(ast: UOp, shift: dict[int, tuple[int, UOp | None]]) -> UOp:
         src = tuple(new[s] for s in u.src)
         if u.op in _ACCESS and u.src[0].arg in shift:
             c, var = shift[u.src[0].arg]
-            p = dict(poly(u.src[1]))
+            p = dict(poly(src[1]))  # the rebuilt index: a load inside it (a gathered id) read at its own shift
             rest = p.pop((), 0) - c
             if rest:
                 p[()] = rest

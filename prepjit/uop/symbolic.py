@@ -259,8 +259,10 @@ def _canonical(x: UOp):
 
 
 def _push_into_minmax(p: Poly, dtype) -> UOp | None:
-    """rest + c * max(a, b) -> max(rest + c*a, rest + c*b) (min for c < 0; likewise min), when terms cancel:
-    `L - min(1, L)` becomes `max(L - 1, 0)`, the form other expressions of the same length have."""
+    """rest + c * max(a, b) -> max(rest + c*a, rest + c*b) (min for c < 0; likewise min), when terms other than
+    constants cancel: `L - min(1, L)` becomes `max(L - 1, 0)`, the form other expressions of the same length have.
+    Constants merging do not count: `k + 64 * min(x, 63)` keeps its form whatever k (a layer's offset into a stacked
+    buffer), so the layers' kernels differ only in their constant offsets (offsets.py)."""
     for m, c in p.items():
         if len(m) != 1 or m[0].op not in (Ops.MAX, Ops.MIN) or not m[0].dtype.is_int:
             continue
@@ -268,10 +270,15 @@ def _push_into_minmax(p: Poly, dtype) -> UOp | None:
         if not rest:
             continue
         cases = [_add(rest, poly(s), c) for s in m[0].src]
-        if sum(map(len, cases)) < 2 * len(rest) + sum(len(poly(s)) for s in m[0].src):
+        if sum(map(_terms, cases)) < 2 * _terms(rest) + sum(_terms(poly(s)) for s in m[0].src):
             op = m[0].op if c > 0 else (Ops.MIN if m[0].op is Ops.MAX else Ops.MAX)
             return UOp(op, dtype, tuple(from_poly(q, dtype) for q in cases))
     return None
+
+
+def _terms(p: Poly) -> int:
+    """The number of p's terms other than its constant."""
+    return len(p) - (() in p)
 
 
 def _merge_divmod(p: Poly) -> Poly:

@@ -32,9 +32,19 @@ def test_layers_share_one_kernel(device, rng, symbolic):
     assert "offset" not in " ".join(plan.vars)  # the plan fixes them: a caller never supplies them
 
 
-def test_layers_lowered_once(monkeypatch, rng):
+def gathered_layers(xp, stack, ids, h):
+    """Each layer gathers rows of its slice of the stack (a paged KV cache's k_pool[layer][block_table]): the
+    gathered ids clamped into the slice's rows, a min and max in the stack's index."""
+    for layer in range(stack.shape[0]):
+        h = xp.tanh(h + (h * stack[layer][ids]).sum(-1, keepdims=True))
+    return h
+
+
+@pytest.mark.parametrize("gather", [False, True])
+def test_layers_lowered_once(monkeypatch, rng, gather):
     """The layers' kernels, each reading its slice of the stack, are lowered once (at the slice's start 0), each
-    layer's AST moved from it: exactly the AST the layer's own graph lowers to, and its own reads."""
+    layer's AST moved from it: exactly the AST the layer's own graph lowers to, and its own reads. Also where the
+    slice's index clamps a gathered id (its min and max do not hold the slice's start)."""
     lowered, checked = [], []
     lower_kernel, lower = schedule_module.lower_kernel, schedule_module._Scheduler.lower
 
@@ -52,10 +62,16 @@ def test_layers_lowered_once(monkeypatch, rng):
         return ast, reads, packed
     monkeypatch.setattr(schedule_module, "lower_kernel", counted)
     monkeypatch.setattr(schedule_module._Scheduler, "lower", compared)
-    stack = rng.standard_normal((5, 8, 8)).astype(np.float32) * 0.3
     h = rng.standard_normal((3, 8)).astype(np.float32)
-    f = pj.prepare(lambda stack, h: layers(pnp, stack, h), device="cpu")
-    np.testing.assert_allclose(np.asarray(f(stack, h)), layers(np, stack, h), rtol=1e-5, atol=1e-6)
+    if gather:
+        stack, ids = rng.standard_normal((5, 6, 8)).astype(np.float32), np.array([4, 0, 5])
+        f = pj.prepare(lambda stack, ids, h: gathered_layers(pnp, stack, ids, h), device="cpu")
+        np.testing.assert_allclose(np.asarray(f(stack, ids, h)), gathered_layers(np, stack, ids, h), rtol=1e-5,
+                                   atol=1e-6)
+    else:
+        stack = rng.standard_normal((5, 8, 8)).astype(np.float32) * 0.3
+        f = pj.prepare(lambda stack, h: layers(pnp, stack, h), device="cpu")
+        np.testing.assert_allclose(np.asarray(f(stack, h)), layers(np, stack, h), rtol=1e-5, atol=1e-6)
     assert len(set(checked)) == 4  # layers 1-4 moved from layer 0's lowering, each its own AST
     assert len(lowered) < 5  # not one lowering per layer
 

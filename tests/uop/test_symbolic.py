@@ -172,6 +172,15 @@ def test_min_max_fold_by_the_difference_of_their_operands():
     assert (x + 10).smax(n) is x + 10 and (x + 5).smax(n).op is Ops.MAX
 
 
+def test_a_constant_stays_out_of_a_min_max():
+    """k + 64 * min(max(v, 0), 63) (a layer's offset into a stacked buffer plus a gathered id clamped into its dim)
+    keeps its form whatever k: constants merging is not a cancellation that moves the sum into the min."""
+    clamped = var("v", -5, 100).smax(0).smin(63)
+    for k in (1, 4096):
+        assert (clamped * 64 + k).op is Ops.ADD and clamped * 64 + k - k is clamped * 64
+    assert L - UOp.const(1).smin(L) is (L - 1).smax(0)  # a term that cancels still moves the sum in
+
+
 def test_division_by_a_symbolic_monomial():
     assert (n * 2) // (n * 2) is UOp.const(1)
     assert (n * 2) % (n * 2) is UOp.const(0)
