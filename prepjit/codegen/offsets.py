@@ -23,17 +23,14 @@ _ACCESS = (Ops.LOAD, Ops.STORE)
 
 
 def _slot_offsets(ast: UOp) -> dict[int, int]:
-    """Per buffer slot whose indices hold no loads, the smallest constant term of its accesses' indices."""
+    """Per buffer slot, the smallest constant term of its accesses' indices."""
     consts: dict[int, int] = {}
-    skip = set()
     for u in ast.toposort():
         if u.op in _ACCESS:
             slot = u.src[0].arg
-            if any(x.op is Ops.LOAD for x in u.src[1].toposort()):
-                skip.add(slot)
             c = poly(u.src[1]).get((), 0)
             consts[slot] = min(c, consts.get(slot, c))
-    return {s: c for s, c in consts.items() if s not in skip}
+    return consts
 
 
 def without_starts(graph: UOp, readers: dict[UOp, set[UOp]]) -> tuple[UOp, dict[UOp, int]]:

@@ -36,7 +36,7 @@ def gathered_layers(xp, stack, ids, h):
     """Each layer gathers rows of its slice of the stack (a paged KV cache's k_pool[layer][block_table]): the
     gathered ids clamped into the slice's rows, a min and max in the stack's index."""
     for layer in range(stack.shape[0]):
-        h = xp.tanh(h + (h * stack[layer][ids]).sum(-1, keepdims=True))
+        h = xp.tanh(h @ stack[layer][ids])
     return h
 
 
@@ -64,7 +64,7 @@ def test_layers_lowered_once(monkeypatch, rng, gather):
     monkeypatch.setattr(schedule_module._Scheduler, "lower", compared)
     h = rng.standard_normal((3, 8)).astype(np.float32)
     if gather:
-        stack, ids = rng.standard_normal((5, 6, 8)).astype(np.float32), np.array([4, 0, 5])
+        stack, ids = rng.standard_normal((5, 6, 8)).astype(np.float32) * 0.3, np.array([4, 0, 5, 5, 1, 2, 3, 0])
         f = pj.prepare(lambda stack, ids, h: gathered_layers(pnp, stack, ids, h), device="cpu")
         np.testing.assert_allclose(np.asarray(f(stack, ids, h)), gathered_layers(np, stack, ids, h), rtol=1e-5,
                                    atol=1e-6)
@@ -82,6 +82,20 @@ def _copy_kernel(shift: int, name="E_4") -> UOp:
     src = UOp(Ops.LOAD, dtypes.float32, (UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), 1), r + shift))
     store = UOp(Ops.STORE, dtypes.bool, (UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), 0), r, src))
     return UOp(Ops.SINK, dtypes.bool, (store,), name)
+
+
+def test_gathering_layers_share_one_kernel(device, rng):
+    """Layers gathering rows of their slice of the stack (a paged KV cache's k_pool[layer][block_table]: a load
+    in the stack's index) share one compiled kernel too, each launch at its layer's offset."""
+    stack, ids = rng.standard_normal((5, 6, 8)).astype(np.float32) * 0.3, np.array([4, 0, 5, 5, 1, 2, 3, 0])
+    h = rng.standard_normal((3, 8)).astype(np.float32)
+    f = pj.prepare(lambda stack, ids, h: gathered_layers(pnp, stack, ids, h), device=device)
+    np.testing.assert_allclose(np.asarray(f(stack, ids, h)), gathered_layers(np, stack, ids, h), rtol=1e-5,
+                               atol=1e-6)
+    plan = f.plan(stack, ids, h)
+    offsets = sorted(v for k in plan.kernels for n, v in k.fixedvars.items() if n.startswith("offset"))
+    assert offsets == [48 * layer for layer in range(5)]
+    assert len({k.kernel for k in plan.kernels}) < 5
 
 
 def test_offsets_become_bounded_fixedvars():
