@@ -321,8 +321,7 @@ def batch_plan(ast: UOp, items: int = 1, warp_rows: int = 1) -> Rows | None:
         work = max(-(-_length(u) // run_length(list(u.src[1:]), items)) for u in hoisted)
         run, group, pack = items, min(REDUCE_GROUP, max(WARP, 1 << (work - 1).bit_length())), 1
     for u in hoisted:
-        per = run_length(list(u.src[1:]), run)
-        held = len(held_parts(u, batch)) * -(-_length(u) // (group * per)) * per
+        held = _held_values(u, batch, group, run)
         if not held or held > HELD_MAX:
             return None
     return Rows(frozenset(hoisted), _uniform_first(hoisted, rows), rows, cols, group, pack, run, batch=batch)
@@ -362,6 +361,13 @@ def uses_grouped_reduce(ast: UOp) -> bool:
     return row_plan(ast) is not None
 
 
+def _held_values(u: UOp, batch: UOp, lanes: int, run: int) -> int:
+    """Values a work-item of a batch row kernel holds in registers for reduction `u`: its held parts' share of the
+    range, `lanes` work-items a column in runs of `run` (or the range's shorter run)."""
+    per = run_length(list(u.src[1:]), run)
+    return len(held_parts(u, batch)) * -(-_length(u) // (lanes * per)) * per
+
+
 def _lanes_and_run(hoisted: list, batch: UOp, run: int) -> tuple[int, int]:
     """(lanes a column, their run) of a batch row kernel on a dialect with shuffles: of a warp, a half or a quarter of
     one (a warp then computes 1, 2 or 4 columns, each loaded row of the batch read once for all), in runs of `run` or
@@ -374,7 +380,7 @@ def _lanes_and_run(hoisted: list, batch: UOp, run: int) -> tuple[int, int]:
         return max(-(-_length(u) // (lanes * c)) * c for u in hoisted)
 
     def held(lanes: int, c: int) -> int:
-        return max(len(held_parts(u, batch)) * -(-_length(u) // (lanes * c)) * c for u in hoisted)
+        return max(_held_values(u, batch, lanes, c) for u in hoisted)
     runs = [c for c in (run >> s for s in range(run.bit_length())) if c >= min(run, SHORTEST_RUN)]
     options = [(lanes, c) for lanes in COLUMN_LANES for c in runs if held(lanes, c) <= HELD_MAX]
     if not options:

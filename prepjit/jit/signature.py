@@ -126,10 +126,8 @@ class Signature:
         self.static_positions = frozenset(i for i, p in enumerate(self.params) if p.name in self.static)
         used = self.scalar_vars | _spec_var_names(list(shapes.values()))
         self.unused_vars = [n for n in vars_ if n not in used]
-        # (read's caches) id of a dims spec in `shapes` -> (the spec, its parse_dims); Var -> its UOp (Var.uop
-        # builds and hash-conses one on every use, ~3 us: once per var dim of every array of every call)
+        # (read's cache) id of a dims spec in `shapes` -> (the spec, its parse_dims)
         self._parsed: dict[int, tuple] = {}
-        self._var_uops: dict[Var, UOp] = {}
         for name in self.unused_vars:
             example = next((p.name for p in self.params if p.name not in vars_ and p.name not in self.static), "x")
             warnings.warn(f"{self.fn_name}: var {name!r} is declared in vars but no shapes spec uses it and no "
@@ -331,10 +329,7 @@ class Signature:
             if isinstance(d, Var):
                 reads.append((d, n, f"{path}.shape[{i}]"))
                 key_dims.append(d.name)
-                uop = self._var_uops.get(d)
-                if uop is None:
-                    uop = self._var_uops[d] = d.uop
-                trace_shape.append(uop)
+                trace_shape.append(d.uop)
             else:
                 if isinstance(d, int) and d != n:
                     raise SignatureError(f"{path}.shape[{i}] is {n}, but shapes declares it static {d} "

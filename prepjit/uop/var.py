@@ -1,6 +1,8 @@
 """Var: a named symbolic integer with inclusive bounds, and BoundVar, a var with a value."""
 from __future__ import annotations
 
+import functools
+
 import attrs
 
 from ..errors import VarBoundError, VarError
@@ -35,9 +37,10 @@ class Var:
         name, lo, hi = define_var.arg
         return cls(name, lo, hi)
 
-    @property
+    @functools.cached_property
     def uop(self) -> UOp:
-        """The DEFINE_VAR UOp of this var: the IR carries the bounds in its arg, for vmin/vmax."""
+        """The DEFINE_VAR UOp of this var: the IR carries the bounds in its arg, for vmin/vmax (built once a Var: a
+        call reads it for every var dim of every array argument)."""
         return UOp.variable(self.name, self.min, self.max)
 
     def check(self, value: int, where: str = "") -> int:
