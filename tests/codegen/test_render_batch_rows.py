@@ -17,6 +17,7 @@ from prepjit.codegen.schedule import schedule
 from prepjit.codegen.targets import CUDA_TARGET, OPENCL_TARGET
 
 from . import cuda_emulation
+from .test_render_fragments import working_nvrtc
 
 K, N, MOST = 576, 301, 64   # (N: not a multiple of the work-group's warps)
 BATCHES = [1, 3, 37, 64]
@@ -137,12 +138,7 @@ def test_the_emulated_batch_kernel_equals_numpy(kind, operand, k, lanes):
 
 def test_the_batch_kernel_compiles_with_nvrtc():
     """The batch row kernel (q4_1, SiLU(gate) * up operand) compiles with NVRTC for sm_90 and sm_80."""
-    from prepjit.runtime.nvrtc import NVRTC
-    try:
-        nvrtc = NVRTC()
-        nvrtc.compile("probe", 'extern "C" __global__ void probe(int *a) { a[0] = 1; }', ["-arch=sm_90"])
-    except (pj.DeviceError, pj.CompileError) as e:
-        pytest.skip(f"no working NVRTC here ({str(e).splitlines()[0]})")
+    nvrtc = working_nvrtc()
     _, kern = _kernel("q4_1", "silu")
     src = CUDA_TARGET.render(CUDA_TARGET.launched(optimize(kern.ast, "cuda")))
     for arch in ("sm_90", "sm_80"):

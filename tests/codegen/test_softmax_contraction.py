@@ -24,6 +24,7 @@ from prepjit.codegen.targets import CUDA_TARGET, OPENCL_TARGET
 from prepjit.uop import Ops
 
 from . import cuda_emulation
+from .test_render_fragments import working_nvrtc
 
 KV, GROUP, D, CONTEXT = 3, 3, 64, 256   # SmolLM2's grouped-query heads
 TOLERANCE = {np.float32: 1e-5, ml_dtypes.bfloat16: 3e-2}
@@ -220,21 +221,10 @@ def test_an_encoders_attention_keeps_its_tiled_contractions():
     assert launch_of(CUDA_TARGET.launched(optimize(sched.kernels[2].ast, "cuda")))[0] == "tile"
 
 
-def _nvrtc():
-    """A working NVRTC (it needs no GPU), or the test skips."""
-    from prepjit.runtime.nvrtc import NVRTC
-    try:
-        nvrtc = NVRTC()
-        nvrtc.compile("probe", 'extern "C" __global__ void probe(int *a) { a[0] = 1; }', ["-arch=sm_90"])
-    except (pj.DeviceError, pj.CompileError) as e:
-        pytest.skip(f"no working NVRTC here ({str(e).splitlines()[0]})")
-    return nvrtc
-
-
 @pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
 def test_the_fused_kernel_compiles_with_nvrtc(dtype):
     """The fused kernel (var position, SmolLM2's heads) compiles with NVRTC for sm_90 and sm_80 (no GPU needed)."""
-    nvrtc = _nvrtc()
+    nvrtc = working_nvrtc()
     _, sched = _kernel(dtype)
     (kernel,) = sched.kernels
     src = CUDA_TARGET.render(CUDA_TARGET.launched(optimize(kernel.ast, "cuda")))
@@ -386,7 +376,7 @@ def test_the_emulated_bounded_paged_kernel_ignores_stale_slots():
 @pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
 def test_the_fused_paged_kernel_compiles_with_nvrtc(dtype):
     """The fused paged kernel (var rows and table width) compiles with NVRTC for sm_90 and sm_80 (no GPU needed)."""
-    nvrtc = _nvrtc()
+    nvrtc = working_nvrtc()
     f = pj.prepare(lambda q, k, v, pos, table, k_pool, v_pool: paged_attend(pnp, q, k, v, pos, table, k_pool, v_pool,
                                                                             dtype),
                    vars={"B": (1, 8), "NB": (1, 8)},
