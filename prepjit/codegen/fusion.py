@@ -32,11 +32,13 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ..uop import Ops, UOp
+from ..uop import Ops, UOp, dtypes
 from ..uop.ops import ELEMENTWISE, MOVEMENT
 from .lower import REALIZED
 from .read_axes import UNKNOWN, is_one, per_row, read_axes, reads_with_axes
 
+FEW_VAR_ROWS = 64      # a var batch of at most this many rows over quantized blocks is a GPU's batch row kernel
+# (gpu_launch.few_var_rows, few_var_batch), which computes several sums over one batch row side by side (_batch_stream)
 MEMORY_COST = 6        # ops-equivalent of writing an element and reading it back once
 LAUNCH_COST = 2000     # ops-equivalent of one more kernel launch
 MAX_INLINE_COST = 256  # a value this costly is materialised whenever two kernels, or two places, read it
@@ -450,7 +452,9 @@ def fused_reductions(outputs: list[UOp], materialized: set[UOp], rows: bool = Fa
             if red in explicit or red in in_loops or root in in_loops or \
                     root.op is Ops.REDUCE_AXIS and any(how not in prologues for _, how in readers):
                 continue  # a reduction's kernel computes another inside it only as its prologue
-            if all(r is root and (how in ok or how in prologues and _small_prologue(red, root)) for r, how in readers):
+            if all(r is root and (how in ok or how in prologues and _small_prologue(red, root) or
+                                  how == _SLICED and not one_contraction and _in_slices(red, root, inside) and
+                                  _batch_stream(red, materialized)) for r, how in readers):
                 if one_contraction and red not in fused and _is_contraction(red, expands):
                     if holds.setdefault(root, red) is not red:
                         continue
@@ -459,6 +463,59 @@ def fused_reductions(outputs: list[UOp], materialized: set[UOp], rows: bool = Fa
             return fused
         fresh = more - fused
         fused |= more
+
+
+def _in_slices(red: UOp, root: UOp, inside: set[UOp]) -> bool:
+    """Whether the kernel computing `root` reads reduction `red` only through slices of one node that do not overlap
+    (each reached element for element, through elementwise ops, reshapes and other slices: `_SLICED`), so it reads
+    each of `red`'s elements at most once and can compute it where it reads it (SwiGLU's silu(h[:, :ff]) * h[:, ff:]
+    of one contraction h: each output computes its gate and its up sum). `inside`: the reductions and scatters
+    already computed in that kernel (walked through)."""
+    found, seen, stack = [], set(), [(root, None)]
+    while stack:
+        item = stack.pop()
+        n, cut = item
+        if item in seen:
+            continue
+        seen.add(item)
+        if n is red:
+            found.append(cut)
+            continue
+        if n is not root and n.op in REALIZED and n not in inside:
+            continue
+        if n.op not in ELEMENTWISE and n.op not in (Ops.RESHAPE, Ops.SHRINK):
+            cut = _MANY   # (read through a broadcast, another view or a reduction: maybe more than once an element)
+        for s in n.src:
+            stack.append((s, n if n.op is Ops.SHRINK and cut is None else cut))
+    if any(c is None or c is _MANY for c in found) or len({c.src[0] for c in found}) != 1:
+        return False
+    boxes = [[(start, start + size) if step == 1 and isinstance(start, int) and isinstance(size, int) else None
+              for start, step, size in c.arg] for c in dict.fromkeys(found)]
+    return all(any(a is not None and b is not None and (a[0] >= b[1] or b[0] >= a[1]) for a, b in zip(x, y))
+               for i, x in enumerate(boxes) for y in boxes[i + 1:])
+
+
+_MANY = UOp(Ops.CONST, dtypes.int64, (), 0)   # (_in_slices: a path that reaches a reduction through a broadcast)
+
+
+def _batch_stream(red: UOp, materialized: set[UOp]) -> bool:
+    """Whether reduction `red` is a sum of products over quantized blocks (integer data its expression reads) whose
+    output has one var axis of at most FEW_VAR_ROWS (a decode batch's rows): a GPU computes it as a batch row kernel
+    (gpu_launch.few_var_batch), which computes several such sums side by side, each weight held in registers."""
+    var = [d for d in red.shape if not isinstance(d, int)]
+    if red.arg[0] is not Ops.ADD or red.src[0].op is not Ops.MUL or len(var) != 1 or var[0].vmax > FEW_VAR_ROWS:
+        return False
+    stack, seen = [red.src[0]], set()
+    while stack:
+        n = stack.pop()
+        if n in seen or n in materialized:
+            continue
+        seen.add(n)
+        if n.op is Ops.INPUT and n.dtype.is_int:
+            return True
+        if n.op not in REALIZED:
+            stack.extend(n.src)
+    return False
 
 
 def _expands_below(graph: list[UOp]) -> dict[UOp, bool]:
@@ -478,12 +535,13 @@ def _is_contraction(red: UOp, expands: dict[UOp, bool]) -> bool:
         not all(is_one(x.shape[a]) for a in red.arg[1])
 
 
-_DIRECT, _RESHAPED, _ROW, _INNER, _OTHER, _UNIFORM, _PER_ROW = range(7)  # how a kernel's index reaches a node:
-# element for element, through reshapes too, broadcast along trailing axes (each value read for a run of the
+_DIRECT, _RESHAPED, _ROW, _INNER, _OTHER, _UNIFORM, _PER_ROW, _SLICED = range(8)  # how a kernel's index reaches a
+# node: element for element, through reshapes too, broadcast along trailing axes (each value read for a run of the
 # innermost loops), inside a fused row reduction (only a broadcast along its trailing axes is read once per row
-# there), otherwise, at one element whatever the index (a one-element node: the same value everywhere), or at an
+# there), otherwise, at one element whatever the index (a one-element node: the same value everywhere), at an
 # index that only the kernel's output axes give, where the index of a reduction or of a broadcast reaches it
-# otherwise (a decode batch's row: the row's mean of squares read by every product of the row's projection)
+# otherwise (a decode batch's row: the row's mean of squares read by every product of the row's projection), or
+# element for element within a slice (SwiGLU's gate and up halves of one contraction: _in_slices)
 _PROLOGUES = (_UNIFORM, _PER_ROW)  # reads a kernel serves from a prologue: once per call, once per row
 
 
@@ -508,8 +566,10 @@ def _step(how: int, n: UOp) -> int:
         return _UNIFORM
     if n.op in ELEMENTWISE:
         return how
+    if n.op is Ops.SHRINK and how in (_DIRECT, _RESHAPED, _SLICED):
+        return _SLICED
     if n.op is Ops.RESHAPE:
-        return _RESHAPED if how in (_DIRECT, _RESHAPED) else _OTHER
+        return how if how in (_RESHAPED, _SLICED) else _RESHAPED if how == _DIRECT else _OTHER
     if n.op is Ops.EXPAND and how in (_DIRECT, _ROW, _INNER):
         src = n.src[0].shape
         grown = [k for k, (a, b) in enumerate(zip(src, n.shape)) if isinstance(a, int) and a == 1 and not (

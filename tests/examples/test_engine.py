@@ -414,7 +414,8 @@ def test_a_batch_step_over_quantized_weights_equals_decode_of_each_sequence(devi
     """q4_1 weights (blocks unpacked in the kernels that read them) in a plan of up to 32 sequences: one step's
     logits equal llama.decode of each sequence in NumPy on the dequantized weights. On a GPU target (opencl here)
     each quantized projection of the var batch is a batch row kernel (gpu_launch.few_var_batch: a column a warp looping
-    over the batch's rows), not a row kernel of a warp per (row, column) nor (gate/up, the head) a tile of 32 rows."""
+    over the batch's rows), not a row kernel of a warp per (row, column) nor (gate/up, the head) a tile of 32 rows,
+    and SiLU(gate) * up is computed in gate/up's (fusion._in_slices), not in a kernel of its own."""
     cfg = llama.Config(layers=1, dim=64, ff=128, heads=4, kv_heads=2, vocab=64, context=64, rope_theta=1e4, eps=1e-5)
     floats = llama.random_params(np.random.default_rng(5), cfg)
     embed = {"q4_1": pj.quant.quantize(floats["embed"], "q4_1")}
@@ -446,4 +447,6 @@ def test_a_batch_step_over_quantized_weights_equals_decode_of_each_sequence(devi
         from prepjit.codegen.gpu_launch import launch_of
         launches = {pk.kernel.name: launch_of(pk.kernel.ast)[0] for pk in decode.plan(*call).kernels}
         assert launches[f"r_B_{cfg.dim + 2 * cfg.kv_heads * cfg.head_dim}_1"] == "batch"   # q, k and v together
-        assert launches[f"r_B_{2 * cfg.ff}_1"] == launches[f"r_B_{cfg.vocab}"] == "batch"   # gate/up, the head
+        # gate/up with SiLU(gate) * up (one kernel: each output's gate and up sums side by side), the head
+        assert launches[f"r_B_{cfg.ff}"] == launches[f"r_B_{cfg.vocab}"] == "batch"
+        assert f"E_B_{cfg.ff}" not in launches
