@@ -3,10 +3,13 @@ bounds proof and the renderer, so both (and the caches, and PREPJIT_TUNE) see on
 
 A kernel becomes one of three launches, recorded as a LAUNCH node, the SINK's last source, which the C-style
 renderer (render_c.py) follows and never decides itself:
-- ("tile", rows, columns, splits[, fragments]): a contraction tiled through local memory (render_tiles.py); the
-  tile is the Blocking's (PREPJIT_TUNE's choice) or the tile policy's; `fragments` (render_tiles.fragment_kind:
-  a 16-bit float's name where both operands are that float widened, or "tf32" / "bfloat16" where the contraction's
-  precision allows; one set of work-items) where the dialect has tensor cores (render_fragments.py);
+- ("tile", rows, columns, splits[, fragments[, variant]]): a contraction tiled through local memory
+  (render_tiles.py); the tile is the Blocking's (PREPJIT_TUNE's choice) or the tile policy's; `fragments`
+  (render_tiles.fragment_kind: a 16-bit float's name where both operands are that float widened, or "tf32" /
+  "bfloat16" where the contraction's precision allows; one set of work-items) where the dialect has tensor cores
+  (render_fragments.py); the variant "tma" (tensor_maps.BULK_VARIANT) where the dialect has bulk tensor copies
+  (Hopper) and the tile is a wide one of 16-bit operands (`wide_tile`: render_fragments_tma.py, its operands read
+  through tensor maps the runtime encodes per launch);
 - ("rows", group, pack, run): a row kernel (row_plan.py; work-items take runs of `run` elements), its row
   reductions' passes rewritten to share the columns' range where every pass is one static run per work-item
   (`share_passes`: the proof sees that range);
@@ -25,9 +28,12 @@ from ..uop import Ops, UOp, dtypes
 from .fusion import FEW_VAR_ROWS   # a quantized contraction with a side of a var of at most this many: rows
 from .optimize import DEFAULT_BLOCKING, Blocking
 from .row_plan import batch_plan, held_parts, loop_ranges, row_plan, share_passes, split_matvec_blocks
-from .render_tiles import fragment_kind, match_contraction
+from .render_fragments import KINDS
+from .render_tiles import MIN_FILL, _fill, fragment_kind, match_contraction
 
 WARP_ROWS = 4             # rows of one warp each a work-group packs (dialects with shuffles)
+BULK_VARIANT = "tma"       # a tile's variant on bulk tensor copies (Hopper: render_fragments_tma.py, tensor_maps.py)
+WIDE_COLUMNS = 256         # columns of its tiles (`wide_tile`)
 FEW_OUTPUTS = 1 << 18     # an elementwise kernel of fewer outputs (at most) takes one a work-item: its work-items
                           # would not fill a GPU of ~100 multiprocessors twice over at several each
 
@@ -85,9 +91,20 @@ def few_var_batch(rows) -> bool:
 
 def _tile_launch(ast: UOp, c, dialect) -> UOp:
     fragments = fragment_kind(c) if dialect.tensor_core_mma else None
+    if fragments is not None and dialect.bulk_copies and wide_tile(c, fragments):
+        return _with_launch(ast, ("tile", c.tm, WIDE_COLUMNS, 1, fragments, BULK_VARIANT))
     if fragments is not None:
         return _with_launch(ast, ("tile", c.tm, c.tn, 1, fragments))
     return _with_launch(ast, ("tile", c.tm, c.tn, c.splits))
+
+
+def wide_tile(c, fragments: str) -> bool:
+    """Whether a contraction of 16-bit `fragments` on a dialect with bulk tensor copies (Hopper) takes the wide tile
+    of the "tma" variant (render_fragments_tma.py: 128 x WIDE_COLUMNS, a producer and two consumer warpgroups): a
+    contraction the tile policy gives 128 x 128 tiles (many outputs), whose columns fill wide tiles as well."""
+    m, n = (math.prod(r.src[0].vmax for r in side) for side in (c.i, c.j))
+    return (KINDS[fragments].bytes == 2 and (c.tm, c.tn) == (128, 128) and n >= WIDE_COLUMNS and
+            _fill(m, n, (c.tm, WIDE_COLUMNS)) >= MIN_FILL)
 
 
 def items_per_work_item(ast: UOp, dialect) -> int:

@@ -13,7 +13,8 @@ some loop ranges a work-group (a projection of a var batch: a column a warp loop
 render_batch_rows.py); contractions (render_tiles.py) are tiled through local memory. Elementwise
 kernels on dialects with several items per work-item store runs of consecutive outputs (vector accesses).
 
-ABI: `kernel void name(T0 *buf0, ..., int64 v_<var>, ...)`, vars in `var_names` order. float16 is
+ABI: `kernel void name(T0 *buf0, ..., int64 v_<var>, ...)`, vars in `var_names` order, then the tensor maps of a
+tile of bulk copies (codegen/tensor_maps.py, in its order). float16 is
 stored as 16-bit halves, bfloat16 as its bits in 16-bit unsigned ints (C has no bfloat16: the conversions are
 integer code, rounding to nearest even with NaN kept quiet, bit-equal to ml_dtypes); both are computed in
 float and rounded once per result; bool is
@@ -108,6 +109,10 @@ class Dialect:
     dynamic_local: str | None = None   # format {bytes}: local memory beyond the static limit (the kernel's tiles),
                                        # declared with its size for the runtime (render_fragments.py)
     dynamic_tile_array: str | None = None   # format {type}, {name}, {n}, {offset}: a tile array in that memory
+    # bulk tensor copies (Hopper's TMA: render_fragments_tma.py): helper name -> definition ({rank}: a copy's
+    # dimensions), and the format ({name}) of a tensor map parameter; None: none
+    bulk_copies: dict | None = None
+    tensor_map_param: str | None = None
 
     def ctype(self, dt: DType) -> str:
         return self.types[dt.compute]
@@ -177,6 +182,7 @@ class CStyleRenderer(KernelRenderer):
         self.long = dialect.ctype(dtypes.int64)
         self.aligned = False   # whether the kernel tells the compiler its buffers are ALIGN-byte aligned
         self.resident_groups = 1   # work-groups a multiprocessor should hold at once (render_fragments sets it)
+        self.tensor_map_params: list[str] = []   # tensor maps the kernel takes after its vars (tensor_maps.py)
         self.loads_in_flight = False   # registers for many loads in flight, not for resident groups: a bound of one
         # resident group (render_rows sets it; else ptxas keeps ~32 registers and issues each load at its use)
 
@@ -576,6 +582,7 @@ class CStyleRenderer(KernelRenderer):
         params = [self.d.global_ptr.format(const="" if i == 0 else "const ", type=self.d.mem_type(dt), name=f"buf{i}")
                   for i, dt in sorted(dtype_of.items())]
         params += [f"{self.long} {_c_name(v)}" for v in self.vars]
+        params += [self.d.tensor_map_param.format(name=name) for name in self.tensor_map_params]
         group = self.group_size()
         resident = f", {self.resident_groups}" if self.resident_groups > 1 or self.loads_in_flight else ""
         bounds = self.d.bounds.format(n=group, resident=resident) if group else ""

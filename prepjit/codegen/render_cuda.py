@@ -9,6 +9,8 @@ and NaNs are spelled as bit patterns (NVRTC has no math.h macros).
 """
 from __future__ import annotations
 
+import attrs
+
 from ..uop import DType, UOp, dtypes
 from . import c_helpers
 from .gpu_launch import launch
@@ -260,7 +262,31 @@ CUDA = Dialect(
 )
 
 
-def render_cuda(ast: UOp, tile: tuple[int, int, int] | None = None) -> KernelSource:
+# Hopper's bulk tensor copies (PTX ISA: cp.async.bulk.tensor), sm_90a: a tensor map (CUtensorMap, encoded by the host:
+# runtime/cuda_tensor_maps.py) is a 128-byte kernel parameter, 64-byte aligned (__grid_constant__: read in place); a
+# copy of one box lands in local memory and completes `bytes` of the transaction the mbarrier expects
+# (pj_mbar_expect_tx: an arrival that adds the bytes the phase waits for)
+_BULK = {
+    "pj_tensor_map": "struct __align__(64) pj_tensor_map { unsigned long long bits[16]; };",
+    "pj_mbar_expect_tx": f"""__device__ __forceinline__ void pj_mbar_expect_tx(unsigned long long *bar, unsigned bytes) {{
+#if {WARP_SPECIALISED_ARCH}
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+               :: "r"((unsigned)__cvta_generic_to_shared(bar)), "r"(bytes) : "memory");
+#endif
+}}""",
+    "pj_tma_load{rank}": f"""__device__ __forceinline__ void pj_tma_load{{rank}}(void *dst, const pj_tensor_map *map, {{coords}},
+    unsigned long long *bar) {{
+#if {WARP_SPECIALISED_ARCH}
+  asm volatile("cp.async.bulk.tensor.{{rank}}d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {{coordlist}}], "
+               "[%{{bar}}];" :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(map), {{ins}},
+               "r"((unsigned)__cvta_generic_to_shared(bar)) : "memory");
+#endif
+}}""",
+}
+CUDA_HOPPER = attrs.evolve(CUDA, bulk_copies=_BULK, tensor_map_param="const __grid_constant__ pj_tensor_map {name}")
+
+
+def render_cuda(ast: UOp, tile: tuple | None = None, dialect: Dialect = CUDA) -> KernelSource:
     """The kernel `ast` launched (gpu_launch.launch: tiled as `tile` says, else as the tile policy chooses) and
-    rendered; a launched AST keeps its launch."""
-    return render_c(launch(ast, CUDA, Blocking(tile=tile)), CUDA)
+    rendered in `dialect` (CUDA, or CUDA_HOPPER: with bulk tensor copies); a launched AST keeps its launch."""
+    return render_c(launch(ast, dialect, Blocking(tile=tile)), dialect)

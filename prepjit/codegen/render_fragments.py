@@ -63,12 +63,12 @@ import attrs
 
 from ..uop import Ops, UOp, dtypes, simplify
 from .fragment_copies import element_type, emit_chunk_starts, emit_slice_copy
-from .render_tiles import FRAGMENT_THREADS, Contraction, _extent, _static_multiple, _unit_stride
+from .render_tiles import FRAGMENT_THREADS, GROUP_ROWS, Contraction, _extent, _static_multiple, _unit_stride
 
 WARP = 32
 GROUP_WARPS = FRAGMENT_THREADS // WARP   # warps of a warpgroup
 FRAG_M, FRAG_N = 16, 8           # one matrix instruction's outputs
-GROUP_M = 64                    # rows of one warpgroup instruction (wgmma m64nNk16)
+GROUP_M = GROUP_ROWS            # rows of one warpgroup instruction (wgmma m64nNk16)
 CHUNK_BYTES = 16                # one asynchronous copy
 MAX_STAGES = 4
 STATIC_LOCAL_BYTES = 48 * 1024  # the local memory a kernel may declare statically (beyond it: dynamic local memory)
@@ -292,7 +292,8 @@ def wgmma_helper(r, kind: Kind, n: int, ta: int, tb: int) -> str:
 def emit_fragment_contraction(r, c: Contraction):
     """The kernel body through the C-style renderer `r`, whose dialect spells the matrix and copy instructions: the
     warpgroup instructions where the GPU has them (PJ_WGMMA) and the tile's rows allow, else the warps' mma.sync;
-    a 16-bit 128 x 128 tile warp-specialised where CUDA compiles it for Hopper (render_fragments_ws.py)."""
+    a 16-bit 128 x 128 tile warp-specialised where CUDA compiles it for Hopper (render_fragments_ws.py); a tile of
+    the launch's "tma" variant on bulk tensor copies (render_fragments_tma.py)."""
     from . import render_fragments_ws as ws   # (which builds on this module's staging)
     d, long = r.d, r.long
     kind = KINDS[c.fragments].ptx
@@ -300,12 +301,18 @@ def emit_fragment_contraction(r, c: Contraction):
     if kind == "bf16":
         r.bfloat16_helpers()
     _helpers(r, kind)
-    staged, stages = _staged(c), stages_for(c)
-    wgmma = uses_wgmma(c)
     m, n, kk_end = r.value(_extent(c.i)), r.value(_extent(c.j)), r.value(c.k.src[0])
-    specialised = ws.warp_specialised(c) and "pj_mbar_wait" in d.tensor_core_mma
-    ws_staged = _staged(c, ws.WS_DEPTH) if specialised else None
-    declare_tiles(r, [(ws_staged, ws.WS_STAGES), (staged, stages)] if specialised else [(staged, stages)], ws.TEST)
+    if c.variant is not None:   # Hopper's wide tiles on bulk tensor copies (render_fragments_tma.py)
+        from . import render_fragments_tma as tma
+        bulk = _staged(c, tma.TMA_DEPTH)
+        declare_tiles(r, [(bulk, tma.TMA_STAGES)])
+    else:
+        staged, stages = _staged(c), stages_for(c)
+        wgmma = uses_wgmma(c)
+        specialised = ws.warp_specialised(c) and "pj_mbar_wait" in d.tensor_core_mma
+        ws_staged = _staged(c, ws.WS_DEPTH) if specialised else None
+        declare_tiles(r, [(ws_staged, ws.WS_STAGES), (staged, stages)] if specialised else [(staged, stages)],
+                      ws.TEST)
     r.emit(f"const int lid = {d.local_id}, lane = lid % {WARP}, fg = lane / 4, ft = lane % 4 * 2;")
     r.emit(f"const {long} bid = {d.group_id};")
     r.emit(f"const {long} nbn = ({n} + {c.tn - 1}) / {c.tn}, nbm = ({m} + {c.tm - 1}) / {c.tm};")
@@ -318,6 +325,9 @@ def emit_fragment_contraction(r, c: Contraction):
     r.emit(f"const {long} i0 = (first + tile % ({g} * nbn) % band) * {c.tm}, j0 = tile % ({g} * nbn) / band * {c.tn};")
     if c.batch:
         r.scopes[-1].update(r.unflatten("(bid / (nbn * nbm))", list(c.batch)))
+    if c.variant is not None:
+        tma.emit_bulk_tile(r, c, bulk)
+        return
     if specialised:
         r.lines.append(f"#if {ws.TEST}")
         ws.emit_warp_specialised(r, c, ws_staged)
@@ -486,16 +496,18 @@ class _WarpgroupTile:
     x's register 4q + e, row 64x + 16w + g (+ 8 for e >= 2), column 8q + 2t + e % 2 (the PTX ISA's layout of a wgmma
     float32 accumulator)."""
 
-    def __init__(self, r, c: Contraction, staged: list, rows: int | None = None):
+    def __init__(self, r, c: Contraction, staged: list, rows: int | None = None, first: int = 0):
         self.r, self.c, self.staged = r, c, staged
         self.rows = rows or group_rows(c)   # (each warpgroup's share; or all of the tile's, its one consumer's)
+        self.first = first                  # the warpgroup that owns the first rows (after a producer's: 1)
         self.blocks = self.rows // GROUP_M
         a, b = self.staged
         self.helper = wgmma_helper(self.r, a.kind, self.c.tn, int(a.minor == "own"), int(b.minor == "own"))
 
     def declare(self):
         r = self.r
-        first = f"lid / {FRAGMENT_THREADS} * {self.rows}" if self.rows < self.c.tm else "0"
+        group = f"(lid / {FRAGMENT_THREADS} - {self.first})" if self.first else f"lid / {FRAGMENT_THREADS}"
+        first = f"{group} * {self.rows}" if self.rows < self.c.tm else "0"
         r.emit(f"const int wg_m = {first}, wg_row = wg_m + lid / {WARP} % {GROUP_WARPS} * 16 + fg;")
         for x in range(self.blocks):
             r.emit(f"float wacc{x}[{self.c.tn // 2}] = {{}};")

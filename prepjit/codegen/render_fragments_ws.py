@@ -97,6 +97,39 @@ def _emit_chunk_alias(r, c: Contraction, s, n: int, rows: int, blocks: int, own:
     r.emit(f"const bool ok{name}{n} = {inside} && aligned{name} && ({r.value(delta)}) % {chunk} == 0;")
 
 
+def emit_producer_starts(r, c: Contraction, staged: list) -> dict:
+    """Before a producer warpgroup's loop: where each operand's first chunk of a work-item is (and whether its
+    copies stay aligned), where its other chunks' places follow from it; {name: _chunk_offsets} of each."""
+    offsets = {s.name: _chunk_offsets(s) for s in staged}
+    for s in staged:
+        if offsets[s.name] is not None:
+            emit_chunk_starts(r, c, s, [("0", "lid")])
+            if s.direct is not None:
+                r.emit(f"const bool aligned{s.name} = ((unsigned long long)src{s.name}0 & 15) == 0 && "
+                       f"({r.value(s.step)}) % {s.kind.chunk} == 0;")
+    return offsets
+
+
+def emit_producer_copies(r, c: Contraction, s, offsets: list | None):
+    """A producer work-item's copies of its chunks of operand `s`'s slice kt into stage st (`offsets`:
+    emit_producer_starts's for it)."""
+    if offsets is not None:
+        for n, (rows, blocks, own, k) in enumerate(offsets):
+            r.open_block("", {})
+            if n:   # (chunk 0's own names, computed before the loop)
+                _emit_chunk_alias(r, c, s, n, rows, blocks, own, k)
+            emit_slice_copy(r, c, s, "st", "kt", [(str(n), "")])
+            r.close_block()
+        return
+    # chunk by chunk, its place computed anew (few registers: the producer has few)
+    slot = [("", f"(lid + cn * {FRAGMENT_THREADS})")]
+    r.emit("#pragma unroll 1")
+    r.open_block(f"for (int cn = 0; cn < {s.chunks // FRAGMENT_THREADS}; cn++)", {})
+    emit_chunk_starts(r, c, s, slot)
+    emit_slice_copy(r, c, s, "st", "kt", slot)
+    r.close_block()
+
+
 def emit_warp_specialised(r, c: Contraction, staged: list):
     """The producer's and the consumer's loops (`staged`: both operands WS_DEPTH deep), after the tile's origin."""
     long, kk_end, stages = r.long, r.value(c.k.src[0]), WS_STAGES
@@ -109,32 +142,12 @@ def emit_warp_specialised(r, c: Contraction, staged: list):
     r.emit(r.d.barrier)
     r.open_block(f"if (lid < {FRAGMENT_THREADS})", {})   # the producer
     r.emit(f"pj_setmaxnreg<{PRODUCER_REGISTERS}, false>();")
-    offsets = {s.name: _chunk_offsets(s) for s in staged}
-    for s in staged:
-        if offsets[s.name] is not None:
-            emit_chunk_starts(r, c, s, [("0", "lid")])
-            if s.direct is not None:
-                r.emit(f"const bool aligned{s.name} = ((unsigned long long)src{s.name}0 & 15) == 0 && "
-                       f"({r.value(s.step)}) % {s.kind.chunk} == 0;")
+    offsets = emit_producer_starts(r, c, staged)
     r.open_block(f"for ({long} kt = 0; kt < slices; kt++)", {})
     r.emit(f"const int st = kt % {stages};")
     r.emit(f"pj_mbar_wait(&empty[st], (unsigned)(kt / {stages} % 2) ^ 1u);")
     for s in staged:
-        if offsets[s.name] is not None:
-            for n, (rows, blocks, own, k) in enumerate(offsets[s.name]):
-                r.open_block("", {})
-                if n:   # (chunk 0's own names, computed before the loop)
-                    _emit_chunk_alias(r, c, s, n, rows, blocks, own, k)
-                emit_slice_copy(r, c, s, "st", "kt", [(str(n), "")])
-                r.close_block()
-            continue
-        # chunk by chunk, its place computed anew (few registers: the producer has PRODUCER_REGISTERS)
-        slot = [("", f"(lid + cn * {FRAGMENT_THREADS})")]
-        r.emit("#pragma unroll 1")
-        r.open_block(f"for (int cn = 0; cn < {s.chunks // FRAGMENT_THREADS}; cn++)", {})
-        emit_chunk_starts(r, c, s, slot)
-        emit_slice_copy(r, c, s, "st", "kt", slot)
-        r.close_block()
+        emit_producer_copies(r, c, s, offsets[s.name])
     r.emit("pj_cp_async_mbar_arrive(&full[st]);")
     r.emit("pj_fence_async_shared();")   # (its element-by-element stores, before the consumer's matrix reads)
     r.emit("pj_mbar_arrive(&full[st]);")

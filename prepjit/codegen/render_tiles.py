@@ -44,6 +44,7 @@ MIN_WARPS = 1536                  # warps a contraction should run in all: fewer
 SPLITS = (1, 2, 4)                # how many sets of work-items may share a tile, each multiplying part of a slice
 MAX_THREADS = 256                 # work-items of a group, at most
 FRAGMENT_THREADS = 128            # work-items of a tile on tensor cores: 4 warps (render_fragments.py), a warpgroup
+GROUP_ROWS = 64                   # rows of a warpgroup's matrix instructions (wgmma m64nNk16)
 FRAGMENT_OUTPUTS = 64 * 128       # outputs a warpgroup keeps in its registers (64 float32 a work-item), at most:
                                   # a 128 x 128 tile takes two warpgroups, two tiles a multiprocessor (on an H100,
                                   # bf16 4096^3: 388 TFLOP/s with one group in flight, against 313 for one warpgroup
@@ -68,6 +69,7 @@ class Contraction:
     tn: int = 128        # columns of a tile
     splits: int = 1      # sets of work-items per tile, each multiplying TILE_K / splits of every slice
     fragments: str | None = None   # what both operands are multiplied in on tensor cores (fragment_kind), or None
+    variant: str | None = None     # "tma": Hopper's tile of bulk tensor copies (render_fragments_tma.py), or None
 
     @property
     def owners(self) -> int:
@@ -76,6 +78,8 @@ class Contraction:
 
     @property
     def threads(self) -> int:
+        if self.variant is not None:   # a producer warpgroup and a consumer one per GROUP_ROWS rows
+            return FRAGMENT_THREADS * (1 + self.tm // GROUP_ROWS)
         return fragment_threads(self.tm, self.tn) if self.fragments else self.owners * self.splits
 
 
@@ -160,9 +164,9 @@ def match_contraction(ast: UOp, tile: tuple | None = None) -> Contraction | None
                 return None
             batch = tuple(r for r in loops if r not in only_a and r not in only_b)
             if tile is not None:
-                tm, tn, splits, *fragments = tile
+                tm, tn, splits, *more = tile   # (more: the fragments' kind, then the variant)
                 return Contraction(red, a, b, tuple(only_a), tuple(only_b), k, batch, tm, tn, splits,
-                                   fragments[0] if fragments else None)
+                                   *more)
             tm, tn = tile_shape(_most(only_a), _most(only_b), _most(batch))
             groups = _most(batch) * -(-_most(only_a) // tm) * -(-_most(only_b) // tn)
             return Contraction(red, a, b, tuple(only_a), tuple(only_b), k, batch, tm, tn,

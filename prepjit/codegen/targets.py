@@ -14,6 +14,7 @@ the disk key and PREPJIT_TUNE's candidates all see that one kernel.
 from __future__ import annotations
 
 import functools
+import os
 from typing import Callable
 
 import attrs
@@ -25,7 +26,7 @@ from .llvm_softmax import softmax_rows
 from .operand_prologue import with_operand_prologue
 from .optimize import DEFAULT_BLOCKING, Blocking, blocking_candidates, optimize_with
 from .render_c import Dialect, render_c
-from .render_cuda import CUDA
+from .render_cuda import CUDA, CUDA_HOPPER
 from .render_llvm import render_llvm
 from .render_opencl import OPENCL
 from .render_tiles import tile_candidates
@@ -78,9 +79,14 @@ LLVM = Target("llvm", work_groups=False, packs_contractions=True, passes=_llvm_p
               candidates=blocking_candidates)
 OPENCL_TARGET = _gpu(OPENCL)
 CUDA_TARGET = _gpu(CUDA)
+CUDA_HOPPER_TARGET = _gpu(CUDA_HOPPER)   # sm_90a: wide 16-bit tiles on bulk tensor copies (render_fragments_tma.py)
 TARGETS = {t.language: t for t in (LLVM, OPENCL_TARGET, CUDA_TARGET)}
+BULK_COPIES = "PREPJIT_TMA"   # "1": Hopper GPUs take CUDA_HOPPER_TARGET (until it is timed: off by default)
 
 
 def target_for(device) -> Target:
-    """The target of the kernels `device` runs (named by its kernel language)."""
+    """The target of the kernels `device` runs (named by its kernel language; a Hopper GPU's, sm_90, compiled for
+    sm_90a, its own where BULK_COPIES is on)."""
+    if getattr(device, "arch", None) == "sm_90" and os.environ.get(BULK_COPIES) == "1":
+        return CUDA_HOPPER_TARGET
     return TARGETS[device.language]

@@ -16,6 +16,7 @@ from ..codegen.memory import nbytes, share_memory
 from ..codegen.offsets import share_offsets
 from ..codegen.dynamic_loop import PARTS, DynamicLoop
 from ..codegen.targets import target_for
+from ..codegen.tensor_maps import tensor_maps
 from ..codegen.schedule import KernelSequence, LoopKernels, ScheduledKernel, schedule
 from ..errors import CompileError, DeviceError
 from ..runtime import disk_cache
@@ -188,8 +189,18 @@ def _kernel_from_entry(fields: dict, binary: bytes, device, scheduled: UOp,
     the `scheduled` kernel AST."""
     with stage("loading"):
         program = device.load(fields["name"], binary)
+    maps = tensor_maps(fields["ast"])
     return CachedKernel(**fields, program=program, binary=binary, scheduled=scheduled, disk_key=disk_key,
-                        global_size_fn=compile_positional_fn(fields["global_size"], fields["var_names"]))
+                        global_size_fn=compile_positional_fn(fields["global_size"], fields["var_names"]),
+                        tensor_maps=tensor_map_args(maps, fields["var_names"]))
+
+
+def tensor_map_args(maps: tuple, var_names: tuple) -> tuple | None:
+    """A kernel's tensor maps (codegen/tensor_maps.py) and the function of its positional var values that gives
+    their values (TensorMap.values, flattened), as its device's launcher takes them; None for no maps."""
+    if not maps:
+        return None
+    return maps, compile_positional_fn(tuple(v for m in maps for v in m.values()), var_names)
 
 
 def _load_entry(key: str, ast: UOp, device) -> CachedKernel | None:

@@ -29,6 +29,7 @@ import numpy as np
 
 from ..codegen import optimize as opt
 from ..codegen.targets import target_for
+from ..codegen.tensor_maps import tensor_maps
 from ..runtime import disk_cache
 from ..runtime.cpu import PARALLEL_MIN_ITERATIONS, _loop_iterations
 from .stages import stage
@@ -124,11 +125,15 @@ def search_gpu(ast: UOp, device, candidates: list) -> opt.Blocking:
     for buffer, host in zip(memory, buffers):
         device.write_buffer(buffer, host)
     handles = [device.handle(b) for b in memory]
+    from .planner import tensor_map_args   # (planner asks this module for its Blockings)
     launchers = []
     for blocking in candidates:
-        source = target_for(device).render(target_for(device).launched(ast, blocking))
+        launched = target_for(device).launched(ast, blocking)
+        source = target_for(device).render(launched)
         program = device.load(source.name, device.compile(source.name, source.source))
-        launchers.append(device.launcher(program, handles, [], None, int(source.global_size[0].arg)))
+        maps = tensor_map_args(tensor_maps(launched), ())   # (a Hopper tile's, of no vars: a static kernel)
+        launchers.append(device.launcher(program, handles, [], None, int(source.global_size[0].arg),
+                                         **({"tensor_maps": maps} if maps else {})))
     times = [float("inf")] * len(launchers)
     for rep in range(RUNS + 1):  # round robin, as on the cpu; the first run warms
         for c, launcher in enumerate(launchers):

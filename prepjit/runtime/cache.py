@@ -30,6 +30,9 @@ class CachedKernel:
     scheduled: object = None    # the kernel AST it was built from, as scheduled (the kernel cache's key)
     ast: object = None          # that kernel as launched (codegen/targets.py): what was rendered and proven
     disk_key: str | None = None  # its disk-cache key (runtime/disk_cache.py; None: not kept on disk)
+    # the tensor maps it takes after its vars (codegen/tensor_maps.py, read off `ast`) and positional var values ->
+    # their values, flattened; None where it takes none
+    tensor_maps: tuple | None = None
 
 
 class KernelCache:

@@ -4,7 +4,8 @@ the driver (cuda_driver.py) on one stream; pycuda provides the context, the stre
 `device="cuda"` is GPU 0, `"cuda:N"` GPU N. Compiling is `source -> cubin bytes` (nvrtc.py), so
 binaries go to the kernel and disk caches keyed by the compiler identity: GPU name, arch, driver and
 NVRTC versions. Each PreparedKernel gets its own packed argument buffer (8 bytes a slot: buffer
-addresses, then int64 vars), built once; replay patches only the var slots and I/O addresses.
+addresses, then int64 vars, then any tensor maps: cuda_tensor_maps.py), built once; replay patches only the var
+slots and I/O addresses (and re-encodes the tensor maps that read them).
 Launches wait for the next stream operation (a copy or a sync); a sequence of launches seen twice runs
 from a CUDA graph after that, updating only the kernel nodes whose arguments or grid changed
 (`PREPJIT_CUDA_GRAPHS=0` launches each kernel at once instead). Results stay on the GPU until read;
@@ -18,6 +19,7 @@ import atexit
 import collections
 import contextlib
 import ctypes
+import functools
 import logging
 import os
 import struct
@@ -28,6 +30,7 @@ import numpy as np
 from ..errors import CompileError, DeviceError
 from . import compile_pool
 from .cuda_driver import Driver, Graph, KernelNodeParams, PackedArgs
+from .cuda_tensor_maps import TensorMapArgs, TensorMapEncoder
 from .device_base import MIN_BYTES, BufferSlots, DeviceBase
 from .launch_steps import KernelStep
 
@@ -75,15 +78,21 @@ class CUDALauncher(KernelStep):
     changes of its grid and argument bytes (what a graph's node of it must match); `grid` is the grid of its next
     launch, computed again when a var changes (vars change only through `set_val`)."""
 
-    def __init__(self, device, program: CUDAProgram, buffer_handles, vals, size_fn, static_size):
+    def __init__(self, device, program: CUDAProgram, buffer_handles, vals, size_fn, static_size, tensor_maps=None):
         self.device, self.program = device, program
         self.queued = False   # waiting in the device's queue: its arguments must not change before it launches
         self.version = 0
         self.n_bufs, self.vals = len(buffer_handles), list(vals)
-        self.args = PackedArgs(self.n_bufs + len(self.vals))
+        maps, values_fn = tensor_maps or ((), None)   # (codegen/tensor_maps.py's, and their values from the vars)
+        self.args = PackedArgs(self.n_bufs + len(self.vals), len(maps))
+        self.maps = None
         self.buffer_ptrs = BufferSlots(buffer_handles, self._bind_buffer, device._address)  # (the PreparedKernel's buffer_ptrs)
         for slot, value in enumerate(self.vals):
             _VAL.pack_into(self.args.buffer, 8 * (self.n_bufs + slot), value)
+        if maps:
+            self.maps = TensorMapArgs(device.tensor_map_encoder, maps, values_fn, self.args.map_offsets)
+            self.map_buffers = {m.buffer for m in maps}
+            self._refresh_maps()
         self.block = program.block
         self.size_fn = size_fn
         self.static = static_size is not None
@@ -102,6 +111,8 @@ class CUDALauncher(KernelStep):
                 self.device.flush()
             _SLOT.pack_into(self.args.buffer, 8 * slot, address)
             self.version += 1
+            if self.maps is not None and slot in self.map_buffers:
+                self._refresh_maps()
 
     def set_val(self, slot: int, value: int):
         if self.vals[slot] != value:
@@ -112,6 +123,12 @@ class CUDALauncher(KernelStep):
             if not self.static:
                 self.grid = self._dynamic_grid()
             self.version += 1
+            if self.maps is not None:
+                self._refresh_maps()
+
+    def _refresh_maps(self):
+        """Its tensor maps encoded at its buffers' addresses and vars now (cuda_tensor_maps.py)."""
+        self.maps.refresh(self.args.buffer, lambda slot: _SLOT.unpack_from(self.args.buffer, 8 * slot)[0], self.vals)
 
     def run(self):
         if self.queued:
@@ -230,8 +247,15 @@ class CUDADevice(DeviceBase):
             raise CompileError(f"CUDA ({self.description}) failed to load the cubin of kernel {name}: {e}") from e
         return CUDAProgram(self, module, function, name, block, shared)
 
-    def launcher(self, program: CUDAProgram, buffer_handles, vals, size_fn, static_size) -> CUDALauncher:
-        return CUDALauncher(self, program, buffer_handles, vals, size_fn, static_size)
+    def launcher(self, program: CUDAProgram, buffer_handles, vals, size_fn, static_size,
+                 tensor_maps=None) -> CUDALauncher:
+        """A launcher of `program`; `tensor_maps`: (its kernel's tensor maps, positional var values -> their values)
+        where it takes any (codegen/tensor_maps.py)."""
+        return CUDALauncher(self, program, buffer_handles, vals, size_fn, static_size, tensor_maps)
+
+    @functools.cached_property
+    def tensor_map_encoder(self) -> TensorMapEncoder:
+        return TensorMapEncoder(self.driver.lib)
 
     # ---- graph replay: launches wait for the next stream operation, then run as one CUDA graph ----
     def enqueue(self, launch: CUDALauncher):

@@ -10,6 +10,7 @@ import contextlib
 import ctypes
 import ctypes.util
 
+from ..codegen.tensor_maps import MAP_ALIGN, MAP_BYTES
 from ..errors import DeviceError
 from .cuda_cubin import dynamic_local_bytes
 
@@ -82,11 +83,17 @@ class Driver:
 
 
 class PackedArgs:
-    """A kernel's argument buffer (8-byte slots) and the `extra` array that hands it to a launch."""
+    """A kernel's argument buffer (8-byte slots, then `maps` tensor maps of MAP_BYTES each, the first MAP_ALIGN
+    aligned: the kernel's parameter layout) and the `extra` array that hands it to a launch; `map_offsets`: where
+    each map is."""
 
-    def __init__(self, slots: int):
-        self.buffer = (ctypes.c_char * (8 * max(slots, 1)))()
-        self._size = ctypes.c_size_t(8 * slots)
+    def __init__(self, slots: int, maps: int = 0):
+        start = -(-8 * slots // MAP_ALIGN) * MAP_ALIGN
+        self.map_offsets = [start + MAP_BYTES * n for n in range(maps)]
+        size = start + MAP_BYTES * maps if maps else 8 * slots
+        self._backing = (ctypes.c_char * (max(size, 8) + MAP_ALIGN))()
+        self.buffer = (ctypes.c_char * max(size, 8)).from_buffer(self._backing, -ctypes.addressof(self._backing) % MAP_ALIGN)
+        self._size = ctypes.c_size_t(size)
         self.extra = (ctypes.c_void_p * 5)(_BUFFER_POINTER, ctypes.addressof(self.buffer),
                                            _BUFFER_SIZE, ctypes.addressof(self._size), _END)
 

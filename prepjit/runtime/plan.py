@@ -256,8 +256,9 @@ class ExecutionPlan:
         runtime = [(i, n) for i, n in enumerate(kernel.var_names) if n not in pk.fixedvars and n not in loop_vars]
         loop_slots = [i for i, n in enumerate(kernel.var_names) if n in loop_vars]
         static_size = None if runtime or loop_slots else kernel.global_size_fn(pk.vals)[0]
+        maps = {"tensor_maps": kernel.tensor_maps} if kernel.tensor_maps else {}   # (a Hopper tile's: cuda only)
         launcher = self._device.launcher(kernel.program, list(pk.buffer_ptrs), pk.vals, kernel.global_size_fn,
-                                         static_size)
+                                         static_size, **maps)
         pk.buffer_ptrs = launcher.buffer_ptrs  # what the launches read: I/O slots are patched there before a run
         launcher.pk, launcher.var_slots, launcher.loop_slots = pk, runtime, loop_slots
         return launcher
