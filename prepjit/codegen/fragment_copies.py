@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..uop import dtypes
+from .fragment_unpack import emit_unpacked_chunk
 from .render_tiles import Contraction, _extent
 
 if TYPE_CHECKING:   # (render_fragments builds on this module)
@@ -74,6 +75,9 @@ def emit_slice_copy(r, c: Contraction, s: Staged, stage: str, slice_: str, slots
 
         def inside(e: int) -> str:   # whether the chunk's element e is in range
             return f"gk + {e} < {kk_end} && {go} < {extent}" if along_k else f"gk < {kk_end} && {go} + {e} < {extent}"
+        if s.direct is None and emit_unpacked_chunk(r, c, s, "gk", go, extent, "dst"):   # (fragment_unpack.py)
+            r.close_block()
+            continue
         if s.direct is None:   # a computed operand (or float32 under "bf16"): each value as the kind stages it
             for e in range(chunk):
                 gk, go_e = (f"gk + {e}", go) if along_k else ("gk", f"{go} + {e}")

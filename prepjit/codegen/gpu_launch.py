@@ -29,7 +29,7 @@ from .fusion import FEW_VAR_ROWS   # a quantized contraction with a side of a va
 from .optimize import DEFAULT_BLOCKING, Blocking
 from .row_plan import batch_plan, held_parts, loop_ranges, row_plan, share_passes, split_matvec_blocks
 from .render_fragments import KINDS
-from .render_tiles import MIN_FILL, _fill, fragment_kind, match_contraction
+from .render_tiles import MIN_FILL, _fill, fragment_kind, match_contraction, unpacks_blocks
 
 WARP_ROWS = 4             # rows of one warp each a work-group packs (dialects with shuffles)
 BULK_VARIANT = "tma"       # a tile's variant on bulk tensor copies (Hopper: render_fragments_tma.py, tensor_maps.py)
@@ -73,7 +73,7 @@ def few_var_rows(c) -> bool:
     step's Q4_1 tiles took 48-168 us a projection at one sequence (bfloat16 weights' tiles 21-46 us)."""
     for side, other in ((c.i, c.b), (c.j, c.a)):
         if len(side) == 1 and side[0].src[0].op is not Ops.CONST and side[0].src[0].vmax <= FEW_VAR_ROWS \
-                and any(u.op is Ops.LOAD and u.dtype.is_int for u in other.toposort()):
+                and unpacks_blocks(other):
             return True
     return False
 
@@ -85,8 +85,8 @@ def few_var_batch(rows) -> bool:
     paged step at 64 sequences: qkv 65 us, the output projection 43 us for 0.2-0.6 MB of weights) and the tile
     launch of gate/up and the head (more than MANY_OUTPUTS rows at the batch's most) computed 32-row tiles at a
     batch of one (70 and 421 us)."""
-    return rows.batch.src[0].vmax <= FEW_VAR_ROWS and any(x.op is Ops.LOAD and x.dtype.is_int for u in rows.order
-                                                           for part in held_parts(u, rows.batch) for x in part.toposort())
+    return rows.batch.src[0].vmax <= FEW_VAR_ROWS and any(unpacks_blocks(part) for u in rows.order
+                                                           for part in held_parts(u, rows.batch))
 
 
 def _tile_launch(ast: UOp, c, dialect) -> UOp:
