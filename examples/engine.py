@@ -129,8 +129,8 @@ class BlockPool:
     def write(self, slots, keys, values) -> None:
         """Store keys and values (a (n, KV, hd) array a layer, NumPy or pj.Arrays: the plans' outputs) at n (block,
         row) slots."""
-        if self._store is not None:
-            blocks, rows = np.array(slots, np.int64).reshape(-1, 2).T
+        if self._store is not None:  # (the ids contiguous: strided views took the prepared call's full path)
+            blocks, rows = np.array(slots, np.int64).reshape(-1, 2).T.copy()
             self.keys, self.values = self._store(self.keys, self.values, blocks, rows, keys, values)
             return
         # on the cpu one scatter of head rows a pool, into its (L * blocks * KV * block size, hd) view at the rows of
@@ -199,7 +199,7 @@ class Engine:
         self.decode, self.prefill = llama_paged.prepared(cfg, context=context, block_size=block_size,
                                                          max_batch=max_batch, max_chunk=prefill_chunk,
                                                          max_tokens=self.prefill_tokens, device=device,
-                                                         dtype=self.dtype)
+                                                         dtype=self.dtype, greedy=True)
         self.codec = None  # the tokenizer, when built by from_args
         self.waiting: collections.deque[_Sequence] = collections.deque()
         self.running: list[_Sequence] = []
@@ -311,43 +311,49 @@ class Engine:
             table += [self._table(seq, width)] * size
             slots += [self.pool.slot(seq.blocks, p) for p in range(seq.cached, seq.cached + size)]
             last.append(len(ids) - 1)
-        logits, keys, values = self.prefill(self.params, np.asarray(ids, np.int64), np.asarray(pos, np.int64),
-                                            np.asarray(offset, np.int64), np.asarray(table, np.int64),
-                                            np.asarray(last, np.int64), max(size for _, size in chunks),
-                                            self.pool.keys, self.pool.values, self.cos, self.sin)
+        logits, greedy, keys, values = self.prefill(
+            self.params, np.asarray(ids, np.int64), np.asarray(pos, np.int64), np.asarray(offset, np.int64),
+            np.asarray(table, np.int64), np.asarray(last, np.int64), max(size for _, size in chunks),
+            self.pool.keys, self.pool.values, self.cos, self.sin)
         self.pool.write(slots, keys, values)
-        logits, events = np.asarray(logits), []
-        for i, (seq, size) in enumerate(chunks):
+        for seq, size in chunks:
             seq.cached += size
-            if seq.prefilled:
-                events.append(self._emit(seq, logits[i]))
-        return events
+        return self._emit_rows([seq for seq, _ in chunks], logits, greedy,
+                               [i for i, (seq, _) in enumerate(chunks) if seq.prefilled])
 
     def _decode(self, batch: list[_Sequence]) -> list[Event]:
         pool, cached = self.pool, [s.cached for s in batch]
         width = max(1, -(-max(cached) // pool.block_size))
         table = np.array([self._table(s, width) for s in batch], np.int64)
-        logits, keys, values = self.decode(self.params, np.array([s.generated[-1] for s in batch], np.int64),
-                                           np.array(cached, np.int64), table, pool.keys, pool.values, self.cos,
-                                           self.sin)
+        logits, greedy, keys, values = self.decode(self.params, np.array([s.generated[-1] for s in batch], np.int64),
+                                                   np.array(cached, np.int64), table, pool.keys, pool.values,
+                                                   self.cos, self.sin)
         pool.write([pool.slot(s.blocks, p) for s, p in zip(batch, cached)], keys, values)
-        logits = np.asarray(logits)
-        events = []
-        for seq, row in zip(batch, logits):
+        for seq in batch:
             seq.cached += 1
-            events.append(self._emit(seq, row))
-        return events
+        return self._emit_rows(batch, logits, greedy, range(len(batch)))
 
-    def _emit(self, seq: _Sequence, logits: np.ndarray) -> Event:
-        """Sample its next token (its penalties applied); end it on a stop id or at max_tokens (its blocks
+    def _emit_rows(self, seqs: list[_Sequence], logits, greedy, rows) -> list[Event]:
+        """The events of seqs[i] for each i in `rows`, from a call's logits (rows, vocab) and greedy tokens (rows,):
+        the logits are read to the host only when one of those rows samples, is penalised or wants logprobs (a
+        greedy row's token is its row's argmax, computed with the logits)."""
+        greedy = np.asarray(greedy)
+        if any(_needs_logits(seqs[i]) for i in rows):
+            logits = np.asarray(logits)
+            return [self._emit(seqs[i], int(greedy[i]), logits[i]) for i in rows]
+        return [self._emit(seqs[i], int(greedy[i])) for i in rows]
+
+    def _emit(self, seq: _Sequence, greedy: int, logits: np.ndarray | None = None) -> Event:
+        """Its next token: `greedy` (its logits row's argmax) when its sampling is greedy and unpenalised, else
+        sampled from its `logits` row (its penalties applied); end it on a stop id or at max_tokens (its blocks
         freed)."""
-        s = seq.sampling
-        penalised = bool((s.presence_penalty or s.frequency_penalty) and seq.generated)
-        scores = logits.astype(np.float32, copy=penalised)  # (the plan's output row itself when not penalised)
-        if penalised:
-            seen, counts = np.unique(seq.generated, return_counts=True)
-            scores[seen] -= s.frequency_penalty * counts + s.presence_penalty
-        token = sample(scores, s.temperature, s.top_p, seq.rng)
+        s, token, penalised = seq.sampling, greedy, _penalised(seq)
+        if s.temperature > 0 or penalised:
+            scores = logits.astype(np.float32, copy=penalised)  # (the plan's output row itself when not penalised)
+            if penalised:
+                seen, counts = np.unique(seq.generated, return_counts=True)
+                scores[seen] -= s.frequency_penalty * counts + s.presence_penalty
+            token = sample(scores, s.temperature, s.top_p, seq.rng)
         seq.generated.append(token)
         self.generated_tokens += 1
         finish = "stop" if token in self.stop_ids else "length" if len(seq.generated) >= seq.max_tokens else None
@@ -355,6 +361,17 @@ class Engine:
             self.running.remove(seq)
             self.pool.release(seq.blocks)
         return Event(seq.id, token, finish, None if s.logprobs is None else token_logprobs(logits, token, s.logprobs))
+
+
+def _penalised(seq: _Sequence) -> bool:
+    """Whether its next token's logits take its penalties (it has penalties and generated a token)."""
+    return bool((seq.sampling.presence_penalty or seq.sampling.frequency_penalty) and seq.generated)
+
+
+def _needs_logits(seq: _Sequence) -> bool:
+    """Whether its next token needs its logits row on the host: it samples, is penalised or wants logprobs."""
+    s = seq.sampling
+    return s.temperature > 0 or s.logprobs is not None or _penalised(seq)
 
 
 def token_logprobs(logits: np.ndarray, token: int, k: int) -> TokenLogprobs:

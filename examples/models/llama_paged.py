@@ -136,12 +136,24 @@ def _logits(xp, params, x, dtype):
     return linear(xp, x, params["head"], dtype)
 
 
+def with_greedy(xp, pass_fn):
+    """`pass_fn` (decode_batch or prefill_batch, its namespace and config bound) returning (logits, greedy tokens,
+    keys, values): each logits row's np.argmax (the first of equal maxima, the first NaN), computed where the logits
+    are, so that a caller whose rows are all greedy reads a few ints rather than every row's logits."""
+    @functools.wraps(pass_fn)  # (its signature: prepare reads the parameters' names)
+    def step(*args, **kwargs):
+        logits, keys, values = pass_fn(*args, **kwargs)
+        return logits, xp.argmax(logits, axis=-1), keys, values
+    step.__name__ = pass_fn.__name__ + "_greedy"
+    return step
+
+
 def prepared(cfg: Config, *, context: int, block_size: int, max_batch: int, max_chunk: int,
-             max_tokens: int | None = None, device: str | None = None, dtype=np.float32):
+             max_tokens: int | None = None, device: str | None = None, dtype=np.float32, greedy: bool = False):
     """(decode_batch, prefill_batch) prepared with prepjit: vars B (1, max_batch), NB (1, context // block_size)
     for the decode step; T (1, max_tokens: default max_chunk) tokens of S (1, max_batch) sequences, chunks of at
     most `window` (1, max_chunk) tokens, and NB for a prefill call. One plan each serves every batch composition
-    and every chunk."""
+    and every chunk. With `greedy`, each returns its rows' greedy tokens after the logits (`with_greedy`)."""
     import prepjit as pj
     import prepjit.numpy as pnp
     kwargs = {} if device is None else {"device": device}
@@ -150,6 +162,8 @@ def prepared(cfg: Config, *, context: int, block_size: int, max_batch: int, max_
     dec.__name__ = "llama_decode_batch"
     pre = functools.partial(prefill_batch, pnp, cfg, dtype=dtype)
     pre.__name__ = "llama_prefill_batch"
+    if greedy:
+        dec, pre = with_greedy(pnp, dec), with_greedy(pnp, pre)
     return (pj.prepare(dec, vars={"B": (1, max_batch), "NB": (1, tables)},
                        shapes={"ids": ("B",), "pos": ("B",), "block_table": ("B", "NB")}, **kwargs),
             pj.prepare(pre, vars={"T": (1, max_tokens or max_chunk), "S": (1, max_batch), "NB": (1, tables),

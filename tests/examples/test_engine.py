@@ -112,9 +112,10 @@ def test_batched_chunked_prefill_equals_prefill(device, params):
             offset += range(size)
             table += [seq.blocks[:width]] * size
             last.append(len(ids) - 1)
-        out, keys, values = engine.prefill(params, np.array(ids), np.array(pos), np.array(offset), np.array(table),
-                                           np.array(last), max(size for _, size in batch), engine.pool.keys,
-                                           engine.pool.values, engine.cos, engine.sin)
+        out, greedy, keys, values = engine.prefill(params, np.array(ids), np.array(pos), np.array(offset),
+                                                   np.array(table), np.array(last), max(size for _, size in batch),
+                                                   engine.pool.keys, engine.pool.values, engine.cos, engine.sin)
+        np.testing.assert_array_equal(greedy, np.argmax(np.asarray(out), axis=-1))
         row = 0
         for i, (seq, size) in enumerate(batch):
             want_k = wants[seq.id][1][:, :, start:start + size].swapaxes(1, 2)  # (L, size, KV, hd)
@@ -156,6 +157,37 @@ def test_waiting_prompts_are_prefilled_together_while_others_decode(params):
     assert sorted(e.seq_id for e in engine.step()) == first  # its first chunk, and the three decode
     assert sorted(e.seq_id for e in engine.step()) == [*first, late]  # its last chunk gives its first token
     assert engine.prefill.stats["replays"] == 3
+
+
+@pytest.mark.parametrize("rows", [[[1.0, 3.0, 3.0, -2.0], [0.5, 0.5, 0.5, 0.5], [-1.0, -4.0, 7.0, 7.0]],
+                                  [[1.0, np.nan, 3.0, np.nan]]])
+def test_greedy_tokens_are_each_rows_numpy_argmax(device, rows):
+    """llama_paged.with_greedy's tokens beside a pass's logits: np.argmax of each row, the first of equal maxima and
+    the first NaN, where the logits are computed."""
+    import prepjit.numpy as pnp
+
+    def logits_pass(x):
+        return x * 1, (x,), (x,)
+    logits_pass.__name__ = "logits_pass"
+    x = np.array(rows, np.float32)
+    logits, greedy, _, _ = pj.prepare(llama_paged.with_greedy(pnp, logits_pass), device=device)(x)
+    np.testing.assert_array_equal(greedy, np.argmax(x, axis=-1))
+
+
+def test_greedy_rows_read_no_logits_to_the_host(monkeypatch, device, params):
+    """A step whose rows are all greedy (and unpenalised, without logprobs) reads their tokens, not their logits
+    rows (B x vocab values: on a GPU a copy to the host); a sampled row reads them. The tokens are NumPy's."""
+    read = []
+    to_host = pj.Array.__array__
+    monkeypatch.setattr(pj.Array, "__array__", lambda a, *args, **kw: read.append(a.shape) or to_host(a, *args, **kw))
+    engine = _engine(params, device)
+    prompts = _prompts(3, seed=11)
+    tokens, _ = _run(engine, [(p, serving.Sampling(max_tokens=4)) for p in prompts])
+    assert read and not [shape for shape in read if shape[-1:] == (CFG.vocab,)], read
+    assert tokens == [_run(_engine(params), [(p, serving.Sampling(max_tokens=4))])[0][0] for p in prompts]
+    read.clear()
+    _run(engine, [(prompts[0], serving.Sampling(max_tokens=2)), (prompts[1], serving.Sampling(2, temperature=1.0))])
+    assert [shape for shape in read if shape[-1:] == (CFG.vocab,)]
 
 
 def test_kv_pool_and_weights_stay_on_the_device(device, params):
