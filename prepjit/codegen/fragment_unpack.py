@@ -8,8 +8,9 @@ cpu's kernels split it (block_split.split_at_blocks: k = kb * 32 + kl for q8_0; 
 down to their sub-blocks), so a chunk of 8 consecutive k (a multiple of 8 from a multiple of 8, inside one
 innermost block) binds every outer block range once: what depends on them alone (the scale, the min, the block's
 address) is rendered once for the chunk, then each element's unpacking (a byte, a shift, a mask, a multiply-add)
-at the innermost offset plus 0 ... 7, rounded to the tile's 16-bit float. The chunk is checked once, wholly in
-range or out (k's static extent a multiple of the chunk).
+at the innermost offset plus 0 ... 7, rounded to the tile's 16-bit float into registers, and the chunk stored to
+local memory as one 16-byte store (a tile of 16-bit elements: CUDA's, the one dialect with tensor-core tiles). The
+chunk is checked once, wholly in range or out (k's static extent a multiple of the chunk).
 """
 from __future__ import annotations
 
@@ -52,8 +53,9 @@ def block_split(operand: UOp, k: UOp, chunk: int) -> BlockSplit | None:
 def emit_unpacked_chunk(r, c, s, gk: str, go: str, extent: str, dst: str) -> bool:
     """Stage operand `s`'s chunk at k `gk` (a multiple of the chunk) and own index `go` into `dst` (the chunk's
     elements, zeros out of range) as the module docstring says; False (nothing emitted) where its k does not split."""
+    from .fragment_copies import element_type   # (which calls this module)
     chunk = s.kind.chunk
-    split = block_split(s.operand, c.k, chunk) if s.minor == "k" else None
+    split = block_split(s.operand, c.k, chunk) if s.minor == "k" and s.kind.bytes == 2 else None
     if split is None:
         return False
     r.open_block(f"if ({gk} < {r.value(c.k.src[0])} && {go} < {extent})", {})
@@ -67,13 +69,16 @@ def emit_unpacked_chunk(r, c, s, gk: str, go: str, extent: str, dst: str) -> boo
     per_chunk = _per_chunk(split.operand, inner)
     for u in per_chunk:
         r.value(u)
+    r.emit(f"{element_type(r, s.kind)} q[{chunk}];")
     for e in range(chunk):
         r.open_block("", {inner: f"({base} + {e})"})
-        r.emit(f"{dst}[{e}] = {s.kind.staged.format(v=r.value(split.operand))};")
+        r.emit(f"q[{e}] = {s.kind.staged.format(v=r.value(split.operand))};")
         r.close_block()
+    words = [f"q[{e}] | (unsigned)q[{e + 1}] << 16" for e in range(0, chunk, 2)]
+    r.emit(f"*(uint4 *){dst} = uint4{{{', '.join(words)}}};")   # (one 16-byte store: the chunk is aligned)
     r.close_block()
     r.open_block("else", {})
-    r.emit(" ".join(f"{dst}[{e}] = 0;" for e in range(chunk)))
+    r.emit(f"*(uint4 *){dst} = uint4{{0, 0, 0, 0}};")
     r.close_block()
     return True
 

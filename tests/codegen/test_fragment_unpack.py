@@ -41,15 +41,15 @@ def _launched(kind, k, most, dtype=ml_dtypes.bfloat16, tile=None):
 def test_many_rows_of_16_bit_activations_take_tensor_cores(kind):
     """A prefill's var T up to 512 of bfloat16 activations by a quantized weight: a tile of bfloat16 fragments, the
     weight's chunks unpacked from the blocks a chunk at a time (its scale, and q4_1's min, read once a chunk, not
-    once a weight); float32 and float16 activations keep the float32 FMA tile, a decode batch (at most
+    once a weight) and stored as one 16-byte store; float32 and float16 activations keep the float32 FMA tile, a decode batch (at most
     FEW_VAR_ROWS) its batch row kernel."""
     k = KINDS[kind]
     _, launched = _launched(kind, k, 512)
     assert gpu_launch.launch_of(launched)[0] == "tile" and gpu_launch.launch_of(launched)[4:] == ("bfloat16",)
     source = CUDA_TARGET.render(launched).source
-    staged = "pj_float_to_bfloat16"
-    assert source.count(f"dst[7] = {staged}(") == source.count(f"dst[0] = {staged}(") > 0
-    assert source.count("= pj_half_to_float(") == source.count(f"dst[0] = {staged}(") * (2 if kind == "q4_1" else 1)
+    chunks = source.count("q[0] = pj_float_to_bfloat16(")   # (a chunk's 8 weights, then one 16-byte store)
+    assert chunks == source.count("q[7] = pj_float_to_bfloat16(") == source.count("*(uint4 *)dst = uint4{q[0]") > 0
+    assert source.count("= pj_half_to_float(") == chunks * (2 if kind == "q4_1" else 1)
     for dtype in (np.float32, np.float16):
         _, launched = _launched(kind, k, 512, dtype)
         assert len(gpu_launch.launch_of(launched)) == 4   # (no fragments: exact float32)
