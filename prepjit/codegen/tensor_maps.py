@@ -25,7 +25,6 @@ from .gpu_launch import BULK_VARIANT, launch_of
 from .render_tiles import Contraction, match_contraction
 
 MAP_BYTES = 128            # a CUtensorMap
-MAP_ALIGN = 64             # its alignment as a kernel parameter (the kernel declares it so: render_cuda)
 MAX_STRIDE_BYTES = 1 << 40
 MAX_DIM = (1 << 31) - 1   # (a copy's coordinates are signed 32-bit)
 MAX_BATCH_DIMS = 3         # a map has at most 5 dimensions: inner, outer and up to 3 batch ranges

@@ -3,9 +3,9 @@ the driver (cuda_driver.py) on one stream; pycuda provides the context, the stre
 
 `device="cuda"` is GPU 0, `"cuda:N"` GPU N. Compiling is `source -> cubin bytes` (nvrtc.py), so
 binaries go to the kernel and disk caches keyed by the compiler identity: GPU name, arch, driver and
-NVRTC versions. Each PreparedKernel gets its own packed argument buffer (8 bytes a slot: buffer
-addresses, then int64 vars, then any tensor maps: cuda_tensor_maps.py), built once; replay patches only the var
-slots and I/O addresses (and re-encodes the tensor maps that read them).
+NVRTC versions. Each PreparedKernel gets its own packed argument buffer (cuda_driver.PackedArgs: 8 bytes a
+slot: buffer addresses, then int64 vars, then any tensor maps: cuda_tensor_maps.py), built once; replay patches
+only the var slots and I/O addresses (and re-encodes the tensor maps that read them).
 Launches wait for the next stream operation (a copy or a sync); a sequence of launches seen twice runs
 from a CUDA graph after that, updating only the kernel nodes whose arguments or grid changed
 (`PREPJIT_CUDA_GRAPHS=0` launches each kernel at once instead). Results stay on the GPU until read;
@@ -97,9 +97,9 @@ class CUDALauncher(KernelStep):
         self.size_fn = size_fn
         self.static = static_size is not None
         self.grid = -(-static_size // self.block) if self.static else self._dynamic_grid()
+        kernel_params, extra = self.args.addresses()
         self.params = KernelNodeParams(func=program.function.value, grid=(self.grid, 1, 1), block=(self.block, 1, 1),
-                                       shared=program.shared, kernel_params=None,
-                                       extra=ctypes.addressof(self.args.extra))
+                                       shared=program.shared, kernel_params=kernel_params, extra=extra)
 
     def _dynamic_grid(self) -> int:
         return -(-self.size_fn(self.vals)[0] // self.block)
@@ -138,7 +138,7 @@ class CUDALauncher(KernelStep):
 
     def launch(self, stream):
         self.device.driver.check(self.device.driver.lib.cuLaunchKernel(
-            self.program.function, self.grid, 1, 1, self.block, 1, 1, self.program.shared, stream, None,
+            self.program.function, self.grid, 1, 1, self.block, 1, 1, self.program.shared, stream, self.args.params,
             self.args.extra),
             "cuLaunchKernel")
 

@@ -10,7 +10,7 @@ import contextlib
 import ctypes
 import ctypes.util
 
-from ..codegen.tensor_maps import MAP_ALIGN, MAP_BYTES
+from ..codegen.tensor_maps import MAP_BYTES
 from ..errors import DeviceError
 from .cuda_cubin import dynamic_local_bytes
 
@@ -83,19 +83,30 @@ class Driver:
 
 
 class PackedArgs:
-    """A kernel's argument buffer (8-byte slots, then `maps` tensor maps of MAP_BYTES each, the first MAP_ALIGN
-    aligned: the kernel's parameter layout) and the `extra` array that hands it to a launch; `map_offsets`: where
-    each map is."""
+    """A kernel's argument values (8-byte slots, then `maps` tensor maps of MAP_BYTES each: `map_offsets` says where)
+    and what hands them to a launch: `extra`, the whole buffer, where it has only slots (8-byte parameters one after
+    another: the kernel's own layout), else `params`, a pointer to each value, which the driver places at the
+    kernel's offsets. (A map parameter is 64-byte aligned in the constant bank, where the parameters start at an
+    offset of the arch's, 0x210 on sm_90: after 3 slots it lies 48 bytes in (NVRTC 12.9's cubin), not 64, and the
+    kernel's parameters take 304 bytes, not 320; an H100 refused such launches of a buffer laid out at 64:
+    CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES.)"""
 
     def __init__(self, slots: int, maps: int = 0):
-        start = -(-8 * slots // MAP_ALIGN) * MAP_ALIGN
-        self.map_offsets = [start + MAP_BYTES * n for n in range(maps)]
-        size = start + MAP_BYTES * maps if maps else 8 * slots
-        self._backing = (ctypes.c_char * (max(size, 8) + MAP_ALIGN))()
-        self.buffer = (ctypes.c_char * max(size, 8)).from_buffer(self._backing, -ctypes.addressof(self._backing) % MAP_ALIGN)
+        self.map_offsets = [8 * slots + MAP_BYTES * n for n in range(maps)]
+        size = 8 * slots + MAP_BYTES * maps
+        self.buffer = (ctypes.c_char * max(size, 8))()
+        start = ctypes.addressof(self.buffer)
         self._size = ctypes.c_size_t(size)
-        self.extra = (ctypes.c_void_p * 5)(_BUFFER_POINTER, ctypes.addressof(self.buffer),
-                                           _BUFFER_SIZE, ctypes.addressof(self._size), _END)
+        self.extra = self.params = None
+        if maps:
+            self.params = (ctypes.c_void_p * (slots + maps))(*[start + 8 * k for k in range(slots)],
+                                                              *[start + at for at in self.map_offsets])
+        else:
+            self.extra = (ctypes.c_void_p * 5)(_BUFFER_POINTER, start, _BUFFER_SIZE, ctypes.addressof(self._size), _END)
+
+    def addresses(self) -> tuple[int | None, int | None]:
+        """(kernelParams, extra) of a launch or a graph node: one of them is None."""
+        return tuple(None if a is None else ctypes.addressof(a) for a in (self.params, self.extra))
 
 
 class Graph:

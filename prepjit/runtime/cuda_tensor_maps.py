@@ -1,7 +1,7 @@
 """Tensor map arguments of the cuda device's kernels (codegen/tensor_maps.py: the maps a Hopper tile of bulk tensor
 copies reads its operands through): each map is encoded on the host by the driver (cuTensorMapEncodeTiled) from its
 buffer's address and its offset, dims and strides evaluated at the launch's var values, and written into the
-kernel's packed arguments (a 128-byte slot, 64-byte aligned, after the vars: cuda_driver.PackedArgs).
+kernel's packed arguments (a 128-byte slot after the vars, handed to the launch by pointer: cuda_driver.PackedArgs).
 
 A launcher re-encodes its maps whenever a buffer address or a var changes (`TensorMapArgs.refresh`; a CUDA graph's
 node of it is then updated as for any argument change). Encodings are kept per (map, address, values): a replay

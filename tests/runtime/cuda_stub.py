@@ -10,7 +10,9 @@ from prepjit.runtime.device_base import DeviceBase
 
 class FakeDriver(cuda_driver.Driver):
     """Records launches (kernel, grid, argument bytes), graph launches and node updates (node index, grid, bytes);
-    the launchers' argument bytes are read through the pointers the calls pass, as the driver reads them."""
+    the launchers' argument bytes are read through the pointers the calls pass, as the driver reads them (where a
+    launch passes a pointer to each parameter instead, kernelParams, what is recorded is that array's address:
+    the fake does not know the kernel's parameters, the test reads them with `params_of`)."""
 
     def __init__(self):
         self.calls = []
@@ -27,11 +29,12 @@ class FakeDriver(cuda_driver.Driver):
 
     def set_kernel_node(self, exec_, node, params):
         p = ctypes.cast(params, ctypes.POINTER(cuda_driver.KernelNodeParams))[0]
-        self.calls.append(("update", node.value, p.grid[0], _args_of(p.extra)))
+        self.calls.append(("update", node.value, p.grid[0], _args_of(p.extra) if p.extra else p.kernel_params))
         return 0
 
     def cuLaunchKernel(self, function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
-        self.calls.append(("launch", function.value, gx, _args_of(ctypes.addressof(extra))))
+        self.calls.append(("launch", function.value, gx,
+                           _args_of(ctypes.addressof(extra)) if extra is not None else ctypes.addressof(params)))
         return 0
 
     def cuGraphLaunch(self, exec_, stream):
@@ -50,6 +53,12 @@ def _args_of(extra_address: int) -> bytes:
     extra = (ctypes.c_void_p * 5).from_address(extra_address)
     size = ctypes.c_size_t.from_address(extra[3]).value
     return ctypes.string_at(extra[1], size)
+
+
+def params_of(params_address: int, sizes: list[int]) -> list[bytes]:
+    """The parameters a launch's kernelParams array (PackedArgs.params) points at, of `sizes` bytes each."""
+    pointers = (ctypes.c_void_p * len(sizes)).from_address(params_address)
+    return [ctypes.string_at(pointer, size) for pointer, size in zip(pointers, sizes)]
 
 
 class FakeProgram:

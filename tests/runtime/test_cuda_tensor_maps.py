@@ -1,6 +1,7 @@
 """Tensor map arguments of the cuda device (runtime/cuda_tensor_maps.py) on the recording fake driver: the maps sit
-64-byte aligned after the vars, are encoded from the buffer's address and the vars' values, re-encoded when a
-buffer is rebound or a var changes (a graph's node updated with them), zero where a map is not usable."""
+after the vars, are encoded from the buffer's address and the vars' values, re-encoded when a buffer is rebound or
+a var changes (a graph's node updated with them), zero where a map is not usable; a launch of a kernel with maps
+hands the driver a pointer to each parameter (the driver places a map at the kernel's 64-byte aligned offset)."""
 import ctypes
 import struct
 
@@ -13,7 +14,7 @@ from prepjit.runtime import cuda, cuda_driver
 from prepjit.runtime.cuda_tensor_maps import TensorMapEncoder
 from prepjit.uop import Ops, UOp, dtypes
 
-from .cuda_stub import FakeProgram, stub_device
+from .cuda_stub import FakeProgram, params_of, stub_device
 from .cuda_stub import launcher as stub_launcher
 from ..codegen.test_render_fragments import kernel, load, loop
 
@@ -52,7 +53,7 @@ def test_maps_are_encoded_per_address_and_var_and_patched_into_graph_nodes():
                                  tensor_map_args(maps, ("m",)))
     launcher.var_slots, launcher.loop_slots = [], []
     args = launcher.args
-    assert args.map_offsets == [64, 192] and ctypes.addressof(args.buffer) % 64 == 0
+    assert args.map_offsets == [32, 160]
 
     def words(n):   # map n's first words
         return struct.unpack_from("<5Q", args.buffer, args.map_offsets[n])
@@ -63,20 +64,29 @@ def test_maps_are_encoded_per_address_and_var_and_patched_into_graph_nodes():
     launcher.buffer_ptrs[2] = 0x50000
     assert words(1)[0] == 0x50000
     launcher.buffer_ptrs[1] = 0x60002                          # an unaligned view: no map (the kernel copies chunks)
-    assert bytes(args.buffer[64:192]) == bytes(MAP_BYTES)
+    assert bytes(args.buffer[32:160]) == bytes(MAP_BYTES)
     before = encoder.encode_tiled.calls
     launcher.buffer_ptrs[1] = 0x20000
     launcher.set_val(0, 1000)
     assert encoder.encode_tiled.calls == before                # (encodings seen before are cached)
-    # a graph's node of it gets the argument bytes with the maps
+    # a launch, and a graph's node of it, get a pointer to each parameter: 3 buffers, m, the maps
+    sizes = [8] * 4 + [MAP_BYTES] * 2
     other = stub_launcher(device, 2, [0x10000], static_size=64)
     for m in (1000, 1000, 4100):
         launcher.set_val(0, m)
         device.run_all((launcher, other))
         device.flush()
-    update = [c for c in device.driver.calls if c[0] == "update"][-1]
-    assert len(update[3]) == 64 + 2 * MAP_BYTES and struct.unpack_from("<3Q", update[3], 64)[2] == 4100
+    first, update = device.driver.calls[0], [c for c in device.driver.calls if c[0] == "update"][-1]
+    assert first[:2] == ("launch", 1) and first[3] == update[3] == ctypes.addressof(args.params)
+    values = params_of(update[3], sizes)
+    assert values[:4] == [struct.pack("<Q", a) for a in (0x10000, 0x20000, 0x50000)] + [struct.pack("<q", 4100)]
+    assert struct.unpack_from("<3Q", values[4])[2] == 4100 and values[5] == bytes(args.buffer[160:288])
 
 
-def test_packed_args_without_maps_keep_their_size():
-    assert cuda_driver.PackedArgs(3)._size.value == 24 and cuda_driver.PackedArgs(3, 1).map_offsets == [64]
+def test_packed_args_without_maps_are_one_buffer_and_with_maps_one_pointer_a_parameter():
+    plain = cuda_driver.PackedArgs(3)
+    assert plain._size.value == 24 and plain.params is None and plain.addresses()[0] is None
+    with_maps = cuda_driver.PackedArgs(3, 1)
+    assert with_maps.extra is None and with_maps.map_offsets == [24]
+    start = ctypes.addressof(with_maps.buffer)
+    assert list(with_maps.params) == [start, start + 8, start + 16, start + 24]
