@@ -316,6 +316,7 @@ class Engine:
             np.asarray(table, np.int64), np.asarray(last, np.int64), max(size for _, size in chunks),
             self.pool.keys, self.pool.values, self.cos, self.sin)
         self.pool.write(slots, keys, values)
+        del values, keys  # (in this order: see _decode)
         for seq, size in chunks:
             seq.cached += size
         return self._emit_rows([seq for seq, _ in chunks], logits, greedy,
@@ -329,6 +330,10 @@ class Engine:
                                                    np.array(cached, np.int64), table, pool.keys, pool.values,
                                                    self.cos, self.sin)
         pool.write([pool.slot(s.blocks, p) for s, p in zip(batch, cached)], keys, values)
+        # dropped in the reverse of the order the call allocated them (a tuple drops its last item first): a GPU's
+        # memory pool hands out the block freed last first, so the next call's keys and values get the same memory
+        # and its CUDA graph updates no kernel node for them (60 node updates a step at B=1, where they swapped)
+        del values, keys
         for seq in batch:
             seq.cached += 1
         return self._emit_rows(batch, logits, greedy, range(len(batch)))

@@ -190,6 +190,26 @@ def test_greedy_rows_read_no_logits_to_the_host(monkeypatch, device, params):
     assert [shape for shape in read if shape[-1:] == (CFG.vocab,)]
 
 
+def test_a_steady_decode_step_gets_the_memory_of_the_last_ones_keys_and_values(device, params):
+    """On a device with its own memory, one sequence decoding: each step's new keys and values (the decode call's
+    outputs, a (1, KV, hd) array a layer) land in the memory the step before's had, so a CUDA graph replaying the
+    call updates no kernel node for them. Was: keys and values swapped memory every step (the engine dropped them
+    in the order the call allocated them, and the pool hands out the block freed last first)."""
+    if device == "cpu":
+        pytest.skip("the cpu's outputs are host arrays")
+    from prepjit.runtime.devices import get_device
+    engine, memory = _engine(params, device), get_device(device)
+    decode, addresses = engine.decode, []
+
+    def recording(*args):
+        out = decode(*args)
+        addresses.append([memory._address(a.buffer) for a in (*out[2], *out[3])])
+        return out
+    engine.decode = recording
+    _run(engine, [(_prompts(1, seed=3)[0], serving.Sampling(max_tokens=6))])
+    assert len(addresses) == 5 and addresses[-1] == addresses[-2] == addresses[-3], addresses
+
+
 def test_kv_pool_and_weights_stay_on_the_device(device, params):
     """On a device with its own memory (opencl) the weights, RoPE tables and KV pool are pj.Arrays there, and
     every step writes the pool into its own memory (the old arrays donated: deleted, the memory the same), moving
