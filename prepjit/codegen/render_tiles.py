@@ -135,20 +135,14 @@ def unpacks_blocks(operand: UOp) -> bool:
 
 def fragment_kind(c: Contraction) -> str | None:
     """What tensor cores may multiply `c`'s operands in, or None: the 16-bit float both are widened from (exactly);
-    bfloat16 where one is widened from it and the other is a weight unpacked from quantized blocks (activations of
-    a model computing in bfloat16 times a pj.quant weight: the weight's value rounded to bfloat16 as it is staged,
-    as a weight stored in bfloat16 is, an error of at most 2**-9 of each product's magnitude; float16 activations
-    keep the float32 tile: a dequantized value may pass float16's range, q4_1's d * q + m up to 16 x 65504); else
-    what the contraction's precision allows its float32 operands (its product's arg, tracing/precision.py):
-    "tf32", or "bfloat16" (the operands rounded to it) for "bf16"."""
+    else what the contraction's precision allows its float32 operands (its product's arg, tracing/precision.py):
+    "tf32", or "bfloat16" (the operands rounded to it) for "bf16" -- a weight unpacked from quantized blocks too
+    (fragment_unpack.py), whose value "highest" keeps exact."""
     def narrow(x: UOp):
         return x.src[0].dtype if x.op is Ops.CAST and x.src[0].dtype in (dtypes.bfloat16, dtypes.float16) else None
     kind = narrow(c.a)
     if kind is not None and kind == narrow(c.b):
         return kind.name
-    for x, w in ((c.a, c.b), (c.b, c.a)):
-        if narrow(x) == dtypes.bfloat16 and narrow(w) is None and unpacks_blocks(w):
-            return narrow(x).name
     return {"tf32": "tf32", "bf16": "bfloat16"}.get(c.reduce.src[0].arg)
 
 

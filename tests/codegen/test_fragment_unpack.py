@@ -1,15 +1,16 @@
 """Quantized weights on tensor cores (render_tiles.fragment_kind, fragment_unpack.py): x @ pj.quant.dequantize(b,
-kind).T with bfloat16 activations and many rows (a prefill's var T up to 512) is a bfloat16 tensor-core tile, each
+kind).T under precision="bf16" with many rows (a prefill's var T up to 512) is a bfloat16 tensor-core tile, each
 weight chunk unpacked from its blocks and rounded to bfloat16 as it is staged; a var batch of at most FEW_VAR_ROWS
-keeps its batch row kernel, float32 and float16 activations their exact FMA tile (a dequantized value may pass
-float16's range). Through cuda_emulation (mma.sync and wgmma) every kind equals NumPy's float32 model of the
-dequantized weights rounded to bfloat16 (products summed in float32), and is within 2**-9 of each output's sum of
+keeps its batch row kernel, and the default precision ("highest") the exact FMA tile whatever the activations.
+Through cuda_emulation (mma.sync and wgmma) every kind equals NumPy's float32 model of the dequantized weights
+rounded to bfloat16 (products summed in float32), and is within 2**-9 of each output's sum of
 |x * w| of the unrounded model."""
 import ml_dtypes
 import numpy as np
 import pytest
 
 import prepjit as pj
+import prepjit.numpy as pnp
 from prepjit.codegen import gpu_launch
 from prepjit.codegen.optimize import DEFAULT_BLOCKING, Blocking, optimize
 from prepjit.codegen.schedule import schedule
@@ -23,13 +24,14 @@ N = 301          # columns: not a multiple of a tile's
 KINDS = {"q8_0": 576, "q4_0": 576, "q4_1": 576, "q4_k": 512, "q6_k": 256}   # (k: whole blocks of the kind)
 
 
-def _prepared(kind, k, most, dtype):
-    return pj.prepare(lambda x, b: x @ pj.quant.dequantize(b, kind).T, vars={"T": (1, most)},
+def _prepared(kind, k, most, dtype, precision):
+    return pj.prepare(lambda x, b: pnp.matmul(x, pj.quant.dequantize(b, kind).T, precision=precision),
+                      vars={"T": (1, most)},
                       shapes={"x": ("T", k)}), (np.ones((3, k), dtype), _blocks(np.random.default_rng(0), kind, N, k))
 
 
-def _launched(kind, k, most, dtype=ml_dtypes.bfloat16, tile=None):
-    f, args = _prepared(kind, k, most, dtype)
+def _launched(kind, k, most, dtype=ml_dtypes.bfloat16, tile=None, precision="bf16"):
+    f, args = _prepared(kind, k, most, dtype, precision)
     traced = pj.trace(f, *args)
     sched = schedule(list(traced.outputs), list(traced.inputs))
     (kern,) = sched.kernels
@@ -38,11 +40,12 @@ def _launched(kind, k, most, dtype=ml_dtypes.bfloat16, tile=None):
 
 
 @pytest.mark.parametrize("kind", ["q8_0", "q4_1"])
-def test_many_rows_of_16_bit_activations_take_tensor_cores(kind):
-    """A prefill's var T up to 512 of bfloat16 activations by a quantized weight: a tile of bfloat16 fragments, the
-    weight's chunks unpacked from the blocks a chunk at a time (its scale, and q4_1's min, read once a chunk, not
-    once a weight) and stored as one 16-byte store; float32 and float16 activations keep the float32 FMA tile, a decode batch (at most
-    FEW_VAR_ROWS) its batch row kernel."""
+def test_many_rows_under_bf16_precision_take_tensor_cores(kind):
+    """A prefill's var T up to 512 of bfloat16 activations by a quantized weight under precision="bf16": a tile of
+    bfloat16 fragments, the weight's chunks unpacked from the blocks a chunk at a time (its scale, and q4_1's min,
+    read once a chunk, not once a weight) and stored as one 16-byte store; the default precision keeps the exact
+    float32 FMA tile (bfloat16, float16 or float32 activations), a decode batch (at most FEW_VAR_ROWS) its batch row
+    kernel."""
     k = KINDS[kind]
     _, launched = _launched(kind, k, 512)
     assert gpu_launch.launch_of(launched)[0] == "tile" and gpu_launch.launch_of(launched)[4:] == ("bfloat16",)
@@ -50,8 +53,8 @@ def test_many_rows_of_16_bit_activations_take_tensor_cores(kind):
     chunks = source.count("q[0] = pj_float_to_bfloat16(")   # (a chunk's 8 weights, then one 16-byte store)
     assert chunks == source.count("q[7] = pj_float_to_bfloat16(") == source.count("*(uint4 *)dst = uint4{q[0]") > 0
     assert source.count("= pj_half_to_float(") == chunks * (2 if kind == "q4_1" else 1)
-    for dtype in (np.float32, np.float16):
-        _, launched = _launched(kind, k, 512, dtype)
+    for dtype in (ml_dtypes.bfloat16, np.float16, np.float32):
+        _, launched = _launched(kind, k, 512, dtype, precision=None)
         assert len(gpu_launch.launch_of(launched)) == 4   # (no fragments: exact float32)
     _, launched = _launched(kind, k, gpu_launch.FEW_VAR_ROWS)
     assert gpu_launch.launch_of(launched)[0] == "batch"
