@@ -14,7 +14,6 @@ the disk key and PREPJIT_TUNE's candidates all see that one kernel.
 from __future__ import annotations
 
 import functools
-import os
 from typing import Callable
 
 import attrs
@@ -81,12 +80,12 @@ OPENCL_TARGET = _gpu(OPENCL)
 CUDA_TARGET = _gpu(CUDA)
 CUDA_HOPPER_TARGET = _gpu(CUDA_HOPPER)   # sm_90a: wide 16-bit tiles on bulk tensor copies (render_fragments_tma.py)
 TARGETS = {t.language: t for t in (LLVM, OPENCL_TARGET, CUDA_TARGET)}
-BULK_COPIES = "PREPJIT_TMA"   # "1": Hopper GPUs take CUDA_HOPPER_TARGET (until it is timed: off by default)
 
 
 def target_for(device) -> Target:
-    """The target of the kernels `device` runs (named by its kernel language; a Hopper GPU's, sm_90, compiled for
-    sm_90a, its own where BULK_COPIES is on)."""
-    if getattr(device, "arch", None) == "sm_90" and os.environ.get(BULK_COPIES) == "1":
+    """The target of the kernels `device` runs: named by its kernel language, except a Hopper GPU's (sm_90, compiled
+    for sm_90a), which has its own. The arch is in the device's compiler_id, so the disk cache and saved plans
+    tell its kernels from another GPU's."""
+    if getattr(device, "arch", None) == "sm_90":
         return CUDA_HOPPER_TARGET
     return TARGETS[device.language]

@@ -6,7 +6,7 @@ from prepjit.codegen import bounds, gpu_launch, targets
 from prepjit.codegen.bounds import prove_kernel, prove_launched
 from prepjit.codegen.optimize import Blocking
 from prepjit.codegen.render_tiles import match_contraction
-from prepjit.codegen.targets import CUDA_TARGET, LLVM, OPENCL_TARGET, TARGETS, target_for
+from prepjit.codegen.targets import CUDA_HOPPER_TARGET, CUDA_TARGET, LLVM, OPENCL_TARGET, TARGETS, target_for
 from prepjit.errors import CompileError
 from prepjit.runtime.devices import get_device
 from prepjit.uop import Ops, UOp, dtypes
@@ -78,9 +78,20 @@ def test_a_wrong_launch_rewrite_is_refused_by_the_proof(monkeypatch):
 def test_each_device_names_its_target(device):
     device = get_device(device)
     target = target_for(device)
-    assert TARGETS[device.language] is target
+    assert target is (CUDA_HOPPER_TARGET if getattr(device, "arch", None) == "sm_90" else TARGETS[device.language])
     assert target.work_groups == device.device_memory == (target is not LLVM)
     assert target.packs_contractions == (target is LLVM)
+
+
+def test_a_hopper_gpu_takes_its_own_target_by_default():
+    """An sm_90 GPU's kernels are CUDA_HOPPER_TARGET's (bulk tensor copies: render_fragments_tma.py) with no switch;
+    other CUDA GPUs' are CUDA_TARGET's (the arch is in the device's compiler_id, so the disk keys differ)."""
+    class FakeGPU:
+        language = "cuda"
+        def __init__(self, arch):
+            self.arch = arch
+    assert target_for(FakeGPU("sm_90")) is CUDA_HOPPER_TARGET
+    assert target_for(FakeGPU("sm_80")) is target_for(FakeGPU("sm_89")) is CUDA_TARGET
 
 
 def test_a_plans_kernels_are_the_kernels_as_launched(device):
