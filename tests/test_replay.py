@@ -226,3 +226,29 @@ def test_a_layer_dict_changed_between_calls_replays_or_reads_like_the_full_path(
     donate(layers[1]["w"])
     with pytest.raises(pj.DeletedArrayError):
         f(layers, x)
+
+
+@pytest.mark.parametrize("scalar_var", [False, True])
+def test_a_gpu_calls_outputs_are_allocated_together(device, monkeypatch, scalar_var):
+    """On a device with its own memory a replayed call's outputs come from one `_pool_alloc_all` (the cuda device
+    enters pycuda's context once for them: outside the main thread each entry pushes and pops it), with or
+    without a scalar var read anew; the results are NumPy's."""
+    if device == "cpu":
+        pytest.skip("the cpu's outputs are host arrays")
+    from prepjit.runtime.devices import get_device
+    memory, batches = get_device(device), []
+    allocate = memory._pool_alloc_all
+    monkeypatch.setattr(memory, "_pool_alloc_all", lambda sizes: batches.append(list(sizes)) or allocate(sizes))
+    if scalar_var:
+        f = pj.prepare(lambda x, k: (x + k, x * k, pnp.sum(x)), vars={"k": (0, 9)}, device=device)
+    else:
+        f = pj.prepare(lambda x, k: (x + 2, x * 2, pnp.sum(x)), device=device)
+    x = np.arange(6, dtype=np.float32)
+    f(x, 2)  # (the first call reads its signature: the full path)
+    batches.clear()
+    for k in (2, 3) if scalar_var else (2, 2):
+        out = f(x, k)
+        np.testing.assert_array_equal(out[0], x + k)
+        np.testing.assert_array_equal(out[1], x * k)
+        assert float(out[2]) == x.sum()
+    assert batches == [[24, 24, 16]] * 2   # (the 0-d sum: at least MIN_BYTES)

@@ -65,8 +65,8 @@ class _KnownCall:
         self.dtypes = [plan.buffers[b].dtype for b in dict.fromkeys(plan.outputs)]
         self.values = tuple(self.base_values[n] for n in self.var_names)
         self.shapes = [fn(self.base_values) for fn in self.shape_fns]
-        on_gpu = device.device_memory  # outputs in device memory (a GPU), else host arrays
-        self.empty = device.empty if on_gpu else empty
+        on_gpu = device.device_memory  # outputs in device memory (a GPU: all of a call's allocated together), else
+        self.empties = device.empties if on_gpu else _host_empties  # host arrays
         self.out_specs = [(device.empty if on_gpu else allocator_for(s, dt), s, dt)
                           for s, dt in zip(self.shapes, self.dtypes)]
         self.single = entry.out_tree.kind == "leaf"
@@ -99,8 +99,9 @@ class _KnownCall:
             if self.plan.run_arrays(inputs + (output,), self.values):
                 return Array(output, shape, dtype, self.device)
             return self._replay_aligned(inputs, [output], self.values, self.shapes)
-        return self._replay(inputs, [alloc(shape, dtype) for alloc, shape, dtype in self.out_specs], self.values,
-                            self.shapes)
+        outputs = self.empties(self.shapes, self.dtypes) if self.device.device_memory else \
+            [alloc(shape, dtype) for alloc, shape, dtype in self.out_specs]
+        return self._replay(inputs, outputs, self.values, self.shapes)
 
     def _run_with_vars(self, args: tuple):
         """A call with scalar vars: test their bounds, agreement with the shapes and the index constraints
@@ -113,8 +114,7 @@ class _KnownCall:
             return MISS
         current = dict(zip(self.var_names, values))
         shapes = [fn(current) for fn in self.shape_fns]
-        outputs = [self.empty(shape, dtype) for shape, dtype in zip(shapes, self.dtypes)]
-        return self._replay(inputs, outputs, values, shapes)
+        return self._replay(inputs, self.empties(shapes, self.dtypes), values, shapes)
 
     def _tested(self, args: tuple):
         """The values of a call's vars (plan.vars order), or MISS where the arrays it captured were rebound; a
@@ -166,6 +166,10 @@ class _KnownCall:
 
 
 _BUFFER = operator.attrgetter("buffer")
+
+
+def _host_empties(shapes: list, dtypes: list) -> list:
+    return [empty(shape, dtype) for shape, dtype in zip(shapes, dtypes)]
 
 
 def replay_with_io(entry, values: dict, arrays, donated: tuple, timings: list | None = None):

@@ -325,11 +325,19 @@ class CUDADevice(DeviceBase):
     def _pool_alloc(self, nbytes: int):
         """Plan buffers come from the pool too: a dropped allocation goes back to it, with no CUDA call in
         whatever thread drops it (pycuda frees memory only in the thread that made its context)."""
-        try:
-            with self.pycuda_context():
-                return self.pool.allocate(nbytes)
-        except (self.drv.MemoryError, OverflowError) as e:  # OverflowError: past the driver's size_t
-            raise MemoryError(f"CUDA could not allocate {nbytes} bytes on {self.description} ({e})") from None
+        return self._pool_alloc_all([nbytes])[0]
+
+    def _pool_alloc_all(self, sizes: list[int]) -> list:
+        """Allocations from the pool inside one `pycuda_context` (each takes pycuda's current context): outside
+        the main thread (serve.py's engine worker) every entry pushes and pops the context, once a call's outputs."""
+        memories = []
+        with self.pycuda_context():
+            for nbytes in sizes:
+                try:
+                    memories.append(self.pool.allocate(nbytes))
+                except (self.drv.MemoryError, OverflowError) as e:  # OverflowError: past the driver's size_t
+                    raise MemoryError(f"CUDA could not allocate {nbytes} bytes on {self.description} ({e})") from None
+        return memories
 
     _alloc = _pool_alloc
 

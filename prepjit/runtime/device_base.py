@@ -124,7 +124,7 @@ class DeviceBase:
     """Memory and staging for a device whose memory the host cannot address.
 
     Backends define `_alloc(nbytes)` (plan-lifetime memory), `_pool_alloc(nbytes)` (memory returned to a
-    pool when it is dropped), `_address(memory)` (an int), `arg(memory)` (what a launcher's buffer slot
+    pool when it is dropped; `_pool_alloc_all(sizes)` where several at once cost less), `_address(memory)` (an int), `arg(memory)` (what a launcher's buffer slot
     takes), `_upload(memory, host)` (asynchronous, in stream order), `_download(host, memory)` (blocking)
     and `_copy(dst, src, nbytes)` (device to device, in stream order).
     """
@@ -176,6 +176,10 @@ class DeviceBase:
         with self.lock:
             return self._pool_alloc(max(nbytes, MIN_BYTES))
 
+    def _pool_alloc_all(self, sizes: list[int]) -> list:
+        """`_pool_alloc` of each size; a backend that sets something up around an allocation does it once here."""
+        return [self._pool_alloc(nbytes) for nbytes in sizes]
+
     def input_handle(self, arg) -> tuple[object, object]:
         """(kernel argument, object to keep alive): this device's arrays pass as they are; NumPy is copied
         into a pooled buffer of its own size (kept alive, with the array, until the call synchronises)."""
@@ -189,10 +193,13 @@ class DeviceBase:
 
     def empty(self, shape: tuple[int, ...], dtype: np.dtype):
         """Fresh device memory for an array of `shape` and `dtype` (from the pool)."""
-        nbytes = np.dtype(dtype).itemsize
-        for d in shape:
-            nbytes *= d
-        return self._pooled(nbytes)
+        return self._pooled(_nbytes(shape, dtype))
+
+    def empties(self, shapes: list[tuple[int, ...]], dtypes: list[np.dtype]) -> list:
+        """`empty` of each shape and dtype (a call's outputs), allocated together (`_pool_alloc_all`)."""
+        sizes = [max(_nbytes(shape, dtype), MIN_BYTES) for shape, dtype in zip(shapes, dtypes)]
+        with self.lock:
+            return self._pool_alloc_all(sizes)
 
     def new_output(self, shape: tuple[int, ...], dtype: np.dtype) -> tuple[object, Array]:
         memory = self.empty(shape, dtype)
@@ -210,3 +217,10 @@ class DeviceBase:
         if out.nbytes:
             self._download(out, memory)
         return out
+
+
+def _nbytes(shape: tuple[int, ...], dtype: np.dtype) -> int:
+    nbytes = np.dtype(dtype).itemsize
+    for d in shape:
+        nbytes *= d
+    return nbytes
