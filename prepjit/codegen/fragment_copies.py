@@ -26,10 +26,10 @@ def element_type(r, kind: Kind) -> str:
 
 
 def chunk_slots(c: Contraction, s: Staged) -> list[tuple[str, str]]:
-    """(name suffix, chunk number) of each of the work-item's chunks of operand `s`: n and lid + n x the tile's
-    work-items, for n < s.chunks // c.threads."""
-    assert s.chunks % c.threads == 0, (s.chunks, c.threads)
-    return [(str(n), f"(lid + {n * c.threads})") for n in range(s.chunks // c.threads)]
+    """(name suffix, chunk number) of each of the work-item's chunks of operand `s`: n and lid + n x the work-items
+    of its set (each set copies its own slices), for n < s.chunks // c.set_threads."""
+    assert s.chunks % c.set_threads == 0, (s.chunks, c.set_threads)
+    return [(str(n), f"(lid + {n * c.set_threads})") for n in range(s.chunks // c.set_threads)]
 
 
 def emit_chunk_starts(r, c: Contraction, s: Staged, slots: list | None = None):

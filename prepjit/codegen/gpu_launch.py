@@ -6,7 +6,8 @@ renderer (render_c.py) follows and never decides itself:
 - ("tile", rows, columns, splits[, fragments[, variant]]): a contraction tiled through local memory
   (render_tiles.py); the tile is the Blocking's (PREPJIT_TUNE's choice) or the tile policy's; `fragments`
   (render_tiles.fragment_kind: a 16-bit float's name where both operands are that float widened, or "tf32" /
-  "bfloat16" where the contraction's precision allows; one set of work-items) where the dialect has tensor cores
+  "bfloat16" where the contraction's precision allows; k split between `splits` sets of work-items where one
+  operand unpacks quantized blocks, `unpacked_tile`, else one set) where the dialect has tensor cores
   (render_fragments.py); the variant "tma" (tensor_maps.BULK_VARIANT) where the dialect has bulk tensor copies
   (Hopper) and the tile is a wide one of 16-bit operands (`wide_tile`: render_fragments_tma.py, its operands read
   through tensor maps the runtime encodes per launch);
@@ -36,6 +37,8 @@ BULK_VARIANT = "tma"       # a tile's variant on bulk tensor copies (Hopper: ren
 WIDE_COLUMNS = 256         # columns of its tiles (`wide_tile`)
 FEW_OUTPUTS = 1 << 18     # an elementwise kernel of fewer outputs (at most) takes one a work-item: its work-items
                           # would not fill a GPU of ~100 multiprocessors twice over at several each
+UNPACKED_TILE = (64, 32)   # rows and columns of a tile of a quantized weight on tensor cores (`unpacked_tile`)
+UNPACKED_SPLITS = (4, 3, 2)   # sets of work-items that may split its k
 
 
 def warp_rows(dialect) -> int:
@@ -93,6 +96,9 @@ def _tile_launch(ast: UOp, c, dialect) -> UOp:
     fragments = fragment_kind(c) if dialect.tensor_core_mma else None
     if fragments is not None and dialect.bulk_copies and wide_tile(c, fragments):
         return _with_launch(ast, ("tile", c.tm, WIDE_COLUMNS, 1, fragments, BULK_VARIANT))
+    unpacked = unpacked_tile(c, fragments)
+    if unpacked is not None:
+        return _with_launch(ast, ("tile", *unpacked, fragments))
     if fragments is not None:
         return _with_launch(ast, ("tile", c.tm, c.tn, 1, fragments))
     return _with_launch(ast, ("tile", c.tm, c.tn, c.splits))
@@ -100,6 +106,22 @@ def _tile_launch(ast: UOp, c, dialect) -> UOp:
 
 def wide_tile(c, fragments: str) -> bool:
     """Whether a contraction of 16-bit `fragments` on a dialect with bulk tensor copies (Hopper) takes the wide tile
+def unpacked_tile(c, fragments: str | None) -> tuple | None:
+    """(rows, columns, splits) of a tensor-core tile whose columns' operand is unpacked from quantized blocks (x @
+    pj.quant.dequantize(b, kind).T, bfloat16 x: fragment_kind), or None: UNPACKED_TILE, its k split between the
+    tile's sets of work-items (render_fragments: each set stages and multiplies every splits-th slice, set 0 adds
+    up), the most of UNPACKED_SPLITS that divides k's slices (the first where none does). Unpacking, not the
+    tensor cores' arithmetic, is the tile's work: the policy's tiles (32 x 128 for SmolLM2's projections, 128 x
+    128 for its head) put it on few work-groups of 4 warps, each unpacking its columns' slices one after
+    another (on an H100 ~50 us whatever the rows up to 128: 8-30 work-groups on 132 multiprocessors); 32 columns
+    give 4x the work-groups of 128, and 4 sets 16 warps a group, each unpacking a quarter of the slices."""
+    if fragments != "bfloat16" or not unpacks_blocks(c.b) or unpacks_blocks(c.a):
+        return None
+    end = c.k.src[0]
+    slices = -(-end.arg // KINDS[fragments].slice_k) if end.op is Ops.CONST else 0
+    return (*UNPACKED_TILE, next((s for s in UNPACKED_SPLITS if slices % s == 0), UNPACKED_SPLITS[0]))
+
+
     of the "tma" variant (render_fragments_tma.py: 128 x WIDE_COLUMNS, a producer and two consumer warpgroups): a
     contraction the tile policy gives 128 x 128 tiles (many outputs), whose columns fill wide tiles as well."""
     m, n = (math.prod(r.src[0].vmax for r in side) for side in (c.i, c.j))

@@ -38,6 +38,12 @@ memory through the async proxy: each work-item fences its copies and stores (fen
 barrier that starts a slice, and the group waits for all but its last WGMMA_IN_FLIGHT groups of instructions
 before the next barrier (the oldest stage is refilled after it).
 
+A tile of `splits` sets of work-items (gpu_launch.unpacked_tile: a weight unpacked from quantized blocks, whose
+staging is the tile's work) splits k between them: set kset (each a tile's warpgroups, the work-item's `lid` its
+place in its set) copies and multiplies slices kset, kset + splits, ... through stages of its own, every set
+reaching every barrier (those past k's end are copied as zeros); at the end set 0 adds the others' accumulators
+through local memory (`_combine_sets`) and stores the tile.
+
 Chunks are copied as fragment_copies.py says (16-byte cp.async where the operand allows, else element by element),
 which the barrier that starts each slice's arithmetic orders as it orders the copies.
 The tiles are taken in bands of RASTER_ROWS tile rows, down a band's rows and then across its columns, so the
@@ -78,6 +84,7 @@ SLICE_K = 32                    # depth of one staged slice in 16-bit elements (
 WGMMA_IN_FLIGHT = 1             # warpgroup instruction groups left in flight while the next slice is issued (0 or 1)
 RESIDENT_TILES = 2              # tiles a multiprocessor should hold at once where a work-item's accumulators are at
 RESIDENT_ACCUMULATORS = 64      # most this many (the compiler keeps its registers within 65536 / (2 x 256): 128)
+RESIDENT_THREADS = 512          # and the resident tiles' work-items at most this many (128 registers each)
 SWIZZLES = {128: 1, 64: 2, 32: 3}   # a matrix descriptor's swizzle mode for rows of so many bytes
 RASTER_ROWS = 8                 # tile rows of a band of the grid's order (emit_fragment_contraction)
 
@@ -120,7 +127,7 @@ KINDS = {"bfloat16": Kind("bf16", 2, 16, True, "pj_float_to_bfloat16({v})"),
 
 def warp_grid(c: Contraction) -> tuple[int, int]:
     """(rows, columns) of the tile's warps on mma.sync: two rows of them (2 x 2 for one warpgroup, 2 x 4 for two)."""
-    return 2, c.threads // WARP // 2
+    return 2, c.set_threads // WARP // 2
 
 
 def warp_tile(c: Contraction) -> tuple[int, int]:
@@ -131,7 +138,7 @@ def warp_tile(c: Contraction) -> tuple[int, int]:
 
 def group_rows(c: Contraction) -> int:
     """Rows of the tile each warpgroup owns (all its columns), wgmma: the rows split between its warpgroups."""
-    return c.tm // (c.threads // FRAGMENT_THREADS)
+    return c.tm // (c.set_threads // FRAGMENT_THREADS)
 
 
 def uses_wgmma(c: Contraction) -> bool:
@@ -246,7 +253,7 @@ def in_flight(c: Contraction) -> int:
 def stages_for(c: Contraction) -> int:
     """Local buffers of slices: as many as fit MAX_LOCAL_BYTES, at most MAX_STAGES, at least one more than the
     slices being multiplied (the one issued and those in flight) so one is always being copied."""
-    per_stage = sum(CHUNK_BYTES * s.chunks for s in _staged(c))
+    per_stage = c.splits * sum(CHUNK_BYTES * s.chunks for s in _staged(c))   # (each set's stages its own)
     return max(2 + in_flight(c), min(MAX_STAGES, MAX_LOCAL_BYTES // per_stage))
 
 
@@ -297,7 +304,8 @@ def emit_fragment_contraction(r, c: Contraction):
     from . import render_fragments_ws as ws   # (which builds on this module's staging)
     d, long = r.d, r.long
     kind = KINDS[c.fragments].ptx
-    r.resident_groups = RESIDENT_TILES if c.tm * c.tn <= RESIDENT_ACCUMULATORS * c.threads else 1
+    r.resident_groups = RESIDENT_TILES if (c.tm * c.tn <= RESIDENT_ACCUMULATORS * c.set_threads and
+                                           c.threads * RESIDENT_TILES <= RESIDENT_THREADS) else 1
     if kind == "bf16":
         r.bfloat16_helpers()
     _helpers(r, kind)
@@ -311,9 +319,12 @@ def emit_fragment_contraction(r, c: Contraction):
         wgmma = uses_wgmma(c)
         specialised = ws.warp_specialised(c) and "pj_mbar_wait" in d.tensor_core_mma
         ws_staged = _staged(c, ws.WS_DEPTH) if specialised else None
-        declare_tiles(r, [(ws_staged, ws.WS_STAGES), (staged, stages)] if specialised else [(staged, stages)],
-                      ws.TEST)
-    r.emit(f"const int lid = {d.local_id}, lane = lid % {WARP}, fg = lane / 4, ft = lane % 4 * 2;")
+        declare_tiles(r, [(ws_staged, ws.WS_STAGES), (staged, stages)] if specialised else
+                      [(staged, stages * c.splits)], ws.TEST)
+    if c.splits > 1:   # lid: the work-item in its set kset (which multiplies every splits-th slice)
+        r.emit(f"const int lid = {d.local_id} % {c.set_threads}, kset = {d.local_id} / {c.set_threads};")
+    r.emit(f"const int {'' if c.splits > 1 else f'lid = {d.local_id}, '}lane = lid % {WARP}, fg = lane / 4, "
+           f"ft = lane % 4 * 2;")
     r.emit(f"const {long} bid = {d.group_id};")
     r.emit(f"const {long} nbn = ({n} + {c.tn - 1}) / {c.tn}, nbm = ({m} + {c.tm - 1}) / {c.tm};")
     # tiles in bands of RASTER_ROWS tile rows, down each band's rows then across: the work-groups running at once
@@ -332,8 +343,14 @@ def emit_fragment_contraction(r, c: Contraction):
         r.lines.append(f"#if {ws.TEST}")
         ws.emit_warp_specialised(r, c, ws_staged)
         r.lines.append("#else")
-    depth = KINDS[c.fragments].slice_k
-    r.emit(f"const {long} slices = ({kk_end} + {depth - 1}) / {depth};")
+    depth, sets = KINDS[c.fragments].slice_k, c.splits
+    # slices: the set's (a set's slice kt is slice kt x sets + kset of k; those past k's end are copied as zeros);
+    # its stages: kset x stages on
+    r.emit(f"const {long} slices = ({kk_end} + {depth * sets - 1}) / {depth * sets};")
+    first = f"kset * {stages} + " if sets > 1 else ""
+
+    def slice_of(kt: str) -> str:
+        return f"({kt}) * {sets} + kset" if sets > 1 else kt
     for s in staged:
         emit_chunk_starts(r, c, s)
     group = _WarpgroupTile(r, c, staged) if wgmma else None
@@ -353,19 +370,19 @@ def emit_fragment_contraction(r, c: Contraction):
         ahead, landed = "ahead", "ahead - 1"
     r.open_block(f"for (int s = 0; s < {ahead}; s++)", {})
     r.open_block("if (s < slices)", {})
-    load_slice("s", "s")
+    load_slice(f"{first}s", slice_of("s"))
     r.close_block()
     r.emit("pj_cp_async_commit();")   # (an empty group where there is no such slice: the waits count groups)
     r.close_block()
     r.open_block(f"for ({long} kt = 0; kt < slices; kt++)", {})
     r.emit(f"pj_cp_async_wait<{landed}>();")
-    r.emit(f"const int st = kt % {stages};")
+    r.emit(f"const int st = {first}kt % {stages};")
     _variants(r, group, warps, "arrive")
     r.emit(d.barrier)        # slice kt is in local memory; every warp is done with the stage loaded next
     _variants(r, group, None, "issue")
     r.open_block(f"if (kt + {ahead} < slices)", {})
-    r.emit(f"const int next = (kt + {ahead}) % {stages};")
-    load_slice("next", f"kt + {ahead}")
+    r.emit(f"const int next = {first}(kt + {ahead}) % {stages};")
+    load_slice("next", slice_of(f"kt + {ahead}"))
     r.close_block()
     r.emit("pj_cp_async_commit();")
     _variants(r, group, warps, "multiply")
@@ -516,7 +533,7 @@ class _WarpgroupTile:
         r = self.r
         for s in self.staged:
             if s.kind.bytes == 4:   # tf32: the work-item rounds the chunks it copied (its copies are complete)
-                for n in range(s.chunks // self.c.threads):
+                for n in range(s.chunks // self.c.set_threads):
                     row = f"row{s.name}{n}"
                     r.open_block("", {})
                     r.emit(f"unsigned *ch = (unsigned *)&{s.name}s[st][blk{s.name}{n}][{row}]"
@@ -549,11 +566,35 @@ class _WarpgroupTile:
 
 
 def _emit_results(r, c: Contraction, cells: list):
-    """Store each accumulator (name, row and column in the tile) at its output, checked."""
+    """Store each accumulator (name, row and column in the tile) at its output, checked; where the tile's sets
+    split k, set 0 first adds the others' accumulators (`_combine_sets`) and stores them alone."""
     store, long, m, n = r.ast.src[0], r.long, r.value(_extent(c.i)), r.value(_extent(c.j))
     for acc, row, col in cells:
         r.open_block(f"if (i0 + {row} < {m} && j0 + {col} < {n})", {})
         r.emit(f"const {long} oi = i0 + {row}, oj = j0 + {col};")
         r.scopes[-1].update({**r.unflatten("oi", list(c.i)), **r.unflatten("oj", list(c.j)), c.reduce: acc})
         r.emit(r.store_line(store))
+    if c.splits > 1:
+        _combine_sets(r, c, cells)
+        r.open_block("if (kset == 0)", {})
         r.close_block()
+    if c.splits > 1:
+        r.close_block()
+
+
+def _combine_sets(r, c: Contraction, cells: list):
+    """Add the other sets' accumulators into set 0's, one set at a time through a local tile of the outputs (a
+    work-item of each set holds the same cells; every work-item reaches every barrier)."""
+    acc_t = r.d.ctype(dtypes.float32)
+    tile = r.d.local_array.format(type=acc_t, name="Cs", n=f"{c.tm}][{c.tn}") + ";"
+    if tile not in r.locals:   # (once for both variants of the arithmetic)
+        r.locals.append(tile)
+    for other in range(1, c.splits):
+        r.open_block(f"if (kset == {other})", {})
+        r.emit(" ".join(f"Cs[{row}][{col}] = {acc};" for acc, row, col in cells))
+        r.close_block()
+        r.emit(r.d.barrier)
+        r.open_block("if (kset == 0)", {})
+        r.emit(" ".join(f"{acc} += Cs[{row}][{col}];" for acc, row, col in cells))
+        r.close_block()
+        r.emit(r.d.barrier)

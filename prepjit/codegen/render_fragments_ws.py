@@ -39,7 +39,7 @@ TEST = "PJ_WARP_SPECIALISED"
 def warp_specialised(c: Contraction) -> bool:
     """Whether the tile has the warp-specialised variant: 16-bit operands on the warpgroup instructions, two
     warpgroups (one producer, one consumer of the whole tile: at most 128 accumulators a work-item)."""
-    return (uses_wgmma(c) and KINDS[c.fragments].bytes == 2 and c.threads == 2 * FRAGMENT_THREADS and
+    return (uses_wgmma(c) and KINDS[c.fragments].bytes == 2 and c.threads == 2 * FRAGMENT_THREADS and c.splits == 1 and
             c.tm % GROUP_M == 0 and c.tm * c.tn <= 128 * FRAGMENT_THREADS)
 
 

@@ -67,7 +67,8 @@ class Contraction:
     batch: tuple         # the other loop ranges (one work-group covers a single value of each)
     tm: int = 128        # rows of a tile
     tn: int = 128        # columns of a tile
-    splits: int = 1      # sets of work-items per tile, each multiplying TILE_K / splits of every slice
+    splits: int = 1      # sets of work-items per tile, each multiplying TILE_K / splits of every slice (on tensor
+                         # cores: every splits-th slice, render_fragments.py)
     fragments: str | None = None   # what both operands are multiplied in on tensor cores (fragment_kind), or None
     variant: str | None = None     # "tma": Hopper's tile of bulk tensor copies (render_fragments_tma.py), or None
 
@@ -77,10 +78,15 @@ class Contraction:
         return (self.tm // REG) * (self.tn // REG)
 
     @property
+    def set_threads(self) -> int:
+        """Work-items of one set: the owners, or on tensor cores the tile's warpgroups."""
+        return fragment_threads(self.tm, self.tn) if self.fragments else self.owners
+
+    @property
     def threads(self) -> int:
         if self.variant is not None:   # a producer warpgroup and a consumer one per GROUP_ROWS rows
             return FRAGMENT_THREADS * (1 + self.tm // GROUP_ROWS)
-        return fragment_threads(self.tm, self.tn) if self.fragments else self.owners * self.splits
+        return self.set_threads * self.splits
 
 
 def _ranges(u: UOp) -> set:
