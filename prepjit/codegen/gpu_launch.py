@@ -35,10 +35,10 @@ from .render_tiles import MIN_FILL, _fill, fragment_kind, match_contraction, unp
 WARP_ROWS = 4             # rows of one warp each a work-group packs (dialects with shuffles)
 BULK_VARIANT = "tma"       # a tile's variant on bulk tensor copies (Hopper: render_fragments_tma.py, tensor_maps.py)
 WIDE_COLUMNS = 256         # columns of its tiles (`wide_tile`)
-FEW_OUTPUTS = 1 << 18     # an elementwise kernel of fewer outputs (at most) takes one a work-item: its work-items
-                          # would not fill a GPU of ~100 multiprocessors twice over at several each
 UNPACKED_TILE = (64, 32)   # rows and columns of a tile of a quantized weight on tensor cores (`unpacked_tile`)
 UNPACKED_SPLITS = (4, 3, 2)   # sets of work-items that may split its k
+FEW_OUTPUTS = 1 << 18     # an elementwise kernel of fewer outputs (at most) takes one a work-item: its work-items
+                          # would not fill a GPU of ~100 multiprocessors twice over at several each
 
 
 def warp_rows(dialect) -> int:
@@ -94,18 +94,16 @@ def few_var_batch(rows) -> bool:
 
 def _tile_launch(ast: UOp, c, dialect) -> UOp:
     fragments = fragment_kind(c) if dialect.tensor_core_mma else None
-    if fragments is not None and dialect.bulk_copies and wide_tile(c, fragments):
-        return _with_launch(ast, ("tile", c.tm, WIDE_COLUMNS, 1, fragments, BULK_VARIANT))
     unpacked = unpacked_tile(c, fragments)
     if unpacked is not None:
         return _with_launch(ast, ("tile", *unpacked, fragments))
+    if fragments is not None and dialect.bulk_copies and wide_tile(c, fragments):
+        return _with_launch(ast, ("tile", c.tm, WIDE_COLUMNS, 1, fragments, BULK_VARIANT))
     if fragments is not None:
         return _with_launch(ast, ("tile", c.tm, c.tn, 1, fragments))
     return _with_launch(ast, ("tile", c.tm, c.tn, c.splits))
 
 
-def wide_tile(c, fragments: str) -> bool:
-    """Whether a contraction of 16-bit `fragments` on a dialect with bulk tensor copies (Hopper) takes the wide tile
 def unpacked_tile(c, fragments: str | None) -> tuple | None:
     """(rows, columns, splits) of a tensor-core tile whose columns' operand is unpacked from quantized blocks (x @
     pj.quant.dequantize(b, kind).T, bfloat16 x: fragment_kind), or None: UNPACKED_TILE, its k split between the
@@ -122,6 +120,8 @@ def unpacked_tile(c, fragments: str | None) -> tuple | None:
     return (*UNPACKED_TILE, next((s for s in UNPACKED_SPLITS if slices % s == 0), UNPACKED_SPLITS[0]))
 
 
+def wide_tile(c, fragments: str) -> bool:
+    """Whether a contraction of 16-bit `fragments` on a dialect with bulk tensor copies (Hopper) takes the wide tile
     of the "tma" variant (render_fragments_tma.py: 128 x WIDE_COLUMNS, a producer and two consumer warpgroups): a
     contraction the tile policy gives 128 x 128 tiles (many outputs), whose columns fill wide tiles as well."""
     m, n = (math.prod(r.src[0].vmax for r in side) for side in (c.i, c.j))

@@ -569,14 +569,14 @@ def _emit_results(r, c: Contraction, cells: list):
     """Store each accumulator (name, row and column in the tile) at its output, checked; where the tile's sets
     split k, set 0 first adds the others' accumulators (`_combine_sets`) and stores them alone."""
     store, long, m, n = r.ast.src[0], r.long, r.value(_extent(c.i)), r.value(_extent(c.j))
+    if c.splits > 1:
+        _combine_sets(r, c, cells)
+        r.open_block("if (kset == 0)", {})
     for acc, row, col in cells:
         r.open_block(f"if (i0 + {row} < {m} && j0 + {col} < {n})", {})
         r.emit(f"const {long} oi = i0 + {row}, oj = j0 + {col};")
         r.scopes[-1].update({**r.unflatten("oi", list(c.i)), **r.unflatten("oj", list(c.j)), c.reduce: acc})
         r.emit(r.store_line(store))
-    if c.splits > 1:
-        _combine_sets(r, c, cells)
-        r.open_block("if (kset == 0)", {})
         r.close_block()
     if c.splits > 1:
         r.close_block()
