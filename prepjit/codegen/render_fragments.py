@@ -144,7 +144,12 @@ def group_rows(c: Contraction) -> int:
 def uses_wgmma(c: Contraction) -> bool:
     """Whether the tile has a warpgroup-instruction variant: its rows a multiple of GROUP_M, and tiles the
     instruction can read (any, for a kind it transposes; else both minor along k)."""
-    return group_rows(c) % GROUP_M == 0 and (KINDS[c.fragments].transposes or all(s.minor == "k" for s in _staged(c)))
+    return group_rows(c) % GROUP_M == 0 and (KINDS[c.fragments].transposes or along_k(c))
+
+
+def along_k(c: Contraction) -> bool:
+    """Whether both operands' local tiles are minor along k (`Staged.minor`)."""
+    return all(s.minor == "k" for s in _staged(c))
 
 
 @attrs.frozen
@@ -312,7 +317,7 @@ def emit_fragment_contraction(r, c: Contraction):
     m, n, kk_end = r.value(_extent(c.i)), r.value(_extent(c.j)), r.value(c.k.src[0])
     if c.variant is not None:   # Hopper's wide tiles on bulk tensor copies (render_fragments_tma.py)
         from . import render_fragments_tma as tma
-        bulk = _staged(c, tma.TMA_DEPTH)
+        bulk = tma.bulk_staged(c)
         declare_tiles(r, [(bulk, tma.TMA_STAGES)])
     else:
         staged, stages = _staged(c), stages_for(c)

@@ -2,14 +2,15 @@
 the launched AST (render_fragments_tma.py renders the copies, runtime/cuda_tensor_maps.py encodes each map on the
 host per launch: cuTensorMapEncodeTiled).
 
-An operand has a map where it is a plain load of the tile's 16-bit kind whose index is affine in the tile's ranges
-over a single own range, k and the batch ranges, unit-strided along the minor axis of its local tile
-(render_fragments.Staged.minor): index = offset + inner + outer x stride + sum of batch x its stride, the offset and
-strides expressions of the vars alone. The map is that index's view of the buffer: dims (inner extent, outer
-extent, each batch range's end), its strides in elements, a box of one stage's block (the swizzle's 128-byte rows by
-the block's rows). It reads nothing the AST's load does not: an element the map reads at coordinates inside its
-dims is the load's at those ranges' values, which lie within the ranges' ends, and the hardware fills coordinates
-past the dims with zeros. So the bounds proof of the launched AST (bounds.py) covers its copies too.
+An operand has a map where it is a plain load of the tile's kind (16-bit, or float32 under tf32) whose index is
+affine in the tile's ranges over a single own range, k and the batch ranges, unit-strided along the minor axis of its
+local tile (render_fragments.Staged.minor): index = offset + inner + outer x stride + sum of batch x its stride, the
+offset and strides expressions of the vars alone. The map is that index's view of the buffer: dims (inner extent,
+outer extent, each batch range's end), its strides in elements, a box of one stage's block (the swizzle's 128-byte
+rows, 64 16-bit or 32 float32 elements, by the block's rows). It reads nothing the AST's load does not: an element
+the map reads at coordinates inside its dims is the load's at those ranges' values, which lie within the ranges'
+ends, and the hardware fills coordinates past the dims with zeros. So the bounds proof of the launched AST
+(bounds.py) covers its copies too.
 
 A map is usable at run time where its start address is 16-byte aligned, its strides in bytes are multiples of 16 and
 below 2^40 and its dims between 1 and 2^31 - 1 (`usable`: the runtime encodes the map only then, the kernel tests the
@@ -57,7 +58,7 @@ def _coefficient(index: UOp, r: UOp) -> UOp | None:
 
 
 def operand_map(c: Contraction, s) -> TensorMap | None:
-    """The tensor map of staged operand `s` (render_fragments.Staged, 64 deep), or None where it has none."""
+    """The tensor map of staged operand `s` (render_fragments.Staged: 128-byte rows), or None where it has none."""
     load = s.direct
     if load is None or len(s.own) != 1 or load.src[0].op is not Ops.DEFINE_GLOBAL:
         return None
@@ -90,13 +91,12 @@ def kernel_maps(c: Contraction, staged: list) -> dict:
 def tensor_maps(ast: UOp) -> tuple:
     """The tensor maps a launched kernel takes as its last parameters, in order (none but for a tile of the bulk
     variant)."""
-    from .render_fragments import _staged
-    from .render_fragments_tma import TMA_DEPTH   # (which renders these maps' copies)
+    from .render_fragments_tma import bulk_staged   # (which renders these maps' copies)
     decided = launch_of(ast)
     if decided is None or decided[0] != "tile" or decided[-1] != BULK_VARIANT:
         return ()
     c = match_contraction(ast, tuple(decided[1:]))
-    return tuple(m for m in kernel_maps(c, _staged(c, TMA_DEPTH)).values() if m is not None)
+    return tuple(m for m in kernel_maps(c, bulk_staged(c)).values() if m is not None)
 
 
 def usable(m: TensorMap, address: int, values: tuple) -> bool:
@@ -108,4 +108,4 @@ def usable(m: TensorMap, address: int, values: tuple) -> bool:
             all(0 < s * size < MAX_STRIDE_BYTES and s * size % 16 == 0 for s in strides))
 
 
-MAP_TYPES = {dtypes.bfloat16: 9, dtypes.float16: 6}   # CU_TENSOR_MAP_DATA_TYPE_*
+MAP_TYPES = {dtypes.bfloat16: 9, dtypes.float16: 6, dtypes.float32: 7}   # CU_TENSOR_MAP_DATA_TYPE_*

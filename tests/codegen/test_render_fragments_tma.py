@@ -1,4 +1,4 @@
-"""Hopper's wide 16-bit tiles on bulk tensor copies (render_fragments_tma.py, tensor_maps.py): which launches take
+"""Hopper's wide tiles on bulk tensor copies (render_fragments_tma.py, tensor_maps.py): which launches take
 them, the tensor maps an operand gets (or not), and that NVRTC compiles them for sm_90a (they run on an H100 only:
 no emulation)."""
 import pytest
@@ -10,7 +10,7 @@ from prepjit.codegen.render_cuda import CUDA, CUDA_HOPPER, render_cuda
 from prepjit.codegen.render_fragments_tma import CONSUMER_REGISTERS, PRODUCER_REGISTERS
 from prepjit.uop import dtypes
 
-from .test_render_fragments import strided_narrow_kernel, working_nvrtc
+from .test_render_fragments import float32_kernel, strided_narrow_kernel, working_nvrtc
 
 
 def test_hopper_takes_wide_tiles_of_sixteen_bit_operands_only():
@@ -57,4 +57,33 @@ def test_wide_tiles_compile_with_nvrtc_for_sm90a(a_t, b_t, offset, scale_b):
     assert f"pj_setmaxnreg<{PRODUCER_REGISTERS}, false>" in src.source and \
         f"pj_setmaxnreg<{CONSUMER_REGISTERS}, true>" in src.source
     assert PRODUCER_REGISTERS + 2 * CONSUMER_REGISTERS <= 512
+    nvrtc.compile(src.name, src.source, ["-arch=sm_90a", "-std=c++17", "--fmad=false"])
+
+
+def test_tf32_takes_wide_tiles_where_both_operands_are_along_k():
+    """Under precision "tf32" a float32 x @ W.T (both tiles minor along k, which wgmma's tf32 form needs) takes the
+    wide tile, 32 float32 elements a 128-byte row of its maps' boxes; a @ b and a.T @ b keep today's tiles."""
+    launched = launch(float32_kernel(4096, 4096, 4096, "tf32", False, True), CUDA_HOPPER, Blocking())
+    assert launch_of(launched) == ("tile", 128, 256, 1, "tf32", "tma")
+    a, b = tm.tensor_maps(launched)
+    assert a.dtype == b.dtype == dtypes.float32 and (a.box, b.box) == ((32, 128), (32, 256))
+    assert [int(s.arg) for s in a.strides] == [4096, 4096 * 4096]
+    for a_t, b_t in ((False, False), (True, False)):
+        assert launch_of(launch(float32_kernel(4096, 4096, 4096, "tf32", a_t, b_t), CUDA_HOPPER, Blocking())) == \
+            ("tile", 128, 128, 1, "tf32")
+    assert launch_of(launch(float32_kernel(4096, 4096, 4096, None, False, True), CUDA_HOPPER, Blocking()))[4:] == ()
+
+
+@pytest.mark.parametrize("offset, scale_b", [(0, False), (3, False), (0, True)])
+def test_tf32_wide_tiles_round_their_stages_and_compile_for_sm90a(offset, scale_b):
+    """The tf32 wide tile: the producer's last three warps round each stage in place (pj_round_tf32 a 16-byte chunk
+    at a time) and arrive on `ready`, which the consumers wait on; wgmma m64n256k8, four steps a 32-deep slice;
+    NVRTC compiles it for sm_90a (maps usable or not: an unaligned view, a computed operand)."""
+    nvrtc = working_nvrtc()
+    src = render_cuda(float32_kernel(4096, 4096, 4096, "tf32", False, True, offset=offset, scale_b=scale_b), None,
+                      CUDA_HOPPER)
+    assert src.source.count("const __grid_constant__ pj_tensor_map pj_map") == (1 if scale_b else 2)
+    assert "pj_mbar_init(&ready[s], 96)" in src.source and "pj_mbar_wait(&ready[st]" in src.source
+    assert src.source.count("x.w = pj_round_tf32(x.w)") == 4   # (A and B; by their maps, and chunk by chunk)
+    assert src.source.count("pj_wgmma_tf32_n256_00(wacc0,") == 4 and "(kt * 32)" in src.source
     nvrtc.compile(src.name, src.source, ["-arch=sm_90a", "-std=c++17", "--fmad=false"])
