@@ -9,8 +9,8 @@ renderer (render_c.py) follows and never decides itself:
   "bfloat16" where the contraction's precision allows; k split between `splits` sets of work-items where one
   operand unpacks quantized blocks, `unpacked_tile`, else one set) where the dialect has tensor cores
   (render_fragments.py); the variant "tma" (tensor_maps.BULK_VARIANT) where the dialect has bulk tensor copies
-  (Hopper) and the tile is a wide one of 16-bit operands or tf32's along k (`wide_tile`: render_fragments_tma.py,
-  its operands read through tensor maps the runtime encodes per launch);
+  (Hopper) and the tile is a wide one of 16-bit operands (`wide_tile`: render_fragments_tma.py, its operands read
+  through tensor maps the runtime encodes per launch);
 - ("rows", group, pack, run): a row kernel (row_plan.py; work-items take runs of `run` elements), its row
   reductions' passes rewritten to share the columns' range where every pass is one static run per work-item
   (`share_passes`: the proof sees that range);
@@ -25,13 +25,11 @@ from __future__ import annotations
 
 import math
 
-import attrs
-
 from ..uop import Ops, UOp, dtypes
 from .fusion import FEW_VAR_ROWS   # a quantized contraction with a side of a var of at most this many: rows
 from .optimize import DEFAULT_BLOCKING, Blocking
 from .row_plan import batch_plan, held_parts, loop_ranges, row_plan, share_passes, split_matvec_blocks
-from .render_fragments import KINDS, along_k
+from .render_fragments import KINDS
 from .render_tiles import MIN_FILL, _fill, fragment_kind, match_contraction, unpacks_blocks
 
 WARP_ROWS = 4             # rows of one warp each a work-group packs (dialects with shuffles)
@@ -54,7 +52,7 @@ def launch(ast: UOp, dialect, blocking: Blocking = DEFAULT_BLOCKING) -> UOp:
         return ast
     contraction = match_contraction(ast, blocking.tile)
     if contraction is not None and (blocking.tile is not None or not few_var_rows(contraction)):
-        return _tile_launch(ast, contraction, dialect)
+        return _tile_launch(ast, contraction, dialect, blocking.tile)
     packed = warp_rows(dialect)
     split = split_matvec_blocks(ast, packed)
     batch = batch_plan(split, dialect.items_per_thread, packed)
@@ -65,7 +63,7 @@ def launch(ast: UOp, dialect, blocking: Blocking = DEFAULT_BLOCKING) -> UOp:
     if rows is not None:
         return _with_launch(shared, ("rows", rows.group, rows.pack, rows.run))
     if contraction is not None:
-        return _tile_launch(ast, contraction, dialect)
+        return _tile_launch(ast, contraction, dialect, blocking.tile)
     ast = shared
     return _with_launch(ast, ("items", items_per_work_item(ast, dialect)))
 
@@ -94,15 +92,18 @@ def few_var_batch(rows) -> bool:
                                                            for part in held_parts(u, rows.batch))
 
 
-def _tile_launch(ast: UOp, c, dialect) -> UOp:
+def _tile_launch(ast: UOp, c, dialect, tile: tuple | None) -> UOp:
+    """The tile launch of contraction `c`: the Blocking's `tile` where it names one (its splits kept where it names
+    fragments too), else the policy's."""
     fragments = fragment_kind(c) if dialect.tensor_core_mma else None
-    unpacked = unpacked_tile(c, fragments)
+    unpacked = unpacked_tile(c, fragments) if tile is None else None
     if unpacked is not None:
         return _with_launch(ast, ("tile", *unpacked, fragments))
     if fragments is not None and dialect.bulk_copies and wide_tile(c, fragments):
         return _with_launch(ast, ("tile", c.tm, WIDE_COLUMNS, 1, fragments, BULK_VARIANT))
     if fragments is not None:
-        return _with_launch(ast, ("tile", c.tm, c.tn, 1, fragments))
+        splits = c.splits if tile is not None and len(tile) > 3 else 1
+        return _with_launch(ast, ("tile", c.tm, c.tn, splits, fragments))
     return _with_launch(ast, ("tile", c.tm, c.tn, c.splits))
 
 
@@ -123,13 +124,12 @@ def unpacked_tile(c, fragments: str | None) -> tuple | None:
 
 
 def wide_tile(c, fragments: str) -> bool:
-    """Whether a contraction of `fragments` on a dialect with bulk tensor copies (Hopper) takes the wide tile of the
-    "tma" variant (render_fragments_tma.py: 128 x WIDE_COLUMNS, a producer and two consumer warpgroups): 16-bit
-    operands, or tf32's float32 ones where both are minor along k (wgmma cannot transpose 32-bit tiles: x @ W.T), of
-    a contraction the tile policy gives 128 x 128 tiles (many outputs), whose columns fill wide tiles as well."""
+    """Whether a contraction of 16-bit `fragments` on a dialect with bulk tensor copies (Hopper) takes the wide tile
+    of the "tma" variant (render_fragments_tma.py: 128 x WIDE_COLUMNS, a producer and two consumer warpgroups): a
+    contraction the tile policy gives 128 x 128 tiles (many outputs), whose columns fill wide tiles as well."""
     m, n = (math.prod(r.src[0].vmax for r in side) for side in (c.i, c.j))
-    return ((KINDS[fragments].bytes == 2 or along_k(attrs.evolve(c, fragments=fragments))) and
-            (c.tm, c.tn) == (128, 128) and n >= WIDE_COLUMNS and _fill(m, n, (c.tm, WIDE_COLUMNS)) >= MIN_FILL)
+    return (KINDS[fragments].bytes == 2 and (c.tm, c.tn) == (128, 128) and n >= WIDE_COLUMNS and
+            _fill(m, n, (c.tm, WIDE_COLUMNS)) >= MIN_FILL)
 
 
 def items_per_work_item(ast: UOp, dialect) -> int:
