@@ -12,9 +12,9 @@ running sequence never runs out; when the pool is full, requests wait), runs one
 of as many prefilling sequences as `prefill_tokens` holds (a prompt is cut into chunks of `prefill_chunk` tokens
 at fixed positions, so a long prompt does not stall the running sequences and results do not depend on the load;
 several short prompts are admitted in one step) and one decode step of every running sequence that has its first
-token. A sequence's blocks go back to
-the free list when it finishes or is cancelled. The two plans are prepared once: every batch composition, prompt
-length and position replays them (no recompiles, no padding of the batch or of lengths). A greedy request gives
+token (with `mixed_steps`, the decoding sequences' tokens are rows of that prefill call instead, chunks of one token:
+one pass over the weights a step). A sequence's blocks go back to the free list when it finishes or is cancelled.
+The two plans are prepared once: every batch composition, prompt length and position replays them (no recompiles, no padding of the batch or of lengths). A greedy request gives
 the tokens it gives alone; a seeded sampled one draws from its own generator (np.random.default_rng(seed)).
 """
 from __future__ import annotations
@@ -186,8 +186,9 @@ class Engine:
     """Requests in, tokens out: see the module docstring. Single-threaded: call every method from one thread."""
 
     def __init__(self, cfg, params, *, stop_ids, dtype=np.float32, device=None, context=2048, block_size=16,
-                 num_blocks=None, max_batch=16, prefill_chunk=64, prefill_tokens=None):
+                 num_blocks=None, max_batch=16, prefill_chunk=64, prefill_tokens=None, mixed_steps=False):
         self.cfg, self.stop_ids = cfg, frozenset(int(t) for t in stop_ids)
+        self.mixed_steps = mixed_steps  # decode rows join the prefill call (chunks of one token): one call a step
         self.dtype, self.context, self.max_batch, self.chunk = np.dtype(dtype), context, max_batch, prefill_chunk
         self.prefill_tokens = max(prefill_chunk, prefill_tokens or 2 * prefill_chunk)  # one chunk fits, at least
         self.table_width = -(-context // block_size)
@@ -196,9 +197,10 @@ class Engine:
         self.params, (self.cos, self.sin) = params, llama.rope_tables(cfg, context, self.dtype)
         if own_memory(device):
             self.params, self.cos, self.sin = resident((params, self.cos, self.sin), device)
+        call_tokens = self.prefill_tokens + (max_batch if mixed_steps else 0)
         self.decode, self.prefill = llama_paged.prepared(cfg, context=context, block_size=block_size,
                                                          max_batch=max_batch, max_chunk=prefill_chunk,
-                                                         max_tokens=self.prefill_tokens, device=device,
+                                                         max_tokens=call_tokens, device=device,
                                                          dtype=self.dtype, greedy=True)
         self.codec = None  # the tokenizer, when built by from_args
         self.waiting: collections.deque[_Sequence] = collections.deque()
@@ -218,7 +220,7 @@ class Engine:
         engine = cls(cfg, params, stop_ids=codec.stop_ids, dtype=dtype, device=args.device,
                      context=args.context, block_size=args.block_size, num_blocks=_kv_blocks(args, cfg, dtype),
                      max_batch=args.max_batch, prefill_chunk=args.prefill_chunk,
-                     prefill_tokens=args.prefill_tokens)
+                     prefill_tokens=args.prefill_tokens, mixed_steps=args.mixed_steps)
         engine.codec = codec
         return engine
 
@@ -258,7 +260,8 @@ class Engine:
 
     def step(self) -> list[Event]:
         """Admit, run one prefill call (the next chunks of the prefilling sequences, first come first, as many as
-        `prefill_tokens` holds) and one batched decode step; the events of this step."""
+        `prefill_tokens` holds) and one batched decode step (with `mixed_steps`, the decoding sequences' tokens are
+        rows of that prefill call, chunks of one token, and no decode call runs); the events of this step."""
         events, self.ended = self.ended, []
         self._admit()
         decoding = [s for s in self.running if s.prefilled]
@@ -269,6 +272,9 @@ class Engine:
                 break
             chunks.append((seq, size))
             budget -= size
+        if self.mixed_steps:
+            chunks += [(seq, 1) for seq in decoding]
+            decoding = []
         if chunks:
             events += self._prefill(chunks)
         if decoding:
@@ -300,12 +306,13 @@ class Engine:
         return (seq.blocks + [seq.blocks[0]] * width)[:width]
 
     def _prefill(self, chunks: list[tuple[_Sequence, int]]) -> list[Event]:
-        """One prefill call over the (sequence, tokens) chunks; the first token of each sequence it completes."""
+        """One prefill call over the (sequence, tokens) chunks (a prefilled sequence's chunk is its last generated
+        token: a decode row); the next token of each sequence whose prompt it completes or that was prefilled."""
         block = self.pool.block_size
         width = max(1, max(-(-seq.cached // block) for seq, _ in chunks))
         ids, pos, offset, table, slots, last = [], [], [], [], [], []
         for seq, size in chunks:
-            ids += seq.prompt[seq.cached:seq.cached + size]
+            ids += [seq.generated[-1]] if seq.prefilled else seq.prompt[seq.cached:seq.cached + size]
             pos += range(seq.cached, seq.cached + size)
             offset += range(size)
             table += [self._table(seq, width)] * size
@@ -406,6 +413,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--prefill-chunk", type=int, default=64, help="most tokens of one prompt prefilled per step")
     parser.add_argument("--prefill-tokens", type=int, default=None,
                         help="most prompt tokens prefilled per step, over several prompts (default: 2 chunks)")
+    parser.add_argument("--mixed-steps", action="store_true",
+                        help="decode the running sequences in the step's prefill call (one pass over the weights "
+                             "a step) rather than in a decode call of their own")
     return parser
 
 

@@ -143,6 +143,22 @@ def test_concurrent_greedy_requests_equal_each_alone_with_one_plan(device, param
     assert engine.stats()["blocks_used"] == 0 and engine.stats()["generated_tokens"] == 2 * sum(map(len, together))
 
 
+def test_mixed_steps_decode_in_the_prefill_call_and_give_numpys_greedy_tokens(device, params):
+    """With mixed_steps every step is one call of the prefill plan (decode rows as chunks of one token beside the
+    prompts' chunks), no decode call: seven requests with a batch of 4 give the tokens each gives alone, which are
+    NumPy's greedy tokens (llama.prefill of the prompt and the tokens so far), from one plan for every composition."""
+    engine = _engine(params, device, mixed_steps=True)
+    requests = [(p, serving.Sampling(max_tokens=n)) for p, n in zip(_prompts(7), (9, 3, 12, 1, 7, 10, 5))]
+    together, finish = _run(engine, requests)
+    assert finish == ["length"] * 7 and [len(t) for t in together] == [9, 3, 12, 1, 7, 10, 5]
+    assert [_run(engine, [r])[0][0] for r in requests] == together
+    for (prompt, _), tokens in zip(requests[:3], together):
+        assert tokens == [int(np.argmax(_numpy_logits(params, prompt + tokens[:i]))) for i in range(len(tokens))]
+    assert engine.decode.stats["replays"] == 0 and engine.prefill.stats["traces"] == 1
+    assert engine.prefill.stats["replays"] == engine.steps   # one call a step
+    assert engine.stats()["blocks_used"] == 0
+
+
 def test_waiting_prompts_are_prefilled_together_while_others_decode(params):
     """Three short prompts (15 tokens, within the default budget of two chunks) get their first tokens in the first
     step, from one prefill call; a 12-token prompt sent next is prefilled in chunks of 8 and 4 over the next two
