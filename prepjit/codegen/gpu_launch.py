@@ -9,8 +9,8 @@ renderer (render_c.py) follows and never decides itself:
   "bfloat16" where the contraction's precision allows; k split between `splits` sets of work-items where one
   operand unpacks quantized blocks, `unpacked_tile`, else one set) where the dialect has tensor cores
   (render_fragments.py); the variant "tma" (tensor_maps.BULK_VARIANT) where the dialect has bulk tensor copies
-  (Hopper) and the tile is a wide one of 16-bit operands (`wide_tile`: render_fragments_tma.py, its operands read
-  through tensor maps the runtime encodes per launch);
+  (Hopper) and the tile is a wide one of 16-bit operands or tf32's along k (`wide_tile`: render_fragments_tma.py,
+  its operands read through tensor maps the runtime encodes per launch);
 - ("rows", group, pack, run): a row kernel (row_plan.py; work-items take runs of `run` elements), its row
   reductions' passes rewritten to share the columns' range where every pass is one static run per work-item
   (`share_passes`: the proof sees that range);
@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import math
 
+import attrs
+
 from ..uop import Ops, UOp, dtypes
 from .fusion import FEW_VAR_ROWS   # a quantized contraction with a side of a var of at most this many: rows
 from .optimize import DEFAULT_BLOCKING, Blocking
 from .row_plan import batch_plan, held_parts, loop_ranges, row_plan, share_passes, split_matvec_blocks
-from .render_fragments import KINDS
+from .render_fragments import KINDS, along_k
 from .render_tiles import MIN_FILL, _fill, fragment_kind, match_contraction, unpacks_blocks
 
 WARP_ROWS = 4             # rows of one warp each a work-group packs (dialects with shuffles)
@@ -124,12 +126,13 @@ def unpacked_tile(c, fragments: str | None) -> tuple | None:
 
 
 def wide_tile(c, fragments: str) -> bool:
-    """Whether a contraction of 16-bit `fragments` on a dialect with bulk tensor copies (Hopper) takes the wide tile
-    of the "tma" variant (render_fragments_tma.py: 128 x WIDE_COLUMNS, a producer and two consumer warpgroups): a
-    contraction the tile policy gives 128 x 128 tiles (many outputs), whose columns fill wide tiles as well."""
+    """Whether a contraction of `fragments` on a dialect with bulk tensor copies (Hopper) takes the wide tile of the
+    "tma" variant (render_fragments_tma.py: 128 x WIDE_COLUMNS, a producer and two consumer warpgroups): 16-bit
+    operands, or tf32's float32 ones where both are minor along k (wgmma cannot transpose 32-bit tiles: x @ W.T), of
+    a contraction the tile policy gives 128 x 128 tiles (many outputs), whose columns fill wide tiles as well."""
     m, n = (math.prod(r.src[0].vmax for r in side) for side in (c.i, c.j))
-    return (KINDS[fragments].bytes == 2 and (c.tm, c.tn) == (128, 128) and n >= WIDE_COLUMNS and
-            _fill(m, n, (c.tm, WIDE_COLUMNS)) >= MIN_FILL)
+    return ((KINDS[fragments].bytes == 2 or along_k(attrs.evolve(c, fragments=fragments))) and
+            (c.tm, c.tn) == (128, 128) and n >= WIDE_COLUMNS and _fill(m, n, (c.tm, WIDE_COLUMNS)) >= MIN_FILL)
 
 
 def items_per_work_item(ast: UOp, dialect) -> int:
