@@ -220,9 +220,8 @@ def _recomputed_in_stream(node: UOp, readers: set, cost: dict, streams: dict, re
     in the vector loop, SmolLM2's f32 decode over GGUF weights took 64 ms a token instead of 20). A one-element
     reduction it reads (the norm's mean of squares) is then a prologue of the contraction's kernel
     (fused_reductions), and so is a row's one that the contraction reads one element per row (a batch row's mean of
-    squares: its row's prologue; on a GPU where its reader is a batch row kernel: _in_batch_rows); one that reads a
-    row's reduction otherwise broadcast is not: it and its row's reductions are one row kernel, where the contraction
-    would leave them kernels of their own."""
+    squares: its row's prologue); one that reads a row's reduction otherwise broadcast is not: it and its row's
+    reductions are one row kernel, where the contraction would leave them kernels of their own."""
     unpacked = _reads(node, lambda leaf: leaf.op is Ops.INPUT and leaf.dtype.is_int)
     if unpacked:
         own = cost[node]
@@ -230,13 +229,9 @@ def _recomputed_in_stream(node: UOp, readers: set, cost: dict, streams: dict, re
             return False
     else:
         own, rows_read, shares = _own_expression(node, chosen, readers_of)
-        in_batch = not operand_prologues and rows_read is not None and _in_batch_rows(
-            node, readers, rows_read, chosen, realized_reads)
-        if rows_read is None or own > STREAM_OPERAND_COST or rows_read and not (
-                (operand_prologues or in_batch) and all(_read_per_row(r, rows_read, chosen) for r in readers)):
+        if rows_read is None or own > STREAM_OPERAND_COST or rows_read and not (operand_prologues and all(
+                _read_per_row(r, rows_read, chosen) for r in readers)):
             return False
-        if in_batch:
-            return True
     node_loads = _realized_reads(node, realized_reads)
     for r in readers:
         if r not in streams:  # (whether r is a sum of products, what it loads and how: see _stream_rows, whose answers
@@ -252,20 +247,6 @@ def _recomputed_in_stream(node: UOp, readers: set, cost: dict, streams: dict, re
         if own > limit or rows > 1 and not unpacked and _elements(node) > OPERAND_MAX:
             return False
     return True
-
-
-def _in_batch_rows(node: UOp, readers: set, rows_read: set, chosen: set, realized_reads: dict) -> bool:
-    """Whether float value `node` is computed where GPU batch row kernels read it (_batch_stream): one of static shape
-    (a norm's gain: held in registers with the weight), or a batch row's value read by one such kernel whose row
-    prologue its row reductions (`rows_read`: a mean of squares) can be (_small_prologue: not a head's 49152 columns,
-    each recomputing the row's norm)."""
-    if not readers or not all(_batch_stream(r, chosen) for r in readers):
-        return False
-    if not rows_read:
-        return all(isinstance(d, int) for d in node.shape)
-    reductions = frozenset().union(*(_realized_reads(n, realized_reads) for n in rows_read))
-    return len(readers) == 1 and all(red.op is Ops.REDUCE_AXIS and _small_prologue(red, r)
-                                     for red in reductions for r in readers)
 
 
 def _loads(r: UOp) -> dict[UOp, set]:
@@ -440,8 +421,7 @@ def fused_reductions(outputs: list[UOp], materialized: set[UOp], rows: bool = Fa
     scatters have no kernel of their own (inlined_scatters): a reduction they read is computed into a buffer.
     A reduction read once per call is a prologue of its reader's kernel; one read once per row of it only with
     `row_prologues` (kernels that compute it once per row: the cpu's; a GPU's kernel of many rows would compute it
-    again at every element that reads it) or where that kernel is a GPU's batch row kernel (_batch_stream), which
-    computes a row's sums over the row alone before the row's other sums. The reductions among `in_contractions` (a softmax's row reductions and
+    again at every element that reads it). The reductions among `in_contractions` (a softmax's row reductions and
     scores, computed inside its contraction's kernel: softmax_contraction.py) are fused there. `walk`: as
     choose_materialized's."""
     graph, roots = walk or kernel_roots(outputs)
@@ -469,11 +449,10 @@ def fused_reductions(outputs: list[UOp], materialized: set[UOp], rows: bool = Fa
         more = set()
         for red, readers in reads.items():
             root = readers[0][0]
-            mine = _PROLOGUES if _batch_stream(root, materialized) else prologues   # (a batch row kernel's: per row)
             if red in explicit or red in in_loops or root in in_loops or \
-                    root.op is Ops.REDUCE_AXIS and any(how not in mine for _, how in readers):
+                    root.op is Ops.REDUCE_AXIS and any(how not in prologues for _, how in readers):
                 continue  # a reduction's kernel computes another inside it only as its prologue
-            if all(r is root and (how in ok or how in mine and _small_prologue(red, root) or
+            if all(r is root and (how in ok or how in prologues and _small_prologue(red, root) or
                                   how == _SLICED and not one_contraction and _in_slices(red, root, inside) and
                                   _batch_stream(red, materialized)) for r, how in readers):
                 if one_contraction and red not in fused and _is_contraction(red, expands):
@@ -520,16 +499,23 @@ _MANY = UOp(Ops.CONST, dtypes.int64, (), 0)   # (_in_slices: a path that reaches
 
 
 def _batch_stream(red: UOp, materialized: set[UOp]) -> bool:
-    """Whether reduction `red` is a sum of products over quantized blocks (integer data its expression reads at an
-    index that its output's rows do not give: a weight, not a gathered token's row nor the token ids) whose output
-    has one var axis of at most FEW_VAR_ROWS (a decode batch's rows): a GPU computes it as a batch row kernel
+    """Whether reduction `red` is a sum of products over quantized blocks (integer data its expression reads) whose
+    output has one var axis of at most FEW_VAR_ROWS (a decode batch's rows): a GPU computes it as a batch row kernel
     (gpu_launch.few_var_batch), which computes several such sums side by side, each weight held in registers."""
-    var = [k for k, d in enumerate(red.shape) if not isinstance(d, int)]
-    if red.op is not Ops.REDUCE_AXIS or red.arg[0] is not Ops.ADD or red.src[0].op is not Ops.MUL or len(var) != 1 \
-            or red.shape[var[0]].vmax > FEW_VAR_ROWS:
+    var = [d for d in red.shape if not isinstance(d, int)]
+    if red.arg[0] is not Ops.ADD or red.src[0].op is not Ops.MUL or len(var) != 1 or var[0].vmax > FEW_VAR_ROWS:
         return False
-    return any(n.op is Ops.INPUT and n.dtype.is_int and not any(UNKNOWN <= a or var[0] in a for a in axes)
-               for n, axes in reads_with_axes(red, lambda n: n.op in REALIZED or n in materialized))
+    stack, seen = [red.src[0]], set()
+    while stack:
+        n = stack.pop()
+        if n in seen or n in materialized:
+            continue
+        seen.add(n)
+        if n.op is Ops.INPUT and n.dtype.is_int:
+            return True
+        if n.op not in REALIZED:
+            stack.extend(n.src)
+    return False
 
 
 def _expands_below(graph: list[UOp]) -> dict[UOp, bool]:

@@ -7,7 +7,6 @@ work-group) own a row of the other ranges (a column of the weight; MATVEC_WARPS 
 columns read the same rows of the batch) and a chunk of BATCH_CHUNK rows of the batch. Its work-items first compute
 their share of each reduction's held parts (row_plan.held_parts: the weight unpacked from its blocks, or widened) into
 registers, in runs as straight-line passes; then they loop over the chunk's rows, ROWS_IN_FLIGHT at a time: each
-reduction in turn (operands first: a sum over the row alone, a norm's mean of squares, before the sums reading it), its
 element's products for those rows, then their sums combined across the column's work-items (warp shuffles within the
 column's lanes, the rows' steps interleaved; without shuffles a local-memory tree each, and a barrier ending the step,
 before the trees' arrays are written again), and work-item 0 stores each row's output. The weights are read and
@@ -67,9 +66,7 @@ def _row_steps(r, store: UOp, held: dict, first: str, stop: str, condition: str,
     for i, name in enumerate(batch):
         at = f"rb + {i}" if i else "rb"
         r.emit(f"const {r.long} {name} = {at} < {stop} ? {at} : {stop} - 1;")
-    sums: dict = {}
-    for u in rows.order:   # (operands first: a sum over the batch row alone, a norm's, before the sums reading it)
-        sums[u] = _row_sums(r, u, held[u], batch, sums)
+    sums = {u: _row_sums(r, u, held[u], batch) for u in rows.order}
     for i, name in enumerate(batch):
         r.open_block("", {rows.batch: name, **{u: sums[u][i] for u in rows.order}})
         line = r.store_line(store)
@@ -123,8 +120,6 @@ def _hold(r, u: UOp) -> dict:
     """Compute the work-item's share of reduction `u`'s held parts into registers (declared before the passes,
     zero where a guarded pass runs past the range); {(pass, element, part): the register's name}."""
     parts = held_parts(u, r.rows.batch)
-    if not parts:   # (a sum over the batch row alone)
-        return {}
     per = run_length(list(u.src[1:]), r.rows.run)
     total = math.prod(x.src[0].arg for x in u.src[1:])
     names = {}
@@ -142,11 +137,10 @@ def _hold(r, u: UOp) -> dict:
     return names
 
 
-def _row_sums(r, u: UOp, names: dict, batch: list[str], earlier: dict) -> list[str]:
+def _row_sums(r, u: UOp, names: dict, batch: list[str]) -> list[str]:
     """Reduction `u` (a sum) of each row of the batch named in `batch`, in flight together (each element's products
-    for every row, then the rows' combines interleaved), reading the `names` registers for its held parts and the
-    `earlier` reductions' totals of each row (a norm's mean of squares), each combined across the row's work-items
-    (each gets the total); rounded where its dtype is 16-bit."""
+    for every row, then the rows' combines interleaved), reading the `names` registers for its held parts, each
+    combined across the row's work-items (each gets the total); rounded where its dtype is 16-bit."""
     dt = u.dtype
     accs = [f"acc{r.n}_{i}" for i in range(len(batch))]
     r.n += 1
@@ -155,8 +149,8 @@ def _row_sums(r, u: UOp, names: dict, batch: list[str], earlier: dict) -> list[s
 
     def add(p: int, e: int):
         r.scopes[-1].update({x: name for (pp, ee, x), name in names.items() if (pp, ee) == (p, e)})
-        for i, (acc, row) in enumerate(zip(accs, batch)):
-            r.open_block("", {r.rows.batch: row, **{v: totals[i] for v, totals in earlier.items()}})
+        for acc, row in zip(accs, batch):
+            r.open_block("", {r.rows.batch: row})
             r.emit(f"{acc} = {r.combine(u.arg, dt, acc, r.value(u.src[0]))};")
             r.close_block()
     _passes(r, u, add)

@@ -31,9 +31,7 @@ reductions each read a part no batch row indexes (a weight: `held_parts`) is a b
 `Rows.batch`): a row of the other ranges (a column of the weight) a warp's or part of one (a work-group's without
 shuffles), each work-item holding its share of the held parts in registers (at most HELD_MAX values, unpacked once),
 then looping over BATCH_CHUNK rows of the batch, a few rows' sums combined and stored at a time: the weights are read
-once per chunk of rows, not once per row, and no accumulator is kept for every row. A sum over the batch row alone (a
-fused RMSNorm's mean of squares, which the row's projection reads: `_hoisted`'s `batched`) is one of the row's sums,
-computed before those that read it.
+once per chunk of rows, not once per row, and no accumulator is kept for every row.
 
 Reductions nested in a row's reduction that depend on its range (sum_j max_k x[i, j, k]) are not the row's
 (`free_ranges`): each work-item computes them inline.
@@ -150,21 +148,15 @@ def shuffles(dt: DType) -> bool:
     return dt.itemsize >= 4 or dt.narrow
 
 
-def _hoisted(ast: UOp, batched: bool = False) -> tuple[list, tuple, tuple, tuple]:
+def _hoisted(ast: UOp) -> tuple[list, tuple, tuple, tuple]:
     """(the reductions every work-item of a row's group would compute together, the loop ranges they depend on:
     the rows, the other loop ranges: the columns, the column reductions: those that read a row's reduction and
-    depend on ranges it does not, the columns (a softmax's p @ V, reading the row's max and sum)). `batched`: as a
-    batch row kernel (batch_plan), where the ranges of all of them have a batch (batch_range): the column reductions
-    are then the batch rows' sums too, computed after the sums over the batch row alone that they read (a norm's
-    mean of squares read by the row's projection)."""
+    depend on ranges it does not, the columns (a softmax's p @ V, reading the row's max and sum))."""
     loops = loop_ranges(ast)
     hoisted = [u for u in ast.toposort() if u.op is Ops.REDUCE and free_ranges(u) <= set(loops)]
     free = {u: free_ranges(u) for u in hoisted}
     columns = tuple(u for u in hoisted if u.arg is Ops.ADD and any(
         v is not u and free[v] and free[v] < free[u] and v in u.src[0].toposort() for v in hoisted))
-    if batched and columns and batch_range(tuple(r for r in loops if any(r in f for f in free.values()))) \
-            is not None:
-        columns = ()
     hoisted = [u for u in hoisted if u not in columns]
     rows = tuple(r for r in loops if any(r in free[u] for u in hoisted))
     return hoisted, rows, tuple(r for r in loops if r not in rows), columns
@@ -199,7 +191,7 @@ def split_matvec_blocks(ast: UOp, warp_rows: int = 1) -> UOp:
     matvec-shaped (`_matvec_run`): a lane's run is then the innermost range's (one block's neighbouring bytes, the
     block's scale at one address for the whole run), in the same flat order as before (the same sums); `ast` itself
     elsewhere."""
-    hoisted, rows, cols, _ = _hoisted(ast, batched=True)
+    hoisted, rows, cols, _ = _hoisted(ast)
     if cols or not rows:
         return ast
     axis = max(u.arg[0] for u in ast.toposort() if u.op is Ops.RANGE) + 1
@@ -214,7 +206,7 @@ def split_matvec_blocks(ast: UOp, warp_rows: int = 1) -> UOp:
     if not split:
         return ast
     out = ast.substitute(split)
-    return out if _matvec_run(*_hoisted(out, batched=True)[:3], warp_rows) is not None else ast
+    return out if _matvec_run(*_hoisted(out)[:3], warp_rows) is not None else ast
 
 
 def row_plan(ast: UOp, items: int = 1, warp_rows: int = 1) -> Rows | None:
@@ -275,7 +267,7 @@ def _uniform_first(hoisted: list, rows: tuple) -> tuple:
 def rows_of(ast: UOp, group: int, pack: int, run: int, batched: bool = False) -> Rows:
     """The row kernel a launch decided (gpu_launch.py: `group` work-items a row, `pack` rows a work-group, each
     work-item taking runs of `run` elements; `batched`: looping over the batch range, batch_plan)."""
-    hoisted, rows, cols, columns = _hoisted(ast, batched)
+    hoisted, rows, cols, columns = _hoisted(ast)
     return Rows(frozenset(hoisted) | frozenset(columns), _uniform_first(hoisted, rows), rows, cols, group, pack, run,
                 columns, batch_range(rows) if batched else None)
 
@@ -309,15 +301,15 @@ def held_parts(u: UOp, batch: UOp) -> list[UOp]:
 def batch_plan(ast: UOp, items: int = 1, warp_rows: int = 1) -> Rows | None:
     """The batch row kernel this kernel becomes (see the module's docstring), or None: where it has a batch
     (`batch_range`), no columns, and every reduction is a sum over static ranges that depends on every row range and
-    holds parts (`held_parts`) of at most HELD_MAX values a work-item, or on the batch range alone (a norm's). Where the dialect shuffles (`warp_rows` > 1) a
+    holds parts (`held_parts`) of at most HELD_MAX values a work-item. Where the dialect shuffles (`warp_rows` > 1) a
     column is a warp's or part of one (`_lanes_and_run`: MATVEC_WARPS warps a work-group) taking the matvec's runs
     (`_matvec_run`) or shorter ones; otherwise a work-group's of the row plan's size, in runs of `items`."""
-    hoisted, rows, cols, columns = _hoisted(ast, batched=True)
+    hoisted, rows, cols, columns = _hoisted(ast)
     batch = batch_range(rows)
     if not hoisted or cols or columns or batch is None:
         return None
-    if not all(u.arg is Ops.ADD and free_ranges(u) in (set(rows), {batch}) and
-               all(r.src[0].op is Ops.CONST for r in u.src[1:]) for u in hoisted):
+    if not all(u.arg is Ops.ADD and free_ranges(u) == set(rows) and all(r.src[0].op is Ops.CONST for r in u.src[1:])
+               for u in hoisted):
         return None
     if warp_rows > 1:
         run = _matvec_run(hoisted, rows, cols, warp_rows)
@@ -328,9 +320,10 @@ def batch_plan(ast: UOp, items: int = 1, warp_rows: int = 1) -> Rows | None:
     else:
         work = max(-(-_length(u) // run_length(list(u.src[1:]), items)) for u in hoisted)
         run, group, pack = items, min(REDUCE_GROUP, max(WARP, 1 << (work - 1).bit_length())), 1
-    sums = [u for u in hoisted if free_ranges(u) != {batch}]   # (the others: sums over the batch row alone)
-    if not sums or not all(0 < _held_values(u, batch, group, run) <= HELD_MAX for u in sums):
-        return None
+    for u in hoisted:
+        held = _held_values(u, batch, group, run)
+        if not held or held > HELD_MAX:
+            return None
     return Rows(frozenset(hoisted), _uniform_first(hoisted, rows), rows, cols, group, pack, run, batch=batch)
 
 
