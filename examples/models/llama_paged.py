@@ -26,9 +26,6 @@ import numpy as np
 from .common import cast
 from .llama import Config, _qkv, embedding, linear, rms_norm, rope, swiglu
 
-MASKED = -1e30  # the score of a chunk's position a prefill token does not see (exp gives 0)
-
-
 def _cached_scores(xp, q, keys, visible, hd):
     """Scores of queries q (..., KV, group, Q, hd) against gathered blocks keys (..., NB, KV, block, hd), -inf
     where `visible` (..., 1, NB, block) is False -> (..., KV, group, Q, NB, block) in float32."""
@@ -36,24 +33,49 @@ def _cached_scores(xp, q, keys, visible, hd):
     return xp.where(visible[..., None, None, :, :, :], cast(s, np.float32), -np.inf)
 
 
-def _attend(xp, cached, own, values, own_values, visible, dtype):
+def _attend(xp, cached, own, values, own_values, visible, dtype, own_seen=None):
     """Softmax over every key, the cached ones' scores (..., KV, group, Q, NB, block) and the new ones' (..., KV,
     group, Q, J), in float32 rounded to dtype (llama.softmax's rounding points, one max and one sum over both
     parts: no concatenated copy), then the context: against the gathered values (..., NB, KV, block, hd) and the
     new ones (..., KV, J, hd).
 
-    A cached position a row does not see (`visible` (..., 1, NB, block) False) adds each sum's identity: its score
-    is -inf (the max's), its exponential, probability and value 0 (the sum's and p @ V's), the same values as
-    computing it (exp gives 0, and the own key keeps the max finite); so whatever a slot past a sequence's length
-    holds never reaches its result, and a GPU row kernel stops at a row's last visible block (row_bounds.py)."""
+    A cached position a row does not see (`visible` (..., 1, NB, block) False), and a new one (`own_seen`, (..., 1,
+    1, 1, J), a prefill chunk's later tokens and the window's positions before its chunk), adds each sum's identity:
+    its score is -inf (the max's), its exponential, probability and value 0 (the sum's and p @ V's), the same
+    values as computing it (exp gives 0, and the own key keeps the max finite); so whatever a slot past a
+    sequence's length or another chunk's row holds never reaches its result, and a GPU row kernel stops at a row's
+    last visible block and its last token of the window (row_bounds.py)."""
     seen = visible[..., None, None, :, :, :]
+    if own_seen is not None:
+        own = xp.where(own_seen, own, -np.inf)
     top = xp.maximum(xp.max(cached, axis=(-2, -1)), xp.max(own, axis=-1))[..., None]
-    e_cached, e_own = xp.where(seen, xp.exp(cached - top[..., None]), 0), xp.exp(own - top)
+    e_cached, e_own = xp.where(seen, xp.exp(cached - top[..., None]), 0), _masked(xp, xp.exp(own - top), own_seen)
     total = (xp.sum(e_cached, axis=(-2, -1)) + xp.sum(e_own, axis=-1))[..., None]
-    p_cached, p_own = xp.where(seen, cast(e_cached / total[..., None], dtype), 0), cast(e_own / total, dtype)
+    p_cached = xp.where(seen, cast(e_cached / total[..., None], dtype), 0)
+    p_own = _masked(xp, cast(e_own / total, dtype), own_seen)
     values = xp.where(visible[..., 0, :, None, :, None], values, 0)   # (a stale slot's NaN times 0 is no 0)
+    if own_seen is not None:
+        own_values = xp.where(own_seen[..., 0, 0, :, None], own_values, 0)
     return (xp.einsum("...kgqns,...nksd->...kgqd", p_cached, values)
             + xp.einsum("...kgqj,...kjd->...kgqd", p_own, own_values))
+
+
+def _masked(xp, x, seen):
+    """x where `seen` (all of it where None), else 0."""
+    return x if seen is None else xp.where(seen, x, 0)
+
+
+def chunk_keys(xp, q, k, v, offset, window, hd):
+    """A prefill chunk's own part of attention: each token t (q (T, KV, group, 1, hd)) against the keys k and values
+    v (T, KV, hd) of the `window` rows back from its own, t - w (clipped at row 0) -> (scores (T, KV, group, 1, W)
+    in float32, values (T, KV, W, hd), where they are its chunk's up to itself (T, 1, 1, 1, W): w < offset[t] + 1,
+    a bound of the row's window that row_bounds.py reads)."""
+    back = xp.arange(window)
+    earlier = xp.maximum(xp.arange(q.shape[0])[:, None] - back[None, :], 0)  # (T, W): the chunk's earlier rows
+    k_own = xp.take(k, earlier, axis=0, mode="clip")  # (T, W, KV, hd)
+    v_own = xp.swapaxes(xp.take(v, earlier, axis=0, mode="clip"), 1, 2)  # (T, KV, W, hd)
+    own = cast(xp.einsum("tkgqd,twkd->tkgqw", q, k_own) * (1 / math.sqrt(hd)), np.float32)
+    return own, v_own, (back[None, :] < (offset + 1)[:, None])[:, None, None, None]
 
 
 def decode_batch(xp, cfg: Config, params, ids, pos, block_table, k_pool, v_pool, cos, sin, dtype=np.float32):
@@ -105,9 +127,6 @@ def prefill_batch(xp, cfg: Config, params, ids, pos, offset, block_table, last, 
     cos_p, sin_p = cos[pos][:, None], sin[pos][:, None]  # (T, 1, hd)
     slots = xp.arange(nb)[:, None] * block + xp.arange(block)[None, :]  # (NB, block) positions
     visible = (slots[None] < (pos - offset)[:, None, None])[:, None]  # (T, 1, NB, block)
-    back = xp.arange(window)
-    earlier = xp.maximum(xp.arange(t)[:, None] - back[None, :], 0)  # (T, W) rows of the chunk's earlier tokens
-    in_chunk = (back[None, :] <= offset[:, None])[:, None, None, None]  # (T, 1, 1, 1, W)
     h = embedding(params["embed"], ids, dtype)  # (T, dim)
     keys, values = [], []
     for layer, bp in enumerate(params["blocks"]):
@@ -120,11 +139,8 @@ def prefill_batch(xp, cfg: Config, params, ids, pos, offset, block_table, last, 
         values.append(v)
         q = q.reshape(t, kv_heads, group, 1, hd)
         k_blocks, v_blocks = k_pool[layer][block_table], v_pool[layer][block_table]  # (T, NB, KV, block, hd)
-        k_own = xp.take(k, earlier, axis=0, mode="clip")  # (T, W, KV, hd)
-        v_own = xp.swapaxes(xp.take(v, earlier, axis=0, mode="clip"), 1, 2)  # (T, KV, W, hd)
-        own = cast(xp.einsum("tkgqd,twkd->tkgqw", q, k_own) * (1 / math.sqrt(hd)), np.float32)
-        own = xp.where(in_chunk, own, MASKED)
-        ctx = _attend(xp, _cached_scores(xp, q, k_blocks, visible, hd), own, v_blocks, v_own, visible, dtype)
+        own, v_own, in_chunk = chunk_keys(xp, q, k, v, offset, window, hd)
+        ctx = _attend(xp, _cached_scores(xp, q, k_blocks, visible, hd), own, v_blocks, v_own, visible, dtype, in_chunk)
         h = h + linear(xp, ctx.reshape(t, heads * hd), bp["wo"], dtype)
         h = h + swiglu(xp, bp, rms_norm(xp, h, bp["ffn_norm"], eps), cfg.ff)
     out = rms_norm(xp, h[last], params["norm"], eps)

@@ -153,16 +153,10 @@ def _chunk_attention(xp, q, k, v, pos, offset, table, k_pool, v_pool, window, dt
     offset[t]-th of its chunk, against its cached blocks and, through a window of `window` rows back from its own,
     the keys k and values v (T, KV, hd) of its chunk up to itself: a softmax in two parts, each summing over
     positions of its own."""
-    t = q.shape[0]
-    back = xp.arange(window)
-    earlier = xp.maximum(xp.arange(t)[:, None] - back[None, :], 0)  # (T, W)
-    k_own = xp.take(k, earlier, axis=0, mode="clip")  # (T, W, KV, hd)
-    v_own = xp.swapaxes(xp.take(v, earlier, axis=0, mode="clip"), 1, 2)  # (T, KV, W, hd)
-    own = cast(xp.einsum("tkgqd,twkd->tkgqw", q, k_own) * (1 / math.sqrt(HD)), np.float32)
-    own = xp.where((back[None, :] <= offset[:, None])[:, None, None, None], own, llama_paged.MASKED)
+    own, v_own, in_chunk = llama_paged.chunk_keys(xp, q, k, v, offset, window, HD)
     visible = _visible(xp, pos - offset, table)
     cached = llama_paged._cached_scores(xp, q, k_pool[table], visible, HD)
-    return llama_paged._attend(xp, cached, own, v_pool[table], v_own, visible, dtype)
+    return llama_paged._attend(xp, cached, own, v_pool[table], v_own, visible, dtype, in_chunk)
 
 
 def chunk_attention(q, k, v, pos, offset, table, k_pool, v_pool, window):
