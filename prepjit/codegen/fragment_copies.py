@@ -3,7 +3,8 @@ work-item copies its chunks (16 bytes: 8 16-bit elements or 4 float32 ones) of a
 swizzled tile (`Staged.chunk`).
 
 A chunk is copied by the dialect's asynchronous 16-byte copy (pj_cp_async16: cp.async) where the operand is a plain
-load of the staged kind's data along a unit stride whose index moves by a fixed step per slice (each work-item's
+load of the staged kind's data along a unit stride (or in runs of a chunk along k: a head-merged view's (k // 32) *
+4096 + k % 32) whose index moves by a fixed step per slice (each work-item's
 chunk addresses are computed once, then advanced), the chunk lies wholly in range and its address is 16-byte aligned
 (checked at run time); otherwise its elements are read and stored one by one, the ones out of range as zeros (ragged
 edges, computed operands, unaligned views).

@@ -69,7 +69,8 @@ import attrs
 
 from ..uop import Ops, UOp, dtypes, simplify
 from .fragment_copies import element_type, emit_chunk_starts, emit_slice_copy
-from .render_tiles import FRAGMENT_THREADS, GROUP_ROWS, Contraction, _extent, _static_multiple, _unit_stride
+from .render_tiles import (FRAGMENT_THREADS, GROUP_ROWS, Contraction, _extent, _static_multiple, _steps_by_one,
+                           _unit_stride)
 
 WARP = 32
 GROUP_WARPS = FRAGMENT_THREADS // WARP   # warps of a warpgroup
@@ -238,11 +239,13 @@ def _staged(c: Contraction, depth: int | None = None) -> list[Staged]:
     for name, operand, own, width in (("A", c.a, c.i, c.tm), ("B", c.b, c.j, c.tn)):
         inner = operand.src[0] if operand.op is Ops.CAST else operand   # (a 16-bit load widened, or a float32 one)
         load = inner if inner.op is Ops.LOAD and len(inner.src) == 2 and inner.dtype.itemsize == kind.bytes else None
-        along_own = (load is not None and not _unit_stride(load.src[1], c.k) and
+        runs_k = load is not None and (_unit_stride(load.src[1], c.k) or _static_multiple(c.k, kind.chunk) and
+                                       _steps_by_one(load.src[1], c.k, kind.chunk))   # (a head-merged view's too)
+        along_own = (load is not None and not runs_k and
                      _static_multiple(own[-1], kind.chunk) and _unit_stride(load.src[1], own[-1]))
         minor = "own" if along_own else "k"
         step = None
-        if load is not None and (along_own or _unit_stride(load.src[1], c.k)):
+        if load is not None and (along_own or runs_k):
             step = simplify(load.src[1].substitute({c.k: c.k + depth}) - load.src[1])
             step = None if any(x.op is Ops.RANGE for x in step.toposort()) else step
         out.append(Staged(kind, name, operand, own, width, minor, load if step is not None else None, step, depth))

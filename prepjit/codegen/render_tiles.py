@@ -206,18 +206,18 @@ def _unit_stride(index: UOp, r: UOp) -> bool:
     return step.op is Ops.CONST and step.arg == 1
 
 
-def _steps_by_one(index: UOp, r: UOp) -> bool:
-    """Whether index(r + e) == index(r) + e for 0 <= e < RUN wherever r is a multiple of RUN (r's end a constant
-    RUN divides): a unit stride, or one proven at every run's start (a head-merged operand: (k // 32) * 4096 +
-    k % 32 steps by one inside every aligned run of 4)."""
+def _steps_by_one(index: UOp, r: UOp, run: int = RUN) -> bool:
+    """Whether index(r + e) == index(r) + e for 0 <= e < `run` wherever r is a multiple of `run` (r's end a constant
+    `run` divides): a unit stride, or one proven at every run's start (a head-merged operand: (k // 32) * 4096 +
+    k % 32 steps by one inside every aligned run of 4, or of a tensor-core tile's chunk of 8)."""
     if _unit_stride(index, r):
         return True
-    count = r.src[0].arg // RUN
+    count = r.src[0].arg // run
     if count > MAX_CHECKED_RUNS:
         return False
     q = UOp.variable("pj_run", 0, count - 1)
-    for e in range(1, RUN):
-        delta = simplify(index.substitute({r: q * RUN + e}) - index.substitute({r: q * RUN}))
+    for e in range(1, run):
+        delta = simplify(index.substitute({r: q * run + e}) - index.substitute({r: q * run}))
         if any(x.op is Ops.RANGE for x in delta.toposort()) or {v.arg[0] for v in delta.variables()} - {"pj_run"}:
             return False
         code = compile(render_python(delta), "<run>", "eval")

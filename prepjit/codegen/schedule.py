@@ -406,6 +406,29 @@ def _readers(outputs: list[UOp], graph: list[UOp]) -> dict:
     return count
 
 
+def rounded_roots(graph: list[UOp], readers: dict, decided: set[UOp]) -> dict[UOp, UOp]:
+    """The reductions that a kernel of their own computes only to have them rounded to a 16-bit float (a bfloat16
+    model's projection, attention scores or p @ V: a CAST of the REDUCE_AXIS, through reshapes, that nothing else
+    reads), each mapped to its rounding, which their kernel computes and stores instead (the reduction fused into
+    it): the kernel writes half the bytes, and a tensor-core tile reading the value (the context that the output
+    projection multiplies) reads a 16-bit operand it copies as it is (asynchronously) rather than float32 values it
+    rounds one by one. The same rounding, once a value either way. `decided`: nodes that keep their place (materialised, fused, an output, a
+    softmax computed inside its contraction); a loop body's nodes keep theirs too."""
+    in_loops = {n for node in graph if node.op is Ops.LOOP
+                for n in UOp(Ops.SINK, node.dtype, node.arg.body_roots).toposort()}
+    found = {}
+    for node in graph:
+        if node.op is not Ops.CAST or not node.dtype.narrow or node in decided or node in in_loops:
+            continue
+        red = node.src[0]
+        while red.op is Ops.RESHAPE and readers.get(red) == 1 and red not in decided:
+            red = red.src[0]   # (the reduction's kept axis dropped)
+        if red.op is Ops.REDUCE_AXIS and red.dtype == node.dtype.compute and readers.get(red) == 1 and \
+                red not in decided:
+            found[red] = node
+    return found
+
+
 def schedule(outputs: list[UOp], inputs: list[UOp], pack_contractions: bool = False) -> Schedule:
     """Kernels and buffers computing `outputs` from `inputs`; each output gets a fresh buffer.
 
@@ -427,7 +450,11 @@ def schedule(outputs: list[UOp], inputs: list[UOp], pack_contractions: bool = Fa
                                        inlined=frozenset(inlined), walk=walk, row_prologues=pack_contractions,
                                        in_contractions=in_contractions)
     read_axes.cache_clear()   # (the fusion decisions' memo: its keys would keep this graph's nodes alive)
-    s = _Scheduler(materialized, fused, pack_contractions, _readers(outputs, walk[0]))
+    readers = _readers(outputs, walk[0])
+    if not pack_contractions:   # (the work-group targets; the cpu's kernels keep their float32 results)
+        stored = rounded_roots(walk[0], readers, materialized | fused | in_contractions | set(outputs))
+        materialized, fused = materialized | set(stored.values()), fused | set(stored)
+    s = _Scheduler(materialized, fused, pack_contractions, readers)
     env = {node: s.new_buffer(node) for node in inputs}
     input_bufs = tuple(env[n] for n in inputs)
     output_bufs, done = [], {}

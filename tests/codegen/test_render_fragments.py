@@ -384,3 +384,27 @@ def test_traced_tf32_matmul_with_an_epilogue_runs_as_emulated():
     out = np.zeros(96 * 72, np.float32)
     cuda_emulation.run(src, [out, x, w, bias])
     np.testing.assert_allclose(out.reshape(96, 72), np.tanh(tf32_reference(x, w.T) + bias), rtol=2e-6, atol=2e-6)
+
+
+@EMULATED
+@pytest.mark.parametrize("wgmma", [False, True], ids=["mma_sync", "wgmma"])
+def test_a_head_merged_operand_is_copied_asynchronously(wgmma):
+    """An attention's context (batch, heads, T, d) read by the output projection with its heads merged, (batch, T,
+    heads * d) @ W: its index along k, (k // d) * T * d + k % d, steps by one inside every chunk of 8, so its chunks
+    are copied as they are (cp.async; they were read and rounded one element at a time), and the product equals
+    NumPy's."""
+    rng = np.random.default_rng(0)
+    heads, t, d, n = 4, 64, 32, 96
+    ctx = rng.standard_normal((2, heads, t, d), np.float32).astype(ml_dtypes.bfloat16)
+    w = rng.standard_normal((heads * d, n), np.float32).astype(ml_dtypes.bfloat16)
+    traced = pj.trace(pj.prepare(lambda c, w: pnp.swapaxes(c, 1, 2).reshape(2, t, heads * d) @ w), ctx, w)
+    (kern,) = schedule(list(traced.outputs), list(traced.inputs)).kernels
+    ast = launch(kern.ast, CUDA)
+    assert launch_of(ast)[4:] == ("bfloat16",)
+    src = render_cuda(ast)
+    assert "srcA0 = &buf1[" in src.source and "pj_cp_async16(dst, src)" in src.source
+    out = np.zeros(2 * t * n, ml_dtypes.bfloat16)
+    cuda_emulation.run(src, [out.view(np.uint16), ctx.ravel().view(np.uint16), w.ravel().view(np.uint16)],
+                       wgmma=wgmma)
+    want = np.swapaxes(ctx.astype(np.float32), 1, 2).reshape(2, t, heads * d) @ w.astype(np.float32)
+    np.testing.assert_allclose(out.astype(np.float32).reshape(want.shape), want, rtol=2 ** -7, atol=1e-3)

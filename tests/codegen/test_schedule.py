@@ -91,3 +91,21 @@ def test_a_loop_reading_an_earlier_loop_with_the_same_counter_hoists_it():
     for _ in range(4):
         first = first * 0.5 + 1
     assert_matches(pj.prepare(f)(A), A + 4 * first.sum(), rtol=1e-5)
+
+
+def test_a_reduction_only_rounded_is_stored_rounded_on_gpus():
+    """A bfloat16 matmul that only another matmul reads (through a head split: the attention's context read by the
+    output projection) is stored by its kernel as bfloat16 on the work-group targets (half the bytes; the tile that
+    reads it copies a 16-bit operand as it is), as float32 accumulators rounded where read on the cpu."""
+    import ml_dtypes
+    rng = np.random.default_rng(0)
+    x, w1, w2 = (rng.standard_normal(s, np.float32).astype(ml_dtypes.bfloat16) for s in ((64, 32), (32, 48), (48, 16)))
+
+    def fn(x, w1, w2):
+        h = x @ w1
+        return pnp.swapaxes(h.reshape(8, 8, 48), 0, 1).reshape(64, 48) @ w2
+    traced = pj.trace(pj.prepare(fn), x, w1, w2)
+    for packed, dtype in ((False, "bfloat16"), (True, "float32")):
+        s = schedule(list(traced.outputs), list(traced.inputs), pack_contractions=packed)
+        first = next(k for k in s.kernels if s.buffers[k.buffers[0]].max_size == 64 * 48)
+        assert s.buffers[first.buffers[0]].dtype == dtype
