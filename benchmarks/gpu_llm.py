@@ -186,24 +186,24 @@ def lockstep(engine, prompts, new_tokens: int) -> dict:
     start = time.perf_counter()
     for group in _prefill_groups(prompts, engine.prefill_tokens):
         steps = [p for j in group for p in range(len(prompts[j]))]
-        logits, keys, values = engine.prefill(
+        _, greedy, keys, values = engine.prefill(
             engine.params, np.array([t for j in group for t in prompts[j]], np.int64), np.array(steps, np.int64),
             np.array(steps, np.int64), np.array([tables[j][:1] for j in group for _ in prompts[j]], np.int64),
             np.cumsum([len(prompts[j]) for j in group]) - 1, max(len(prompts[j]) for j in group),
             pool.keys, pool.values, engine.cos, engine.sin)
         pool.write([pool.slot(tables[j], p) for j in group for p in range(len(prompts[j]))], keys, values)
-        for j, row in zip(group, np.asarray(logits)):
-            tokens[j].append(int(np.argmax(row)))
+        for j, token in zip(group, np.asarray(greedy)):   # (each logits row's argmax, computed on the device)
+            tokens[j].append(int(token))
     decode_start = time.perf_counter()
     for step in range(new_tokens - 1):
         pos = np.array([len(p) + step for p in prompts], np.int64)
         width = max(1, -(-int(pos.max()) // block))
         table = np.array([(blocks + blocks[:1] * width)[:width] for blocks in tables], np.int64)
-        logits, keys, values = engine.decode(engine.params, np.array([out[-1] for out in tokens], np.int64), pos,
-                                             table, pool.keys, pool.values, engine.cos, engine.sin)
+        _, greedy, keys, values = engine.decode(engine.params, np.array([out[-1] for out in tokens], np.int64), pos,
+                                                table, pool.keys, pool.values, engine.cos, engine.sin)
         pool.write([pool.slot(blocks, int(p)) for blocks, p in zip(tables, pos)], keys, values)
-        for out, row in zip(tokens, np.asarray(logits)):
-            out.append(int(np.argmax(row)))
+        for out, token in zip(tokens, np.asarray(greedy)):
+            out.append(int(token))
     end = time.perf_counter()
     for blocks in tables:
         pool.release(blocks)

@@ -43,6 +43,8 @@ class PaddedBuckets:
         import prepjit.numpy as pnp
         from examples.models import llama_paged
         fn = functools.partial(llama_paged.decode_batch, pnp, engine.cfg, dtype=engine.dtype)
+        fn.__name__ = "decode_batch"
+        fn = llama_paged.with_greedy(pnp, fn)   # (the engine's decode returns the greedy tokens too)
         fn.__name__ = "llama_decode_padded"
         self.prepared, self.width = pj.prepare(fn, device=engine.decode.device_name), engine.table_width
         self.plans, self.buckets = {}, buckets
@@ -63,9 +65,10 @@ class PaddedBuckets:
         padded_table = np.zeros((b, self.width), np.int64)
         padded_table[:n, :table.shape[1]] = table
         padded_table[:n, table.shape[1]:] = table[:, :1]
-        logits, keys, values = self.prepared(params, np.pad(ids, (0, b - n)), np.pad(pos, (0, b - n)),
-                                             padded_table, k_pool, v_pool, cos, sin)
-        return np.asarray(logits)[:n], [np.asarray(k)[:n] for k in keys], [np.asarray(v)[:n] for v in values]
+        logits, greedy, keys, values = self.prepared(params, np.pad(ids, (0, b - n)), np.pad(pos, (0, b - n)),
+                                                     padded_table, k_pool, v_pool, cos, sin)
+        return (np.asarray(logits)[:n], np.asarray(greedy)[:n], [np.asarray(k)[:n] for k in keys],
+                [np.asarray(v)[:n] for v in values])
 
 
 def _engine(weights: str, smoke: bool, num_blocks: int | None = None):
