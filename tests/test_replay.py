@@ -251,4 +251,6 @@ def test_a_gpu_calls_outputs_are_allocated_together(device, monkeypatch, scalar_
         np.testing.assert_array_equal(out[0], x + k)
         np.testing.assert_array_equal(out[1], x * k)
         assert float(out[2]) == x.sum()
-    assert batches == [[24, 24, 16]] * 2   # (the 0-d sum: at least MIN_BYTES)
+    # (the 0-d sum: at least MIN_BYTES; cuda's single allocations -- a NumPy input's upload -- come through
+    # _pool_alloc_all too, one size each)
+    assert [sizes for sizes in batches if len(sizes) > 1] == [[24, 24, 16]] * 2
