@@ -25,7 +25,7 @@ float16 0.759x / 0.880x. (168 registers x 384 work-items, 192 KB of dynamic loca
 from __future__ import annotations
 
 from .render_fragments import CHUNK_BYTES, KINDS, WARP, _staged, _WarpgroupTile
-from .render_fragments_ws import emit_producer_copies, emit_producer_starts
+from .render_fragments_ws import emit_consumer, emit_producer_copies, emit_producer_starts
 from .render_tiles import FRAGMENT_THREADS, GROUP_ROWS, Contraction
 from .tensor_maps import MAX_DIM, MAX_STRIDE_BYTES, TensorMap, kernel_maps
 
@@ -180,16 +180,6 @@ def emit_bulk_tile(r, c: Contraction, staged: list):
     r.close_block()
     r.close_block()
     r.open_block("else", {})   # the consumers
-    r.emit(f"pj_setmaxnreg<{CONSUMER_REGISTERS}, true>();")
-    tile = _WarpgroupTile(r, c, staged, rows=GROUP_ROWS, first=1)
-    tile.declare()
-    r.open_block(f"for ({long} kt = 0; kt < slices; kt++)", {})
-    r.emit(f"const int st = kt % {stages};")
-    r.emit(f"pj_mbar_wait(&{'ready' if rounds else 'full'}[st], (unsigned)(kt / {stages} % 2));")
-    r.emit("if (copies) pj_fence_async_shared();")   # (chunks written through the generic proxy)
-    tile.issue()
-    r.emit("pj_wgmma_wait<1>();")        # slice kt - 1's instructions are done: its stage may be refilled
-    r.emit(f"if (kt > 0 && lane == 0) pj_mbar_arrive(&empty[(kt - 1) % {stages}]);")
-    r.close_block()
-    tile.store()
+    emit_consumer(r, _WarpgroupTile(r, c, staged, rows=GROUP_ROWS, first=1), long, stages, CONSUMER_REGISTERS,
+                  "ready" if rounds else "full", "copies")
     r.close_block()

@@ -154,16 +154,23 @@ def emit_warp_specialised(r, c: Contraction, staged: list):
     r.close_block()
     r.close_block()
     r.open_block("else", {})   # the consumer
-    r.emit(f"pj_setmaxnreg<{CONSUMER_REGISTERS}, true>();")
-    tile = _WarpgroupTile(r, c, staged, rows=c.tm)
+    emit_consumer(r, _WarpgroupTile(r, c, staged, rows=c.tm), long, stages, CONSUMER_REGISTERS, "full")
+    r.close_block()
+
+
+def emit_consumer(r, tile, long: str, stages: int, registers: int, barrier: str, fence: str | None = None):
+    """A consumer warpgroup's loop over the k slices: it raises its registers to `registers`, waits on `barrier`
+    (the stage's copies landed), fences the generic proxy (copies written by threads, not bulk copies: always, or
+    where `fence`, a C condition, holds), issues the slice's wgmma instructions, and releases the previous slice's
+    stage on `empty` once they are done; then stores its tile."""
+    r.emit(f"pj_setmaxnreg<{registers}, true>();")
     tile.declare()
     r.open_block(f"for ({long} kt = 0; kt < slices; kt++)", {})
     r.emit(f"const int st = kt % {stages};")
-    r.emit(f"pj_mbar_wait(&full[st], (unsigned)(kt / {stages} % 2));")
-    r.emit("pj_fence_async_shared();")   # (the producer's copies, written through the generic proxy)
+    r.emit(f"pj_mbar_wait(&{barrier}[st], (unsigned)(kt / {stages} % 2));")
+    r.emit("pj_fence_async_shared();" if fence is None else f"if ({fence}) pj_fence_async_shared();")
     tile.issue()
     r.emit("pj_wgmma_wait<1>();")        # slice kt - 1's instructions are done: its stage may be refilled
     r.emit(f"if (kt > 0 && lane == 0) pj_mbar_arrive(&empty[(kt - 1) % {stages}]);")
     r.close_block()
     tile.store()
-    r.close_block()
