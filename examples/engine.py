@@ -14,8 +14,10 @@ at fixed positions, so a long prompt does not stall the running sequences and re
 several short prompts are admitted in one step) and one decode step of every running sequence that has its first
 token (with `mixed_steps`, the decoding sequences' tokens are rows of that prefill call instead, chunks of one token:
 one pass over the weights a step). A sequence's blocks go back to the free list when it finishes or is cancelled.
-The two plans are prepared once: every batch composition, prompt length and position replays them (no recompiles, no padding of the batch or of lengths). A greedy request gives
-the tokens it gives alone; a seeded sampled one draws from its own generator (np.random.default_rng(seed)).
+The two plans are prepared once: every batch composition, prompt length and position replays them (no
+recompiles, no padding of the batch or of lengths). A greedy request gives the tokens it gives alone (each row's
+argmax, computed on the device beside its logits); a seeded sampled one draws from its own generator
+(np.random.default_rng(seed)).
 """
 from __future__ import annotations
 
