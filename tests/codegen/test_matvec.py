@@ -123,22 +123,22 @@ def test_one_row_over_16_bit_rows_a_page_apart_prefetches_rows_ahead(rng, target
 
 @pytest.mark.parametrize("target", [AVX2, AVX512])
 def test_one_row_over_16_bit_weight_rows_prefetches_the_row_ahead_into_l2(rng, target):
-    """h @ W.T.astype(float32) for W (n, 576) bfloat16 or float16 (a lone sum per output over one contiguous row):
-    before each row's sum, one prefetch into L2 per cache line of the row SUM_AHEAD_BYTES ahead (a loop of 18 lines
-    of 1152 bytes). Values equal NumPy's."""
+    """h @ W.T.astype(float32) for W (n, 600) bfloat16 or float16 (a lone sum per output over one contiguous row,
+    600 no whole number of MAX_LANES steps): before each row's sum, one prefetch into L2 per cache line of the row
+    SUM_AHEAD_BYTES ahead (a loop of 19 lines of 1200 bytes). Values equal NumPy's."""
     import ml_dtypes
 
     from prepjit.codegen.llvm_reductions import SUM_AHEAD_BYTES
     from prepjit.codegen.render_llvm import render_llvm
-    h = rng.standard_normal(576).astype(np.float32)
+    h = rng.standard_normal(600).astype(np.float32)
     for dtype in (ml_dtypes.bfloat16, np.float16):
-        w = rng.standard_normal((960, 576)).astype(dtype)
+        w = rng.standard_normal((960, 600)).astype(dtype)
         f = pj.prepare(lambda h, w: h @ w.T.astype(np.float32), device="cpu")
         np.testing.assert_allclose(np.asarray(f(h, w)), h @ w.T.astype(np.float32), rtol=1e-4, atol=1e-3)
         ir = render_llvm(optimize(_kernel_ast(f, h, w), "llvm", target), target).source
         (call,) = [line for line in ir.splitlines() if "call void @llvm.prefetch" in line]
         assert call.endswith("i32 0, i32 2, i32 1)")  # a read, into L2
-        assert f"i64 {SUM_AHEAD_BYTES}\n" in ir and ", 18\n" in ir and "mul i64 %r" in ir
+        assert f"i64 {SUM_AHEAD_BYTES}\n" in ir and ", 19\n" in ir and "mul i64 %r" in ir
 
 
 def test_a_split_sum_over_float_rows_prefetches_every_line_of_a_block(rng):
@@ -163,22 +163,27 @@ def test_a_split_sum_over_float_rows_prefetches_every_line_of_a_block(rng):
             assert f"i64 {PREFETCH_BYTES + 64 * at}\n" in ir
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 @pytest.mark.parametrize("n,k", [(960, 576), (576, 1536), (3000, 160)])
-def test_a_float32_row_sum_is_summed_over_lanes_with_every_line_prefetched(rng, device, n, k):
-    """h @ W.T for W (n, k) float32 (SmolLM2's projections and output head as llama.py stores them): values equal
-    NumPy's on every device; on the cpu each output's sum over its weight row is split into k / 32 steps of a
-    32-lane vector (one vector accumulator, its lanes added up once) and every step asks for both cache lines of its
-    128 bytes of the row PREFETCH_BYTES ahead."""
+def test_a_float_row_sum_is_summed_over_lanes_with_every_line_prefetched(rng, device, n, k, dtype):
+    """h @ W.T.astype(float32) for W (n, k) float32, bfloat16 or float16 (SmolLM2's projections and output head as
+    llama.py stores them): values equal NumPy's on every device; on the cpu each output's sum over its weight row is
+    split into k / 32 steps of a 32-lane vector (one vector accumulator, its lanes added up once) and every step
+    asks for each cache line of its 128 (float32) or 64 (16-bit) bytes of the row PREFETCH_BYTES ahead."""
+    import ml_dtypes
+
     from prepjit.codegen.block_split import MAX_LANES
     from prepjit.codegen.llvm_reductions import PREFETCH_BYTES
-    w, h = rng.standard_normal((n, k)).astype(np.float32), rng.standard_normal(k).astype(np.float32)
-    f = pj.prepare(lambda h, w: h @ w.T, device=device)
-    np.testing.assert_allclose(np.asarray(f(h, w)), h @ w.T, rtol=1e-4, atol=1e-4)
+    stored = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+    w, h = rng.standard_normal((n, k)).astype(stored), rng.standard_normal(k).astype(np.float32)
+    f = pj.prepare(lambda h, w: h @ w.T.astype(np.float32), device=device)
+    np.testing.assert_allclose(np.asarray(f(h, w)), h @ w.T.astype(np.float32), rtol=1e-4, atol=1e-4)
     if device != "cpu":
         return
     (kernel,) = f.plan(h, w).kernels
     ir = kernel.kernel.source
     assert f"<{MAX_LANES} x float> zeroinitializer" in ir
     assert re.search(rf"icmp slt i64 %r\d+, {k // MAX_LANES}\n", ir)  # the loop of steps
-    assert ir.count("call void @llvm.prefetch") == MAX_LANES * 4 // 64
-    assert f"i64 {PREFETCH_BYTES}\n" in ir and f"i64 {PREFETCH_BYTES + 64}\n" in ir
+    lines = MAX_LANES * np.dtype(stored).itemsize // 64
+    assert ir.count("call void @llvm.prefetch") == lines
+    assert all(f"i64 {PREFETCH_BYTES + 64 * at}\n" in ir for at in range(lines))
