@@ -272,10 +272,10 @@ class ReductionRendering(AMXRendering):
 
     def prefetch_sum(self, bodies: list[UOp], r: UOp, acc: DType):
         """Before a lone sum's loop over reduction range `r` (a matvec's output row against a weight contiguous along
-        `r`, W (out, in), its rows one after another, where the row is not summed over lanes: matvec.py), ask for the row SUM_AHEAD_BYTES ahead into L2, one prefetch
-        per cache line of a row, for each buffer of values narrower than its `acc` accumulator (bfloat16 or float16
-        weights, widened) that moves with the parallel range: widening keeps the core busy long enough that the
-        hardware prefetchers fall behind the rows."""
+        `r`, W (out, in), its rows one after another, where the row is not summed over lanes: matvec.py), ask for
+        the row SUM_AHEAD_BYTES ahead into L2, one prefetch per cache line of a row, for each buffer of values
+        narrower than its `acc` accumulator (bfloat16 or float16 weights, widened) that moves with the parallel
+        range: widening keeps the core busy long enough that the hardware prefetchers fall behind the rows."""
         if self.prange is None or r.src[0].op is not Ops.CONST:
             return
         here = set(self.open_ranges)
