@@ -53,7 +53,8 @@ def main(argv=None) -> int:
     machine = machine_info(measure_bandwidth=not args.smoke)
     print(f"machine: {machine['cpu']}, {machine['cores']} cores, Python {machine['python']}, NumPy {machine['numpy']}"
           + (f", memory copy {machine['copy_gb_per_s']} GB/s" if "copy_gb_per_s" in machine else "")
-          + f", BLAS {describe(machine['blas'])}")
+          + f", BLAS {describe(machine['blas'])}, prepjit kernels for {machine['kernel_cpu']['name']}"
+          + f" ({machine['kernel_cpu']['vector_bytes'] * 8}-bit vectors)")
     print("peers: " + (", ".join(f"{p.name} {p.version()}" for p in peers) or "none"))
     names = [p.name for p in peers]
     print("case".ljust(28) + "  " + "prepjit".rjust(10) + "  " + "  ".join(n.rjust(18) for n in names)

@@ -15,6 +15,8 @@ def markdown(result: dict) -> str:
     m = result["machine"]
     blas = f" (BLAS {describe(m['blas'])})" if "blas" in m else ""  # (results before it was recorded: none)
     copy = f", memory copy {m['copy_gb_per_s']} GB/s (read + write)" if "copy_gb_per_s" in m else ""
+    if "kernel_cpu" in m:  # (results before it was recorded: the host's own)
+        blas += f", prepjit kernels for {m['kernel_cpu']['name']} ({m['kernel_cpu']['vector_bytes'] * 8}-bit vectors)"
     lines = [f"Machine: {m['cpu']}, {m['cores']} cores{copy}, {m['platform']}, Python {m['python']}, NumPy {m['numpy']}{blas}; "
              + ", ".join(f"{p} {v}" for p, v in result["peers"].items() if p != "numpy") + f" ({result['date']}).",
              "", "| case | prepjit | " + " | ".join(PEERS) + " | rate | goal |",

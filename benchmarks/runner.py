@@ -149,6 +149,15 @@ def copy_bandwidth(nbytes: int = 64 << 20, rounds: int = 5) -> float:
     return 2 * nbytes / best / 1e9
 
 
+def kernel_cpu() -> dict:
+    """The CPU prepjit's cpu kernels are compiled for: LLVM's name of it (PREPJIT_CPU, e.g. "haswell" for AVX2 code
+    on an AVX-512 host, else the host's own) and its vector width, which the results must name: the same host
+    gives other figures for another target."""
+    from prepjit.llvm_cpu import compile_cpu
+    target = compile_cpu()
+    return {"name": target.name, "vector_bytes": target.vector_bytes, "chosen": bool(os.environ.get("PREPJIT_CPU"))}
+
+
 def machine_info(measure_bandwidth: bool = True) -> dict:
     cpu = platform.processor() or platform.machine()
     try:
@@ -157,7 +166,8 @@ def machine_info(measure_bandwidth: bool = True) -> dict:
     except (OSError, StopIteration):
         pass
     info = {"cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform(),
-            "python": platform.python_version(), "numpy": np.__version__, "blas": blas_info()}
+            "python": platform.python_version(), "numpy": np.__version__, "blas": blas_info(),
+            "kernel_cpu": kernel_cpu()}
     if measure_bandwidth:
         info["copy_gb_per_s"] = round(copy_bandwidth(), 1)
     return info

@@ -26,3 +26,12 @@ def test_command_line_writes_json(tmp_path, capsys):
                                                     "replay_reduction_chain_10"}
     assert result["machine"]["cores"] >= 1
     assert "replay_elementwise_16" in capsys.readouterr().out
+
+
+def test_results_name_the_cpu_the_kernels_are_compiled_for():
+    """The machine record names prepjit's kernel CPU: PREPJIT_CPU's (AVX2 code on an AVX-512 host gives other
+    figures on the same machine) or the host's own."""
+    from benchmarks.runner import machine_info
+    from prepjit.llvm_cpu import compile_cpu
+    kernels = machine_info(measure_bandwidth=False)["kernel_cpu"]
+    assert kernels["name"] == compile_cpu().name and kernels["vector_bytes"] == compile_cpu().vector_bytes
