@@ -8,7 +8,7 @@ operands' slices of ROW_BYTES rows (64 deep for 16-bit operands, 32 for float32;
 render_fragments.Staged's layout, which the tensor maps' swizzle writes alike). An operand with a tensor map (tensor_maps.py: the kernel's last parameters,
 encoded by the host per launch) is copied by one work-item, one bulk tensor copy a box, completing the bytes its
 stage's `full` mbarrier expects; an operand without one (computed, gathered, its rows not 16-byte aligned: the
-kernel tests what the host tested, tensor_maps.usable) is copied by the producer's 128 work-items chunk by chunk
+kernel tests what the host tested, TensorMap.usable) is copied by the producer's 128 work-items chunk by chunk
 as render_fragments_ws.py's producer copies them (cp.async, arriving on `full` as they land, then their plain
 stores fenced). The other two (the consumers) each own 64 rows of the tile, all its columns: wgmma
 m64n256k16 from the stage (128 float32 accumulators a work-item), one group in flight, each warp
@@ -47,7 +47,7 @@ def _rounds(staged: list) -> bool:
 
 
 def _usable(r, m: TensorMap) -> str:
-    """The kernel's test of tensor_maps.usable for map `m` (the host encodes it only where that holds)."""
+    """The kernel's test of TensorMap.usable for map `m` (the host encodes it only where that holds)."""
     size = m.dtype.itemsize
     address = f"(unsigned long long)(buf{m.buffer} + ({r.value(m.offset)}))"
     dims = [f"({r.value(d)}) > 0 && ({r.value(d)}) <= {MAX_DIM}LL" for d in m.dims]

@@ -13,19 +13,18 @@ ends, and the hardware fills coordinates past the dims with zeros. So the bounds
 (bounds.py) covers its copies too.
 
 A map is usable at run time where its start address is 16-byte aligned, its strides in bytes are multiples of 16 and
-below 2^40 and its dims between 1 and 2^31 - 1 (`usable`: the runtime encodes the map only then, the kernel tests the
+below 2^40 and its dims between 1 and 2^31 - 1 (`TensorMap.usable`: the runtime encodes the map only then, the kernel tests the
 same and copies that operand's chunks itself otherwise).
 """
 from __future__ import annotations
 
 import attrs
 
-from ..uop import DType, Ops, UOp, dtypes, simplify
+from ..uop import DType, Ops, UOp, simplify
 from ..uop.uop import as_uop
 from .gpu_launch import BULK_VARIANT, launch_of
 from .render_tiles import Contraction, match_contraction
 
-MAP_BYTES = 128            # a CUtensorMap
 MAX_STRIDE_BYTES = 1 << 40
 MAX_DIM = (1 << 31) - 1   # (a copy's coordinates are signed 32-bit)
 MAX_BATCH_DIMS = 3         # a map has at most 5 dimensions: inner, outer and up to 3 batch ranges
@@ -49,6 +48,15 @@ class TensorMap:
     def values(self) -> tuple:
         """The expressions the runtime evaluates per launch: offset, dims, strides."""
         return (self.offset, *self.dims, *self.strides)
+
+    def usable(self, address: int, values: tuple) -> bool:
+        """Whether the map can be encoded at buffer `address` and its `values` (`values()`, evaluated): start
+        16-byte aligned, strides multiples of 16 bytes below MAX_STRIDE_BYTES, dims in [1, MAX_DIM] (the runtime,
+        handed the map, encodes it only then; the kernel tests the same)."""
+        offset, dims, strides = values[0], values[1:1 + len(self.dims)], values[1 + len(self.dims):]
+        size = self.dtype.itemsize
+        return ((address + offset * size) % 16 == 0 and all(0 < d <= MAX_DIM for d in dims) and
+                all(0 < s * size < MAX_STRIDE_BYTES and s * size % 16 == 0 for s in strides))
 
 
 def _coefficient(index: UOp, r: UOp) -> UOp | None:
@@ -97,15 +105,3 @@ def tensor_maps(ast: UOp) -> tuple:
         return ()
     c = match_contraction(ast, tuple(decided[1:]))
     return tuple(m for m in kernel_maps(c, bulk_staged(c)).values() if m is not None)
-
-
-def usable(m: TensorMap, address: int, values: tuple) -> bool:
-    """Whether map `m` can be encoded at buffer `address` and its `values` (`TensorMap.values`, evaluated): start
-    16-byte aligned, strides multiples of 16 bytes below MAX_STRIDE_BYTES, dims in [1, MAX_DIM]."""
-    offset, dims, strides = values[0], values[1:1 + len(m.dims)], values[1 + len(m.dims):]
-    size = m.dtype.itemsize
-    return ((address + offset * size) % 16 == 0 and all(0 < d <= MAX_DIM for d in dims) and
-            all(0 < s * size < MAX_STRIDE_BYTES and s * size % 16 == 0 for s in strides))
-
-
-MAP_TYPES = {dtypes.bfloat16: 9, dtypes.float16: 6, dtypes.float32: 7}   # CU_TENSOR_MAP_DATA_TYPE_*

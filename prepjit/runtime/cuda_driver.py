@@ -10,9 +10,9 @@ import contextlib
 import ctypes
 import ctypes.util
 
-from ..codegen.tensor_maps import MAP_BYTES
 from ..errors import DeviceError
 from .cuda_cubin import dynamic_local_bytes
+from .cuda_tensor_maps import MAP_BYTES
 
 CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 0
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8

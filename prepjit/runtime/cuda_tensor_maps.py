@@ -5,7 +5,7 @@ kernel's packed arguments (a 128-byte slot after the vars, handed to the launch 
 
 A launcher re-encodes its maps whenever a buffer address or a var changes (`TensorMapArgs.refresh`; a CUDA graph's
 node of it is then updated as for any argument change). Encodings are kept per (map, address, values): a replay
-that alternates between a few buffers encodes each once. A map that cannot be encoded there (tensor_maps.usable: an
+that alternates between a few buffers encodes each once. A map that cannot be encoded there (TensorMap.usable: an
 unaligned view, a stride not a multiple of 16 bytes) is left zero, and the kernel, testing the same, copies that
 operand chunk by chunk.
 """
@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import ctypes
 
-from ..codegen.tensor_maps import MAP_BYTES, MAP_TYPES, TensorMap, usable
+from ..uop import dtypes
+
+MAP_BYTES = 128           # a CUtensorMap
+MAP_TYPES = {dtypes.bfloat16: 9, dtypes.float16: 6, dtypes.float32: 7}   # CU_TENSOR_MAP_DATA_TYPE_*
 
 SWIZZLE_128B = 3          # CU_TENSOR_MAP_SWIZZLE_128B: the local tiles' 128-byte rows (render_fragments.Staged.chunk)
 L2_PROMOTION_256B = 3     # CU_TENSOR_MAP_L2_PROMOTION_L2_256B
@@ -34,14 +37,14 @@ class TensorMapEncoder:
         self.cache: dict = {}
         self._out = (ctypes.c_uint64 * (MAP_BYTES // 8 + 8))()   # (room to align it to 64 bytes)
 
-    def encode(self, m: TensorMap, address: int, values: tuple) -> bytes:
-        """The map's 128 bytes at buffer `address` and its evaluated `values` (TensorMap.values), or zeros where
-        it is not usable there."""
+    def encode(self, m, address: int, values: tuple) -> bytes:
+        """Map `m`'s 128 bytes (a codegen/tensor_maps.TensorMap, handed over by the planner) at buffer `address` and
+        its evaluated `values` (m.values()), or zeros where it is not usable there (m.usable)."""
         key = (m, address, values)
         found = self.cache.get(key)
         if found is not None:
             return found
-        if not usable(m, address, values):
+        if not m.usable(address, values):
             return ZERO
         rank, size = len(m.dims), m.dtype.itemsize
         offset, dims, strides = values[0], values[1:1 + rank], values[1 + rank:]

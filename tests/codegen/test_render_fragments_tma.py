@@ -40,9 +40,9 @@ def test_computed_operands_have_no_map_and_unaligned_ones_are_tested():
     assert [m.name for m in tm.tensor_maps(scaled)] == ["A"]
     (a,) = tm.tensor_maps(scaled)
     values = (0, 4096, 4096, 1, 4096, 4096 * 4096)
-    assert tm.usable(a, 1 << 20, values)
-    assert not tm.usable(a, (1 << 20) + 2, values)                       # a view 1 element in
-    assert not tm.usable(a, 1 << 20, (0, 4095, 4096, 1, 4095, 4095 * 4096))   # rows of 8190 bytes
+    assert a.usable(1 << 20, values)
+    assert not a.usable((1 << 20) + 2, values)                       # a view 1 element in
+    assert not a.usable(1 << 20, (0, 4095, 4096, 1, 4095, 4095 * 4096))   # rows of 8190 bytes
 
 
 @pytest.mark.parametrize("a_t, b_t, offset, scale_b", [(False, False, 0, False), (True, True, 0, False),

@@ -8,10 +8,10 @@ import struct
 from prepjit.codegen.gpu_launch import launch
 from prepjit.codegen.optimize import Blocking
 from prepjit.codegen.render_cuda import CUDA_HOPPER
-from prepjit.codegen.tensor_maps import MAP_BYTES, tensor_maps
+from prepjit.codegen.tensor_maps import tensor_maps
 from prepjit.jit.planner import tensor_map_args
 from prepjit.runtime import cuda, cuda_driver
-from prepjit.runtime.cuda_tensor_maps import TensorMapEncoder
+from prepjit.runtime.cuda_tensor_maps import MAP_BYTES, TensorMapEncoder
 from prepjit.uop import Ops, UOp, dtypes
 
 from .cuda_stub import FakeProgram, params_of, stub_device
