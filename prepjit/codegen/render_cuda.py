@@ -16,7 +16,8 @@ from . import c_helpers
 from .gpu_launch import launch
 from .kernel import KernelSource
 from .optimize import Blocking
-from .render_c import ALIGN, Dialect, render_c
+from .c_dialect import ALIGN, Dialect
+from .render_c import render_c
 
 ELEMENTWISE_GROUP = 256   # threads per block of kernels that are not grouped reductions
 ITEMS_PER_THREAD = 4      # outputs per thread of those (a block's width apart: coalesced, more loads in flight)

@@ -42,7 +42,7 @@ A tile of `splits` sets of work-items (gpu_launch.unpacked_tile: a weight unpack
 staging is the tile's work) splits k between them: set kset (each a tile's warpgroups, the work-item's `lid` its
 place in its set) copies and multiplies slices kset, kset + splits, ... through stages of its own, every set
 reaching every barrier (those past k's end are copied as zeros); at the end set 0 adds the others' accumulators
-through local memory (`_combine_sets`) and stores the tile.
+through local memory (fragment_results.py) and stores the tile.
 
 Chunks are copied as fragment_copies.py says (16-byte cp.async where the operand allows, else element by element),
 which the barrier that starts each slice's arithmetic orders as it orders the copies.
@@ -67,8 +67,9 @@ from __future__ import annotations
 
 import attrs
 
-from ..uop import Ops, UOp, dtypes, simplify
+from ..uop import Ops, UOp, simplify
 from .fragment_copies import element_type, emit_chunk_starts, emit_slice_copy
+from .fragment_results import emit_results
 from .render_tiles import (FRAGMENT_THREADS, GROUP_ROWS, Contraction, _extent, _static_multiple, _steps_by_one,
                            _unit_stride)
 
@@ -483,7 +484,7 @@ class _WarpTiles:
         cells = [(self.accs[x, y, e], f"wm + {x * FRAG_M + (8 if e >= 2 else 0)} + fg",
                   f"wn + {y * FRAG_N + e % 2} + ft")
                  for x in range(self.fm) for y in range(self.fn) for e in range(4)]
-        _emit_results(self.r, self.c, cells)
+        emit_results(self.r, self.c, cells)
 
 
 def _load_fragments(r, s: Staged, regs: list, origin: str, offset: int, kk: int):
@@ -570,39 +571,4 @@ class _WarpgroupTile:
             self.r.emit(f"pj_wgmma_hold<{self.c.tn // 2}>(wacc{x});")
         cells = [(f"wacc{x}[{4 * q + e}]", f"{x * GROUP_M + (8 if e >= 2 else 0)} + wg_row", f"{8 * q + e % 2} + ft")
                  for x in range(self.blocks) for q in range(self.c.tn // 8) for e in range(4)]
-        _emit_results(self.r, self.c, cells)
-
-
-def _emit_results(r, c: Contraction, cells: list):
-    """Store each accumulator (name, row and column in the tile) at its output, checked; where the tile's sets
-    split k, set 0 first adds the others' accumulators (`_combine_sets`) and stores them alone."""
-    store, long, m, n = r.ast.src[0], r.long, r.value(_extent(c.i)), r.value(_extent(c.j))
-    if c.splits > 1:
-        _combine_sets(r, c, cells)
-        r.open_block("if (kset == 0)", {})
-    for acc, row, col in cells:
-        r.open_block(f"if (i0 + {row} < {m} && j0 + {col} < {n})", {})
-        r.emit(f"const {long} oi = i0 + {row}, oj = j0 + {col};")
-        r.scopes[-1].update({**r.unflatten("oi", list(c.i)), **r.unflatten("oj", list(c.j)), c.reduce: acc})
-        r.emit(r.store_line(store))
-        r.close_block()
-    if c.splits > 1:
-        r.close_block()
-
-
-def _combine_sets(r, c: Contraction, cells: list):
-    """Add the other sets' accumulators into set 0's, one set at a time through a local tile of the outputs (a
-    work-item of each set holds the same cells; every work-item reaches every barrier)."""
-    acc_t = r.d.ctype(dtypes.float32)
-    tile = r.d.local_array.format(type=acc_t, name="Cs", n=f"{c.tm}][{c.tn}") + ";"
-    if tile not in r.locals:   # (once for both variants of the arithmetic)
-        r.locals.append(tile)
-    for other in range(1, c.splits):
-        r.open_block(f"if (kset == {other})", {})
-        r.emit(" ".join(f"Cs[{row}][{col}] = {acc};" for acc, row, col in cells))
-        r.close_block()
-        r.emit(r.d.barrier)
-        r.open_block("if (kset == 0)", {})
-        r.emit(" ".join(f"{acc} += Cs[{row}][{col}];" for acc, row, col in cells))
-        r.close_block()
-        r.emit(r.d.barrier)
+        emit_results(self.r, self.c, cells)

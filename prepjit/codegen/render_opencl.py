@@ -13,7 +13,8 @@ from . import c_helpers
 from .gpu_launch import launch
 from .kernel import KernelSource
 from .optimize import Blocking
-from .render_c import Dialect, render_c
+from .c_dialect import Dialect
+from .render_c import render_c
 from .row_plan import GROUP_REDUCE_MIN, REDUCE_GROUP, uses_grouped_reduce
 from .renderer import rounds_through_odd_float
 

@@ -24,7 +24,8 @@ from .kernel import KernelSource
 from .llvm_softmax import softmax_rows
 from .operand_prologue import with_operand_prologue
 from .optimize import DEFAULT_BLOCKING, Blocking, blocking_candidates, optimize_with
-from .render_c import Dialect, render_c
+from .c_dialect import Dialect
+from .render_c import render_c
 from .render_cuda import CUDA, CUDA_HOPPER
 from .render_llvm import render_llvm
 from .render_opencl import OPENCL
