@@ -7,6 +7,7 @@ import os
 import sys
 import time
 
+from . import llama_cpp
 from .blas import describe
 from .cases import CASES
 from .peers import available_peers
@@ -39,6 +40,12 @@ def format_row(record: dict, peer_names: list[str]) -> str:
     return "  ".join(cells) + ("  | " + "; ".join(extra) if extra else "")
 
 
+def llama_cpp_build(machine: dict) -> str:
+    """The machine line's words on the llama.cpp build that ran (none in results from before it was recorded)."""
+    b = machine.get("llama_cpp_build")
+    return f", llama.cpp built for {' '.join(b['features'])} ({b['path']})" if b else ""
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, one run each (a check, not a measurement)")
@@ -51,10 +58,12 @@ def main(argv=None) -> int:
     cases = [c for c in CASES if any(s in c.name for s in args.case)] if args.case else [
         c for c in CASES if c.smoke or not args.smoke]
     machine = machine_info(measure_bandwidth=not args.smoke)
+    if any(p.name == "llama.cpp" for p in peers):  # which build runs: PYTHONPATH may put another one first
+        machine["llama_cpp_build"] = llama_cpp.build()
     print(f"machine: {machine['cpu']}, {machine['cores']} cores, Python {machine['python']}, NumPy {machine['numpy']}"
           + (f", memory copy {machine['copy_gb_per_s']} GB/s" if "copy_gb_per_s" in machine else "")
           + f", BLAS {describe(machine['blas'])}, prepjit kernels for {machine['kernel_cpu']['name']}"
-          + f" ({machine['kernel_cpu']['vector_bytes'] * 8}-bit vectors)")
+          + f" ({machine['kernel_cpu']['vector_bytes'] * 8}-bit vectors)" + llama_cpp_build(machine))
     print("peers: " + (", ".join(f"{p.name} {p.version()}" for p in peers) or "none"))
     names = [p.name for p in peers]
     print("case".ljust(28) + "  " + "prepjit".rjust(10) + "  " + "  ".join(n.rjust(18) for n in names)

@@ -13,6 +13,11 @@ rounded to bfloat16, so both run the same model.
 one JSON line: the prompt's evaluation (median of 3, KV cache cleared before each) and the median decode step of N
 greedy tokens after it, each step one `Llama.eval([token])` (llama_decode of one token). The benchmark cases
 (low_precision_models.py) start it once per round, in turn with prepjit's processes.
+
+Those processes load the first `llama_cpp` on their path: another build of llama-cpp-python installed into its own
+directory (`pip install --target DIR`, e.g. built for AVX2 only, as GGML_NATIVE builds it on an AVX2 host) runs
+instead of site-packages' with `PYTHONPATH=DIR`. `build()` says which one runs and the CPU features it was built
+with; the results record it in their machine line.
 """
 from __future__ import annotations
 
@@ -35,6 +40,21 @@ CONTEXT = 1024  # tokens of KV cache, as examples/smollm2_generate.py's default 
 
 def available() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None
+
+
+def build() -> dict:
+    """The llama.cpp build a process of this environment loads: its package directory, llama-cpp-python's version
+    and the features llama.cpp was built with (llama_print_system_info's flags that are on: AVX2, AVX512, AMX_INT8,
+    ...), asked in a process of its own, as the measurements are."""
+    code = ("import json, llama_cpp; print(json.dumps([llama_cpp.__file__, llama_cpp.__version__, "
+            "llama_cpp.llama_print_system_info().decode()]))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise RuntimeError(f"llama_cpp does not load:\n{done.stderr[-3000:]}")
+    path, version, info = json.loads(done.stdout.strip().splitlines()[-1])
+    flags = [f.split("=") for part in info.split("|") for f in [part.split(":")[-1]] if "=" in f]
+    return {"path": os.path.dirname(path), "version": version,
+            "features": [name.strip() for name, on in flags if on.strip() == "1"], "system_info": info}
 
 
 def cache_dir() -> str:

@@ -5,7 +5,7 @@ import json
 import os
 import sys
 
-from .__main__ import _fmt_seconds
+from .__main__ import _fmt_seconds, llama_cpp_build
 from .blas import describe
 
 PEERS = ("numpy", "jax", "tinygrad", "torch", "sentence-transformers", "transformers", "prepjit-args", "llama.cpp")
@@ -17,6 +17,7 @@ def markdown(result: dict) -> str:
     copy = f", memory copy {m['copy_gb_per_s']} GB/s (read + write)" if "copy_gb_per_s" in m else ""
     if "kernel_cpu" in m:  # (results before it was recorded: the host's own)
         blas += f", prepjit kernels for {m['kernel_cpu']['name']} ({m['kernel_cpu']['vector_bytes'] * 8}-bit vectors)"
+    blas += llama_cpp_build(m)
     lines = [f"Machine: {m['cpu']}, {m['cores']} cores{copy}, {m['platform']}, Python {m['python']}, NumPy {m['numpy']}{blas}; "
              + ", ".join(f"{p} {v}" for p, v in result["peers"].items() if p != "numpy") + f" ({result['date']}).",
              "", "| case | prepjit | " + " | ".join(PEERS) + " | rate | goal |",

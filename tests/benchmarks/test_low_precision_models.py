@@ -1,6 +1,7 @@
 """The 16-bit model cases' machinery: a GGUF re-stored for llama.cpp keeps its metadata and values, the cases run in
 fresh processes at smoke size, and llama.cpp sits out where it is not installed (no timing claims)."""
 import importlib.util
+import json
 
 import numpy as np
 import pytest
@@ -72,6 +73,26 @@ def test_restore_names_its_formats():
 
 def test_the_shipped_format_is_the_shipped_file():
     assert llama_cpp.restored("Q4_1", source="/models/model.Q4_1.gguf") == "/models/model.Q4_1.gguf"
+
+
+def test_the_build_that_runs_is_the_first_on_the_path(tmp_path, monkeypatch, capsys):
+    """PYTHONPATH ahead of site-packages picks the llama.cpp build the measurements load (another build, e.g. for
+    AVX2 only): build() names it and its features, and the benchmark's machine line says them."""
+    from benchmarks.__main__ import main
+    fake = tmp_path / "llama_cpp"
+    fake.mkdir()
+    (fake / "__init__.py").write_text('__version__ = "9.9"\n\ndef llama_print_system_info():\n'
+                                      '    return b"CPU : SSE3 = 1 | AVX2 = 1 | AVX512 = 0 | FMA = 1 | "\n')
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    built = llama_cpp.build()
+    assert built["path"] == str(fake) and built["version"] == "9.9"
+    assert built["features"] == ["SSE3", "AVX2", "FMA"]
+    if not llama_cpp.available():  # (the peer is listed only where llama-cpp-python is installed)
+        return
+    out = tmp_path / "results.json"
+    assert main(["--smoke", "--peers", "llama.cpp", "--case", "replay_elementwise", "--out", str(out)]) == 0
+    assert "llama.cpp built for SSE3 AVX2 FMA (" + str(fake) in capsys.readouterr().out
+    assert json.loads(out.read_text())["machine"]["llama_cpp_build"] == built
 
 
 def _case(name):
