@@ -37,6 +37,17 @@ def function_attributes(target: CPUTarget) -> str:
 
 # operations computed lane by lane in a vector (no vector form rendered here)
 _PER_LANE = {Ops.IDIV, Ops.MOD, Ops.ATAN2, Ops.SIGN}
+
+
+def _by_constant(u: UOp) -> bool:
+    """Whether `u` is an integer division or modulo by a positive constant or a shift by a constant: one
+    instruction or a few (llvm_ir.positive_divmod, shift), on a scalar or a vector."""
+    if u.op not in (Ops.IDIV, Ops.MOD, Ops.SHL, Ops.SHR) or u.src[1].op is not Ops.CONST or u.dtype.is_float or \
+            u.src[1].dtype.is_float or u.dtype == dtypes.bool:
+        return False
+    return u.op in (Ops.SHL, Ops.SHR) or u.src[1].arg > 0
+
+
 def _below(topo: list[UOp], own) -> dict[UOp, frozenset]:
     """Per node of a children-first order, the union of `own(n)` (a frozenset, or None for none) over the nodes n
     under it, itself included (one pass: no walk per node)."""
@@ -180,9 +191,14 @@ class _Renderer(ReductionRendering, KernelRenderer, InlineMath):
         return found
 
     def alu_node(self, u: UOp, srcs: list[str]) -> str:
+        if self.vec:
+            srcs = [self.vector(s, text) for s, text in zip(u.src, srcs)]
+        if _by_constant(u):  # (a vector's too: no lane by lane division)
+            if u.op in (Ops.SHL, Ops.SHR):
+                return self.shift(u.op, u.dtype, *srcs, amount=u.src[1].arg)
+            return self.divmod(u.op, u.src[0].dtype, *srcs, divisor=u.src[1].arg)
         if not self.vec:
             return super().alu_node(u, srcs)
-        srcs = [self.vector(s, text) for s, text in zip(u.src, srcs)]
         if u.op not in _PER_LANE and (u.op not in _LIBM or (u.op is Ops.ERF and reg_type(u.dtype) == "float")):
             return super().alu_node(u, srcs)
         lanes, out = self.vec, "poison"
