@@ -27,8 +27,11 @@ laid out along the reduction), then every row block's sums read the tile as cont
 float lanes, the reduction one range of them (k = kk * lanes + lane): no unpacking inside the sums, R + C vector
 loads for R x C FMAs. Each row block streams its R rows of activations from L2 once per panel, so the blocks are
 wide in columns (3 x 6 on AVX-512: 128 rows x 576 @ 1536 q4_1 on one thread 1.34-1.54 ms against 4 x 4's
-1.44-1.78, 2 x 8's 1.65 and the block kernel's 2.46-2.75; NumPy's float32 matmul 1.42-1.45). The bounds proof sees
-the tile's accesses against the size its DEFINE_LOCAL names; no float32 copy of the weight is made.
+1.44-1.78, 2 x 8's 1.65 and the block kernel's 2.46-2.75; NumPy's float32 matmul 1.42-1.45). The rows past the
+full blocks run one at a time over the tile (optimize.row_nests' one_row_tail): one nest of C sums, not one for
+each count below R, whose code cost LLVM and the bounds proof more than it saved (SmolLM2's prefill at T = 128 and
+127 in the same time; its o-projection's IR 85 -> 59 KB). The bounds proof sees the tile's accesses against the
+size its DEFINE_LOCAL names; no float32 copy of the weight is made.
 
 A decode batch (more rows at most than one register block holds, fewer than MIN_TILE_ROWS: a serving engine's B
 up to 16) gets a tile too, whose use depends on the live row count: the column panels outermost (threads split
@@ -198,7 +201,7 @@ def _weight_tile(split: UOp, store: UOp, red: UOp, j: UOp, i: UOp, target: CPUTa
         read = UOp(Ops.LOAD, w.dtype, (tile, (j % columns) * steps + kk * width + flat_lane))
         flat = UOp(Ops.REDUCE, red.dtype, (_simplified_loads(x.substitute(split_ranges(kk))) * read, kk, flat_lane),
                    red.arg)
-        stores = [s for block_rows, n in row_nests(i.src[0], rows, axis + 3 + len(fill_ranges), every_count=True)
+        stores = [s for block_rows, n in row_nests(i.src[0], rows, axis + 3 + len(fill_ranges), one_row_tail=True)
                   for s in block_stores(store.substitute({red: flat}), j, i, panel_columns, block_rows, {})]
         return renumber(UOp(Ops.SINK, split.dtype, (fill, *stores), split.arg))
     # a few rows: the tile only for more live rows than a direct block holds (shared = 1), else the blocks

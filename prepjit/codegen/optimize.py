@@ -128,19 +128,25 @@ def row_block(rows: int, end: UOp) -> tuple[int, bool]:
     return rows, rows > 1
 
 
-def row_nests(end: UOp, rows: int, axis: int, every_count: bool = False) -> list[tuple[list[UOp], int]]:
+def row_nests(end: UOp, rows: int, axis: int, every_count: bool = False,
+              one_row_tail: bool = False) -> list[tuple[list[UOp], int]]:
     """(row indices, the axis its loops start at) of each loop nest over a row range ending at `end` in blocks of
     `rows` rows: the full blocks (axis `axis`), then the rows past them in nests of 0 or 1 iterations (two axes a
     nest), largest first: at most one block of each power of two below `rows` (few nests: a wide block's code stays
     small), or with `every_count` one nest for each count below `rows`, so the rows past the blocks are one block
     of their own count (block_matmul.py: each nest reads and unpacks all the weight blocks, so three rows cost one
-    such read, not a block of 2 and one of 1). A count of rows the blocks do not divide (a var: a decode batch)
-    costs its own rows, not a block of `rows` recomputing the last one."""
+    such read, not a block of 2 and one of 1), or with `one_row_tail` one nest of one-row blocks that runs once a
+    row past the blocks (a prefill's tile, read from L1 by each block: a smaller block saves little beside the code
+    it adds). A count of rows the blocks do not divide (a var: a decode batch) costs its own rows, not a block of
+    `rows` recomputing the last one."""
     rest, nests = simplify(end % rows), []
     full = simplify(end // rows)
     if not (full.op is Ops.CONST and full.arg == 0):
         block = new_range(full, axis)
         nests.append(([simplify(block * rows + a) for a in range(rows)], axis))
+    if one_row_tail and rows > 1 and not (rest.op is Ops.CONST and rest.arg == 0):
+        block = new_range(rest, axis + 2)
+        return nests + [([simplify(end - rest + block)], axis + 2)]
     sizes = range(rows - 1, 0, -1) if every_count else [1 << p for p in reversed(range((rows - 1).bit_length()))]
     for size in sizes:  # rest < 2 * size here (rest <= size with every_count): this nest runs at most once
         count = simplify(rest // size)

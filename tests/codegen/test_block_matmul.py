@@ -253,6 +253,20 @@ def test_a_prefill_unpacks_each_panels_blocks_once_into_a_tile(kind, rng):
         render_llvm(out, target)
 
 
+def test_a_prefill_tiles_rows_past_its_register_blocks_run_one_at_a_time(rng):
+    """A prefill's rows past its full register blocks (AVX-512 3 x 6, AVX2 2 x 4) run as one nest of one-row blocks
+    over the tile: R x C + C output stores, not a nest for each count below R (AVX-512 18 + 12 + 6: the tile's
+    rows read it from L1, so a block of 2 saved little beside its code, which LLVM compiled and the bounds proof
+    proved: SmolLM2's prefill o-projection IR 85 -> 59 KB). The rows' bits: test_prefill_rows_over_a_tile_..."""
+    blocks = _blocks(rng, "q4_1", 1536, K)
+    x = rng.standard_normal((3, K)).astype(np.float32)
+    (kernel,) = _batched("q4_1", "cpu", rows=(1, 512)).plan(x, blocks).kernels
+    for target, (rows, columns) in ((AVX512, (3, 6)), (AVX2, (2, 4))):
+        out = optimize(kernel.kernel.scheduled, "llvm", target)
+        outputs = [s for s in out.src if s.src[0].op is Ops.DEFINE_GLOBAL]
+        assert len(outputs) == rows * columns + columns, target.cpu
+
+
 @pytest.mark.parametrize("kind", ["q8_0", "q4_1", "q6_k"])
 def test_prefill_rows_over_a_tile_match_numpy_and_keep_their_bits(kind, device, rng):
     """A prefill plan (B up to 512: the weights unpacked into a tile per panel on the cpu) equals float64 NumPy for
