@@ -100,6 +100,8 @@ class CStyleRenderer(KernelRenderer):
         self.tensor_map_params: list[str] = []   # tensor maps the kernel takes after its vars (tensor_maps.py)
         self.loads_in_flight = False   # registers for many loads in flight, not for resident groups: a bound of one
         # resident group (render_rows sets it; else ptxas keeps ~32 registers and issues each load at its use)
+        self.lets: set[str] = set()   # names `let` declared: each assigned once, where it is declared
+        self.rounded_from: dict[str, str] = {}   # a bfloat16 value's name -> the `let` it was rounded from
 
     def emit(self, line: str):
         self.lines.append("  " * self.depth + line)
@@ -108,6 +110,7 @@ class CStyleRenderer(KernelRenderer):
         self.n += 1
         name = f"{prefix}{self.n}"
         self.emit(f"{self.d.ctype(dt)} {name} = {expr};")
+        self.lets.add(name)
         return name
 
     def helper(self, name: str, text: str) -> str:
@@ -126,7 +129,16 @@ class CStyleRenderer(KernelRenderer):
             self.half_helpers()
             self.helpers.setdefault("pj_round_half", self.d.round_half_helper)
             return self.let(dt, f"pj_round_half({v})")
-        return self.let(dt, f"{self.bfloat16_helpers()}round_bfloat16({v})")
+        out = self.let(dt, f"{self.bfloat16_helpers()}round_bfloat16({v})")
+        if v in self.lets:
+            self.rounded_from[out] = v
+        return out
+
+    def bfloat16_bits(self, v: str) -> str:
+        """The bits of bfloat16 value `v` (a float): converted from the float it was rounded from where that is a
+        `let` (the same bits, a NaN's too: converting an exact bfloat16 gives its own bits, so converting the rounded
+        value only adds a second conversion, ~8 instructions an element on an H100, which ptxas keeps)."""
+        return f"{self.bfloat16_helpers()}float_to_bfloat16({self.rounded_from.get(v, v)})"
 
     def bfloat16_helpers(self, odd: bool = False) -> str:
         """Define the bfloat16 conversions (and with `odd`, pj_odd_float); their name prefix."""
@@ -332,7 +344,7 @@ class CStyleRenderer(KernelRenderer):
         elif val.dtype == dtypes.float16:
             line = self.d.store_half.format(v=v, idx=i, ptr=f"buf{buf.arg}") + ";"
         elif val.dtype == dtypes.bfloat16:
-            line = f"buf{buf.arg}[{i}] = {self.bfloat16_helpers()}float_to_bfloat16({v});"
+            line = f"buf{buf.arg}[{i}] = {self.bfloat16_bits(v)};"
         else:
             cast = f"({self.d.ctype(dtypes.uint8)})" if val.dtype == dtypes.bool else ""
             line = f"buf{buf.arg}[{i}] = {cast}{v};"

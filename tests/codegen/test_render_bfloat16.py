@@ -8,6 +8,7 @@ round a float64 or an integer to float32 first, which rounds twice (1 + 2**-8 + 
 1.0078125)."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -216,3 +217,26 @@ def test_a_select_or_a_negation_of_bfloat16_is_rendered_without_rounding():
     assert "pj_round_bfloat16(" not in body and "pj_float_to_bfloat16(" in body   # rounded once: at the store
     added = render_cuda(kernel(x + y, r)).source.split("__global__")[1]
     assert "pj_round_bfloat16(" in added   # a sum is rounded
+
+
+def test_a_stored_bfloat16_result_is_converted_once():
+    """A rounded bfloat16 value that is stored is converted to its bits from the float it was rounded from (the same
+    bits: converting an exact bfloat16 gives its own), not rounded and converted again; x + y over every pattern of
+    x (y reversed) on the CUDA emulation: NumPy's bits wherever the sum is not a NaN."""
+    r = loop(UOp.const(2**16))
+    x, y = load(1, dtypes.bfloat16, r), load(2, dtypes.bfloat16, r)
+    src = render_cuda(kernel(x + y, r))
+    body = src.source.split("__global__")[1]
+    total = re.search(r"float (t\d+) = ld\d+ \+ ld\d+;", body).group(1)
+    assert f"= pj_float_to_bfloat16({total});" in body
+    if not cuda_emulation.available():
+        pytest.skip("needs clang++ (the CPU emulation of CUDA kernels)")
+    bits = np.arange(2**16, dtype=np.uint16)
+    a, b = bits.view(BF16), bits[::-1].copy().view(BF16)
+    out = np.zeros(2**16, np.uint16)
+    cuda_emulation.run(src, [out, a.view(np.uint16), b.view(np.uint16)])
+    with np.errstate(invalid="ignore"):   # (inf + -inf)
+        want = (a.astype(np.float32) + b.astype(np.float32)).astype(BF16)
+    nan = np.isnan(want.astype(np.float32))
+    assert np.array_equal(out[~nan], want.view(np.uint16)[~nan])
+    assert np.isnan(out.view(BF16)[nan].astype(np.float32)).all()
