@@ -1,6 +1,14 @@
 """A tensor-core tile's results (render_fragments.py): each accumulator stored at its output, checked against the
 output's extents; where the tile's sets of work-items split k (gpu_launch.unpacked_tile), set 0 first adds the
-other sets' accumulators through local memory and stores them alone."""
+other sets' accumulators through local memory and stores them alone.
+
+A work-item's accumulators come in pairs of neighbouring columns of one row (mma.sync's c0/c1 and c2/c3, wgmma's
+registers 2p and 2p + 1). A bfloat16 output whose two elements are neighbours in memory (the index of the second
+one past the first's) and whose first is at an even index is stored as one 32-bit word: a warp's store then writes
+16 bytes of each of its 8 rows rather than 8, half the store instructions and half the partly written 32-byte
+sectors (on an H100, MiniLM's tiles store 3-13 MB of bfloat16 results each). Any other pair (a gated or combining
+store, a float32 or float16 output, an index that is not contiguous or not aligned there) is stored element by
+element, as is a pair whose second column is past the output's end."""
 from __future__ import annotations
 
 from ..uop import dtypes
@@ -8,20 +16,64 @@ from .render_tiles import Contraction, _extent
 
 
 def emit_results(r, c: Contraction, cells: list):
-    """Store each accumulator (name, row and column in the tile) at its output, checked; where the tile's sets
-    split k, set 0 first adds the others' accumulators (`_combine_sets`) and stores them alone."""
-    store, long, m, n = r.ast.src[0], r.long, r.value(_extent(c.i)), r.value(_extent(c.j))
+    """Store each accumulator (name, row and column in the tile; consecutive cells are pairs of neighbouring columns
+    of a row) at its output, checked; where the tile's sets split k, set 0 first adds the others' accumulators
+    (`_combine_sets`) and stores them alone."""
+    m, n = r.value(_extent(c.i)), r.value(_extent(c.j))
     if c.splits > 1:
         _combine_sets(r, c, cells)
         r.open_block("if (kset == 0)", {})
-    for acc, row, col in cells:
-        r.open_block(f"if (i0 + {row} < {m} && j0 + {col} < {n})", {})
-        r.emit(f"const {long} oi = i0 + {row}, oj = j0 + {col};")
-        r.scopes[-1].update({**r.unflatten("oi", list(c.i)), **r.unflatten("oj", list(c.j)), c.reduce: acc})
-        r.emit(r.store_line(store))
-        r.close_block()
+    store = r.ast.src[0]
+    words = store.src[2].dtype == dtypes.bfloat16 and len(store.src) == 3 and store.arg is None
+    for p in range(0, len(cells), 2):
+        pair = cells[p:p + 2]
+        if words and len(pair) == 2:
+            _emit_pair(r, c, pair, m, n)
+        else:
+            for acc, row, col in pair:
+                _emit_cell(r, c, acc, row, col, m, n)
     if c.splits > 1:
         r.close_block()
+
+
+def _bind(r, c: Contraction, acc: str, row: str, col: str):
+    """Bind the tile's row and column ranges to the cell's output and the contraction to its accumulator."""
+    r.emit(f"const {r.long} oi = i0 + {row}, oj = j0 + {col};")
+    r.scopes[-1].update({**r.unflatten("oi", list(c.i)), **r.unflatten("oj", list(c.j)), c.reduce: acc})
+
+
+def _emit_cell(r, c: Contraction, acc: str, row: str, col: str, m: str, n: str):
+    r.open_block(f"if (i0 + {row} < {m} && j0 + {col} < {n})", {})
+    _bind(r, c, acc, row, col)
+    r.emit(r.store_line(r.ast.src[0]))
+    r.close_block()
+
+
+def _emit_pair(r, c: Contraction, pair: list, m: str, n: str):
+    """A pair of bfloat16 results of one row: one 32-bit store where both are in range, neighbours in memory and the
+    first at an even index; else each element's store, checked."""
+    store, long = r.ast.src[0], r.long
+    u16, u32 = r.d.ctype(dtypes.uint16), r.d.ctype(dtypes.uint32)
+    (_, row, _), (_, _, last) = pair
+    r.open_block(f"if (i0 + {row} < {m} && j0 + {last} < {n})", {})
+    r.emit(f"{long} at0, at1; {u16} bits0, bits1;")
+    for e, (acc, row, col) in enumerate(pair):   # (each in a block of its own: its bindings end with it)
+        r.open_block("", {})
+        _bind(r, c, acc, row, col)
+        r.emit(f"at{e} = {r.value(store.src[1])}; bits{e} = {r.bfloat16_bits(r.value(store.src[2]))};")
+        r.close_block()
+    buf = f"buf{store.src[0].arg}"
+    r.open_block("if (at1 == at0 + 1 && (at0 & 1) == 0)", {})
+    r.emit(f"*({u32} *)&{buf}[at0] = ({u32})bits0 | ({u32})bits1 << 16;")
+    r.close_block()
+    r.open_block("else", {})
+    r.emit(f"{buf}[at0] = bits0; {buf}[at1] = bits1;")
+    r.close_block()
+    r.close_block()
+    r.open_block("else", {})
+    for acc, row, col in pair:
+        _emit_cell(r, c, acc, row, col, m, n)
+    r.close_block()
 
 
 def _combine_sets(r, c: Contraction, cells: list):
