@@ -91,3 +91,14 @@ def test_a_transposed_output_is_stored_element_by_element(wgmma):
     want = ((a.astype(np.float32) @ b.astype(np.float32)).astype(ml_dtypes.bfloat16).astype(np.float32)
             + c.astype(np.float32)).T
     np.testing.assert_allclose(got, want, rtol=2 ** -7, atol=2e-2)
+
+
+@pytest.mark.parametrize("m, n, k", [(128, 96, 40), (70, 45, 33), (256, 384, 64)])
+def test_bfloat16_products_with_a_bias_equal_numpy(device, m, n, k):
+    """x @ w + c in bfloat16 on every device (on a CUDA GPU: tensor-core tiles whose results are stored in pairs, the
+    last column's pair of an odd row length alone), within a bfloat16 rounding of NumPy's."""
+    a, b, c = operands(m, n, k, seed=2)
+    got = np.asarray(pj.prepare(lambda x, w, c: x @ w + c, device=device)(a, b, c)).astype(np.float32)
+    want = ((a.astype(np.float32) @ b.astype(np.float32)).astype(ml_dtypes.bfloat16).astype(np.float32)
+            + c.astype(np.float32))
+    np.testing.assert_allclose(got, want, rtol=2 ** -7, atol=2e-2)
