@@ -98,12 +98,39 @@ def test_sleeping_workers_wake_and_a_forked_child_runs_inline(rng, worker_thread
 CHUNK_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
 
 
+def _checked_launch(threads: NativeThreads, fn: int, cycles) -> str:
+    """One split launch of `fn`, checked against the back-off rules through the words it publishes, whatever the
+    OS did to the threads meanwhile: "alone" (nothing published, BACKOFF and COOLDOWN kept: it began before the
+    time alone ended), "stalled" (published after that time, and the publisher waited for a worker: BACKOFF
+    doubled up to MAX_BACKOFF, COOLDOWN moved to the launch's end plus the BACKOFF it began with) or "clean"
+    (published after that time without a stall: BACKOFF halved down to MIN_BACKOFF, COOLDOWN kept)."""
+    words = threads.words
+    generation, backoff, cooldown, begun = words[TICKET] >> 32, words[BACKOFF], words[COOLDOWN], cycles()
+    threads.parallel(fn, 0, 0, 1000, 1000)
+    ended = cycles()
+    if words[TICKET] >> 32 == generation:
+        assert (words[BACKOFF], words[COOLDOWN]) == (backoff, cooldown) and begun < cooldown
+        return "alone"
+    assert ended >= cooldown, "a split launch published its task before the time alone ended"
+    if words[COOLDOWN] != cooldown:
+        assert words[BACKOFF] == min(2 * backoff, words[MAX_BACKOFF])
+        assert begun + backoff <= words[COOLDOWN] <= ended + backoff
+        return "stalled"
+    assert words[BACKOFF] == max(backoff // 2, words[MIN_BACKOFF])
+    return "clean"
+
+
 def test_a_stall_runs_split_launches_alone_for_a_while_then_threads_again(worker_threads):
     """A worker that takes far longer than the publisher's chunks (preempted on a loaded host) makes split launches
     run alone for BACKOFF cycles, not for a count of launches: a launch after that time is split again. Each stall
-    in a row doubles the time (up to MAX_BACKOFF), launches without one halve it (down to MIN_BACKOFF)."""
+    in a row doubles the time (up to MAX_BACKOFF), launches without one halve it (down to MIN_BACKOFF).
+
+    Every launch is checked through the words it publishes and the cycle counter around it (_checked_launch), so
+    the OS preempting a thread (a loaded 2-core CI host) changes which outcome a launch has, never whether the
+    rules hold; each outcome the test needs is retried until seen, a bounded number of times."""
     threads = NativeThreads(2, worker_threads.parallel_address, worker_threads.worker_address,  # its own state
                             worker_threads.cycles_address)
+    cycles, words = CYCLES_FN(threads.cycles_address), threads.words
     caller, stall = threading.get_ident(), []
 
     def chunk(bufs, vals, lo, hi):
@@ -113,38 +140,48 @@ def test_a_stall_runs_split_launches_alone_for_a_while_then_threads_again(worker
 
     fn = ctypes.cast(keep := CHUNK_FN(chunk), ctypes.c_void_p).value
 
-    def launch(stalling: bool) -> tuple[int, int]:
-        """(whether a launch published its task: 0 when it ran alone, BACKOFF before the last launch), making the
-        worker's chunk stall when asked (launching again until the worker, perhaps still waking up, takes a chunk)."""
-        before, first = threads.words[TICKET] >> 32, None
-        stall[:] = [True] if stalling else []
-        for _ in range(200):
-            backoff = threads.words[BACKOFF]
-            threads.parallel(fn, 0, 0, 1000, 1000)
-            if first is None:
-                first = (threads.words[TICKET] >> 32) - before
-            if not stall:
-                break
-        assert not stall
-        return first, backoff
+    def after_the_time_alone():
+        while cycles() <= words[COOLDOWN]:
+            time.sleep(0.005)
 
-    assert threads.words[BACKOFF] == threads.words[MIN_BACKOFF] == MIN_BACKOFF_TICKS
-    # longer times alone than the defaults (~25 ms doubling to ~100 ms at 2.6 GHz), so that a test thread the OS
-    # preempts for a few ms on a busy host still calls again within them
-    least = threads.words[MIN_BACKOFF] = threads.words[BACKOFF] = 1 << 26
-    threads.words[MAX_BACKOFF] = 1 << 28
-    for _ in range(3):  # stalls in a row: each split launch after the time alone stalls again
-        published, backoff = launch(stalling=True)
-        assert published == 1 and threads.words[BACKOFF] == min(2 * backoff, threads.words[MAX_BACKOFF])
-        assert launch(stalling=False)[0] == 0   # right after the stall: alone
-        time.sleep(0.3)   # more than MAX_BACKOFF ticks later
-    assert threads.words[BACKOFF] > least
-    published, backoff = launch(stalling=False)
-    assert published == 1 and threads.words[BACKOFF] == backoff // 2   # split again, and no stall: halved
+    def stalling_launch(backoff: int | None) -> tuple[str, int]:
+        """(outcome, BACKOFF before) of the launch whose worker took the stalling chunk (launching again until the
+        worker, perhaps still waking up, takes a chunk), BACKOFF set to `backoff` before each launch if given (the
+        launches whose worker came too late for a chunk halve it)."""
+        stall[:] = [True]
+        for _ in range(200):
+            after_the_time_alone()
+            if backoff is not None:
+                words[BACKOFF] = backoff
+            before = words[BACKOFF]
+            outcome = _checked_launch(threads, fn, cycles)
+            if not stall:
+                return outcome, before
+        raise AssertionError("no worker took a chunk in 200 split launches")
+
+    assert words[BACKOFF] == words[MIN_BACKOFF] == MIN_BACKOFF_TICKS
+    # longer times alone than the defaults (~25 ms doubling to ~100 ms at 2.6 GHz), so that a launch right after a
+    # stall usually comes within it
+    least = words[MIN_BACKOFF] = words[BACKOFF] = 1 << 26
+    words[MAX_BACKOFF] = 1 << 28
+    seen = {"alone": 0, "stalled": 0, "clean": 0, "doubled": 0, "capped": 0}
+    for n in range(60):  # stalls, each followed at once by a launch: alone if it came within the time alone
+        outcome, backoff = stalling_launch(words[MAX_BACKOFF] if n % 2 else None)  # (every other one at the most)
+        if outcome == "stalled":
+            seen["capped" if backoff == words[MAX_BACKOFF] else "doubled"] += 1
+            seen[_checked_launch(threads, fn, cycles)] += 1
+        if seen["doubled"] and seen["capped"] and seen["alone"] >= 3:
+            break
+    assert seen["doubled"] and seen["capped"] and seen["alone"] >= 3, seen
+    for _ in range(60):  # after the time alone: split again, and without a stall the time halves
+        after_the_time_alone()
+        if _checked_launch(threads, fn, cycles) == "clean":
+            break
+    else:
+        raise AssertionError("no split launch without a stall in 60")
     # (up to 30 s: on a host whose other tests keep both cores busy the worker is preempted often, each time a
     # stall that doubles the time alone again; quiet, this settles in a few ms)
-    assert _settles_within(lambda: (threads.parallel(fn, 0, 0, 1000, 1000), threads.words[BACKOFF])[1], least,
-                           seconds=30)
+    assert _settles_within(lambda: (threads.parallel(fn, 0, 0, 1000, 1000), words[BACKOFF])[1], least, seconds=30)
     del keep
 
 
