@@ -4,16 +4,16 @@ swizzled tile (`Staged.chunk`).
 
 A chunk is copied by the dialect's asynchronous 16-byte copy (pj_cp_async16: cp.async) where the operand is a plain
 load of the staged kind's data along a unit stride (or in runs of a chunk along k: a head-merged view's (k // 32) *
-4096 + k % 32) whose index moves by a fixed step per slice (each work-item's
-chunk addresses are computed once, then advanced), the chunk lies wholly in range and its address is 16-byte aligned
-(checked at run time); otherwise its elements are read and stored one by one, the ones out of range as zeros (ragged
-edges, computed operands, unaligned views).
+4096 + k % 32) whose index moves by a fixed step per slice (each work-item's chunk addresses are computed once, then
+advanced), the chunk lies wholly in range (along k tested per slice unless every slice is whole: `full_slices`) and
+its address is 16-byte aligned (checked at run time); otherwise its elements are read and stored one by one, the ones
+out of range as zeros (ragged edges, computed operands, unaligned views).
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..uop import dtypes
+from ..uop import Ops, dtypes
 from .fragment_unpack import emit_unpacked_chunk
 from .render_tiles import Contraction, _extent
 
@@ -62,6 +62,14 @@ def emit_chunk_starts(r, c: Contraction, s: Staged, slots: list | None = None):
                f"({r.value(s.step)}) % {chunk} == 0;")
 
 
+def full_slices(c: Contraction, s: Staged) -> bool:
+    """Whether every slice of operand `s` a tile copies lies wholly inside k: k's end is static and a multiple of the
+    slices' depth, and the tile has one set of work-items (its copies stop at k's last slice; a tile whose sets split
+    k copies slices past its end as zeros, render_fragments). A chunk's k range is then in range with no test."""
+    end = c.k.src[0]
+    return c.splits == 1 and end.op is Ops.CONST and end.arg % s.depth == 0
+
+
 def emit_slice_copy(r, c: Contraction, s: Staged, stage: str, slice_: str, slots: list | None = None):
     """Copy operand `s`'s slice number `slice_` into local stage `stage`: each work-item its chunks (`slots`, as
     emit_chunk_starts's) of 16 bytes along the tile's minor axis, asynchronously where it can (see the module's
@@ -94,7 +102,8 @@ def emit_slice_copy(r, c: Contraction, s: Staged, stage: str, slice_: str, slots
         # a plain load along a unit stride (inside the chunk: along k, or along the last own range, whose static
         # end a chunk divides, from a chunk start): element e is at src + e, its bits as stored
         r.emit(f"const {r.d.mem_type(s.direct.dtype)} *src = src{name}{n} + ({slice_}) * ({r.value(s.step)});")
-        r.open_block(f"if (ok{name}{n} && {'gk + %d <= %s' % (chunk, kk_end) if along_k else 'gk < ' + kk_end})", {})
+        whole = "" if full_slices(c, s) else f" && {'gk + %d <= %s' % (chunk, kk_end) if along_k else 'gk < ' + kk_end}"
+        r.open_block(f"if (ok{name}{n}{whole})", {})
         r.emit("pj_cp_async16(dst, src);")
         r.close_block()
         r.open_block("else", {})
