@@ -60,7 +60,8 @@ class ReductionRendering(AMXRendering):
         open here, in one loop nest.
 
         A lone float sum is reassociated so LLVM vectorises its loop; a block's sums are not (its
-        accumulators vectorise across the block instead) and fuse their multiply-adds.
+        accumulators vectorise across the block instead) and fuse their multiply-adds, as a lone sum of vectors
+        (a value of the lanes: block_scales.py's in-block sums) does.
         """
         if self.lane is not None and self.lane in u.src[1:]:
             return self.lane_sum(u)
@@ -75,9 +76,13 @@ class ReductionRendering(AMXRendering):
             return tiled[0]
         t, block = self.ty(u.dtype), len(group) > 1
         accs = [self.tmp("acc") for _ in group]
+        # a lone vector sum over steps that all run (block_scales.py's in-block sums) starts at -0.0, which LLVM drops
+        # from the first add (x + -0.0 is x; x + 0.0 is not, for x = -0.0)
+        start = -0.0 if laned and not block and u.arg is Ops.ADD and u.dtype.is_float and \
+            all(r.src[0].op is Ops.CONST and r.src[0].arg > 0 for r in u.src[1:]) else _identity(u.arg, u.dtype)
         for acc in accs:
             self.allocas.append(f"  {acc} = alloca {t}")
-            self.emit(f"store {t} {self.const(const_literal(_identity(u.arg, u.dtype), u.dtype), u.dtype)}, ptr {acc}")
+            self.emit(f"store {t} {self.const(const_literal(start, u.dtype), u.dtype)}, ptr {acc}")
         pair = u.src[-1] if u.src[-1].arg[1] in ("pair", "tile") else None
         dot = pair is not None and laned and self.width == DOT_LANES
         looped = [r for r in u.src[1:] if not (dot and r is pair)]
@@ -95,13 +100,13 @@ class ReductionRendering(AMXRendering):
                 a, b = (pairs[s] for s in x.src)
                 self.emit(f"store {t} {self.call(DOT, t, [(t, cur), (DOT_PAIRS, a), (DOT_PAIRS, b)])}, ptr {acc}")
                 continue
-            if block and u.arg is Ops.ADD and u.dtype.is_float and x.op is Ops.MUL:
+            if (block or laned) and u.arg is Ops.ADD and u.dtype.is_float and x.op is Ops.MUL:
                 v = self.op(f"fmul contract {t} {as_value(x.src[0])}, {as_value(x.src[1])}")
             else:
                 v = as_value(x)
             cur = self.op(f"load {t}, ptr {acc}")
             if u.arg is Ops.ADD and u.dtype.is_float:
-                new = self.op(f"fadd {'contract' if block else 'reassoc'} {t} {cur}, {v}")
+                new = self.op(f"fadd {'contract' if block or laned else 'reassoc'} {t} {cur}, {v}")
             else:
                 new = self.alu(u.arg, u.dtype, u.dtype, [cur, v])
             self.emit(f"store {t} {new}, ptr {acc}")
@@ -139,8 +144,9 @@ class ReductionRendering(AMXRendering):
         for r in ranges:
             loops.append(self.open_loop(r, "0", self.value(r.src[0])))
             opened.add(r)
-            if r is ranges[0]:
-                self.prefetch_streams([x.src[0] for x in group], r, u.src[2:])
+            if r is ranges[0]:  # (at the first step of the ranges inside: the sum's, and any sum's in its body)
+                nested = (s for x in group for v in x.src[0].toposort() if v.op is Ops.REDUCE for s in v.src[1:])
+                self.prefetch_streams([x.src[0] for x in group], r, (*u.src[2:], *nested))
             for x in group:
                 for v in x.src[0].toposort():
                     if v not in self.laned and r in self.ranges[v] and self.ranges[v] <= opened:

@@ -17,8 +17,9 @@ with several independent accumulators, a 16-bit row's rows ahead prefetched into
 is packed. A weight stored in
 blocks (pj.quant: the row's bytes indexed k // 32 and k % 32) is contiguous along no reduction until its reduction
 is split at the blocks (block_split.py): the split kernel, if it is a matvec, is the one ordered so, its block
-ranges and innermost lane range inside the rows; with more rows than one static row (a var decode batch, a
-prefill) it is register-blocked over rows and columns instead (block_matmul.py).
+ranges and innermost lane range inside the rows, its block scales factored out of the block's sums where the
+target's vectors are narrower than the lanes (block_scales.py); with more rows than one static row (a var decode
+batch, a prefill) it is register-blocked over rows and columns instead (block_matmul.py).
 
 A single row against a weight contiguous along the columns keeps optimize.py's blocking, with blocks of
 many columns instead of two vectors: with no row accumulators the registers are free, and each reduction
@@ -37,6 +38,7 @@ import attrs
 
 from ..uop import Ops, UOp
 from .block_matmul import block_matmul
+from .block_scales import factored_scales
 from .block_split import MAX_LANES, split_blocks, split_lanes
 from .optimize import (
     COLUMN_VECTORS,
@@ -107,7 +109,7 @@ def matvec(ast: UOp, target: CPUTarget, blocking: Blocking = DEFAULT_BLOCKING) -
     j, others = found
     if any(r.src[0].vmax > j.src[0].vmax for r in others):  # a larger loop (a batch) stays where it is
         return ast
-    ast = summed_over_lanes(ast, j)
+    ast = factored_scales(summed_over_lanes(ast, j), target)
     order = [j] + others + sorted({u for u in ast.toposort() if u.op is Ops.RANGE and u.arg[1] in ("reduce", "lane")},
                                   key=lambda r: r.arg[0])
     return ast.substitute({r: UOp(Ops.RANGE, r.dtype, r.src, (n, r.arg[1])) for n, r in enumerate(order)})

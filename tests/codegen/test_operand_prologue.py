@@ -62,10 +62,12 @@ def _launched(g, kind, rng):
 def test_the_operand_is_a_prologue_and_the_matvec_keeps_its_block_split(rng, kind):
     """The launched kernel's first store writes the operand (K elements) into its own array; the contraction reads
     it back and is split at the weight's blocks (a lane range: vectors of a block's steps), as a matvec of a
-    materialised operand is (inlined without the prologue it was not split: 64 ms a token instead of 20)."""
+    materialised operand is (inlined without the prologue it was not split: 64 ms a token instead of 20). (On AVX2
+    a q4_1 kernel computes the operand's block sums into an array of its own next: block_scales.py.)"""
     ast = _launched(_norm_matvec, kind, rng)
-    first, main = ast.src
+    first, *more, main = ast.src
     assert first.src[0].op is Ops.DEFINE_LOCAL and first.src[0].arg == (0, K)
+    assert all(st.src[0].op is Ops.DEFINE_LOCAL for st in more) and len(more) <= 1
     assert any(u.op is Ops.RANGE and u.arg[1] == "lane" for u in main.toposort())
     assert any(u.op is Ops.LOAD and u.src[0] is first.src[0] for u in main.toposort())
     assert not any(u.op is Ops.SQRT for u in main.toposort())  # the norm is computed in the prologue only
@@ -77,7 +79,8 @@ def test_the_prologue_runs_before_the_parallel_loop(rng):
     source = render_llvm(_launched(_norm_matvec, "q4_1", rng)).source
     starts = [line.split(",")[0].strip() for line in source.splitlines()
               if line.strip().startswith("store i64 0,") or line.strip().startswith("store i64 %start,")]
-    assert starts[:3] == ["store i64 0", "store i64 0", "store i64 %start"], starts
+    first_output = starts.index("store i64 %start")
+    assert first_output >= 2 and set(starts[:first_output]) == {"store i64 0"}, starts
     assert "%local0 = alloca [576 x float], align 64" in source
 
 

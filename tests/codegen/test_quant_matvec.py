@@ -48,15 +48,15 @@ def test_quantized_matvec_matches_numpy(kind, rows, device, rng):
 @pytest.mark.parametrize("kind,steps", [("q8_0", [24, 32]), ("q4_0", [24, 2, 16]), ("q4_1", [24, 2, 16]),
                                         ("q6_k", [3, 2, 2, 2, 2, 16])])
 def test_the_reduction_is_split_at_the_blocks_and_vectorised(kind, steps, rng):
-    """The kernel as launched on AVX-512 and AVX2: the output columns the outermost loop (threads split it), the
-    reduction over the block ranges and an innermost lane range (its extents `steps`), no // or % left; its IR loads
-    a block's bytes as one vector, sums vectors and adds the lanes once, with no lane-by-lane code, and prefetches
-    the blocks ahead."""
+    """The kernel as launched on AVX-512: the output columns the outermost loop (threads split it), the reduction
+    over the block ranges and an innermost lane range (its extents `steps`), no // or % left; its IR loads a block's
+    bytes as one vector, sums vectors and adds the lanes once, with no lane-by-lane code, and prefetches the blocks
+    ahead. (AVX2's vectors, narrower than the lanes, sum a block before its scales: the test below.)"""
     n, k = 64, 768
     blocks = _blocks(rng, kind, n, k)
     x = rng.standard_normal((1, k)).astype(np.float32)
     (kernel,) = _matvec(kind).plan(x, blocks).kernels
-    for target in (AVX512, AVX2):
+    for target in (AVX512,):
         out = optimize(kernel.kernel.scheduled, "llvm", target)
         (red,) = [u for u in out.toposort() if u.op is Ops.REDUCE]
         assert [r.src[0].arg for r in red.src[1:]] == steps
@@ -68,6 +68,38 @@ def test_the_reduction_is_split_at_the_blocks_and_vectorised(kind, steps, rng):
         assert f"load <{steps[-1]} x i8>" in ir and f"load <{steps[-1]} x float>" in ir
         assert f"llvm.vector.reduce.fadd.v{steps[-1]}f32" in ir and "extractelement" not in ir
         assert ir.count("call void @llvm.prefetch") == 1  # the blocks' stream, once per block; not the activations
+
+
+@pytest.mark.parametrize("kind,inner,hoisted", [("q8_0", [4], 0), ("q4_0", [2, 2], 0), ("q4_1", [2, 2], 1)])
+def test_avx2_sums_a_block_before_its_scales(kind, inner, hoisted, rng):
+    """AVX2 (8 float lanes, narrower than a block's 16 or 32): each term of x * w's product distributed over the
+    scales (q4_1's d * x * q and m * x) is a sum over the blocks and 8 lanes of its scale times the block's sum of
+    the rest over the in-block steps (extents `inner`); q4_1's x block sums, the same for every output column, are
+    computed once per call into an array of the kernel's own before the parallel loop. Its IR widens a 4-bit
+    block's bytes to int32 before their shift and mask, converts each scale once, and the kernel equals NumPy."""
+    n, k = 64, 768
+    blocks = _blocks(rng, kind, n, k)
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    (kernel,) = _matvec(kind).plan(x, blocks).kernels
+    out = optimize(kernel.kernel.scheduled, "llvm", AVX2)
+    reduces = [u for u in out.toposort() if u.op is Ops.REDUCE]
+    outer = [r for r in reduces if r.src[-1].arg[1] == "lane"]
+    assert len(outer) == (2 if kind == "q4_1" else 1)
+    for r in outer:
+        assert [x.src[0].arg for x in r.src[1:]] == [k // 32, 8]
+        scale, block = r.src[0].src
+        assert block.op in (Ops.REDUCE, Ops.LOAD) and not any(u.op is Ops.REDUCE for u in scale.toposort())
+    inner_sums = [r for r in reduces if r not in outer]
+    assert all([x.src[0].arg for x in r.src[1:]] == inner for r in inner_sums)
+    locals_ = [st for st in out.src if st.src[0].op is Ops.DEFINE_LOCAL]
+    assert len(locals_) == hoisted and out.src[:hoisted] == tuple(locals_)
+    assert not any(u.op is Ops.RANGE and u.arg[1] == "loop" for st in locals_ for u in st.toposort())
+    ir = render_llvm(out, AVX2).source
+    assert "load <8 x i8>" in ir and "<16 x" not in ir and (kind == "q8_0" or "zext <8 x i8>" in ir)
+    assert ir.count("fpext half") == (2 if kind == "q4_1" else 1)
+    got = _run_rendered(out, AVX2, n, [x, blocks])
+    ref = x.astype(np.float64) @ pj.quant.dequantize(blocks, kind).T.astype(np.float64)
+    np.testing.assert_allclose(got, ref[0], rtol=1e-5, atol=1e-5 * np.abs(ref).max())
 
 
 def test_a_block_scale_is_computed_once_per_block(rng):
