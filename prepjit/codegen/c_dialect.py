@@ -67,6 +67,9 @@ class Dialect:
     # dimensions), and the format ({name}) of a tensor map parameter; None: none
     bulk_copies: dict | None = None
     tensor_map_param: str | None = None
+    # statements of pj_float_to_bfloat16 after its NaN test (x: the float, not a NaN): the target's own conversion to
+    # nearest even, returning the bits where it has one (c_helpers.BFLOAT16); "": the integer rounding alone
+    bfloat16_conversion: str = ""
 
     def ctype(self, dt: DType) -> str:
         return self.types[dt.compute]
