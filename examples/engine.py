@@ -189,7 +189,7 @@ class Engine:
 
     def __init__(self, cfg, params, *, stop_ids, dtype=np.float32, device=None, context=2048, block_size=16,
                  num_blocks=None, max_batch=16, prefill_chunk=64, prefill_tokens=None, mixed_steps=False):
-        self.cfg, self.stop_ids = cfg, frozenset(int(t) for t in stop_ids)
+        self.cfg, self.stop_ids, self.device = cfg, frozenset(int(t) for t in stop_ids), device
         self.mixed_steps = mixed_steps  # decode rows join the prefill call (chunks of one token): one call a step
         self.dtype, self.context, self.max_batch, self.chunk = np.dtype(dtype), context, max_batch, prefill_chunk
         self.prefill_tokens = max(prefill_chunk, prefill_tokens or 2 * prefill_chunk)  # one chunk fits, at least

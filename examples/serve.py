@@ -15,7 +15,8 @@ One worker thread makes every engine call: it drains the queue of submissions an
 step (admitting waiting sequences into the running batch, one prefill of several prompts' chunks, a batched
 decode step) and hands the step's tokens to the event loop (one Mailbox wake a step, the GIL kept: see Mailbox),
 which turns them into text and a stream's events written to its socket in that one call (examples/choices.py)
-while the worker's next step runs.
+while the worker's next step runs: on the cpu at once, on a device with its own memory (a GPU) once the next
+step's first call has queued its work there and waits for it (the device's `before_wait`, Worker._post_held).
 A client that goes away cancels its sequences, which frees their KV blocks at once; a request that would make
 more than --max-waiting sequences wait is answered 503.
 """
@@ -40,6 +41,7 @@ from choices import Choices, EngineFailure, Gathered, Sequence, SseWriter  # noq
 from engine import Engine, Sampling, add_arguments  # noqa: E402
 from models.common import MissingPackage  # noqa: E402
 from models.minilm import token_rows  # noqa: E402
+from prepjit.runtime.devices import get_device  # noqa: E402
 
 log = logging.getLogger("serve")
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -61,7 +63,8 @@ class Mailbox:
     held. loop.call_soon_threadsafe writes it with the GIL released (a Python socket send): the loop, woken by that
     very byte, took the GIL and turned the step's tokens into text and JSON while the worker waited for the GIL to
     start its next step. Here the worker keeps the GIL until its plan's native call releases it (cpu_replay), so
-    the loop's work for a token runs while the next token's plan does, not between the two."""
+    the loop's work for a token runs while the next token's plan does, not between the two. (On a GPU every driver
+    call releases the GIL: the worker posts a step's tokens only once the next step waits for the device.)"""
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self.loop, self.calls = loop, collections.deque()
@@ -98,6 +101,10 @@ class Worker:
         self.engine, self.embedder = engine, embedder
         self.commands: queue.SimpleQueue = queue.SimpleQueue()
         self.live: dict[int, Sequence] = {}  # seq id -> sequence, only touched by the worker thread
+        # a step's (sequence, event) pairs, posted when the next step's calls wait for the device (hold: on a
+        # device with its own memory, whose `before_wait` the worker sets), else at once
+        self.held: list = []
+        self.hold = False
         self.stats = engine.stats()
         self.rate_samples: collections.deque = collections.deque()  # (time, generated tokens) per step
         self.step_seconds = 0.0  # in engine.step(), all steps
@@ -109,12 +116,18 @@ class Worker:
     # --- the event loop's side ---
     def start(self, loop):
         self.loop, self.mailbox = loop, Mailbox(loop)
+        device = get_device(self.engine.device)
+        if device.device_memory:  # (the cpu runs a plan in its call: the loop works during the next step's call)
+            device.before_wait, self.hold = self._post_held, True
         self.thread.start()
 
     def stop(self):
         """From any thread but the loop's (it joins the worker); then close() on the loop."""
         self.commands.put(None)
         self.thread.join()
+        device = get_device(self.engine.device)
+        if self.hold and device.before_wait == self._post_held:
+            device.before_wait = None
 
     def close(self):
         self.mailbox.close()
@@ -163,6 +176,7 @@ class Worker:
                     self._apply(command, posted)
             self._post(posted)
             if embeds:
+                self._post_held()
                 self._embed(embeds)
             if self.engine.busy:
                 self._step()
@@ -194,6 +208,7 @@ class Worker:
             events = self.engine.step()
         except Exception as e:  # the engine failed: its sequences end with the error, the server goes on
             log.exception("engine step failed")
+            self._post_held()
             posted = [(seq, EngineFailure(f"the engine failed: {e}")) for seq in self.live.values()]
             for seq_id in list(self.live):
                 self.engine.cancel(seq_id)
@@ -201,19 +216,28 @@ class Worker:
             self._post(posted)
             return
         self.step_seconds += time.perf_counter() - start
-        posted = []
+        self._post_held()  # (the last step's, if this one made no call that waited for the device)
         for event in events:
             seq = self.live.get(event.seq_id)
             if seq is None:
                 continue  # cancelled by its request
             if event.finish is not None:
                 del self.live[event.seq_id]
-            posted.append((seq, event))
-        self._post(posted)
+            self.held.append((seq, event))
+        if not (self.hold and self.engine.busy):  # (no next step's wait to post them in)
+            self._post_held()
         now = time.monotonic()
         self.rate_samples.append((now, self.engine.generated_tokens))
         while self.rate_samples and now - self.rate_samples[0][0] > RATE_WINDOW_S:
             self.rate_samples.popleft()
+
+    def _post_held(self):
+        """Post the held (sequence, event) pairs: the device's `before_wait` in the worker thread, once the next
+        step's work is queued there and the worker is about to wait for it (the loop takes the GIL to write them
+        while the GPU runs, not in the GIL handoffs of the worker's next launch: every driver call releases it)."""
+        if self.held and threading.current_thread() is self.thread:
+            held, self.held = self.held, []
+            self._post(held)
 
     def _embed(self, embeds):
         """Every waiting embedding request's inputs in one call of the embedder (its own batches)."""

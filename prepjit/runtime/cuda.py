@@ -374,4 +374,6 @@ class CUDADevice(DeviceBase):
     def synchronize(self):
         self.current()
         self.flush()
+        if self.before_wait is not None:
+            self.before_wait()
         self.stream.synchronize()

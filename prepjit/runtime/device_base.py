@@ -129,6 +129,10 @@ class DeviceBase:
     and `_copy(dst, src, nbytes)` (device to device, in stream order).
     """
     device_memory = True  # its buffers live in memory the host cannot address: NumPy inputs are uploaded
+    # called (no arguments) by a thread about to wait in `synchronize` for the work it queued, once that work is
+    # submitted: what the thread hands to others before it blocks (examples/serve.py's engine worker posts the last
+    # step's tokens to its event loop there, so the loop turns them into text while the GPU runs). None: nothing.
+    before_wait = None
 
     def __init__(self):
         # held around the backend's calls that allocate from the pool (pools are not thread-safe); the opencl

@@ -303,7 +303,11 @@ class OpenCLDevice(DeviceBase):
 
     def synchronize(self):
         """Wait for everything queued so far (clFinish, a wait: outside the lock), then let go of this thread's
-        upload events (their release under the lock)."""
+        upload events (their release under the lock). With `before_wait` set, the queue is flushed (its work
+        submitted) and before_wait called first."""
+        if self.before_wait is not None:
+            self.queue.flush()
+            self.before_wait()
         self.queue.finish()
         events = self.upload_events()
         if events:

@@ -28,6 +28,7 @@ pytest.importorskip("aiohttp", reason="aiohttp not installed (pip install -e '.[
 
 from examples import load_test, openai_api, serve  # noqa: E402
 from examples.models import llama  # noqa: E402
+from prepjit.runtime.devices import unavailable_reason  # noqa: E402
 
 CONTEXT, MAX_BATCH, BLOCKS, MAX_WAITING = 128, 8, 48, 64
 
@@ -622,3 +623,49 @@ def test_the_server_logs_prepjit_compiles_only_when_prepjit_log_asks(prepjit_log
     assert out.returncode == 0, out.stderr
     assert "listening" in out.stderr
     assert ("compile r_576 on cpu" in out.stderr) == bool(prepjit_log), out.stderr
+
+
+@pytest.mark.skipif(unavailable_reason("opencl") is not None, reason=f"opencl: {unavailable_reason('opencl')}")
+def test_a_steps_tokens_go_to_the_loop_while_the_next_step_waits_for_the_device():
+    """On a device with its own memory (opencl here) the worker holds a step's tokens and posts them to the event
+    loop from the device's `before_wait` in the next step's call, its work queued: the loop writes them while the
+    device runs rather than taking the GIL while the worker launches. Concurrent greedy streams still give the
+    text they give one at a time, the last tokens of a burst are not held back, and the hook is unset at the end."""
+    from examples.engine import Engine, Event
+    from prepjit.runtime.devices import get_device
+    codec, device = ByteCodec(), get_device("opencl")
+    cfg = llama.Config(layers=1, dim=32, ff=64, heads=2, kv_heads=1, vocab=ByteCodec.vocab, context=CONTEXT,
+                       rope_theta=10000.0, eps=1e-5)
+    engine = Engine(cfg, llama.random_params(np.random.default_rng(3), cfg), stop_ids=(), device="opencl",
+                    context=CONTEXT, block_size=16, num_blocks=BLOCKS, max_batch=MAX_BATCH, prefill_chunk=32)
+    serve.warm_up(engine, codec)
+    running = Running(serve.Server(engine, codec))
+    waiting, posts = [False], []
+    synchronize = device.synchronize
+
+    def marked():
+        waiting[0] = True
+        try:
+            synchronize()
+        finally:
+            waiting[0] = False
+    try:
+        device.synchronize = marked
+        mailbox = running.server.worker.mailbox
+        call = mailbox.call
+        mailbox.call = lambda fn, items: posts.append((waiting[0], sum(isinstance(i, Event) for _, i in items))) or \
+            call(fn, items)
+        body = {**GREEDY, "max_tokens": 8}
+        alone = [stream(running, "/v1/completions", {**body, "prompt": p})[0] for p in PROMPTS[:3]]
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            together = list(pool.map(lambda p: stream(running, "/v1/completions", {**body, "prompt": p})[0],
+                                     PROMPTS[:3]))
+    finally:
+        del device.synchronize
+        running.close()
+    texts = [["".join(c["choices"][0]["text"] for c in chunks) for chunks in run] for run in (alone, together)]
+    assert texts[0] == texts[1] and all(len(t) for t in texts[0])
+    inside = sum(n for in_wait, n in posts if in_wait)
+    outside = sum(n for in_wait, n in posts if not in_wait)
+    assert inside + outside == 6 * 8 and inside >= 3 * outside, posts  # (6 requests of 8 tokens)
+    assert device.before_wait is None

@@ -39,3 +39,21 @@ def test_a_flush_in_another_thread_is_waited_for_before_a_launch_counts_as_done(
     log.append("flushed")
     other.join()
     assert log == ["launched", "flushed"] and not launch.queued
+
+
+def test_before_wait_runs_in_a_sync_once_the_queued_launches_are_launched():
+    """`before_wait` (what a thread hands to others before it blocks) is called by synchronize after the queued
+    launches reached the driver and before the stream wait; unset, the sync only launches and waits."""
+    from .cuda_stub import stub_device as driver_stub
+
+    class Stream:
+        def synchronize(self):
+            log.append("wait")
+
+    device, log = driver_stub(), []
+    device.stream = Stream()
+    for hook in (lambda: log.append("before wait"), None):
+        device.before_wait = hook
+        device.enqueue(SlowLaunch(log))
+        device.synchronize()
+    assert log == ["launched", "before wait", "wait", "launched", "wait"]

@@ -382,3 +382,21 @@ def test_pocl_compiles_each_kernel_once_and_its_cache_serves_the_next_process(tm
     second, again = run()
     assert second["compiles"] == 0 and second["disk_hits"] == first["compiles"]
     assert again == compiled
+
+
+def test_before_wait_is_called_in_a_calls_wait_once_its_work_is_submitted():
+    """A prepared call waits for its kernels in synchronize, which calls the device's `before_wait` first (the
+    queue flushed: its work submitted): once a call, with the call's result right; unset, nothing is called."""
+    device, calls = get_device("opencl"), []
+    f = pj.prepare(lambda x: x * 2 + 1, device="opencl")
+    x = np.arange(1000, dtype=np.float32)
+    device.before_wait = lambda: calls.append(device.queue)
+    try:
+        np.testing.assert_array_equal(np.asarray(f(x)), x * 2 + 1)
+        np.testing.assert_array_equal(np.asarray(f(x + 1)), x * 2 + 3)
+    finally:
+        device.before_wait = None
+    assert len(calls) >= 2 and all(queue is device.queue for queue in calls)
+    del calls[:]
+    f(x)
+    assert calls == []
