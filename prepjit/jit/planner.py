@@ -28,7 +28,7 @@ from ..runtime.var_table import VarTable
 from . import tune
 from .stages import stage
 from ..tracing.core import Traced
-from ..uop import UOp, render_python, serial
+from ..uop import Ops, UOp, dtypes, render_python, serial
 from ..uop.printer import format_graph
 
 log = logging.getLogger("prepjit")
@@ -332,6 +332,9 @@ def _share_offsets(sched, constraints):
 def build_plan(traced: Traced, device) -> tuple[ExecutionPlan, dict[str, int]]:
     """An ExecutionPlan for a traced function, and how many of its kernels were compiled now
     ("compiles") or loaded from the disk cache ("disk_hits")."""
+    expect = getattr(device, "expect_compiles", None)  # (a device compiling in worker processes: the cpu)
+    if expect is not None:  # its workers start now, their start beside the scheduling (one core), not the compiles
+        expect(sum(u.op is Ops.REDUCE_AXIS for u in UOp(Ops.SINK, dtypes.bool, tuple(traced.outputs)).toposort()))
     with stage("scheduling and lowering"):
         sched = schedule(list(traced.outputs) + [f for f, _ in traced.flags], list(traced.inputs),
                          pack_contractions=target_for(device).packs_contractions)

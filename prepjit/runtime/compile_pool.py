@@ -4,8 +4,9 @@ threads for a compiler that runs concurrently in one process (NVRTC: `in_threads
 A pool is one target machine's set of `python -I llvm_compile.py` workers (plain subprocesses
 speaking a small binary protocol: no pickling, and no re-import of the user's `__main__` as
 multiprocessing's spawn and forkserver start methods do). It is started lazily, on the first
-batch of at least MIN_KERNELS kernels, and reused by later batches; a forked child starts its
-own. `submit(name, source)` returns a Future (a Compile) of the object code; an LLVM failure arrives as
+batch of at least MIN_KERNELS kernels, or with all its workers before a plan is scheduled whose
+trace holds that many reductions (cpu.expect_compiles), and reused by later batches; a forked
+child starts its own. `submit(name, source)` returns a Future (a Compile) of the object code; an LLVM failure arrives as
 the same pj.CompileError (with the source) as an in-process compile. If a worker cannot start
 or dies, its job and every later one compile in this process instead (logged once).
 """
@@ -87,6 +88,16 @@ class CompilePool:
         process = subprocess.Popen(self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.processes.append(process)
         threading.Thread(target=self._serve, args=(process,), daemon=True, name="prepjit-compile").start()
+
+    def start_all(self):
+        """Start every worker now (planning a large plan: their start, ~65 ms of CPU each, then overlaps the
+        planning, which leaves the other cores idle, not the compiles)."""
+        with self.lock:
+            while len(self.processes) < self.max_workers and not self.broken:
+                try:
+                    self._start_worker()
+                except OSError:
+                    self.max_workers = len(self.processes)
 
     def submit(self, name: str, source: str) -> Compile:
         job = Compile()

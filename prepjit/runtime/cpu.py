@@ -363,6 +363,16 @@ class CPUDevice:
             return pool.submit
         return lambda name, source: compile_pool.run_now(self.compile, name, source)
 
+    def expect_compiles(self, reductions: int):
+        """A plan whose trace holds `reductions` reductions is about to be scheduled (planner.build_plan): with
+        enough of them for as many kernels as compile_parallel sends to the workers, they all start now, so their
+        start (~65 ms of CPU each) overlaps the scheduling, which runs on one core (SmolLM2's prefill: 0.3 s),
+        not the first kernels' optimisation and rendering beside the first compiles. On one core, nothing."""
+        if reductions >= compile_pool.MIN_KERNELS:
+            pool = compile_pool.shared_pool(self.target_options, thread_count(), self.compile)
+            if pool is not None:
+                pool.start_all()
+
     def load(self, name: str, binary: bytes) -> CPUProgram:
         """Object code from `compile` (this process's or the disk cache's) -> kernel `name` in its own JIT engine."""
         engine, address = self._load_object(name, binary)

@@ -131,3 +131,28 @@ def test_the_cuda_device_compiles_a_plans_kernels_in_threads(monkeypatch):
     monkeypatch.setattr(compile_pool, "cores", lambda: 2)
     monkeypatch.setattr(device, "compile", lambda name, source: threading.get_ident(), raising=False)
     assert device.compile_parallel(compile_pool.MIN_KERNELS)("k", "").result(timeout=30) != threading.get_ident()
+
+
+LARGE_PLAN = """
+import json, numpy as np, prepjit as pj, prepjit.numpy as pnp
+from prepjit.jit import planner
+from prepjit.runtime import compile_pool
+running, schedule = [], planner.schedule
+def spy(*args, **kwargs):  # the workers running when a plan's scheduling begins
+    running.append(sum(len(pool.processes) for pool in compile_pool._pools.values()))
+    return schedule(*args, **kwargs)
+planner.schedule = spy
+x = np.ones((4, 8), np.float32)
+for f in (lambda x: (x * 2.5).sum(axis=1) + x.max(), lambda x: pnp.tanh(x @ x.T) @ x + x.sum()):  # 2, then 3 sums
+    pj.prepare(f)(x)
+print(json.dumps(running))
+"""
+
+
+def test_a_plan_of_several_reductions_starts_the_workers_before_its_scheduling():
+    """A trace of MIN_KERNELS reductions or more (as many kernels, about) starts every compile worker before its
+    plan is scheduled, which runs on one core: the workers' start, ~65 ms of CPU each, overlaps it instead of the
+    first compiles. A trace of fewer starts none."""
+    out = subprocess.run([sys.executable, "-c", LARGE_PLAN], capture_output=True, text=True, timeout=300, check=True,
+                         env={"PREPJIT_CACHE": "0", "PREPJIT_THREADS": "2"}).stdout
+    assert json.loads(out.strip().splitlines()[-1]) == [0, 2]
