@@ -13,7 +13,8 @@ of as many prefilling sequences as `prefill_tokens` holds (a prompt is cut into 
 at fixed positions, so a long prompt does not stall the running sequences and results do not depend on the load;
 several short prompts are admitted in one step) and one decode step of every running sequence that has its first
 token (with `mixed_steps`, the decoding sequences' tokens are rows of that prefill call instead, chunks of one token:
-one pass over the weights a step). A sequence's blocks go back to the free list when it finishes or is cancelled.
+one pass over the weights a step; with mixed_steps="prefill" only in the steps that make a prefill call). A
+sequence's blocks go back to the free list when it finishes or is cancelled.
 The two plans are prepared once: every batch composition, prompt length and position replays them (no
 recompiles, no padding of the batch or of lengths). A greedy request gives the tokens it gives alone (each row's
 argmax, computed on the device beside its logits); a seeded sampled one draws from its own generator
@@ -190,7 +191,9 @@ class Engine:
     def __init__(self, cfg, params, *, stop_ids, dtype=np.float32, device=None, context=2048, block_size=16,
                  num_blocks=None, max_batch=16, prefill_chunk=64, prefill_tokens=None, mixed_steps=False):
         self.cfg, self.stop_ids, self.device = cfg, frozenset(int(t) for t in stop_ids), device
-        self.mixed_steps = mixed_steps  # decode rows join the prefill call (chunks of one token): one call a step
+        # decode rows join the prefill call (chunks of one token): one call a step (True), or one call in the steps
+        # that prefill, the other steps a decode call ("prefill"), or never (False)
+        self.mixed_steps = mixed_steps
         self.dtype, self.context, self.max_batch, self.chunk = np.dtype(dtype), context, max_batch, prefill_chunk
         self.prefill_tokens = max(prefill_chunk, prefill_tokens or 2 * prefill_chunk)  # one chunk fits, at least
         self.table_width = -(-context // block_size)
@@ -222,7 +225,8 @@ class Engine:
         engine = cls(cfg, params, stop_ids=codec.stop_ids, dtype=dtype, device=args.device,
                      context=args.context, block_size=args.block_size, num_blocks=_kv_blocks(args, cfg, dtype),
                      max_batch=args.max_batch, prefill_chunk=args.prefill_chunk,
-                     prefill_tokens=args.prefill_tokens, mixed_steps=args.mixed_steps)
+                     prefill_tokens=args.prefill_tokens,
+                     mixed_steps={None: False, "always": True}.get(args.mixed_steps, args.mixed_steps))
         engine.codec = codec
         return engine
 
@@ -274,7 +278,7 @@ class Engine:
                 break
             chunks.append((seq, size))
             budget -= size
-        if self.mixed_steps:
+        if self.mixed_steps is True or (self.mixed_steps == "prefill" and chunks):
             chunks += [(seq, 1) for seq in decoding]
             decoding = []
         if chunks:
@@ -415,9 +419,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--prefill-chunk", type=int, default=64, help="most tokens of one prompt prefilled per step")
     parser.add_argument("--prefill-tokens", type=int, default=None,
                         help="most prompt tokens prefilled per step, over several prompts (default: 2 chunks)")
-    parser.add_argument("--mixed-steps", action="store_true",
+    parser.add_argument("--mixed-steps", nargs="?", const="always", choices=("always", "prefill"), default=None,
                         help="decode the running sequences in the step's prefill call (one pass over the weights "
-                             "a step) rather than in a decode call of their own")
+                             "a step) rather than in a decode call of their own: in every step (always, the "
+                             "default of the bare flag) or only in the steps that prefill (prefill)")
     return parser
 
 

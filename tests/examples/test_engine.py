@@ -159,6 +159,20 @@ def test_mixed_steps_decode_in_the_prefill_call_and_give_numpys_greedy_tokens(de
     assert engine.stats()["blocks_used"] == 0
 
 
+def test_mixed_prefill_steps_decode_in_the_prefill_call_only_when_there_is_one(device, params):
+    """With mixed_steps="prefill" a step that prefills makes one call, its decode rows beside the prompts' chunks,
+    and a step with nothing to prefill one decode call: one call a step, both plans used, and every request gives
+    the tokens it gives alone with the default engine (NumPy's greedy tokens: test_mixed_steps_...)."""
+    engine = _engine(params, device, mixed_steps="prefill")
+    requests = [(p, serving.Sampling(max_tokens=n)) for p, n in zip(_prompts(7), (9, 3, 12, 1, 7, 10, 5))]
+    together, finish = _run(engine, requests)
+    assert finish == ["length"] * 7 and [len(t) for t in together] == [9, 3, 12, 1, 7, 10, 5]
+    assert [_run(_engine(params, device), [r])[0][0] for r in requests] == together
+    assert engine.decode.stats["replays"] > 0 and engine.prefill.stats["replays"] > 0
+    assert engine.prefill.stats["replays"] + engine.decode.stats["replays"] == engine.steps   # one call a step
+    assert engine.stats()["blocks_used"] == 0
+
+
 def test_waiting_prompts_are_prefilled_together_while_others_decode(params):
     """Three short prompts (15 tokens, within the default budget of two chunks) get their first tokens in the first
     step, from one prefill call; a 12-token prompt sent next is prefilled in chunks of 8 and 4 over the next two
