@@ -32,6 +32,20 @@ cold start. Measured here (2 cores, other sessions loading the host, so wall tim
                                   the same indices; the traced graph walked once for the fusion passes),
                                   rendering 0.15-0.20 -> 0.06-0.09 (no toposort per store or per reduction);
                                   every rendered source byte-identical
+    AVX-512's smaller IR, build   native 1.81-1.86 -> 1.72-1.75 s (alternating 3 x vs b96f70e, host load ~2:
+    order, workers started early  prefill 1.11-1.17 -> 1.05-1.06, decode 0.69-0.70 -> 0.67-0.69; at load 3.7
+                                  6 x: 2.81-3.01 -> 2.65-2.83); PREPJIT_CPU=haswell 1.80-2.59 -> 1.65-2.67 (3 x,
+                                  load 3-3.4, with 4282989's AVX2 matvec). The compile workers' CPU (native)
+                                  1.39-1.49 -> 1.28-1.38 s: a prefill tile's rows past its register blocks one
+                                  at a time (block_matmul, AVX-512's 3 x 6 tile had a nest each for 2 and 1
+                                  rows), // % and shifts by a constant as one
+                                  instruction or a few (llvm_ir.positive_divmod): the 33 kernels' IR 1063 -> 926
+                                  KB (r_T_576 117 -> 59 KB), their LLVM time 1.42 -> 1.31 s in one process,
+                                  proven accesses 11528 -> 9342; the decode's 30-layer stack E_30_3_64 (the
+                                  longest compile) built first, not last (planner._outsized_first: both workers
+                                  now end together); the workers started before the prefill's scheduling
+                                  (cpu.expect_compiles), not beside its first compiles. Decode and prefill run
+                                  times unchanged (13.0 / 225 ms, in one process, alternating), logits identical
 
 Where the rest goes (2 cores): this process ~1.3 CPU seconds: tracing ~0.26 (the NumPy layer's per-op cost, ~10 us
 a node), scheduling and lowering ~0.45 (lower_kernel 0.12, choose_materialized 0.09, pack_contraction 0.09,
@@ -39,11 +53,16 @@ fused_reductions 0.06, canonical 0.05), optimisation ~0.15-0.2 (matvec and block
 bounds proof ~0.14 (in_bounds 0.10), rendering ~0.08, creating the cpu device ~0.1 (its replay module compiled
 here, 0.03), loading the 37 objects ~0.05; the compile workers' LLVM ~1.1 s (37 kernels at -O2, 1.13 s in one
 warm process), of which the largest are decode's E_30_3_64 (the 30 layers' new K or V rows stacked: a 30-way
-select of gated loads, 2046 lines of IR, 0.11 s), prefill's r_T_576 (the first residual add, its 18 unrolled
-stores each recomputing the gathered q8_0 embedding with 3 gated byte loads and floor divisions, 3411 lines, 0.12 s)
-and r_3_3_pos1 (softmax: 224 lines, but 0.09 s in the vectoriser); each prepare ends waiting 0.13-0.2 s for its
-last compiles. Identical kernels are compiled once already (the kernel cache, and offsets.py for the layers' slices
-of the KV cache: 37 compiles for 730 launches).
+select of gated loads, 2046 lines of IR, 0.11-0.16 s: a branch per gated load, JumpThreading and LoopVectorize most
+of it; now built first), prefill's r_T_576 (the first residual add, its 18 unrolled stores each recomputing the
+gathered q8_0 embedding, 0.08-0.12 s since its tail nests and floor divisions shrank) and r_3_3_pos1 (softmax:
+224 lines, but 0.09 s in the vectoriser); each prepare ends waiting 0.06-0.2 s for its last compiles. Of LLVM's
+time (33 kernels, AVX-512) ~0.73 s is optimisation (InstCombine 0.17, LoopVectorize 0.1, SLP 0.04) and ~0.54 s
+code generation; the target machine's codegen level 2 or 1 (not 3) gives 32 of 33 objects identical, 3-5% faster. The
+compile phase of each plan is CPU-bound on 2 cores (the main process's optimisation, rendering and proof beside
+two workers), so a second of CPU cut there is half a second of wall; tracing and scheduling (0.42 s a plan) run on
+one core and are the largest serial part left. Identical kernels are compiled once already (the kernel cache, and
+offsets.py for the layers' slices of the KV cache: 37 compiles for 730 launches).
 """
 from __future__ import annotations
 
