@@ -3,13 +3,16 @@ output's extents; where the tile's sets of work-items split k (gpu_launch.unpack
 other sets' accumulators through local memory and stores them alone.
 
 A work-item's accumulators come in pairs of neighbouring columns of one row (mma.sync's c0/c1 and c2/c3, wgmma's
-registers 2p and 2p + 1). A bfloat16 output whose two elements are neighbours in memory (the index of the second
-one past the first's) and whose first is at an even index is stored as one 32-bit word: a warp's store then writes
-16 bytes of each of its 8 rows rather than 8, half the store instructions and half the partly written 32-byte
-sectors (on an H100, MiniLM's tiles store 3-13 MB of bfloat16 results each). Any other pair (a gated or combining
-store, a float32 or float16 output, an index that is not contiguous or not aligned there) is stored element by
-element, as is a pair whose second column is past the output's end."""
+registers 2p and 2p + 1). A 16-bit float output held as its bits in 16-bit unsigned elements (bfloat16; float16 in
+CUDA: render_c.sixteen_bits) whose two elements are neighbours in memory (the index of the second one past the
+first's) and whose first is at an even index is stored as one 32-bit word: a warp's store then writes 16 bytes of
+each of its 8 rows rather than 8, half the store instructions and half the partly written 32-byte sectors (on an
+H100, MiniLM's tiles store 3-13 MB of bfloat16 results each). Any other pair (a gated or combining store, a float32
+output, an index that is not contiguous or not aligned there) is stored element by element, as is a pair whose
+second column is past the output's end."""
 from __future__ import annotations
+
+from typing import Callable
 
 from ..uop import dtypes
 from .render_tiles import Contraction, _extent
@@ -23,12 +26,13 @@ def emit_results(r, c: Contraction, cells: list):
     if c.splits > 1:
         _combine_sets(r, c, cells)
         r.open_block("if (kset == 0)", {})
+    r.lets.update(acc for acc, _, _ in cells)   # (final from here: a result rounded from one is converted from it)
     store = r.ast.src[0]
-    words = store.src[2].dtype == dtypes.bfloat16 and len(store.src) == 3 and store.arg is None
+    bits = r.sixteen_bits(store.src[2].dtype) if len(store.src) == 3 and store.arg is None else None
     for p in range(0, len(cells), 2):
         pair = cells[p:p + 2]
-        if words and len(pair) == 2:
-            _emit_pair(r, c, pair, m, n)
+        if bits and len(pair) == 2:
+            _emit_pair(r, c, pair, bits, m, n)
         else:
             for acc, row, col in pair:
                 _emit_cell(r, c, acc, row, col, m, n)
@@ -49,9 +53,10 @@ def _emit_cell(r, c: Contraction, acc: str, row: str, col: str, m: str, n: str):
     r.close_block()
 
 
-def _emit_pair(r, c: Contraction, pair: list, m: str, n: str):
-    """A pair of bfloat16 results of one row: one 32-bit store where both are in range, neighbours in memory and the
-    first at an even index; else each element's store, checked."""
+def _emit_pair(r, c: Contraction, pair: list, bits: Callable[[str], str], m: str, n: str):
+    """A pair of 16-bit float results of one row (`bits`: a value's bits, render_c.sixteen_bits): one 32-bit store
+    where both are in range, neighbours in memory and the first at an even index; else each element's store,
+    checked."""
     store, long = r.ast.src[0], r.long
     u16, u32 = r.d.ctype(dtypes.uint16), r.d.ctype(dtypes.uint32)
     (_, row, _), (_, _, last) = pair
@@ -60,7 +65,7 @@ def _emit_pair(r, c: Contraction, pair: list, m: str, n: str):
     for e, (acc, row, col) in enumerate(pair):   # (each in a block of its own: its bindings end with it)
         r.open_block("", {})
         _bind(r, c, acc, row, col)
-        r.emit(f"at{e} = {r.value(store.src[1])}; bits{e} = {r.bfloat16_bits(r.value(store.src[2]))};")
+        r.emit(f"at{e} = {r.value(store.src[1])}; bits{e} = {bits(r.value(store.src[2]))};")
         r.close_block()
     buf = f"buf{store.src[0].arg}"
     r.open_block("if (at1 == at0 + 1 && (at0 & 1) == 0)", {})

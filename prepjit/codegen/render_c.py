@@ -100,8 +100,10 @@ class CStyleRenderer(KernelRenderer):
         self.tensor_map_params: list[str] = []   # tensor maps the kernel takes after its vars (tensor_maps.py)
         self.loads_in_flight = False   # registers for many loads in flight, not for resident groups: a bound of one
         # resident group (render_rows sets it; else ptxas keeps ~32 registers and issues each load at its use)
-        self.lets: set[str] = set()   # names `let` declared: each assigned once, where it is declared
-        self.rounded_from: dict[str, str] = {}   # a bfloat16 value's name -> the `let` it was rounded from
+        # names whose values are final where they are read: `let`s (each assigned once, where it is declared) and a
+        # tile's accumulators once its results are stored (fragment_results.py)
+        self.lets: set[str] = set()
+        self.rounded_from: dict[str, str] = {}   # a 16-bit float value's name -> the final name it was rounded from
 
     def emit(self, line: str):
         self.lines.append("  " * self.depth + line)
@@ -128,17 +130,25 @@ class CStyleRenderer(KernelRenderer):
         if dt == dtypes.float16:
             self.half_helpers()
             self.helpers.setdefault("pj_round_half", self.d.round_half_helper)
-            return self.let(dt, f"pj_round_half({v})")
-        out = self.let(dt, f"{self.bfloat16_helpers()}round_bfloat16({v})")
+            out = self.let(dt, f"pj_round_half({v})")
+        else:
+            out = self.let(dt, f"{self.bfloat16_helpers()}round_bfloat16({v})")
         if v in self.lets:
             self.rounded_from[out] = v
         return out
 
-    def bfloat16_bits(self, v: str) -> str:
-        """The bits of bfloat16 value `v` (a float): converted from the float it was rounded from where that is a
-        `let` (the same bits, a NaN's too: converting an exact bfloat16 gives its own bits, so converting the rounded
-        value only adds a second conversion, ~8 instructions an element on an H100, which ptxas keeps)."""
-        return f"{self.bfloat16_helpers()}float_to_bfloat16({self.rounded_from.get(v, v)})"
+    def sixteen_bits(self, dt: DType) -> Callable[[str], str] | None:
+        """Where a `dt` buffer holds its values' bits in 16-bit unsigned ints (bfloat16; float16 where the dialect
+        stores it so: CUDA's `unsigned short`, not OpenCL's `half`), the expression of a `dt` value's bits (its
+        argument: the value, a float); else None. Two neighbours' bits can be stored as one 32-bit word
+        (fragment_results.py). A value rounded from a final name (`lets`) is converted from that float (the same
+        bits, a NaN's too: converting an exact 16-bit float gives its own bits, so converting the rounded value only
+        adds a second conversion and the widening between, ~8 instructions an element on an H100, which ptxas
+        keeps)."""
+        if dt not in (dtypes.bfloat16, dtypes.float16) or self.d.mem_type(dt) != self.d.ctype(dtypes.uint16):
+            return None
+        view = self.bit_view(dt, 0)   # (defines the conversions)
+        return lambda v: view.format(v=self.rounded_from.get(v, v))
 
     def bfloat16_helpers(self, odd: bool = False) -> str:
         """Define the bfloat16 conversions (and with `odd`, pj_odd_float); their name prefix."""
@@ -341,10 +351,10 @@ class CStyleRenderer(KernelRenderer):
             line = add.format(ptr=f"buf{buf.arg} + {i}", val=v) + ";"
         elif u.arg is not None:
             line = f"{self.atomic_helper(u.arg, val.dtype)}(buf{buf.arg} + {i}, {v});"
-        elif val.dtype == dtypes.float16:
-            line = self.d.store_half.format(v=v, idx=i, ptr=f"buf{buf.arg}") + ";"
+        elif val.dtype == dtypes.float16:   # (converted from the float it was rounded from, as sixteen_bits says)
+            line = self.d.store_half.format(v=self.rounded_from.get(v, v), idx=i, ptr=f"buf{buf.arg}") + ";"
         elif val.dtype == dtypes.bfloat16:
-            line = f"buf{buf.arg}[{i}] = {self.bfloat16_bits(v)};"
+            line = f"buf{buf.arg}[{i}] = {self.sixteen_bits(val.dtype)(v)};"
         else:
             cast = f"({self.d.ctype(dtypes.uint8)})" if val.dtype == dtypes.bool else ""
             line = f"buf{buf.arg}[{i}] = {cast}{v};"
