@@ -35,7 +35,7 @@ from collections import Counter
 from ..uop import Ops, UOp, dtypes
 from ..uop.ops import ELEMENTWISE, MOVEMENT
 from .lower import REALIZED
-from .read_axes import UNKNOWN, is_one, per_row, read_axes, reads_with_axes
+from .read_axes import UNKNOWN, is_one, per_row, read_axes, reads_with_axes, uniform
 
 FEW_VAR_ROWS = 64      # a var batch of at most this many rows over quantized blocks is a GPU's batch row kernel
 # (gpu_launch.few_var_rows, few_var_batch), which computes several sums over one batch row side by side (_batch_stream)
@@ -100,6 +100,7 @@ def choose_materialized(outputs: list[UOp], row_values: bool = False, walk: tupl
     is_root = set(roots)
     never_chosen = is_root | in_contractions  # kernel roots have buffers of their own
     places = _places(graph)
+    position = {n: k for k, n in enumerate(graph)}  # (parents first: a node's operands come after it)
     readers_of = Counter(s for node in graph for s in set(node.src))
     exprs: dict[UOp, set] = {}  # what a node's inlined expression evaluates: (node, view, is a load) terms
     cost: dict[UOp, int] = {}
@@ -117,9 +118,10 @@ def choose_materialized(outputs: list[UOp], row_values: bool = False, walk: tupl
         mine = readers.get(node, set())
         if node in chosen or node.op in ELEMENTWISE and node not in never_chosen and node.shape and \
                 not _widening(node) and \
-                _worth_materialising(node, mine, cost, row_values, chosen, operand_prologues, realized_reads) and \
+                _worth_materialising(node, mine, cost, row_values, chosen, operand_prologues, realized_reads,
+                                     position) and \
                 not _recomputed_in_stream(node, mine, cost, streams, realized_reads, chosen, readers_of,
-                                          operand_prologues):
+                                          operand_prologues, position):
             chosen.add(node)
             mine = set()
         passes = {node} if node in is_root or node in chosen else mine
@@ -182,13 +184,13 @@ def _rounded_reduction(node: UOp) -> bool:
 
 
 def _worth_materialising(node: UOp, readers: set, cost: dict, row_values: bool, chosen: set,
-                         operand_prologues: bool, realized_reads: dict) -> bool:
+                         operand_prologues: bool, realized_reads: dict, position: dict) -> bool:
     if not readers:
         return False
     c, size = cost[node], _elements(node)
     if c <= ROW_VALUE_COST and _of_reductions(node, realized_reads) and (
             row_values and 1 in node.shape or _one_element(node) or
-            len(readers) == 1 and operand_prologues and _read_per_row(next(iter(readers)), {node}, chosen)):
+            len(readers) == 1 and operand_prologues and _read_per_row(next(iter(readers)), {node}, chosen, position)):
         return False  # recomputed where it is read, with its reductions (a one-element one: once per kernel, one
     # its only reader reads one element per row, a decode batch's row's norm, where that reader's kernel computes
     # it once per row, the cpu's: a GPU's many-row kernel would recompute it at every element it reads)
@@ -201,7 +203,7 @@ def _worth_materialising(node: UOp, readers: set, cost: dict, row_values: bool, 
 
 
 def _recomputed_in_stream(node: UOp, readers: set, cost: dict, streams: dict, realized_reads: dict, chosen: set,
-                          readers_of: Counter, operand_prologues: bool) -> bool:
+                          readers_of: Counter, operand_prologues: bool, position: dict) -> bool:
     """Whether `node` is recomputed by the kernels reading it, which stream their operands, instead of materialised.
 
     A cheap value unpacked from integer data (a quantized weight's block scale: bytes joined, bitcast to float16,
@@ -230,7 +232,7 @@ def _recomputed_in_stream(node: UOp, readers: set, cost: dict, streams: dict, re
     else:
         own, rows_read, shares = _own_expression(node, chosen, readers_of)
         if rows_read is None or own > STREAM_OPERAND_COST or rows_read and not (operand_prologues and all(
-                _read_per_row(r, rows_read, chosen) for r in readers)):
+                _read_per_row(r, rows_read, chosen, position) for r in readers)):
             return False
     node_loads = _realized_reads(node, realized_reads)
     for r in readers:
@@ -287,11 +289,14 @@ def _stream_rows(r: UOp, loaded: dict, by_row: bool, operand_loads: frozenset) -
     return _iterations(r) <= STREAM_REUSE * sum(map(_elements, loaded)) * rows, rows
 
 
-def _read_per_row(root: UOp, targets: set, chosen: set) -> bool:
+def _read_per_row(root: UOp, targets: set, chosen: set, position: dict) -> bool:
     """Whether the kernel computing `root`, computing inline what is not realized or `chosen`, reads every node of
-    `targets` one element per row (_per_row): a row's reduction it can compute as the row's prologue."""
+    `targets` one element per row (_per_row): a row's reduction it can compute as the row's prologue. The walk
+    skips what comes after the targets in the parents-first `position` (under none of them: a residual stream's
+    earlier blocks)."""
+    last = max(position[t] for t in targets)
     return all(per_row(n, axes, root) for n, axes in reads_with_axes(
-        root, lambda n: n in targets or n.op in REALIZED or n in chosen) if n in targets)
+        root, lambda n: n in targets or n.op in REALIZED or n in chosen or position[n] > last) if n in targets)
 
 
 def _own_expression(node: UOp, chosen: set, readers_of: Counter) -> tuple[int, set | None, bool]:
@@ -391,21 +396,7 @@ def _is_row_set(node: UOp) -> bool:
         return False
     while target.op in MOVEMENT:
         target = target.src[0]
-    return target.op in REALIZED and target.op not in (Ops.SCATTER, Ops.CARRY) and all(map(_uniform, indices))
-
-
-def _uniform(node: UOp) -> bool:
-    """Whether `node` has the same value at every index (a scalar broadcast, computed from scalars)."""
-    stack, seen = [node], set()
-    while stack:
-        n = stack.pop()
-        if n in seen or n.op in (Ops.CONST, Ops.DEFINE_VAR) or all(isinstance(d, int) and d == 1 for d in n.shape):
-            continue
-        seen.add(n)
-        if n.op not in ELEMENTWISE and n.op not in (Ops.RESHAPE, Ops.EXPAND, Ops.PERMUTE, Ops.SHRINK):
-            return False
-        stack.extend(n.src)
-    return True
+    return target.op in REALIZED and target.op not in (Ops.SCATTER, Ops.CARRY) and all(map(uniform, indices))
 
 
 def fused_reductions(outputs: list[UOp], materialized: set[UOp], rows: bool = False,

@@ -1,8 +1,8 @@
 """What a kernel's index depends on where it reads a node: per axis of each node the kernel computing `root` reads
 (inlining what is not stopped at), the output axes of `root` the node's index depends on (`read_axes`), besides
 INNER_AXIS (a reduction's own axis) and UNKNOWN (what is not known: a gather's indices). fusion.py asks it whether a
-kernel reads a value one element per row of its output (`per_row`: a decode batch's row's norm) and which axes a
-streaming kernel reads its loads along.
+kernel reads a value one element per row of its output (`per_row`: a decode batch's row's norm), which axes a
+streaming kernel reads its loads along, and whether a value's index depends on none (`uniform`: a KV cache's row).
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def reads_with_axes(root: UOp, stop):
         if n is not root and stop(n):
             yield item
         else:
-            stack += list(zip(n.src, read_axes(n, axes)))
+            stack.extend(zip(n.src, read_axes(n, axes)))
 
 
 def per_row(node: UOp, axes: tuple, root: UOp) -> bool:
@@ -38,6 +38,20 @@ def per_row(node: UOp, axes: tuple, root: UOp) -> bool:
     used = frozenset().union(*(a for a, d in zip(axes, node.shape) if not is_one(d)))
     outputs = [k for k, d in enumerate(root.shape) if not is_one(d)]
     return 0 < len(used) < len(outputs) and used == frozenset(outputs[:len(used)])  # leading axes: the row's loops
+
+
+def uniform(node: UOp) -> bool:
+    """Whether `node` has the same value at every index (a scalar broadcast, computed from scalars)."""
+    stack, seen = [node], set()
+    while stack:
+        n = stack.pop()
+        if n in seen or n.op in (Ops.CONST, Ops.DEFINE_VAR) or all(isinstance(d, int) and d == 1 for d in n.shape):
+            continue
+        seen.add(n)
+        if n.op not in ELEMENTWISE and n.op not in (Ops.RESHAPE, Ops.EXPAND, Ops.PERMUTE, Ops.SHRINK):
+            return False
+        stack.extend(n.src)
+    return True
 
 
 @functools.lru_cache(maxsize=1 << 16)

@@ -72,10 +72,10 @@ class UOp:
 
     # _key, _poly, _simple: per-node caches of the sort key and of symbolic.py's polynomial and simplified form
     __slots__ = ("op", "dtype", "src", "arg", "_key", "_poly", "_simple", "__weakref__", "__dict__")
-    _cache: dict = {}  # (op, dtype, src, arg key) -> weak reference to the one live node (a dead one removes itself)
+    _cache: dict = {}  # (op, dtype name, src, arg key) -> weak reference to the one live node (a dead one removes itself)
 
     def __new__(cls, op: Ops, dtype: DType = dtypes.index, src: tuple = (), arg: Any = None):
-        key = (op, dtype, src, None if arg is None else _arg_key(arg))
+        key = (op, dtype.name, src, None if arg is None else _arg_key(arg))  # (a dtype is its name: hashed in C)
         ref = _nodes.get(key)
         node = None if ref is None else ref()
         if node is None:
