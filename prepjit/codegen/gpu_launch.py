@@ -18,6 +18,8 @@ renderer (render_c.py) follows and never decides itself:
   (row_plan.batch_plan, `few_var_batch`): a column a warp or part of one (a work-group's without shuffles), its
   weights held in registers for a chunk of the batch's rows, a few rows' sums combined and stored at a time
   (render_batch_rows.py);
+- ("attention", rows, key block, kind): softmax(q @ k^T ...) @ v, its softmax inside (softmax_contraction.py), on
+  tensor cores, a work-group per block of `rows` queries (attention_tiles.py, render_attention.py);
 - ("items", n): a work-item per `n` outputs (the dialect's items per thread; one where the kernel has fewer than
   FEW_OUTPUTS outputs, `items_per_work_item`).
 """
@@ -28,9 +30,11 @@ import math
 import attrs
 
 from ..uop import Ops, UOp, dtypes
+from .attention_tiles import attention_launch
 from .fusion import FEW_VAR_ROWS   # a quantized contraction with a side of a var of at most this many: rows
 from .optimize import DEFAULT_BLOCKING, Blocking
 from .row_plan import batch_plan, held_parts, loop_ranges, row_plan, share_passes, split_matvec_blocks
+from .softmax_contraction import MAX_ROWS_A_VALUE
 from .render_fragments import KINDS, along_k
 from .render_tiles import MIN_FILL, _fill, fragment_kind, match_contraction, unpacks_blocks
 
@@ -52,6 +56,9 @@ def launch(ast: UOp, dialect, blocking: Blocking = DEFAULT_BLOCKING) -> UOp:
     """`ast` as launched on a `dialect` GPU: with its LAUNCH node (idempotent: a launched AST is returned as is)."""
     if launch_of(ast) is not None:
         return ast
+    attention = attention_launch(ast, dialect, MAX_ROWS_A_VALUE)
+    if attention is not None:
+        return _with_launch(ast, attention)
     contraction = match_contraction(ast, blocking.tile)
     if contraction is not None and (blocking.tile is not None or not few_var_rows(contraction)):
         return _tile_launch(ast, contraction, dialect, blocking.tile)

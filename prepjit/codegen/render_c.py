@@ -31,9 +31,13 @@ from ..uop import DType, Ops, UOp, dtypes, sym_prod
 from ..uop.ops import FMA_DTYPES
 from ..uop.uop import as_uop
 from . import c_helpers
+from .attention_tiles import THREADS as ATTENTION_THREADS
+from .attention_tiles import match_attention
 from .c_dialect import Dialect
 from .gpu_launch import launch_of
 from .kernel import KernelSource, kernel_vars
+from .render_attention import emit_attention
+from .render_attention import launch_size as attention_size
 from .render_batch_rows import emit_batch_rows
 from .render_rows import emit_rows, reduce_together
 from .render_softmax_rows import held_in_loop
@@ -91,6 +95,7 @@ class CStyleRenderer(KernelRenderer):
         self.vars = [v.arg[0] for v in kernel_vars(ast)]
         self.contraction = match_contraction(ast, tuple(decided)) if kind == "tile" else None
         self.rows = rows_of(ast, *decided, batched=kind == "batch") if kind in ("rows", "batch") else None
+        self.attention = match_attention(ast, *decided[:2]) if kind == "attention" else None
         self.items = decided[0] if kind == "items" else 1   # outputs per work-item of an elementwise launch
         self.row_elements: list[dict] = []   # a shared row's element scopes (render_rows.emit_rows)
         self.row_operands: dict = {}   # a row reduction -> [(its operand, the local array holding it)] (render_rows)
@@ -462,6 +467,8 @@ class CStyleRenderer(KernelRenderer):
         """The work-group size the kernel declares, or None when the runtime chooses one."""
         if self.contraction is not None:
             return self.contraction.threads
+        if self.attention is not None:
+            return ATTENTION_THREADS
         return self.rows.size if self.rows else self.d.elementwise_group if self.d.always_bounded else None
 
     def kernel(self) -> tuple[str, UOp]:
@@ -471,6 +478,9 @@ class CStyleRenderer(KernelRenderer):
         if self.contraction is not None:
             (emit_fragment_contraction if self.contraction.fragments else emit_contraction)(self, self.contraction)
             return self.kernel_text(contraction_size(self.contraction))
+        if self.attention is not None:
+            emit_attention(self, self.attention)
+            return self.kernel_text(attention_size(self.attention))
         if self.rows is not None:
             (emit_rows if self.rows.batch is None else emit_batch_rows)(self, store)
             return self.kernel_text(row_launch_size(self.rows))

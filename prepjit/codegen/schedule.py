@@ -429,18 +429,20 @@ def rounded_roots(graph: list[UOp], readers: dict, decided: set[UOp]) -> dict[UO
     return found
 
 
-def schedule(outputs: list[UOp], inputs: list[UOp], pack_contractions: bool = False) -> Schedule:
+def schedule(outputs: list[UOp], inputs: list[UOp], pack_contractions: bool = False,
+             attention_tiles: bool = False) -> Schedule:
     """Kernels and buffers computing `outputs` from `inputs`; each output gets a fresh buffer.
 
     Row reductions are computed inside the kernel that broadcasts them (fusion.py: llvm loop nests compute
     them where a row's loops are open, the C-style renderers give each row a work-group). With
     `pack_contractions` (for devices whose kernels are register-blocking loop nests: llvm), large
-    contractions first copy their column operand into contiguous panels (packing.py).
+    contractions first copy their column operand into contiguous panels (packing.py). With `attention_tiles` (a
+    target whose tensor cores run attention_tiles.py's kernel), an encoder's softmax is computed inside p @ V too.
     """
     walk = kernel_roots(outputs)  # the graph and its kernel roots, walked once for every pass below
     # a softmax only a contraction over its axis reads: computed inside that kernel (a work-group a row on a GPU, a
     # loop step a row on the cpu: llvm_softmax.py)
-    found = softmax_contractions(walk[0], outputs)
+    found = softmax_contractions(walk[0], outputs, attention_tiles)
     in_contractions = frozenset().union(*found.values())
     materialized = choose_materialized(outputs, row_values=not pack_contractions, walk=walk,
                                        operand_prologues=pack_contractions, in_contractions=in_contractions) | joins(

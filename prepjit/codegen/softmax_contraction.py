@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import math
 
-from ..uop import Ops, UOp
+from ..uop import Ops, UOp, dtypes
 from ..uop.ops import ELEMENTWISE
+from .attention_tiles import SIXTEEN_BITS, fits
 
 SOFTMAX_ROW_MAX = 4096   # elements of a softmax row kept in local memory (two float32 arrays: 32 KB)
 MAX_ROWS_A_VALUE = 8     # softmax rows that read each value row at most (grouped-query heads: 3 in SmolLM2); more
@@ -41,10 +42,12 @@ _GROWS = (Ops.RESHAPE, Ops.EXPAND)
 _RESULT = (Ops.RESHAPE, Ops.CAST)  # what a contraction's result passes through to its join (a bfloat16 model's rounding)
 
 
-def softmax_contractions(graph: list[UOp], outputs: list[UOp]) -> dict[UOp, frozenset]:
+def softmax_contractions(graph: list[UOp], outputs: list[UOp], tiles: bool = False) -> dict[UOp, frozenset]:
     """{kernel root: the nodes computed inside its kernel} for each contraction of `graph` (kernel_roots' walk) that
     reads a softmax row along its reduced axes, where no other kernel and no output reads the row or its reductions
-    (the elementwise nodes others read too, a RoPE table's row, are left out). Contractions whose softmaxes share a
+    (the elementwise nodes others read too, a RoPE table's row, are left out), and each value row is read by at most
+    MAX_ROWS_A_VALUE rows, or (with `tiles`: a target with tensor-core attention tiles) by any number where the tile
+    holds the softmax (`_tiled`: an encoder's attention, attention_tiles.py). Contractions whose softmaxes share a
     row reduction read one softmax in parts (paged attention: the cached positions' probabilities against the
     gathered values, the token's own against its value); the elementwise node that joins their results (their sum)
     is then the kernel's root, which the schedule materialises, and the parts' contractions are among its nodes."""
@@ -62,8 +65,11 @@ def softmax_contractions(graph: list[UOp], outputs: list[UOp]) -> dict[UOp, froz
         for side in c.src[0].src if axes else ():
             p = _grown_from(side, axes)
             other = c.src[0].src[1] if side is c.src[0].src[0] else c.src[0].src[0]
-            nodes = _softmax(p, axes) if p is not None and _reuse(c, other) <= MAX_ROWS_A_VALUE and _columns(
+            few = p is not None and _reuse(c, other) <= MAX_ROWS_A_VALUE
+            nodes = _softmax(p, axes) if p is not None and (few or tiles) and _columns(
                 c, p, axes) <= MAX_COLUMNS else None
+            if nodes and not few and not _tiled(c, p, other, nodes, axes):
+                nodes = None
             if nodes:
                 parts[c] = (nodes, p, _path(side, p), _masked(other))
                 break
@@ -88,6 +94,28 @@ def joins(found: dict[UOp, frozenset], outputs: list[UOp]) -> set[UOp]:
     """The kernel roots of `found` (softmax_contractions') that join a softmax's parts and are no outputs: the
     elementwise nodes the schedule materialises (their kernel computes the whole softmax and every part)."""
     return {root for root in found if root.op is not Ops.REDUCE_AXIS} - set(outputs)
+
+
+def _tiled(c: UOp, p: UOp, other: UOp, nodes: set, axes: int) -> bool:
+    """Whether the attention tile (attention_tiles.fits) holds the softmax `nodes` of rows `p` that contraction `c`
+    reads with its `other` operand: one key axis, the probabilities and the values 16-bit floats of one kind widened,
+    and so the scores' operands."""
+    kind = _widened(p)
+    scores = [n for n in nodes if n.op is Ops.REDUCE_AXIS and _kept(n.shape) == _kept(p.shape)]
+    if axes != 1 or kind is None or _widened(other) != kind or not scores:
+        return False
+    for s in scores:
+        if s.arg[0] is not Ops.ADD or s.src[0].op is not Ops.MUL or any(_widened(x) != kind for x in s.src[0].src):
+            return False
+    return fits(_row_length(p, axes), max(_summed(s) for s in scores), _columns(c, p, axes))
+
+
+def _widened(x: UOp):
+    """The 16-bit float `x` is widened from (through broadcasts and permutes), or None."""
+    while x.op in (*_GROWS, Ops.PERMUTE):
+        x = x.src[0]
+    return x.src[0].dtype if x.op is Ops.CAST and x.dtype == dtypes.float32 and x.src[0].dtype in SIXTEEN_BITS \
+        else None
 
 
 def _contracted(c: UOp) -> int:

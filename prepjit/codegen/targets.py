@@ -42,6 +42,7 @@ class Target:
     passes: Callable[[UOp, Blocking], UOp]          # a scheduled kernel AST -> the kernel as launched
     renderer: Callable[[UOp], KernelSource]         # a launched kernel AST -> its source
     candidates: Callable[[UOp], list[Blocking]]     # Blockings PREPJIT_TUNE times for a kernel (the default first)
+    fuses_attention: bool = False  # an encoder's softmax is computed inside p @ V (attention_tiles.py: tensor cores)
 
     def launched(self, ast: UOp, blocking: Blocking = DEFAULT_BLOCKING) -> UOp:
         """The kernel as launched, with `blocking` (the default, or the one PREPJIT_TUNE chose for it: tune.py);
@@ -65,7 +66,8 @@ def _gpu(dialect: Dialect) -> Target:
         return [DEFAULT_BLOCKING] + [Blocking(tile=t) for t in tile_candidates(ast)[1:]]
     return Target(dialect.language, work_groups=True, packs_contractions=False,
                   passes=lambda ast, blocking: bounded_rows(launch(ast, dialect, blocking)),
-                  renderer=lambda ast: render_c(ast, dialect), candidates=candidates)
+                  renderer=lambda ast: render_c(ast, dialect), candidates=candidates,
+                  fuses_attention=dialect.tensor_core_mma is not None)
 
 
 def _llvm_passes(ast: UOp, blocking: Blocking) -> UOp:

@@ -336,8 +336,9 @@ def build_plan(traced: Traced, device) -> tuple[ExecutionPlan, dict[str, int]]:
     if expect is not None:  # its workers start now, their start beside the scheduling (one core), not the compiles
         expect(sum(u.op is Ops.REDUCE_AXIS for u in UOp(Ops.SINK, dtypes.bool, tuple(traced.outputs)).toposort()))
     with stage("scheduling and lowering"):
+        target = target_for(device)
         sched = schedule(list(traced.outputs) + [f for f, _ in traced.flags], list(traced.inputs),
-                         pack_contractions=target_for(device).packs_contractions)
+                         pack_contractions=target.packs_contractions, attention_tiles=target.fuses_attention)
         sched = _share_offsets(sched, traced.constraints)
     proofs = {}
 

@@ -1,0 +1,202 @@
+"""The body of a fused attention kernel (attention_tiles.py decides it on the AST: the launch ("attention", rows, key
+block, kind)), emitted through the C-style renderer on mma.sync m16n8k16 (render_fragments.py's fragments and
+copies; shuffles on GPUs older than sm_80).
+
+A work-group of four warps owns BLOCK_ROWS queries of one (batch, head), each warp 16 of them. It copies (cp.async
+where it can: fragment_copies.py) its queries, and every key and value of the head, into local memory, zeros past
+the key range's end; loads its warp's query fragments once; then makes one pass over the keys per row reduction of
+the AST (a max, then a sum: no online rescaling, so each is the graph's value) and a last one for p @ V. Each pass
+takes KEY_BLOCK keys at a time: their scores by mma into 32 float32 accumulators a lane (C layout: row g and g + 8,
+keys 2t and 2t + 1 of each 8-key tile), every element of the pass's operand evaluated from its score (the AST's
+expression, the score bound to its accumulator, the key and the query row bound to the element's), keys past the
+end and query rows past theirs left out; a lane's partial values of its two rows are combined across the four
+lanes holding a row (shuffles). The last pass evaluates the probabilities the same way (rounded to the 16-bit
+float where the graph rounds them) and packs them, two keys a 32-bit register, straight into mma's A operand: the
+C layout of two neighbouring 8-key tiles is the A layout of one 16-key step (FlashAttention-2's trick), multiplied
+by the values' fragments (transposed matrix loads) into float32 accumulators of the context, rounded once where
+they are stored (fragment_results.py).
+"""
+from __future__ import annotations
+
+import attrs
+
+from ..uop import DType, Ops, UOp, dtypes, sym_prod
+from ..uop.uop import as_uop
+from .attention_tiles import SLICE, THREADS, Attention
+from .fragment_copies import element_type, emit_chunk_starts, emit_slice_copy
+from .fragment_results import emit_results
+from .render_fragments import KINDS, WARP, _helpers, _load_fragments, _staged
+from .render_tiles import _extent
+
+FRAG = 8        # keys or columns of one m16n8 tile
+STEP = 16       # keys or head elements of one m16n8k16 step
+_IDENTITY = {Ops.ADD: 0.0, Ops.MAX: float("-inf"), Ops.MIN: float("inf")}
+
+
+def emit_attention(r, at: Attention):
+    """The kernel body through the C-style renderer `r`."""
+    d, long = r.d, r.long
+    kind = KINDS[at.kind]
+    if kind.ptx == "bf16":
+        r.bfloat16_helpers()
+    _helpers(r, kind.ptx)
+    q_tile, k_tile = _staged(at.score)
+    k_tile = attrs.evolve(k_tile, name="K")
+    v_tile = attrs.evolve(_staged(at.context)[1], name="V")
+    key_end = at.context.k.src[0]
+    head_slices = -(-at.score.k.src[0].arg // SLICE)
+    blocks = -(-key_end.vmax // at.key_block)                 # key blocks at the key range's largest
+    per_block = at.key_block // SLICE                         # slices of values a key block
+    for tile, stages in ((q_tile, head_slices), (k_tile, blocks * head_slices), (v_tile, blocks * per_block)):
+        shape = "][".join(str(x) for x in (stages, *tile.shape))
+        r.locals.append(d.tile_array.format(type=element_type(r, kind), name=f"{tile.name}s", n=shape) + ";")
+    m, keys = r.value(_extent(at.context.i)), r.value(key_end)
+    r.emit(f"const int lid = {d.local_id}, lane = lid % {WARP}, fg = lane / 4, ft = lane % 4 * 2, "
+           f"wm = lid / {WARP} * 16;")
+    r.emit(f"const {long} bid = {d.group_id}, nbm = ({m} + {at.block_rows - 1}) / {at.block_rows};")
+    r.emit(f"const {long} i0 = bid % nbm * {at.block_rows}, j0 = 0;")
+    if at.context.batch:
+        r.scopes[-1].update(r.unflatten("(bid / nbm)", list(at.context.batch)))
+    r.emit(f"const int nkb = (int)(({keys} + {at.key_block - 1}) / {at.key_block});")
+    r.emit("int st = 0;")
+    _stage(r, at, q_tile, k_tile, v_tile, head_slices, per_block)
+    for step in range(-(-at.score.k.src[0].arg // STEP)):
+        r.emit(f"st = {step * STEP // SLICE};")
+        _load_fragments(r, q_tile, [f"q{step}_{e}" for e in range(4)], "wm", 0, step * STEP % SLICE)
+    r.emit(" ".join(f"const bool row{h} = i0 + wm + fg + {8 * h} < {m};" for h in range(2)))
+    done = {}   # each pass -> its per-row names (a lane's two rows)
+    for n, row_pass in enumerate(at.passes):
+        done[row_pass] = _row_pass(r, at, n, row_pass, done, k_tile, head_slices, keys)
+    _context(r, at, done, k_tile, v_tile, head_slices, keys, kind)
+
+
+def _stage(r, at: Attention, q_tile, k_tile, v_tile, head_slices: int, per_block: int):
+    """Copy the group's queries, the head's keys (KEY_BLOCK at a time, a key block's slices stages kb x head_slices
+    on) and its values (SLICE keys a stage) into local memory, and wait for them."""
+    r.open_block("", {})
+    emit_chunk_starts(r, at.score, q_tile)
+    for s in range(head_slices):
+        emit_slice_copy(r, at.score, q_tile, str(s), str(s))
+    r.close_block()
+    r.open_block("for (int kb = 0; kb < nkb; kb++)", {})
+    r.emit(f"const {r.long} j0 = ({r.long})kb * {at.key_block};")
+    emit_chunk_starts(r, at.score, k_tile)
+    for s in range(head_slices):
+        emit_slice_copy(r, at.score, k_tile, f"kb * {head_slices} + {s}", str(s))
+    r.close_block()
+    r.open_block("", {})
+    emit_chunk_starts(r, at.context, v_tile)
+    r.open_block(f"for (int ks = 0; ks < nkb * {per_block}; ks++)", {})
+    emit_slice_copy(r, at.context, v_tile, "ks", "ks")
+    r.close_block()
+    r.close_block()
+    r.emit("pj_cp_async_commit();")
+    r.emit("pj_cp_async_wait<0>();")
+    r.emit(r.d.barrier)
+
+
+def _scores(r, at: Attention, k_tile, head_slices: int) -> list[list[str]]:
+    """The scores of key block kb for the warp's 16 rows: accumulators s{y}_{e} of 8-key tile y."""
+    tiles = at.key_block // FRAG
+    names = [[f"s{y}_{e}" for e in range(4)] for y in range(tiles)]
+    for row in names:
+        r.emit(" ".join(f"float {a} = 0.0f;" for a in row))
+    for step in range(-(-at.score.k.src[0].arg // STEP)):
+        r.open_block("", {})
+        r.emit(f"st = kb * {head_slices} + {step * STEP // SLICE};")
+        for y in range(0, tiles, 2):
+            _load_fragments(r, k_tile, [f"k{y}_0", f"k{y}_1", f"k{y + 1}_0", f"k{y + 1}_1"], "0", y * FRAG,
+                            step * STEP % SLICE)
+        for y in range(tiles):
+            r.emit(f"pj_mma_{KINDS[at.kind].ptx}({', '.join(names[y])}, q{step}_0, q{step}_1, q{step}_2, q{step}_3, "
+                   f"k{y}_0, k{y}_1);")
+        r.close_block()
+    return names
+
+
+def _elements(r, at: Attention, own, names: list, done: dict, keys: str, body):
+    """For each score element of key block kb that is in range (its key below the end, its query row below the
+    rows' end): `body(y, e)` in a scope binding the key range `own` to its key, the rows to its query row, the
+    scores read along `own` to its accumulator and each pass done to its row's value."""
+    rows = at.context.i[0]
+    r.emit(f"const {r.long} kbase = ({r.long})kb * {at.key_block} + ft;")
+    for y, row in enumerate(names):
+        for e, acc in enumerate(row):
+            half, key = e // 2, f"(kbase + {FRAG * y + e % 2})"
+            bind = {own: key, rows: f"(i0 + wm + fg + {8 * half})",
+                    **{s: acc for s, along in at.scores if along is own},
+                    **{p: v[half] for p, v in done.items()}}
+            r.open_block(f"if (row{half} && {key} < {keys})", bind)
+            body(y, e)
+            r.close_block()
+
+
+def _row_pass(r, at: Attention, n: int, row_pass, done: dict, k_tile, head_slices: int, keys: str) -> tuple:
+    """One pass over the keys computing the row reduction `row_pass` for the lane's two rows; their names."""
+    dt: DType = row_pass.dtype
+    ident = r.d.literal(_IDENTITY[row_pass.arg], dt)
+    parts = [f"red{n}_{h}" for h in range(2)]
+    r.emit(" ".join(f"{r.d.ctype(dt)} {p} = {ident};" for p in parts))
+    r.open_block("for (int kb = 0; kb < nkb; kb++)", {})
+    names = _scores(r, at, k_tile, head_slices)
+
+    def add(y, e):
+        part = parts[e // 2]
+        r.emit(f"{part} = {r.combine(row_pass.arg, dt, part, r.value(row_pass.src[0]))};")
+    _elements(r, at, row_pass.src[1], names, done, keys, add)
+    r.close_block()
+    for p in parts:   # the four lanes of a row (lanes 4g ... 4g + 3) combined
+        for o in (1, 2):
+            r.emit(f"{p} = {r.combine(row_pass.arg, dt, p, r.d.shuffle_xor.format(v=p, o=o))};")
+    if dt.narrow:
+        return tuple(r.round_to(p, dt) for p in parts)
+    for p in parts:
+        r.lets.add(p)
+    return tuple(parts)
+
+
+def _context(r, at: Attention, done: dict, k_tile, v_tile, head_slices: int, keys: str, kind):
+    """The last pass: each key block's probabilities (the AST's, from its scores) packed into A fragments and
+    multiplied by the values' fragments into the context's accumulators, then stored."""
+    c = at.context
+    cols = c.tn // FRAG
+    outs = [[f"o{y}_{e}" for e in range(4)] for y in range(cols)]
+    for row in outs:
+        r.emit(" ".join(f"float {a} = 0.0f;" for a in row))
+    r.open_block("for (int kb = 0; kb < nkb; kb++)", {})
+    names = _scores(r, at, k_tile, head_slices)
+    probs = [[f"p{y}_{e}" for e in range(4)] for y in range(len(names))]
+    for row in probs:
+        r.emit(" ".join(f"float {p} = 0.0f;" for p in row))
+
+    def probability(y, e):
+        r.emit(f"{probs[y][e]} = {r.value(c.a)};")
+    _elements(r, at, c.k, names, done, keys, probability)
+    u32 = r.d.ctype(dtypes.uint32)
+
+    def bits(p: str) -> str:
+        return f"({u32}){kind.staged.format(v=p)}"
+    for step in range(at.key_block // STEP):
+        r.open_block("", {})
+        lo, hi = probs[2 * step], probs[2 * step + 1]
+        pairs = ((lo[0], lo[1]), (lo[2], lo[3]), (hi[0], hi[1]), (hi[2], hi[3]))
+        r.emit(f"const {u32} " + ", ".join(f"pa{e} = {bits(x)} | {bits(y)} << 16" for e, (x, y) in enumerate(pairs))
+               + ";")
+        r.emit(f"st = kb * {at.key_block // SLICE} + {step * STEP // SLICE};")
+        for y in range(0, cols, 2):
+            _load_fragments(r, v_tile, [f"v{y}_0", f"v{y}_1", f"v{y + 1}_0", f"v{y + 1}_1"], "0", y * FRAG,
+                            step * STEP % SLICE)
+        for y in range(cols):
+            r.emit(f"pj_mma_{kind.ptx}({', '.join(outs[y])}, pa0, pa1, pa2, pa3, v{y}_0, v{y}_1);")
+        r.close_block()
+    r.close_block()
+    cells = [(outs[y][e], f"wm + {8 * (e // 2)} + fg", f"{FRAG * y + e % 2} + ft") for y in range(cols)
+             for e in range(4)]
+    emit_results(r, c, cells)
+
+
+def launch_size(at: Attention) -> UOp:
+    """Work-items of the launch: THREADS a group, a group per (batch, block of BLOCK_ROWS queries)."""
+    rows = at.context.i[0].src[0]
+    return as_uop(sym_prod([r.src[0] for r in at.context.batch] + [(rows + (at.block_rows - 1)) // at.block_rows])) \
+        * THREADS

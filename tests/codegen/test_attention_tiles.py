@@ -1,0 +1,150 @@
+"""An encoder's attention on CUDA is one tensor-core kernel (attention_tiles.py decides it, render_attention.py renders
+it): softmax(q @ k^T * scale + mask) @ v, T queries a key, a work-group per (batch, head, block of queries), the
+scores recomputed by mma.sync in a pass per row reduction and a last one multiplying the probabilities (from the
+score accumulators' registers) by the values. Checked through cuda_emulation against NumPy with the graph's
+roundings, at key lengths of one var's range that are and are not multiples of the key block, with a padding mask."""
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import prepjit as pj
+import prepjit.numpy as pnp
+from examples.models import minilm
+from examples.models.common import DTYPES, tree_cast
+from prepjit.codegen.attention_tiles import match_attention
+from prepjit.codegen.bounds import prove_launched
+from prepjit.codegen.gpu_launch import launch_of
+from prepjit.codegen.schedule import schedule
+from prepjit.codegen.targets import CUDA_HOPPER_TARGET, CUDA_TARGET, LLVM, OPENCL_TARGET
+from prepjit.uop import Ops
+
+from . import cuda_emulation
+
+H, D = 2, 32
+VARS = {"B": (1, 4), "T": (1, 256)}
+SHAPES = {"q": ("B", H, "T", D), "k": ("B", H, "T", D), "v": ("B", H, "T", D), "mask": ("B", "T")}
+LENGTHS = (1, 5, 64, 127, 128, 200)
+
+
+def attention(xp, q, k, v, mask):
+    """MiniLM's attention of split heads (minilm.attention): the scores widened by the float32 mask bias, the
+    softmax in float32, its probabilities rounded to the heads' dtype."""
+    bias = ((1 - mask) * minilm.MASKED)[:, None, None, :]
+    scores = q @ xp.swapaxes(k, 2, 3) * (1 / math.sqrt(D)) + bias
+    return minilm.softmax(xp, scores, q.dtype) @ v
+
+
+def reference(q, k, v, mask, dtype):
+    """`attention` in NumPy, float32 rounded to `dtype` where the graph rounds: the scores, their scaling, the
+    probabilities and the context."""
+    def rounded(x):
+        return x.astype(dtype).astype(np.float32)
+    q, k, v = (x.astype(np.float32) for x in (q, k, v))
+    scores = rounded(rounded(q @ np.swapaxes(k, 2, 3)) * np.float32(dtype(1 / math.sqrt(D))))
+    scores = scores + ((1 - mask) * minilm.MASKED)[:, None, None, :]
+    e = np.exp(scores - scores.max(-1, keepdims=True))
+    return rounded(rounded(e / e.sum(-1, keepdims=True)) @ v)
+
+
+def _args(dtype, b: int, t: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    q, k, v = (rng.standard_normal((b, H, t, D)).astype(dtype) for _ in range(3))
+    mask = np.ones((b, t), np.float32)
+    mask[-1, max(1, t - 7):] = 0   # the last sequence padded (its last 7 positions, one kept at least)
+    return q, k, v, mask
+
+
+def _traced(dtype):
+    f = pj.prepare(lambda q, k, v, mask: attention(pnp, q, k, v, mask), vars=VARS, shapes=SHAPES)
+    return pj.trace(f, *_args(dtype, 2, 40))
+
+
+def test_an_encoders_attention_is_one_kernel_on_cuda():
+    """With the CUDA target's attention tiles the scores, the softmax row and p @ V are one kernel (the mask's bias
+    is computed once, for every layer that reads it): no kernel writes the scores. Without (OpenCL, the cpu's
+    targets), three."""
+    traced = _traced(ml_dtypes.bfloat16)
+    assert CUDA_TARGET.fuses_attention and CUDA_HOPPER_TARGET.fuses_attention
+    assert not OPENCL_TARGET.fuses_attention and not LLVM.fuses_attention
+    three = schedule(list(traced.outputs), list(traced.inputs))
+    one = schedule(list(traced.outputs), list(traced.inputs), attention_tiles=True)
+
+    def reductions(sched):
+        return [k for k in sched.kernels if any(u.op is Ops.REDUCE for u in k.ast.toposort())]
+    assert len(reductions(three)) == 3
+    (fused,) = reductions(one)
+    assert launch_of(CUDA_TARGET.launched(fused.ast)) == ("attention", 64, 64, "bfloat16")
+    assert launch_of(OPENCL_TARGET.launched(reductions(three)[1].ast))[0] == "rows"
+
+
+def test_the_attention_kernels_accesses_are_proven():
+    """The bounds proof runs on the launched attention kernel (its loads: the queries, keys, values and the bias at
+    the ranges' values the renderer binds, each inside its range), for every value of B and T."""
+    traced = _traced(ml_dtypes.bfloat16)
+    sched = schedule(list(traced.outputs), list(traced.inputs), attention_tiles=True)
+    (kernel,) = [k for k in sched.kernels if launch_of(CUDA_TARGET.launched(k.ast))[0] == "attention"]
+    shapes = [sched.buffers[b].shape for b in kernel.buffers]
+    # the store, the values' load and the queries', keys' and bias' loads of each pass (the max, the sum, p @ V)
+    assert prove_launched(CUDA_TARGET.launched(kernel.ast), shapes) == 2 + 3 * 3
+
+
+def _emulated(sched, inputs: list, values: dict) -> np.ndarray:
+    """Every kernel of `sched` run in order through cuda_emulation, its vars at `values`; the output buffer."""
+    bufs = {i: a.ravel() for i, a in zip(sched.inputs, inputs)}
+    for kernel in sched.kernels:
+        src = CUDA_TARGET.render(CUDA_TARGET.launched(kernel.ast))
+        spec = sched.buffers[kernel.buffers[0]]
+        out = np.zeros(spec.max_size, spec.dtype.np)
+        cuda_emulation.run(src, [out] + [bufs[i] for i in kernel.buffers[1:]],
+                           var_values={v: values[v] for v in src.var_names})
+        bufs[kernel.buffers[0]] = out
+    return bufs[sched.outputs[0]]
+
+
+@pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
+@pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, np.float16], ids=["bf16", "f16"])
+def test_the_emulated_attention_kernel_equals_numpy(dtype):
+    """One kernel of a var T serves every length (1 key; a key block's part; whole blocks; a masked tail past the
+    last whole block; more than one block and a tail), batch 2 whose second sequence is padded: NumPy's values
+    with the graph's roundings, within the last bit of a 16-bit float (the sums' order differs)."""
+    traced = _traced(dtype)
+    sched = schedule(list(traced.outputs), list(traced.inputs), attention_tiles=True)
+    assert [launch_of(CUDA_TARGET.launched(k.ast))[0] for k in sched.kernels] == ["items", "attention"]
+    for t in LENGTHS:
+        args = _args(dtype, 2, t, seed=t)
+        got = _emulated(sched, list(args), {"B": 2, "T": t})[:2 * H * t * D].astype(np.float32)
+        want = reference(*args, dtype)
+        np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-2, atol=1e-2 * np.abs(want).max(),
+                                   err_msg=f"T = {t}")
+
+
+@pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
+def test_minilms_attention_layer_is_one_attention_kernel_and_equals_numpy():
+    """MiniLM's attention (minilm.attention: one projection for q, k and v, the heads views of it, the output
+    projection) in bfloat16 on CUDA: the heads' attention is one attention kernel, which reads the projection's
+    views (a row of 1152 a token) in place; the layer equals NumPy's float32 run of the same code (its weights the
+    bfloat16 ones widened) within bfloat16's rounding of the layer's values."""
+    rng = np.random.default_rng(1)
+    lp = tree_cast(minilm.random_params(rng, layers=1), DTYPES["bf16"])["layers"][0]
+    weights = [lp[name] for name in ("wqkv", "bqkv", "wo", "bo")]
+    b, t = 2, 37
+    h = rng.standard_normal((b, t, 384)).astype(ml_dtypes.bfloat16)
+    mask = np.ones((b, t), np.float32)
+    mask[1, 30:] = 0
+
+    def layer(xp, wqkv, bqkv, wo, bo, h, mask):
+        bias = ((1 - mask) * minilm.MASKED)[:, None, None, :]
+        return minilm.attention(xp, {"wqkv": wqkv, "bqkv": bqkv, "wo": wo, "bo": bo}, h, bias)
+    f = pj.prepare(lambda wqkv, bqkv, wo, bo, h, mask: layer(pnp, wqkv, bqkv, wo, bo, h, mask), vars=VARS, shapes={"h": ("B", "T", 384), "mask": ("B", "T")})
+    traced = pj.trace(f, *weights, h, mask)
+    sched = schedule(list(traced.outputs), list(traced.inputs), attention_tiles=True)
+    launches = [launch_of(CUDA_TARGET.launched(k.ast))[0] for k in sched.kernels]
+    assert launches.count("attention") == 1 and "rows" not in launches, launches
+    (fused,) = [k for k in sched.kernels if launch_of(CUDA_TARGET.launched(k.ast))[0] == "attention"]
+    assert match_attention(fused.ast).score.k.src[0].arg == D
+    got = _emulated(sched, [*weights, h, mask], {"B": b, "T": t})[:b * t * 384].astype(np.float32)
+    wide = [x.astype(np.float32) for x in (*weights, h)]
+    want = layer(np, *wide, mask)
+    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=3e-2, atol=3e-2 * np.abs(want).max())
