@@ -114,21 +114,52 @@ def _scores(r, at: Attention, k_tile, head_slices: int) -> list[list[str]]:
     return names
 
 
-def _elements(r, at: Attention, own, names: list, done: dict, keys: str, body):
-    """For each score element of key block kb that is in range (its key below the end, its query row below the
-    rows' end): `body(y, e)` in a scope binding the key range `own` to its key, the rows to its query row, the
-    scores read along `own` to its accumulator and each pass done to its row's value."""
+def _elements(r, at: Attention, operand: UOp, own: UOp, names: list, done: dict, keys: str, body):
+    """For each score element of key block kb whose key is below the end: `body(y, e)` in a scope binding the key
+    range `own` to its key, the rows to its query row, the scores read along `own` to its accumulator and each pass
+    done to its row's value. What `operand` loads for a key alone (a mask's bias) is loaded once for the lane's two
+    rows; a query row past the rows' end is left out where `operand` loads anything of a row (else its values are
+    computed from the zeros staged there, and never stored)."""
     rows = at.context.i[0]
+    seen, _ = _outside_loads(operand)
+    per_key = [u for u in seen if not _depends(u, rows)]
+    per_row = len(per_key) < len(seen)
     r.emit(f"const {r.long} kbase = ({r.long})kb * {at.key_block} + ft;")
     for y, row in enumerate(names):
-        for e, acc in enumerate(row):
-            half, key = e // 2, f"(kbase + {FRAG * y + e % 2})"
-            bind = {own: key, rows: f"(i0 + wm + fg + {8 * half})",
-                    **{s: acc for s, along in at.scores if along is own},
-                    **{p: v[half] for p, v in done.items()}}
-            r.open_block(f"if (row{half} && {key} < {keys})", bind)
-            body(y, e)
+        for pair in range(2):
+            key = f"(kbase + {FRAG * y + pair})"
+            r.open_block(f"if ({key} < {keys})", {own: key})
+            for u in per_key:
+                r.value(u)
+            for half in range(2):
+                e = 2 * half + pair
+                bind = {rows: f"(i0 + wm + fg + {8 * half})", **{s: row[e] for s, along in at.scores if along is own},
+                        **{p: v[half] for p, v in done.items()}}
+                r.open_block(f"if (row{half})" if per_row else "", bind)
+                body(y, e)
+                r.close_block()
             r.close_block()
+
+
+def _outside_loads(u: UOp) -> tuple[list, list]:
+    """(the loads `u` reads outside reductions, the reductions it reads)."""
+    loads, reductions, seen, stack = [], [], set(), [u]
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op is Ops.REDUCE:
+            reductions.append(n)
+            continue
+        if n.op is Ops.LOAD:
+            loads.append(n)
+        stack.extend(n.src)
+    return loads, reductions
+
+
+def _depends(u: UOp, r: UOp) -> bool:
+    return any(x is r for x in u.toposort())
 
 
 def _row_pass(r, at: Attention, n: int, row_pass, done: dict, k_tile, head_slices: int, keys: str) -> tuple:
@@ -143,7 +174,7 @@ def _row_pass(r, at: Attention, n: int, row_pass, done: dict, k_tile, head_slice
     def add(y, e):
         part = parts[e // 2]
         r.emit(f"{part} = {r.combine(row_pass.arg, dt, part, r.value(row_pass.src[0]))};")
-    _elements(r, at, row_pass.src[1], names, done, keys, add)
+    _elements(r, at, row_pass.src[0], row_pass.src[1], names, done, keys, add)
     r.close_block()
     for p in parts:   # the four lanes of a row (lanes 4g ... 4g + 3) combined
         for o in (1, 2):
@@ -171,7 +202,7 @@ def _context(r, at: Attention, done: dict, k_tile, v_tile, head_slices: int, key
 
     def probability(y, e):
         r.emit(f"{probs[y][e]} = {r.value(c.a)};")
-    _elements(r, at, c.k, names, done, keys, probability)
+    _elements(r, at, c.a, c.k, names, done, keys, probability)
     u32 = r.d.ctype(dtypes.uint32)
 
     def bits(p: str) -> str:
