@@ -1,38 +1,43 @@
 """Rendering batch row kernels through the C-style renderers (row_plan.batch_plan decides which kernels are one,
-gpu_launch.py launches them as ("batch", group, pack, run), render_c.py calls `emit_batch_rows` for the body): a
-projection of a var batch of rows (a decode step's sequences) by a weight.
+gpu_launch.py launches them as ("batch", group, pack, run, block), render_c.py calls `emit_batch_rows` for the body):
+a projection of a var batch of rows (a decode step's sequences) by a weight.
 
 A warp's lanes (row_plan.batch_plan: all, half or a quarter of them; on a dialect without shuffles the whole
-work-group) own a row of the other ranges (a column of the weight; MATVEC_WARPS warps a work-group, whose neighbouring
-columns read the same rows of the batch) and a chunk of BATCH_CHUNK rows of the batch. Its work-items first compute
-their share of each reduction's held parts (row_plan.held_parts: the weight unpacked from its blocks, or widened) into
-registers, in runs as straight-line passes; then they loop over the chunk's rows, ROWS_IN_FLIGHT at a time: each
-element's products for those rows, then their sums combined across the column's work-items (warp shuffles within the
-column's lanes, the rows' steps interleaved; without shuffles a local-memory tree each, and a barrier ending the step,
-before the trees' arrays are written again), and work-item 0 stores each row's output. The weights are read and
-unpacked once a chunk, not once a row, and only the rows in flight have accumulators.
+work-group) own a block of `block` neighbouring rows of the other ranges (columns of the weight; MATVEC_WARPS warps a
+work-group, whose neighbouring blocks read the same rows of the batch) and a chunk of BATCH_CHUNK rows of the batch.
+Its work-items first compute their share of each reduction's held parts (row_plan.held_parts: the weight unpacked
+from its blocks, or widened) for each column of the block into registers, in runs as straight-line passes; then they
+loop over the chunk's rows, ROWS_IN_FLIGHT / block at a time (at least one): each element's loads that read no
+column once a row (the row's activation), its products for those rows and every column of the block, then their
+sums combined across the block's work-items (warp shuffles within its lanes, the sums' steps interleaved; without
+shuffles a local-memory tree each, and a barrier ending the step, before the trees' arrays are written again), and
+work-item 0 stores each row's outputs. The weights are read and unpacked once a chunk, not once a row; a row's
+element is loaded once for the block's columns, not once a column; each column's sum is the one it computes alone,
+in the same order; only the rows in flight have accumulators.
 """
 from __future__ import annotations
 
 import math
 
-from ..uop import UOp, dtypes
+from ..uop import Ops, UOp, dtypes
 from .render_rows import by_element, combine_group
-from .row_plan import BATCH_CHUNK, WARP, held_parts, run_length
+from .row_plan import BATCH_CHUNK, WARP, free_ranges, held_parts, run_length
 
-ROWS_IN_FLIGHT = 4   # rows of a chunk a warp computes together (their loads, sums and combines interleaved)
+ROWS_IN_FLIGHT = 4   # sums of a chunk's rows (times the block's columns) a warp computes together (their loads,
+                     # products and combines interleaved)
 
 
 def emit_batch_rows(r, store: UOp):
-    """The kernel body through the C-style renderer `r`: the work-item's held values, then the loop over its chunk
-    of the batch's rows, ROWS_IN_FLIGHT at a time and the rest one at a time (a batch of one computes one row),
-    storing each row's output. The columns of one warp loop over as many rows as the one of most (their combines are
-    the warp's shuffles); a column past the last, or past its own rows, computes its last row again and stores
-    nothing."""
+    """The kernel body through the C-style renderer `r`: the work-item's held values for each column of its block,
+    then the loop over its chunk of the batch's rows, ROWS_IN_FLIGHT at a time and the rest one at a time (a batch
+    of one computes one row), storing each row's outputs. The blocks of one warp loop over as many rows as the one
+    of most (their combines are the warp's shuffles); a block past the last, or past its own rows, computes its last
+    row again and stores nothing, and a column past the last computes the last column and stores nothing."""
     rows = r.rows
     columns = [x for x in rows.rows if x is not rows.batch]
     width = math.prod(x.src[0].arg for x in columns)   # (static: row_plan.batch_range)
-    shared = WARP // rows.group if rows.pack > 1 else 1   # columns a warp (without shuffles: a work-group) computes
+    blocks = -(-width // rows.block)
+    shared = WARP // rows.group if rows.pack > 1 else 1   # blocks a warp (without shuffles: a work-group) computes
     if rows.pack > 1:
         r.emit(f"const int tid = {r.d.local_id};")
         r.emit(f"const {r.long} gid = {r.d.group_id} * {rows.pack} + tid / {rows.group};")
@@ -43,22 +48,47 @@ def emit_batch_rows(r, store: UOp):
         r.emit(f"const int lid = {r.d.local_id};")
         r.emit(f"const {r.long} warp = gid;")
     end = r.value(rows.batch.src[0])
-    r.emit(f"const {r.long} total = {width} * (({end} + {BATCH_CHUNK - 1}) / {BATCH_CHUNK});")
-    r.emit("if (warp >= total) return;")   # (a warp past the last column of the last chunk)
-    spans = [_span(r, f"warp + {k}" if k else "warp", width, end) for k in sorted({0, shared - 1})]
+    r.emit(f"const {r.long} total = {blocks} * (({end} + {BATCH_CHUNK - 1}) / {BATCH_CHUNK});")
+    r.emit("if (warp >= total) return;")   # (a warp past the last block of the last chunk)
+    spans = [_span(r, f"warp + {k}" if k else "warp", blocks, end) for k in sorted({0, shared - 1})]
     r.emit(f"const {r.long} span = {spans[0] if len(spans) == 1 else f'{spans[0]} > {spans[1]} ? {spans[0]} : {spans[1]}'};")
-    first, stop = _chunk(r, "gid", width, end)
+    first, stop = _chunk(r, "gid", blocks, end)
     narrow = f"({r.d.ctype(dtypes.uint32)})"
-    r.emit(f"const {r.long} col = {narrow}(gid < total ? gid : total - 1) % {narrow}{width};")
-    r.scopes[-1].update(r.unflatten("col", columns))
-    held = {u: _hold(r, u) for u in rows.order}
-    _row_steps(r, store, held, first, stop, f"step + {ROWS_IN_FLIGHT} <= span", ROWS_IN_FLIGHT)
-    _row_steps(r, store, held, first, stop, "step < span", 1, f"span / {ROWS_IN_FLIGHT} * {ROWS_IN_FLIGHT}")
+    r.emit(f"const {r.long} col = {narrow}(gid < total ? gid : total - 1) % {narrow}{blocks}"
+           f"{f' * {rows.block}' if rows.block > 1 else ''};")
+    if rows.block == 1:
+        r.scopes[-1].update(r.unflatten("col", columns))
+        cols = [({}, None)]
+    else:
+        cols = [(_column(r, columns, j, width), f"col + {j} < {width}") for j in range(rows.block)]
+    held = [{u: _hold(r, u, scope) for u in rows.order} for scope, _ in cols]
+    count = max(1, ROWS_IN_FLIGHT // rows.block)
+    _row_steps(r, store, held, cols, first, stop, f"step + {count} <= span", count)
+    if count > 1:
+        _row_steps(r, store, held, cols, first, stop, "step < span", 1, f"span / {count} * {count}")
 
 
-def _row_steps(r, store: UOp, held: dict, first: str, stop: str, condition: str, count: int, start: str = "0"):
-    """A loop over the column's rows from `start` while `condition`, `count` rows a step: their sums in flight
-    together, each stored (a row past the column's reads its last row, and is not stored)."""
+def _column(r, columns: list[UOp], j: int, width: int) -> dict:
+    """Bind the column ranges to the digits of the block's `j`-th column (clamped to the last), under names of
+    its own; the bindings."""
+    flat = r.let(dtypes.int64, f"col + {j} < {width} ? col + {j} : {width - 1}", f"col{j}_")
+    bindings, rest = {}, flat
+    narrow = f"({r.d.ctype(dtypes.uint32)})"
+    for k, x in enumerate(reversed(columns)):
+        end = x.src[0].arg
+        if k == len(columns) - 1:
+            bindings[x] = rest
+        else:
+            bindings[x] = r.let(dtypes.int64, f"{narrow}{rest} % {narrow}{end}", f"c{j}_")
+            rest = r.let(dtypes.int64, f"{narrow}{rest} / {narrow}{end}", f"c{j}_")
+    return bindings
+
+
+def _row_steps(r, store: UOp, held: list, cols: list, first: str, stop: str, condition: str, count: int,
+               start: str = "0"):
+    """A loop over the block's rows from `start` while `condition`, `count` rows a step: their sums for each
+    column of the block (`cols`: its bindings and store condition) in flight together, each stored (a row past the
+    block's reads its last row, and is not stored)."""
     rows = r.rows
     r.open_block(f"for ({r.long} step = {start}; {condition}; step += {count})", {})
     r.emit(f"const {r.long} rb = {first} + step;")
@@ -66,12 +96,14 @@ def _row_steps(r, store: UOp, held: dict, first: str, stop: str, condition: str,
     for i, name in enumerate(batch):
         at = f"rb + {i}" if i else "rb"
         r.emit(f"const {r.long} {name} = {at} < {stop} ? {at} : {stop} - 1;")
-    sums = {u: _row_sums(r, u, held[u], batch) for u in rows.order}
+    sums = {u: _row_sums(r, u, [h[u] for h in held], [scope for scope, _ in cols], batch) for u in rows.order}
     for i, name in enumerate(batch):
-        r.open_block("", {rows.batch: name, **{u: sums[u][i] for u in rows.order}})
-        line = r.store_line(store)
-        r.emit(f"if (lid == 0 && gid < total && {f'rb + {i}' if i else 'rb'} < {stop}) {line}")
-        r.close_block()
+        for j, (scope, inside) in enumerate(cols):
+            r.open_block("", {**scope, rows.batch: name, **{u: sums[u][i][j] for u in rows.order}})
+            line = r.store_line(store)
+            guard = " && ".join(["lid == 0", "gid < total", f"rb + {i}" if i else "rb"]) + f" < {stop}"
+            r.emit(f"if ({guard}{f' && {inside}' if inside else ''}) {line}")
+            r.close_block()
     if r.d.shuffle_xor is None:   # (the next rows' trees write the arrays these rows' totals were read from)
         r.emit(r.d.barrier)
     r.close_block()
@@ -116,9 +148,10 @@ def _passes(r, u: UOp, body):
         r.close_block()
 
 
-def _hold(r, u: UOp) -> dict:
-    """Compute the work-item's share of reduction `u`'s held parts into registers (declared before the passes,
-    zero where a guarded pass runs past the range); {(pass, element, part): the register's name}."""
+def _hold(r, u: UOp, scope: dict) -> dict:
+    """Compute the work-item's share of reduction `u`'s held parts at the column bound in `scope` into registers
+    (declared before the passes, zero where a guarded pass runs past the range); {(pass, element, part): the
+    register's name}."""
     parts = held_parts(u, r.rows.batch)
     per = run_length(list(u.src[1:]), r.rows.run)
     total = math.prod(x.src[0].arg for x in u.src[1:])
@@ -133,29 +166,58 @@ def _hold(r, u: UOp) -> dict:
     def hold(p: int, e: int):
         for x in parts:
             r.emit(f"{names[p, e, x]} = {r.value(x)};")
+    r.scopes.append(scope)
     _passes(r, u, hold)
+    r.scopes.pop()
     return names
 
 
-def _row_sums(r, u: UOp, names: dict, batch: list[str]) -> list[str]:
-    """Reduction `u` (a sum) of each row of the batch named in `batch`, in flight together (each element's products
-    for every row, then the rows' combines interleaved), reading the `names` registers for its held parts, each
-    combined across the row's work-items (each gets the total); rounded where its dtype is 16-bit."""
+def _row_sums(r, u: UOp, names: list[dict], cols: list[dict], batch: list[str]) -> list[list[str]]:
+    """Reduction `u` (a sum) of each row of the batch named in `batch` at each column of the block (`cols`: their
+    bindings, `names`: the registers of their held parts), in flight together: each element's loads that read no
+    column once a row (`_row_parts`), its products for every row and column, then the sums' combines interleaved,
+    each across the row's work-items (each gets the total); rounded where its dtype is 16-bit. [row][column]."""
     dt = u.dtype
-    accs = [f"acc{r.n}_{i}" for i in range(len(batch))]
+    accs = [[f"acc{r.n}_{i}{f'_{j}' if len(cols) > 1 else ''}" for j in range(len(cols))] for i in range(len(batch))]
     r.n += 1
-    for acc in accs:
+    for acc in (a for row in accs for a in row):
         r.emit(f"{r.d.ctype(dt)} {acc} = {r.d.literal(0, dt)};")
+    shared = _row_parts(u, r.rows.batch) if len(cols) > 1 else []
 
     def add(p: int, e: int):
-        r.scopes[-1].update({x: name for (pp, ee, x), name in names.items() if (pp, ee) == (p, e)})
-        for acc, row in zip(accs, batch):
+        for row_accs, row in zip(accs, batch):
             r.open_block("", {r.rows.batch: row})
-            r.emit(f"{acc} = {r.combine(u.arg, dt, acc, r.value(u.src[0]))};")
+            for x in shared:   # (the row's loads, once for the block's columns)
+                r.value(x)
+            for acc, scope, held in zip(row_accs, cols, names):
+                r.scopes.append({**scope, **{x: name for (pp, ee, x), name in held.items() if (pp, ee) == (p, e)}})
+                r.emit(f"{acc} = {r.combine(u.arg, dt, acc, r.value(u.src[0]))};")
+                r.scopes.pop()
             r.close_block()
     _passes(r, u, add)
-    totals = _combine_rows(r, u.arg, dt, accs)
-    return [r.round_to(t, dt) if dt.narrow else t for t in totals]
+    flat = _combine_rows(r, u.arg, dt, [a for row in accs for a in row])
+    totals = [r.round_to(t, dt) if dt.narrow else t for t in flat]
+    return [totals[i * len(cols):(i + 1) * len(cols)] for i in range(len(batch))]
+
+
+def _row_parts(u: UOp, batch: UOp) -> list[UOp]:
+    """The largest float parts of reduction `u`'s operand that read the `batch` range and no other loop range (a
+    row's elements, loaded or widened): the same for every column of a block."""
+    others = {x for x in u.toposort() if x.op is Ops.RANGE} - set(u.src[1:]) - {batch}
+    found, seen = [], set()
+
+    def visit(x: UOp):
+        if x in seen or x.op in (Ops.CONST, Ops.RANGE, Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR):
+            return
+        seen.add(x)
+        free = free_ranges(x)
+        if x.dtype.is_float and batch in free and not free & others:
+            found.append(x)
+            return
+        for y in x.src:
+            visit(y)
+    visit(u.src[0])
+    return found
 
 
 def _combine_rows(r, op, dt, accs: list[str]) -> list[str]:

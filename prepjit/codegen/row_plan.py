@@ -31,7 +31,10 @@ reductions each read a part no batch row indexes (a weight: `held_parts`) is a b
 `Rows.batch`): a row of the other ranges (a column of the weight) a warp's or part of one (a work-group's without
 shuffles), each work-item holding its share of the held parts in registers (at most HELD_MAX values, unpacked once),
 then looping over BATCH_CHUNK rows of the batch, a few rows' sums combined and stored at a time: the weights are read
-once per chunk of rows, not once per row, and no accumulator is kept for every row.
+once per chunk of rows, not once per row, and no accumulator is kept for every row. Where the dialect shuffles and
+the weight is wide (`_block`: a model's head), a column's lanes own a block of neighbouring columns, holding each
+one's parts, so that each row's element is loaded once for all of them (the head at 64 rows read its 64 x 576
+activations once per column).
 
 Reductions nested in a row's reduction that depend on its range (sum_j max_k x[i, j, k]) are not the row's
 (`free_ranges`): each work-item computes them inline.
@@ -60,6 +63,10 @@ HELD_MAX = 64             # values a work-item of a batch row kernel holds in re
 COLUMN_LANES = (WARP, WARP // 2, WARP // 4)   # lanes a column of a batch row kernel may take (shuffles only)
 SHORTEST_RUN = 4          # a batch row kernel's shortest run (a 16-byte load of a float32 row: shorter ones are
                           # not merged into vector loads)
+BLOCK_COLUMNS = (4, 2)    # columns a lane group of a batch row kernel may own (the most that fits is taken)
+BLOCK_HELD_MAX = 160      # values a work-item of a blocked batch row kernel holds for its columns (no spills, ptxas)
+BLOCK_MIN_GROUPS = 264    # work-groups a blocked batch row kernel keeps at one chunk of rows (2 a multiprocessor of
+                          # an H100: fewer would leave a one-row step's work on fewer of them, each doing more)
 
 
 @attrs.frozen
@@ -76,6 +83,7 @@ class Rows:
     run: int = 1         # consecutive elements a work-item takes at a time (where they divide the last range's end)
     columns: tuple = ()  # reductions of each column that read the row's reductions (a softmax's p @ V): in `reduces`
     batch: UOp | None = None   # the row range each warp loops over, its held parts in registers (batch_plan)
+    block: int = 1       # neighbouring columns a batch row kernel's column lanes own (each row's loads read once)
 
     @property
     def column_runs(self) -> int:
@@ -264,12 +272,13 @@ def _uniform_first(hoisted: list, rows: tuple) -> tuple:
     return tuple(sorted(hoisted, key=lambda u: not free_ranges(u).isdisjoint(rows)))
 
 
-def rows_of(ast: UOp, group: int, pack: int, run: int, batched: bool = False) -> Rows:
+def rows_of(ast: UOp, group: int, pack: int, run: int, block: int = 1, batched: bool = False) -> Rows:
     """The row kernel a launch decided (gpu_launch.py: `group` work-items a row, `pack` rows a work-group, each
-    work-item taking runs of `run` elements; `batched`: looping over the batch range, batch_plan)."""
+    work-item taking runs of `run` elements; `batched`: looping over the batch range, batch_plan, a row's lanes
+    owning `block` columns)."""
     hoisted, rows, cols, columns = _hoisted(ast)
     return Rows(frozenset(hoisted) | frozenset(columns), _uniform_first(hoisted, rows), rows, cols, group, pack, run,
-                columns, batch_range(rows) if batched else None)
+                columns, batch_range(rows) if batched else None, block)
 
 
 def batch_range(rows: tuple) -> UOp | None:
@@ -324,7 +333,21 @@ def batch_plan(ast: UOp, items: int = 1, warp_rows: int = 1) -> Rows | None:
         held = _held_values(u, batch, group, run)
         if not held or held > HELD_MAX:
             return None
-    return Rows(frozenset(hoisted), _uniform_first(hoisted, rows), rows, cols, group, pack, run, batch=batch)
+    block = _block(hoisted, rows, batch, group, run, pack) if warp_rows > 1 else 1
+    return Rows(frozenset(hoisted), _uniform_first(hoisted, rows), rows, cols, group, pack, run, batch=batch,
+                block=block)
+
+
+def _block(hoisted: list, rows: tuple, batch: UOp, lanes: int, run: int, pack: int) -> int:
+    """Neighbouring columns the `lanes` of a batch row kernel's column own (each row's element then loaded once
+    for all of them, one product a column): the most of BLOCK_COLUMNS whose held values, every reduction's for each
+    column, are at most BLOCK_HELD_MAX a lane, and whose work-groups (`pack` columns' lanes each) at one chunk of
+    rows are at least BLOCK_MIN_GROUPS (a one-row step must not get slower: the head's 49152 columns, not a 576-wide
+    projection's); else 1. Each column's sums are the ones it computes alone, in the same order."""
+    width = math.prod(r.src[0].arg for r in rows if r is not batch)
+    held = sum(_held_values(u, batch, lanes, run) for u in hoisted)
+    fits = [c for c in BLOCK_COLUMNS if c * held <= BLOCK_HELD_MAX and -(-width // (c * pack)) >= BLOCK_MIN_GROUPS]
+    return max(fits, default=1)
 
 
 def share_passes(ast: UOp, items: int = 1, warp_rows: int = 1) -> UOp:
@@ -389,9 +412,9 @@ def _lanes_and_run(hoisted: list, batch: UOp, run: int) -> tuple[int, int]:
 
 
 def launch_size(rows: Rows) -> UOp:
-    """Work-items of a row kernel's launch (a batch row kernel's: a row of the other ranges per BATCH_CHUNK rows of
-    the batch)."""
+    """Work-items of a row kernel's launch (a batch row kernel's: a block of rows of the other ranges per
+    BATCH_CHUNK rows of the batch)."""
     count = as_uop(sym_prod([r.src[0] for r in rows.rows if r is not rows.batch]))
-    if rows.batch is not None:
-        count = count * ((rows.batch.src[0] + (BATCH_CHUNK - 1)) // BATCH_CHUNK)
+    if rows.batch is not None:   # (its columns' count is static: batch_range)
+        count = as_uop(-(-count.arg // rows.block)) * ((rows.batch.src[0] + (BATCH_CHUNK - 1)) // BATCH_CHUNK)
     return (count + (rows.pack - 1)) // rows.pack * rows.size if rows.pack > 1 else count * rows.group

@@ -69,7 +69,7 @@ def test_a_var_batch_projection_is_a_batch_row_kernel(kind, monkeypatch):
     _, kern = _kernel(kind, "plain")
     launched = CUDA_TARGET.launched(optimize(kern.ast, "cuda"))
     half = row_plan.WARP // 2
-    assert gpu_launch.launch_of(launched) == ("batch", half, row_plan.MATVEC_WARPS * 2, 4)
+    assert gpu_launch.launch_of(launched) == ("batch", half, row_plan.MATVEC_WARPS * 2, 4, 1)
     src = CUDA_TARGET.render(launched)
     chunks = -(-37 // row_plan.BATCH_CHUNK)
     size = pj.uop.eval_uop(src.global_size[0], {"B": 37})
@@ -78,7 +78,7 @@ def test_a_var_batch_projection_is_a_batch_row_kernel(kind, monkeypatch):
     steps = re.findall(r"for \(long long step = .*; step \+= (\d+)\)", src.source)
     assert steps == [str(render_batch_rows.ROWS_IN_FLIGHT), "1"]   # the rest a row at a time: a batch of 1 is 1 row
     opencl = gpu_launch.launch_of(OPENCL_TARGET.launched(optimize(kern.ast, "opencl")))
-    assert opencl[0] == "batch" and opencl[2:] == (1, 1)
+    assert opencl[0] == "batch" and opencl[2:] == (1, 1, 1)
     monkeypatch.setattr(gpu_launch, "FEW_VAR_ROWS", MOST - 1)   # a batch of more rows: its tile, as before
     assert gpu_launch.launch_of(gpu_launch.launch(optimize(kern.ast, "cuda"), CUDA))[0] == "tile"
 
@@ -137,12 +137,14 @@ def test_the_emulated_batch_kernel_equals_numpy(kind, operand, k, lanes):
 
 
 def test_the_batch_kernel_compiles_with_nvrtc():
-    """The batch row kernel (q4_1, SiLU(gate) * up operand) compiles with NVRTC for sm_90 and sm_80."""
+    """The batch row kernel (q4_1, SiLU(gate) * up operand) and a head-wide one of blocks of 4 columns
+    (test_a_wide_projection_blocks_its_columns) compile with NVRTC for sm_90 and sm_80."""
     nvrtc = working_nvrtc()
-    _, kern = _kernel("q4_1", "silu")
-    src = CUDA_TARGET.render(CUDA_TARGET.launched(optimize(kern.ast, "cuda")))
-    for arch in ("sm_90", "sm_80"):
-        nvrtc.compile(src.name, src.source, [f"-arch={arch}", "-std=c++17", "--fmad=false"])
+    kernels = [_kernel("q4_1", "silu")[1], _head_kernel(HEAD)[1]]
+    for kern in kernels:
+        src = CUDA_TARGET.render(CUDA_TARGET.launched(optimize(kern.ast, "cuda")))
+        for arch in ("sm_90", "sm_80"):
+            nvrtc.compile(src.name, src.source, [f"-arch={arch}", "-std=c++17", "--fmad=false"])
 
 
 def swiglu(xp, kind):
@@ -197,3 +199,68 @@ def test_swiglu_of_one_contraction_computes_numpys(device, kind):
         x, blocks = _swiglu_args(kind, b, seed=b)
         want = swiglu(np, kind)(x.astype(np.float64), pj.quant.dequantize(blocks, kind).astype(np.float64))
         np.testing.assert_allclose(np.asarray(f(x, blocks)), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+HEAD = 16384   # (a model head's width: 512 work-groups of 8 blocks of 4 columns at one chunk of rows)
+
+
+def _head_kernel(n, k=K, kind="q8_0"):
+    """The kernel of h + x @ W.T at a var batch, W (n, k) in `kind` blocks, traced at 3 rows (the weight zeros: only
+    its shape matters here)."""
+    f = pj.prepare(lambda x, h, blocks: h + x @ pj.quant.dequantize(blocks, kind).T, vars={"B": (1, MOST)},
+                   shapes={"x": ("B", k), "h": ("B", n)})
+    traced = pj.trace(f, np.zeros((3, k), np.float32), np.zeros((3, n), np.float32),
+                      pj.quant.quantize(np.zeros((n, k), np.float32), kind))
+    sched = schedule(list(traced.outputs), list(traced.inputs))
+    return sched, sched.kernels[-1]
+
+
+def test_a_wide_projection_blocks_its_columns():
+    """A head-wide projection (16384 columns of 576 Q8_0 weights) at a var batch is a batch row kernel whose column
+    lanes own 4 neighbouring columns (row_plan._block: 4 x 36 held values a lane; 512 work-groups at one chunk), each
+    row's element loaded once for the 4 (one load per 4 products, a row at a time), its launch a quarter of the
+    columns' work-items; the 301-column projection keeps a column a lane group (10 work-groups would leave a one-row
+    step on fewer multiprocessors). Before: one load per product, every column a lane group."""
+    _, kern = _head_kernel(HEAD)
+    launched = gpu_launch.launch(optimize(kern.ast, "cuda"), CUDA)
+    half = row_plan.WARP // 2
+    assert gpu_launch.launch_of(launched) == ("batch", half, row_plan.MATVEC_WARPS * 2, 4, 4)
+    src = CUDA_TARGET.render(launched)
+    chunks = -(-37 // row_plan.BATCH_CHUNK)
+    assert pj.uop.eval_uop(src.global_size[0], {"B": 37}) == HEAD // 4 * chunks // 8 * row_plan.MATVEC_WARPS * 32
+    loads = re.findall(r"float (ld\d+) = buf2\[", src.source)
+    products = [p for ld in loads for p in re.findall(rf"= {ld} \* ", src.source)]
+    assert loads and len(products) == 4 * len(loads)
+    _, narrow = _kernel("q8_0", "plain")
+    assert gpu_launch.launch_of(gpu_launch.launch(optimize(narrow.ast, "cuda"), CUDA))[-1] == 1
+
+
+@pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
+@pytest.mark.parametrize("kind, operand, k, block", [("q8_0", "plain", K, 4), ("q4_1", "silu", K, 4),
+                                                     ("q4_1", "plain", 64, 4), ("q4_1", "plain", 1536, 2)])
+def test_the_emulated_blocked_kernel_equals_numpy_bit_for_bit(kind, operand, k, block, monkeypatch):
+    """With blocks of columns taken at any width (BLOCK_MIN_GROUPS 0: the 301 columns in blocks of 4 or 2, the last
+    one ragged), the emulated CUDA kernel at B = 1, 3, 37 and 64 equals NumPy's projection and, bit for bit, the
+    kernel of a column a lane group (each column's sum in the same order)."""
+    sched, kern = _kernel(kind, operand, k)
+    sources = []
+    for blocks in ((), row_plan.BLOCK_COLUMNS):
+        monkeypatch.setattr(row_plan, "BLOCK_COLUMNS", blocks)
+        monkeypatch.setattr(row_plan, "BLOCK_MIN_GROUPS", 0)
+        launched = gpu_launch.launch(optimize(kern.ast, "cuda"), CUDA)
+        sources.append(CUDA_TARGET.render(launched))
+    assert gpu_launch.launch_of(launched)[-1] == block
+    for b in BATCHES:
+        args = _args(kind, operand, b, seed=b, k=k)
+        x = args[0].astype(np.float64)
+        if operand == "silu":
+            x = x[:, :k] / (1 + np.exp(-x[:, :k])) * x[:, k:]
+        bufs = dict(zip(sched.inputs, args))
+        slots = [np.ascontiguousarray(bufs.get(i, x.astype(np.float32))).ravel() for i in kern.buffers[1:]]
+        outs = []
+        for src in sources:
+            outs.append(np.full((b, N), np.nan, np.float32))
+            cuda_emulation.run(src, [outs[-1]] + slots, var_values={"B": b})
+        want = _reference(kind, operand, args)
+        np.testing.assert_allclose(outs[1], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+        np.testing.assert_array_equal(outs[1].view(np.uint32), outs[0].view(np.uint32))
