@@ -31,6 +31,8 @@ LOCAL_BYTES = 48 * 1024  # local memory the staged queries, keys and values may 
 SLICE = 32               # 16-bit elements of a staged slice along a contraction's k (render_fragments.SLICE_K)
 MAX_HEAD = 128           # a score's summed elements (a head's dimension) and p @ V's columns, at most
 COLUMN_STEP = 32         # p @ V's columns are a multiple of this (a stage of values is whole chunks for every lane)
+KEEP_KEYS = 128          # keys (at the key range's largest) up to which a lane keeps a value of each of its scores
+                         # from one pass for the next (`kept`): 2 rows x KEEP_KEYS / 4 keys = 64 registers
 SIXTEEN_BITS = (dtypes.bfloat16, dtypes.float16)
 
 
@@ -61,6 +63,8 @@ class Attention:
     scores: tuple          # (score REDUCE, the key range it is read along) of every score node
     passes: tuple          # the row's reductions, each over a key range, in the order they read one another
     kind: str              # the 16-bit float's name (render_fragments.KINDS)
+    kept: tuple = ()       # per pass: (as it computes it, as the next part reads it) the value of each score that the
+                           # next part (pass, or the probabilities) computes too, or None (`_kept`)
     block_rows: int = BLOCK_ROWS
     key_block: int = KEY_BLOCK
 
@@ -171,8 +175,28 @@ def _parts(outer, a, b, rows, cols, batch, kind, block_rows, key_block) -> Atten
     order = tuple(sorted(batch, key=lambda r: r.arg[0]))
     score = Contraction(base[0], q, k, (rows,), (key,), head, order, block_rows, key_block, 1, kind.name)
     context = Contraction(outer, a, b, (rows,), (cols,), key, order, block_rows, columns.arg, 1, kind.name)
-    return Attention(context, score, tuple((s, parts[3]) for s, parts in scores.items()), tuple(passes), kind.name,
-                     block_rows, key_block)
+    along = tuple((s, parts[3]) for s, parts in scores.items())
+    kept = _kept([(p.src[0], p.src[1]) for p in passes] + [(a, key)], along) if end.vmax <= KEEP_KEYS else ()
+    return Attention(context, score, along, tuple(passes), kind.name, kept, block_rows, key_block)
+
+
+def _kept(parts: list, along: tuple) -> tuple:
+    """For each part (its operand, its key range) but the last: (the value as the part computes it, as the next part
+    reads it) of the largest value of a score the part computes that the next part computes too (the part's expression
+    moved to the next one's key range and scores: x = s * scale + bias of the max's pass is the sum's, exp(x - max) of
+    the sum's the probabilities'); None where there is no single one. A lane keeps it in registers for each of its
+    scores (KEEP_KEYS), so the next pass reads it rather than computing it again (the same expression of the same
+    operands: the same value)."""
+    out = []
+    for (prev, k0), (nxt, k1) in zip(parts, parts[1:]):
+        olds, news = [s for s, k in along if k is k0], [s for s, k in along if k is k1]
+        moves = {**{s: news[0] for s in olds}, k0: k1} if olds and news else None
+        mine = set(nxt.toposort())
+        there = {u: moved for u in prev.toposort() if moves and (moved := u.substitute(moves)) in mine and
+                 news[0] in moved.toposort()}
+        tops = [u for u in there if not any(u in v.src for v in there)]
+        out.append((tops[0], there[tops[0]]) if len(tops) == 1 else None)
+    return tuple(out)
 
 
 def attention_launch(ast: UOp, dialect, few: int) -> tuple | None:

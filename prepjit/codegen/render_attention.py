@@ -10,11 +10,14 @@ takes KEY_BLOCK keys at a time: their scores by mma into 32 float32 accumulators
 keys 2t and 2t + 1 of each 8-key tile), every element of the pass's operand evaluated from its score (the AST's
 expression, the score bound to its accumulator, the key and the query row bound to the element's), keys past the
 end and query rows past theirs left out; a lane's partial values of its two rows are combined across the four
-lanes holding a row (shuffles). The last pass evaluates the probabilities the same way (rounded to the 16-bit
-float where the graph rounds them) and packs them, two keys a 32-bit register, straight into mma's A operand: the
-C layout of two neighbouring 8-key tiles is the A layout of one 16-key step (FlashAttention-2's trick), multiplied
-by the values' fragments (transposed matrix loads) into float32 accumulators of the context, rounded once where
-they are stored (fragment_results.py).
+lanes holding a row (shuffles). Where the keys are at most KEEP_KEYS, a pass keeps, for each of the lane's scores,
+the value the next part computes too (attention_tiles.Attention.kept: MiniLM's x = s * scale + bias for the sum,
+exp(x - max) for the probabilities) in registers, the key blocks unrolled; the next pass reads it (its scores are
+then not computed again: one exponential an element). The last pass evaluates the probabilities (rounded to the
+16-bit float where the graph rounds them) and packs them, two keys a 32-bit register, straight into mma's A operand:
+the C layout of two neighbouring 8-key tiles is the A layout of one 16-key step (FlashAttention-2's trick),
+multiplied by the values' fragments (transposed matrix loads) into float32 accumulators of the context, rounded
+once where they are stored (fragment_results.py).
 """
 from __future__ import annotations
 
@@ -63,11 +66,18 @@ def emit_attention(r, at: Attention):
     for step in range(-(-at.score.k.src[0].arg // STEP)):
         r.emit(f"st = {step * STEP // SLICE};")
         _load_fragments(r, q_tile, [f"q{step}_{e}" for e in range(4)], "wm", 0, step * STEP % SLICE)
-    r.emit(" ".join(f"const bool row{h} = i0 + wm + fg + {8 * h} < {m};" for h in range(2)))
-    done = {}   # each pass -> its per-row names (a lane's two rows)
+    parts = [(p.src[0], p.src[1]) for p in at.passes] + [(at.context.a, at.context.k)]
+    if any(_row_loads(at, operand, ()) for operand, _ in parts):
+        r.emit(" ".join(f"const bool row{h} = i0 + wm + fg + {8 * h} < {m};" for h in range(2)))
+    kept = [k for k in at.kept if k is not None]
+    for K in range(blocks if kept else 0):   # (each key block's kept values of the lane's scores)
+        r.emit(" ".join(f"float kv{K}_{y}_{e} = 0.0f;" for y in range(at.key_block // FRAG) for e in range(4)))
+    done, arriving = {}, None   # each pass -> its per-row names; the value the last pass kept, as read now
     for n, row_pass in enumerate(at.passes):
-        done[row_pass] = _row_pass(r, at, n, row_pass, done, k_tile, head_slices, keys)
-    _context(r, at, done, k_tile, v_tile, head_slices, keys, kind)
+        leaving = at.kept[n] if at.kept else None
+        done[row_pass] = _row_pass(r, at, n, row_pass, done, arriving, leaving, k_tile, head_slices, keys)
+        arriving = leaving[1] if leaving else None
+    _context(r, at, done, arriving, k_tile, v_tile, head_slices, keys, kind)
 
 
 def _stage(r, at: Attention, q_tile, k_tile, v_tile, head_slices: int, per_block: int):
@@ -114,18 +124,38 @@ def _scores(r, at: Attention, k_tile, head_slices: int) -> list[list[str]]:
     return names
 
 
-def _elements(r, at: Attention, operand: UOp, own: UOp, names: list, done: dict, keys: str, body):
-    """For each score element of key block kb whose key is below the end: `body(y, e)` in a scope binding the key
-    range `own` to its key, the rows to its query row, the scores read along `own` to its accumulator and each pass
-    done to its row's value. What `operand` loads for a key alone (a mask's bias) is loaded once for the lane's two
-    rows; a query row past the rows' end is left out where `operand` loads anything of a row (else its values are
-    computed from the zeros staged there, and never stored)."""
-    rows = at.context.i[0]
-    seen, _ = _outside_loads(operand)
-    per_key = [u for u in seen if not _depends(u, rows)]
-    per_row = len(per_key) < len(seen)
+def _key_blocks(r, at: Attention, body):
+    """`body(K)` for each key block kb: a loop over them (K None), or, where the lane keeps values across passes (in
+    registers named by the block), each block unrolled (K its number), those past the end skipped."""
+    if not any(k is not None for k in at.kept):
+        r.open_block("for (int kb = 0; kb < nkb; kb++)", {})
+        body(None)
+        r.close_block()
+        return
+    for K in range(-(-at.context.k.src[0].vmax // at.key_block)):
+        r.open_block("", {})
+        r.emit(f"const int kb = {K};")
+        r.open_block("if (kb < nkb)", {})
+        body(K)
+        r.close_block()
+        r.close_block()
+
+
+def _elements(r, at: Attention, operand: UOp, own: UOp, done: dict, keys: str, body, k_tile, head_slices: int,
+              block, arriving, leaving):
+    """For each score element of key block kb (`block`: its number where values are kept) whose key is below the
+    end: `body(y, e)` in a scope binding the key range `own` to its key, the rows to its query row, the scores read
+    along `own` to their accumulator (computed here only where `operand` reads them: not where it reads only the
+    value the last pass kept, `arriving`, bound to its register), each pass done to its row's value; then the value
+    `leaving` (as computed here) kept in the element's register for the next pass. What `operand` loads for a key
+    alone (a mask's bias) is loaded once for the lane's two rows; a query row past the rows' end is left out where
+    `operand` loads anything of a row (else its values are computed from the zeros staged there, and never
+    stored)."""
+    rows, stop = at.context.i[0], {arriving} - {None}
+    names = _scores(r, at, k_tile, head_slices) if _reads_scores(at, operand, own, stop) else None
+    per_key, per_row = _key_loads(at, operand, stop), _row_loads(at, operand, stop)
     r.emit(f"const {r.long} kbase = ({r.long})kb * {at.key_block} + ft;")
-    for y, row in enumerate(names):
+    for y in range(at.key_block // FRAG):
         for pair in range(2):
             key = f"(kbase + {FRAG * y + pair})"
             r.open_block(f"if ({key} < {keys})", {own: key})
@@ -133,49 +163,63 @@ def _elements(r, at: Attention, operand: UOp, own: UOp, names: list, done: dict,
                 r.value(u)
             for half in range(2):
                 e = 2 * half + pair
-                bind = {rows: f"(i0 + wm + fg + {8 * half})", **{s: row[e] for s, along in at.scores if along is own},
-                        **{p: v[half] for p, v in done.items()}}
+                bind = {rows: f"(i0 + wm + fg + {8 * half})", **{p: v[half] for p, v in done.items()}}
+                if names is not None:
+                    bind.update({s: names[y][e] for s, along in at.scores if along is own})
+                if arriving is not None:
+                    bind[arriving] = f"kv{block}_{y}_{e}"
                 r.open_block(f"if (row{half})" if per_row else "", bind)
                 body(y, e)
+                if leaving is not None:
+                    r.emit(f"kv{block}_{y}_{e} = {r.value(leaving[0])};")
                 r.close_block()
             r.close_block()
 
 
-def _outside_loads(u: UOp) -> tuple[list, list]:
-    """(the loads `u` reads outside reductions, the reductions it reads)."""
-    loads, reductions, seen, stack = [], [], set(), [u]
+def _walk(u: UOp, stop: set):
+    """The nodes `u` reads outside reductions (the reductions themselves included) and `stop`."""
+    seen, stack = set(), [u]
     while stack:
         n = stack.pop()
-        if n in seen:
+        if n in seen or n in stop:
             continue
         seen.add(n)
-        if n.op is Ops.REDUCE:
-            reductions.append(n)
-            continue
-        if n.op is Ops.LOAD:
-            loads.append(n)
-        stack.extend(n.src)
-    return loads, reductions
+        yield n
+        if n.op is not Ops.REDUCE:
+            stack.extend(n.src)
+
+
+def _reads_scores(at: Attention, operand: UOp, own: UOp, stop: set) -> bool:
+    return any(s in set(_walk(operand, stop)) for s, along in at.scores if along is own)
+
+
+def _key_loads(at: Attention, operand: UOp, stop: set) -> list:
+    """The loads `operand` reads (outside reductions and `stop`) that no query row indexes."""
+    return [u for u in _walk(operand, stop) if u.op is Ops.LOAD and not _depends(u, at.context.i[0])]
+
+
+def _row_loads(at: Attention, operand: UOp, stop) -> bool:
+    """Whether `operand` loads anything (outside reductions and `stop`) that a query row indexes."""
+    return any(u.op is Ops.LOAD and _depends(u, at.context.i[0]) for u in _walk(operand, set(stop)))
 
 
 def _depends(u: UOp, r: UOp) -> bool:
     return any(x is r for x in u.toposort())
 
 
-def _row_pass(r, at: Attention, n: int, row_pass, done: dict, k_tile, head_slices: int, keys: str) -> tuple:
+def _row_pass(r, at: Attention, n: int, row_pass, done: dict, arriving, leaving, k_tile, head_slices: int,
+              keys: str) -> tuple:
     """One pass over the keys computing the row reduction `row_pass` for the lane's two rows; their names."""
     dt: DType = row_pass.dtype
     ident = r.d.literal(_IDENTITY[row_pass.arg], dt)
     parts = [f"red{n}_{h}" for h in range(2)]
     r.emit(" ".join(f"{r.d.ctype(dt)} {p} = {ident};" for p in parts))
-    r.open_block("for (int kb = 0; kb < nkb; kb++)", {})
-    names = _scores(r, at, k_tile, head_slices)
 
     def add(y, e):
         part = parts[e // 2]
         r.emit(f"{part} = {r.combine(row_pass.arg, dt, part, r.value(row_pass.src[0]))};")
-    _elements(r, at, row_pass.src[0], row_pass.src[1], names, done, keys, add)
-    r.close_block()
+    _key_blocks(r, at, lambda block: _elements(r, at, row_pass.src[0], row_pass.src[1], done, keys, add, k_tile,
+                                               head_slices, block, arriving, leaving))
     for p in parts:   # the four lanes of a row (lanes 4g ... 4g + 3) combined
         for o in (1, 2):
             r.emit(f"{p} = {r.combine(row_pass.arg, dt, p, r.d.shuffle_xor.format(v=p, o=o))};")
@@ -186,41 +230,41 @@ def _row_pass(r, at: Attention, n: int, row_pass, done: dict, k_tile, head_slice
     return tuple(parts)
 
 
-def _context(r, at: Attention, done: dict, k_tile, v_tile, head_slices: int, keys: str, kind):
-    """The last pass: each key block's probabilities (the AST's, from its scores) packed into A fragments and
-    multiplied by the values' fragments into the context's accumulators, then stored."""
+def _context(r, at: Attention, done: dict, arriving, k_tile, v_tile, head_slices: int, keys: str, kind):
+    """The last pass: each key block's probabilities (the AST's, from its scores or the value the last pass kept)
+    packed into A fragments and multiplied by the values' fragments into the context's accumulators, then stored."""
     c = at.context
     cols = c.tn // FRAG
     outs = [[f"o{y}_{e}" for e in range(4)] for y in range(cols)]
     for row in outs:
         r.emit(" ".join(f"float {a} = 0.0f;" for a in row))
-    r.open_block("for (int kb = 0; kb < nkb; kb++)", {})
-    names = _scores(r, at, k_tile, head_slices)
-    probs = [[f"p{y}_{e}" for e in range(4)] for y in range(len(names))]
-    for row in probs:
-        r.emit(" ".join(f"float {p} = 0.0f;" for p in row))
-
-    def probability(y, e):
-        r.emit(f"{probs[y][e]} = {r.value(c.a)};")
-    _elements(r, at, c.a, c.k, names, done, keys, probability)
     u32 = r.d.ctype(dtypes.uint32)
 
     def bits(p: str) -> str:
         return f"({u32}){kind.staged.format(v=p)}"
-    for step in range(at.key_block // STEP):
-        r.open_block("", {})
-        lo, hi = probs[2 * step], probs[2 * step + 1]
-        pairs = ((lo[0], lo[1]), (lo[2], lo[3]), (hi[0], hi[1]), (hi[2], hi[3]))
-        r.emit(f"const {u32} " + ", ".join(f"pa{e} = {bits(x)} | {bits(y)} << 16" for e, (x, y) in enumerate(pairs))
-               + ";")
-        r.emit(f"st = kb * {at.key_block // SLICE} + {step * STEP // SLICE};")
-        for y in range(0, cols, 2):
-            _load_fragments(r, v_tile, [f"v{y}_0", f"v{y}_1", f"v{y + 1}_0", f"v{y + 1}_1"], "0", y * FRAG,
-                            step * STEP % SLICE)
-        for y in range(cols):
-            r.emit(f"pj_mma_{kind.ptx}({', '.join(outs[y])}, pa0, pa1, pa2, pa3, v{y}_0, v{y}_1);")
-        r.close_block()
-    r.close_block()
+
+    def block(K):
+        probs = [[f"p{y}_{e}" for e in range(4)] for y in range(at.key_block // FRAG)]
+        for row in probs:
+            r.emit(" ".join(f"float {p} = 0.0f;" for p in row))
+
+        def probability(y, e):
+            r.emit(f"{probs[y][e]} = {r.value(c.a)};")
+        _elements(r, at, c.a, c.k, done, keys, probability, k_tile, head_slices, K, arriving, None)
+        for step in range(at.key_block // STEP):
+            r.open_block("", {})
+            lo, hi = probs[2 * step], probs[2 * step + 1]
+            pairs = ((lo[0], lo[1]), (lo[2], lo[3]), (hi[0], hi[1]), (hi[2], hi[3]))
+            r.emit(f"const {u32} " + ", ".join(f"pa{e} = {bits(x)} | {bits(y)} << 16"
+                                               for e, (x, y) in enumerate(pairs)) + ";")
+            r.emit(f"st = kb * {at.key_block // SLICE} + {step * STEP // SLICE};")
+            for y in range(0, cols, 2):
+                _load_fragments(r, v_tile, [f"v{y}_0", f"v{y}_1", f"v{y + 1}_0", f"v{y + 1}_1"], "0", y * FRAG,
+                                step * STEP % SLICE)
+            for y in range(cols):
+                r.emit(f"pj_mma_{kind.ptx}({', '.join(outs[y])}, pa0, pa1, pa2, pa3, v{y}_0, v{y}_1);")
+            r.close_block()
+    _key_blocks(r, at, block)
     cells = [(outs[y][e], f"wm + {8 * (e // 2)} + fg", f"{FRAG * y + e % 2} + ft") for y in range(cols)
              for e in range(4)]
     emit_results(r, c, cells)

@@ -13,7 +13,7 @@ import prepjit as pj
 import prepjit.numpy as pnp
 from examples.models import minilm
 from examples.models.common import DTYPES, tree_cast
-from prepjit.codegen.attention_tiles import match_attention
+from prepjit.codegen.attention_tiles import KEEP_KEYS, match_attention
 from prepjit.codegen.bounds import prove_launched
 from prepjit.codegen.gpu_launch import launch_of
 from prepjit.codegen.schedule import schedule
@@ -56,8 +56,9 @@ def _args(dtype, b: int, t: int, seed: int = 0):
     return q, k, v, mask
 
 
-def _traced(dtype):
-    f = pj.prepare(lambda q, k, v, mask: attention(pnp, q, k, v, mask), vars=VARS, shapes=SHAPES)
+def _traced(dtype, longest: int = 256):
+    f = pj.prepare(lambda q, k, v, mask: attention(pnp, q, k, v, mask), vars={**VARS, "T": (1, longest)},
+                   shapes=SHAPES)
     return pj.trace(f, *_args(dtype, 2, 40))
 
 
@@ -104,15 +105,20 @@ def _emulated(sched, inputs: list, values: dict) -> np.ndarray:
 
 
 @pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
+@pytest.mark.parametrize("longest", [128, 256])
 @pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, np.float16], ids=["bf16", "f16"])
-def test_the_emulated_attention_kernel_equals_numpy(dtype):
-    """One kernel of a var T serves every length (1 key; a key block's part; whole blocks; a masked tail past the
-    last whole block; more than one block and a tail), batch 2 whose second sequence is padded: NumPy's values
-    with the graph's roundings, within the last bit of a 16-bit float (the sums' order differs)."""
-    traced = _traced(dtype)
+def test_the_emulated_attention_kernel_equals_numpy(dtype, longest):
+    """One kernel of a var T serves every length up to its largest (1 key; a key block's part; whole blocks; a
+    masked tail past the last whole block; more than one block and a tail), batch 2 whose second sequence is padded:
+    NumPy's values with the graph's roundings, within the last bit of a 16-bit float (the sums' order differs). Up to
+    KEEP_KEYS keys each pass keeps what the next computes too (x = s * scale + bias for the sum's pass, exp(x - max)
+    for the probabilities: the scores are computed by the first pass only); beyond, each pass computes its own."""
+    traced = _traced(dtype, longest)
     sched = schedule(list(traced.outputs), list(traced.inputs), attention_tiles=True)
     assert [launch_of(CUDA_TARGET.launched(k.ast))[0] for k in sched.kernels] == ["items", "attention"]
-    for t in LENGTHS:
+    kept = match_attention(sched.kernels[1].ast).kept
+    assert (len(kept) == 2 and None not in kept) if longest <= KEEP_KEYS else kept == ()
+    for t in (n for n in LENGTHS if n <= longest):
         args = _args(dtype, 2, t, seed=t)
         got = _emulated(sched, list(args), {"B": 2, "T": t})[:2 * H * t * D].astype(np.float32)
         want = reference(*args, dtype)
@@ -137,7 +143,8 @@ def test_minilms_attention_layer_is_one_attention_kernel_and_equals_numpy():
     def layer(xp, wqkv, bqkv, wo, bo, h, mask):
         bias = ((1 - mask) * minilm.MASKED)[:, None, None, :]
         return minilm.attention(xp, {"wqkv": wqkv, "bqkv": bqkv, "wo": wo, "bo": bo}, h, bias)
-    f = pj.prepare(lambda wqkv, bqkv, wo, bo, h, mask: layer(pnp, wqkv, bqkv, wo, bo, h, mask), vars=VARS, shapes={"h": ("B", "T", 384), "mask": ("B", "T")})
+    f = pj.prepare(lambda wqkv, bqkv, wo, bo, h, mask: layer(pnp, wqkv, bqkv, wo, bo, h, mask), vars=VARS,
+                   shapes={"h": ("B", "T", 384), "mask": ("B", "T")})
     traced = pj.trace(f, *weights, h, mask)
     sched = schedule(list(traced.outputs), list(traced.inputs), attention_tiles=True)
     launches = [launch_of(CUDA_TARGET.launched(k.ast))[0] for k in sched.kernels]
