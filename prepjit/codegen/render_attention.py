@@ -33,6 +33,9 @@ from .render_tiles import _extent
 
 FRAG = 8        # keys or columns of one m16n8 tile
 STEP = 16       # keys or head elements of one m16n8k16 step
+RESIDENT_GROUPS = 1   # work-groups a multiprocessor should hold at once (__launch_bounds__' second number; 1: none
+                      # asked): at 128 keys ptxas gives the test kernel 127 registers (4 groups of an H100's SM), 96
+                      # with 16 bytes of spills for 5, 80 with 144 for 6 (sm_90, nvcc 13.0); untimed
 _IDENTITY = {Ops.ADD: 0.0, Ops.MAX: float("-inf"), Ops.MIN: float("inf")}
 
 
@@ -40,6 +43,7 @@ def emit_attention(r, at: Attention):
     """The kernel body through the C-style renderer `r`."""
     d, long = r.d, r.long
     kind = KINDS[at.kind]
+    r.resident_groups = RESIDENT_GROUPS
     if kind.ptx == "bf16":
         r.bfloat16_helpers()
     _helpers(r, kind.ptx)
@@ -125,10 +129,12 @@ def _scores(r, at: Attention, k_tile, head_slices: int) -> list[list[str]]:
 
 
 def _key_blocks(r, at: Attention, body):
-    """`body(K)` for each key block kb: a loop over them (K None), or, where the lane keeps values across passes (in
-    registers named by the block), each block unrolled (K its number), those past the end skipped."""
+    """`body(K)` for each key block kb (its lane's first key kbase): a loop over them (K None), or, where the lane
+    keeps values across passes (in registers named by the block), each block unrolled (K its number), those past the
+    end skipped."""
     if not any(k is not None for k in at.kept):
         r.open_block("for (int kb = 0; kb < nkb; kb++)", {})
+        r.emit(f"const {r.long} kbase = ({r.long})kb * {at.key_block} + ft;")
         body(None)
         r.close_block()
         return
@@ -136,26 +142,25 @@ def _key_blocks(r, at: Attention, body):
         r.open_block("", {})
         r.emit(f"const int kb = {K};")
         r.open_block("if (kb < nkb)", {})
+        r.emit(f"const {r.long} kbase = ({r.long})kb * {at.key_block} + ft;")
         body(K)
         r.close_block()
         r.close_block()
 
 
-def _elements(r, at: Attention, operand: UOp, own: UOp, done: dict, keys: str, body, k_tile, head_slices: int,
-              block, arriving, leaving):
-    """For each score element of key block kb (`block`: its number where values are kept) whose key is below the
-    end: `body(y, e)` in a scope binding the key range `own` to its key, the rows to its query row, the scores read
-    along `own` to their accumulator (computed here only where `operand` reads them: not where it reads only the
-    value the last pass kept, `arriving`, bound to its register), each pass done to its row's value; then the value
+def _elements(r, at: Attention, operand: UOp, own: UOp, done: dict, keys: str, body, names, block, arriving,
+              leaving, tiles: range):
+    """For each score element of the 8-key `tiles` of key block kb (`block`: its number where values are kept) whose
+    key is below the end: `body(y, e)` in a scope binding the key range `own` to its key, the rows to its query row,
+    the scores read along `own` to their accumulators `names` (None where `operand` reads none: `_block_scores`),
+    the value the last pass kept (`arriving`) to its register, each pass done to its row's value; then the value
     `leaving` (as computed here) kept in the element's register for the next pass. What `operand` loads for a key
     alone (a mask's bias) is loaded once for the lane's two rows; a query row past the rows' end is left out where
     `operand` loads anything of a row (else its values are computed from the zeros staged there, and never
     stored)."""
     rows, stop = at.context.i[0], {arriving} - {None}
-    names = _scores(r, at, k_tile, head_slices) if _reads_scores(at, operand, own, stop) else None
     per_key, per_row = _key_loads(at, operand, stop), _row_loads(at, operand, stop)
-    r.emit(f"const {r.long} kbase = ({r.long})kb * {at.key_block} + ft;")
-    for y in range(at.key_block // FRAG):
+    for y in tiles:
         for pair in range(2):
             key = f"(kbase + {FRAG * y + pair})"
             r.open_block(f"if ({key} < {keys})", {own: key})
@@ -174,6 +179,11 @@ def _elements(r, at: Attention, operand: UOp, own: UOp, done: dict, keys: str, b
                     r.emit(f"kv{block}_{y}_{e} = {r.value(leaving[0])};")
                 r.close_block()
             r.close_block()
+
+
+def _block_scores(r, at: Attention, operand: UOp, own: UOp, arriving, k_tile, head_slices: int):
+    """The scores of key block kb (`_scores`) where `operand` reads them (outside the value kept for it), or None."""
+    return _scores(r, at, k_tile, head_slices) if _reads_scores(at, operand, own, {arriving} - {None}) else None
 
 
 def _walk(u: UOp, stop: set):
@@ -218,8 +228,11 @@ def _row_pass(r, at: Attention, n: int, row_pass, done: dict, arriving, leaving,
     def add(y, e):
         part = parts[e // 2]
         r.emit(f"{part} = {r.combine(row_pass.arg, dt, part, r.value(row_pass.src[0]))};")
-    _key_blocks(r, at, lambda block: _elements(r, at, row_pass.src[0], row_pass.src[1], done, keys, add, k_tile,
-                                               head_slices, block, arriving, leaving))
+    def block(K):
+        names = _block_scores(r, at, row_pass.src[0], row_pass.src[1], arriving, k_tile, head_slices)
+        _elements(r, at, row_pass.src[0], row_pass.src[1], done, keys, add, names, K, arriving, leaving,
+                  range(at.key_block // FRAG))
+    _key_blocks(r, at, block)
     for p in parts:   # the four lanes of a row (lanes 4g ... 4g + 3) combined
         for o in (1, 2):
             r.emit(f"{p} = {r.combine(row_pass.arg, dt, p, r.d.shuffle_xor.format(v=p, o=o))};")
@@ -239,24 +252,21 @@ def _context(r, at: Attention, done: dict, arriving, k_tile, v_tile, head_slices
     for row in outs:
         r.emit(" ".join(f"float {a} = 0.0f;" for a in row))
     u32 = r.d.ctype(dtypes.uint32)
-
-    def bits(p: str) -> str:
-        return f"({u32}){kind.staged.format(v=p)}"
+    bits = r.sixteen_bits(c.a.src[0].dtype)   # (the probability's bits, converted from the float it was rounded from)
 
     def block(K):
-        probs = [[f"p{y}_{e}" for e in range(4)] for y in range(at.key_block // FRAG)]
-        for row in probs:
-            r.emit(" ".join(f"float {p} = 0.0f;" for p in row))
-
-        def probability(y, e):
-            r.emit(f"{probs[y][e]} = {r.value(c.a)};")
-        _elements(r, at, c.a, c.k, done, keys, probability, k_tile, head_slices, K, arriving, None)
-        for step in range(at.key_block // STEP):
+        names = _block_scores(r, at, c.a, c.k, arriving, k_tile, head_slices)
+        for step in range(at.key_block // STEP):   # (a step's probabilities computed, packed and multiplied)
             r.open_block("", {})
-            lo, hi = probs[2 * step], probs[2 * step + 1]
+            probs = [[f"p{y}_{e}" for e in range(4)] for y in (2 * step, 2 * step + 1)]
+            r.emit(" ".join(f"{u32} {p} = 0;" for row in probs for p in row))
+
+            def probability(y, e):
+                r.emit(f"p{y}_{e} = {bits(r.value(c.a.src[0]))};")
+            _elements(r, at, c.a, c.k, done, keys, probability, names, K, arriving, None, range(2 * step, 2 * step + 2))
+            lo, hi = probs
             pairs = ((lo[0], lo[1]), (lo[2], lo[3]), (hi[0], hi[1]), (hi[2], hi[3]))
-            r.emit(f"const {u32} " + ", ".join(f"pa{e} = {bits(x)} | {bits(y)} << 16"
-                                               for e, (x, y) in enumerate(pairs)) + ";")
+            r.emit(f"const {u32} " + ", ".join(f"pa{e} = {x} | {y} << 16" for e, (x, y) in enumerate(pairs)) + ";")
             r.emit(f"st = kb * {at.key_block // SLICE} + {step * STEP // SLICE};")
             for y in range(0, cols, 2):
                 _load_fragments(r, v_tile, [f"v{y}_0", f"v{y}_1", f"v{y + 1}_0", f"v{y + 1}_1"], "0", y * FRAG,
