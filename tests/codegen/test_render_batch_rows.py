@@ -2,7 +2,9 @@
 FEW_VAR_ROWS rows by quantized blocks (a decode step's B sequences) is a warp per column on CUDA (a work-group per
 column on OpenCL), its weights unpacked once into registers per BATCH_CHUNK rows and the rows looped over; with a
 residual, a computed operand (SiLU(gate) * up) and ragged batches (1, 3, 37: not a multiple of the chunk, 64: the
-most) it equals NumPy on every device and through cuda_emulation; its kernel compiles with NVRTC."""
+most) it equals NumPy on every device and through cuda_emulation; its kernel compiles with NVRTC. On CUDA a wide
+one's column lanes own blocks of neighbouring columns (row_plan._block), whose outputs equal the unblocked kernel's
+bit for bit for every block kind."""
 import re
 
 import numpy as np
@@ -243,24 +245,77 @@ def test_the_emulated_blocked_kernel_equals_numpy_bit_for_bit(kind, operand, k, 
     one ragged), the emulated CUDA kernel at B = 1, 3, 37 and 64 equals NumPy's projection and, bit for bit, the
     kernel of a column a lane group (each column's sum in the same order)."""
     sched, kern = _kernel(kind, operand, k)
-    sources = []
-    for blocks in ((), row_plan.BLOCK_COLUMNS):
-        monkeypatch.setattr(row_plan, "BLOCK_COLUMNS", blocks)
-        monkeypatch.setattr(row_plan, "BLOCK_MIN_GROUPS", 0)
-        launched = gpu_launch.launch(optimize(kern.ast, "cuda"), CUDA)
-        sources.append(CUDA_TARGET.render(launched))
-    assert gpu_launch.launch_of(launched)[-1] == block
+    sources = _unblocked_and_blocked(kern, monkeypatch)
+    assert gpu_launch.launch_of(gpu_launch.launch(optimize(kern.ast, "cuda"), CUDA))[-1] == block
     for b in BATCHES:
         args = _args(kind, operand, b, seed=b, k=k)
         x = args[0].astype(np.float64)
         if operand == "silu":
             x = x[:, :k] / (1 + np.exp(-x[:, :k])) * x[:, k:]
         bufs = dict(zip(sched.inputs, args))
-        slots = [np.ascontiguousarray(bufs.get(i, x.astype(np.float32))).ravel() for i in kern.buffers[1:]]
-        outs = []
-        for src in sources:
-            outs.append(np.full((b, N), np.nan, np.float32))
-            cuda_emulation.run(src, [outs[-1]] + slots, var_values={"B": b})
+        plain, blocked = _emulated(kern, sources, {i: bufs.get(i, x.astype(np.float32)) for i in kern.buffers[1:]},
+                                   b, N)
         want = _reference(kind, operand, args)
-        np.testing.assert_allclose(outs[1], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
-        np.testing.assert_array_equal(outs[1].view(np.uint32), outs[0].view(np.uint32))
+        np.testing.assert_allclose(blocked, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+        np.testing.assert_array_equal(blocked.view(np.uint32), plain.view(np.uint32))
+
+
+def _emulated(kern, sources, bufs, b, n):
+    """Each of the CUDA `sources` of `kern` run through cuda_emulation on `bufs` (input -> array) at B = b."""
+    outs = []
+    for src in sources:
+        outs.append(np.full((b, n), np.nan, np.float32))
+        cuda_emulation.run(src, [outs[-1]] + [np.ascontiguousarray(bufs[i]).ravel() for i in kern.buffers[1:]],
+                           var_values={"B": b})
+    return outs
+
+
+def _unblocked_and_blocked(kern, monkeypatch) -> list:
+    """The CUDA sources of `kern` with a column a lane group and with blocks taken at any width."""
+    sources = []
+    monkeypatch.setattr(row_plan, "BLOCK_MIN_GROUPS", 0)
+    for blocks in ((), row_plan.BLOCK_COLUMNS):
+        monkeypatch.setattr(row_plan, "BLOCK_COLUMNS", blocks)
+        sources.append(CUDA_TARGET.render(gpu_launch.launch(optimize(kern.ast, "cuda"), CUDA)))
+    return sources
+
+
+@pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
+@pytest.mark.parametrize("kind", ["q4_0", "q5_0", "q5_1", "q4_k", "q6_k"])
+def test_every_kind_blocked_equals_the_unblocked_bit_for_bit(kind, monkeypatch):
+    """x @ W.T of each other block kind (random blocks, finite weights; k = 768: 48 held values a lane, blocks of
+    2 columns of the 130) through cuda_emulation at B = 1, 37 and 64: NumPy's, and bit for bit the unblocked
+    kernel's."""
+    from .test_quant_matvec import _blocks
+    n, k, rng = 130, 768, np.random.default_rng(1)
+    f = pj.prepare(lambda x, b: x @ pj.quant.dequantize(b, kind).T, vars={"B": (1, MOST)}, shapes={"x": ("B", k)})
+    blocks = _blocks(rng, kind, n, k)
+    traced = pj.trace(f, np.zeros((3, k), np.float32), blocks)
+    sched = schedule(list(traced.outputs), list(traced.inputs))
+    (kern,) = sched.kernels
+    sources = _unblocked_and_blocked(kern, monkeypatch)
+    assert gpu_launch.launch_of(gpu_launch.launch(optimize(kern.ast, "cuda"), CUDA))[-1] == 2
+    w = pj.quant.dequantize(blocks, kind).astype(np.float64)
+    for b in (1, 37, 64):
+        x = rng.standard_normal((b, k)).astype(np.float32)
+        plain, blocked = _emulated(kern, sources, dict(zip(sched.inputs, (x, blocks))), b, n)
+        want = x.astype(np.float64) @ w.T
+        np.testing.assert_allclose(blocked, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+        np.testing.assert_array_equal(blocked.view(np.uint32), plain.view(np.uint32))
+
+
+@pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
+def test_blocked_swiglu_equals_the_unblocked_bit_for_bit(monkeypatch):
+    """SiLU(gate) * up of one contraction (two sums a column, 72 held values a lane: blocks of 2) through
+    cuda_emulation at B = 1, 3, 37, 64: NumPy's, and bit for bit the unblocked kernel's."""
+    traced = pj.trace(_swiglu_prepared("q4_1"), *_swiglu_args("q4_1", 3))
+    sched = schedule(list(traced.outputs), list(traced.inputs))
+    (kern,) = sched.kernels
+    sources = _unblocked_and_blocked(kern, monkeypatch)
+    assert gpu_launch.launch_of(gpu_launch.launch(optimize(kern.ast, "cuda"), CUDA))[-1] == 2
+    for b in BATCHES:
+        x, blocks = _swiglu_args("q4_1", b, seed=b)
+        want = swiglu(np, "q4_1")(x.astype(np.float64), pj.quant.dequantize(blocks, "q4_1").astype(np.float64))
+        plain, blocked = _emulated(kern, sources, dict(zip(sched.inputs, (x, blocks))), b, N)
+        np.testing.assert_allclose(blocked, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+        np.testing.assert_array_equal(blocked.view(np.uint32), plain.view(np.uint32))
