@@ -151,19 +151,20 @@ def _key_blocks(r, at: Attention, body):
 def _elements(r, at: Attention, operand: UOp, own: UOp, done: dict, keys: str, body, names, block, arriving,
               leaving, tiles: range):
     """For each score element of the 8-key `tiles` of key block kb (`block`: its number where values are kept) whose
-    key is below the end: `body(y, e)` in a scope binding the key range `own` to its key, the rows to its query row,
+    key is below the end (tested unless the end is a static multiple of the key block): `body(y, e)` in a scope binding the key range `own` to its key, the rows to its query row,
     the scores read along `own` to their accumulators `names` (None where `operand` reads none: `_block_scores`),
     the value the last pass kept (`arriving`) to its register, each pass done to its row's value; then the value
     `leaving` (as computed here) kept in the element's register for the next pass. What `operand` loads for a key
     alone (a mask's bias) is loaded once for the lane's two rows; a query row past the rows' end is left out where
     `operand` loads anything of a row (else its values are computed from the zeros staged there, and never
     stored)."""
-    rows, stop = at.context.i[0], {arriving} - {None}
+    rows, stop, end = at.context.i[0], {arriving} - {None}, at.context.k.src[0]
     per_key, per_row = _key_loads(at, operand, stop), _row_loads(at, operand, stop)
+    whole = end.op is Ops.CONST and end.arg % at.key_block == 0   # (every key of every block below the end)
     for y in tiles:
         for pair in range(2):
             key = f"(kbase + {FRAG * y + pair})"
-            r.open_block(f"if ({key} < {keys})", {own: key})
+            r.open_block("" if whole else f"if ({key} < {keys})", {own: key})
             for u in per_key:
                 r.value(u)
             for half in range(2):

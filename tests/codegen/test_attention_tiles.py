@@ -126,6 +126,46 @@ def test_the_emulated_attention_kernel_equals_numpy(dtype, longest):
                                    err_msg=f"T = {t}")
 
 
+def causal(xp, q, k, v):
+    """Causal attention of heads of 64 (a decoder's prefill): the float32 scores of later keys -1e30 (a select of the
+    query row's and the key's positions, no load), the probabilities rounded to the heads' dtype."""
+    steps = xp.arange(q.shape[2])
+    scores = (q @ xp.swapaxes(k, 2, 3)).astype(np.float32) * (1 / math.sqrt(q.shape[-1]))
+    scores = xp.where(steps[:, None] >= steps[None, :], scores, -1e30)
+    e = xp.exp(scores - xp.max(scores, axis=-1, keepdims=True))
+    return (e / xp.sum(e, axis=-1, keepdims=True)).astype(q.dtype) @ v
+
+
+@pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
+def test_a_causal_attention_of_wider_heads_is_one_attention_kernel_and_equals_numpy():
+    """Causal attention of heads of 64 and a var T of at most 128: one attention kernel whose passes compare the
+    query row with the key (bound to the element's), equal to NumPy's with the graph's roundings at T = 1, 37, 128.
+    At most 256 keys its keys and values no longer fit the tile's local memory (attention_tiles.fits): three
+    kernels."""
+    dtype, b, heads, d = ml_dtypes.bfloat16, 2, 2, 64
+
+    def prepared(longest):
+        return pj.prepare(lambda q, k, v: causal(pnp, q, k, v), vars={"T": (1, longest)},
+                          shapes={x: (b, heads, "T", d) for x in "qkv"})
+    rng = np.random.default_rng(3)
+    args = [rng.standard_normal((b, heads, 128, d)).astype(dtype) for _ in range(3)]
+    wide = pj.trace(prepared(256), *args)
+    assert len(schedule(list(wide.outputs), list(wide.inputs), attention_tiles=True).kernels) == 3
+    traced = pj.trace(prepared(128), *args)
+    sched = schedule(list(traced.outputs), list(traced.inputs), attention_tiles=True)
+    (kernel,) = sched.kernels
+    assert launch_of(CUDA_TARGET.launched(kernel.ast))[0] == "attention"
+    for t in (1, 37, 128):
+        part = [np.ascontiguousarray(a[:, :, :t]) for a in args]
+        got = _emulated(sched, part, {"T": t})[:b * heads * t * d].astype(np.float32).reshape(b, heads, t, d)
+        q, k, v = (a.astype(np.float32) for a in part)
+        scores = (q @ np.swapaxes(k, 2, 3)).astype(dtype).astype(np.float32) * np.float32(1 / math.sqrt(d))
+        scores = np.where(np.tril(np.ones((t, t), bool)), scores, np.float32(-1e30))
+        e = np.exp(scores - scores.max(-1, keepdims=True))
+        want = ((e / e.sum(-1, keepdims=True)).astype(dtype).astype(np.float32) @ v).astype(dtype).astype(np.float32)
+        np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2 * np.abs(want).max(), err_msg=f"T = {t}")
+
+
 @pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
 def test_minilms_attention_layer_is_one_attention_kernel_and_equals_numpy():
     """MiniLM's attention (minilm.attention: one projection for q, k and v, the heads views of it, the output
