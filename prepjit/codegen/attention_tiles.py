@@ -1,6 +1,7 @@
 """Encoder attention as one tensor-core kernel (issue 22): softmax(q @ k^T * scale + mask) @ v, whose softmax rows are
 read by T queries a key (MAX_ROWS_A_VALUE and more: an encoder's, a prefill's), computed by one work-group per
-(batch, head, block of BLOCK_ROWS queries) on mma.sync m16n8k16 (render_attention.py renders it).
+(batch, head, block of BLOCK_ROWS queries) on mma.sync m16n8k16 (render_attention.py renders it). The queries of a
+key head may be several row ranges (grouped-query heads: G x T), flattened row-major into the blocks.
 
 The schedule (softmax_contraction.py, where the target asks for it: `Target.fuses_attention`) keeps such a softmax
 inside its contraction's kernel when `fits` says the tile can hold it; the target's pass (gpu_launch.py) then
@@ -18,6 +19,8 @@ row's max, its sum, then p @ V), none from memory again. Where they do not fit L
 the softmax keeps its three kernels.
 """
 from __future__ import annotations
+
+import math
 
 import attrs
 
@@ -96,9 +99,9 @@ def _outside_reductions(u: UOp) -> tuple[set, list]:
     return ranges, reductions
 
 
-def _score_parts(u: UOp, rows: UOp, batch: frozenset):
+def _score_parts(u: UOp, rows: frozenset, batch: frozenset):
     """(query operand, key operand, head range, key range) of a score node: a REDUCE(ADD) over one head range (of a
-    static end) of a 16-bit query (of the rows, the batch and the head) times a 16-bit key (of one key range, the
+    static end) of a 16-bit query (of row ranges, the batch and the head) times a 16-bit key (of one key range, the
     batch and the head); or None."""
     if u.arg is not Ops.ADD or len(u.src) != 2 or u.src[0].op is not Ops.MUL or u.src[1].src[0].op is not Ops.CONST:
         return None
@@ -108,7 +111,7 @@ def _score_parts(u: UOp, rows: UOp, batch: frozenset):
         if kind is None or kind != _narrow(k) or any(x.op is Ops.REDUCE for x in q.toposort() + k.toposort()):
             continue
         rq, keys = _ranges(q), _ranges(k) - batch - {head}
-        if rows in rq and rq <= {rows, head} | batch and len(keys) == 1 and rows not in keys:
+        if rq & rows and rq <= rows | batch | {head} and len(keys) == 1 and not keys & rows:
             return q, k, head, next(iter(keys))
     return None
 
@@ -128,10 +131,10 @@ def match_attention(ast: UOp, block_rows: int = BLOCK_ROWS, key_block: int = KEY
         if kind is None or kind != _narrow(b) or any(x.op is Ops.REDUCE for x in b.toposort()):
             continue
         ra, rb = _ranges(a) & loops, _ranges(b) & loops
-        if len(ra - rb) != 1 or len(rb - ra) != 1 or not _ranges(b) <= loops | {key}:
+        if not ra - rb or len(rb - ra) != 1 or not _ranges(b) <= loops | {key}:
             continue
-        (rows,), (cols,) = ra - rb, rb - ra
-        found = _parts(outer, a, b, rows, cols, frozenset(loops - {rows, cols}), kind, block_rows, key_block)
+        rows, (cols,) = frozenset(ra - rb), rb - ra
+        found = _parts(outer, a, b, rows, cols, frozenset(loops - rows - {cols}), kind, block_rows, key_block)
         if found is not None:
             return found
     return None
@@ -158,7 +161,7 @@ def _parts(outer, a, b, rows, cols, batch, kind, block_rows, key_block) -> Atten
         return None
     for part, own in [(a, key)] + [(p.src[0], p.src[1]) for p in passes]:
         seen, inside = _outside_reductions(part)
-        if not seen <= {rows, own} | batch:
+        if not seen <= rows | batch | {own}:
             return None
         for u in inside:
             if (scores[u][3] is not own) if u in scores else u not in passes:
@@ -172,9 +175,9 @@ def _parts(outer, a, b, rows, cols, batch, kind, block_rows, key_block) -> Atten
     columns = cols.src[0]
     if columns.op is not Ops.CONST or not fits(end.vmax, head.src[0].arg, columns.arg):
         return None
-    order = tuple(sorted(batch, key=lambda r: r.arg[0]))
-    score = Contraction(base[0], q, k, (rows,), (key,), head, order, block_rows, key_block, 1, kind.name)
-    context = Contraction(outer, a, b, (rows,), (cols,), key, order, block_rows, columns.arg, 1, kind.name)
+    order, queries = (tuple(sorted(x, key=lambda r: r.arg[0])) for x in (batch, rows))   # (flattened row-major)
+    score = Contraction(base[0], q, k, queries, (key,), head, order, block_rows, key_block, 1, kind.name)
+    context = Contraction(outer, a, b, queries, (cols,), key, order, block_rows, columns.arg, 1, kind.name)
     along = tuple((s, parts[3]) for s, parts in scores.items())
     kept = _kept([(p.src[0], p.src[1]) for p in passes] + [(a, key)], along) if end.vmax <= KEEP_KEYS else ()
     return Attention(context, score, along, tuple(passes), kind.name, kept, block_rows, key_block)
@@ -204,6 +207,6 @@ def attention_launch(ast: UOp, dialect, few: int) -> tuple | None:
     key (softmax_contraction.MAX_ROWS_A_VALUE: fewer, a decode step's heads, are row kernels): ("attention",
     BLOCK_ROWS, KEY_BLOCK, kind), or None."""
     found = match_attention(ast) if dialect.tensor_core_mma else None
-    if found is None or found.context.i[0].src[0].vmax <= few:
+    if found is None or math.prod(r.src[0].vmax for r in found.context.i) <= few:
         return None
     return "attention", found.block_rows, found.key_block, found.kind

@@ -151,14 +151,14 @@ def _key_blocks(r, at: Attention, body):
 def _elements(r, at: Attention, operand: UOp, own: UOp, done: dict, keys: str, body, names, block, arriving,
               leaving, tiles: range):
     """For each score element of the 8-key `tiles` of key block kb (`block`: its number where values are kept) whose
-    key is below the end (tested unless the end is a static multiple of the key block): `body(y, e)` in a scope binding the key range `own` to its key, the rows to its query row,
-    the scores read along `own` to their accumulators `names` (None where `operand` reads none: `_block_scores`),
-    the value the last pass kept (`arriving`) to its register, each pass done to its row's value; then the value
-    `leaving` (as computed here) kept in the element's register for the next pass. What `operand` loads for a key
-    alone (a mask's bias) is loaded once for the lane's two rows; a query row past the rows' end is left out where
-    `operand` loads anything of a row (else its values are computed from the zeros staged there, and never
-    stored)."""
-    rows, stop, end = at.context.i[0], {arriving} - {None}, at.context.k.src[0]
+    key is below the end (tested unless the end is a static multiple of the key block): `body(y, e)` in a scope
+    binding the key range `own` to its key, the row ranges to its query row's (flattened row-major), the scores read
+    along `own` to their accumulators `names` (None where `operand` reads none: `_block_scores`), the value the last
+    pass kept (`arriving`) to its register, each pass done to its row's value; then the value `leaving` (as computed
+    here) kept in the element's register for the next pass. What `operand` loads for a key alone (a mask's bias) is
+    loaded once for the lane's two rows; a query row past the rows' end is left out where `operand` loads anything
+    of a row (else its values are computed from the zeros staged there, and never stored)."""
+    stop, end = {arriving} - {None}, at.context.k.src[0]
     per_key, per_row = _key_loads(at, operand, stop), _row_loads(at, operand, stop)
     whole = end.op is Ops.CONST and end.arg % at.key_block == 0   # (every key of every block below the end)
     for y in tiles:
@@ -169,12 +169,13 @@ def _elements(r, at: Attention, operand: UOp, own: UOp, done: dict, keys: str, b
                 r.value(u)
             for half in range(2):
                 e = 2 * half + pair
-                bind = {rows: f"(i0 + wm + fg + {8 * half})", **{p: v[half] for p, v in done.items()}}
+                bind = {p: v[half] for p, v in done.items()}
                 if names is not None:
                     bind.update({s: names[y][e] for s, along in at.scores if along is own})
                 if arriving is not None:
                     bind[arriving] = f"kv{block}_{y}_{e}"
                 r.open_block(f"if (row{half})" if per_row else "", bind)
+                r.scopes[-1].update(r.unflatten(f"(i0 + wm + fg + {8 * half})", list(at.context.i)))
                 body(y, e)
                 if leaving is not None:
                     r.emit(f"kv{block}_{y}_{e} = {r.value(leaving[0])};")
@@ -206,16 +207,16 @@ def _reads_scores(at: Attention, operand: UOp, own: UOp, stop: set) -> bool:
 
 def _key_loads(at: Attention, operand: UOp, stop: set) -> list:
     """The loads `operand` reads (outside reductions and `stop`) that no query row indexes."""
-    return [u for u in _walk(operand, stop) if u.op is Ops.LOAD and not _depends(u, at.context.i[0])]
+    return [u for u in _walk(operand, stop) if u.op is Ops.LOAD and not _depends(u, at.context.i)]
 
 
 def _row_loads(at: Attention, operand: UOp, stop) -> bool:
     """Whether `operand` loads anything (outside reductions and `stop`) that a query row indexes."""
-    return any(u.op is Ops.LOAD and _depends(u, at.context.i[0]) for u in _walk(operand, set(stop)))
+    return any(u.op is Ops.LOAD and _depends(u, at.context.i) for u in _walk(operand, set(stop)))
 
 
-def _depends(u: UOp, r: UOp) -> bool:
-    return any(x is r for x in u.toposort())
+def _depends(u: UOp, ranges: tuple) -> bool:
+    return any(x in ranges for x in u.toposort())
 
 
 def _row_pass(r, at: Attention, n: int, row_pass, done: dict, arriving, leaving, k_tile, head_slices: int,
@@ -283,6 +284,6 @@ def _context(r, at: Attention, done: dict, arriving, k_tile, v_tile, head_slices
 
 def launch_size(at: Attention) -> UOp:
     """Work-items of the launch: THREADS a group, a group per (batch, block of BLOCK_ROWS queries)."""
-    rows = at.context.i[0].src[0]
+    rows = _extent(at.context.i)
     return as_uop(sym_prod([r.src[0] for r in at.context.batch] + [(rows + (at.block_rows - 1)) // at.block_rows])) \
         * THREADS

@@ -166,6 +166,42 @@ def test_a_causal_attention_of_wider_heads_is_one_attention_kernel_and_equals_nu
         np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2 * np.abs(want).max(), err_msg=f"T = {t}")
 
 
+def grouped(xp, q, k, v):
+    """Grouped-query attention: q (KV, G, T, d) against k and v (KV, T, d), each key head read by G query heads of T
+    rows (the query rows of a key head: G x T, two ranges)."""
+    w = (q @ xp.swapaxes(k, 1, 2)[:, None] * (1 / math.sqrt(q.shape[-1]))).astype(np.float32)
+    e = xp.exp(w - xp.max(w, axis=-1, keepdims=True))
+    return (e / xp.sum(e, axis=-1, keepdims=True)).astype(q.dtype) @ v[:, None]
+
+
+@pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
+def test_grouped_query_heads_are_one_attention_kernel_and_equal_numpy():
+    """Grouped-query attention (3 query heads a key head, heads of 64, a var T of at most 128): one attention kernel
+    whose blocks of 64 query rows are taken from the group's rows flattened (G x T: a block may span two query heads,
+    which read the same keys), NumPy's values with the graph's roundings at T = 1, 50, 128 (three kernels before:
+    the launch took one row range only)."""
+    dtype, kv, g, d = ml_dtypes.bfloat16, 2, 3, 64
+    f = pj.prepare(lambda q, k, v: grouped(pnp, q, k, v), vars={"T": (1, 128)},
+                   shapes={"q": (kv, g, "T", d), "k": (kv, "T", d), "v": (kv, "T", d)})
+    rng = np.random.default_rng(4)
+    shapes = ((kv, g, 9, d), (kv, 9, d), (kv, 9, d))
+    traced = pj.trace(f, *(rng.standard_normal(shape).astype(dtype) for shape in shapes))
+    sched = schedule(list(traced.outputs), list(traced.inputs), attention_tiles=True)
+    (kernel,) = sched.kernels
+    assert launch_of(CUDA_TARGET.launched(kernel.ast))[0] == "attention"
+    assert len(match_attention(kernel.ast).context.i) == 2
+    for t in (1, 50, 128):
+        q, k, v = (rng.standard_normal(shape).astype(dtype) for shape in ((kv, g, t, d), (kv, t, d), (kv, t, d)))
+        got = _emulated(sched, [q, k, v], {"T": t})[:kv * g * t * d].astype(np.float32).reshape(kv, g, t, d)
+        q32, k32, v32 = (x.astype(np.float32) for x in (q, k, v))
+        scores = (q32 @ np.swapaxes(k32, 1, 2)[:, None]).astype(dtype)
+        scores = (scores * dtype(1 / math.sqrt(d))).astype(dtype).astype(np.float32)
+        e = np.exp(scores - scores.max(-1, keepdims=True))
+        p = (e / e.sum(-1, keepdims=True)).astype(dtype).astype(np.float32)
+        want = (p @ v32[:, None]).astype(dtype).astype(np.float32)
+        np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2 * np.abs(want).max(), err_msg=f"T = {t}")
+
+
 @pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
 def test_minilms_attention_layer_is_one_attention_kernel_and_equals_numpy():
     """MiniLM's attention (minilm.attention: one projection for q, k and v, the heads views of it, the output
