@@ -15,6 +15,11 @@ sum over both, p_cached @ V_blocks + p_own @ v_own): the parts' contractions sha
 node joining their results (their sum) is the one kernel's root, a work-group per (row, query head). A select of the
 values by a mask (a paged row's slots past its length: where(visible, V, 0)) is computed where p @ V reads it.
 
+Where each value row is read by more than MAX_ROWS_A_VALUE softmax rows (an encoder's T queries a key), a row kernel
+would read the values once per query; on a target with tensor-core attention tiles (`tiles`: CUDA's) such a softmax
+is kept inside p @ V all the same where the tile holds it (`_tiled`, attention_tiles.fits), and the kernel is
+launched as one (attention_tiles.py, render_attention.py); elsewhere it keeps its three kernels.
+
 `softmax_contractions(graph)`: per such contraction (or join of parts), the nodes of its softmax (the elementwise
 values, the row's reductions, the scores; a join's parts' contractions), which fusion.py neither materialises nor
 gives kernels of their own; `joins` the roots that schedule.py materialises. A softmax row is at
