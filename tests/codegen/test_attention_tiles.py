@@ -203,6 +203,42 @@ def test_grouped_query_heads_are_one_attention_kernel_and_equal_numpy():
 
 
 @pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
+def test_cross_attention_with_a_bias_of_each_query_and_key_equals_numpy():
+    """S queries against T keys (two vars) with a float32 bias of each (query, key): the passes load the bias of a
+    query row, so rows past S are left out (not computed from the staged zeros); NumPy's values at (S, T) = (70, 100)
+    (a partial key block, a partial query block), (100, 3), (1, 128)."""
+    dtype, b, heads, d = ml_dtypes.bfloat16, 2, 2, 32
+
+    def cross(xp, q, k, v, bias):
+        w = (q @ xp.swapaxes(k, 2, 3)).astype(np.float32) * 0.25 + bias
+        e = xp.exp(w - xp.max(w, axis=-1, keepdims=True))
+        return (e / xp.sum(e, axis=-1, keepdims=True)).astype(q.dtype) @ v
+    f = pj.prepare(lambda q, k, v, bias: cross(pnp, q, k, v, bias), vars={"S": (1, 100), "T": (1, 128)},
+                   shapes={"q": (b, heads, "S", d), "k": (b, heads, "T", d), "v": (b, heads, "T", d),
+                           "bias": (b, heads, "S", "T")})
+    rng = np.random.default_rng(5)
+
+    def args(queries, keys):
+        return [rng.standard_normal(shape).astype(dtype) for shape in
+                ((b, heads, queries, d), (b, heads, keys, d), (b, heads, keys, d))] + \
+            [rng.standard_normal((b, heads, queries, keys)).astype(np.float32)]
+    traced = pj.trace(f, *args(9, 11))
+    sched = schedule(list(traced.outputs), list(traced.inputs), attention_tiles=True)
+    (kernel,) = sched.kernels
+    launched = CUDA_TARGET.launched(kernel.ast)
+    assert launch_of(launched)[0] == "attention" and "if (row0)" in CUDA_TARGET.render(launched).source
+    for queries, keys in ((70, 100), (100, 3), (1, 128)):
+        a = args(queries, keys)
+        got = _emulated(sched, a, {"S": queries, "T": keys})[:b * heads * queries * d].astype(np.float32)
+        q, k, v = (x.astype(np.float32) for x in a[:3])
+        w = (q @ np.swapaxes(k, 2, 3)).astype(dtype).astype(np.float32) * np.float32(0.25) + a[3]
+        e = np.exp(w - w.max(-1, keepdims=True))
+        want = ((e / e.sum(-1, keepdims=True)).astype(dtype).astype(np.float32) @ v).astype(dtype).astype(np.float32)
+        np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-2, atol=1e-2 * np.abs(want).max(),
+                                   err_msg=f"S = {queries}, T = {keys}")
+
+
+@pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
 def test_minilms_attention_layer_is_one_attention_kernel_and_equals_numpy():
     """MiniLM's attention (minilm.attention: one projection for q, k and v, the heads views of it, the output
     projection) in bfloat16 on CUDA: the heads' attention is one attention kernel, which reads the projection's
