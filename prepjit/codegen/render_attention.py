@@ -86,7 +86,8 @@ def emit_attention(r, at: Attention):
 
 def _stage(r, at: Attention, q_tile, k_tile, v_tile, head_slices: int, per_block: int):
     """Copy the group's queries, the head's keys (KEY_BLOCK at a time, a key block's slices stages kb x head_slices
-    on) and its values (SLICE keys a stage) into local memory, and wait for them."""
+    on) and its values (SLICE keys a stage) into local memory, two groups of asynchronous copies, and wait for the
+    first (the queries and keys: the values are waited for before p @ V, `_context`)."""
     r.open_block("", {})
     emit_chunk_starts(r, at.score, q_tile)
     for s in range(head_slices):
@@ -98,6 +99,7 @@ def _stage(r, at: Attention, q_tile, k_tile, v_tile, head_slices: int, per_block
     for s in range(head_slices):
         emit_slice_copy(r, at.score, k_tile, f"kb * {head_slices} + {s}", str(s))
     r.close_block()
+    r.emit("pj_cp_async_commit();")
     r.open_block("", {})
     emit_chunk_starts(r, at.context, v_tile)
     r.open_block(f"for (int ks = 0; ks < nkb * {per_block}; ks++)", {})
@@ -105,7 +107,7 @@ def _stage(r, at: Attention, q_tile, k_tile, v_tile, head_slices: int, per_block
     r.close_block()
     r.close_block()
     r.emit("pj_cp_async_commit();")
-    r.emit("pj_cp_async_wait<0>();")
+    r.emit("pj_cp_async_wait<1>();")   # (the queries and keys; the values land during the row's passes)
     r.emit(r.d.barrier)
 
 
@@ -249,6 +251,8 @@ def _context(r, at: Attention, done: dict, arriving, k_tile, v_tile, head_slices
     """The last pass: each key block's probabilities (the AST's, from its scores or the value the last pass kept)
     packed into A fragments and multiplied by the values' fragments into the context's accumulators, then stored."""
     c = at.context
+    r.emit("pj_cp_async_wait<0>();")   # (the values, copied during the row's passes)
+    r.emit(r.d.barrier)
     cols = c.tn // FRAG
     outs = [[f"o{y}_{e}" for e in range(4)] for y in range(cols)]
     for row in outs:
