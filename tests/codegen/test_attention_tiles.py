@@ -1,8 +1,9 @@
 """An encoder's attention on CUDA is one tensor-core kernel (attention_tiles.py decides it, render_attention.py renders
-it): softmax(q @ k^T * scale + mask) @ v, T queries a key, a work-group per (batch, head, block of queries), the
-scores recomputed by mma.sync in a pass per row reduction and a last one multiplying the probabilities (from the
-score accumulators' registers) by the values. Checked through cuda_emulation against NumPy with the graph's
-roundings, at key lengths of one var's range that are and are not multiples of the key block, with a padding mask."""
+it): softmax(q @ k^T * scale + mask) @ v, T queries a key, a work-group per (batch, head, block of queries), a pass
+over the keys per row reduction (the scores by mma.sync, or, up to KEEP_KEYS keys, what the last pass kept) and a
+last one multiplying the probabilities (from the score accumulators' registers) by the values. Checked through
+cuda_emulation against NumPy with the graph's roundings, at key lengths of one var's range that are and are not
+multiples of the key block, with a padding mask; causal, grouped-query and cross attention too, and MiniLM's layer."""
 import math
 
 import ml_dtypes
