@@ -13,7 +13,8 @@ sums combined across the block's work-items (warp shuffles within its lanes, the
 shuffles a local-memory tree each, and a barrier ending the step, before the trees' arrays are written again), and
 work-item 0 stores each row's outputs. The weights are read and unpacked once a chunk, not once a row; a row's
 element is loaded once for the block's columns, not once a column; each column's sum is the one it computes alone,
-in the same order; only the rows in flight have accumulators.
+in the same order; only the rows in flight have accumulators. A block that grows with the batch (row_plan.block_sizes)
+is one such body a block size, the batch's chunks choosing (a batch of one chunk: the unblocked body).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import math
 
 from ..uop import Ops, UOp, dtypes
 from .render_rows import by_element, combine_group
-from .row_plan import BATCH_CHUNK, WARP, free_ranges, held_parts, run_length
+from .row_plan import BATCH_CHUNK, WARP, block_sizes, free_ranges, held_parts, run_length
 
 ROWS_IN_FLIGHT = 4   # sums of a chunk's rows (times the block's columns) a warp computes together (their loads,
                      # products and combines interleaved)
@@ -32,11 +33,9 @@ def emit_batch_rows(r, store: UOp):
     then the loop over its chunk of the batch's rows, ROWS_IN_FLIGHT at a time and the rest one at a time (a batch
     of one computes one row), storing each row's outputs. The blocks of one warp loop over as many rows as the one
     of most (their combines are the warp's shuffles); a block past the last, or past its own rows, computes its last
-    row again and stores nothing, and a column past the last computes the last column and stores nothing."""
+    row again and stores nothing, and a column past the last computes the last column and stores nothing. Where the
+    block grows with the batch (row_plan.block_sizes), one such body a block size, the batch's chunks choosing."""
     rows = r.rows
-    columns = [x for x in rows.rows if x is not rows.batch]
-    width = math.prod(x.src[0].arg for x in columns)   # (static: row_plan.batch_range)
-    blocks = -(-width // rows.block)
     shared = WARP // rows.group if rows.pack > 1 else 1   # blocks a warp (without shuffles: a work-group) computes
     if rows.pack > 1:
         r.emit(f"const int tid = {r.d.local_id};")
@@ -48,6 +47,24 @@ def emit_batch_rows(r, store: UOp):
         r.emit(f"const int lid = {r.d.local_id};")
         r.emit(f"const {r.long} warp = gid;")
     end = r.value(rows.batch.src[0])
+    sizes = block_sizes(rows)
+    if len(sizes) == 1:
+        _blocks_body(r, store, sizes[0], end, shared)
+        return
+    chunks = r.let(dtypes.int64, f"({end} + {BATCH_CHUNK - 1}) / {BATCH_CHUNK}", "chunks")
+    for i, block in enumerate(sizes):
+        r.open_block("else" if block == 1 else f"{'else ' if i else ''}if ({chunks} >= {block})", {})
+        _blocks_body(r, store, block, end, shared)
+        r.close_block()
+
+
+def _blocks_body(r, store: UOp, block: int, end: str, shared: int):
+    """The body of a kernel whose lane groups own `block` columns each (`shared` lane groups a warp), `end` the
+    batch's rows."""
+    rows = r.rows
+    columns = [x for x in rows.rows if x is not rows.batch]
+    width = math.prod(x.src[0].arg for x in columns)   # (static: row_plan.batch_range)
+    blocks = -(-width // block)
     r.emit(f"const {r.long} total = {blocks} * (({end} + {BATCH_CHUNK - 1}) / {BATCH_CHUNK});")
     r.emit("if (warp >= total) return;")   # (a warp past the last block of the last chunk)
     spans = [_span(r, f"warp + {k}" if k else "warp", blocks, end) for k in sorted({0, shared - 1})]
@@ -55,14 +72,14 @@ def emit_batch_rows(r, store: UOp):
     first, stop = _chunk(r, "gid", blocks, end)
     narrow = f"({r.d.ctype(dtypes.uint32)})"
     r.emit(f"const {r.long} col = {narrow}(gid < total ? gid : total - 1) % {narrow}{blocks}"
-           f"{f' * {rows.block}' if rows.block > 1 else ''};")
-    if rows.block == 1:
+           f"{f' * {block}' if block > 1 else ''};")
+    if block == 1:
         r.scopes[-1].update(r.unflatten("col", columns))
         cols = [({}, None)]
     else:
-        cols = [(_column(r, columns, j, width), f"col + {j} < {width}") for j in range(rows.block)]
+        cols = [(_column(r, columns, j, width), f"col + {j} < {width}") for j in range(block)]
     held = [{u: _hold(r, u, scope) for u in rows.order} for scope, _ in cols]
-    count = max(1, ROWS_IN_FLIGHT // rows.block)
+    count = max(1, ROWS_IN_FLIGHT // block)
     _row_steps(r, store, held, cols, first, stop, f"step + {count} <= span", count)
     if count > 1:
         _row_steps(r, store, held, cols, first, stop, "step < span", 1, f"span / {count} * {count}")
