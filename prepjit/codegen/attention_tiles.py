@@ -206,7 +206,7 @@ def attention_launch(ast: UOp, dialect, few: int) -> tuple | None:
     """The launch of a fused attention kernel on a dialect with tensor cores, where more than `few` queries read each
     key (softmax_contraction.MAX_ROWS_A_VALUE: fewer, a decode step's heads, are row kernels): ("attention",
     BLOCK_ROWS, KEY_BLOCK, kind), or None."""
-    found = match_attention(ast) if dialect.tensor_core_mma else None
+    found = match_attention(ast, BLOCK_ROWS, KEY_BLOCK) if dialect.tensor_core_mma else None
     if found is None or math.prod(r.src[0].vmax for r in found.context.i) <= few:
         return None
     return "attention", found.block_rows, found.key_block, found.kind

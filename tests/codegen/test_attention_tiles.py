@@ -14,6 +14,7 @@ import prepjit as pj
 import prepjit.numpy as pnp
 from examples.models import minilm
 from examples.models.common import DTYPES, tree_cast
+from prepjit.codegen import attention_tiles, targets
 from prepjit.codegen.attention_tiles import KEEP_KEYS, match_attention
 from prepjit.codegen.bounds import prove_launched
 from prepjit.codegen.gpu_launch import launch_of
@@ -123,6 +124,25 @@ def test_the_emulated_attention_kernel_equals_numpy(dtype, longest):
         args = _args(dtype, 2, t, seed=t)
         got = _emulated(sched, list(args), {"B": 2, "T": t})[:2 * H * t * D].astype(np.float32)
         want = reference(*args, dtype)
+        np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-2, atol=1e-2 * np.abs(want).max(),
+                                   err_msg=f"T = {t}")
+
+
+@pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
+@pytest.mark.parametrize("key_block", [32, 128])
+def test_other_key_blocks_equal_numpy(monkeypatch, request, key_block):
+    """attention_tiles.KEY_BLOCK is the launch's (a knob for timing: 32 keys' scores a warp at a time, or 128): the
+    kernel it launches equals NumPy at T = 5, 100, 128 of a var T of at most 128."""
+    monkeypatch.setattr(attention_tiles, "KEY_BLOCK", key_block)
+    targets._launched.cache_clear()   # (launched kernels are memoised: this test's are launched anew, and forgotten)
+    request.addfinalizer(targets._launched.cache_clear)
+    traced = _traced(ml_dtypes.bfloat16, 128)
+    sched = schedule(list(traced.outputs), list(traced.inputs), attention_tiles=True)
+    assert launch_of(CUDA_TARGET.launched(sched.kernels[1].ast)) == ("attention", 64, key_block, "bfloat16")
+    for t in (5, 100, 128):
+        args = _args(ml_dtypes.bfloat16, 2, t, seed=t)
+        got = _emulated(sched, list(args), {"B": 2, "T": t})[:2 * H * t * D].astype(np.float32)
+        want = reference(*args, ml_dtypes.bfloat16)
         np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-2, atol=1e-2 * np.abs(want).max(),
                                    err_msg=f"T = {t}")
 
