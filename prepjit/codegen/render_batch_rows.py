@@ -1,20 +1,21 @@
 """Rendering batch row kernels through the C-style renderers (row_plan.batch_plan decides which kernels are one,
-gpu_launch.py launches them as ("batch", group, pack, run, block), render_c.py calls `emit_batch_rows` for the body):
-a projection of a var batch of rows (a decode step's sequences) by a weight.
+gpu_launch.py launches them as ("batch", group, pack, run, block, grows), render_c.py calls `emit_batch_rows` for
+the body): a projection of a var batch of rows (a decode step's sequences) by a weight.
 
 A warp's lanes (row_plan.batch_plan: all, half or a quarter of them; on a dialect without shuffles the whole
 work-group) own a block of `block` neighbouring rows of the other ranges (columns of the weight; MATVEC_WARPS warps a
 work-group, whose neighbouring blocks read the same rows of the batch) and a chunk of BATCH_CHUNK rows of the batch.
 Its work-items first compute their share of each reduction's held parts (row_plan.held_parts: the weight unpacked
 from its blocks, or widened) for each column of the block into registers, in runs as straight-line passes; then they
-loop over the chunk's rows, ROWS_IN_FLIGHT / block at a time (at least one): each element's loads that read no
-column once a row (the row's activation), its products for those rows and every column of the block, then their
-sums combined across the block's work-items (warp shuffles within its lanes, the sums' steps interleaved; without
-shuffles a local-memory tree each, and a barrier ending the step, before the trees' arrays are written again), and
-work-item 0 stores each row's outputs. The weights are read and unpacked once a chunk, not once a row; a row's
-element is loaded once for the block's columns, not once a column; each column's sum is the one it computes alone,
-in the same order; only the rows in flight have accumulators. A block that grows with the batch (row_plan.block_sizes)
-is one such body a block size, the batch's chunks choosing (a batch of one chunk: the unblocked body).
+loop over the chunk's rows, SUMS_IN_FLIGHT sums a step (rows x the block's columns x a column's sums; at least a
+row): each element's loads that read no column once a row (the row's activation), its products for those rows and
+every column of the block, then their sums combined across the block's work-items (warp shuffles within its lanes,
+the sums' steps interleaved; without shuffles a local-memory tree each, and a barrier ending the step, before the
+trees' arrays are written again), and work-item 0 stores each row's outputs. The weights are read and unpacked once
+a chunk, not once a row; a row's element is loaded once for the block's columns, not once a column; each column's
+sum is the one it computes alone, in the same order; only the rows in flight have accumulators. A block that grows
+with the batch (row_plan.block_sizes) is one such body a block size, the batch's chunks choosing (a batch of one
+chunk: the unblocked body).
 """
 from __future__ import annotations
 
@@ -24,13 +25,13 @@ from ..uop import Ops, UOp, dtypes
 from .render_rows import by_element, combine_group
 from .row_plan import BATCH_CHUNK, WARP, block_sizes, free_ranges, held_parts, run_length
 
-ROWS_IN_FLIGHT = 4   # sums of a chunk's rows (times the block's columns) a warp computes together (their loads,
-                     # products and combines interleaved)
+SUMS_IN_FLIGHT = 4   # sums a step of a chunk's rows computes together (rows x the block's columns x a column's
+                     # sums: their loads, products and combines interleaved)
 
 
 def emit_batch_rows(r, store: UOp):
     """The kernel body through the C-style renderer `r`: the work-item's held values for each column of its block,
-    then the loop over its chunk of the batch's rows, ROWS_IN_FLIGHT at a time and the rest one at a time (a batch
+    then the loop over its chunk of the batch's rows, a few at a time and the rest one at a time (a batch
     of one computes one row), storing each row's outputs. The blocks of one warp loop over as many rows as the one
     of most (their combines are the warp's shuffles); a block past the last, or past its own rows, computes its last
     row again and stores nothing, and a column past the last computes the last column and stores nothing. Where the
@@ -79,7 +80,7 @@ def _blocks_body(r, store: UOp, block: int, end: str, shared: int):
     else:
         cols = [(_column(r, columns, j, width), f"col + {j} < {width}") for j in range(block)]
     held = [{u: _hold(r, u, scope) for u in rows.order} for scope, _ in cols]
-    count = max(1, ROWS_IN_FLIGHT // block)
+    count = max(1, SUMS_IN_FLIGHT // (block * len(rows.order)))
     _row_steps(r, store, held, cols, first, stop, f"step + {count} <= span", count)
     if count > 1:
         _row_steps(r, store, held, cols, first, stop, "step < span", 1, f"span / {count} * {count}")

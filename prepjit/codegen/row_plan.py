@@ -348,15 +348,13 @@ def _block(hoisted: list, rows: tuple, batch: UOp, lanes: int, run: int, pack: i
     of BLOCK_COLUMNS whose held values, every reduction's for each column, are at most BLOCK_HELD_MAX a lane; fixed
     where its work-groups (`pack` blocks' lanes each) at one chunk of rows are at least BLOCK_MIN_GROUPS (the head's
     49152 columns), else growing (BLOCK_GROWS: a 576-wide projection's, unblocked at one chunk, so a one-row step
-    keeps its work-groups) where a column holds at most HELD_MAX values a lane (gate/up's two sums hold 72: its
-    unblocked body and a blocked one in one kernel spill, ptxas); else 1. Each column's sums are the ones it
-    computes alone, in the same order."""
+    keeps its work-groups); else 1. Each column's sums are the ones it computes alone, in the same order."""
     width = math.prod(r.src[0].arg for r in rows if r is not batch)
     held = sum(_held_values(u, batch, lanes, run) for u in hoisted)
     block = max((c for c in BLOCK_COLUMNS if c * held <= BLOCK_HELD_MAX and c < width), default=1)
     if block == 1 or -(-width // (block * pack)) >= BLOCK_MIN_GROUPS:
         return block, False
-    return (block, True) if BLOCK_GROWS and held <= HELD_MAX else (1, False)
+    return (block, True) if BLOCK_GROWS else (1, False)
 
 
 def block_sizes(rows: Rows) -> list[int]:

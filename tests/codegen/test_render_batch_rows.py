@@ -79,7 +79,7 @@ def test_a_var_batch_projection_is_a_batch_row_kernel(kind, monkeypatch):
     assert size == -(-N * chunks // (row_plan.MATVEC_WARPS * 2)) * row_plan.WARP * row_plan.MATVEC_WARPS
     assert "__shared__" not in src.source and "__syncthreads" not in src.source
     steps = re.findall(r"for \(long long step = .*; step \+= (\d+)\)", src.source)
-    assert steps == [str(render_batch_rows.ROWS_IN_FLIGHT), "1"]   # the rest a row at a time: a batch of 1 is 1 row
+    assert steps == [str(render_batch_rows.SUMS_IN_FLIGHT), "1"]   # the rest a row at a time: a batch of 1 is 1 row
     opencl = gpu_launch.launch_of(OPENCL_TARGET.launched(optimize(kern.ast, "opencl")))
     assert opencl[0] == "batch" and opencl[2:] == (1, 1, 1, False)
     monkeypatch.setattr(gpu_launch, "FEW_VAR_ROWS", MOST - 1)   # a batch of more rows: its tile, as before
@@ -258,7 +258,7 @@ def test_a_narrow_projections_block_grows_with_the_batch(kind, monkeypatch):
         if chunks == 1:
             assert size == pj.uop.eval_uop(unblocked.global_size[0], {"B": b})
     steps = re.findall(r"for \(long long step = .*; step \+= (\d+)\)", src.source)
-    assert steps == ["1", "2", "1", str(render_batch_rows.ROWS_IN_FLIGHT), "1"]   # blocks of 4, 2, then 1
+    assert steps == ["1", "2", "1", str(render_batch_rows.SUMS_IN_FLIGHT), "1"]   # blocks of 4, 2, then 1
 
 
 @pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
