@@ -33,7 +33,8 @@ from ..uop import Ops, UOp, dtypes
 from .attention_tiles import attention_launch
 from .fusion import FEW_VAR_ROWS   # a quantized contraction with a side of a var of at most this many: rows
 from .optimize import DEFAULT_BLOCKING, Blocking
-from .row_plan import batch_plan, held_parts, loop_ranges, row_plan, share_passes, split_matvec_blocks
+from .row_plan import (batch_plan, held_parts, loop_ranges, row_plan, share_batch_ranges, share_passes,
+                       split_matvec_blocks)
 from .softmax_contraction import MAX_ROWS_A_VALUE
 from .render_fragments import KINDS, along_k
 from .render_tiles import MIN_FILL, _fill, fragment_kind, match_contraction, unpacks_blocks
@@ -66,7 +67,8 @@ def launch(ast: UOp, dialect, blocking: Blocking = DEFAULT_BLOCKING) -> UOp:
     split = split_matvec_blocks(ast, packed)
     batch = batch_plan(split, dialect.items_per_thread, packed)
     if batch is not None and few_var_batch(batch):
-        return _with_launch(split, ("batch", batch.group, batch.pack, batch.run, batch.block, batch.grows))
+        return _with_launch(share_batch_ranges(split, batch),
+                            ("batch", batch.group, batch.pack, batch.run, batch.block, batch.grows))
     shared = share_passes(split, dialect.items_per_thread, packed)
     rows = row_plan(shared, dialect.items_per_thread, packed)
     if rows is not None:

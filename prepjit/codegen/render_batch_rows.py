@@ -114,7 +114,9 @@ def _row_steps(r, store: UOp, held: list, cols: list, first: str, stop: str, con
     for i, name in enumerate(batch):
         at = f"rb + {i}" if i else "rb"
         r.emit(f"const {r.long} {name} = {at} < {stop} ? {at} : {stop} - 1;")
-    sums = {u: _row_sums(r, u, [h[u] for h in held], [scope for scope, _ in cols], batch) for u in rows.order}
+    sums = {}
+    for group in _together(rows.order):
+        sums.update(_row_sums(r, group, held, [scope for scope, _ in cols], batch))
     for i, name in enumerate(batch):
         for j, (scope, inside) in enumerate(cols):
             r.open_block("", {**scope, rows.batch: name, **{u: sums[u][i][j] for u in rows.order}})
@@ -190,32 +192,48 @@ def _hold(r, u: UOp, scope: dict) -> dict:
     return names
 
 
-def _row_sums(r, u: UOp, names: list[dict], cols: list[dict], batch: list[str]) -> list[list[str]]:
-    """Reduction `u` (a sum) of each row of the batch named in `batch` at each column of the block (`cols`: their
-    bindings, `names`: the registers of their held parts), in flight together: each element's loads that read no
-    column once a row (`_row_parts`), its products for every row and column, then the sums' combines interleaved,
-    each across the row's work-items (each gets the total); rounded where its dtype is 16-bit. [row][column]."""
-    dt = u.dtype
-    accs = [[f"acc{r.n}_{i}{f'_{j}' if len(cols) > 1 else ''}" for j in range(len(cols))] for i in range(len(batch))]
+def _together(order) -> list[list[UOp]]:
+    """The reductions in `order` in groups computed in one pass: sums of one dtype over the same ranges
+    (row_plan.share_batch_ranges: gate/up's two sums of a column, whose row's loads are then the same)."""
+    groups: dict = {}
+    for u in order:
+        groups.setdefault((tuple(u.src[1:]), u.arg, u.dtype), []).append(u)
+    return list(groups.values())
+
+
+def _row_sums(r, us: list[UOp], held: list[dict], cols: list[dict], batch: list[str]) -> dict:
+    """Reductions `us` (sums of one dtype over the same ranges) of each row of the batch named in `batch` at each
+    column of the block (`cols`: their bindings, `held`: each column's registers of each reduction's held parts), in
+    flight together: each element's loads that read no column once a row (`_row_parts`), its products for every
+    reduction, row and column, then the sums' combines interleaved, each across the row's work-items (each gets the
+    total); rounded where the dtype is 16-bit. {reduction: [row][column]}."""
+    dt, op = us[0].dtype, us[0].arg
+    accs = {u: [[f"acc{r.n}_{k}_{i}_{j}" for j in range(len(cols))] for i in range(len(batch))]
+            for k, u in enumerate(us)}
+    if len(us) == 1 and len(cols) == 1:   # (the names a column's one sum always had)
+        accs = {us[0]: [[f"acc{r.n}_{i}"] for i in range(len(batch))]}
     r.n += 1
-    for acc in (a for row in accs for a in row):
+    flat = [a for u in us for row in accs[u] for a in row]
+    for acc in flat:
         r.emit(f"{r.d.ctype(dt)} {acc} = {r.d.literal(0, dt)};")
-    shared = _row_parts(u, r.rows.batch) if len(cols) > 1 else []
+    shared = list(dict.fromkeys(x for u in us for x in _row_parts(u, r.rows.batch))) \
+        if len(cols) > 1 or len(us) > 1 else []
 
     def add(p: int, e: int):
-        for row_accs, row in zip(accs, batch):
+        for i, row in enumerate(batch):
             r.open_block("", {r.rows.batch: row})
-            for x in shared:   # (the row's loads, once for the block's columns)
+            for x in shared:   # (the row's loads, once for the block's columns and the reductions)
                 r.value(x)
-            for acc, scope, held in zip(row_accs, cols, names):
-                r.scopes.append({**scope, **{x: name for (pp, ee, x), name in held.items() if (pp, ee) == (p, e)}})
-                r.emit(f"{acc} = {r.combine(u.arg, dt, acc, r.value(u.src[0]))};")
-                r.scopes.pop()
+            for u in us:
+                for acc, scope, names in zip(accs[u][i], cols, held):
+                    mine = {x: name for (pp, ee, x), name in names[u].items() if (pp, ee) == (p, e)}
+                    r.scopes.append({**scope, **mine})
+                    r.emit(f"{acc} = {r.combine(op, dt, acc, r.value(u.src[0]))};")
+                    r.scopes.pop()
             r.close_block()
-    _passes(r, u, add)
-    flat = _combine_rows(r, u.arg, dt, [a for row in accs for a in row])
-    totals = [r.round_to(t, dt) if dt.narrow else t for t in flat]
-    return [totals[i * len(cols):(i + 1) * len(cols)] for i in range(len(batch))]
+    _passes(r, us[0], add)
+    totals = dict(zip(flat, _combine_rows(r, op, dt, flat)))
+    return {u: [[r.round_to(totals[a], dt) if dt.narrow else totals[a] for a in row] for row in accs[u]] for u in us}
 
 
 def _row_parts(u: UOp, batch: UOp) -> list[UOp]:

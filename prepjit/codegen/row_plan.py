@@ -375,6 +375,13 @@ def lane_groups(rows: Rows, chunks: UOp) -> UOp:
     return count
 
 
+def share_batch_ranges(ast: UOp, rows: Rows) -> UOp:
+    """`ast` with the ranges of a batch row kernel's reductions of the same extents made one reduction's
+    (`_one_range`): gate/up's two sums of a column then read their row's elements as the same values, which the
+    renderer loads once for both (render_batch_rows: one pass)."""
+    return _one_range(ast, rows)
+
+
 def share_passes(ast: UOp, items: int = 1, warp_rows: int = 1) -> UOp:
     """`ast` with each row reduction's range replaced by the columns' range where every pass is one static run per
     work-item over ranges of one extent (softmax's row of 128, layernorm's of 384 on CUDA): the passes then read the

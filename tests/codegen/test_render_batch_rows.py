@@ -17,6 +17,7 @@ from prepjit.codegen.optimize import optimize
 from prepjit.codegen.render_cuda import CUDA
 from prepjit.codegen.schedule import schedule
 from prepjit.codegen.targets import CUDA_TARGET, OPENCL_TARGET
+from prepjit.uop import Ops
 
 from . import cuda_emulation
 from .test_render_fragments import working_nvrtc
@@ -361,3 +362,16 @@ def test_the_emulated_growing_block_equals_the_unblocked_bit_for_bit(monkeypatch
         want = _reference("q4_1", "plain", args)
         np.testing.assert_allclose(grown, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
         np.testing.assert_array_equal(grown.view(np.uint32), plain.view(np.uint32))
+
+
+def test_gate_and_up_read_their_row_as_one_value():
+    """Gate/up's two sums of a column run over one set of ranges in the launched kernel (row_plan.share_batch_ranges),
+    so they read the row's elements as the same loads, which the kernel makes once for both (one pass). Before: two
+    sets of ranges, the row loaded twice."""
+    traced = pj.trace(_swiglu_prepared("q4_1"), *_swiglu_args("q4_1", 3))
+    (kern,) = schedule(list(traced.outputs), list(traced.inputs)).kernels
+    launched = gpu_launch.launch(optimize(kern.ast, "cuda"), CUDA)
+    sums = [u for u in launched.toposort() if u.op is Ops.REDUCE]
+    assert len(sums) == 2 and sums[0].src[1:] == sums[1].src[1:]
+    rows = [{x for x in u.src[0].toposort() if x.op is Ops.LOAD and x.dtype.is_float} for u in sums]   # (x's)
+    assert rows[0] and rows[0] == rows[1]
