@@ -16,7 +16,9 @@ evaluated at each score.
 What a work-group stages in local memory (`local_bytes`): its block of queries and the whole head's keys and values
 (every key of the row at the key range's largest value): three passes over the keys read them from there (the
 row's max, its sum, then p @ V), none from memory again. Where they do not fit LOCAL_BYTES (long rows, wide heads)
-the softmax keeps its three kernels.
+the softmax keeps its three kernels. What the passes load for a key alone (`staged_loads`: a mask's bias of each
+key) is staged there too, a value a key, where it fits beside them: each element then reads it from local memory,
+not from global memory in the middle of a pass.
 """
 from __future__ import annotations
 
@@ -68,6 +70,7 @@ class Attention:
     kind: str              # the 16-bit float's name (render_fragments.KINDS)
     kept: tuple = ()       # per pass: (as it computes it, as the next part reads it) the value of each score that the
                            # next part (pass, or the probabilities) computes too, or None (`_kept`)
+    staged: tuple = ()     # the loads of a key alone staged in local memory, over the context's key range
     block_rows: int = BLOCK_ROWS
     key_block: int = KEY_BLOCK
 
@@ -179,8 +182,37 @@ def _parts(outer, a, b, rows, cols, batch, kind, block_rows, key_block) -> Atten
     score = Contraction(base[0], q, k, queries, (key,), head, order, block_rows, key_block, 1, kind.name)
     context = Contraction(outer, a, b, queries, (cols,), key, order, block_rows, columns.arg, 1, kind.name)
     along = tuple((s, parts[3]) for s, parts in scores.items())
-    kept = _kept([(p.src[0], p.src[1]) for p in passes] + [(a, key)], along) if end.vmax <= KEEP_KEYS else ()
-    return Attention(context, score, along, tuple(passes), kind.name, kept, block_rows, key_block)
+    parts = [(p.src[0], p.src[1]) for p in passes] + [(a, key)]
+    kept = _kept(parts, along) if end.vmax <= KEEP_KEYS else ()
+    staged = staged_loads(parts, queries, key)
+    room = LOCAL_BYTES - local_bytes(end.vmax, head.src[0].arg, columns.arg)
+    if sum(_padded(end.vmax, key_block) * u.dtype.itemsize for u in staged) > room:
+        staged = ()
+    return Attention(context, score, along, tuple(passes), kind.name, kept, staged, block_rows, key_block)
+
+
+def key_loads(operand: UOp, rows: tuple, stop: set = frozenset()) -> list:
+    """The loads `operand` reads outside reductions (and `stop`) that no query row (`rows`) indexes: a key's alone."""
+    seen, stack, out = set(), [operand], []
+    while stack:
+        n = stack.pop()
+        if n in seen or n in stop:
+            continue
+        seen.add(n)
+        if n.op is Ops.LOAD and not any(x in rows for x in n.toposort()):
+            out.append(n)
+        if n.op is not Ops.REDUCE:
+            stack.extend(n.src)
+    return out
+
+
+def staged_loads(parts: list, rows: tuple, key: UOp) -> tuple:
+    """Every part's (operand, key range) loads of a key alone, moved to the context's key range `key`, once each."""
+    found = {}
+    for operand, own in parts:
+        for u in key_loads(operand, rows):
+            found.setdefault(u.substitute({own: key}), None)
+    return tuple(found)
 
 
 def _kept(parts: list, along: tuple) -> tuple:

@@ -25,7 +25,7 @@ import attrs
 
 from ..uop import DType, Ops, UOp, dtypes, sym_prod
 from ..uop.uop import as_uop
-from .attention_tiles import SLICE, THREADS, Attention
+from .attention_tiles import SLICE, THREADS, Attention, key_loads
 from .fragment_copies import element_type, emit_chunk_starts, emit_slice_copy
 from .fragment_results import emit_results
 from .render_fragments import KINDS, WARP, _helpers, _load_fragments, _staged
@@ -37,6 +37,43 @@ RESIDENT_GROUPS = 1   # work-groups a multiprocessor should hold at once (__laun
                       # asked): at 128 keys ptxas gives the test kernel 127 registers (4 groups of an H100's SM), 96
                       # with 16 bytes of spills for 5, 80 with 144 for 6 (sm_90, nvcc 13.0); untimed
 _IDENTITY = {Ops.ADD: 0.0, Ops.MAX: float("-inf"), Ops.MIN: float("inf")}
+# sm_80 on: the NaN-propagating max (min) of two floats in one instruction (FMNMX.NAN) where the C helper takes four
+# (a NaN either way: the GPU's canonical one, its a + b too); the row passes' float32 max and min
+_EXTREMUM = """float pj_{op}_nan(float a, float b) {{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  float d;
+  asm("{op}.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
+  return d;
+#else
+  return (a != a || b != b) ? a + b : f{op}f(a, b);
+#endif
+}}"""
+# sm_80 on: a float rounded to bfloat16 (kept as a float) in two instructions (F2F, a shift) where the C helper takes
+# ~8: it tests for a NaN first, to give the quiet NaN of its sign (ml_dtypes' bits) where the instruction gives its
+# canonical NaN. Inside the row's passes and the probabilities (`_rounding`) every value is an operand of arithmetic
+# before anything the kernel stores (the stored context is mma's sums of the probabilities), which gives the GPU's
+# canonical NaN whichever NaN it reads: the same stored values.
+_ROUND_BFLOAT16 = """float pj_round_bf16_any(float x) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  unsigned short h;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));
+  return __uint_as_float((unsigned)h << 16);
+#else
+  return pj_round_bfloat16(x);
+#endif
+}"""
+# sm_80 on: two floats rounded to a 16-bit float and packed (the low one first) in one instruction (F2FP) where the
+# C helpers take ~5 a value: mma's A operand of two probabilities (a NaN stays a NaN; its sign and payload, which the
+# helpers keep, do not reach the context: the mma's sums take them)
+_PACK = """unsigned pj_pack_{ptx}x2(float lo, float hi) {{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  unsigned d;
+  asm("cvt.rn.{ptx}x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+  return d;
+#else
+  return (unsigned){lo} | (unsigned){hi} << 16;
+#endif
+}}"""
 
 
 def emit_attention(r, at: Attention):
@@ -57,6 +94,8 @@ def emit_attention(r, at: Attention):
     for tile, stages in ((q_tile, head_slices), (k_tile, blocks * head_slices), (v_tile, blocks * per_block)):
         shape = "][".join(str(x) for x in (stages, *tile.shape))
         r.locals.append(d.tile_array.format(type=element_type(r, kind), name=f"{tile.name}s", n=shape) + ";")
+    for n, u in enumerate(at.staged):
+        r.locals.append(d.tile_array.format(type=d.ctype(u.dtype), name=f"L{n}s", n=blocks * at.key_block) + ";")
     m, keys = r.value(_extent(at.context.i)), r.value(key_end)
     r.emit(f"const int lid = {d.local_id}, lane = lid % {WARP}, fg = lane / 4, ft = lane % 4 * 2, "
            f"wm = lid / {WARP} * 16;")
@@ -76,6 +115,7 @@ def emit_attention(r, at: Attention):
     kept = [k for k in at.kept if k is not None]
     for K in range(blocks if kept else 0):   # (each key block's kept values of the lane's scores)
         r.emit(" ".join(f"float kv{K}_{y}_{e} = 0.0f;" for y in range(at.key_block // FRAG) for e in range(4)))
+    r.round_to = _rounding(r)   # (the passes' and the probabilities'; the results' own, `_context`)
     done, arriving = {}, None   # each pass -> its per-row names; the value the last pass kept, as read now
     for n, row_pass in enumerate(at.passes):
         leaving = at.kept[n] if at.kept else None
@@ -84,10 +124,26 @@ def emit_attention(r, at: Attention):
     _context(r, at, done, arriving, k_tile, v_tile, head_slices, keys, kind)
 
 
+def _rounding(r):
+    """The renderer's rounding to a 16-bit float (kept as a float), but bfloat16's by _ROUND_BFLOAT16's helper."""
+    exact = type(r).round_to.__get__(r)
+
+    def round_to(v: str, dt: DType) -> str:
+        if dt != dtypes.bfloat16:
+            return exact(v, dt)
+        r.bfloat16_helpers()
+        out = r.let(dt, f"{r.helper('pj_round_bf16_any', _ROUND_BFLOAT16)}({v})")
+        if v in r.lets:
+            r.rounded_from[out] = v
+        return out
+    return round_to
+
+
 def _stage(r, at: Attention, q_tile, k_tile, v_tile, head_slices: int, per_block: int):
     """Copy the group's queries, the head's keys (KEY_BLOCK at a time, a key block's slices stages kb x head_slices
     on) and its values (SLICE keys a stage) into local memory, two groups of asynchronous copies, and wait for the
-    first (the queries and keys: the values are waited for before p @ V, `_context`)."""
+    first (the queries and keys: the values are waited for before p @ V, `_context`); the loads of a key alone
+    (Attention.staged) are loaded into theirs meanwhile."""
     r.open_block("", {})
     emit_chunk_starts(r, at.score, q_tile)
     for s in range(head_slices):
@@ -107,6 +163,10 @@ def _stage(r, at: Attention, q_tile, k_tile, v_tile, head_slices: int, per_block
     r.close_block()
     r.close_block()
     r.emit("pj_cp_async_commit();")
+    for n, u in enumerate(at.staged):   # (a value a key, loaded while the copies land)
+        r.open_block(f"for (int sj = lid; sj < {r.value(at.context.k.src[0])}; sj += {THREADS})", {at.context.k: "sj"})
+        r.emit(f"L{n}s[sj] = {r.value(u)};")
+        r.close_block()
     r.emit("pj_cp_async_wait<1>();")   # (the queries and keys; the values land during the row's passes)
     r.emit(r.d.barrier)
 
@@ -159,16 +219,19 @@ def _elements(r, at: Attention, operand: UOp, own: UOp, done: dict, keys: str, b
     pass kept (`arriving`) to its register, each pass done to its row's value; then the value `leaving` (as computed
     here) kept in the element's register for the next pass. What `operand` loads for a key alone (a mask's bias) is
     loaded once for the lane's two rows; a query row past the rows' end is left out where `operand` loads anything
-    of a row (else its values are computed from the zeros staged there, and never stored)."""
+    of a row (else its values are computed from the zeros staged there, and never stored). A load of a key alone
+    staged in local memory (Attention.staged) is read from there."""
     stop, end = {arriving} - {None}, at.context.k.src[0]
-    per_key, per_row = _key_loads(at, operand, stop), _row_loads(at, operand, stop)
+    per_key, per_row = key_loads(operand, at.context.i, stop), _row_loads(at, operand, stop)
+    staged = {u: n for n, u in enumerate(at.staged)}
     whole = end.op is Ops.CONST and end.arg % at.key_block == 0   # (every key of every block below the end)
     for y in tiles:
         for pair in range(2):
             key = f"(kbase + {FRAG * y + pair})"
             r.open_block("" if whole else f"if ({key} < {keys})", {own: key})
-            for u in per_key:
-                r.value(u)
+            for u in per_key:   # (from local memory where staged)
+                n = staged.get(u.substitute({own: at.context.k}))
+                r.scopes[-1][u] = r.value(u) if n is None else r.let(u.dtype, f"L{n}s[{key}]")
             for half in range(2):
                 e = 2 * half + pair
                 bind = {p: v[half] for p, v in done.items()}
@@ -207,11 +270,6 @@ def _reads_scores(at: Attention, operand: UOp, own: UOp, stop: set) -> bool:
     return any(s in set(_walk(operand, stop)) for s, along in at.scores if along is own)
 
 
-def _key_loads(at: Attention, operand: UOp, stop: set) -> list:
-    """The loads `operand` reads (outside reductions and `stop`) that no query row indexes."""
-    return [u for u in _walk(operand, stop) if u.op is Ops.LOAD and not _depends(u, at.context.i)]
-
-
 def _row_loads(at: Attention, operand: UOp, stop) -> bool:
     """Whether `operand` loads anything (outside reductions and `stop`) that a query row indexes."""
     return any(u.op is Ops.LOAD and _depends(u, at.context.i) for u in _walk(operand, set(stop)))
@@ -231,7 +289,7 @@ def _row_pass(r, at: Attention, n: int, row_pass, done: dict, arriving, leaving,
 
     def add(y, e):
         part = parts[e // 2]
-        r.emit(f"{part} = {r.combine(row_pass.arg, dt, part, r.value(row_pass.src[0]))};")
+        r.emit(f"{part} = {_combine(r, row_pass.arg, dt, part, r.value(row_pass.src[0]))};")
     def block(K):
         names = _block_scores(r, at, row_pass.src[0], row_pass.src[1], arriving, k_tile, head_slices)
         _elements(r, at, row_pass.src[0], row_pass.src[1], done, keys, add, names, K, arriving, leaving,
@@ -239,12 +297,21 @@ def _row_pass(r, at: Attention, n: int, row_pass, done: dict, arriving, leaving,
     _key_blocks(r, at, block)
     for p in parts:   # the four lanes of a row (lanes 4g ... 4g + 3) combined
         for o in (1, 2):
-            r.emit(f"{p} = {r.combine(row_pass.arg, dt, p, r.d.shuffle_xor.format(v=p, o=o))};")
+            r.emit(f"{p} = {_combine(r, row_pass.arg, dt, p, r.d.shuffle_xor.format(v=p, o=o))};")
     if dt.narrow:
         return tuple(r.round_to(p, dt) for p in parts)
     for p in parts:
         r.lets.add(p)
     return tuple(parts)
+
+
+def _combine(r, op: Ops, dt: DType, acc: str, v: str) -> str:
+    """`acc` combined with `v` by a row pass's `op`: a float32 max or min by _EXTREMUM's helper, else the
+    renderer's."""
+    if op not in (Ops.MAX, Ops.MIN) or dt != dtypes.float32:
+        return r.combine(op, dt, acc, v)
+    name = "max" if op is Ops.MAX else "min"
+    return r.let(dt, f"{r.helper(f'pj_{name}_nan', _EXTREMUM.format(op=name))}({acc}, {v})")
 
 
 def _context(r, at: Attention, done: dict, arriving, k_tile, v_tile, head_slices: int, keys: str, kind):
@@ -258,21 +325,23 @@ def _context(r, at: Attention, done: dict, arriving, k_tile, v_tile, head_slices
     for row in outs:
         r.emit(" ".join(f"float {a} = 0.0f;" for a in row))
     u32 = r.d.ctype(dtypes.uint32)
-    bits = r.sixteen_bits(c.a.src[0].dtype)   # (the probability's bits, converted from the float it was rounded from)
+    bits = r.sixteen_bits(c.a.src[0].dtype)
+    pack = r.helper(f"pj_pack_{kind.ptx}x2", _PACK.format(ptx=kind.ptx, lo=bits("lo"), hi=bits("hi")))
 
     def block(K):
         names = _block_scores(r, at, c.a, c.k, arriving, k_tile, head_slices)
         for step in range(at.key_block // STEP):   # (a step's probabilities computed, packed and multiplied)
             r.open_block("", {})
             probs = [[f"p{y}_{e}" for e in range(4)] for y in (2 * step, 2 * step + 1)]
-            r.emit(" ".join(f"{u32} {p} = 0;" for row in probs for p in row))
+            r.emit(" ".join(f"float {p} = 0.0f;" for row in probs for p in row))
 
-            def probability(y, e):
-                r.emit(f"p{y}_{e} = {bits(r.value(c.a.src[0]))};")
+            def probability(y, e):   # (the float the probability is rounded from, rounded where packed)
+                v = r.value(c.a.src[0])
+                r.emit(f"p{y}_{e} = {r.rounded_from.get(v, v)};")
             _elements(r, at, c.a, c.k, done, keys, probability, names, K, arriving, None, range(2 * step, 2 * step + 2))
             lo, hi = probs
             pairs = ((lo[0], lo[1]), (lo[2], lo[3]), (hi[0], hi[1]), (hi[2], hi[3]))
-            r.emit(f"const {u32} " + ", ".join(f"pa{e} = {x} | {y} << 16" for e, (x, y) in enumerate(pairs)) + ";")
+            r.emit(f"const {u32} " + ", ".join(f"pa{e} = {pack}({x}, {y})" for e, (x, y) in enumerate(pairs)) + ";")
             r.emit(f"st = kb * {at.key_block // SLICE} + {step * STEP // SLICE};")
             for y in range(0, cols, 2):
                 _load_fragments(r, v_tile, [f"v{y}_0", f"v{y}_1", f"v{y + 1}_0", f"v{y + 1}_1"], "0", y * FRAG,
@@ -281,6 +350,7 @@ def _context(r, at: Attention, done: dict, arriving, k_tile, v_tile, head_slices
                 r.emit(f"pj_mma_{kind.ptx}({', '.join(outs[y])}, pa0, pa1, pa2, pa3, v{y}_0, v{y}_1);")
             r.close_block()
     _key_blocks(r, at, block)
+    del r.round_to   # (the renderer's own for the results)
     cells = [(outs[y][e], f"wm + {8 * (e // 2)} + fg", f"{FRAG * y + e % 2} + ft") for y in range(cols)
              for e in range(4)]
     emit_results(r, c, cells)

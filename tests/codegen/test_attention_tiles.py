@@ -20,7 +20,7 @@ from prepjit.codegen.bounds import prove_launched
 from prepjit.codegen.gpu_launch import launch_of
 from prepjit.codegen.schedule import schedule
 from prepjit.codegen.targets import CUDA_HOPPER_TARGET, CUDA_TARGET, LLVM, OPENCL_TARGET
-from prepjit.uop import Ops
+from prepjit.uop import Ops, dtypes
 
 from . import cuda_emulation
 
@@ -91,6 +91,21 @@ def test_the_attention_kernels_accesses_are_proven():
     shapes = [sched.buffers[b].shape for b in kernel.buffers]
     # the store, the values' load and the queries', keys' and bias' loads of each pass (the max, the sum, p @ V)
     assert prove_launched(CUDA_TARGET.launched(kernel.ast), shapes) == 2 + 3 * 3
+
+
+def test_the_bias_of_a_key_is_staged_in_local_memory():
+    """The mask's bias of each key (loaded for a key alone: no query row indexes it) is staged in local memory with
+    the keys, once for all the passes (each pass's load of it, moved to p @ V's key range, is one): the passes read it
+    from there, none from global memory."""
+    traced = _traced(ml_dtypes.bfloat16)
+    sched = schedule(list(traced.outputs), list(traced.inputs), attention_tiles=True)
+    (kernel,) = [k for k in sched.kernels if launch_of(CUDA_TARGET.launched(k.ast))[0] == "attention"]
+    (bias,) = match_attention(kernel.ast).staged
+    assert bias.op is Ops.LOAD and bias.dtype == dtypes.float32
+    source = CUDA_TARGET.render(CUDA_TARGET.launched(kernel.ast)).source
+    passes = source[source.index("pj_cp_async_wait<1>"):]   # (after the copies: the passes, then the results)
+    bias_buffer = f"buf{bias.src[0].arg}["   # (its DEFINE_GLOBAL's slot)
+    assert "L0s[(kbase + 0)]" in passes and bias_buffer in source and bias_buffer not in passes
 
 
 def _emulated(sched, inputs: list, values: dict) -> np.ndarray:
