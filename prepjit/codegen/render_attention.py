@@ -48,16 +48,17 @@ _EXTREMUM = """float pj_{op}_nan(float a, float b) {{
   return (a != a || b != b) ? a + b : f{op}f(a, b);
 #endif
 }}"""
-# sm_80 on: a float rounded to bfloat16 (kept as a float) in two instructions (F2F, a shift) where the C helper takes
-# ~8: it tests for a NaN first, to give the quiet NaN of its sign (ml_dtypes' bits) where the instruction gives its
-# canonical NaN. Inside the row's passes and the probabilities (`_rounding`) every value is an operand of arithmetic
+# sm_80 on: a float rounded to bfloat16 (kept as a float) in one instruction where the C helper takes ~8 (it tests for
+# a NaN first, to give the quiet NaN of its sign, ml_dtypes' bits, where the instruction gives its canonical NaN): the
+# pair (x, 0) packed (F2FP, not the single conversion's F2F, which shares the MUFU pipe with the exponentials and the
+# divisions' reciprocals), whose 32 bits are x's bfloat16 widened. Inside the row's passes and the probabilities (`_rounding`) every value is an operand of arithmetic
 # before anything the kernel stores (the stored context is mma's sums of the probabilities), which gives the GPU's
 # canonical NaN whichever NaN it reads: the same stored values.
 _ROUND_BFLOAT16 = """float pj_round_bf16_any(float x) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  unsigned short h;
-  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));
-  return __uint_as_float((unsigned)h << 16);
+  unsigned d;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(x), "f"(0.0f));
+  return __uint_as_float(d);
 #else
   return pj_round_bfloat16(x);
 #endif
