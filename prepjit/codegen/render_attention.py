@@ -90,7 +90,7 @@ def emit_attention(r, at: Attention):
     v_tile = attrs.evolve(_staged(at.context)[1], name="V")
     key_end = at.context.k.src[0]
     head_slices = -(-at.score.k.src[0].arg // SLICE)
-    blocks = -(-key_end.vmax // at.key_block)                 # key blocks at the key range's largest
+    blocks = _blocks(at)
     per_block = at.key_block // SLICE                         # slices of values a key block
     for tile, stages in ((q_tile, head_slices), (k_tile, blocks * head_slices), (v_tile, blocks * per_block)):
         shape = "][".join(str(x) for x in (stages, *tile.shape))
@@ -142,21 +142,26 @@ def _rounding(r):
 
 def _stage(r, at: Attention, q_tile, k_tile, v_tile, head_slices: int, per_block: int):
     """Copy the group's queries, the head's keys (KEY_BLOCK at a time, a key block's slices stages kb x head_slices
-    on) and its values (SLICE keys a stage) into local memory, two groups of asynchronous copies, and wait for the
-    first (the queries and keys: the values are waited for before p @ V, `_context`); the loads of a key alone
-    (Attention.staged) are loaded into theirs meanwhile."""
+    on) and its values (SLICE keys a stage) into local memory, groups of asynchronous copies: the queries and the
+    keys, where the key blocks are unrolled (`_unrolled`) a group a key block (the first pass waits for each before
+    its block: `_key_blocks`); the values, waited for before p @ V (`_context`). Wait for the queries and the first
+    key block; the loads of a key alone (Attention.staged) are loaded into theirs meanwhile."""
     r.open_block("", {})
     emit_chunk_starts(r, at.score, q_tile)
     for s in range(head_slices):
         emit_slice_copy(r, at.score, q_tile, str(s), str(s))
     r.close_block()
-    r.open_block("for (int kb = 0; kb < nkb; kb++)", {})
-    r.emit(f"const {r.long} j0 = ({r.long})kb * {at.key_block};")
-    emit_chunk_starts(r, at.score, k_tile)
-    for s in range(head_slices):
-        emit_slice_copy(r, at.score, k_tile, f"kb * {head_slices} + {s}", str(s))
-    r.close_block()
-    r.emit("pj_cp_async_commit();")
+    groups = _blocks(at) if _unrolled(at) else 1   # (of the keys)
+    for K in range(groups):
+        r.open_block("for (int kb = 0; kb < nkb; kb++)" if groups == 1 else f"if ({K} < nkb)", {})
+        if groups > 1:
+            r.emit(f"const int kb = {K};")
+        r.emit(f"const {r.long} j0 = ({r.long})kb * {at.key_block};")
+        emit_chunk_starts(r, at.score, k_tile)
+        for s in range(head_slices):
+            emit_slice_copy(r, at.score, k_tile, f"kb * {head_slices} + {s}", str(s))
+        r.close_block()
+        r.emit("pj_cp_async_commit();")
     r.open_block("", {})
     emit_chunk_starts(r, at.context, v_tile)
     r.open_block(f"for (int ks = 0; ks < nkb * {per_block}; ks++)", {})
@@ -168,7 +173,7 @@ def _stage(r, at: Attention, q_tile, k_tile, v_tile, head_slices: int, per_block
         r.open_block(f"for (int sj = lid; sj < {r.value(at.context.k.src[0])}; sj += {THREADS})", {at.context.k: "sj"})
         r.emit(f"L{n}s[sj] = {r.value(u)};")
         r.close_block()
-    r.emit("pj_cp_async_wait<1>();")   # (the queries and keys; the values land during the row's passes)
+    r.emit(f"pj_cp_async_wait<{groups}>();")   # (the queries and the first keys; the rest land during the passes)
     r.emit(r.d.barrier)
 
 
@@ -191,20 +196,33 @@ def _scores(r, at: Attention, k_tile, head_slices: int) -> list[list[str]]:
     return names
 
 
-def _key_blocks(r, at: Attention, body):
+def _blocks(at: Attention) -> int:
+    """Key blocks at the key range's largest."""
+    return -(-at.context.k.src[0].vmax // at.key_block)
+
+
+def _unrolled(at: Attention) -> bool:
+    """Whether the key blocks are unrolled: where a lane keeps values across passes (in registers named by block)."""
+    return any(k is not None for k in at.kept)
+
+
+def _key_blocks(r, at: Attention, body, first: bool = False):
     """`body(K)` for each key block kb (its lane's first key kbase): a loop over them (K None), or, where the lane
-    keeps values across passes (in registers named by the block), each block unrolled (K its number), those past the
-    end skipped."""
-    if not any(k is not None for k in at.kept):
+    keeps values across passes (`_unrolled`), each block unrolled (K its number), those past the end skipped; in the
+    `first` pass, each after its keys' copies (`_stage`: a group each; the values' group last)."""
+    if not _unrolled(at):
         r.open_block("for (int kb = 0; kb < nkb; kb++)", {})
         r.emit(f"const {r.long} kbase = ({r.long})kb * {at.key_block} + ft;")
         body(None)
         r.close_block()
         return
-    for K in range(-(-at.context.k.src[0].vmax // at.key_block)):
+    for K in range(_blocks(at)):
         r.open_block("", {})
         r.emit(f"const int kb = {K};")
         r.open_block("if (kb < nkb)", {})
+        if first and K > 0:   # (the groups of blocks K + 1 on and the values' may still be in flight)
+            r.emit(f"pj_cp_async_wait<{_blocks(at) - K}>();")
+            r.emit(r.d.barrier)
         r.emit(f"const {r.long} kbase = ({r.long})kb * {at.key_block} + ft;")
         body(K)
         r.close_block()
@@ -295,7 +313,7 @@ def _row_pass(r, at: Attention, n: int, row_pass, done: dict, arriving, leaving,
         names = _block_scores(r, at, row_pass.src[0], row_pass.src[1], arriving, k_tile, head_slices)
         _elements(r, at, row_pass.src[0], row_pass.src[1], done, keys, add, names, K, arriving, leaving,
                   range(at.key_block // FRAG))
-    _key_blocks(r, at, block)
+    _key_blocks(r, at, block, first=n == 0)
     for p in parts:   # the four lanes of a row (lanes 4g ... 4g + 3) combined
         for o in (1, 2):
             r.emit(f"{p} = {_combine(r, row_pass.arg, dt, p, r.d.shuffle_xor.format(v=p, o=o))};")
