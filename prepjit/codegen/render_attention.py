@@ -34,8 +34,8 @@ from .render_tiles import _extent
 FRAG = 8        # keys or columns of one m16n8 tile
 STEP = 16       # keys or head elements of one m16n8k16 step
 RESIDENT_GROUPS = 1   # work-groups a multiprocessor should hold at once (__launch_bounds__' second number; 1: none
-                      # asked): at 128 keys ptxas gives the test kernel 127 registers (4 groups of an H100's SM), 96
-                      # with 16 bytes of spills for 5, 80 with 144 for 6 (sm_90, nvcc 13.0); untimed
+                      # asked): at 128 keys ptxas gives MiniLM's kernel 128 registers (4 groups of an H100's SM), 96
+                      # with 36 bytes of spills for 5, 80 with 140 for 6 (sm_90a, nvcc 13.0, a72ea53); untimed
 _IDENTITY = {Ops.ADD: 0.0, Ops.MAX: float("-inf"), Ops.MIN: float("inf")}
 # sm_80 on: the NaN-propagating max (min) of two floats in one instruction (FMNMX.NAN) where the C helper takes four
 # (a NaN either way: the GPU's canonical one, its a + b too); the row passes' float32 max and min
