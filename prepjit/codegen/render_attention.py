@@ -36,6 +36,9 @@ STEP = 16       # keys or head elements of one m16n8k16 step
 RESIDENT_GROUPS = 1   # work-groups a multiprocessor should hold at once (__launch_bounds__' second number; 1: none
                       # asked): at 128 keys ptxas gives MiniLM's kernel 128 registers (4 groups of an H100's SM), 96
                       # with 36 bytes of spills for 5, 80 with 140 for 6 (sm_90a, nvcc 13.0, a72ea53); untimed
+SPLIT_KEY_COPIES = True   # where the key blocks are unrolled, a group of asynchronous copies a key block, the first
+                          # pass waiting for each before its block (False: one group for every key, waited for before
+                          # the passes); untimed (a knob for timing: S15_SET=render_attention.SPLIT_KEY_COPIES=0)
 _IDENTITY = {Ops.ADD: 0.0, Ops.MAX: float("-inf"), Ops.MIN: float("inf")}
 # sm_80 on: the NaN-propagating max (min) of two floats in one instruction (FMNMX.NAN) where the C helper takes four
 # (a NaN either way: the GPU's canonical one, its a + b too); the row passes' float32 max and min
@@ -151,7 +154,7 @@ def _stage(r, at: Attention, q_tile, k_tile, v_tile, head_slices: int, per_block
     for s in range(head_slices):
         emit_slice_copy(r, at.score, q_tile, str(s), str(s))
     r.close_block()
-    groups = _blocks(at) if _unrolled(at) else 1   # (of the keys)
+    groups = _blocks(at) if _unrolled(at) and SPLIT_KEY_COPIES else 1   # (of the keys)
     for K in range(groups):
         r.open_block("for (int kb = 0; kb < nkb; kb++)" if groups == 1 else f"if ({K} < nkb)", {})
         if groups > 1:
@@ -220,7 +223,7 @@ def _key_blocks(r, at: Attention, body, first: bool = False):
         r.open_block("", {})
         r.emit(f"const int kb = {K};")
         r.open_block("if (kb < nkb)", {})
-        if first and K > 0:   # (the groups of blocks K + 1 on and the values' may still be in flight)
+        if first and K > 0 and SPLIT_KEY_COPIES:   # (the groups of blocks K + 1 on and the values' may still be in flight)
             r.emit(f"pj_cp_async_wait<{_blocks(at) - K}>();")
             r.emit(r.d.barrier)
         r.emit(f"const {r.long} kbase = ({r.long})kb * {at.key_block} + ft;")

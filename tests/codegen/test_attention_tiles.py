@@ -14,7 +14,7 @@ import prepjit as pj
 import prepjit.numpy as pnp
 from examples.models import minilm
 from examples.models.common import DTYPES, tree_cast
-from prepjit.codegen import attention_tiles, targets
+from prepjit.codegen import attention_tiles, render_attention, targets
 from prepjit.codegen.attention_tiles import KEEP_KEYS, match_attention
 from prepjit.codegen.bounds import prove_launched
 from prepjit.codegen.gpu_launch import launch_of
@@ -155,6 +155,25 @@ def test_other_key_blocks_equal_numpy(monkeypatch, request, key_block):
     sched = schedule(list(traced.outputs), list(traced.inputs), attention_tiles=True)
     assert launch_of(CUDA_TARGET.launched(sched.kernels[1].ast)) == ("attention", 64, key_block, "bfloat16")
     for t in (5, 100, 128):
+        args = _args(ml_dtypes.bfloat16, 2, t, seed=t)
+        got = _emulated(sched, list(args), {"B": 2, "T": t})[:2 * H * t * D].astype(np.float32)
+        want = reference(*args, ml_dtypes.bfloat16)
+        np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-2, atol=1e-2 * np.abs(want).max(),
+                                   err_msg=f"T = {t}")
+
+
+@pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
+def test_one_group_of_copies_for_every_key_equals_numpy(monkeypatch):
+    """Up to KEEP_KEYS keys (the key blocks unrolled) each key block is a group of asynchronous copies, the first
+    pass waiting for each before its block; render_attention.SPLIT_KEY_COPIES off (a knob for timing), one group for
+    every key, waited for before the passes: NumPy's values at T = 100, 128 of a var T of at most 128."""
+    traced = _traced(ml_dtypes.bfloat16, 128)
+    sched = schedule(list(traced.outputs), list(traced.inputs), attention_tiles=True)
+    launched = CUDA_TARGET.launched(sched.kernels[1].ast)
+    for split, groups in ((True, 3), (False, 2)):   # (the queries and keys', or each key block's, then the values')
+        monkeypatch.setattr(render_attention, "SPLIT_KEY_COPIES", split)
+        assert CUDA_TARGET.render(launched).source.count("pj_cp_async_commit();") == groups
+    for t in (100, 128):
         args = _args(ml_dtypes.bfloat16, 2, t, seed=t)
         got = _emulated(sched, list(args), {"B": 2, "T": t})[:2 * H * t * D].astype(np.float32)
         want = reference(*args, ml_dtypes.bfloat16)
