@@ -228,7 +228,7 @@ def _row_sums(r, us: list[UOp], held: list[dict], cols: list[dict], batch: list[
                 for acc, scope, names in zip(accs[u][i], cols, held):
                     mine = {x: name for (pp, ee, x), name in names[u].items() if (pp, ee) == (p, e)}
                     r.scopes.append({**scope, **mine})
-                    r.emit(f"{acc} = {r.combine(op, dt, acc, r.value(u.src[0]))};")
+                    r.emit(f"{acc} = {r.accumulate(u, acc)};")
                     r.scopes.pop()
             r.close_block()
     _passes(r, us[0], add)

@@ -73,6 +73,15 @@ def _identity(op: Ops, dt: DType):
     return dt.min() if op is Ops.MAX else dt.max()
 
 
+def _factors(x: UOp) -> tuple[UOp, UOp] | None:
+    """The two factors of a product `x` (a MUL, or x ** 2, which is rendered as x * x), else None."""
+    if x.op is Ops.MUL:
+        return x.src[0], x.src[1]
+    if x.op is Ops.POW and x.src[1].op is Ops.CONST and x.src[1].arg == 2:
+        return x.src[0], x.src[0]
+    return None
+
+
 def _c_name(name: str) -> str:
     return "v_" + re.sub(r"\W", "_", name)
 
@@ -407,6 +416,22 @@ class CStyleRenderer(KernelRenderer):
     def combine(self, op: Ops, dt: DType, acc: str, v: str) -> str:
         return self.alu(op, dt, dt, [acc, v])
 
+    def accumulate(self, u: UOp, acc: str) -> str:
+        """One step of the reduction `u` into its accumulator `acc`, its operand rendered here. A float32 / float64
+        sum of products (the operand a product of two values, widened from 16 bits or unpacked as they may be) is
+        fma(a, b, acc): the product and its add rounded once, as the CPU's vector reductions (llvm_reductions.py:
+        contracted) and the float32 tiles do; one issue slot a product instead of two. Elementwise `a * b + c`
+        stays rounded apart, as NumPy rounds it (runtime/cuda.py's --fmad=false, render_opencl's FP_CONTRACT OFF).
+        A product the kernel holds under a name whose factors it does not (local memory, registers) is added as
+        it is."""
+        x, dt = u.src[0], u.dtype
+        factors = _factors(x)
+        if u.arg is Ops.ADD and dt in FMA_DTYPES and factors is not None and \
+                (self._rendered(x) is None or all(self._rendered(f) is not None for f in factors)):
+            a, b = (self.value(f) for f in factors)
+            return self.let(dt, f"{self.d.math('fma', dt)}({a}, {b}, {acc})")
+        return self.combine(u.arg, dt, acc, self.value(x))
+
     def reduce(self, u: UOp) -> str:
         dt, ranges = u.dtype, list(u.src[1:])
         self.n += 1
@@ -419,7 +444,7 @@ class CStyleRenderer(KernelRenderer):
                 name = _range_name(r)
                 self.open_block(f"for ({self.long} {name} = 0; {name} < {self.value(r.src[0])}; {name}++)", {r: name})
             self.scopes[-1].update(held_in_loop(self, u))
-            self.emit(f"{acc} = {self.combine(u.arg, dt, acc, self.value(u.src[0]))};")
+            self.emit(f"{acc} = {self.accumulate(u, acc)};")
             for _ in ranges:
                 self.close_block()
         return self.round_to(acc, dt) if dt.narrow else acc

@@ -261,7 +261,7 @@ def _column_partials(r, u: UOp):
     r.n += 1
 
     def add(e: int, at: str, first: bool):
-        total = r.combine(u.arg, dt, f"{acc}{e}", r.value(u.src[0]))
+        total = r.accumulate(u, f"{acc}{e}")
         r.emit(f"{acc}{e} = {total if first else f'{at} < {count} ? {total} : {acc}{e}'};")
     for k in range(POSITIONS_IN_FLIGHT):
         position(k, lambda e, at, k=k: add(e, at, not k))
@@ -423,7 +423,7 @@ def reduce_together(r, u: UOp, acc: str) -> str:
     dt, ranges = u.dtype, list(u.src[1:])
     team = r.rows.team(u)
     if r.rows.shared:
-        _each_element(r, lambda: r.emit(f"{acc} = {r.combine(u.arg, dt, acc, r.value(u.src[0]))};"))
+        _each_element(r, lambda: r.emit(f"{acc} = {r.accumulate(u, acc)};"))
         return combine_group(r, u.arg, dt, acc, team)
     flat, per = f"f{r.n}", run_length(ranges, r.rows.run)
     held = r.row_operands.get(u, [])   # (computed once: with rows packed, by _shared_operands, else _row_arrays)
@@ -432,7 +432,7 @@ def reduce_together(r, u: UOp, acc: str) -> str:
     def element(e: int):
         r.scopes[-1].update({x: f"{name}[{_operand_at(flat, e, per) if packed else f'{flat} + {e}'}]"
                              for x, name in held})
-        r.emit(f"{acc} = {r.combine(u.arg, dt, acc, r.value(u.src[0]))};")
+        r.emit(f"{acc} = {r.accumulate(u, acc)};")
     _each_pass(r, flat, as_uop(sym_prod(x.src[0] for x in ranges)), per, team,
                lambda: r.consecutive(flat, ranges, per, by_element(per, element)))
     return combine_group(r, u.arg, dt, acc, team)

@@ -77,7 +77,7 @@ def fill_by_teams(r, x: UOp, team: tuple[UOp, int, int], ranges: tuple, name: st
 
         def element():
             r.scopes[-1].update(held_in_loop(r, n))
-            r.emit(f"{acc} = {r.combine(n.arg, dt, acc, r.value(n.src[0]))};")
+            r.emit(f"{acc} = {r.accumulate(n, acc)};")
         r.consecutive(f"{lane} * {per}" if per > 1 else lane, [n.src[1]], per, element)
         o = lanes // 2
         while o:

@@ -190,7 +190,9 @@ class CUDADevice(DeviceBase):
         built_for = self.arch + ("a" if self.arch == "sm_90" else "")
         self.compiler_id = (f"cuda-{self.device.name()}-{built_for}-driver{drv.get_driver_version()}-"
                             f"nvrtc{self.nvrtc.version[0]}.{self.nvrtc.version[1]}")
-        self.options = [f"-arch={built_for}", "-std=c++17", "--fmad=false"]  # NumPy rounds a*b and +c apart
+        # --fmad=false: an elementwise a * b + c is rounded apart, as NumPy rounds it; a reduction's sum of products
+        # is written as fma() (render_c.accumulate), as the cpu's vector reductions and the float32 tiles do
+        self.options = [f"-arch={built_for}", "-std=c++17", "--fmad=false"]
 
     # ---- contexts: CUDA's are current per thread, pycuda's stack of them must be empty when a thread ends ----
     def current(self, force: bool = False):

@@ -233,7 +233,7 @@ def test_a_wide_projection_blocks_its_columns():
     chunks = -(-37 // row_plan.BATCH_CHUNK)
     assert pj.uop.eval_uop(src.global_size[0], {"B": 37}) == HEAD // 4 * chunks // 8 * row_plan.MATVEC_WARPS * 32
     loads = re.findall(r"float (ld\d+) = buf2\[", src.source)
-    products = [p for ld in loads for p in re.findall(rf"= {ld} \* ", src.source)]
+    products = [p for ld in loads for p in re.findall(rf"= fmaf\({ld}, ", src.source)]   # (each added to its sum)
     assert loads and len(products) == 4 * len(loads)
     _, narrow = _kernel("q8_0", "plain")
     assert gpu_launch.launch_of(gpu_launch.launch(optimize(narrow.ast, "cuda"), CUDA))[4:] == (4, True)
