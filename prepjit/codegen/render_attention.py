@@ -17,7 +17,10 @@ then not computed again: one exponential an element). The last pass evaluates th
 16-bit float where the graph rounds them) and packs them, two keys a 32-bit register, straight into mma's A operand:
 the C layout of two neighbouring 8-key tiles is the A layout of one 16-key step (FlashAttention-2's trick),
 multiplied by the values' fragments (transposed matrix loads) into float32 accumulators of the context, rounded
-once where they are stored (fragment_results.py).
+once where they are stored (fragment_results.py). What the passes load for a key alone (attention_tiles'
+Attention.staged: a mask's bias) is staged in local memory while the copies land. On sm_80 and newer the passes'
+float32 max, their roundings to bfloat16 and the probabilities' packing are one instruction each (the C helpers' NaN
+tests are left out where no NaN's bits can reach a stored value: _EXTREMUM, _ROUND_BFLOAT16, _PACK).
 """
 from __future__ import annotations
 
@@ -53,10 +56,11 @@ _EXTREMUM = """float pj_{op}_nan(float a, float b) {{
 }}"""
 # sm_80 on: a float rounded to bfloat16 (kept as a float) in one instruction where the C helper takes ~8 (it tests for
 # a NaN first, to give the quiet NaN of its sign, ml_dtypes' bits, where the instruction gives its canonical NaN): the
-# pair (x, 0) packed (F2FP, not the single conversion's F2F, which shares the MUFU pipe with the exponentials and the
-# divisions' reciprocals), whose 32 bits are x's bfloat16 widened. Inside the row's passes and the probabilities (`_rounding`) every value is an operand of arithmetic
-# before anything the kernel stores (the stored context is mma's sums of the probabilities), which gives the GPU's
-# canonical NaN whichever NaN it reads: the same stored values.
+# pair (x, 0) packed (F2FP; the single conversion is an F2F, on the pipe of the exponentials and the divisions'
+# reciprocals, we believe: untimed), whose 32 bits are x's bfloat16 widened. Inside the row's passes and the
+# probabilities (`_rounding`) every value is an operand of arithmetic before anything the kernel stores (the stored
+# context is mma's sums of the probabilities), which gives the GPU's canonical NaN whichever NaN it reads: the same
+# stored values.
 _ROUND_BFLOAT16 = """float pj_round_bf16_any(float x) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   unsigned d;
@@ -223,7 +227,7 @@ def _key_blocks(r, at: Attention, body, first: bool = False):
         r.open_block("", {})
         r.emit(f"const int kb = {K};")
         r.open_block("if (kb < nkb)", {})
-        if first and K > 0 and SPLIT_KEY_COPIES:   # (the groups of blocks K + 1 on and the values' may still be in flight)
+        if first and K > 0 and SPLIT_KEY_COPIES:   # (blocks K + 1 on and the values may still be in flight)
             r.emit(f"pj_cp_async_wait<{_blocks(at) - K}>();")
             r.emit(r.d.barrier)
         r.emit(f"const {r.long} kbase = ({r.long})kb * {at.key_block} + ft;")
