@@ -417,16 +417,16 @@ class CStyleRenderer(KernelRenderer):
         return self.alu(op, dt, dt, [acc, v])
 
     def accumulate(self, u: UOp, acc: str) -> str:
-        """One step of the reduction `u` into its accumulator `acc`, its operand rendered here. A float32 / float64
-        sum of products (the operand a product of two values, widened from 16 bits or unpacked as they may be) is
-        fma(a, b, acc): the product and its add rounded once, as the CPU's vector reductions (llvm_reductions.py:
-        contracted) and the float32 tiles do; one issue slot a product instead of two. Elementwise `a * b + c`
-        stays rounded apart, as NumPy rounds it (runtime/cuda.py's --fmad=false, render_opencl's FP_CONTRACT OFF).
-        A product the kernel holds under a name whose factors it does not (local memory, registers) is added as
-        it is."""
+        """One step of the reduction `u` into its accumulator `acc`, its operand rendered here. On a dialect with
+        fused sums (CUDA) a float32 / float64 sum of products (the operand a product of two values, widened from 16
+        bits or unpacked as they may be) is fma(a, b, acc): the product and its add rounded once, as the CPU's
+        vector reductions (llvm_reductions.py: contracted) and the float32 tiles do; one issue slot a product
+        instead of two. Elementwise `a * b + c` stays rounded apart, as NumPy rounds it (runtime/cuda.py's
+        --fmad=false). A product the kernel holds under a name whose factors it does not (local memory,
+        registers) is added as it is."""
         x, dt = u.src[0], u.dtype
         factors = _factors(x)
-        if u.arg is Ops.ADD and dt in FMA_DTYPES and factors is not None and \
+        if self.d.fused_sums and u.arg is Ops.ADD and dt in FMA_DTYPES and factors is not None and \
                 (self._rendered(x) is None or all(self._rendered(f) is not None for f in factors)):
             a, b = (self.value(f) for f in factors)
             return self.let(dt, f"{self.d.math('fma', dt)}({a}, {b}, {acc})")

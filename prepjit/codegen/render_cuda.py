@@ -269,6 +269,7 @@ CUDA = Dialect(
     dynamic_local=DYNAMIC_LOCAL,
     dynamic_tile_array="{type} (&{name})[{n}] = *({type} (*)[{n}])(pj_dynamic_local + {offset})",
     bfloat16_conversion=_BFLOAT16_CONVERSION,
+    fused_sums=True,
 )
 
 
