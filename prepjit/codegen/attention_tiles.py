@@ -38,6 +38,14 @@ MAX_HEAD = 128           # a score's summed elements (a head's dimension) and p 
 COLUMN_STEP = 32         # p @ V's columns are a multiple of this (a stage of values is whole chunks for every lane)
 KEEP_KEYS = 128          # keys (at the key range's largest) up to which a lane keeps a value of each of its scores
                          # from one pass for the next (`kept`): 2 rows x KEEP_KEYS / 4 keys = 64 registers
+RESIDENT_GROUPS = 6      # work-groups a multiprocessor holds at once (__launch_bounds__(THREADS, 6): 80 registers a
+                         # lane) unless a kernel's lane holds more (`resident_groups`): on an H100 (132 SMs) MiniLM's
+                         # 768 groups (b32 t128 bf16) in one wave, its attention kernel 24.6 us against 29.7 at 4
+                         # groups (128 registers, 1.45 waves), the same embeddings (lead, CUDA events, 6 layers). The
+                         # grid against the device's multiprocessors is not known when the kernel is rendered: 6 is
+                         # what fits MiniLM-sized grids in one wave on an H100 / H200; untimed elsewhere
+NARROW_HEAD = 32         # a head's dimension and p @ V's columns up to which a lane keeping values across passes
+                         # holds few enough registers beside them for 5 or 6 groups (`resident_groups`)
 SIXTEEN_BITS = (dtypes.bfloat16, dtypes.float16)
 
 
@@ -73,6 +81,7 @@ class Attention:
     staged: tuple = ()     # the loads of a key alone staged in local memory, over the context's key range
     block_rows: int = BLOCK_ROWS
     key_block: int = KEY_BLOCK
+    resident_groups: int = 1   # work-groups a multiprocessor should hold at once (`resident_groups`; 1: none asked)
 
 
 def _narrow(x: UOp):
@@ -188,7 +197,24 @@ def _parts(outer, a, b, rows, cols, batch, kind, block_rows, key_block) -> Atten
     room = LOCAL_BYTES - local_bytes(end.vmax, head.src[0].arg, columns.arg)
     if sum(_padded(end.vmax, key_block) * u.dtype.itemsize for u in staged) > room:
         staged = ()
-    return Attention(context, score, along, tuple(passes), kind.name, kept, staged, block_rows, key_block)
+    groups = resident_groups(kept, head.src[0].arg, columns.arg, end.op is Ops.CONST and end.arg % key_block == 0)
+    return Attention(context, score, along, tuple(passes), kind.name, kept, staged, block_rows, key_block, groups)
+
+
+def resident_groups(kept: tuple, head: int, columns: int, whole: bool) -> int:
+    """Work-groups a multiprocessor should hold at once: RESIDENT_GROUPS, fewer where a lane keeps a value of each of
+    its scores across passes (`kept`) and holds more beside them: heads or p @ V's columns above NARROW_HEAD (their
+    query fragments and context accumulators: 4 groups, 128 registers) or a key range's end that is no static
+    multiple of the key block (the keys' guards: 5 groups, 96 registers). Bytes spilled (nvcc 13.0 sm_90a -Xptxas
+    -v, .wgmma_scratch/s16_attn2_regs.py) at 6 / 5 / 4 groups: MiniLM's kernel (heads of 32, static T = 128) 140 /
+    36 / 0; heads of 32 at a var T <= 128: 364 / 148 / 0; causal and grouped-query heads of 64 at a var T <= 128:
+    672 and 664 / 376 and 440 / 56 and 96; heads of 32 at a var T <= 256 (none kept): 76 / 16 / 0. Timed for
+    MiniLM's kernel only."""
+    if not any(k is not None for k in kept):
+        return RESIDENT_GROUPS
+    if max(head, columns) > NARROW_HEAD:
+        return min(RESIDENT_GROUPS, 4)
+    return RESIDENT_GROUPS if whole else min(RESIDENT_GROUPS, 5)
 
 
 def key_loads(operand: UOp, rows: tuple, stop: set = frozenset()) -> list:

@@ -70,6 +70,9 @@ class Dialect:
     # statements of pj_float_to_bfloat16 after its NaN test (x: the float, not a NaN): the target's own conversion to
     # nearest even, returning the bits where it has one (c_helpers.BFLOAT16); "": the integer rounding alone
     bfloat16_conversion: str = ""
+    # defines `float pj_round_bfloat16_any(float)` (after c_helpers.BFLOAT16): pj_round_bfloat16's value, but a NaN
+    # any NaN, in fewer instructions, for a renderer whose `exact_nan` is off (render_c.round_to); "": none
+    round_bfloat16_any: str = ""
     # whether a float32 / float64 reduction adds each product by fma() (render_c.accumulate): where the compiler
     # keeps it one instruction (CUDA); PoCL's work-group vectorizer leaves fma() scalar (an OpenCL sum of products
     # over neighbouring work-items' columns took 34 ms by fma(), 19 by a * b then + on this host's PoCL 3.0)

@@ -20,7 +20,8 @@ multiplied by the values' fragments (transposed matrix loads) into float32 accum
 once where they are stored (fragment_results.py). What the passes load for a key alone (attention_tiles'
 Attention.staged: a mask's bias) is staged in local memory while the copies land. On sm_80 and newer the passes'
 float32 max, their roundings to bfloat16 and the probabilities' packing are one instruction each (the C helpers' NaN
-tests are left out where no NaN's bits can reach a stored value: _EXTREMUM, _ROUND_BFLOAT16, _PACK).
+tests are left out where no NaN's bits can reach a stored value: _EXTREMUM, _PACK, and the renderer's roundings with
+its `exact_nan` off: the dialect's round_bfloat16_any). The launch asks for Attention.resident_groups at once.
 """
 from __future__ import annotations
 
@@ -36,12 +37,6 @@ from .render_tiles import _extent
 
 FRAG = 8        # keys or columns of one m16n8 tile
 STEP = 16       # keys or head elements of one m16n8k16 step
-RESIDENT_GROUPS = 1   # work-groups a multiprocessor should hold at once (__launch_bounds__' second number; 1: none
-                      # asked): at 128 keys ptxas gives MiniLM's kernel 128 registers (4 groups of an H100's SM), 96
-                      # with 36 bytes of spills for 5, 80 with 140 for 6 (sm_90a, nvcc 13.0, a72ea53); untimed
-SPLIT_KEY_COPIES = True   # where the key blocks are unrolled, a group of asynchronous copies a key block, the first
-                          # pass waiting for each before its block (False: one group for every key, waited for before
-                          # the passes); untimed (a knob for timing: S15_SET=render_attention.SPLIT_KEY_COPIES=0)
 _IDENTITY = {Ops.ADD: 0.0, Ops.MAX: float("-inf"), Ops.MIN: float("inf")}
 # sm_80 on: the NaN-propagating max (min) of two floats in one instruction (FMNMX.NAN) where the C helper takes four
 # (a NaN either way: the GPU's canonical one, its a + b too); the row passes' float32 max and min
@@ -54,22 +49,6 @@ _EXTREMUM = """float pj_{op}_nan(float a, float b) {{
   return (a != a || b != b) ? a + b : f{op}f(a, b);
 #endif
 }}"""
-# sm_80 on: a float rounded to bfloat16 (kept as a float) in one instruction where the C helper takes ~8 (it tests for
-# a NaN first, to give the quiet NaN of its sign, ml_dtypes' bits, where the instruction gives its canonical NaN): the
-# pair (x, 0) packed (F2FP; the single conversion is an F2F, on the pipe of the exponentials and the divisions'
-# reciprocals, we believe: untimed), whose 32 bits are x's bfloat16 widened. Inside the row's passes and the
-# probabilities (`_rounding`) every value is an operand of arithmetic before anything the kernel stores (the stored
-# context is mma's sums of the probabilities), which gives the GPU's canonical NaN whichever NaN it reads: the same
-# stored values.
-_ROUND_BFLOAT16 = """float pj_round_bf16_any(float x) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  unsigned d;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(x), "f"(0.0f));
-  return __uint_as_float(d);
-#else
-  return pj_round_bfloat16(x);
-#endif
-}"""
 # sm_80 on: two floats rounded to a 16-bit float and packed (the low one first) in one instruction (F2FP) where the
 # C helpers take ~5 a value: mma's A operand of two probabilities (a NaN stays a NaN; its sign and payload, which the
 # helpers keep, do not reach the context: the mma's sums take them)
@@ -88,7 +67,7 @@ def emit_attention(r, at: Attention):
     """The kernel body through the C-style renderer `r`."""
     d, long = r.d, r.long
     kind = KINDS[at.kind]
-    r.resident_groups = RESIDENT_GROUPS
+    r.resident_groups = at.resident_groups
     if kind.ptx == "bf16":
         r.bfloat16_helpers()
     _helpers(r, kind.ptx)
@@ -123,28 +102,14 @@ def emit_attention(r, at: Attention):
     kept = [k for k in at.kept if k is not None]
     for K in range(blocks if kept else 0):   # (each key block's kept values of the lane's scores)
         r.emit(" ".join(f"float kv{K}_{y}_{e} = 0.0f;" for y in range(at.key_block // FRAG) for e in range(4)))
-    r.round_to = _rounding(r)   # (the passes' and the probabilities'; the results' own, `_context`)
+    r.exact_nan = False   # (the passes' and the probabilities' roundings: every value an operand of arithmetic before
+    # anything stored, the stored context mma's sums, so no NaN's bits reach it; the results' own, `_context`)
     done, arriving = {}, None   # each pass -> its per-row names; the value the last pass kept, as read now
     for n, row_pass in enumerate(at.passes):
         leaving = at.kept[n] if at.kept else None
         done[row_pass] = _row_pass(r, at, n, row_pass, done, arriving, leaving, k_tile, head_slices, keys)
         arriving = leaving[1] if leaving else None
     _context(r, at, done, arriving, k_tile, v_tile, head_slices, keys, kind)
-
-
-def _rounding(r):
-    """The renderer's rounding to a 16-bit float (kept as a float), but bfloat16's by _ROUND_BFLOAT16's helper."""
-    exact = type(r).round_to.__get__(r)
-
-    def round_to(v: str, dt: DType) -> str:
-        if dt != dtypes.bfloat16:
-            return exact(v, dt)
-        r.bfloat16_helpers()
-        out = r.let(dt, f"{r.helper('pj_round_bf16_any', _ROUND_BFLOAT16)}({v})")
-        if v in r.lets:
-            r.rounded_from[out] = v
-        return out
-    return round_to
 
 
 def _stage(r, at: Attention, q_tile, k_tile, v_tile, head_slices: int, per_block: int):
@@ -158,7 +123,7 @@ def _stage(r, at: Attention, q_tile, k_tile, v_tile, head_slices: int, per_block
     for s in range(head_slices):
         emit_slice_copy(r, at.score, q_tile, str(s), str(s))
     r.close_block()
-    groups = _blocks(at) if _unrolled(at) and SPLIT_KEY_COPIES else 1   # (of the keys)
+    groups = _blocks(at) if _unrolled(at) else 1   # (of the keys)
     for K in range(groups):
         r.open_block("for (int kb = 0; kb < nkb; kb++)" if groups == 1 else f"if ({K} < nkb)", {})
         if groups > 1:
@@ -227,7 +192,7 @@ def _key_blocks(r, at: Attention, body, first: bool = False):
         r.open_block("", {})
         r.emit(f"const int kb = {K};")
         r.open_block("if (kb < nkb)", {})
-        if first and K > 0 and SPLIT_KEY_COPIES:   # (blocks K + 1 on and the values may still be in flight)
+        if first and K > 0:   # (blocks K + 1 on and the values may still be in flight)
             r.emit(f"pj_cp_async_wait<{_blocks(at) - K}>();")
             r.emit(r.d.barrier)
         r.emit(f"const {r.long} kbase = ({r.long})kb * {at.key_block} + ft;")
@@ -376,7 +341,7 @@ def _context(r, at: Attention, done: dict, arriving, k_tile, v_tile, head_slices
                 r.emit(f"pj_mma_{kind.ptx}({', '.join(outs[y])}, pa0, pa1, pa2, pa3, v{y}_0, v{y}_1);")
             r.close_block()
     _key_blocks(r, at, block)
-    del r.round_to   # (the renderer's own for the results)
+    r.exact_nan = True   # (the results' roundings: stored)
     cells = [(outs[y][e], f"wm + {8 * (e // 2)} + fg", f"{FRAG * y + e % 2} + ft") for y in range(cols)
              for e in range(4)]
     emit_results(r, c, cells)

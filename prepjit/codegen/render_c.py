@@ -139,14 +139,21 @@ class CStyleRenderer(KernelRenderer):
 
     var_name = staticmethod(_c_name)
 
+    exact_nan = True   # whether a rounding to bfloat16 gives ml_dtypes' NaN (the quiet NaN of its sign); off where no
+    # rounded value's NaN bits can reach a stored value (render_attention's passes and probabilities), which take
+    # the dialect's shorter rounding where it has one (Dialect.round_bfloat16_any)
+
     def round_to(self, v: str, dt: DType) -> str:
         """A float `v` rounded to the 16-bit float `dt` (kept as a float)."""
         if dt == dtypes.float16:
             self.half_helpers()
             self.helpers.setdefault("pj_round_half", self.d.round_half_helper)
             out = self.let(dt, f"pj_round_half({v})")
-        else:
+        elif self.exact_nan or not self.d.round_bfloat16_any:
             out = self.let(dt, f"{self.bfloat16_helpers()}round_bfloat16({v})")
+        else:
+            self.bfloat16_helpers()
+            out = self.let(dt, f"{self.helper('pj_round_bfloat16_any', self.d.round_bfloat16_any)}({v})")
         if v in self.lets:
             self.rounded_from[out] = v
         return out

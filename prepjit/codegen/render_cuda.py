@@ -117,6 +117,19 @@ _BFLOAT16_CONVERSION = """#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   { unsigned short h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x)); return h; }
 #endif
 """
+# sm_80 on: a float rounded to bfloat16 (kept as a float) in one instruction where pj_round_bfloat16 takes ~8 (a NaN
+# test first, to give ml_dtypes' quiet NaN of its sign where the instruction gives its canonical NaN): the pair (x, 0)
+# packed (F2FP), whose 32 bits are x's bfloat16 widened (cvt.rn.bf16.f32 alone is an F2F, on the pipe of the
+# exponentials and reciprocals, we believe: untimed)
+_ROUND_BFLOAT16_ANY = """float pj_round_bfloat16_any(float x) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  unsigned d;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(x), "f"(0.0f));
+  return __uint_as_float(d);
+#else
+  return pj_round_bfloat16(x);
+#endif
+}"""
 _TENSOR_CORES = {  # Ampere's and Hopper's (sm_80 and newer) warp-wide matrix, matrix-load and async-copy instructions;
     # older GPUs get the same results from shuffles and plain copies (correct, not fast: no tensor cores there)
     "pj_widen_{kind}": """__device__ __forceinline__ float pj_widen_{kind}(unsigned bits) {
@@ -269,6 +282,7 @@ CUDA = Dialect(
     dynamic_local=DYNAMIC_LOCAL,
     dynamic_tile_array="{type} (&{name})[{n}] = *({type} (*)[{n}])(pj_dynamic_local + {offset})",
     bfloat16_conversion=_BFLOAT16_CONVERSION,
+    round_bfloat16_any=_ROUND_BFLOAT16_ANY,
     fused_sums=True,
 )
 

@@ -5,6 +5,7 @@ last one multiplying the probabilities (from the score accumulators' registers) 
 cuda_emulation against NumPy with the graph's roundings, at key lengths of one var's range that are and are not
 multiples of the key block, with a padding mask; causal, grouped-query and cross attention too, and MiniLM's layer."""
 import math
+import re
 
 import ml_dtypes
 import numpy as np
@@ -14,7 +15,7 @@ import prepjit as pj
 import prepjit.numpy as pnp
 from examples.models import minilm
 from examples.models.common import DTYPES, tree_cast
-from prepjit.codegen import attention_tiles, render_attention, targets
+from prepjit.codegen import attention_tiles, targets
 from prepjit.codegen.attention_tiles import KEEP_KEYS, match_attention
 from prepjit.codegen.bounds import prove_launched
 from prepjit.codegen.gpu_launch import launch_of
@@ -162,23 +163,48 @@ def test_other_key_blocks_equal_numpy(monkeypatch, request, key_block):
                                    err_msg=f"T = {t}")
 
 
-@pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
-def test_one_group_of_copies_for_every_key_equals_numpy(monkeypatch):
-    """Up to KEEP_KEYS keys (the key blocks unrolled) each key block is a group of asynchronous copies, the first
-    pass waiting for each before its block; render_attention.SPLIT_KEY_COPIES off (a knob for timing), one group for
-    every key, waited for before the passes: NumPy's values at T = 100, 128 of a var T of at most 128."""
+def test_each_key_block_is_a_group_of_copies_where_the_blocks_are_unrolled():
+    """Up to KEEP_KEYS keys (the key blocks unrolled) each key block is a group of asynchronous copies (the first
+    pass waits for each before its block), then the values': three groups at a T of at most 128. Beyond, the keys
+    are one group, the values another."""
+    for longest, groups in ((128, 3), (256, 2)):
+        traced = _traced(ml_dtypes.bfloat16, longest)
+        sched = schedule(list(traced.outputs), list(traced.inputs), attention_tiles=True)
+        source = CUDA_TARGET.render(CUDA_TARGET.launched(sched.kernels[1].ast)).source
+        assert source.count("pj_cp_async_commit();") == groups, longest
+
+
+def test_resident_groups_follow_what_a_lane_holds():
+    """The launch asks for 6 resident groups (MiniLM's grid in one wave of an H100) where a lane keeps no value
+    across passes or keeps them for heads of 32 and a static number of keys (no key guards), 5 at a var T (the
+    guards), 4 for heads of 64: Attention.resident_groups, the kernel's __launch_bounds__."""
+    static = pj.prepare(lambda q, k, v, mask: attention(pnp, q, k, v, mask), vars={"B": (1, 4)},
+                        shapes={**{x: ("B", H, 128, D) for x in "qkv"}, "mask": ("B", 128)})
+    rng = np.random.default_rng(6)
+    causal_d64 = pj.prepare(lambda q, k, v: causal(pnp, q, k, v), vars={"T": (1, 128)},
+                            shapes={x: (2, 2, "T", 64) for x in "qkv"})
+    cases = [(pj.trace(static, *_args(ml_dtypes.bfloat16, 2, 128)), 6), (_traced(ml_dtypes.bfloat16, 256), 6),
+             (_traced(ml_dtypes.bfloat16, 128), 5),
+             (pj.trace(causal_d64, *[rng.standard_normal((2, 2, 9, 64)).astype(ml_dtypes.bfloat16)
+                                     for _ in range(3)]), 4)]
+    for traced, groups in cases:
+        sched = schedule(list(traced.outputs), list(traced.inputs), attention_tiles=True)
+        (kernel,) = [k for k in sched.kernels if launch_of(CUDA_TARGET.launched(k.ast))[0] == "attention"]
+        assert match_attention(kernel.ast).resident_groups == groups
+        source = CUDA_TARGET.render(CUDA_TARGET.launched(kernel.ast)).source
+        assert f"__launch_bounds__(128, {groups})" in source
+
+
+def test_the_passes_round_to_bfloat16_in_one_instruction():
+    """The passes' and the probabilities' roundings to bfloat16 (whose NaN bits reach no stored value) are the
+    dialect's shorter rounding (render_c.round_to with exact_nan off: CUDA's pj_round_bfloat16_any); the stored
+    context's are the exact helper's."""
     traced = _traced(ml_dtypes.bfloat16, 128)
     sched = schedule(list(traced.outputs), list(traced.inputs), attention_tiles=True)
-    launched = CUDA_TARGET.launched(sched.kernels[1].ast)
-    for split, groups in ((True, 3), (False, 2)):   # (the queries and keys', or each key block's, then the values')
-        monkeypatch.setattr(render_attention, "SPLIT_KEY_COPIES", split)
-        assert CUDA_TARGET.render(launched).source.count("pj_cp_async_commit();") == groups
-    for t in (100, 128):
-        args = _args(ml_dtypes.bfloat16, 2, t, seed=t)
-        got = _emulated(sched, list(args), {"B": 2, "T": t})[:2 * H * t * D].astype(np.float32)
-        want = reference(*args, ml_dtypes.bfloat16)
-        np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-2, atol=1e-2 * np.abs(want).max(),
-                                   err_msg=f"T = {t}")
+    source = CUDA_TARGET.render(CUDA_TARGET.launched(sched.kernels[1].ast)).source
+    body = source[source.index("__global__"):]
+    exact = re.findall(r"pj_round_bfloat16\((\w+)\)", body)   # (the stored context's: its accumulators o{y}_{e})
+    assert "pj_round_bfloat16_any(" in body and exact and all(re.fullmatch(r"o\d+_\d", v) for v in exact)
 
 
 def causal(xp, q, k, v):
