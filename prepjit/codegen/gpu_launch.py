@@ -14,9 +14,9 @@ renderer (render_c.py) follows and never decides itself:
 - ("rows", group, pack, run): a row kernel (row_plan.py; work-items take runs of `run` elements), its row
   reductions' passes rewritten to share the columns' range where every pass is one static run per work-item
   (`share_passes`: the proof sees that range);
-- ("batch", group, pack, run, block, grows): a row kernel of a var batch of at most FEW_VAR_ROWS rows over a
-  quantized weight (row_plan.batch_plan, `few_var_batch`): a block of columns (up to `block`, by the batch's chunks,
-  where it `grows`) a warp or part of one (a work-group's without shuffles), their weights held in registers for a
+- ("batch", group, pack, run, block): a row kernel of a var batch of at most FEW_VAR_ROWS rows over a quantized
+  weight (row_plan.batch_plan, `few_var_batch`): a block of `block` columns (more than one where the weight is wide:
+  a model's head) a warp or part of one (a work-group's without shuffles), their weights held in registers for a
   chunk of the batch's rows, a few rows' sums combined and stored at a time (render_batch_rows.py);
 - ("attention", rows, key block, kind): softmax(q @ k^T ...) @ v, its softmax inside (softmax_contraction.py), on
   tensor cores, a work-group per block of `rows` queries (attention_tiles.py, render_attention.py);
@@ -68,7 +68,7 @@ def launch(ast: UOp, dialect, blocking: Blocking = DEFAULT_BLOCKING) -> UOp:
     batch = batch_plan(split, dialect.items_per_thread, packed)
     if batch is not None and few_var_batch(batch):
         return _with_launch(share_batch_ranges(split, batch),
-                            ("batch", batch.group, batch.pack, batch.run, batch.block, batch.grows))
+                            ("batch", batch.group, batch.pack, batch.run, batch.block))
     shared = share_passes(split, dialect.items_per_thread, packed)
     rows = row_plan(shared, dialect.items_per_thread, packed)
     if rows is not None:

@@ -1,10 +1,11 @@
 """Rendering batch row kernels through the C-style renderers (row_plan.batch_plan decides which kernels are one,
-gpu_launch.py launches them as ("batch", group, pack, run, block, grows), render_c.py calls `emit_batch_rows` for
-the body): a projection of a var batch of rows (a decode step's sequences) by a weight.
+gpu_launch.py launches them as ("batch", group, pack, run, block), render_c.py calls `emit_batch_rows` for the body):
+a projection of a var batch of rows (a decode step's sequences) by a weight.
 
 A warp's lanes (row_plan.batch_plan: all, half or a quarter of them; on a dialect without shuffles the whole
 work-group) own a block of `block` neighbouring rows of the other ranges (columns of the weight; MATVEC_WARPS warps a
-work-group, whose neighbouring blocks read the same rows of the batch) and a chunk of BATCH_CHUNK rows of the batch.
+work-group, whose neighbouring blocks read the same rows of the batch; `block` is more than 1 where the weight is
+wide, a model's head: row_plan._block) and a chunk of BATCH_CHUNK rows of the batch.
 Its work-items first compute their share of each reduction's held parts (row_plan.held_parts: the weight unpacked
 from its blocks, or widened) for each column of the block into registers, in runs as straight-line passes; then they
 loop over the chunk's rows, SUMS_IN_FLIGHT sums a step (rows x the block's columns x a column's sums; at least a
@@ -13,9 +14,8 @@ every column of the block, then their sums combined across the block's work-item
 the sums' steps interleaved; without shuffles a local-memory tree each, and a barrier ending the step, before the
 trees' arrays are written again), and work-item 0 stores each row's outputs. The weights are read and unpacked once
 a chunk, not once a row; a row's element is loaded once for the block's columns, not once a column; each column's
-sum is the one it computes alone, in the same order; only the rows in flight have accumulators. A block that grows
-with the batch (row_plan.block_sizes) is one such body a block size, the batch's chunks choosing (a batch of one
-chunk: the unblocked body).
+sum is the one it computes alone, in the same order; only the rows in flight have accumulators. Sums over the same
+ranges (gate/up's two a column) are computed in one pass, the row's loads once for both (`_together`).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import math
 
 from ..uop import Ops, UOp, dtypes
 from .render_rows import by_element, combine_group
-from .row_plan import BATCH_CHUNK, WARP, block_sizes, free_ranges, held_parts, run_length
+from .row_plan import BATCH_CHUNK, WARP, free_ranges, held_parts, run_length
 
 SUMS_IN_FLIGHT = 4   # sums a step of a chunk's rows computes together (rows x the block's columns x a column's
                      # sums: their loads, products and combines interleaved)
@@ -31,12 +31,14 @@ SUMS_IN_FLIGHT = 4   # sums a step of a chunk's rows computes together (rows x t
 
 def emit_batch_rows(r, store: UOp):
     """The kernel body through the C-style renderer `r`: the work-item's held values for each column of its block,
-    then the loop over its chunk of the batch's rows, a few at a time and the rest one at a time (a batch
-    of one computes one row), storing each row's outputs. The blocks of one warp loop over as many rows as the one
-    of most (their combines are the warp's shuffles); a block past the last, or past its own rows, computes its last
-    row again and stores nothing, and a column past the last computes the last column and stores nothing. Where the
-    block grows with the batch (row_plan.block_sizes), one such body a block size, the batch's chunks choosing."""
+    then the loop over its chunk of the batch's rows, SUMS_IN_FLIGHT sums a step and the rest one row at a time (a
+    batch of one computes one row), storing each row's outputs. The blocks of one warp loop over as many rows as the
+    one of most (their combines are the warp's shuffles); a block past the last, or past its own rows, computes its
+    last row again and stores nothing, and a column past the last computes the last column and stores nothing."""
     rows = r.rows
+    columns = [x for x in rows.rows if x is not rows.batch]
+    width = math.prod(x.src[0].arg for x in columns)   # (static: row_plan.batch_range)
+    blocks = -(-width // rows.block)
     shared = WARP // rows.group if rows.pack > 1 else 1   # blocks a warp (without shuffles: a work-group) computes
     if rows.pack > 1:
         r.emit(f"const int tid = {r.d.local_id};")
@@ -48,24 +50,6 @@ def emit_batch_rows(r, store: UOp):
         r.emit(f"const int lid = {r.d.local_id};")
         r.emit(f"const {r.long} warp = gid;")
     end = r.value(rows.batch.src[0])
-    sizes = block_sizes(rows)
-    if len(sizes) == 1:
-        _blocks_body(r, store, sizes[0], end, shared)
-        return
-    chunks = r.let(dtypes.int64, f"({end} + {BATCH_CHUNK - 1}) / {BATCH_CHUNK}", "chunks")
-    for i, block in enumerate(sizes):
-        r.open_block("else" if block == 1 else f"{'else ' if i else ''}if ({chunks} >= {block})", {})
-        _blocks_body(r, store, block, end, shared)
-        r.close_block()
-
-
-def _blocks_body(r, store: UOp, block: int, end: str, shared: int):
-    """The body of a kernel whose lane groups own `block` columns each (`shared` lane groups a warp), `end` the
-    batch's rows."""
-    rows = r.rows
-    columns = [x for x in rows.rows if x is not rows.batch]
-    width = math.prod(x.src[0].arg for x in columns)   # (static: row_plan.batch_range)
-    blocks = -(-width // block)
     r.emit(f"const {r.long} total = {blocks} * (({end} + {BATCH_CHUNK - 1}) / {BATCH_CHUNK});")
     r.emit("if (warp >= total) return;")   # (a warp past the last block of the last chunk)
     spans = [_span(r, f"warp + {k}" if k else "warp", blocks, end) for k in sorted({0, shared - 1})]
@@ -73,14 +57,14 @@ def _blocks_body(r, store: UOp, block: int, end: str, shared: int):
     first, stop = _chunk(r, "gid", blocks, end)
     narrow = f"({r.d.ctype(dtypes.uint32)})"
     r.emit(f"const {r.long} col = {narrow}(gid < total ? gid : total - 1) % {narrow}{blocks}"
-           f"{f' * {block}' if block > 1 else ''};")
-    if block == 1:
+           f"{f' * {rows.block}' if rows.block > 1 else ''};")
+    if rows.block == 1:
         r.scopes[-1].update(r.unflatten("col", columns))
         cols = [({}, None)]
     else:
-        cols = [(_column(r, columns, j, width), f"col + {j} < {width}") for j in range(block)]
+        cols = [(_column(r, columns, j, width), f"col + {j} < {width}") for j in range(rows.block)]
     held = [{u: _hold(r, u, scope) for u in rows.order} for scope, _ in cols]
-    count = max(1, SUMS_IN_FLIGHT // (block * len(rows.order)))
+    count = max(1, SUMS_IN_FLIGHT // (rows.block * len(rows.order)))
     _row_steps(r, store, held, cols, first, stop, f"step + {count} <= span", count)
     if count > 1:
         _row_steps(r, store, held, cols, first, stop, "step < span", 1, f"span / {count} * {count}")

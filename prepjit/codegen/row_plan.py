@@ -31,11 +31,13 @@ reductions each read a part no batch row indexes (a weight: `held_parts`) is a b
 `Rows.batch`): a row of the other ranges (a column of the weight) a warp's or part of one (a work-group's without
 shuffles), each work-item holding its share of the held parts in registers (at most HELD_MAX values, unpacked once),
 then looping over BATCH_CHUNK rows of the batch, a few rows' sums combined and stored at a time: the weights are read
-once per chunk of rows, not once per row, and no accumulator is kept for every row. Where the dialect shuffles, a
-column's lanes own a block of neighbouring columns (`_block`), holding each one's parts, so that each row's element
-is loaded once for all of them (the head at 64 rows read its 64 x 576 activations once per column): a fixed block
-where the weight is wide (a model's head), else one that grows with the batch's chunks (`block_sizes`), so that a
-batch of one chunk runs unblocked on as many work-groups as before.
+once per chunk of rows, not once per row, and no accumulator is kept for every row. Where the dialect shuffles and
+the weight is wide (a model's head: its work-groups at one chunk of rows at least BLOCK_MIN_GROUPS), a column's lanes
+own a block of neighbouring columns (`_block`), holding each one's parts, so that each row's element is loaded once
+for all of them (the head at 64 rows read its 64 x 576 activations once per column). Narrower projections keep a
+column a lane group: on an H100 (SmolLM2's paged step at 64 rows, fma sums) blocks growing with the batch took
+gate/up 28.7 -> 36.4 us and qkv 15.6 -> 16.9 (o 21.6 -> 19.2, down equal), the step +0.15 ms, where the head's
+blocks of 4 took 458 -> 329 us.
 
 Reductions nested in a row's reduction that depend on its range (sum_j max_k x[i, j, k]) are not the row's
 (`free_ranges`): each work-item computes them inline.
@@ -68,7 +70,6 @@ BLOCK_COLUMNS = (4, 2)    # columns a lane group of a batch row kernel may own (
 BLOCK_HELD_MAX = 160      # values a work-item of a blocked batch row kernel holds for its columns (no spills, ptxas)
 BLOCK_MIN_GROUPS = 264    # work-groups a blocked batch row kernel keeps at one chunk of rows (2 a multiprocessor of
                           # an H100: fewer would leave a one-row step's work on fewer of them, each doing more)
-BLOCK_GROWS = True        # a narrower one's block grows with the batch's chunks (a one-row step unblocked)
 
 
 @attrs.frozen
@@ -86,7 +87,6 @@ class Rows:
     columns: tuple = ()  # reductions of each column that read the row's reductions (a softmax's p @ V): in `reduces`
     batch: UOp | None = None   # the row range each warp loops over, its held parts in registers (batch_plan)
     block: int = 1       # neighbouring columns a batch row kernel's column lanes own (each row's loads read once)
-    grows: bool = False  # whether that is the most, the block growing with the batch's chunks (`block_sizes`)
 
     @property
     def column_runs(self) -> int:
@@ -275,14 +275,13 @@ def _uniform_first(hoisted: list, rows: tuple) -> tuple:
     return tuple(sorted(hoisted, key=lambda u: not free_ranges(u).isdisjoint(rows)))
 
 
-def rows_of(ast: UOp, group: int, pack: int, run: int, block: int = 1, grows: bool = False,
-            batched: bool = False) -> Rows:
+def rows_of(ast: UOp, group: int, pack: int, run: int, block: int = 1, batched: bool = False) -> Rows:
     """The row kernel a launch decided (gpu_launch.py: `group` work-items a row, `pack` rows a work-group, each
     work-item taking runs of `run` elements; `batched`: looping over the batch range, batch_plan, a row's lanes
-    owning `block` columns, or up to that many where the block `grows`)."""
+    owning `block` columns)."""
     hoisted, rows, cols, columns = _hoisted(ast)
     return Rows(frozenset(hoisted) | frozenset(columns), _uniform_first(hoisted, rows), rows, cols, group, pack, run,
-                columns, batch_range(rows) if batched else None, block, grows)
+                columns, batch_range(rows) if batched else None, block)
 
 
 def batch_range(rows: tuple) -> UOp | None:
@@ -337,42 +336,21 @@ def batch_plan(ast: UOp, items: int = 1, warp_rows: int = 1) -> Rows | None:
         held = _held_values(u, batch, group, run)
         if not held or held > HELD_MAX:
             return None
-    block, grows = _block(hoisted, rows, batch, group, run, pack) if warp_rows > 1 else (1, False)
+    block = _block(hoisted, rows, batch, group, run, pack) if warp_rows > 1 else 1
     return Rows(frozenset(hoisted), _uniform_first(hoisted, rows), rows, cols, group, pack, run, batch=batch,
-                block=block, grows=grows)
+                block=block)
 
 
-def _block(hoisted: list, rows: tuple, batch: UOp, lanes: int, run: int, pack: int) -> tuple[int, bool]:
-    """(neighbouring columns the `lanes` of a batch row kernel's column own, whether that is the most of a block
-    growing with the batch): each row's element is then loaded once for all of them, one product a column. The most
-    of BLOCK_COLUMNS whose held values, every reduction's for each column, are at most BLOCK_HELD_MAX a lane; fixed
-    where its work-groups (`pack` blocks' lanes each) at one chunk of rows are at least BLOCK_MIN_GROUPS (the head's
-    49152 columns), else growing (BLOCK_GROWS: a 576-wide projection's, unblocked at one chunk, so a one-row step
-    keeps its work-groups); else 1. Each column's sums are the ones it computes alone, in the same order."""
+def _block(hoisted: list, rows: tuple, batch: UOp, lanes: int, run: int, pack: int) -> int:
+    """Neighbouring columns the `lanes` of a batch row kernel's column own (each row's element then loaded once
+    for all of them, one product a column): the most of BLOCK_COLUMNS whose held values, every reduction's for each
+    column, are at most BLOCK_HELD_MAX a lane, and whose work-groups (`pack` columns' lanes each) at one chunk of
+    rows are at least BLOCK_MIN_GROUPS (the head's 49152 columns, not a 576-wide projection's: see the module's
+    docstring); else 1. Each column's sums are the ones it computes alone, in the same order."""
     width = math.prod(r.src[0].arg for r in rows if r is not batch)
     held = sum(_held_values(u, batch, lanes, run) for u in hoisted)
-    block = max((c for c in BLOCK_COLUMNS if c * held <= BLOCK_HELD_MAX and c < width), default=1)
-    if block == 1 or -(-width // (block * pack)) >= BLOCK_MIN_GROUPS:
-        return block, False
-    return (block, True) if BLOCK_GROWS else (1, False)
-
-
-def block_sizes(rows: Rows) -> list[int]:
-    """The blocks a batch row kernel's lane groups may own, the most first: its block, or where it grows the
-    powers of two up to it, the one at n chunks of rows the largest at most n (a batch of one chunk unblocked)."""
-    if not rows.grows:
-        return [rows.block]
-    return [rows.block >> s for s in range(rows.block.bit_length())]
-
-
-def lane_groups(rows: Rows, chunks: UOp) -> UOp:
-    """A batch row kernel's lane groups a chunk of rows at `chunks` chunks: a block's lanes each (`block_sizes`)."""
-    width = math.prod(r.src[0].arg for r in rows.rows if r is not rows.batch)
-    sizes = block_sizes(rows)[::-1]
-    count = as_uop(-(-width // sizes[0]))
-    for smaller, block in zip(sizes, sizes[1:]):   # (one block fewer a step: at least `block` chunks)
-        count = count - (chunks // block).smin(1) * (-(-width // smaller) - -(-width // block))
-    return count
+    fits = [c for c in BLOCK_COLUMNS if c * held <= BLOCK_HELD_MAX and -(-width // (c * pack)) >= BLOCK_MIN_GROUPS]
+    return max(fits, default=1)
 
 
 def share_batch_ranges(ast: UOp, rows: Rows) -> UOp:
@@ -447,7 +425,6 @@ def launch_size(rows: Rows) -> UOp:
     """Work-items of a row kernel's launch (a batch row kernel's: a block of rows of the other ranges per
     BATCH_CHUNK rows of the batch)."""
     count = as_uop(sym_prod([r.src[0] for r in rows.rows if r is not rows.batch]))
-    if rows.batch is not None:
-        chunks = (rows.batch.src[0] + (BATCH_CHUNK - 1)) // BATCH_CHUNK
-        count = lane_groups(rows, chunks) * chunks
+    if rows.batch is not None:   # (its columns' count is static: batch_range)
+        count = as_uop(-(-count.arg // rows.block)) * ((rows.batch.src[0] + (BATCH_CHUNK - 1)) // BATCH_CHUNK)
     return (count + (rows.pack - 1)) // rows.pack * rows.size if rows.pack > 1 else count * rows.group

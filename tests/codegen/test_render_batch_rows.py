@@ -67,13 +67,12 @@ def test_a_var_batch_projection_is_a_batch_row_kernel(kind, monkeypatch):
     """On CUDA a column is half a warp's (MATVEC_WARPS warps a work-group: 8 columns) in runs of 4 (the row of 576 in
     9 passes of the lanes' runs, 36 elements a lane, none idle; a warp in the matvec's runs of 16 one-byte quants
     would be 2 passes, 32 elements, the second for 4 lanes), the launch a column per chunk of BATCH_CHUNK rows, no
-    local memory; on OpenCL a work-group per column (here without blocks of columns: BLOCK_GROWS off). Before: a warp
-    per (row, column), each unpacking the column's weights again."""
+    local memory, a column a lane group (38 work-groups: too few for blocks of columns); on OpenCL a work-group per
+    column. Before: a warp per (row, column), each unpacking the column's weights again."""
     _, kern = _kernel(kind, "plain")
-    monkeypatch.setattr(row_plan, "BLOCK_GROWS", False)
     launched = gpu_launch.launch(optimize(kern.ast, "cuda"), CUDA)
     half = row_plan.WARP // 2
-    assert gpu_launch.launch_of(launched) == ("batch", half, row_plan.MATVEC_WARPS * 2, 4, 1, False)
+    assert gpu_launch.launch_of(launched) == ("batch", half, row_plan.MATVEC_WARPS * 2, 4, 1)
     src = CUDA_TARGET.render(launched)
     chunks = -(-37 // row_plan.BATCH_CHUNK)
     size = pj.uop.eval_uop(src.global_size[0], {"B": 37})
@@ -82,7 +81,7 @@ def test_a_var_batch_projection_is_a_batch_row_kernel(kind, monkeypatch):
     steps = re.findall(r"for \(long long step = .*; step \+= (\d+)\)", src.source)
     assert steps == [str(render_batch_rows.SUMS_IN_FLIGHT), "1"]   # the rest a row at a time: a batch of 1 is 1 row
     opencl = gpu_launch.launch_of(OPENCL_TARGET.launched(optimize(kern.ast, "opencl")))
-    assert opencl[0] == "batch" and opencl[2:] == (1, 1, 1, False)
+    assert opencl[0] == "batch" and opencl[2:] == (1, 1, 1)
     monkeypatch.setattr(gpu_launch, "FEW_VAR_ROWS", MOST - 1)   # a batch of more rows: its tile, as before
     assert gpu_launch.launch_of(gpu_launch.launch(optimize(kern.ast, "cuda"), CUDA))[0] == "tile"
 
@@ -223,12 +222,12 @@ def test_a_wide_projection_blocks_its_columns():
     """A head-wide projection (16384 columns of 576 Q8_0 weights) at a var batch is a batch row kernel whose column
     lanes own 4 neighbouring columns (row_plan._block: 4 x 36 held values a lane; 512 work-groups at one chunk), each
     row's element loaded once for the 4 (one load per 4 products, a row at a time), its launch a quarter of the
-    columns' work-items; the 301-column projection's block grows with the batch instead (10 work-groups at one chunk
-    would leave a one-row step on fewer multiprocessors). Before: one load per product, every column a lane group."""
+    columns' work-items; the 301-column projection keeps a column a lane group (in blocks, 10 work-groups at one
+    chunk). Before: one load per product, every column a lane group."""
     _, kern = _head_kernel(HEAD)
     launched = gpu_launch.launch(optimize(kern.ast, "cuda"), CUDA)
     half = row_plan.WARP // 2
-    assert gpu_launch.launch_of(launched) == ("batch", half, row_plan.MATVEC_WARPS * 2, 4, 4, False)
+    assert gpu_launch.launch_of(launched) == ("batch", half, row_plan.MATVEC_WARPS * 2, 4, 4)
     src = CUDA_TARGET.render(launched)
     chunks = -(-37 // row_plan.BATCH_CHUNK)
     assert pj.uop.eval_uop(src.global_size[0], {"B": 37}) == HEAD // 4 * chunks // 8 * row_plan.MATVEC_WARPS * 32
@@ -236,30 +235,7 @@ def test_a_wide_projection_blocks_its_columns():
     products = [p for ld in loads for p in re.findall(rf"= fmaf\({ld}, ", src.source)]   # (each added to its sum)
     assert loads and len(products) == 4 * len(loads)
     _, narrow = _kernel("q8_0", "plain")
-    assert gpu_launch.launch_of(gpu_launch.launch(optimize(narrow.ast, "cuda"), CUDA))[4:] == (4, True)
-
-
-@pytest.mark.parametrize("kind", ["q8_0", "q4_1"])
-def test_a_narrow_projections_block_grows_with_the_batch(kind, monkeypatch):
-    """The 301-column projection's lane groups own up to 4 columns, the largest power of two at most the batch's
-    chunks of BATCH_CHUNK rows (row_plan.block_sizes): a batch of one chunk launches the unblocked kernel's
-    work-groups (38) and runs its body (4 rows in flight, then one at a time), 3 chunks blocks of 2 (151 lane groups
-    a chunk), 4 chunks blocks of 4 (76), one body a block size. Before: a column a lane group at every batch."""
-    _, kern = _kernel(kind, "plain")
-    launched = gpu_launch.launch(optimize(kern.ast, "cuda"), CUDA)
-    half, pack = row_plan.WARP // 2, row_plan.MATVEC_WARPS * 2
-    assert gpu_launch.launch_of(launched) == ("batch", half, pack, 4, 4, True)
-    src = CUDA_TARGET.render(launched)
-    monkeypatch.setattr(row_plan, "BLOCK_GROWS", False)
-    unblocked = CUDA_TARGET.render(gpu_launch.launch(optimize(kern.ast, "cuda"), CUDA))
-    for b, lanes in ((1, N), (16, N), (17, 151), (37, 151), (49, 76), (64, 76)):
-        chunks = -(-b // row_plan.BATCH_CHUNK)
-        size = pj.uop.eval_uop(src.global_size[0], {"B": b})
-        assert size == -(-lanes * chunks // pack) * row_plan.WARP * row_plan.MATVEC_WARPS, b
-        if chunks == 1:
-            assert size == pj.uop.eval_uop(unblocked.global_size[0], {"B": b})
-    steps = re.findall(r"for \(long long step = .*; step \+= (\d+)\)", src.source)
-    assert steps == ["1", "2", "1", str(render_batch_rows.SUMS_IN_FLIGHT), "1"]   # blocks of 4, 2, then 1
+    assert gpu_launch.launch_of(gpu_launch.launch(optimize(narrow.ast, "cuda"), CUDA))[4:] == (1,)
 
 
 @pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
@@ -271,7 +247,7 @@ def test_the_emulated_blocked_kernel_equals_numpy_bit_for_bit(kind, operand, k, 
     kernel of a column a lane group (each column's sum in the same order)."""
     sched, kern = _kernel(kind, operand, k)
     sources = _unblocked_and_blocked(kern, monkeypatch)
-    assert gpu_launch.launch_of(gpu_launch.launch(optimize(kern.ast, "cuda"), CUDA))[4:] == (block, False)
+    assert gpu_launch.launch_of(gpu_launch.launch(optimize(kern.ast, "cuda"), CUDA))[4:] == (block,)
     for b in BATCHES:
         args = _args(kind, operand, b, seed=b, k=k)
         x = args[0].astype(np.float64)
@@ -319,7 +295,7 @@ def test_every_kind_blocked_equals_the_unblocked_bit_for_bit(kind, monkeypatch):
     sched = schedule(list(traced.outputs), list(traced.inputs))
     (kern,) = sched.kernels
     sources = _unblocked_and_blocked(kern, monkeypatch)
-    assert gpu_launch.launch_of(gpu_launch.launch(optimize(kern.ast, "cuda"), CUDA))[4:] == (2, False)
+    assert gpu_launch.launch_of(gpu_launch.launch(optimize(kern.ast, "cuda"), CUDA))[4:] == (2,)
     w = pj.quant.dequantize(blocks, kind).astype(np.float64)
     for b in (1, 37, 64):
         x = rng.standard_normal((b, k)).astype(np.float32)
@@ -337,31 +313,13 @@ def test_blocked_swiglu_equals_the_unblocked_bit_for_bit(monkeypatch):
     sched = schedule(list(traced.outputs), list(traced.inputs))
     (kern,) = sched.kernels
     sources = _unblocked_and_blocked(kern, monkeypatch)
-    assert gpu_launch.launch_of(gpu_launch.launch(optimize(kern.ast, "cuda"), CUDA))[4:] == (2, False)
+    assert gpu_launch.launch_of(gpu_launch.launch(optimize(kern.ast, "cuda"), CUDA))[4:] == (2,)
     for b in BATCHES:
         x, blocks = _swiglu_args("q4_1", b, seed=b)
         want = swiglu(np, "q4_1")(x.astype(np.float64), pj.quant.dequantize(blocks, "q4_1").astype(np.float64))
         plain, blocked = _emulated(kern, sources, dict(zip(sched.inputs, (x, blocks))), b, N)
         np.testing.assert_allclose(blocked, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
         np.testing.assert_array_equal(blocked.view(np.uint32), plain.view(np.uint32))
-
-
-@pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
-def test_the_emulated_growing_block_equals_the_unblocked_bit_for_bit(monkeypatch):
-    """The 301-column q4_1 projection whose block grows with the batch, through cuda_emulation at B = 1, 3 (blocks of
-    1), 37 (of 2) and 64 (of 4): NumPy's, and bit for bit the unblocked kernel's."""
-    sched, kern = _kernel("q4_1", "plain")
-    launched = gpu_launch.launch(optimize(kern.ast, "cuda"), CUDA)
-    assert gpu_launch.launch_of(launched)[4:] == (4, True)
-    sources = [CUDA_TARGET.render(launched)]
-    monkeypatch.setattr(row_plan, "BLOCK_COLUMNS", ())
-    sources.insert(0, CUDA_TARGET.render(gpu_launch.launch(optimize(kern.ast, "cuda"), CUDA)))
-    for b in BATCHES:
-        args = _args("q4_1", "plain", b, seed=b)
-        plain, grown = _emulated(kern, sources, dict(zip(sched.inputs, args)), b, N)
-        want = _reference("q4_1", "plain", args)
-        np.testing.assert_allclose(grown, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
-        np.testing.assert_array_equal(grown.view(np.uint32), plain.view(np.uint32))
 
 
 def test_gate_and_up_read_their_row_as_one_value():
