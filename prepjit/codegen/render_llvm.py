@@ -90,6 +90,7 @@ class _Renderer(ReductionRendering, KernelRenderer, InlineMath):
         self.lines: list[str] = []
         self.allocas: list[str] = []
         self.decls: set[str] = set()
+        self.metadata: list[str] = []  # module-level metadata nodes (loop hints: close_loop)
         self.n = 0
         self.vars = [v.arg[0] for v in kernel_vars(ast)]
         self.prange = parallel_range(ast)
@@ -451,11 +452,18 @@ class _Renderer(ReductionRendering, KernelRenderer, InlineMath):
         self.scopes.append({} if r is None else {r: cur})
         return ptr, label, cur
 
-    def close_loop(self, loop: tuple):
+    def close_loop(self, loop: tuple, hints: tuple[str, ...] = ()):
+        """The end of a loop opened by open_loop; `hints` (LLVM loop metadata strings, e.g. ROLLED) are attached
+        to its back edge."""
         ptr, label, cur = loop
         self.scopes.pop()
         self.emit(f"store i64 {self.op(f'add i64 {cur}, 1')}, ptr {ptr}")
-        self.emit(f"br label %{label}.cond")
+        if not hints:
+            self.emit(f"br label %{label}.cond")
+        else:
+            n = len(self.metadata)
+            self.metadata += [f"!{n} = distinct !{{!{n}, !{n + 1}}}", f"!{n + 1} = !{{{', '.join(hints)}}}"]
+            self.emit(f"br label %{label}.cond, !llvm.loop !{n}")
         self.lines.append(f"{label}.exit:")
 
     # ---- the function ----
@@ -548,7 +556,8 @@ class _Renderer(ReductionRendering, KernelRenderer, InlineMath):
             wrap.append(f"  %v{j} = load i64, ptr %vp{j}")
             args.append(f"i64 %v{j}")
         wrap += [f"  call void @{name}_body({', '.join(args + ['i64 %start', 'i64 %end'])})", "  ret void", "}"]
-        return "\n".join(sorted(self.decls) + [""] + body + [""] + wrap) + "\n"
+        metadata = [""] + self.metadata if self.metadata else []
+        return "\n".join(sorted(self.decls) + [""] + body + [""] + wrap + metadata) + "\n"
 
 
 def render_llvm(ast: UOp, target: CPUTarget | None = None) -> KernelSource:

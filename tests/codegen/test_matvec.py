@@ -187,3 +187,39 @@ def test_a_float_row_sum_is_summed_over_lanes_with_every_line_prefetched(rng, de
     lines = MAX_LANES * np.dtype(stored).itemsize // 64
     assert ir.count("call void @llvm.prefetch") == lines
     assert all(f"i64 {PREFETCH_BYTES + 64 * at}\n" in ir for at in range(lines))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_float32_row_streams_from_a_rolled_loop_of_steps(rng, dtype):
+    """h @ W.T for W (960, 576) (SmolLM2's q/k/v projection): the loop of a float32 row's steps carries LLVM's
+    unroll.disable hint (llvm_reductions.ROLLED), so the compiled kernel asks for the row's lines from that loop, one
+    prefetch per line of a 128-byte step as the step's loads stream (2 prefetch instructions), not all 36 of a row
+    in one burst after its sum (LLVM unrolls the 18 steps whole and sinks the prefetches). A bfloat16 row's loop is
+    left to LLVM. Values equal NumPy's; the kernel's results have the same bits either way (same sums, same order)."""
+    import llvmlite.binding as llvm
+    import ml_dtypes
+
+    from prepjit.codegen.llvm_reductions import ROLLED
+    from prepjit.runtime.devices import get_device
+    stored = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float32
+    w, h = rng.standard_normal((960, 576)).astype(stored), rng.standard_normal(576).astype(np.float32)
+    f = pj.prepare(lambda h, w: h @ w.T.astype(np.float32), device="cpu")
+    np.testing.assert_allclose(np.asarray(f(h, w)), h @ w.T.astype(np.float32), rtol=1e-4, atol=1e-4)
+    (kernel,) = f.plan(h, w).kernels
+    ir = kernel.kernel.source
+    rolled = re.search(r"br label %L\d+\.cond, !llvm\.loop !(\d+)\n", ir)
+    if dtype == "bfloat16":
+        assert rolled is None
+        return
+    node = re.search(rf"^!{rolled.group(1)} = distinct !\{{!{rolled.group(1)}, !(\d+)\}}$", ir, re.M)
+    assert re.search(rf"^!{node.group(1)} = !\{{{re.escape(ROLLED)}\}}$", ir, re.M)
+    machine = get_device("cpu").target_machine
+    if not machine.triple.startswith("x86_64"):
+        return
+    module = llvm.parse_assembly(ir)
+    module.triple, module.data_layout = machine.triple, str(machine.target_data)
+    options = llvm.create_pipeline_tuning_options(speed_level=2)
+    options.loop_vectorization = options.slp_vectorization = True
+    builder = llvm.create_pass_builder(machine, options)  # as llvm_compile.compile_object optimises
+    builder.getModulePassManager().run(module, builder)
+    assert machine.emit_assembly(module).count("prefetcht0") == 2
