@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import math
 
-from ..uop import Ops, UOp, dtypes
+from ..uop import UOp, dtypes
 from .render_rows import by_element, combine_group
-from .row_plan import BATCH_CHUNK, WARP, free_ranges, held_parts, run_length
+from .row_plan import BATCH_CHUNK, WARP, held_parts, row_parts, run_length
 
 SUMS_IN_FLIGHT = 4   # sums a step of a chunk's rows computes together (rows x the block's columns x a column's
                      # sums: their loads, products and combines interleaved)
@@ -188,7 +188,7 @@ def _together(order) -> list[list[UOp]]:
 def _row_sums(r, us: list[UOp], held: list[dict], cols: list[dict], batch: list[str]) -> dict:
     """Reductions `us` (sums of one dtype over the same ranges) of each row of the batch named in `batch` at each
     column of the block (`cols`: their bindings, `held`: each column's registers of each reduction's held parts), in
-    flight together: each element's loads that read no column once a row (`_row_parts`), its products for every
+    flight together: each element's loads that read no column once a row (`row_plan.row_parts`), its products for every
     reduction, row and column, then the sums' combines interleaved, each across the row's work-items (each gets the
     total); rounded where the dtype is 16-bit. {reduction: [row][column]}."""
     dt, op = us[0].dtype, us[0].arg
@@ -200,7 +200,7 @@ def _row_sums(r, us: list[UOp], held: list[dict], cols: list[dict], batch: list[
     flat = [a for u in us for row in accs[u] for a in row]
     for acc in flat:
         r.emit(f"{r.d.ctype(dt)} {acc} = {r.d.literal(0, dt)};")
-    shared = list(dict.fromkeys(x for u in us for x in _row_parts(u, r.rows.batch))) \
+    shared = list(dict.fromkeys(x for u in us for x in row_parts(u, r.rows.batch))) \
         if len(cols) > 1 or len(us) > 1 else []
 
     def add(p: int, e: int):
@@ -218,26 +218,6 @@ def _row_sums(r, us: list[UOp], held: list[dict], cols: list[dict], batch: list[
     _passes(r, us[0], add)
     totals = dict(zip(flat, _combine_rows(r, op, dt, flat)))
     return {u: [[r.round_to(totals[a], dt) if dt.narrow else totals[a] for a in row] for row in accs[u]] for u in us}
-
-
-def _row_parts(u: UOp, batch: UOp) -> list[UOp]:
-    """The largest float parts of reduction `u`'s operand that read the `batch` range and no other loop range (a
-    row's elements, loaded or widened): the same for every column of a block."""
-    others = {x for x in u.toposort() if x.op is Ops.RANGE} - set(u.src[1:]) - {batch}
-    found, seen = [], set()
-
-    def visit(x: UOp):
-        if x in seen or x.op in (Ops.CONST, Ops.RANGE, Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR):
-            return
-        seen.add(x)
-        free = free_ranges(x)
-        if x.dtype.is_float and batch in free and not free & others:
-            found.append(x)
-            return
-        for y in x.src:
-            visit(y)
-    visit(u.src[0])
-    return found
 
 
 def _combine_rows(r, op, dt, accs: list[str]) -> list[str]:

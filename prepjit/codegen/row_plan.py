@@ -294,14 +294,26 @@ def batch_range(rows: tuple) -> UOp | None:
 def held_parts(u: UOp, batch: UOp) -> list[UOp]:
     """The largest float parts of reduction `u`'s operand that read its range but not the `batch` range (a weight,
     unpacked from its blocks or widened): what a batch row kernel's work-item holds in registers for every row."""
-    mine, found, seen = set(u.src[1:]), [], set()
+    mine = set(u.src[1:])
+    return largest_float_parts(u, lambda free: batch not in free and bool(free & mine))
+
+
+def row_parts(u: UOp, batch: UOp) -> list[UOp]:
+    """The largest float parts of reduction `u`'s operand that read the `batch` range and no other loop range (a
+    row's elements, loaded or widened): the same for every column of a batch row kernel's block."""
+    others = {x for x in u.toposort() if x.op is Ops.RANGE} - set(u.src[1:]) - {batch}
+    return largest_float_parts(u, lambda free: batch in free and not free & others)
+
+
+def largest_float_parts(u: UOp, wanted) -> list[UOp]:
+    """The largest float parts of reduction `u`'s operand whose free ranges `wanted` accepts, in walk order."""
+    found, seen = [], set()
 
     def visit(x: UOp):
         if x in seen or x.op in (Ops.CONST, Ops.RANGE, Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR):
             return
         seen.add(x)
-        free = free_ranges(x)
-        if x.dtype.is_float and batch not in free and free & mine:
+        if x.dtype.is_float and wanted(free_ranges(x)):
             found.append(x)
             return
         for y in x.src:
