@@ -10,14 +10,17 @@ renderer (render_c.py) follows and never decides itself:
   operand unpacks quantized blocks, `unpacked_tile`, else one set) where the dialect has tensor cores
   (render_fragments.py); the variant "tma" (tensor_maps.BULK_VARIANT) where the dialect has bulk tensor copies
   (Hopper) and the tile is a wide one of 16-bit operands or tf32's along k (`wide_tile`: render_fragments_tma.py,
-  its operands read through tensor maps the runtime encodes per launch);
+  its operands read through tensor maps the runtime encodes per launch); a var batch of quantized weights' rows
+  (a decode step's sequences) whose most is at least TENSOR_BATCH_ROWS, of 16-bit activations, is one tile of the
+  batch's rows by few columns (`tensor_batch_tile`) rather than a batch row kernel;
 - ("rows", group, pack, run): a row kernel (row_plan.py; work-items take runs of `run` elements), its row
   reductions' passes rewritten to share the columns' range where every pass is one static run per work-item
   (`share_passes`: the proof sees that range);
 - ("batch", group, pack, run, block): a row kernel of a var batch of at most FEW_VAR_ROWS rows over a quantized
-  weight (row_plan.batch_plan, `few_var_batch`): a block of `block` columns (more than one where the weight is wide:
-  a model's head) a warp or part of one (a work-group's without shuffles), their weights held in registers for a
-  chunk of the batch's rows, a few rows' sums combined and stored at a time (render_batch_rows.py);
+  weight (row_plan.batch_plan, `few_var_batch`; a tile where `tensor_batch_tile` takes it): a block of `block`
+  columns (more than one where the weight is wide: a model's head) a warp or part of one (a work-group's without
+  shuffles), their weights held in registers for a chunk of the batch's rows, a few rows' sums combined and stored
+  at a time (render_batch_rows.py);
 - ("attention", rows, key block, kind): softmax(q @ k^T ...) @ v, its softmax inside (softmax_contraction.py), on
   tensor cores, a work-group per block of `rows` queries (attention_tiles.py, render_attention.py);
 - ("items", n): a work-item per `n` outputs (the dialect's items per thread; one where the kernel has fewer than
@@ -44,6 +47,9 @@ BULK_VARIANT = "tma"       # a tile's variant on bulk tensor copies (Hopper: ren
 WIDE_COLUMNS = 256         # columns of its tiles (`wide_tile`)
 UNPACKED_TILE = (64, 32)   # rows and columns of a tile of a quantized weight on tensor cores (`unpacked_tile`)
 UNPACKED_SPLITS = (4, 3, 2)   # sets of work-items that may split its k
+TENSOR_BATCH_ROWS = 32    # a var batch over quantized blocks whose most is at least this many rows: tensor cores
+BATCH_TILE_COLUMNS = 32   # columns of its tiles (`tensor_batch_tile`)
+BATCH_TILE_SPLITS = (8, 6, 4, 3, 2)   # sets of work-items that may split its k
 FEW_OUTPUTS = 1 << 18     # an elementwise kernel of fewer outputs (at most) takes one a work-item: its work-items
                           # would not fill a GPU of ~100 multiprocessors twice over at several each
 
@@ -61,6 +67,9 @@ def launch(ast: UOp, dialect, blocking: Blocking = DEFAULT_BLOCKING) -> UOp:
     if attention is not None:
         return _with_launch(ast, attention)
     contraction = match_contraction(ast, blocking.tile)
+    batch_tile = tensor_batch_tile(contraction, dialect) if contraction and blocking.tile is None else None
+    if batch_tile is not None:
+        return _with_launch(ast, ("tile", *batch_tile))
     if contraction is not None and (blocking.tile is not None or not few_var_rows(contraction)):
         return _tile_launch(ast, contraction, dialect, blocking.tile)
     packed = warp_rows(dialect)
@@ -101,6 +110,26 @@ def few_var_batch(rows) -> bool:
     batch of one (70 and 421 us)."""
     return rows.batch.src[0].vmax <= FEW_VAR_ROWS and any(unpacks_blocks(part) for u in rows.order
                                                            for part in held_parts(u, rows.batch))
+
+
+def tensor_batch_tile(c, dialect) -> tuple | None:
+    """(rows, columns, splits, fragments) of the tensor-core tile of a var batch of rows (a decode step's sequences)
+    by a weight unpacked from quantized blocks, x @ pj.quant.dequantize(b, kind).T of 16-bit activations
+    (fragment_kind "bfloat16"), where the batch's most is at least TENSOR_BATCH_ROWS; else None (few_var_rows's
+    batch row kernel). One tile's rows hold the whole batch (32 or 64: its rows past the batch's are staged as zeros
+    and never stored), so each weight is unpacked once, where the batch row kernel unpacks it once per BATCH_CHUNK
+    rows and multiplies on the CUDA cores (an H100, the paged step at 64 sequences: ~6 TFLOP/s); BATCH_TILE_COLUMNS
+    columns a tile give the most work-groups the fragments allow (960 columns: 30), and its k is split between the
+    most of BATCH_TILE_SPLITS sets of 4 warps that divides k's slices, each staging a share of them (two at least). The
+    kernel is compiled once for the var's range: the same tile serves a batch of one."""
+    var = c.i[0].src[0] if len(c.i) == 1 else None
+    if not dialect.tensor_core_mma or var is None or var.op is Ops.CONST or not few_var_rows(c) or \
+            var.vmax < TENSOR_BATCH_ROWS or unpacked_tile(c, fragment_kind(c)) is None:
+        return None
+    end = c.k.src[0]
+    slices = -(-end.arg // KINDS["bfloat16"].slice_k) if end.op is Ops.CONST else 0
+    splits = next((s for s in BATCH_TILE_SPLITS if slices % s == 0 and slices >= 2 * s), 1)
+    return 32 if var.vmax <= 32 else 64, BATCH_TILE_COLUMNS, splits, "bfloat16"
 
 
 def _tile_launch(ast: UOp, c, dialect, tile: tuple | None) -> UOp:

@@ -1,0 +1,102 @@
+"""A var batch's quantized projection on tensor cores (gpu_launch.tensor_batch_tile): h + x @ pj.quant.dequantize(b,
+kind).T of bfloat16 activations x (B, k) under precision="bf16", B a var of at most FEW_VAR_ROWS whose most is at
+least TENSOR_BATCH_ROWS (a decode step's sequences), is one tile of the whole batch's rows by BATCH_TILE_COLUMNS
+columns, its k split between sets of warps, rather than the batch row kernel; below TENSOR_BATCH_ROWS, under the
+exact default precision, or with the rule off, the batch row kernel stays. Through cuda_emulation (mma.sync, and
+wgmma as on sm_90a) at B = 1, 3, 17 and 64 every kind equals NumPy's product with the weights rounded to bfloat16
+(test_fragment_unpack._check's tolerances); the launched kernel's accesses are proven (rows past B unread)."""
+import ml_dtypes
+import numpy as np
+import pytest
+
+import prepjit as pj
+import prepjit.numpy as pnp
+from prepjit.codegen import gpu_launch
+from prepjit.codegen.bounds import prove_launched
+from prepjit.codegen.optimize import optimize
+from prepjit.codegen.render_cuda import CUDA
+from prepjit.codegen.schedule import schedule
+from prepjit.codegen.targets import CUDA_TARGET
+
+from . import cuda_emulation
+from .test_fragment_unpack import _check
+from .test_quant_matvec import _blocks
+from .test_render_fragments import working_nvrtc
+
+N, MOST = 301, 64          # (N: ragged for the tiles' 32 columns)
+BATCHES = (1, 3, 17, 64)   # (one row, a few, past a 16-row fragment, the most)
+KS = {"q8_0": 576, "q4_1": 576, "q4_0": 576, "q6_k": 768}   # (whole blocks of each kind)
+EMULATED = pytest.mark.skipif(not cuda_emulation.available(),
+                              reason="needs clang++ (the CPU emulation of CUDA kernels)")
+
+
+def _kernel(kind, k, most=MOST, precision="bf16", dtype=ml_dtypes.bfloat16):
+    """The schedule and kernel of h + x @ W.T at a var batch B in 1..most, W (N, k) in `kind` blocks."""
+    f = pj.prepare(lambda x, h, b: h + pnp.matmul(x, pj.quant.dequantize(b, kind).T, precision=precision),
+                   vars={"B": (1, most)}, shapes={"x": ("B", k), "h": ("B", N)})
+    traced = pj.trace(f, np.ones((3, k), dtype), np.ones((3, N), np.float32),
+                      _blocks(np.random.default_rng(0), kind, N, k))
+    sched = schedule(list(traced.outputs), list(traced.inputs))
+    (kern,) = sched.kernels
+    return sched, kern
+
+
+def _launch(kern):
+    return gpu_launch.launch_of(CUDA_TARGET.launched(optimize(kern.ast, "cuda")))
+
+
+def test_a_batch_of_many_rows_takes_a_tensor_core_tile(monkeypatch):
+    """B up to 64: a 64 x 32 tile (one tile's rows hold the batch), k's 18 slices between 6 sets of 4 warps (48's of
+    k = 1536 between 8); up to 32: 32 rows; up to 31 (below TENSOR_BATCH_ROWS), the exact default precision, float32
+    activations, or the rule off (TENSOR_BATCH_ROWS past FEW_VAR_ROWS): the batch row kernel. The launched tile's
+    loads and store are proven (its rows past B are neither read nor written)."""
+    sched, kern = _kernel("q4_1", 576)
+    assert _launch(kern) == ("tile", 64, gpu_launch.BATCH_TILE_COLUMNS, 6, "bfloat16")
+    launched = CUDA_TARGET.launched(optimize(kern.ast, "cuda"))
+    b = pj.uop.UOp.variable("B", 1, MOST)
+    shapes = dict(zip(sched.inputs, ((b, 576), (b, N), (N, 576 // 32 * 20))))
+    assert prove_launched(launched, [(b, N)] + [shapes[i] for i in kern.buffers[1:]]) > 0   # (else it raises)
+    assert _launch(_kernel("q4_1", 1536)[1]) == ("tile", 64, 32, 8, "bfloat16")
+    assert _launch(_kernel("q8_0", 576, most=32)[1]) == ("tile", 32, 32, 6, "bfloat16")
+    assert _launch(_kernel("q8_0", 576, most=31)[1])[0] == "batch"
+    assert _launch(_kernel("q8_0", 576, precision=None)[1])[0] == "batch"
+    assert _launch(_kernel("q8_0", 576, dtype=np.float32, precision=None)[1])[0] == "batch"
+    monkeypatch.setattr(gpu_launch, "TENSOR_BATCH_ROWS", gpu_launch.FEW_VAR_ROWS + 1)
+    assert gpu_launch.launch_of(gpu_launch.launch(optimize(kern.ast, "cuda"), CUDA))[0] == "batch"   # (uncached)
+
+
+def _run(sched, kern, src, kind, k, b, wgmma, seed):
+    rng = np.random.default_rng(seed)
+    blocks = _blocks(rng, kind, N, k)
+    x = rng.standard_normal((b, k)).astype(ml_dtypes.bfloat16)
+    h = rng.standard_normal((b, N)).astype(np.float32)
+    bufs = dict(zip(sched.inputs, (x.view(np.uint16), h, blocks)))
+    out = np.full((b, N), np.nan, np.float32)
+    cuda_emulation.run(src, [out] + [np.ascontiguousarray(bufs[i]).ravel() for i in kern.buffers[1:]],
+                       wgmma=wgmma, var_values={"B": b})
+    return out - h, x, blocks
+
+
+@EMULATED
+@pytest.mark.parametrize("kind", list(KS))
+@pytest.mark.parametrize("wgmma", [False, True], ids=["mma", "wgmma"])
+def test_emulated_batch_tiles_equal_numpy(kind, wgmma):
+    """Each kind's tile (the residual added in its epilogue) through cuda_emulation at B = 1, 3, 17 and 64 equals
+    NumPy's product of the bfloat16-rounded weights, within 2**-9 of the float32 model's."""
+    k = KS[kind]
+    sched, kern = _kernel(kind, k)
+    launched = CUDA_TARGET.launched(optimize(kern.ast, "cuda"))
+    assert gpu_launch.launch_of(launched)[0] == "tile"
+    src = CUDA_TARGET.render(launched)
+    for b in BATCHES:
+        out, x, blocks = _run(sched, kern, src, kind, k, b, wgmma, seed=b)
+        _check(out, x, blocks, kind)
+
+
+def test_batch_tiles_compile_with_nvrtc():
+    """The q4_1 tile at B up to 64 (wgmma on sm_90a) and up to 32 compile for sm_90a and sm_80."""
+    nvrtc = working_nvrtc()
+    for most in (64, 32):
+        src = CUDA_TARGET.render(CUDA_TARGET.launched(optimize(_kernel("q4_1", 576, most=most)[1].ast, "cuda")))
+        for arch in ("sm_90a", "sm_80"):
+            nvrtc.compile(src.name, src.source, [f"-arch={arch}", "-std=c++17", "--fmad=false"])
