@@ -8,6 +8,15 @@ load of the staged kind's data along a unit stride (or in runs of a chunk along 
 advanced), the chunk lies wholly in range (along k tested per slice unless every slice is whole: `full_slices`) and
 its address is 16-byte aligned (checked at run time); otherwise its elements are read and stored one by one, the ones
 out of range as zeros (ragged edges, computed operands, unaligned views).
+
+A tile's main loop (render_fragments.py) copies a direct operand's slices through `emit_copy_starts` and
+`emit_slice_copies`: where its chunks go in a stage is computed once (the work-item's first chunk's offset, the others
+a constant further: `chunk_offsets`), and one test a slice (okX: every chunk of the work-item may be copied whole,
+and the slice lies inside k) chooses between the chunks' asynchronous copies alone and the chunk-by-chunk code above.
+Where each chunk took its own test, branch and address (its swizzled place recomputed from the work-item's id), a
+slice's copies were most of the loop's instructions, which bound the loop's issue: MiniLM's tiles (NVRTC 12.9,
+sm_90a, the runtime's options) 203 -> 120 instructions a slice of 128 x 64 (4 wgmma m64n64k16), 141 -> 92 of 64 x 64
+(2), for 162 -> 167 and 104-113 -> 121-124 registers.
 """
 from __future__ import annotations
 
@@ -19,6 +28,9 @@ from .render_tiles import Contraction, _extent
 
 if TYPE_CHECKING:   # (render_fragments builds on this module)
     from .render_fragments import Kind, Staged
+
+ONE_TEST_A_SLICE = True   # a tile's slices copied under one test (emit_slice_copies); False: a test a chunk, as before
+                          # (a knob for timing the two on a GPU, the same bits either way)
 
 
 def element_type(r, kind: Kind) -> str:
@@ -110,3 +122,54 @@ def emit_slice_copy(r, c: Contraction, s: Staged, stage: str, slice_: str, slots
         r.emit(" ".join(f"dst[{e}] = {inside(e)} ? src[{e}] : 0;" for e in range(chunk)))
         r.close_block()
         r.close_block()
+
+
+def emit_copy_starts(r, c: Contraction, s: Staged):
+    """emit_chunk_starts of operand `s`'s chunks (chunk_slots's), and for a direct operand, once: where its chunks go
+    in a stage (dstX: the first's offset from the stage's first element, the others' a constant further where
+    `chunk_offsets` gives them, else dstXn each), and whether every one may be copied whole (okX), which
+    `emit_slice_copies` reads."""
+    emit_chunk_starts(r, c, s)
+    if s.direct is None or not ONE_TEST_A_SLICE:
+        return
+    name, slots, offsets = s.name, chunk_slots(c, s), chunk_offsets(c, s)
+    for n, _ in slots[:1] if offsets is not None else slots:
+        row, col = f"row{name}{n}", f"col{name}{n}"
+        r.emit(f"const int dst{name}{'' if offsets is not None else n} = "
+               f"(int)(&{name}s[0][blk{name}{n}][{row}][{s.chunk(row, col)}] - &{name}s[0][0][0][0]);")
+    r.emit(f"const bool ok{name} = {' && '.join(f'ok{name}{n}' for n, _ in slots)};")
+
+
+def chunk_offsets(c: Contraction, s: Staged) -> list[int] | None:
+    """Elements from the work-item's first chunk of operand `s` in a stage to each of its chunks (chunk_slots's), the
+    same for every work-item, or None where they are not (one chunk: none further). Chunk n is n x the set's
+    work-items further in the row-major order of the stage's chunks: where the set's work-items cover whole rows of
+    chunks and a stage's rows are a whole number of such groups, it is that many rows (and blocks) further in the same
+    column, at the same swizzle where that is a multiple of 8 rows (`Staged.chunk`'s salts take a row's 3 low bits at
+    most)."""
+    _, rows, length = s.shape
+    per_row, threads, count = length // s.kind.chunk, c.set_threads, len(chunk_slots(c, s))
+    if count > 1 and (threads % per_row or rows % (threads // per_row) or threads // per_row % 8):
+        return None
+    return [q // rows * rows * length + q % rows * length for q in (n * threads // per_row for n in range(count))]
+
+
+def emit_slice_copies(r, c: Contraction, s: Staged, stage: str, slice_: str):
+    """Copy operand `s`'s slice number `slice_` into local stage `stage` (after `emit_copy_starts`): a direct
+    operand's chunks by asynchronous copies alone where okX holds and the slice lies inside k (one test), else, as
+    every computed operand's, by emit_slice_copy."""
+    if s.direct is None or not ONE_TEST_A_SLICE:
+        emit_slice_copy(r, c, s, stage, slice_)
+        return
+    kk_end, name, offsets = r.value(c.k.src[0]), s.name, chunk_offsets(c, s)
+    whole = "" if full_slices(c, s) else f" && (({slice_}) + 1) * {s.depth} <= {kk_end}"
+    r.open_block(f"if (ok{name}{whole})", {})
+    r.emit(f"{element_type(r, s.kind)} *into = &{name}s[{stage}][0][0][0];")
+    step = r.value(s.step)
+    for n, _ in chunk_slots(c, s):
+        at = f"dst{name} + {offsets[int(n)]}" if offsets is not None else f"dst{name}{n}"
+        r.emit(f"pj_cp_async16(into + {at}, src{name}{n} + ({slice_}) * ({step}));")
+    r.close_block()
+    r.open_block("else", {})
+    emit_slice_copy(r, c, s, stage, slice_)
+    r.close_block()

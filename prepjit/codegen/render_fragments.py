@@ -68,7 +68,7 @@ from __future__ import annotations
 import attrs
 
 from ..uop import Ops, UOp, simplify
-from .fragment_copies import element_type, emit_chunk_starts, emit_slice_copy
+from .fragment_copies import element_type, emit_copy_starts, emit_slice_copies
 from .fragment_results import emit_results
 from .render_tiles import (FRAGMENT_THREADS, GROUP_ROWS, Contraction, _extent, _static_multiple, _steps_by_one,
                            _unit_stride)
@@ -361,14 +361,14 @@ def emit_fragment_contraction(r, c: Contraction):
     def slice_of(kt: str) -> str:
         return f"({kt}) * {sets} + kset" if sets > 1 else kt
     for s in staged:
-        emit_chunk_starts(r, c, s)
+        emit_copy_starts(r, c, s)
     group = _WarpgroupTile(r, c, staged) if wgmma else None
     warps = _WarpTiles(r, c, staged, kind)
     _variants(r, group, warps, "declare")
 
     def load_slice(stage: str, slice_: str):
         for s in staged:
-            emit_slice_copy(r, c, s, stage, slice_)
+            emit_slice_copies(r, c, s, stage, slice_)
     # slices copied ahead of the one multiplied: all but one stage, less the stages whose warpgroup instructions may
     # be in flight (every warp waited for all but the last in_flight groups before the barrier starting slice kt,
     # so the stage of slice kt - 1 - in_flight is free); the warps' variant (other GPUs) keeps all but one
