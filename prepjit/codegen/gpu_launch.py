@@ -13,7 +13,8 @@ renderer (render_c.py) follows and never decides itself:
   its operands read through tensor maps the runtime encodes per launch); a var batch of quantized weights' rows
   (a decode step's sequences) whose most is at least TENSOR_BATCH_ROWS, of 16-bit activations, is one tile of the
   batch's rows by few columns (`tensor_batch_tile`) rather than a batch row kernel;
-- ("rows", group, pack, run): a row kernel (row_plan.py; work-items take runs of `run` elements), its row
+- ("rows", group, pack, run[, fold]): a row kernel (row_plan.py; work-items take runs of `run` elements; a
+  work-group computing `fold` rows along a range its heavy loads do not read, Rows.fold), its row
   reductions' passes rewritten to share the columns' range where every pass is one static run per work-item
   (`share_passes`: the proof sees that range);
 - ("batch", group, pack, run, block): a row kernel of a var batch of at most FEW_VAR_ROWS rows over a quantized
@@ -81,7 +82,8 @@ def launch(ast: UOp, dialect, blocking: Blocking = DEFAULT_BLOCKING) -> UOp:
     shared = share_passes(split, dialect.items_per_thread, packed)
     rows = row_plan(shared, dialect.items_per_thread, packed)
     if rows is not None:
-        return _with_launch(shared, ("rows", rows.group, rows.pack, rows.run))
+        fold = (rows.folded,) if rows.folded > 1 else ()   # (a work-group's rows along a range: Rows.fold)
+        return _with_launch(shared, ("rows", rows.group, rows.pack, rows.run, *fold))
     if contraction is not None:
         return _tile_launch(ast, contraction, dialect, blocking.tile)
     ast = shared

@@ -34,8 +34,9 @@ import math
 
 from ..uop import DType, Ops, UOp, dtypes, sym_prod
 from ..uop.uop import as_uop
-from .render_softmax_rows import fill_by_teams, score_team
-from .row_plan import WARP, Rows, free_ranges, run_length, shuffles
+from .render_row_fold import array_at, declare, each_row, folds, render_shared, row_scopes
+from .render_softmax_rows import fill_by_teams, loop_over, one_sum, score_team, sums_together
+from .row_plan import WARP, Rows, free_ranges, run_length, shuffles, warp_slices
 from .softmax_contraction import SOFTMAX_ROW_MAX
 
 SHARED_OPERAND_MAX = 4096  # a matvec row's elements computed once per work-group into local memory (16 KB)
@@ -55,7 +56,7 @@ def emit_rows(r, store: UOp):
     else:
         r.emit(f"const {r.long} gid = {r.d.group_id};")
         r.emit(f"const int lid = {r.d.local_id};")
-    r.scopes[-1].update(r.unflatten("gid", list(rows.rows)))
+    r.scopes[-1].update(r.unflatten("gid", [x for x in rows.rows if x is not rows.fold]))
     if rows.shared:   # one run per work-item, all passes: each element's scope lives on from pass to pass
         per = run_length(list(rows.cols), rows.run)
         r.emit(f"const {r.long} c = {_first('lid', per)};")
@@ -71,14 +72,15 @@ def emit_rows(r, store: UOp):
         _shared_operands(r, [u for u in rows.order if u not in uniform])
     if rows.pack > 1:   # a warp past the last row leaves
         r.emit(f"if (gid >= {r.value(count)}) return;")
+    scopes = row_scopes(r)   # (the rows of a fold, each in its own scope; else the row's)
     if rows.columns:   # the scores the row's reductions read, once into local memory
-        _row_arrays(r, rows.order, rows.order)
+        _row_arrays(r, rows.order, rows.order, scopes)
     for u in rows.order:
-        r.value(u)
+        each_row(r, scopes, lambda u=u: r.value(u), block=False)
     if rows.columns:   # the probabilities the column reductions read, then their partials
-        _row_arrays(r, rows.columns, ())
+        _row_arrays(r, rows.columns, (), scopes)
         for u in rows.columns:
-            _column_partials(r, u)
+            _column_partials(r, u, scopes)
     if rows.shared:
         _each_element(r, lambda: r.emit(r.store_line(store)))
         return
@@ -88,15 +90,20 @@ def emit_rows(r, store: UOp):
         return
     cols = list(rows.cols)
     per = 1 if rows.columns else run_length(cols, rows.run)   # (a column's total reads a partial a slice: one a lane)
+
+    def each_store():
+        render_shared(r, store.src[2])
+        each_row(r, scopes, lambda: r.emit(r.store_line(store)))
     _each_pass(r, "c", as_uop(sym_prod(c.src[0] for c in cols)), per, ("lid", rows.group),
-               lambda: r.consecutive("c", cols, per, lambda: r.emit(r.store_line(store))))
+               lambda: r.consecutive("c", cols, per, each_store))
 
 
-def _row_arrays(r, reduces, pending):
+def _row_arrays(r, reduces, pending, scopes):
     """Compute once per row into local memory (one array a value, a work-group's work-items splitting its elements)
     the parts of each reduction's operand that no column depends on (`_row_parts`), over ranges of at most
     SOFTMAX_ROW_MAX elements; the reductions then read them there (`row_operands`). A part another array holds over
-    the same ranges is that array; a part reading one reads it there. One barrier after them."""
+    the same ranges is that array; a part reading one reads it there. One barrier after them. With a fold, each row
+    of `scopes` (render_row_fold.py) at each element in turn."""
     known = {(_canonical(x), tuple(u.src[1:])): name for u, pairs in r.row_operands.items()
              if u not in r.rows.columns for x, name in pairs}
     made = False
@@ -108,7 +115,7 @@ def _row_arrays(r, reduces, pending):
         for x in _row_parts(u, r.rows, pending):
             key = (_canonical(x), ranges)
             if key not in known:
-                known[key] = _row_array(r, x, ranges, {k: n for (k, rs), n in known.items() if rs == ranges})
+                known[key] = _row_array(r, x, ranges, {k: n for (k, rs), n in known.items() if rs == ranges}, scopes)
                 made = True
             held.append((x, known[key]))
     if made:
@@ -138,29 +145,38 @@ def _row_parts(u: UOp, rows: Rows, pending) -> list[UOp]:
     return _largest_parts(u.src[0], part, skip=rows.reduces)   # (the row's reductions: values it computes)
 
 
-def _row_array(r, x: UOp, ranges: tuple, arrays: dict) -> str:
+def _row_array(r, x: UOp, ranges: tuple, arrays: dict, scopes) -> str:
     """Store `x` at each flat index of `ranges` (a symbolic count too) into a local array of their largest count, the
     row's work-items splitting them, reading the `arrays` over the same ranges (value -> name) there, and the parts of
     its own reductions' operands that only the row and their range give (`_nested_arrays`); its name. A value
     computing one sum of its own (a score's dot product) is filled by teams of lanes where the dialect shuffles
-    (render_softmax_rows.py)."""
-    team = score_team(r, _nested_reductions(r, x, arrays))
-    _nested_arrays(r, x, arrays)
+    (render_softmax_rows.py); elsewhere, a fold's rows' sums in one loop of a work-item a position."""
+    nested = _nested_reductions(r, x, arrays)
+    team = score_team(r, nested)
+    _nested_arrays(r, x, arrays, scopes)
     name, flat = f"row{r.n}", f"h{r.n}"
     r.n += 1
-    r.locals.append(r.d.local_array.format(type=r.d.ctype(x.dtype), name=name,
-                                           n=math.prod(y.src[0].vmax for y in ranges)) + ";")
+    declare(r, x, r.d.ctype(x.dtype), name, math.prod(y.src[0].vmax for y in ranges))
+    held = {y: arrays[_canonical(y)] for y in x.toposort() if y is not x and y.op is not Ops.REDUCE and
+            y.dtype.is_float and _canonical(y) in arrays}
 
     def at_position():
-        r.scopes[-1].update({y: f"{arrays[_canonical(y)]}[{flat}]" for y in x.toposort() if y is not x and
-                             y.op is not Ops.REDUCE and y.dtype.is_float and _canonical(y) in arrays})
+        r.scopes[-1].update({y: array_at(r, y, n, flat) for y, n in held.items()})
+    rows = scopes if folds(r, x) else [None]
     if team is not None:
-        fill_by_teams(r, x, team, ranges, name, flat, at_position)
+        fill_by_teams(r, x, team, ranges, name, flat, at_position, rows)
         return name
 
-    def body():
+    def store():
         at_position()
-        r.emit(f"{name}[{flat}] = {r.value(x)};")
+        r.emit(f"{array_at(r, x, name, flat)} = {r.value(x)};")
+
+    def body():
+        render_shared(r, x, held)
+        each_row(r, rows, store)
+    n = one_sum(nested) if len(rows) > 1 else None   # (a fold's rows' sums in one loop: its loads made once)
+    if n is not None:
+        body = lambda: sums_together(r, x, n, name, flat, at_position, rows, 1, loop_over(r, n))   # noqa: E731
     _each_pass(r, flat, as_uop(sym_prod(y.src[0] for y in ranges)), 1, ("lid", r.rows.group),
                lambda: r.consecutive(flat, list(ranges), 1, body))
     return name
@@ -182,7 +198,7 @@ def _nested_reductions(r, x: UOp, arrays: dict) -> list[UOp]:
     return found
 
 
-def _nested_arrays(r, x: UOp, arrays: dict):
+def _nested_arrays(r, x: UOp, arrays: dict, scopes):
     """Hold in local memory, once per row, the computed float parts of the operand of each reduction of one range `x`
     computes (`_nested_reductions`) that no range but the row's and that one gives (a query head's rotated row, read
     at each position's dot product); the reduction's loop reads them there (render_softmax_rows.held_in_loop). One
@@ -196,34 +212,39 @@ def _nested_arrays(r, x: UOp, arrays: dict):
             return y.dtype.is_float and n.src[1] in free and free <= mine and any(
                 z.dtype.is_float and z.op not in _CHEAP for z in inside) and r.rows.reduces.isdisjoint(inside)
         found = _largest_parts(n.src[0], part)[::-1]
-        r.row_operands[n] = [(y, _row_array(r, y, (n.src[1],), {})) for y in found]
+        r.row_operands[n] = [(y, _row_array(r, y, (n.src[1],), {}, scopes)) for y in found]
         made = made or bool(found)
     if made:
         r.emit(r.d.barrier)
 
 
-def _column_partials(r, u: UOp):
+def _column_partials(r, u: UOp, scopes):
     """The column reduction `u`'s partials: the row's work-items each take a run of columns and a slice of `u`'s
-    range (every `slices`-th index), reading the row's arrays there, into a local array of a row of partials a slice;
-    one barrier. `_column_total` adds a column's partials in slice order. A work-item takes POSITIONS_IN_FLIGHT of its
-    slice's positions a step as straight-line code, those past the row reading its last position and adding nothing
-    (a select, no branch): every position's loads first (`_position_loads`), then the sums, the kernel bounded to one
-    resident work-group (`loads_in_flight`: ptxas keeps their registers), so the loads are in flight together. A loop
-    of one position a step (LLVM unrolls it with an exit before each copy) waited out a memory round trip a position
-    (9 at 257 positions, 16 at 512; now 2)."""
+    range (every `slices`-th index), reading the row's arrays there, into a local array of a row of partials a slice
+    (where a warp's lanes take neighbouring slices, row_plan.warp_slices, their partials added by shuffles first: a
+    row a warp's slices); one barrier. `_column_total` adds a column's partials in slice order. A work-item takes
+    POSITIONS_IN_FLIGHT of its slice's positions a step as straight-line code, those past the row reading its last
+    position and adding nothing (a select, no branch): every position's loads first (`_position_loads`), then the
+    sums, the kernel bounded to one resident work-group (`loads_in_flight`: ptxas keeps their registers), so the
+    loads are in flight together. A loop of one position a step (LLVM unrolls it with an exit before each copy)
+    waited out a memory round trip a position (9 at 257 positions, 16 at 512; now 2). With a fold, each position's
+    loads are made once and each row of `scopes` adds its products to sums of its own."""
     rows, ranges, cols = r.rows, list(u.src[1:]), list(r.rows.cols)
     per = run_length(cols, rows.run)
     width = rows.column_runs * per
     name, acc, flat = f"cp{r.n}", f"ca{r.n}_", f"ft{r.n}"
     r.n += 1
     dt = u.dtype.compute
-    r.locals.append(r.d.local_array.format(type=r.d.ctype(dt), name=name, n=rows.slices * width) + ";")
+    merged = warp_slices(rows, r.d.shuffle_xor is not None)
+    declare(r, u, r.d.ctype(dt), name, rows.slices // merged * width)
     held = dict(r.row_operands.get(u, []))
     r.open_block(f"if (lid < {rows.slices * rows.column_runs})", {})
     r.emit(f"const int cj = lid / {rows.column_runs};")
     r.emit(f"const {r.long} cc = (lid % {rows.column_runs}) * {per};")
-    for e in range(per):
-        r.emit(f"{r.d.ctype(dt)} {acc}{e} = {r.d.literal(0, dt)};")   # (a sum: row_plan._hoisted)
+    accs = [[f"{acc}{e}" if len(scopes) == 1 else f"{acc}{j}_{e}" for e in range(per)] for j in range(len(scopes))]
+    for names in accs:
+        for a in names:
+            r.emit(f"{r.d.ctype(dt)} {a} = {r.d.literal(0, dt)};")   # (a sum: row_plan._hoisted)
     count = r.value(as_uop(sym_prod(x.src[0] for x in ranges)))
     base = f"fb{r.n}"
     r.loads_in_flight = True
@@ -232,12 +253,11 @@ def _column_partials(r, u: UOp):
 
     def position(k: int, body):
         """`body(e)` for each element of the run at the work-item's k-th position of this step (past the row: its
-        last), in a C block of its own, the ranges and the row's arrays bound there and the loads made before."""
+        last), in a C block of its own, the ranges bound there and the loads made before."""
         r.open_block("", {})
         at = f"{base} + {k * rows.slices}" if k else base
         r.emit(f"const {r.long} {flat} = {f'{at} < {count} ? {at} : {count} - 1' if k else at};")
         r.scopes[-1].update(r.unflatten(flat, ranges))
-        r.scopes[-1].update({x: f"{n}[{flat}]" for x, n in held.items()})
 
         def element(e: int):
             r.scopes[-1].update({x: v for (kk, ee, x), v in made.items() if (kk, ee) == (k, e)})
@@ -261,16 +281,47 @@ def _column_partials(r, u: UOp):
     r.n += 1
 
     def add(e: int, at: str, first: bool):
-        total = r.accumulate(u, f"{acc}{e}")
-        r.emit(f"{acc}{e} = {total if first else f'{at} < {count} ? {total} : {acc}{e}'};")
+        render_shared(r, u.src[0], held)
+        rows_left = iter(accs)
+
+        def row():
+            a = next(rows_left)[e]
+            r.scopes[-1].update({x: array_at(r, x, n, flat) for x, n in held.items()})
+            total = r.accumulate(u, a)
+            r.emit(f"{a} = {total if first else f'{at} < {count} ? {total} : {a}'};")
+        each_row(r, scopes, row)
     for k in range(POSITIONS_IN_FLIGHT):
         position(k, lambda e, at, k=k: add(e, at, not k))
     r.close_block()
-    for e in range(per):
-        r.emit(f"{name}[cj * {width} + cc + {e}] = {acc}{e};")
+    _store_partials(r, u, name, accs, merged, width, scopes)
     r.close_block()
     r.emit(r.d.barrier)
     r.row_operands[u] = [(u, name)]
+
+
+def _store_partials(r, u: UOp, name: str, accs: list, merged: int, width: int, scopes):
+    """Store each row's partials (`accs`: a row's, an element's) into the local array `name`, a row of them a slice:
+    where `merged` neighbouring slices are a warp's (row_plan.warp_slices), added first by shuffles, pairwise (the
+    lanes of slices xor 1, then of pairs xor 2, ...: `_column_total`'s order), their first slice's lane storing."""
+    runs, dt = r.rows.column_runs, u.dtype.compute
+    if merged > 1:
+        o = runs
+        while o < runs * merged:
+            for names in accs:
+                for a in names:
+                    r.emit(f"{a} = {r.combine(u.arg, dt, a, r.let(dt, r.d.shuffle_xor.format(v=a, o=o)))};")
+            o *= 2
+        r.open_block(f"if (cj % {merged} == 0)", {})
+    rows_left = iter(accs)
+
+    slice_at = f"cj / {merged}" if merged > 1 else "cj"
+
+    def row():
+        for e, a in enumerate(next(rows_left)):
+            r.emit(f"{array_at(r, u, name, f'{slice_at} * {width} + cc + {e}')} = {a};")
+    each_row(r, scopes, row)
+    if merged > 1:
+        r.close_block()
 
 
 def _position_loads(x: UOp, positions: set, held) -> list[list[UOp]]:
@@ -293,8 +344,9 @@ def _position_loads(x: UOp, positions: set, held) -> list[list[UOp]]:
 
 
 def _column_total(r, u: UOp, acc: str) -> str:
-    """Column reduction `u` at the columns bound in scope: its partials (`_column_partials`) read together and added
-    pairwise (neighbouring slices first, then those sums: a tree as deep as the slices' count's log, not a chain)."""
+    """Column reduction `u` at the columns bound in scope (and the row: a fold's): its partials (`_column_partials`)
+    read together and added pairwise (neighbouring slices first, then those sums: a tree as deep as the slices'
+    count's log, not a chain)."""
     rows, name = r.rows, r.row_operands[u][0][1]
     flat = "0"
     for c in rows.cols:
@@ -302,7 +354,8 @@ def _column_total(r, u: UOp, acc: str) -> str:
     width = rows.column_runs * run_length(list(rows.cols), rows.run)
     at = r.let(dtypes.int32, flat, "col")
     dt = u.dtype.compute
-    sums = [r.let(dt, f"{name}[{j * width} + {at}]" if j else f"{name}[{at}]", "cs") for j in range(rows.slices)]
+    stored = rows.slices // warp_slices(rows, r.d.shuffle_xor is not None)   # (rows of partials: _store_partials)
+    sums = [r.let(dt, array_at(r, u, name, f"{j * width} + {at}" if j else at), "cs") for j in range(stored)]
     while len(sums) > 1:
         sums = [r.combine(u.arg, dt, a, b) for a, b in zip(sums[::2], sums[1::2])] + sums[len(sums) & ~1:]
     r.emit(f"{acc} = {sums[0]};")
@@ -430,7 +483,7 @@ def reduce_together(r, u: UOp, acc: str) -> str:
     packed = r.rows.pack > 1
 
     def element(e: int):
-        r.scopes[-1].update({x: f"{name}[{_operand_at(flat, e, per) if packed else f'{flat} + {e}'}]"
+        r.scopes[-1].update({x: array_at(r, x, name, _operand_at(flat, e, per) if packed else f"{flat} + {e}")
                              for x, name in held})
         r.emit(f"{acc} = {r.accumulate(u, acc)};")
     _each_pass(r, flat, as_uop(sym_prod(x.src[0] for x in ranges)), per, team,

@@ -14,7 +14,8 @@ and what is skipped adds identities (x + 0 is x for an accumulator that starts a
 row's work-group, uniform across it: a bound every work-item shares), where every reduction over the range is
 masked by the same condition `index < L` with `index` = stride * range + (terms in [0, stride) without it) and L
 a value of the row (of its ranges alone); the bounds proof sees the bound's largest value, the
-range's old end. A work-group per row only ("rows" launches of one row a group): a tile's rows share their loops.
+range's old end. A work-group per row only ("rows" launches of one row a group; rows a work-group folds, row_plan.Rows.fold, where
+L reads no fold range): a tile's rows share their loops.
 Never a range of the kernel's loops (a row's passes sharing the columns' range, row_plan.share_passes): the row
 stores every column, and the renderer takes that range's static runs.
 """
@@ -30,8 +31,8 @@ def bounded_rows(ast: UOp) -> UOp:
     launch = launch_of(ast)
     if launch is None or launch[0] != "rows" or launch[2] != 1:
         return ast
-    plan = rows_of(ast, *launch[1:4])
-    rows, loops = set(plan.rows), {*plan.rows, *plan.cols}
+    plan = rows_of(ast, *launch[1:])
+    rows, loops = set(plan.rows) - {plan.fold}, {*plan.rows, *plan.cols}   # (a fold's rows share the bound)
     by_range: dict[UOp, list[UOp]] = {}
     for u in ast.toposort():
         if u.op is Ops.REDUCE:

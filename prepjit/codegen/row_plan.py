@@ -39,6 +39,12 @@ column a lane group: on an H100 (SmolLM2's paged step at 64 rows, fma sums) bloc
 gate/up 28.7 -> 36.4 us and qkv 15.6 -> 16.9 (o 21.6 -> 19.2, down equal), the step +0.15 ms, where the head's
 blocks of 4 took 458 -> 329 us.
 
+Where a column row kernel's rows differ along a range that its heavy loads do not read (a grouped-query attention's
+query heads of one key/value head: the keys and values its positions read are the same for each), one work-group
+computes every row along it (`Rows.fold`, `_fold_range`: at most FOLD_MAX rows whose local arrays fit
+FOLD_LOCAL_BYTES), each key and value element loaded once for all of them (render_rows.py), each row's sums in the
+order its own work-group would add them.
+
 Reductions nested in a row's reduction that depend on its range (sum_j max_k x[i, j, k]) are not the row's
 (`free_ranges`): each work-item computes them inline.
 """
@@ -68,6 +74,8 @@ SHORTEST_RUN = 4          # a batch row kernel's shortest run (a 16-byte load of
                           # not merged into vector loads)
 BLOCK_COLUMNS = (4, 2)    # columns a lane group of a batch row kernel may own (the most that fits is taken)
 BLOCK_HELD_MAX = 160      # values a work-item of a blocked batch row kernel holds for its columns (no spills, ptxas)
+FOLD_MAX = 8              # rows along one range a column row kernel's work-group may compute together (0: one)
+FOLD_LOCAL_BYTES = 40 * 1024   # local memory the folded rows' arrays may take (CUDA's static limit is 48 KB)
 BLOCK_MIN_GROUPS = 264    # work-groups a blocked batch row kernel keeps at one chunk of rows (2 a multiprocessor of
                           # an H100: fewer would leave a one-row step's work on fewer of them, each doing more)
 
@@ -87,6 +95,7 @@ class Rows:
     columns: tuple = ()  # reductions of each column that read the row's reductions (a softmax's p @ V): in `reduces`
     batch: UOp | None = None   # the row range each warp loops over, its held parts in registers (batch_plan)
     block: int = 1       # neighbouring columns a batch row kernel's column lanes own (each row's loads read once)
+    fold: UOp | None = None   # the row range whose every value a work-group computes (`_fold_range`), or None
 
     @property
     def column_runs(self) -> int:
@@ -98,6 +107,11 @@ class Rows:
         """Slices of a column reduction's range the group's work-items take: the group's work-items cover each run of
         columns that many times."""
         return max(1, self.group // self.column_runs)
+
+    @property
+    def folded(self) -> int:
+        """Rows a work-group computes together (`fold`'s extent; 1 without one)."""
+        return self.fold.src[0].arg if self.fold is not None else 1
 
     @property
     def shared(self) -> bool:
@@ -117,6 +131,16 @@ class Rows:
     def team(self, u: UOp) -> tuple[str, int]:
         """(the work-item id's name, how many work-items) that compute the reduction `u` together."""
         return ("tid", self.size) if self.uniform(u) else ("lid", self.group)
+
+
+def warp_slices(rows: Rows, shuffled: bool) -> int:
+    """Neighbouring slices of a column reduction whose partials a warp adds by shuffles (`shuffled`: the dialect has
+    them) before they are stored (render_rows._column_partials), pairwise, as `_column_total` adds them: the slices
+    a warp's lanes take, where the column runs divide a warp and that many slices divide `slices`; else 1 (a row of
+    partials a slice)."""
+    runs = rows.column_runs
+    per = WARP // runs if shuffled and WARP % runs == 0 else 1
+    return per if per > 1 and rows.slices % per == 0 else 1
 
 
 def loop_ranges(ast: UOp) -> list[UOp]:  # a scatter's serial loops are work-items too (its combines are atomic)
@@ -230,7 +254,7 @@ def row_plan(ast: UOp, items: int = 1, warp_rows: int = 1) -> Rows | None:
     if not hoisted:
         return None
     if columns:
-        return _column_plan(hoisted, rows, cols, columns, items)
+        return _column_plan(hoisted, rows, cols, columns, items, warp_rows > 1)
     longest = max(_length(u) for u in hoisted)
     if not cols and math.prod(r.src[0].vmax for r in rows) > MANY_OUTPUTS:
         return None   # enough outputs to fill the GPU with one work-item each
@@ -249,13 +273,15 @@ def row_plan(ast: UOp, items: int = 1, warp_rows: int = 1) -> Rows | None:
                 warp_rows if group == WARP and shuffled else 1, items)
 
 
-def _column_plan(hoisted: list, rows: tuple, cols: tuple, columns: tuple, items: int) -> Rows | None:
+def _column_plan(hoisted: list, rows: tuple, cols: tuple, columns: tuple, items: int,
+                 shuffled: bool = False) -> Rows | None:
     """The row kernel of a kernel with column reductions (softmax_contraction.py): a row a work-group (the row's
     values live in local memory), covering each run of columns at least once; None (each work-item computes its
     outputs inline) where the columns are not static or more runs than the largest group. Where the dialect's
     work-items take runs (`items` > 1), a run is LOAD_BYTES of the narrowest element the column reductions load (a
     bfloat16 value row's 8 columns: one 16-byte load), so more slices of the positions share the group (p @ V over
-    257 positions: 9 a work-item, not 17)."""
+    257 positions: 9 a work-item, not 17). Its rows along a range the heavy loads do not read are one work-group's
+    (`_fold_range`; `shuffled`: the dialect's warps add their partials by shuffles, `warp_slices`)."""
     if not all(c.src[0].op is Ops.CONST for c in cols):
         return None
     if items > 1:
@@ -265,8 +291,38 @@ def _column_plan(hoisted: list, rows: tuple, cols: tuple, columns: tuple, items:
     group = min(REDUCE_GROUP, max(WARP, 1 << (work - 1).bit_length()))
     if probe.column_runs > group:
         return None
-    return Rows(frozenset(hoisted) | frozenset(columns), _uniform_first(hoisted, rows), rows, cols, group, 1, items,
+    plan = Rows(frozenset(hoisted) | frozenset(columns), _uniform_first(hoisted, rows), rows, cols, group, 1, items,
                 columns)
+    return attrs.evolve(plan, fold=_fold_range(plan, shuffled))
+
+
+def _fold_range(rows: Rows, shuffled: bool) -> UOp | None:
+    """The row range whose every row a column row kernel's work-group computes (see the module's docstring), or None:
+    of the row ranges of a static end of 2 to FOLD_MAX that no heavy load reads (a load whose address reads the
+    range of a column reduction, the row's positions: a key or value row, a block table's entry; share_passes made
+    the scores' ranges those of p @ V), there being heavy loads, the longest (the innermost of equals) whose rows'
+    local arrays (`local_bytes`) fit FOLD_LOCAL_BYTES."""
+    fits = [r for r in _foldable(rows) if r.src[0].arg <= FOLD_MAX and
+            r.src[0].arg * local_bytes(rows, shuffled) <= FOLD_LOCAL_BYTES]
+    return max(reversed(fits), key=lambda r: r.src[0].arg, default=None)
+
+
+def _foldable(rows: Rows) -> list[UOp]:
+    """The row ranges of a static end of at least 2 that no heavy load of the row kernel reads (`_fold_range`), in
+    order; none where it has no heavy loads."""
+    positions = {x for u in rows.columns for x in u.src[1:]}
+    heavy = [ranges for u in rows.reduces for x in u.src[0].toposort() if x.op is Ops.LOAD
+             and positions & (ranges := {y for y in x.src[1].toposort() if y.op is Ops.RANGE})]
+    read = set().union(*heavy)
+    return [r for r in rows.rows if heavy and r.src[0].op is Ops.CONST and r.src[0].arg >= 2 and r not in read]
+
+
+def local_bytes(rows: Rows, shuffled: bool) -> int:
+    """Local memory a column row kernel's row takes, about: its two arrays of float32 (the scores and the
+    probabilities: softmax_contraction.py) at the row's largest length, its column reductions' partials."""
+    longest = max(math.prod(x.src[0].vmax for x in u.src[1:]) for u in rows.reduces)
+    partials = rows.slices // warp_slices(rows, shuffled) * rows.column_runs * run_length(list(rows.cols), rows.run)
+    return 4 * (2 * longest + len(rows.columns) * partials)
 
 
 def _uniform_first(hoisted: list, rows: tuple) -> tuple:
@@ -275,13 +331,16 @@ def _uniform_first(hoisted: list, rows: tuple) -> tuple:
     return tuple(sorted(hoisted, key=lambda u: not free_ranges(u).isdisjoint(rows)))
 
 
-def rows_of(ast: UOp, group: int, pack: int, run: int, block: int = 1, batched: bool = False) -> Rows:
+def rows_of(ast: UOp, group: int, pack: int, run: int, share: int = 1, batched: bool = False) -> Rows:
     """The row kernel a launch decided (gpu_launch.py: `group` work-items a row, `pack` rows a work-group, each
     work-item taking runs of `run` elements; `batched`: looping over the batch range, batch_plan, a row's lanes
-    owning `block` columns)."""
+    owning `share` columns (`block`); else a work-group computing `share` rows along its `fold` range)."""
     hoisted, rows, cols, columns = _hoisted(ast)
-    return Rows(frozenset(hoisted) | frozenset(columns), _uniform_first(hoisted, rows), rows, cols, group, pack, run,
-                columns, batch_range(rows) if batched else None, block)
+    plan = Rows(frozenset(hoisted) | frozenset(columns), _uniform_first(hoisted, rows), rows, cols, group, pack, run,
+                columns, batch_range(rows) if batched else None, share if batched else 1)
+    if batched or share == 1:
+        return plan
+    return attrs.evolve(plan, fold=[r for r in _foldable(plan) if r.src[0].arg == share][-1])
 
 
 def batch_range(rows: tuple) -> UOp | None:
@@ -436,7 +495,7 @@ def _lanes_and_run(hoisted: list, batch: UOp, run: int) -> tuple[int, int]:
 def launch_size(rows: Rows) -> UOp:
     """Work-items of a row kernel's launch (a batch row kernel's: a block of rows of the other ranges per
     BATCH_CHUNK rows of the batch)."""
-    count = as_uop(sym_prod([r.src[0] for r in rows.rows if r is not rows.batch]))
+    count = as_uop(sym_prod([r.src[0] for r in rows.rows if r is not rows.batch and r is not rows.fold]))
     if rows.batch is not None:   # (its columns' count is static: batch_range)
         count = as_uop(-(-count.arg // rows.block)) * ((rows.batch.src[0] + (BATCH_CHUNK - 1)) // BATCH_CHUNK)
     return (count + (rows.pack - 1)) // rows.pack * rows.size if rows.pack > 1 else count * rows.group

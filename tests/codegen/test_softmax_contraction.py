@@ -79,27 +79,32 @@ def _kernel(dtype, pos=None, context=CONTEXT):
 
 
 @pytest.mark.parametrize("target", [CUDA_TARGET, OPENCL_TARGET], ids=["cuda", "opencl"])
-def test_the_fused_kernel_is_a_work_group_per_head(target):
-    """The one kernel is a row kernel whose rows are the KV x GROUP query heads (a work-group each, covering the
-    positions), its columns the head's D values; the scores' dot product over D is rendered once (into local memory),
-    not again for the row's max, its sum and each value column; local arrays: scores, probabilities, p @ V's
-    partials (and the max's and sum's of each warp), and the head's computed query row, which each position's dot
+def test_the_fused_kernel_is_a_work_group_per_key_value_head(target):
+    """The one kernel is a row kernel whose rows are the KV x GROUP query heads, a work-group (covering the
+    positions) for each KV head's GROUP query heads (row_plan.Rows.fold: the keys and values it reads are theirs
+    alike), its columns the head's D values; the scores' dot product over D is rendered once (into local memory),
+    not again for the row's max, its sum and each value column; local arrays, a row of each for each query head:
+    scores, probabilities, p @ V's partials (a row a warp's slices on CUDA, where shuffles add them; a slice's on
+    OpenCL) (and the max's and sum's of each warp), and the head's computed query row, which each position's dot
     product reads there."""
     _, sched = _kernel(np.float32)
     assert len(sched.kernels) == 1, [k.ast.arg for k in sched.kernels]
     launched = target.launched(optimize(sched.kernels[0].ast, target.language))
     run = 4 if target is CUDA_TARGET else 1   # (the dialect's items a work-item)
-    assert launch_of(launched) == ("rows", 256, 1, run)
-    rows = row_plan.rows_of(launched, 256, 1, run)
+    assert launch_of(launched) == ("rows", 256, 1, run, GROUP)
+    rows = row_plan.rows_of(launched, 256, 1, run, GROUP)
     assert [r.src[0].arg for r in rows.rows] == [KV, GROUP] and [c.src[0].arg for c in rows.cols] == [D]
+    assert rows.fold is rows.rows[1]
     assert len(rows.columns) == 1 and rows.column_runs == D // run and rows.slices == 256 // (D // run)
     src = target.render(launched)
-    assert src.global_size[0].arg == KV * GROUP * 256
+    assert src.global_size[0].arg == KV * 256
     loops = 0 if target is CUDA_TARGET else 1   # (CUDA: a team of lanes a score, test_the_scores_are_team_work)
     assert len(re.findall(rf"for \(.*< {D}L", src.source)) == loops, src.source   # the scores' loop over D
-    assert len(re.findall(rf"row\d+\[{CONTEXT}\]", src.source)) == 2, src.source   # scores, probabilities
-    assert len(re.findall(rf"row\d+\[{D}\]", src.source)) == 1, src.source   # the computed query row, once
-    assert len(re.findall(rf"cp\d+\[{rows.slices * D}\]", src.source)) == 1, src.source   # p @ V's partials
+    assert len(re.findall(rf"row\d+\[{GROUP}\]\[{CONTEXT}\]", src.source)) == 2, src.source   # scores, probabilities
+    assert len(re.findall(rf"row\d+\[{GROUP}\]\[{D}\]", src.source)) == 1, src.source   # the query rows, once
+    stored = rows.slices // row_plan.warp_slices(rows, target is CUDA_TARGET)
+    assert stored == (rows.slices // 2 if target is CUDA_TARGET else rows.slices)   # (16 runs a row: 2 slices a warp)
+    assert len(re.findall(rf"cp\d+\[{GROUP}\]\[{stored * D}\]", src.source)) == 1, src.source   # p @ V's partials
 
 
 @pytest.mark.parametrize("dtype, lanes", [(np.float32, 8), (ml_dtypes.bfloat16, 4)])
@@ -115,7 +120,7 @@ def test_the_scores_are_team_work(dtype, lanes):
     assert re.search(rf"const int (tl\d+) = lid % {lanes};", src), src
     assert re.search(rf"for \(long long (tb\d+) = 0; \1 < \w+; \1 \+= {256 // lanes}\)", src), src
     offsets = [int(o) for o in re.findall(r"__shfl_xor_sync\(0xffffffffu, acc\d+, (\d+)\)", src)]
-    assert offsets == [lanes >> k for k in range(1, lanes.bit_length())], offsets
+    assert offsets == [lanes >> k for k in range(1, lanes.bit_length()) for _ in range(GROUP)], offsets   # (a KV head's)
     opencl = OPENCL_TARGET.render(OPENCL_TARGET.launched(optimize(sched.kernels[0].ast, "opencl"))).source
     assert len(re.findall(rf"for \(.*< {D}L", opencl)) == 1, opencl
 
@@ -123,21 +128,25 @@ def test_the_scores_are_team_work(dtype, lanes):
 def test_p_at_v_takes_16_byte_runs_and_adds_its_partials_pairwise():
     """bfloat16 values on CUDA: p @ V's work-items take runs of 8 columns (one 16-byte load of a value row), so the
     group's 256 take 32 slices of the positions (9 a work-item at 257 positions; runs of 4: 16 slices, 17 each); a
-    column's total reads its 32 partials together and adds them pairwise (5 levels, not a chain of 31 adds), a
-    work-item a column."""
+    column's 32 partials are added pairwise (5 levels, not a chain of 31 adds): the 4 slices of a warp by shuffles
+    (lanes 8 apart, then 16: 2 levels, row_plan.warp_slices), the warps' 8 sums stored, and a column's total reads
+    them together (3 levels), a work-item a column, for each query head of the KV head's work-group."""
     _, sched = _kernel(ml_dtypes.bfloat16)
     launched = CUDA_TARGET.launched(optimize(sched.kernels[0].ast, "cuda"))
-    assert launch_of(launched) == ("rows", 256, 1, 8)
-    rows = row_plan.rows_of(launched, 256, 1, 8)
-    assert rows.column_runs == D // 8 and rows.slices == 32
+    assert launch_of(launched) == ("rows", 256, 1, 8, GROUP)
+    rows = row_plan.rows_of(launched, 256, 1, 8, GROUP)
+    assert rows.column_runs == D // 8 and rows.slices == 32 and row_plan.warp_slices(rows, True) == 4
     src = CUDA_TARGET.render(launched).source
+    offsets = re.findall(r"__shfl_xor_sync\(0xffffffffu, (ca\d+_\d+_\d+), (\d+)\)", src)
+    assert len(offsets) == 2 * GROUP * 8, offsets   # (two levels, each head's 8 columns of a run)
+    assert {o for _, o in offsets} == {"8", "16"}, offsets
     partials = re.findall(r"float (cs\d+) = cp\d+\[", src)
-    assert len(partials) == 32, src
+    assert len(partials) == 8 * GROUP, src
     depth = dict.fromkeys(partials, 0)
     for out, a, b in re.findall(r"float (t\d+) = (\w+) \+ (\w+);", src):
         if a in depth and b in depth:
             depth[out] = max(depth[a], depth[b]) + 1
-    assert max(depth.values()) == 5, src
+    assert max(depth.values()) == 3, src
     assert "const long long c = lid;" in src, src   # (a column a work-item)
 
 
@@ -153,14 +162,16 @@ def test_p_at_v_loads_its_positions_in_flight_together(target):
     src = target.render(launched).source
     step = re.search(rf"for \(long(?: long)? (fb\d+) = cj; \1 < \w+; \1 \+= (\d+)\)", src)
     assert step and int(step.group(2)) == rows.slices * render_rows.POSITIONS_IN_FLIGHT, src
-    loop = src[step.end():src.index("cp", src.index("}\n", src.index(" ? ", step.end())))]
+    end = src.index("cp", src.index("}\n", src.index(" ? ", step.end())))
+    loop = src[step.end():min(end, src.find("__shfl_xor_sync", step.end()) % len(src))]   # (the partials' shuffles)
     run = 8 if target is CUDA_TARGET else 1
     held = re.findall(r"^\s*float (pl\d+_\d+_\d+_\d+);", loop, re.M)
     assert len(held) == render_rows.POSITIONS_IN_FLIGHT * run, loop
-    sums = [m.start() for m in re.finditer(r"ca\d+_\d+ = ", loop)]
-    assert len(sums) == render_rows.POSITIONS_IN_FLIGHT * run, loop
+    sums = [m.start() for m in re.finditer(r"ca\d+_\d+_\d+ = ", loop)]   # (a KV head's query heads' sums)
+    assert len(sums) == render_rows.POSITIONS_IN_FLIGHT * run * GROUP, loop
     assert all(loop.index(f"{v} = ") < sums[0] for v in held), loop   # (every load before the first sum)
-    assert len(re.findall(r"ca\d+_\d+ = fb\d+ \+ \d+ < \w+ \? ", loop)) == (render_rows.POSITIONS_IN_FLIGHT - 1) * run
+    assert len(re.findall(r"ca\d+_\d+_\d+ = fb\d+ \+ \d+ < \w+ \? ", loop)) == (
+        render_rows.POSITIONS_IN_FLIGHT - 1) * run * GROUP
     assert ("__launch_bounds__(256, 1)" in src) == (target is CUDA_TARGET), src
 
 
@@ -355,7 +366,7 @@ def test_the_paged_kernel_stops_at_a_rows_last_visible_block(target):
     assert len(blocks) == 1 and blocks[0].vmax == 8, ends
     assert any(u.op is Ops.LOAD for u in blocks[0].toposort()), blocks[0]
     src = target.render(launched).source
-    assert len(re.findall(rf"row\d+\[{8 * BLOCK}\]", src)) == 2, src   # (scores and probabilities: the largest row)
+    assert len(re.findall(rf"row\d+\[{GROUP}\]\[{8 * BLOCK}\]", src)) == 2, src   # (scores, probabilities: the largest row)
 
 
 @pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
