@@ -16,6 +16,7 @@ from typing import Callable
 
 from ..uop import dtypes
 from .render_tiles import Contraction, _extent
+from .tile_pairs import paired_cells
 
 
 def emit_results(r, c: Contraction, cells: list):
@@ -27,33 +28,43 @@ def emit_results(r, c: Contraction, cells: list):
         _combine_sets(r, c, cells)
         r.open_block("if (kset == 0)", {})
     r.lets.update(acc for acc, _, _ in cells)   # (final from here: a result rounded from one is converted from it)
+    seconds = {}   # a paired tile's (tile_pairs.py): its first sum's cells, each stored with its second's
+    if c.pair is not None:
+        cells, seconds = paired_cells(cells)
     store = r.ast.src[0]
     bits = r.sixteen_bits(store.src[2].dtype) if len(store.src) == 3 and store.arg is None else None
     for p in range(0, len(cells), 2):
         pair = cells[p:p + 2]
         if bits and len(pair) == 2:
-            _emit_pair(r, c, pair, bits, m, n)
+            _emit_pair(r, c, pair, bits, m, n, seconds)
         else:
             for acc, row, col in pair:
-                _emit_cell(r, c, acc, row, col, m, n)
+                _emit_cell(r, c, acc, row, col, m, n, seconds)
     if c.splits > 1:
         r.close_block()
 
 
-def _bind(r, c: Contraction, acc: str, row: str, col: str):
-    """Bind the tile's row and column ranges to the cell's output and the contraction to its accumulator."""
-    r.emit(f"const {r.long} oi = i0 + {row}, oj = j0 + {col};")
-    r.scopes[-1].update({**r.unflatten("oi", list(c.i)), **r.unflatten("oj", list(c.j)), c.reduce: acc})
+def _bind(r, c: Contraction, acc: str, row: str, col: str, seconds: dict):
+    """Bind the tile's row and column ranges to the cell's output and the contraction to its accumulator (a paired
+    tile's second sum to `seconds`' accumulator of it)."""
+    if c.pair is None:
+        r.emit(f"const {r.long} oi = i0 + {row}, oj = j0 + {col};")
+        r.scopes[-1].update({**r.unflatten("oi", list(c.i)), **r.unflatten("oj", list(c.j)), c.reduce: acc})
+        return
+    # a paired tile's virtual column -> its output column (j0: a multiple of 2 x FRAG_N virtual columns)
+    r.emit(f"const {r.long} oi = i0 + {row}, oj = j0 / 2 + {c.pair.column(col)};")
+    r.scopes[-1].update({**r.unflatten("oi", list(c.i)), c.pair.columns: "oj", c.reduce: acc,
+                         c.pair.reduce: seconds[acc]})
 
 
-def _emit_cell(r, c: Contraction, acc: str, row: str, col: str, m: str, n: str):
+def _emit_cell(r, c: Contraction, acc: str, row: str, col: str, m: str, n: str, seconds: dict):
     r.open_block(f"if (i0 + {row} < {m} && j0 + {col} < {n})", {})
-    _bind(r, c, acc, row, col)
+    _bind(r, c, acc, row, col, seconds)
     r.emit(r.store_line(r.ast.src[0]))
     r.close_block()
 
 
-def _emit_pair(r, c: Contraction, pair: list, bits: Callable[[str], str], m: str, n: str):
+def _emit_pair(r, c: Contraction, pair: list, bits: Callable[[str], str], m: str, n: str, seconds: dict):
     """A pair of 16-bit float results of one row (`bits`: a value's bits, render_c.sixteen_bits): one 32-bit store
     where both are in range, neighbours in memory and the first at an even index; else each element's store,
     checked."""
@@ -64,7 +75,7 @@ def _emit_pair(r, c: Contraction, pair: list, bits: Callable[[str], str], m: str
     r.emit(f"{long} at0, at1; {u16} bits0, bits1;")
     for e, (acc, row, col) in enumerate(pair):   # (each in a block of its own: its bindings end with it)
         r.open_block("", {})
-        _bind(r, c, acc, row, col)
+        _bind(r, c, acc, row, col, seconds)
         r.emit(f"at{e} = {r.value(store.src[1])}; bits{e} = {bits(r.value(store.src[2]))};")
         r.close_block()
     buf = f"buf{store.src[0].arg}"
@@ -77,7 +88,7 @@ def _emit_pair(r, c: Contraction, pair: list, bits: Callable[[str], str], m: str
     r.close_block()
     r.open_block("else", {})
     for acc, row, col in pair:
-        _emit_cell(r, c, acc, row, col, m, n)
+        _emit_cell(r, c, acc, row, col, m, n, seconds)
     r.close_block()
 
 

@@ -42,6 +42,7 @@ from .row_plan import (batch_plan, held_parts, loop_ranges, row_plan, share_batc
 from .softmax_contraction import MAX_ROWS_A_VALUE
 from .render_fragments import KINDS, along_k
 from .render_tiles import MIN_FILL, _fill, fragment_kind, match_contraction, unpacks_blocks
+from .tile_pairs import PAIR, match_pair
 
 WARP_ROWS = 4             # rows of one warp each a work-group packs (dialects with shuffles)
 BULK_VARIANT = "tma"       # a tile's variant on bulk tensor copies (Hopper: render_fragments_tma.py, tensor_maps.py)
@@ -68,9 +69,9 @@ def launch(ast: UOp, dialect, blocking: Blocking = DEFAULT_BLOCKING) -> UOp:
     if attention is not None:
         return _with_launch(ast, attention)
     contraction = match_contraction(ast, blocking.tile)
-    batch_tile = tensor_batch_tile(contraction, dialect) if contraction and blocking.tile is None else None
+    batch_tile = tensor_batch_launch(ast, contraction, dialect) if blocking.tile is None else None
     if batch_tile is not None:
-        return _with_launch(ast, ("tile", *batch_tile))
+        return _with_launch(ast, batch_tile)
     if contraction is not None and (blocking.tile is not None or not few_var_rows(contraction)):
         return _tile_launch(ast, contraction, dialect, blocking.tile)
     packed = warp_rows(dialect)
@@ -112,6 +113,17 @@ def few_var_batch(rows) -> bool:
     batch of one (70 and 421 us)."""
     return rows.batch.src[0].vmax <= FEW_VAR_ROWS and any(unpacks_blocks(part) for u in rows.order
                                                            for part in held_parts(u, rows.batch))
+
+
+def tensor_batch_launch(ast: UOp, c, dialect) -> tuple | None:
+    """The tile launch of a var batch's projection on tensor cores (`tensor_batch_tile`) of `ast`'s contraction `c`,
+    or of its two sums side by side where it has two (tile_pairs.match_pair: SiLU(gate) * up of gate/up's one
+    contraction, each output's two sums in one tile's accumulators: its launch ends with PAIR), or None."""
+    paired = match_pair(ast) if c is None else None
+    tile = tensor_batch_tile(c or paired, dialect) if c or paired else None
+    if tile is None:
+        return None
+    return ("tile", *tile) if paired is None else ("tile", *tile, None, PAIR)
 
 
 def tensor_batch_tile(c, dialect) -> tuple | None:

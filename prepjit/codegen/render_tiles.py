@@ -32,6 +32,7 @@ import attrs
 
 from ..uop import Ops, UOp, dtypes, simplify, sym_prod
 from ..uop.uop import as_uop, render_python
+from .tile_pairs import PAIR, match_pair
 
 TILE_K, REG, RUN = 16, 8, 4       # slice depth; outputs per work-item along each side; elements per vector run
 SHAPES = ((128, 128), (128, 64), (64, 128), (64, 64), (128, 32), (32, 128))   # (rows, columns) of a tile
@@ -71,6 +72,7 @@ class Contraction:
                          # cores: every splits-th slice, render_fragments.py)
     fragments: str | None = None   # what both operands are multiplied in on tensor cores (fragment_kind), or None
     variant: str | None = None     # "tma": Hopper's tile of bulk tensor copies (render_fragments_tma.py), or None
+    pair: object = None            # a tile_pairs.Pair where the tile holds two sums (its columns virtual), or None
 
     @property
     def owners(self) -> int:
@@ -156,7 +158,10 @@ def match_contraction(ast: UOp, tile: tuple | None = None) -> Contraction | None
     """The contraction this kernel computes, or None (float32 only, one reduce range, row and column ranges, and
     the rows and the columns each at least MIN_SIDE and k a slice deep at the vars' maxima: thinner ones stay
     reductions). Its tiles are `tile` (rows, columns, splits: one of `tile_candidates`, and a launch's fragments'
-    dtype name where it has them), else the policy's."""
+    dtype name where it has them, then its variant, then tile_pairs.PAIR where it holds two sums: `match_pair`),
+    else the policy's."""
+    if tile is not None and tile[-1] == PAIR:
+        return match_pair(ast, tile)
     store = ast.src[0]
     reduces = [u for u in store.toposort() if u.op is Ops.REDUCE]
     if store.op is not Ops.STORE or len(reduces) != 1:

@@ -100,3 +100,69 @@ def test_batch_tiles_compile_with_nvrtc():
         src = CUDA_TARGET.render(CUDA_TARGET.launched(optimize(_kernel("q4_1", 576, most=most)[1].ast, "cuda")))
         for arch in ("sm_90a", "sm_80"):
             nvrtc.compile(src.name, src.source, [f"-arch={arch}", "-std=c++17", "--fmad=false"])
+
+
+PAIRED = 296   # gate/up's output columns: a multiple of a fragment's 8, ragged for a tile's 16
+
+
+def _swiglu(kind, stacked=True):
+    """The schedule and kernel of SiLU(gate) * up of a var batch x (B, K) bfloat16: gate and up one contraction by
+    their weights stacked (2 x PAIRED, K) in `kind` blocks, split after it (llama.swiglu, SiLU in float32), or
+    (not `stacked`) two contractions by weights of their own."""
+    k = KS[kind]
+
+    def fn(x, blocks, other):
+        if stacked:
+            h = pnp.matmul(x, pj.quant.dequantize(blocks, kind).T, precision="bf16")
+            gate, up = h[:, :PAIRED], h[:, PAIRED:]
+        else:
+            gate, up = (pnp.matmul(x, pj.quant.dequantize(b, kind).T, precision="bf16") for b in (blocks, other))
+        return gate / (1 + pnp.exp(-gate)) * up
+    f = pj.prepare(fn, vars={"B": (1, MOST)}, shapes={"x": ("B", k)})
+    rng = np.random.default_rng(0)
+    traced = pj.trace(f, np.ones((3, k), ml_dtypes.bfloat16), _blocks(rng, kind, (2 if stacked else 1) * PAIRED, k),
+                      _blocks(rng, kind, PAIRED, k))
+    sched = schedule(list(traced.outputs), list(traced.inputs))
+    (kern,) = sched.kernels
+    return sched, kern
+
+
+@EMULATED
+@pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("wgmma", [False, True], ids=["mma", "wgmma"])
+def test_emulated_swiglu_tiles_equal_numpy(kind, wgmma):
+    """SiLU(gate) * up of one contraction (one kernel: fusion._in_slices) is one tile of both sums (tile_pairs.py:
+    each output's gate and up sums in one work-item's accumulators, its launch ending with PAIR); through
+    cuda_emulation at B = 1, 3, 17 and 64 it equals NumPy's SiLU(gate) * up of the bfloat16-rounded weights (gate
+    and up each within test_fragment_unpack._check's 1e-5 of their largest magnitude)."""
+    from prepjit.codegen.tile_pairs import PAIR
+    k = KS[kind]
+    sched, kern = _swiglu(kind)
+    launched = CUDA_TARGET.launched(optimize(kern.ast, "cuda"))
+    assert gpu_launch.launch_of(launched) == ("tile", 64, 32, 6, "bfloat16", None, PAIR)
+    b = pj.uop.UOp.variable("B", 1, MOST)
+    shapes = dict(zip(sched.inputs, ((b, k), (2 * PAIRED, k // 32 * pj.quant.block_bytes(kind)))))
+    assert prove_launched(launched, [(b, PAIRED)] + [shapes[i] for i in kern.buffers[1:]]) > 0
+    src = CUDA_TARGET.render(launched)
+    for b in BATCHES:
+        rng = np.random.default_rng(b)
+        blocks = pj.quant.quantize((rng.standard_normal((2 * PAIRED, k)) / np.sqrt(k)).astype(np.float32), kind)
+        x = rng.standard_normal((b, k)).astype(ml_dtypes.bfloat16)
+        bufs = dict(zip(sched.inputs, (x.view(np.uint16), blocks)))
+        out = np.full((b, PAIRED), np.nan, np.float32)
+        cuda_emulation.run(src, [out] + [np.ascontiguousarray(bufs[i]).ravel() for i in kern.buffers[1:]],
+                           wgmma=wgmma, var_values={"B": b})
+        w = pj.quant.dequantize(blocks, kind).astype(ml_dtypes.bfloat16).astype(np.float64)
+        h = x.astype(np.float64) @ w.T
+        gate, up = h[:, :PAIRED], h[:, PAIRED:]
+        silu = gate / (1 + np.exp(-gate))
+        # (an error e in gate moves SiLU(gate) by at most 1.1 e, times up; an error in up by SiLU(gate))
+        tolerance = 1e-5 * np.abs(h).max() * (1.1 * np.abs(up) + np.abs(silu)) + 1e-6 * np.abs(silu * up).max()
+        assert (np.abs(out - silu * up) <= tolerance).all()
+
+
+def test_two_weights_of_their_own_keep_the_batch_kernel():
+    """SiLU(x @ W1.T) * (x @ W2.T) of two weights (not one stacked weight's rows PAIRED apart) is no pair of a tile
+    (tile_pairs.match_pair): its batch row kernel stays."""
+    _, kern = _swiglu("q4_1", stacked=False)
+    assert _launch(kern)[0] == "batch"
