@@ -76,7 +76,7 @@ def emit_rows(r, store: UOp):
     if rows.columns:   # the scores the row's reductions read, once into local memory
         _row_arrays(r, rows.order, rows.order, scopes)
     for u in rows.order:
-        each_row(r, scopes, lambda u=u: r.value(u), block=False)
+        _reduce_rows(r, u, scopes)
     if rows.columns:   # the probabilities the column reductions read, then their partials
         _row_arrays(r, rows.columns, (), scopes)
         for u in rows.columns:
@@ -491,6 +491,38 @@ def reduce_together(r, u: UOp, acc: str) -> str:
     return combine_group(r, u.arg, dt, acc, team)
 
 
+def _reduce_rows(r, u: UOp, scopes: list):
+    """The row reduction `u` of each row of `scopes` (a fold's: render_row_fold.py; else as `r.value` computes it):
+    as reduce_together computes each alone, each row's terms in the same order, but together: one pass over the
+    range for every row (the parts no row reads loaded once) and the rows' combines side by side (`combine_rows`:
+    one barrier for all); each row's value bound in its scope."""
+    if len(scopes) == 1:
+        each_row(r, scopes, lambda: r.value(u), block=False)
+        return
+    from .render_c import _identity   # (render_c renders through this module)
+    dt, ranges, team = u.dtype, list(u.src[1:]), r.rows.team(u)
+    accs = [f"acc{r.n + k}" for k in range(len(scopes))]
+    r.n += len(scopes)
+    for acc in accs:
+        r.emit(f"{r.d.ctype(dt)} {acc} = {r.d.literal(_identity(u.arg, dt), dt)};")
+    flat, per = f"f{r.n}", run_length(ranges, r.rows.run)
+    held = r.row_operands.get(u, [])
+
+    def element(e: int):
+        render_shared(r, u.src[0], {x for x, _ in held})
+        rows_left = iter(accs)
+
+        def row():
+            acc = next(rows_left)
+            r.scopes[-1].update({x: array_at(r, x, name, f"{flat} + {e}") for x, name in held})
+            r.emit(f"{acc} = {r.accumulate(u, acc)};")
+        each_row(r, scopes, row)
+    _each_pass(r, flat, as_uop(sym_prod(x.src[0] for x in ranges)), per, team,
+               lambda: r.consecutive(flat, ranges, per, by_element(per, element)))
+    for scope, red in zip(scopes, combine_rows(r, u.arg, dt, accs, team)):
+        scope[u] = r.round_to(red, dt) if dt.narrow else red
+
+
 def _each_element(r, body):
     """Emit `body` for each of the work-item's run of elements in its scope (no C block: what one pass computes,
     the row's loads, stays in scope for the next)."""
@@ -502,28 +534,42 @@ def _each_element(r, body):
 
 def combine_group(r, op: Ops, dt: DType, acc: str, team: tuple[str, int]) -> str:
     """Combine the team's partial accumulators; every work-item gets the result (in the same order)."""
-    (lid, group), part = team, f"part{r.n}"
+    return combine_rows(r, op, dt, [acc], team)[0]
+
+
+def combine_rows(r, op: Ops, dt: DType, accs: list[str], team: tuple[str, int]) -> list[str]:
+    """`combine_group` for each row's accumulator of `accs` (a fold's rows: render_row_fold.py), each combined as
+    alone, the rows' steps side by side, their barriers shared."""
+    (lid, group), n = team, r.n
+    parts = [f"part{n}" if k == 0 else f"part{n}_{k}" for k in range(len(accs))]
     if r.d.shuffle_xor is None or not shuffles(dt):
-        r.locals.append(r.d.local_array.format(type=r.d.ctype(dt), name=part, n=group) + ";")
-        r.emit(f"{part}[{lid}] = {acc};")
+        for part, acc in zip(parts, accs):
+            r.locals.append(r.d.local_array.format(type=r.d.ctype(dt), name=part, n=group) + ";")
+            r.emit(f"{part}[{lid}] = {acc};")
         r.emit(r.d.barrier)
         r.open_block(f"for (int s = {group // 2}; s > 0; s >>= 1)", {})
         r.open_block(f"if ({lid} < s)", {})
-        r.emit(f"{part}[{lid}] = {r.combine(op, dt, f'{part}[{lid}]', f'{part}[{lid} + s]')};")
+        for part in parts:
+            r.emit(f"{part}[{lid}] = {r.combine(op, dt, f'{part}[{lid}]', f'{part}[{lid} + s]')};")
         r.close_block()
         r.emit(r.d.barrier)
         r.close_block()
-        return r.let(dt, f"{part}[0]", "red")
+        return [r.let(dt, f"{part}[0]", "red") for part in parts]
     r.open_block(f"for (int o = {WARP // 2}; o > 0; o >>= 1)", {})  # within each warp
-    other = r.let(dt, r.d.shuffle_xor.format(v=acc, o="o"))
-    r.emit(f"{acc} = {r.combine(op, dt, acc, other)};")
+    for acc in accs:
+        other = r.let(dt, r.d.shuffle_xor.format(v=acc, o="o"))
+        r.emit(f"{acc} = {r.combine(op, dt, acc, other)};")
     r.close_block()
     if group == WARP:
-        return acc
-    r.locals.append(r.d.local_array.format(type=r.d.ctype(dt), name=part, n=group // WARP) + ";")
-    r.emit(f"if (({lid} & {WARP - 1}) == 0) {part}[{lid} / {WARP}] = {acc};")
+        return list(accs)
+    for part, acc in zip(parts, accs):
+        r.locals.append(r.d.local_array.format(type=r.d.ctype(dt), name=part, n=group // WARP) + ";")
+        r.emit(f"if (({lid} & {WARP - 1}) == 0) {part}[{lid} / {WARP}] = {acc};")
     r.emit(r.d.barrier)
-    red = r.let(dt, f"{part}[0]", "red")
-    for w in range(1, group // WARP):
-        r.emit(f"{red} = {r.combine(op, dt, red, f'{part}[{w}]')};")
-    return red
+    reds = []
+    for part in parts:
+        red = r.let(dt, f"{part}[0]", "red")
+        for w in range(1, group // WARP):
+            r.emit(f"{red} = {r.combine(op, dt, red, f'{part}[{w}]')};")
+        reds.append(red)
+    return reds
