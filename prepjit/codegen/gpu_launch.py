@@ -51,7 +51,8 @@ UNPACKED_TILE = (64, 32)   # rows and columns of a tile of a quantized weight on
 UNPACKED_SPLITS = (4, 3, 2)   # sets of work-items that may split its k
 TENSOR_BATCH_ROWS = 32    # a var batch over quantized blocks whose most is at least this many rows: tensor cores
 BATCH_TILE_COLUMNS = 32   # columns of its tiles (`tensor_batch_tile`)
-BATCH_TILE_SPLITS = (8, 6, 4, 3, 2)   # sets of work-items that may split its k
+BATCH_TILE_SPLITS = (6, 4, 3, 2)   # sets of work-items that may split its k (6: 768 work-items; 3 stages of 6 sets'
+                                  # slices on wgmma, 108 KB of local memory)
 FEW_OUTPUTS = 1 << 18     # an elementwise kernel of fewer outputs (at most) takes one a work-item: its work-items
                           # would not fill a GPU of ~100 multiprocessors twice over at several each
 

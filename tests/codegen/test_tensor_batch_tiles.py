@@ -47,7 +47,7 @@ def _launch(kern):
 
 def test_a_batch_of_many_rows_takes_a_tensor_core_tile(monkeypatch):
     """B up to 64: a 64 x 32 tile (one tile's rows hold the batch), k's 18 slices between 6 sets of 4 warps (48's of
-    k = 1536 between 8); up to 32: 32 rows; up to 31 (below TENSOR_BATCH_ROWS), the exact default precision, float32
+    k = 1536 too); up to 32: 32 rows; up to 31 (below TENSOR_BATCH_ROWS), the exact default precision, float32
     activations, or the rule off (TENSOR_BATCH_ROWS past FEW_VAR_ROWS): the batch row kernel. The launched tile's
     loads and store are proven (its rows past B are neither read nor written)."""
     sched, kern = _kernel("q4_1", 576)
@@ -56,7 +56,7 @@ def test_a_batch_of_many_rows_takes_a_tensor_core_tile(monkeypatch):
     b = pj.uop.UOp.variable("B", 1, MOST)
     shapes = dict(zip(sched.inputs, ((b, 576), (b, N), (N, 576 // 32 * 20))))
     assert prove_launched(launched, [(b, N)] + [shapes[i] for i in kern.buffers[1:]]) > 0   # (else it raises)
-    assert _launch(_kernel("q4_1", 1536)[1]) == ("tile", 64, 32, 8, "bfloat16")
+    assert _launch(_kernel("q4_1", 1536)[1]) == ("tile", 64, 32, 6, "bfloat16")
     assert _launch(_kernel("q8_0", 576, most=32)[1]) == ("tile", 32, 32, 6, "bfloat16")
     assert _launch(_kernel("q8_0", 576, most=31)[1])[0] == "batch"
     assert _launch(_kernel("q8_0", 576, precision=None)[1])[0] == "batch"
