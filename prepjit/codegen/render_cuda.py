@@ -49,6 +49,12 @@ _WGMMA = {  # Hopper's warpgroup matrix instructions (PTX ISA, wgmma): operands 
   return (start & 0x3FFFF) >> 4 | (unsigned long long)(lbo >> 4) << 16 | (unsigned long long)(sbo >> 4) << 32 |
          (unsigned long long)swizzle << 62;
 }}""",
+    # a descriptor whose start address is `units` x 16 bytes further (local memory < 256 KB: the 14-bit field never
+    # carries), by one 32-bit add
+    "pj_wgmma_desc_add": """__device__ __forceinline__ unsigned long long pj_wgmma_desc_add(unsigned long long desc,
+    unsigned units) {
+  return desc & 0xFFFFFFFF00000000ull | (unsigned)desc + units;
+}""",
     **{name: f"""__device__ __forceinline__ void {name}() {{
 #if {WGMMA_ARCH}
   asm volatile("{ptx}" ::: "memory");

@@ -89,6 +89,8 @@ RESIDENT_ACCUMULATORS = 64      # most this many (the compiler keeps its registe
 RESIDENT_THREADS = 512          # and the resident tiles' work-items at most this many (128 registers each)
 SWIZZLES = {128: 1, 64: 2, 32: 3}   # a matrix descriptor's swizzle mode for rows of so many bytes
 RASTER_ROWS = 8                 # tile rows of a band of the grid's order (emit_fragment_contraction)
+DESCRIPTORS_ONCE = True         # a warpgroup tile's stage-0 descriptors computed once, each slice's an offset from
+                                # them (False: each from its address, as before; a knob for timing, the same bits)
 
 
 @attrs.frozen
@@ -220,7 +222,7 @@ class Staged:
         return (f"{self.name}s[{stage}][({own}) / {self.block}][{k}]"
                 f"[{self.chunk(k, f'({own}) % {self.block}')} + ({own}) % {chunk}]")
 
-    def descriptor(self, stage: str, own: str, step: int) -> str:
+    def descriptor(self, own: str, stage: str = "0", step: int = 0) -> str:
         """The matrix descriptor of the 16-deep step `step` of the stage's rows or columns from `own` (a multiple of
         GROUP_M for A): k-minor tiles are 8-row groups SBO bytes apart, the step's k 32 bytes into a row; own-minor
         ones blocks LBO bytes apart along their own axis, 8-row groups along k SBO bytes apart."""
@@ -231,6 +233,15 @@ class Staged:
         else:
             first, lbo = f"&{self.name}s[{stage}][({own}) / {self.block}][{step * depth}][0]", rows * row_bytes
         return f"pj_wgmma_desc({first}, {lbo}, {8 * row_bytes}, {SWIZZLES[row_bytes]})"
+
+    def descriptor_offset(self, stage: str, step: int) -> str:
+        """What the descriptor of stage `stage`'s step `step` adds to stage 0's first step's (`descriptor`): their start
+        addresses' distance in 16-byte units (a stage further; the step's k 32 bytes into a k-minor row, 16 rows
+        further in an own-minor block), which stays inside the descriptor's 14-bit address field (local memory is
+        under 256 KB)."""
+        row_bytes = self.kind.bytes * self.shape[2]
+        step_bytes = step * self.kind.frag_k * (self.kind.bytes if self.minor == "k" else row_bytes)
+        return f"({stage} * {CHUNK_BYTES * self.chunks // 16} + {step_bytes // 16})"
 
 
 def _staged(c: Contraction, depth: int | None = None) -> list[Staged]:
@@ -535,6 +546,10 @@ class _WarpgroupTile:
         group = f"(lid / {FRAGMENT_THREADS} - {self.first})" if self.first else f"lid / {FRAGMENT_THREADS}"
         first = f"{group} * {self.rows}" if self.rows < self.c.tm else "0"
         r.emit(f"const int wg_m = {first}, wg_row = wg_m + lid / {WARP} % {GROUP_WARPS} * 16 + fg;")
+        a, b = self.staged   # (stage 0's descriptors, once: each slice's are an offset from them)
+        firsts = [f"wdA{x} = {a.descriptor(f'wg_m + {x * GROUP_M}')}" for x in range(self.blocks)]
+        if DESCRIPTORS_ONCE:
+            r.emit(f"const unsigned long long {', '.join(firsts)}, wdB = {b.descriptor('0')};")
         for x in range(self.blocks):
             r.emit(f"float wacc{x}[{self.c.tn // 2}] = {{}};")
 
@@ -556,8 +571,12 @@ class _WarpgroupTile:
         r.emit("pj_wgmma_fence();")
         for step in range(a.depth // a.kind.frag_k):
             for x in range(self.blocks):
-                r.emit(f"{self.helper}(wacc{x}, {a.descriptor('st', f'wg_m + {x * GROUP_M}', step)}, "
-                       f"{b.descriptor('st', '0', step)});")
+                if DESCRIPTORS_ONCE:
+                    r.emit(f"{self.helper}(wacc{x}, pj_wgmma_desc_add(wdA{x}, {a.descriptor_offset('st', step)}), "
+                           f"pj_wgmma_desc_add(wdB, {b.descriptor_offset('st', step)}));")
+                else:
+                    r.emit(f"{self.helper}(wacc{x}, {a.descriptor(f'wg_m + {x * GROUP_M}', 'st', step)}, "
+                           f"{b.descriptor('0', 'st', step)});")
         r.emit("pj_wgmma_commit();")
 
     def multiply(self):

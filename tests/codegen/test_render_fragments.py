@@ -408,3 +408,31 @@ def test_a_head_merged_operand_is_copied_asynchronously(wgmma):
                        wgmma=wgmma)
     want = np.swapaxes(ctx.astype(np.float32), 1, 2).reshape(2, t, heads * d) @ w.astype(np.float32)
     np.testing.assert_allclose(out.astype(np.float32).reshape(want.shape), want, rtol=2 ** -7, atol=1e-3)
+
+
+@EMULATED
+def test_warpgroup_descriptors_are_computed_once(monkeypatch):
+    """A warpgroup tile's matrix descriptors of stage 0 are computed once, each slice's step an offset from them in
+    16-byte units (a stage of a's 128 x 32 elements: 512; a step 32 bytes along a k-minor row: 2; 16 rows of b's
+    128-byte blocks: 128); the products equal the descriptors computed from each address (DESCRIPTORS_ONCE off), bit
+    for bit (ragged edges, a partial slice; both operands along k / their own axes)."""
+    m, n, k = 200, 136, 104
+    for a_t in (False, True):
+        outs = []
+        for once in (True, False):
+            monkeypatch.setattr(render_fragments, "DESCRIPTORS_ONCE", once)
+            ast = strided_narrow_kernel(dtypes.bfloat16, m, n, k, a_t, a_t)
+            src = render_cuda(ast, (128, 64, 1, "bfloat16"))
+            if not a_t:
+                assert ("wdA1 = pj_wgmma_desc(&As[0][0][wg_m + 64][0], 16, 512, 2)" in src.source) == once
+                assert ("pj_wgmma_desc_add(wdA1, (st * 512 + 2)), pj_wgmma_desc_add(wdB, (st * 256 + 128))"
+                        in src.source) == once
+            rng = np.random.default_rng(0)
+            a = rng.standard_normal((k, m) if a_t else (m, k), np.float32).astype(ml_dtypes.bfloat16)
+            b = rng.standard_normal((n, k) if a_t else (k, n), np.float32).astype(ml_dtypes.bfloat16)
+            out = np.zeros(m * n, np.float32)
+            cuda_emulation.run(src, [out, a.ravel().view(np.uint16), b.ravel().view(np.uint16)], True, True)
+            outs.append(out)
+        np.testing.assert_array_equal(outs[0], outs[1])
+        want = (a.T if a_t else a).astype(np.float32) @ (b.T if a_t else b).astype(np.float32) + 1
+        np.testing.assert_allclose(outs[0].reshape(m, n), want, rtol=1e-5, atol=1e-4 * np.sqrt(k))
