@@ -50,9 +50,9 @@ WIDE_COLUMNS = 256         # columns of its tiles (`wide_tile`)
 UNPACKED_TILE = (64, 32)   # rows and columns of a tile of a quantized weight on tensor cores (`unpacked_tile`)
 UNPACKED_SPLITS = (4, 3, 2)   # sets of work-items that may split its k
 TENSOR_BATCH_ROWS = 32    # a var batch over quantized blocks whose most is at least this many rows: tensor cores
-BATCH_TILE_COLUMNS = 32   # columns of its tiles (`tensor_batch_tile`)
-BATCH_TILE_SPLITS = (6, 4, 3, 2)   # sets of work-items that may split its k (6: 768 work-items; 3 stages of 6 sets'
-                                  # slices on wgmma, 108 KB of local memory)
+BATCH_TILE = (FEW_VAR_ROWS, 32)   # rows and columns of its tiles (`tensor_batch_tile`)
+BATCH_TILE_SPLITS = (6, 4, 3)   # sets of work-items that may split its k (6: 768 work-items; 3 stages of 6 sets'
+                                # slices on wgmma, 108 KB of local memory)
 FEW_OUTPUTS = 1 << 18     # an elementwise kernel of fewer outputs (at most) takes one a work-item: its work-items
                           # would not fill a GPU of ~100 multiprocessors twice over at several each
 
@@ -131,12 +131,14 @@ def tensor_batch_tile(c, dialect) -> tuple | None:
     """(rows, columns, splits, fragments) of the tensor-core tile of a var batch of rows (a decode step's sequences)
     by a weight unpacked from quantized blocks, x @ pj.quant.dequantize(b, kind).T of 16-bit activations
     (fragment_kind "bfloat16"), where the batch's most is at least TENSOR_BATCH_ROWS; else None (few_var_rows's
-    batch row kernel). One tile's rows hold the whole batch (32 or 64: its rows past the batch's are staged as zeros
-    and never stored), so each weight is unpacked once, where the batch row kernel unpacks it once per BATCH_CHUNK
-    rows and multiplies on the CUDA cores (an H100, the paged step at 64 sequences: ~6 TFLOP/s); BATCH_TILE_COLUMNS
-    columns a tile give the most work-groups the fragments allow (960 columns: 30), and its k is split between the
-    most of BATCH_TILE_SPLITS sets of 4 warps that divides k's slices, each staging a share of them (two at least). The
-    kernel is compiled once for the var's range: the same tile serves a batch of one."""
+    batch row kernel). One tile's rows hold the whole batch (BATCH_TILE: its rows past the batch's are staged as
+    zeros and never stored), so each weight is unpacked once, where the batch row kernel unpacks it once per
+    BATCH_CHUNK rows and multiplies on the CUDA cores (an H100, the paged step at 64 sequences: ~6 TFLOP/s); its 32
+    columns give the most work-groups the fragments allow (960 columns: 30), and its k is split between the most of
+    BATCH_TILE_SPLITS sets of 4 warps that divides k's slices, each staging a share of them (two at least), else one
+    set. (Fewer rows, or two sets, would stage their slices in 48 KB of static local memory, to which the sets'
+    combining tile, fragment_results.py, adds past the 48 KB a kernel may declare: render_fragments.declare_tiles.)
+    The kernel is compiled once for the var's range: the same tile serves a batch of one."""
     var = c.i[0].src[0] if len(c.i) == 1 else None
     if not dialect.tensor_core_mma or var is None or var.op is Ops.CONST or not few_var_rows(c) or \
             var.vmax < TENSOR_BATCH_ROWS or unpacked_tile(c, fragment_kind(c)) is None:
@@ -144,7 +146,7 @@ def tensor_batch_tile(c, dialect) -> tuple | None:
     end = c.k.src[0]
     slices = -(-end.arg // KINDS["bfloat16"].slice_k) if end.op is Ops.CONST else 0
     splits = next((s for s in BATCH_TILE_SPLITS if slices % s == 0 and slices >= 2 * s), 1)
-    return 32 if var.vmax <= 32 else 64, BATCH_TILE_COLUMNS, splits, "bfloat16"
+    return *BATCH_TILE, splits, "bfloat16"
 
 
 def _tile_launch(ast: UOp, c, dialect, tile: tuple | None) -> UOp:

@@ -1,8 +1,9 @@
 """A var batch's quantized projection on tensor cores (gpu_launch.tensor_batch_tile): h + x @ pj.quant.dequantize(b,
 kind).T of bfloat16 activations x (B, k) under precision="bf16", B a var of at most FEW_VAR_ROWS whose most is at
-least TENSOR_BATCH_ROWS (a decode step's sequences), is one tile of the whole batch's rows by BATCH_TILE_COLUMNS
-columns, its k split between sets of warps, rather than the batch row kernel; below TENSOR_BATCH_ROWS, under the
-exact default precision, or with the rule off, the batch row kernel stays. Through cuda_emulation (mma.sync, and
+least TENSOR_BATCH_ROWS (a decode step's sequences), is one tile of the whole batch's rows by 32 columns
+(gpu_launch.BATCH_TILE), its k split between sets of warps, rather than the batch row kernel; below
+TENSOR_BATCH_ROWS, under the exact default precision, or with the rule off, the batch row kernel stays. SiLU(gate) *
+up of gate/up's one contraction is one tile of both sums (tile_pairs.py). Through cuda_emulation (mma.sync, and
 wgmma as on sm_90a) at B = 1, 3, 17 and 64 every kind equals NumPy's product with the weights rounded to bfloat16
 (test_fragment_unpack._check's tolerances); the launched kernel's accesses are proven (rows past B unread)."""
 import ml_dtypes
@@ -47,17 +48,17 @@ def _launch(kern):
 
 def test_a_batch_of_many_rows_takes_a_tensor_core_tile(monkeypatch):
     """B up to 64: a 64 x 32 tile (one tile's rows hold the batch), k's 18 slices between 6 sets of 4 warps (48's of
-    k = 1536 too); up to 32: 32 rows; up to 31 (below TENSOR_BATCH_ROWS), the exact default precision, float32
+    k = 1536 too); up to 32: the same tile; up to 31 (below TENSOR_BATCH_ROWS), the exact default precision, float32
     activations, or the rule off (TENSOR_BATCH_ROWS past FEW_VAR_ROWS): the batch row kernel. The launched tile's
     loads and store are proven (its rows past B are neither read nor written)."""
     sched, kern = _kernel("q4_1", 576)
-    assert _launch(kern) == ("tile", 64, gpu_launch.BATCH_TILE_COLUMNS, 6, "bfloat16")
+    assert _launch(kern) == ("tile", 64, 32, 6, "bfloat16")
     launched = CUDA_TARGET.launched(optimize(kern.ast, "cuda"))
     b = pj.uop.UOp.variable("B", 1, MOST)
     shapes = dict(zip(sched.inputs, ((b, 576), (b, N), (N, 576 // 32 * 20))))
     assert prove_launched(launched, [(b, N)] + [shapes[i] for i in kern.buffers[1:]]) > 0   # (else it raises)
     assert _launch(_kernel("q4_1", 1536)[1]) == ("tile", 64, 32, 6, "bfloat16")
-    assert _launch(_kernel("q8_0", 576, most=32)[1]) == ("tile", 32, 32, 6, "bfloat16")
+    assert _launch(_kernel("q8_0", 576, most=32)[1]) == ("tile", 64, 32, 6, "bfloat16")
     assert _launch(_kernel("q8_0", 576, most=31)[1])[0] == "batch"
     assert _launch(_kernel("q8_0", 576, precision=None)[1])[0] == "batch"
     assert _launch(_kernel("q8_0", 576, dtype=np.float32, precision=None)[1])[0] == "batch"
@@ -94,10 +95,11 @@ def test_emulated_batch_tiles_equal_numpy(kind, wgmma):
 
 
 def test_batch_tiles_compile_with_nvrtc():
-    """The q4_1 tile at B up to 64 (wgmma on sm_90a) and up to 32 compile for sm_90a and sm_80."""
+    """The q4_1 tiles of k = 576 and 1536 (6 sets of warps: 108 KB of dynamic local memory on wgmma) and gate/up's
+    paired tile compile for sm_90a and sm_80."""
     nvrtc = working_nvrtc()
-    for most in (64, 32):
-        src = CUDA_TARGET.render(CUDA_TARGET.launched(optimize(_kernel("q4_1", 576, most=most)[1].ast, "cuda")))
+    for kern in (_kernel("q4_1", 576)[1], _kernel("q4_1", 1536)[1], _swiglu("q4_1")[1]):
+        src = CUDA_TARGET.render(CUDA_TARGET.launched(optimize(kern.ast, "cuda")))
         for arch in ("sm_90a", "sm_80"):
             nvrtc.compile(src.name, src.source, [f"-arch={arch}", "-std=c++17", "--fmad=false"])
 
