@@ -22,7 +22,10 @@ A kernel with column reductions (a softmax's p @ V over its row's max and sum: s
 parts of the row's reductions' operands that hold a reduction of their own (the scores) once into local memory, the
 row's reductions over them, the column reductions' operand parts no column depends on (the probabilities) once into
 local memory too (rows of at most SOFTMAX_ROW_MAX), then each column reduction's partials, the group's work-items
-taking a run of columns and a slice of the range each, added in slice order where the columns are stored.
+taking a run of columns and a slice of the range each (a warp's slices added by shuffles first where the dialect has
+them), added in slice order where the columns are stored. Where the work-group computes several rows along a range
+(row_plan.Rows.fold: a KV head's query heads), each phase runs for every row in turn at each element, the loads no
+row reads made once (render_row_fold.py), the rows' reductions combined side by side (`combine_rows`).
 
 Reductions nested in a row's reduction that depend on its range are computed inline by each work-item, so no barrier
 is ever inside a loop whose trip count differs between work-items.

@@ -1,14 +1,16 @@
 """A softmax row's scores filled by teams of lanes (render_rows.py's row arrays, on dialects with warp shuffles).
 
-A decode attention kernel's row (softmax_contraction.py: a query head's work-group) first stores each position's
-score, a dot product over the head's dimension (64), into local memory. Computed by one work-item a position, each
-score is a serial chain of 64 loads and adds, and neighbouring work-items read key rows 128 bytes apart. Here a team
-of `lanes` neighbouring lanes of a warp computes one position's score instead: each lane takes a run of `per`
-consecutive elements of the key row (SCORE_LANE_BYTES of the narrowest element it loads: 16 bfloat16 values, two
-16-byte loads), adds them in order, and the team adds its lanes' sums by shuffles (xor lanes/2, ..., 1); so a warp
-reads whole key rows (coalesced), and a work-group of 256 fills 256 / lanes positions a pass. The reduction's
-result is rounded as its own (`reduce`'s) would be, and the rest of the score (its scaling and roundings) is computed
-from it as before; the first lane of the team stores it.
+A decode attention kernel's row (softmax_contraction.py: a query head, in its KV head's work-group) first stores
+each position's score, a dot product over the head's dimension (64), into local memory. Computed by one work-item a
+position, each score is a serial chain of 64 loads and adds, and neighbouring work-items read key rows 128 bytes
+apart. Here a team of `lanes` neighbouring lanes of a warp computes one position's score instead: each lane takes a
+run of `per` consecutive elements of the key row (SCORE_LANE_BYTES of the narrowest element it loads: 16 bfloat16
+values, two 16-byte loads), adds them in order, and the team adds its lanes' sums by shuffles (xor lanes/2, ..., 1);
+so a warp reads whole key rows (coalesced), and a work-group of 256 fills 256 / lanes positions a pass. The
+reduction's result is rounded as its own (`reduce`'s) would be, and the rest of the score (its scaling and
+roundings) is computed from it as before; the first lane of the team stores it. A work-group's rows of a fold
+(render_row_fold.py: a KV head's query heads) fill their scores together (`sums_together`): each lane's key elements
+loaded once, added to each row's sum; without shuffles, a work-item a position adds them in one loop for all rows.
 
 Every lane of a warp must reach each shuffle: the passes run while the group's first position is in the row (a bound
 every lane shares), a team past the row's end computing the row's last position again and storing nothing. The

@@ -14,8 +14,8 @@ and what is skipped adds identities (x + 0 is x for an accumulator that starts a
 row's work-group, uniform across it: a bound every work-item shares), where every reduction over the range is
 masked by the same condition `index < L` with `index` = stride * range + (terms in [0, stride) without it) and L
 a value of the row (of its ranges alone); the bounds proof sees the bound's largest value, the
-range's old end. A work-group per row only ("rows" launches of one row a group; rows a work-group folds, row_plan.Rows.fold, where
-L reads no fold range): a tile's rows share their loops.
+range's old end. A work-group per row only ("rows" launches of one row a group; or of rows a work-group folds,
+row_plan.Rows.fold, where L reads no fold range): a tile's rows share their loops.
 Never a range of the kernel's loops (a row's passes sharing the columns' range, row_plan.share_passes): the row
 stores every column, and the renderer takes that range's static runs.
 """

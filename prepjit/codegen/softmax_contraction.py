@@ -7,7 +7,9 @@ work-group owns one softmax row (a query head): it computes the row's scores onc
 and sum over them, the probabilities once into local memory, and then each output column (a value dimension) as a
 sum over the row's probabilities, one pass over the keys and one over the values (a computed query row, RoPE's,
 held in local memory too). The scores are computed once, and every rounding of the graph stays where it is (a
-bfloat16 model's probabilities are rounded before p @ V). Contractions inside a fori_loop's body keep their kernels.
+bfloat16 model's probabilities are rounded before p @ V). A grouped-query KV head's query heads (rows reading the same
+keys and values) share one work-group (row_plan.Rows.fold), each key and value loaded once for all of them.
+Contractions inside a fori_loop's body keep their kernels.
 
 A row may span several trailing axes (a paged cache's blocks and their rows, read through a block table), and one
 softmax may be read in parts (llama_paged's decode: the cached positions' scores and the token's own, one max and one

@@ -120,7 +120,7 @@ def test_the_scores_are_team_work(dtype, lanes):
     assert re.search(rf"const int (tl\d+) = lid % {lanes};", src), src
     assert re.search(rf"for \(long long (tb\d+) = 0; \1 < \w+; \1 \+= {256 // lanes}\)", src), src
     offsets = [int(o) for o in re.findall(r"__shfl_xor_sync\(0xffffffffu, acc\d+, (\d+)\)", src)]
-    assert offsets == [lanes >> k for k in range(1, lanes.bit_length()) for _ in range(GROUP)], offsets   # (a KV head's)
+    assert offsets == [lanes >> k for k in range(1, lanes.bit_length()) for _ in range(GROUP)], offsets   # (3 heads)
     opencl = OPENCL_TARGET.render(OPENCL_TARGET.launched(optimize(sched.kernels[0].ast, "opencl"))).source
     assert len(re.findall(rf"for \(.*< {D}L", opencl)) == 1, opencl
 
@@ -366,7 +366,7 @@ def test_the_paged_kernel_stops_at_a_rows_last_visible_block(target):
     assert len(blocks) == 1 and blocks[0].vmax == 8, ends
     assert any(u.op is Ops.LOAD for u in blocks[0].toposort()), blocks[0]
     src = target.render(launched).source
-    assert len(re.findall(rf"row\d+\[{GROUP}\]\[{8 * BLOCK}\]", src)) == 2, src   # (scores, probabilities: the largest row)
+    assert len(re.findall(rf"row\d+\[{GROUP}\]\[{8 * BLOCK}\]", src)) == 2, src   # (scores, probabilities: longest row)
 
 
 @pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
