@@ -1,6 +1,6 @@
 """A tensor-core tile's results (render_fragments.py): each accumulator stored at its output, checked against the
-output's extents; where the tile's sets of work-items split k (gpu_launch.unpacked_tile), set 0 first adds the
-other sets' accumulators through local memory and stores them alone.
+output's extents; where the tile's sets of work-items split k (gpu_launch.unpacked_tile, tensor_batch_tile), set 0
+first adds the other sets' accumulators through local memory and stores them alone.
 
 A work-item's accumulators come in pairs of neighbouring columns of one row (mma.sync's c0/c1 and c2/c3, wgmma's
 registers 2p and 2p + 1). A 16-bit float output held as its bits in 16-bit unsigned elements (bfloat16; float16 in
@@ -93,18 +93,19 @@ def _emit_pair(r, c: Contraction, pair: list, bits: Callable[[str], str], m: str
 
 
 def _combine_sets(r, c: Contraction, cells: list):
-    """Add the other sets' accumulators into set 0's, one set at a time through a local tile of the outputs (a
-    work-item of each set holds the same cells; every work-item reaches every barrier)."""
+    """Add the other sets' accumulators into set 0's through a local tile of the outputs for each other set: they
+    store theirs at once, and after one barrier set 0 adds them in the sets' order (a work-item of each set holds
+    the same cells; every work-item reaches the barrier). One set at a time through one tile took two barriers a set:
+    ten for a var batch's tile of 6 sets (gpu_launch.tensor_batch_tile), whose work is a few slices a set."""
     acc_t = r.d.ctype(dtypes.float32)
-    tile = r.d.local_array.format(type=acc_t, name="Cs", n=f"{c.tm}][{c.tn}") + ";"
+    tile = r.d.local_array.format(type=acc_t, name="Cs", n=f"{c.splits - 1}][{c.tm}][{c.tn}") + ";"
     if tile not in r.locals:   # (once for both variants of the arithmetic)
         r.locals.append(tile)
+    r.open_block("if (kset > 0)", {})
+    r.emit(" ".join(f"Cs[kset - 1][{row}][{col}] = {acc};" for acc, row, col in cells))
+    r.close_block()
+    r.emit(r.d.barrier)
+    r.open_block("if (kset == 0)", {})
     for other in range(1, c.splits):
-        r.open_block(f"if (kset == {other})", {})
-        r.emit(" ".join(f"Cs[{row}][{col}] = {acc};" for acc, row, col in cells))
-        r.close_block()
-        r.emit(r.d.barrier)
-        r.open_block("if (kset == 0)", {})
-        r.emit(" ".join(f"{acc} += Cs[{row}][{col}];" for acc, row, col in cells))
-        r.close_block()
-        r.emit(r.d.barrier)
+        r.emit(" ".join(f"{acc} += Cs[{other - 1}][{row}][{col}];" for acc, row, col in cells))
+    r.close_block()
