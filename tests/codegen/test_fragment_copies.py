@@ -6,8 +6,15 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from prepjit.codegen import fragment_copies
+import prepjit as pj
+import prepjit.numpy as pnp
+from examples.models import minilm
+from examples.models.common import DTYPES, numpy_namespace, tree_cast
+from prepjit.codegen import fragment_copies, render_fragments
+from prepjit.codegen.gpu_launch import launch_of
 from prepjit.codegen.render_cuda import render_cuda
+from prepjit.codegen.schedule import schedule
+from prepjit.codegen.targets import CUDA_HOPPER_TARGET
 from prepjit.uop import Ops, UOp, dtypes
 
 from . import cuda_emulation
@@ -90,3 +97,47 @@ def test_copies_under_one_test_equal_the_copies_a_chunk_each(wgmma, monkeypatch)
         np.testing.assert_array_equal(outs[0], outs[1])
         want = (a.T if a_t else a).astype(np.float32) @ (b.T if a_t else b).astype(np.float32) + 1
         np.testing.assert_allclose(outs[0].reshape(m, n), want, rtol=1e-5, atol=1e-4 * np.sqrt(k))
+
+
+@pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
+def test_minilms_layer_is_bit_equal_with_the_copies_and_descriptors_of_before(monkeypatch):
+    """MiniLM's encoder layer in bfloat16 (b 2 x t 64: QKV, the attention kernel, out-proj, LayerNorm, FFN up + GELU,
+    down, LayerNorm), every kernel as the CUDA target launches it run in order on the emulation as for sm_90a: its
+    four projection tiles copy both operands under one test a slice (both are plain aligned loads: the LayerNorm's
+    rows, the attention's context, the GELU's, the weights), and the layer's bits equal those with a test a chunk and
+    each descriptor from its address (ONE_TEST_A_SLICE, DESCRIPTORS_ONCE off), and NumPy's within bfloat16."""
+    rng = np.random.default_rng(2)
+    lp = tree_cast(minilm.random_params(rng, layers=1), DTYPES["bf16"])["layers"][0]
+    b, t = 2, 64
+    h = rng.standard_normal((b, t, 384)).astype(ml_dtypes.bfloat16)
+    mask = np.ones((b, t), np.float32)
+    mask[1, 50:] = 0
+    names = sorted(lp)
+
+    def layer(xp, h, mask, *weights):
+        bias = ((1 - mask) * minilm.MASKED)[:, None, None, :]
+        return minilm.encoder_layer(xp, dict(zip(names, weights)), h, bias)
+    traced = pj.trace(pj.prepare(lambda h, mask, *w: layer(pnp, h, mask, *w)), h, mask, *(lp[n] for n in names))
+    sched = schedule(list(traced.outputs), list(traced.inputs), attention_tiles=True)
+    outs = []
+    for on in (True, False):
+        monkeypatch.setattr(fragment_copies, "ONE_TEST_A_SLICE", on)
+        monkeypatch.setattr(render_fragments, "DESCRIPTORS_ONCE", on)
+        bufs = {i: a.ravel() for i, a in zip(sched.inputs, [h, mask, *(lp[n] for n in names)])}
+        tiles = 0
+        for kernel in sched.kernels:
+            launched = CUDA_HOPPER_TARGET.launched(kernel.ast)
+            src = CUDA_HOPPER_TARGET.render(launched)
+            if launch_of(launched)[0] == "tile":
+                tiles += 1
+                assert ("if (okA)" in src.source and "if (okB)" in src.source) == on, src.name
+            spec = sched.buffers[kernel.buffers[0]]
+            out = np.zeros(spec.max_size, spec.dtype.np)
+            cuda_emulation.run(src, [out] + [bufs[i] for i in kernel.buffers[1:]], wgmma=True)
+            bufs[kernel.buffers[0]] = out
+        assert tiles == 4
+        outs.append(bufs[sched.outputs[0]])
+    np.testing.assert_array_equal(outs[0], outs[1])
+    want = layer(numpy_namespace(), h.astype(np.float32), mask, *(lp[n].astype(np.float32) for n in names))
+    got = outs[0][:want.size].astype(np.float32).reshape(want.shape)
+    np.testing.assert_allclose(got, want, rtol=5e-2, atol=5e-2 * np.abs(want).max())
