@@ -76,6 +76,7 @@ def emit_rows(r, store: UOp):
     if rows.pack > 1:   # a warp past the last row leaves
         r.emit(f"if (gid >= {r.value(count)}) return;")
     scopes = row_scopes(r)   # (the rows of a fold, each in its own scope; else the row's)
+    r.resident_groups = rows.resident_groups
     if rows.columns:   # the scores the row's reductions read, once into local memory
         _row_arrays(r, rows.order, rows.order, scopes)
     for u in rows.order:
@@ -228,8 +229,8 @@ def _column_partials(r, u: UOp, scopes):
     row a warp's slices); one barrier. `_column_total` adds a column's partials in slice order. A work-item takes
     POSITIONS_IN_FLIGHT of its slice's positions a step as straight-line code, those past the row reading its last
     position and adding nothing (a select, no branch): every position's loads first (`_position_loads`), then the
-    sums, the kernel bounded to one resident work-group (`loads_in_flight`: ptxas keeps their registers), so the
-    loads are in flight together. A loop of one position a step (LLVM unrolls it with an exit before each copy)
+    sums, the kernel bounded to one resident work-group (`loads_in_flight`: ptxas keeps their registers; a fold's
+    to Rows.resident_groups), so the loads are in flight together. A loop of one position a step (LLVM unrolls it with an exit before each copy)
     waited out a memory round trip a position (9 at 257 positions, 16 at 512; now 2). With a fold, each position's
     loads are made once and each row of `scopes` adds its products to sums of its own."""
     rows, ranges, cols = r.rows, list(u.src[1:]), list(r.rows.cols)

@@ -76,6 +76,9 @@ BLOCK_COLUMNS = (4, 2)    # columns a lane group of a batch row kernel may own (
 BLOCK_HELD_MAX = 160      # values a work-item of a blocked batch row kernel holds for its columns (no spills, ptxas)
 FOLD_MAX = 8              # rows along one range a column row kernel's work-group may compute together (0: one)
 FOLD_LOCAL_BYTES = 40 * 1024   # local memory the folded rows' arrays may take (CUDA's static limit is 48 KB)
+FOLD_RESIDENT = 2         # work-groups of a folded row kernel a multiprocessor should hold at once (its launch bounds:
+                          # SmolLM2's attention, 256 work-items, 128 registers at 1 (nvcc 13, sm_90a), 109 at 2, 80 at
+                          # 3, no spills; at B = 64 its 192 work-groups all resident on an H100's 132 at 2)
 BLOCK_MIN_GROUPS = 264    # work-groups a blocked batch row kernel keeps at one chunk of rows (2 a multiprocessor of
                           # an H100: fewer would leave a one-row step's work on fewer of them, each doing more)
 
@@ -107,6 +110,11 @@ class Rows:
         """Slices of a column reduction's range the group's work-items take: the group's work-items cover each run of
         columns that many times."""
         return max(1, self.group // self.column_runs)
+
+    @property
+    def resident_groups(self) -> int:
+        """Work-groups a multiprocessor should hold at once (1: none asked): FOLD_RESIDENT with a fold."""
+        return FOLD_RESIDENT if self.fold is not None else 1
 
     @property
     def folded(self) -> int:

@@ -119,7 +119,7 @@ def test_the_emulated_folded_kernel_equals_a_work_group_a_head(dtype, kv, group,
 def test_a_fold_reads_each_key_and_value_element_once(monkeypatch):
     """The folded CUDA kernel loads the key and value pools as often as the kernel of a work-group a query head does
     (a position's element once, for all the KV head's query heads), the query three times as often (each head its
-    own), and launches a third of the work-items (a work-group a KV head)."""
+    own), and launches a third of the work-items (a work-group a KV head), FOLD_RESIDENT of them a multiprocessor."""
     args, _ = _args(ml_dtypes.bfloat16, 3, 3, [5, 9], 2)
     sched, kernel = _attention_kernel(ml_dtypes.bfloat16, 3, 3, args)
     slot = {sched.inputs.index(i): f"buf{s}[" for s, i in enumerate(kernel.buffers) if i in sched.inputs}
@@ -130,6 +130,8 @@ def test_a_fold_reads_each_key_and_value_element_once(monkeypatch):
     assert folded.source.count(slot[0]) == 3 * apart.source.count(slot[0]) > 0   # (the query heads)
     group = launch_of(launched[0])[1]   # (128 positions at most: a work-group of 128)
     assert (folded.global_size[0].vmax, apart.global_size[0].vmax) == (8 * 3 * group, 8 * 9 * group)
+    assert f"__launch_bounds__({group}, {row_plan.FOLD_RESIDENT})" in folded.source   # (its registers bounded)
+    assert f"__launch_bounds__({group}, 1)" in apart.source
 
 
 @pytest.mark.parametrize("context, folded", [(1024, True), (2048, False)])

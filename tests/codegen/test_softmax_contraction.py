@@ -154,8 +154,9 @@ def test_p_at_v_takes_16_byte_runs_and_adds_its_partials_pairwise():
 def test_p_at_v_loads_its_positions_in_flight_together(target):
     """A work-item's p @ V takes POSITIONS_IN_FLIGHT positions of its slice a step: their value rows' loads first
     (into variables, those past the row at its last position), then the sums (a select keeps a sum past the row), the
-    kernel bounded to one resident work-group on CUDA (else ptxas keeps ~32 registers and issues each load at its
-    use). Was a loop of one position a step: a memory round trip a position (9 at pos 256, 16 at 511)."""
+    kernel's launch bounded on CUDA (else ptxas keeps ~32 registers and issues each load at its use; a fold's to
+    FOLD_RESIDENT work-groups). Was a loop of one position a step: a memory round trip a position (9 at pos 256, 16 at
+    511)."""
     _, sched = _kernel(ml_dtypes.bfloat16, context=512)
     launched = target.launched(optimize(sched.kernels[0].ast, target.language))
     rows = row_plan.rows_of(launched, *launch_of(launched)[1:])
@@ -172,7 +173,8 @@ def test_p_at_v_loads_its_positions_in_flight_together(target):
     assert all(loop.index(f"{v} = ") < sums[0] for v in held), loop   # (every load before the first sum)
     assert len(re.findall(r"ca\d+_\d+_\d+ = fb\d+ \+ \d+ < \w+ \? ", loop)) == (
         render_rows.POSITIONS_IN_FLIGHT - 1) * run * GROUP
-    assert ("__launch_bounds__(256, 1)" in src) == (target is CUDA_TARGET), src
+    bound = f"__launch_bounds__(256, {row_plan.FOLD_RESIDENT})"   # (a KV head's work-group: its registers bounded)
+    assert (bound in src) == (target is CUDA_TARGET), src
 
 
 @pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
