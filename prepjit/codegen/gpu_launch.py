@@ -120,6 +120,8 @@ def tensor_batch_launch(ast: UOp, c, dialect) -> tuple | None:
     """The tile launch of a var batch's projection on tensor cores (`tensor_batch_tile`) of `ast`'s contraction `c`,
     or of its two sums side by side where it has two (tile_pairs.match_pair: SiLU(gate) * up of gate/up's one
     contraction, each output's two sums in one tile's accumulators: its launch ends with PAIR), or None."""
+    if not dialect.tensor_core_mma:
+        return None
     paired = match_pair(ast) if c is None else None
     tile = tensor_batch_tile(c or paired, dialect) if c or paired else None
     if tile is None:
