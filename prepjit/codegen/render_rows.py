@@ -223,16 +223,16 @@ def _nested_arrays(r, x: UOp, arrays: dict, scopes):
 
 
 def _column_partials(r, u: UOp, scopes):
-    """The column reduction `u`'s partials: the row's work-items each take a run of columns and a slice of `u`'s
-    range (every `slices`-th index), reading the row's arrays there, into a local array of a row of partials a slice
+    """The column reduction `u`'s partials: the row's work-items each take a run of columns and a slice of `u`'s range
+    (every `slices`-th index), reading the row's arrays there, into a local array of a row of partials a slice
     (where a warp's lanes take neighbouring slices, row_plan.warp_slices, their partials added by shuffles first: a
     row a warp's slices); one barrier. `_column_total` adds a column's partials in slice order. A work-item takes
     POSITIONS_IN_FLIGHT of its slice's positions a step as straight-line code, those past the row reading its last
     position and adding nothing (a select, no branch): every position's loads first (`_position_loads`), then the
-    sums, the kernel bounded to one resident work-group (`loads_in_flight`: ptxas keeps their registers; a fold's
-    to Rows.resident_groups), so the loads are in flight together. A loop of one position a step (LLVM unrolls it with an exit before each copy)
-    waited out a memory round trip a position (9 at 257 positions, 16 at 512; now 2). With a fold, each position's
-    loads are made once and each row of `scopes` adds its products to sums of its own."""
+    sums, the kernel bounded to one resident work-group (`loads_in_flight`: ptxas keeps their registers; a fold's to
+    Rows.resident_groups), so the loads are in flight together. A loop of one position a step (LLVM unrolls it with
+    an exit before each copy) waited out a memory round trip a position (9 at 257 positions, 16 at 512; now 2). With
+    a fold, each position's loads are made once and each row of `scopes` adds its products to sums of its own."""
     rows, ranges, cols = r.rows, list(u.src[1:]), list(r.rows.cols)
     per = run_length(cols, rows.run)
     width = rows.column_runs * per
@@ -316,9 +316,7 @@ def _store_partials(r, u: UOp, name: str, accs: list, merged: int, width: int, s
                     r.emit(f"{a} = {r.combine(u.arg, dt, a, r.let(dt, r.d.shuffle_xor.format(v=a, o=o)))};")
             o *= 2
         r.open_block(f"if (cj % {merged} == 0)", {})
-    rows_left = iter(accs)
-
-    slice_at = f"cj / {merged}" if merged > 1 else "cj"
+    rows_left, slice_at = iter(accs), f"cj / {merged}" if merged > 1 else "cj"
 
     def row():
         for e, a in enumerate(next(rows_left)):
