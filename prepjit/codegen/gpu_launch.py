@@ -41,7 +41,7 @@ from .row_plan import (batch_plan, held_parts, loop_ranges, row_plan, share_batc
                        split_matvec_blocks)
 from .softmax_contraction import MAX_ROWS_A_VALUE
 from .render_fragments import KINDS, along_k
-from .render_tiles import MIN_FILL, _fill, fragment_kind, match_contraction, unpacks_blocks
+from .render_tiles import FRAGMENT_THREADS, MIN_FILL, MIN_WARPS, _fill, fragment_kind, match_contraction, unpacks_blocks
 from .tile_pairs import PAIR, match_pair
 
 WARP_ROWS = 4             # rows of one warp each a work-group packs (dialects with shuffles)
@@ -53,6 +53,7 @@ TENSOR_BATCH_ROWS = 32    # a var batch over quantized blocks whose most is at l
 BATCH_TILE = (FEW_VAR_ROWS, 32)   # rows and columns of its tiles (`tensor_batch_tile`)
 BATCH_TILE_SPLITS = (6, 4, 3)   # sets of work-items that may split its k (6: 768 work-items; 3 stages of 6 sets'
                                 # slices on wgmma, 108 KB of local memory)
+BATCH_TILE_WARPS = MIN_WARPS    # warps its tiles should run in all, where fewer sets give them
 FEW_OUTPUTS = 1 << 18     # an elementwise kernel of fewer outputs (at most) takes one a work-item: its work-items
                           # would not fill a GPU of ~100 multiprocessors twice over at several each
 
@@ -136,10 +137,12 @@ def tensor_batch_tile(c, dialect) -> tuple | None:
     batch row kernel). One tile's rows hold the whole batch (BATCH_TILE: its rows past the batch's are staged as
     zeros and never stored), so each weight is unpacked once, where the batch row kernel unpacks it once per
     BATCH_CHUNK rows and multiplies on the CUDA cores (an H100, the paged step at 64 sequences: ~6 TFLOP/s); its 32
-    columns give the most work-groups the fragments allow (960 columns: 30), and its k is split between the most of
-    BATCH_TILE_SPLITS sets of 4 warps that divides k's slices, each staging a share of them (two at least), else one
-    set. (Fewer rows, or two sets, would stage their slices in 48 KB of static local memory, to which the sets'
-    combining tile, fragment_results.py, adds past the 48 KB a kernel may declare: render_fragments.declare_tiles.)
+    columns give the most work-groups the fragments allow (960 columns: 30), and its k is split between sets of 4
+    warps, each staging a share of k's slices (two at least): the fewest of BATCH_TILE_SPLITS (or one set) that
+    divide the slices and give BATCH_TILE_WARPS warps in all, else the most (a projection of 576 or 960 columns: 6;
+    a head of 49152, 1536 tiles: one set, so a multiprocessor holds several tiles at once: 24 KB of local memory, not
+    150). (Fewer rows, or two sets, would stage their slices in 48 KB of static local memory, to which the sets'
+    combining tiles, fragment_results.py, add past the 48 KB a kernel may declare: render_fragments.declare_tiles.)
     The kernel is compiled once for the var's range: the same tile serves a batch of one."""
     var = c.i[0].src[0] if len(c.i) == 1 else None
     if not dialect.tensor_core_mma or var is None or var.op is Ops.CONST or not few_var_rows(c) or \
@@ -147,7 +150,9 @@ def tensor_batch_tile(c, dialect) -> tuple | None:
         return None
     end = c.k.src[0]
     slices = -(-end.arg // KINDS["bfloat16"].slice_k) if end.op is Ops.CONST else 0
-    splits = next((s for s in BATCH_TILE_SPLITS if slices % s == 0 and slices >= 2 * s), 1)
+    fitting = sorted({1, *(s for s in BATCH_TILE_SPLITS if slices % s == 0 and slices >= 2 * s)})
+    warps = -(-math.prod(r.src[0].vmax for r in c.j) // BATCH_TILE[1]) * FRAGMENT_THREADS // 32   # (a set's, in all)
+    splits = next((s for s in fitting if warps * s >= BATCH_TILE_WARPS), fitting[-1])
     return *BATCH_TILE, splits, "bfloat16"
 
 

@@ -31,12 +31,12 @@ EMULATED = pytest.mark.skipif(not cuda_emulation.available(),
                               reason="needs clang++ (the CPU emulation of CUDA kernels)")
 
 
-def _kernel(kind, k, most=MOST, precision="bf16", dtype=ml_dtypes.bfloat16):
-    """The schedule and kernel of h + x @ W.T at a var batch B in 1..most, W (N, k) in `kind` blocks."""
+def _kernel(kind, k, most=MOST, precision="bf16", dtype=ml_dtypes.bfloat16, n=N):
+    """The schedule and kernel of h + x @ W.T at a var batch B in 1..most, W (n, k) in `kind` blocks."""
     f = pj.prepare(lambda x, h, b: h + pnp.matmul(x, pj.quant.dequantize(b, kind).T, precision=precision),
-                   vars={"B": (1, most)}, shapes={"x": ("B", k), "h": ("B", N)})
-    traced = pj.trace(f, np.ones((3, k), dtype), np.ones((3, N), np.float32),
-                      _blocks(np.random.default_rng(0), kind, N, k))
+                   vars={"B": (1, most)}, shapes={"x": ("B", k), "h": ("B", n)})
+    traced = pj.trace(f, np.ones((3, k), dtype), np.ones((3, n), np.float32),
+                      _blocks(np.random.default_rng(0), kind, n, k))
     sched = schedule(list(traced.outputs), list(traced.inputs))
     (kern,) = sched.kernels
     return sched, kern
@@ -48,9 +48,9 @@ def _launch(kern):
 
 def test_a_batch_of_many_rows_takes_a_tensor_core_tile(monkeypatch):
     """B up to 64: a 64 x 32 tile (one tile's rows hold the batch), k's 18 slices between 6 sets of 4 warps (48's of
-    k = 1536 too); up to 32: the same tile; up to 31 (below TENSOR_BATCH_ROWS), the exact default precision, float32
-    activations, or the rule off (TENSOR_BATCH_ROWS past FEW_VAR_ROWS): the batch row kernel. The launched tile's
-    loads and store are proven (its rows past B are neither read nor written)."""
+    k = 1536 too; fewer where the tiles are many); up to 32: the same tile; up to 31 (below TENSOR_BATCH_ROWS), the
+    exact default precision, float32 activations, or the rule off (TENSOR_BATCH_ROWS past FEW_VAR_ROWS): the batch
+    row kernel. The launched tile's loads and store are proven (its rows past B are neither read nor written)."""
     sched, kern = _kernel("q4_1", 576)
     assert _launch(kern) == ("tile", 64, 32, 6, "bfloat16")
     launched = CUDA_TARGET.launched(optimize(kern.ast, "cuda"))
@@ -58,6 +58,9 @@ def test_a_batch_of_many_rows_takes_a_tensor_core_tile(monkeypatch):
     shapes = dict(zip(sched.inputs, ((b, 576), (b, N), (N, 576 // 32 * 20))))
     assert prove_launched(launched, [(b, N)] + [shapes[i] for i in kern.buffers[1:]]) > 0   # (else it raises)
     assert _launch(_kernel("q4_1", 1536)[1]) == ("tile", 64, 32, 6, "bfloat16")
+    # (a head of 49152 columns: 1536 tiles of one set give BATCH_TILE_WARPS; 3072: 96 tiles of 4 sets)
+    assert _launch(_kernel("q8_0", 576, n=49152)[1]) == ("tile", 64, 32, 1, "bfloat16")
+    assert _launch(_kernel("q4_1", 1536, n=3072)[1]) == ("tile", 64, 32, 4, "bfloat16")
     assert _launch(_kernel("q8_0", 576, most=32)[1]) == ("tile", 64, 32, 6, "bfloat16")
     assert _launch(_kernel("q8_0", 576, most=31)[1])[0] == "batch"
     assert _launch(_kernel("q8_0", 576, precision=None)[1])[0] == "batch"
@@ -79,15 +82,18 @@ def _run(sched, kern, src, kind, k, b, wgmma, seed):
 
 
 @EMULATED
-@pytest.mark.parametrize("kind", list(KS))
+@pytest.mark.parametrize("kind, sets", [(kind, 6) for kind in KS] + [("q8_0", 1)])
 @pytest.mark.parametrize("wgmma", [False, True], ids=["mma", "wgmma"])
-def test_emulated_batch_tiles_equal_numpy(kind, wgmma):
-    """Each kind's tile (the residual added in its epilogue) through cuda_emulation at B = 1, 3, 17 and 64 equals
-    NumPy's product of the bfloat16-rounded weights, within 2**-9 of the float32 model's."""
+def test_emulated_batch_tiles_equal_numpy(kind, sets, wgmma, monkeypatch):
+    """Each kind's tile (the residual added in its epilogue; 6 sets of warps, and one as a head's: BATCH_TILE_WARPS
+    0 here) through cuda_emulation at B = 1, 3, 17 and 64 equals NumPy's product of the bfloat16-rounded weights,
+    within 2**-9 of the float32 model's."""
     k = KS[kind]
+    if sets == 1:
+        monkeypatch.setattr(gpu_launch, "BATCH_TILE_WARPS", 0)
     sched, kern = _kernel(kind, k)
-    launched = CUDA_TARGET.launched(optimize(kern.ast, "cuda"))
-    assert gpu_launch.launch_of(launched)[0] == "tile"
+    launched = gpu_launch.launch(optimize(kern.ast, "cuda"), CUDA)   # (uncached: the monkeypatched constant)
+    assert gpu_launch.launch_of(launched)[:4] == ("tile", 64, 32, sets)
     src = CUDA_TARGET.render(launched)
     for b in BATCHES:
         out, x, blocks = _run(sched, kern, src, kind, k, b, wgmma, seed=b)
