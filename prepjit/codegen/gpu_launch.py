@@ -50,6 +50,7 @@ WIDE_COLUMNS = 256         # columns of its tiles (`wide_tile`)
 UNPACKED_TILE = (64, 32)   # rows and columns of a tile of a quantized weight on tensor cores (`unpacked_tile`)
 UNPACKED_SPLITS = (4, 3, 2)   # sets of work-items that may split its k
 TENSOR_BATCH_ROWS = 32    # a var batch over quantized blocks whose most is at least this many rows: tensor cores
+                          # (render_tiles.MIN_SIDE at least: match_contraction takes no fewer rows)
 BATCH_TILE = (FEW_VAR_ROWS, 32)   # rows and columns of its tiles (`tensor_batch_tile`)
 BATCH_TILE_SPLITS = (6, 4, 3)   # sets of work-items that may split its k (6: 768 work-items; 3 stages of 6 sets'
                                 # slices on wgmma, 108 KB of local memory)
