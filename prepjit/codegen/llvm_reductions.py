@@ -1,9 +1,10 @@
 """How the LLVM renderer renders reductions: a loop nest of accumulators per upcast block (reduce), a lone sum
 over a row of 16-bit float weights with the rows ahead prefetched (prefetch_sum), a sum over a "lane" range as
-vector accumulators added up once (lane_sum) with its streamed blocks prefetched (prefetch_streams), a block's
-float16 scales converted two at a time (half_pairs) and its functions of 4-bit values looked up in 16-entry tables
-(lookup_tables), and bfloat16 products summed in pairs by vdpbf16ps (bfloat16_pairs). A mixin of render_llvm's
-renderer: it reads the renderer's state and emitters."""
+vector accumulators added up once (lane_sum) with its streamed blocks prefetched (prefetch_streams), a softmax row's
+cached key and value rows asked for ahead of its scores (prefetch_positions), a block's float16 scales converted
+two at a time (half_pairs) and its functions of 4-bit values looked up in 16-entry tables (lookup_tables), and
+bfloat16 products summed in pairs by vdpbf16ps (bfloat16_pairs). A mixin of render_llvm's renderer: it reads the
+renderer's state and emitters."""
 from __future__ import annotations
 
 from ..uop import DType, Ops, UOp, dtypes, simplify
@@ -353,6 +354,45 @@ class ReductionRendering(AMXRendering):
             loop = self.open_loop(None, "0", str(lines))
             self.prefetch(ahead, self.op(f"mul i64 {loop[2]}, {LINE_BYTES}"), locality=2)
             self.close_loop(loop)
+
+    def prefetch_positions(self, store: UOp, r: UOp):
+        """In the loop over a softmax row's positions that fills its first row array (`r`, open here, a var count:
+        llvm_softmax.py's scores over the cached keys), ask for the rows of the kernel arguments that this `store`
+        and the kernel's stores after it read a cache line or more apart a position (a key's row; a value's row,
+        which p @ V reads in a later loop over the same positions: a range of the same extent) PREFETCH_BYTES
+        ahead, one prefetch per line of a position's row: a key's into every cache level, a value's into L2 (read
+        after the row's scores, max and probabilities). A step computes long enough (a group of query heads' dot
+        products) that the hardware prefetchers fall behind the one stream it reads, and the cache comes from
+        memory in a model's step (written a step before, the weights read since)."""
+        if self.prange is None or r.src[0].op is Ops.CONST:
+            return
+        later = self.ast.src[self.ast.src.index(store) + 1:]
+        alike = {v: r for s in later for v in self.ranges[s] if v is not r and v.src[0] is r.src[0]}
+        if not alike:
+            return  # no later loop over these positions: no softmax row's (a block_matmul tile's fill: prefetch_fill)
+        rows: dict = {}  # (buffer, whether only a later loop reads it) -> its indices as functions of r
+        for s, mapping in [(store, {r: r})] + [(s, alike) for s in later]:
+            for ld in s.toposort():
+                if ld.op is not Ops.LOAD or ld.src[0].op is not Ops.DEFINE_GLOBAL or not mapping.keys() & \
+                        self.ranges[ld.src[1]] or (s is not store and (ld.src[0], False) in rows):
+                    continue  # (before the strides: simplifying them is what costs)
+                index = ld.src[1].substitute(mapping)
+                step = stride_along(index, r)
+                if step is not None and step * ld.dtype.itemsize >= LINE_BYTES:
+                    rows.setdefault((ld.src[0], s is not store), {})[index] = ld.dtype.itemsize
+        for (buf, read_later), indices in rows.items():
+            # from the first to the last lane and step of the ranges not open here (the lane, a dot product's steps)
+            unopened = {v for index in indices for v in index.toposort() if v.op is Ops.RANGE
+                        and (v is self.lane or not any(v in scope for scope in self.scopes))}
+            starts = [simplify(i.substitute({v: UOp.const(0) for v in unopened})) for i in indices]
+            lasts = [simplify(i.substitute({v: v.src[0] - 1 for v in unopened})) for i in indices]
+            offsets = [simplify(x - starts[0]) for x in starts + lasts]
+            if any(o.op is not Ops.CONST for o in offsets):
+                continue
+            first, last = min(o.arg for o in offsets), max(o.arg for o in offsets)
+            base = self.address_of(buf, simplify(starts[0] + first))
+            for at in range(0, (last + 1 - first) * next(iter(indices.values())), LINE_BYTES):
+                self.prefetch(base, PREFETCH_BYTES + at, locality=2 if read_later else 3)
 
     def prefetch_rows(self, bodies: list[UOp], r: UOp, acc: DType):
         """Ask for the bytes a register block will read ROWS_AHEAD steps of reduction range `r` ahead, for each buffer

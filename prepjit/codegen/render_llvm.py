@@ -534,6 +534,8 @@ class _Renderer(ReductionRendering, KernelRenderer, InlineMath):
                 self.hoist_reductions()
             for r in need[keep:]:
                 loops.append(self.open_range(r))
+                if r is not self.prange and store.src[0].op is Ops.DEFINE_LOCAL:  # a row array's fill
+                    self.prefetch_positions(store, r)
                 self.hoist_reductions()
             self.store(store)
             self.stores_done += 1
