@@ -147,8 +147,8 @@ def _shared_rows(value: UOp, row: frozenset, positions: list, free: dict, vector
     heads on 2 threads run 2 steps on one, 1 on the other, yet a step per query head (9: 5 and 4) is slower, its
     p @ V sums 4 dependent chains of FMAs, not 12, and each key and value row read 3 times (f32 decode, 2 threads,
     its 30 layers' attention launches with the cache in L2: pos 140 0.31 vs 0.37 ms, pos 300 0.51-0.54 vs 0.70-0.86;
-    one thread at pos 300 0.62 vs 1.14; whole steps at pos 300 17.9-18.2 vs 19.5-20.2 ms). Splitting the positions instead
-    would balance them but change the order of the row's sums, so a row's bits."""
+    one thread at pos 300 0.62 vs 1.14; whole steps at pos 300 17.9-18.2 vs 19.5-20.2 ms). Splitting the positions
+    instead would balance them but change the order of the row's sums, so a row's bits."""
     read = frozenset().union(*(free[u] for u in value.toposort() if u.op is Ops.LOAD and free[u] & set(positions)))
     shared = sorted((r for r in row - read if r.src[0].op is Ops.CONST), key=lambda r: r.arg[0])
     rows = math.prod(_max_end(r) for r in shared)
