@@ -7,8 +7,10 @@ every work-item holds the row's value (warp shuffles where the dialect has them,
 warps' partials read from local memory in a fixed order; a local-memory tree otherwise), and then store the
 row's columns a work-group's width apart. A reduction with no columns is a row of one output (work-item 0
 stores it). A pass that each work-item makes at most UNROLLED_PASSES times (a static row) is straight-line code, not
-a loop: the compiler issues its loads together, and where each work-item makes it once, keeps the row's values in
-registers from one pass to the next.
+a loop: the compiler issues its loads together, and where the passes share the columns' range (row_plan.share_passes:
+a run a work-item, or a few a lane of a row of a warp), keeps the row's values in registers from one pass to the next.
+The row's values that no column gives (a layernorm's mean and 1 / sqrt(variance + eps)) are computed once, before
+the passes over its elements (`_row_values`).
 
 A matvec-shaped kernel's warps (a warp per output) combine their lanes by shuffles only. A reduction no output
 depends on (a fused norm's mean of squares: uniform) is computed by the whole work-group of a kernel packing several
@@ -45,6 +47,7 @@ from .softmax_contraction import SOFTMAX_ROW_MAX
 SHARED_OPERAND_MAX = 4096  # a matvec row's elements computed once per work-group into local memory (16 KB)
 UNROLLED_PASSES = 8       # a static row of at most this many runs per work-item is straight-line code, not a loop
 POSITIONS_IN_FLIGHT = 8   # positions of a column reduction's slice a work-item loads at once (straight-line code)
+ROW_VALUES_ONCE = True    # a row's values (its mean, 1 / sqrt(variance + eps)) computed once, not at each element
 
 
 def emit_rows(r, store: UOp):
@@ -60,14 +63,15 @@ def emit_rows(r, store: UOp):
         r.emit(f"const {r.long} gid = {r.d.group_id};")
         r.emit(f"const int lid = {r.d.local_id};")
     r.scopes[-1].update(r.unflatten("gid", [x for x in rows.rows if x is not rows.fold]))
-    if rows.shared:   # one run per work-item, all passes: each element's scope lives on from pass to pass
+    if rows.shared:   # a work-item's runs, all passes: each element's scope lives on from pass to pass
         per = run_length(list(rows.cols), rows.run)
         r.emit(f"const {r.long} c = {_first('lid', per)};")
         names = r.unflatten("c", list(rows.cols))
         r.scopes[-1].update(names)
         r.aligned = r.aligned or per > 1
-        col = rows.cols[0]
-        r.row_elements = [{col: f"({names[col]} + {e})"} if per > 1 else {} for e in range(per)]
+        col, step = rows.cols[0], rows.group * per
+        r.row_elements = [{col: f"({names[col]} + {p * step + e})"} if per > 1 or p else {}
+                          for p in range(rows.passes) for e in range(per)]
     uniform = [u for u in rows.order if rows.uniform(u)]
     for u in uniform:   # the whole group's, before any warp leaves (their combines have a barrier)
         r.value(u)
@@ -85,6 +89,8 @@ def emit_rows(r, store: UOp):
         _row_arrays(r, rows.columns, (), scopes)
         for u in rows.columns:
             _column_partials(r, u, scopes)
+    if rows.cols:
+        _row_values(r, store.src[2])
     if rows.shared:
         _each_element(r, lambda: r.emit(r.store_line(store)))
         return
@@ -477,6 +483,7 @@ def reduce_together(r, u: UOp, acc: str) -> str:
         return _column_total(r, u, acc)
     dt, ranges = u.dtype, list(u.src[1:])
     team = r.rows.team(u)
+    _row_values(r, u.src[0], {x for x, _ in r.row_operands.get(u, [])})
     if r.rows.shared:
         _each_element(r, lambda: r.emit(f"{acc} = {r.accumulate(u, acc)};"))
         return combine_group(r, u.arg, dt, acc, team)
@@ -523,6 +530,27 @@ def _reduce_rows(r, u: UOp, scopes: list):
                lambda: r.consecutive(flat, ranges, per, by_element(per, element)))
     for scope, red in zip(scopes, combine_rows(r, u.arg, dt, accs, team)):
         scope[u] = r.round_to(red, dt) if dt.narrow else red
+
+
+def _row_values(r, x: UOp, held=frozenset()):
+    """Render in the current scope the largest computed float parts of `x` that only the rows' ranges give (a
+    layernorm's mean, its 1 / sqrt(variance + eps) with their roundings), not inside the `held` values (read from
+    local memory): the passes over the row's elements then read them, where each element's code computed them again
+    (NVRTC did not merge the copies: 12 square roots a lane of a bfloat16 layernorm of 384). Not with column reductions
+    or a fold (their rows' scopes: render_row_fold.py)."""
+    if not ROW_VALUES_ONCE or r.rows.columns or r.rows.fold is not None:
+        return
+    rows, reads, computes = set(r.rows.rows), {}, {}   # (each value's ranges, the row's reductions' as theirs alone)
+    for y in x.toposort():
+        if y in r.rows.reduces:
+            reads[y], computes[y] = free_ranges(y), True
+            continue
+        inner = set().union(*(reads[z] for z in y.src))
+        reads[y] = {y} if y.op is Ops.RANGE else inner - set(y.src[1:]) if y.op is Ops.REDUCE else inner
+        computes[y] = y.op not in _CHEAP or any(computes[z] for z in y.src)
+    for y in _largest_parts(x, lambda y: y.dtype.is_float and computes[y] and reads[y] <= rows,
+                            skip=r.rows.reduces | set(held)):
+        r.value(y)
 
 
 def _each_element(r, body):

@@ -10,7 +10,13 @@ more than MANY_OUTPUTS outputs and no columns (a thin matmul) run inline in each
 power of two from WARP to REDUCE_GROUP covering a row's work, counted in the runs the dialect's work-items take
 (CUDA: 4 elements, so a softmax row of 128 is one warp's, no barrier; with 128 work-items, three quarters of them
 would idle); where its partials combine through shuffles, the smallest multiple of WARP that does (a layernorm row of
-384: 3 warps, not 4 with one idle).
+384: 3 warps, not 4 with one idle). Where they do and the kernel has columns and at least WARP_ROWS_MIN rows (at their
+most: a decode batch's), its ranges static and in whole runs, a row of at most WARP_ROW_RUNS runs a lane is a warp's
+(`_short_rows`; the dialect's warp_rows a work-group): its lanes take several runs each, combined by shuffles only,
+no barrier, and where the runs divide the row evenly its passes keep them in registers (share_passes). MiniLM's
+layernorm of 384 over 4096 rows (3 runs a lane) took 3 warps and a barrier a reduction: 8.1 us on an H100, 1.2 TB/s.
+Fewer rows keep a row's warps (a row's loads are issued together either way; a work-group a row spreads few rows over
+more multiprocessors).
 
 Matvec-shaped kernels (no columns, every reduction static, the rows' reductions reading memory along their range, at
 least MATVEC_MIN_OUTPUTS outputs: a one-row projection) get a warp per output and MATVEC_WARPS outputs a work-group
@@ -43,7 +49,10 @@ Where a column row kernel's rows differ along a range that its heavy loads do no
 query heads of one key/value head: the keys and values its positions read are the same for each), one work-group
 computes every row along it (`Rows.fold`, `_fold_range`: at most FOLD_MAX rows whose local arrays fit
 FOLD_LOCAL_BYTES), each key and value element loaded once for all of them (render_rows.py), each row's sums in the
-order its own work-group would add them.
+order its own work-group would add them; only where the rows' least count (a var batch's smallest) leaves at least
+FOLD_MIN_GROUPS work-groups folded, as the kernel serves every count of its var's range: on an H100, SmolLM2's paged
+decode attention (3 kv heads of 3 query heads) took 40.3 -> 24.3 us folded at 64 sequences, 12.4 -> 17.0 at one (3
+work-groups).
 
 Reductions nested in a row's reduction that depend on its range (sum_j max_k x[i, j, k]) are not the row's
 (`free_ranges`): each work-item computes them inline.
@@ -62,6 +71,9 @@ REDUCE_GROUP = 256        # the largest work-group of a row kernel (a power of t
 GROUP_REDUCE_MIN = 256    # reductions of more iterations than this always get a work-group per row
 ROW_INLINE_MAX = 16       # broadcast or row-contiguous reductions of more iterations than this get one
 WARP = 32                 # the smallest work-group of a row kernel (a warp: shuffles need all its lanes)
+WARP_ROW_RUNS = 8         # runs a lane of a row of a warp may take (1024 elements in CUDA's runs of 4: LayerNorm's 384
+                          # is 3 a lane, RMSNorm's 576 4.5; all of a lane's loads straight-line code, UNROLLED_PASSES)
+WARP_ROWS_MIN = 64        # rows (at their most) from which rows of up to WARP_ROW_RUNS runs a lane get a warp each
 MANY_OUTPUTS = 1 << 16    # reductions with more outputs than this (and no columns) run in a work-item each
 WARP_PER_OUTPUT = True    # matvec-shaped row kernels get a warp per output (False: a work-group per output, as before)
 MATVEC_WARPS = 4          # outputs (warps) a work-group of such a kernel packs (960 outputs: 240 groups, more SMs busy)
@@ -76,6 +88,8 @@ BLOCK_COLUMNS = (4, 2)    # columns a lane group of a batch row kernel may own (
 BLOCK_HELD_MAX = 160      # values a work-item of a blocked batch row kernel holds for its columns (no spills, ptxas)
 FOLD_MAX = 8              # rows along one range a column row kernel's work-group may compute together (0: one)
 FOLD_LOCAL_BYTES = 40 * 1024   # local memory the folded rows' arrays may take (CUDA's static limit is 48 KB)
+FOLD_MIN_GROUPS = 96      # work-groups a folded row kernel keeps at its rows' least count (SmolLM2's 3 kv heads: a
+                          # batch of 32 sequences at least)
 FOLD_RESIDENT = 2         # work-groups of a folded row kernel a multiprocessor should hold at once (its launch bounds:
                           # SmolLM2's attention, 256 work-items, 128 registers at 1 (nvcc 13, sm_90a), 109 at 2, 80 at
                           # 3, no spills; at B = 64 its 192 work-groups all resident on an H100's 132 at 2)
@@ -125,6 +139,11 @@ class Rows:
     def shared(self) -> bool:
         """Whether every pass (each reduction, the columns) is over the columns' one range (share_passes)."""
         return len(self.cols) == 1 and all(tuple(u.src[1:]) == self.cols for u in self.order)
+
+    @property
+    def passes(self) -> int:
+        """Runs a work-item takes of a shared row (`shared`, share_passes): the end over the group's runs."""
+        return self.cols[0].src[0].arg // (self.group * run_length(list(self.cols), self.run))
 
     @property
     def size(self) -> int:
@@ -274,11 +293,23 @@ def row_plan(ast: UOp, items: int = 1, warp_rows: int = 1) -> Rows | None:
     runs = [-(-_length(u) // run_length(list(u.src[1:]), items)) for u in hoisted]
     work = max(runs + [-(-math.prod(r.src[0].vmax for r in cols) // run_length(list(cols), items))])
     group = min(REDUCE_GROUP, max(WARP, 1 << (work - 1).bit_length()))
-    if warp_rows > 1 and group > WARP and all(shuffles(u.dtype) for u in hoisted):
-        group = min(group, -(-work // WARP) * WARP)   # any number of warps combines: none of the group idles
     shuffled = all(shuffles(u.dtype) for u in hoisted)   # (a local-memory tree is the whole group's: one row a group)
+    if warp_rows > 1 and shuffled and _short_rows(hoisted, rows, cols, work, items):
+        group = WARP   # a warp a row, its lanes taking several runs each: shuffles only, no barrier
+    if warp_rows > 1 and group > WARP and shuffled:
+        group = min(group, -(-work // WARP) * WARP)   # any number of warps combines: none of the group idles
     return Rows(frozenset(hoisted), _uniform_first(hoisted, rows), rows, cols, group,
                 warp_rows if group == WARP and shuffled else 1, items)
+
+
+def _short_rows(hoisted: list, rows: tuple, cols: tuple, work: int, items: int) -> bool:
+    """Whether rows of `work` runs get a warp each (see the module's docstring): rows with columns, every reduction's
+    range and the columns static and in whole runs of `items`, at most WARP_ROW_RUNS runs a lane, and at least
+    WARP_ROWS_MIN rows (at the most of a symbolic count: a decode batch's)."""
+    ranges = [list(u.src[1:]) for u in hoisted] + [list(cols)]
+    return bool(cols) and all(r.src[0].op is Ops.CONST for rs in ranges for r in rs) and all(
+        run_length(rs, items) == items for rs in ranges) and work <= WARP * WARP_ROW_RUNS and math.prod(
+        r.src[0].vmax for r in rows) >= WARP_ROWS_MIN
 
 
 def _column_plan(hoisted: list, rows: tuple, cols: tuple, columns: tuple, items: int,
@@ -309,9 +340,11 @@ def _fold_range(rows: Rows, shuffled: bool) -> UOp | None:
     of the row ranges of a static end of 2 to FOLD_MAX that no heavy load reads (a load whose address reads the
     range of a column reduction, the row's positions: a key or value row, a block table's entry; share_passes made
     the scores' ranges those of p @ V), there being heavy loads, the longest (the innermost of equals) whose rows'
-    local arrays (`local_bytes`) fit FOLD_LOCAL_BYTES."""
-    fits = [r for r in _foldable(rows) if r.src[0].arg <= FOLD_MAX and
-            r.src[0].arg * local_bytes(rows, shuffled) <= FOLD_LOCAL_BYTES]
+    local arrays (`local_bytes`) fit FOLD_LOCAL_BYTES and that leaves FOLD_MIN_GROUPS work-groups at the rows' least
+    count (a var's smallest: the kernel serves its whole range)."""
+    least = math.prod(r.src[0].vmin for r in rows.rows)
+    fits = [r for r in _foldable(rows) if r.src[0].arg <= FOLD_MAX and least // r.src[0].arg >= FOLD_MIN_GROUPS
+            and r.src[0].arg * local_bytes(rows, shuffled) <= FOLD_LOCAL_BYTES]
     return max(reversed(fits), key=lambda r: r.src[0].arg, default=None)
 
 
@@ -440,17 +473,19 @@ def share_batch_ranges(ast: UOp, rows: Rows) -> UOp:
 
 
 def share_passes(ast: UOp, items: int = 1, warp_rows: int = 1) -> UOp:
-    """`ast` with each row reduction's range replaced by the columns' range where every pass is one static run per
-    work-item over ranges of one extent (softmax's row of 128, layernorm's of 384 on CUDA): the passes then read the
-    row's elements as the same values, which the renderer keeps from the first pass (in registers) for the others."""
+    """`ast` with each row reduction's range replaced by the columns' range where every pass is static, over ranges of
+    one extent, one run per work-item (softmax's row of 128 on CUDA) or, for rows of a warp each, a few runs per lane
+    (`Rows.passes`: layernorm's row of 384 on CUDA, 3 runs of 4 a lane): the passes then read the row's elements as
+    the same values, which the renderer keeps from the first pass (in registers) for the others."""
     rows = row_plan(ast, items, warp_rows)
     if rows is not None and rows.columns:
         return _one_range(ast, rows)
     if rows is None or len(rows.cols) != 1:
         return ast
     col = rows.cols[0]
-    end = col.src[0]
-    if end.op is not Ops.CONST or end.arg != rows.group * run_length([col], items) or any(
+    end, step = col.src[0], rows.group * run_length([col], items)
+    passes = WARP_ROW_RUNS if rows.pack > 1 else 1   # (a warp's row: its lanes' runs, a few values each)
+    if end.op is not Ops.CONST or end.arg % step or end.arg > step * passes or any(
             len(u.src) != 2 or u.src[1].src[0].op is not Ops.CONST or u.src[1].src[0].arg != end.arg for u in rows.order):
         return ast
     return ast.substitute({u.src[1]: col for u in rows.order})
