@@ -58,7 +58,7 @@ def emit_rows(r, store: UOp):
     if rows.pack > 1:   # a warp per row: the warp's lane is the row's work-item
         r.emit(f"const int tid = {r.d.local_id};")
         r.emit(f"const {r.long} gid = {r.d.group_id} * {rows.pack} + tid / {WARP};")
-        r.emit(f"const int lid = tid % {WARP};")
+        r.emit(f"const int lid = tid & {WARP - 1};")   # (not tid % WARP: NVRTC then merged no 16-byte loads)
     else:
         r.emit(f"const {r.long} gid = {r.d.group_id};")
         r.emit(f"const int lid = {r.d.local_id};")
