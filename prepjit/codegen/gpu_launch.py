@@ -11,7 +11,7 @@ renderer (render_c.py) follows and never decides itself:
   (render_fragments.py); the variant "tma" (tensor_maps.BULK_VARIANT) where the dialect has bulk tensor copies
   (Hopper) and the tile is a wide one of 16-bit operands or tf32's along k (`wide_tile`: render_fragments_tma.py,
   its operands read through tensor maps the runtime encodes per launch); a var batch of quantized weights' rows
-  (a decode step's sequences) whose most is at least TENSOR_BATCH_ROWS, of 16-bit activations, is one tile of the
+  (a decode step's sequences) whose least is at least TENSOR_BATCH_ROWS, of 16-bit activations, is one tile of the
   batch's rows by few columns (`tensor_batch_tile`) rather than a batch row kernel;
 - ("rows", group, pack, run[, fold]): a row kernel (row_plan.py; work-items take runs of `run` elements; a
   work-group computing `fold` rows along a range its heavy loads do not read, Rows.fold), its row
@@ -49,8 +49,9 @@ BULK_VARIANT = "tma"       # a tile's variant on bulk tensor copies (Hopper: ren
 WIDE_COLUMNS = 256         # columns of its tiles (`wide_tile`)
 UNPACKED_TILE = (64, 32)   # rows and columns of a tile of a quantized weight on tensor cores (`unpacked_tile`)
 UNPACKED_SPLITS = (4, 3, 2)   # sets of work-items that may split its k
-TENSOR_BATCH_ROWS = 32    # a var batch over quantized blocks whose most is at least this many rows: tensor cores
-                          # (render_tiles.MIN_SIDE at least: match_contraction takes no fewer rows)
+TENSOR_BATCH_ROWS = 32    # a var batch over quantized blocks whose least is at least this many rows: tensor cores
+                          # (render_tiles.MIN_SIDE at least: match_contraction takes no fewer rows); a var's range
+                          # from fewer keeps the batch row kernel (its batch of one: the tile's 2-3x slower)
 BATCH_TILE = (FEW_VAR_ROWS, 32)   # rows and columns of its tiles (`tensor_batch_tile`)
 BATCH_TILE_SPLITS = (6, 4, 3)   # sets of work-items that may split its k (6: 768 work-items; 3 stages of 6 sets'
                                 # slices on wgmma, 108 KB of local memory)
@@ -134,7 +135,7 @@ def tensor_batch_launch(ast: UOp, c, dialect) -> tuple | None:
 def tensor_batch_tile(c, dialect) -> tuple | None:
     """(rows, columns, splits, fragments) of the tensor-core tile of a var batch of rows (a decode step's sequences)
     by a weight unpacked from quantized blocks, x @ pj.quant.dequantize(b, kind).T of 16-bit activations
-    (fragment_kind "bfloat16"), where the batch's most is at least TENSOR_BATCH_ROWS; else None (few_var_rows's
+    (fragment_kind "bfloat16"), where the batch's least is at least TENSOR_BATCH_ROWS; else None (few_var_rows's
     batch row kernel). One tile's rows hold the whole batch (BATCH_TILE: its rows past the batch's are staged as
     zeros and never stored), so each weight is unpacked once, where the batch row kernel unpacks it once per
     BATCH_CHUNK rows and multiplies on the CUDA cores (an H100, the paged step at 64 sequences: ~6 TFLOP/s); its 32
@@ -144,10 +145,13 @@ def tensor_batch_tile(c, dialect) -> tuple | None:
     a head of 49152, 1536 tiles: one set, so a multiprocessor holds several tiles at once: 24 KB of local memory, not
     150). (Fewer rows, or two sets, would stage their slices in 48 KB of static local memory, to which the sets'
     combining tiles, fragment_results.py, add past the 48 KB a kernel may declare: render_fragments.declare_tiles.)
-    The kernel is compiled once for the var's range: the same tile serves a batch of one."""
+    The kernel is compiled once for the var's range, so the choice holds for its every batch: a range from one row
+    keeps the batch row kernel, whose batch of one is 2-3x faster than the tile's (an H100, SmolLM2's paged step: the
+    head 25.8 us against 84.0, down 8.6 against 26.0), where the tile at 64 rows is 1.1-5.5x faster (the head 326.9 us
+    against 59.1); a caller wanting both prepares two ranges (examples/models/llama_paged.prepared)."""
     var = c.i[0].src[0] if len(c.i) == 1 else None
     if not dialect.tensor_core_mma or var is None or var.op is Ops.CONST or not few_var_rows(c) or \
-            var.vmax < TENSOR_BATCH_ROWS or unpacked_tile(c, fragment_kind(c)) is None:
+            var.vmin < TENSOR_BATCH_ROWS or unpacked_tile(c, fragment_kind(c)) is None:
         return None
     end = c.k.src[0]
     slices = -(-end.arg // KINDS["bfloat16"].slice_k) if end.op is Ops.CONST else 0

@@ -1,7 +1,7 @@
 """Quantized weights on tensor cores (render_tiles.fragment_kind, fragment_unpack.py): x @ pj.quant.dequantize(b,
 kind).T under precision="bf16" with many rows (a prefill's var T up to 512) is a bfloat16 tensor-core tile, each
 weight chunk unpacked from its blocks and rounded to bfloat16 as it is staged; a var batch of fewer than
-gpu_launch.TENSOR_BATCH_ROWS keeps its batch row kernel, and the default precision ("highest") the exact FMA tile whatever the activations.
+gpu_launch.TENSOR_BATCH_ROWS (at its least) keeps its batch row kernel, and the default precision ("highest") the exact FMA tile whatever the activations.
 Through cuda_emulation (mma.sync and wgmma) every kind equals NumPy's float32 model of the dequantized weights
 rounded to bfloat16 (products summed in float32), and is within 2**-9 of each output's sum of
 |x * w| of the unrounded model."""
@@ -24,14 +24,14 @@ N = 301          # columns: not a multiple of a tile's
 KINDS = {"q8_0": 576, "q4_0": 576, "q4_1": 576, "q4_k": 512, "q6_k": 256}   # (k: whole blocks of the kind)
 
 
-def _prepared(kind, k, most, dtype, precision):
+def _prepared(kind, k, most, dtype, precision, least=1):
     return pj.prepare(lambda x, b: pnp.matmul(x, pj.quant.dequantize(b, kind).T, precision=precision),
-                      vars={"T": (1, most)},
-                      shapes={"x": ("T", k)}), (np.ones((3, k), dtype), _blocks(np.random.default_rng(0), kind, N, k))
+                      vars={"T": (least, most)}, shapes={"x": ("T", k)}), (
+        np.ones((max(3, least), k), dtype), _blocks(np.random.default_rng(0), kind, N, k))
 
 
-def _launched(kind, k, most, dtype=ml_dtypes.bfloat16, tile=None, precision="bf16"):
-    f, args = _prepared(kind, k, most, dtype, precision)
+def _launched(kind, k, most, dtype=ml_dtypes.bfloat16, tile=None, precision="bf16", least=1):
+    f, args = _prepared(kind, k, most, dtype, precision, least)
     traced = pj.trace(f, *args)
     sched = schedule(list(traced.outputs), list(traced.inputs))
     (kern,) = sched.kernels
@@ -44,8 +44,8 @@ def test_many_rows_under_bf16_precision_take_tensor_cores(kind):
     """A prefill's var T up to 512 of bfloat16 activations by a quantized weight under precision="bf16": a tile of
     bfloat16 fragments, the weight's chunks unpacked from the blocks a chunk at a time (its scale, and q4_1's min,
     read once a chunk, not once a weight) and stored as one 16-byte store; the default precision keeps the exact
-    float32 FMA tile (bfloat16, float16 or float32 activations), a decode batch of fewer than TENSOR_BATCH_ROWS its
-    batch row kernel (of at most FEW_VAR_ROWS and at least that many: one tile of the batch)."""
+    float32 FMA tile (bfloat16, float16 or float32 activations), a decode batch of at most FEW_VAR_ROWS its batch row
+    kernel (from fewer than TENSOR_BATCH_ROWS rows; from that many: one tile of the batch)."""
     k = KINDS[kind]
     _, launched = _launched(kind, k, 512)
     # (64 x 32 tiles, k's 18 slices split between 3 sets of work-items: gpu_launch.unpacked_tile)
@@ -59,8 +59,10 @@ def test_many_rows_under_bf16_precision_take_tensor_cores(kind):
         assert len(gpu_launch.launch_of(launched)) == 4   # (no fragments: exact float32)
     _, launched = _launched(kind, k, gpu_launch.TENSOR_BATCH_ROWS - 1)
     assert gpu_launch.launch_of(launched)[0] == "batch"
-    _, launched = _launched(kind, k, gpu_launch.FEW_VAR_ROWS)   # (one tile of the batch: test_tensor_batch_tiles.py)
-    assert gpu_launch.launch_of(launched)[:2] == ("tile", gpu_launch.FEW_VAR_ROWS)
+    _, launched = _launched(kind, k, gpu_launch.FEW_VAR_ROWS)
+    assert gpu_launch.launch_of(launched)[0] == "batch"
+    _, launched = _launched(kind, k, gpu_launch.FEW_VAR_ROWS, least=gpu_launch.TENSOR_BATCH_ROWS)
+    assert gpu_launch.launch_of(launched)[:2] == ("tile", gpu_launch.FEW_VAR_ROWS)   # (test_tensor_batch_tiles.py)
 
 
 def _check(out, x, blocks, kind):

@@ -1,7 +1,10 @@
 """A grouped-query decode attention kernel computes a KV head's query heads in one work-group (row_plan.Rows.fold,
 render_row_fold.py): each key and value element loaded once for the group's heads, each head's sums added in the
 order of its own work-group, so the kernel's results equal the one of a work-group a query head bit for bit (and
-NumPy's), on CUDA (through cuda_emulation) and OpenCL (PoCL), at ragged positions with stale slots NaN."""
+NumPy's), on CUDA (through cuda_emulation) and OpenCL (PoCL), at ragged positions with stale slots NaN. A kernel
+folds only where the folded work-groups at the batch's least are row_plan.FOLD_MIN_GROUPS (SmolLM2's 3 KV heads: a
+batch var from 32); the tests of the folded kernel lower it (conftest's `few_groups`: batches the emulation runs in
+seconds)."""
 import math
 
 import ml_dtypes
@@ -41,12 +44,13 @@ def paged_attend(xp, q, k, v, pos, table, k_pool, v_pool, dtype):
 
 
 def _args(dtype, kv, group, pos, nb, stale=np.nan, seed=5):
-    """Arguments of `paged_attend`, each pool slot past its row's position (in the row's blocks) `stale`."""
+    """Arguments of `paged_attend`, each pool slot past its row's position (in the row's blocks) `stale`; a pool of
+    POOL blocks, or each row's own where they are more."""
     rng = np.random.default_rng(seed)
     b = len(pos)
     q, k, v = (rng.standard_normal(s) * 2 for s in ((b, kv * group, D), (b, kv, D), (b, kv, D)))
-    k_pool, v_pool = (rng.standard_normal((POOL, kv, BLOCK, D)) for _ in range(2))
-    table = rng.permutation(POOL)[:b * nb].reshape(b, nb)
+    k_pool, v_pool = (rng.standard_normal((max(POOL, b * nb), kv, BLOCK, D)) for _ in range(2))
+    table = rng.permutation(len(k_pool))[:b * nb].reshape(b, nb)
     clean = [a.astype(np.float32).astype(dtype) for a in (q, k, v, k_pool, v_pool)]
     k_pool, v_pool = (a.copy() for a in clean[3:])
     for row, p in enumerate(pos):
@@ -61,17 +65,17 @@ def _reference(args, clean, dtype):
     return paged_attend(np, q, k, v, args[3], args[4], k_pool, v_pool, dtype)
 
 
-def _prepared(dtype, kv, group, nb=8, device=None):
-    """`paged_attend` prepared at var rows (B) and table width (NB, at most `nb`)."""
+def _prepared(dtype, kv, group, nb=8, device=None, batch=(1, 8)):
+    """`paged_attend` prepared at var rows (B, in `batch`) and table width (NB, at most `nb`)."""
     shapes = {"q": ("B", kv * group, D), "k": ("B", kv, D), "v": ("B", kv, D), "pos": ("B",), "table": ("B", "NB")}
     return pj.prepare(lambda q, k, v, pos, table, k_pool, v_pool: paged_attend(pnp, q, k, v, pos, table, k_pool,
                                                                                 v_pool, dtype),
-                      vars={"B": (1, 8), "NB": (1, nb)}, shapes=shapes, **({"device": device} if device else {}))
+                      vars={"B": batch, "NB": (1, nb)}, shapes=shapes, **({"device": device} if device else {}))
 
 
-def _attention_kernel(dtype, kv, group, args):
-    """(the GPU schedule, its attention kernel) of `paged_attend` at var rows and table width."""
-    traced = pj.trace(_prepared(dtype, kv, group), *args)
+def _attention_kernel(dtype, kv, group, args, batch=(1, 8)):
+    """(the GPU schedule, its attention kernel) of `paged_attend` at var rows (in `batch`) and table width."""
+    traced = pj.trace(_prepared(dtype, kv, group, batch=batch), *args)
     sched = schedule(list(traced.outputs), list(traced.inputs))
     (kernel,) = [k for k in sched.kernels if any(u.op is Ops.REDUCE and u.arg is Ops.MAX for u in k.ast.toposort())]
     return sched, kernel
@@ -97,7 +101,7 @@ def _emulated(sched, kernel, launched, args, values) -> np.ndarray:
 @pytest.mark.parametrize("dtype, kv, group", [(ml_dtypes.bfloat16, 3, 1), (ml_dtypes.bfloat16, 2, 2),
                                               (ml_dtypes.bfloat16, 3, 3), (ml_dtypes.bfloat16, 2, 4),
                                               (np.float32, 3, 3)])
-def test_the_emulated_folded_kernel_equals_a_work_group_a_head(dtype, kv, group, monkeypatch):
+def test_the_emulated_folded_kernel_equals_a_work_group_a_head(dtype, kv, group, monkeypatch, few_groups):
     """The CUDA kernel of a work-group a KV head (its `group` query heads folded; group 1: nothing to fold, a KV
     head's key rows are its own) at var rows and table width, through cuda_emulation: rows of no cached position, one
     inside the second block, the table's last, one inside the first; stale slots NaN. Its bytes are those of the
@@ -116,7 +120,7 @@ def test_the_emulated_folded_kernel_equals_a_work_group_a_head(dtype, kv, group,
                                atol=tol * np.abs(want).max())
 
 
-def test_a_fold_reads_each_key_and_value_element_once(monkeypatch):
+def test_a_fold_reads_each_key_and_value_element_once(monkeypatch, few_groups):
     """The folded CUDA kernel loads the key and value pools as often as the kernel of a work-group a query head does
     (a position's element once, for all the KV head's query heads), the query three times as often (each head its
     own), and launches a third of the work-items (a work-group a KV head), FOLD_RESIDENT of them a multiprocessor."""
@@ -135,7 +139,7 @@ def test_a_fold_reads_each_key_and_value_element_once(monkeypatch):
 
 
 @pytest.mark.parametrize("context, folded", [(1024, True), (2048, False)])
-def test_a_fold_takes_no_more_local_memory_than_its_bound(context, folded, monkeypatch):
+def test_a_fold_takes_no_more_local_memory_than_its_bound(context, folded, monkeypatch, few_groups):
     """A fold's rows each hold their scores, probabilities and partials in local memory: a KV head's 3 query heads of
     1024 positions (10 KB each on CUDA) fit row_plan.FOLD_LOCAL_BYTES, of 2048 (18 KB each) do not (a work-group a
     query head, as before)."""
@@ -146,6 +150,17 @@ def test_a_fold_takes_no_more_local_memory_than_its_bound(context, folded, monke
     (kernel,) = [k for k in sched.kernels if any(u.op is Ops.REDUCE and u.arg is Ops.MAX for u in k.ast.toposort())]
     launch = launch_of(_launched(CUDA_TARGET, kernel.ast, row_plan.FOLD_MAX, monkeypatch))
     assert launch[:4] == ("rows", 256, 1, 8) and launch[4:] == ((3,) if folded else ())
+
+
+@pytest.mark.parametrize("batch, folded", [((1, 64), False), ((31, 64), False), ((32, 64), True), ((32, 32), True)])
+def test_a_fold_needs_enough_work_groups_at_the_batchs_least(batch, folded, monkeypatch):
+    """The kernel serves every batch of its var's range, so SmolLM2's 3 KV heads of 3 query heads fold only where the
+    least batch leaves row_plan.FOLD_MIN_GROUPS (96) work-groups folded: a batch from 32 (or a batch of 32 only); from
+    1 (3 work-groups: on an H100 17.0 us folded against 12.4) or 31 (93) a work-group a query head."""
+    args, _ = _args(ml_dtypes.bfloat16, 3, 3, [5] * batch[0], 2)
+    _, kernel = _attention_kernel(ml_dtypes.bfloat16, 3, 3, args, batch)
+    launch = launch_of(_launched(CUDA_TARGET, kernel.ast, row_plan.FOLD_MAX, monkeypatch))
+    assert launch[:2] == ("rows", 128) and launch[4:] == ((3,) if folded else ()), launch
 
 
 @pytest.fixture
@@ -172,7 +187,7 @@ def _run_on_opencl(dtype, args):
 
 @pytest.mark.skipif("opencl" not in DEVICES, reason="needs an OpenCL device (PoCL)")
 @pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
-def test_the_folded_kernel_on_opencl_equals_a_work_group_a_head(dtype, request):
+def test_the_folded_kernel_on_opencl_equals_a_work_group_a_head(dtype, request, few_groups):
     """On OpenCL (PoCL; no shuffles: a fold's query heads' scores in one loop of a work-item a position) the kernel of
     a work-group a KV head gives the bytes of the kernel of a work-group a query head, at ragged positions with stale
     slots NaN, and NumPy's values of the clean pool."""

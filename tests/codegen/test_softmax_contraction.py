@@ -2,7 +2,9 @@
 a softmax that only a contraction over its axis reads is computed inside the contraction's row kernel, a work-group
 per query head holding the row's scores and probabilities in local memory, p @ V split over the group's work-items
 by runs of value columns and slices of the positions. Every device equals NumPy; the cpu's one kernel is
-llvm_softmax.py's (test_paged_attention_cpu.py)."""
+llvm_softmax.py's (test_paged_attention_cpu.py). A KV head's query heads fold into one work-group only where that
+leaves row_plan.FOLD_MIN_GROUPS work-groups (not SmolLM2's 3 KV heads of one row): the tests of the folded kernel's
+structure lower it (conftest's `few_groups`; test_render_row_fold.py tests the rule)."""
 import math
 import re
 
@@ -78,6 +80,7 @@ def _kernel(dtype, pos=None, context=CONTEXT):
     return args, sched
 
 
+@pytest.mark.usefixtures("few_groups")   # (a fold at few rows: row_plan.FOLD_MIN_GROUPS)
 @pytest.mark.parametrize("target", [CUDA_TARGET, OPENCL_TARGET], ids=["cuda", "opencl"])
 def test_the_fused_kernel_is_a_work_group_per_key_value_head(target):
     """The one kernel is a row kernel whose rows are the KV x GROUP query heads, a work-group (covering the
@@ -107,6 +110,7 @@ def test_the_fused_kernel_is_a_work_group_per_key_value_head(target):
     assert len(re.findall(rf"cp\d+\[{GROUP}\]\[{stored * D}\]", src.source)) == 1, src.source   # p @ V's partials
 
 
+@pytest.mark.usefixtures("few_groups")   # (a fold at few rows: row_plan.FOLD_MIN_GROUPS)
 @pytest.mark.parametrize("dtype, lanes", [(np.float32, 8), (ml_dtypes.bfloat16, 4)])
 def test_the_scores_are_team_work(dtype, lanes):
     """On CUDA each position's score is a team's: `lanes` neighbouring lanes each add a run of 32 bytes of the key row
@@ -125,6 +129,7 @@ def test_the_scores_are_team_work(dtype, lanes):
     assert len(re.findall(rf"for \(.*< {D}L", opencl)) == 1, opencl
 
 
+@pytest.mark.usefixtures("few_groups")   # (a fold at few rows: row_plan.FOLD_MIN_GROUPS)
 def test_p_at_v_takes_16_byte_runs_and_adds_its_partials_pairwise():
     """bfloat16 values on CUDA: p @ V's work-items take runs of 8 columns (one 16-byte load of a value row), so the
     group's 256 take 32 slices of the positions (9 a work-item at 257 positions; runs of 4: 16 slices, 17 each); a
@@ -150,6 +155,7 @@ def test_p_at_v_takes_16_byte_runs_and_adds_its_partials_pairwise():
     assert "const long long c = lid;" in src, src   # (a column a work-item)
 
 
+@pytest.mark.usefixtures("few_groups")   # (a fold at few rows: row_plan.FOLD_MIN_GROUPS)
 @pytest.mark.parametrize("target", [CUDA_TARGET, OPENCL_TARGET], ids=["cuda", "opencl"])
 def test_p_at_v_loads_its_positions_in_flight_together(target):
     """A work-item's p @ V takes POSITIONS_IN_FLIGHT positions of its slice a step: their value rows' loads first
@@ -234,6 +240,7 @@ def test_an_encoders_attention_keeps_its_tiled_contractions():
     assert launch_of(CUDA_TARGET.launched(optimize(sched.kernels[2].ast, "cuda")))[0] == "tile"
 
 
+@pytest.mark.usefixtures("few_groups")   # (a fold at few rows: row_plan.FOLD_MIN_GROUPS)
 @pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
 def test_the_fused_kernel_compiles_with_nvrtc(dtype):
     """The fused kernel (var position, SmolLM2's heads) compiles with NVRTC for sm_90 and sm_80 (no GPU needed)."""
@@ -350,6 +357,7 @@ def test_a_paged_rows_slots_past_its_length_never_reach_its_result(device, dtype
     _check(f(*_stale(args, np.nan)), _paged_reference(args, dtype), dtype)
 
 
+@pytest.mark.usefixtures("few_groups")   # (a fold at few rows: row_plan.FOLD_MIN_GROUPS)
 @pytest.mark.parametrize("target", [CUDA_TARGET, OPENCL_TARGET], ids=["cuda", "opencl"])
 def test_the_paged_kernel_stops_at_a_rows_last_visible_block(target):
     """On a GPU the paged row's passes (the scores, the max, the sum, the probabilities, p @ V) run over the blocks a
@@ -386,6 +394,7 @@ def test_the_emulated_bounded_paged_kernel_ignores_stale_slots():
     _check(out.reshape(want.shape), want, ml_dtypes.bfloat16)
 
 
+@pytest.mark.usefixtures("few_groups")   # (a fold at few rows: row_plan.FOLD_MIN_GROUPS)
 @pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
 def test_the_fused_paged_kernel_compiles_with_nvrtc(dtype):
     """The fused paged kernel (var rows and table width) compiles with NVRTC for sm_90 and sm_80 (no GPU needed)."""
