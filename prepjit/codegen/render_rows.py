@@ -91,7 +91,8 @@ def emit_rows(r, store: UOp):
             _column_partials(r, u, scopes)
     if rows.cols:
         _row_values(r, store.src[2])
-    if rows.shared:
+    if rows.shared:   # (every element's loads first: the roundings' branches between them split no vector load)
+        _each_element(r, lambda: [r.value(x) for x in _element_loads(store.src[2], rows.reduces)])
         _each_element(r, lambda: r.emit(r.store_line(store)))
         return
     if not rows.cols:
@@ -551,6 +552,20 @@ def _row_values(r, x: UOp, held=frozenset()):
     for y in _largest_parts(x, lambda y: y.dtype.is_float and computes[y] and reads[y] <= rows,
                             skip=r.rows.reduces | set(held)):
         r.value(y)
+
+
+def _element_loads(x: UOp, reduces) -> list[UOp]:
+    """The loads `x` makes outside any reduction (the row's `reduces` and those nested in it), in walk order."""
+    found, seen, stack = [], set(), [x]
+    while stack:
+        y = stack.pop()
+        if y in seen or y.op is Ops.REDUCE or y in reduces:
+            continue
+        seen.add(y)
+        if y.op is Ops.LOAD:
+            found.append(y)
+        stack.extend(reversed(y.src))
+    return found
 
 
 def _each_element(r, body):
