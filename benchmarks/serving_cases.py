@@ -135,7 +135,8 @@ def serving_session(weights: str, smoke: bool) -> dict | None:
     prompt = engine.codec.encode(PROMPT)
     # distinct prompts of the same length: the last token varies
     prompts = [prompt[:-1] + [prompt[-1] + i] for i in range(STREAMS)]
-    _generate(engine, prompts[:2], 2)  # trace and compile both plans
+    engine.warm_up_decode()   # every decode plan (two on a GPU with tensor cores: llama_paged.prepared)
+    _generate(engine, prompts[:2], 2)  # trace and compile the prefill
     var_decode, padded = engine.decode, PaddedBuckets(engine)
     start = time.perf_counter()
     padded.prepare_all(engine)

@@ -15,9 +15,11 @@ several short prompts are admitted in one step) and one decode step of every run
 token (with `mixed_steps`, the decoding sequences' tokens are rows of that prefill call instead, chunks of one token:
 one pass over the weights a step; with mixed_steps="prefill" only in the steps that make a prefill call). A
 sequence's blocks go back to the free list when it finishes or is cancelled.
-The two plans are prepared once: every batch composition, prompt length and position replays them (no
-recompiles, no padding of the batch or of lengths). A greedy request gives the tokens it gives alone (each row's
-argmax, computed on the device beside its logits); a seeded sampled one draws from its own generator
+The passes are prepared once: every batch composition, prompt length and position replays their plans (no recompiles, no
+padding of the batch or of lengths). The decode step is one plan, or on a GPU with tensor cores two plans, each serving
+every batch composition of its range (llama_paged.prepared: B below the target's tensor_batch_rows keeps the one-row
+kernels, from there tensor-core tiles); `warm_up_decode` traces each. A greedy request gives the tokens it gives alone
+(each row's argmax, computed on the device beside its logits); a seeded sampled one draws from its own generator
 (np.random.default_rng(seed)).
 """
 from __future__ import annotations
@@ -229,6 +231,15 @@ class Engine:
                      mixed_steps=_mixed_steps(args))
         engine.codec = codec
         return engine
+
+    def warm_up_decode(self) -> None:
+        """Trace (and compile) every plan of the decode step before the first request: a call at a batch of one and
+        one at max_batch (the two ranges where llama_paged.prepared split the batch), positions 0 in block 0;
+        nothing is written to the pool."""
+        for n in sorted({1, self.max_batch}):
+            zeros = np.zeros(n, np.int64)
+            self.decode(self.params, zeros, zeros, np.zeros((n, 1), np.int64), self.pool.keys, self.pool.values,
+                        self.cos, self.sin)
 
     def submit(self, prompt, sampling: Sampling) -> int:
         """Queue a request; its id. ValueError for an empty prompt, ids outside the vocabulary, a prompt that

@@ -512,8 +512,10 @@ def load(args):
 
 
 def warm_up(engine, codec, embedder=None) -> float:
-    """Prepare the engine's plans (and the embedder's) before the first request: a short greedy run. Seconds."""
+    """Prepare the engine's plans (and the embedder's) before the first request: each decode plan
+    (Engine.warm_up_decode), then a short greedy run. Seconds."""
     start = time.perf_counter()
+    engine.warm_up_decode()
     engine.submit(codec.encode("Hello"), Sampling(max_tokens=2))
     while engine.busy:
         engine.step()

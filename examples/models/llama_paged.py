@@ -4,7 +4,8 @@ the blocks its block table lists; position p of a sequence lives in block `table
 `p % block_size`.
 
 - `decode_batch`: one token for each of B sequences, each at its own position: a var batch B and a var table width
-  NB, so one plan serves every batch composition. Attention reads each sequence's blocks through its table (a
+  NB, so one plan serves every batch composition of its range (`prepared`: on a GPU with tensor cores two ranges,
+  two plans, `BatchRanges`). Attention reads each sequence's blocks through its table (a
   gather fused into the scores and context kernels, no padded copy of the cache), masked at positions >= pos[b]
   (each adding its sums' identities, whatever its slot holds: `_attend`), plus the token's own key/value.
 - `prefill_batch`: prompt chunks of several sequences in one call (T tokens in all, var), each token attending to
@@ -164,14 +165,53 @@ def with_greedy(xp, pass_fn):
     return step
 
 
+class BatchRanges:
+    """The decode step prepared over consecutive ranges of its batch B (`prepared`), one plan each, called like one
+    prepared function: a call replays the plan of the range its batch (len(ids)) is in: no padding, no recompiles
+    once each range has been traced (`least`: each range's least batch, for a warm-up). `stats` sums the ranges'."""
+
+    def __init__(self, parts: dict):
+        self.parts = parts   # (least, most) -> the step prepared with B in that range
+
+    def of(self, ids):
+        """The prepared step of the range holding a batch of len(ids) rows."""
+        n = ids.shape[0]
+        return next(f for (least, most), f in self.parts.items() if least <= n <= most)
+
+    def __call__(self, params, ids, *args, **kwargs):
+        return self.of(ids)(params, ids, *args, **kwargs)
+
+    def plan(self, params, ids, *args, **kwargs):
+        return self.of(ids).plan(params, ids, *args, **kwargs)
+
+    @property
+    def least(self) -> tuple[int, ...]:
+        return tuple(least for least, _ in self.parts)
+
+    @property
+    def device_name(self):
+        return next(iter(self.parts.values())).device_name
+
+    @property
+    def stats(self) -> dict:
+        every = [f.stats for f in self.parts.values()]
+        return {key: sum(s[key] for s in every) for key in every[0]}
+
+
 def prepared(cfg: Config, *, context: int, block_size: int, max_batch: int, max_chunk: int,
              max_tokens: int | None = None, device: str | None = None, dtype=np.float32, greedy: bool = False):
     """(decode_batch, prefill_batch) prepared with prepjit: vars B (1, max_batch), NB (1, context // block_size)
     for the decode step; T (1, max_tokens: default max_chunk) tokens of S (1, max_batch) sequences, chunks of at
     most `window` (1, max_chunk) tokens, and NB for a prefill call. One plan each serves every batch composition
-    and every chunk. With `greedy`, each returns its rows' greedy tokens after the logits (`with_greedy`)."""
+    and every chunk, except where the device's kernels of a batch differ from its target's tensor_batch_rows (T:
+    a GPU with tensor cores, its projections on them from T rows, a kernel serving its var's whole range): there
+    with max_batch >= T the decode step is two plans, B in (1, T - 1) and (T, max_batch) (`BatchRanges`), each
+    serving every batch composition of its range, so one sequence keeps the one-row kernels (on an H100 the
+    tensor-core tiles took a batch of one 2x as long: the head 25.8 -> 84.0 us). With `greedy`, each returns its
+    rows' greedy tokens after the logits (`with_greedy`)."""
     import prepjit as pj
     import prepjit.numpy as pnp
+    from prepjit.codegen.targets import target_for
     kwargs = {} if device is None else {"device": device}
     tables = -(-context // block_size)
     dec = functools.partial(decode_batch, pnp, cfg, dtype=dtype)
@@ -180,8 +220,15 @@ def prepared(cfg: Config, *, context: int, block_size: int, max_batch: int, max_
     pre.__name__ = "llama_prefill_batch"
     if greedy:
         dec, pre = with_greedy(pnp, dec), with_greedy(pnp, pre)
-    return (pj.prepare(dec, vars={"B": (1, max_batch), "NB": (1, tables)},
-                       shapes={"ids": ("B",), "pos": ("B",), "block_table": ("B", "NB")}, **kwargs),
+
+    def decode(least, most):
+        return pj.prepare(dec, vars={"B": (least, most), "NB": (1, tables)},
+                          shapes={"ids": ("B",), "pos": ("B",), "block_table": ("B", "NB")}, **kwargs)
+    step = decode(1, max_batch)
+    split = target_for(step.device).tensor_batch_rows
+    if split is not None and max_batch >= split:
+        step = BatchRanges({(1, split - 1): decode(1, split - 1), (split, max_batch): decode(split, max_batch)})
+    return (step,
             pj.prepare(pre, vars={"T": (1, max_tokens or max_chunk), "S": (1, max_batch), "NB": (1, tables),
                                   "window": (1, max_chunk)},
                        shapes={"ids": ("T",), "pos": ("T",), "offset": ("T",), "block_table": ("T", "NB"),

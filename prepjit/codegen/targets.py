@@ -19,6 +19,7 @@ from typing import Callable
 import attrs
 
 from ..uop import UOp
+from . import gpu_launch
 from .gpu_launch import launch
 from .kernel import KernelSource
 from .llvm_softmax import softmax_rows
@@ -43,6 +44,15 @@ class Target:
     renderer: Callable[[UOp], KernelSource]         # a launched kernel AST -> its source
     candidates: Callable[[UOp], list[Blocking]]     # Blockings PREPJIT_TUNE times for a kernel (the default first)
     fuses_attention: bool = False  # an encoder's softmax is computed inside p @ V (attention_tiles.py: tensor cores)
+    tensor_cores: bool = False     # its kernels multiply on tensor cores (render_fragments.py)
+
+    @property
+    def tensor_batch_rows(self) -> int | None:
+        """The least rows of a var batch (a decode step's sequences) from which its kernels differ from those of a
+        range from one row: gpu_launch.TENSOR_BATCH_ROWS with tensor cores (tensor_batch_tile; SmolLM2's attention
+        folds from as many too, row_plan.FOLD_MIN_GROUPS), a caller serving both preparing two ranges
+        (llama_paged.prepared); None without (one kernel serves every batch)."""
+        return gpu_launch.TENSOR_BATCH_ROWS if self.tensor_cores else None
 
     def launched(self, ast: UOp, blocking: Blocking = DEFAULT_BLOCKING) -> UOp:
         """The kernel as launched, with `blocking` (the default, or the one PREPJIT_TUNE chose for it: tune.py);
@@ -67,7 +77,7 @@ def _gpu(dialect: Dialect) -> Target:
     return Target(dialect.language, work_groups=True, packs_contractions=False,
                   passes=lambda ast, blocking: bounded_rows(launch(ast, dialect, blocking)),
                   renderer=lambda ast: render_c(ast, dialect), candidates=candidates,
-                  fuses_attention=dialect.tensor_core_mma is not None)
+                  fuses_attention=dialect.tensor_core_mma is not None, tensor_cores=dialect.tensor_core_mma is not None)
 
 
 def _llvm_passes(ast: UOp, blocking: Blocking) -> UOp:

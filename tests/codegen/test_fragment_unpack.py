@@ -1,9 +1,9 @@
 """Quantized weights on tensor cores (render_tiles.fragment_kind, fragment_unpack.py): x @ pj.quant.dequantize(b,
-kind).T under precision="bf16" with many rows (a prefill's var T up to 512) is a bfloat16 tensor-core tile, each
-weight chunk unpacked from its blocks and rounded to bfloat16 as it is staged; a var batch of fewer than
-gpu_launch.TENSOR_BATCH_ROWS (at its least) keeps its batch row kernel, and the default precision ("highest") the exact FMA tile whatever the activations.
-Through cuda_emulation (mma.sync and wgmma) every kind equals NumPy's float32 model of the dequantized weights
-rounded to bfloat16 (products summed in float32), and is within 2**-9 of each output's sum of
+kind).T under precision="bf16" with many rows (a prefill's var T up to 512) is a bfloat16 tensor-core tile, each weight
+chunk unpacked from its blocks and rounded to bfloat16 as it is staged; a var batch of fewer than
+gpu_launch.TENSOR_BATCH_ROWS (at its least) keeps its batch row kernel, and the default precision ("highest") the exact
+FMA tile whatever the activations. Through cuda_emulation (mma.sync and wgmma) every kind equals NumPy's float32 model
+of the dequantized weights rounded to bfloat16 (products summed in float32), and is within 2**-9 of each output's sum of
 |x * w| of the unrounded model."""
 import ml_dtypes
 import numpy as np

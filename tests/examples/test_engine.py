@@ -5,6 +5,7 @@ their KV blocks back, a full pool makes requests wait, bad requests raise ValueE
 pj.IndexBoundError."""
 import argparse
 
+import attrs
 import numpy as np
 import pytest
 
@@ -141,6 +142,30 @@ def test_concurrent_greedy_requests_equal_each_alone_with_one_plan(device, param
     assert engine.decode.stats["traces"] == 1 and engine.prefill.stats["traces"] == 1
     assert engine.decode.stats["replays"] > 20
     assert engine.stats()["blocks_used"] == 0 and engine.stats()["generated_tokens"] == 2 * sum(map(len, together))
+
+
+def test_a_target_whose_batch_kernels_differ_gets_two_decode_plans(params, monkeypatch):
+    """Where the device's target has tensor_batch_rows T (a GPU with tensor cores: 32; here the cpu's target with tensor
+    cores faked, T 2), the decode step is two plans, B in (1, T - 1) and (T, max_batch) (llama_paged.BatchRanges), each
+    traced once by Engine.warm_up_decode: seven requests with a batch of 4 give the tokens the one-plan engine gives
+    them (together and each alone) with no trace after the warm-up, both plans replayed. The cpu's own target: one
+    plan."""
+    from prepjit.codegen import gpu_launch, targets
+    requests = [(p, serving.Sampling(max_tokens=n)) for p, n in zip(_prompts(7), (9, 3, 12, 1, 7, 10, 5))]
+    assert not isinstance(_engine(params).decode, serving.llama_paged.BatchRanges)
+    want, _ = _run(_engine(params), requests)
+    with monkeypatch.context() as m:
+        m.setattr(targets, "target_for", lambda device: attrs.evolve(targets.LLVM, tensor_cores=True))
+        m.setattr(gpu_launch, "TENSOR_BATCH_ROWS", 2)
+        engine = _engine(params)
+    assert isinstance(engine.decode, serving.llama_paged.BatchRanges) and list(engine.decode.parts) == [(1, 1), (2, 4)]
+    engine.warm_up_decode()
+    parts = list(engine.decode.parts.values())
+    assert [f.stats["traces"] for f in parts] == [1, 1]
+    assert _run(engine, requests)[0] == want
+    assert [_run(engine, [r])[0][0] for r in requests] == want
+    assert [f.stats["traces"] for f in parts] == [1, 1] and engine.decode.stats["traces"] == 2
+    assert all(f.stats["replays"] > 2 for f in parts)
 
 
 def test_mixed_steps_decode_in_the_prefill_call_and_give_numpys_greedy_tokens(device, params):
