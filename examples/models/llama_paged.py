@@ -174,9 +174,10 @@ class BatchRanges:
         self.parts = parts   # (least, most) -> the step prepared with B in that range
 
     def of(self, ids):
-        """The prepared step of the range holding a batch of len(ids) rows."""
-        n = ids.shape[0]
-        return next(f for (least, most), f in self.parts.items() if least <= n <= most)
+        """The prepared step of the range holding a batch of len(ids) rows (the last's where none does: it raises the
+        var's error)."""
+        n, steps = ids.shape[0], list(self.parts.values())
+        return next((f for (_, most), f in self.parts.items() if n <= most), steps[-1])
 
     def __call__(self, params, ids, *args, **kwargs):
         return self.of(ids)(params, ids, *args, **kwargs)
