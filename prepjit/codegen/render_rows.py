@@ -69,9 +69,13 @@ def emit_rows(r, store: UOp):
         names = r.unflatten("c", list(rows.cols))
         r.scopes[-1].update(names)
         r.aligned = r.aligned or per > 1
-        col, step = rows.cols[0], rows.group * per
-        r.row_elements = [{col: f"({names[col]} + {p * step + e})"} if per > 1 or p else {}
-                          for p in range(rows.passes) for e in range(per)]
+        col, step, end = rows.cols[0], rows.group * per, rows.cols[0].src[0].arg
+        for p in range(rows.passes):
+            if (p + 1) * step > end:   # (a pass past the row for some lanes: their run clamped to its last, unused)
+                r.emit(f"const bool {_guard(p)} = {names[col]} + {p * step} < {end};")
+                r.emit(f"const {r.long} cg{p} = {_guard(p)} ? {names[col]} + {p * step} : {end - per};")
+        r.row_elements = [{col: f"(cg{p} + {e})"} if (p + 1) * step > end else {col: f"({names[col]} + {p * step + e})"}
+                          if per > 1 or p else {} for p in range(rows.passes) for e in range(per)]
     uniform = [u for u in rows.order if rows.uniform(u)]
     for u in uniform:   # the whole group's, before any warp leaves (their combines have a barrier)
         r.value(u)
@@ -92,8 +96,8 @@ def emit_rows(r, store: UOp):
     if rows.cols:
         _row_values(r, store.src[2])
     if rows.shared:   # (every element's loads first: the roundings' branches between them split no vector load)
-        _each_element(r, lambda: [r.value(x) for x in _element_loads(store.src[2], rows.reduces)])
-        _each_element(r, lambda: r.emit(r.store_line(store)))
+        _each_element(r, lambda guard: [r.value(x) for x in _element_loads(store.src[2], rows.reduces)])
+        _each_element(r, lambda guard: _guarded(r, guard, lambda: r.emit(r.store_line(store))))
         return
     if not rows.cols:
         line = r.store_line(store)
@@ -486,7 +490,8 @@ def reduce_together(r, u: UOp, acc: str) -> str:
     team = r.rows.team(u)
     _row_values(r, u.src[0], {x for x, _ in r.row_operands.get(u, [])})
     if r.rows.shared:
-        _each_element(r, lambda: r.emit(f"{acc} = {r.accumulate(u, acc)};"))
+        _each_element(r, lambda guard: [r.value(x) for x in _element_loads(u.src[0], r.rows.reduces)])   # (loads first)
+        _each_element(r, lambda guard: r.emit(f"{acc} = {_select(guard, r.accumulate(u, acc), acc)};"))
         return combine_group(r, u.arg, dt, acc, team)
     flat, per = f"f{r.n}", run_length(ranges, r.rows.run)
     held = r.row_operands.get(u, [])   # (computed once: with rows packed, by _shared_operands, else _row_arrays)
@@ -569,12 +574,35 @@ def _element_loads(x: UOp, reduces) -> list[UOp]:
 
 
 def _each_element(r, body):
-    """Emit `body` for each of the work-item's run of elements in its scope (no C block: what one pass computes,
-    the row's loads, stays in scope for the next)."""
-    for scope in r.row_elements:
+    """Emit `body(guard)` for each of the work-item's run of elements in its scope (no C block: what one pass computes,
+    the row's loads, stays in scope for the next); `guard` names the condition that the element's pass is inside the
+    row (its lanes past it read their row's last run), else None."""
+    per = run_length(list(r.rows.cols), r.rows.run)
+    step, end = r.rows.group * per, r.rows.cols[0].src[0].arg
+    for k, scope in enumerate(r.row_elements):
+        p = k // per
         r.scopes.append(scope)
-        body()
+        body(_guard(p) if (p + 1) * step > end else None)
         r.scopes.pop()
+
+
+def _guard(p: int) -> str:
+    """The name of the condition that a shared row's pass `p` is inside the row (emit_rows)."""
+    return f"cin{p}"
+
+
+def _select(guard: str | None, value: str, otherwise: str) -> str:
+    return value if guard is None else f"{guard} ? {value} : {otherwise}"
+
+
+def _guarded(r, guard: str | None, emit):
+    """`emit()` under `guard` (a C block of its own), or as it is where there is none."""
+    if guard is None:
+        emit()
+        return
+    r.open_block(f"if ({guard})", {})
+    emit()
+    r.close_block()
 
 
 def combine_group(r, op: Ops, dt: DType, acc: str, team: tuple[str, int]) -> str:

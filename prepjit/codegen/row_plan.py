@@ -142,8 +142,9 @@ class Rows:
 
     @property
     def passes(self) -> int:
-        """Runs a work-item takes of a shared row (`shared`, share_passes): the end over the group's runs."""
-        return self.cols[0].src[0].arg // (self.group * run_length(list(self.cols), self.run))
+        """Runs a work-item takes of a shared row (`shared`, share_passes): the end over the group's runs, rounded up
+        (a warp's row of 576 in runs of 4: 5, the last for half its lanes)."""
+        return -(-self.cols[0].src[0].arg // (self.group * run_length(list(self.cols), self.run)))
 
     @property
     def size(self) -> int:
@@ -475,8 +476,9 @@ def share_batch_ranges(ast: UOp, rows: Rows) -> UOp:
 def share_passes(ast: UOp, items: int = 1, warp_rows: int = 1) -> UOp:
     """`ast` with each row reduction's range replaced by the columns' range where every pass is static, over ranges of
     one extent, one run per work-item (softmax's row of 128 on CUDA) or, for rows of a warp each, a few runs per lane
-    (`Rows.passes`: layernorm's row of 384 on CUDA, 3 runs of 4 a lane): the passes then read the row's elements as
-    the same values, which the renderer keeps from the first pass (in registers) for the others."""
+    (`Rows.passes`: layernorm's row of 384 on CUDA, 3 runs of 4 a lane; rmsnorm's 576, 4.5, the last run half the
+    lanes'): the passes then read the row's elements as the same values, which the renderer keeps from the first pass
+    (in registers) for the others."""
     rows = row_plan(ast, items, warp_rows)
     if rows is not None and rows.columns:
         return _one_range(ast, rows)
@@ -484,8 +486,8 @@ def share_passes(ast: UOp, items: int = 1, warp_rows: int = 1) -> UOp:
         return ast
     col = rows.cols[0]
     end, step = col.src[0], rows.group * run_length([col], items)
-    passes = WARP_ROW_RUNS if rows.pack > 1 else 1   # (a warp's row: its lanes' runs, a few values each)
-    if end.op is not Ops.CONST or end.arg % step or end.arg > step * passes or any(
+    passes = WARP_ROW_RUNS if rows.pack > 1 else 1   # (a warp's row: its lanes' runs, the last maybe some lanes')
+    if end.op is not Ops.CONST or passes == 1 and end.arg % step or end.arg > step * passes or any(
             len(u.src) != 2 or u.src[1].src[0].op is not Ops.CONST or u.src[1].src[0].arg != end.arg for u in rows.order):
         return ast
     return ast.substitute({u.src[1]: col for u in rows.order})

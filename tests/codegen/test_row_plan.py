@@ -87,6 +87,25 @@ def test_short_norm_rows_get_a_warp_each(norm, rows, dtype):
     _check(_emulated(sched, kern, launched, args), fn, args, dtype)
 
 
+@pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("k", [30, 40, 100, 576, 1000, 1024])
+def test_a_warps_row_loads_each_element_once(k, dtype):
+    """An RMSNorm over 70 rows of k: a warp a row whose lanes take ceil(k / 128) runs of 4, the last run past the
+    row for some lanes where 128 does not divide k (40: 10 lanes of 32 take one; 576: 16 take a 5th; 1000: 26 an
+    8th; 30, not in runs: 30 lanes one element), their run then the row's last one, read but not added nor stored.
+    Each element is loaded once for the sum and the output (share_passes, Rows.passes; before, rows that a warp's
+    runs did not divide exactly loaded them again in the output pass), and the values are NumPy's."""
+    rng = np.random.default_rng(k)
+    args = [(rng.standard_normal(s) * 2 + 1).astype(np.float32).astype(DTYPES[dtype]) for s in ((70, k), k)]
+    sched, kern, launched = _kernel(rmsnorm, args)
+    assert gpu_launch.launch_of(launched) == WARP_ROW
+    src = CUDA_TARGET.render(launched).source
+    per = 4 if k % 4 == 0 else 1
+    assert src.count("buf1[") == -(-k // (per * row_plan.WARP)) * per and "__syncthreads" not in src
+    _check(_emulated(sched, kern, launched, args), rmsnorm, args, dtype)
+
+
 @pytest.mark.parametrize("norm", list(NORMS))
 def test_the_rule_off_or_few_rows_keep_several_warps_a_row(monkeypatch, norm):
     """With fewer than WARP_ROWS_MIN rows (32) a row keeps a work-group of warps covering its runs of 4 (3 for 384,
