@@ -10,7 +10,7 @@ stores it). A pass that each work-item makes at most UNROLLED_PASSES times (a st
 a loop: the compiler issues its loads together, and where the passes share the columns' range (row_plan.share_passes:
 a run a work-item, or a few a lane of a row of a warp), keeps the row's values in registers from one pass to the next.
 The row's values that no column gives (a layernorm's mean and 1 / sqrt(variance + eps)) are computed once, before
-the passes over its elements (`_row_values`).
+the passes over its elements (render_row_values.py, which also renders a shared row's elements).
 
 A matvec-shaped kernel's warps (a warp per output) combine their lanes by shuffles only. A reduction no output
 depends on (a fused norm's mean of squares: uniform) is computed by the whole work-group of a kernel packing several
@@ -40,6 +40,7 @@ import math
 from ..uop import DType, Ops, UOp, dtypes, sym_prod
 from ..uop.uop import as_uop
 from .render_row_fold import array_at, declare, each_row, folds, render_shared, row_scopes
+from .render_row_values import CHEAP, bind_elements, largest_parts, reduce_elements, row_values, store_elements
 from .render_softmax_rows import fill_by_teams, loop_over, one_sum, score_team, sums_together
 from .row_plan import WARP, Rows, free_ranges, run_length, shuffles, warp_slices
 from .softmax_contraction import SOFTMAX_ROW_MAX
@@ -47,7 +48,6 @@ from .softmax_contraction import SOFTMAX_ROW_MAX
 SHARED_OPERAND_MAX = 4096  # a matvec row's elements computed once per work-group into local memory (16 KB)
 UNROLLED_PASSES = 8       # a static row of at most this many runs per work-item is straight-line code, not a loop
 POSITIONS_IN_FLIGHT = 8   # positions of a column reduction's slice a work-item loads at once (straight-line code)
-ROW_VALUES_ONCE = True    # a row's values (its mean, 1 / sqrt(variance + eps)) computed once, not at each element
 
 
 def emit_rows(r, store: UOp):
@@ -64,18 +64,7 @@ def emit_rows(r, store: UOp):
         r.emit(f"const int lid = {r.d.local_id};")
     r.scopes[-1].update(r.unflatten("gid", [x for x in rows.rows if x is not rows.fold]))
     if rows.shared:   # a work-item's runs, all passes: each element's scope lives on from pass to pass
-        per = run_length(list(rows.cols), rows.run)
-        r.emit(f"const {r.long} c = {_first('lid', per)};")
-        names = r.unflatten("c", list(rows.cols))
-        r.scopes[-1].update(names)
-        r.aligned = r.aligned or per > 1
-        col, step, end = rows.cols[0], rows.group * per, rows.cols[0].src[0].arg
-        for p in range(rows.passes):
-            if (p + 1) * step > end:   # (a pass past the row for some lanes: their run clamped to its last, unused)
-                r.emit(f"const bool {_guard(p)} = {names[col]} + {p * step} < {end};")
-                r.emit(f"const {r.long} cg{p} = {_guard(p)} ? {names[col]} + {p * step} : {end - per};")
-        r.row_elements = [{col: f"(cg{p} + {e})"} if (p + 1) * step > end else {col: f"({names[col]} + {p * step + e})"}
-                          if per > 1 or p else {} for p in range(rows.passes) for e in range(per)]
+        bind_elements(r, _first("lid", run_length(list(rows.cols), rows.run)))
     uniform = [u for u in rows.order if rows.uniform(u)]
     for u in uniform:   # the whole group's, before any warp leaves (their combines have a barrier)
         r.value(u)
@@ -94,10 +83,9 @@ def emit_rows(r, store: UOp):
         for u in rows.columns:
             _column_partials(r, u, scopes)
     if rows.cols:
-        _row_values(r, store.src[2])
-    if rows.shared:   # (every element's loads first: the roundings' branches between them split no vector load)
-        _each_element(r, lambda guard: [r.value(x) for x in _element_loads(store.src[2], rows.reduces)])
-        _each_element(r, lambda guard: _guarded(r, guard, lambda: r.emit(r.store_line(store))))
+        row_values(r, store.src[2])
+    if rows.shared:
+        store_elements(r, store)
         return
     if not rows.cols:
         line = r.store_line(store)
@@ -154,10 +142,10 @@ def _row_parts(u: UOp, rows: Rows, pending) -> list[UOp]:
     def part(x: UOp) -> bool:
         inside = x.toposort()
         wanted = any(y.op is Ops.REDUCE for y in inside) if pending else any(
-            y.dtype.is_float and y.op not in _CHEAP for y in inside)
+            y.dtype.is_float and y.op not in CHEAP for y in inside)
         return x.dtype.is_float and x not in rows.reduces and wanted and not free_ranges(x) & cols and not any(
             v in inside for v in pending)
-    return _largest_parts(u.src[0], part, skip=rows.reduces)   # (the row's reductions: values it computes)
+    return largest_parts(u.src[0], part, skip=rows.reduces)   # (the row's reductions: values it computes)
 
 
 def _row_array(r, x: UOp, ranges: tuple, arrays: dict, scopes) -> str:
@@ -225,8 +213,8 @@ def _nested_arrays(r, x: UOp, arrays: dict, scopes):
         def part(y: UOp, n=n, mine=mine) -> bool:
             free, inside = free_ranges(y), y.toposort()
             return y.dtype.is_float and n.src[1] in free and free <= mine and any(
-                z.dtype.is_float and z.op not in _CHEAP for z in inside) and r.rows.reduces.isdisjoint(inside)
-        found = _largest_parts(n.src[0], part)[::-1]
+                z.dtype.is_float and z.op not in CHEAP for z in inside) and r.rows.reduces.isdisjoint(inside)
+        found = largest_parts(n.src[0], part)[::-1]
         r.row_operands[n] = [(y, _row_array(r, y, (n.src[1],), {}, scopes)) for y in found]
         made = made or bool(found)
     if made:
@@ -375,9 +363,6 @@ def _column_total(r, u: UOp, acc: str) -> str:
     return acc
 
 
-_CHEAP = (Ops.DEFINE_GLOBAL, Ops.LOAD, Ops.CAST, Ops.CONST, Ops.RANGE)   # not worth a local array: a load, widened
-
-
 def _operands(u: UOp) -> list[UOp]:
     """The largest computed parts of the row reduction `u`'s operand that no row depends on (a normalised row,
     SiLU(gate) * up): values of its range alone, each the same for every output."""
@@ -386,26 +371,8 @@ def _operands(u: UOp) -> list[UOp]:
     def part(x: UOp) -> bool:
         free = free_ranges(x)
         return bool(free) and free <= mine and x.dtype.is_float and any(
-            y.dtype.is_float and y.op not in _CHEAP for y in x.toposort())
-    return _largest_parts(u.src[0], part)
-
-
-def _largest_parts(root: UOp, part, skip=()) -> list[UOp]:
-    """The outermost nodes of `root` for which `part(node)` holds (not searched inside), in visiting order; leaves
-    and the nodes in `skip` are neither parts nor searched."""
-    found, seen = [], set()
-
-    def visit(x: UOp):
-        if x.op in (Ops.LOAD, Ops.CONST, Ops.RANGE, Ops.DEFINE_GLOBAL) or x in seen or x in skip:
-            return
-        seen.add(x)
-        if part(x):
-            found.append(x)
-            return
-        for y in x.src:
-            visit(y)
-    visit(root)
-    return found
+            y.dtype.is_float and y.op not in CHEAP for y in x.toposort())
+    return largest_parts(u.src[0], part)
 
 
 def _shared_operands(r, reduces: list[UOp]):
@@ -488,10 +455,9 @@ def reduce_together(r, u: UOp, acc: str) -> str:
         return _column_total(r, u, acc)
     dt, ranges = u.dtype, list(u.src[1:])
     team = r.rows.team(u)
-    _row_values(r, u.src[0], {x for x, _ in r.row_operands.get(u, [])})
+    row_values(r, u.src[0], {x for x, _ in r.row_operands.get(u, [])})
     if r.rows.shared:
-        _each_element(r, lambda guard: [r.value(x) for x in _element_loads(u.src[0], r.rows.reduces)])   # (loads first)
-        _each_element(r, lambda guard: r.emit(f"{acc} = {_select(guard, r.accumulate(u, acc), acc)};"))
+        reduce_elements(r, u, acc)
         return combine_group(r, u.arg, dt, acc, team)
     flat, per = f"f{r.n}", run_length(ranges, r.rows.run)
     held = r.row_operands.get(u, [])   # (computed once: with rows packed, by _shared_operands, else _row_arrays)
@@ -536,73 +502,6 @@ def _reduce_rows(r, u: UOp, scopes: list):
                lambda: r.consecutive(flat, ranges, per, by_element(per, element)))
     for scope, red in zip(scopes, combine_rows(r, u.arg, dt, accs, team)):
         scope[u] = r.round_to(red, dt) if dt.narrow else red
-
-
-def _row_values(r, x: UOp, held=frozenset()):
-    """Render in the current scope the largest computed float parts of `x` that only the rows' ranges give (a
-    layernorm's mean, its 1 / sqrt(variance + eps) with their roundings), not inside the `held` values (read from
-    local memory): the passes over the row's elements then read them, where each element's code computed them again
-    (NVRTC did not merge the copies: 12 square roots a lane of a bfloat16 layernorm of 384). Not with column reductions
-    or a fold (their rows' scopes: render_row_fold.py)."""
-    if not ROW_VALUES_ONCE or r.rows.columns or r.rows.fold is not None:
-        return
-    rows, reads, computes = set(r.rows.rows), {}, {}   # (each value's ranges, the row's reductions' as theirs alone)
-    for y in x.toposort():
-        if y in r.rows.reduces:
-            reads[y], computes[y] = free_ranges(y), True
-            continue
-        inner = set().union(*(reads[z] for z in y.src))
-        reads[y] = {y} if y.op is Ops.RANGE else inner - set(y.src[1:]) if y.op is Ops.REDUCE else inner
-        computes[y] = y.op not in _CHEAP or any(computes[z] for z in y.src)
-    for y in _largest_parts(x, lambda y: y.dtype.is_float and computes[y] and reads[y] <= rows,
-                            skip=r.rows.reduces | set(held)):
-        r.value(y)
-
-
-def _element_loads(x: UOp, reduces) -> list[UOp]:
-    """The loads `x` makes outside any reduction (the row's `reduces` and those nested in it), in walk order."""
-    found, seen, stack = [], set(), [x]
-    while stack:
-        y = stack.pop()
-        if y in seen or y.op is Ops.REDUCE or y in reduces:
-            continue
-        seen.add(y)
-        if y.op is Ops.LOAD:
-            found.append(y)
-        stack.extend(reversed(y.src))
-    return found
-
-
-def _each_element(r, body):
-    """Emit `body(guard)` for each of the work-item's run of elements in its scope (no C block: what one pass computes,
-    the row's loads, stays in scope for the next); `guard` names the condition that the element's pass is inside the
-    row (its lanes past it read their row's last run), else None."""
-    per = run_length(list(r.rows.cols), r.rows.run)
-    step, end = r.rows.group * per, r.rows.cols[0].src[0].arg
-    for k, scope in enumerate(r.row_elements):
-        p = k // per
-        r.scopes.append(scope)
-        body(_guard(p) if (p + 1) * step > end else None)
-        r.scopes.pop()
-
-
-def _guard(p: int) -> str:
-    """The name of the condition that a shared row's pass `p` is inside the row (emit_rows)."""
-    return f"cin{p}"
-
-
-def _select(guard: str | None, value: str, otherwise: str) -> str:
-    return value if guard is None else f"{guard} ? {value} : {otherwise}"
-
-
-def _guarded(r, guard: str | None, emit):
-    """`emit()` under `guard` (a C block of its own), or as it is where there is none."""
-    if guard is None:
-        emit()
-        return
-    r.open_block(f"if ({guard})", {})
-    emit()
-    r.close_block()
 
 
 def combine_group(r, op: Ops, dt: DType, acc: str, team: tuple[str, int]) -> str:
