@@ -1,5 +1,5 @@
-"""Row kernels' shape (row_plan.py): short norm rows over many rows (MiniLM's LayerNorm of 384 over its 4096 tokens,
-SmolLM2's RMSNorm of 576 over a decode batch of up to 64 sequences) get a warp a row on CUDA, WARP_ROWS of them a
+"""Row kernels' shape (row_plan.py): short norm rows over many rows (MiniLM's LayerNorm of 384 over its 4096 tokens;
+an RMSNorm of 576 over a var batch where WARP_ROWS_MIN is lowered) get a warp a row on CUDA, WARP_ROWS of them a
 work-group, each lane taking several runs of 4 (shuffles only, no barrier), and equal NumPy through cuda_emulation;
 few rows keep a work-group of several warps a row."""
 import ml_dtypes
@@ -66,7 +66,7 @@ def _check(got, fn, args, dtype):
 @pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("norm, rows", [("layernorm", 256), ("rmsnorm", 201)])
-def test_short_norm_rows_get_a_warp_each(norm, rows, dtype):
+def test_short_norm_rows_get_a_warp_each(norm, rows, dtype, few_warp_rows):
     """A LayerNorm of 384 (3 runs of 4 a lane) over 256 rows and an RMSNorm of 576 (4.5 runs a lane: the last pass
     half the lanes') over 201 rows (the last work-group's 4th warp past the rows leaves) are a warp a row, 4 rows a
     work-group, with no barrier, and equal NumPy. The LayerNorm's passes share the columns' range (share_passes):
@@ -90,7 +90,7 @@ def test_short_norm_rows_get_a_warp_each(norm, rows, dtype):
 @pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("k", [30, 40, 100, 576, 1000, 1024])
-def test_a_warps_row_loads_each_element_once(k, dtype):
+def test_a_warps_row_loads_each_element_once(k, dtype, few_warp_rows):
     """An RMSNorm over 70 rows of k: a warp a row whose lanes take ceil(k / 128) runs of 4, the last run past the
     row for some lanes where 128 does not divide k (40: 10 lanes of 32 take one; 576: 16 take a 5th; 1000: 26 an
     8th; 30, not in runs: 30 lanes one element), their run then the row's last one, read but not added nor stored.
@@ -108,12 +108,15 @@ def test_a_warps_row_loads_each_element_once(k, dtype):
 
 @pytest.mark.parametrize("norm", list(NORMS))
 def test_the_rule_off_or_few_rows_keep_several_warps_a_row(monkeypatch, norm):
-    """With fewer than WARP_ROWS_MIN rows (32) a row keeps a work-group of warps covering its runs of 4 (3 for 384,
-    5 for 576), as it does with the rule off."""
+    """With fewer than WARP_ROWS_MIN rows (a decode batch of at most 64: 16 work-groups of a warp a row lost to 64 of
+    5 warps on an H200) a row keeps a work-group of warps covering its runs of 4 (3 for 384, 5 for 576), as it does
+    with the rule off; from WARP_ROWS_MIN rows (MiniLM's 4096 tokens) a row is a warp's."""
     fn, k = NORMS[norm]
     before = ("rows", row_plan.WARP * -(-k // (4 * row_plan.WARP)), 1, 4)   # (whole warps: 96, 160)
-    assert gpu_launch.launch_of(_kernel(fn, _args(norm, 32, np.float32))[2]) == before
-    many = _args(norm, 256, np.float32)
+    assert gpu_launch.launch_of(_kernel(fn, _args(norm, 64, np.float32))[2]) == before
+    batch = _kernel(fn, _args(norm, 3, np.float32), vars={"B": (1, 64)}, shapes={"x": ("B", k)})[2]
+    assert gpu_launch.launch_of(batch) == before
+    many = _args(norm, row_plan.WARP_ROWS_MIN, np.float32)
     assert gpu_launch.launch_of(_kernel(fn, many)[2]) == WARP_ROW
     monkeypatch.setattr(row_plan, "WARP_ROWS_MIN", 1 << 30)   # (launched afresh: CUDA_TARGET's launches are cached)
     assert gpu_launch.launch_of(gpu_launch.launch(optimize(_kernel(fn, many)[1].ast, "cuda"), CUDA)) == before
@@ -128,9 +131,9 @@ def test_long_rows_keep_a_work_group():
 
 @pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
 @pytest.mark.parametrize("dtype", list(DTYPES))
-def test_a_decode_batchs_norm_rows_get_a_warp_each(dtype):
-    """An RMSNorm over a decode batch of B in 1..64 sequences (SmolLM2's step: the rows' count at its most decides)
-    is a warp a row; the emulated kernel at B = 1 (one work-group, its 3 warps past the row leaving), 37 and 64 equals
+def test_a_decode_batchs_norm_rows_get_a_warp_each(dtype, few_warp_rows):
+    """An RMSNorm over a decode batch of B in 1..64 sequences (SmolLM2's step: the rows' count at its most decides),
+    with WARP_ROWS_MIN lowered (few_warp_rows; by default 64 rows keep their work-groups of warps), is a warp a row; the emulated kernel at B = 1 (one work-group, its 3 warps past the row leaving), 37 and 64 equals
     NumPy."""
     sched, kern, launched = _kernel(rmsnorm, _args("rmsnorm", 3, DTYPES[dtype]), vars={"B": (1, MOST)},
                                     shapes={"x": ("B", 576)})

@@ -86,8 +86,9 @@ def _run(sched, kern, src, kind, k, b, wgmma, seed):
 
 
 @EMULATED
-@pytest.mark.parametrize("kind, sets", [(kind, 6) for kind in KS] + [("q8_0", 1)])
-@pytest.mark.parametrize("wgmma", [False, True], ids=["mma", "wgmma"])
+@pytest.mark.parametrize("kind, sets, wgmma",   # (every kind on Hopper's wgmma; sm_80's mma.sync on one: ~8 s each)
+                         [(kind, 6, True) for kind in KS] + [("q8_0", 1, True), ("q4_1", 6, False)],
+                         ids=lambda v: {True: "wgmma", False: "mma"}.get(v, str(v)) if isinstance(v, bool) else None)
 def test_emulated_batch_tiles_equal_numpy(kind, sets, wgmma, monkeypatch):
     """Each kind's tile (the residual added in its epilogue; 6 sets of warps, and one as a head's: BATCH_TILE_WARPS
     0 here) through cuda_emulation at B = 32, 47 and 64 equals NumPy's product of the bfloat16-rounded weights,
@@ -141,8 +142,8 @@ def _swiglu(kind, stacked=True, least=LEAST):
 
 
 @EMULATED
-@pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
-@pytest.mark.parametrize("wgmma", [False, True], ids=["mma", "wgmma"])
+@pytest.mark.parametrize("kind, wgmma", [("q4_1", True), ("q8_0", True), ("q4_1", False)],   # (mma.sync: 12-16 s a kind)
+                         ids=["wgmma-q4_1", "wgmma-q8_0", "mma-q4_1"])
 def test_emulated_swiglu_tiles_equal_numpy(kind, wgmma):
     """SiLU(gate) * up of one contraction (one kernel: fusion._in_slices) is one tile of both sums (tile_pairs.py:
     each output's gate and up sums in one work-item's accumulators, its launch ending with PAIR); through
