@@ -182,13 +182,14 @@ def _unpermuted(w, heads: int):
     return {k: unpermute_rows(b, heads) for k, b in w.items()} if isinstance(w, dict) else unpermute_rows(w, heads)
 
 
-def linear(xp, x, w, dtype):
+def linear(xp, x, w, dtype, rounded: bool = True):
     """x @ W.T in `dtype` for a projection W stored (out, in), a row per output feature: as floats, or in blocks
     ({kind: blocks}: W is pj.quant.dequantize(blocks, kind), which a prepared function computes in the kernel
     reading the blocks, NumPy first); parts in blocks of different kinds stacked as a list. A decode step's
-    matrix-vector product then reads each output's weights as one contiguous row."""
+    matrix-vector product then reads each output's weights as one contiguous row. `rounded` False keeps blocks'
+    weights exact where it computes in bfloat16 (no tensor cores for them: precision None, not "bf16")."""
     if isinstance(w, list):
-        return xp.concatenate([linear(xp, x, part, dtype) for part in w], axis=-1)
+        return xp.concatenate([linear(xp, x, part, dtype, rounded) for part in w], axis=-1)
     if isinstance(w, dict):
         import prepjit as pj
         ((kind, blocks),) = w.items()
@@ -198,7 +199,7 @@ def linear(xp, x, w, dtype):
         # computing in bfloat16, a GPU may multiply many rows (a prefill's) on tensor cores with the weights rounded
         # to bfloat16 as they are staged (precision "bf16"), as llama.cpp's CUDA prefill multiplies them in 16 bits;
         # a decode's row kernels and the cpu stay exact
-        precision = "bf16" if np.dtype(dtype) == DTYPES["bf16"] else None
+        precision = "bf16" if rounded and np.dtype(dtype) == DTYPES["bf16"] else None
         return cast(xp.matmul(x, weights, precision=precision), dtype)
     return x @ cast(w, dtype).T
 
@@ -331,19 +332,19 @@ def softmax(xp, x, keep=None):
     return cast(e / xp.sum(e, axis=-1, keepdims=True), x.dtype)
 
 
-def _qkv(xp, bp, x, cfg: Config, dtype):
+def _qkv(xp, bp, x, cfg: Config, dtype, rounded: bool = True):
     """The query, key and value projections of x (..., dim), computed by one contraction with the weights stacked
-    (`wqkv`: dim | kv | kv output rows) and split after it."""
-    qkv = linear(xp, x, bp["wqkv"], dtype)
+    (`wqkv`: dim | kv | kv output rows) and split after it (`rounded`: linear's)."""
+    qkv = linear(xp, x, bp["wqkv"], dtype, rounded)
     kv = cfg.kv_heads * cfg.head_dim
     return qkv[..., :cfg.dim], qkv[..., cfg.dim:cfg.dim + kv], qkv[..., cfg.dim + kv:]
 
 
-def swiglu(xp, bp, x, ff: int):
-    """down(silu(gate(x)) * up(x)), gate and up computed by one contraction, SiLU in float32."""
-    h = linear(xp, x, bp["gate_up"], x.dtype)
+def swiglu(xp, bp, x, ff: int, rounded: bool = True):
+    """down(silu(gate(x)) * up(x)), gate and up computed by one contraction, SiLU in float32 (`rounded`: linear's)."""
+    h = linear(xp, x, bp["gate_up"], x.dtype, rounded)
     g, up = cast(h[..., :ff], np.float32), h[..., ff:]
-    return linear(xp, cast(g / (xp.exp(-g) + 1), x.dtype) * up, bp["down"], x.dtype)
+    return linear(xp, cast(g / (xp.exp(-g) + 1), x.dtype) * up, bp["down"], x.dtype, rounded)
 
 
 def prefill(xp, cfg: Config, params, ids, cos, sin, dtype=np.float32):

@@ -79,10 +79,14 @@ def chunk_keys(xp, q, k, v, offset, window, hd):
     return own, v_own, (back[None, :] < (offset + 1)[:, None])[:, None, None, None]
 
 
-def decode_batch(xp, cfg: Config, params, ids, pos, block_table, k_pool, v_pool, cos, sin, dtype=np.float32):
+def decode_batch(xp, cfg: Config, params, ids, pos, block_table, k_pool, v_pool, cos, sin, dtype=np.float32,
+                 rounded: bool = False):
     """ids (B,) at positions pos (B,), sequence b's positions < pos[b] cached in blocks block_table[b] (B, NB) of
     the pools (L, blocks, KV, block, hd) -> (logits (B, vocab), the tokens' keys and values: a tuple of L (B, KV,
-    hd) arrays each) in `dtype`, for the caller to store at (block_table[b, pos[b] // block], pos[b] % block)."""
+    hd) arrays each) in `dtype`, for the caller to store at (block_table[b, pos[b] // block], pos[b] % block).
+    `rounded` (llama.linear's): a GPU may multiply a batch's quantized weights rounded to bfloat16 on tensor cores
+    (`prepared`'s tensor_core_batches); False keeps them exact, so a sequence's logits are the same whatever batch
+    it is in."""
     heads, kv_heads, hd, eps = cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.eps
     group = heads // kv_heads
     b, nb = block_table.shape
@@ -94,7 +98,7 @@ def decode_batch(xp, cfg: Config, params, ids, pos, block_table, k_pool, v_pool,
     keys, values = [], []
     for layer, bp in enumerate(params["blocks"]):
         x = rms_norm(xp, h, bp["attn_norm"], eps)
-        q, k, v = _qkv(xp, bp, x, cfg, dtype)
+        q, k, v = _qkv(xp, bp, x, cfg, dtype, rounded)
         q = rope(xp, q.reshape(b, heads, hd), cos_p, sin_p)
         k = rope(xp, k.reshape(b, kv_heads, hd), cos_p, sin_p)
         v = v.reshape(b, kv_heads, hd)
@@ -105,10 +109,10 @@ def decode_batch(xp, cfg: Config, params, ids, pos, block_table, k_pool, v_pool,
         own = cast(xp.einsum("bkgqd,bkd->bkgq", q, k) * (1 / math.sqrt(hd)), np.float32)[..., None]
         ctx = _attend(xp, _cached_scores(xp, q, k_blocks, visible, hd), own, v_blocks, v[:, :, None], visible, dtype)
         ctx = ctx.reshape(b, heads * hd)
-        h = h + linear(xp, ctx, bp["wo"], dtype)
-        h = h + swiglu(xp, bp, rms_norm(xp, h, bp["ffn_norm"], eps), cfg.ff)
+        h = h + linear(xp, ctx, bp["wo"], dtype, rounded)
+        h = h + swiglu(xp, bp, rms_norm(xp, h, bp["ffn_norm"], eps), cfg.ff, rounded)
     out = rms_norm(xp, h, params["norm"], eps)
-    return _logits(xp, params, out, dtype), tuple(keys), tuple(values)
+    return _logits(xp, params, out, dtype, rounded), tuple(keys), tuple(values)
 
 
 def prefill_batch(xp, cfg: Config, params, ids, pos, offset, block_table, last, window, k_pool, v_pool, cos, sin,
@@ -148,9 +152,9 @@ def prefill_batch(xp, cfg: Config, params, ids, pos, offset, block_table, last, 
     return _logits(xp, params, out, dtype), tuple(keys), tuple(values)
 
 
-def _logits(xp, params, x, dtype):
-    """The output head applied to rows x (B, dim) -> (B, vocab)."""
-    return linear(xp, x, params["head"], dtype)
+def _logits(xp, params, x, dtype, rounded: bool = True):
+    """The output head applied to rows x (B, dim) -> (B, vocab) (`rounded`: llama.linear's)."""
+    return linear(xp, x, params["head"], dtype, rounded)
 
 
 def with_greedy(xp, pass_fn):
@@ -200,7 +204,8 @@ class BatchRanges:
 
 
 def prepared(cfg: Config, *, context: int, block_size: int, max_batch: int, max_chunk: int,
-             max_tokens: int | None = None, device: str | None = None, dtype=np.float32, greedy: bool = False):
+             max_tokens: int | None = None, device: str | None = None, dtype=np.float32, greedy: bool = False,
+             tensor_core_batches: bool = False):
     """(decode_batch, prefill_batch) prepared with prepjit: vars B (1, max_batch), NB (1, context // block_size)
     for the decode step; T (1, max_tokens: default max_chunk) tokens of S (1, max_batch) sequences, chunks of at
     most `window` (1, max_chunk) tokens, and NB for a prefill call. One plan each serves every batch composition
@@ -208,14 +213,17 @@ def prepared(cfg: Config, *, context: int, block_size: int, max_batch: int, max_
     a GPU with tensor cores, its projections on them from T rows, a kernel serving its var's whole range): there
     with max_batch >= T the decode step is two plans, B in (1, T - 1) and (T, max_batch) (`BatchRanges`), each
     serving every batch composition of its range, so one sequence keeps the one-row kernels (on an H100 the
-    tensor-core tiles took a batch of one 2x as long: the head 25.8 -> 84.0 us). With `greedy`, each returns its
-    rows' greedy tokens after the logits (`with_greedy`)."""
+    tensor-core tiles took a batch of one 2x as long: the head 25.8 -> 84.0 us; the attention's query heads folded
+    from T rows). The upper range multiplies its quantized weights on tensor cores, rounded to bfloat16, only with
+    `tensor_core_batches` (decode_batch's `rounded`): a sequence's greedy tokens may then depend on how many others
+    run with it; by default its logits are the same bits in any batch. With `greedy`, each returns its rows' greedy
+    tokens after the logits (`with_greedy`)."""
     import prepjit as pj
     import prepjit.numpy as pnp
     from prepjit.codegen.targets import target_for
     kwargs = {} if device is None else {"device": device}
     tables = -(-context // block_size)
-    dec = functools.partial(decode_batch, pnp, cfg, dtype=dtype)
+    dec = functools.partial(decode_batch, pnp, cfg, dtype=dtype, rounded=tensor_core_batches)
     dec.__name__ = "llama_decode_batch"
     pre = functools.partial(prefill_batch, pnp, cfg, dtype=dtype)
     pre.__name__ = "llama_prefill_batch"
