@@ -2,7 +2,7 @@
 paged decode step equals llama.decode per sequence, chunked prefill equals llama.prefill, concurrent requests give
 the tokens they give alone (greedy and seeded sampling) from one plan per pass, cancelled and finished requests give
 their KV blocks back, a full pool makes requests wait, bad requests raise ValueError and forged block tables
-pj.IndexBoundError."""
+pj.IndexBoundError; tensor_core_batches decides the upper decode plan's projections (tiles or batch row kernels)."""
 import argparse
 
 import attrs
@@ -570,3 +570,39 @@ def test_a_batch_step_over_quantized_weights_equals_decode_of_each_sequence(devi
         # gate/up with SiLU(gate) * up (one kernel: each output's gate and up sums side by side), the head
         assert launches[f"r_B_{cfg.ff}"] == launches[f"r_B_{cfg.vocab}"] == "batch"
         assert f"E_B_{cfg.ff}" not in launches
+
+
+@pytest.mark.parametrize("tensor_core_batches", [False, True])
+def test_tensor_core_batches_reach_the_upper_plans_projections(tensor_core_batches, monkeypatch):
+    """Engine(tensor_core_batches=...) reaches llama_paged.decode_batch (`rounded`): traced for CUDA (the cpu's target
+    with tensor cores faked: plans B in (1, 31) and (32, 64)), the upper plan's quantized projections of bfloat16 rows
+    (q, k and v together; wo; gate/up, its two sums one tile; down; the head) are tensor-core tiles of 64 x 32
+    (gpu_launch.tensor_batch_tile: their weights rounded to bfloat16) with the flag, and batch row kernels (exact
+    weights) without it."""
+    import ml_dtypes
+    from prepjit.codegen import targets
+    from prepjit.codegen.gpu_launch import launch_of
+    from prepjit.codegen.optimize import optimize
+    from prepjit.codegen.schedule import schedule
+    from prepjit.codegen.tile_pairs import PAIR
+    cfg = llama.Config(layers=1, dim=64, ff=128, heads=4, kv_heads=2, vocab=64, context=64, rope_theta=1e4, eps=1e-5)
+    floats = llama.random_params(np.random.default_rng(5), cfg)
+    embed = {"q4_1": pj.quant.quantize(floats["embed"], "q4_1")}
+    params = {"embed": embed, "head": embed, "norm": floats["norm"],
+              "blocks": [{name: {"q4_1": pj.quant.quantize(w, "q4_1")} if w.ndim == 2 else w for name, w in bp.items()}
+                         for bp in floats["blocks"]]}
+    monkeypatch.setattr(targets, "target_for", lambda device: attrs.evolve(targets.LLVM, tensor_cores=True))
+    engine = serving.Engine(cfg, params, stop_ids=(), dtype=ml_dtypes.bfloat16, context=CONTEXT, block_size=BLOCK,
+                            max_batch=64, tensor_core_batches=tensor_core_batches)
+    assert list(engine.decode.parts) == [(1, 31), (32, 64)]
+    zeros = np.zeros(32, np.int64)
+    traced = pj.trace(engine.decode.parts[32, 64], engine.params, zeros, zeros, np.zeros((32, 1), np.int64),
+                      engine.pool.keys, engine.pool.values, engine.cos, engine.sin)
+    sched = schedule(list(traced.outputs), list(traced.inputs))
+    launches = [launch_of(targets.CUDA_TARGET.launched(optimize(k.ast, "cuda"))) for k in sched.kernels]
+    projections = [launch for launch in launches if launch[0] in ("tile", "batch")]   # q/k/v, wo, gate/up, down, head
+    if tensor_core_batches:
+        assert [launch[:3] for launch in projections] == [("tile", 64, 32)] * 5, launches
+        assert sum(launch[-1] == PAIR for launch in projections) == 1   # gate/up's two sums in one tile
+    else:
+        assert [launch[0] for launch in projections] == ["batch"] * 5, launches
