@@ -72,10 +72,11 @@ from .fragment_copies import element_type, emit_copy_starts, emit_slice_copies
 from .fragment_results import emit_results
 from .render_tiles import (FRAGMENT_THREADS, GROUP_ROWS, Contraction, _extent, _static_multiple, _steps_by_one,
                            _unit_stride)
+from .tile_pairs import FRAG_N
 
 WARP = 32
 GROUP_WARPS = FRAGMENT_THREADS // WARP   # warps of a warpgroup
-FRAG_M, FRAG_N = 16, 8           # one matrix instruction's outputs
+FRAG_M = 16                     # one matrix instruction's outputs: FRAG_M x FRAG_N (tile_pairs.FRAG_N)
 GROUP_M = GROUP_ROWS            # rows of one warpgroup instruction (wgmma m64nNk16)
 CHUNK_BYTES = 16                # one asynchronous copy
 MAX_STAGES = 4

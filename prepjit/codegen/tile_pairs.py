@@ -19,7 +19,8 @@ import attrs
 
 from ..uop import Ops, UOp, simplify
 
-FRAG_N = 8     # columns of one matrix instruction's fragment (render_fragments.FRAG_N)
+FRAG_N = 8     # columns of one matrix instruction's outputs (m16n8; render_fragments imports it from here: it imports
+               # this module through fragment_results)
 PAIR = "pair"  # a tile launch's last element where it holds two sums (gpu_launch.tensor_batch_launch)
 
 
