@@ -177,7 +177,7 @@ def test_every_wgmma_variant_computes_the_matmul(variant, a_t, b_t):
         emulate(ast, ml_dtypes.bfloat16, m, n, k, a_t, b_t, tile=tile, wgmma=True)
         if tm * tn > 128 ** 2:
             emulate(ast, ml_dtypes.bfloat16, m, n, k, a_t, b_t, tile=tile)
-    for tile in ((128, 128, 1, "tf32"), (256, 128, 1, "tf32")):
+    for tile in ((128, 128, 1, "tf32"), (256, 128, 1, "tf32")) if not a_t else ():   # (its own layout: once a variant)
         got, a, b = emulate_float32("tf32", m, n, k, False, True, tile=tile, wgmma=True)
         np.testing.assert_array_equal(got, tf32_reference(a, b) + np.float32(1))
 
