@@ -530,18 +530,23 @@ def test_smollm2_engine_matches_the_generator():
     assert together == [gen.generate(p, 5, stop=False)[0] for p in prompts]
 
 
+def _q4_1_model():
+    """A one-layer model's config and random weights, every matrix (the token table and head one) in q4_1 blocks."""
+    cfg = llama.Config(layers=1, dim=64, ff=128, heads=4, kv_heads=2, vocab=64, context=64, rope_theta=1e4, eps=1e-5)
+    floats = llama.random_params(np.random.default_rng(5), cfg)
+    embed = {"q4_1": pj.quant.quantize(floats["embed"], "q4_1")}
+    return cfg, {"embed": embed, "head": embed, "norm": floats["norm"],
+                 "blocks": [{name: {"q4_1": pj.quant.quantize(w, "q4_1")} if w.ndim == 2 else w
+                             for name, w in bp.items()} for bp in floats["blocks"]]}
+
+
 def test_a_batch_step_over_quantized_weights_equals_decode_of_each_sequence(device):
     """q4_1 weights (blocks unpacked in the kernels that read them) in a plan of up to 32 sequences: one step's
     logits equal llama.decode of each sequence in NumPy on the dequantized weights. On a GPU target (opencl here)
     each quantized projection of the var batch is a batch row kernel (gpu_launch.few_var_batch: a column a warp looping
     over the batch's rows), not a row kernel of a warp per (row, column) nor (gate/up, the head) a tile of 32 rows,
     and SiLU(gate) * up is computed in gate/up's (fusion._in_slices), not in a kernel of its own."""
-    cfg = llama.Config(layers=1, dim=64, ff=128, heads=4, kv_heads=2, vocab=64, context=64, rope_theta=1e4, eps=1e-5)
-    floats = llama.random_params(np.random.default_rng(5), cfg)
-    embed = {"q4_1": pj.quant.quantize(floats["embed"], "q4_1")}
-    params = {"embed": embed, "head": embed, "norm": floats["norm"],
-              "blocks": [{name: {"q4_1": pj.quant.quantize(w, "q4_1")} if w.ndim == 2 else w for name, w in bp.items()}
-                         for bp in floats["blocks"]]}
+    cfg, params = _q4_1_model()
     reference = llama.dequantized(params)
     xp, cos, sin = numpy_namespace(), *llama.rope_tables(cfg, CONTEXT)
     rng = np.random.default_rng(6)
@@ -585,12 +590,7 @@ def test_tensor_core_batches_reach_the_upper_plans_projections(tensor_core_batch
     from prepjit.codegen.optimize import optimize
     from prepjit.codegen.schedule import schedule
     from prepjit.codegen.tile_pairs import PAIR
-    cfg = llama.Config(layers=1, dim=64, ff=128, heads=4, kv_heads=2, vocab=64, context=64, rope_theta=1e4, eps=1e-5)
-    floats = llama.random_params(np.random.default_rng(5), cfg)
-    embed = {"q4_1": pj.quant.quantize(floats["embed"], "q4_1")}
-    params = {"embed": embed, "head": embed, "norm": floats["norm"],
-              "blocks": [{name: {"q4_1": pj.quant.quantize(w, "q4_1")} if w.ndim == 2 else w for name, w in bp.items()}
-                         for bp in floats["blocks"]]}
+    cfg, params = _q4_1_model()
     monkeypatch.setattr(targets, "target_for", lambda device: attrs.evolve(targets.LLVM, tensor_cores=True))
     engine = serving.Engine(cfg, params, stop_ids=(), dtype=ml_dtypes.bfloat16, context=CONTEXT, block_size=BLOCK,
                             max_batch=64, tensor_core_batches=tensor_core_batches)
