@@ -172,7 +172,7 @@ def with_greedy(xp, pass_fn):
 class BatchRanges:
     """The decode step prepared over consecutive ranges of its batch B (`prepared`), one plan each, called like one
     prepared function: a call replays the plan of the range its batch (len(ids)) is in: no padding, no recompiles
-    once each range has been traced (`least`: each range's least batch, for a warm-up). `stats` sums the ranges'."""
+    once each range has been traced. `stats` sums the ranges'."""
 
     def __init__(self, parts: dict):
         self.parts = parts   # (least, most) -> the step prepared with B in that range
@@ -180,18 +180,17 @@ class BatchRanges:
     def of(self, ids):
         """The prepared step of the range holding a batch of len(ids) rows (the last's where none does: it raises the
         var's error)."""
-        n, steps = ids.shape[0], list(self.parts.values())
-        return next((f for (_, most), f in self.parts.items() if n <= most), steps[-1])
+        n = ids.shape[0]
+        for (_, most), step in self.parts.items():
+            if n <= most:
+                return step
+        return step
 
     def __call__(self, params, ids, *args, **kwargs):
         return self.of(ids)(params, ids, *args, **kwargs)
 
     def plan(self, params, ids, *args, **kwargs):
         return self.of(ids).plan(params, ids, *args, **kwargs)
-
-    @property
-    def least(self) -> tuple[int, ...]:
-        return tuple(least for least, _ in self.parts)
 
     @property
     def device_name(self):

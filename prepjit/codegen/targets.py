@@ -20,7 +20,6 @@ import attrs
 
 from ..uop import UOp
 from . import gpu_launch
-from .gpu_launch import launch
 from .kernel import KernelSource
 from .llvm_softmax import softmax_rows
 from .operand_prologue import with_operand_prologue
@@ -75,7 +74,7 @@ def _gpu(dialect: Dialect) -> Target:
     def candidates(ast: UOp) -> list[Blocking]:   # the tile policy's own is the first: the default
         return [DEFAULT_BLOCKING] + [Blocking(tile=t) for t in tile_candidates(ast)[1:]]
     return Target(dialect.language, work_groups=True, packs_contractions=False,
-                  passes=lambda ast, blocking: bounded_rows(launch(ast, dialect, blocking)),
+                  passes=lambda ast, blocking: bounded_rows(gpu_launch.launch(ast, dialect, blocking)),
                   renderer=lambda ast: render_c(ast, dialect), candidates=candidates,
                   fuses_attention=dialect.tensor_core_mma is not None, tensor_cores=dialect.tensor_core_mma is not None)
 
