@@ -24,7 +24,8 @@ float16 0.759x / 0.880x. (168 registers x 384 work-items, 192 KB of dynamic loca
 """
 from __future__ import annotations
 
-from .render_fragments import CHUNK_BYTES, KINDS, WARP, _staged, _WarpgroupTile
+from .fragment_staging import CHUNK_BYTES
+from .render_fragments import KINDS, WARP, _staged, _WarpgroupTile
 from .render_fragments_ws import emit_consumer, emit_producer_copies, emit_producer_starts
 from .render_tiles import FRAGMENT_THREADS, GROUP_ROWS, Contraction
 from .tensor_maps import MAX_DIM, MAX_STRIDE_BYTES, TensorMap, kernel_maps
@@ -32,6 +33,9 @@ from .tensor_maps import MAX_DIM, MAX_STRIDE_BYTES, TensorMap, kernel_maps
 ROW_BYTES = 128           # a slice's rows along k: the 128-byte swizzle's (64 16-bit elements, 32 float32 ones)
 TMA_STAGES = 4            # slices in local memory: 4 x 48 KB of a 128 x 256 tile (227 KB on Hopper)
 ROUNDERS = FRAGMENT_THREADS - WARP   # a tf32 tile's producer work-items that round its stages (all but the first warp)
+ROUND_AHEAD = 4           # 16-byte chunks a rounder reads before rounding and writing them (1: one at a time, each
+                          # waiting on its own local-memory read: ~32 dependent reads a rounder a 48 KB stage, of a
+                          # slice's ~1000 cycles of wgmma m64n256k8; 4 keep its 40 registers)
 PRODUCER_REGISTERS = 40   # registers a work-item after setmaxnreg (40 + 2 x 232 = 504 of 512 a work-item's share)
 CONSUMER_REGISTERS = 232
 
@@ -115,16 +119,24 @@ def _emit_producer_loop(r, c: Contraction, staged: list, maps: dict, offsets: di
 
 
 def _emit_rounding(r, staged: list):
-    """A rounder's share of stage st once its copies are in (`full`): every ROUNDERS-th 16-byte chunk of each
-    operand's tile rounded to tf32 in place (the swizzle moves whole chunks: any order rounds every element), then
-    fenced for the consumers' matrix reads and `ready` arrived on."""
-    stages = TMA_STAGES
+    """A rounder's share of stage st once its copies are in (`full`): every ROUNDERS-th 16-byte chunk of the
+    operands' tiles (A's chunks, then B's, one count) rounded to tf32 in place (the swizzle moves whole chunks: any
+    order rounds every element), ROUND_AHEAD chunks read before any is rounded and written back, then fenced for the
+    consumers' matrix reads and `ready` arrived on."""
+    stages, ahead, (a, b) = TMA_STAGES, ROUND_AHEAD, staged
     r.emit(f"pj_mbar_wait(&full[st], (unsigned)(kt / {stages} % 2));")
-    for s in staged:
-        r.open_block(f"for (int q = lid - {WARP}; q < {s.chunks}; q += {ROUNDERS})", {})
-        r.emit(f"uint4 *v = (uint4 *)&{s.name}s[st][0][0][0] + q, x = *v;")
-        r.emit(" ".join(f"x.{e} = pj_round_{s.kind.ptx}(x.{e});" for e in "xyzw") + " *v = x;")
-        r.close_block()
+    total, step = a.chunks + b.chunks, ROUNDERS * ahead
+    r.open_block(f"for (int q0 = lid - {WARP}; q0 < {total}; q0 += {step})", {})
+    tails = [bool(total % step) and (e + 1) * ROUNDERS > total % step for e in range(ahead)]   # (may pass the last)
+    for e in range(ahead):
+        q, tail = f"q0 + {e * ROUNDERS}", tails[e]
+        r.emit(f"uint4 *v{e} = {q} < {a.chunks} ? (uint4 *)&{a.name}s[st][0][0][0] + ({q}) : "
+               f"(uint4 *)&{b.name}s[st][0][0][0] + ({q} - {a.chunks}), x{e} = "
+               f"{f'{q} < {total} ? *v{e} : make_uint4(0, 0, 0, 0)' if tail else f'*v{e}'};")
+    for e in range(ahead):
+        rounded = " ".join(f"x{e}.{c} = pj_round_{a.kind.ptx}(x{e}.{c});" for c in "xyzw") + f" *v{e} = x{e};"
+        r.emit(f"if (q0 + {e * ROUNDERS} < {total}) {{ {rounded} }}" if tails[e] else rounded)
+    r.close_block()
     r.emit("pj_fence_async_shared();")
     r.emit("pj_mbar_arrive(&ready[st]);")
 

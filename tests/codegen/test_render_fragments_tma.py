@@ -1,9 +1,12 @@
 """Hopper's wide tiles on bulk tensor copies (render_fragments_tma.py, tensor_maps.py): which launches take
 them, the tensor maps an operand gets (or not), and that NVRTC compiles them for sm_90a (they run on an H100 only:
 no emulation)."""
+import collections
+import re
+
 import pytest
 
-from prepjit.codegen import tensor_maps as tm
+from prepjit.codegen import render_fragments_tma, tensor_maps as tm
 from prepjit.codegen.gpu_launch import launch, launch_of
 from prepjit.codegen.optimize import Blocking
 from prepjit.codegen.render_cuda import CUDA, CUDA_HOPPER, render_cuda
@@ -76,14 +79,38 @@ def test_tf32_takes_wide_tiles_where_both_operands_are_along_k():
 
 @pytest.mark.parametrize("offset, scale_b", [(0, False), (3, False), (0, True)])
 def test_tf32_wide_tiles_round_their_stages_and_compile_for_sm90a(offset, scale_b):
-    """The tf32 wide tile: the producer's last three warps round each stage in place (pj_round_tf32 a 16-byte chunk
-    at a time) and arrive on `ready`, which the consumers wait on; wgmma m64n256k8, four steps a 32-deep slice;
-    NVRTC compiles it for sm_90a (maps usable or not: an unaligned view, a computed operand)."""
+    """The tf32 wide tile: the producer's last three warps round each stage in place (pj_round_tf32 on 16-byte
+    chunks, ROUND_AHEAD of them read before any is written back) and arrive on `ready`, which the consumers wait on;
+    wgmma m64n256k8, four steps a 32-deep slice; NVRTC compiles it for sm_90a (maps usable or not: an unaligned
+    view, a computed operand)."""
     nvrtc = working_nvrtc()
     src = render_cuda(float32_kernel(4096, 4096, 4096, "tf32", False, True, offset=offset, scale_b=scale_b), None,
                       CUDA_HOPPER)
     assert src.source.count("const __grid_constant__ pj_tensor_map pj_map") == (1 if scale_b else 2)
     assert "pj_mbar_init(&ready[s], 96)" in src.source and "pj_mbar_wait(&ready[st]" in src.source
-    assert src.source.count("x.w = pj_round_tf32(x.w)") == 4   # (A and B; by their maps, and chunk by chunk)
+    _check_rounding_loops(src.source, loops=2)   # (by their maps, and chunk by chunk)
     assert src.source.count("pj_wgmma_tf32_n256_00(wacc0,") == 4 and "(kt * 32)" in src.source
     nvrtc.compile(src.name, src.source, ["-arch=sm_90a", "-std=c++17", "--fmad=false"])
+
+
+def _check_rounding_loops(source: str, loops: int):
+    """Each of the source's `loops` rounding loops reads its ROUND_AHEAD chunks before it rounds and writes any,
+    and its rounders' (lid 32 ... 127) slots cover every chunk of A's and B's stage tiles (128 x 32 and 256 x 32
+    float32: 1024 and 2048 chunks) exactly once."""
+    ahead = render_fragments_tma.ROUND_AHEAD
+    headers = re.findall(r"for \(int q0 = lid - 32; q0 < (\d+); q0 \+= (\d+)\) \{", source)
+    assert headers == [("3072", str(96 * ahead))] * loops
+    body = source.split("for (int q0 = lid - 32;")[1]
+    reads = [re.search(rf"x{e} = (q0 \+ \d+ < 3072 \? )?\*v{e}\b", body).start() for e in range(ahead)]
+    assert max(reads) < body.index("pj_round_tf32(") and body.count("pj_round_tf32(") >= 4 * ahead
+    slots = re.findall(r"uint4 \*v\d+ = q0 \+ (\d+) < (\d+) \? \(uint4 \*\)&As\[st\]\[0\]\[0\]\[0\] \+ "
+                       r"\(q0 \+ \1\) : \(uint4 \*\)&Bs\[st\]\[0\]\[0\]\[0\] \+ \(q0 \+ \1 - \2\)", body)
+    assert len(slots) == ahead and {a for _, a in slots} == {"1024"}
+    covered = collections.Counter()
+    for lid in range(32, 128):
+        for q0 in range(lid - 32, 3072, 96 * ahead):
+            for e, _ in slots:   # (a slot that may pass the last chunk reads and writes under a test)
+                q = q0 + int(e)
+                assert q < 3072 or f"if (q0 + {e} < 3072)" in body and f"q0 + {e} < 3072 ? *v" in body
+                covered.update([("A", q) if q < 1024 else ("B", q - 1024)] if q < 3072 else [])
+    assert covered == collections.Counter([("A", q) for q in range(1024)] + [("B", q) for q in range(2048)])
