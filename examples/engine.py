@@ -436,8 +436,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         default=None,
                         help="decode the running sequences in the step's prefill call (one pass over the weights "
                              "a step) rather than in a decode call of their own: in every step (always, the "
-                             "default of the bare flag), only in the steps that prefill (prefill: the default on a "
-                             "device with memory of its own, a GPU), or never (off: the default on the cpu)")
+                             "bare flag), only in the steps that prefill (prefill: on a GPU ~1.1x the tokens/s of 64 "
+                             "clients), or never (off, the default); the prefill's kernels sum and round otherwise "
+                             "than the decode step's, so a sequence's tokens may then depend on what runs with it")
     parser.add_argument("--tensor-core-batches", action="store_true",
                         help="on a GPU with tensor cores, decode steps of 32 sequences or more multiply the quantized "
                              "weights on them, rounded to bfloat16 (H200, 64 clients: ~1.2x the tokens/s); a "
@@ -446,12 +447,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def _mixed_steps(args) -> bool | str:
-    """The Engine's mixed_steps for --mixed-steps. Unset: "prefill" on a device with memory of its own, where a step's
-    prefill call is latency-bound at a few rows and takes the decode rows nearly free (an H100, 64 clients of
-    serve.py: 7859 -> 8752 output tokens/s, one client 498 -> 531), else off (the cpu: no clear gain, 16 clients)."""
-    if args.mixed_steps is None:
-        return "prefill" if own_memory(args.device) else False
-    return {"always": True, "off": False}.get(args.mixed_steps, args.mixed_steps)
+    """The Engine's mixed_steps for --mixed-steps (unset: off). Off by default on every device so that a greedy
+    request's tokens are the ones it gets alone: a decode row carried by the prefill call is multiplied by the
+    prefill's kernels (on a GPU in bfloat16, tensor-core tiles with the weights rounded to bfloat16; on the cpu, other
+    sums), not the decode step's. On an H100 "prefill" gave 64 clients of serve.py 7859 -> 8752 output tokens/s."""
+    return {"always": True, "off": False, None: False}.get(args.mixed_steps, args.mixed_steps)
 
 
 def _kv_blocks(args, cfg, dtype) -> int | None:

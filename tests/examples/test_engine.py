@@ -198,17 +198,16 @@ def test_mixed_prefill_steps_decode_in_the_prefill_call_only_when_there_is_one(d
     assert engine.stats()["blocks_used"] == 0
 
 
-def test_mixed_steps_default_to_prefill_steps_on_a_device_with_its_own_memory(device):
-    """--mixed-steps unset: "prefill" where the device keeps arrays of its own (a GPU, OpenCL), off on the cpu; the
-    flag's values override it on every device (the bare flag: every step)."""
+def test_mixed_steps_are_off_unless_asked_for(device):
+    """--mixed-steps unset: off on every device (a decode row in the prefill call is computed by other kernels, so
+    greedy tokens could depend on the batch); the flag's values choose it (the bare flag: every step)."""
     parser = serving.add_arguments(argparse.ArgumentParser())
 
     def chosen(*flags):
         return serving._mixed_steps(parser.parse_args(["--device", device, *flags]))
 
-    assert chosen() == ("prefill" if serving.own_memory(device) else False)
-    assert (chosen("--mixed-steps"), chosen("--mixed-steps", "prefill"), chosen("--mixed-steps", "off")) == \
-        (True, "prefill", False)
+    assert (chosen(), chosen("--mixed-steps"), chosen("--mixed-steps", "prefill"), chosen("--mixed-steps", "off")) == \
+        (False, True, "prefill", False)
 
 
 def test_waiting_prompts_are_prefilled_together_while_others_decode(params):
