@@ -27,7 +27,8 @@ from .fragment_unpack import emit_unpacked_chunk
 from .render_tiles import Contraction, _extent
 
 if TYPE_CHECKING:   # (render_fragments builds on this module)
-    from .render_fragments import Kind, Staged
+    from .fragment_staging import Staged
+    from .render_fragments import Kind
 
 ONE_TEST_A_SLICE = True   # a tile's slices copied under one test (emit_slice_copies); False: a test a chunk, as before
                           # (a knob for timing the two on a GPU, the same bits either way)

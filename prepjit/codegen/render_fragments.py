@@ -20,9 +20,10 @@ Hopper's sm_90a target):
   by matrix descriptors (`_WarpgroupTile`, `Staged.descriptor`);
 - else each warp multiplies its share of the tile (two rows of warps: 64 x 64 of 128 x 128) with mma.sync m16n8k16
   on fragments loaded by ldmatrix (`_WarpTiles`; sm_80 on, shuffles on older GPUs).
-Both operands are staged in local memory as 16-bit values, SLICE_K deep along k (32: two matrix-instruction steps,
-or 64: four), in `stages` buffers (as many as fit MAX_LOCAL_BYTES, at most MAX_STAGES; beyond STATIC_LOCAL_BYTES
-they are carved from dynamic local memory, whose size the runtime reads from the module: runtime/cuda_cubin.py):
+Both operands are staged in local memory as 16-bit values (fragment_staging.Staged: a local tile's geometry),
+SLICE_K deep along k (32: two matrix-instruction steps, or 64: four), in `stages` buffers (`stages_for`: as many as
+fit MAX_LOCAL_BYTES, at most MAX_STAGES; beyond STATIC_LOCAL_BYTES they are carved from dynamic local memory, whose
+size the runtime reads from the module: runtime/cuda_cubin.py):
 while the group multiplies one slice, the next `ahead` are being copied, stages - 1 of them, less
 WGMMA_IN_FLIGHT for the warpgroup variant: with 1, the warpgroup issues slice kt's instructions and then waits for
 all but that group (wgmma.wait_group 1), so the tensor cores have the next slice's work while the previous one
@@ -67,19 +68,22 @@ from __future__ import annotations
 
 import attrs
 
-from ..uop import Ops, UOp, simplify
+from ..uop import Ops, simplify
 from .fragment_copies import element_type, emit_copy_starts, emit_slice_copies
 from .fragment_results import emit_results
+from .fragment_staging import CHUNK_BYTES, Staged
 from .render_tiles import (FRAGMENT_THREADS, GROUP_ROWS, Contraction, _extent, _static_multiple, _steps_by_one,
-                           _unit_stride)
+                           _unit_stride, unpacks_blocks)
 from .tile_pairs import FRAG_N
 
 WARP = 32
 GROUP_WARPS = FRAGMENT_THREADS // WARP   # warps of a warpgroup
 FRAG_M = 16                     # one matrix instruction's outputs: FRAG_M x FRAG_N (tile_pairs.FRAG_N)
 GROUP_M = GROUP_ROWS            # rows of one warpgroup instruction (wgmma m64nNk16)
-CHUNK_BYTES = 16                # one asynchronous copy
-MAX_STAGES = 4
+MAX_STAGES = 8                  # stages of a tile whose operands are copied (an H100, MiniLM b32 x t128 bf16: 4 -> 8
+                                # took its 64 x 64 tiles to 8 stages, 128 x 64 to 5: the call 0.965 -> 0.927 ms, the
+                                # same bits; 128 x 128 tiles keep 4 in 64 KB)
+UNPACKED_STAGES = 4             # stages of one that unpacks quantized blocks as it stages them (unpacking its work)
 STATIC_LOCAL_BYTES = 48 * 1024  # the local memory a kernel may declare statically (beyond it: dynamic local memory)
 MAX_LOCAL_BYTES = 64 * 1024     # the local memory the stages may take, dynamically beyond 48 KB (sm_75 allows a block
                                 # 64 KB, sm_80 163 KB, Hopper 227 KB; two 128 x 128 tiles of four stages fit an SM)
@@ -88,7 +92,6 @@ WGMMA_IN_FLIGHT = 1             # warpgroup instruction groups left in flight wh
 RESIDENT_TILES = 2              # tiles a multiprocessor should hold at once where a work-item's accumulators are at
 RESIDENT_ACCUMULATORS = 64      # most this many (the compiler keeps its registers within 65536 / (2 x 256): 128)
 RESIDENT_THREADS = 512          # and the resident tiles' work-items at most this many (128 registers each)
-SWIZZLES = {128: 1, 64: 2, 32: 3}   # a matrix descriptor's swizzle mode for rows of so many bytes
 RASTER_ROWS = 8                 # tile rows of a band of the grid's order (emit_fragment_contraction)
 DESCRIPTORS_ONCE = True         # a warpgroup tile's stage-0 descriptors computed once, each slice's an offset from
                                 # them (False: each from its address, as before; a knob for timing, the same bits)
@@ -157,94 +160,6 @@ def along_k(c: Contraction) -> bool:
     return all(s.minor == "k" for s in _staged(c))
 
 
-@attrs.frozen
-class Staged:
-    """How one operand is staged: its local tile `name` (A or B), the ranges it owns, their tile side, the minor axis
-    of its local tile, and the plain load of the kind's elements it is (its LOAD node) with the step of its index
-    from one slice to the next, where chunks may be copied asynchronously; `depth`: k of a slice (the kind's
-    slice_k, or the warp-specialised tiles' 128-byte rows)."""
-    kind: Kind
-    name: str
-    operand: UOp
-    own: tuple
-    width: int
-    minor: str
-    direct: UOp | None
-    step: UOp | None
-    depth: int
-
-    @property
-    def block(self) -> int:
-        """Elements along the operand's own axis of one block of the tile (all of them where the minor axis is k)."""
-        return self.width if self.minor == "k" else min(self.width, self.kind.own_block)
-
-    @property
-    def shape(self) -> tuple[int, int, int]:
-        """(blocks, rows, row length in elements) of one stage of the local tile."""
-        if self.minor == "k":
-            return 1, self.width, self.depth
-        return self.width // self.block, self.depth, self.block
-
-    @property
-    def chunks(self) -> int:
-        blocks, rows, length = self.shape
-        return blocks * rows * length // self.kind.chunk
-
-    def chunk(self, row: str, minor: str) -> str:
-        """The stored position of the chunk starting at element `minor` (a multiple of a chunk) of tile row `row`: its
-        chunk index xor the row's 3 bits (rows of 8 or more chunks), or of the row pair's 2 (rows of 4 chunks, two
-        rows a 128-byte line): the 128- and 64-byte swizzles of the matrix descriptors, tiles 1024-byte aligned. An
-        own-minor tile of 32-bit values (read a register a load: four rows t at eight neighbouring elements g, two
-        chunks) takes its rows' 2 low bits as chunk bits 1-2 instead, so those 32 reads hit 32 distinct banks."""
-        per_row, chunk = self.shape[2] // self.kind.chunk, self.kind.chunk
-        if per_row >= 8:
-            salt = f"({row}) % 4 * 2" if self.plain_loads else f"({row}) % 8"
-        else:
-            salt = f"({row}) / 2 % 4"
-        return f"(({minor}) / {chunk} ^ {salt}) * {chunk}"
-
-    def cell(self, stage: str, own: str, k: str) -> str:
-        """The element of the stage at (own, k), `k` (k-minor) or `own` (own-minor) a multiple of a chunk."""
-        if self.minor == "k":
-            return f"{self.name}s[{stage}][0][{own}][{self.chunk(own, k)}]"
-        return (f"{self.name}s[{stage}][({own}) / {self.block}][{k}]"
-                f"[{self.chunk(k, f'({own}) % {self.block}')}]")
-
-    @property
-    def plain_loads(self) -> bool:
-        """Whether its fragments are read a register a load: an own-minor tile of 32-bit values."""
-        return self.minor == "own" and not self.kind.transposes
-
-    def element(self, stage: str, own: str, k: str) -> str:
-        """The element of the stage at any (own, k): in its chunk, at its offset from the chunk's start."""
-        chunk = self.kind.chunk
-        if self.minor == "k":
-            return f"{self.name}s[{stage}][0][{own}][{self.chunk(own, k)} + ({k}) % {chunk}]"
-        return (f"{self.name}s[{stage}][({own}) / {self.block}][{k}]"
-                f"[{self.chunk(k, f'({own}) % {self.block}')} + ({own}) % {chunk}]")
-
-    def descriptor(self, own: str, stage: str = "0", step: int = 0) -> str:
-        """The matrix descriptor of the 16-deep step `step` of the stage's rows or columns from `own` (a multiple of
-        GROUP_M for A): k-minor tiles are 8-row groups SBO bytes apart, the step's k 32 bytes into a row; own-minor
-        ones blocks LBO bytes apart along their own axis, 8-row groups along k SBO bytes apart."""
-        blocks, rows, length = self.shape
-        row_bytes, depth = self.kind.bytes * length, self.kind.frag_k
-        if self.minor == "k":
-            first, lbo = f"&{self.name}s[{stage}][0][{own}][{step * depth}]", 16
-        else:
-            first, lbo = f"&{self.name}s[{stage}][({own}) / {self.block}][{step * depth}][0]", rows * row_bytes
-        return f"pj_wgmma_desc({first}, {lbo}, {8 * row_bytes}, {SWIZZLES[row_bytes]})"
-
-    def descriptor_offset(self, stage: str, step: int) -> str:
-        """What the descriptor of stage `stage`'s step `step` adds to stage 0's first step's (`descriptor`): their start
-        addresses' distance in 16-byte units (a stage further; the step's k 32 bytes into a k-minor row, 16 rows
-        further in an own-minor block), which stays inside the descriptor's 14-bit address field (local memory is
-        under 256 KB)."""
-        row_bytes = self.kind.bytes * self.shape[2]
-        step_bytes = step * self.kind.frag_k * (self.kind.bytes if self.minor == "k" else row_bytes)
-        return f"({stage} * {CHUNK_BYTES * self.chunks // 16} + {step_bytes // 16})"
-
-
 def _staged(c: Contraction, depth: int | None = None) -> list[Staged]:
     """Both operands as staged in slices `depth` deep (the kind's slice_k by default)."""
     kind, out = KINDS[c.fragments], []
@@ -272,10 +187,14 @@ def in_flight(c: Contraction) -> int:
 
 
 def stages_for(c: Contraction) -> int:
-    """Local buffers of slices: as many as fit MAX_LOCAL_BYTES, at most MAX_STAGES, at least one more than the
-    slices being multiplied (the one issued and those in flight) so one is always being copied."""
+    """Local buffers of slices: as many as fit MAX_LOCAL_BYTES, at most MAX_STAGES (UNPACKED_STAGES where an operand
+    unpacks quantized blocks: render_tiles.unpacks_blocks), at least one more than the slices being multiplied (the
+    one issued and those in flight) so one is always being copied. A tile's copies are latency-bound where its slices
+    are small (64 x 64, 128 x 64: 8 and 12 KB), so more of them in flight pay; a tile that unpacks blocks computes
+    its slices, and more stages would only take local memory from the tiles a multiprocessor holds."""
     per_stage = c.splits * sum(CHUNK_BYTES * s.chunks for s in _staged(c))   # (each set's stages its own)
-    return max(2 + in_flight(c), min(MAX_STAGES, MAX_LOCAL_BYTES // per_stage))
+    most = UNPACKED_STAGES if unpacks_blocks(c.a) or unpacks_blocks(c.b) else MAX_STAGES
+    return max(2 + in_flight(c), min(most, MAX_LOCAL_BYTES // per_stage))
 
 
 def _lane_offsets(s: Staged) -> tuple[str, str]:

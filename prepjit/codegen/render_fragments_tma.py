@@ -24,7 +24,8 @@ float16 0.759x / 0.880x. (168 registers x 384 work-items, 192 KB of dynamic loca
 """
 from __future__ import annotations
 
-from .render_fragments import CHUNK_BYTES, KINDS, WARP, _staged, _WarpgroupTile
+from .fragment_staging import CHUNK_BYTES
+from .render_fragments import KINDS, WARP, _staged, _WarpgroupTile
 from .render_fragments_ws import emit_consumer, emit_producer_copies, emit_producer_starts
 from .render_tiles import FRAGMENT_THREADS, GROUP_ROWS, Contraction
 from .tensor_maps import MAX_DIM, MAX_STRIDE_BYTES, TensorMap, kernel_maps

@@ -12,11 +12,13 @@ import pytest
 
 import prepjit as pj
 import prepjit.numpy as pnp
-from prepjit.codegen import render_fragments, render_tiles
+from prepjit.codegen import gpu_launch, render_fragments, render_tiles
 from prepjit.codegen.gpu_launch import launch, launch_of
+from prepjit.codegen.optimize import optimize
 from prepjit.codegen.render_tiles import SHAPES
 from prepjit.codegen.render_cuda import CUDA, render_cuda
 from prepjit.codegen.schedule import schedule
+from prepjit.codegen.targets import CUDA_TARGET
 from prepjit.codegen.render_opencl import OPENCL, render_opencl
 from prepjit.uop import Ops, UOp, dtypes
 
@@ -35,6 +37,13 @@ def matmul_kernel(dtype, m=256, n=192, k=64):
     return kernel(UOp(Ops.REDUCE, dtypes.float32, (a * b, r), Ops.ADD), i * n + j, "r_m_n")
 
 
+def declares_tiles(source: str, element: str, stages: int | None = None) -> bool:
+    """Whether the kernel declares its A tiles of `element` values (`stages` of them where given): a static local
+    array, or one in dynamic local memory (past render_fragments.STATIC_LOCAL_BYTES)."""
+    first = rf"\[{stages}\]" if stages is not None else r"\["
+    return re.search(rf"{element} (As|\(&As\)){first}", source) is not None
+
+
 @pytest.mark.parametrize("name", list(NARROW))
 def test_sixteen_bit_contractions_launch_on_tensor_cores_in_cuda(name):
     ast = matmul_kernel(NARROW[name][0])
@@ -42,7 +51,7 @@ def test_sixteen_bit_contractions_launch_on_tensor_cores_in_cuda(name):
     kind = "bf16" if name == "bfloat16" else "f16"
     source = render_cuda(ast).source
     assert f"mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32" in source and f"pj_mma_{kind}(acc0_0_0" in source
-    assert "unsigned short As[" in source   # the slices staged as 16-bit values
+    assert declares_tiles(source, "unsigned short")   # the slices staged as 16-bit values
     # a's rows along k: plain matrix loads; b's along its columns: transposed ones; both copied asynchronously
     assert "pj_ldmatrix_x4(a0_0" in source and "pj_ldmatrix_x4_trans(b0_0" in source
     assert "cp.async.cg.shared.global" in source and "pj_cp_async16(dst, src)" in source
@@ -145,6 +154,20 @@ def test_every_tensor_core_tile_shape_computes_the_matmul(wgmma, a_t, b_t):
         tile = (tm, tn, 1, "bfloat16")
         assert render_cuda(ast, tile).local_size == (render_tiles.fragment_threads(tm, tn),)
         emulate(ast, ml_dtypes.bfloat16, m, n, k, a_t, b_t, tile=tile, wgmma=wgmma)
+
+
+def test_tiles_that_copy_their_operands_stage_more_slices_ahead(monkeypatch):
+    """render_fragments.stages_for: as many stages as fit 64 KB, at most MAX_STAGES where both operands are copied (a
+    64 x 64 bf16 tile's 8 KB slices: 8; 128 x 64: 5; 128 x 128: 4), at most UNPACKED_STAGES where one unpacks quantized
+    blocks (a var batch's tile of one set of warps: 6 KB slices, 4)."""
+    from .test_tensor_batch_tiles import _kernel   # (which imports this module)
+    ast = strided_narrow_kernel(dtypes.bfloat16, 200, 136, 300)
+    for (tm, tn), stages in (((64, 64), 8), ((128, 64), 5), ((128, 128), 4)):
+        assert declares_tiles(render_cuda(ast, (tm, tn, 1, "bfloat16")).source, "unsigned short", stages), (tm, tn)
+    monkeypatch.setattr(gpu_launch, "BATCH_TILE_WARPS", 0)   # (one set of warps)
+    launched = CUDA_TARGET.launched(optimize(_kernel("q8_0", 576)[1].ast, "cuda"))
+    assert launch_of(launched) == ("tile", 64, 32, 1, "bfloat16")
+    assert declares_tiles(CUDA_TARGET.render(launched).source, "unsigned short", 4)
 
 
 # render_fragments' knobs of the warpgroup kernels (the defaults first), each timed on a GPU before it is a default
@@ -257,7 +280,7 @@ def test_tf32_contractions_launch_on_tensor_cores_in_cuda():
     source = render_cuda(ast).source
     assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in source and "pj_mma_tf32(acc0_0_0" in source
     assert "cvt.rna.tf32.f32" in source and "a0_0 = pj_round_tf32(a0_0)" in source
-    assert "float As[" in source and "pj_cp_async16(dst, src)" in source and "pj_ldmatrix_x4(a0_0" in source
+    assert declares_tiles(source, "float") and "pj_cp_async16(dst, src)" in source and "pj_ldmatrix_x4(a0_0" in source
     assert "m16n8k16" not in source and "wgmma.mma_async" not in render_cuda(ast, (128, 128, 1, "tf32")).source
     both_k = render_cuda(float32_kernel(256, 192, 64, "tf32", b_t=True), (128, 128, 1, "tf32")).source
     assert "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32" in both_k and "pj_mma_tf32(acc0_0_0" in both_k
