@@ -4,7 +4,8 @@ outputs. The group stages TILE_K-deep slices of both operands in local memory, a
 REG x REG outputs in registers: two runs of 4 rows half a tile apart by two runs of 4 columns, read from local
 memory as 4-vectors (neighbouring work-items own neighbouring runs, so their stores are coalesced). The next slice
 is loaded into registers while one is multiplied (its global loads are in flight during the arithmetic; on the
-H200 this beat keeping 128 x 128 tiles to 128 registers for two groups per SM: 4096^3 38.8 against 37.8 TFLOP/s).
+H200 this beat keeping 128 x 128 tiles to 128 registers for two groups per SM: 4096^3 38.8 against 37.8 TFLOP/s),
+then stored into the other of two local copies of a slice (SIMT_STAGES: one barrier a slice, not two).
 Each work-item loads runs of 4 consecutive elements along the axis an operand is contiguous in (one index
 computation per run, loads the compiler can merge), or single elements where no axis is.
 
@@ -44,6 +45,12 @@ MIN_WARPS = 1536                  # warps a contraction should run in all: fewer
                                   # 8 x 8) and each tile's slice is split between SPLITS sets of warps
 SPLITS = (1, 2, 4)                # how many sets of work-items may share a tile, each multiplying part of a slice
 MAX_THREADS = 256                 # work-items of a group, at most
+SIMT_STAGES = 2                   # local copies of a slice an FMA tile keeps (`emit_contraction`): 2, the next
+                                  # slice stored into one while the other is multiplied (one barrier a slice); 1, as
+                                  # before (two: before and after the arithmetic)
+SIMT_RESIDENT_GROUPS = 1          # work-groups a multiprocessor should hold of an FMA tile (__launch_bounds__'s
+                                  # second number where more than 1: 2 keeps 128 x 128's 256 work-items to 128
+                                  # registers); a knob for timing
 FRAGMENT_THREADS = 128            # work-items of a tile on tensor cores: 4 warps (render_fragments.py), a warpgroup
 GROUP_ROWS = 64                   # rows of a warpgroup's matrix instructions (wgmma m64nNk16)
 FRAGMENT_OUTPUTS = 64 * 128       # outputs a warpgroup keeps in its registers (64 float32 a work-item), at most:
@@ -262,6 +269,14 @@ def _operands(c: Contraction):
         yield name, operand, own, width, axis, 1 if axis is None else RUN
 
 
+def _slot_place(c: Contraction, n: int, width: int, axis: str | None, per: int) -> tuple[str, str]:
+    """(k offset in the slice, offset along the operand's own axis) of a work-item's register n of an operand."""
+    slot = f"(lid + {n * c.threads})"
+    if axis == "own":   # runs along the operand's own axis: consecutive slots go along it
+        return f"{slot} / {width // per}", f"{slot} % {width // per} * {per}"
+    return f"{slot} % {TILE_K // per} * {per}", f"{slot} / {TILE_K // per}"   # along k (or single elements)
+
+
 def emit_loads(r, c: Contraction, regs: dict, k0: str):
     """Load the slice at k0 of both operands into the registers `regs` (name -> list of register names)."""
     long, kk_end = r.long, r.value(c.k.src[0])
@@ -269,11 +284,7 @@ def emit_loads(r, c: Contraction, regs: dict, k0: str):
         extent = r.value(_extent(own))
         origin = "i0" if name == "A" else "j0"
         for n, reg in enumerate(regs[name]):
-            slot = f"(lid + {n * c.threads})"
-            if axis == "own":   # runs along the operand's own axis: consecutive slots go along it
-                lo, lk = f"{slot} % {width // per} * {per}", f"{slot} / {width // per}"
-            else:               # along k (or single elements, k fastest)
-                lk, lo = f"{slot} % {TILE_K // per} * {per}", f"{slot} / {TILE_K // per}"
+            lk, lo = _slot_place(c, n, width, axis, per)
             r.open_block("", {})
             r.emit(f"const {long} gk = {k0} + {lk}, go = {origin} + {lo};")
             r.emit(" ".join(f"{reg}[{e}] = 0.0f;" for e in range(per)))
@@ -293,26 +304,23 @@ def emit_loads(r, c: Contraction, regs: dict, k0: str):
             r.close_block()
 
 
-def emit_stores(r, c: Contraction, regs: dict):
-    """Write the registers loaded by `emit_loads` into the local tiles As[k][row] and Bs[k][column]."""
+def emit_stores(r, c: Contraction, regs: dict, stage: str | None = None):
+    """Write the registers loaded by `emit_loads` into the local tiles As[k][row] and Bs[k][column] (of `stage`
+    where they have several: As[stage][k][row])."""
     def cell(name, k, own):
-        return f"{name}s[{k}][{own}]"
+        return f"{name}s[{k}][{own}]" if stage is None else f"{name}s[{stage}][{k}][{own}]"
     for name, operand, own, width, axis, per in _operands(c):
         for n, reg in enumerate(regs[name]):
-            slot = f"(lid + {n * c.threads})"
+            lk, lo = _slot_place(c, n, width, axis, per)
             if axis == "own":
-                lo, lk = f"{slot} % {width // per} * {per}", f"{slot} / {width // per}"
-                r.emit(" ".join(f"{cell(name, lk, f'{lo} + {e}')} = {reg}[{e}];"
-                                for e in range(per)))
+                r.emit(" ".join(f"{cell(name, lk, f'{lo} + {e}')} = {reg}[{e}];" for e in range(per)))
             else:
-                lk, lo = f"{slot} % {TILE_K // per} * {per}", f"{slot} / {TILE_K // per}"
-                r.emit(" ".join(f"{cell(name, f'{lk} + {e}', lo)} = {reg}[{e}];"
-                                for e in range(per)))
+                r.emit(" ".join(f"{cell(name, f'{lk} + {e}', lo)} = {reg}[{e}];" for e in range(per)))
 
 
-def emit_tile_start(r, c: Contraction, element: str) -> tuple[str, str, str, dict]:
+def emit_tile_start(r, c: Contraction, element: str, stages: int = 1) -> tuple[str, str, str, dict]:
     """The part every tiled kernel begins with: the local tiles As and Bs (of C type `element`; As[k][row] and
-    Bs[k][column]), the work-item's and the group's ids (lid,
+    Bs[k][column], As[stage][k][row] where `stages` is more than one), the work-item's and the group's ids (lid,
     own, part, tx, ty, bid, i0, j0; the batch ranges bound) and the registers the slices are loaded into (of type
     `element` too); returns (m, n, k's end, {operand name: its registers})."""
     d, long = r.d, r.long
@@ -320,7 +328,7 @@ def emit_tile_start(r, c: Contraction, element: str) -> tuple[str, str, str, dic
     sx = c.tn // REG                  # work-items along a tile's columns
     for name, width in (("As", c.tm), ("Bs", c.tn)):
         # rows padded by one 4-vector: 16-byte aligned rows, and a run along k stores to banks 4 apart
-        shape = f"{TILE_K}][{width + RUN}"
+        shape = f"{stages}][{TILE_K}][{width + RUN}" if stages > 1 else f"{TILE_K}][{width + RUN}"
         r.locals.append(d.local_array.format(type=element, name=name, n=shape) + ";")
     r.emit(f"const int lid = {d.local_id};")
     r.emit(f"const int own = lid % {c.owners}, part = lid / {c.owners};")   # part: which share of each slice
@@ -339,33 +347,37 @@ def emit_tile_start(r, c: Contraction, element: str) -> tuple[str, str, str, dic
 
 
 def emit_contraction(r, c: Contraction):
-    """The kernel body, emitted through the C-style renderer `r` (its dialect spells ids, locals, barriers)."""
-    d, long, acc_t, fma = r.d, r.long, r.d.ctype(dtypes.float32), r.d.math("fma", dtypes.float32)
-    half_m, half_n = c.tm // 2, c.tn // 2
-    m, n, kk_end, regs = emit_tile_start(r, c, acc_t)
+    """The kernel body, emitted through the C-style renderer `r` (its dialect spells ids, locals, barriers). The next
+    slice is loaded into registers during the arithmetic; with SIMT_STAGES 2 the local tiles hold two copies of a
+    slice, and the registers are stored into the one the arithmetic does not read, after it, so one barrier a slice
+    orders the copies (a copy is stored only after the barrier that ends the arithmetic reading it); the loop takes
+    two slices a step, one from each copy, so every local address is the same each step (a copy chosen at run time
+    cost ~30 instructions a slice of 128 x 128's 1024 FMAs, nvcc 13 sm_90a). With 1, the registers are stored into
+    the one copy between two barriers."""
+    d, long, acc_t = r.d, r.long, r.d.ctype(dtypes.float32)
+    stages = SIMT_STAGES
+    r.resident_groups = SIMT_RESIDENT_GROUPS
+    m, n, kk_end, regs = emit_tile_start(r, c, acc_t, stages)
     accs = [[f"acc{x}_{y}" for y in range(REG)] for x in range(REG)]
     for row in accs:
         r.emit(" ".join(f"{acc_t} {a} = 0.0f;" for a in row))
     emit_loads(r, c, regs, "0")
-    r.open_block(f"for ({long} k0 = 0; k0 < {kk_end}; k0 += {TILE_K})", {})
-    emit_stores(r, c, regs)
-    r.emit(d.barrier)
-    r.open_block(f"if (k0 + {TILE_K} < {kk_end})", {})   # the next slice's loads, in flight during the arithmetic
-    emit_loads(r, c, regs, f"(k0 + {TILE_K})")
-    r.close_block()
-    share = TILE_K // c.splits
-    r.emit("#pragma unroll")
-    r.open_block(f"for (int q = 0; q < {share}; q++)", {})
-    r.emit(f"const int kk = part * {share} + q;")
-    vec = d.vector4_load
-    r.emit(f"const float4 a_lo = {vec.format(ref='As[kk][ty]')}, a_hi = {vec.format(ref=f'As[kk][ty + {half_m}]')};")
-    r.emit(f"const float4 b_lo = {vec.format(ref='Bs[kk][tx]')}, b_hi = {vec.format(ref=f'Bs[kk][tx + {half_n}]')};")
-    parts = [f"{v}.{comp}" for v in ("lo", "hi") for comp in "xyzw"]
-    for x in range(REG):
-        r.emit(" ".join(f"{accs[x][y]} = {fma}(a_{parts[x]}, b_{parts[y]}, {accs[x][y]});" for y in range(REG)))
-    r.close_block()
-    r.emit(d.barrier)
-    r.close_block()
+    if stages == 1:
+        r.open_block(f"for ({long} k0 = 0; k0 < {kk_end}; k0 += {TILE_K})", {})
+        emit_stores(r, c, regs)
+        r.emit(d.barrier)
+        _emit_slice(r, c, regs, accs, "k0", None)
+        r.emit(d.barrier)
+        r.close_block()
+    else:
+        emit_stores(r, c, regs, "0")
+        r.emit(d.barrier)
+        r.open_block(f"for ({long} k0 = 0; k0 < {kk_end}; k0 += {2 * TILE_K})", {})
+        _emit_slice(r, c, regs, accs, "k0", 0)
+        r.open_block(f"if (k0 + {TILE_K} < {kk_end})", {})
+        _emit_slice(r, c, regs, accs, f"(k0 + {TILE_K})", 1)
+        r.close_block()
+        r.close_block()
     if c.splits > 1:
         _combine_parts(r, c, accs)
         r.open_block("if (part == 0)", {})
@@ -373,6 +385,33 @@ def emit_contraction(r, c: Contraction):
         r.close_block()
         return
     _emit_results(r, c, accs, m, n)
+
+
+def _emit_slice(r, c: Contraction, regs: dict, accs: list, k0: str, copy: int | None):
+    """One slice's arithmetic from the local tiles (their copy `copy`, or the only one: None), the next slice's
+    loads in flight during it; with a copy, the loaded registers then stored into the other copy, and a barrier."""
+    d, fma, kk_end = r.d, r.d.math("fma", dtypes.float32), r.value(c.k.src[0])
+    r.open_block(f"if ({k0} + {TILE_K} < {kk_end})", {})   # the next slice's loads, in flight during the arithmetic
+    emit_loads(r, c, regs, f"({k0} + {TILE_K})")
+    r.close_block()
+    share = TILE_K // c.splits
+    r.emit("#pragma unroll")
+    r.open_block(f"for (int q = 0; q < {share}; q++)", {})
+    r.emit(f"const int kk = part * {share} + q;")
+    vec, at = d.vector4_load, "" if copy is None else f"[{copy}]"
+    r.emit(f"const float4 a_lo = {vec.format(ref=f'As{at}[kk][ty]')}, "
+           f"a_hi = {vec.format(ref=f'As{at}[kk][ty + {c.tm // 2}]')};")
+    r.emit(f"const float4 b_lo = {vec.format(ref=f'Bs{at}[kk][tx]')}, "
+           f"b_hi = {vec.format(ref=f'Bs{at}[kk][tx + {c.tn // 2}]')};")
+    parts = [f"{v}.{comp}" for v in ("lo", "hi") for comp in "xyzw"]
+    for x in range(REG):
+        r.emit(" ".join(f"{accs[x][y]} = {fma}(a_{parts[x]}, b_{parts[y]}, {accs[x][y]});" for y in range(REG)))
+    r.close_block()
+    if copy is not None:   # (the other copy: every work-item's reads of it ended at the last barrier)
+        r.open_block(f"if ({k0} + {TILE_K} < {kk_end})", {})
+        emit_stores(r, c, regs, str(1 - copy))
+        r.close_block()
+        r.emit(d.barrier)
 
 
 def _combine_parts(r, c: Contraction, accs: list):

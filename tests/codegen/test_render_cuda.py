@@ -6,6 +6,7 @@ import pytest
 
 import prepjit as pj
 import prepjit.numpy as pnp
+from prepjit.codegen import render_tiles
 from prepjit.codegen.optimize import optimize
 from prepjit.codegen.gpu_launch import FEW_OUTPUTS
 from prepjit.codegen.render_c import FLOAT_ONLY, INTEGER_ONLY
@@ -214,7 +215,7 @@ def test_contraction_operands_load_runs_along_their_contiguous_axis(language):
     assert (c.tm, c.tn) == tile_shape(m, n, 1)
     src = RENDERERS[language](ast).source
     assert f"pA0[{RUN - 1}]" in src and f"pB0[{RUN - 1}]" in src and "(gk + 3)" in src
-    assert src.count("float4 a_lo") == 1 and src.count("const float4 *)&As[kk]") == 2   # 4-vector local reads
+    assert src.count("float4 a_lo") == 2 and src.count("const float4 *)&As[1][kk]") == 2   # 4-vector local reads
     strided = load(1, dtypes.float32, r * (2 * m) + 2 * i) * load(2, dtypes.float32, r * n + j)  # no unit stride
     src = RENDERERS[language](kernel(UOp(Ops.REDUCE, dtypes.float32, (strided, r), Ops.ADD), i * n + j, "r_m_n"))
     assert "pA0[0] = " in src.source and "pA0[1] = " not in src.source and f"pB0[{RUN - 1}] = " in src.source
@@ -265,6 +266,23 @@ def test_tile_kernels_compute_the_matmul(m, n, k, a_t, b_t, batch):
     out = np.zeros(batch * m * n, np.float32)
     cuda_emulation.run(render_cuda(ast), [out, a_mem.ravel(), b_mem.ravel()])
     np.testing.assert_allclose(out.reshape(batch, m, n), a @ b + 1, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("language", ["cuda", "opencl"])
+def test_fma_tiles_keep_two_copies_of_a_slice_and_one_barrier_a_slice(language):
+    """An FMA tile (render_tiles.SIMT_STAGES = 2) stores the next slice's registers into the local tiles' other copy
+    after the arithmetic, so its loop has one barrier a slice (where it had one before the arithmetic and one after),
+    two slices a step, one from each copy; the emulated kernels' values: test_tile_kernels_compute_the_matmul,
+    test_every_tile_candidate_computes_the_matmul."""
+    assert render_tiles.SIMT_STAGES == 2
+    src = RENDERERS[language](static_matmul_kernel(512, 256, 64)).source
+    barrier = "__syncthreads();" if language == "cuda" else "barrier(CLK_LOCAL_MEM_FENCE);"
+    loop = src[src.index(" k0 = 0; k0 < 64"):]
+    loop = loop[:loop.index(barrier, loop.index("&As[1][kk]")) + len(barrier)]   # (the loop: two slices)
+    assert f"k0 += {2 * render_tiles.TILE_K})" in loop and f"As[2][{render_tiles.TILE_K}][" in src
+    assert loop.count(barrier) == 2
+    order = [loop.index(x) for x in ("&As[0][kk]", "As[1][(lid", barrier, "&As[1][kk]", "As[0][(lid")]
+    assert order == sorted(order)
 
 
 @pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
