@@ -54,6 +54,7 @@ PROLOGUE_MAX = 1 << 14  # a one-element reduction of at most this many elements 
 OPERAND_MAX = 1 << 15  # a value that streaming kernels of several rows recompute holds at most this many elements
 # in all (a decode batch's normalised rows, its SiLU(gate) * up): the cpu computes it into an array of its own once per
 # call (operand_prologue.py), and a larger one (a prefill's rows) is materialised
+STORE_ROWS_REDUCED_ACROSS = True   # _reduced_along_its_rows (False: as before, a knob for timing; the same bits)
 OP_COST = {Ops.EXP: 4, Ops.EXP2: 4, Ops.LOG: 8, Ops.LOG2: 8, Ops.SQRT: 2, Ops.FDIV: 2, Ops.IDIV: 8, Ops.MOD: 8,
            Ops.SIN: 16, Ops.COS: 16, Ops.TANH: 24, Ops.ERF: 24, Ops.POW: 24, Ops.ATAN2: 32}  # ops-equivalents; others cost 1
 
@@ -198,6 +199,8 @@ def _worth_materialising(node: UOp, readers: set, cost: dict, row_values: bool, 
         return True
     if row_values and _one_row_kernel(node, readers):
         return False
+    if row_values and STORE_ROWS_REDUCED_ACROSS and _reduced_along_its_rows(node, readers, realized_reads):
+        return True
     evaluations = sum(_iterations(r) for r in readers)  # inlined: each costs c; materialised: one load
     return (c - 1) * evaluations > (c + MEMORY_COST) * size + LAUNCH_COST
 
@@ -359,6 +362,20 @@ def _one_row_kernel(node: UOp, readers: set) -> bool:
     reds = [r for r in readers if r.op is Ops.REDUCE_AXIS]
     return len(outs) == 1 and outs[0].shape == node.shape and len(reds) == len(readers) - 1 >= 1 and all(
         _along_trailing(r, node) for r in reds)
+
+
+def _reduced_along_its_rows(node: UOp, readers: set, realized_reads: dict) -> bool:
+    """Whether a reduction reading `node` (elementwise over reductions it broadcasts: a LayerNorm's rows) reduces along
+    an axis they keep (MiniLM's pooling over the sequence), where they cannot be computed (its every iteration another
+    row: they were kernels of their own, x - mean stored in float32), so their row kernel stores `node`; a widened
+    16-bit value of its shape is stored instead (`_widening`)."""
+    if any(_widening(s) and s.shape == node.shape for s in node.src):
+        return False
+    kept = {k for red in _realized_reads(node, realized_reads) if red.op is Ops.REDUCE_AXIS and
+            len(red.shape) == len(node.shape) and any(a == 1 != b for a, b in zip(red.shape, node.shape))
+            for k, (a, b) in enumerate(zip(red.shape, node.shape)) if a == b != 1}
+    return any(r.op is Ops.REDUCE_AXIS and r.src[0].shape == node.shape and
+               any(k in kept for k, (a, b) in enumerate(zip(r.shape, node.shape)) if a != b) for r in readers)
 
 
 def _along_trailing(red: UOp, node: UOp) -> bool:

@@ -1,13 +1,14 @@
 """Fusion decisions: a value several kernels read is computed once when recomputing it costs more."""
 import math
 
+import ml_dtypes
 import numpy as np
 
 import prepjit as pj
 import prepjit.numpy as pnp
 from prepjit.codegen.fusion import choose_materialized
 from prepjit.codegen.schedule import schedule
-from prepjit.uop import Ops
+from prepjit.uop import Ops, dtypes
 
 
 def chain(a, b, steps):
@@ -215,3 +216,34 @@ def test_values_read_several_times_at_one_index_are_computed_once_inline():
     f = pj.prepare(mix)
     np.testing.assert_allclose(np.asarray(f(x)), want, rtol=1e-4, atol=1e-5)
     assert len(f.plan(x).kernels) == 1
+
+
+def test_rows_a_reduction_sums_across_are_stored_by_their_row_kernel(device, rng, monkeypatch):
+    """A LayerNorm's rows (16-bit, or float32) summed across the rows by a masked pooling (MiniLM's last layer and
+    mean pooling): on the work-group targets the normalised rows are stored by one row kernel computing their mean and
+    variance, and the pooling reads them: two kernels, no float32 row buffer in the 16-bit case. Inlined into the
+    pooling, whose every iteration is another row, the rows' mean and variance were kernels of their own (three)."""
+    from prepjit.codegen import fusion
+
+    def pooled(x, mask):
+        wide = x.astype(np.float32)
+        centered = wide - pnp.mean(wide, axis=-1, keepdims=True)
+        rows = (centered / pnp.sqrt(pnp.mean(centered * centered, axis=-1, keepdims=True) + 1e-5)).astype(x.dtype)
+        return pnp.sum(rows * mask[:, :, None], axis=1)
+    mask = (rng.random((4, 64)) > 0.3).astype(np.float32)
+    for dtype in (ml_dtypes.bfloat16, np.float32):
+        x = (rng.standard_normal((4, 64, 96)) * 3 + 1).astype(dtype)
+        traced = pj.trace(pooled, x, mask)
+        sched = schedule(list(traced.outputs), list(traced.inputs))
+        assert len(sched.kernels) == 2
+        if dtype != np.float32:
+            assert not any(b.dtype == dtypes.float32 and b.max_size == x.size for b in sched.buffers)
+        monkeypatch.setattr(fusion, "STORE_ROWS_REDUCED_ACROSS", False)
+        assert len(schedule(list(traced.outputs), list(traced.inputs)).kernels) == 3
+        monkeypatch.setattr(fusion, "STORE_ROWS_REDUCED_ACROSS", True)
+        wide = x.astype(np.float32)
+        centered = wide - wide.mean(-1, keepdims=True)
+        rows = (centered / np.sqrt((centered * centered).mean(-1, keepdims=True) + 1e-5)).astype(dtype)
+        want = (rows.astype(np.float32) * mask[:, :, None]).sum(1)
+        got = np.asarray(pj.prepare(pooled, device=device)(x, mask))
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=0.02 if dtype != np.float32 else 1e-4)
