@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from prepjit.codegen import render_fragments_tma, tensor_maps as tm
+from prepjit.codegen import gpu_launch, render_fragments_tma, tensor_maps as tm
 from prepjit.codegen.gpu_launch import launch, launch_of
 from prepjit.codegen.optimize import Blocking
 from prepjit.codegen.render_cuda import CUDA, CUDA_HOPPER, render_cuda
@@ -63,18 +63,66 @@ def test_wide_tiles_compile_with_nvrtc_for_sm90a(a_t, b_t, offset, scale_b):
     nvrtc.compile(src.name, src.source, ["-arch=sm_90a", "-std=c++17", "--fmad=false"])
 
 
-def test_tf32_takes_wide_tiles_where_both_operands_are_along_k():
+def test_tf32_takes_wide_tiles_where_a_is_along_k(monkeypatch):
     """Under precision "tf32" a float32 x @ W.T (both tiles minor along k, which wgmma's tf32 form needs) takes the
-    wide tile, 32 float32 elements a 128-byte row of its maps' boxes; a @ b and a.T @ b keep today's tiles."""
+    wide tile, 32 float32 elements a 128-byte row of its maps' boxes; so does a @ b (b's tiles transposed in local
+    memory: its map's boxes 32 columns by 32 rows of k, one a block), unless gpu_launch.WIDE_TF32_TRANSPOSED is off;
+    a.T @ b keeps today's tiles."""
     launched = launch(float32_kernel(4096, 4096, 4096, "tf32", False, True), CUDA_HOPPER, Blocking())
     assert launch_of(launched) == ("tile", 128, 256, 1, "tf32", "tma")
     a, b = tm.tensor_maps(launched)
     assert a.dtype == b.dtype == dtypes.float32 and (a.box, b.box) == ((32, 128), (32, 256))
     assert [int(s.arg) for s in a.strides] == [4096, 4096 * 4096]
-    for a_t, b_t in ((False, False), (True, False)):
-        assert launch_of(launch(float32_kernel(4096, 4096, 4096, "tf32", a_t, b_t), CUDA_HOPPER, Blocking())) == \
-            ("tile", 128, 128, 1, "tf32")
+    launched = launch(float32_kernel(4096, 4096, 4096, "tf32"), CUDA_HOPPER, Blocking())
+    assert launch_of(launched) == ("tile", 128, 256, 1, "tf32", "tma")
+    a, b = tm.tensor_maps(launched)
+    assert (a.box, b.box) == ((32, 128), (32, 32)) and [int(s.arg) for s in b.strides] == [4096, 4096 * 4096]
+    assert launch_of(launch(float32_kernel(4096, 4096, 4096, "tf32", True, False), CUDA_HOPPER, Blocking())) == \
+        ("tile", 128, 128, 1, "tf32")
     assert launch_of(launch(float32_kernel(4096, 4096, 4096, None, False, True), CUDA_HOPPER, Blocking()))[4:] == ()
+    monkeypatch.setattr(gpu_launch, "WIDE_TF32_TRANSPOSED", False)
+    assert launch_of(launch(float32_kernel(4096, 4096, 4096, "tf32"), CUDA_HOPPER, Blocking())) == \
+        ("tile", 128, 128, 1, "tf32")
+
+
+@pytest.mark.parametrize("offset", [0, 3])
+def test_tf32_a_at_b_wide_tiles_transpose_b_and_compile_for_sm90a(offset):
+    """The tf32 wide tile of a @ b: the rounders' warps transpose b's blocks in place (32 k rows of 32 columns, as
+    the bulk copies or the chunk copies write them with the 128-byte swizzle) into the layout wgmma m64n256k8 reads
+    minor along k, rounding each element (simulated below from the rendered statements: every element lands where
+    the k-minor swizzled layout puts it, once), a's chunks rounded in place; the producer keeps 88 registers, the
+    consumers 208; NVRTC compiles it for sm_90a (maps usable or not: an unaligned view). (A computed b is staged
+    minor along k, element by element: no transposes.)"""
+    nvrtc = working_nvrtc()
+    src = render_cuda(float32_kernel(4096, 4096, 4096, "tf32", offset=offset), None, CUDA_HOPPER).source
+    assert src.count("const __grid_constant__ pj_tensor_map pj_map") == 2
+    assert src.count("pj_wgmma_tf32_n256_00(wacc0,") == 4 and "pj_mbar_wait(&ready[st]" in src
+    producer, consumer = render_fragments_tma.TRANSPOSER_REGISTERS
+    assert f"pj_setmaxnreg<{producer}, false>" in src and f"pj_setmaxnreg<{consumer}, true>" in src
+    assert producer + 2 * consumer <= 512
+    assert len(re.findall(r"for \(int q0 = lid - 32; q0 < 1024; q0 \+= \d+\)", src)) == 2   # (a's chunks)
+    assert src.count("for (int b = lid / 32 - 1; b < 8; b += 3) {") == 2 and src.count("__syncwarp();") == 2
+    body = src[src.index("unsigned *blk = (unsigned *)&Bs[st][b][0][0];"):]
+    body = body[:body.index("}")]
+    reads = re.findall(r"const uint4 t(\d) = \*\(uint4 \*\)\(blk \+ ([^;]+)\);", body)
+    writes = re.findall(r"blk\[([^\]]+)\] = pj_round_tf32\(t(\d)\.([xyzw])\);", body)
+    assert len(reads) == 8 and len(writes) == 32
+
+    def at(expr: str, lane: int) -> int:   # a C index expression of non-negative ints, evaluated for one lane
+        return eval(expr.replace("/", "//"), {"lane": lane})
+
+    def swizzled(row: int, col: int) -> int:   # a 32-bit element's place in 128-byte rows, the 128-byte swizzle
+        return row * 32 + (col // 4 ^ row % 8) * 4 + col % 4
+    block = {swizzled(k, n): ("k", k, "n", n) for k in range(32) for n in range(32)}   # as copied: rows of k
+    held = {lane: {int(t): [block[at(e, lane) + j] for j in range(4)] for t, e in reads} for lane in range(32)}
+    written = collections.Counter()
+    for lane in range(32):
+        for e, t, part in writes:
+            written[at(e, lane)] += 1
+            block[at(e, lane)] = held[lane][int(t)]["xyzw".index(part)]
+    assert sorted(written) == list(range(1024)) and set(written.values()) == {1}
+    assert all(block[swizzled(n, k)] == ("k", k, "n", n) for k in range(32) for n in range(32))   # rows of n
+    nvrtc.compile("r_p_m_n", src, ["-arch=sm_90a", "-std=c++17", "--fmad=false"])
 
 
 @pytest.mark.parametrize("offset, scale_b", [(0, False), (3, False), (0, True)])
