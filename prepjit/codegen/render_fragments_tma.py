@@ -183,14 +183,14 @@ def _emit_transposes(r, s):
     blocks, rows, length = s.shape
     chunk, warps = s.kind.chunk, ROUNDERS // WARP
     assert rows == length == WARP, s.shape
-    read_view = attrs.evolve(s, minor="k")
+    read_view, lane_k = attrs.evolve(s, minor="k"), f"lane / {chunk} * {chunk}"   # (the lane's k chunk, written)
     r.open_block(f"for (int b = lid / {WARP} - 1; b < {blocks}; b += {warps})", {})
     r.emit(f"unsigned *blk = (unsigned *)&{s.name}s[st][b][0][0];")
     r.emit(" ".join(f"const uint4 t{c} = *(uint4 *)(blk + lane * {length} + {s.chunk('lane', str(c * chunk))});"
                     for c in range(length // chunk)))
     r.emit("__syncwarp();")
     for c in range(length // chunk):
-        r.emit(" ".join(f"blk[{n * length} + {read_view.chunk(str(n), 'lane / 4 * 4')} + lane % {chunk}] = "
+        r.emit(" ".join(f"blk[{n * length} + {read_view.chunk(str(n), lane_k)} + lane % {chunk}] = "
                         f"pj_round_tf32(t{c}.{e});" for n, e in ((c * chunk + j, 'xyzw'[j]) for j in range(chunk))))
     r.close_block()
 
