@@ -72,8 +72,9 @@ def test_short_norm_rows_get_a_warp_each(norm, rows, dtype, few_warp_rows):
     work-group, with no barrier, and equal NumPy. The LayerNorm's passes share the columns' range (share_passes):
     each lane loads its 12 elements of the row once, for the mean, the variance and the output. The row's square root
     is computed once (render_row_values.row_values; before: at each element), and the LayerNorm's output pass loads
-    g and b at every element before its math (the bfloat16 roundings' branches split no vector load). Before: 3 and 5
-    warps a row, a barrier per reduction (the rule off, WARP_ROWS_MIN past the rows)."""
+    g and b at every element before its math (the bfloat16 roundings' branches split no vector load), and stores its
+    elements after converting every one (render_row_values.STORES_TOGETHER: a run's stores neighbours in one basic
+    block). Before: 3 and 5 warps a row, a barrier per reduction (the rule off, WARP_ROWS_MIN past the rows)."""
     fn, k = NORMS[norm]
     args = _args(norm, rows, DTYPES[dtype], seed=rows)
     sched, kern, launched = _kernel(fn, args)
@@ -84,6 +85,8 @@ def test_short_norm_rows_get_a_warp_each(norm, rows, dtype, few_warp_rows):
         assert src.source.count("buf1[") == k // row_plan.WARP   # each element loaded once, kept in registers
         assert src.source.rindex("buf3[") < src.source.index("buf0[")   # g and b loaded for every element first
     assert src.source.count("sqrtf(") == 1   # the row's 1 / sqrt(mean + eps) once (render_row_values.row_values)
+    if dtype == "bfloat16":   # every element converted before the first store (the stores side by side: vector stores)
+        assert src.source.rindex("pj_float_to_bfloat16(") < src.source.index("buf0[")
     _check(_emulated(sched, kern, launched, args), fn, args, dtype)
 
 
