@@ -4,10 +4,11 @@ barrier that passes the turn on, warp shuffles through a per-warp exchange), so 
 and synchronisation are checked against NumPy. A thread runs until it reaches a barrier, a warp on to the block's
 barrier (its lanes taking turns at its shuffles), so an access that a missing barrier leaves unordered sees the other
 thread's before or after: threads take turns in order in even blocks and in reverse order in odd ones, for both; local
-memory starts each block as all ones bits (NaN), so a read before the block's write shows. The tensor-core helpers (render_cuda's mma.sync, ldmatrix and cp.async)
-are replaced by C++ that follows the PTX ISA's register layouts through the per-warp exchange (the matrix product in
-float32, summed in k order; tf32's m16n8k8 reads only its operands' tf32 bits and adds each product to the
-accumulator in k order; the copies synchronous, so commit and wait do nothing). Compiled as for sm_90a
+memory starts a block as bytes 0xff (NaN, -1) or 0x7f (huge numbers), so a read before the block's write shows. The
+tensor-core helpers (render_cuda's mma.sync, ldmatrix and cp.async) are replaced by C++ that follows the PTX ISA's
+register layouts through the per-warp exchange (the matrix product in float32, summed in k order; tf32's m16n8k8
+reads only its operands' tf32 bits and adds each product to the accumulator in k order; the copies synchronous, so
+commit and wait do nothing). Compiled as for sm_90a
 (`wgmma`), the warpgroup instructions (16-bit or tf32 elements, products added to the accumulators in k order) read
 local memory through their matrix descriptors as the PTX ISA lays them out (start address, leading and stride byte
 offsets, swizzle of the address bits), each when the work-item waits for its group (wgmma.wait_group: the latest
@@ -263,8 +264,8 @@ static void pj_launch(unsigned blocks, unsigned threads, void (*body)()) {
   pj_body = body;
   for (unsigned b = 0; b < blocks; b++) {
     blockIdx.x = b;
-    // local memory starts each block as all ones bits (NaN floats): a read before the block's write shows
-    memset(__start_pj_shared, 0xff, __stop_pj_shared - __start_pj_shared);
+    // local memory starts a block as bytes 0xff (NaN floats, -1 integers) or 0x7f (huge numbers), two blocks each
+    memset(__start_pj_shared, b / 2 % 2 ? 0x7f : 0xff, __stop_pj_shared - __start_pj_shared);
     pj_reverse = b % 2;
     pj_live = threads;
     for (unsigned t = 0; t < threads; t++) {
