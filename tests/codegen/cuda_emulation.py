@@ -394,7 +394,11 @@ def run(src: KernelSource, buffers: list[np.ndarray], tensor_cores: bool = True,
     shim = _precompiled_shim(folder)
     lib = os.path.join(folder, hashlib.sha256((shim + text).encode()).hexdigest()[:24] + ".so")
     if not os.path.exists(lib):
-        _compile(["-shared", "-include-pch", shim, "-x", "c++"], text, lib)
+        try:
+            _compile(["-shared", "-include-pch", shim, "-x", "c++"], text, lib)
+        except RuntimeError:   # a shim precompiled before a system header it read changed: built again, once
+            _compile(["-x", "c++-header"], SHIM, shim)
+            _compile(["-shared", "-include-pch", shim, "-x", "c++"], text, lib)
     run_fn = ctypes.CDLL(lib).pj_run
     run_fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint, ctypes.c_uint]
     threads = src.local_size[0]
