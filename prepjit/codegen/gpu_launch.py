@@ -35,7 +35,7 @@ import attrs
 
 from ..uop import Ops, UOp, dtypes
 from .attention_tiles import attention_launch
-from .fusion import FEW_VAR_ROWS   # a quantized contraction with a side of a var of at most this many: rows
+from .fused_reductions import FEW_VAR_ROWS   # a quantized contraction with a side of a var of at most this many: rows
 from .optimize import DEFAULT_BLOCKING, Blocking
 from .row_plan import (batch_plan, held_parts, loop_ranges, row_plan, share_batch_ranges, share_passes,
                        split_matvec_blocks)

@@ -505,7 +505,7 @@ class _Renderer(ReductionRendering, KernelRenderer, InlineMath):
         get loop nests of their own inside the shared ones. Every store is inside the parallel range but those
         into the kernel's own arrays filled once per call (local_store), which come first."""
         loops = []
-        self.hoist_reductions()  # one-element reductions: a prologue, once per call (fusion.py: PROLOGUE_MAX)
+        self.hoist_reductions()  # one-element reductions: a prologue, once per call (fused_reductions.py: PROLOGUE_MAX)
         for buf in dict.fromkeys(st.src[0] for st in self.ast.src if st.src[0].op is Ops.DEFINE_LOCAL):
             self.allocas.append(f"  {_pointer(buf)} = alloca [{buf.arg[1]} x {mem_type(buf.dtype)}], align 64")
         for store in self.ast.src:  # then the kernel's own arrays filled once per call (operand_prologue.py); one

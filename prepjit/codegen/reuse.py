@@ -1,6 +1,6 @@
 """A value a kernel would compute twice, stored once and read back: softmax's exp.
 
-`e / sum(e)` over a row, fused into one kernel (fusion.py), computes `e = exp(x - max)` once inside the sum's
+`e / sum(e)` over a row, fused into one kernel (fused_reductions.py), computes `e = exp(x - max)` once inside the sum's
 loop and again for each output element. When a kernel's one store writes a value that contains a sum over a
 reduce range `k` whose operand, with `k` renamed to the store's innermost loop `j` (same extent), is also a
 costly part of the stored value, the kernel is rewritten into two stores over the row:

@@ -2,7 +2,7 @@
 
 A value is realized (gets a buffer) when it is an input, a reduction, a scatter, a loop carry, an
 output, or an elementwise value that fusion.py finds worth computing once; everything else elementwise
-or a view is inlined into the kernels that read it, and so are the reductions fusion.py computes
+or a view is inlined into the kernels that read it, and so are the reductions fused_reductions.py computes
 inside their only reader, and the scatters fusion.py inlines as a select into their readers (a cache's new row).
 Kernels are emitted in dependency order.
 
@@ -20,7 +20,8 @@ import attrs
 from ..uop import DType, Ops, UOp, dtypes, sint
 from ..uop.segments import Run, Segments
 from .dynamic_loop import DynamicLoop, dynamic_loop
-from .fusion import choose_materialized, fused_reductions, inlined_scatters, kernel_roots
+from .fused_reductions import fused_reductions
+from .fusion import choose_materialized, inlined_scatters, kernel_roots
 from .read_axes import read_axes
 from .lower import REALIZED, lower_copy, lower_kernel, lower_scatter
 from .offsets import shifted, without_starts
@@ -433,7 +434,7 @@ def schedule(outputs: list[UOp], inputs: list[UOp], pack_contractions: bool = Fa
              attention_tiles: bool = False) -> Schedule:
     """Kernels and buffers computing `outputs` from `inputs`; each output gets a fresh buffer.
 
-    Row reductions are computed inside the kernel that broadcasts them (fusion.py: llvm loop nests compute
+    Row reductions are computed inside the kernel that broadcasts them (fused_reductions.py: llvm loop nests compute
     them where a row's loops are open, the C-style renderers give each row a work-group). With
     `pack_contractions` (for devices whose kernels are register-blocking loop nests: llvm), large
     contractions first copy their column operand into contiguous panels (packing.py). With `attention_tiles` (a

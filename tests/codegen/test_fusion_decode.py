@@ -10,7 +10,7 @@ import prepjit as pj
 import prepjit.numpy as pnp
 from examples.models import llama
 from examples.models.common import tree_cast
-from prepjit.codegen.fusion import PROLOGUE_MAX
+from prepjit.codegen.fused_reductions import PROLOGUE_MAX
 from prepjit.codegen.render_llvm import render_llvm
 from prepjit.codegen.schedule import schedule
 from prepjit.uop import Ops

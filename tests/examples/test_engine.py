@@ -544,7 +544,7 @@ def test_a_batch_step_over_quantized_weights_equals_decode_of_each_sequence(devi
     logits equal llama.decode of each sequence in NumPy on the dequantized weights. On a GPU target (opencl here)
     each quantized projection of the var batch is a batch row kernel (gpu_launch.few_var_batch: a column a warp looping
     over the batch's rows), not a row kernel of a warp per (row, column) nor (gate/up, the head) a tile of 32 rows,
-    and SiLU(gate) * up is computed in gate/up's (fusion._in_slices), not in a kernel of its own."""
+    and SiLU(gate) * up is computed in gate/up's (fused_reductions._in_slices), not in a kernel of its own."""
     cfg, params = _q4_1_model()
     reference = llama.dequantized(params)
     xp, cos, sin = numpy_namespace(), *llama.rope_tables(cfg, CONTEXT)
