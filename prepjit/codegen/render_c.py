@@ -361,11 +361,14 @@ class CStyleRenderer(KernelRenderer):
             raw = f"{gate} ? {raw} : {self.d.literal(0, u.dtype)}"
         return self.let(u.dtype, raw, "ld")
 
-    def store_line(self, u: UOp) -> str:
-        """One statement; a scatter's store is gated (src[3]) and may combine (arg: an atomic read-modify-write)."""
+    def store_line(self, u: UOp, bits: str | None = None) -> str:
+        """One statement; a scatter's store is gated (src[3]) and may combine (arg: an atomic read-modify-write).
+        `bits`: a plain store's value already converted to its bits (a name of `sixteen_bits`' expression)."""
         buf, idx, val = u.src[:3]
         i, v = self.value(idx), self.value(val)
-        if u.arg is Ops.ADD and val.dtype in self.d.atomic_add:
+        if bits is not None:
+            line = f"buf{buf.arg}[{i}] = {bits};"
+        elif u.arg is Ops.ADD and val.dtype in self.d.atomic_add:
             pragma, add = self.d.atomic_add[val.dtype]
             if pragma:
                 self.helpers.setdefault(pragma, pragma)

@@ -57,7 +57,7 @@ def store_elements(r, store: UOp):
         _each_element(r, lambda guard: _guarded(r, guard, lambda: r.emit(r.store_line(store))))
         return
     bits = iter(_element_bits(r, store))
-    _each_element(r, lambda guard: _guarded(r, guard, lambda: r.emit(_store_line(r, store, next(bits)))))
+    _each_element(r, lambda guard: _guarded(r, guard, lambda: r.emit(r.store_line(store, next(bits)))))
 
 
 def _element_bits(r, store: UOp) -> list:
@@ -75,11 +75,6 @@ def _element_bits(r, store: UOp) -> list:
         out.append(r.let(dtypes.uint16, convert(v), "sb") if convert is not None else None)
     _each_element(r, value)
     return out
-
-
-def _store_line(r, store: UOp, bits: str | None) -> str:
-    """The element's store: of its `bits` where _element_bits named them, else render_c's store_line."""
-    return f"buf{store.src[0].arg}[{r.value(store.src[1])}] = {bits};" if bits is not None else r.store_line(store)
 
 
 def row_values(r, x: UOp, held=frozenset()):
