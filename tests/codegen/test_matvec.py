@@ -222,4 +222,8 @@ def test_a_float32_row_streams_from_a_rolled_loop_of_steps(rng, dtype):
     options.loop_vectorization = options.slp_vectorization = True
     builder = llvm.create_pass_builder(machine, options)  # as llvm_compile.compile_object optimises
     builder.getModulePassManager().run(module, builder)
-    assert machine.emit_assembly(module).count("prefetcht0") == 2
+    # each copy of the rolled loop asks for 2 lines a step (LLVM may unroll the loop over rows around it, as on znver3,
+    # which copies the rolled loop: 3 copies there, 2 prefetches each); unrolled, one block would hold all 36
+    blocks = re.split(r"^\.?LBB\d+_\d+:", machine.emit_assembly(module), flags=re.M)
+    counts = [n for n in (block.count("prefetcht0") for block in blocks) if n]
+    assert counts and set(counts) == {2}, counts
