@@ -9,7 +9,7 @@ renderer (render_c.py) follows and never decides itself:
   "bfloat16" where the contraction's precision allows; k split between `splits` sets of work-items where one
   operand unpacks quantized blocks, `unpacked_tile`, else one set) where the dialect has tensor cores
   (render_fragments.py); the variant "tma" (tensor_maps.BULK_VARIANT) where the dialect has bulk tensor copies
-  (Hopper) and the tile is a wide one of 16-bit operands or tf32's along k (`wide_tile`: render_fragments_tma.py,
+  (Hopper) and the tile is a wide one of 16-bit operands or tf32's (`wide_tile`: render_fragments_tma.py,
   its operands read through tensor maps the runtime encodes per launch); a var batch of quantized weights' rows
   (a decode step's sequences) whose least is at least TENSOR_BATCH_ROWS, of 16-bit activations, is one tile of the
   batch's rows by few columns (`tensor_batch_tile`) rather than a batch row kernel;
@@ -40,13 +40,15 @@ from .optimize import DEFAULT_BLOCKING, Blocking
 from .row_plan import (batch_plan, held_parts, loop_ranges, row_plan, share_batch_ranges, share_passes,
                        split_matvec_blocks)
 from .softmax_contraction import MAX_ROWS_A_VALUE
-from .render_fragments import KINDS, along_k
+from .render_fragments import KINDS, minors
 from .render_tiles import FRAGMENT_THREADS, MIN_FILL, MIN_WARPS, _fill, fragment_kind, match_contraction, unpacks_blocks
 from .tile_pairs import PAIR, match_pair
 
 WARP_ROWS = 4             # rows of one warp each a work-group packs (dialects with shuffles)
 BULK_VARIANT = "tma"       # a tile's variant on bulk tensor copies (Hopper: render_fragments_tma.py, tensor_maps.py)
 WIDE_COLUMNS = 256         # columns of its tiles (`wide_tile`)
+WIDE_TF32_TRANSPOSED = True   # a tf32 a @ b (b minor along its columns) takes the wide tile, b's tiles transposed in
+                              # local memory (`wide_tile`); False: x @ W.T only (a @ b on mma.sync m16n8k8)
 UNPACKED_TILE = (64, 32)   # rows and columns of a tile of a quantized weight on tensor cores (`unpacked_tile`)
 UNPACKED_SPLITS = (4, 3, 2)   # sets of work-items that may split its k
 TENSOR_BATCH_ROWS = 32    # a var batch over quantized blocks whose least is at least this many rows: tensor cores
@@ -195,11 +197,14 @@ def unpacked_tile(c, fragments: str | None) -> tuple | None:
 def wide_tile(c, fragments: str) -> bool:
     """Whether a contraction of `fragments` on a dialect with bulk tensor copies (Hopper) takes the wide tile of the
     "tma" variant (render_fragments_tma.py: 128 x WIDE_COLUMNS, a producer and two consumer warpgroups): 16-bit
-    operands, or tf32's float32 ones where both are minor along k (wgmma cannot transpose 32-bit tiles: x @ W.T), of
-    a contraction the tile policy gives 128 x 128 tiles (many outputs), whose columns fill wide tiles as well."""
+    operands, or tf32's float32 ones where both are minor along k (wgmma cannot transpose 32-bit tiles: x @ W.T) or,
+    with WIDE_TF32_TRANSPOSED, a's along k and b's along its columns (a @ b: the producer's rounders transpose b's
+    tiles in local memory), of a contraction the tile policy gives 128 x 128 tiles (many outputs), whose columns fill
+    wide tiles as well."""
     m, n = (math.prod(r.src[0].vmax for r in side) for side in (c.i, c.j))
-    return ((KINDS[fragments].bytes == 2 or along_k(attrs.evolve(c, fragments=fragments))) and
-            (c.tm, c.tn) == (128, 128) and n >= WIDE_COLUMNS and _fill(m, n, (c.tm, WIDE_COLUMNS)) >= MIN_FILL)
+    axes = minors(attrs.evolve(c, fragments=fragments))
+    return ((KINDS[fragments].bytes == 2 or axes == ["k", "k"] or WIDE_TF32_TRANSPOSED and axes == ["k", "own"])
+            and (c.tm, c.tn) == (128, 128) and n >= WIDE_COLUMNS and _fill(m, n, (c.tm, WIDE_COLUMNS)) >= MIN_FILL)
 
 
 def items_per_work_item(ast: UOp, dialect) -> int:

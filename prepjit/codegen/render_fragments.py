@@ -157,7 +157,12 @@ def uses_wgmma(c: Contraction) -> bool:
 
 def along_k(c: Contraction) -> bool:
     """Whether both operands' local tiles are minor along k (`Staged.minor`)."""
-    return all(s.minor == "k" for s in _staged(c))
+    return minors(c) == ["k", "k"]
+
+
+def minors(c: Contraction) -> list[str]:
+    """The minor axis of each operand's local tile, A's then B's: "k" or "own" (`Staged.minor`)."""
+    return [s.minor for s in _staged(c)]
 
 
 def _staged(c: Contraction, depth: int | None = None) -> list[Staged]:

@@ -1,9 +1,12 @@
 """Hopper's wide tiles on bulk tensor copies (render_fragments_tma.py, tensor_maps.py): which launches take
 them, the tensor maps an operand gets (or not), and that NVRTC compiles them for sm_90a (they run on an H100 only:
 no emulation)."""
+import collections
+import re
+
 import pytest
 
-from prepjit.codegen import tensor_maps as tm
+from prepjit.codegen import gpu_launch, render_fragments_tma, tensor_maps as tm
 from prepjit.codegen.gpu_launch import launch, launch_of
 from prepjit.codegen.optimize import Blocking
 from prepjit.codegen.render_cuda import CUDA, CUDA_HOPPER, render_cuda
@@ -60,30 +63,102 @@ def test_wide_tiles_compile_with_nvrtc_for_sm90a(a_t, b_t, offset, scale_b):
     nvrtc.compile(src.name, src.source, ["-arch=sm_90a", "-std=c++17", "--fmad=false"])
 
 
-def test_tf32_takes_wide_tiles_where_both_operands_are_along_k():
+def test_tf32_takes_wide_tiles_where_a_is_along_k(monkeypatch):
     """Under precision "tf32" a float32 x @ W.T (both tiles minor along k, which wgmma's tf32 form needs) takes the
-    wide tile, 32 float32 elements a 128-byte row of its maps' boxes; a @ b and a.T @ b keep today's tiles."""
+    wide tile, 32 float32 elements a 128-byte row of its maps' boxes; so does a @ b (b's tiles transposed in local
+    memory: its map's boxes 32 columns by 32 rows of k, one a block), unless gpu_launch.WIDE_TF32_TRANSPOSED is off;
+    a.T @ b keeps today's tiles."""
     launched = launch(float32_kernel(4096, 4096, 4096, "tf32", False, True), CUDA_HOPPER, Blocking())
     assert launch_of(launched) == ("tile", 128, 256, 1, "tf32", "tma")
     a, b = tm.tensor_maps(launched)
     assert a.dtype == b.dtype == dtypes.float32 and (a.box, b.box) == ((32, 128), (32, 256))
     assert [int(s.arg) for s in a.strides] == [4096, 4096 * 4096]
-    for a_t, b_t in ((False, False), (True, False)):
-        assert launch_of(launch(float32_kernel(4096, 4096, 4096, "tf32", a_t, b_t), CUDA_HOPPER, Blocking())) == \
-            ("tile", 128, 128, 1, "tf32")
+    launched = launch(float32_kernel(4096, 4096, 4096, "tf32"), CUDA_HOPPER, Blocking())
+    assert launch_of(launched) == ("tile", 128, 256, 1, "tf32", "tma")
+    a, b = tm.tensor_maps(launched)
+    assert (a.box, b.box) == ((32, 128), (32, 32)) and [int(s.arg) for s in b.strides] == [4096, 4096 * 4096]
+    assert launch_of(launch(float32_kernel(4096, 4096, 4096, "tf32", True, False), CUDA_HOPPER, Blocking())) == \
+        ("tile", 128, 128, 1, "tf32")
     assert launch_of(launch(float32_kernel(4096, 4096, 4096, None, False, True), CUDA_HOPPER, Blocking()))[4:] == ()
+    monkeypatch.setattr(gpu_launch, "WIDE_TF32_TRANSPOSED", False)
+    assert launch_of(launch(float32_kernel(4096, 4096, 4096, "tf32"), CUDA_HOPPER, Blocking())) == \
+        ("tile", 128, 128, 1, "tf32")
+
+
+@pytest.mark.parametrize("offset", [0, 3])
+def test_tf32_a_at_b_wide_tiles_transpose_b_and_compile_for_sm90a(offset):
+    """The tf32 wide tile of a @ b: the rounders' warps transpose b's blocks in place (32 k rows of 32 columns, as
+    the bulk copies or the chunk copies write them with the 128-byte swizzle) into the layout wgmma m64n256k8 reads
+    minor along k, rounding each element (simulated below from the rendered statements: every element lands where
+    the k-minor swizzled layout puts it, once), a's chunks rounded in place; the producer keeps 88 registers, the
+    consumers 208; NVRTC compiles it for sm_90a (maps usable or not: an unaligned view). (A computed b is staged
+    minor along k, element by element: no transposes.)"""
+    nvrtc = working_nvrtc()
+    src = render_cuda(float32_kernel(4096, 4096, 4096, "tf32", offset=offset), None, CUDA_HOPPER).source
+    assert src.count("const __grid_constant__ pj_tensor_map pj_map") == 2
+    assert src.count("pj_wgmma_tf32_n256_00(wacc0,") == 4 and "pj_mbar_wait(&ready[st]" in src
+    producer, consumer = render_fragments_tma.TRANSPOSER_REGISTERS
+    assert f"pj_setmaxnreg<{producer}, false>" in src and f"pj_setmaxnreg<{consumer}, true>" in src
+    assert producer + 2 * consumer <= 512
+    assert len(re.findall(r"for \(int q0 = lid - 32; q0 < 1024; q0 \+= \d+\)", src)) == 2   # (a's chunks)
+    assert src.count("for (int b = lid / 32 - 1; b < 8; b += 3) {") == 2 and src.count("__syncwarp();") == 2
+    body = src[src.index("unsigned *blk = (unsigned *)&Bs[st][b][0][0];"):]
+    body = body[:body.index("}")]
+    reads = re.findall(r"const uint4 t(\d) = \*\(uint4 \*\)\(blk \+ ([^;]+)\);", body)
+    writes = re.findall(r"blk\[([^\]]+)\] = pj_round_tf32\(t(\d)\.([xyzw])\);", body)
+    assert len(reads) == 8 and len(writes) == 32
+
+    def at(expr: str, lane: int) -> int:   # a C index expression of non-negative ints, evaluated for one lane
+        return eval(expr.replace("/", "//"), {"lane": lane})
+
+    def swizzled(row: int, col: int) -> int:   # a 32-bit element's place in 128-byte rows, the 128-byte swizzle
+        return row * 32 + (col // 4 ^ row % 8) * 4 + col % 4
+    block = {swizzled(k, n): ("k", k, "n", n) for k in range(32) for n in range(32)}   # as copied: rows of k
+    held = {lane: {int(t): [block[at(e, lane) + j] for j in range(4)] for t, e in reads} for lane in range(32)}
+    written = collections.Counter()
+    for lane in range(32):
+        for e, t, part in writes:
+            written[at(e, lane)] += 1
+            block[at(e, lane)] = held[lane][int(t)]["xyzw".index(part)]
+    assert sorted(written) == list(range(1024)) and set(written.values()) == {1}
+    assert all(block[swizzled(n, k)] == ("k", k, "n", n) for k in range(32) for n in range(32))   # rows of n
+    nvrtc.compile("r_p_m_n", src, ["-arch=sm_90a", "-std=c++17", "--fmad=false"])
 
 
 @pytest.mark.parametrize("offset, scale_b", [(0, False), (3, False), (0, True)])
 def test_tf32_wide_tiles_round_their_stages_and_compile_for_sm90a(offset, scale_b):
-    """The tf32 wide tile: the producer's last three warps round each stage in place (pj_round_tf32 a 16-byte chunk
-    at a time) and arrive on `ready`, which the consumers wait on; wgmma m64n256k8, four steps a 32-deep slice;
-    NVRTC compiles it for sm_90a (maps usable or not: an unaligned view, a computed operand)."""
+    """The tf32 wide tile: the producer's last three warps round each stage in place (pj_round_tf32 on 16-byte
+    chunks, ROUND_AHEAD of them read before any is written back) and arrive on `ready`, which the consumers wait on;
+    wgmma m64n256k8, four steps a 32-deep slice; NVRTC compiles it for sm_90a (maps usable or not: an unaligned
+    view, a computed operand)."""
     nvrtc = working_nvrtc()
     src = render_cuda(float32_kernel(4096, 4096, 4096, "tf32", False, True, offset=offset, scale_b=scale_b), None,
                       CUDA_HOPPER)
     assert src.source.count("const __grid_constant__ pj_tensor_map pj_map") == (1 if scale_b else 2)
     assert "pj_mbar_init(&ready[s], 96)" in src.source and "pj_mbar_wait(&ready[st]" in src.source
-    assert src.source.count("x.w = pj_round_tf32(x.w)") == 4   # (A and B; by their maps, and chunk by chunk)
+    _check_rounding_loops(src.source, loops=2)   # (by their maps, and chunk by chunk)
     assert src.source.count("pj_wgmma_tf32_n256_00(wacc0,") == 4 and "(kt * 32)" in src.source
     nvrtc.compile(src.name, src.source, ["-arch=sm_90a", "-std=c++17", "--fmad=false"])
+
+
+def _check_rounding_loops(source: str, loops: int):
+    """Each of the source's `loops` rounding loops reads its ROUND_AHEAD chunks before it rounds and writes any,
+    and its rounders' (lid 32 ... 127) slots cover every chunk of A's and B's stage tiles (128 x 32 and 256 x 32
+    float32: 1024 and 2048 chunks) exactly once."""
+    ahead = render_fragments_tma.ROUND_AHEAD
+    headers = re.findall(r"for \(int q0 = lid - 32; q0 < (\d+); q0 \+= (\d+)\) \{", source)
+    assert headers == [("3072", str(96 * ahead))] * loops
+    body = source.split("for (int q0 = lid - 32;")[1]
+    reads = [re.search(rf"x{e} = (q0 \+ \d+ < 3072 \? )?\*v{e}\b", body).start() for e in range(ahead)]
+    assert max(reads) < body.index("pj_round_tf32(") and body.count("pj_round_tf32(") >= 4 * ahead
+    slots = re.findall(r"uint4 \*v\d+ = q0 \+ (\d+) < (\d+) \? \(uint4 \*\)&As\[st\]\[0\]\[0\]\[0\] \+ "
+                       r"\(q0 \+ \1\) : \(uint4 \*\)&Bs\[st\]\[0\]\[0\]\[0\] \+ \(q0 \+ \1 - \2\)", body)
+    assert len(slots) == ahead and {a for _, a in slots} == {"1024"}
+    covered = collections.Counter()
+    for lid in range(32, 128):
+        for q0 in range(lid - 32, 3072, 96 * ahead):
+            for e, _ in slots:   # (a slot that may pass the last chunk reads and writes under a test)
+                q = q0 + int(e)
+                assert q < 3072 or f"if (q0 + {e} < 3072)" in body and f"q0 + {e} < 3072 ? *v" in body
+                covered.update([("A", q) if q < 1024 else ("B", q - 1024)] if q < 3072 else [])
+    assert covered == collections.Counter([("A", q) for q in range(1024)] + [("B", q) for q in range(2048)])
