@@ -229,6 +229,13 @@ def _plan_stats(engine) -> dict:
             for name, fn in (("decode", engine.decode), ("prefill", engine.prefill))}
 
 
+def _one_plan_a_range(engine, stats: dict, warm_stats: dict) -> bool:
+    """Nothing traced or compiled since the warm-up, and one trace and plan for each prepared range of the batch
+    (the decode step is two on a GPU with tensor cores: llama_paged.BatchRanges)."""
+    ranges = {"decode": len(getattr(engine.decode, "parts", (None,))), "prefill": 1}
+    return stats == warm_stats and all(s["traces"] == s["plans"] == ranges[name] for name, s in stats.items())
+
+
 def serve_rows(args, cfg, params32, rng, deadline: float):
     """The engine at one stream and at --streams (see the module docstring), then the padded buckets."""
     dparams = serving.resident(stored_params(params32, args.serve_weights), args.device)
@@ -247,7 +254,7 @@ def serve_rows(args, cfg, params32, rng, deadline: float):
     same = all(run["tokens"][0] == batch["tokens"][i] for i, run in zip(alone_index, alone))
     one = statistics.median(run["tokens_per_s"] for run in alone)
     stats = _plan_stats(engine)
-    one_plan = stats == warm_stats and all(s["traces"] == 1 and s["plans"] == 1 for s in stats.values())
+    one_plan = _one_plan_a_range(engine, stats, warm_stats)
     ratio = batch["tokens_per_s"] / one
     shape = {"weights": args.serve_weights, "dtype": args.dtype, "layers": cfg.layers, "streams": args.streams,
              "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens}
@@ -258,7 +265,7 @@ def serve_rows(args, cfg, params32, rng, deadline: float):
            "pool_bytes": 2 * int(np.prod(engine.pool.keys.shape)) * engine.dtype.itemsize,
            "pool_on_device": isinstance(engine.pool.keys, pj.Array),
            "same_tokens_alone_and_batched": same, "sequences_checked": alone_index, "plan_stats": stats,
-           "one_plan_no_recompiles": one_plan, "ok": same and one_plan}
+           "one_plan_a_range_no_recompiles": one_plan, "ok": same and one_plan}
 
     singles = [lockstep(engine, [prompts[i]], args.new_tokens) for i in alone_index]
     together = lockstep(engine, prompts, args.new_tokens)
@@ -267,14 +274,14 @@ def serve_rows(args, cfg, params32, rng, deadline: float):
     one = statistics.median(run["tokens_per_s"] for run in singles)
     one_decode = statistics.median(run["decode_tokens_per_s"] for run in singles)
     stats = _plan_stats(engine)
-    one_plan = stats == warm_stats and all(s["traces"] == 1 and s["plans"] == 1 for s in stats.values())
+    one_plan = _one_plan_a_range(engine, stats, warm_stats)
     yield {"case": f"serve_lockstep_{args.streams}_vs_1", **shape, "one_stream_tokens_per_s": one,
            "concurrent_tokens_per_s": together["tokens_per_s"], "ratio": together["tokens_per_s"] / one,
            "one_stream_decode_tokens_per_s": one_decode,
            "concurrent_decode_tokens_per_s": together["decode_tokens_per_s"],
            "decode_ratio": together["decode_tokens_per_s"] / one_decode, "goal": 20,
            "met": together["decode_tokens_per_s"] / one_decode >= 20,
-           "same_tokens_as_engine": same, "plan_stats": stats, "one_plan_no_recompiles": one_plan,
+           "same_tokens_as_engine": same, "plan_stats": stats, "one_plan_a_range_no_recompiles": one_plan,
            "ok": same and one_plan}
 
     if args.quick or time.perf_counter() > deadline:

@@ -37,7 +37,24 @@ def test_runs_every_row_and_its_checks_pass(device, tmp_path):
     assert all(rows[f"decode_{w}"]["same_argmax"] for w in ("bf16", "q4_1", "q8_0"))
     assert rows["decode_q4_1"]["weight_bytes"] < rows["decode_bf16"]["weight_bytes"] / 3
     serve = rows["serve_2_vs_1"]
-    assert serve["same_tokens_alone_and_batched"] and serve["one_plan_no_recompiles"]
+    assert serve["same_tokens_alone_and_batched"] and serve["one_plan_a_range_no_recompiles"]
     assert serve["plan_stats"]["decode"]["plans"] == 1
     assert rows["serve_lockstep_2_vs_1"]["same_tokens_as_engine"]
     assert rows["serve_padded_buckets"]["buckets"] == [1, 2] and rows["serve_padded_buckets"]["same_tokens"]
+
+
+def test_a_decode_step_of_two_batch_ranges_is_one_plan_a_range():
+    """On a GPU with tensor cores the engine's decode step is llama_paged.BatchRanges of two plans (B 1-31, 32-64):
+    two traces and two plans are one a range, as long as nothing was traced or compiled after the warm-up."""
+    from examples.models.llama_paged import BatchRanges
+
+    class Engine:
+        decode = BatchRanges({(1, 31): None, (32, 64): None})
+    warm = {"decode": {"traces": 2, "compiles": 12, "plans": 2}, "prefill": {"traces": 1, "compiles": 7, "plans": 1}}
+    assert gpu_llm._one_plan_a_range(Engine, warm, warm)
+    later = {**warm, "decode": {"traces": 3, "compiles": 13, "plans": 3}}
+    assert not gpu_llm._one_plan_a_range(Engine, later, warm)
+    assert not gpu_llm._one_plan_a_range(Engine, later, later)   # a third trace of two ranges
+    class OnePlan:
+        decode = object()
+    assert not gpu_llm._one_plan_a_range(OnePlan, warm, warm)   # one prepared step traced twice
