@@ -52,6 +52,7 @@ def test_a_ropes_query_has_no_masked_loads_left_on_avx2(rng):
     import llvmlite.binding as llvm
 
     from prepjit.runtime.devices import get_device
+    from prepjit.runtime.llvm_compile import optimised_module
 
     def roped(xp, q, k, v, cos, sin):
         return _attention(xp, llama.rope(xp, q, cos, sin), k, v)
@@ -66,10 +67,5 @@ def test_a_ropes_query_has_no_masked_loads_left_on_avx2(rng):
     ir = render_llvm(softmax_rows(kernel.kernel.scheduled, AVX2), AVX2).source  # as the cpu's passes on AVX2
     assert "call <8 x float> @llvm.masked.load" in ir  # the rotated half's gated loads, as rendered
     machine = get_device("cpu").target_machine
-    module = llvm.parse_assembly(ir)
-    module.triple, module.data_layout = machine.triple, str(machine.target_data)
-    options = llvm.create_pipeline_tuning_options(speed_level=2)
-    options.loop_vectorization = options.slp_vectorization = True
-    builder = llvm.create_pass_builder(machine, options)  # as llvm_compile.compile_object optimises
-    builder.getModulePassManager().run(module, builder)
+    module = optimised_module(llvm, machine, ir)  # as the kernel is compiled
     assert "call <8 x float> @llvm.masked.load" not in str(module)

@@ -201,6 +201,7 @@ def test_a_float32_row_streams_from_a_rolled_loop_of_steps(rng, dtype):
 
     from prepjit.codegen.llvm_reductions import ROLLED
     from prepjit.runtime.devices import get_device
+    from prepjit.runtime.llvm_compile import optimised_module
     stored = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float32
     w, h = rng.standard_normal((960, 576)).astype(stored), rng.standard_normal(576).astype(np.float32)
     f = pj.prepare(lambda h, w: h @ w.T.astype(np.float32), device="cpu")
@@ -216,12 +217,7 @@ def test_a_float32_row_streams_from_a_rolled_loop_of_steps(rng, dtype):
     machine = get_device("cpu").target_machine
     if not machine.triple.startswith("x86_64"):
         return
-    module = llvm.parse_assembly(ir)
-    module.triple, module.data_layout = machine.triple, str(machine.target_data)
-    options = llvm.create_pipeline_tuning_options(speed_level=2)
-    options.loop_vectorization = options.slp_vectorization = True
-    builder = llvm.create_pass_builder(machine, options)  # as llvm_compile.compile_object optimises
-    builder.getModulePassManager().run(module, builder)
+    module = optimised_module(llvm, machine, ir)  # as the kernel is compiled
     # each copy of the rolled loop asks for 2 lines a step (LLVM may unroll the loop over rows around it, as on znver3,
     # which copies the rolled loop: 3 copies there, 2 prefetches each); unrolled, one block would hold all 36
     blocks = re.split(r"^\.?LBB\d+_\d+:", machine.emit_assembly(module), flags=re.M)
