@@ -1,7 +1,7 @@
 """Two sums of one tensor-core tile: a kernel whose output combines two contractions of the same activations by
 two weights that are one weight's rows `n` apart (SiLU(gate) * up of gate/up's one contraction, the weights
-stacked: llama.swiglu; a decode step fuses it into one kernel, fused_reductions._in_slices) is tiled as one contraction over
-twice its columns, so one tile's accumulators hold both sums of each of its outputs.
+stacked: llama.swiglu; a decode step fuses it into one kernel, fused_reductions._in_slices) is tiled as one
+contraction over twice its columns, so one tile's accumulators hold both sums of each of its outputs.
 
 The tile's columns are virtual (`virtual_column`): in each group of 2 x FRAG_N, the first FRAG_N are the sums of
 the first weight at FRAG_N output columns, the next FRAG_N the second's at the same ones; the staged weight operand

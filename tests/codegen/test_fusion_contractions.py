@@ -1,5 +1,6 @@
-"""fused_reductions.fused_reductions(one_contraction=True), as the cpu schedules: a kernel computes at most one contraction
-inside it, so SwiGLU's two projections are each register-blocked (one kernel holding both was unblocked)."""
+"""fused_reductions.fused_reductions(one_contraction=True), as the cpu schedules: a kernel computes at most one
+contraction inside it, so SwiGLU's two projections are each register-blocked (one kernel holding both was
+unblocked)."""
 import numpy as np
 import pytest
 

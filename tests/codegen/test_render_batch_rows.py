@@ -171,9 +171,9 @@ def _swiglu_prepared(kind, device=None):
 @pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
 @pytest.mark.parametrize("kind", ["q4_1"])   # (each kind's unpacking: the emulated batch kernel tests)
 def test_swiglu_of_one_contraction_is_one_batch_kernel(kind):
-    """SiLU(gate) * up of gate/up's one contraction is one batch row kernel (fused_reductions._in_slices: each output computes
-    its gate and its up sum, no (B, 2N) buffer and no elementwise kernel after it; before: 2 kernels); the emulated
-    CUDA kernel at B = 1, 3, 37, 64 and every device's plan equal NumPy."""
+    """SiLU(gate) * up of gate/up's one contraction is one batch row kernel (fused_reductions._in_slices: each output
+    computes its gate and its up sum, no (B, 2N) buffer and no elementwise kernel after it; before: 2 kernels); the
+    emulated CUDA kernel at B = 1, 3, 37, 64 and every device's plan equal NumPy."""
     traced = pj.trace(_swiglu_prepared(kind), *_swiglu_args(kind, 3))
     sched = schedule(list(traced.outputs), list(traced.inputs))
     (kern,) = sched.kernels

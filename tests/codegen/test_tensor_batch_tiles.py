@@ -145,9 +145,9 @@ def _swiglu(kind, stacked=True, least=LEAST):
 @pytest.mark.parametrize("kind, wgmma", [("q4_1", True), ("q8_0", True), ("q4_1", False)],   # (mma.sync: 12-16 s a kind)
                          ids=["wgmma-q4_1", "wgmma-q8_0", "mma-q4_1"])
 def test_emulated_swiglu_tiles_equal_numpy(kind, wgmma):
-    """SiLU(gate) * up of one contraction (one kernel: fused_reductions._in_slices) is one tile of both sums (tile_pairs.py:
-    each output's gate and up sums in one work-item's accumulators, its launch ending with PAIR); through
-    cuda_emulation at B = 32, 47 and 64 it equals NumPy's SiLU(gate) * up of the bfloat16-rounded weights (gate
+    """SiLU(gate) * up of one contraction (one kernel: fused_reductions._in_slices) is one tile of both sums
+    (tile_pairs.py: each output's gate and up sums in one work-item's accumulators, its launch ending with PAIR);
+    through cuda_emulation at B = 32, 47 and 64 it equals NumPy's SiLU(gate) * up of the bfloat16-rounded weights (gate
     and up each within test_fragment_unpack._check's 1e-5 of their largest magnitude)."""
     from prepjit.codegen.tile_pairs import PAIR
     k = KS[kind]
