@@ -226,6 +226,19 @@ def test_waiting_prompts_are_prefilled_together_while_others_decode(params):
     assert engine.prefill.stats["replays"] == 3
 
 
+def test_a_device_with_memory_of_its_own_prefills_eight_chunks_a_step_by_default(device, params):
+    """The default prefill budget: eight 8-token prompts all get their first tokens from the first step's one prefill
+    call on a device with memory of its own (a GPU, OpenCL: a call's fixed cost dominates), two of them on the cpu
+    (two chunks: a call's time grows with its tokens)."""
+    engine = _engine(params, device, max_batch=8)
+    rng = np.random.default_rng(4)
+    ids = [engine.submit([int(t) for t in rng.integers(0, CFG.vocab, 8)], serving.Sampling(max_tokens=2))
+           for _ in range(8)]
+    first = sorted(e.seq_id for e in engine.step() if e.token is not None)
+    assert first == (ids if serving.own_memory(device) else ids[:2])
+    assert engine.prefill.stats["replays"] == 1
+
+
 @pytest.mark.parametrize("rows", [[[1.0, 3.0, 3.0, -2.0], [0.5, 0.5, 0.5, 0.5], [-1.0, -4.0, 7.0, 7.0]],
                                   [[1.0, np.nan, 3.0, np.nan]]])
 def test_greedy_tokens_are_each_rows_numpy_argmax(device, rows):
