@@ -131,7 +131,17 @@ class UOp:
     # ---- walking ----
     def toposort(self) -> list["UOp"]:
         """Every node under this one (itself included), children first, each once (postorder's walk, unfiltered:
-        graph walks are hot)."""
+        graph walks are hot). Kept per node (a node never changes): codegen walks the same kernels and expressions
+        again and again (SmolLM2's two first calls: 11087 walks of 1512 roots, 70% of the 332k nodes walked
+        walked before; 0.37 s of the 2.95 s of CPU their planning took). The list is the caller's to change. What
+        is kept leaves the node out (a node holding itself would live until a full collection, not die unused)."""
+        below = self.__dict__.get("_below")
+        if below is None:
+            below = self.__dict__["_below"] = tuple(self._walk_below())
+        return [*below, self]
+
+    def _walk_below(self) -> list["UOp"]:
+        """toposort without this node (its last)."""
         order, seen, stack = [], {self}, [(self, iter(self.src))]
         while stack:  # each entry: a node and its sources still to enter, so a node is appended once they are done
             node, sources = stack[-1]
@@ -143,6 +153,7 @@ class UOp:
             else:
                 stack.pop()
                 order.append(node)
+        order.pop()
         return order
 
     def postorder(self, todo) -> list["UOp"]:

@@ -1,6 +1,7 @@
 """UOp: hash-consing (equal nodes are one object), walking, substitution and printing."""
 import gc
 import pickle
+import weakref
 
 from prepjit.uop import Ops, UOp, dtypes, render_python
 from prepjit.uop.printer import format_graph
@@ -48,6 +49,25 @@ def test_toposort_children_first_and_once():
     assert order.count(n) == 1
     for i, node in enumerate(order):
         assert all(order.index(s) < i for s in node.src)
+
+
+def test_toposort_kept_is_the_callers_to_change_and_keeps_no_cycle():
+    n = UOp.variable("topo_kept", 1, 8)
+    e = UOp(Ops.ADD, dtypes.index, (n, UOp(Ops.MUL, dtypes.index, (n, UOp.const(3)))))
+    first = e.toposort()
+    first.append(n)
+    first.reverse()
+    again = e.toposort()
+    assert again is not first and again[-1] is e and len(again) == 4 and again[0] is n
+    was_on = gc.isenabled()
+    gc.disable()  # a node whose kept walk held the node itself would live on until the collector ran
+    try:
+        alive = weakref.ref(e)
+        del e, first, again
+        assert alive() is None
+    finally:
+        if was_on:
+            gc.enable()
 
 
 def test_variables_sorted_by_name_and_substitute():
