@@ -86,7 +86,9 @@ class UOp:
                     node = object.__new__(cls)
                     node.op, node.dtype, node.src, node.arg = op, dtype, src, arg
                     node._key = node._poly = node._simple = None
-                    _nodes[key] = weakref.KeyedRef(node, _forget, key)
+                    ref = _NodeRef(node, _forget)
+                    ref.key = key
+                    _nodes[key] = ref
         return node
 
     def __reduce__(self):
@@ -311,7 +313,13 @@ def _index_const(value: int) -> UOp:
     return UOp(Ops.CONST, dtypes.index, (), value)
 
 
-def _forget(ref: weakref.KeyedRef, remove=_remove_dead_weakref, nodes=_nodes):
+class _NodeRef(weakref.ref):
+    """The node cache's weak reference to a node, with the node's key (weakref.KeyedRef without its __new__ and
+    __init__ in Python: 0.64 -> 0.24 us a node, ~10^5 nodes in a model's first call)."""
+    __slots__ = ("key",)
+
+
+def _forget(ref: _NodeRef, remove=_remove_dead_weakref, nodes=_nodes):
     """A node died: drop its entry if it is still dead (atomic: a newer node under the key stays). The defaults
     keep what it calls alive while the interpreter shuts down."""
     remove(nodes, ref.key)
