@@ -15,6 +15,7 @@ from .dtypes import DType, dtypes
 from .ops import COMPARISON, Ops
 
 
+KEPT_WALK = 1 << 11  # the largest toposort kept on its node (UOp.toposort)
 _INTS = object()  # tags the key of a tuple of plain ints (a shape, an axis order): no other key holds it
 
 
@@ -136,10 +137,14 @@ class UOp:
         graph walks are hot). Kept per node (a node never changes): codegen walks the same kernels and expressions
         again and again (SmolLM2's two first calls: 11087 walks of 1512 roots, 70% of the 332k nodes walked
         walked before; 0.37 s of the 2.95 s of CPU their planning took). The list is the caller's to change. What
-        is kept leaves the node out (a node holding itself would live until a full collection, not die unused)."""
+        is kept leaves the node out (a node holding itself would live until a full collection, not die unused), and
+        only a walk of at most KEPT_WALK nodes is kept: a larger one (a whole graph's) was never walked twice there,
+        and a chain whose every node is walked once would keep memory growing as the square of its length."""
         below = self.__dict__.get("_below")
         if below is None:
-            below = self.__dict__["_below"] = tuple(self._walk_below())
+            below = tuple(self._walk_below())
+            if len(below) < KEPT_WALK:
+                self.__dict__["_below"] = below
         return [*below, self]
 
     def _walk_below(self) -> list["UOp"]:

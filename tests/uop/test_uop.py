@@ -4,6 +4,7 @@ import pickle
 import weakref
 
 from prepjit.uop import Ops, UOp, dtypes, render_python
+from prepjit.uop.uop import KEPT_WALK
 from prepjit.uop.printer import format_graph
 
 
@@ -59,6 +60,11 @@ def test_toposort_kept_is_the_callers_to_change_and_keeps_no_cycle():
     first.reverse()
     again = e.toposort()
     assert again is not first and again[-1] is e and len(again) == 4 and again[0] is n
+    chain = n
+    for k in range(KEPT_WALK):
+        chain = UOp(Ops.ADD, dtypes.index, (chain, UOp.const(k)))
+    assert len(chain.toposort()) == 2 * KEPT_WALK + 1 and "_below" not in chain.__dict__  # (too large to keep)
+    assert "_below" in e.__dict__
     was_on = gc.isenabled()
     gc.disable()  # a node whose kept walk held the node itself would live on until the collector ran
     try:
