@@ -333,32 +333,8 @@ class CPUDevice:
         version = ".".join(map(str, llvm.llvm_version_info))
         self.compiler_id = f"llvm-{version}-{self.cpu_name}-{hashlib.sha1(features.encode()).hexdigest()[:12]}"
         self.lock = threading.Lock()
-        # the replay module (cpu_replay.py, cpu_threads.py) compiles on a thread (llvmlite lets go of the GIL: 60-100
-        # ms on a core a first call's tracing leaves idle); its parts (NATIVE_PARTS) are set at their first use. A
-        # fork waits for that compile: a child forked during it would lack the thread holding LLVM's and self.lock
-        self._native_start_lock = threading.Lock()
-        self._replay_object = job = compile_pool.Compile()
-        if hasattr(os, "register_at_fork"):
-            os.register_at_fork(before=job.exception)
-        threading.Thread(target=job.run, args=(self.compile, "prepjit_replay", REPLAY_IR + threads_ir(cpu.triple)),
-                         daemon=True, name="prepjit-replay-compile").start()
-
-    NATIVE_PARTS = frozenset({"_replay_engine", "replay_fn", "native_reads_arrays", "method_address", "threads"})
-
-    def __getattr__(self, name: str):
-        """A part of the replay module (NATIVE_PARTS), loaded and self-tested at the first use of any (called only for
-        attributes not set yet: once it has run they are plain attributes)."""
-        if name not in CPUDevice.NATIVE_PARTS:
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        with self._native_start_lock:
-            if name not in self.__dict__:
-                self._start_native()
-        return self.__dict__[name]
-
-    def _start_native(self):
-        """Load the replay module compiled in __init__ (its compile error raised here), self-test its entry points and
-        start the native worker threads."""
-        self._replay_engine, replay_address = self._load_object("prepjit_replay", self._replay_object.result())
+        replay_object = self.compile("prepjit_replay", REPLAY_IR + threads_ir(cpu.triple))
+        self._replay_engine, replay_address = self._load_object("prepjit_replay", replay_object)
         self.replay_fn = REPLAY_FN(replay_address)
         self.native_reads_arrays = layout_self_test(self.replay_fn)
         address = self._replay_engine.get_function_address
