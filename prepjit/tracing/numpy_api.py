@@ -1,7 +1,6 @@
 """The NumPy-named namespace for traced arrays (re-exported as `prepjit.numpy`)."""
 from types import SimpleNamespace as _Namespace
 
-import ml_dtypes as _ml_dtypes
 import numpy as _np
 
 from ..uop import dtypes as _dtypes
@@ -28,10 +27,17 @@ bool_ = _dtypes.bool
 int8, int16, int32, int64 = _dtypes.int8, _dtypes.int16, _dtypes.int32, _dtypes.int64
 uint8, uint16, uint32, uint64 = _dtypes.uint8, _dtypes.uint16, _dtypes.uint32, _dtypes.uint64
 float16, float32, float64 = _dtypes.float16, _dtypes.float32, _dtypes.float64
-bfloat16 = _ml_dtypes.bfloat16  # JAX's bfloat16, so NumPy arrays of it are made with pnp.bfloat16 too
 globals()["bool"] = bool_
 linalg = _Namespace(norm=_norm)  # pnp.linalg.norm
 pow = power  # noqa: A001 - NumPy 2's alias
 inf, nan, pi, e, euler_gamma, newaxis = _np.inf, _np.nan, _np.pi, _np.e, _np.euler_gamma, _np.newaxis  # NumPy's
 
 __all__ = [n for n in dir() if not n.startswith("_")]
+
+
+def __getattr__(name: str):
+    """pnp.bfloat16: ml_dtypes' bfloat16 type (JAX's, so NumPy arrays of it are made with pnp.bfloat16 too),
+    imported at its first use (uop/dtypes.py: its import is slow). Not in __all__, whose names a star-import reads."""
+    if name == "bfloat16":
+        return _dtypes.bfloat16.np.type
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -6,10 +6,20 @@ accumulated in (float32), and every result is rounded once to the narrow dtype."
 from __future__ import annotations
 
 import attrs
-import ml_dtypes
 import numpy as np
 
-_NUMPY = {"bfloat16": np.dtype(ml_dtypes.bfloat16)}  # NumPy dtypes NumPy cannot name itself
+_NUMPY: dict[str, np.dtype] = {}  # name -> NumPy dtype, each found once (DType.np)
+# NumPy dtype -> DType (a NumPy dtype's .name is slow: every array argument's is read); bfloat16's joins at its first
+# DType.np, the others' at the import
+_BY_NUMPY: dict = {}
+
+
+def _ml_dtypes():
+    """ml_dtypes (bfloat16's NumPy type, its finfo), imported at its first use: its import takes ~1 s of CPU
+    (ml_dtypes 0.7.0; NumPy's own ~0.2 s), which a program that never meets a bfloat16 need not pay, and a program
+    that passes bfloat16 arrays has paid already."""
+    import ml_dtypes
+    return ml_dtypes
 
 
 @attrs.frozen(repr=False, eq=False)
@@ -40,7 +50,12 @@ class DType:
 
     @property
     def np(self) -> np.dtype:
-        return _NUMPY.get(self.name) or np.dtype(self.name)
+        known = _NUMPY.get(self.name)
+        if known is None:  # (NumPy cannot name bfloat16 itself: ml_dtypes' type)
+            known = np.dtype(_ml_dtypes().bfloat16 if self.name == "bfloat16" else self.name)
+            _NUMPY[self.name] = known
+            _BY_NUMPY[known] = self
+        return known
 
     @property
     def narrow(self) -> bool:
@@ -71,7 +86,7 @@ class DType:
     @property
     def finfo(self):
         """The float dtype's limits and significand (ml_dtypes.finfo: NumPy's finfo refuses bfloat16 from NumPy 2.5)."""
-        return ml_dtypes.finfo(self.np)
+        return _ml_dtypes().finfo(self.np) if self.name == "bfloat16" else np.finfo(self.np)
 
     def min(self):
         if self.kind == "b":
@@ -110,7 +125,7 @@ dtypes.all = (dtypes.bool, dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64
               dtypes.uint16, dtypes.uint32, dtypes.uint64, dtypes.float16, dtypes.bfloat16, dtypes.float32,
               dtypes.float64)
 _BY_NAME = {d.name: d for d in dtypes.all}
-_BY_NUMPY = {d.np: d for d in dtypes.all}  # (a NumPy dtype's .name is slow: every array argument's is read)
+_BY_NUMPY.update({d.np: d for d in dtypes.all if d is not dtypes.bfloat16})
 
 
 def to_dtype(x) -> DType:
@@ -121,6 +136,8 @@ def to_dtype(x) -> DType:
         known = _BY_NUMPY.get(x)  # (a NumPy dtype equal to one of these has its name: other byte orders are not)
         if known is not None:
             return known
+    if isinstance(x, str) and x in _BY_NAME:  # ("bfloat16" before ml_dtypes is imported: NumPy cannot read it)
+        return _BY_NAME[x]
     try:
         name = np.dtype(x).name
     except TypeError:

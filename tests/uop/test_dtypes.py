@@ -1,5 +1,8 @@
 """Dtypes of the IR and NumPy 2 (NEP 50) promotion."""
 import itertools
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -42,6 +45,18 @@ def test_bfloat16_is_ml_dtypes_bfloat16():
         assert to_dtype(spelling) is dtypes.bfloat16
     assert dtypes.bfloat16.np == np.dtype(ml_dtypes.bfloat16) and dtypes.bfloat16.itemsize == 2
     assert dtypes.bfloat16.compute is dtypes.float16.compute is dtypes.float32 and dtypes.float64.compute is dtypes.float64
+
+
+def test_importing_prepjit_leaves_ml_dtypes_until_a_bfloat16_needs_it():
+    """ml_dtypes' import takes ~1 s (0.7.0): prepjit and a float32 call do without it; pnp.bfloat16 imports it."""
+    code = ("import sys, numpy as np, prepjit as pj, prepjit.numpy as pnp\n"
+            "out = pj.prepare(lambda x: x * 2)(np.ones(3, np.float32))\n"
+            "assert 'ml_dtypes' not in sys.modules, 'imported early'\n"
+            "import ml_dtypes\n"
+            "assert pnp.bfloat16 is ml_dtypes.bfloat16\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=dict(os.environ, PREPJIT_CACHE="0"))
+    assert done.returncode == 0, done.stderr
 
 
 # JAX's lattice wherever bfloat16 takes part: integers and bool below every float, bf16 and f16 meet at f32
