@@ -440,7 +440,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--max-batch", type=int, default=16, help="most sequences decoded together")
     parser.add_argument("--prefill-chunk", type=int, default=64, help="most tokens of one prompt prefilled per step")
     parser.add_argument("--prefill-tokens", type=int, default=None,
-                        help="most prompt tokens prefilled per step, over several prompts (default: 2 chunks, 8 on a GPU)")
+                        help="most prompt tokens prefilled per step, over several prompts (default: 2 chunks, "
+                             "8 on a GPU)")
     parser.add_argument("--mixed-steps", nargs="?", const="always", choices=("always", "prefill", "off"),
                         default=None,
                         help="decode the running sequences in the step's prefill call (one pass over the weights "
