@@ -182,11 +182,11 @@ def resident(tree, device):
     return _copy_to(device, tree.shape, tree.dtype)(tree)
 
 
-# a step's prompt tokens by default, in chunks, on a device with memory of its own (a GPU): its prefill call costs
+# a step's prompt tokens by default, in chunks: on a device with memory of its own (a GPU) a prefill call costs
 # ~3.5 ms however few its tokens (H100), so 64 clients' prompts prefilled in 2 calls rather than 7 gave 1.15x their
-# tokens/s (H100: 10.3-10.5k vs 9.0k); on the cpu two chunks (a call's time grows with its tokens: a small budget
-# keeps the running sequences' steps short)
-GPU_PREFILL_CHUNKS = 8
+# tokens/s (H100: 10.3-10.5k vs 9.0k); on the cpu a call's time grows with its tokens: a small budget keeps the
+# running sequences' steps short
+CPU_PREFILL_CHUNKS, GPU_PREFILL_CHUNKS = 2, 8
 
 
 @functools.lru_cache(maxsize=None)
@@ -206,13 +206,14 @@ class Engine:
         # that prefill, the other steps a decode call ("prefill"), or never (False)
         self.mixed_steps = mixed_steps
         self.dtype, self.context, self.max_batch, self.chunk = np.dtype(dtype), context, max_batch, prefill_chunk
-        default_tokens = (GPU_PREFILL_CHUNKS if own_memory(device) else 2) * prefill_chunk
+        on_device = own_memory(device)
+        default_tokens = (GPU_PREFILL_CHUNKS if on_device else CPU_PREFILL_CHUNKS) * prefill_chunk
         self.prefill_tokens = max(prefill_chunk, prefill_tokens or default_tokens)  # one chunk fits, at least
         self.table_width = -(-context // block_size)
         self.pool = BlockPool(cfg, num_blocks or max_batch * self.table_width, block_size, self.dtype, device)
         # weights and RoPE tables where the plans run: copied once, not uploaded by every step
         self.params, (self.cos, self.sin) = params, llama.rope_tables(cfg, context, self.dtype)
-        if own_memory(device):
+        if on_device:
             self.params, self.cos, self.sin = resident((params, self.cos, self.sin), device)
         call_tokens = self.prefill_tokens + (max_batch if mixed_steps else 0)
         self.decode, self.prefill = llama_paged.prepared(cfg, context=context, block_size=block_size,
@@ -440,8 +441,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--max-batch", type=int, default=16, help="most sequences decoded together")
     parser.add_argument("--prefill-chunk", type=int, default=64, help="most tokens of one prompt prefilled per step")
     parser.add_argument("--prefill-tokens", type=int, default=None,
-                        help="most prompt tokens prefilled per step, over several prompts (default: 2 chunks, "
-                             "8 on a GPU)")
+                        help="most prompt tokens prefilled per step, over several prompts (default: "
+                             f"{CPU_PREFILL_CHUNKS} chunks, {GPU_PREFILL_CHUNKS} on a GPU)")
     parser.add_argument("--mixed-steps", nargs="?", const="always", choices=("always", "prefill", "off"),
                         default=None,
                         help="decode the running sequences in the step's prefill call (one pass over the weights "

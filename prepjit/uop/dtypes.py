@@ -9,9 +9,6 @@ import attrs
 import numpy as np
 
 _NUMPY: dict[str, np.dtype] = {}  # name -> NumPy dtype, each found once (DType.np)
-# NumPy dtype -> DType (a NumPy dtype's .name is slow: every array argument's is read); bfloat16's joins at its first
-# DType.np, the others' at the import
-_BY_NUMPY: dict = {}
 
 
 def _ml_dtypes():
@@ -51,10 +48,8 @@ class DType:
     @property
     def np(self) -> np.dtype:
         known = _NUMPY.get(self.name)
-        if known is None:  # (NumPy cannot name bfloat16 itself: ml_dtypes' type)
-            known = np.dtype(_ml_dtypes().bfloat16 if self.name == "bfloat16" else self.name)
-            _NUMPY[self.name] = known
-            _BY_NUMPY[known] = self
+        if known is None:
+            known = _NUMPY[self.name] = np.dtype(self.name) if self.name != "bfloat16" else _bfloat16_numpy()
         return known
 
     @property
@@ -125,7 +120,15 @@ dtypes.all = (dtypes.bool, dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64
               dtypes.uint16, dtypes.uint32, dtypes.uint64, dtypes.float16, dtypes.bfloat16, dtypes.float32,
               dtypes.float64)
 _BY_NAME = {d.name: d for d in dtypes.all}
-_BY_NUMPY.update({d.np: d for d in dtypes.all if d is not dtypes.bfloat16})
+# (a NumPy dtype's .name is slow: every array argument's is read); bfloat16's joins at its first DType.np
+_BY_NUMPY = {d.np: d for d in dtypes.all if d is not dtypes.bfloat16}
+
+
+def _bfloat16_numpy() -> np.dtype:
+    """bfloat16's NumPy dtype (ml_dtypes': NumPy cannot name it itself), known to to_dtype's lookup from here on."""
+    known = np.dtype(_ml_dtypes().bfloat16)
+    _BY_NUMPY[known] = dtypes.bfloat16
+    return known
 
 
 def to_dtype(x) -> DType:
