@@ -11,6 +11,7 @@ import re
 
 from ..uop import Ops, UOp, as_uop, dtypes, simplify, sint, sym_prod
 from ..uop.ops import ELEMENTWISE
+from .stack_pieces import specialised_pieces
 
 REALIZED = {Ops.INPUT, Ops.CARRY, Ops.REDUCE_AXIS, Ops.LOOP_OUT, Ops.SCATTER}
 
@@ -266,7 +267,7 @@ def lower_kernel(root: UOp, is_buffer) -> tuple[UOp, list[UOp]]:
     shape = root.shape
     idx = tuple(_range(d, i, "loop") for i, d in enumerate(shape))
     low.next_axis = len(shape)
-    value = low.build(root, idx, None)
+    value = specialised_pieces(low.build(root, idx, None))
     out = UOp(Ops.DEFINE_GLOBAL, root.dtype, (), 0)
     store = UOp(Ops.STORE, dtypes.bool, (out, flat_index(idx, shape), value))
     reduces = root.op is Ops.REDUCE_AXIS or any(u.op is Ops.REDUCE for u in value.toposort())
