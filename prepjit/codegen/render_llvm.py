@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from ..uop import DType, Ops, UOp, dtypes, simplify
 from ..uop.ops import FMA_DTYPES
+from .buffer_select import with_buffer_selects
 from .kernel import KernelSource, kernel_vars, parallel_range
 from .llvm_ir import InlineMath, const_literal, intrinsic_suffix, mem_type, reg_type
 from .llvm_reductions import ReductionRendering
@@ -300,7 +301,22 @@ class _Renderer(ReductionRendering, KernelRenderer, InlineMath):
 
     # ---- memory ----
     def address(self, buf: UOp, index: str) -> str:
-        return self.op(f"getelementptr inbounds {mem_type(buf.dtype)}, ptr {_pointer(buf)}, i64 {index}", "p")
+        return self.op(f"getelementptr inbounds {mem_type(buf.dtype)}, ptr {self.pointer(buf)}, i64 {index}", "p")
+
+    def pointer(self, buf: UOp) -> str:
+        """The pointer of a buffer, or of a select of buffers (buffer_select.py: a select of their pointers on its
+        scalar condition, once per loop scope)."""
+        if buf.op is not Ops.WHERE:
+            return _pointer(buf)
+        key = (Ops.WHERE, buf)
+        found = self._rendered(key)
+        if found is None:
+            lanes, self.vec = self.vec, 0
+            cond = self.value(buf.src[0])
+            self.vec = lanes
+            found = self.op(f"select i1 {cond}, ptr {self.pointer(buf.src[1])}, ptr {self.pointer(buf.src[2])}", "p")
+            self.scopes[-1][key] = found
+        return found
 
     def lane_pointer(self, buf: UOp, index: UOp, gated: bool) -> tuple[str, bool]:
         """(the address of lane 0, True) when `index` steps by one along the lane, else (the lanes' addresses as
@@ -311,10 +327,10 @@ class _Renderer(ReductionRendering, KernelRenderer, InlineMath):
             lanes, self.vec = self.vec, 0
             first = self.value(first)
             self.vec = lanes
-            return self.op(f"getelementptr{inbounds} {mem_type(buf.dtype)}, ptr {_pointer(buf)}, i64 {first}",
+            return self.op(f"getelementptr{inbounds} {mem_type(buf.dtype)}, ptr {self.pointer(buf)}, i64 {first}",
                            "p"), True
         offsets = self.vector(index, self.value(index))
-        return self.op(f"getelementptr{inbounds} {mem_type(buf.dtype)}, ptr {_pointer(buf)}, <{self.vec} x i64> "
+        return self.op(f"getelementptr{inbounds} {mem_type(buf.dtype)}, ptr {self.pointer(buf)}, <{self.vec} x i64> "
                        f"{offsets}", "p"), False
 
     def lane_start(self, index: UOp) -> UOp | None:
@@ -394,6 +410,7 @@ class _Renderer(ReductionRendering, KernelRenderer, InlineMath):
         buf, idx = u.src[0], self.value(u.src[1])
         gate = self.value(u.src[2]) if len(u.src) > 2 else None
         rt = reg_type(u.dtype)
+        self.pointer(buf)  # (a select of buffers: before the branch, so that later reads in its scope may use it)
         if gate is not None:  # branch around the load: a gated-off load reads nothing (its buffer may be empty)
             slot, label = self.tmp("gl"), self.tmp("G")[1:]
             self.allocas.append(f"  {slot} = alloca {rt}")
@@ -564,7 +581,7 @@ class _Renderer(ReductionRendering, KernelRenderer, InlineMath):
 
 def render_llvm(ast: UOp, target: CPUTarget | None = None) -> KernelSource:
     """The LLVM IR of a kernel, for `target` (by default this host's CPU)."""
-    r = _Renderer(ast, target or host_target())
+    r = _Renderer(with_buffer_selects(ast), target or host_target())
     source = r.kernel()
     size = (r.prange.src[0],) if r.prange is not None else (UOp.const(1),)
     return KernelSource(ast.arg, source, "llvm", tuple(r.vars), size)

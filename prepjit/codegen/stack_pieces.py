@@ -38,15 +38,15 @@ def _split(cond: UOp) -> tuple[UOp, int, bool] | None:
 
 
 def _specialised(value: UOp, bounds: dict) -> UOp:
+    single = {r: UOp.const(lo, r.dtype) for r, (lo, hi) in bounds.items() if hi is not None and hi - lo == 1}
     split = _split(value.src[0]) if value.op is Ops.WHERE else None
-    if split is not None:
+    if split is not None and split[0] not in single:  # (a select on a range of one value folds: substituted)
         r, k, below_true = split
         lo, hi = bounds.get(r, (0, r.src[0].arg if r.src[0].op is Ops.CONST else None))
         below = {**bounds, r: (lo, k if hi is None else min(hi, k))}
         above = {**bounds, r: (max(lo, k), hi)}
         arms = (below, above) if below_true else (above, below)
         return UOp(Ops.WHERE, value.dtype, (value.src[0], *(_specialised(v, b) for v, b in zip(value.src[1:], arms))))
-    single = {r: UOp.const(lo, r.dtype) for r, (lo, hi) in bounds.items() if hi is not None and hi - lo == 1}
     return _substituted(value, single) if single else value
 
 
