@@ -16,14 +16,21 @@ trees' arrays are written again), and work-item 0 stores each row's outputs. The
 a chunk, not once a row; a row's element is loaded once for the block's columns, not once a column; each column's
 sum is the one it computes alone, in the same order; only the rows in flight have accumulators. Sums over the same
 ranges (gate/up's two a column) are computed in one pass, the row's loads once for both (`_together`).
+
+A staging kernel (row_plan.Rows.staged: its rows' operand, a decode batch's normalised rows, stored into local memory
+by the launched AST's own stores, gpu_launch.staged_operands) first computes that operand for its chunk's rows
+(`stage`: each row's reductions, its mean of squares, by a column's lanes), once a work-group, whose columns are
+then all of one chunk; the rows' sums read it there.
 """
 from __future__ import annotations
 
 import math
 
-from ..uop import UOp, dtypes
+from ..uop import Ops, UOp, dtypes
+from ..uop.ops import ALU
 from .render_rows import by_element, combine_group
-from .row_plan import BATCH_CHUNK, WARP, held_parts, row_parts, run_length
+from .operand_prologue import free_ranges_by_node
+from .row_plan import BATCH_CHUNK, WARP, block_stride, held_parts, row_parts, run_length, staged_stores
 
 SUMS_IN_FLIGHT = 4   # sums a step of a chunk's rows computes together (rows x the block's columns x a column's
                      # sums: their loads, products and combines interleaved)
@@ -39,6 +46,7 @@ def emit_batch_rows(r, store: UOp):
     columns = [x for x in rows.rows if x is not rows.batch]
     width = math.prod(x.src[0].arg for x in columns)   # (static: row_plan.batch_range)
     blocks = -(-width // rows.block)
+    stride = block_stride(rows, width)   # (blocks: a staging work-group's blocks past the last compute the last again)
     shared = WARP // rows.group if rows.pack > 1 else 1   # blocks a warp (without shuffles: a work-group) computes
     if rows.pack > 1:
         r.emit(f"const int tid = {r.d.local_id};")
@@ -50,24 +58,76 @@ def emit_batch_rows(r, store: UOp):
         r.emit(f"const int lid = {r.d.local_id};")
         r.emit(f"const {r.long} warp = gid;")
     end = r.value(rows.batch.src[0])
-    r.emit(f"const {r.long} total = {blocks} * (({end} + {BATCH_CHUNK - 1}) / {BATCH_CHUNK});")
-    r.emit("if (warp >= total) return;")   # (a warp past the last block of the last chunk)
-    spans = [_span(r, f"warp + {k}" if k else "warp", blocks, end) for k in sorted({0, shared - 1})]
+    r.emit(f"const {r.long} total = {stride} * (({end} + {BATCH_CHUNK - 1}) / {BATCH_CHUNK});")
+    r.emit("if (warp >= total) return;")   # (a warp past the last block of the last chunk; staging: its work-group)
+    spans = [_span(r, f"warp + {k}" if k else "warp", stride, end) for k in sorted({0, shared - 1})]
     r.emit(f"const {r.long} span = {spans[0] if len(spans) == 1 else f'{spans[0]} > {spans[1]} ? {spans[0]} : {spans[1]}'};")
-    first, stop = _chunk(r, "gid", blocks, end)
+    first, stop = _chunk(r, "gid", stride, end)
     narrow = f"({r.d.ctype(dtypes.uint32)})"
-    r.emit(f"const {r.long} col = {narrow}(gid < total ? gid : total - 1) % {narrow}{blocks}"
-           f"{f' * {rows.block}' if rows.block > 1 else ''};")
+    scale = f" * {rows.block}" if rows.block > 1 else ""
+    own = None   # (a staging work-group's block past the last stores nothing)
+    if stride == blocks:
+        r.emit(f"const {r.long} col = {narrow}(gid < total ? gid : total - 1) % {narrow}{blocks}{scale};")
+    else:
+        r.emit(f"const {r.long} cb = {narrow}(gid < total ? gid : total - 1) % {narrow}{stride};")
+        r.emit(f"const {r.long} col = (cb < {blocks} ? cb : {blocks - 1}){scale};")
+        own = f"cb < {blocks}"
     if rows.block == 1:
         r.scopes[-1].update(r.unflatten("col", columns))
         cols = [({}, None)]
     else:
         cols = [(_column(r, columns, j, width), f"col + {j} < {width}") for j in range(rows.block)]
     held = [{u: _hold(r, u, scope) for u in rows.order} for scope, _ in cols]
+    if rows.staged:
+        stage(r, first, stop)
     count = max(1, SUMS_IN_FLIGHT // (rows.block * len(rows.order)))
-    _row_steps(r, store, held, cols, first, stop, f"step + {count} <= span", count)
+    _row_steps(r, store, held, cols, first, stop, f"step + {count} <= span", count, own=own)
     if count > 1:
-        _row_steps(r, store, held, cols, first, stop, "step < span", 1, f"span / {count} * {count}")
+        _row_steps(r, store, held, cols, first, stop, "step < span", 1, f"span / {count} * {count}", own=own)
+
+
+def stage(r, first: str, stop: str):
+    """Compute the kernel's staged operands (its DEFINE_LOCAL stores: gpu_launch.staged_operands) for the rows
+    [first, stop) of the work-group's chunk into local memory, then one barrier: each lane group of the work-group
+    (a column's lanes; without shuffles the whole work-group) takes a row in turn, every lane group as many turns (a
+    turn past the chunk's rows computes its last row again and stores nothing), and computes the row's reductions
+    together (their partials combined as a row's sums are: `_combine_rows`, every lane getting the total; without
+    shuffles a barrier ending the turn, before the trees' arrays are written again), then the row's values, its lanes
+    side by side."""
+    from .render_c import _identity, local_name   # (render_c renders through this module)
+    rows = r.rows
+    teams = rows.pack if rows.pack > 1 else 1
+    turn = f"i + tid / {rows.group}" if teams > 1 else "i"
+    for st in staged_stores(r.ast):
+        buf = st.src[0]
+        r.locals.append(r.d.local_array.format(type=r.d.ctype(buf.dtype), name=local_name(buf), n=buf.arg[1]) + ";")
+        ranges = sorted({x for x in st.toposort() if x.op is Ops.RANGE and x.arg[1] == "group"}, key=lambda x: x.arg[0])
+        (row,) = [x for x in ranges if x.src[0] is r.rows.batch.src[0]]
+        elements = [x for x in ranges if x is not row]
+        r.open_block(f"for ({r.long} i = 0; i < {stop} - {first}; i += {teams})", {})
+        r.emit(f"const {r.long} srow = {first} + ({turn} < {stop} - {first} ? {turn} : {stop} - {first} - 1);")
+        r.scopes[-1][row] = "srow"
+        topo = st.src[2].toposort()
+        free = free_ranges_by_node(topo)
+        for u in [x for x in topo if x.op is Ops.REDUCE and free[x] == {row}]:
+            acc = f"acc{r.n}"
+            r.n += 1
+            r.emit(f"{r.d.ctype(u.dtype)} {acc} = {r.literal(_identity(u.arg, u.dtype), u.dtype)};")
+            _passes(r, u, lambda p, e, u=u, acc=acc: r.emit(f"{acc} = {r.accumulate(u, acc)};"))
+            (total,) = _combine_rows(r, u.arg, u.dtype, [acc])
+            r.scopes[-1][u] = r.round_to(total, u.dtype) if u.dtype.narrow else total
+        for x in topo:   # the row's values (its 1 / sqrt(mean of squares + eps)), once a row
+            if x.dtype.is_float and (x.op in ALU or x.op in (Ops.CAST, Ops.LOAD)) and free[x] <= {row}:
+                r.value(x)
+        count = math.prod(x.src[0].arg for x in elements)
+        r.open_block(f"for ({r.long} e = lid; e < {count}; e += {rows.group})", {})
+        r.scopes[-1].update(r.unflatten("e", elements))
+        r.emit(f"if ({turn} < {stop} - {first}) {r.store_line(st)}")
+        r.close_block()
+        if r.d.shuffle_xor is None:
+            r.emit(r.d.barrier)
+        r.close_block()
+    r.emit(r.d.barrier)
 
 
 def _column(r, columns: list[UOp], j: int, width: int) -> dict:
@@ -87,10 +147,10 @@ def _column(r, columns: list[UOp], j: int, width: int) -> dict:
 
 
 def _row_steps(r, store: UOp, held: list, cols: list, first: str, stop: str, condition: str, count: int,
-               start: str = "0"):
+               start: str = "0", own: str | None = None):
     """A loop over the block's rows from `start` while `condition`, `count` rows a step: their sums for each
     column of the block (`cols`: its bindings and store condition) in flight together, each stored (a row past the
-    block's reads its last row, and is not stored)."""
+    block's reads its last row, and is not stored; so does every row of a block where `own` is false)."""
     rows = r.rows
     r.open_block(f"for ({r.long} step = {start}; {condition}; step += {count})", {})
     r.emit(f"const {r.long} rb = {first} + step;")
@@ -105,7 +165,8 @@ def _row_steps(r, store: UOp, held: list, cols: list, first: str, stop: str, con
         for j, (scope, inside) in enumerate(cols):
             r.open_block("", {**scope, rows.batch: name, **{u: sums[u][i][j] for u in rows.order}})
             line = r.store_line(store)
-            guard = " && ".join(["lid == 0", "gid < total", f"rb + {i}" if i else "rb"]) + f" < {stop}"
+            guard = " && ".join(["lid == 0", "gid < total", *([own] if own else []), f"rb + {i}" if i else "rb"]) + \
+                f" < {stop}"
             r.emit(f"if ({guard}{f' && {inside}' if inside else ''}) {line}")
             r.close_block()
     if r.d.shuffle_xor is None:   # (the next rows' trees write the arrays these rows' totals were read from)
