@@ -1,7 +1,8 @@
 """The OpenCL C dialect of the C-style renderer (render_c.py): a kernel AST -> one `__kernel` function.
 
-ABI: `__kernel void name(__global T0 *buf0, ..., long v_<var>, ...)`. float16 is stored as `half` through
-the core `vload_half`/`vstore_half_rte` built-ins (no cl_khr_fp16 needed), bfloat16 as `ushort` bits; float64
+ABI: `__kernel void name(__global T0 *buf0, ..., long v_<var>, ...)`. float16 is stored as `half`, written through
+the core `vstore_half_rte` built-in and read as its bits, widened by integer arithmetic (no cl_khr_fp16 needed),
+bfloat16 as `ushort` bits; float64
 needs cl_khr_fp64, requested with a pragma the device checks (also by a cast to bfloat16 from a 32- or 64-bit
 integer, which rounds through a double: renderer.rounds_through_odd_float). Every kernel turns FP_CONTRACT off, so
 `a * b + c` rounds twice as NumPy's does. Kernels that are not grouped leave the work-group size to the runtime.
@@ -20,13 +21,19 @@ from .renderer import rounds_through_odd_float
 
 __all__ = ["GROUP_REDUCE_MIN", "OPENCL", "REDUCE_GROUP", "render_opencl", "uses_grouped_reduce"]
 
+# a float16's bits widened by integer arithmetic (exact: a subnormal's 10 bits times 2^-24, a normal's exponent
+# rebiased, infinity's kept): vload_half of the ushort `h` through a half pointer reads it as another type, which
+# PoCL got wrong in a kernel with barriers (a batch row kernel whose epilogue widens a gathered Q8_0 row's scale:
+# 25-50% errors at 5 rows or more, changing from run to run; test_a_gathered_q8_0_row_in_an_epilogue_equals_numpys)
+_WIDEN_HALF = """uint e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  f = e == 0u ? (float)m * 0x1p-24f : as_float((e == 31u ? 0xffu : e + 112u) << 23 | m << 13);
+  f = (h & 0x8000u) ? -f : f;"""
 _HALF_BITS = """ushort pj_half_bits(float x) {
   ushort h;
   vstore_half_rte(x, 0, (__private half *)&h);
   return h;
 }
-""" + c_helpers.HALF_TO_FLOAT.format(func="", u16="ushort", u32="uint", nan_float="as_float(nan)",
-                                    widen="f = vload_half(0, (__private const half *)&h);")
+""" + c_helpers.HALF_TO_FLOAT.format(func="", u16="ushort", u32="uint", nan_float="as_float(nan)", widen=_WIDEN_HALF)
 _ROUND_HALF = "float pj_round_half(float x) { return pj_half_to_float(pj_half_bits(x)); }"   # needs _HALF_BITS
 
 

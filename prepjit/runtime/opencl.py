@@ -168,8 +168,8 @@ class OpenCLLauncher(KernelStep):
                 self.enqueue(self.queue, self.kernel, (-(-size // group) * group,), self.local)
 
 
-# what a kernel asks an OpenCL extension for (render_opencl.py's pragmas; float16 needs none: it is stored and
-# loaded through the core vload_half / vstore_half_rte and computed in float)
+# what a kernel asks an OpenCL extension for (render_opencl.py's pragmas; float16 needs none: it is stored through
+# the core vstore_half_rte, read as its bits and computed in float)
 EXTENSION_USES = {"cl_khr_fp64": "float64", "cl_khr_int64_base_atomics": "int64 atomics"}
 
 

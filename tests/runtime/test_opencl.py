@@ -246,7 +246,7 @@ def test_float64_on_a_device_without_fp64_is_a_clear_device_error():
 def test_prepare_on_a_device_without_fp64_or_fp16_says_which_dtype(monkeypatch):
     """A program that needs float64 on an OpenCL device without cl_khr_fp64 (faked here) raises pj.DeviceError at
     its first call, naming the dtype and the device, not a build failure; float16 needs no cl_khr_fp16 (it is
-    stored through the core vload_half / vstore_half_rte and computed in float), so it runs; the prepared
+    stored through the core vstore_half_rte, read as its bits and computed in float), so it runs; the prepared
     function keeps working."""
     device = get_device("opencl")
     monkeypatch.setattr(device, "extensions", device.extensions - {"cl_khr_fp64", "cl_khr_fp16"})
