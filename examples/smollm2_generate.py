@@ -56,7 +56,7 @@ class Generator:
     def _timed(self, name, fn, *args):
         start = time.perf_counter()
         out = fn(*args)
-        logits = np.asarray(out[0]).astype(np.float32)
+        logits = np.asarray(out[0], np.float32)  # (the call's own fresh array: copied only to change its dtype)
         seconds = time.perf_counter() - start
         self.first.setdefault(name, seconds)
         return logits, out[1], out[2], seconds

@@ -167,8 +167,9 @@ def test_the_device_variable_is_read_on_every_call(monkeypatch):
 
 
 def test_a_layer_dict_changed_between_calls_replays_or_reads_like_the_full_path(device, rng, monkeypatch):
-    """A model's layers (dicts whose values are all NumPy arrays, or all pj.Arrays: container_key reads such a
-    dict in one map) changed in place between calls: each call returns what NumPy computes from its own leaves;
+    """A model's layers (dicts whose values are all NumPy arrays, or all pj.Arrays: containers.walk reads such a
+    dict in one map; from the second call a reader compiled for the structure reads it) changed in place between
+    calls: each call returns what NumPy computes from its own leaves;
     a leaf of another dtype, shape, layout or class (a NumPy scalar for a 0-d array, an ndarray subclass, None,
     a pj.Array among NumPy arrays) or a dict with other keys reads through the full path, and a deleted pj.Array
     raises."""

@@ -30,7 +30,8 @@ from ..errors import DeletedArrayError
 from ..runtime.array import Array
 from ..runtime.host_pool import allocator_for, empty
 from ..tracing.constants import CaptureWatch, capture_key
-from .signature import check_reads, container_key
+from .containers import walk
+from .signature import check_reads
 
 MISS = object()
 MAX_KEYS = 4096  # distinct concrete shapes remembered per prepared function
@@ -258,8 +259,8 @@ class FastCalls:
             return
         origin = []  # flat position -> the argument it comes from
         for i, a in enumerate(args):
-            arrays = []
-            origin += [i] * (len(arrays) if type(a) in (dict, list, tuple) and container_key(a, [], arrays, 0) else 1)
+            walked = walk(a) if type(a) in (dict, list, tuple) else None
+            origin += [i] * (1 if walked is None else len(walked[1]))
         array_args, var_positions = [], {}
         for i, a in enumerate(flat):
             if origin[i] in signature.static_positions:

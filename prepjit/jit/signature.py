@@ -16,7 +16,6 @@ arguments, and is the one reader of its calls:
 from __future__ import annotations
 
 import inspect
-import operator
 import warnings
 
 import attrs
@@ -24,10 +23,11 @@ import numpy as np
 
 from ..errors import SignatureError
 from ..runtime.array import Array
-from ..tracing.pytree import MAX_DEPTH, flatten
+from ..tracing.pytree import flatten
 from ..tracing.core import ArrayLeaf, VarLeaf
 from ..uop import UOp, to_dtype
 from ..uop.var import BoundVar, Var
+from .containers import ARRAY_PARTS, NDARRAY_PARTS, ContainerKeys
 
 def parse_dims(spec, vars_: dict[str, Var], where: str) -> tuple:
     """A shape spec ("n, 64", ("n", 64), (Var, None)) -> tuple of int | Var | None."""
@@ -126,6 +126,8 @@ class Signature:
         self.static_positions = frozenset(i for i, p in enumerate(self.params) if p.name in self.static)
         used = self.scalar_vars | _spec_var_names(list(shapes.values()))
         self.unused_vars = [n for n in vars_ if n not in used]
+        # (concrete_key) argument position -> the ContainerKeys reading the containers passed there
+        self._containers: dict[int, ContainerKeys] = {}
         # (read's cache) id of a dims spec in `shapes` -> (the spec, its parse_dims)
         self._parsed: dict[int, tuple] = {}
         for name in self.unused_vars:
@@ -214,10 +216,11 @@ class Signature:
     def concrete_key(self, args: tuple, device_name) -> tuple:
         """(the concrete key of a positional call, its arguments with each container's arrays in its place), or
         (None, None) when an argument is not of a kind it keys. The key holds each array's dtype, shape and
-        strides (a pj.Array's device), each container's keys or length, each static value, and a marker for each
-        scalar var (its value is read anew by every call): calls with the same key read the same through `read`
-        but for the scalar vars' values."""
+        strides (a pj.Array's device), each container's key part (containers.py: its structure and its arrays'
+        parts), each static value, and a marker for each scalar var (its value is read anew by every call): calls
+        with the same key read the same through `read` but for the scalar vars' values."""
         parts = [device_name]
+        containers = self._containers
         var_positions = self.var_positions
         static_positions = self.static_positions
         flat = None   # the arguments with containers flattened, once there is one
@@ -228,18 +231,24 @@ class Signature:
                     return None, None
                 parts.append((t, a))
             elif t is np.ndarray:
-                parts.append(_NDARRAY_PARTS(a))
+                parts.append(NDARRAY_PARTS(a))
             elif t is int:
                 parts.append(int if i in var_positions else a)
             elif t is Array:
-                parts.append(_ARRAY_PARTS(a))
+                parts.append(ARRAY_PARTS(a))
             elif t is str or t is bool or a is None:
                 parts.append((t, a))
             elif t is dict or t is list or t is tuple:
                 if flat is None:
                     flat = list(args[:i])
-                if not container_key(a, parts, flat, 0):
+                keys = containers.get(i)
+                if keys is None:
+                    keys = containers.setdefault(i, ContainerKeys())
+                got = keys(a)
+                if got is None:
                     return None, None
+                parts.append(got[0])
+                flat += got[1]
                 continue
             elif isinstance(a, np.generic) and not isinstance(a, np.flexible) and i not in var_positions:
                 # a NumPy scalar is a 0-d array (is_array_like)
@@ -353,46 +362,6 @@ class Signature:
             raise SignatureError(f"{path}: static argument of type {type(leaf).__name__} is not hashable; pass arrays "
                                  "as NumPy arrays and other values as ints, floats, strings or tuples") from None
         return ("static", type(leaf).__name__, repr(leaf) if isinstance(leaf, float) else leaf)
-
-
-# the key parts of a NumPy array / a pj.Array argument or leaf, read in C (container_key: one map over a container)
-_NDARRAY_PARTS = operator.attrgetter("dtype", "shape", "strides")
-_ARRAY_PARTS = operator.attrgetter("__class__", "_device", "dtype", "shape")
-_NDARRAY = np.ndarray
-_ONLY_NDARRAYS, _ONLY_ARRAYS = {_NDARRAY}, {Array}
-
-
-def container_key(tree, parts: list, flat: list, depth: int) -> bool:
-    """Append the concrete key parts of a container of arrays (its keys or length, each array's dtype, shape and
-    strides) and its arrays in `read`'s order (pytree.flatten: dict insertion order); False when it holds anything
-    else (its other leaves are static values: `read` keys them) or nests deeper than MAX_DEPTH. A container whose
-    values are all of one class, np.ndarray or pj.Array (a model's layer), is read in one map, to the same parts."""
-    t = type(tree)
-    if t is _NDARRAY:
-        parts.append(_NDARRAY_PARTS(tree))
-    elif t is Array:
-        parts.append(_ARRAY_PARTS(tree))
-    elif tree is None:
-        parts.append(None)
-        return True
-    elif depth == MAX_DEPTH:
-        return False
-    elif t is dict or t is list or t is tuple:
-        values = tuple(tree.values()) if t is dict else tree if t is tuple else tuple(tree)  # (read once: its
-        parts.append((t, tuple(tree) if t is dict else len(values)))  # parts and arrays are of the same leaves)
-        kinds = set(map(type, values))
-        if kinds == _ONLY_NDARRAYS or kinds == _ONLY_ARRAYS:
-            parts += map(_NDARRAY_PARTS if _NDARRAY in kinds else _ARRAY_PARTS, values)
-            flat += values
-            return True
-        for v in values:
-            if not container_key(v, parts, flat, depth + 1):
-                return False
-        return True
-    else:
-        return False
-    flat.append(tree)
-    return True
 
 
 def _spec_var_names(spec) -> set[str]:
