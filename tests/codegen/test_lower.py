@@ -105,3 +105,13 @@ def test_a_gathered_row_is_read_ungated_at_a_clamped_id():
     assert padded_loads and all(len(ld.src) == 3 for ld in padded_loads), padded_loads
     fill = pj.prepare(lambda p, i: pnp.take(p, i, axis=0, mode="fill", fill_value=0) * 2)
     np.testing.assert_array_equal(fill(pool, ids), np.where((ids >= -5) & (ids < 5), 1, 0)[:, None] * pool[ids % 5] * 2)
+
+
+def test_a_var_loop_of_a_kernel_without_reductions_stays_rolled():
+    """Its loops over a var's extent carry llvm.loop.unroll.disable (a copy or a stack is memory-bound: LLVM's
+    unrolling tripled their compile time); loops of constant extent are left to LLVM."""
+    ast, _ = kernel_of(lambda x: x * 2, np.ones((3, 5, 8), np.float32), vars={"n": (1, 64)},
+                       shapes={"x": (3, "n", 8)})
+    assert render_llvm(ast).source.count("llvm.loop.unroll.disable") == 1
+    ast, _ = kernel_of(lambda x: x * 2, np.ones((3, 5, 8), np.float32))
+    assert "llvm.loop.unroll.disable" not in render_llvm(ast).source
