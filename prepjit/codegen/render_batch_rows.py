@@ -19,8 +19,9 @@ ranges (gate/up's two a column) are computed in one pass, the row's loads once f
 
 A staging kernel (row_plan.Rows.staged: its rows' operand, a decode batch's normalised rows, stored into local memory
 by the launched AST's own stores, gpu_launch.staged_operands) first computes that operand for its chunk's rows
-(`stage`: each row's reductions, its mean of squares, by a column's lanes), once a work-group, whose columns are
-then all of one chunk; the rows' sums read it there.
+(`stage`: each row's reductions, its mean of squares, then its values, by straight-line passes of the work-group's
+lanes, its lane groups sharing the row when the chunk has fewer rows than groups), once a work-group, whose columns
+are then all of one chunk; the rows' sums read it there.
 """
 from __future__ import annotations
 
@@ -88,16 +89,17 @@ def emit_batch_rows(r, store: UOp):
 
 def stage(r, first: str, stop: str):
     """Compute the kernel's staged operands (its DEFINE_LOCAL stores: gpu_launch.staged_operands) for the rows
-    [first, stop) of the work-group's chunk into local memory, then one barrier: each lane group of the work-group
-    (a column's lanes; without shuffles the whole work-group) takes a row in turn, every lane group as many turns (a
-    turn past the chunk's rows computes its last row again and stores nothing), and computes the row's reductions
-    together (their partials combined as a row's sums are: `_combine_rows`, every lane getting the total; without
-    shuffles a barrier ending the turn, before the trees' arrays are written again), then the row's values, its lanes
-    side by side."""
+    [first, stop) of the work-group's chunk into local memory, then one barrier. The rows go in turns of as many
+    rows as the work-group has lane groups (a column's lanes; without shuffles the whole work-group is one): in a
+    turn of m rows each lane group takes row `team % m` and slice `team / m` of the teams // m slices of it (at one
+    row, all of them work on it; a group past the last slice idles), its share the straight-line passes p with
+    p % slices == slice (`_passes`: their loads issued together). A row's reductions (its mean of squares) are its
+    slices' partials, each combined within its lanes as a row's sums are (`_combine_rows`: every lane gets the
+    total), then across its slices through a local array and a barrier; then the row's values, the same slices'
+    elements. A barrier ends a turn (the next turn writes the arrays again)."""
     from .render_c import _identity, local_name   # (render_c renders through this module)
     rows = r.rows
     teams = rows.pack if rows.pack > 1 else 1
-    turn = f"i + tid / {rows.group}" if teams > 1 else "i"
     for st in staged_stores(r.ast):
         buf = st.src[0]
         r.locals.append(r.d.local_array.format(type=r.d.ctype(buf.dtype), name=local_name(buf), n=buf.arg[1]) + ";")
@@ -105,7 +107,16 @@ def stage(r, first: str, stop: str):
         (row,) = [x for x in ranges if x.src[0] is r.rows.batch.src[0]]
         elements = [x for x in ranges if x is not row]
         r.open_block(f"for ({r.long} i = 0; i < {stop} - {first}; i += {teams})", {})
-        r.emit(f"const {r.long} srow = {first} + ({turn} < {stop} - {first} ? {turn} : {stop} - {first} - 1);")
+        mine = None
+        if teams > 1:
+            team = f"(tid / {rows.group})"
+            turn = r.let(dtypes.int32, f"{stop} - {first} - i < {teams} ? {stop} - {first} - i : {teams}", "turn")
+            slices = r.let(dtypes.int32, f"{teams} / {turn}", "slices")
+            place = r.let(dtypes.int32, f"{team} % {turn}", "place")
+            mine = _slice_of(r.let(dtypes.int32, f"{team} / {turn}", "slice"), slices)
+            r.emit(f"const {r.long} srow = {first} + i + {place};")
+        else:
+            r.emit(f"const {r.long} srow = {first} + i;")
         r.scopes[-1][row] = "srow"
         topo = st.src[2].toposort()
         free = free_ranges_by_node(topo)
@@ -113,21 +124,41 @@ def stage(r, first: str, stop: str):
             acc = f"acc{r.n}"
             r.n += 1
             r.emit(f"{r.d.ctype(u.dtype)} {acc} = {r.literal(_identity(u.arg, u.dtype), u.dtype)};")
-            _passes(r, u, lambda p, e, u=u, acc=acc: r.emit(f"{acc} = {r.accumulate(u, acc)};"))
+            _passes(r, list(u.src[1:]), lambda p, e, u=u, acc=acc: r.emit(f"{acc} = {r.accumulate(u, acc)};"), mine)
             (total,) = _combine_rows(r, u.arg, u.dtype, [acc])
+            if teams > 1:
+                total = _combine_slices(r, u, total, team, place, turn, slices, teams)
             r.scopes[-1][u] = r.round_to(total, u.dtype) if u.dtype.narrow else total
         for x in topo:   # the row's values (its 1 / sqrt(mean of squares + eps)), once a row
             if x.dtype.is_float and (x.op in ALU or x.op in (Ops.CAST, Ops.LOAD)) and free[x] <= {row}:
                 r.value(x)
-        count = math.prod(x.src[0].arg for x in elements)
-        r.open_block(f"for ({r.long} e = lid; e < {count}; e += {rows.group})", {})
-        r.scopes[-1].update(r.unflatten("e", elements))
-        r.emit(f"if ({turn} < {stop} - {first}) {r.store_line(st)}")
-        r.close_block()
-        if r.d.shuffle_xor is None:
+        _passes(r, elements, lambda p, e, st=st: r.emit(r.store_line(st)), mine)
+        if r.d.shuffle_xor is None or teams > 1:
             r.emit(r.d.barrier)
         r.close_block()
     r.emit(r.d.barrier)
+
+
+def _slice_of(slice_: str, slices: str):
+    """The condition that pass p is the work-item's slice's (passes dealt round the row's slices)."""
+    return lambda p: f"{slice_} == {p} % {slices}" if p else f"{slice_} == 0"
+
+
+def _combine_slices(r, u: UOp, total: str, team: str, place: str, turn: str, slices: str, teams: int) -> str:
+    """Name of the row's reduction `u` over its slices (each lane group's `total` of its slice, which the turn's
+    group `place + s * turn` computed: s < slices), through a local array of a value a lane group and a barrier; a
+    row of one slice keeps its own total."""
+    part = f"part{r.n}"
+    r.n += 1
+    r.locals.append(r.d.local_array.format(type=r.d.ctype(u.dtype), name=part, n=teams) + ";")
+    r.emit(f"if (lid == 0) {part}[{team}] = {total};")
+    r.emit(r.d.barrier)
+    whole = r.let(u.dtype, f"{part}[{place}]", "row")
+    for s in range(1, teams):
+        r.open_block(f"if ({s} < {slices})", {})
+        r.emit(f"{whole} = {r.combine(u.arg, u.dtype, whole, f'{part}[{place} + {s} * {turn}]')};")
+        r.close_block()
+    return whole
 
 
 def _column(r, columns: list[UOp], j: int, width: int) -> dict:
@@ -191,11 +222,11 @@ def _span(r, gid: str, width: int, end: str) -> str:
     return r.let(dtypes.int64, f"{stop} - {first}", "span")
 
 
-def _passes(r, u: UOp, body):
-    """Emit `body(p, e)` for element e of the work-item's run in each pass p over reduction `u`'s static ranges
-    (runs of the launch's length a work-item, the row's work-items side by side), straight-line code, a pass that
-    runs past the range's end guarded."""
-    ranges = list(u.src[1:])
+def _passes(r, ranges: list[UOp], body, mine=None):
+    """Emit `body(p, e)` for element e of the work-item's run in each pass p over the static `ranges` (a reduction's,
+    or a staged operand's elements: runs of the launch's length a work-item, the row's work-items side by side),
+    straight-line code, so the loads of every pass are issued together; a pass that runs past the ranges' end
+    guarded, and so is each pass where `mine(p)` is given (a staged row's slice's passes: `stage`)."""
     per = run_length(ranges, r.rows.run)
     total = math.prod(x.src[0].arg for x in ranges)
     step = r.rows.group * per
@@ -204,9 +235,10 @@ def _passes(r, u: UOp, body):
         r.n += 1
         r.open_block("", {})
         r.emit(f"const {r.long} {flat} = lid{f' * {per}' if per > 1 else ''}{f' + {p * step}' if p else ''};")
-        guarded = (p + 1) * step > total
+        guarded = [f"{flat} < {total}"] if (p + 1) * step > total else []
+        guarded += [mine(p)] if mine else []
         if guarded:
-            r.open_block(f"if ({flat} < {total})", {})
+            r.open_block(f"if ({' && '.join(guarded)})", {})
         r.consecutive(flat, ranges, per, by_element(per, lambda e, p=p: body(p, e)))
         if guarded:
             r.close_block()
@@ -232,7 +264,7 @@ def _hold(r, u: UOp, scope: dict) -> dict:
         for x in parts:
             r.emit(f"{names[p, e, x]} = {r.value(x)};")
     r.scopes.append(scope)
-    _passes(r, u, hold)
+    _passes(r, list(u.src[1:]), hold)
     r.scopes.pop()
     return names
 
@@ -276,7 +308,7 @@ def _row_sums(r, us: list[UOp], held: list[dict], cols: list[dict], batch: list[
                     r.emit(f"{acc} = {r.accumulate(u, acc)};")
                     r.scopes.pop()
             r.close_block()
-    _passes(r, us[0], add)
+    _passes(r, list(us[0].src[1:]), add)
     totals = dict(zip(flat, _combine_rows(r, op, dt, flat)))
     return {u: [[r.round_to(totals[a], dt) if dt.narrow else totals[a] for a in row] for row in accs[u]] for u in us}
 
