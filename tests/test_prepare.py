@@ -532,3 +532,16 @@ def test_an_argument_that_keeps_retracing_on_new_shapes_gets_a_hint(device):
     with pytest.warns(UserWarning, match=r"dims 0, 1 change.*shapes=\{'x': \('rows', 'n'\)\} with vars=\{'n'"):
         g(np.ones((4, 4), np.float32))
     assert f.stats["traces"] == 4 and g.stats["traces"] == 3
+
+
+def test_plan_shape_functions_are_compiled_once_per_source():
+    """A plan's buffers of one shape share one compiled shape function (each compile is an eval); each gives the
+    live shape at the var values it is called with."""
+    from prepjit.jit.planner import compile_positional_fn, compile_shape_fn
+    from prepjit.uop import UOp
+    n = UOp.variable("n", 1, 64)
+    first, again = compile_shape_fn((3, n + 1)), compile_shape_fn((3, n + 1))
+    assert first is again and first({"n": 5}) == (3, 6)
+    assert compile_shape_fn((n,))({"n": 7}) == (7,)
+    assert compile_positional_fn((n * 2,), ("n",)) is compile_positional_fn((n * 2,), ("n",))
+    assert compile_positional_fn((n * 2,), ("m", "n"))((1, 4)) == (8,)
