@@ -74,3 +74,16 @@ def test_bfloat16_promotes_as_in_jax(other):
 @pytest.mark.parametrize("scalar", [dtypes.bool, dtypes.int64, dtypes.float64])
 def test_python_scalars_keep_bfloat16(scalar):
     assert promote((dtypes.bfloat16, False), (scalar, True)) is dtypes.bfloat16
+
+
+def test_limits_are_numpy_s(monkeypatch):
+    """... computed from the bits: every integer node's bounds ask for them, and np.iinfo is slow to build."""
+    iinfo = np.iinfo
+    monkeypatch.setattr(np, "iinfo", None)
+    assert (dtypes.int32.min(), dtypes.uint16.max()) == (-2 ** 31, 2 ** 16 - 1)
+    monkeypatch.setattr(np, "iinfo", iinfo)
+    for d in (dtypes.bool, dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64, dtypes.uint8, dtypes.uint16,
+              dtypes.uint32, dtypes.uint64, dtypes.float16, dtypes.float32):
+        limits = (False, True) if d == dtypes.bool else (float("-inf"), float("inf")) if d.is_float else \
+            (int(np.iinfo(d.np).min), int(np.iinfo(d.np).max))
+        assert (d.min(), d.max()) == limits and type(d.min()) is type(limits[0]), d
