@@ -31,7 +31,8 @@ from ..uop import Ops, UOp, dtypes
 from ..uop.ops import ALU
 from .render_rows import by_element, combine_group
 from .operand_prologue import free_ranges_by_node
-from .row_plan import BATCH_CHUNK, WARP, block_stride, held_parts, row_parts, run_length, staged_stores
+from .row_plan import (BATCH_CHUNK, WARP, block_stride, held_parts, largest_float_parts, row_parts, run_length,
+                       staged_stores)
 
 SUMS_IN_FLIGHT = 4   # sums a step of a chunk's rows computes together (rows x the block's columns x a column's
                      # sums: their loads, products and combines interleaved)
@@ -78,7 +79,8 @@ def emit_batch_rows(r, store: UOp):
         cols = [({}, None)]
     else:
         cols = [(_column(r, columns, j, width), f"col + {j} < {width}") for j in range(rows.block)]
-    held = [{u: _hold(r, u, scope) for u in rows.order} for scope, _ in cols]
+    held = [{u: _hold(r, held_parts(u, rows.batch), list(u.src[1:]), scope) for u in rows.order}
+            for scope, _ in cols]
     if rows.staged:
         stage(r, first, stop)
     count = max(1, SUMS_IN_FLIGHT // (rows.block * len(rows.order)))
@@ -91,12 +93,12 @@ def stage(r, first: str, stop: str):
     """Compute the kernel's staged operands (its DEFINE_LOCAL stores: gpu_launch.staged_operands) for the rows
     [first, stop) of the work-group's chunk into local memory, then one barrier. The rows go in turns of as many
     rows as the work-group has lane groups (a column's lanes; without shuffles the whole work-group is one): in a
-    turn of m rows each lane group takes row `team % m` and slice `team / m` of the teams // m slices of it (at one
-    row, all of them work on it; a group past the last slice idles), its share the straight-line passes p with
-    p % slices == slice (`_passes`: their loads issued together). A row's reductions (its mean of squares) are its
-    slices' partials, each combined within its lanes as a row's sums are (`_combine_rows`: every lane gets the
-    total), then across its slices through a local array and a barrier; then the row's values, the same slices'
-    elements. A barrier ends a turn (the next turn writes the arrays again)."""
+    turn of m rows each lane group takes row `team % m` and slice `team / m` of the slices of it, the largest power
+    of two at most teams // m (at one row, all of them work on it; a group past the last slice idles), its share
+    the straight-line passes p with p % slices == slice (`_passes`: their loads issued together). A row's
+    reductions (its mean of squares) are its slices' partials, each combined within its lanes as a row's sums are
+    (`_combine_rows`: every lane gets the total), then across its slices through a local array and a barrier; then
+    the row's values, the same slices' elements. A barrier ends a turn (the next turn writes the arrays again)."""
     from .render_c import _identity, local_name   # (render_c renders through this module)
     rows = r.rows
     teams = rows.pack if rows.pack > 1 else 1
@@ -111,13 +113,17 @@ def stage(r, first: str, stop: str):
         if teams > 1:
             team = f"(tid / {rows.group})"
             turn = r.let(dtypes.int32, f"{stop} - {first} - i < {teams} ? {stop} - {first} - i : {teams}", "turn")
-            slices = r.let(dtypes.int32, f"{teams} / {turn}", "slices")
+            share = r.let(dtypes.int32, f"{teams} / {turn}", "share")
+            slices = r.let(dtypes.int32, _power_of_two_below(share, teams), "slices")
             place = r.let(dtypes.int32, f"{team} % {turn}", "place")
-            mine = _slice_of(r.let(dtypes.int32, f"{team} / {turn}", "slice"), slices)
+            slice_ = r.let(dtypes.int32, f"{team} / {turn}", "slice")
+            mine = _slice_of(slice_, r.let(dtypes.int32, f"{slices} - 1", "mask"))
             r.emit(f"const {r.long} srow = {first} + i + {place};")
         else:
             r.emit(f"const {r.long} srow = {first} + i;")
         r.scopes[-1][row] = "srow"
+        kept = largest_float_parts(st.src[2], lambda free: row not in free and bool(free & set(elements)))
+        kept_names = _hold(r, kept, elements, {}, mine)   # (the gain: its loads issued with the row's first pass)
         topo = st.src[2].toposort()
         free = free_ranges_by_node(topo)
         for u in [x for x in topo if x.op is Ops.REDUCE and free[x] == {row}]:
@@ -132,16 +138,27 @@ def stage(r, first: str, stop: str):
         for x in topo:   # the row's values (its 1 / sqrt(mean of squares + eps)), once a row
             if x.dtype.is_float and (x.op in ALU or x.op in (Ops.CAST, Ops.LOAD)) and free[x] <= {row}:
                 r.value(x)
-        _passes(r, elements, lambda p, e, st=st: r.emit(r.store_line(st)), mine)
+        def store(p: int, e: int, st=st, kept=kept, kept_names=kept_names):
+            r.open_block("", {x: kept_names[p, e, x] for x in kept})
+            r.emit(r.store_line(st))
+            r.close_block()
+        _passes(r, elements, store, mine)
         if r.d.shuffle_xor is None or teams > 1:
             r.emit(r.d.barrier)
         r.close_block()
     r.emit(r.d.barrier)
 
 
-def _slice_of(slice_: str, slices: str):
-    """The condition that pass p is the work-item's slice's (passes dealt round the row's slices)."""
-    return lambda p: f"{slice_} == {p} % {slices}" if p else f"{slice_} == 0"
+def _power_of_two_below(count: str, most: int) -> str:
+    """The largest power of two at most `count` (1 <= count <= most), as a chain of selects."""
+    powers = [1 << k for k in range(most.bit_length()) if 1 << k <= most]
+    return " : ".join(f"{count} >= {p} ? {p}" for p in reversed(powers[1:])) + " : 1" if len(powers) > 1 else "1"
+
+
+def _slice_of(slice_: str, mask: str):
+    """The condition that pass p is the work-item's slice's (passes dealt round the row's slices, a power of two of
+    them: `mask` is their count less one, so no division a pass)."""
+    return lambda p: f"{slice_} == ({p} & {mask})" if p else f"{slice_} == 0"
 
 
 def _combine_slices(r, u: UOp, total: str, team: str, place: str, turn: str, slices: str, teams: int) -> str:
@@ -245,13 +262,15 @@ def _passes(r, ranges: list[UOp], body, mine=None):
         r.close_block()
 
 
-def _hold(r, u: UOp, scope: dict) -> dict:
-    """Compute the work-item's share of reduction `u`'s held parts at the column bound in `scope` into registers
-    (declared before the passes, zero where a guarded pass runs past the range); {(pass, element, part): the
-    register's name}."""
-    parts = held_parts(u, r.rows.batch)
-    per = run_length(list(u.src[1:]), r.rows.run)
-    total = math.prod(x.src[0].arg for x in u.src[1:])
+def _hold(r, parts: list[UOp], ranges: list[UOp], scope: dict, mine=None) -> dict:
+    """Compute the work-item's share of `parts` over the static `ranges` (a reduction's held parts at the column
+    bound in `scope`; a staged row's parts that read no row, in the passes `mine` gives the work-item) into registers
+    (declared before the passes, zero where a guarded pass runs past the range or is not the work-item's);
+    {(pass, element, part): the register's name}."""
+    if not parts:
+        return {}
+    per = run_length(ranges, r.rows.run)
+    total = math.prod(x.src[0].arg for x in ranges)
     names = {}
     for p in range(-(-total // (r.rows.group * per))):
         for e in range(per):
@@ -264,7 +283,7 @@ def _hold(r, u: UOp, scope: dict) -> dict:
         for x in parts:
             r.emit(f"{names[p, e, x]} = {r.value(x)};")
     r.scopes.append(scope)
-    _passes(r, list(u.src[1:]), hold)
+    _passes(r, ranges, hold, mine)
     r.scopes.pop()
     return names
 

@@ -421,18 +421,19 @@ def held_parts(u: UOp, batch: UOp) -> list[UOp]:
     """The largest float parts of reduction `u`'s operand that read its range but not the `batch` range (a weight,
     unpacked from its blocks or widened): what a batch row kernel's work-item holds in registers for every row."""
     mine = set(u.src[1:])
-    return largest_float_parts(u, lambda free: batch not in free and bool(free & mine))
+    return largest_float_parts(u.src[0], lambda free: batch not in free and bool(free & mine))
 
 
 def row_parts(u: UOp, batch: UOp) -> list[UOp]:
     """The largest float parts of reduction `u`'s operand that read the `batch` range and no other loop range (a
     row's elements, loaded or widened): the same for every column of a batch row kernel's block."""
     others = {x for x in u.toposort() if x.op is Ops.RANGE} - set(u.src[1:]) - {batch}
-    return largest_float_parts(u, lambda free: batch in free and not free & others)
+    return largest_float_parts(u.src[0], lambda free: batch in free and not free & others)
 
 
-def largest_float_parts(u: UOp, wanted) -> list[UOp]:
-    """The largest float parts of reduction `u`'s operand whose free ranges `wanted` accepts, in walk order."""
+def largest_float_parts(value: UOp, wanted) -> list[UOp]:
+    """The largest float parts of `value` (a reduction's operand, a stored value) whose free ranges `wanted` accepts,
+    in walk order."""
     found, seen = [], set()
 
     def visit(x: UOp):
@@ -444,7 +445,7 @@ def largest_float_parts(u: UOp, wanted) -> list[UOp]:
             return
         for y in x.src:
             visit(y)
-    visit(u.src[0])
+    visit(value)
     return found
 
 

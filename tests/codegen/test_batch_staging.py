@@ -2,9 +2,12 @@
 render_batch_rows.stage): a var batch's normalised rows (RMSNorm: x / sqrt(mean(x^2) + eps) * gain) that a projection
 over quantized blocks reads are computed by the projection's kernel, once per chunk of BATCH_CHUNK rows, into local
 memory (each row's mean of squares, then its values, in straight-line passes the work-group's lane groups share),
-where the norm had a kernel of its own on the GPUs; gate/up's two sums read one array. A row too long to stage (row_plan.stage_fits) keeps its norm's kernel. Values equal NumPy's
-on every device and through cuda_emulation (ragged batches: 1, 3, 17, 37, 64 rows; a work-group's columns padded to
-one chunk), and the bounds proof covers the local array's indices."""
+where the norm had a kernel of its own on the GPUs; gate/up's two sums read one array. A row too long to stage
+(row_plan.stage_fits) keeps its norm's kernel. Values equal NumPy's on every device and through cuda_emulation (ragged
+batches: 1, 3, 17, 37, 64 rows; a work-group's columns padded to one chunk), and the bounds proof covers the local
+array's indices."""
+import re
+
 import numpy as np
 import pytest
 
@@ -159,15 +162,18 @@ def test_the_staging_prologue_is_straight_line_passes_its_lane_groups_share():
     """The CUDA kernel's staging prologue (from its loop over the chunk's rows in turns to the barrier after it) has
     no loop over a row's elements: its passes are straight-line (loads issued together), each guarded by its lane
     group's slice of the row (at one row all 8 lane groups of the work-group work on it), the slices' partial means
-    of squares combined through a local array."""
+    of squares combined through a local array and a barrier, after which the values' pass loads only the row (the
+    gain was loaded into registers with the mean of squares' loads)."""
     (kern,) = _schedule("q8_0", 576).kernels
     lines = CUDA_TARGET.render(_launched(CUDA_TARGET, kern)).source.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("  for (long long i = 0;"))
     prologue = lines[start:lines.index("  __syncthreads();", start)]
     loops = [line.strip().split(";")[0] for line in prologue if line.strip().startswith("for (")]
     assert loops == ["for (long long i = 0", "for (int o = 8"]   # (the turns; the shuffles within a lane group)
-    assert sum("if (slice" in line for line in prologue) == 2 * 576 // (16 * 4)   # (both passes: 9 runs of 64)
+    assert sum("if (slice" in line for line in prologue) == 3 * 576 // (16 * 4)   # (gain, squares, values: 9 runs)
     assert any(line.strip().startswith("__shared__") and "part" in line for line in lines)
+    combined = next(i for i, line in enumerate(prologue) if line.strip() == "__syncthreads();")
+    assert len({m for line in prologue[combined:] for m in re.findall(r"\bbuf\d+\[", line)}) == 1
 
 
 @pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
