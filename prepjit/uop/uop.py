@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import importlib
 import math
 import threading
 import weakref
@@ -13,6 +14,16 @@ import attrs
 from ..errors import TraceError
 from .dtypes import DType, dtypes
 from .ops import COMPARISON, Ops
+
+_symbolic = _shape = None  # symbolic.py and shape.py, which build on UOp: _late imports them at their first use
+
+
+def _late(name: str):
+    """This package's module `name`, imported and kept as this module's `_name`: an import statement in a method
+    cost ~2 us a call, ~60 ms of SmolLM2's first calls through UOp.shape, the operators and the bounds."""
+    module = importlib.import_module(f"{__package__}.{name}")
+    globals()["_" + name] = module
+    return module
 
 
 KEPT_WALK = 1 << 11  # the largest toposort kept on its node (UOp.toposort)
@@ -228,8 +239,8 @@ class UOp:
             return NotImplemented
         other = other if isinstance(other, UOp) else UOp.const(other, self.dtype)
         a, b = (other, self) if reverse else (self, other)
-        from .symbolic import fold_index_consts, simplify
-        return fold_index_consts(op, a, b) or simplify(a.alu(op, b))
+        symbolic = _symbolic or _late("symbolic")
+        return symbolic.fold_index_consts(op, a, b) or symbolic.simplify(a.alu(op, b))
 
     def __add__(self, o): return self._sym(Ops.ADD, o)
     def __radd__(self, o): return self._sym(Ops.ADD, o, True)
@@ -269,8 +280,7 @@ class UOp:
     @functools.cached_property
     def shape(self) -> tuple:
         """The array shape of a traced-graph node (ints, or UOps for symbolic dims)."""
-        from .shape import shape_of
-        return shape_of(self)
+        return (_shape or _late("shape")).shape_of(self)
 
     # ---- bounds ----
     @functools.cached_property
@@ -356,8 +366,9 @@ def _raw_bounds(u: UOp) -> tuple:
     s = [x.bounds for x in u.src]
     if u.op in (Ops.ADD, Ops.SUB):  # intervals of the operands, sharpened by those of the polynomial
         lo, hi = (s[0][0] + s[1][0], s[0][1] + s[1][1]) if u.op is Ops.ADD else (s[0][0] - s[1][1], s[0][1] - s[1][0])
-        from .symbolic import poly, poly_max, poly_min
-        p = poly(u)
+        symbolic = _symbolic or _late("symbolic")
+        poly_min, poly_max = symbolic.poly_min, symbolic.poly_max
+        p = symbolic.poly(u)
         if all(c > 0 for c in p.values()) and all(f.vmin >= 0 for m in p for f in m):
             return (lo, hi)  # positive terms of nonnegative factors: the intervals are exact
         return (max(lo, poly_min(p)), min(hi, poly_max(p)))
@@ -453,3 +464,4 @@ def children_first(roots: list, children) -> list:
         stack.append(node)
         stack.extend(c for c in reversed(children(node)) if c not in done)
     return order
+
