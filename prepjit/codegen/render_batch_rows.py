@@ -31,8 +31,8 @@ from ..uop import Ops, UOp, dtypes
 from ..uop.ops import ALU
 from .render_rows import by_element, combine_group
 from .operand_prologue import free_ranges_by_node
-from .row_plan import (BATCH_CHUNK, WARP, block_stride, held_parts, largest_float_parts, row_parts, run_length,
-                       staged_stores)
+from .row_plan import (BATCH_CHUNK, WARP, block_stride, free_ranges, held_parts, largest_float_parts, row_parts,
+                       run_length, staged_stores)
 
 SUMS_IN_FLIGHT = 4   # sums a step of a chunk's rows computes together (rows x the block's columns x a column's
                      # sums: their loads, products and combines interleaved)
@@ -98,7 +98,9 @@ def stage(r, first: str, stop: str):
     the straight-line passes p with p % slices == slice (`_passes`: their loads issued together). A row's
     reductions (its mean of squares) are its slices' partials, each combined within its lanes as a row's sums are
     (`_combine_rows`: every lane gets the total), then across its slices through a local array and a barrier; then
-    the row's values, the same slices' elements. A barrier ends a turn (the next turn writes the arrays again)."""
+    the row's values, the same slices' elements, from registers: the parts they share with a reduction's operand
+    (the row's x: `_read_again`) kept from its pass, those that read no row (the gain) loaded before it (`_hold`).
+    A barrier ends a turn (the next turn writes the arrays again)."""
     from .render_c import _identity, local_name   # (render_c renders through this module)
     rows = r.rows
     teams = rows.pack if rows.pack > 1 else 1
@@ -130,7 +132,16 @@ def stage(r, first: str, stop: str):
             acc = f"acc{r.n}"
             r.n += 1
             r.emit(f"{r.d.ctype(u.dtype)} {acc} = {r.literal(_identity(u.arg, u.dtype), u.dtype)};")
-            _passes(r, list(u.src[1:]), lambda p, e, u=u, acc=acc: r.emit(f"{acc} = {r.accumulate(u, acc)};"), mine)
+            pairs = _read_again(u, st.src[2], row, elements)   # (the row's x, squared: kept for the values)
+            again = _registers(r, [a for a, _ in pairs], elements)
+
+            def add(p: int, e: int, u=u, acc=acc, pairs=pairs, again=again):
+                for a, _ in pairs:
+                    r.emit(f"{again[p, e, a]} = {r.value(a)};")
+                r.emit(f"{acc} = {r.accumulate(u, acc)};")
+            _passes(r, list(u.src[1:]), add, mine)
+            kept_names.update({(p, e, dict(pairs)[a]): name for (p, e, a), name in again.items()})
+            kept += [b for _, b in pairs]
             (total,) = _combine_rows(r, u.arg, u.dtype, [acc])
             if teams > 1:
                 total = _combine_slices(r, u, total, team, place, turn, slices, teams)
@@ -138,6 +149,7 @@ def stage(r, first: str, stop: str):
         for x in topo:   # the row's values (its 1 / sqrt(mean of squares + eps)), once a row
             if x.dtype.is_float and (x.op in ALU or x.op in (Ops.CAST, Ops.LOAD)) and free[x] <= {row}:
                 r.value(x)
+
         def store(p: int, e: int, st=st, kept=kept, kept_names=kept_names):
             r.open_block("", {x: kept_names[p, e, x] for x in kept})
             r.emit(r.store_line(st))
@@ -269,6 +281,20 @@ def _hold(r, parts: list[UOp], ranges: list[UOp], scope: dict, mine=None) -> dic
     {(pass, element, part): the register's name}."""
     if not parts:
         return {}
+    names = _registers(r, parts, ranges)
+
+    def hold(p: int, e: int):
+        for x in parts:
+            r.emit(f"{names[p, e, x]} = {r.value(x)};")
+    r.scopes.append(scope)
+    _passes(r, ranges, hold, mine)
+    r.scopes.pop()
+    return names
+
+
+def _registers(r, parts: list[UOp], ranges: list[UOp]) -> dict:
+    """Declare a register for each of `parts` at each element of the work-item's passes over `ranges` (zero until
+    its pass sets it); {(pass, element, part): the register's name}."""
     per = run_length(ranges, r.rows.run)
     total = math.prod(x.src[0].arg for x in ranges)
     names = {}
@@ -278,14 +304,31 @@ def _hold(r, parts: list[UOp], ranges: list[UOp], scope: dict, mine=None) -> dic
                 names[p, e, x] = f"w{r.n}_{p}_{e}_{i}"
                 r.emit(f"{r.d.ctype(x.dtype)} {names[p, e, x]} = {r.d.literal(0, x.dtype)};")
     r.n += 1
-
-    def hold(p: int, e: int):
-        for x in parts:
-            r.emit(f"{names[p, e, x]} = {r.value(x)};")
-    r.scopes.append(scope)
-    _passes(r, ranges, hold, mine)
-    r.scopes.pop()
     return names
+
+
+def _read_again(u: UOp, value: UOp, row: UOp, elements: list[UOp]) -> list[tuple[UOp, UOp]]:
+    """The largest float parts of the stored `value` that read the row's elements and, over reduction `u`'s ranges
+    instead, are parts of u's operand (the row's x, squared in its mean of squares): [(u's part, value's part)]; a
+    pass over u's ranges computes such a part at the elements the values' pass stores. None where u's ranges do not
+    have the elements' ends (their passes would not match)."""
+    if [x.src[0] for x in u.src[1:]] != [x.src[0] for x in elements]:
+        return []
+    back, theirs = dict(zip(elements, u.src[1:])), set(u.src[0].toposort())
+    found, seen = [], set()
+
+    def visit(y: UOp):
+        if y in seen or y.op in (Ops.CONST, Ops.RANGE, Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.REDUCE):
+            return
+        seen.add(y)
+        free = free_ranges(y)
+        if y.dtype.is_float and row in free and free & set(elements) and y.substitute(back) in theirs:
+            found.append((y.substitute(back), y))
+            return
+        for x in y.src:
+            visit(x)
+    visit(value)
+    return found
 
 
 def _together(order) -> list[list[UOp]]:
