@@ -18,10 +18,12 @@ from __future__ import annotations
 
 from ..uop import Ops, UOp, dtypes
 from ..uop.ops import ELEMENTWISE
-from .fusion import _elements, _one_element, batch_reader, batch_stream, kernel_roots
+from .fusion import _elements, _one_element, kernel_roots
 from .lower import REALIZED
 from .read_axes import is_one, per_row, read_axes
 
+FEW_VAR_ROWS = 64      # a var batch of at most this many rows over quantized blocks is a GPU's batch row kernel
+# (gpu_launch.few_var_rows, few_var_batch), which computes several sums over one batch row side by side (_batch_stream)
 PROLOGUE_MAX = 1 << 14  # a one-element reduction of at most this many elements is computed as a prologue of its
 # reader when that kernel has at most this many outputs too (each CPU thread and each GPU work-group of the reader
 # computes it; a C-style kernel that reads one is a row kernel of one row, a single work-group)
@@ -30,7 +32,7 @@ PROLOGUE_MAX = 1 << 14  # a one-element reduction of at most this many elements 
 def fused_reductions(outputs: list[UOp], materialized: set[UOp], rows: bool = False,
                      one_contraction: bool = False, inlined: frozenset = frozenset(),
                      walk: tuple | None = None, row_prologues: bool = False,
-                     in_contractions: frozenset = frozenset(), batch_prologues: bool = False) -> set[UOp]:
+                     in_contractions: frozenset = frozenset()) -> set[UOp]:
     """The reductions computed inside their only reader's kernel (see the module docstring); with `rows`
     (kernels that are loop nests, which compute a value where its loops are open), also those it reads
     broadcast along trailing axes only (a row's max or sum in softmax, layernorm's mean and variance). With
@@ -40,18 +42,16 @@ def fused_reductions(outputs: list[UOp], materialized: set[UOp], rows: bool = Fa
     scatters have no kernel of their own (inlined_scatters): a reduction they read is computed into a buffer.
     A reduction read once per call is a prologue of its reader's kernel; one read once per row of it only with
     `row_prologues` (kernels that compute it once per row: the cpu's; a GPU's kernel of many rows would compute it
-    again at every element that reads it), or with `batch_prologues` where the reader is a work-group target's
-    batch row kernel (fusion.batch_reader), which computes it once per row of a chunk of its rows (a decode batch's
-    mean of squares, with the normalised rows it stages: fusion._batch_staged; the reduction is fused in the round
-    its contraction is the reader's root, before that contraction is fused into SiLU(gate) * up). The reductions
-    among `in_contractions` (a softmax's row reductions and scores, computed inside its contraction's kernel:
-    softmax_contraction.py) are fused there. `walk`: as choose_materialized's."""
+    again at every element that reads it). The reductions among `in_contractions` (a softmax's row reductions and
+    scores, computed inside its contraction's kernel: softmax_contraction.py) are fused there. `walk`: as
+    choose_materialized's."""
     graph, roots = walk or kernel_roots(outputs)
     roots = [r for r in roots if r not in inlined]
     explicit = set(roots) - {n for n in roots if n.op is Ops.REDUCE_AXIS} | set(outputs)
     in_loops = {n for node in graph if node.op is Ops.LOOP
                 for n in UOp(Ops.SINK, node.dtype, node.arg.body_roots).toposort()}
     ok = {_DIRECT, _RESHAPED, _ROW} if rows else {_DIRECT, _RESHAPED}
+    prologues = _PROLOGUES if row_prologues else (_UNIFORM,)
     fused: set[UOp] = {n for n in in_contractions if n.op is Ops.REDUCE_AXIS}
     holds: dict[UOp, UOp] = {}  # a kernel's root -> the contraction fused into it (one_contraction)
     position = {n: k for k, n in enumerate(graph)}
@@ -70,14 +70,12 @@ def fused_reductions(outputs: list[UOp], materialized: set[UOp], rows: bool = Fa
         more = set()
         for red, readers in reads.items():
             root = readers[0][0]
-            staged = batch_prologues and root.op is Ops.REDUCE_AXIS and batch_reader(root, red, materialized)
-            prologues = _PROLOGUES if row_prologues or staged else (_UNIFORM,)
             if red in explicit or red in in_loops or root in in_loops or \
                     root.op is Ops.REDUCE_AXIS and any(how not in prologues for _, how in readers):
                 continue  # a reduction's kernel computes another inside it only as its prologue
-            if all(r is root and (how in ok or how in prologues and _small_prologue(red, root, staged) or
+            if all(r is root and (how in ok or how in prologues and _small_prologue(red, root) or
                                   how == _SLICED and not one_contraction and _in_slices(red, root, inside) and
-                                  batch_stream(red, materialized)) for r, how in readers):
+                                  _batch_stream(red, materialized)) for r, how in readers):
                 if one_contraction and red not in fused and _is_contraction(red, expands):
                     if holds.setdefault(root, red) is not red:
                         continue
@@ -121,6 +119,26 @@ def _in_slices(red: UOp, root: UOp, inside: set[UOp]) -> bool:
 _MANY = UOp(Ops.CONST, dtypes.int64, (), 0)   # (_in_slices: a path that reaches a reduction through a broadcast)
 
 
+def _batch_stream(red: UOp, materialized: set[UOp]) -> bool:
+    """Whether reduction `red` is a sum of products over quantized blocks (integer data its expression reads) whose
+    output has one var axis of at most FEW_VAR_ROWS (a decode batch's rows): a GPU computes it as a batch row kernel
+    (gpu_launch.few_var_batch), which computes several such sums side by side, each weight held in registers."""
+    var = [d for d in red.shape if not isinstance(d, int)]
+    if red.arg[0] is not Ops.ADD or red.src[0].op is not Ops.MUL or len(var) != 1 or var[0].vmax > FEW_VAR_ROWS:
+        return False
+    stack, seen = [red.src[0]], set()
+    while stack:
+        n = stack.pop()
+        if n in seen or n in materialized:
+            continue
+        seen.add(n)
+        if n.op is Ops.INPUT and n.dtype.is_int:
+            return True
+        if n.op not in REALIZED:
+            stack.extend(n.src)
+    return False
+
+
 def _expands_below(graph: list[UOp]) -> dict[UOp, bool]:
     """Per node of a parents-first graph (kernel_roots'), whether an EXPAND is under it (itself included)."""
     below: dict[UOp, bool] = {}
@@ -148,13 +166,11 @@ _DIRECT, _RESHAPED, _ROW, _INNER, _OTHER, _UNIFORM, _PER_ROW, _SLICED = range(8)
 _PROLOGUES = (_UNIFORM, _PER_ROW)  # reads a kernel serves from a prologue: once per call, once per row
 
 
-def _small_prologue(red: UOp, root: UOp, staged: bool = False) -> bool:
+def _small_prologue(red: UOp, root: UOp) -> bool:
     """Whether reduction `red`, one element per call or per row of `root` (`_PROLOGUES`), is small enough to compute
-    as a prologue of `root`'s kernel: a row's part of it and of `root` at most PROLOGUE_MAX elements each (a
-    `staged` root's part any size: its batch row kernel's work-groups compute the prologue once per chunk of rows,
-    however many columns they store: the model's head)."""
+    as a prologue of `root`'s kernel: a row's part of it and of `root` at most PROLOGUE_MAX elements each."""
     rows = _elements(red)
-    return _elements(red.src[0]) <= PROLOGUE_MAX * rows and (staged or _elements(root) <= PROLOGUE_MAX * rows)
+    return _elements(red.src[0]) <= PROLOGUE_MAX * rows and _elements(root) <= PROLOGUE_MAX * rows
 
 
 def _step(how: int, n: UOp) -> int:

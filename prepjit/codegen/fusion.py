@@ -38,9 +38,6 @@ STREAM_OPERAND_COST = 24  # a float value this cheap is recomputed by the stream
 OPERAND_MAX = 1 << 15  # a value that streaming kernels of several rows recompute holds at most this many elements
 # in all (a decode batch's normalised rows, its SiLU(gate) * up): the cpu computes it into an array of its own once per
 # call (operand_prologue.py), and a larger one (a prefill's rows) is materialised
-FEW_VAR_ROWS = 64      # a var batch of at most this many rows over quantized blocks is a GPU's batch row kernel
-# (gpu_launch.few_var_rows, few_var_batch), which computes several sums over one batch row side by side
-# (fused_reductions), and computes a cheap operand of its rows once per chunk of them (`_batch_staged`)
 STORE_ROWS_REDUCED_ACROSS = True   # _reduced_along_its_rows (False: as before, a knob for timing; the same bits)
 OP_COST = {Ops.EXP: 4, Ops.EXP2: 4, Ops.LOG: 8, Ops.LOG2: 8, Ops.SQRT: 2, Ops.FDIV: 2, Ops.IDIV: 8, Ops.MOD: 8,
            Ops.SIN: 16, Ops.COS: 16, Ops.TANH: 24, Ops.ERF: 24, Ops.POW: 24, Ops.ATAN2: 32}  # ops-equivalents; others cost 1
@@ -75,15 +72,12 @@ def kernel_roots(outputs: list[UOp]) -> tuple[list[UOp], list[UOp]]:
 
 
 def choose_materialized(outputs: list[UOp], row_values: bool = False, walk: tuple | None = None,
-                        operand_prologues: bool = False, in_contractions: frozenset = frozenset(),
-                        batch_prologues: bool = False) -> set[UOp]:
+                        operand_prologues: bool = False, in_contractions: frozenset = frozenset()) -> set[UOp]:
     """The elementwise values to compute once into a buffer; with `row_values` (kernels that give each row a
     work-group: the C-style renderers), never a cheap kept-dims value of reductions (a row's mean or scale),
     which is recomputed where it is read, so its reductions fuse into the readers (layernorm: one kernel); with
     `operand_prologues` (kernels that compute a contraction's computed operand once per call: the cpu's,
-    operand_prologue.py), a kernel of several rows recomputes such an operand as a kernel of one row does; with
-    `batch_prologues` (a work-group target's batch row kernels, which compute it once per chunk of their rows into
-    local memory: `_batch_staged`), such kernels do too.
+    operand_prologue.py), a kernel of several rows recomputes such an operand as a kernel of one row does.
     `in_contractions`: the nodes of softmaxes computed inside their contraction's kernel (softmax_contraction.py),
     never chosen. `walk` is kernel_roots(outputs) where the caller has it (schedule: one walk of the graph for every
     pass)."""
@@ -112,7 +106,7 @@ def choose_materialized(outputs: list[UOp], row_values: bool = False, walk: tupl
                 _worth_materialising(node, mine, cost, row_values, chosen, operand_prologues, realized_reads,
                                      position) and \
                 not _recomputed_in_stream(node, mine, cost, streams, realized_reads, chosen, readers_of,
-                                          operand_prologues, position, batch_prologues):
+                                          operand_prologues, position):
             chosen.add(node)
             mine = set()
         passes = {node} if node in is_root or node in chosen else mine
@@ -196,8 +190,7 @@ def _worth_materialising(node: UOp, readers: set, cost: dict, row_values: bool, 
 
 
 def _recomputed_in_stream(node: UOp, readers: set, cost: dict, streams: dict, realized_reads: dict, chosen: set,
-                          readers_of: Counter, operand_prologues: bool, position: dict,
-                          batch_prologues: bool = False) -> bool:
+                          readers_of: Counter, operand_prologues: bool, position: dict) -> bool:
     """Whether `node` is recomputed by the kernels reading it, which stream their operands, instead of materialised.
 
     A cheap value unpacked from integer data (a quantized weight's block scale: bytes joined, bitcast to float16,
@@ -217,24 +210,16 @@ def _recomputed_in_stream(node: UOp, readers: set, cost: dict, streams: dict, re
     reduction it reads (the norm's mean of squares) is then a prologue of the contraction's kernel
     (fused_reductions), and so is a row's one that the contraction reads one element per row (a batch row's mean of
     squares: its row's prologue); one that reads a row's reduction otherwise broadcast is not: it and its row's
-    reductions are one row kernel, where the contraction would leave them kernels of their own.
-
-    With `batch_prologues` (a work-group target), such a value that reads its rows' reductions (a decode batch's
-    normalised rows) and whose every reader is a batch row kernel that stages it (`_batch_staged`: a chunk of its
-    rows in local memory, once per work-group) is recomputed by those as the cpu's kernels recompute it, each row's
-    reductions computed once per row of the chunk (one that reads none, SiLU(gate) * up, is the epilogue of its
-    gate/up contraction's kernel where that kernel computes both sums: fused_reductions._in_slices)."""
+    reductions are one row kernel, where the contraction would leave them kernels of their own."""
     unpacked = _reads(node, lambda leaf: leaf.op is Ops.INPUT and leaf.dtype.is_int)
-    staged = False
     if unpacked:
         own = cost[node]
         if own > CONTRACTION_INLINE_COST:
             return False
     else:
         own, rows_read, shares = _own_expression(node, chosen, readers_of)
-        staged = batch_prologues and bool(rows_read) and all(_batch_staged(node, r, chosen) for r in readers)
-        if rows_read is None or own > STREAM_OPERAND_COST or rows_read and not (
-                (operand_prologues or staged) and all(_read_per_row(r, rows_read, chosen, position) for r in readers)):
+        if rows_read is None or own > STREAM_OPERAND_COST or rows_read and not (operand_prologues and all(
+                _read_per_row(r, rows_read, chosen, position) for r in readers)):
             return False
     node_loads = _realized_reads(node, realized_reads)
     for r in readers:
@@ -243,67 +228,14 @@ def _recomputed_in_stream(node: UOp, readers: set, cost: dict, streams: dict, re
             products = r.op is Ops.REDUCE_AXIS and r.arg[0] is Ops.ADD and r.src[0].op is Ops.MUL
             streams[r] = (products, _loads(r), {})
         products, loaded, answers = streams[r]
-        by_row = operand_prologues or staged
-        if (node_loads, by_row) not in answers:
-            answers[node_loads, by_row] = _stream_rows(r, loaded, by_row, node_loads)
-        streaming, rows = answers[node_loads, by_row]
+        if node_loads not in answers:
+            answers[node_loads] = _stream_rows(r, loaded, operand_prologues, node_loads)
+        streaming, rows = answers[node_loads]
         limit = (CONTRACTION_INLINE_COST if products else STREAM_INLINE_COST if streaming else -1) if unpacked else \
             STREAM_OPERAND_COST if streaming and (products or len(readers) == 1 or not shares) else -1
-        if own > limit or rows > 1 and not unpacked and not staged and _elements(node) > OPERAND_MAX:
+        if own > limit or rows > 1 and not unpacked and _elements(node) > OPERAND_MAX:
             return False
     return True
-
-
-def _batch_staged(node: UOp, reader: UOp, chosen: set) -> bool:
-    """Whether the kernel computing `reader` is a work-group target's batch row kernel reading `node` (`batch_reader`)
-    that computes it, a value of its batch rows, once per chunk of them into local memory (row_plan.stage_fits;
-    gpu_launch.staged_operands stages it: operand_prologue.py)."""
-    from .row_plan import stage_fits   # (row_plan builds on optimize.py, which builds on this module's costs)
-    var = [d for d in node.shape if not isinstance(d, int)]
-    return len(var) == 1 and batch_reader(reader, node, chosen) and \
-        stage_fits(_elements(node) // max(1, var[0].vmax), node.dtype.compute.itemsize)
-
-
-def batch_reader(reader: UOp, value: UOp, chosen: set) -> bool:
-    """Whether `reader` is a var batch's sum of products (`batch_stream`) whose factor that does not read `value`
-    reads quantized blocks (its weight, not a residual stream's gathered embedding), its products not rounded to 16
-    bits (such a batch may be a tensor-core tile: gpu_launch.tensor_batch_tile), computing `value` inline."""
-    if reader.op is not Ops.REDUCE_AXIS or not batch_stream(reader, chosen) or reader.src[0].arg is not None:
-        return False
-    weights = [f for f in reader.src[0].src if not _reads_node(f, value, chosen)]
-    return len(weights) == 1 and _reads_quantized(weights[0], chosen)
-
-
-def batch_stream(red: UOp, materialized: set[UOp]) -> bool:
-    """Whether reduction `red` is a sum of products over quantized blocks (integer data its expression reads) whose
-    output has one var axis of at most FEW_VAR_ROWS (a decode batch's rows): a GPU computes it as a batch row kernel
-    (gpu_launch.few_var_batch), which computes several such sums side by side, each weight held in registers."""
-    var = [d for d in red.shape if not isinstance(d, int)]
-    if red.arg[0] is not Ops.ADD or red.src[0].op is not Ops.MUL or len(var) != 1 or var[0].vmax > FEW_VAR_ROWS:
-        return False
-    return _reads_quantized(red.src[0], materialized)
-
-
-def _reads_quantized(x: UOp, materialized: set[UOp]) -> bool:
-    """Whether `x`'s expression, computed inline (up to the computed nodes and those `materialized`), reads integer
-    data (quantized blocks)."""
-    return _reads_node(x, None, materialized)
-
-
-def _reads_node(x: UOp, value: UOp | None, materialized: set[UOp]) -> bool:
-    """Whether `x`'s expression, computed inline (up to the computed nodes and those `materialized`), reads `value`
-    (None: integer data)."""
-    stack, seen = [x], set()
-    while stack:
-        n = stack.pop()
-        if n in seen or n in materialized and n is not value:
-            continue
-        seen.add(n)
-        if n is value or value is None and n.op is Ops.INPUT and n.dtype.is_int:
-            return True
-        if n.op not in REALIZED:
-            stack.extend(n.src)
-    return False
 
 
 def _loads(r: UOp) -> dict[UOp, set]:

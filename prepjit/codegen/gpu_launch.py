@@ -21,8 +21,7 @@ renderer (render_c.py) follows and never decides itself:
   weight (row_plan.batch_plan, `few_var_batch`; a tile where `tensor_batch_tile` takes it): a block of `block`
   columns (more than one where the weight is wide: a model's head) a warp or part of one (a work-group's without
   shuffles), their weights held in registers for a chunk of the batch's rows, a few rows' sums combined and stored
-  at a time (render_batch_rows.py); a computed operand of the batch's rows (the normalised rows) staged first into
-  local memory for the work-group's chunk (`staged_operands`);
+  at a time (render_batch_rows.py);
 - ("attention", rows, key block, kind): softmax(q @ k^T ...) @ v, its softmax inside (softmax_contraction.py), on
   tensor cores, a work-group per block of `rows` queries (attention_tiles.py, render_attention.py);
 - ("items", n): a work-item per `n` outputs (the dialect's items per thread; one where the kernel has fewer than
@@ -36,11 +35,10 @@ import attrs
 
 from ..uop import Ops, UOp, dtypes
 from .attention_tiles import attention_launch
-from .fusion import FEW_VAR_ROWS   # a quantized contraction with a side of a var of at most this many: rows
+from .fused_reductions import FEW_VAR_ROWS   # a quantized contraction with a side of a var of at most this many: rows
 from .optimize import DEFAULT_BLOCKING, Blocking
-from .operand_prologue import Staging, operand_prologue
-from .row_plan import (BATCH_CHUNK, STAGE_BYTES, batch_plan, batch_range, held_parts, loop_ranges, row_plan,
-                       share_batch_ranges, share_passes, split_matvec_blocks)
+from .row_plan import (batch_plan, held_parts, loop_ranges, row_plan, share_batch_ranges, share_passes,
+                       split_matvec_blocks)
 from .softmax_contraction import MAX_ROWS_A_VALUE
 from .render_fragments import KINDS, minors
 from .render_tiles import FRAGMENT_THREADS, MIN_FILL, MIN_WARPS, _fill, fragment_kind, match_contraction, unpacks_blocks
@@ -84,10 +82,9 @@ def launch(ast: UOp, dialect, blocking: Blocking = DEFAULT_BLOCKING) -> UOp:
         return _tile_launch(ast, contraction, dialect, blocking.tile)
     packed = warp_rows(dialect)
     split = split_matvec_blocks(ast, packed)
-    staged = staged_operands(split)
-    batch = batch_plan(staged, dialect.items_per_thread, packed)
+    batch = batch_plan(split, dialect.items_per_thread, packed)
     if batch is not None and few_var_batch(batch):
-        return _with_launch(share_batch_ranges(staged, batch),
+        return _with_launch(share_batch_ranges(split, batch),
                             ("batch", batch.group, batch.pack, batch.run, batch.block))
     shared = share_passes(split, dialect.items_per_thread, packed)
     rows = row_plan(shared, dialect.items_per_thread, packed)
@@ -98,25 +95,6 @@ def launch(ast: UOp, dialect, blocking: Blocking = DEFAULT_BLOCKING) -> UOp:
         return _tile_launch(ast, contraction, dialect, blocking.tile)
     ast = shared
     return _with_launch(ast, ("items", items_per_work_item(ast, dialect)))
-
-
-def staged_operands(ast: UOp) -> UOp:
-    """`ast` with the computed operands of a var batch's rows that its contraction reads (a decode batch's normalised
-    rows, their mean of squares inside: fusion._batch_staged) first stored into local memory for a chunk of the
-    batch's rows (operand_prologue.py's prologue, laid out for BATCH_CHUNK rows, at most STAGE_BYTES; the stores after
-    the output's), which a batch row kernel's work-group computes once (render_batch_rows.py) and its rows read back;
-    `ast` itself where it has no batch or no such operand, or where an operand's other ranges, or those of a reduction
-    in it, are not static (the work-group splits them in static passes)."""
-    batch = batch_range(tuple(loop_ranges(ast)))
-    staging = Staging("group", STAGE_BYTES, ((batch, BATCH_CHUNK),), registers=True)
-    split = None if batch is None else operand_prologue(ast, staging)
-    if split is None:
-        return ast
-    stages, main = split
-    if any(x.op is Ops.RANGE and x.src[0] is not batch.src[0] and x.src[0].op is not Ops.CONST
-           for st in stages for x in st.toposort()):
-        return ast
-    return UOp(Ops.SINK, main.dtype, (*main.src, *stages), main.arg)
 
 
 def few_var_rows(c) -> bool:

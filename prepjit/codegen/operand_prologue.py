@@ -21,19 +21,10 @@ mean of squares, is computed before it, and a row's reduction once per row: the 
 hold every operand of the kernel (the arrays are on each calling thread's stack). The contraction without its
 prologue is optimised as any kernel (matvec.py, optimize.py); the bounds proof sees the scratch's accesses against
 the size its DEFINE_LOCAL names.
-
-A GPU's batch row kernel (row_plan.batch_plan: a work-group's columns over a chunk of BATCH_CHUNK rows of a var batch)
-stages such an operand the same way (`operand_prologue` with a `Staging` of its own, gpu_launch.launch): the array is
-in local memory, laid out for a chunk's rows (the batch row at its index modulo BATCH_CHUNK), at most
-row_plan.STAGE_BYTES, its stores over "group" ranges that the work-group's items split for the rows of their chunk
-(render_batch_rows.py), after the output's store; operands equal but for their ranges (gate/up's two sums reading the
-normalised rows) share one array.
 """
 from __future__ import annotations
 
 from typing import Callable
-
-import attrs
 
 from ..uop import Ops, UOp, dtypes, simplify
 from ..uop.ops import ALU
@@ -66,34 +57,7 @@ def _renumbered(stores: tuple[UOp, ...], first: int) -> tuple[UOp, ...]:
     return tuple(st.substitute(new) for st in stores)
 
 
-@attrs.frozen
-class Staging:
-    """Where a kernel's operand prologue computes its operands: its ranges' kind, the bytes all arrays may take, and
-    the ranges laid out modulo a number of rows (a batch row kernel's chunk: range -> rows), each of its other ranges
-    at its largest extent."""
-
-    kind: str = "serial"   # the cpu's: serial loops before the parallel loop
-    room: int = MAX_BYTES
-    chunks: tuple = ()     # ((range, rows), ...)
-    registers: bool = False   # the arrays hold their compute dtype's values (a C dialect's register type: a 16-bit
-                              # float's as a float), not the dtype's
-
-    def itemsize(self, dtype) -> int:
-        return (dtype.compute if self.registers else dtype).itemsize
-
-    def extent(self, r: UOp) -> int:
-        return dict(self.chunks).get(r, _max_end(r))
-
-    def at(self, r: UOp) -> UOp:
-        """Where range `r`'s value lies along the array's axis of it."""
-        rows = dict(self.chunks).get(r)
-        return r if rows is None else UOp(Ops.MOD, dtypes.index, (r, UOp.const(rows)))
-
-
-CPU_STAGING = Staging()
-
-
-def operand_prologue(ast: UOp, staging: Staging = CPU_STAGING) -> tuple[tuple[UOp, ...], UOp] | None:
+def operand_prologue(ast: UOp) -> tuple[tuple[UOp, ...], UOp] | None:
     """(the stores computing each qualifying operand into its DEFINE_LOCAL, `ast` reading them instead) or None."""
     if ast.op is not Ops.SINK or len(ast.src) != 1 or ast.src[0].op is not Ops.STORE:
         return None
@@ -106,30 +70,27 @@ def operand_prologue(ast: UOp, staging: Staging = CPU_STAGING) -> tuple[tuple[UO
     found: dict[UOp, None] = {}
     for red in topo:
         if red.op is Ops.REDUCE and red.arg is Ops.ADD:
-            found.update(dict.fromkeys(_operands(red, free, frozenset(kept), staging)))
-    room, arrays = staging.room, {}   # an operand, its ranges numbered in order -> its array
+            found.update(dict.fromkeys(_operands(red, free, frozenset(kept))))
+    room = MAX_BYTES
+    for operand in list(found):  # as many as the stack takes, in order
+        size = _product([_max_end(r) for r in free[operand]]) * operand.dtype.itemsize
+        if size > room:
+            del found[operand]
+        else:
+            room -= size
+    if not found:
+        return None
     axis = 1 + _last_axis(ast)
     stores, reads = [], {}
-    for operand in found:  # as many as the room takes, in order
+    for number, operand in enumerate(found):
         ranges = sorted(free[operand], key=lambda r: r.arg[0])
-        extents = [staging.extent(r) for r in ranges]  # (laid out at a var's maximum; its loop runs to its value)
-        key = operand.substitute({r: UOp(Ops.RANGE, dtypes.index, r.src, (-1 - k, "key"))
-                                  for k, r in enumerate(ranges)})
-        index = simplify(linear_index([staging.at(r) for r in ranges], extents))
-        if key not in arrays:  # (an operand equal but for its ranges reads the same array)
-            size = _product(extents)
-            if size * staging.itemsize(operand.dtype) > room:
-                continue
-            room -= size * staging.itemsize(operand.dtype)
-            own = [UOp(Ops.RANGE, dtypes.index, r.src, (axis + k, staging.kind)) for k, r in enumerate(ranges)]
-            axis += len(ranges)
-            scratch = UOp(Ops.DEFINE_LOCAL, operand.dtype, (), (len(stores), size))
-            stores.append(UOp(Ops.STORE, dtypes.bool, (scratch, *(x.substitute(dict(zip(ranges, own)))
-                                                                  for x in (index, operand)))))
-            arrays[key] = scratch
-        reads[operand] = UOp(Ops.LOAD, operand.dtype, (arrays[key], index))
-    if not stores:
-        return None
+        extents = [_max_end(r) for r in ranges]  # (laid out at a var's maximum; its loop runs to its value)
+        scratch = UOp(Ops.DEFINE_LOCAL, operand.dtype, (), (number, _product(extents)))
+        serial = {r: UOp(Ops.RANGE, dtypes.index, r.src, (axis + k, "serial")) for k, r in enumerate(ranges)}
+        axis += len(ranges)
+        index = simplify(linear_index([serial[r] for r in ranges], extents))
+        stores.append(UOp(Ops.STORE, dtypes.bool, (scratch, index, operand.substitute(serial))))
+        reads[operand] = UOp(Ops.LOAD, operand.dtype, (scratch, simplify(linear_index(ranges, extents))))
     return tuple(stores), ast.substitute(reads)
 
 
@@ -151,9 +112,9 @@ def free_ranges_by_node(topo: list[UOp]) -> dict[UOp, frozenset]:
     return free
 
 
-def _operands(red: UOp, free: dict, kept: frozenset, staging: Staging) -> list[UOp]:
+def _operands(red: UOp, free: dict, kept: frozenset) -> list[UOp]:
     """The largest float computations under REDUCE `red` that do not depend on some range its body runs in (each
-    value is used again along it) nor on the `kept` ranges, OPERAND_MAX elements at most as `staging` lays them out."""
+    value is used again along it) nor on the `kept` ranges, OPERAND_MAX elements at most at the vars' maxima."""
     around = free[red] | frozenset(red.src[1:])
     out, stack, seen = [], [red.src[0]], set()
     while stack:
@@ -161,8 +122,7 @@ def _operands(red: UOp, free: dict, kept: frozenset, staging: Staging) -> list[U
         if n in seen or not free[n]:
             continue
         seen.add(n)
-        if free[n] < around and not free[n] & kept and n.dtype.is_float and _computes(n) and \
-                _product([staging.extent(r) for r in free[n]]) <= OPERAND_MAX:
+        if free[n] < around and not free[n] & kept and n.dtype.is_float and _computes(n) and _fits(free[n]):
             out.append(n)
         elif n.op is not Ops.LOAD:  # a load's index is no operand
             stack.extend(n.src)
@@ -187,3 +147,6 @@ def _max_end(r: UOp) -> int:
     """The largest extent of range `r`: its end's, or a var's maximum (a decode batch's rows)."""
     return max(0, int(r.src[0].vmax))
 
+
+def _fits(ranges: frozenset) -> bool:
+    return _product([_max_end(r) for r in ranges]) <= OPERAND_MAX

@@ -16,23 +16,14 @@ trees' arrays are written again), and work-item 0 stores each row's outputs. The
 a chunk, not once a row; a row's element is loaded once for the block's columns, not once a column; each column's
 sum is the one it computes alone, in the same order; only the rows in flight have accumulators. Sums over the same
 ranges (gate/up's two a column) are computed in one pass, the row's loads once for both (`_together`).
-
-A staging kernel (row_plan.Rows.staged: its rows' operand, a decode batch's normalised rows, stored into local memory
-by the launched AST's own stores, gpu_launch.staged_operands) first computes that operand for its chunk's rows
-(`stage`: each row's reductions, its mean of squares, then its values, by straight-line passes of the work-group's
-lanes, its lane groups sharing the row when the chunk has fewer rows than groups), once a work-group, whose columns
-are then all of one chunk; the rows' sums read it there.
 """
 from __future__ import annotations
 
 import math
 
-from ..uop import Ops, UOp, dtypes
-from ..uop.ops import ALU
+from ..uop import UOp, dtypes
 from .render_rows import by_element, combine_group
-from .operand_prologue import free_ranges_by_node
-from .row_plan import (BATCH_CHUNK, WARP, block_stride, free_ranges, held_parts, largest_float_parts, row_parts,
-                       run_length, staged_stores)
+from .row_plan import BATCH_CHUNK, WARP, held_parts, row_parts, run_length
 
 SUMS_IN_FLIGHT = 4   # sums a step of a chunk's rows computes together (rows x the block's columns x a column's
                      # sums: their loads, products and combines interleaved)
@@ -48,7 +39,6 @@ def emit_batch_rows(r, store: UOp):
     columns = [x for x in rows.rows if x is not rows.batch]
     width = math.prod(x.src[0].arg for x in columns)   # (static: row_plan.batch_range)
     blocks = -(-width // rows.block)
-    stride = block_stride(rows, width)   # (blocks: a staging work-group's blocks past the last compute the last again)
     shared = WARP // rows.group if rows.pack > 1 else 1   # blocks a warp (without shuffles: a work-group) computes
     if rows.pack > 1:
         r.emit(f"const int tid = {r.d.local_id};")
@@ -60,134 +50,24 @@ def emit_batch_rows(r, store: UOp):
         r.emit(f"const int lid = {r.d.local_id};")
         r.emit(f"const {r.long} warp = gid;")
     end = r.value(rows.batch.src[0])
-    r.emit(f"const {r.long} total = {stride} * (({end} + {BATCH_CHUNK - 1}) / {BATCH_CHUNK});")
-    r.emit("if (warp >= total) return;")   # (a warp past the last block of the last chunk; staging: its work-group)
-    spans = [_span(r, f"warp + {k}" if k else "warp", stride, end) for k in sorted({0, shared - 1})]
+    r.emit(f"const {r.long} total = {blocks} * (({end} + {BATCH_CHUNK - 1}) / {BATCH_CHUNK});")
+    r.emit("if (warp >= total) return;")   # (a warp past the last block of the last chunk)
+    spans = [_span(r, f"warp + {k}" if k else "warp", blocks, end) for k in sorted({0, shared - 1})]
     r.emit(f"const {r.long} span = {spans[0] if len(spans) == 1 else f'{spans[0]} > {spans[1]} ? {spans[0]} : {spans[1]}'};")
-    first, stop = _chunk(r, "gid", stride, end)
+    first, stop = _chunk(r, "gid", blocks, end)
     narrow = f"({r.d.ctype(dtypes.uint32)})"
-    scale = f" * {rows.block}" if rows.block > 1 else ""
-    own = None   # (a staging work-group's block past the last stores nothing)
-    if stride == blocks:
-        r.emit(f"const {r.long} col = {narrow}(gid < total ? gid : total - 1) % {narrow}{blocks}{scale};")
-    else:
-        r.emit(f"const {r.long} cb = {narrow}(gid < total ? gid : total - 1) % {narrow}{stride};")
-        r.emit(f"const {r.long} col = (cb < {blocks} ? cb : {blocks - 1}){scale};")
-        own = f"cb < {blocks}"
+    r.emit(f"const {r.long} col = {narrow}(gid < total ? gid : total - 1) % {narrow}{blocks}"
+           f"{f' * {rows.block}' if rows.block > 1 else ''};")
     if rows.block == 1:
         r.scopes[-1].update(r.unflatten("col", columns))
         cols = [({}, None)]
     else:
         cols = [(_column(r, columns, j, width), f"col + {j} < {width}") for j in range(rows.block)]
-    held = [{u: _hold(r, held_parts(u, rows.batch), list(u.src[1:]), scope) for u in rows.order}
-            for scope, _ in cols]
-    if rows.staged:
-        stage(r, first, stop)
+    held = [{u: _hold(r, u, scope) for u in rows.order} for scope, _ in cols]
     count = max(1, SUMS_IN_FLIGHT // (rows.block * len(rows.order)))
-    _row_steps(r, store, held, cols, first, stop, f"step + {count} <= span", count, own=own)
+    _row_steps(r, store, held, cols, first, stop, f"step + {count} <= span", count)
     if count > 1:
-        _row_steps(r, store, held, cols, first, stop, "step < span", 1, f"span / {count} * {count}", own=own)
-
-
-def stage(r, first: str, stop: str):
-    """Compute the kernel's staged operands (its DEFINE_LOCAL stores: gpu_launch.staged_operands) for the rows
-    [first, stop) of the work-group's chunk into local memory, then one barrier. The rows go in turns of as many
-    rows as the work-group has lane groups (a column's lanes; without shuffles the whole work-group is one): in a
-    turn of m rows each lane group takes row `team % m` and slice `team / m` of the slices of it, the largest power
-    of two at most teams // m (at one row, all of them work on it; a group past the last slice idles), its share
-    the straight-line passes p with p % slices == slice (`_passes`: their loads issued together). A row's
-    reductions (its mean of squares) are its slices' partials, each combined within its lanes as a row's sums are
-    (`_combine_rows`: every lane gets the total), then across its slices through a local array and a barrier; then
-    the row's values, the same slices' elements, from registers: the parts they share with a reduction's operand
-    (the row's x: `_read_again`) kept from its pass, those that read no row (the gain) loaded before it (`_hold`).
-    A barrier ends a turn (the next turn writes the arrays again)."""
-    from .render_c import _identity, local_name   # (render_c renders through this module)
-    rows = r.rows
-    teams = rows.pack if rows.pack > 1 else 1
-    for st in staged_stores(r.ast):
-        buf = st.src[0]
-        r.locals.append(r.d.local_array.format(type=r.d.ctype(buf.dtype), name=local_name(buf), n=buf.arg[1]) + ";")
-        ranges = sorted({x for x in st.toposort() if x.op is Ops.RANGE and x.arg[1] == "group"}, key=lambda x: x.arg[0])
-        (row,) = [x for x in ranges if x.src[0] is r.rows.batch.src[0]]
-        elements = [x for x in ranges if x is not row]
-        r.open_block(f"for ({r.long} i = 0; i < {stop} - {first}; i += {teams})", {})
-        mine = None
-        if teams > 1:
-            team = f"(tid / {rows.group})"
-            turn = r.let(dtypes.int32, f"{stop} - {first} - i < {teams} ? {stop} - {first} - i : {teams}", "turn")
-            share = r.let(dtypes.int32, f"{teams} / {turn}", "share")
-            slices = r.let(dtypes.int32, _power_of_two_below(share, teams), "slices")
-            place = r.let(dtypes.int32, f"{team} % {turn}", "place")
-            slice_ = r.let(dtypes.int32, f"{team} / {turn}", "slice")
-            mine = _slice_of(slice_, r.let(dtypes.int32, f"{slices} - 1", "mask"))
-            r.emit(f"const {r.long} srow = {first} + i + {place};")
-        else:
-            r.emit(f"const {r.long} srow = {first} + i;")
-        r.scopes[-1][row] = "srow"
-        kept = largest_float_parts(st.src[2], lambda free: row not in free and bool(free & set(elements)))
-        kept_names = _hold(r, kept, elements, {}, mine)   # (the gain: its loads issued with the row's first pass)
-        topo = st.src[2].toposort()
-        free = free_ranges_by_node(topo)
-        for u in [x for x in topo if x.op is Ops.REDUCE and free[x] == {row}]:
-            acc = f"acc{r.n}"
-            r.n += 1
-            r.emit(f"{r.d.ctype(u.dtype)} {acc} = {r.literal(_identity(u.arg, u.dtype), u.dtype)};")
-            pairs = _read_again(u, st.src[2], row, elements)   # (the row's x, squared: kept for the values)
-            again = _registers(r, [a for a, _ in pairs], elements)
-
-            def add(p: int, e: int, u=u, acc=acc, pairs=pairs, again=again):
-                for a, _ in pairs:
-                    r.emit(f"{again[p, e, a]} = {r.value(a)};")
-                r.emit(f"{acc} = {r.accumulate(u, acc)};")
-            _passes(r, list(u.src[1:]), add, mine)
-            kept_names.update({(p, e, dict(pairs)[a]): name for (p, e, a), name in again.items()})
-            kept += [b for _, b in pairs]
-            (total,) = _combine_rows(r, u.arg, u.dtype, [acc])
-            if teams > 1:
-                total = _combine_slices(r, u, total, team, place, turn, slices, teams)
-            r.scopes[-1][u] = r.round_to(total, u.dtype) if u.dtype.narrow else total
-        for x in topo:   # the row's values (its 1 / sqrt(mean of squares + eps)), once a row
-            if x.dtype.is_float and (x.op in ALU or x.op in (Ops.CAST, Ops.LOAD)) and free[x] <= {row}:
-                r.value(x)
-
-        def store(p: int, e: int, st=st, kept=kept, kept_names=kept_names):
-            r.open_block("", {x: kept_names[p, e, x] for x in kept})
-            r.emit(r.store_line(st))
-            r.close_block()
-        _passes(r, elements, store, mine)
-        if r.d.shuffle_xor is None or teams > 1:
-            r.emit(r.d.barrier)
-        r.close_block()
-    r.emit(r.d.barrier)
-
-
-def _power_of_two_below(count: str, most: int) -> str:
-    """The largest power of two at most `count` (1 <= count <= most), as a chain of selects."""
-    powers = [1 << k for k in range(most.bit_length()) if 1 << k <= most]
-    return " : ".join(f"{count} >= {p} ? {p}" for p in reversed(powers[1:])) + " : 1" if len(powers) > 1 else "1"
-
-
-def _slice_of(slice_: str, mask: str):
-    """The condition that pass p is the work-item's slice's (passes dealt round the row's slices, a power of two of
-    them: `mask` is their count less one, so no division a pass)."""
-    return lambda p: f"{slice_} == ({p} & {mask})" if p else f"{slice_} == 0"
-
-
-def _combine_slices(r, u: UOp, total: str, team: str, place: str, turn: str, slices: str, teams: int) -> str:
-    """Name of the row's reduction `u` over its slices (each lane group's `total` of its slice, which the turn's
-    group `place + s * turn` computed: s < slices), through a local array of a value a lane group and a barrier; a
-    row of one slice keeps its own total."""
-    part = f"part{r.n}"
-    r.n += 1
-    r.locals.append(r.d.local_array.format(type=r.d.ctype(u.dtype), name=part, n=teams) + ";")
-    r.emit(f"if (lid == 0) {part}[{team}] = {total};")
-    r.emit(r.d.barrier)
-    whole = r.let(u.dtype, f"{part}[{place}]", "row")
-    for s in range(1, teams):
-        r.open_block(f"if ({s} < {slices})", {})
-        r.emit(f"{whole} = {r.combine(u.arg, u.dtype, whole, f'{part}[{place} + {s} * {turn}]')};")
-        r.close_block()
-    return whole
+        _row_steps(r, store, held, cols, first, stop, "step < span", 1, f"span / {count} * {count}")
 
 
 def _column(r, columns: list[UOp], j: int, width: int) -> dict:
@@ -207,10 +87,10 @@ def _column(r, columns: list[UOp], j: int, width: int) -> dict:
 
 
 def _row_steps(r, store: UOp, held: list, cols: list, first: str, stop: str, condition: str, count: int,
-               start: str = "0", own: str | None = None):
+               start: str = "0"):
     """A loop over the block's rows from `start` while `condition`, `count` rows a step: their sums for each
     column of the block (`cols`: its bindings and store condition) in flight together, each stored (a row past the
-    block's reads its last row, and is not stored; so does every row of a block where `own` is false)."""
+    block's reads its last row, and is not stored)."""
     rows = r.rows
     r.open_block(f"for ({r.long} step = {start}; {condition}; step += {count})", {})
     r.emit(f"const {r.long} rb = {first} + step;")
@@ -225,8 +105,7 @@ def _row_steps(r, store: UOp, held: list, cols: list, first: str, stop: str, con
         for j, (scope, inside) in enumerate(cols):
             r.open_block("", {**scope, rows.batch: name, **{u: sums[u][i][j] for u in rows.order}})
             line = r.store_line(store)
-            guard = " && ".join(["lid == 0", "gid < total", *([own] if own else []), f"rb + {i}" if i else "rb"]) + \
-                f" < {stop}"
+            guard = " && ".join(["lid == 0", "gid < total", f"rb + {i}" if i else "rb"]) + f" < {stop}"
             r.emit(f"if ({guard}{f' && {inside}' if inside else ''}) {line}")
             r.close_block()
     if r.d.shuffle_xor is None:   # (the next rows' trees write the arrays these rows' totals were read from)
@@ -251,11 +130,11 @@ def _span(r, gid: str, width: int, end: str) -> str:
     return r.let(dtypes.int64, f"{stop} - {first}", "span")
 
 
-def _passes(r, ranges: list[UOp], body, mine=None):
-    """Emit `body(p, e)` for element e of the work-item's run in each pass p over the static `ranges` (a reduction's,
-    or a staged operand's elements: runs of the launch's length a work-item, the row's work-items side by side),
-    straight-line code, so the loads of every pass are issued together; a pass that runs past the ranges' end
-    guarded, and so is each pass where `mine(p)` is given (a staged row's slice's passes: `stage`)."""
+def _passes(r, u: UOp, body):
+    """Emit `body(p, e)` for element e of the work-item's run in each pass p over reduction `u`'s static ranges
+    (runs of the launch's length a work-item, the row's work-items side by side), straight-line code, a pass that
+    runs past the range's end guarded."""
+    ranges = list(u.src[1:])
     per = run_length(ranges, r.rows.run)
     total = math.prod(x.src[0].arg for x in ranges)
     step = r.rows.group * per
@@ -264,39 +143,22 @@ def _passes(r, ranges: list[UOp], body, mine=None):
         r.n += 1
         r.open_block("", {})
         r.emit(f"const {r.long} {flat} = lid{f' * {per}' if per > 1 else ''}{f' + {p * step}' if p else ''};")
-        guarded = [f"{flat} < {total}"] if (p + 1) * step > total else []
-        guarded += [mine(p)] if mine else []
+        guarded = (p + 1) * step > total
         if guarded:
-            r.open_block(f"if ({' && '.join(guarded)})", {})
+            r.open_block(f"if ({flat} < {total})", {})
         r.consecutive(flat, ranges, per, by_element(per, lambda e, p=p: body(p, e)))
         if guarded:
             r.close_block()
         r.close_block()
 
 
-def _hold(r, parts: list[UOp], ranges: list[UOp], scope: dict, mine=None) -> dict:
-    """Compute the work-item's share of `parts` over the static `ranges` (a reduction's held parts at the column
-    bound in `scope`; a staged row's parts that read no row, in the passes `mine` gives the work-item) into registers
-    (declared before the passes, zero where a guarded pass runs past the range or is not the work-item's);
-    {(pass, element, part): the register's name}."""
-    if not parts:
-        return {}
-    names = _registers(r, parts, ranges)
-
-    def hold(p: int, e: int):
-        for x in parts:
-            r.emit(f"{names[p, e, x]} = {r.value(x)};")
-    r.scopes.append(scope)
-    _passes(r, ranges, hold, mine)
-    r.scopes.pop()
-    return names
-
-
-def _registers(r, parts: list[UOp], ranges: list[UOp]) -> dict:
-    """Declare a register for each of `parts` at each element of the work-item's passes over `ranges` (zero until
-    its pass sets it); {(pass, element, part): the register's name}."""
-    per = run_length(ranges, r.rows.run)
-    total = math.prod(x.src[0].arg for x in ranges)
+def _hold(r, u: UOp, scope: dict) -> dict:
+    """Compute the work-item's share of reduction `u`'s held parts at the column bound in `scope` into registers
+    (declared before the passes, zero where a guarded pass runs past the range); {(pass, element, part): the
+    register's name}."""
+    parts = held_parts(u, r.rows.batch)
+    per = run_length(list(u.src[1:]), r.rows.run)
+    total = math.prod(x.src[0].arg for x in u.src[1:])
     names = {}
     for p in range(-(-total // (r.rows.group * per))):
         for e in range(per):
@@ -304,31 +166,14 @@ def _registers(r, parts: list[UOp], ranges: list[UOp]) -> dict:
                 names[p, e, x] = f"w{r.n}_{p}_{e}_{i}"
                 r.emit(f"{r.d.ctype(x.dtype)} {names[p, e, x]} = {r.d.literal(0, x.dtype)};")
     r.n += 1
+
+    def hold(p: int, e: int):
+        for x in parts:
+            r.emit(f"{names[p, e, x]} = {r.value(x)};")
+    r.scopes.append(scope)
+    _passes(r, u, hold)
+    r.scopes.pop()
     return names
-
-
-def _read_again(u: UOp, value: UOp, row: UOp, elements: list[UOp]) -> list[tuple[UOp, UOp]]:
-    """The largest float parts of the stored `value` that read the row's elements and, over reduction `u`'s ranges
-    instead, are parts of u's operand (the row's x, squared in its mean of squares): [(u's part, value's part)]; a
-    pass over u's ranges computes such a part at the elements the values' pass stores. None where u's ranges do not
-    have the elements' ends (their passes would not match)."""
-    if [x.src[0] for x in u.src[1:]] != [x.src[0] for x in elements]:
-        return []
-    back, theirs = dict(zip(elements, u.src[1:])), set(u.src[0].toposort())
-    found, seen = [], set()
-
-    def visit(y: UOp):
-        if y in seen or y.op in (Ops.CONST, Ops.RANGE, Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.REDUCE):
-            return
-        seen.add(y)
-        free = free_ranges(y)
-        if y.dtype.is_float and row in free and free & set(elements) and y.substitute(back) in theirs:
-            found.append((y.substitute(back), y))
-            return
-        for x in y.src:
-            visit(x)
-    visit(value)
-    return found
 
 
 def _together(order) -> list[list[UOp]]:
@@ -370,7 +215,7 @@ def _row_sums(r, us: list[UOp], held: list[dict], cols: list[dict], batch: list[
                     r.emit(f"{acc} = {r.accumulate(u, acc)};")
                     r.scopes.pop()
             r.close_block()
-    _passes(r, list(us[0].src[1:]), add)
+    _passes(r, us[0], add)
     totals = dict(zip(flat, _combine_rows(r, op, dt, flat)))
     return {u: [[r.round_to(totals[a], dt) if dt.narrow else totals[a] for a in row] for row in accs[u]] for u in us}
 

@@ -86,12 +86,6 @@ def _c_name(name: str) -> str:
     return "v_" + re.sub(r"\W", "_", name)
 
 
-def local_name(buf: UOp) -> str:
-    """The name of a kernel's own array (DEFINE_LOCAL: a batch row kernel's staged operand) in local memory, which
-    holds its values in their register type (a 16-bit float's as a float)."""
-    return f"loc{buf.arg[0]}"
-
-
 def _range_name(r: UOp) -> str:
     return f"r{r.arg[0]}" if r.arg[1] == "loop" else f"rr{r.arg[0]}"
 
@@ -350,8 +344,6 @@ class CStyleRenderer(KernelRenderer):
     # ---- memory ----
     def load(self, u: UOp) -> str:
         buf, idx = u.src[0], self.value(u.src[1])
-        if buf.op is Ops.DEFINE_LOCAL:   # (a staged operand: its register type's values, render_batch_rows.stage)
-            return self.let(u.dtype, f"{local_name(buf)}[{idx}]", "ld")
         gate = self.value(u.src[2]) if len(u.src) > 2 else None
         if gate is not None:  # a gated-off load reads element 0 and yields 0
             idx = self.let(dtypes.int64, f"{gate} ? {idx} : 0")
@@ -374,9 +366,7 @@ class CStyleRenderer(KernelRenderer):
         `bits`: a plain store's value already converted to its bits (a name of `sixteen_bits`' expression)."""
         buf, idx, val = u.src[:3]
         i, v = self.value(idx), self.value(val)
-        if buf.op is Ops.DEFINE_LOCAL:
-            line = f"{local_name(buf)}[{i}] = {v};"
-        elif bits is not None:
+        if bits is not None:
             line = f"buf{buf.arg}[{i}] = {bits};"
         elif u.arg is Ops.ADD and val.dtype in self.d.atomic_add:
             pragma, add = self.d.atomic_add[val.dtype]

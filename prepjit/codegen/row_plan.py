@@ -43,10 +43,7 @@ own a block of neighbouring columns (`_block`), holding each one's parts, so tha
 for all of them (the head at 64 rows read its 64 x 576 activations once per column). Narrower projections keep a
 column a lane group: on an H100 (SmolLM2's paged step at 64 rows, fma sums) blocks growing with the batch took
 gate/up 28.7 -> 36.4 us and qkv 15.6 -> 16.9 (o 21.6 -> 19.2, down equal), the step +0.15 ms, where the head's
-blocks of 4 took 458 -> 329 us. A batch row kernel whose rows' operand is computed (a decode batch's normalised rows:
-gpu_launch.staged_operands stores it into local memory first, `staged_stores`) has each work-group compute it for
-its chunk's rows once (`Rows.staged`, `stage_fits`: at most STAGE_BYTES), its blocks of columns per chunk rounded up
-to whole work-groups (`block_stride`) so that a work-group's columns read one chunk.
+blocks of 4 took 458 -> 329 us.
 
 Where a column row kernel's rows differ along a range that its heavy loads do not read (a grouped-query attention's
 query heads of one key/value head: the keys and values its positions read are the same for each), one work-group
@@ -99,8 +96,6 @@ FOLD_MIN_GROUPS = 96      # work-groups a folded row kernel keeps at its rows' l
 FOLD_RESIDENT = 2         # work-groups of a folded row kernel a multiprocessor should hold at once (its launch bounds:
                           # SmolLM2's attention, 256 work-items, 128 registers at 1 (nvcc 13, sm_90a), 109 at 2, 80 at
                           # 3, no spills; at B = 64 its 192 work-groups all resident on an H100's 132 at 2)
-STAGE_BYTES = 40 * 1024   # local memory a batch row kernel's staged operands take in all (a chunk of a decode batch's
-                          # normalised rows: 16 x 576 float32, 36 KB; CUDA's static limit is 48 KB)
 BLOCK_MIN_GROUPS = 264    # work-groups a blocked batch row kernel keeps at one chunk of rows (2 a multiprocessor of
                           # an H100: fewer would leave a one-row step's work on fewer of them, each doing more)
 
@@ -121,8 +116,6 @@ class Rows:
     batch: UOp | None = None   # the row range each warp loops over, its held parts in registers (batch_plan)
     block: int = 1       # neighbouring columns a batch row kernel's column lanes own (each row's loads read once)
     fold: UOp | None = None   # the row range whose every value a work-group computes (`_fold_range`), or None
-    staged: bool = False  # a batch row kernel whose work-groups first compute operands of their chunk's rows into
-                          # local memory (`stage_fits`), each work-group's columns in one chunk
 
     @property
     def column_runs(self) -> int:
@@ -383,28 +376,13 @@ def _uniform_first(hoisted: list, rows: tuple) -> tuple:
     return tuple(sorted(hoisted, key=lambda u: not free_ranges(u).isdisjoint(rows)))
 
 
-def staged_stores(ast: UOp) -> list[UOp]:
-    """The stores of a launched kernel into arrays of its own (DEFINE_LOCAL: a batch row kernel's staged operands,
-    operand_prologue.py), after its output's store."""
-    return [st for st in ast.src[1:] if st.op is Ops.STORE and st.src[0].op is Ops.DEFINE_LOCAL]
-
-
-def stage_fits(row_elements: int, itemsize: int) -> bool:
-    """Whether a batch row kernel's work-group may compute an operand of `row_elements` values of `itemsize` bytes (its
-    compute dtype's: local memory holds a 16-bit float as a float) a row of the batch for its chunk of BATCH_CHUNK
-    rows into local memory (STAGE_BYTES): a decode batch's normalised rows (576: 36 KB), not SiLU(gate) * up (1536:
-    96 KB)."""
-    return BATCH_CHUNK * row_elements * itemsize <= STAGE_BYTES
-
-
 def rows_of(ast: UOp, group: int, pack: int, run: int, share: int = 1, batched: bool = False) -> Rows:
     """The row kernel a launch decided (gpu_launch.py: `group` work-items a row, `pack` rows a work-group, each
     work-item taking runs of `run` elements; `batched`: looping over the batch range, batch_plan, a row's lanes
     owning `share` columns (`block`); else a work-group computing `share` rows along its `fold` range)."""
     hoisted, rows, cols, columns = _hoisted(ast)
     plan = Rows(frozenset(hoisted) | frozenset(columns), _uniform_first(hoisted, rows), rows, cols, group, pack, run,
-                columns, batch_range(rows) if batched else None, share if batched else 1,
-                staged=batched and bool(staged_stores(ast)))
+                columns, batch_range(rows) if batched else None, share if batched else 1)
     if batched or share == 1:
         return plan
     return attrs.evolve(plan, fold=[r for r in _foldable(plan) if r.src[0].arg == share][-1])
@@ -421,19 +399,18 @@ def held_parts(u: UOp, batch: UOp) -> list[UOp]:
     """The largest float parts of reduction `u`'s operand that read its range but not the `batch` range (a weight,
     unpacked from its blocks or widened): what a batch row kernel's work-item holds in registers for every row."""
     mine = set(u.src[1:])
-    return largest_float_parts(u.src[0], lambda free: batch not in free and bool(free & mine))
+    return largest_float_parts(u, lambda free: batch not in free and bool(free & mine))
 
 
 def row_parts(u: UOp, batch: UOp) -> list[UOp]:
     """The largest float parts of reduction `u`'s operand that read the `batch` range and no other loop range (a
     row's elements, loaded or widened): the same for every column of a batch row kernel's block."""
     others = {x for x in u.toposort() if x.op is Ops.RANGE} - set(u.src[1:]) - {batch}
-    return largest_float_parts(u.src[0], lambda free: batch in free and not free & others)
+    return largest_float_parts(u, lambda free: batch in free and not free & others)
 
 
-def largest_float_parts(value: UOp, wanted) -> list[UOp]:
-    """The largest float parts of `value` (a reduction's operand, a stored value) whose free ranges `wanted` accepts,
-    in walk order."""
+def largest_float_parts(u: UOp, wanted) -> list[UOp]:
+    """The largest float parts of reduction `u`'s operand whose free ranges `wanted` accepts, in walk order."""
     found, seen = [], set()
 
     def visit(x: UOp):
@@ -445,7 +422,7 @@ def largest_float_parts(value: UOp, wanted) -> list[UOp]:
             return
         for y in x.src:
             visit(y)
-    visit(value)
+    visit(u.src[0])
     return found
 
 
@@ -568,12 +545,5 @@ def launch_size(rows: Rows) -> UOp:
     BATCH_CHUNK rows of the batch)."""
     count = as_uop(sym_prod([r.src[0] for r in rows.rows if r is not rows.batch and r is not rows.fold]))
     if rows.batch is not None:   # (its columns' count is static: batch_range)
-        count = as_uop(block_stride(rows, count.arg)) * ((rows.batch.src[0] + (BATCH_CHUNK - 1)) // BATCH_CHUNK)
+        count = as_uop(-(-count.arg // rows.block)) * ((rows.batch.src[0] + (BATCH_CHUNK - 1)) // BATCH_CHUNK)
     return (count + (rows.pack - 1)) // rows.pack * rows.size if rows.pack > 1 else count * rows.group
-
-
-def block_stride(rows: Rows, width: int) -> int:
-    """Blocks of columns a batch row kernel launches per chunk of its rows (`width` columns): their count, rounded up to
-    whole work-groups where it stages operands (`Rows.staged`: a work-group's blocks then read one chunk's)."""
-    blocks = -(-width // rows.block)
-    return -(-blocks // rows.pack) * rows.pack if rows.staged else blocks

@@ -446,12 +446,12 @@ def schedule(outputs: list[UOp], inputs: list[UOp], pack_contractions: bool = Fa
     found = softmax_contractions(walk[0], outputs, attention_tiles)
     in_contractions = frozenset().union(*found.values())
     materialized = choose_materialized(outputs, row_values=not pack_contractions, walk=walk,
-                                       operand_prologues=pack_contractions, in_contractions=in_contractions,
-                                       batch_prologues=not pack_contractions) | joins(found, outputs)
+                                       operand_prologues=pack_contractions, in_contractions=in_contractions) | joins(
+        found, outputs)
     inlined = inlined_scatters(outputs, walk=walk)
     fused = inlined | fused_reductions(outputs, materialized, rows=True, one_contraction=pack_contractions,
                                        inlined=frozenset(inlined), walk=walk, row_prologues=pack_contractions,
-                                       in_contractions=in_contractions, batch_prologues=not pack_contractions)
+                                       in_contractions=in_contractions)
     read_axes.cache_clear()   # (the fusion decisions' memo: its keys would keep this graph's nodes alive)
     readers = _readers(outputs, walk[0])
     if not pack_contractions:   # (the work-group targets; the cpu's kernels keep their float32 results)
