@@ -479,4 +479,3 @@ def children_first(roots: list, children) -> list:
         stack.append(node)
         stack.extend(c for c in reversed(children(node)) if c not in done)
     return order
-
