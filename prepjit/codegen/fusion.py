@@ -19,12 +19,13 @@ Which output axes of a kernel the index of each node it reads depends on is read
 """
 from __future__ import annotations
 
+import functools
 from collections import Counter
 
 from ..uop import Ops, UOp
 from ..uop.ops import ELEMENTWISE, MOVEMENT
 from .lower import REALIZED
-from .read_axes import UNKNOWN, per_row, reads_with_axes, uniform
+from .read_axes import UNKNOWN, per_row, read_axes, reads_with_axes, uniform, walk_order
 
 MEMORY_COST = 6        # ops-equivalent of writing an element and reading it back once
 LAUNCH_COST = 2000     # ops-equivalent of one more kernel launch
@@ -99,6 +100,8 @@ def choose_materialized(outputs: list[UOp], row_values: bool = False, walk: tupl
     readers: dict[UOp, set] = {}  # node -> the kernel roots whose kernels compute it inline
     streams: dict[UOp, tuple] = {}  # kernel root -> how it reads its operands (_recomputed_in_stream)
     realized_reads: dict[UOp, frozenset] = {}  # node -> the computed nodes its expression reads (_realized_reads)
+    shared = {n for n, k in readers_of.items() if k > 1 and n.op not in REALIZED}
+    loads = functools.partial(_loads, memo={}, shared=shared)  # (its walks' memo: read_axes.walk_order)
     for node in graph:  # parents first, so a node's readers are final when it is reached
         mine = readers.get(node, set())
         if node in chosen or node.op in ELEMENTWISE and node not in never_chosen and node.shape and \
@@ -106,7 +109,7 @@ def choose_materialized(outputs: list[UOp], row_values: bool = False, walk: tupl
                 _worth_materialising(node, mine, cost, row_values, chosen, operand_prologues, realized_reads,
                                      position) and \
                 not _recomputed_in_stream(node, mine, cost, streams, realized_reads, chosen, readers_of,
-                                          operand_prologues, position):
+                                          operand_prologues, position, loads):
             chosen.add(node)
             mine = set()
         passes = {node} if node in is_root or node in chosen else mine
@@ -190,7 +193,7 @@ def _worth_materialising(node: UOp, readers: set, cost: dict, row_values: bool, 
 
 
 def _recomputed_in_stream(node: UOp, readers: set, cost: dict, streams: dict, realized_reads: dict, chosen: set,
-                          readers_of: Counter, operand_prologues: bool, position: dict) -> bool:
+                          readers_of: Counter, operand_prologues: bool, position: dict, loads) -> bool:
     """Whether `node` is recomputed by the kernels reading it, which stream their operands, instead of materialised.
 
     A cheap value unpacked from integer data (a quantized weight's block scale: bytes joined, bitcast to float16,
@@ -226,7 +229,7 @@ def _recomputed_in_stream(node: UOp, readers: set, cost: dict, streams: dict, re
         if r not in streams:  # (whether r is a sum of products, what it loads and how: see _stream_rows, whose answers
             # per value recomputed depend on what that value loads only)
             products = r.op is Ops.REDUCE_AXIS and r.arg[0] is Ops.ADD and r.src[0].op is Ops.MUL
-            streams[r] = (products, _loads(r), {})
+            streams[r] = (products, loads(r), {})
         products, loaded, answers = streams[r]
         if node_loads not in answers:
             answers[node_loads] = _stream_rows(r, loaded, operand_prologues, node_loads)
@@ -238,10 +241,15 @@ def _recomputed_in_stream(node: UOp, readers: set, cost: dict, streams: dict, re
     return True
 
 
-def _loads(r: UOp) -> dict[UOp, set]:
-    """Each computed node (REALIZED) the kernel computing `r` loads -> the axes it is read at (reads_with_axes)."""
+def _loads(r: UOp, memo: dict, shared: set) -> dict[UOp, set]:
+    """Each computed node (REALIZED) the kernel computing `r` loads -> the axes it is read at (reads_with_axes'
+    walk, in its order: _stream_rows breaks ties by it; walk_order's, with its `memo` and `shared` nodes)."""
+    def expand(item):
+        n, axes = item
+        return (True, ()) if n.op in REALIZED else (False, zip(n.src, read_axes(n, axes)))
+    axes = tuple(frozenset((k,)) for k in range(len(r.shape)))
     loaded: dict[UOp, set] = {}
-    for n, axes in reads_with_axes(r, lambda n: n.op in REALIZED):
+    for n, axes in walk_order(list(zip(r.src, read_axes(r, axes))), expand, shared, memo):
         loaded.setdefault(n, set()).add(axes)
     return loaded
 

@@ -31,6 +31,52 @@ def reads_with_axes(root: UOp, stop):
             stack.extend(zip(n.src, read_axes(n, axes)))
 
 
+def walk_order(tops: list, expand, shared, memo: dict) -> dict:
+    """The items reads_with_axes' depth-first walk yields, in its order, as a dict's keys, the walk's items its
+    caller's: from a stack holding `tops` (popped last first), an item popped the first time yields if `expand(item)`'s
+    first value says so, then pushes its second (its operands' items). What the walk from an item whose node is in
+    `shared` yields is kept in `memo` (for the walks of one graph under one `expand`): a walk reaching that item
+    appends what it does not hold yet, in that order, which is the plain walk's (below an item it first reaches, it
+    yields what that item's own walk yields, less what it yielded before). So the kernels reading a residual stream
+    no longer each walk its chain of adds through every block before them (time growing with the square of the
+    layers). A walk needing an item's order that `memo` lacks hands it back here to walk first: no recursion,
+    however long the chain."""
+    walks = [(None, _walk(None, tops, expand, shared, memo))]
+    while True:
+        item, walk = walks[-1]
+        try:
+            needed = next(walk)
+        except StopIteration as done:
+            walks.pop()
+            if item is None:
+                return done.value
+            memo[item] = done.value
+            continue
+        yields, below = expand(needed)
+        walks.append((needed, _walk(needed if yields else None, below, expand, shared, memo)))
+
+
+def _walk(first, tops, expand, shared, memo):
+    """walk_order's walk from `tops`, `first` yielded before them (where not None); yields each shared item whose
+    order it needs and `memo` lacks (walk_order puts it there), returns the order."""
+    order, seen, stack = {} if first is None else {first: None}, set(), list(tops)
+    while stack:
+        item = stack.pop()
+        if item in seen:
+            continue
+        seen.add(item)
+        if item[0] in shared:
+            if item not in memo:
+                yield item
+            order.update(memo[item])
+            continue
+        yields, below = expand(item)
+        if yields:
+            order[item] = None
+        stack += below
+    return order
+
+
 def per_row(node: UOp, axes: tuple, root: UOp) -> bool:
     """Whether `node`, read with `axes` (per axis, what its index depends on: read_axes) by the kernel computing
     `root`, is read at an index that some leading output axes of the kernel alone give, not all (each of its
