@@ -1,7 +1,8 @@
 """The bounds proof: every load and store index of a kernel lies in [0, size) of its buffer, for every var value.
 
 Run on the kernel as launched (its target's passes applied, targets.py) right before rendering. A buffer's size is the product of its live
-(symbolic) shape, so caller arrays, empty ones included, are covered like intermediates.
+(symbolic) shape, so caller arrays, empty ones included, are covered like intermediates. A load from a select of
+buffers (BUFFER_SELECT: buffer_select.py) is proven inside each buffer it may read (uop.ops.buffers_of).
 
 An index is bounded by symbolic expressions of the vars: `upper(e)` gives options, each a list of
 expressions whose maximum is >= e (any one option is a valid bound), `lower(e)` the same from below.
@@ -20,6 +21,7 @@ import itertools
 
 from ..errors import CompileError
 from ..uop import Ops, UOp, simplify
+from ..uop.ops import buffers_of
 from ..uop.symbolic import _mono_key, from_poly, mono_div, poly, poly_min, provably_lt, relax_divisions
 from .facts import Facts, facts_of, ge0_terms, has_loop_or_data, is_int, linear
 
@@ -416,11 +418,14 @@ def prove_kernel(ast: UOp, shapes: list[tuple], constraints=()) -> int:
         index = simplify(u.src[1])  # facts and index in one canonical form
         gated = 2 if u.op is Ops.LOAD else 3  # LOAD: (buffer, index[, gate]); STORE: (buffer, index, value[, gate])
         gate = simplify(u.src[gated]) if len(u.src) > gated else None
-        count += 1
+        slots = [b.arg for b in buffers_of(u.src[0])]  # a select of buffers reads one: its index lies in each
+        count += len(slots)
         if gate is not None and gate.op is Ops.CONST and not gate.arg:  # never runs
             continue
-        if index.vmin >= 0 and index.vmax < shape_and_size(u.src[0].arg)[1].vmin:
-            continue  # its interval bounds are inside the buffer at every var value: proven without the facts
+        # those whose size holds the index's interval bounds at every var value: proven without the facts
+        slots = [s for s in slots if not (index.vmin >= 0 and index.vmax < shape_and_size(s)[1].vmin)]
+        if not slots:
+            continue
         terms = set(base)
         for r in (*_ranges(u.src[1]), *(_ranges(u.src[gated]) if gate is not None else ()), *enclosing[u]):
             terms.add(linear(r.src[0], None, -1))  # an access inside a loop runs only when the loop does
@@ -432,8 +437,10 @@ def prove_kernel(ast: UOp, shapes: list[tuple], constraints=()) -> int:
         else:
             terms |= set(ge0_terms(opaque[1], True))
         template, lanes = _lane_template(opaque[0]) if gate is None else (opaque[0], ())
-        key = (u.src[0].arg, template, *opaque[1:], frozenset(t for t in terms if t.op is not Ops.CONST or t.arg < 0))
-        groups.setdefault(key, {}).setdefault(lanes, {}).setdefault(offset, (u, index, gate, opaque[0]))
+        known = frozenset(t for t in terms if t.op is not Ops.CONST or t.arg < 0)
+        for slot in slots:
+            key = (slot, template, *opaque[1:], known)
+            groups.setdefault(key, {}).setdefault(lanes, {}).setdefault(offset, (u, index, gate, opaque[0]))
     prover = _Prover()
     for (slot, template, *gate_part, terms), by_lanes in groups.items():
         shape, size = shape_and_size(slot)

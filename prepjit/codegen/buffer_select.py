@@ -1,13 +1,14 @@
-"""Selects between reads of different buffers, rendered as one read of the selected buffer: in an elementwise kernel,
-a WHERE on outer loop indices whose arms compute the same expression over different buffers (a stack of layers'
-rows, stack_pieces.py: WHERE(r < k, ..., piece k), each piece the same RoPE over its layer's keys) becomes that
-expression once, its reads from WHERE(cond, buffer a, buffer b).
+"""Selects between reads of different buffers made one read of the selected buffer, a pass of the cpu target
+(targets.py: the last of its passes): in an elementwise kernel, a WHERE on outer loop indices whose arms compute the
+same expression over different buffers (a stack of layers' rows, stack_pieces.py: WHERE(r < k, ..., piece k), each
+piece the same RoPE over its layer's keys) becomes that expression once, its reads LOAD(BUFFER_SELECT(cond, buffer
+a, buffer b), index) (uop/ops.py).
 
-The accesses are those of the selected arm, a subset of what the select made (every arm's reads ran), so the bounds
-proof of the kernel as launched covers them; the values are the selected arm's. A renderer that takes a select
-of buffers (render_llvm: a select of pointers, which LLVM hoists out of the inner loops) applies it to the kernel
-it renders. SmolLM2's decode stacks 30 layers' RoPE'd key rows: each output computed all 30 pieces and selected
-one (the keys' and values' stacks 44-48 us a step on a loaded AMD EPYC, 26-28 us with the select of buffers).
+The kernel as launched holds the select, so the bounds proof sees it: it proves the read's index inside each buffer
+the select chooses from (ops.buffers_of), as it proved each arm's read before; the values are the selected arm's.
+render_llvm renders a select of buffers as a select of their pointers, which LLVM hoists out of the inner loops.
+SmolLM2's decode stacks 30 layers' RoPE'd key rows: each output computed all 30 pieces and selected one (the keys'
+and values' stacks 44-48 us a step on a loaded AMD EPYC, 26-28 us with the select of buffers).
 Only where the condition reads outer loop indices alone (one buffer for a whole inner row: a condition that
 varies along the innermost loop would turn the row's vector loads into gathers) and in a kernel without reductions.
 """
@@ -19,8 +20,8 @@ _LEAVES = (Ops.CONST, Ops.DEFINE_VAR, Ops.RANGE)
 
 
 def with_buffer_selects(ast: UOp) -> UOp:
-    """`ast` (a kernel as launched) with each WHERE whose arms differ only in the buffers their reads take, on a
-    condition of outer loop indices, one read of the selected buffers; `ast` itself when there is none."""
+    """`ast` (a kernel as the cpu target launches it) with each WHERE whose arms differ only in the buffers their
+    reads take, on a condition of outer loop indices, one read of the selected buffers; `ast` itself when none."""
     topo = ast.toposort()
     if any(u.op is Ops.REDUCE for u in topo):
         return ast
@@ -66,7 +67,8 @@ def _merge(a: UOp, b: UOp, cond: UOp, memo: dict) -> UOp | None:
         same_reads = a.src[1:] == b.src[1:] and a.src[0].dtype == b.src[0].dtype
         if not (same_reads and _buffer(a.src[0]) and _buffer(b.src[0])):
             return None
-        return UOp(Ops.LOAD, a.dtype, (UOp(Ops.WHERE, a.src[0].dtype, (cond, a.src[0], b.src[0])), *a.src[1:]), a.arg)
+        selected = UOp(Ops.BUFFER_SELECT, a.src[0].dtype, (cond, a.src[0], b.src[0]))
+        return UOp(Ops.LOAD, a.dtype, (selected, *a.src[1:]), a.arg)
     src = []
     for x, y in zip(a.src, b.src):
         m = _merged(x, y, cond, memo)
@@ -78,4 +80,4 @@ def _merge(a: UOp, b: UOp, cond: UOp, memo: dict) -> UOp | None:
 
 def _buffer(u: UOp) -> bool:
     """A kernel's buffer slot, or a select of them."""
-    return u.op is Ops.DEFINE_GLOBAL or u.op is Ops.WHERE and _buffer(u.src[1]) and _buffer(u.src[2])
+    return u.op in (Ops.DEFINE_GLOBAL, Ops.BUFFER_SELECT)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from ..uop import DType, Ops, UOp, dtypes, simplify
 from ..uop.ops import FMA_DTYPES
-from .buffer_select import with_buffer_selects
 from .kernel import KernelSource, kernel_vars, parallel_range
 from .llvm_ir import InlineMath, const_literal, intrinsic_suffix, mem_type, reg_type
 from .llvm_reductions import ROLLED, ReductionRendering
@@ -308,18 +307,17 @@ class _Renderer(ReductionRendering, KernelRenderer, InlineMath):
         return self.op(f"getelementptr inbounds {mem_type(buf.dtype)}, ptr {self.pointer(buf)}, i64 {index}", "p")
 
     def pointer(self, buf: UOp) -> str:
-        """The pointer of a buffer, or of a select of buffers (buffer_select.py: a select of their pointers on its
-        scalar condition, once per loop scope)."""
-        if buf.op is not Ops.WHERE:
+        """The pointer of a buffer, or of a select of buffers (BUFFER_SELECT, buffer_select.py: a select of their
+        pointers on its scalar condition, once per loop scope)."""
+        if buf.op is not Ops.BUFFER_SELECT:
             return _pointer(buf)
-        key = (Ops.WHERE, buf)
-        found = self._rendered(key)
+        found = self._rendered(buf)
         if found is None:
             lanes, self.vec = self.vec, 0
             cond = self.value(buf.src[0])
             self.vec = lanes
             found = self.op(f"select i1 {cond}, ptr {self.pointer(buf.src[1])}, ptr {self.pointer(buf.src[2])}", "p")
-            self.scopes[-1][key] = found
+            self.scopes[-1][buf] = found
         return found
 
     def lane_pointer(self, buf: UOp, index: UOp, gated: bool) -> tuple[str, bool]:
@@ -589,7 +587,7 @@ class _Renderer(ReductionRendering, KernelRenderer, InlineMath):
 
 def render_llvm(ast: UOp, target: CPUTarget | None = None) -> KernelSource:
     """The LLVM IR of a kernel, for `target` (by default this host's CPU)."""
-    r = _Renderer(with_buffer_selects(ast), target or host_target())
+    r = _Renderer(ast, target or host_target())
     source = r.kernel()
     size = (r.prange.src[0],) if r.prange is not None else (UOp.const(1),)
     return KernelSource(ast.arg, source, "llvm", tuple(r.vars), size)

@@ -4,7 +4,9 @@ target; everything that differs between the kernels of the cpu and the GPUs asks
 class. (Runtime facts of a device, such as whether its memory is the host's, are the device's own.)
 
 `launched(ast, blocking)` is the kernel as it runs: on the cpu, blocked for this host's vector unit
-(optimize.py, matvec.py), a contraction's computed operands first computed once per call (operand_prologue.py);
+(optimize.py, matvec.py), a contraction's computed operands first computed once per call (operand_prologue.py),
+an elementwise kernel's selects between the same reads of different buffers one read of a select of buffers
+(buffer_select.py);
 on a GPU, with its launch decided (gpu_launch.py: a tiled contraction, a row kernel or elementwise work-items), a
 row kernel's reductions stopping where the rest of a row is masked (row_bounds.py).
 The Blocking is passed, never looked up: the planner asks PREPJIT_TUNE's record (jit/tune.py) once per kernel
@@ -20,6 +22,7 @@ import attrs
 
 from ..uop import UOp
 from . import gpu_launch
+from .buffer_select import with_buffer_selects
 from .kernel import KernelSource
 from .llvm_softmax import softmax_rows
 from .operand_prologue import with_operand_prologue
@@ -81,8 +84,9 @@ def _gpu(dialect: Dialect) -> Target:
 
 def _llvm_passes(ast: UOp, blocking: Blocking) -> UOp:
     lowered = softmax_rows(ast, host_target())  # a softmax inside its contraction's kernel (llvm_softmax.py)
-    return lowered if lowered is not None else with_operand_prologue(
-        ast, lambda main: optimize_with(main, "llvm", None, blocking))
+    if lowered is not None:
+        return lowered
+    return with_buffer_selects(with_operand_prologue(ast, lambda main: optimize_with(main, "llvm", None, blocking)))
 
 
 LLVM = Target("llvm", work_groups=False, packs_contractions=True, passes=_llvm_passes,

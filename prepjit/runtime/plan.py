@@ -11,6 +11,7 @@ import numpy as np
 from ..errors import IndexBoundError, SignatureError, VarError
 from ..uop import Ops
 from ..uop.constraint import compile_checks
+from ..uop.ops import buffers_of
 from ..uop.segments import Run, Segments
 from .array import Array
 from .cache import CachedKernel
@@ -131,8 +132,8 @@ def _reads_where_it_writes(pk: PreparedKernel, buffer: int) -> bool:
     stores = [u for u in pk.ast.src if u.op is Ops.STORE]
     if len(stores) != 1 or len(stores[0].src) != 3:
         return False
-    return all(len(u.src) == 2 and u.src[1] is stores[0].src[1]
-               for u in pk.ast.toposort() if u.op is Ops.LOAD and u.src[0].arg in slots)
+    return all(len(u.src) == 2 and u.src[1] is stores[0].src[1] for u in pk.ast.toposort()
+               if u.op is Ops.LOAD and any(b.arg in slots for b in buffers_of(u.src[0])))
 
 
 def _copies(pk: PreparedKernel, source: int, target: int) -> bool:
@@ -144,7 +145,7 @@ def _copies(pk: PreparedKernel, source: int, target: int) -> bool:
         return False
     value = stores[0].src[2]
     return (value.op is Ops.LOAD and len(value.src) == 2 and value.src[1] is stores[0].src[1]
-            and pk.buffer_indices[value.src[0].arg] == source)
+            and all(pk.buffer_indices[b.arg] == source for b in buffers_of(value.src[0])))
 
 
 class PlanBuffer:

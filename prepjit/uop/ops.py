@@ -49,7 +49,11 @@ class Ops(Enum):
     LOOP = auto()           # src: initial carries; arg: LoopInfo
     LOOP_OUT = auto()       # src: (LOOP,); arg: carry index
     # kernels
-    LOAD = auto()           # src: (DEFINE_GLOBAL, index[, gate])
+    BUFFER_SELECT = auto()  # kernel only, a LOAD's buffer (the cpu target's passes: codegen/buffer_select.py); src:
+                            # (cond, a, b), a and b each a DEFINE_GLOBAL or BUFFER_SELECT of one element dtype (its
+                            # dtype): the load reads a where cond holds, else b, at its one index, which the bounds
+                            # proof proves inside each of them (buffers_of)
+    LOAD = auto()           # src: (buffer, index[, gate]); buffer: DEFINE_GLOBAL, DEFINE_LOCAL or BUFFER_SELECT
     STORE = auto()          # src: (DEFINE_GLOBAL, index, value[, gate]); arg: None, or an op: a read-modify-write
                             # buf[index] = op(buf[index], value) (a scatter's combine)
     SINK = auto()           # src: stores or traced outputs; arg: kernel name or None
@@ -77,3 +81,12 @@ REDUCE_OPS = {Ops.ADD, Ops.MUL, Ops.MAX, Ops.MIN, Ops.AND, Ops.OR}
 # the arg a float32 contraction's product (MUL) may carry: the reduced precision a device may multiply it in
 # (tracing/precision.py; an exact product has none)
 PRODUCT_PRECISIONS = ("tf32", "bf16")
+
+
+def buffers_of(buffer) -> tuple:
+    """The buffers an access through `buffer` (a LOAD's or STORE's src[0]) may touch: `buffer` itself, or each
+    buffer a BUFFER_SELECT chooses from. Whatever reasons about an access's buffer (the bounds proof, a plan's
+    in-place writes) reasons about each of them."""
+    if buffer.op is not Ops.BUFFER_SELECT:
+        return (buffer,)
+    return buffers_of(buffer.src[1]) + buffers_of(buffer.src[2])

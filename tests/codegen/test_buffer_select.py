@@ -1,13 +1,19 @@
-"""Selects between the same reads of different buffers rendered as one read of the selected buffer
-(codegen/buffer_select.py, render_llvm)."""
+"""Selects between the same reads of different buffers made one read of a select of buffers by the cpu target's
+passes (codegen/buffer_select.py: BUFFER_SELECT), proven inside each of its buffers and rendered as a select of
+pointers (render_llvm)."""
 import numpy as np
+import pytest
 
 import prepjit as pj
 import prepjit.numpy as pnp
+from prepjit.codegen.bounds import prove_kernel
 from prepjit.codegen.buffer_select import with_buffer_selects
 from prepjit.codegen.lower import REALIZED, lower_kernel
 from prepjit.codegen.render_llvm import render_llvm
+from prepjit.codegen.targets import LLVM
+from prepjit.errors import CompileError
 from prepjit.uop import Ops
+from prepjit.uop.ops import buffers_of
 
 ROWS = [np.arange(12, dtype=np.float32).reshape(3, 4) * (k + 1) - 7 for k in range(6)]
 
@@ -30,10 +36,60 @@ def test_a_stack_reads_one_piece_of_selected_buffers():
     assert len(reads(ast)) == len(ROWS)
     selected = with_buffer_selects(ast)
     (read,) = reads(selected)
-    assert read.src[0].op is Ops.WHERE
-    assert {u.arg for u in read.src[0].toposort() if u.op is Ops.DEFINE_GLOBAL} == set(range(1, len(ROWS) + 1))
-    source = render_llvm(ast).source
+    assert read.src[0].op is Ops.BUFFER_SELECT
+    assert [b.arg for b in buffers_of(read.src[0])] == list(range(1, len(ROWS) + 1))
+    assert render_llvm(ast).source.count("load float") == len(ROWS)  # the renderer renders the AST it is given
+    source = render_llvm(LLVM.launched(ast)).source
     assert source.count("load float") == 1 and source.count("select i1") == len(ROWS) - 1
+
+
+def test_the_prepared_kernel_is_the_select_of_buffers_it_runs():
+    """The cpu target's passes make the select (the kernel as launched: PreparedKernel.ast), not its renderer."""
+    plan = pj.prepare(stacked, device="cpu").plan(*ROWS)
+    (pk,) = [k for k in plan.kernels if any(u.op is Ops.BUFFER_SELECT for u in k.ast.toposort())]
+    (read,) = reads(pk.ast)
+    assert [b.arg for b in buffers_of(read.src[0])] == list(range(1, len(ROWS) + 1))
+    assert pk.kernel.source.count("select i1") == len(ROWS) - 1
+
+
+def test_the_proof_checks_a_selected_read_inside_every_buffer_it_selects():
+    """Each piece is 12 elements; with any one of them 9 long the selected read may leave it: refused, naming it."""
+    launched = LLVM.launched(kernel_of(stacked, *ROWS))
+    assert any(u.op is Ops.BUFFER_SELECT for u in launched.toposort())
+    shapes = [(len(ROWS), 3, 4)] + [(3, 4)] * len(ROWS)
+    assert prove_kernel(launched, shapes) == prove_kernel(kernel_of(stacked, *ROWS), shapes) == len(ROWS) + 1
+    for slot in range(1, len(ROWS) + 1):
+        short = shapes[:slot] + [(3, 3)] + shapes[slot + 1:]
+        with pytest.raises(CompileError, match=f"load from buffer slot {slot} "):
+            prove_kernel(launched, short)
+
+
+def test_writing_over_a_donated_piece_sees_the_selected_read():
+    """A plan writes a result over a donated input only where every read of it is at the written element: a read
+    through a select of buffers reads each of them (here rows 2, 3 read the donated rows 1, 0, which rows 0, 1 would
+    have overwritten), so the result gets memory of its own and is right."""
+    fn = lambda a, b: pnp.where(pnp.arange(4)[:, None] < 2, b[::-1] * 2, a[::-1] * 2)   # noqa: E731
+    a, b = np.arange(12, dtype=np.float32).reshape(4, 3), np.arange(12, 24, dtype=np.float32).reshape(4, 3)
+    f = pj.prepare(fn, donate_argnums=0, device="cpu")
+    assert any(u.op is Ops.BUFFER_SELECT for k in f.plan(a, b).kernels for u in k.ast.toposort())
+    donated = pj.prepare(lambda x: x * 1, device="cpu")(a)
+    memory = id(donated.buffer)
+    out = f(donated, b)
+    assert id(out.buffer) != memory
+    np.testing.assert_array_equal(np.asarray(out), np.where(np.arange(4)[:, None] < 2, b[::-1] * 2, a[::-1] * 2))
+
+
+def test_a_selected_read_at_the_written_element_writes_over_the_donated_piece():
+    """Every read of the donated `a` is at the element written: the result is written over it in place."""
+    fn = lambda a, b: pnp.where(pnp.arange(4)[:, None] < 2, a, b)   # noqa: E731
+    a, b = np.arange(12, dtype=np.float32).reshape(4, 3), np.arange(12, 24, dtype=np.float32).reshape(4, 3)
+    f = pj.prepare(fn, donate_argnums=0, device="cpu")
+    assert any(u.op is Ops.BUFFER_SELECT for k in f.plan(a, b).kernels for u in k.ast.toposort())
+    donated = pj.prepare(lambda x: x * 1, device="cpu")(a)
+    memory = id(donated.buffer)
+    out = f(donated, b)
+    assert id(out.buffer) == memory
+    np.testing.assert_array_equal(np.asarray(out), np.where(np.arange(4)[:, None] < 2, a, b))
 
 
 def test_a_stack_of_selected_buffers_runs_exactly():

@@ -210,8 +210,8 @@ def test_every_traced_op_has_rules():
     differentiable ones a vjp."""
     from prepjit.tracing.prims.registry import _table
     from prepjit.uop import Ops
-    kernel_only = {Ops.DEFINE_GLOBAL, Ops.DEFINE_LOCAL, Ops.RANGE, Ops.REDUCE, Ops.LOAD, Ops.STORE, Ops.SINK,
-                   Ops.LAUNCH}
+    kernel_only = {Ops.DEFINE_GLOBAL, Ops.DEFINE_LOCAL, Ops.RANGE, Ops.REDUCE, Ops.BUFFER_SELECT, Ops.LOAD,
+                   Ops.STORE, Ops.SINK, Ops.LAUNCH}
     assert {op for op in Ops if op not in _table} == kernel_only
     differentiable = {Ops.EXP, Ops.LOG, Ops.SQRT, Ops.TANH, Ops.ERF, Ops.MUL, Ops.FDIV, Ops.POW, Ops.MAX, Ops.WHERE,
                       Ops.CAST, Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.SHRINK, Ops.PAD, Ops.GATHER, Ops.SCATTER,
