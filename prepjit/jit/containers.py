@@ -7,14 +7,15 @@ pj.Array) or None; the array parts each array's dtype, shape and strides (a pj.A
 shape). Its arrays, in the same order, are the plan's inputs. A container holding anything else (its other
 leaves are static values: `read` keys them) or nested deeper than MAX_DEPTH has no key part.
 
-`walk` reads them with a Python call per container: ~1.5 us each, 0.2-0.35 ms for SmolLM2's 154 (a decode step
-of ~8 ms). `ContainerKeys` compiles, for the structure its argument position walked twice in a row, a reader:
-straight-line code that checks every container's class and keys or length, unpacks its values and checks each
-leaf's class, so it finds the same key part from the same facts (the array parts are read anew on every call: an
-array's shape or dtype may change in place), or None where the container differs (then the walk reads it).
-Its structure is one tuple from call to call, so the fast path's comparison with the last key finds it the same
-by identity. SmolLM2's decode key, compared with the last: 0.22-0.24 -> 0.08-0.10 ms of CPU a call. Neither keeps
-the container or its arrays alive: a reader holds the structure only.
+`walk` reads its structure and arrays with a Python call per container: ~1.5 us each, 0.2-0.35 ms for SmolLM2's
+154 (a decode step of ~8 ms). `ContainerKeys` compiles, for the structure its argument position walked twice in
+a row, a reader: straight-line code that checks every container's class and keys or length, unpacks its values and
+checks each leaf's class, so it finds the same structure and arrays from the same facts, or None where the
+container differs (then the walk reads it). Its structure is one tuple from call to call, so the fast path's
+comparison with the last key finds it the same by identity. Both leave the array parts to `key_part`: they are
+read anew on every call (an array's shape or dtype may change in place), in Python (`array_parts`) or, where the
+fast path checks them against the last call's natively (runtime/array_check.py), not at all. Neither keeps the
+container or its arrays alive: a reader holds the structure only.
 """
 from __future__ import annotations
 
@@ -41,12 +42,17 @@ def array_parts(leaves) -> tuple:
     return tuple(_PARTS[type(a)](a) for a in leaves)
 
 
+def key_part(structure: tuple, leaves) -> tuple:
+    """A container's key part: its structure (`walk`'s or a reader's) and its arrays' parts."""
+    return structure, array_parts(leaves)
+
+
 def walk(tree) -> tuple | None:
-    """(the key part of a dict, list or tuple, its arrays), or None where it has no key part."""
+    """(the structure of a dict, list or tuple, its arrays), or None where it has no key part."""
     structure, leaves = [], []
     if not _walk(tree, structure, leaves, 0):
         return None
-    return (tuple(structure), array_parts(leaves)), leaves
+    return tuple(structure), leaves
 
 
 def _walk(tree, structure: list, leaves: list, depth: int) -> bool:
@@ -83,7 +89,7 @@ class ContainerKeys:
         self.reader = None
 
     def __call__(self, tree) -> tuple | None:
-        """(key part, arrays) of `tree`, or None where it has no key part."""
+        """(structure, arrays) of `tree`, or None where it has no key part."""
         reader = self.reader
         if reader is not None:
             got = reader(tree)
@@ -92,7 +98,7 @@ class ContainerKeys:
                 return got
         got = walk(tree)
         if got is not None:
-            structure = got[0][0]
+            structure = got[0]
             if structure == self.walked and len(structure) <= READER_MAX_NODES:
                 self.reader = compile_reader(structure)
             self.walked = structure
@@ -100,7 +106,7 @@ class ContainerKeys:
 
 
 def compile_reader(structure: tuple):
-    """tree -> (key part, arrays) of a tree of this structure (as `walk` finds them), or None for any other."""
+    """tree -> (structure, arrays) of a tree of this structure (as `walk` finds them), or None for any other."""
     lines, names = [], iter(f"t{i}" for i in range(len(structure)))
     keys = []  # the dicts' keys tuples (a one-key dict's key), bound as k0, k1, ... (not written as literals)
     leaves, kinds = [], []
@@ -131,10 +137,10 @@ def compile_reader(structure: tuple):
             kinds.append(node)
     leaf_tuple = f"({', '.join(leaves)}{',' if leaves else ''})"
     lines += [f"leaves = {leaf_tuple}", "if tuple(map(type, leaves)) != kinds: return None",
-              "return (structure, array_parts(leaves)), leaves"]
+              "return structure, leaves"]
     source = (f"def make({', '.join(['structure', 'kinds'] + [f'k{i}' for i in range(len(keys))])}):\n"
               f"    def read({root}):\n        try:\n" + "".join(f"            {line}\n" for line in lines) +
               "        except KeyError:\n            return None\n    return read\n")
-    scope = {"array_parts": array_parts}
+    scope: dict = {}
     exec(source, scope)
     return scope["make"](structure, tuple(kinds), *keys)

@@ -3,7 +3,9 @@ plan straight on NumPy arrays.
 
 A positional call whose arguments are NumPy arrays and scalars (as 0-d arrays), pj.Arrays on the cpu or on the
 plan's GPU, ints, strings, bools, None, or dicts, lists and tuples of arrays (a model's weights) is looked up by
-its concrete key (`Signature.concrete_key`). The first call with a key goes through the full path
+its concrete key (`Signature.concrete_key`): where the call's key but for its containers' array parts is the last
+call's, a native check that those arrays' dtypes, shapes and strides are the last call's (runtime/array_check.py, on
+the cpu) stands for reading and comparing them. The first call with a key goes through the full path
 (`Signature.read`, which checks everything); after it, `FastCalls.learn` keeps what that read decided: the plan,
 where each array and scalar var is among the arguments, the call's var reads (Var, value, where) with the
 values the key fixes (shape vars, already checked) and the positions of those it does not (scalar vars), and
@@ -28,10 +30,11 @@ import numpy as np
 
 from ..errors import DeletedArrayError
 from ..runtime.array import Array
+from ..runtime.array_check import same_arrays_entry
 from ..runtime.host_pool import allocator_for, empty
 from ..tracing.constants import CaptureWatch, capture_key
 from .containers import walk
-from .signature import check_reads
+from .signature import check_reads, full_key
 
 MISS = object()
 MAX_KEYS = 4096  # distinct concrete shapes remembered per prepared function
@@ -222,27 +225,48 @@ def _compile_test(plan, var_reads: tuple, var_values: dict):
     return scope["test"]
 
 
+def _arrays_check(device, flat: tuple, spans: list):
+    """A native check (runtime/array_check.py) that a call's containers' arrays (`spans` of `flat`: NumPy arrays)
+    have the dtypes, shapes and strides of these, or None where none is (pj.Array leaves, no native check here:
+    the fast path then compares the concrete keys)."""
+    address = getattr(device, "same_arrays_address", 0)
+    positions = [p for _, start, stop in spans for p in range(start, stop)]
+    if not address or not positions or any(type(flat[p]) is not np.ndarray for p in positions):
+        return None
+    return same_arrays_entry(address, [flat[p] for p in positions], positions)
+
+
 class FastCalls:
-    """The fast-path table of one prepared function: concrete call key -> its _KnownCall's run."""
+    """The fast-path table of one prepared function: concrete call key -> its _KnownCall's run and the native check
+    of its containers' arrays. A call whose light key (`Signature.light_key`: no array parts of its containers) is
+    the last call's and whose containers' arrays pass the last call's check has the last call's key: it replays
+    without the containers' array parts read or compared."""
 
     def __init__(self, signature, fn):
         self.fn = fn
         self.signature = signature  # the call reader: concrete keys, and the checks a failed test falls back to
         self.enabled = signature.simple
         self.calls: dict = {}
-        self.last = (MISS, None)  # the concrete key a call found last (MISS: none yet) and its run
+        # the light and concrete keys a call found last (MISS: none yet), its run and its arrays' check
+        self.last = (MISS, MISS, None, None)
         self.watches: dict = {}  # capture_key -> its CaptureWatch, shared by the calls whose plans captured those
 
     def __call__(self, args: tuple, device_name):
         if not self.enabled:
             return MISS
-        key, flat = self.signature.concrete_key(args, device_name)
-        last_key, run = self.last  # (one read: another thread may set it) the key a call found last: compared,
-        if key != last_key:        # not hashed (a model's key is a few hundred parts), as the dict would compare it
-            run = self.calls.get(key)
-            if run is None:
+        light, flat, spans = self.signature.light_key(args, device_name)
+        if light is None:
+            return MISS
+        last_light, last_key, run, same = self.last  # (one read: another thread may set it) the last call's
+        if light == last_light and same is not None and same(flat) is flat:  # its containers' arrays as the last
+            return run(flat)                                                  # call's: the same concrete key
+        key = full_key(light, flat, spans)
+        if key != last_key:  # compared, not hashed (a model's key is a few hundred parts), as the dict would
+            found = self.calls.get(key)
+            if found is None:
                 return MISS
-            self.last = key, run
+            run, same = found
+        self.last = light, key, run, same
         return run(flat)
 
     def learn(self, args: tuple, device_name, info, entry, device, donated: tuple):
@@ -254,8 +278,11 @@ class FastCalls:
                 not donated and (not plan.replays_arrays or any(entry.duplicate)):
             return
         signature = self.signature
-        key, flat = signature.concrete_key(args, device_name)
-        if key is None or key in self.calls:
+        light, flat, spans = signature.light_key(args, device_name)
+        if light is None:
+            return
+        key = full_key(light, flat, spans)
+        if key in self.calls:
             return
         origin = []  # flat position -> the argument it comes from
         for i, a in enumerate(args):
@@ -281,8 +308,9 @@ class FastCalls:
         # a scalar var's read (where: its parameter's name) is read anew from its position; any other the key fixes
         var_reads = tuple((var, var_positions.get(where), value, where)
                           for var, value, where in info.reads)
-        self.calls[key] = _KnownCall(entry, info, array_args, len(flat), var_reads, device,
-                                     self._watch(entry.reachable), donated).run
+        run = _KnownCall(entry, info, array_args, len(flat), var_reads, device, self._watch(entry.reachable),
+                         donated).run
+        self.calls[key] = run, _arrays_check(device, flat, spans)
 
     def _watch(self, reachable: tuple):
         """The CaptureWatch of the arrays a plan captured (one for all the calls whose plans captured the same

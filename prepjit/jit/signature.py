@@ -27,7 +27,7 @@ from ..tracing.pytree import flatten
 from ..tracing.core import ArrayLeaf, VarLeaf
 from ..uop import UOp, to_dtype
 from ..uop.var import BoundVar, Var
-from .containers import ARRAY_PARTS, NDARRAY_PARTS, ContainerKeys
+from .containers import ARRAY_PARTS, NDARRAY_PARTS, ContainerKeys, key_part
 
 def parse_dims(spec, vars_: dict[str, Var], where: str) -> tuple:
     """A shape spec ("n, 64", ("n", 64), (Var, None)) -> tuple of int | Var | None."""
@@ -219,16 +219,26 @@ class Signature:
         strides (a pj.Array's device), each container's key part (containers.py: its structure and its arrays'
         parts), each static value, and a marker for each scalar var (its value is read anew by every call): calls
         with the same key read the same through `read` but for the scalar vars' values."""
+        light, flat, spans = self.light_key(args, device_name)
+        return (None, None) if light is None else (full_key(light, flat, spans), flat)
+
+    def light_key(self, args: tuple, device_name) -> tuple:
+        """(the concrete key but for its containers' array parts: each container's part its structure alone, the
+        arguments with each container's arrays in its place, the spans (part index, start, stop) of each
+        container's arrays among them), or (None, None, None). `full_key` makes the concrete key of it; calls
+        with the same light key and arrays of the same dtypes, shapes and strides in those spans have the same
+        concrete key."""
         parts = [device_name]
         containers = self._containers
         var_positions = self.var_positions
         static_positions = self.static_positions
         flat = None   # the arguments with containers flattened, once there is one
+        spans = []
         for i, a in enumerate(args):
             t = type(a)
             if static_positions and i in static_positions:  # keyed by value (static_argnums / static_argnames)
                 if t not in (int, float, str, bool) and a is not None:
-                    return None, None
+                    return None, None, None
                 parts.append((t, a))
             elif t is np.ndarray:
                 parts.append(NDARRAY_PARTS(a))
@@ -246,9 +256,11 @@ class Signature:
                     keys = containers.setdefault(i, ContainerKeys())
                 got = keys(a)
                 if got is None:
-                    return None, None
-                parts.append(got[0])
-                flat += got[1]
+                    return None, None, None
+                structure, leaves = got
+                spans.append((len(parts), len(flat), len(flat) + len(leaves)))
+                parts.append(structure)
+                flat += leaves
                 continue
             elif isinstance(a, np.generic) and not isinstance(a, np.flexible) and i not in var_positions:
                 # a NumPy scalar is a 0-d array (is_array_like)
@@ -258,10 +270,10 @@ class Signature:
                 parts.append((a.dtype, (), ()))
                 continue
             else:
-                return None, None
+                return None, None, None
             if flat is not None:
                 flat.append(a)
-        return tuple(parts), (args if flat is None else tuple(flat))
+        return tuple(parts), (args if flat is None else tuple(flat)), spans
 
     def _scalar_var(self, name: str, value) -> int:
         if isinstance(value, BoundVar):
@@ -428,3 +440,12 @@ def retrace_hint(fn_name: str, path: str, shapes: list[tuple], free_names: list[
             f"Make {'it' if len(changed) == 1 else 'them'} symbolic to replay one plan for every size: "
             f"{where}{bounds}" + (" (MAX: the largest size to support)" if bounds else ""))
 
+
+def full_key(light: tuple, flat: tuple, spans: list) -> tuple:
+    """The concrete key of a call's `Signature.light_key`: each container's structure joined by its arrays' parts."""
+    if not spans:
+        return light
+    parts = list(light)
+    for index, start, stop in spans:
+        parts[index] = key_part(light[index], flat[start:stop])
+    return tuple(parts)

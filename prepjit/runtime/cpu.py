@@ -22,6 +22,7 @@ from ..uop import Ops, UOp, render_python
 from . import compile_pool
 from .array import Array
 from .buffer import HostBuffer
+from .array_check import SAME_ARRAYS_IR, same_arrays_self_test
 from .cpu_replay import (INT64_MAX, LAUNCH_FIELDS, REPLAY_FN, REPLAY_IR, NativeProgram, layout_self_test,
                          method_self_test)
 from .cpu_threads import CHUNKS_PER_THREAD, NativeThreads, threads_ir
@@ -333,13 +334,15 @@ class CPUDevice:
         version = ".".join(map(str, llvm.llvm_version_info))
         self.compiler_id = f"llvm-{version}-{self.cpu_name}-{hashlib.sha1(features.encode()).hexdigest()[:12]}"
         self.lock = threading.Lock()
-        replay_object = self.compile("prepjit_replay", REPLAY_IR + threads_ir(cpu.triple))
+        replay_object = self.compile("prepjit_replay", REPLAY_IR + SAME_ARRAYS_IR + threads_ir(cpu.triple))
         self._replay_engine, replay_address = self._load_object("prepjit_replay", replay_object)
         self.replay_fn = REPLAY_FN(replay_address)
         self.native_reads_arrays = layout_self_test(self.replay_fn)
         address = self._replay_engine.get_function_address
         method = address("prepjit_replay_method")  # (cpu_replay.py: a prepared call's replay)
         self.method_address = method if method_self_test(self.replay_fn, method) else 0
+        same_arrays = address("prepjit_same_arrays")  # (array_check.py: the fast path's check of a call's arrays)
+        self.same_arrays_address = same_arrays if same_arrays_self_test(same_arrays) else 0
         threads = NativeThreads(thread_count(), address("prepjit_parallel"), address("prepjit_worker"),
                                 address("prepjit_cycles"))
         self.threads = threads if threads.workers else None  # None: every kernel runs on the calling thread
