@@ -1,4 +1,4 @@
-"""Selects between reads of different buffers made one read of the selected buffer, a pass of the cpu target
+"""Selects between reads of different buffers made one read of the selected buffer, a pass of every target
 (targets.py: the last of its passes): in an elementwise kernel, a WHERE on outer loop indices whose arms compute the
 same expression over different buffers (a stack of layers' rows, stack_pieces.py: WHERE(r < k, ..., piece k), each
 piece the same RoPE over its layer's keys) becomes that expression once, its reads LOAD(BUFFER_SELECT(cond, buffer
@@ -6,11 +6,13 @@ a, buffer b), index) (uop/ops.py).
 
 The kernel as launched holds the select, so the bounds proof sees it: it proves the read's index inside each buffer
 the select chooses from (ops.buffers_of), as it proved each arm's read before; the values are the selected arm's.
-render_llvm renders a select of buffers as a select of their pointers, which LLVM hoists out of the inner loops.
+render_llvm renders a select of buffers as a select of their pointers, which LLVM hoists out of the inner loops, and
+render_c as a select of pointers a work-item makes (it read every piece's buffers before and kept one value).
 SmolLM2's decode stacks 30 layers' RoPE'd key rows: each output computed all 30 pieces and selected one (the keys'
 and values' stacks 44-48 us a step on a loaded AMD EPYC, 26-28 us with the select of buffers).
 Only where the condition reads outer loop indices alone (one buffer for a whole inner row: a condition that
-varies along the innermost loop would turn the row's vector loads into gathers) and in a kernel without reductions.
+varies along the innermost loop would turn the cpu's vector loads of a row into gathers) and in a kernel without
+reductions.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ _LEAVES = (Ops.CONST, Ops.DEFINE_VAR, Ops.RANGE)
 
 
 def with_buffer_selects(ast: UOp) -> UOp:
-    """`ast` (a kernel as the cpu target launches it) with each WHERE whose arms differ only in the buffers their
+    """`ast` (a kernel as its target launches it) with each WHERE whose arms differ only in the buffers their
     reads take, on a condition of outer loop indices, one read of the selected buffers; `ast` itself when none."""
     topo = ast.toposort()
     if any(u.op is Ops.REDUCE for u in topo):

@@ -347,7 +347,7 @@ class CStyleRenderer(KernelRenderer):
         gate = self.value(u.src[2]) if len(u.src) > 2 else None
         if gate is not None:  # a gated-off load reads element 0 and yields 0
             idx = self.let(dtypes.int64, f"{gate} ? {idx} : 0")
-        ptr = f"buf{buf.arg}"
+        ptr = self.pointer(buf)
         if u.dtype == dtypes.float16:
             self.half_helpers()
             raw = self.d.load_half.format(ptr=ptr, idx=idx)
@@ -360,6 +360,12 @@ class CStyleRenderer(KernelRenderer):
         if gate is not None:
             raw = f"{gate} ? {raw} : {self.d.literal(0, u.dtype)}"
         return self.let(u.dtype, raw, "ld")
+
+    def pointer(self, buf: UOp) -> str:
+        """A buffer's pointer, or a select of buffers' (BUFFER_SELECT: buffer_select.py) as a select of theirs."""
+        if buf.op is not Ops.BUFFER_SELECT:
+            return f"buf{buf.arg}"
+        return f"({self.value(buf.src[0])} ? {self.pointer(buf.src[1])} : {self.pointer(buf.src[2])})"
 
     def store_line(self, u: UOp, bits: str | None = None) -> str:
         """One statement; a scatter's store is gated (src[3]) and may combine (arg: an atomic read-modify-write).

@@ -8,7 +8,8 @@ class. (Runtime facts of a device, such as whether its memory is the host's, are
 an elementwise kernel's selects between the same reads of different buffers one read of a select of buffers
 (buffer_select.py);
 on a GPU, with its launch decided (gpu_launch.py: a tiled contraction, a row kernel or elementwise work-items), a
-row kernel's reductions stopping where the rest of a row is masked (row_bounds.py).
+row kernel's reductions stopping where the rest of a row is masked (row_bounds.py), an elementwise kernel's selects
+between the same reads of different buffers one read of a select of buffers (buffer_select.py).
 The Blocking is passed, never looked up: the planner asks PREPJIT_TUNE's record (jit/tune.py) once per kernel
 build and keeps the launched AST with the compiled kernel (CachedKernel.ast), so the bounds proof, the renderer,
 the disk key and PREPJIT_TUNE's candidates all see that one kernel.
@@ -77,7 +78,8 @@ def _gpu(dialect: Dialect) -> Target:
     def candidates(ast: UOp) -> list[Blocking]:   # the tile policy's own is the first: the default
         return [DEFAULT_BLOCKING] + [Blocking(tile=t) for t in tile_candidates(ast)[1:]]
     return Target(dialect.language, work_groups=True, packs_contractions=False,
-                  passes=lambda ast, blocking: bounded_rows(gpu_launch.launch(ast, dialect, blocking)),
+                  passes=lambda ast, blocking: with_buffer_selects(bounded_rows(gpu_launch.launch(ast, dialect,
+                                                                                                 blocking))),
                   renderer=lambda ast: render_c(ast, dialect), candidates=candidates,
                   fuses_attention=dialect.tensor_core_mma is not None, tensor_cores=dialect.tensor_core_mma is not None)
 

@@ -49,7 +49,7 @@ class Ops(Enum):
     LOOP = auto()           # src: initial carries; arg: LoopInfo
     LOOP_OUT = auto()       # src: (LOOP,); arg: carry index
     # kernels
-    BUFFER_SELECT = auto()  # kernel only, a LOAD's buffer (the cpu target's passes: codegen/buffer_select.py); src:
+    BUFFER_SELECT = auto()  # kernel only, a LOAD's buffer (the targets' passes: codegen/buffer_select.py); src:
                             # (cond, a, b), a and b each a DEFINE_GLOBAL or BUFFER_SELECT of one element dtype (its
                             # dtype): the load reads a where cond holds, else b, at its one index, which the bounds
                             # proof proves inside each of them (buffers_of)

@@ -1,6 +1,8 @@
-"""Selects between the same reads of different buffers made one read of a select of buffers by the cpu target's
-passes (codegen/buffer_select.py: BUFFER_SELECT), proven inside each of its buffers and rendered as a select of
-pointers (render_llvm)."""
+"""Selects between the same reads of different buffers made one read of a select of buffers by the targets' passes
+(codegen/buffer_select.py: BUFFER_SELECT), proven inside each of its buffers and rendered as a select of pointers
+(render_llvm, render_c)."""
+import re
+
 import numpy as np
 import pytest
 
@@ -10,10 +12,12 @@ from prepjit.codegen.bounds import prove_kernel
 from prepjit.codegen.buffer_select import with_buffer_selects
 from prepjit.codegen.lower import REALIZED, lower_kernel
 from prepjit.codegen.render_llvm import render_llvm
-from prepjit.codegen.targets import LLVM
+from prepjit.codegen.targets import CUDA_TARGET, LLVM, OPENCL_TARGET
 from prepjit.errors import CompileError
 from prepjit.uop import Ops
 from prepjit.uop.ops import buffers_of
+
+from . import cuda_emulation
 
 ROWS = [np.arange(12, dtype=np.float32).reshape(3, 4) * (k + 1) - 7 for k in range(6)]
 
@@ -113,3 +117,32 @@ def test_pieces_reading_other_indices_keep_their_reads():
     fn = lambda a, b: pnp.stack([a, b[::-1]])   # noqa: E731
     ast = kernel_of(fn, *ROWS[:2])
     assert with_buffer_selects(ast) is ast
+
+
+@pytest.mark.parametrize("target", [OPENCL_TARGET, CUDA_TARGET], ids=["opencl", "cuda"])
+def test_a_work_group_target_reads_one_piece_through_a_select_of_pointers(target):
+    """On a GPU a stack's work-item read every piece's buffers and kept one of the values; launched, it reads its own
+    piece's buffer through a select of pointers (render_c), proven inside each."""
+    ast = kernel_of(stacked, *ROWS)
+    launched = target.launched(ast)
+    (read,) = reads(launched)
+    assert [b.arg for b in buffers_of(read.src[0])] == list(range(1, len(ROWS) + 1))
+    source = target.render(launched).source
+    assert len(re.findall(r": buf\d+\)\[", source)) == 1 and not re.search(r"\bbuf[1-9]\[", source)
+    shapes = [(len(ROWS), 3, 4)] + [(3, 4)] * len(ROWS)
+    assert prove_kernel(launched, shapes) == len(ROWS) + 1
+
+
+@pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
+def test_a_select_of_pointers_equals_numpy_on_the_cuda_emulation():
+    src = CUDA_TARGET.render(CUDA_TARGET.launched(kernel_of(stacked, *ROWS)))
+    out = np.zeros((len(ROWS), 3, 4), np.float32)
+    cuda_emulation.run(src, [out.ravel(), *(r.ravel() for r in ROWS)])
+    np.testing.assert_array_equal(out, np.stack([np.sqrt(np.abs(r)) * 2 + r for r in ROWS]))
+
+
+def test_a_stack_through_a_select_of_buffers_equals_numpy_on_every_device(device):
+    plan = pj.prepare(stacked, device=device).plan(*ROWS)
+    assert any(u.op is Ops.BUFFER_SELECT for k in plan.kernels for u in k.ast.toposort())
+    got = np.asarray(pj.prepare(stacked, device=device)(*ROWS))
+    np.testing.assert_array_equal(got, np.stack([np.sqrt(np.abs(r)) * 2 + r for r in ROWS]))
