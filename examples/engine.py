@@ -111,9 +111,9 @@ class BlockPool:
                                 + np.arange(cfg.kv_heads) * block_size)
         else:
             self.keys, self.values = resident((self.keys, self.values), device)
-            layers = [("n", None, None)] * cfg.layers
+            rows = (cfg.layers, "n", None, None)
             self._store = pj.prepare(_store, vars={"n": (1, num_blocks * block_size)}, donate_argnums=(0, 1),
-                                     shapes={"blocks": ("n",), "rows": ("n",), "keys": layers, "values": layers},
+                                     shapes={"blocks": ("n",), "rows": ("n",), "keys": rows, "values": rows},
                                      device=device)
 
     @property
@@ -133,33 +133,33 @@ class BlockPool:
         return blocks[position // self.block_size], position % self.block_size
 
     def write(self, slots, keys, values) -> None:
-        """Store keys and values (a (n, KV, hd) array a layer, NumPy or pj.Arrays: the plans' outputs) at n (block,
-        row) slots."""
+        """Store keys and values ((L, n, KV, hd) each, NumPy or pj.Arrays: the plans' outputs) at n (block, row)
+        slots."""
         if self._store is not None:  # (the ids contiguous: strided views took the prepared call's full path)
             blocks, rows = np.array(slots, np.int64).reshape(-1, 2).T.copy()
             self.keys, self.values = self._store(self.keys, self.values, blocks, rows, keys, values)
             return
         # on the cpu one scatter of head rows a pool, into its (L * blocks * KV * block size, hd) view at the rows of
-        # each (layer, slot, KV head), in the order of the layers' arrays end to end (a plan's outputs: their buffers
-        # joined, not each converted): indexing the 5-d pools by (blocks, rows) took ~1.4x its time
+        # each (layer, slot, KV head), in the order of the stacked rows (a cpu plan's output: its buffer, not
+        # converted): indexing the 5-d pools by (blocks, rows) took ~1.4x its time
         per_slot = self.keys.shape[2] * self.block_size
         at = (self._layer_rows + np.array([b * per_slot + r for b, r in slots], np.int64)[:, None]).ravel()
-        self._key_rows[at] = _joined(keys).reshape(len(at), -1)
-        self._value_rows[at] = _joined(values).reshape(len(at), -1)
+        self._key_rows[at] = _buffer(keys).reshape(len(at), -1)
+        self._value_rows[at] = _buffer(values).reshape(len(at), -1)
 
 
-def _joined(arrays) -> np.ndarray:
-    """The layers' (n, KV, hd) arrays (cpu pj.Arrays or NumPy) end to end: (L * n, KV, hd)."""
-    return np.concatenate([a.buffer if isinstance(a, pj.Array) else a for a in arrays])
+def _buffer(rows) -> np.ndarray:
+    """A cpu pj.Array's NumPy buffer, or `rows` (NumPy) itself."""
+    return rows.buffer if isinstance(rows, pj.Array) else rows
 
 
 def _store(k_pool, v_pool, blocks, rows, keys, values):
-    """The pools with keys and values (a (n, KV, hd) array a layer) at n (block, row) slots. Slots come from the engine's own
+    """The pools with keys and values ((L, n, KV, hd) each) at n (block, row) slots. Slots come from the engine's own
     tables; mode="drop" (an id out of range is skipped, not flagged) because a call that can flag an error after
     running cannot write into donated arrays (docs/prepare.md)."""
     import prepjit.numpy as pnp
-    return (k_pool.at[:, blocks, :, rows].set(pnp.stack(keys, axis=1), mode="drop"),
-            v_pool.at[:, blocks, :, rows].set(pnp.stack(values, axis=1), mode="drop"))
+    return (k_pool.at[:, blocks, :, rows].set(pnp.swapaxes(keys, 0, 1), mode="drop"),
+            v_pool.at[:, blocks, :, rows].set(pnp.swapaxes(values, 0, 1), mode="drop"))
 
 
 def own_memory(device) -> bool:

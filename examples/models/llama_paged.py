@@ -12,10 +12,11 @@ the blocks its block table lists; position p of a sequence lives in block `table
   its sequence's cached blocks and causally within its chunk, so waiting prompts are prefilled together, a long
   one a chunk per step.
 
-Both return the new keys/values for the host to write into the pool (the pool is an input: the plan reads it in
-place and never writes it), one array a layer: a stacked (L, B, KV, hd) copy would be one kernel computing each
-layer's RoPE for every layer's rows (0.36 ms of a 6.4 ms one-sequence step, 5 of 36 ms for 16 sequences). Block tables are data: a table entry outside the pool raises pj.IndexBoundError (the
-gather's per-call check) and the bounds proof covers every read.
+Both return the new keys and values for the host to write into the pool (the pool is an input: the plan reads it
+in place and never writes it), each stacked over the layers, (L, B, KV, hd): one kernel for the keys and one for the
+values, not one a layer (a stack's pieces are specialised to their layer: codegen/stack_pieces.py). Block tables
+are data: a table entry outside the pool raises pj.IndexBoundError (the gather's per-call check) and the bounds proof
+covers every read.
 """
 from __future__ import annotations
 
@@ -82,8 +83,8 @@ def chunk_keys(xp, q, k, v, offset, window, hd):
 def decode_batch(xp, cfg: Config, params, ids, pos, block_table, k_pool, v_pool, cos, sin, dtype=np.float32,
                  rounded: bool = False):
     """ids (B,) at positions pos (B,), sequence b's positions < pos[b] cached in blocks block_table[b] (B, NB) of
-    the pools (L, blocks, KV, block, hd) -> (logits (B, vocab), the tokens' keys and values: a tuple of L (B, KV,
-    hd) arrays each) in `dtype`, for the caller to store at (block_table[b, pos[b] // block], pos[b] % block).
+    the pools (L, blocks, KV, block, hd) -> (logits (B, vocab), the tokens' keys and values (L, B, KV, hd)) in
+    `dtype`, for the caller to store at (block_table[b, pos[b] // block], pos[b] % block).
     `rounded` (llama.linear's): a GPU may multiply a batch's quantized weights rounded to bfloat16 on tensor cores
     (`prepared`'s tensor_core_batches); False keeps them exact, so a sequence's logits are the same whatever batch
     it is in."""
@@ -112,7 +113,7 @@ def decode_batch(xp, cfg: Config, params, ids, pos, block_table, k_pool, v_pool,
         h = h + linear(xp, ctx, bp["wo"], dtype, rounded)
         h = h + swiglu(xp, bp, rms_norm(xp, h, bp["ffn_norm"], eps), cfg.ff, rounded)
     out = rms_norm(xp, h, params["norm"], eps)
-    return _logits(xp, params, out, dtype, rounded), tuple(keys), tuple(values)
+    return _logits(xp, params, out, dtype, rounded), xp.stack(keys), xp.stack(values)
 
 
 def prefill_batch(xp, cfg: Config, params, ids, pos, offset, block_table, last, window, k_pool, v_pool, cos, sin,
@@ -120,7 +121,7 @@ def prefill_batch(xp, cfg: Config, params, ids, pos, offset, block_table, last, 
     """Prompt chunks of several sequences side by side (vLLM's var-length prefill): ids (T,), each chunk's tokens
     consecutive and in order, token t at position pos[t], the offset[t]-th of its chunk, its sequence's positions
     < pos[t] - offset[t] cached in blocks block_table[t] (T, NB); `window` (var) is at least the longest chunk
-    -> (logits (S, vocab) of the tokens `last` (S,), the tokens' keys and values: tuples of L (T, KV, hd) arrays).
+    -> (logits (S, vocab) of the tokens `last` (S,), the tokens' keys and values (L, T, KV, hd)).
 
     A token attends to its cached blocks (as in decode_batch) and to the tokens of its chunk up to itself, read
     back from its own row (t - w for w < window, masked where w > offset[t]): a sequence's sums are the same
@@ -149,7 +150,7 @@ def prefill_batch(xp, cfg: Config, params, ids, pos, offset, block_table, last, 
         h = h + linear(xp, ctx.reshape(t, heads * hd), bp["wo"], dtype)
         h = h + swiglu(xp, bp, rms_norm(xp, h, bp["ffn_norm"], eps), cfg.ff)
     out = rms_norm(xp, h[last], params["norm"], eps)
-    return _logits(xp, params, out, dtype), tuple(keys), tuple(values)
+    return _logits(xp, params, out, dtype), xp.stack(keys), xp.stack(values)
 
 
 def _logits(xp, params, x, dtype, rounded: bool = True):

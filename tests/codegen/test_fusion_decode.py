@@ -248,8 +248,8 @@ def test_a_batched_decode_block_fuses_as_a_one_row_block(device):
     the normalised rows, down reading SiLU(gate) * up; q's RoPE computed in the scores), 11 kernels a block on the
     cpu (was 19: each norm's sums and normalised rows, SiLU(gate) * up and q's RoPE had kernels), and the paged
     attention's two-part softmax one kernel (llvm_softmax.py; was 7): 5 kernels a block, plus its returned keys and
-    values (one array a layer: 2 kernels, not the stacks' 2 for all layers); its logits, keys and values equal
-    NumPy's for 1 and 3 rows."""
+    values (each stacked over the layers: 2 kernels for all layers, not 2 a layer); its logits, keys and values
+    equal NumPy's for 1 and 3 rows."""
     from examples.models import llama_paged
     cfg = llama.Config(layers=2, dim=576, ff=1536, heads=9, kv_heads=3, vocab=256, context=256, rope_theta=1e5,
                        eps=1e-5)
@@ -271,7 +271,7 @@ def test_a_batched_decode_block_fuses_as_a_one_row_block(device):
     one_row = _decode_launches(device, np.float32)
     assert [n for n in names if "3_3_" not in n][:8] == ["r_B_960_1", "r_B_576", "r_B_3072_1", "r_B_576"] * 2, names
     assert [n for n in one_row if "3_3_" not in n][:8] == ["r_1_960_1", "r_576", "r_1_3072_1", "r_576"] * 2, one_row
-    assert len(names) == (5 + 2) * cfg.layers + 4, names  # + each layer's new keys (RoPE) and values (returned)
+    assert len(names) == 5 * cfg.layers + 4 + 2, names  # + the layers' new keys (RoPE) and values (returned)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])

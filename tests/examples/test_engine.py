@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import prepjit as pj
+from prepjit.uop import Ops
 from examples import engine as serving
 from examples.models import llama, llama_paged
 from examples.models.common import numpy_namespace
@@ -83,11 +84,12 @@ def test_decode_batch_equals_decode_of_each_sequence(device, params):
         np.testing.assert_allclose(np.asarray(logits)[b], want[0], rtol=1e-5, atol=2e-5)
         np.testing.assert_allclose(np.asarray(keys)[:, b], want[1], rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(np.asarray(values)[:, b], want[2], rtol=1e-5, atol=1e-5)
-    # a layer's new keys and values are outputs of their own: no kernel stacks every layer's rows (it computed
-    # each layer's RoPE for the rows of all: 0.36 ms of SmolLM2's 6.4 ms step of one sequence)
-    assert isinstance(keys, tuple) and len(keys) == len(values) == CFG.layers
+    # the layers' new keys and values stacked, one kernel each (not one a layer), each output reading its own layer's
+    # rows through a select of buffers (codegen/buffer_select.py), not computing every layer's RoPE and keeping one
+    assert keys.shape == values.shape == (CFG.layers, len(ids), CFG.kv_heads, CFG.head_dim)
     plan = decode.plan(params, ids, pos, np.array([t[:width] for t in tables]), pool.keys, pool.values, cos, sin)
-    assert not [pk.kernel.name for pk in plan.kernels if pk.kernel.name.startswith(f"E_{CFG.layers}_")]
+    stacks = [pk for pk in plan.kernels if pk.kernel.name.startswith(f"E_{CFG.layers}_")]
+    assert len(stacks) == 2 and all(any(u.op is Ops.BUFFER_SELECT for u in pk.ast.toposort()) for pk in stacks)
 
 
 def test_batched_chunked_prefill_equals_prefill(device, params):
@@ -122,7 +124,7 @@ def test_batched_chunked_prefill_equals_prefill(device, params):
             want_k = wants[seq.id][1][:, :, start:start + size].swapaxes(1, 2)  # (L, size, KV, hd)
             np.testing.assert_allclose(np.asarray(keys)[:, row:row + size], want_k, rtol=1e-5, atol=1e-5)
             engine.pool.write([engine.pool.slot(seq.blocks, p) for p in range(start, start + size)],
-                              [k[row:row + size] for k in keys], [v[row:row + size] for v in values])
+                              np.asarray(keys)[:, row:row + size], np.asarray(values)[:, row:row + size])
             logits[seq.id] = np.asarray(out)[i]
             row += size
     for i, want in enumerate(wants):
@@ -272,7 +274,7 @@ def test_greedy_rows_read_no_logits_to_the_host(monkeypatch, device, params):
 
 def test_a_steady_decode_step_gets_the_memory_of_the_last_ones_keys_and_values(device, params):
     """On a device with its own memory, one sequence decoding: each step's new keys and values (the decode call's
-    outputs, a (1, KV, hd) array a layer) land in the memory the step before's had, so a CUDA graph replaying the
+    outputs, (L, 1, KV, hd) each) land in the memory the step before's had, so a CUDA graph replaying the
     call updates no kernel node for them. Was: keys and values swapped memory every step (the engine dropped them
     in the order the call allocated them, and the pool hands out the block freed last first)."""
     if device == "cpu":
@@ -283,7 +285,7 @@ def test_a_steady_decode_step_gets_the_memory_of_the_last_ones_keys_and_values(d
 
     def recording(*args):
         out = decode(*args)
-        addresses.append([memory._address(a.buffer) for a in (*out[2], *out[3])])
+        addresses.append([memory._address(a.buffer) for a in out[2:4]])
         return out
     engine.decode = recording
     _run(engine, [(_prompts(1, seed=3)[0], serving.Sampling(max_tokens=6))])
@@ -309,7 +311,7 @@ def test_kv_pool_and_weights_stay_on_the_device(device, params):
     if resident:
         leaves = [engine.cos, engine.sin, engine.params["embed"], engine.params["blocks"][0]["wqkv"]]
         assert all(isinstance(a, pj.Array) and a.device == device for a in [*leaves, engine.pool.values])
-        pool, rows = engine.pool, (np.ones((1, CFG.kv_heads, CFG.head_dim), np.float32),) * CFG.layers
+        pool, rows = engine.pool, np.ones((CFG.layers, 1, CFG.kv_heads, CFG.head_dim), np.float32)
         write = pj.profile(pool._store, pool.keys, pool.values, np.array([1]), np.array([2]), rows, rows)
         moved = sum(r["bytes"] for r in write.rows)  # the new rows' (the pools are not copied into themselves)
         assert pool.keys.is_deleted() and moved < pool.keys.size * pool.keys.dtype.itemsize / 4
@@ -319,8 +321,8 @@ def test_kv_pool_and_weights_stay_on_the_device(device, params):
 
 @pytest.mark.parametrize("rows_as", ["numpy", "plan outputs"])
 def test_a_pool_write_puts_each_layers_rows_at_their_slots(rows_as):
-    """BlockPool.write on the cpu: n (block, row) slots of scattered blocks, a layer's (n, KV, hd) rows (NumPy, or
-    the cpu pj.Arrays a plan returns) land at pool[layer, block, :, row] and nothing else changes (NumPy's
+    """BlockPool.write on the cpu: n (block, row) slots of scattered blocks, (L, n, KV, hd) rows (NumPy, or the cpu
+    pj.Array a plan returns) land at pool[layer, block, :, row] and nothing else changes (NumPy's
     indexing of the 5-d pools writes the reference)."""
     rng = np.random.default_rng(7)
     pool = serving.BlockPool(CFG, 9, BLOCK, np.float32)
@@ -332,7 +334,7 @@ def test_a_pool_write_puts_each_layers_rows_at_their_slots(rows_as):
         for i, (block, row) in enumerate(slots):
             want_keys[layer, block, :, row], want_values[layer, block, :, row] = keys[layer, i], values[layer, i]
     copy = pj.prepare(lambda x: x + 0)
-    as_given = (lambda a: [copy(x) for x in a]) if rows_as == "plan outputs" else list
+    as_given = copy if rows_as == "plan outputs" else np.asarray
     pool.write(slots, as_given(keys), as_given(values))
     np.testing.assert_array_equal(pool.keys, want_keys)
     np.testing.assert_array_equal(pool.values, want_values)
