@@ -67,8 +67,7 @@ class PaddedBuckets:
         padded_table[:n, table.shape[1]:] = table[:, :1]
         logits, greedy, keys, values = self.prepared(params, np.pad(ids, (0, b - n)), np.pad(pos, (0, b - n)),
                                                      padded_table, k_pool, v_pool, cos, sin)
-        return (np.asarray(logits)[:n], np.asarray(greedy)[:n], [np.asarray(k)[:n] for k in keys],
-                [np.asarray(v)[:n] for v in values])
+        return np.asarray(logits)[:n], np.asarray(greedy)[:n], np.asarray(keys)[:, :n], np.asarray(values)[:, :n]
 
 
 def _engine(weights: str, smoke: bool, num_blocks: int | None = None):
