@@ -56,7 +56,8 @@ def fused_reductions(outputs: list[UOp], materialized: set[UOp], rows: bool = Fa
     holds: dict[UOp, UOp] = {}  # a kernel's root -> the contraction fused into it (one_contraction)
     position = {n: k for k, n in enumerate(graph)}
     by_position = sorted(materialized, key=position.__getitem__)
-    expands = _expands_below(graph) if one_contraction else {}
+    expands = _under(graph, Ops.EXPAND) if one_contraction else {}
+    reductions_under = _under(graph, Ops.REDUCE_AXIS)  # (what _reductions_read's walks need not enter)
     walks: dict[UOp, list] = {}  # root -> _reductions_read: it changes only when a reduction in it fuses
     fresh: set[UOp] = set()  # the reductions fused by the last round
     while True:  # a fused reduction's reads become its reader's: the reductions it read may fuse next
@@ -64,7 +65,7 @@ def fused_reductions(outputs: list[UOp], materialized: set[UOp], rows: bool = Fa
         inside = fused | inlined
         for root in dict.fromkeys([r for r in roots if r not in fused] + by_position):
             if root not in walks or any(red in fresh for red, _ in walks[root]):
-                walks[root] = _reductions_read(root, materialized, inside)
+                walks[root] = _reductions_read(root, materialized, inside, reductions_under)
             for red, how in walks[root]:
                 reads.setdefault(red, []).append((root, how))
         more = set()
@@ -139,18 +140,18 @@ def _batch_stream(red: UOp, materialized: set[UOp]) -> bool:
     return False
 
 
-def _expands_below(graph: list[UOp]) -> dict[UOp, bool]:
-    """Per node of a parents-first graph (kernel_roots'), whether an EXPAND is under it (itself included)."""
+def _under(graph: list[UOp], op: Ops) -> dict[UOp, bool]:
+    """Per node of a parents-first graph (kernel_roots'), whether a node of `op` is under it (itself included)."""
     below: dict[UOp, bool] = {}
     for n in reversed(graph):
-        below[n] = n.op is Ops.EXPAND or any(below[s] for s in n.src)
+        below[n] = n.op is op or any(below[s] for s in n.src)
     return below
 
 
 def _is_contraction(red: UOp, expands: dict[UOp, bool]) -> bool:
     """Whether a reduction is a sum of products with a broadcast operand (a matmul, a matvec, an einsum); a sum over
     axes of one element (an einsum's axis of size 1: decode attention's own token, p_own * v) is one product, an
-    elementwise value, not a contraction. `expands`: _expands_below of the graph."""
+    elementwise value, not a contraction. `expands`: _under(graph, Ops.EXPAND)."""
     x = red.src[0]
     return red.arg[0] is Ops.ADD and x.op is Ops.MUL and any(expands[s] for s in x.src) and \
         not all(is_one(x.shape[a]) for a in red.arg[1])
@@ -197,10 +198,13 @@ def _step(how: int, n: UOp) -> int:
     return _OTHER
 
 
-def _reductions_read(root: UOp, materialized: set[UOp], fused: set[UOp]) -> list[tuple[UOp, int]]:
+def _reductions_read(root: UOp, materialized: set[UOp], fused: set[UOp],
+                     under: dict[UOp, bool]) -> list[tuple[UOp, int]]:
     """The reductions the kernel computing `root` reads, each with how its index reaches it (`_step`); the walk
     goes on into the `fused` ones (reductions and inlined scatters: their kernel is this one) and into `root`'s own
-    operands (a reduction's read `_INNER`, inside it)."""
+    operands (a reduction's read `_INNER`, inside it), not into what has no reduction under it (`under`:
+    _under(graph, Ops.REDUCE_AXIS); a quantized weight's unpacking, 3/4 of SmolLM2's walks): the same reductions
+    in the same order."""
     out, seen, stack = [], set(), [(root, _DIRECT, tuple(frozenset((k,)) for k in range(len(root.shape))))]
     while stack:
         item = stack.pop()
@@ -212,5 +216,5 @@ def _reductions_read(root: UOp, materialized: set[UOp], fused: set[UOp]) -> list
             out.append((n, _PER_ROW if how in (_INNER, _OTHER) and per_row(n, axes, root) else how))
         if n is root or n in fused or not (n.op in REALIZED or n in materialized):
             reaches = _step(how, n)  # (the same for each operand)
-            stack += [(s, reaches, a) for s, a in zip(n.src, read_axes(n, axes))]
+            stack += [(s, reaches, a) for s, a in zip(n.src, read_axes(n, axes)) if under.get(s, True)]
     return out

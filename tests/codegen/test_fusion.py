@@ -247,3 +247,42 @@ def test_rows_a_reduction_sums_across_are_stored_by_their_row_kernel(device, rng
         want = (rows.astype(np.float32) * mask[:, :, None]).sum(1)
         got = np.asarray(pj.prepare(pooled, device=device)(x, mask))
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=0.02 if dtype != np.float32 else 1e-4)
+
+
+def _normed_times_unpacked(x, q, scale):
+    normed = x / pnp.sqrt((x * x).mean(axis=1, keepdims=True) + 1e-6)
+    weight = ((q >> 4) & 15).astype(pnp.float32) * scale - ((q & 15).astype(pnp.float32) * scale)
+    return normed @ weight
+
+
+def test_the_reductions_walk_does_not_enter_what_has_no_reduction_under_it(monkeypatch):
+    """fused_reductions' walks (_reductions_read) skip a value with no reduction under it (a quantized weight's
+    unpacking: most of a model's walking) and still find each kernel's reductions in the order a full walk does."""
+    from prepjit.codegen import fused_reductions as fr
+    from prepjit.codegen.fusion import inlined_scatters, kernel_roots
+    x = np.ones((4, 32), np.float32)
+    q, scale = np.ones((32, 48), np.uint8), np.ones((1, 48), np.float32)
+    outputs = list(pj.trace(_normed_times_unpacked, x, q, scale).outputs)
+    walk = kernel_roots(outputs)
+    under = fr._under(walk[0], Ops.REDUCE_AXIS)
+    assert any(not under[n] and n.op in (Ops.SHR, Ops.AND, Ops.CAST) for n in walk[0])   # the unpacking's nodes
+    walked, full_walk = [], fr._reductions_read
+    read_axes = fr.read_axes
+
+    def recorded(n, axes):
+        walked.append(n)
+        return read_axes(n, axes)
+
+    def compared(root, materialized, fused, under):
+        start = len(walked)
+        out = full_walk(root, materialized, fused, under)
+        entered = walked[start:]
+        assert all(under[n] for n in entered if n is not root)
+        assert full_walk(root, materialized, fused, {}) == out   # (entering everything: the same reductions)
+        return out
+    monkeypatch.setattr(fr, "read_axes", recorded)
+    monkeypatch.setattr(fr, "_reductions_read", compared)
+    materialized = choose_materialized(outputs, walk=walk, operand_prologues=True)
+    fused = fr.fused_reductions(outputs, materialized, rows=True, one_contraction=True,
+                                inlined=frozenset(inlined_scatters(outputs, walk=walk)), walk=walk, row_prologues=True)
+    assert any(n.op is Ops.REDUCE_AXIS for n in fused) and walked
