@@ -131,9 +131,7 @@ def _max_size(shape: tuple[sint, ...]) -> int:
 
 
 class _Scheduler:
-    def __init__(self, materialized: set[UOp], fused: set[UOp], pack_contractions: bool, readers: dict,
-                 on_kernel=None):
-        self.on_kernel = on_kernel  # called with each kernel's AST as it is emitted (schedule's `on_kernel`)
+    def __init__(self, materialized: set[UOp], fused: set[UOp], pack_contractions: bool, readers: dict):
         self.readers = readers  # node -> how many nodes (and outputs, loop bodies) read it
         self.in_place: set[UOp] = set()  # loop carries their body's scatter updates in their own buffer
         self.buffers: list[BufferSpec] = []
@@ -142,12 +140,6 @@ class _Scheduler:
         self.fused = fused
         self.pack_contractions = pack_contractions
         self.lowered: dict[UOp, tuple] = {}  # a kernel over placeholders (`canonical`) -> its lowering, packing
-
-    def add_kernel(self, ast: UOp, buffers: tuple[int, ...]):
-        kernel = ScheduledKernel(*_drop_unused_slots(ast, buffers))
-        self.kernels.append(kernel)
-        if self.on_kernel is not None:
-            self.on_kernel(kernel.ast)
 
     def has_buffer(self, node: UOp) -> bool:
         return node.op in REALIZED and node not in self.fused or node in self.materialized
@@ -287,9 +279,9 @@ class _Scheduler:
             inputs = slots[1:]
             for pack_ast, shape in packs:
                 self.buffers.append(BufferSpec(pack_ast.src[0].src[2].dtype, shape, _max_size(shape)))
-                self.add_kernel(pack_ast, (len(self.buffers) - 1, *inputs))
+                self.kernels.append(ScheduledKernel(*_drop_unused_slots(pack_ast, (len(self.buffers) - 1, *inputs))))
                 slots = (*slots, len(self.buffers) - 1)
-        self.add_kernel(ast, slots)
+        self.kernels.append(ScheduledKernel(*_drop_unused_slots(ast, slots)))
         if keep and (node.op is Ops.REDUCE_AXIS or node in self.materialized) and node not in env:
             env[node] = buf
 
@@ -299,12 +291,12 @@ class _Scheduler:
             pass
         elif base in env or self.copies(base):
             ast, reads = lower_copy(base, self.has_buffer)
-            self.add_kernel(ast, (buf, *(env[r] for r in reads)))
+            self.kernels.append(ScheduledKernel(*_drop_unused_slots(ast, (buf, *(env[r] for r in reads)))))
         else:
             self.emit(base, buf, env, keep=False)
         for s in chain:
             ast, reads = lower_scatter(s, self.has_buffer)
-            self.add_kernel(ast, (buf, *(env[r] for r in reads)))
+            self.kernels.append(ScheduledKernel(*_drop_unused_slots(ast, (buf, *(env[r] for r in reads)))))
         if node not in env:
             env[node] = buf
 
@@ -439,7 +431,7 @@ def rounded_roots(graph: list[UOp], readers: dict, decided: set[UOp]) -> dict[UO
 
 
 def schedule(outputs: list[UOp], inputs: list[UOp], pack_contractions: bool = False,
-             attention_tiles: bool = False, on_kernel=None) -> Schedule:
+             attention_tiles: bool = False) -> Schedule:
     """Kernels and buffers computing `outputs` from `inputs`; each output gets a fresh buffer.
 
     Row reductions are computed inside the kernel that broadcasts them (fused_reductions.py: llvm loop nests compute
@@ -447,8 +439,6 @@ def schedule(outputs: list[UOp], inputs: list[UOp], pack_contractions: bool = Fa
     `pack_contractions` (for devices whose kernels are register-blocking loop nests: llvm), large
     contractions first copy their column operand into contiguous panels (packing.py). With `attention_tiles` (a
     target whose tensor cores run attention_tiles.py's kernel), an encoder's softmax is computed inside p @ V too.
-    `on_kernel(ast)` is called with each kernel's AST as it is emitted, in order (a kernel inside a loop's body
-    too): the planner starts building kernels before the rest is scheduled.
     """
     walk = kernel_roots(outputs)  # the graph and its kernel roots, walked once for every pass below
     # a softmax only a contraction over its axis reads: computed inside that kernel (a work-group a row on a GPU, a
@@ -467,7 +457,7 @@ def schedule(outputs: list[UOp], inputs: list[UOp], pack_contractions: bool = Fa
     if not pack_contractions:   # (the work-group targets; the cpu's kernels keep their float32 results)
         stored = rounded_roots(walk[0], readers, materialized | fused | in_contractions | set(outputs))
         materialized, fused = materialized | set(stored.values()), fused | set(stored)
-    s = _Scheduler(materialized, fused, pack_contractions, readers, on_kernel)
+    s = _Scheduler(materialized, fused, pack_contractions, readers)
     env = {node: s.new_buffer(node) for node in inputs}
     input_bufs = tuple(env[n] for n in inputs)
     output_bufs, done = [], {}

@@ -7,7 +7,6 @@ import json
 import logging
 import threading
 import time
-from concurrent.futures import Future
 from contextlib import contextmanager
 
 import attrs
@@ -93,133 +92,39 @@ def _python_fn(source: str):
 def get_kernels(asts: list[UOp], device, meanwhile=None) -> tuple[list[CachedKernel], dict[str, int]]:
     """The compiled kernel of each AST on `device` (identical ASTs share one), and how many were compiled now
     ("compiles") or loaded from the disk cache ("disk_hits"; see runtime/disk_cache.py); the rest came from
-    this process's kernel cache: KernelBuilds(device).finish(asts, meanwhile)."""
-    return KernelBuilds(device).finish(asts, meanwhile)
+    this process's kernel cache. Misses are optimised and rendered here, in order, while the earlier ones
+    compile, in worker processes when the device has them (`compile_parallel`); `meanwhile(launches)` then runs
+    here while the last ones compile (what it raises stops the build), given the kernels known so far as
+    launched (`kernel_launches`; not those another thread is still building). Each kernel keeps the AST it was
+    launched as (CachedKernel.ast) and its disk key. Nothing is optimised or compiled twice, even by threads
+    preparing at once: a kernel another thread is building is waited for."""
+    futures, claims = {}, {}
+    for ast in dict.fromkeys(asts):
+        key = (ast, device.name, device.compiler_id)
+        futures[ast], mine = kernel_cache.claim(key)
+        if mine:
+            claims[ast] = key
+    counts = {"compiles": 0, "disk_hits": 0}
 
-
-class KernelBuilds:
-    """Builds of kernels on `device`, started in batches (`start`) and waited for together (`finish`). Misses are
-    optimised and rendered here, in order, while the earlier ones compile, in worker processes when the device has
-    them (`compile_parallel`, asked once, for `batch` kernels or the first batch's, whichever is more): build_plan
-    starts the kernels of a model's repeated layers while the rest of the plan is still being scheduled. Each
-    kernel keeps the AST it was launched as (CachedKernel.ast) and its disk key. Nothing is optimised or compiled
-    twice, even by threads preparing at once: a kernel another thread is building is waited for."""
-
-    def __init__(self, device, batch: int = 0):
-        self.device, self.batch, self.submit = device, batch, None
-        self.futures: dict[UOp, Future] = {}   # every AST started: its kernel_cache entry
-        self.claims: dict[UOp, tuple] = {}     # those this object builds, until built: their kernel_cache key
-        self.jobs: list = []                   # (ast, launched, disk key, source, Compile) in submission order
-        self.building: dict[UOp, tuple] = {}   # ast -> (launched, disk key) of each job
-        self.counts = {"compiles": 0, "disk_hits": 0}
-
-    def start(self, asts: list[UOp]):
-        """Claim each AST not started yet; load it from the disk cache, or optimise, render and submit it."""
-        mine = []
-        for ast in asts:
-            if ast not in self.futures:
-                key = (ast, self.device.name, self.device.compiler_id)
-                self.futures[ast], claimed = kernel_cache.claim(key)
-                if claimed:
-                    self.claims[ast] = key
-                    mine.append(ast)
-        try:
-            self._start(mine)
-        except BaseException:  # interrupted: what is left unbuilt is built by whoever needs it next
-            self.abandon()
-            raise
-
-    def _start(self, asts: list[UOp]):
-        """Each AST's kernel from the disk cache, else its compile submitted, with the Blocking PREPJIT_TUNE's
-        record (tune.py) gives it, which its disk key names."""
-        device, misses = self.device, []
-        for ast in asts:
-            key = disk_cache.kernel_key(ast, device.name, device.compiler_id)
-            blocking = tune.choose(ast, device, key)
-            suffix = tune.key_suffix(blocking)
-            key = disk_cache.kernel_key(ast, device.name, device.compiler_id + suffix) if key and suffix else key
-            kernel = _load_entry(key, ast, device) if key else None
-            if kernel is None:
-                misses.append((ast, blocking, key))
-            else:
-                self.counts["disk_hits"] += 1
-                self._built(ast, kernel)
-        if misses and self.submit is None:
-            parallel = getattr(device, "compile_parallel", None)
-            self.submit = parallel(max(self.batch, len(misses))) if parallel else \
-                lambda name, source: run_now(device.compile, name, source)
-        for ast, blocking, key in _outsized_first(misses):  # the workers compile earlier kernels meanwhile
-            try:
-                with stage("optimisation"):
-                    launched = target_for(device).launched(ast, blocking)
-                with stage("rendering"):
-                    src = target_for(device).render(launched)
-            except Exception as e:
-                self._built(ast, e)
-                continue
-            with stage("compilation"):  # compiling itself when the device compiles in this process
-                self.jobs.append((ast, launched, key, src, self.submit(src.name, src.source)))
-            self.building[ast] = (launched, key)
-
-    def _built(self, ast: UOp, kernel):
-        """Hand the kernel (or the exception that stopped it) to kernel_cache."""
-        key = self.claims.pop(ast)
-        kernel_cache.failed(key, kernel) if isinstance(kernel, Exception) else kernel_cache.done(key, kernel)
-
-    def abandon(self):
-        """Release the claims of every build not finished (Abandoned: a waiter builds it itself)."""
-        for key in self.claims.values():
+    def known(building: dict):  # the kernels built here (compiling now) and those whose build is done
+        done = {ast: f.result() for ast, f in futures.items() if f.done() and f.exception() is None}
+        meanwhile({**kernel_launches(list(done), list(done.values())), **building})
+    try:
+        for ast, kernel in _build(list(claims), device, counts, meanwhile and known):
+            key = claims.pop(ast)
+            kernel_cache.failed(key, kernel) if isinstance(kernel, Exception) else kernel_cache.done(key, kernel)
+    except BaseException:  # interrupted: what is left unbuilt is built by whoever needs it next
+        for key in claims.values():
             kernel_cache.failed(key, Abandoned())
-        self.claims.clear()
-
-    def finish(self, asts: list[UOp], meanwhile=None) -> tuple[list[CachedKernel], dict[str, int]]:
-        """The kernels of `asts` (started now if not yet) and the counts of every build started (get_kernels');
-        `meanwhile(launches)` runs here while the last ones compile (what it raises stops the build), given the
-        kernels known so far as launched (`kernel_launches`; not those another thread is still building)."""
-        self.start(list(dict.fromkeys(asts)))
+        raise
+    kernels = {}
+    for ast, future in futures.items():
         try:
-            if meanwhile is not None:
-                done = {ast: f.result() for ast, f in self.futures.items() if f.done() and f.exception() is None}
-                meanwhile({**kernel_launches(list(done), list(done.values())), **self.building})
-            for job in self.jobs:
-                self._built(job[0], self._compiled(*job))
-        except BaseException:
-            self.abandon()
-            raise
-        kernels, counts = {}, dict(self.counts)
-        for ast in dict.fromkeys(asts):
-            try:
-                kernels[ast] = self.futures[ast].result()
-            except Abandoned:  # the thread building it was interrupted: build it here
-                (kernels[ast],), more = get_kernels([ast], self.device)
-                counts = {k: counts[k] + more[k] for k in counts}
-        return [kernels[ast] for ast in asts], counts
-
-    def _compiled(self, ast: UOp, launched: UOp, key: str | None, src, job) -> CachedKernel | Exception:
-        """The kernel of a submitted compile once it is done (written to the disk cache), or its error."""
-        device = self.device
-        try:
-            with stage("compilation"):
-                binary = job.result()
-        except (CompileError, DeviceError) as e:  # (DeviceError: the device cannot run what the kernel needs)
-            return e
-        except Exception as e:  # a renderer or driver bug must still say which kernel and show its source
-            error = CompileError(f"{device.name} failed to compile {src.name}: {e}\n--- source ---\n{src.source}")
-            error.__cause__ = e
-            return error
-        log.info("compile %s on %s in %.1f ms", src.name, device.name, 1e3 * job.seconds)
-        fields = {"name": src.name, "source": src.source, "var_names": src.var_names,
-                  "global_size": src.global_size, "local_size": src.local_size, "ast": launched}
-        try:
-            kernel = _kernel_from_entry(fields, binary, device, ast, key)
-        except Exception as e:
-            return e
-        if key:
-            disk_cache.write(key, fields, binary)
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug("source of %s:\n%s\nast:\n%s", kernel.name, kernel.source, format_graph(ast))
-        self.counts["compiles"] += 1
-        return kernel
+            kernels[ast] = future.result()
+        except Abandoned:  # the thread building it was interrupted: build it here
+            (kernels[ast],), more = get_kernels([ast], device)
+            counts = {k: counts[k] + more[k] for k in counts}
+    return [kernels[ast] for ast in asts], counts
 
 
 def kernel_launches(asts: list[UOp], kernels: list[CachedKernel]) -> dict[UOp, tuple[UOp, str | None]]:
@@ -237,6 +142,68 @@ def _outsized_first(misses: list) -> list:
     median = sorted(sizes)[len(sizes) // 2] if sizes else 0
     outsized = [size > OUTSIZED * median for size in sizes]
     return [m for m, big in zip(misses, outsized) if big] + [m for m, big in zip(misses, outsized) if not big]
+
+
+def _build(asts: list[UOp], device, counts: dict, meanwhile=None):
+    """(ast, its kernel or the exception that stopped it) for each AST: from the disk cache, else compiled
+    with the Blocking PREPJIT_TUNE's record (tune.py) gives it, which its disk key names; `meanwhile(launches)`
+    runs once every compile is under way, given those being compiled (`kernel_launches`)."""
+    misses = []
+    for ast in asts:
+        key = disk_cache.kernel_key(ast, device.name, device.compiler_id)
+        blocking = tune.choose(ast, device, key)
+        suffix = tune.key_suffix(blocking)
+        key = disk_cache.kernel_key(ast, device.name, device.compiler_id + suffix) if key and suffix else key
+        kernel = _load_entry(key, ast, device) if key else None
+        if kernel is None:
+            misses.append((ast, blocking, key))
+        else:
+            counts["disk_hits"] += 1
+            yield ast, kernel
+    misses = _outsized_first(misses)
+    parallel = getattr(device, "compile_parallel", None)
+    submit = parallel(len(misses)) if parallel else lambda name, source: run_now(device.compile, name, source)
+    jobs, building = [], {}
+    for ast, blocking, key in misses:  # the workers compile earlier kernels while later ones are optimised, rendered
+        try:
+            with stage("optimisation"):
+                launched = target_for(device).launched(ast, blocking)
+            with stage("rendering"):
+                src = target_for(device).render(launched)
+        except Exception as e:
+            yield ast, e
+            continue
+        with stage("compilation"):  # compiling itself when the device compiles in this process
+            jobs.append((ast, launched, key, src, submit(src.name, src.source)))
+        building[ast] = (launched, key)
+    if meanwhile is not None:
+        meanwhile(building)
+    for ast, launched, key, src, job in jobs:
+        try:
+            with stage("compilation"):
+                binary = job.result()
+        except (CompileError, DeviceError) as e:  # (DeviceError: the device cannot run what the kernel needs)
+            yield ast, e
+            continue
+        except Exception as e:  # a renderer or driver bug must still say which kernel and show its source
+            error = CompileError(f"{device.name} failed to compile {src.name}: {e}\n--- source ---\n{src.source}")
+            error.__cause__ = e
+            yield ast, error
+            continue
+        log.info("compile %s on %s in %.1f ms", src.name, device.name, 1e3 * job.seconds)
+        fields = {"name": src.name, "source": src.source, "var_names": src.var_names,
+                  "global_size": src.global_size, "local_size": src.local_size, "ast": launched}
+        try:
+            kernel = _kernel_from_entry(fields, binary, device, ast, key)
+        except Exception as e:
+            yield ast, e
+            continue
+        if key:
+            disk_cache.write(key, fields, binary)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("source of %s:\n%s\nast:\n%s", kernel.name, kernel.source, format_graph(ast))
+        counts["compiles"] += 1
+        yield ast, kernel
 
 
 def _kernel_from_entry(fields: dict, binary: bytes, device, scheduled: UOp,
@@ -375,33 +342,20 @@ def build_plan(traced: Traced, device) -> tuple[ExecutionPlan, dict[str, int]]:
     """An ExecutionPlan for a traced function, and how many of its kernels were compiled now
     ("compiles") or loaded from the disk cache ("disk_hits")."""
     expect = getattr(device, "expect_compiles", None)  # (a device compiling in worker processes: the cpu)
-    reductions = sum(u.op is Ops.REDUCE_AXIS for u in UOp(Ops.SINK, dtypes.bool, tuple(traced.outputs)).toposort()) \
-        if expect is not None else 0
     if expect is not None:  # its workers start now, their start beside the scheduling (one core), not the compiles
-        expect(reductions)
-    builds, emitted = KernelBuilds(device, reductions), set()
-
-    def repeated(ast: UOp):  # a kernel the schedule emits again (a model's next identical layer) starts building
-        if ast in emitted:   # now, beside the rest of the scheduling; one it emits once may still be rewritten
-            builds.start([ast])   # (_share_offsets: a layer's slice of a stacked array), and waits for the end
-        emitted.add(ast)
-    try:
-        with stage("scheduling and lowering"):
-            target = target_for(device)
-            sched = schedule(list(traced.outputs) + [f for f, _ in traced.flags], list(traced.inputs),
-                             pack_contractions=target.packs_contractions, attention_tiles=target.fuses_attention,
-                             on_kernel=repeated if expect is not None else None)
-            sched = _share_offsets(sched, traced.constraints)
-    except BaseException:
-        builds.abandon()
-        raise
+        expect(sum(u.op is Ops.REDUCE_AXIS for u in UOp(Ops.SINK, dtypes.bool, tuple(traced.outputs)).toposort()))
+    with stage("scheduling and lowering"):
+        target = target_for(device)
+        sched = schedule(list(traced.outputs) + [f for f, _ in traced.flags], list(traced.inputs),
+                         pack_contractions=target.packs_contractions, attention_tiles=target.fuses_attention)
+        sched = _share_offsets(sched, traced.constraints)
     proofs = {}
 
     def prove(launches):  # every access of every kernel inside its buffer, or CompileError, while they compile
         with stage("bounds proof"):
             prove_plan(sched.kernels, sched.buffers, traced.constraints, launches, proofs)
     asts = sched.kernels.asts()
-    compiled, counts = builds.finish(asts, meanwhile=prove)
+    compiled, counts = get_kernels(asts, device, meanwhile=prove)
     with stage("bounds proof"):  # those another thread was building
         proven = prove_plan(sched.kernels, sched.buffers, traced.constraints, kernel_launches(asts, compiled), proofs)
     n_out = len(traced.outputs)

@@ -22,18 +22,14 @@ def tally():
 
 @contextmanager
 def stage(name: str):
-    """Add the block's wall time to stage `name` of this thread's open tally (if any), less the time of the stages
-    nested in it (kernels optimised and rendered while the plan is scheduled count as optimisation and rendering)."""
-    outer, _local.nested = getattr(_local, "nested", 0.0), 0.0
+    """Add the block's wall time to stage `name` of this thread's open tally (if any)."""
     start = time.perf_counter()
     try:
         yield
     finally:
-        seconds = time.perf_counter() - start
-        nested, _local.nested = _local.nested, outer + seconds
         times = getattr(_local, "times", None)
         if times is not None:
-            times[name] = times.get(name, 0.0) + seconds - nested
+            times[name] = times.get(name, 0.0) + time.perf_counter() - start
 
 
 def describe(times: dict[str, float], total: float) -> str:
