@@ -21,7 +21,7 @@ import sys
 
 import numpy as np
 
-from .cpu_replay import ARRAY_DATA_OFFSET, REFCOUNT_OFFSET, TUPLE_ITEMS_OFFSET, METH_O, _MethodDef, _new_builtin
+from .cpu_replay import ARRAY_DATA_OFFSET, METH_O, REFCOUNT_OFFSET, _MethodDef, _new_builtin, tuple_item_ir
 
 ND_OFFSET = ARRAY_DATA_OFFSET + 8         # int nd (padded to 8)
 DIMS_OFFSET = ARRAY_DATA_OFFSET + 16      # npy_intp *dimensions
@@ -43,10 +43,7 @@ cond:
   br i1 %more, label %body, label %same
 body:
   %index = load i64, ptr %e
-  %item.off = mul i64 %index, 8
-  %item.off2 = add i64 %item.off, {TUPLE_ITEMS_OFFSET}
-  %item.p = getelementptr i8, ptr %items, i64 %item.off2
-  %obj = load ptr, ptr %item.p
+{tuple_item_ir("%items", "%index")}
   %descr.p = getelementptr i8, ptr %obj, i64 {DESCR_OFFSET}
   %descr = load i64, ptr %descr.p
   %want.descr.p = getelementptr i64, ptr %e, i64 1

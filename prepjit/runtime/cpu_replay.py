@@ -45,6 +45,13 @@ _READ_PROG = "\n".join(f"  %{name}.p = getelementptr i64, ptr %prog, i64 {i}\n  
 
 LAUNCH_FIELDS = 5  # fn, bufs, vals, end, chunks
 
+
+def tuple_item_ir(items: str, index: str) -> str:
+    """LLVM IR lines loading item `index` (an i64 value) of the tuple `items` (a ptr value) into %obj."""
+    return (f"  %item.off = mul i64 {index}, 8\n  %item.off2 = add i64 %item.off, {TUPLE_ITEMS_OFFSET}\n"
+            f"  %item.p = getelementptr i8, ptr {items}, i64 %item.off2\n  %obj = load ptr, ptr %item.p")
+
+
 # compiled in one module with cpu_threads.threads_ir(), which defines @prepjit_parallel
 
 REPLAY_IR = f"""
@@ -57,10 +64,7 @@ arr.cond:
   %arr.more = icmp slt i64 %i, %n_arrays
   br i1 %arr.more, label %arr.body, label %patch.cond
 arr.body:
-  %item.off = mul i64 %i, 8
-  %item.off2 = add i64 %item.off, {TUPLE_ITEMS_OFFSET}
-  %item.p = getelementptr i8, ptr %arrays, i64 %item.off2
-  %obj = load ptr, ptr %item.p
+{tuple_item_ir("%arrays", "%i")}
   %data.p = getelementptr i8, ptr %obj, i64 {ARRAY_DATA_OFFSET}
   %data = load i64, ptr %data.p
   %mask.p = getelementptr i64, ptr %masks, i64 %i

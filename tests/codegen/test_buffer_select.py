@@ -73,27 +73,29 @@ def test_writing_over_a_donated_piece_sees_the_selected_read():
     through a select of buffers reads each of them (here rows 2, 3 read the donated rows 1, 0, which rows 0, 1 would
     have overwritten), so the result gets memory of its own and is right."""
     fn = lambda a, b: pnp.where(pnp.arange(4)[:, None] < 2, b[::-1] * 2, a[::-1] * 2)   # noqa: E731
-    a, b = np.arange(12, dtype=np.float32).reshape(4, 3), np.arange(12, 24, dtype=np.float32).reshape(4, 3)
-    f = pj.prepare(fn, donate_argnums=0, device="cpu")
-    assert any(u.op is Ops.BUFFER_SELECT for k in f.plan(a, b).kernels for u in k.ast.toposort())
-    donated = pj.prepare(lambda x: x * 1, device="cpu")(a)
-    memory = id(donated.buffer)
-    out = f(donated, b)
-    assert id(out.buffer) != memory
+    out, in_place, (a, b) = _called_with_a_donated(fn)
+    assert not in_place
     np.testing.assert_array_equal(np.asarray(out), np.where(np.arange(4)[:, None] < 2, b[::-1] * 2, a[::-1] * 2))
 
 
 def test_a_selected_read_at_the_written_element_writes_over_the_donated_piece():
     """Every read of the donated `a` is at the element written: the result is written over it in place."""
     fn = lambda a, b: pnp.where(pnp.arange(4)[:, None] < 2, a, b)   # noqa: E731
+    out, in_place, (a, b) = _called_with_a_donated(fn)
+    assert in_place
+    np.testing.assert_array_equal(np.asarray(out), np.where(np.arange(4)[:, None] < 2, a, b))
+
+
+def _called_with_a_donated(fn):
+    """fn(a, b) prepared on the cpu with `a` donated (a plan output's memory), its kernel reading through a select of
+    buffers -> (the result, whether it was written in a's memory, (a, b) as NumPy arrays)."""
     a, b = np.arange(12, dtype=np.float32).reshape(4, 3), np.arange(12, 24, dtype=np.float32).reshape(4, 3)
     f = pj.prepare(fn, donate_argnums=0, device="cpu")
     assert any(u.op is Ops.BUFFER_SELECT for k in f.plan(a, b).kernels for u in k.ast.toposort())
     donated = pj.prepare(lambda x: x * 1, device="cpu")(a)
     memory = id(donated.buffer)
     out = f(donated, b)
-    assert id(out.buffer) == memory
-    np.testing.assert_array_equal(np.asarray(out), np.where(np.arange(4)[:, None] < 2, a, b))
+    return out, id(out.buffer) == memory, (a, b)
 
 
 def test_a_stack_of_selected_buffers_runs_exactly():
