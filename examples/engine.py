@@ -16,12 +16,12 @@ token (with `mixed_steps`, the decoding sequences' tokens are rows of that prefi
 one pass over the weights a step; with mixed_steps="prefill" only in the steps that make a prefill call). A
 sequence's blocks go back to the free list when it finishes or is cancelled.
 The passes are prepared once: every batch composition, prompt length and position replays their plans (no recompiles, no
-padding of the batch or of lengths). The decode step is one plan, or on the cpu and on a GPU with tensor cores two
-plans, each serving every batch composition of its range (llama_paged.prepared: the cpu gives a batch of one kernels of
-its own; a GPU's B below the target's tensor_batch_rows keeps the one-row kernels, from there the folded attention, and
-the tensor-core tiles with `tensor_core_batches`); `warm_up_decode` traces each. A greedy request gives the tokens it
-gives alone (each row's argmax, computed on the device beside its logits); a seeded sampled one draws from its own
-generator (np.random.default_rng(seed)).
+padding of the batch or of lengths). The decode step is one plan, or on a GPU with tensor cores two plans, each serving
+every batch composition of its range (llama_paged.prepared: B below the target's tensor_batch_rows keeps the one-row
+kernels, from there the folded attention, and the tensor-core tiles with `tensor_core_batches`); `warm_up_decode`
+traces each. A greedy request gives the tokens it gives alone
+(each row's argmax, computed on the device beside its logits); a seeded sampled one draws from its own generator
+(np.random.default_rng(seed)).
 """
 from __future__ import annotations
 

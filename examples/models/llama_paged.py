@@ -203,9 +203,6 @@ class BatchRanges:
         return {key: sum(s[key] for s in every) for key in every[0]}
 
 
-ONE_ROW_PLAN = ("llvm",)  # kernel languages whose decode step gives a batch of one a plan of its own (`prepared`)
-
-
 def prepared(cfg: Config, *, context: int, block_size: int, max_batch: int, max_chunk: int,
              max_tokens: int | None = None, device: str | None = None, dtype=np.float32, greedy: bool = False,
              tensor_core_batches: bool = False):
@@ -219,11 +216,8 @@ def prepared(cfg: Config, *, context: int, block_size: int, max_batch: int, max_
     tensor-core tiles took a batch of one 2x as long: the head 25.8 -> 84.0 us; the attention's query heads folded
     from T rows). The upper range multiplies its quantized weights on tensor cores, rounded to bfloat16, only with
     `tensor_core_batches` (decode_batch's `rounded`): a sequence's greedy tokens may then depend on how many others
-    run with it; by default its logits are the same bits in any batch. On the cpu (ONE_ROW_PLAN) the decode step is
-    two plans as well, B in (1, 1) and (2, max_batch): a batch of one (a server's single stream) runs kernels with B
-    a constant, whose index math folds and whose down projection takes the SwiGLU in (SmolLM2 at B=1 on a 2-core AMD
-    EPYC: 20.6 -> 18.6 ms a step), its rows the same bits as the var plan's. With `greedy`, each returns its rows'
-    greedy tokens after the logits (`with_greedy`)."""
+    run with it; by default its logits are the same bits in any batch. With `greedy`, each returns its rows' greedy
+    tokens after the logits (`with_greedy`)."""
     import prepjit as pj
     import prepjit.numpy as pnp
     from prepjit.codegen.targets import target_for
@@ -240,7 +234,7 @@ def prepared(cfg: Config, *, context: int, block_size: int, max_batch: int, max_
         return pj.prepare(dec, vars={"B": (least, most), "NB": (1, tables)},
                           shapes={"ids": ("B",), "pos": ("B",), "block_table": ("B", "NB")}, **kwargs)
     step = decode(1, max_batch)
-    split = target_for(step.device).tensor_batch_rows or (2 if step.device.language in ONE_ROW_PLAN else None)
+    split = target_for(step.device).tensor_batch_rows
     if split is not None and max_batch >= split:
         step = BatchRanges({(1, split - 1): decode(1, split - 1), (split, max_batch): decode(split, max_batch)})
     return (step,

@@ -267,7 +267,7 @@ def test_a_batched_decode_block_fuses_as_a_one_row_block(device):
             np.testing.assert_allclose(np.asarray(got), w, rtol=1e-3, atol=1e-3 * np.abs(w).max())
     if device != "cpu":
         return
-    names = _launches(decode.of(ids), *args)   # (the cpu's plan of B from 2: a batch of one has its own)
+    names = _launches(decode, *args)
     one_row = _decode_launches(device, np.float32)
     assert [n for n in names if "3_3_" not in n][:8] == ["r_B_960_1", "r_B_576", "r_B_3072_1", "r_B_576"] * 2, names
     assert [n for n in one_row if "3_3_" not in n][:8] == ["r_1_960_1", "r_576", "r_1_3072_1", "r_576"] * 2, one_row

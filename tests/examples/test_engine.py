@@ -134,54 +134,28 @@ def test_batched_chunked_prefill_equals_prefill(device, params):
 
 def test_concurrent_greedy_requests_equal_each_alone_with_one_plan(device, params):
     """Seven requests with a batch of 4 (some wait, prefill chunks interleave with decode steps): each request's
-    greedy tokens equal the same request sent alone; both passes traced once for every composition (the decode step
-    once a plan: on the cpu a batch of one has its own, llama_paged.ONE_ROW_PLAN)."""
+    greedy tokens equal the same request sent alone; both passes traced once for every composition."""
     engine = _engine(params, device)
     requests = [(p, serving.Sampling(max_tokens=n)) for p, n in zip(_prompts(7), (9, 3, 12, 1, 7, 10, 5))]
     together, finish = _run(engine, requests)
     assert finish == ["length"] * 7 and [len(t) for t in together] == [9, 3, 12, 1, 7, 10, 5]
     assert len({tuple(t) for t in together}) > 3, "the test needs sequences that differ"
     assert [_run(engine, [r])[0][0] for r in requests] == together
-    plans = len(getattr(engine.decode, "parts", [engine.decode]))
-    assert engine.decode.stats["traces"] == plans and engine.prefill.stats["traces"] == 1
+    assert engine.decode.stats["traces"] == 1 and engine.prefill.stats["traces"] == 1
     assert engine.decode.stats["replays"] > 20
     assert engine.stats()["blocks_used"] == 0 and engine.stats()["generated_tokens"] == 2 * sum(map(len, together))
-
-
-def test_a_batch_of_one_on_the_cpu_has_its_own_plan_with_the_batchs_bits(params):
-    """On the cpu (llama_paged.ONE_ROW_PLAN) a decode step of one sequence replays a plan of its own, B in (1, 1):
-    each sequence's logits, keys and values alone are the same bits as its row of a batch of three."""
-    cos, sin = llama.rope_tables(CFG, CONTEXT)
-    pool = serving.BlockPool(CFG, 24, BLOCK, np.float32)
-    pool.keys[:], pool.values[:] = np.random.default_rng(2).standard_normal((2, *pool.keys.shape))
-    decode, _ = llama_paged.prepared(CFG, context=CONTEXT, block_size=BLOCK, max_batch=4, max_chunk=8, device="cpu")
-    assert list(decode.parts) == [(1, 1), (2, 4)]
-    ids, pos = np.array([5, 6, 7]), np.array([13, 3, 21])
-    table = np.random.default_rng(3).permutation(24)[:18].reshape(3, 6)
-    together = [np.asarray(x) for x in decode(params, ids, pos, table, pool.keys, pool.values, cos, sin)]
-    for b in range(3):
-        alone = decode(params, ids[b:b + 1], pos[b:b + 1], table[b:b + 1], pool.keys, pool.values, cos, sin)
-        for whole, one in zip(together, alone):
-            row = whole[b:b + 1] if whole.ndim == 2 else whole[:, b:b + 1]   # logits (B, vocab), K/V (L, B, ...)
-            np.testing.assert_array_equal(np.asarray(one).view(np.uint32), row.view(np.uint32))
-    assert [f.stats["traces"] for f in decode.parts.values()] == [1, 1]
 
 
 def test_a_target_whose_batch_kernels_differ_gets_two_decode_plans(params, monkeypatch):
     """Where the device's target has tensor_batch_rows T (a GPU with tensor cores: 32; here the cpu's target with tensor
     cores faked, T 2), the decode step is two plans, B in (1, T - 1) and (T, max_batch) (llama_paged.BatchRanges), each
     traced once by Engine.warm_up_decode: seven requests with a batch of 4 give the tokens the one-plan engine gives
-    them (together and each alone) with no trace after the warm-up, both plans replayed. The cpu's own target: a
-    batch of one apart, (1, 1) and (2, 4); with ONE_ROW_PLAN emptied, one plan, whose tokens are the same."""
+    them (together and each alone) with no trace after the warm-up, both plans replayed. The cpu's own target: one
+    plan."""
     from prepjit.codegen import gpu_launch, targets
     requests = [(p, serving.Sampling(max_tokens=n)) for p, n in zip(_prompts(7), (9, 3, 12, 1, 7, 10, 5))]
-    assert list(_engine(params).decode.parts) == [(1, 1), (2, 4)]
-    with monkeypatch.context() as m:
-        m.setattr(serving.llama_paged, "ONE_ROW_PLAN", ())
-        one_plan = _engine(params)
-    assert not isinstance(one_plan.decode, serving.llama_paged.BatchRanges)
-    want, _ = _run(one_plan, requests)
-    assert _run(_engine(params), requests)[0] == want
+    assert not isinstance(_engine(params).decode, serving.llama_paged.BatchRanges)
+    want, _ = _run(_engine(params), requests)
     with monkeypatch.context() as m:
         m.setattr(targets, "target_for", lambda device: attrs.evolve(targets.LLVM, tensor_cores=True))
         m.setattr(gpu_launch, "TENSOR_BATCH_ROWS", 2)
