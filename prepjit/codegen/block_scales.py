@@ -6,15 +6,18 @@ the block's scales for every weight: q4_1's x * (d * q + m) and q8_0's x * (q * 
 weight besides the product's FMA. With a lane range wider than the vectors (LLVM splits it into registers: AVX2's
 8 lanes) the block's products can be summed before the scales touch them:
 
-    sum_kb sum_in-block x * (d * q + m)  =  sum_kb,l  d * sum_c x * q  +  m * sum_c x
+    sum_kb sum_in-block x * (d * q + m)  =  sum_kb,l  d * sum_c x * q  +  sum_kb  m * sum_in-block x
 
 the lane range split at the vector (lane = c * 8 + l), each term's factors that depend on no in-block range (the
-scales) times a sum over the in-block ranges and c of the rest, each term a lane sum of its own (two vector
-accumulators across the blocks, one FMA a block each). A term's in-block sum that reads no output column (x's
-block sums, the same for every row of the weight) is computed once per call into an array of the kernel's own
-(operand_prologue.py's serial loops before the parallel loop) and read back. q4_1's 32 weights then take 4
-conversions and 4 FMAs (x * q) and 2 FMAs, not 4 multiplies, 4 adds and 4 FMAs; q8_0's 4 FMAs and 1, not 4
-multiplies and 4 FMAs. The float32 activations are those of the weights' float32 model; the sum is reassociated
+scales) times a sum over the in-block ranges and c of the rest, each term a lane sum of its own (a vector
+accumulator across the blocks, one FMA a block). A term whose rest reads no output column (x's block sums, the
+same for every row of the weight) is summed over the whole block once per call into an array of the kernel's own
+(operand_prologue.py's serial loops before the parallel loop), one float a block, and becomes a scalar sum over
+the blocks, which the lane sum's loop carries (llvm_reductions.lane_sum): one scalar FMA a block, its scale not
+broadcast to a vector. q4_1's 32 weights then take 4 conversions and 4 FMAs (x * q), a vector FMA and a scalar
+one, not 4 multiplies, 4 adds and 4 FMAs; q8_0's 4 FMAs and 1, not 4 multiplies and 4 FMAs. (m's term as a lane
+sum of x's 8-lane block sums, a broadcast and a vector FMA a block: AVX2 code on the AMD EPYC (Zen 3), one
+thread, x (576) @ W.T (3072, 576) q4_1 in cache, 148 -> 136 us.) The float32 activations are those of the weights' float32 model; the sum is reassociated
 (and distributed over the scales), so it differs from the sequential one by rounding only. (A decode batch's
 kernels, block_matmul.py, keep the unfactored sums: on AVX2 a row of a batch plan and the one-row plan differ by
 rounding; within a plan a row has the same bits in any batch.) A 4- or 8-bit value read as an integer
@@ -33,7 +36,7 @@ from .lower import linear_index
 from .target import CPUTarget
 
 MAX_TERMS = 4      # terms of a distributed product (q4_1: d * x * q and m * x), at most
-HOISTED_MAX = 4096  # elements of a hoisted in-block sum's array (x (1536)'s q4_1 block sums: 48 blocks x 8 lanes)
+HOISTED_MAX = 4096  # elements of a hoisted block totals' array (x (1536)'s q4_1 block sums: 48)
 TABLE_LANES = 16   # float32 lanes of a target whose q4 blocks are looked up in tables (llvm_reductions.py)
 WIDENED = (dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16)
 
@@ -61,15 +64,21 @@ def factored_scales(ast: UOp, target: CPUTarget) -> UOp:
     l = UOp(Ops.RANGE, dtypes.index, (UOp.const(lanes),), (axis + 1, "lane"))
     at = {lane: c * lanes + l}
     locals_ = [u.arg[0] for u in ast.toposort() if u.op is Ops.DEFINE_LOCAL]
-    number, prologue, sums = 1 + max(locals_, default=-1), [], []
+    number, prologue, laned, scalar = 1 + max(locals_, default=-1), [], [], []
+    free_axis = axis + 2
     for coef, rest in terms:
-        block = UOp(Ops.REDUCE, dtypes.float32, (_widened(rest).substitute(at), *inner, c), Ops.ADD)
-        hoisted = _hoisted(block, [*outer, l], number, axis + 2 + 2 * len(prologue))
-        if hoisted is not None:
-            store, block = hoisted
+        whole = UOp(Ops.RANGE, dtypes.index, lane.src, (free_axis, "reduce"))
+        totals = UOp(Ops.REDUCE, dtypes.float32, (_widened(rest).substitute({lane: whole}), *inner, whole), Ops.ADD)
+        hoisted = _hoisted(totals, outer, number, free_axis + 1)
+        if hoisted is not None:  # x's block totals: one float a block, and a scalar sum over the blocks
+            store, totals = hoisted
             prologue.append(store)
-            number += 1
-        sums.append(UOp(Ops.REDUCE, dtypes.float32, (coef * block, *outer, l), Ops.ADD))
+            number, free_axis = number + 1, free_axis + 1 + len(outer)
+            scalar.append(UOp(Ops.REDUCE, dtypes.float32, (coef * totals, *outer), Ops.ADD))
+            continue
+        block = UOp(Ops.REDUCE, dtypes.float32, (_widened(rest).substitute(at), *inner, c), Ops.ADD)
+        laned.append(UOp(Ops.REDUCE, dtypes.float32, (coef * block, *outer, l), Ops.ADD))
+    sums = laned + scalar  # the lane sums first: the first one rendered carries the scalar sums in its loop
     total = sums[0]
     for more in sums[1:]:
         total = total + more
@@ -78,10 +87,10 @@ def factored_scales(ast: UOp, target: CPUTarget) -> UOp:
 
 
 def _hoisted(block: UOp, ranges: list[UOp], number: int, axis: int) -> tuple[UOp, UOp] | None:
-    """(a store of the in-block sum `block` for every step of `ranges` (the blocks, the lanes) into an array of the
-    kernel's own, in serial loops before the parallel loop (operand_prologue.py's), and its read), where `block`
-    depends on no loop range (the activations' block sums, the same for every output column) and the array is at
-    most HOISTED_MAX elements; else None."""
+    """(a store of the block total `block` for every step of `ranges` (the blocks) into an array of the kernel's own,
+    in serial loops before the parallel loop (operand_prologue.py's), and its read), where `block` depends on no loop
+    range (the activations' block sums, the same for every output column) and the array is at most HOISTED_MAX
+    elements; else None."""
     if any(r.op is Ops.RANGE and r.arg[1] in ("loop", "serial") for r in block.toposort()):
         return None
     extents = [r.src[0].arg if r.src[0].op is Ops.CONST else 0 for r in ranges]

@@ -161,7 +161,9 @@ class ReductionRendering(AMXRendering):
         to open (a block's scale) is computed there, once per step, before the inner loops. The innermost loop,
         when it has at most UNROLLED_STEPS steps (q4_1's two nibble halves), or GATED_STEPS with loads its step
         gates (a RoPE'd query's rotated half), is unrolled with an accumulator per step, so consecutive vectors add
-        into independent registers."""
+        into independent registers. A not yet rendered scalar sum over the same loops and no lanes (block_scales.py's
+        q4_1 minimum term: a block's m times x's block total) rides along: one scalar accumulator, one FMA a step, not
+        a loop of its own."""
         here = set(self.open_ranges)
         group = [u] + [r for r in self.reduce_groups[(u.arg, u.dtype, u.src[1:])]
                        if r is not u and self.reduce_loops[r] <= here and not any(r in scope for scope in self.scopes)]
@@ -177,6 +179,13 @@ class ReductionRendering(AMXRendering):
         for acc in (a for per_sum in accs for a in per_sum):
             self.allocas.append(f"  {acc} = alloca {vt}")
             self.emit(f"store {vt} zeroinitializer, ptr {acc}")
+        riders = [r for r in self.reduce_groups.get((u.arg, u.dtype, tuple(ranges)), [])  # scalar sums, same loops
+                  if ranges and unrolled is None and r not in self.laned and self.reduce_loops[r] <= here
+                  and not any(r in scope for scope in self.scopes)]
+        rider_accs = [self.tmp("acc") for _ in riders]
+        for acc in rider_accs:
+            self.allocas.append(f"  {acc} = alloca {t}")
+            self.emit(f"store {t} {const_literal(_identity(u.arg, u.dtype), u.dtype)}, ptr {acc}")
         loops, opened = [], set(self.open_ranges)
         for r in ranges:
             loops.append(self.open_loop(r, "0", self.value(r.src[0])))
@@ -184,7 +193,7 @@ class ReductionRendering(AMXRendering):
             if r is ranges[0]:  # (at the first step of the ranges inside: the sum's, and any sum's in its body)
                 nested = (s for x in group for v in x.src[0].toposort() if v.op is Ops.REDUCE for s in v.src[1:])
                 lined = self.prefetch_streams([x.src[0] for x in group], r, (*u.src[2:], *nested))
-            scalars = [v for x in group for v in x.src[0].toposort()
+            scalars = [v for x in group + riders for v in x.src[0].toposort()
                        if v not in self.laned and r in self.ranges[v] and self.ranges[v] <= opened]
             self.half_pairs(scalars)
             for v in scalars:
@@ -193,6 +202,12 @@ class ReductionRendering(AMXRendering):
         for table in tables.values():  # built once per block, unless it changes with the unrolled step
             if unrolled not in self.ranges[table]:
                 self.value(table)
+        for r, acc in zip(riders, rider_accs):
+            x = r.src[0]
+            v = self.op(f"fmul contract {t} {self.value(x.src[0])}, {self.value(x.src[1])}") if x.op is Ops.MUL \
+                else self.value(x)
+            cur = self.op(f"load {t}, ptr {acc}")
+            self.emit(f"store {t} {self.op(f'fadd contract {t} {cur}, {v}')}, ptr {acc}")
         for step in steps:
             if unrolled is not None:
                 self.scopes.append({unrolled: str(step)})
@@ -221,6 +236,8 @@ class ReductionRendering(AMXRendering):
         outs = self.lanes_added_up(totals, u.dtype)
         for r, out in zip(group[1:], outs[1:]):
             self.scopes[-1][r] = out
+        for r, acc in zip(riders, rider_accs):
+            self.scopes[-1][r] = self.op(f"load {t}, ptr {acc}")
         return outs[0]
 
     def gated_by(self, bodies: list[UOp], r: UOp) -> bool:

@@ -73,11 +73,12 @@ def test_the_reduction_is_split_at_the_blocks_and_vectorised(kind, steps, rng):
 @pytest.mark.parametrize("kind,inner,hoisted", [("q8_0", [4], 0), ("q4_0", [2, 2], 0), ("q4_1", [2, 2], 1)])
 def test_avx2_sums_a_block_before_its_scales(kind, inner, hoisted, rng):
     """AVX2 (8 float lanes, narrower than a block's 16 or 32): each term of x * w's product distributed over the
-    scales (q4_1's d * x * q and m * x) is a sum over the blocks and 8 lanes of its scale times the block's sum of
-    the rest over the in-block steps (extents `inner`); q4_1's x block sums, the same for every output column, are
-    computed once per call into an array of the kernel's own before the parallel loop. Its IR widens a 4-bit
-    block's bytes to int32 before their shift and mask, converts each scale once (q4_1's two as one <2 x half>),
-    and the kernel equals NumPy."""
+    scales (q4_1's d * x * q) is a sum over the blocks and 8 lanes of its scale times the block's sum of the rest
+    over the in-block steps (extents `inner`); q4_1's m * x term reads x's block totals, the same for every output
+    column, computed once per call into an array of the kernel's own (one float a block) before the parallel loop,
+    and is a scalar sum over the blocks, rendered in the lane sum's loop (one block loop in the IR, one scalar
+    FMA a block). Its IR widens a 4-bit block's bytes to int32 before their shift and mask, converts each scale
+    once (q4_1's two as one <2 x half>), and the kernel equals NumPy."""
     n, k = 64, 768
     blocks = _blocks(rng, kind, n, k)
     x = rng.standard_normal((1, k)).astype(np.float32)
@@ -85,17 +86,23 @@ def test_avx2_sums_a_block_before_its_scales(kind, inner, hoisted, rng):
     out = optimize(kernel.kernel.scheduled, "llvm", AVX2)
     reduces = [u for u in out.toposort() if u.op is Ops.REDUCE]
     outer = [r for r in reduces if r.src[-1].arg[1] == "lane"]
-    assert len(outer) == (2 if kind == "q4_1" else 1)
-    for r in outer:
-        assert [x.src[0].arg for x in r.src[1:]] == [k // 32, 8]
-        scale, block = r.src[0].src
-        assert block.op in (Ops.REDUCE, Ops.LOAD) and not any(u.op is Ops.REDUCE for u in scale.toposort())
-    inner_sums = [r for r in reduces if r not in outer]
+    assert len(outer) == 1 and [x.src[0].arg for x in outer[0].src[1:]] == [k // 32, 8]
+    scale, block = outer[0].src[0].src
+    assert block.op is Ops.REDUCE and not any(u.op is Ops.REDUCE for u in scale.toposort())
+    over_blocks = [r for r in reduces if [x.src[0].arg for x in r.src[1:]] == [k // 32]]
+    assert len(over_blocks) == hoisted
+    assert all(r.src[0].op is Ops.MUL and any(s.op is Ops.LOAD and s.src[0].op is Ops.DEFINE_LOCAL for s in r.src[0].src)
+               for r in over_blocks)
+    inner_sums = [r for r in reduces if r not in outer and r not in over_blocks and
+                  not any(st.src[0].op is Ops.DEFINE_LOCAL and r in st.toposort() for st in out.src)]
     assert all([x.src[0].arg for x in r.src[1:]] == inner for r in inner_sums)
     locals_ = [st for st in out.src if st.src[0].op is Ops.DEFINE_LOCAL]
     assert len(locals_) == hoisted and out.src[:hoisted] == tuple(locals_)
+    assert all(st.src[0].arg[1] == k // 32 for st in locals_)
     assert not any(u.op is Ops.RANGE and u.arg[1] == "loop" for st in locals_ for u in st.toposort())
     ir = render_llvm(out, AVX2).source
+    assert ir.count("fmul contract float") == hoisted  # the minimum term's scalar FMA, in the lane sum's block loop
+    assert ir.count(f", {k // 32}\n") == 1 + hoisted  # loops over the blocks: the kernel's, x's totals (q4_1)
     assert "load <8 x i8>" in ir and "<16 x" not in ir and (kind == "q8_0" or "zext <8 x i8>" in ir)
     assert ir.count("fpext half") == (0 if kind == "q4_1" else 1)  # q4_1's d and m: one <2 x half>
     assert ir.count("fpext <2 x half>") == (1 if kind == "q4_1" else 0)
