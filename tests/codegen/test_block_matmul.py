@@ -308,6 +308,19 @@ def test_a_tiles_4_bit_weights_are_looked_up_in_a_table_of_their_block(kind, mos
     assert PERMUTE not in render_llvm(optimize(kernel.kernel.scheduled, "llvm", AVX2), AVX2).source
 
 
+@pytest.mark.parametrize("most", [4, 16, 512])
+def test_avx2_unpacks_4_bit_weights_in_int32_not_in_bytes(most, rng):
+    """On AVX2 (no byte shifts) a q4_1 batch's and a prefill's kernels shift and mask their nibbles in int32 lanes
+    (block_scales' widening: the same values), not in i8 vectors (a variable shift and two selects a vector); their
+    bits are the bytes' (test_a_row_has_the_same_bits_..., test_batch_rows_on_or_off_the_tile_...)."""
+    blocks = _blocks(rng, "q4_1", 1536, K)
+    x = rng.standard_normal((3, K)).astype(np.float32)
+    (kernel,) = _batched("q4_1", "cpu", rows=(1, most)).plan(x, blocks).kernels
+    ir = render_llvm(optimize(kernel.kernel.scheduled, "llvm", AVX2), AVX2).source
+    masks = [line for line in ir.splitlines() if "shr <" in line or " = and <" in line]
+    assert masks and all("x i32>" in line for line in masks), masks
+
+
 @pytest.mark.parametrize("kind", ["q8_0", "q4_1"])
 @pytest.mark.parametrize("most", [16, 512])
 def test_a_tiles_fill_prefetches_the_blocks_ahead(kind, most, rng):
