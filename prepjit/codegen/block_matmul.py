@@ -66,7 +66,7 @@ from __future__ import annotations
 import functools
 
 from ..uop import Ops, UOp, dtypes, simplify
-from .block_scales import TABLE_LANES, _widened as widened  # (a q4/q8 value unpacked in int32)
+from .block_scales import TABLE_LANES, widened  # (a q4/q8 value unpacked in int32)
 from .block_split import split_blocks
 from .llvm_reductions import UNROLLED_STEPS
 from .lower import linear_index

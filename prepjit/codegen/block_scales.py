@@ -68,7 +68,7 @@ def factored_scales(ast: UOp, target: CPUTarget) -> UOp:
     free_axis = axis + 2
     for coef, rest in terms:
         whole = UOp(Ops.RANGE, dtypes.index, lane.src, (free_axis, "reduce"))
-        totals = UOp(Ops.REDUCE, dtypes.float32, (_widened(rest).substitute({lane: whole}), *inner, whole), Ops.ADD)
+        totals = UOp(Ops.REDUCE, dtypes.float32, (widened(rest).substitute({lane: whole}), *inner, whole), Ops.ADD)
         hoisted = _hoisted(totals, outer, number, free_axis + 1)
         if hoisted is not None:  # x's block totals: one float a block, and a scalar sum over the blocks
             store, totals = hoisted
@@ -76,7 +76,7 @@ def factored_scales(ast: UOp, target: CPUTarget) -> UOp:
             number, free_axis = number + 1, free_axis + 1 + len(outer)
             scalar.append(UOp(Ops.REDUCE, dtypes.float32, (coef * totals, *outer), Ops.ADD))
             continue
-        block = UOp(Ops.REDUCE, dtypes.float32, (_widened(rest).substitute(at), *inner, c), Ops.ADD)
+        block = UOp(Ops.REDUCE, dtypes.float32, (widened(rest).substitute(at), *inner, c), Ops.ADD)
         laned.append(UOp(Ops.REDUCE, dtypes.float32, (coef * block, *outer, l), Ops.ADD))
     sums = laned + scalar  # the lane sums first: the first one rendered carries the scalar sums in its loop
     total = sums[0]
@@ -151,7 +151,7 @@ def _product(factors: list[UOp]) -> UOp | None:
     return out
 
 
-def _widened(u: UOp) -> UOp:
+def widened(u: UOp) -> UOp:
     """`u` with each float cast of a narrow integer expression (a quant's shifted and masked byte) computed in int32
     from its loads on, where every intermediate value's exact bounds fit its own type (so nothing wraps either way)."""
     casts = {c: c.src[0] for c in u.toposort() if c.op is Ops.CAST and c.dtype.is_float and c.src[0].dtype in WIDENED}
