@@ -91,8 +91,8 @@ def test_avx2_sums_a_block_before_its_scales(kind, inner, hoisted, rng):
     assert block.op is Ops.REDUCE and not any(u.op is Ops.REDUCE for u in scale.toposort())
     over_blocks = [r for r in reduces if [x.src[0].arg for x in r.src[1:]] == [k // 32]]
     assert len(over_blocks) == hoisted
-    assert all(r.src[0].op is Ops.MUL and any(s.op is Ops.LOAD and s.src[0].op is Ops.DEFINE_LOCAL for s in r.src[0].src)
-               for r in over_blocks)
+    assert all(r.src[0].op is Ops.MUL and
+               any(s.op is Ops.LOAD and s.src[0].op is Ops.DEFINE_LOCAL for s in r.src[0].src) for r in over_blocks)
     inner_sums = [r for r in reduces if r not in outer and r not in over_blocks and
                   not any(st.src[0].op is Ops.DEFINE_LOCAL and r in st.toposort() for st in out.src)]
     assert all([x.src[0].arg for x in r.src[1:]] == inner for r in inner_sums)
