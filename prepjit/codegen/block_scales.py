@@ -21,10 +21,10 @@ thread, x (576) @ W.T (3072, 576) q4_1 in cache, 148 -> 136 us.) The float32 act
 float32 model; the sum is reassociated (and distributed over the scales), so it differs from the sequential one by
 rounding only. (A decode batch's kernels, block_matmul.py, keep the unfactored sums: on AVX2 a row of a batch plan
 and the one-row plan differ by rounding; within a plan a row has the same bits in any batch.) A 4- or 8-bit value
-read as an integer lane is widened to int32 before its shift and mask (the same values: every intermediate's bounds fit its type),
-so x86 widens 8 bytes with one vpmovzxbd a vector and splits a q4_1 byte's nibbles at 32 bits (vpand, vpsrld),
-not in bytes with a shuffle a vector per half. One thread, x (576) @ W.T (1536, 576), weights in L2, AVX2 code
-on a Xeon (model 167), fastest of 7 x 20 calls: q4_1 92 -> 72 us, q8_0 102 -> 64 us.
+read as an integer lane is widened to int32 before its shift and mask (the same values: every intermediate's bounds
+fit its type), so x86 widens 8 bytes with one vpmovzxbd a vector and splits a q4_1 byte's nibbles at 32 bits (vpand,
+vpsrld), not in bytes with a shuffle a vector per half. One thread, x (576) @ W.T (1536, 576), weights in L2, AVX2
+code on a Xeon (model 167), fastest of 7 x 20 calls: q4_1 92 -> 72 us, q8_0 102 -> 64 us.
 
 AVX-512 keeps its one-vector-a-half sums: a q4 block's w is there one permute of a 16-entry table a half
 (llvm_reductions.lookup_tables), cheaper than these sums.
