@@ -60,13 +60,24 @@ A quantized weight's 4- or 8-bit values are unpacked in int32 (block_scales' wid
 bits), not in bytes: on AVX2 a q4_1 nibble's shift and mask in i8 vectors took a variable shift and two selects a
 vector (x86 has no byte shifts). One thread, SmolLM2 gguf's paged decode step (AMD EPYC, Zen 3, shared host): B = 1
 18.7-20.7 -> 14.2-16.9 ms (gate/up 7.1-7.8 -> 5.1-5.9), B = 16's projections ~13% less; the prefill as before.
+
+Where the target's vectors are narrower than a block's lanes (AVX2), a batch's sums take their block scales out of
+the in-block sums as the one-row kernel's do (block_scales.factored_scales: d times a lane sum of x * q, plus m
+times x's block totals, which the kernel computes once per call for every row, in an array laid out for the most
+rows); unpacking a weight is then a conversion and an FMA, and the blocks read again for each register block of
+rows cost less than a decode batch's tile (its fill and its sums of dequantized floats): such a batch reads the
+blocks at every B. A row has the same bits in any batch (the in-block sums start at -0.0 alone or in a block,
+llvm_reductions.py). One thread, AMD EPYC (Zen 3), fastest of 7 x 50 calls, B = 1 / 4 / 8 / 16: q4_1 3072 x 576
+172 / 470 / 832 / 1679 -> 139 / 375 / 672 / 1357 us, 576 x 1536 103 / 263 / 477 / 833 -> 67 / 189 / 339 / 643;
+q8_0 3072 x 576 172 / 560 / 1106 / 2213 -> 133 / 345 / 687 / 1310 (host shared with a test suite); SmolLM2 gguf's
+paged decode step (pj.profile, one thread) B = 1 14.0-16.1 -> 11.6-14.2 ms, B = 16 148-173 -> 127-148 ms.
 """
 from __future__ import annotations
 
 import functools
 
 from ..uop import Ops, UOp, dtypes, simplify
-from .block_scales import TABLE_LANES, widened  # (a q4/q8 value unpacked in int32)
+from .block_scales import TABLE_LANES, factored_scales, widened
 from .block_split import split_blocks
 from .llvm_reductions import UNROLLED_STEPS
 from .lower import linear_index
@@ -138,16 +149,29 @@ def block_matmul(split: UOp, target: CPUTarget, blocking: Blocking = DEFAULT_BLO
     if found is None:
         return None
     store, red, j, i, most, rows, columns, group, groups, axis = found
+    totals, factored = _factored_sums(store, i, target)
     tiled = _weight_tile(split, store, red, j, i, target, None if most >= MIN_TILE_ROWS else (rows, columns)) \
-        if most > rows else None
+        if most > rows and (most >= MIN_TILE_ROWS or factored is store) else None
     if tiled is not None:  # each panel's weights unpacked into a tile once, for all rows
         return _unpacked_in_int32(tiled, target)
 
     def panel(n: int) -> UOp:  # groups outermost (threads split them), a group's panels innermost
         return groups * group + new_range(UOp.const(group), n) if group > 1 else groups
     stores = [s for block_rows, n in row_nests(i.src[0], rows, axis, every_count=True)
-              for s in block_stores(store, j, i, [panel(n + 1) * columns + c for c in range(columns)], block_rows, {})]
-    return _unpacked_in_int32(renumber(UOp(Ops.SINK, split.dtype, tuple(stores), split.arg)), target)
+              for s in block_stores(factored, j, i, [panel(n + 1) * columns + c for c in range(columns)], block_rows,
+                                    {})]
+    return _unpacked_in_int32(renumber(UOp(Ops.SINK, split.dtype, (*totals, *stores), split.arg)), target)
+
+
+def _factored_sums(store: UOp, i: UOp, target: CPUTarget) -> tuple[tuple[UOp, ...], UOp]:
+    """(the stores of x's block totals, once per call for every row, and `store` with its block scales factored out
+    of the in-block sums: block_scales.factored_scales, with the row range `i` among the totals' ranges), or
+    ((), `store`) where the target does not factor them (vectors as wide as the lane range, or tables) or the
+    totals would not be hoisted (too many rows: a second lane sum an output would take a block's registers)."""
+    out = factored_scales(UOp(Ops.SINK, store.dtype, (store,)), target, (i,))
+    factored = out.src[-1]
+    lane_sums = [u for u in factored.toposort() if u.op is Ops.REDUCE and u.src[-1].arg[1] == "lane"]
+    return (out.src[:-1], factored) if len(lane_sums) <= 1 else ((), store)
 
 
 def _unpacked_in_int32(kernel: UOp, target: CPUTarget) -> UOp:

@@ -19,8 +19,9 @@ one, not 4 multiplies, 4 adds and 4 FMAs; q8_0's 4 FMAs and 1, not 4 multiplies 
 sum of x's 8-lane block sums, a broadcast and a vector FMA a block: AVX2 code on the AMD EPYC (Zen 3), one
 thread, x (576) @ W.T (3072, 576) q4_1 in cache, 148 -> 136 us.) The float32 activations are those of the weights'
 float32 model; the sum is reassociated (and distributed over the scales), so it differs from the sequential one by
-rounding only. (A decode batch's kernels, block_matmul.py, keep the unfactored sums: on AVX2 a row of a batch plan
-and the one-row plan differ by rounding; within a plan a row has the same bits in any batch.) A 4- or 8-bit value
+rounding only. A decode batch's kernels (block_matmul.py) factor their sums so too, x's block totals computed once
+per call for every row (an array laid out for the most rows); within a plan a row has the same bits in any batch
+(a one-row plan's and a batch plan's may differ by rounding). A 4- or 8-bit value
 read as an integer lane is widened to int32 before its shift and mask (the same values: every intermediate's bounds
 fit its type), so x86 widens 8 bytes with one vpmovzxbd a vector and splits a q4_1 byte's nibbles at 32 bits (vpand,
 vpsrld), not in bytes with a shuffle a vector per half. One thread, x (576) @ W.T (1536, 576), weights in L2, AVX2
@@ -41,10 +42,11 @@ TABLE_LANES = 16   # float32 lanes of a target whose q4 blocks are looked up in 
 WIDENED = (dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16)
 
 
-def factored_scales(ast: UOp, target: CPUTarget) -> UOp:
+def factored_scales(ast: UOp, target: CPUTarget, rows: tuple[UOp, ...] = ()) -> UOp:
     """`ast` (a matvec's one float32 sum over block ranges and a lane range, block_split.py) with its block scales
     factored out of the in-block sums (see the module docstring); `ast` itself where the target's vectors hold the
-    lane range, or use tables, or no factor of the product is a block constant."""
+    lane range, or use tables, or no factor of the product is a block constant. `rows`: loop ranges x's block
+    totals may depend on (a batch's rows, block_matmul.py), hoisted for each of their steps (at their maxima)."""
     lanes = target.lanes(4)
     reduces = [u for u in ast.toposort() if u.op is Ops.REDUCE]
     if lanes >= TABLE_LANES or len(reduces) != 1 or reduces[0].dtype != dtypes.float32 \
@@ -69,11 +71,11 @@ def factored_scales(ast: UOp, target: CPUTarget) -> UOp:
     for coef, rest in terms:
         whole = UOp(Ops.RANGE, dtypes.index, lane.src, (free_axis, "reduce"))
         totals = UOp(Ops.REDUCE, dtypes.float32, (widened(rest).substitute({lane: whole}), *inner, whole), Ops.ADD)
-        hoisted = _hoisted(totals, outer, number, free_axis + 1)
+        hoisted = _hoisted(totals, [*rows, *outer], number, free_axis + 1)
         if hoisted is not None:  # x's block totals: one float a block, and a scalar sum over the blocks
             store, totals = hoisted
             prologue.append(store)
-            number, free_axis = number + 1, free_axis + 1 + len(outer)
+            number, free_axis = number + 1, free_axis + 1 + len(rows) + len(outer)
             scalar.append(UOp(Ops.REDUCE, dtypes.float32, (coef * totals, *outer), Ops.ADD))
             continue
         block = UOp(Ops.REDUCE, dtypes.float32, (widened(rest).substitute(at), *inner, c), Ops.ADD)
@@ -89,11 +91,11 @@ def factored_scales(ast: UOp, target: CPUTarget) -> UOp:
 def _hoisted(block: UOp, ranges: list[UOp], number: int, axis: int) -> tuple[UOp, UOp] | None:
     """(a store of the block total `block` for every step of `ranges` (the blocks) into an array of the kernel's own,
     in serial loops before the parallel loop (operand_prologue.py's), and its read), where `block` depends on no loop
-    range (the activations' block sums, the same for every output column) and the array is at most HOISTED_MAX
-    elements; else None."""
-    if any(r.op is Ops.RANGE and r.arg[1] in ("loop", "serial") for r in block.toposort()):
+    range but those of `ranges` (the activations' block sums, the same for every output column; a batch's rows) and
+    the array is at most HOISTED_MAX elements, laid out for the ranges' maxima; else None."""
+    if any(r.op is Ops.RANGE and r.arg[1] in ("loop", "serial") and r not in ranges for r in block.toposort()):
         return None
-    extents = [r.src[0].arg if r.src[0].op is Ops.CONST else 0 for r in ranges]
+    extents = [int(r.src[0].vmax) for r in ranges]
     size = 1
     for e in extents:
         size *= e

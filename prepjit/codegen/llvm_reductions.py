@@ -110,9 +110,10 @@ class ReductionRendering(AMXRendering):
             return tiled[0]
         t, block = self.ty(u.dtype), len(group) > 1
         accs = [self.tmp("acc") for _ in group]
-        # a lone vector sum over steps that all run (block_scales.py's in-block sums) starts at -0.0, which LLVM drops
-        # from the first add (x + -0.0 is x; x + 0.0 is not, for x = -0.0)
-        start = -0.0 if laned and not block and u.arg is Ops.ADD and u.dtype.is_float and \
+        # a vector sum over steps that all run (block_scales.py's in-block sums, alone or a block's) starts at -0.0,
+        # which LLVM drops from the first add (x + -0.0 is x; x + 0.0 is not, for x = -0.0): a row's sum the same
+        # bits alone as in a block of rows (block_matmul.py; from 0.0 a block's differed in the last bits)
+        start = -0.0 if laned and u.arg is Ops.ADD and u.dtype.is_float and \
             all(r.src[0].op is Ops.CONST and r.src[0].arg > 0 for r in u.src[1:]) else _identity(u.arg, u.dtype)
         for acc in accs:
             self.allocas.append(f"  {acc} = alloca {t}")

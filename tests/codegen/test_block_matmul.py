@@ -73,18 +73,20 @@ def test_each_block_is_unpacked_once_for_a_register_block_of_rows(kind, loads, r
     """The kernel as launched (AVX-512 and AVX2): R x C stores (rows x columns of the register block, R > 1) for the
     full row blocks, then (R - 1) x C, ..., 1 x C for the rows past them; the column panels outermost (threads
     split them); its IR loads each column's block bytes once per step of each loop nest, for all its rows (q4_1:
-    its two nibble halves read the same 16 bytes, unrolled), not once per row."""
+    its two nibble halves read the same 16 bytes, unrolled; AVX2's factored sums, block_scales.py: 8 bytes a step of
+    the in-block loop), not once per row."""
     blocks = _blocks(rng, kind, 1536, K)
     x = rng.standard_normal((3, K)).astype(np.float32)
     (kernel,) = _batched(kind, "cpu", rows=(1, 4)).plan(x, blocks).kernels  # at most one block: no tile
-    for target, (rows, columns, nests) in ((AVX512, (4, 2, 4)), (AVX2, (3, 1, 3))):
+    halves = 2 if kind == "q4_1" else 1
+    for target, (rows, columns, nests), (load, per_nest) in ((AVX512, (4, 2, 4), (loads, halves)),
+                                                            (AVX2, (3, 1, 3), ("load <8 x i8>", 1))):
         out = optimize(kernel.kernel.scheduled, "llvm", target)
-        assert len(out.src) == rows * (rows + 1) // 2 * columns
+        assert len([st for st in out.src if st.src[0].op is Ops.DEFINE_GLOBAL]) == rows * (rows + 1) // 2 * columns
         loops = sorted((u for u in out.toposort() if u.op is Ops.RANGE and u.arg[1] == "loop"), key=lambda r: r.arg[0])
         assert loops[0].src[0].op is Ops.CONST and 1536 % (loops[0].src[0].arg * columns) == 0
         ir = render_llvm(out, target).source
-        halves = 2 if kind == "q4_1" else 1
-        assert ir.count(loads) == nests * columns * halves
+        assert ir.count(load) == nests * columns * per_nest
 
 
 
@@ -191,6 +193,25 @@ def test_a_batch_of_more_rows_than_a_register_block_reads_a_tile(kind, rng):
     halves = 2 if kind == "q4_1" else 1
     assert ir.count("load <32 x i8>" if kind == "q8_0" else "load <16 x i8>") == 1 + 6 * 2 * halves  # fill: a loop
     assert sum("call void @llvm.prefetch" in line for line in ir.splitlines()) >= 6 * 2
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "q4_1"])
+def test_avx2_batch_factors_its_scales(kind, rng):
+    """On AVX2 (8 lanes, narrower than a block's) a decode batch's sums take their block scales out of the in-block
+    sums as the one-row kernel's do (block_scales.py): q4_1's m times x's block totals, computed once per call for
+    every row into an array laid out for the most rows (B up to 16: 16 x K / 32 floats), read by a scalar sum a
+    row; q8_0 has no such term. Such sums cost less than a tile's (unpacking is a conversion and an FMA a
+    weight): the batch reads the blocks at every B, no tile of the weights."""
+    blocks = _blocks(rng, kind, 1536, K)
+    x = rng.standard_normal((16, K)).astype(np.float32)
+    (kernel,) = _batched(kind, "cpu", rows=(1, 16)).plan(x, blocks).kernels
+    out = optimize(kernel.kernel.scheduled, "llvm", AVX2)
+    arrays = {u.arg[1] for u in out.toposort() if u.op is Ops.DEFINE_LOCAL}
+    assert arrays == ({16 * K // 32} if kind == "q4_1" else set())
+    one_row = [st for st in out.src if st.src[0].op is Ops.DEFINE_GLOBAL][-1]  # (the last nest: one row's)
+    sums = [u for u in one_row.toposort() if u.op is Ops.REDUCE]
+    lanes = [r for r in sums if any(x.op is Ops.RANGE and x.arg[1] == "lane" for x in r.src[1:])]
+    assert len(lanes) == 1 and len(sums) == (3 if kind == "q4_1" else 2)  # d's lane sum of in-block sums (, m's)
 
 
 @pytest.mark.parametrize("kind", ["q8_0", "q4_1", "q6_k"])
@@ -326,11 +347,12 @@ def test_avx2_unpacks_4_bit_weights_in_int32_not_in_bytes(most, rng):
 def test_a_tiles_fill_prefetches_the_blocks_ahead(kind, most, rng):
     """The fill of a batch's or a prefill's tile (a burst between the tile's sums that the hardware prefetchers do not
     run ahead of) asks for the weight's bytes PREFETCH_BYTES past those it unpacks, once a store (its panels'
-    blocks are contiguous: the next panels'); the activations, which the sums read, are not asked for."""
+    blocks are contiguous: the next panels'); the activations, which the sums read, are not asked for. (AVX2's batch
+    reads the blocks with its scales factored out of the sums, and no tile: test_avx2_batch_factors_its_scales.)"""
     blocks = _blocks(rng, kind, 1536, K)
     x = rng.standard_normal((16, K)).astype(np.float32)
     (kernel,) = _batched(kind, "cpu", rows=(1, most)).plan(x, blocks).kernels
-    for target in (AVX512, AVX2):
+    for target in (AVX512, AVX2) if most >= block_matmul.MIN_TILE_ROWS else (AVX512,):
         out = optimize(kernel.kernel.scheduled, "llvm", target)
         lines = render_llvm(UOp(Ops.SINK, out.dtype, (out.src[0],), out.arg), target).source.splitlines()
         (prefetch,) = [line for line in lines if line.strip().startswith("call void @llvm.prefetch")]
