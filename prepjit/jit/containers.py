@@ -1,5 +1,5 @@
 """The concrete key of a container argument (a model's weights: dicts, lists and tuples of arrays), for the
-prepared-call fast path (`Signature.concrete_key`, replay.py).
+prepared-call fast path (`Signature.light_key`, replay.py).
 
 A container's key part is (structure, array parts): the structure lists, in `read`'s order (pytree.flatten's:
 dict insertion order), each container's class and keys (a dict) or length, and each leaf's class (np.ndarray,

@@ -2,20 +2,20 @@
 plan straight on NumPy arrays.
 
 A positional call whose arguments are NumPy arrays and scalars (as 0-d arrays), pj.Arrays on the cpu or on the
-plan's GPU, ints, strings, bools, None, or dicts, lists and tuples of arrays (a model's weights) is looked up by
-its concrete key (`Signature.concrete_key`): where the call's key but for its containers' array parts is the last
-call's, a native check that those arrays' dtypes, shapes and strides are the last call's (runtime/array_check.py, on
-the cpu) stands for reading and comparing them. The first call with a key goes through the full path
-(`Signature.read`, which checks everything); after it, `FastCalls.learn` keeps what that read decided: the plan,
-where each array and scalar var is among the arguments, the call's var reads (Var, value, where) with the
-values the key fixes (shape vars, already checked) and the positions of those it does not (scalar vars), and
-the output shapes and dtypes. Later calls with the key read only the scalar vars: one compiled test of their
-bounds, their agreement with the shapes, and the plan's index constraints (`plan.check_constraints`); when it
-fails, the same reads go through the checks of the full path (`check_reads`, `plan.require`), which raise its
-errors, messages included. A call that passes goes straight to `ExecutionPlan.run_arrays`: inputs are read in
-place (a GPU uploads NumPy inputs into staging it keeps), each output is one `host_pool.empty` (a GPU's: device
-memory from its pool). Anything else unusual (a misaligned array, a rebound captured array, a deleted pj.Array)
-falls back to the full path, which copies, traces again or raises.
+plan's GPU, ints, strings, bools, None, or dicts, lists and tuples of arrays (a model's weights) is looked up by its
+concrete key (`Signature.light_key`, `full_key`): where the call's key but for its containers' array parts (its
+light key) is the last call's, a native check that those arrays' dtypes, shapes and strides are the last call's
+(runtime/array_check.py, on the cpu) stands for reading and comparing them. The first call with a key goes through
+the full path (`Signature.read`, which checks everything); after it, `FastCalls.learn` keeps what that read decided:
+the plan, where each array and scalar var is among the arguments, the call's var reads (Var, value, where) with the
+values the key fixes (shape vars, already checked) and the positions of those it does not (scalar vars), and the
+output shapes and dtypes. Later calls with the key read only the scalar vars: one compiled test of their bounds,
+their agreement with the shapes, and the plan's index constraints (`plan.check_constraints`); when it fails, the
+same reads go through the checks of the full path (`check_reads`, `plan.require`), which raise its errors, messages
+included. A call that passes goes straight to `ExecutionPlan.run_arrays`: inputs are read in place (a GPU uploads
+NumPy inputs into staging it keeps), each output is one `host_pool.empty` (a GPU's: device memory from its pool).
+Anything else unusual (a misaligned array, a rebound captured array, a deleted pj.Array) falls back to the full
+path, which copies, traces again or raises.
 
 A call that donates arrays (donate_argnums: the serving engine's KV store) replays instead through
 `replay_with_io` (`ExecutionPlan.run_with_io`, as the full path does): given the arguments' pj.Arrays and the

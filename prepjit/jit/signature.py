@@ -8,10 +8,10 @@ arguments, and is the one reader of its calls:
   its var reads (var, value, where) in argument order;
 - `check_reads` is the one check of a call's var values, on every path: that a var agrees everywhere it
   appears, then each var's bounds (`Var.check`);
-- `concrete_key` maps a positional call of common kinds (arrays, ints, strings, containers of arrays) to a
-  cheap key that fixes everything `read` decides but the scalar vars' values: the fast path (replay.py) keeps,
-  per such key, what `read` made of it, and reads only the scalar vars anew, through `check_reads` when a
-  precompiled test of the same reads fails.
+- `light_key` and `full_key` map a positional call of common kinds (arrays, ints, strings, containers of arrays)
+  to a cheap key (the concrete key) that fixes everything `read` decides but the scalar vars' values: the fast
+  path (replay.py) keeps, per such key, what `read` made of it, and reads only the scalar vars anew, through
+  `check_reads` when a precompiled test of the same reads fails.
 """
 from __future__ import annotations
 
@@ -121,12 +121,12 @@ class Signature:
         self.keyword_defaults = [(p.name, p.default) for p in self.params if p.kind is p.KEYWORD_ONLY]
         self.simple = all(p in self.positional or (p.kind is p.KEYWORD_ONLY and p.default is not p.empty)
                           for p in self.params)
-        # (concrete_key) argument position -> the scalar var it gives; the positions of static parameters
+        # (light_key) argument position -> the scalar var it gives; the positions of static parameters
         self.var_positions = {i: p.name for i, p in enumerate(self.params) if p.name in self.scalar_vars}
         self.static_positions = frozenset(i for i, p in enumerate(self.params) if p.name in self.static)
         used = self.scalar_vars | _spec_var_names(list(shapes.values()))
         self.unused_vars = [n for n in vars_ if n not in used]
-        # (concrete_key) argument position -> the ContainerKeys reading the containers passed there
+        # (light_key) argument position -> the ContainerKeys reading the containers passed there
         self._containers: dict[int, ContainerKeys] = {}
         # (read's cache) id of a dims spec in `shapes` -> (the spec, its parse_dims)
         self._parsed: dict[int, tuple] = {}
@@ -213,21 +213,15 @@ class Signature:
         return CallInfo(tuple(key), leaves, arrays, var_values, descriptions, self._rebuilder(params, structure),
                         var_sources, frozenset(shape_vars), tuple(reads))
 
-    def concrete_key(self, args: tuple, device_name) -> tuple:
-        """(the concrete key of a positional call, its arguments with each container's arrays in its place), or
-        (None, None) when an argument is not of a kind it keys. The key holds each array's dtype, shape and
-        strides (a pj.Array's device), each container's key part (containers.py: its structure and its arrays'
-        parts), each static value, and a marker for each scalar var (its value is read anew by every call): calls
-        with the same key read the same through `read` but for the scalar vars' values."""
-        light, flat, spans = self.light_key(args, device_name)
-        return (None, None) if light is None else (full_key(light, flat, spans), flat)
-
     def light_key(self, args: tuple, device_name) -> tuple:
-        """(the concrete key but for its containers' array parts: each container's part its structure alone, the
-        arguments with each container's arrays in its place, the spans (part index, start, stop) of each
-        container's arrays among them), or (None, None, None). `full_key` makes the concrete key of it; calls
-        with the same light key and arrays of the same dtypes, shapes and strides in those spans have the same
-        concrete key."""
+        """(the concrete key of a positional call but for its containers' array parts: each container's part its
+        structure alone, the arguments with each container's arrays in its place, the spans (part index, start,
+        stop) of each container's arrays among them), or (None, None, None) when an argument is not of a kind it
+        keys. The concrete key (`full_key` of it) holds each array's dtype, shape and strides (a pj.Array's
+        device), each container's key part (containers.py: its structure and its arrays' parts), each static
+        value, and a marker for each scalar var (its value is read anew by every call): calls with the same key
+        read the same through `read` but for the scalar vars' values; calls with the same light key and arrays of
+        the same dtypes, shapes and strides in those spans have the same concrete key."""
         parts = [device_name]
         containers = self._containers
         var_positions = self.var_positions

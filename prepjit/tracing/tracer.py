@@ -1,6 +1,8 @@
 """Tracer: the array a traced function sees; its operators record UOps instead of computing."""
 from __future__ import annotations
 
+import functools
+
 from ..errors import TraceError
 from ..uop import DType, UOp
 
@@ -270,17 +272,12 @@ def _var_names_only(u: UOp) -> list[str]:
     return sorted({n.arg[0] for n in nodes if n.op is Ops.DEFINE_VAR})
 
 
-_numpy_api = None
-
-
+@functools.cache
 def _np():
     """numpy_api (which builds on Tracer), imported once: an import statement here cost ~2 us a call (2.8k calls in
     SmolLM2's first calls)."""
-    global _numpy_api
-    if _numpy_api is None:
-        from . import numpy_api
-        _numpy_api = numpy_api
-    return _numpy_api
+    from . import numpy_api
+    return numpy_api
 
 
 def _unsupported(**given):
