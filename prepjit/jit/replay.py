@@ -258,8 +258,8 @@ class FastCalls:
         if light is None:
             return MISS
         last_light, last_key, run, same = self.last  # (one read: another thread may set it) the last call's
-        if light == last_light and same is not None and same(flat) is flat:  # its containers' arrays as the last
-            return run(flat)                                                  # call's: the same concrete key
+        if light == last_light and (same(flat) is flat if same is not None else not spans):  # its containers'
+            return run(flat)  # arrays as the last call's, or no containers: the same concrete key, not compared again
         key = full_key(light, flat, spans)
         if key != last_key:  # compared, not hashed (a model's key is a few hundred parts), as the dict would
             found = self.calls.get(key)
