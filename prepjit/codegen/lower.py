@@ -250,8 +250,11 @@ def wrapped_index(v: UOp, dim: sint) -> tuple[UOp, UOp]:
 
 
 def _range(end: sint, axis: int, kind: str) -> UOp:
+    """The range of `end` iterations, or index 0 where `end` is 1 at every value of its vars (a static 1, or a var
+    whose bounds are (1, 1): a decode plan's batch of one), so the kernel's outermost loop, which threads split, is
+    a range with more than one iteration."""
     end = simplify(as_uop(end))
-    if end.op is Ops.CONST and end.arg == 1:
+    if end.vmin == end.vmax == 1:
         return UOp.const(0)
     return UOp(Ops.RANGE, dtypes.index, (end,), (axis, kind))
 

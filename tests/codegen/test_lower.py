@@ -55,6 +55,16 @@ def test_symbolic_shape_ranges_take_var_arguments():
     assert "define void @" + src.name in src.source
 
 
+def test_a_var_fixed_at_one_is_no_range_as_a_static_one():
+    """A dim of a var whose bounds are (1, 1) (a decode plan's batch of one) gets no range, as a static dim of 1:
+    the rows' range is the outermost loop."""
+    x, w = np.ones((1, 8), np.float32), np.ones((5, 8), np.float32)
+    for kwargs in ({}, {"vars": {"B": (1, 1)}, "shapes": {"x": ("B", 8)}}):
+        ast, _ = kernel_of(lambda x, w: x @ w.T, x, w, **kwargs)
+        loops = [r.src[0] for r in ast.toposort() if r.op is Ops.RANGE and r.arg[1] == "loop"]
+        assert [n.arg for n in loops] == [5], kwargs
+
+
 def test_reduction_lowers_to_reduce_over_a_reduce_range():
     ast, _ = kernel_of(lambda a: a.sum(axis=1, keepdims=True), A)
     (red,) = [u for u in ast.toposort() if u.op is Ops.REDUCE]

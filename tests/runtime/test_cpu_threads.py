@@ -39,6 +39,18 @@ def test_a_var_sized_kernel_is_sized_per_call(rng, worker_threads):
         assert {(array[k], array[k + 1]) for array, k in split.cells} == {want}
 
 
+def test_a_batch_fixed_at_one_row_splits_its_columns(rng, worker_threads):
+    """A batch matvec whose row count is a var fixed at 1 (a decode plan's batch of one: B in (1, 1)) splits over
+    the threads along its columns, as the same matvec of a static row does (the size-1 rows' range ran it on one
+    thread)."""
+    x, w = rng.standard_normal((1, 576)).astype(np.float32), rng.standard_normal((1536, 576)).astype(np.float32)
+    f = pj.prepare(lambda x, w: x @ w.T, vars={"B": (1, 1)}, shapes={"x": ("B", None)}, device="cpu")
+    splits, out = published(worker_threads, f, x, w)
+    np.testing.assert_allclose(np.asarray(out), x @ w.T, rtol=1e-4, atol=1e-4)
+    ((size, chunks),) = launch_entries(f.plan(x, w)._runner.first_launches)
+    assert size > 1 and chunks == worker_threads.chunks(size) > 1 and splits == 1
+
+
 def test_callers_on_several_threads_share_the_workers(rng, worker_threads):
     x = rng.standard_normal((256, 2048)).astype(np.float32)
     f = pj.prepare(lambda x: (x * x).sum(axis=1), device="cpu")
