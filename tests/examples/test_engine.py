@@ -200,6 +200,33 @@ def test_mixed_prefill_steps_decode_in_the_prefill_call_only_when_there_is_one(d
     assert engine.stats()["blocks_used"] == 0
 
 
+def test_the_scheduler_delay_gathers_arrivals_into_fewer_prefill_calls(params):
+    """With delay_factor, a request arriving while others run waits until the oldest waiting one has waited that
+    many times the last step that prefilled (its clock: arrival times), then the waiting ones are prefilled in one
+    call; with none running it is admitted at once; every request gives the tokens it gives alone."""
+    engine = _engine(params, delay_factor=1.0)
+    first = engine.submit([3, 1, 4], serving.Sampling(max_tokens=12))
+    engine.step()   # admitted at once (nothing ran): prefilled (one chunk), its first token
+    assert engine.prefill.stats["replays"] == 1 and engine.prefill_step_seconds > 0
+    engine.prefill_step_seconds = 3600.0   # (a prefill step an hour long: the arrivals below wait)
+    later = [engine.submit(p, serving.Sampling(max_tokens=4)) for p in _prompts(2, seed=5)]
+    engine.step()
+    engine.step()
+    assert [s.id for s in engine.running] == [first] and len(engine.waiting) == 2
+    for seq in engine.waiting:
+        seq.arrived -= 3600.0   # (they have waited the hour)
+    engine.step()
+    assert [s.id for s in engine.running] == [first, *later] and engine.prefill.stats["replays"] == 2   # one call
+    tokens = {}
+    while engine.busy:
+        for event in engine.step():
+            tokens.setdefault(event.seq_id, []).append(event.token)
+    alone = _engine(params)
+    for seq_id, prompt in zip(later, _prompts(2, seed=5)):
+        assert [t for t in tokens[seq_id] if t is not None] == _run(alone, [(prompt, serving.Sampling(4))])[0][0]
+    assert serving.add_arguments(argparse.ArgumentParser()).parse_args([]).scheduler_delay_factor == 0.0
+
+
 def test_mixed_steps_are_off_unless_asked_for(device):
     """--mixed-steps unset: off on every device (a decode row in the prefill call is computed by other kernels, so
     greedy tokens could depend on the batch); the flag's values choose it (the bare flag: every step)."""
