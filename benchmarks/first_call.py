@@ -63,6 +63,34 @@ compile phase of each plan is CPU-bound on 2 cores (the main process's optimisat
 two workers), so a second of CPU cut there is half a second of wall; tracing and scheduling (0.42 s a plan) run on
 one core and are the largest serial part left. Identical kernels are compiled once already (the kernel cache, and
 offsets.py for the layers' slices of the KV cache: 37 compiles for 730 launches).
+
+On the AMD EPYC (Zen 3, AVX2; 2 cores, other sessions' benchmarks running, load 1.3-1.6) at c8dd67e: 2.43-3.09 s
+(median 2.67 of 6; prefill 1.46-1.89, decode 0.97-1.24), this process 1.8-2.4 CPU s in the calls, the workers 1.7-2.1.
+CPU inside each function in a cold first call, the collector paused as prepare pauses it (both plans; the scripts are
+in /work/notes/s23_cold): tracing 0.29, scheduling 0.76 (choose_materialized 0.40-0.48, of it _loads' walks 0.11-0.16
+and _expression 0.07; lowering 0.28: lower_kernel 0.16, canonical 0.09; fused_reductions 0.10), optimisation 0.15,
+rendering 0.09, the bounds proof 0.12, creating the cpu device 0.09-0.13 (its replay module's -O2 and code generation
+~0.1, before tracing, one core idle), loading 0.04, the disk cache's keys and records (serialised though
+PREPJIT_CACHE=0) 0.03. LLVM: 1.78 s for the 33 kernels in one process (parse 0.04, optimisation 1.03, code generation
+0.70); the largest, 0.09-0.13 s each, are attention's r_3_3_64_1 (decode) and r_3_3_T_64_1 (prefill), decode's qkv and
+gate/up matvecs (r_1_960_1, r_1_3072_1) and prefill's r_3_3_T_T. The compile phases (when each job was submitted,
+started and ended): prefill's 21 kernels are all submitted 0.23 s after the first, then both workers are busy without
+a gap until 0.72 s; decode's 12 in 0.16 s, busy until 0.43: each phase is bound by the two cores (the main process
+idles at its end once its proof is done), and before it tracing and scheduling (~0.6 s prefill, ~0.5 s decode) run
+with the workers idle. Wall ~ serial CPU (~1.1 s, one core) + (the main process's compile-phase CPU ~0.4 s + LLVM 1.8
+s) / 2 + the device and the runs: 2 s needs ~0.5 s less, which no single item gives; the kernels cannot be handed to
+the workers while they are scheduled (fusion decides every kernel before the first is lowered, and _share_offsets
+needs them all), so overlap would win the lowering at most.
+Tried here and not kept (no result may change): the target machine's codegen level 2 (cpu.py's "opt": 3): 31 of 33
+objects identical (prefill's r_T_576 and decode's r_1_960_1 differ), LLVM 1.776 -> 1.777 and 1.804 -> 1.765 s (two
+runs, 3 alternations each): 0-2% here, not the 3-5% above; level 1 1.70 s, every object different. Loop unrolling off:
+1.80 -> 1.22 s, but 30 of 33 objects, the prefill's and decode's logits differ and decode takes 22.2 ms a token
+against 13.2 (prefill of 100 tokens 398 vs 335 ms; both plans built twice in one process, alternated). Loop
+vectorisation off 1.69 -> 1.47 s (21 objects differ), SLP off 1.59 (6 differ), interleaving off 1.63 (14 differ).
+Building the pass pipeline costs 0.09 ms a kernel. choose_materialized's _realized_reads sharing the largest operand's
+set instead of a union copied at each node: 0.18 -> 0.03 s in a warm process with the collector on, but 0.037 -> 0.028
+in the first call: the copies cost collections, which gc_paused already avoids. The walk counting reductions for
+expect_compiles done once with scheduling's: 5-8 ms a plan.
 """
 from __future__ import annotations
 
