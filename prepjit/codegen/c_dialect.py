@@ -77,6 +77,9 @@ class Dialect:
     # keeps it one instruction (CUDA); PoCL's work-group vectorizer leaves fma() scalar (an OpenCL sum of products
     # over neighbouring work-items' columns took 34 ms by fma(), 19 by a * b then + on this host's PoCL 3.0)
     fused_sums: bool = False
+    # statements every kernel runs before its first access of global memory (CUDA: waiting for the grids launched
+    # before it, where a CUDA graph launches it early: render_cuda.GRID_DEPENDENCY); "": none
+    kernel_entry: str = ""
 
     def ctype(self, dt: DType) -> str:
         return self.types[dt.compute]

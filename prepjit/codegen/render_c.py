@@ -579,7 +579,8 @@ class CStyleRenderer(KernelRenderer):
             self.locals += [self.d.assume_aligned.format(name=f"buf{i}", const="" if i == 0 else "const ",
                                                          type=self.d.mem_type(dt)) for i, dt in sorted(dtype_of.items())]
         text = "\n".join(self.d.preamble(self.ast) + list(self.helpers.values()) +
-                         [head + " {", *("  " + decl for decl in self.locals), *self.lines, "}"]) + "\n"
+                         [head + " {", *("  " + decl for decl in self.locals), *self.d.kernel_entry.splitlines(),
+                          *self.lines, "}"]) + "\n"
         return text, size
 
 

@@ -33,6 +33,20 @@ __device__ __forceinline__ unsigned short pj_float_to_half(float f) {
 _ROUND_HALF = "__device__ __forceinline__ float pj_round_half(float x) { return pj_half_to_float(pj_float_to_half(x)); }"
 
 
+# Hopper's programmatic dependent launch (PTX ISA: griddepcontrol, sm_90): a CUDA graph may launch a kernel before the
+# kernel before it has finished (runtime/cuda_driver.Graph's programmatic edges), its blocks resident and waiting when
+# that one ends instead of launched then. Every kernel first waits for the grids before it to complete, their memory
+# visible (no access of global memory comes before), then lets the next one launch; its module's
+# pj_waits_for_earlier_grids tells the runtime that it waits so (runtime/cuda_cubin.py). Elsewhere both are absent.
+GRID_DEPENDENCY_ARCH = "defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900"
+GRID_DEPENDENCY = f"""#if {GRID_DEPENDENCY_ARCH}
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif"""
+GRID_DEPENDENCY_MARK = f"""#if {GRID_DEPENDENCY_ARCH}
+extern "C" __constant__ unsigned pj_waits_for_earlier_grids = 1;
+#endif"""
+
 WGMMA_ARCH = "defined(__CUDA_ARCH_FEAT_SM90_ALL)"   # Hopper's arch-specific target (sm_90a): warpgroup matrix instructions
 # ... compiled as CUDA (NVRTC, nvcc; not as the C++ of tests' CPU emulation): warp-specialised tiles, whose producer
 # and consumer warpgroups synchronise on mbarriers (render_fragments_ws.py)
@@ -283,13 +297,15 @@ CUDA = Dialect(
                 dtypes.int64: ("", "atomicAdd((unsigned long long *)({ptr}), (unsigned long long){val})")},
     atomic_cas={4: ("", "atomicCAS((unsigned int *){ptr}, {cmp}, {val})"),
                 8: ("", "atomicCAS((unsigned long long *){ptr}, {cmp}, {val})")},
-    preamble=lambda ast: [_HALF] if any(u.dtype == dtypes.float16 for u in ast.toposort()) else [],
+    preamble=lambda ast: [GRID_DEPENDENCY_MARK] + ([_HALF] if any(u.dtype == dtypes.float16 for u in ast.toposort())
+                                                   else []),
     tensor_core_mma=_TENSOR_CORES, tile_array="__shared__ __align__(1024) {type} {name}[{n}]",
     dynamic_local=DYNAMIC_LOCAL,
     dynamic_tile_array="{type} (&{name})[{n}] = *({type} (*)[{n}])(pj_dynamic_local + {offset})",
     bfloat16_conversion=_BFLOAT16_CONVERSION,
     round_bfloat16_any=_ROUND_BFLOAT16_ANY,
     fused_sums=True,
+    kernel_entry=GRID_DEPENDENCY,
 )
 
 

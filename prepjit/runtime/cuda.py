@@ -8,7 +8,9 @@ slot: buffer addresses, then int64 vars, then any tensor maps: cuda_tensor_maps.
 only the var slots and I/O addresses (and re-encodes the tensor maps that read them).
 Launches wait for the next stream operation (a copy or a sync); a sequence of launches seen twice runs
 from a CUDA graph after that, updating only the kernel nodes whose arguments or grid changed
-(`PREPJIT_CUDA_GRAPHS=0` launches each kernel at once instead). Results stay on the GPU until read;
+(`PREPJIT_CUDA_GRAPHS=0` launches each kernel at once instead); on Hopper a graph launches each kernel while the one
+before runs, its blocks waiting on the device for that grid (programmatic dependent launch: cuda_driver.Graph;
+`PREPJIT_CUDA_PROGRAMMATIC=0` launches each after the one before). Results stay on the GPU until read;
 arrays of this device passed to another prepared function on it are used in place. Importing prepjit
 never imports pycuda: the device is created on first use, and without pycuda, a driver or a GPU it
 raises `DeviceError` saying what to install.
@@ -59,12 +61,12 @@ def _import_pycuda():
 
 
 class CUDAProgram:
-    """A loaded module, its kernel function, the block size the kernel declares and the dynamic local memory its
-    launches pass."""
+    """A loaded module, its kernel function, the block size the kernel declares, the dynamic local memory its
+    launches pass and whether it waits for the grids launched before it (a graph may then launch it early)."""
 
-    def __init__(self, device, module, function, name: str, block: int, shared: int = 0):
+    def __init__(self, device, module, function, name: str, block: int, shared: int = 0, waits: bool = False):
         self.device, self.module, self.function, self.name, self.block = device, module, function, name, block
-        self.shared = shared
+        self.shared, self.waits = shared, waits
 
     def __del__(self):
         with contextlib.suppress(Exception):  # at interpreter exit the driver may be gone already
@@ -179,10 +181,12 @@ class CUDADevice(DeviceBase):
             self.pool.allocate(_RESERVE_BYTES).free()
         self._stream = ctypes.c_void_p(self.stream.handle)
         self.use_graphs = os.environ.get("PREPJIT_CUDA_GRAPHS", "1") != "0"
+        self.programmatic = os.environ.get("PREPJIT_CUDA_PROGRAMMATIC", "1") != "0"
         self._pending: list[CUDALauncher] = []
         self._graphs: collections.OrderedDict = collections.OrderedDict()
         self._queue_lock = threading.Lock()
-        self.stats = {"graphs_built": 0, "graph_replays": 0, "node_updates": 0, "stream_launches": 0}
+        self.stats = {"graphs_built": 0, "graph_replays": 0, "node_updates": 0, "stream_launches": 0,
+                      "programmatic_edges": 0}
         major, minor = self.device.compute_capability()
         self.arch = f"sm_{major}{minor}"
         self.description = f"{self.device.name()} ({self.arch})"
@@ -244,10 +248,10 @@ class CUDADevice(DeviceBase):
         local memory the cubin's pj_dynamic_local_bytes (cuda_cubin.py)."""
         self.current()
         try:
-            module, function, block, shared = self.driver.load(binary, name)
+            module, function, block, shared, waits = self.driver.load(binary, name)
         except RuntimeError as e:
             raise CompileError(f"CUDA ({self.description}) failed to load the cubin of kernel {name}: {e}") from e
-        return CUDAProgram(self, module, function, name, block, shared)
+        return CUDAProgram(self, module, function, name, block, shared, waits)
 
     def launcher(self, program: CUDAProgram, buffer_handles, vals, size_fn, static_size,
                  tensor_maps=None) -> CUDALauncher:
@@ -309,8 +313,9 @@ class CUDADevice(DeviceBase):
                 self._graphs.popitem(last=False)
         elif graph is _SEEN_ONCE:
             try:
-                graph = self._graphs[key] = Graph(self.driver, launches)
+                graph = self._graphs[key] = Graph(self.driver, launches, self.programmatic)
                 self.stats["graphs_built"] += 1
+                self.stats["programmatic_edges"] += graph.programmatic_edges
             except RuntimeError as e:  # not capturable here: stream launches from now on
                 log.info("cuda: a plan of %d kernels cannot run as a CUDA graph (%s)", len(launches), e)
                 graph = self._graphs[key] = None

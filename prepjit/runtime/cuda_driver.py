@@ -1,5 +1,7 @@
 """The few CUDA driver calls the cuda device makes itself, through ctypes on libcuda: loading cubins, launching
-kernels with a packed argument buffer, and CUDA graphs (pycuda wraps neither graphs nor raw launches).
+kernels with a packed argument buffer, and CUDA graphs (pycuda wraps neither graphs nor raw launches), whose kernel
+nodes follow one another by programmatic edges where the later kernel waits for the grids before it (Hopper's
+programmatic dependent launch: it is launched early, its blocks waiting, so that it starts as the earlier one ends).
 
 pycuda still owns initialisation, the primary context, streams, memory and copies; everything here runs in
 that context, made current by the device.
@@ -11,12 +13,19 @@ import ctypes
 import ctypes.util
 
 from ..errors import DeviceError
-from .cuda_cubin import dynamic_local_bytes
+from .cuda_cubin import dynamic_local_bytes, waits_for_earlier_grids
 from .cuda_tensor_maps import MAP_BYTES
 
 CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 0
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 _BUFFER_POINTER, _BUFFER_SIZE, _END = 1, 2, 0   # CU_LAUNCH_PARAM_*
+_PORT_PROGRAMMATIC, _DEPENDENCY_PROGRAMMATIC = 1, 1   # CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC, CU_GRAPH_DEPENDENCY_TYPE_*
+
+
+class EdgeData(ctypes.Structure):
+    """CUgraphEdgeData (CUDA 12.3): when the upstream node releases the downstream one (port 0: its completion)."""
+    _fields_ = [("from_port", ctypes.c_ubyte), ("to_port", ctypes.c_ubyte), ("type", ctypes.c_ubyte),
+                ("reserved", ctypes.c_ubyte * 5)]
 
 
 class KernelNodeParams(ctypes.Structure):
@@ -36,6 +45,9 @@ class Driver:
         self.add_kernel_node = getattr(lib, "cuGraphAddKernelNode_v2", None) or lib.cuGraphAddKernelNode
         self.set_kernel_node = getattr(lib, "cuGraphExecKernelNodeSetParams_v2", None) or \
             lib.cuGraphExecKernelNodeSetParams
+        self.add_edges = getattr(lib, "cuGraphAddDependencies_v2", None)   # (None before CUDA 12.3: no edge data)
+        if self.add_edges is not None:
+            self.add_edges.argtypes = [ptr, out, out, ctypes.POINTER(EdgeData), ctypes.c_size_t]
         for fn, args in [(lib.cuGetErrorString, [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]),
                          (lib.cuCtxGetCurrent, [out]), (lib.cuCtxSetCurrent, [ptr]),
                          (lib.cuModuleLoadData, [out, ctypes.c_char_p]), (lib.cuModuleUnload, [ptr]),
@@ -64,9 +76,9 @@ class Driver:
             self.check(self.lib.cuCtxSetCurrent(context), "cuCtxSetCurrent")
 
     # ---- modules ----
-    def load(self, cubin: bytes, name: str) -> tuple[ctypes.c_void_p, ctypes.c_void_p, int, int]:
-        """(module, function, its maximum threads per block, the dynamic local memory its launches pass) for kernel
-        `name` of `cubin`, allowed that much dynamic local memory."""
+    def load(self, cubin: bytes, name: str) -> tuple[ctypes.c_void_p, ctypes.c_void_p, int, int, bool]:
+        """(module, function, its maximum threads per block, the dynamic local memory its launches pass, whether it
+        waits for the grids before it) for kernel `name` of `cubin`, allowed that much dynamic local memory."""
         module, function, most = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_int()
         self.check(self.lib.cuModuleLoadData(ctypes.byref(module), cubin), "cuModuleLoadData")
         self.check(self.lib.cuModuleGetFunction(ctypes.byref(function), module, name.encode()), "cuModuleGetFunction")
@@ -76,7 +88,7 @@ class Driver:
         if shared:
             self.check(self.lib.cuFuncSetAttribute(function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared),
                        "cuFuncSetAttribute")
-        return module, function, most.value, shared
+        return module, function, most.value, shared, waits_for_earlier_grids(cubin)
 
     def unload(self, module: ctypes.c_void_p):
         self.lib.cuModuleUnload(module)
@@ -111,21 +123,30 @@ class PackedArgs:
 
 class Graph:
     """A CUDA graph of kernel nodes run one after another, instantiated once; replays update only the nodes
-    whose launch changed (its `version`: grid or arguments) since the node was last set."""
+    whose launch changed (its `version`: grid or arguments) since the node was last set. With `programmatic`, a node
+    whose kernel waits for the grids before it (its program's `waits`) follows the one before by a programmatic edge:
+    released once every block of that one has started (its griddepcontrol.launch_dependents), it waits on the device
+    for that grid to complete; `programmatic_edges` counts them."""
 
-    def __init__(self, driver: Driver, launches: list):
+    def __init__(self, driver: Driver, launches: list, programmatic: bool = False):
         self.driver, lib = driver, driver.lib
         self.graph, self.exec = ctypes.c_void_p(), ctypes.c_void_p()
         driver.check(lib.cuGraphCreate(ctypes.byref(self.graph), 0), "cuGraphCreate")
-        self.nodes, previous = [], None
+        self.nodes, self.programmatic_edges = [], 0
         self.seen = [launch.version for launch in launches]
+        early = programmatic and driver.add_edges is not None
         for launch in launches:
             node = ctypes.c_void_p()
-            deps = (ctypes.c_void_p * 1)(previous) if previous is not None else None
+            released = early and bool(self.nodes) and launch.program.waits
+            deps = (ctypes.c_void_p * 1)(self.nodes[-1].value) if self.nodes and not released else None
             driver.check(driver.add_kernel_node(ctypes.byref(node), self.graph, deps, 1 if deps else 0,
                                                 ctypes.byref(launch.node_params())), "cuGraphAddKernelNode")
+            if released:
+                edge = EdgeData(from_port=_PORT_PROGRAMMATIC, type=_DEPENDENCY_PROGRAMMATIC)
+                driver.check(driver.add_edges(self.graph, ctypes.byref(self.nodes[-1]), ctypes.byref(node),
+                                              ctypes.byref(edge), 1), "cuGraphAddDependencies_v2")
+                self.programmatic_edges += 1
             self.nodes.append(node)
-            previous = node.value
         driver.check(lib.cuGraphInstantiateWithFlags(ctypes.byref(self.exec), self.graph, 0),
                      "cuGraphInstantiateWithFlags")
 

@@ -18,6 +18,7 @@ from prepjit.codegen.render_llvm import render_llvm
 from prepjit.codegen.render_opencl import render_opencl
 from prepjit.codegen.schedule import schedule
 from prepjit.codegen.render_tiles import MIN_SIDE, REG, RUN, match_contraction, splits_for, tile_candidates, tile_shape
+from prepjit.runtime.cuda_cubin import waits_for_earlier_grids
 from prepjit.runtime.devices import available_devices, get_device
 from prepjit.uop import Ops, UOp, dtypes, eval_uop
 from prepjit.uop.ops import ALU
@@ -53,6 +54,22 @@ def test_cuda_dialect_spells_every_op():
         assert 'extern "C" __global__ void' in src and f"__launch_bounds__({ELEMENTWISE_GROUP})" in src, name
         for opencl_only in ("get_global_id", "__global ", "vload_half", "INFINITY", "NAN", "(long v_", ", long v_", "uchar"):
             assert opencl_only not in src, (name, opencl_only)
+
+
+def test_every_cuda_kernel_waits_for_the_grids_before_it_before_touching_memory():
+    """Programmatic dependent launch (render_cuda.GRID_DEPENDENCY): each CUDA kernel, elementwise, row or tile, waits
+    for the grids launched before it (griddepcontrol.wait, on sm_90 and later) before its first global access and
+    says so in its module (pj_waits_for_earlier_grids, which the runtime reads from the cubin); OpenCL kernels
+    neither."""
+    asts = [ast for _, ast in op_kernels()[:6]] + [softmax_kernel(4096), matmul_kernel(), rows_matmul_kernel()]
+    for ast in asts:
+        src = render_cuda(ast).source
+        body = src[src.index("{", src.index("__global__")):]
+        first_access = min(body.index(m.group()) for m in re.finditer(r"buf\d+\[", body))
+        assert body.index("griddepcontrol.wait;") < body.index("griddepcontrol.launch_dependents;") < first_access
+        assert body.index("#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900") < body.index("griddepcontrol.wait")
+        assert 'extern "C" __constant__ unsigned pj_waits_for_earlier_grids = 1;' in src[:src.index("__global__")]
+        assert "griddepcontrol" not in render_opencl(ast).source
 
 
 def test_both_dialects_share_launch_sizes_and_grouping():
@@ -133,7 +150,8 @@ def test_rendered_kernels_compile_with_nvrtc_alone():
                                                static_matmul_kernel(4096, 384, 384), static_matmul_kernel(512, 32, 128)]
     for ast in asts:
         src = render_cuda(ast)
-        nvrtc.compile(src.name, src.source, ["-arch=sm_90", "-std=c++17", "--fmad=false"])
+        cubin = nvrtc.compile(src.name, src.source, ["-arch=sm_90", "-std=c++17", "--fmad=false"])
+        assert waits_for_earlier_grids(cubin), src.name   # (read back from the cubin: runtime/cuda_cubin.py)
 
 
 def test_cuda_float16_goes_through_ptx_conversions():

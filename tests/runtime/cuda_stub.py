@@ -18,10 +18,20 @@ class FakeDriver(cuda_driver.Driver):
         self.calls = []
         self.lib = self
         self.node_count = 0
+        self.edges = []   # (from node, to node, "completion" or "programmatic") of every graph built
 
     def _node(self, out_node, graph, deps, n_deps, params):
         self.node_count += 1
         ctypes.cast(out_node, ctypes.POINTER(ctypes.c_void_p))[0] = self.node_count
+        if n_deps:
+            self.edges.append((deps[0], self.node_count, "completion"))
+        return 0
+
+    def add_edges(self, graph, from_node, to_node, edge, n):
+        data = ctypes.cast(edge, ctypes.POINTER(cuda_driver.EdgeData))[0]
+        kind = "programmatic" if (data.from_port, data.type) == (1, 1) else (data.from_port, data.type)
+        self.edges.append((ctypes.cast(from_node, ctypes.POINTER(ctypes.c_void_p))[0],
+                           ctypes.cast(to_node, ctypes.POINTER(ctypes.c_void_p))[0], kind))
         return 0
 
     def add_kernel_node(self, out_node, graph, deps, n_deps, params):
@@ -62,8 +72,8 @@ def params_of(params_address: int, sizes: list[int]) -> list[bytes]:
 
 
 class FakeProgram:
-    def __init__(self, function: int, block: int = 4):
-        self.function, self.block, self.shared = ctypes.c_void_p(function), block, 0
+    def __init__(self, function: int, block: int = 4, waits: bool = False):
+        self.function, self.block, self.shared, self.waits = ctypes.c_void_p(function), block, 0, waits
 
 
 class FakeStream:
@@ -71,19 +81,22 @@ class FakeStream:
         pass
 
 
-def stub_device(use_graphs: bool = True) -> cuda.CUDADevice:
+def stub_device(use_graphs: bool = True, programmatic: bool = True) -> cuda.CUDADevice:
     device = object.__new__(cuda.CUDADevice)
     DeviceBase.__init__(device)
     device.driver, device._handle = FakeDriver(), ctypes.c_void_p(7)
     device.use_graphs, device._pending, device._graphs = use_graphs, [], collections.OrderedDict()
+    device.programmatic = programmatic
     device._queue_lock, device._stream, device.stream = threading.Lock(), None, FakeStream()
-    device.stats = {"graphs_built": 0, "graph_replays": 0, "node_updates": 0, "stream_launches": 0}
+    device.stats = {"graphs_built": 0, "graph_replays": 0, "node_updates": 0, "stream_launches": 0,
+                    "programmatic_edges": 0}
     return device
 
 
-def launcher(device, function: int, buffers: list, vals=(), size_fn=None, static_size=None):
+def launcher(device, function: int, buffers: list, vals=(), size_fn=None, static_size=None, waits: bool = False):
     """A CUDALauncher of a fake kernel `function` (block 4) over buffer addresses `buffers` and int64 `vals`; with
-    `size_fn` (vals -> (size,)) its grid follows its vals, else it is static_size's."""
-    launch = cuda.CUDALauncher(device, FakeProgram(function), buffers, vals, size_fn, static_size)
+    `size_fn` (vals -> (size,)) its grid follows its vals, else it is static_size's; `waits`: its kernel waits for
+    the grids before it."""
+    launch = cuda.CUDALauncher(device, FakeProgram(function, waits=waits), buffers, vals, size_fn, static_size)
     launch.var_slots, launch.loop_slots = [], []
     return launch

@@ -45,6 +45,23 @@ def test_the_second_sight_of_a_plan_builds_a_graph_whose_replays_update_only_cha
     assert device.stats["node_updates"] == 3 and not any(x.queued for x in launches)
 
 
+def test_a_kernel_that_waits_for_the_grids_before_it_follows_by_a_programmatic_edge():
+    """Hopper's programmatic dependent launch: a node whose kernel waits (its cubin's pj_waits_for_earlier_grids)
+    follows the node before by a programmatic edge (released as that grid's blocks have started), any other by a
+    completion edge; PREPJIT_CUDA_PROGRAMMATIC=0 (device.programmatic off) makes every edge a completion edge."""
+    for programmatic in (True, False):
+        device = stub_device(programmatic=programmatic)
+        launches = [launcher(device, 1, [0x1000], static_size=8, waits=True),
+                    launcher(device, 2, [0x2000], static_size=8, waits=True),
+                    launcher(device, 3, [0x3000], static_size=8),
+                    launcher(device, 4, [0x4000], static_size=8, waits=True)]
+        replay(device, launches)
+        replay(device, launches)
+        late = "programmatic" if programmatic else "completion"
+        assert device.driver.edges == [(1, 2, late), (2, 3, "completion"), (3, 4, late)]
+        assert device.stats["programmatic_edges"] == (2 if programmatic else 0)
+
+
 def test_a_launch_of_no_blocks_is_left_out_and_its_sequence_is_another_graph():
     device = stub_device()
     launches = plan_of_three(device)
