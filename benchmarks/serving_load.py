@@ -5,9 +5,11 @@ subprocess (context 1024, no embeddings) driven by examples/load_test.py, next t
 - `serving_one_stream`: one streamed request at a time; prepjit's figure is the server's median inter-token latency
   (seconds per token), the peer `example` the bare example's decode step: issue 24's goal, within 1.1x; its record
   has the CPU ms a token of the server's threads (event loop, engine worker, the plans' other threads) and of the
-  load-test client, medians of the rounds (what the server's own work takes from the plans' cores);
+  load-test client, medians of the rounds (what the server's own work takes from the plans' cores); the TTFT in
+  its load tests' records is of load_test.PROMPT (15 tokens, a prefill ~2x the 5-token one's), not the goal's;
 - `serving_ttft`: time to first token of one short prompt (the bare example's 5 tokens) on an idle server, next to
-  the bare example's prefill: the goal, within 1.5x;
+  the bare example's prefill: the goal, within 1.5x; the median of 3 requests a round (the first of round 1 opens
+  the connection and pays the prefill plan's first call at that length, ~6 ms of prepjit's full call path: p99);
 - `serving_16_concurrent`: 16 clients in a closed loop; its rate column is output tokens/s (the record holds
   requests/s, TTFT and ITL p50/p99 too).
 
