@@ -1,7 +1,8 @@
 """A prepared function has one reader of its calls (prepjit/jit/signature.py): a call whose concrete key is known
 (the fast path, prepjit/jit/replay.py) returns what the full path returns for it, and raises the full path's error,
-class and message, itself: a var out of its bounds, vars that disagree, a broken index constraint; calls the key
-cannot cover (a wrong rank or static dim, a shape var out of bounds) take the full path."""
+class and message, itself: a var out of its bounds (a scalar var, or a dim of an array whose shapes spec names a
+var), vars that disagree, a broken index constraint; calls the key cannot cover (a wrong rank or static dim) take
+the full path."""
 import numpy as np
 import pytest
 

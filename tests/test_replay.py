@@ -255,3 +255,64 @@ def test_a_gpu_calls_outputs_are_allocated_together(device, monkeypatch, scalar_
     # (the 0-d sum: at least MIN_BYTES; cuda's single allocations -- a NumPy input's upload -- come through
     # _pool_alloc_all too, one size each)
     assert [sizes for sizes in batches if len(sizes) > 1] == [[24, 24, 16]] * 2
+
+
+def _prefill_like(xp, params, ids, table, window):
+    """The engine's prefill call in small: weights in a container, arrays whose dims are vars (T tokens, NB
+    table entries), a scalar var."""
+    h = xp.tanh(params["emb"][ids] @ params["w"])
+    return h[:, :window] + xp.sum(table, axis=1, keepdims=True)
+
+
+PREFILL_VARS = {"T": (1, 16), "NB": (1, 4), "window": (1, 8)}
+PREFILL_SHAPES = {"params": {"emb": (32, 8), "w": (8, 8)}, "ids": ("T",), "table": ("T", "NB")}
+
+
+def _prefill_call(rng, tokens, entries=2, window=8):
+    return (rng.integers(0, 32, tokens).astype(np.int64), rng.integers(0, 9, (tokens, entries)).astype(np.int64),
+            window)
+
+
+def test_calls_of_other_lengths_replay_one_key_and_check_every_dim(device, rng, monkeypatch):
+    """Calls whose arrays' var dims change from call to call (a serving engine's prompt lengths and table widths)
+    replay the one key the first call learned, reading those dims from the shapes; what the key does not fix is
+    still checked on every call: dims that disagree, dims out of their vars' bounds, the weights' static shapes
+    and dtypes (a weight swapped for one of another shape between two calls of different lengths)."""
+    f = pj.prepare(lambda params, ids, table, window: _prefill_like(pnp, params, ids, table, window),
+                   vars=PREFILL_VARS, shapes=PREFILL_SHAPES, device=device)
+    params = {"emb": rng.standard_normal((32, 8)).astype(np.float32),
+              "w": rng.standard_normal((8, 8)).astype(np.float32)}
+    reads = counting_reads(f, monkeypatch)
+
+    def check(ids, table, window, n_reads):
+        want = _prefill_like(np, params, ids, table, window)
+        np.testing.assert_allclose(np.asarray(f(params, ids, table, window)), want, rtol=1e-5, atol=1e-5)
+        assert len(reads) == n_reads, (len(reads), n_reads)
+    for tokens, entries, window in [(5, 2, 8), (3, 2, 8), (5, 1, 4), (16, 4, 1), (1, 3, 8)]:
+        check(*_prefill_call(rng, tokens, entries, window), 1)
+    ids, table, _ = _prefill_call(rng, 5)
+    with pytest.raises(pj.SignatureError, match=r"var 'T' disagrees: ids.shape\[0\] = 5 but table.shape\[0\] = 4"):
+        f(params, ids, table[:4].copy(), 8)
+    with pytest.raises(pj.VarBoundError, match=r"'NB' = 5 \(from table.shape\[1\]\) is outside its bounds \[1, 4\]"):
+        f(params, ids, np.zeros((5, 5), np.int64), 8)
+    with pytest.raises(pj.VarBoundError, match=r"'T' = 17 \(from ids.shape\[0\]\) is outside its bounds \[1, 16\]"):
+        f(params, *_prefill_call(rng, 17))
+    assert len(reads) == 1   # (each of these raised from the fast path)
+    good_w = params["w"]
+    params["w"] = rng.standard_normal((8, 9)).astype(np.float32)   # swapped between calls of two lengths
+    with pytest.raises(pj.SignatureError, match=r"params\['w'\].shape\[1\] is 9, but shapes declares it static 8"):
+        f(params, *_prefill_call(rng, 7))
+    params["w"] = good_w.astype(np.float64)                          # another dtype: a plan of its own
+    check(*_prefill_call(rng, 6), 3)
+    assert f.stats["traces"] == 2
+    params["w"] = good_w
+    check(*_prefill_call(rng, 9), 3)                                 # the first key again, at another length
+    strided = np.stack([_prefill_call(rng, 4)[0]] * 2, 1)[:, 0]
+    check(strided, *_prefill_call(rng, 4)[1:], 4)                    # a strided array: the full path copies it
+    on_device = pj.prepare(lambda a: a * 1, device=device)
+    ids, table, window = _prefill_call(rng, 7)
+    want = _prefill_like(np, params, ids, table, window)
+    for _ in range(2):   # pj.Arrays where the var dims are: the first call learns their key, the second replays
+        np.testing.assert_allclose(np.asarray(f(params, on_device(ids), on_device(table), window)), want,
+                                   rtol=1e-5, atol=1e-5)
+    assert len(reads) == 5 and f.stats["traces"] == 2

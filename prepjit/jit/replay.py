@@ -8,14 +8,15 @@ light key) is the last call's, a native check that those arrays' dtypes, shapes 
 (runtime/array_check.py, on the cpu) stands for reading and comparing them. The first call with a key goes through
 the full path (`Signature.read`, which checks everything); after it, `FastCalls.learn` keeps what that read decided:
 the plan, where each array and scalar var is among the arguments, the call's var reads (Var, value, where) with the
-values the key fixes (shape vars, already checked) and the positions of those it does not (scalar vars), and the
-output shapes and dtypes. Later calls with the key read only the scalar vars: one compiled test of their bounds,
-their agreement with the shapes, and the plan's index constraints (`plan.check_constraints`); when it fails, the
-same reads go through the checks of the full path (`check_reads`, `plan.require`), which raise its errors, messages
-included. A call that passes goes straight to `ExecutionPlan.run_arrays`: inputs are read in place (a GPU uploads
-NumPy inputs into staging it keeps), each output is one `host_pool.empty` (a GPU's: device memory from its pool).
-Anything else unusual (a misaligned array, a rebound captured array, a deleted pj.Array) falls back to the full
-path, which copies, traces again or raises.
+values the key fixes (the shape vars of containers' arrays, already checked) and where the others are read from (a
+scalar var's argument; an array argument's dim, whose size the key leaves out: a serving engine's prompt length
+and table width change from call to call), and the output dtypes. Later calls with the key read only those: one
+compiled test of their bounds, their agreement with each other and with the values the key fixes, and the plan's
+index constraints (`plan.check_constraints`); when it fails, the same reads go through the checks of the full path
+(`check_reads`, `plan.require`), which raise its errors, messages included. A call that passes goes straight to
+`ExecutionPlan.run_arrays`: inputs are read in place (a GPU uploads NumPy inputs into staging it keeps), each output
+is one `host_pool.empty` (a GPU's: device memory from its pool). Anything else unusual (a misaligned array, a
+rebound captured array, a deleted pj.Array) falls back to the full path, which copies, traces again or raises.
 
 A call that donates arrays (donate_argnums: the serving engine's KV store) replays instead through
 `replay_with_io` (`ExecutionPlan.run_with_io`, as the full path does): given the arguments' pj.Arrays and the
@@ -34,10 +35,11 @@ from ..runtime.array_check import same_arrays_entry
 from ..runtime.host_pool import allocator_for, empty
 from ..tracing.constants import CaptureWatch, capture_key
 from .containers import walk
-from .signature import check_reads, full_key
+from .signature import check_reads, full_key, shape_read_where
 
 MISS = object()
 MAX_KEYS = 4096  # distinct concrete shapes remembered per prepared function
+MAX_SIZED = 256  # var values whose output shapes a known call remembers
 
 
 class _KnownCall:
@@ -62,13 +64,15 @@ class _KnownCall:
         self.captures = captures
         self.var_names = list(plan.vars)
         self.base_values = dict(info.var_values)
-        # the call's var reads (Var, argument position or None, value when the key fixes it, where), in order
+        # the call's var reads (Var, source, value when the key fixes it, where), in order; source: None where the
+        # key fixes the value, an argument's position (a scalar var), or (position, dim) (an array's var dim)
         self.var_reads = var_reads
         self.test = _compile_test(plan, var_reads, info.var_values)
         self.shape_fns = entry.out_shape_fns
         self.dtypes = [plan.buffers[b].dtype for b in dict.fromkeys(plan.outputs)]
         self.values = tuple(self.base_values[n] for n in self.var_names)
         self.shapes = [fn(self.base_values) for fn in self.shape_fns]
+        self.sized: dict = {}  # (_run_with_vars) var values -> _sized's output shapes and allocators
         on_gpu = device.device_memory  # outputs in device memory (a GPU: all of a call's allocated together), else
         self.empties = device.empties if on_gpu else _host_empties  # host arrays
         self.out_specs = [(device.empty if on_gpu else allocator_for(s, dt), s, dt)
@@ -77,7 +81,7 @@ class _KnownCall:
         # a donating call: the arrays' positions among the arguments, in the plan's order, and the donated ones'
         self.pick_arrays, self.donated = _picker([i for i, _ in array_args]), donated
         self.run = self._run_donating if donated else \
-            self._run_with_vars if any(pos is not None for _, pos, _, _ in var_reads) else self._run
+            self._run_with_vars if any(source is not None for _, source, _, _ in var_reads) else self._run
 
     def _inputs(self, args: tuple) -> tuple:
         if self.args_first:
@@ -108,21 +112,36 @@ class _KnownCall:
         return self._replay(inputs, outputs, self.values, self.shapes)
 
     def _run_with_vars(self, args: tuple):
-        """A call with scalar vars: test their bounds, agreement with the shapes and the index constraints
-        first (one compiled function); when that fails, the full path's checks raise its error."""
+        """A call with vars its key does not fix (scalar vars, arrays' var dims): test their bounds, their
+        agreement and the index constraints first (one compiled function); when that fails, the full path's checks
+        raise its error."""
         values = self._tested(args)
         if values is MISS:
             return MISS
         inputs = self._inputs(args)
         if inputs is None:
             return MISS
+        sized = self.sized.get(values)
+        if sized is None:
+            sized = self._sized(values)
+        shapes, specs = sized
+        outputs = self.empties(shapes, self.dtypes) if self.device.device_memory else \
+            [alloc(shape, dtype) for alloc, shape, dtype in specs]
+        return self._replay(inputs, outputs, values, shapes)
+
+    def _sized(self, values: tuple) -> tuple:
+        """(the output shapes, their (allocator, shape, dtype)) at these var values, remembered for the first
+        MAX_SIZED values (a serving engine's calls come back to the same lengths and widths)."""
         current = dict(zip(self.var_names, values))
         shapes = [fn(current) for fn in self.shape_fns]
-        return self._replay(inputs, self.empties(shapes, self.dtypes), values, shapes)
+        sized = shapes, [(allocator_for(shape, dtype), shape, dtype) for shape, dtype in zip(shapes, self.dtypes)]
+        if len(self.sized) < MAX_SIZED:
+            self.sized[values] = sized
+        return sized
 
     def _tested(self, args: tuple):
         """The values of a call's vars (plan.vars order), or MISS where the arrays it captured were rebound; a
-        call whose scalar vars fail the compiled test goes through the full path's checks, which raise."""
+        call whose vars fail the compiled test goes through the full path's checks, which raise."""
         values = self.test(args)
         if values is None:
             return self._raise(args)
@@ -161,9 +180,10 @@ class _KnownCall:
                                         for o, shape, dtype in zip(outputs, shapes, self.dtypes)])
 
     def _raise(self, args: tuple):
-        """Raise the error of a call whose scalar vars failed the compiled test: its var reads go through the
-        full path's checks (check_reads: agreement, then bounds; the plan's index constraints)."""
-        reads = [(var, value if pos is None else args[pos], where) for var, pos, value, where in self.var_reads]
+        """Raise the error of a call whose vars failed the compiled test: its var reads go through the full
+        path's checks (check_reads: agreement, then bounds; the plan's index constraints)."""
+        reads = [(var, value if source is None else args[source] if type(source) is int else
+                  args[source[0]].shape[source[1]], where) for var, source, value, where in self.var_reads]
         values, _ = check_reads(reads)
         self.plan.require({n: values[n] for n in self.var_names})
         return MISS  # (the test and the checks disagree: the full path decides)
@@ -201,17 +221,22 @@ def _picker(positions: list):
 
 
 def _compile_test(plan, var_reads: tuple, var_values: dict):
-    """args -> the plan's var values (in plan.vars order), or None when a scalar var read (a position in
-    `var_reads`) is outside its var's bounds (used by the plan or not), disagrees with a value the key fixes
-    (a shape), or the values break one of the plan's index constraints."""
-    fixed = {var.name: value for var, pos, value, _ in var_reads if pos is None}
+    """args -> the plan's var values (in plan.vars order), or None when a var read the key does not fix (a
+    scalar var's argument, an array's var dim: a source in `var_reads`) is outside its var's bounds (used by the
+    plan or not), disagrees with another read of its var (one the key fixes, or an earlier one of the call's), or
+    the values break one of the plan's index constraints."""
+    fixed = {var.name: value for var, source, value, _ in var_reads if source is None}
     slot = {}  # var name -> Python expression of its value
     lines = ["def test(a):"]
-    for var, pos, _, _ in var_reads:
-        if pos is None:
+    for var, source, _, _ in var_reads:
+        if source is None:
+            continue
+        read = f"a[{source}]" if type(source) is int else f"a[{source[0]}].shape[{source[1]}]"
+        if var.name in slot:
+            lines.append(f"    if {read} != {slot[var.name]}: return None")
             continue
         local = slot[var.name] = f"v{len(slot)}"
-        lines.append(f"    {local} = a[{pos}]")
+        lines.append(f"    {local} = {read}")
         lines.append(f"    if not {var.min} <= {local} <= {var.max}: return None")
         if var.name in fixed:
             lines.append(f"    if {local} != {fixed[var.name]}: return None")
@@ -288,11 +313,15 @@ class FastCalls:
         for i, a in enumerate(args):
             walked = walk(a) if type(a) in (dict, list, tuple) else None
             origin += [i] * (1 if walked is None else len(walked[1]))
-        array_args, var_positions = [], {}
+        array_args, sources = [], {}  # sources: where a var read comes from -> its source (see _KnownCall)
         for i, a in enumerate(flat):
             if origin[i] in signature.static_positions:
                 continue
             if type(a) is np.ndarray or type(a) is Array:
+                if origin[i] in signature.symbolic_positions:  # (an argument, not a container's leaf)
+                    rank, static = signature.symbolic_positions[origin[i]]
+                    name = signature.params[origin[i]].name
+                    sources.update({shape_read_where(name, d): (i, d) for d in range(rank) if d not in static})
                 data = a.buffer if type(a) is Array else a
                 in_place = type(a) is Array and a._device is device and device.device_memory  # GPU memory
                 if not in_place and (type(data) is not np.ndarray or not data.flags.c_contiguous
@@ -300,14 +329,14 @@ class FastCalls:
                     return
                 array_args.append((i, type(a) is Array))
             elif origin[i] in signature.var_positions:
-                var_positions[signature.var_positions[origin[i]]] = i
+                sources[signature.var_positions[origin[i]]] = i
         if len(array_args) + len(entry.constants) != len(plan.inputs) or len(info.arrays) != len(array_args) \
                 or any(n not in info.var_values for n in plan.vars) \
                 or plan.check_constraints(tuple(info.var_values[n] for n in plan.vars)) >= 0:
             return  # (a call that breaks an index constraint raises on the full path, and is not remembered)
-        # a scalar var's read (where: its parameter's name) is read anew from its position; any other the key fixes
-        var_reads = tuple((var, var_positions.get(where), value, where)
-                          for var, value, where in info.reads)
+        # a scalar var's read (where: its parameter's name) is read anew from its position, an argument's var dim
+        # from its shape; any other the key fixes
+        var_reads = tuple((var, sources.get(where), value, where) for var, value, where in info.reads)
         run = _KnownCall(entry, info, array_args, len(flat), var_reads, device, self._watch(entry.reachable),
                          donated).run
         self.calls[key] = run, _arrays_check(device, flat, spans)

@@ -9,9 +9,10 @@ arguments, and is the one reader of its calls:
 - `check_reads` is the one check of a call's var values, on every path: that a var agrees everywhere it
   appears, then each var's bounds (`Var.check`);
 - `light_key` and `full_key` map a positional call of common kinds (arrays, ints, strings, containers of arrays)
-  to a cheap key (the concrete key) that fixes everything `read` decides but the scalar vars' values: the fast
-  path (replay.py) keeps, per such key, what `read` made of it, and reads only the scalar vars anew, through
-  `check_reads` when a precompiled test of the same reads fails.
+  to a cheap key (the concrete key) that fixes everything `read` decides but the scalar vars' values and the
+  sizes of the var dims of the array arguments `shapes` gives: the fast path (replay.py) keeps, per such key,
+  what `read` made of it, and reads only those vars anew, through `check_reads` when a precompiled test of the
+  same reads fails.
 """
 from __future__ import annotations
 
@@ -126,6 +127,10 @@ class Signature:
         self.static_positions = frozenset(i for i, p in enumerate(self.params) if p.name in self.static)
         used = self.scalar_vars | _spec_var_names(list(shapes.values()))
         self.unused_vars = [n for n in vars_ if n not in used]
+        # (light_key) argument position -> (rank, the indices of its static dims) of an array whose `shapes` dims
+        # name a var: its key part leaves out the var dims' sizes, which the fast path reads from its shape anew
+        self.symbolic_positions = {i: spec for i, p in enumerate(self.params)
+                                   if (spec := self._symbolic_dims(shapes.get(p.name), p.name)) is not None}
         # (light_key) argument position -> the ContainerKeys reading the containers passed there
         self._containers: dict[int, ContainerKeys] = {}
         # (read's cache) id of a dims spec in `shapes` -> (the spec, its parse_dims)
@@ -136,6 +141,19 @@ class Signature:
                           f"parameter is named {name!r}, so it stands for nothing: every new size traces a new plan. "
                           f"Name it in the dims it stands for, e.g. shapes={{{example!r}: ({name!r}, ...)}}",
                           stacklevel=4)  # (the prepare call: here, PreparedFunction, prepare or its decorator)
+
+    def _symbolic_dims(self, spec, name: str) -> tuple | None:
+        """(rank, static dim indices) of an array parameter whose dims spec names a var, else None (no spec, a
+        pytree's spec, or a spec `read` refuses: its call goes through `read`, which raises)."""
+        if spec is None or not _is_dims_spec(spec):
+            return None
+        try:
+            dims = parse_dims(spec, self.vars, name)
+        except SignatureError:
+            return None
+        if not any(isinstance(d, Var) for d in dims):
+            return None
+        return len(dims), tuple(i for i, d in enumerate(dims) if not isinstance(d, Var))
 
     def parameter_names(self, argnums, argnames, what: str) -> frozenset:
         """The parameters jax.jit-style `<what>_argnums` (positions) and `<what>_argnames` (names) pick."""
@@ -221,11 +239,15 @@ class Signature:
         device), each container's key part (containers.py: its structure and its arrays' parts), each static
         value, and a marker for each scalar var (its value is read anew by every call): calls with the same key
         read the same through `read` but for the scalar vars' values; calls with the same light key and arrays of
-        the same dtypes, shapes and strides in those spans have the same concrete key."""
+        the same dtypes, shapes and strides in those spans have the same concrete key. An array argument whose
+        `shapes` dims name a var (`symbolic_positions`) is keyed by its dtype, its static dims and whether it is
+        C-contiguous (a pj.Array: its device, dtype and static dims) once its rank is the spec's: its var dims'
+        sizes, like a scalar var's value, are read anew by every call (so one key serves every prompt length)."""
         parts = [device_name]
         containers = self._containers
         var_positions = self.var_positions
         static_positions = self.static_positions
+        symbolic_positions = self.symbolic_positions
         flat = None   # the arguments with containers flattened, once there is one
         spans = []
         for i, a in enumerate(args):
@@ -234,6 +256,14 @@ class Signature:
                 if t not in (int, float, str, bool) and a is not None:
                     return None, None, None
                 parts.append((t, a))
+            elif i in symbolic_positions and (t is np.ndarray or t is Array):
+                rank, static = symbolic_positions[i]
+                shape = a.shape
+                if len(shape) != rank:
+                    return None, None, None  # (read raises)
+                static_dims = tuple([shape[d] for d in static]) if static else ()
+                parts.append((a.dtype, static_dims, a.flags.c_contiguous) if t is np.ndarray else
+                             (t, a._device, a.dtype, static_dims))
             elif t is np.ndarray:
                 parts.append(NDARRAY_PARTS(a))
             elif t is int:
@@ -342,7 +372,7 @@ class Signature:
         key_dims, trace_shape = [], []
         for i, (d, n) in enumerate(zip(dims, shape)):
             if isinstance(d, Var):
-                reads.append((d, n, f"{path}.shape[{i}]"))
+                reads.append((d, n, shape_read_where(path, i)))
                 key_dims.append(d.name)
                 trace_shape.append(d.uop)
             else:
@@ -368,6 +398,11 @@ class Signature:
             raise SignatureError(f"{path}: static argument of type {type(leaf).__name__} is not hashable; pass arrays "
                                  "as NumPy arrays and other values as ints, floats, strings or tuples") from None
         return ("static", type(leaf).__name__, repr(leaf) if isinstance(leaf, float) else leaf)
+
+
+def shape_read_where(path: str, dim: int) -> str:
+    """Where a var's value read from an array's shape comes from, as a call's reads and errors name it."""
+    return f"{path}.shape[{dim}]"
 
 
 def _spec_var_names(spec) -> set[str]:

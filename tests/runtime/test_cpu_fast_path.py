@@ -60,18 +60,24 @@ def test_symbolic_batch_and_scalar_var_checked_on_every_call(rng, monkeypatch):
     def f(x, pos):
         return x[:, :pos + 1] * 2
     reads = full_path_reads(f, monkeypatch)
-    for n, pos, full_reads in [(3, 2, 1), (5, 7, 2), (3, 0, 2), (3, 2, 2), (5, 1, 2)]:
-        x = _f32(rng, n, 8)   # a known shape with another pos is a fast call
+    for n, pos in [(3, 2), (5, 7), (3, 0), (3, 2), (5, 1), (64, 3)]:
+        x = _f32(rng, n, 8)   # another n (read from x's shape) or pos is a fast call of the first's key
         np.testing.assert_allclose(np.asarray(f(x, pos)), x[:, :pos + 1] * 2)
-        assert len(reads) == full_reads
+        assert len(reads) == 1
     with pytest.raises(pj.VarBoundError, match=r"'pos' = 8 \(from pos\) is outside its bounds \[0, 7\]"):
-        f(_f32(rng, 3, 8), 8)   # a known key: the fast path raises the full path's error itself
-    assert len(reads) == 2
-    with pytest.raises(pj.VarBoundError):
-        f(_f32(rng, 65, 8), 1)   # a new key: the full path
+        f(_f32(rng, 3, 8), 8)   # the fast path raises the full path's error itself
+    with pytest.raises(pj.VarBoundError, match=r"'n' = 65 \(from x.shape\[0\]\) is outside its bounds \[1, 64\]"):
+        f(_f32(rng, 65, 8), 1)
+    with pytest.raises(pj.SignatureError, match=r"x.shape\[1\] is 9, but shapes declares it static 8"):
+        f(_f32(rng, 3, 9), 1)   # a static dim is part of the key: another one is a new key, the full path raises
+    with pytest.raises(pj.SignatureError, match=r"x has rank 1"):
+        f(_f32(rng, 8), 1)
+    x64 = _f32(rng, 3, 8).astype(np.float64)   # another dtype: another key, a plan of its own
+    assert np.asarray(f(x64, 1)).dtype == np.float64 and f.stats["traces"] == 2
+    assert len(reads) == 4
     x = _f32(rng, 3, 8)
     np.testing.assert_allclose(np.asarray(f(x, 1)), x[:, :2] * 2)
-    assert len(reads) == 3 and f.stats["traces"] == 1
+    assert len(reads) == 4
 
 
 def test_var_from_two_places_must_agree_on_the_fast_path(rng, monkeypatch):
@@ -92,17 +98,13 @@ def test_kernel_vals_and_bindings_follow_fast_calls(rng, monkeypatch):
     f = pj.prepare(lambda x: x * 3, vars={"n": (1, 32)}, shapes={"x": ("n",)}, device="cpu")
     plan = f.plan(_f32(rng, 9))
     reads = full_path_reads(f, monkeypatch)
-    f(_f32(rng, 5))
-    f(_f32(rng, 9))   # both shapes are known to the fast path now
-    assert len(reads) == 2
+    f(_f32(rng, 5))   # the full path, then fast for every n
     for n in (5, 9, 5, 32, 5):
         x = _f32(rng, n)
-        if n == 32:
-            f(x)   # a new shape: the full path, then fast from the next call on
         np.testing.assert_allclose(np.asarray(f(x)), x * 3, rtol=1e-6)
         assert plan.bindings == {"n": n}
         assert [list(k.vals) for k in plan.kernels if k.kernel.var_names == ("n",)] == [[n]]
-    assert len(reads) == 3
+    assert len(reads) == 1
 
 
 def test_misaligned_and_non_contiguous_inputs(rng, monkeypatch):

@@ -199,13 +199,14 @@ def test_closure_changes_that_trace_again(change, rng):
 def test_calls_of_other_shapes_share_one_watch_of_the_closure(rng):
     model = Weights(rng, 3)
     f = pj.prepare(vars={"n": (1, 8)}, shapes={"x": ("n", 8)})(lambda x: chain(pnp, x, vars(model).values()))
-    for n in (1, 2, 3):
-        x = rng.standard_normal((n, 8)).astype(np.float32)
+    for n, dtype in ((1, np.float32), (2, np.float32), (3, np.float32), (2, np.float64)):
+        x = rng.standard_normal((n, 8)).astype(dtype)
         for _ in range(2):
             np.testing.assert_allclose(np.asarray(f(x)), chain(np, x, vars(model).values()), rtol=1e-5)
-    assert len(f._fast_calls.calls) == 3 and len(f._fast_calls.watches) == 1
-    model.w1 = np.full(8, 2, np.float32)  # every shape's plan sees the swap
-    for n in (1, 2):
-        x = rng.standard_normal((n, 8)).astype(np.float32)
+    # one key for every n of a dtype (n is read from x's shape), two plans, one watch of the closure
+    assert len(f._fast_calls.calls) == 2 and len(f._fast_calls.watches) == 1
+    model.w1 = np.full(8, 2, np.float32)  # every key's plan sees the swap
+    for n, dtype in ((1, np.float32), (2, np.float32), (2, np.float64)):
+        x = rng.standard_normal((n, 8)).astype(dtype)
         np.testing.assert_allclose(np.asarray(f(x)), chain(np, x, vars(model).values()), rtol=1e-5)
-    assert f.stats["traces"] == 2
+    assert f.stats["traces"] == 4
