@@ -207,10 +207,13 @@ def poly_min(p: Poly, splits: int = 2):
     if splits:
         for m, c in p.items():
             f = next((f for f in m if f.op in (Ops.MAX, Ops.MIN) and f.dtype.is_int), None)
-            if f is None or not all(g.vmin >= 0 for g in m if g is not f):
+            if f is None:
                 continue
-            rest, others = {k: v for k, v in p.items() if k != m}, list(m)
-            others.remove(f)
+            others = list(m)
+            others.remove(f)   # (one occurrence: in min(a, b) * min(a, b) the other is a factor like any other)
+            if not all(g.vmin >= 0 for g in others):
+                continue
+            rest = {k: v for k, v in p.items() if k != m}
             cases = [poly_min(_add(rest, _mul({tuple(others): 1}, poly(s)), c), splits - 1) for s in f.src]
             return max(lo, min(cases) if (f.op is Ops.MAX) == (c < 0) else max(cases))
     if not any(f.op is Ops.RANGE for m in p for f in m):

@@ -137,6 +137,16 @@ def _eval(u, env):
     return eval_uop(u.substitute(ranges), env)
 
 
+def test_a_min_times_itself_is_no_nonnegative_factor():
+    """poly_min splits a term c * f * min(x, y) into its cases only where the term's other factors are >= 0: in
+    min(b, a) * min(b, a) the second min is such a factor (a may be negative), not the one split (hypothesis found
+    a * b - min(b, a)^2 bounded below by 0 and max(a * b, min(b, a)^2) simplified to a * b, at a = -6, b = 0)."""
+    square = B.smin(A) * B.smin(A)
+    env = {"a": -6, "b": 0, "c": 1, "r0": 0, "r1": 0}
+    assert (A * B - square).vmin <= _eval(A * B - square, env) == -36
+    assert _eval((A * B).smax(square), env) == 36
+
+
 @settings(max_examples=250, deadline=None)
 @given(_trees(3))
 def test_simplify_is_sound(tree):
