@@ -8,9 +8,9 @@ slot: buffer addresses, then int64 vars, then any tensor maps: cuda_tensor_maps.
 only the var slots and I/O addresses (and re-encodes the tensor maps that read them).
 Launches wait for the next stream operation (a copy or a sync); a sequence of launches seen twice runs
 from a CUDA graph after that, updating only the kernel nodes whose arguments or grid changed
-(`PREPJIT_CUDA_GRAPHS=0` launches each kernel at once instead); on Hopper a graph launches each kernel while the one
-before runs, its blocks waiting on the device for that grid (programmatic dependent launch: cuda_driver.Graph;
-`PREPJIT_CUDA_PROGRAMMATIC=0` launches each after the one before). Results stay on the GPU until read;
+(`PREPJIT_CUDA_GRAPHS=0` launches each kernel at once instead); with `PREPJIT_CUDA_PROGRAMMATIC=1`, on Hopper a graph
+launches each kernel while the one before runs, its blocks waiting on the device for that grid (programmatic
+dependent launch: cuda_driver.Graph; opt-in until measured on a GPU). Results stay on the GPU until read;
 arrays of this device passed to another prepared function on it are used in place. Importing prepjit
 never imports pycuda: the device is created on first use, and without pycuda, a driver or a GPU it
 raises `DeviceError` saying what to install.
@@ -181,7 +181,7 @@ class CUDADevice(DeviceBase):
             self.pool.allocate(_RESERVE_BYTES).free()
         self._stream = ctypes.c_void_p(self.stream.handle)
         self.use_graphs = os.environ.get("PREPJIT_CUDA_GRAPHS", "1") != "0"
-        self.programmatic = os.environ.get("PREPJIT_CUDA_PROGRAMMATIC", "1") != "0"
+        self.programmatic = os.environ.get("PREPJIT_CUDA_PROGRAMMATIC", "0") == "1"
         self._pending: list[CUDALauncher] = []
         self._graphs: collections.OrderedDict = collections.OrderedDict()
         self._queue_lock = threading.Lock()

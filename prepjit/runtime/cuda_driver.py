@@ -1,7 +1,8 @@
 """The few CUDA driver calls the cuda device makes itself, through ctypes on libcuda: loading cubins, launching
 kernels with a packed argument buffer, and CUDA graphs (pycuda wraps neither graphs nor raw launches), whose kernel
-nodes follow one another by programmatic edges where the later kernel waits for the grids before it (Hopper's
-programmatic dependent launch: it is launched early, its blocks waiting, so that it starts as the earlier one ends).
+nodes may follow one another by programmatic edges where the later kernel waits for the grids before it (Hopper's
+programmatic dependent launch, PREPJIT_CUDA_PROGRAMMATIC=1: it is launched early, its blocks waiting, so that it
+starts as the earlier one ends).
 
 pycuda still owns initialisation, the primary context, streams, memory and copies; everything here runs in
 that context, made current by the device.

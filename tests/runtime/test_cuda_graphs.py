@@ -48,7 +48,7 @@ def test_the_second_sight_of_a_plan_builds_a_graph_whose_replays_update_only_cha
 def test_a_kernel_that_waits_for_the_grids_before_it_follows_by_a_programmatic_edge():
     """Hopper's programmatic dependent launch: a node whose kernel waits (its cubin's pj_waits_for_earlier_grids)
     follows the node before by a programmatic edge (released as that grid's blocks have started), any other by a
-    completion edge; PREPJIT_CUDA_PROGRAMMATIC=0 (device.programmatic off) makes every edge a completion edge."""
+    completion edge; without PREPJIT_CUDA_PROGRAMMATIC=1 (device.programmatic off) every edge is a completion edge."""
     for programmatic in (True, False):
         device = stub_device(programmatic=programmatic)
         launches = [launcher(device, 1, [0x1000], static_size=8, waits=True),
