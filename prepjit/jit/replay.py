@@ -32,7 +32,7 @@ import numpy as np
 from ..errors import DeletedArrayError
 from ..runtime.array import Array
 from ..runtime.array_check import same_arrays_entry
-from ..runtime.host_pool import allocator_for, empty
+from ..runtime.host_pool import allocator_for
 from ..tracing.constants import CaptureWatch, capture_key
 from .containers import walk
 from .signature import check_reads, full_key, shape_read_where
@@ -73,8 +73,9 @@ class _KnownCall:
         self.values = tuple(self.base_values[n] for n in self.var_names)
         self.shapes = [fn(self.base_values) for fn in self.shape_fns]
         self.sized: dict = {}  # (_run_with_vars) var values -> _sized's output shapes and allocators
-        on_gpu = device.device_memory  # outputs in device memory (a GPU: all of a call's allocated together), else
-        self.empties = device.empties if on_gpu else _host_empties  # host arrays
+        # outputs in device memory (a GPU: all of a call's allocated together by device.empties), else host arrays,
+        # each from its allocator (`out_specs`, `_sized`)
+        self.on_gpu = on_gpu = device.device_memory
         self.out_specs = [(device.empty if on_gpu else allocator_for(s, dt), s, dt)
                           for s, dt in zip(self.shapes, self.dtypes)]
         self.single = entry.out_tree.kind == "leaf"
@@ -107,9 +108,7 @@ class _KnownCall:
             if self.plan.run_arrays(inputs + (output,), self.values):
                 return Array(output, shape, dtype, self.device)
             return self._replay_aligned(inputs, [output], self.values, self.shapes)
-        outputs = self.empties(self.shapes, self.dtypes) if self.device.device_memory else \
-            [alloc(shape, dtype) for alloc, shape, dtype in self.out_specs]
-        return self._replay(inputs, outputs, self.values, self.shapes)
+        return self._replay(inputs, self._outputs(self.shapes, self.out_specs), self.values, self.shapes)
 
     def _run_with_vars(self, args: tuple):
         """A call with vars its key does not fix (scalar vars, arrays' var dims): test their bounds, their
@@ -125,16 +124,22 @@ class _KnownCall:
         if sized is None:
             sized = self._sized(values)
         shapes, specs = sized
-        outputs = self.empties(shapes, self.dtypes) if self.device.device_memory else \
-            [alloc(shape, dtype) for alloc, shape, dtype in specs]
-        return self._replay(inputs, outputs, values, shapes)
+        return self._replay(inputs, self._outputs(shapes, specs), values, shapes)
+
+    def _outputs(self, shapes: list, specs: list) -> list:
+        """A call's output arrays of `shapes`: a GPU's allocated together, else each by its (allocator, shape,
+        dtype) of `specs`."""
+        if self.on_gpu:
+            return self.device.empties(shapes, self.dtypes)
+        return [alloc(shape, dtype) for alloc, shape, dtype in specs]
 
     def _sized(self, values: tuple) -> tuple:
         """(the output shapes, their (allocator, shape, dtype)) at these var values, remembered for the first
         MAX_SIZED values (a serving engine's calls come back to the same lengths and widths)."""
         current = dict(zip(self.var_names, values))
         shapes = [fn(current) for fn in self.shape_fns]
-        sized = shapes, [(allocator_for(shape, dtype), shape, dtype) for shape, dtype in zip(shapes, self.dtypes)]
+        sized = shapes, None if self.on_gpu else [(allocator_for(shape, dtype), shape, dtype)
+                                                  for shape, dtype in zip(shapes, self.dtypes)]
         if len(self.sized) < MAX_SIZED:
             self.sized[values] = sized
         return sized
@@ -190,10 +195,6 @@ class _KnownCall:
 
 
 _BUFFER = operator.attrgetter("buffer")
-
-
-def _host_empties(shapes: list, dtypes: list) -> list:
-    return [empty(shape, dtype) for shape, dtype in zip(shapes, dtypes)]
 
 
 def replay_with_io(entry, values: dict, arrays, donated: tuple, timings: list | None = None):
