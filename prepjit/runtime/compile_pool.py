@@ -9,6 +9,9 @@ trace holds that many reductions (cpu.expect_compiles), and reused by later batc
 child starts its own. `submit(name, source)` returns a Future (a Compile) of the object code; an LLVM failure arrives as
 the same pj.CompileError (with the source) as an in-process compile. If a worker cannot start
 or dies, its job and every later one compile in this process instead (logged once).
+
+`CompileAside` is one compile in a worker of its own, read by the thread that asks for it (the cpu device's replay
+module, compiled while a first call traces).
 """
 from __future__ import annotations
 
@@ -73,13 +76,11 @@ class CompilePool:
     once a worker has failed. The first worker starts at once (OSError if it cannot)."""
 
     def __init__(self, options: dict, workers: int, fallback):
-        import llvmlite
         self.fallback, self.broken, self.pid = fallback, False, os.getpid()
         self.max_workers = min(workers, MAX_WORKERS)
         self.jobs: SimpleQueue = SimpleQueue()
         self.lock = threading.Lock()
-        self.command = [sys.executable, "-I", str(Path(llvm_compile.__file__)), json.dumps(options),
-                        str(Path(llvmlite.__file__).resolve().parents[1])]
+        self.command = _worker_command(options)
         self.processes: list[subprocess.Popen] = []
         self.submitted = 0
         self._start_worker()
@@ -138,14 +139,71 @@ class CompilePool:
         try:
             process.stdin.write(llvm_compile.REQUEST.pack(len(source)) + source)
             process.stdin.flush()
-            header = llvm_compile.read_exact(process.stdout, llvm_compile.REPLY.size)
-            if header is None:
-                return None
-            status, size = llvm_compile.REPLY.unpack(header)
-            data = llvm_compile.read_exact(process.stdout, size)
         except (OSError, ValueError):
             return None
-        return None if data is None else (status, data)
+        return _reply(process)
+
+
+class CompileAside:
+    """One compile (`name`, `source`) in a worker process of its own, started now; `result()` reads its object code in
+    the thread that asks (the cpu device's replay module compiles while a first call traces, on a core that leaves
+    idle, and is read at its first use). No thread of this process waits for it: a thread's malloc arena, freed,
+    leaves a gap where later JIT sections land (test_jit_address_space). `fallback(name, source)` compiles in this
+    process where no worker can start (one core: `workers` < 2, no Python to start), the worker fails, or the caller
+    is a forked child (the worker's pipes are its parent's)."""
+
+    def __init__(self, options: dict, workers: int, name: str, source: str, fallback):
+        self.name, self.source, self.fallback, self.pid, self.process = name, source, fallback, os.getpid(), None
+        if _workers_can_start(workers):
+            try:
+                self.process = subprocess.Popen(_worker_command(options), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                data = source.encode()
+                self.process.stdin.write(llvm_compile.REQUEST.pack(len(data)) + data)
+                self.process.stdin.close()  # (the worker exits once it has replied)
+            except (OSError, ValueError, ImportError):
+                if self.process is not None:
+                    self.process.kill()
+                self.process = None
+
+    def result(self) -> bytes:
+        """The object code (once: the worker's reply is read here), or the compile's pj.CompileError."""
+        process, self.process = self.process, None
+        if process is None or self.pid != os.getpid():
+            return self.fallback(self.name, self.source)
+        reply = _reply(process)
+        process.stdout.close()
+        process.wait()
+        if reply is not None and reply[0] == llvm_compile.OK:
+            return reply[1]
+        if reply is not None and reply[0] == llvm_compile.LLVM_ERROR:
+            raise compile_error(self.name, self.source, reply[1].decode(errors="replace"))
+        return self.fallback(self.name, self.source)
+
+
+def _worker_command(options: dict) -> list[str]:
+    """The command line of a compile worker for target `options` (llvm_compile.py's)."""
+    import llvmlite
+    return [sys.executable, "-I", str(Path(llvm_compile.__file__)), json.dumps(options),
+            str(Path(llvmlite.__file__).resolve().parents[1])]
+
+
+def _workers_can_start(workers: int) -> bool:
+    """Whether compile workers may run: several cores, and a Python interpreter to start (not a frozen app, nor one
+    that embeds Python, whose sys.executable is the app itself)."""
+    return workers >= 2 and not getattr(sys, "frozen", False) and Path(sys.executable or "-").name.startswith("python")
+
+
+def _reply(process: subprocess.Popen) -> tuple[int, bytes] | None:
+    """(status, data) of a worker's next reply, or None when it is gone."""
+    try:
+        header = llvm_compile.read_exact(process.stdout, llvm_compile.REPLY.size)
+        if header is None:
+            return None
+        status, size = llvm_compile.REPLY.unpack(header)
+        data = llvm_compile.read_exact(process.stdout, size)
+    except (OSError, ValueError):
+        return None
+    return None if data is None else (status, data)
 
 
 def in_threads(compile_fn, count: int):
@@ -171,7 +229,7 @@ def shared_pool(options: dict, workers: int, fallback) -> CompilePool | None:
     """This process's pool for target `options` (started now if there is none), or None when it cannot run
     (one core, a pool that broke, a failed start, or no Python interpreter to start: a frozen app, or one
     that embeds Python, whose sys.executable is the app itself)."""
-    if workers < 2 or getattr(sys, "frozen", False) or not Path(sys.executable or "-").name.startswith("python"):
+    if not _workers_can_start(workers):
         return None
     key = json.dumps(options, sort_keys=True)
     with _pools_lock:

@@ -334,8 +334,31 @@ class CPUDevice:
         version = ".".join(map(str, llvm.llvm_version_info))
         self.compiler_id = f"llvm-{version}-{self.cpu_name}-{hashlib.sha1(features.encode()).hexdigest()[:12]}"
         self.lock = threading.Lock()
-        replay_object = self.compile("prepjit_replay", REPLAY_IR + SAME_ARRAYS_IR + threads_ir(cpu.triple))
-        self._replay_engine, replay_address = self._load_object("prepjit_replay", replay_object)
+        # the replay module (cpu_replay.py, array_check.py, cpu_threads.py) compiles in a worker process of its own
+        # (60-100 ms of LLVM on a core a first call's tracing leaves idle); its parts (NATIVE_PARTS) are loaded at the
+        # first use of one (the planner's, after the trace and schedule)
+        self._replay_object = compile_pool.CompileAside(self.target_options, thread_count(), "prepjit_replay",
+                                                        REPLAY_IR + SAME_ARRAYS_IR + threads_ir(cpu.triple),
+                                                        self.compile)
+        self._native_start_lock = threading.Lock()
+
+    NATIVE_PARTS = frozenset({"_replay_engine", "replay_fn", "native_reads_arrays", "method_address",
+                              "same_arrays_address", "threads"})
+
+    def __getattr__(self, name: str):
+        """A part of the replay module (NATIVE_PARTS), loaded and self-tested at the first use of any (called only for
+        attributes not set yet: once it has run they are plain attributes)."""
+        if name not in CPUDevice.NATIVE_PARTS or "_native_start_lock" not in self.__dict__:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        with self._native_start_lock:
+            if name not in self.__dict__:
+                self._start_native()
+        return self.__dict__[name]
+
+    def _start_native(self):
+        """Load the replay module (its compile error raised here), self-test its entry points and start the native
+        worker threads."""
+        self._replay_engine, replay_address = self._load_object("prepjit_replay", self._replay_object.result())
         self.replay_fn = REPLAY_FN(replay_address)
         self.native_reads_arrays = layout_self_test(self.replay_fn)
         address = self._replay_engine.get_function_address
