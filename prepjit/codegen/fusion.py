@@ -98,7 +98,7 @@ def choose_materialized(outputs: list[UOp], row_values: bool = False, walk: tupl
             chosen.add(node)  # read at several places, its expression would double with each (a concatenate chain)
             cost[node] = 1
     readers: dict[UOp, set] = {}  # node -> the kernel roots whose kernels compute it inline
-    streams: dict[UOp, tuple] = {}  # kernel root -> how it reads its operands (_recomputed_in_stream)
+    streams: dict[UOp, _Stream] = {}  # kernel root -> how it reads its operands (_recomputed_in_stream)
     realized_reads: dict[UOp, frozenset] = {}  # node -> the computed nodes its expression reads (_realized_reads)
     shared = {n for n, k in readers_of.items() if k > 1 and n.op not in REALIZED}
     loads = functools.partial(_loads, memo={}, shared=shared)  # (its walks' memo: read_axes.walk_order)
@@ -214,7 +214,8 @@ def _recomputed_in_stream(node: UOp, readers: set, cost: dict, streams: dict, re
     (fused_reductions), and so is a row's one that the contraction reads one element per row (a batch row's mean of
     squares: its row's prologue); one that reads a row's reduction otherwise broadcast is not: it and its row's
     reductions are one row kernel, where the contraction would leave them kernels of their own."""
-    unpacked = _reads(node, lambda leaf: leaf.op is Ops.INPUT and leaf.dtype.is_int)
+    node_loads = _realized_reads(node, realized_reads)
+    unpacked = all(leaf.op is Ops.INPUT and leaf.dtype.is_int for leaf in node_loads)
     if unpacked:
         own = cost[node]
         if own > CONTRACTION_INLINE_COST:
@@ -224,16 +225,11 @@ def _recomputed_in_stream(node: UOp, readers: set, cost: dict, streams: dict, re
         if rows_read is None or own > STREAM_OPERAND_COST or rows_read and not (operand_prologues and all(
                 _read_per_row(r, rows_read, chosen, position) for r in readers)):
             return False
-    node_loads = _realized_reads(node, realized_reads)
     for r in readers:
-        if r not in streams:  # (whether r is a sum of products, what it loads and how: see _stream_rows, whose answers
-            # per value recomputed depend on what that value loads only)
-            products = r.op is Ops.REDUCE_AXIS and r.arg[0] is Ops.ADD and r.src[0].op is Ops.MUL
-            streams[r] = (products, loads(r), {})
-        products, loaded, answers = streams[r]
-        if node_loads not in answers:
-            answers[node_loads] = _stream_rows(r, loaded, operand_prologues, node_loads)
-        streaming, rows = answers[node_loads]
+        if r not in streams:
+            streams[r] = _Stream(r, loads(r), operand_prologues)
+        streaming, rows = streams[r].rows(node_loads)
+        products = streams[r].products
         limit = (CONTRACTION_INLINE_COST if products else STREAM_INLINE_COST if streaming else -1) if unpacked else \
             STREAM_OPERAND_COST if streaming and (products or len(readers) == 1 or not shares) else -1
         if own > limit or rows > 1 and not unpacked and _elements(node) > OPERAND_MAX:
@@ -243,7 +239,7 @@ def _recomputed_in_stream(node: UOp, readers: set, cost: dict, streams: dict, re
 
 def _loads(r: UOp, memo: dict, shared: set) -> dict[UOp, set]:
     """Each computed node (REALIZED) the kernel computing `r` loads -> the axes it is read at (reads_with_axes'
-    walk, in its order: _stream_rows breaks ties by it; walk_order's, with its `memo` and `shared` nodes)."""
+    walk, in its order: _Stream breaks ties by it; walk_order's, with its `memo` and `shared` nodes)."""
     def expand(item):
         n, axes = item
         return (True, ()) if n.op in REALIZED else (False, zip(n.src, read_axes(n, axes)))
@@ -262,26 +258,40 @@ def _realized_reads(node: UOp, memo: dict) -> frozenset:
     return memo[node]
 
 
-def _stream_rows(r: UOp, loaded: dict, by_row: bool, operand_loads: frozenset) -> tuple[bool, int]:
-    """(whether the kernel computing `r`, which loads `loaded` (_loads), streams what it loads, each element used at
-    most STREAM_REUSE times by each of its rows, its rows: the product of its output axes along which the largest
-    value it loads is broadcast (a decode batch's rows, the weight's elements read once by each)), but not of what
-    the value it would recompute loads (`operand_loads`, unless it loads nothing else): that is no weight. A prefill's
-    qkv projection reads its normalised rows through the residual stream, whose first term gathers the token
-    embedding (not yet cut when `operand` is decided), and took that table for its weight, rows unknown: one row,
-    so the norm was recomputed at each panel of the weight (SmolLM2 gguf's 126-token prefill, 2 threads: the qkv
-    kernels 43-45 ms for 30 layers, 16 with the norm materialised; the call 159-163 -> 130-133 ms)."""
-    if not loaded:
-        return True, 1
-    largest = max([n for n in loaded if n not in operand_loads] or loaded, key=_elements)
-    along = frozenset().union(*(a for axes in loaded[largest] for a in axes))
-    if not by_row or UNKNOWN <= along:  # (a gathered weight: rows unknown)
-        along = frozenset(range(len(r.shape)))
-    rows = 1
-    for k, d in enumerate(r.shape):
-        if k not in along:
-            rows *= d if isinstance(d, int) else max(1, d.vmax)
-    return _iterations(r) <= STREAM_REUSE * sum(map(_elements, loaded)) * rows, rows
+class _Stream:
+    """How the kernel computing kernel root `r` reads what it loads (`loaded`: _loads), its rows counted `by_row` or
+    not: whether it is a sum of products, the nodes it loads largest first (ties in the walk's order) and their
+    elements in all, and `rows`' answers by the weight it picks (they depend on that node alone)."""
+
+    def __init__(self, r: UOp, loaded: dict, by_row: bool):
+        self.r, self.loaded, self.by_row, self.answers = r, loaded, by_row, {}
+        self.products = r.op is Ops.REDUCE_AXIS and r.arg[0] is Ops.ADD and r.src[0].op is Ops.MUL
+        self.by_size = sorted(loaded, key=_elements, reverse=True)  # (a stable sort: max's first of the largest)
+        self.total = sum(map(_elements, loaded))
+
+    def rows(self, operand_loads: frozenset) -> tuple[bool, int]:
+        """(whether the kernel streams what it loads, each element used at most STREAM_REUSE times by each of its
+        rows, its rows: the product of its output axes along which the largest value it loads is broadcast (a decode
+        batch's rows, the weight's elements read once by each)), but not of what the value it would recompute loads
+        (`operand_loads`, unless it loads nothing else): that is no weight. A prefill's qkv projection reads its
+        normalised rows through the residual stream, whose first term gathers the token embedding (not yet cut when
+        `operand` is decided), and took that table for its weight, rows unknown: one row, so the norm was recomputed
+        at each panel of the weight (SmolLM2 gguf's 126-token prefill, 2 threads: the qkv kernels 43-45 ms for 30
+        layers, 16 with the norm materialised; the call 159-163 -> 130-133 ms)."""
+        if not self.loaded:
+            return True, 1
+        largest = next((n for n in self.by_size if n not in operand_loads), self.by_size[0])
+        if largest not in self.answers:
+            r = self.r
+            along = frozenset().union(*(a for axes in self.loaded[largest] for a in axes))
+            if not self.by_row or UNKNOWN <= along:  # (a gathered weight: rows unknown)
+                along = frozenset(range(len(r.shape)))
+            rows = 1
+            for k, d in enumerate(r.shape):
+                if k not in along:
+                    rows *= d if isinstance(d, int) else max(1, d.vmax)
+            self.answers[largest] = _iterations(r) <= STREAM_REUSE * self.total * rows, rows
+        return self.answers[largest]
 
 
 def _read_per_row(root: UOp, targets: set, chosen: set, position: dict) -> bool:

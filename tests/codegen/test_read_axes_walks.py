@@ -1,5 +1,5 @@
 """read_axes.walk_order: the memoised walks of the kernels reading a residual stream yield what the plain
-depth-first walk (reads_with_axes) yields, in its order (fusion's _stream_rows breaks ties by it), expanding the
+depth-first walk (reads_with_axes) yields, in its order (fusion's _Stream breaks ties by it), expanding the
 stream once for all its readers."""
 import functools
 from collections import Counter
