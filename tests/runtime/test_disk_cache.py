@@ -337,3 +337,19 @@ def test_records_of_other_kinds_share_the_rules_but_not_the_store(cache):
     assert stat.S_IMODE((cache.parent / "tunes").stat().st_mode) == 0o700
     assert disk_cache.write_record("tune", key, {"bad": {1, 2}}) is False  # not JSON data
     assert disk_cache.read_record("../kernel", key) is None and not disk_cache.write_record("x/y", key, {})
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_kernels_are_keyed_only_where_the_cache_or_tuning_keeps_records(on, monkeypatch, tmp_path):
+    """With PREPJIT_CACHE=0 (and no PREPJIT_TUNE search, which needs a key) no kernel's AST is serialised and hashed
+    into a disk key: a cold first call timed with the cache off paid for keys nothing read."""
+    monkeypatch.setenv("PREPJIT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("PREPJIT_CACHE", "1" if on else "0")
+    monkeypatch.delenv("PREPJIT_TUNE", raising=False)
+    keyed = []
+    kernel_key = disk_cache.kernel_key
+    monkeypatch.setattr(disk_cache, "kernel_key", lambda *a: keyed.append(a[0]) or kernel_key(*a))
+    scale = 5.25 if on else 6.125  # constants no other test uses: this process compiles it
+    f = pj.prepare(lambda x: (x * scale).sum())
+    assert float(np.asarray(f(np.ones(4, np.float32)))) == 4 * scale and f.stats["compiles"] == 1
+    assert len(keyed) == (1 if on else 0)
