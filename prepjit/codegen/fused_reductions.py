@@ -144,7 +144,7 @@ def _under(graph: list[UOp], op: Ops) -> dict[UOp, bool]:
     """Per node of a parents-first graph (kernel_roots'), whether a node of `op` is under it (itself included)."""
     below: dict[UOp, bool] = {}
     for n in reversed(graph):
-        below[n] = n.op is op or any(below[s] for s in n.src)
+        below[n] = n.op is op or any(map(below.__getitem__, n.src))
     return below
 
 

@@ -108,10 +108,9 @@ def read_axes(n: UOp, axes: tuple) -> tuple[tuple, ...]:
     unchanged leading ones or of its size-1 axes alone, a reduction's reduced axes are its own. Cached: every kernel
     reading a model's residual stream walks the stream's chain of adds through the blocks before it; schedule.py
     clears it once a graph's fusion is decided."""
-    def same(s):
-        return axes if len(s.shape) == len(axes) else (UNKNOWN,) * len(s.shape)
-    if n.op in ELEMENTWISE:
-        return tuple(same(s) for s in n.src)
+    if n.op in ELEMENTWISE:  # (an operand of its rank is read at its index, one of another rank at unknown ones)
+        rank = len(axes)
+        return tuple([axes if len(s.shape) == rank else (UNKNOWN,) * len(s.shape) for s in n.src])
     src = n.src[0].shape if n.src else ()
     if n.op is Ops.REDUCE_AXIS:
         return (tuple(INNER_AXIS if k in n.arg[1] else a for k, a in enumerate(axes)),)
