@@ -66,7 +66,9 @@ def read_exact(stream, size: int) -> bytes | None:
 
 def serve(options: dict):
     """The worker loop: compile each request on stdin, reply on the original stdout (fd 1 then points to stderr,
-    so nothing LLVM or Python prints can corrupt the replies). Ctrl-C is the parent's to handle."""
+    so nothing LLVM or Python prints can corrupt the replies). Ctrl-C is the parent's to handle; a parent gone
+    before reading its reply (a process that created the cpu device and ended before using it: compile_pool's
+    CompileAside) ends the worker quietly."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     import llvmlite.binding as llvm
     llvm.initialize_native_target()
@@ -85,8 +87,11 @@ def serve(options: dict):
             status, out = LLVM_ERROR, str(e).encode()
         except Exception as e:  # reported to the parent, which raises it with the kernel's source
             status, out = OTHER_ERROR, f"{type(e).__name__}: {e}".encode()
-        replies.write(REPLY.pack(status, len(out)) + out)
-        replies.flush()
+        try:
+            replies.write(REPLY.pack(status, len(out)) + out)
+            replies.flush()
+        except BrokenPipeError:
+            os._exit(0)  # (not a return: closing `replies` would flush what the pipe refused, and print its error)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,15 @@ def test_the_replay_module_compiles_here_where_its_worker_fails():
     assert out.split() == ["True"]
 
 
+def test_a_process_ending_before_it_used_the_device_prints_nothing():
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        from prepjit.runtime import cpu
+        cpu.thread_count = lambda: 2
+        cpu.CPUDevice()
+    """)], capture_output=True, text=True, timeout=120)  # (its stderr closes once the worker too has ended)
+    assert (out.returncode, out.stdout, out.stderr) == (0, "", "")
+
+
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="no fork")
 def test_a_child_forked_at_once_after_the_devices_start_runs_plans():
     out = _run("""
