@@ -105,10 +105,10 @@ one process: opt 1.0, emit 0.7-0.9; its first compile in a fresh worker only ~5 
 4fa1799, d5e1949): the cpu device's replay module compiles in a worker process of its own while tracing runs (device
 start 0.11-0.13 -> 0.05 s of the main thread), choose_materialized's per-root stream facts computed once (-7 to -14%
 of it, the same decisions), no disk keys with PREPJIT_CACHE=0 (~0.04 s: kernel keys, their writes and proof records),
-fused_reductions -15%. All against f5cc34a (PREPJIT_CACHE=0, ab2.sh, 10 alternated pairs each, the 33 kernels'
-sources and objects identical): at load 1.0-1.4 medians 3.29 -> 3.15 s, this process's CPU 2.54 -> 2.39; at load
-0.6-1.3 2.84 -> 2.85 s (pairwise median -0.01), CPU 2.14 -> 2.09: within the noise of this shared host (pairs 2.4-4.0
-s, the workers' CPU for the same compiles 1.8-2.7 s). Decode (--bench --json) 9.55/6.96/7.80 vs 7.72/7.16/6.92 ms a
+fused_reductions -15%. All against f5cc34a (PREPJIT_CACHE=0, ab2.sh, the 33 kernels' sources and objects
+identical), 36 alternated pairs in three runs at load 0.6-1.4: medians 3.08 -> 2.89 s, pairwise median -0.13 s (23
+of 36 faster), this process's CPU pairwise -0.16 s; the runs alone: 10 pairs 3.29 -> 3.15, 10 pairs 2.84 -> 2.85, 16
+pairs 3.10 -> 2.95 (pairs spread 2.4-4.0 s, the workers' CPU for the same compiles 1.8-2.7 s). Decode (--bench --json) 9.55/6.96/7.80 vs 7.72/7.16/6.92 ms a
 token. Not kept: choose_materialized walking only the expressions that read a kernel's weight (no faster than the
 memoised whole walk); a shorter GIL switch interval for the compile threads (the worker gaps it closes cost nothing).
 """
