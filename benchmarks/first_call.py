@@ -92,25 +92,25 @@ set instead of a union copied at each node: 0.18 -> 0.03 s in a warm process wit
 in the first call: the copies cost collections, which gc_paused already avoids. The walk counting reductions for
 expect_compiles done once with scheduling's: 5-8 ms a plan.
 
-The critical path (AMD EPYC, load 0.6-1.6 from other sessions; scripts in /work/notes/s47_cold): each plan is a
-serial phase, the device's start (first call only), tracing and scheduling on one core with the other idle (prefill
-~0.7 s, decode ~0.6), then a compile phase bound by both cores: prefill's 21 compiles all queued 0.3 s after the
-first, both workers busy until they end together (0.52 -> 1.28 s of its build), the main process's optimisation,
-rendering and proof beside them (a worker's idle moments between jobs, 20-80 ms a plan, go to the main process: no
-loss on 2 cores); decode's 12 the same (0.45 -> 0.85). So wall ~ serial CPU + (LLVM + the main process's
-compile-phase CPU) / 2 + loading and the runs, and no ordering of the same work reaches 2 s here: the two plans cost
-2.1-2.6 CPU s in this process and 2.0-2.3 in the workers, a floor of ~2.1-2.45 s on 2 cores even with the workers
-busy from the first instant; 2 s needs 0.5-1 CPU s less, which no single item holds (LLVM 1.9 s for the 33 kernels in
-one process: opt 1.0, emit 0.7-0.9; its first compile in a fresh worker only ~5 ms slower). Done (2e482f5, d68d7b7,
-4fa1799, d5e1949): the cpu device's replay module compiles in a worker process of its own while tracing runs (device
-start 0.11-0.13 -> 0.05 s of the main thread), choose_materialized's per-root stream facts computed once (-7 to -14%
-of it, the same decisions), no disk keys with PREPJIT_CACHE=0 (~0.04 s: kernel keys, their writes and proof records),
-fused_reductions -15%. All against f5cc34a (PREPJIT_CACHE=0, ab2.sh, the 33 kernels' sources and objects
-identical), 36 alternated pairs in three runs at load 0.6-1.4: medians 3.08 -> 2.89 s, pairwise median -0.13 s (23
-of 36 faster), this process's CPU pairwise -0.16 s; the runs alone: 10 pairs 3.29 -> 3.15, 10 pairs 2.84 -> 2.85, 16
-pairs 3.10 -> 2.95 (pairs spread 2.4-4.0 s, the workers' CPU for the same compiles 1.8-2.7 s). Decode (--bench --json) 9.55/6.96/7.80 vs 7.72/7.16/6.92 ms a
-token. Not kept: choose_materialized walking only the expressions that read a kernel's weight (no faster than the
-memoised whole walk); a shorter GIL switch interval for the compile threads (the worker gaps it closes cost nothing).
+The critical path (AMD EPYC, load 0.6-1.6 from other sessions; scripts in /work/notes/s47_cold): each plan is a serial
+phase, the device's start (first call only), tracing and scheduling on one core with the other idle (prefill ~0.7 s,
+decode ~0.6), then a compile phase bound by both cores: prefill's 21 compiles all queued 0.3 s after the first, both
+workers busy until they end together (0.52 -> 1.28 s of its build), the main process's optimisation, rendering and proof
+beside them (a worker's idle moments between jobs, 20-80 ms a plan, go to the main process: no loss on 2 cores);
+decode's 12 the same (0.45 -> 0.85). So wall ~ serial CPU + (LLVM + the main process's compile-phase CPU) / 2 + loading
+and the runs, and no ordering of the same work reaches 2 s here: the two plans cost 2.1-2.6 CPU s in this process and
+2.0-2.3 in the workers, a floor of ~2.1-2.45 s on 2 cores even with the workers busy from the first instant; 2 s needs
+0.5-1 CPU s less, which no single item holds (LLVM 1.9 s for the 33 kernels in one process: opt 1.0, emit 0.7-0.9; its
+first compile in a fresh worker only ~5 ms slower). Done (2e482f5, d68d7b7, 4fa1799, d5e1949): the cpu device's replay
+module compiles in a worker process of its own while tracing runs (device start 0.11-0.13 -> 0.05 s of the main thread),
+choose_materialized's per-root stream facts computed once (-7 to -14% of it, the same decisions), no disk keys with
+PREPJIT_CACHE=0 (~0.04 s: kernel keys, their writes and proof records), fused_reductions -15%. All against f5cc34a
+(PREPJIT_CACHE=0, ab2.sh, the 33 kernels' sources and objects identical), 36 alternated pairs in three runs at load
+0.6-1.4: medians 3.08 -> 2.89 s, pairwise median -0.13 s (23 of 36 faster), this process's CPU pairwise -0.16 s; the
+runs alone: 10 pairs 3.29 -> 3.15, 10 pairs 2.84 -> 2.85, 16 pairs 3.10 -> 2.95 (pairs spread 2.4-4.0 s, the workers'
+CPU for the same compiles 1.8-2.7 s). Decode (--bench --json) 9.55/6.96/7.80 vs 7.72/7.16/6.92 ms a token. Not kept:
+choose_materialized walking only the expressions that read a kernel's weight (no faster than the memoised whole walk); a
+shorter GIL switch interval for the compile threads (the worker gaps it closes cost nothing).
 """
 from __future__ import annotations
 
