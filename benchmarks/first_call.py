@@ -101,8 +101,13 @@ decode's 12 the same (0.45 -> 0.85). So wall ~ serial CPU + (LLVM + the main pro
 and the runs, and no ordering of the same work reaches 2 s here: the two plans cost 2.1-2.6 CPU s in this process and
 2.0-2.3 in the workers, a floor of ~2.1-2.45 s on 2 cores even with the workers busy from the first instant; 2 s needs
 0.5-1 CPU s less, which no single item holds (LLVM 1.9 s for the 33 kernels in one process: opt 1.0, emit 0.7-0.9; its
-first compile in a fresh worker only ~5 ms slower). Done (2e482f5, d68d7b7, 4fa1799, d5e1949): the cpu device's replay
-module compiles in a worker process of its own while tracing runs (device start 0.11-0.13 -> 0.05 s of the main thread),
+first compile in a fresh worker only ~5 ms slower). What would: the serial phases repeat each of the 30 identical layers
+(per_layer.py, args.layers 1 / 2 / 30, both plans, CPU: tracing 0.03-0.04 / 0.06 / 0.34-0.54 s, scheduling 0.15-0.18 /
+0.21-0.24 / 0.78-1.08, of it choose_materialized 0.02 / 0.04 / 0.35-0.54; compiling the same 33 kernels in each), ~10 ms
+of tracing and ~21 of scheduling a layer: ~0.9 s of the ~1.1 s serial CPU is layers 2-30, which tracing a layer once (a
+loop over the layers' weights) or scheduling it once (the decisions of a layer whose graph is another's over other
+inputs mapped over) would save. Done (2e482f5, d68d7b7, 4fa1799, d5e1949): the cpu device's replay module compiles in a
+worker process of its own while tracing runs (device start 0.11-0.13 -> 0.05 s of the main thread),
 choose_materialized's per-root stream facts computed once (-7 to -14% of it, the same decisions), no disk keys with
 PREPJIT_CACHE=0 (~0.04 s: kernel keys, their writes and proof records), fused_reductions -15%. All against f5cc34a
 (PREPJIT_CACHE=0, ab2.sh, the 33 kernels' sources and objects identical), 36 alternated pairs in three runs at load
