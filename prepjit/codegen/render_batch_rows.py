@@ -1,12 +1,11 @@
 """Rendering batch row kernels through the C-style renderers (row_plan.batch_plan decides which kernels are one,
-gpu_launch.py launches them as ("batch", group, pack, run, block, live), render_c.py calls `emit_batch_rows` for the
-body): a projection of a var batch of rows (a decode step's sequences) by a weight.
+gpu_launch.py launches them as ("batch", group, pack, run, block, live), render_c.py calls `emit_batch_rows` for the body):
+a projection of a var batch of rows (a decode step's sequences) by a weight.
 
 A warp's lanes (row_plan.batch_plan: all, half or a quarter of them; on a dialect without shuffles the whole
 work-group) own a block of `block` neighbouring rows of the other ranges (columns of the weight; MATVEC_WARPS warps a
 work-group, whose neighbouring blocks read the same rows of the batch; `block` is more than 1 where the weight is
-wide, a model's head: row_plan._block) and a chunk of the batch's rows (row_plan.BATCH_CHUNK; a live kernel's
-LIVE_ROWS, row_plan.live_batch: see `_live_sums`).
+wide, a model's head: row_plan._block) and a chunk of the batch's rows (row_plan.BATCH_CHUNK; a live kernel's LIVE_ROWS, row_plan.live_batch).
 Its work-items first compute their share of each reduction's held parts (row_plan.held_parts: the weight unpacked
 from its blocks, or widened) for each column of the block into registers, in runs as straight-line passes; then they
 loop over the chunk's rows, SUMS_IN_FLIGHT sums a step (rows x the block's columns x a column's sums; at least a
@@ -211,7 +210,7 @@ def _row_sums(r, us: list[UOp], held: list[dict], cols: list[dict], batch: list[
     flight together: each element's loads that read no column once a row (`row_plan.row_parts`), its products for every
     reduction, row and column, then the sums' combines interleaved, each across the row's work-items (each gets the
     total); rounded where the dtype is 16-bit. {reduction: [row][column]}."""
-    dt = us[0].dtype
+    dt, op = us[0].dtype, us[0].arg
     accs = {u: [[f"acc{r.n}_{k}_{i}_{j}" for j in range(len(cols))] for i in range(len(batch))]
             for k, u in enumerate(us)}
     if len(us) == 1 and len(cols) == 1:   # (the names a column's one sum always had)
@@ -236,7 +235,8 @@ def _row_sums(r, us: list[UOp], held: list[dict], cols: list[dict], batch: list[
                     r.scopes.pop()
             r.close_block()
     _passes(r, us[0], add)
-    return _combined(r, us, accs)
+    totals = dict(zip(flat, _combine_rows(r, op, dt, flat)))
+    return {u: [[r.round_to(totals[a], dt) if dt.narrow else totals[a] for a in row] for row in accs[u]] for u in us}
 
 
 def _live_sums(r, us: list[UOp], cols: list[dict], batch: list[str]) -> dict:
@@ -246,7 +246,7 @@ def _live_sums(r, us: list[UOp], cols: list[dict], batch: list[str]) -> dict:
     registers, then each row's elements of the run are loaded (neighbours: the compiler merges them into vector
     loads) and multiplied into the row's sums. Each sum adds the same products in the same order as `_row_sums`'s.
     {reduction: [row][column]}."""
-    dt = us[0].dtype
+    dt, op = us[0].dtype, us[0].arg
     accs = {u: [[f"acc{r.n}_{k}_{i}_{j}" for j in range(len(cols))] for i in range(len(batch))]
             for k, u in enumerate(us)}
     regs = {(e, j, u, x): f"w{r.n}_{e}_{j}_{k}_{m}" for e in range(run_length(list(us[0].src[1:]), r.rows.run))
@@ -283,15 +283,8 @@ def _live_sums(r, us: list[UOp], cols: list[dict], batch: list[str]) -> dict:
             bind(by_element(bind.per, lambda e, i=i: add(i, e)))
             r.close_block()
     _pass_blocks(r, us[0], each_pass)
-    return _combined(r, us, accs)
-
-
-def _combined(r, us: list[UOp], accs: dict) -> dict:
-    """The partial sums `accs` ({reduction: [row][column] names}) combined across each row's work-items, rounded
-    where the dtype is 16-bit; {reduction: [row][column]}."""
-    dt = us[0].dtype
     flat = [a for u in us for row in accs[u] for a in row]
-    totals = dict(zip(flat, _combine_rows(r, us[0].arg, dt, flat)))
+    totals = dict(zip(flat, _combine_rows(r, op, dt, flat)))
     return {u: [[r.round_to(totals[a], dt) if dt.narrow else totals[a] for a in row] for row in accs[u]] for u in us}
 
 
