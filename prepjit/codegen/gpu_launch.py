@@ -17,12 +17,11 @@ renderer (render_c.py) follows and never decides itself:
   work-group computing `fold` rows along a range its heavy loads do not read, Rows.fold), its row
   reductions' passes rewritten to share the columns' range where every pass is one static run per work-item
   (`share_passes`: the proof sees that range);
-- ("batch", group, pack, run, block, live): a row kernel of a var batch of at most FEW_VAR_ROWS rows over a quantized
+- ("batch", group, pack, run, block): a row kernel of a var batch of at most FEW_VAR_ROWS rows over a quantized
   weight (row_plan.batch_plan, `few_var_batch`; a tile where `tensor_batch_tile` takes it): a block of `block`
   columns (more than one where the weight is wide: a model's head) a warp or part of one (a work-group's without
   shuffles), their weights held in registers for a chunk of the batch's rows, a few rows' sums combined and stored
-  at a time, or, where the batch has at least row_plan.LIVE_FROM rows, unpacked at each element for the chunk's
-  `live` rows summed together (row_plan.live_batch) (render_batch_rows.py);
+  at a time (render_batch_rows.py);
 - ("attention", rows, key block, kind): softmax(q @ k^T ...) @ v, its softmax inside (softmax_contraction.py), on
   tensor cores, a work-group per block of `rows` queries (attention_tiles.py, render_attention.py);
 - ("items", n): a work-item per `n` outputs (the dialect's items per thread; one where the kernel has fewer than
@@ -38,7 +37,7 @@ from ..uop import Ops, UOp, dtypes
 from .attention_tiles import attention_launch
 from .fused_reductions import FEW_VAR_ROWS   # a quantized contraction with a side of a var of at most this many: rows
 from .optimize import DEFAULT_BLOCKING, Blocking
-from .row_plan import (batch_plan, held_parts, live_batch, loop_ranges, row_plan, share_batch_ranges, share_passes,
+from .row_plan import (batch_plan, held_parts, loop_ranges, row_plan, share_batch_ranges, share_passes,
                        split_matvec_blocks)
 from .softmax_contraction import MAX_ROWS_A_VALUE
 from .render_fragments import KINDS, minors
@@ -85,9 +84,8 @@ def launch(ast: UOp, dialect, blocking: Blocking = DEFAULT_BLOCKING) -> UOp:
     split = split_matvec_blocks(ast, packed)
     batch = batch_plan(split, dialect.items_per_thread, packed)
     if batch is not None and few_var_batch(batch):
-        batch = live_batch(batch)
         return _with_launch(share_batch_ranges(split, batch),
-                            ("batch", batch.group, batch.pack, batch.run, batch.block, batch.live))
+                            ("batch", batch.group, batch.pack, batch.run, batch.block))
     shared = share_passes(split, dialect.items_per_thread, packed)
     rows = row_plan(shared, dialect.items_per_thread, packed)
     if rows is not None:

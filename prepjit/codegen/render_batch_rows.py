@@ -1,11 +1,11 @@
 """Rendering batch row kernels through the C-style renderers (row_plan.batch_plan decides which kernels are one,
-gpu_launch.py launches them as ("batch", group, pack, run, block, live), render_c.py calls `emit_batch_rows` for the body):
+gpu_launch.py launches them as ("batch", group, pack, run, block), render_c.py calls `emit_batch_rows` for the body):
 a projection of a var batch of rows (a decode step's sequences) by a weight.
 
 A warp's lanes (row_plan.batch_plan: all, half or a quarter of them; on a dialect without shuffles the whole
 work-group) own a block of `block` neighbouring rows of the other ranges (columns of the weight; MATVEC_WARPS warps a
 work-group, whose neighbouring blocks read the same rows of the batch; `block` is more than 1 where the weight is
-wide, a model's head: row_plan._block) and a chunk of the batch's rows (row_plan.BATCH_CHUNK; a live kernel's LIVE_ROWS, row_plan.live_batch).
+wide, a model's head: row_plan._block) and a chunk of BATCH_CHUNK rows of the batch.
 Its work-items first compute their share of each reduction's held parts (row_plan.held_parts: the weight unpacked
 from its blocks, or widened) for each column of the block into registers, in runs as straight-line passes; then they
 loop over the chunk's rows, SUMS_IN_FLIGHT sums a step (rows x the block's columns x a column's sums; at least a
@@ -23,7 +23,7 @@ import math
 
 from ..uop import UOp, dtypes
 from .render_rows import by_element, combine_group
-from .row_plan import WARP, held_parts, row_parts, run_length
+from .row_plan import BATCH_CHUNK, WARP, held_parts, row_parts, run_length
 
 SUMS_IN_FLIGHT = 4   # sums a step of a chunk's rows computes together (rows x the block's columns x a column's
                      # sums: their loads, products and combines interleaved)
@@ -50,7 +50,7 @@ def emit_batch_rows(r, store: UOp):
         r.emit(f"const int lid = {r.d.local_id};")
         r.emit(f"const {r.long} warp = gid;")
     end = r.value(rows.batch.src[0])
-    r.emit(f"const {r.long} total = {blocks} * (({end} + {rows.chunk - 1}) / {rows.chunk});")
+    r.emit(f"const {r.long} total = {blocks} * (({end} + {BATCH_CHUNK - 1}) / {BATCH_CHUNK});")
     r.emit("if (warp >= total) return;")   # (a warp past the last block of the last chunk)
     spans = [_span(r, f"warp + {k}" if k else "warp", blocks, end) for k in sorted({0, shared - 1})]
     r.emit(f"const {r.long} span = {spans[0] if len(spans) == 1 else f'{spans[0]} > {spans[1]} ? {spans[0]} : {spans[1]}'};")
@@ -63,10 +63,6 @@ def emit_batch_rows(r, store: UOp):
         cols = [({}, None)]
     else:
         cols = [(_column(r, columns, j, width), f"col + {j} < {width}") for j in range(rows.block)]
-    r.resident_groups = rows.resident_groups
-    if rows.live:   # (the chunk's rows in one step, a row past the batch's reading its last)
-        _row_steps(r, store, None, cols, first, stop, "step < span", rows.live)
-        return
     held = [{u: _hold(r, u, scope) for u in rows.order} for scope, _ in cols]
     count = max(1, SUMS_IN_FLIGHT // (rows.block * len(rows.order)))
     _row_steps(r, store, held, cols, first, stop, f"step + {count} <= span", count)
@@ -104,8 +100,7 @@ def _row_steps(r, store: UOp, held: list, cols: list, first: str, stop: str, con
         r.emit(f"const {r.long} {name} = {at} < {stop} ? {at} : {stop} - 1;")
     sums = {}
     for group in _together(rows.order):
-        scopes = [scope for scope, _ in cols]
-        sums.update(_live_sums(r, group, scopes, batch) if rows.live else _row_sums(r, group, held, scopes, batch))
+        sums.update(_row_sums(r, group, held, [scope for scope, _ in cols], batch))
     for i, name in enumerate(batch):
         for j, (scope, inside) in enumerate(cols):
             r.open_block("", {**scope, rows.batch: name, **{u: sums[u][i][j] for u in rows.order}})
@@ -124,9 +119,8 @@ def _chunk(r, gid: str, width: int, end: str) -> tuple[str, str]:
     narrow = f"({r.d.ctype(dtypes.uint32)})"   # (32-bit division: a column and chunk count far below 2^32)
     first, stop = f"first{r.n}", f"stop{r.n}"
     r.n += 1
-    chunk = r.rows.chunk
-    r.emit(f"const {r.long} {first} = {narrow}({gid} < total ? {gid} : total - 1) / {narrow}{width} * {chunk};")
-    r.emit(f"const {r.long} {stop} = {first} + {chunk} < {end} ? {first} + {chunk} : {end};")
+    r.emit(f"const {r.long} {first} = {narrow}({gid} < total ? {gid} : total - 1) / {narrow}{width} * {BATCH_CHUNK};")
+    r.emit(f"const {r.long} {stop} = {first} + {BATCH_CHUNK} < {end} ? {first} + {BATCH_CHUNK} : {end};")
     return first, stop
 
 
@@ -140,13 +134,6 @@ def _passes(r, u: UOp, body):
     """Emit `body(p, e)` for element e of the work-item's run in each pass p over reduction `u`'s static ranges
     (runs of the launch's length a work-item, the row's work-items side by side), straight-line code, a pass that
     runs past the range's end guarded."""
-    _pass_blocks(r, u, lambda p, bind: bind(by_element(bind.per, lambda e: body(p, e))))
-
-
-def _pass_blocks(r, u: UOp, emit):
-    """Emit `emit(p, bind)` in the block of each pass p over reduction `u`'s static ranges (see `_passes`), where
-    `bind(body)` binds the ranges to each element of the work-item's run in turn and emits `body()` there (it may be
-    called more than once in the pass, each time in a block of its own); `bind.per` is the run's length."""
     ranges = list(u.src[1:])
     per = run_length(ranges, r.rows.run)
     total = math.prod(x.src[0].arg for x in ranges)
@@ -159,13 +146,7 @@ def _pass_blocks(r, u: UOp, emit):
         guarded = (p + 1) * step > total
         if guarded:
             r.open_block(f"if ({flat} < {total})", {})
-
-        def bind(body, flat=flat):
-            r.open_block("", {})
-            r.consecutive(flat, ranges, per, body)
-            r.close_block()
-        bind.per = per
-        emit(p, bind)
+        r.consecutive(flat, ranges, per, by_element(per, lambda e, p=p: body(p, e)))
         if guarded:
             r.close_block()
         r.close_block()
@@ -235,55 +216,6 @@ def _row_sums(r, us: list[UOp], held: list[dict], cols: list[dict], batch: list[
                     r.scopes.pop()
             r.close_block()
     _passes(r, us[0], add)
-    totals = dict(zip(flat, _combine_rows(r, op, dt, flat)))
-    return {u: [[r.round_to(totals[a], dt) if dt.narrow else totals[a] for a in row] for row in accs[u]] for u in us}
-
-
-def _live_sums(r, us: list[UOp], cols: list[dict], batch: list[str]) -> dict:
-    """Reductions `us` (sums of one dtype over the same ranges) of each row of a live batch row kernel's step
-    (Rows.live: `batch` names its rows) at each column of the block (`cols`: their bindings), as `_row_sums` computes
-    them but with no weight held across steps: in each pass the run's held parts are unpacked for every column into
-    registers, then each row's elements of the run are loaded (neighbours: the compiler merges them into vector
-    loads) and multiplied into the row's sums. Each sum adds the same products in the same order as `_row_sums`'s.
-    {reduction: [row][column]}."""
-    dt, op = us[0].dtype, us[0].arg
-    accs = {u: [[f"acc{r.n}_{k}_{i}_{j}" for j in range(len(cols))] for i in range(len(batch))]
-            for k, u in enumerate(us)}
-    regs = {(e, j, u, x): f"w{r.n}_{e}_{j}_{k}_{m}" for e in range(run_length(list(us[0].src[1:]), r.rows.run))
-            for j in range(len(cols)) for k, u in enumerate(us) for m, x in enumerate(held_parts(u, r.rows.batch))}
-    r.n += 1
-    for acc in (a for u in us for row in accs[u] for a in row):
-        r.emit(f"{r.d.ctype(dt)} {acc} = {r.d.literal(0, dt)};")
-    for (_, _, _, x), name in regs.items():
-        r.emit(f"{r.d.ctype(x.dtype)} {name};")
-    shared = list(dict.fromkeys(x for u in us for x in row_parts(u, r.rows.batch)))
-
-    def unpack(e: int):
-        for j, scope in enumerate(cols):
-            r.scopes.append(dict(scope))   # (its values, this element's, are not kept for the next)
-            for (ee, jj, u, x), name in regs.items():
-                if (ee, jj) == (e, j):
-                    r.emit(f"{name} = {r.value(x)};")
-            r.scopes.pop()
-
-    def add(i: int, e: int):
-        for x in shared:   # (the row's loads, once for the block's columns and the reductions)
-            r.value(x)
-        for u in us:
-            for j, scope in enumerate(cols):
-                r.scopes.append({**scope, **{x: name for (ee, jj, uu, x), name in regs.items()
-                                             if (ee, jj, uu) == (e, j, u)}})
-                r.emit(f"{accs[u][i][j]} = {r.accumulate(u, accs[u][i][j])};")
-                r.scopes.pop()
-
-    def each_pass(p: int, bind):
-        bind(by_element(bind.per, unpack))
-        for i, row in enumerate(batch):
-            r.open_block("", {r.rows.batch: row})
-            bind(by_element(bind.per, lambda e, i=i: add(i, e)))
-            r.close_block()
-    _pass_blocks(r, us[0], each_pass)
-    flat = [a for u in us for row in accs[u] for a in row]
     totals = dict(zip(flat, _combine_rows(r, op, dt, flat)))
     return {u: [[r.round_to(totals[a], dt) if dt.narrow else totals[a] for a in row] for row in accs[u]] for u in us}
 

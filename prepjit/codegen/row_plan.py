@@ -96,10 +96,6 @@ FOLD_MIN_GROUPS = 96      # work-groups a folded row kernel keeps at its rows' l
 FOLD_RESIDENT = 2         # work-groups of a folded row kernel a multiprocessor should hold at once (its launch bounds:
                           # SmolLM2's attention, 256 work-items, 128 registers at 1 (nvcc 13, sm_90a), 109 at 2, 80 at
                           # 3, no spills; at B = 64 its 192 work-groups all resident on an H100's 132 at 2)
-LIVE_FROM = 32            # a batch row kernel whose batch has at least this many rows sums its chunk's rows together
-LIVE_ROWS = 8             # rows of such a kernel's chunk (summed together)
-LIVE_RESIDENT = 1         # work-groups of such a kernel a multiprocessor should hold at once (its launch bounds)
-LIVE_SUMS = 64            # sums (rows x columns x reductions) such a kernel's work-item keeps in registers, at most
 BLOCK_MIN_GROUPS = 264    # work-groups a blocked batch row kernel keeps at one chunk of rows (2 a multiprocessor of
                           # an H100: fewer would leave a one-row step's work on fewer of them, each doing more)
 
@@ -119,14 +115,7 @@ class Rows:
     columns: tuple = ()  # reductions of each column that read the row's reductions (a softmax's p @ V): in `reduces`
     batch: UOp | None = None   # the row range each warp loops over, its held parts in registers (batch_plan)
     block: int = 1       # neighbouring columns a batch row kernel's column lanes own (each row's loads read once)
-    live: int = 0        # rows of a batch row kernel's chunk, summed together, their weights unpacked at each element
-                         # for all of them rather than held for the chunk (`live_batch`; 0: held, BATCH_CHUNK rows)
     fold: UOp | None = None   # the row range whose every value a work-group computes (`_fold_range`), or None
-
-    @property
-    def chunk(self) -> int:
-        """Rows of the batch a batch row kernel's column lanes loop over: its `live` rows, else BATCH_CHUNK."""
-        return self.live or BATCH_CHUNK
 
     @property
     def column_runs(self) -> int:
@@ -141,9 +130,8 @@ class Rows:
 
     @property
     def resident_groups(self) -> int:
-        """Work-groups a multiprocessor should hold at once (1: none asked): FOLD_RESIDENT with a fold, LIVE_RESIDENT
-        for a live batch row kernel."""
-        return FOLD_RESIDENT if self.fold is not None else LIVE_RESIDENT if self.live else 1
+        """Work-groups a multiprocessor should hold at once (1: none asked): FOLD_RESIDENT with a fold."""
+        return FOLD_RESIDENT if self.fold is not None else 1
 
     @property
     def folded(self) -> int:
@@ -388,14 +376,13 @@ def _uniform_first(hoisted: list, rows: tuple) -> tuple:
     return tuple(sorted(hoisted, key=lambda u: not free_ranges(u).isdisjoint(rows)))
 
 
-def rows_of(ast: UOp, group: int, pack: int, run: int, share: int = 1, live: int = 0, batched: bool = False) -> Rows:
+def rows_of(ast: UOp, group: int, pack: int, run: int, share: int = 1, batched: bool = False) -> Rows:
     """The row kernel a launch decided (gpu_launch.py: `group` work-items a row, `pack` rows a work-group, each
     work-item taking runs of `run` elements; `batched`: looping over the batch range, batch_plan, a row's lanes
-    owning `share` columns (`block`), `live` rows summed together; else a work-group computing `share` rows along
-    its `fold` range)."""
+    owning `share` columns (`block`); else a work-group computing `share` rows along its `fold` range)."""
     hoisted, rows, cols, columns = _hoisted(ast)
     plan = Rows(frozenset(hoisted) | frozenset(columns), _uniform_first(hoisted, rows), rows, cols, group, pack, run,
-                columns, batch_range(rows) if batched else None, share if batched else 1, live)
+                columns, batch_range(rows) if batched else None, share if batched else 1)
     if batched or share == 1:
         return plan
     return attrs.evolve(plan, fold=[r for r in _foldable(plan) if r.src[0].arg == share][-1])
@@ -482,21 +469,6 @@ def _block(hoisted: list, rows: tuple, batch: UOp, lanes: int, run: int, pack: i
     return max(fits, default=1)
 
 
-def live_batch(rows: Rows) -> Rows:
-    """Batch row kernel `rows` with chunks of LIVE_ROWS rows summed together (`live`), where its batch has at least
-    LIVE_FROM rows at the var's least (a decode step's upper range: chunks mostly full): at each element of a lane's
-    passes the block's weights are unpacked once for every row of the chunk, none held across rows (the registers go
-    to the rows' sums), and the block is the most of BLOCK_COLUMNS whose sums, rows x columns x reductions, are at
-    most LIVE_SUMS. Each column's sums are the ones it computes alone, over the same lanes and runs, in the same
-    order (the same bits as the held kernel's of a range from one row); what changes is how much of a row's loads
-    and conversions a column shares: with a block of one each column loads and widens its rows' elements itself."""
-    if rows.batch is None or rows.batch.src[0].vmin < LIVE_FROM:
-        return rows
-    sums = LIVE_ROWS * len(rows.order)
-    block = max((c for c in BLOCK_COLUMNS if c * sums <= LIVE_SUMS), default=1)
-    return attrs.evolve(rows, block=block, live=LIVE_ROWS)
-
-
 def share_batch_ranges(ast: UOp, rows: Rows) -> UOp:
     """`ast` with the ranges of a batch row kernel's reductions of the same extents made one reduction's
     (`_one_range`): gate/up's two sums of a column then read their row's elements as the same values, which the
@@ -570,8 +542,8 @@ def _lanes_and_run(hoisted: list, batch: UOp, run: int) -> tuple[int, int]:
 
 def launch_size(rows: Rows) -> UOp:
     """Work-items of a row kernel's launch (a batch row kernel's: a block of rows of the other ranges per
-    chunk of rows of the batch: Rows.chunk)."""
+    BATCH_CHUNK rows of the batch)."""
     count = as_uop(sym_prod([r.src[0] for r in rows.rows if r is not rows.batch and r is not rows.fold]))
     if rows.batch is not None:   # (its columns' count is static: batch_range)
-        count = as_uop(-(-count.arg // rows.block)) * ((rows.batch.src[0] + (rows.chunk - 1)) // rows.chunk)
+        count = as_uop(-(-count.arg // rows.block)) * ((rows.batch.src[0] + (BATCH_CHUNK - 1)) // BATCH_CHUNK)
     return (count + (rows.pack - 1)) // rows.pack * rows.size if rows.pack > 1 else count * rows.group

@@ -72,7 +72,7 @@ def test_a_var_batch_projection_is_a_batch_row_kernel(kind, monkeypatch):
     _, kern = _kernel(kind, "plain")
     launched = gpu_launch.launch(optimize(kern.ast, "cuda"), CUDA)
     half = row_plan.WARP // 2
-    assert gpu_launch.launch_of(launched) == ("batch", half, row_plan.MATVEC_WARPS * 2, 4, 1, 0)
+    assert gpu_launch.launch_of(launched) == ("batch", half, row_plan.MATVEC_WARPS * 2, 4, 1)
     src = CUDA_TARGET.render(launched)
     chunks = -(-37 // row_plan.BATCH_CHUNK)
     size = pj.uop.eval_uop(src.global_size[0], {"B": 37})
@@ -81,7 +81,7 @@ def test_a_var_batch_projection_is_a_batch_row_kernel(kind, monkeypatch):
     steps = re.findall(r"for \(long long step = .*; step \+= (\d+)\)", src.source)
     assert steps == [str(render_batch_rows.SUMS_IN_FLIGHT), "1"]   # the rest a row at a time: a batch of 1 is 1 row
     opencl = gpu_launch.launch_of(OPENCL_TARGET.launched(optimize(kern.ast, "opencl")))
-    assert opencl[0] == "batch" and opencl[2:] == (1, 1, 1, 0)
+    assert opencl[0] == "batch" and opencl[2:] == (1, 1, 1)
     monkeypatch.setattr(gpu_launch, "FEW_VAR_ROWS", MOST - 1)   # a batch of more rows: its tile, as before
     assert gpu_launch.launch_of(gpu_launch.launch(optimize(kern.ast, "cuda"), CUDA))[0] == "tile"
 
@@ -224,7 +224,7 @@ def test_a_wide_projection_blocks_its_columns():
     _, kern = _head_kernel(HEAD)
     launched = gpu_launch.launch(optimize(kern.ast, "cuda"), CUDA)
     half = row_plan.WARP // 2
-    assert gpu_launch.launch_of(launched) == ("batch", half, row_plan.MATVEC_WARPS * 2, 4, 4, 0)
+    assert gpu_launch.launch_of(launched) == ("batch", half, row_plan.MATVEC_WARPS * 2, 4, 4)
     src = CUDA_TARGET.render(launched)
     chunks = -(-37 // row_plan.BATCH_CHUNK)
     assert pj.uop.eval_uop(src.global_size[0], {"B": 37}) == HEAD // 4 * chunks // 8 * row_plan.MATVEC_WARPS * 32
@@ -232,7 +232,7 @@ def test_a_wide_projection_blocks_its_columns():
     products = [p for ld in loads for p in re.findall(rf"= fmaf\({ld}, ", src.source)]   # (each added to its sum)
     assert loads and len(products) == 4 * len(loads)
     _, narrow = _kernel("q8_0", "plain")
-    assert gpu_launch.launch_of(gpu_launch.launch(optimize(narrow.ast, "cuda"), CUDA))[4:] == (1, 0)
+    assert gpu_launch.launch_of(gpu_launch.launch(optimize(narrow.ast, "cuda"), CUDA))[4:] == (1,)
 
 
 @pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
@@ -245,7 +245,7 @@ def test_the_emulated_blocked_kernel_equals_numpy_bit_for_bit(kind, operand, k, 
     of a step of SUMS_IN_FLIGHT rows and one row alone; 64: whole chunks.)"""
     sched, kern = _kernel(kind, operand, k)
     sources = _unblocked_and_blocked(kern, monkeypatch)
-    assert gpu_launch.launch_of(gpu_launch.launch(optimize(kern.ast, "cuda"), CUDA))[4:] == (block, 0)
+    assert gpu_launch.launch_of(gpu_launch.launch(optimize(kern.ast, "cuda"), CUDA))[4:] == (block,)
     for b in (37, 64) if k <= K else (3, 37):   # (a long row's kernels emulate slowly: one ragged chunk, several)
         args = _args(kind, operand, b, seed=b, k=k)
         x = args[0].astype(np.float64)
@@ -293,7 +293,7 @@ def test_every_kind_blocked_equals_the_unblocked_bit_for_bit(kind, monkeypatch):
     sched = schedule(list(traced.outputs), list(traced.inputs))
     (kern,) = sched.kernels
     sources = _unblocked_and_blocked(kern, monkeypatch)
-    assert gpu_launch.launch_of(gpu_launch.launch(optimize(kern.ast, "cuda"), CUDA))[4:] == (2, 0)
+    assert gpu_launch.launch_of(gpu_launch.launch(optimize(kern.ast, "cuda"), CUDA))[4:] == (2,)
     w = pj.quant.dequantize(blocks, kind).astype(np.float64)
     for b in (1, 37, 64):
         x = rng.standard_normal((b, k)).astype(np.float32)
@@ -312,7 +312,7 @@ def test_blocked_swiglu_equals_the_unblocked_bit_for_bit(monkeypatch):
     sched = schedule(list(traced.outputs), list(traced.inputs))
     (kern,) = sched.kernels
     sources = _unblocked_and_blocked(kern, monkeypatch)
-    assert gpu_launch.launch_of(gpu_launch.launch(optimize(kern.ast, "cuda"), CUDA))[4:] == (2, 0)
+    assert gpu_launch.launch_of(gpu_launch.launch(optimize(kern.ast, "cuda"), CUDA))[4:] == (2,)
     for b in (3, 37):
         x, blocks = _swiglu_args("q4_1", b, seed=b)
         want = swiglu(np, "q4_1")(x.astype(np.float64), pj.quant.dequantize(blocks, "q4_1").astype(np.float64))
@@ -349,44 +349,3 @@ def test_a_gathered_q8_0_row_in_an_epilogue_equals_numpys(device):
         want = rows[ids] + x.astype(np.float64) @ w.T.astype(np.float64)
         got = np.asarray(f(ids, table, x, blocks))
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
-
-
-@pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
-@pytest.mark.parametrize("kind, operand, k", [("q4_1", "plain", K), ("q8_0", "silu", K), ("q4_1", "plain", 1536)])
-def test_the_live_kernel_equals_the_held_one_bit_for_bit(kind, operand, k, monkeypatch):
-    """A batch of at least row_plan.LIVE_FROM rows at its least (a decode step's upper range) sums LIVE_ROWS rows of
-    its chunk together (row_plan.live_batch: each weight unpacked at each element for them, not held across the
-    chunk; blocks of columns within LIVE_SUMS): through cuda_emulation at B = 37 and 64 (rows of 1536: 3 and 37; a
-    ragged step, its rows past the batch's reading its last, and whole ones) it equals NumPy's projection and, bit
-    for bit, the held kernel a range from one row takes (each column's sum in the same order), so a sequence's
-    logits are the same in either plan of a decode step."""
-    sched, kern = _kernel(kind, operand, k)
-    held = CUDA_TARGET.render(gpu_launch.launch(optimize(kern.ast, "cuda"), CUDA))
-    monkeypatch.setattr(row_plan, "LIVE_FROM", 1)
-    launched = gpu_launch.launch(optimize(kern.ast, "cuda"), CUDA)
-    assert gpu_launch.launch_of(launched)[5] == row_plan.LIVE_ROWS
-    live = CUDA_TARGET.render(launched)
-    for b in (37, 64) if k <= K else (3, 37):
-        args = _args(kind, operand, b, seed=b, k=k)
-        x = args[0].astype(np.float64)
-        if operand == "silu":
-            x = x[:, :k] / (1 + np.exp(-x[:, :k])) * x[:, k:]
-        bufs = dict(zip(sched.inputs, args))
-        plain, summed = _emulated(kern, [held, live], {i: bufs.get(i, x.astype(np.float32))
-                                                       for i in kern.buffers[1:]}, b, N)
-        want = _reference(kind, operand, args)
-        np.testing.assert_allclose(summed, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
-        np.testing.assert_array_equal(summed.view(np.uint32), plain.view(np.uint32))
-
-
-def test_a_batch_from_live_from_rows_is_live():
-    """The launch of a projection whose batch var starts at row_plan.LIVE_FROM sums LIVE_ROWS rows a step
-    (`live`), in blocks of columns within LIVE_SUMS sums; one whose batch starts at one row holds its weights."""
-    def launch(least):
-        f = pj.prepare(projection(pnp, "q4_1", "plain"), vars={"B": (least, MOST)}, shapes={"x": ("B", K), "h": ("B", N)})
-        traced = pj.trace(f, *_args("q4_1", "plain", row_plan.LIVE_FROM))
-        kern = schedule(list(traced.outputs), list(traced.inputs)).kernels[-1]
-        return gpu_launch.launch_of(gpu_launch.launch(optimize(kern.ast, "cuda"), CUDA))
-    live, held = launch(row_plan.LIVE_FROM), launch(1)
-    assert live[0] == held[0] == "batch" and held[5] == 0 and live[5] == row_plan.LIVE_ROWS
-    assert live[4] * row_plan.LIVE_ROWS <= row_plan.LIVE_SUMS and live[4] > 1
