@@ -12,9 +12,8 @@ from a CUDA graph after that, updating only the kernel nodes whose arguments or 
 launches each kernel while the one before runs, its blocks waiting on the device for that grid (programmatic
 dependent launch: cuda_driver.Graph; opt-in: on an H100 a SmolLM2 decode step took 0.98 ms either way). Results
 stay on the GPU until read; arrays of this device passed to another prepared function on it are used in place.
-Importing prepjit
-never imports pycuda: the device is created on first use, and without pycuda, a driver or a GPU it
-raises `DeviceError` saying what to install.
+Importing prepjit never imports pycuda: the device is created on first use, and without pycuda, a driver or a GPU
+it raises `DeviceError` saying what to install.
 """
 from __future__ import annotations
 
