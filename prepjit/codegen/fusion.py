@@ -226,11 +226,13 @@ def _recomputed_in_stream(node: UOp, readers: set, cost: dict, streams: dict, re
                 _read_per_row(r, rows_read, chosen, position) for r in readers)):
             return False
     for r in readers:
+        products = _products(r)
+        if unpacked and products:  # (own <= CONTRACTION_INLINE_COST, its limit: no need of r's loads)
+            continue
         if r not in streams:
             streams[r] = _Stream(r, loads(r), operand_prologues)
         streaming, rows = streams[r].rows(node_loads)
-        products = streams[r].products
-        limit = (CONTRACTION_INLINE_COST if products else STREAM_INLINE_COST if streaming else -1) if unpacked else \
+        limit = (STREAM_INLINE_COST if streaming else -1) if unpacked else \
             STREAM_OPERAND_COST if streaming and (products or len(readers) == 1 or not shares) else -1
         if own > limit or rows > 1 and not unpacked and _elements(node) > OPERAND_MAX:
             return False
@@ -260,12 +262,11 @@ def _realized_reads(node: UOp, memo: dict) -> frozenset:
 
 class _Stream:
     """How the kernel computing kernel root `r` reads what it loads (`loaded`: _loads), its rows counted `by_row` or
-    not: whether it is a sum of products, the nodes it loads largest first (ties in the walk's order) and their
+    not: the nodes it loads largest first (ties in the walk's order) and their
     elements in all, and `rows`' answers by the weight it picks (they depend on that node alone)."""
 
     def __init__(self, r: UOp, loaded: dict, by_row: bool):
         self.r, self.loaded, self.by_row, self.answers = r, loaded, by_row, {}
-        self.products = r.op is Ops.REDUCE_AXIS and r.arg[0] is Ops.ADD and r.src[0].op is Ops.MUL
         self.by_size = sorted(loaded, key=_elements, reverse=True)  # (a stable sort: max's first of the largest)
         self.total = sum(map(_elements, loaded))
 
@@ -292,6 +293,11 @@ class _Stream:
                     rows *= d if isinstance(d, int) else max(1, d.vmax)
             self.answers[largest] = _iterations(r) <= STREAM_REUSE * self.total * rows, rows
         return self.answers[largest]
+
+
+def _products(r: UOp) -> bool:
+    """Whether kernel root `r` is a sum of products (a matmul, a matvec)."""
+    return r.op is Ops.REDUCE_AXIS and r.arg[0] is Ops.ADD and r.src[0].op is Ops.MUL
 
 
 def _read_per_row(root: UOp, targets: set, chosen: set, position: dict) -> bool:
