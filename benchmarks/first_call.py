@@ -116,6 +116,17 @@ runs alone: 10 pairs 3.29 -> 3.15, 10 pairs 2.84 -> 2.85, 16 pairs 3.10 -> 2.95 
 CPU for the same compiles 1.8-2.7 s). Decode (--bench --json) 9.55/6.96/7.80 vs 7.72/7.16/6.92 ms a token. Not kept:
 choose_materialized walking only the expressions that read a kernel's weight (no faster than the memoised whole walk); a
 shorter GIL switch interval for the compile threads (the worker gaps it closes cost nothing).
+
+A layer's serial cost by pass (/work/notes/s47_layers: sched_parts.py, 2 -> 30 layers, medians of 3, at e612895):
+tracing 9.1 ms a layer, scheduling 19.3: choose_materialized 10.2, fused_reductions 2.1, the scheduler's canonical form
+(the key of its lowering cache, which then hits: 31 lowerings for 550 kernels) 2.0, the 4 stacking kernels' lowering
+(30 gated pieces each) 2.3, the rest ~2.7; linear in the layers (no square term left). The decisions repeat because a
+layer's inputs to them differ while they are made: the cost pass cuts none of the residual stream (all 59 of its adds
+a plan end materialised), and the stream facts (_loads) walk it down to the embedding; with the walks stopped at the
+final materialised values (an oracle, local_streams.py) the decisions are the same (f32 and bf16), so deciding each
+layer over the previous layer's residual buffer, memoised by a local structural class, is the way to share them
+(design in the notes' README). e612895: a sum of products' stream facts not asked for a value unpacked from integer
+data (_loads walks 399 -> 337, choose_materialized ~-8 ms a plan, the same kernels; whole call within noise).
 """
 from __future__ import annotations
 
