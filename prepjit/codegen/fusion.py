@@ -262,8 +262,8 @@ def _realized_reads(node: UOp, memo: dict) -> frozenset:
 
 class _Stream:
     """How the kernel computing kernel root `r` reads what it loads (`loaded`: _loads), its rows counted `by_row` or
-    not: the nodes it loads largest first (ties in the walk's order) and their
-    elements in all, and `rows`' answers by the weight it picks (they depend on that node alone)."""
+    not: the nodes it loads largest first (ties in the walk's order) and their elements in all, and `rows`' answers
+    by the weight it picks (they depend on that node alone)."""
 
     def __init__(self, r: UOp, loaded: dict, by_row: bool):
         self.r, self.loaded, self.by_row, self.answers = r, loaded, by_row, {}

@@ -149,8 +149,8 @@ def _build(asts: list[UOp], device, counts: dict, meanwhile=None):
     with the Blocking PREPJIT_TUNE's record (tune.py) gives it, which its disk key names; `meanwhile(launches)`
     runs once every compile is under way, given those being compiled (`kernel_launches`)."""
     misses = []
-    keyed = disk_cache.cache_root() is not None or tune.enabled()  # (with the disk cache off, a key names nothing
-    # but PREPJIT_TUNE's search, which needs one: serialising and hashing every kernel's AST would be wasted)
+    # with the disk cache off a key serves only PREPJIT_TUNE's search: serialising and hashing each AST would be waste
+    keyed = disk_cache.cache_root() is not None or tune.enabled()
     for ast in asts:
         key = disk_cache.kernel_key(ast, device.name, device.compiler_id) if keyed else None
         blocking = tune.choose(ast, device, key)

@@ -121,12 +121,10 @@ class CompilePool:
         if not self.broken:
             reply = self._ask(process, source.encode())
             if reply is not None:
-                status, data = reply
-                if status == llvm_compile.OK:
-                    return data
-                if status == llvm_compile.LLVM_ERROR:
-                    raise compile_error(name, source, data.decode(errors="replace"))
-                raise RuntimeError(data.decode(errors="replace"))
+                data = _object_code(reply, name, source)
+                if data is None:
+                    raise RuntimeError(reply[1].decode(errors="replace"))
+                return data
             if not self.broken:
                 self.broken = True
                 log.info("a compile worker failed (exit code %s); compiling in this process", process.poll())
@@ -173,11 +171,19 @@ class CompileAside:
         reply = _reply(process)
         process.stdout.close()
         process.wait()
-        if reply is not None and reply[0] == llvm_compile.OK:
-            return reply[1]
-        if reply is not None and reply[0] == llvm_compile.LLVM_ERROR:
-            raise compile_error(self.name, self.source, reply[1].decode(errors="replace"))
-        return self.fallback(self.name, self.source)
+        data = None if reply is None else _object_code(reply, self.name, self.source)
+        return self.fallback(self.name, self.source) if data is None else data
+
+
+def _object_code(reply: tuple[int, bytes], name: str, source: str) -> bytes | None:
+    """The object code of a worker's (status, data) reply to compiling `source`; LLVM's error raised as its
+    pj.CompileError; None for any other failure (the caller decides)."""
+    status, data = reply
+    if status == llvm_compile.OK:
+        return data
+    if status == llvm_compile.LLVM_ERROR:
+        raise compile_error(name, source, data.decode(errors="replace"))
+    return None
 
 
 def _worker_command(options: dict) -> list[str]:
