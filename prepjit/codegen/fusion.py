@@ -81,27 +81,57 @@ def choose_materialized(outputs: list[UOp], row_values: bool = False, walk: tupl
     operand_prologue.py), a kernel of several rows recomputes such an operand as a kernel of one row does.
     `in_contractions`: the nodes of softmaxes computed inside their contraction's kernel (softmax_contraction.py),
     never chosen. `walk` is kernel_roots(outputs) where the caller has it (schedule: one walk of the graph for every
-    pass)."""
+    pass).
+
+    The values that several kernels read and that add a reduction's result (a residual stream: each block's
+    projection added to it) are decided first as cut (`_guessed_cuts`): what reads them sees a buffer, so a
+    block's decisions see that block only (not every block below it through the uncut stream). The guess stands if
+    the decisions then materialise every guessed value (a fixed point); else the decisions are made again without
+    it."""
     graph, roots = walk or kernel_roots(outputs)
-    is_root = set(roots)
+    readers_of = Counter(s for node in graph for s in set(node.src))
+    decide = functools.partial(_decide, graph, set(roots), in_contractions, readers_of, row_values, operand_prologues)
+    guessed = _guessed_cuts(graph, set(roots) | in_contractions, readers_of)
+    chosen = decide(guessed) if guessed else None
+    return decide(frozenset()) if chosen is None else chosen
+
+
+def _guessed_cuts(graph: list[UOp], never_chosen: set, readers_of: Counter) -> frozenset:
+    """The elementwise values read by several nodes that combine a reduction's result (through views and casts) with
+    other operands: a residual stream's values, which choose_materialized guesses materialised."""
+    def of_reduction(s):
+        while s.op in MOVEMENT or s.op is Ops.CAST:
+            s = s.src[0]
+        return s.op is Ops.REDUCE_AXIS
+    return frozenset(n for n in graph if n.op in ELEMENTWISE and len(n.src) > 1 and n.shape and readers_of[n] > 1 and
+                     n not in never_chosen and any(map(of_reduction, n.src)))
+
+
+def _decide(graph: list[UOp], is_root: set, in_contractions: frozenset, readers_of: Counter, row_values: bool,
+            operand_prologues: bool, cuts: frozenset) -> set[UOp] | None:
+    """choose_materialized's decisions, what reads a node of `cuts` reading it as a buffer; None where one of `cuts`
+    is then not chosen."""
     never_chosen = is_root | in_contractions  # kernel roots have buffers of their own
     places = _places(graph)
     position = {n: k for k, n in enumerate(graph)}  # (parents first: a node's operands come after it)
-    readers_of = Counter(s for node in graph for s in set(node.src))
     exprs: dict[UOp, set] = {}  # what a node's inlined expression evaluates: (node, view, is a load) terms
     cost: dict[UOp, int] = {}
     chosen: set[UOp] = set()
+    loaded = set(cuts)  # what the expressions reading a node read as a load
     for node in reversed(graph):  # children first: inline cost (its ops and loads), ignoring later cuts
-        exprs[node], cost[node] = _expression(node, exprs, cost, chosen, readers_of)
+        exprs[node], cost[node] = _expression(node, exprs, cost, loaded, readers_of)
+        if node in cuts:  # its own decisions count the cuts below it inline, as the plain pass does (none cut yet)
+            cost[node] += sum(cost[t[0][1]] - 1 for t in exprs[node] if type(t[0]) is tuple and t[0][1] in cuts)
         if node.op in ELEMENTWISE and node not in is_root and node.shape and (
                 cost[node] >= MAX_KERNEL_COST or places[node] >= 2 and cost[node] >= MAX_INLINE_COST):
             chosen.add(node)  # read at several places, its expression would double with each (a concatenate chain)
+            loaded.add(node)
             cost[node] = 1
     readers: dict[UOp, set] = {}  # node -> the kernel roots whose kernels compute it inline
     streams: dict[UOp, _Stream] = {}  # kernel root -> how it reads its operands (_recomputed_in_stream)
-    realized_reads: dict[UOp, frozenset] = {}  # node -> the computed nodes its expression reads (_realized_reads)
-    shared = {n for n, k in readers_of.items() if k > 1 and n.op not in REALIZED}
-    loads = functools.partial(_loads, memo={}, shared=shared)  # (its walks' memo: read_axes.walk_order)
+    realized_reads = _RealizedReads(cuts)  # node -> the computed nodes its expression reads
+    shared = {n for n, k in readers_of.items() if k > 1 and n.op not in REALIZED} - cuts
+    loads = functools.partial(_loads, memo={}, shared=shared, cuts=cuts)  # (its walks' memo: read_axes.walk_order)
     for node in graph:  # parents first, so a node's readers are final when it is reached
         mine = readers.get(node, set())
         if node in chosen or node.op in ELEMENTWISE and node not in never_chosen and node.shape and \
@@ -112,6 +142,8 @@ def choose_materialized(outputs: list[UOp], row_values: bool = False, walk: tupl
                                           operand_prologues, position, loads):
             chosen.add(node)
             mine = set()
+        elif node in cuts:
+            return None
         passes = {node} if node in is_root or node in chosen else mine
         for s in node.src:
             if s.op not in REALIZED:
@@ -127,13 +159,13 @@ def _places(graph: list[UOp]) -> Counter:
     return places
 
 
-def _expression(node: UOp, exprs: dict, cost: dict, chosen: set, readers_of: Counter) -> tuple[set, int]:
+def _expression(node: UOp, exprs: dict, cost: dict, loaded: set, readers_of: Counter) -> tuple[set, int]:
     """The terms, (what, cost) pairs, a kernel evaluates to compute `node` inline, and their cost. An elementwise
     node shares its operands' terms (a value two ops read at the same index is computed once: the cost of a DAG,
     not of its unfolded tree); a view (movement, gather) is one term of its own, its operands' cost (what two
     views read is computed once for each). An operand only this node reads hands its terms over (no copy)."""
     def cut(s):
-        return s.op in REALIZED or s in chosen
+        return s.op in REALIZED or s in loaded
     if node.op not in ELEMENTWISE:
         total = sum(1 if cut(s) else cost[s] for s in node.src)
         return {(node, total)}, total
@@ -172,7 +204,7 @@ def _rounded_reduction(node: UOp) -> bool:
 
 
 def _worth_materialising(node: UOp, readers: set, cost: dict, row_values: bool, chosen: set,
-                         operand_prologues: bool, realized_reads: dict, position: dict) -> bool:
+                         operand_prologues: bool, realized_reads: _RealizedReads, position: dict) -> bool:
     if not readers:
         return False
     c, size = cost[node], _elements(node)
@@ -192,8 +224,8 @@ def _worth_materialising(node: UOp, readers: set, cost: dict, row_values: bool, 
     return (c - 1) * evaluations > (c + MEMORY_COST) * size + LAUNCH_COST
 
 
-def _recomputed_in_stream(node: UOp, readers: set, cost: dict, streams: dict, realized_reads: dict, chosen: set,
-                          readers_of: Counter, operand_prologues: bool, position: dict, loads) -> bool:
+def _recomputed_in_stream(node: UOp, readers: set, cost: dict, streams: dict, realized_reads: _RealizedReads,
+                          chosen: set, readers_of: Counter, operand_prologues: bool, position: dict, loads) -> bool:
     """Whether `node` is recomputed by the kernels reading it, which stream their operands, instead of materialised.
 
     A cheap value unpacked from integer data (a quantized weight's block scale: bytes joined, bitcast to float16,
@@ -214,7 +246,7 @@ def _recomputed_in_stream(node: UOp, readers: set, cost: dict, streams: dict, re
     (fused_reductions), and so is a row's one that the contraction reads one element per row (a batch row's mean of
     squares: its row's prologue); one that reads a row's reduction otherwise broadcast is not: it and its row's
     reductions are one row kernel, where the contraction would leave them kernels of their own."""
-    node_loads = _realized_reads(node, realized_reads)
+    node_loads = realized_reads(node)
     unpacked = all(leaf.op is Ops.INPUT and leaf.dtype.is_int for leaf in node_loads)
     if unpacked:
         own = cost[node]
@@ -239,12 +271,13 @@ def _recomputed_in_stream(node: UOp, readers: set, cost: dict, streams: dict, re
     return True
 
 
-def _loads(r: UOp, memo: dict, shared: set) -> dict[UOp, set]:
-    """Each computed node (REALIZED) the kernel computing `r` loads -> the axes it is read at (reads_with_axes'
-    walk, in its order: _Stream breaks ties by it; walk_order's, with its `memo` and `shared` nodes)."""
+def _loads(r: UOp, memo: dict, shared: set, cuts: frozenset = frozenset()) -> dict[UOp, set]:
+    """Each computed node (REALIZED, or one of `cuts`) the kernel computing `r` loads -> the axes it is read at
+    (reads_with_axes' walk, in its order: _Stream breaks ties by it; walk_order's, with its `memo` and `shared`
+    nodes)."""
     def expand(item):
         n, axes = item
-        return (True, ()) if n.op in REALIZED else (False, zip(n.src, read_axes(n, axes)))
+        return (True, ()) if n.op in REALIZED or n in cuts else (False, zip(n.src, read_axes(n, axes)))
     axes = tuple(frozenset((k,)) for k in range(len(r.shape)))
     loaded: dict[UOp, set] = {}
     for n, axes in walk_order(list(zip(r.src, read_axes(r, axes))), expand, shared, memo):
@@ -252,12 +285,18 @@ def _loads(r: UOp, memo: dict, shared: set) -> dict[UOp, set]:
     return loaded
 
 
-def _realized_reads(node: UOp, memo: dict) -> frozenset:
-    """The computed nodes (REALIZED) that `node`'s inlined expression reads: _loads' keys without their axes, built
-    up from its operands' (memoised in `memo`: the nodes' expressions share their lower parts)."""
-    for n in node.postorder(lambda u: u not in memo and u.op not in REALIZED):
-        memo[n] = frozenset().union(*({s} if s.op in REALIZED else memo[s] for s in n.src))
-    return memo[node]
+class _RealizedReads:
+    """Per node, the computed nodes (REALIZED, or one of `cuts` below it) its inlined expression reads: _loads' keys
+    without their axes, built up from its operands' (memoised: the nodes' expressions share their lower parts)."""
+
+    def __init__(self, cuts: frozenset):
+        self.cuts, self.memo = cuts, {}
+
+    def __call__(self, node: UOp) -> frozenset:
+        memo, cuts = self.memo, self.cuts
+        for n in node.postorder(lambda u: u not in memo and u.op not in REALIZED and (u is node or u not in cuts)):
+            memo[n] = frozenset().union(*({s} if s.op in REALIZED or s in cuts else memo[s] for s in n.src))
+        return memo[node]
 
 
 class _Stream:
@@ -372,14 +411,14 @@ def _one_row_kernel(node: UOp, readers: set) -> bool:
         _along_trailing(r, node) for r in reds)
 
 
-def _reduced_along_its_rows(node: UOp, readers: set, realized_reads: dict) -> bool:
+def _reduced_along_its_rows(node: UOp, readers: set, realized_reads: _RealizedReads) -> bool:
     """Whether a reduction reading `node` (elementwise over reductions it broadcasts: a LayerNorm's rows) reduces along
     an axis they keep (MiniLM's pooling over the sequence), where they cannot be computed (its every iteration another
     row: they were kernels of their own, x - mean stored in float32), so their row kernel stores `node`; a widened
     16-bit value of its shape is stored instead (`_widening`)."""
     if any(_widening(s) and s.shape == node.shape for s in node.src):
         return False
-    kept = {k for red in _realized_reads(node, realized_reads) if red.op is Ops.REDUCE_AXIS and
+    kept = {k for red in realized_reads(node) if red.op is Ops.REDUCE_AXIS and
             len(red.shape) == len(node.shape) and any(a == 1 != b for a, b in zip(red.shape, node.shape))
             for k, (a, b) in enumerate(zip(red.shape, node.shape)) if a == b != 1}
     return any(r.op is Ops.REDUCE_AXIS and r.src[0].shape == node.shape and
@@ -395,9 +434,9 @@ def _along_trailing(red: UOp, node: UOp) -> bool:
     return bool(kept) and bool(reduced) and min(reduced) > max(kept)
 
 
-def _of_reductions(node: UOp, realized_reads: dict) -> bool:
+def _of_reductions(node: UOp, realized_reads: _RealizedReads) -> bool:
     """Whether elementwise `node` is computed from reductions and constants only (no other buffer is read)."""
-    return all(n.op is Ops.REDUCE_AXIS for n in _realized_reads(node, realized_reads))
+    return all(n.op is Ops.REDUCE_AXIS for n in realized_reads(node))
 
 
 def inlined_scatters(outputs: list[UOp], walk: tuple | None = None) -> set[UOp]:

@@ -1,0 +1,88 @@
+"""choose_materialized on a stack of identical blocks: a residual stream's values guessed cut first, so each block's
+decisions see that block alone; the guess standing only where the decisions materialise every guessed value, else
+decided again as before."""
+from collections import Counter
+
+import numpy as np
+
+import prepjit as pj
+import prepjit.numpy as pnp
+from prepjit.codegen import fusion
+from prepjit.codegen.fusion import choose_materialized, kernel_roots
+
+
+def _blocks(x, ws):
+    for w in ws:   # a residual stream: each block's projection of its normalised rows added to it
+        x = x + (x * (1 / pnp.sqrt((x * x).mean(axis=-1, keepdims=True) + 1e-6))) @ w
+    return x.sum(axis=-1)
+
+
+def _traced(blocks, rows=16):
+    rng = np.random.default_rng(0)
+    ws = [rng.random((64, 64), np.float32) for _ in range(blocks)]
+    return list(pj.trace(lambda x, *ws: _blocks(x, ws), rng.random((rows, 64), np.float32), *ws).outputs)
+
+
+def _graph(outputs):
+    """(the graph parents first, its kernel roots, how many nodes read each node)"""
+    graph, roots = kernel_roots(outputs)
+    return graph, set(roots), Counter(s for n in graph for s in set(n.src))
+
+
+def _plain(outputs, **options):
+    """The decisions made without guessed cuts (as before them)."""
+    graph, roots, readers_of = _graph(outputs)
+    return fusion._decide(graph, roots, frozenset(), readers_of, options.get("row_values", False),
+                          options.get("operand_prologues", False), frozenset())
+
+
+def _decided(monkeypatch, outputs, **options) -> tuple[set, list]:
+    calls = []
+    decide = fusion._decide
+
+    def counted(*args):
+        chosen = decide(*args)
+        calls.append((len(args[-1]), chosen is not None))
+        return chosen
+    monkeypatch.setattr(fusion, "_decide", counted)
+    return choose_materialized(outputs, **options), calls
+
+
+def test_a_residual_streams_guessed_cuts_stand_with_the_plain_decisions(monkeypatch):
+    for rows, options in ((1, {}), (1, {"row_values": True}), (1, {"operand_prologues": True}),
+                          (16, {"operand_prologues": True})):
+        outputs = _traced(6, rows)
+        chosen, calls = _decided(monkeypatch, outputs, **options)
+        assert calls == [(5, True)], calls   # (the sums the next block reads too guessed, and materialised)
+        assert chosen == _plain(outputs, **options)
+
+
+def test_a_blocks_stream_facts_stop_at_the_stream_below_it(monkeypatch):
+    walked = Counter()
+    loads = fusion._loads
+
+    def counted(r, memo, shared, cuts=frozenset()):
+        found = loads(r, memo, shared, cuts)
+        walked[r] = len(found)
+        return found
+    monkeypatch.setattr(fusion, "_loads", counted)
+    choose_materialized(_traced(8, rows=1), operand_prologues=True)
+    assert walked and max(walked.values()) <= 3, walked   # (a block's weight, its stream value, a norm: not every
+    # block's weights below it)
+
+
+def test_guessed_cuts_not_materialised_decide_again_without_them(monkeypatch):
+    rng = np.random.default_rng(0)
+    a, c = rng.random((4, 8), np.float32), rng.random((4, 1), np.float32)
+
+    def f(a, c):
+        s = a.sum(axis=1, keepdims=True) + c   # cheap, read by two small kernels: recomputed in each
+        return s * 2, s * 3
+    outputs = list(pj.trace(f, a, c).outputs)
+    chosen, calls = _decided(monkeypatch, outputs)
+    assert calls == [(1, False), (0, True)], calls
+    assert chosen == _plain(outputs) == set()
+    outputs = _traced(6, rows=16)   # (the lower blocks' sums, their stream short, are recomputed by their readers)
+    chosen, calls = _decided(monkeypatch, outputs)
+    assert calls == [(5, False), (0, True)], calls
+    assert chosen == _plain(outputs) and 0 < len(chosen & fusion._guessed_cuts(*_graph(outputs))) < 5
