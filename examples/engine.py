@@ -31,6 +31,7 @@ import functools
 import os
 import sys
 import time
+from typing import NamedTuple
 
 import attrs
 import numpy as np
@@ -63,8 +64,8 @@ class TokenLogprobs:
     top: tuple = ()
 
 
-@attrs.frozen
-class Event:
+class Event(NamedTuple):
+    """What a step did to a sequence (a named tuple: 64 a step are made in ~1/3 of an attrs class's time)."""
     seq_id: int
     token: int | None  # the new token, None when the event only ends a sequence
     finish: str | None  # None (running), "stop" (a stop id, reported), "length", "cancelled"
@@ -83,6 +84,15 @@ class _Sequence:
     cached: int = 0  # positions written into its blocks
     generated: list = attrs.field(factory=list)
     arrived: float = attrs.field(factory=time.monotonic)  # when it was submitted (the scheduler delay's clock)
+    row: int = -1  # its row of Engine.tables while it runs
+    # greedy, unpenalised, no logprobs: each token is its logits row's argmax (computed on the device), the logits
+    # never read
+    plain: bool = attrs.field(init=False)
+
+    @plain.default
+    def _plain(self) -> bool:
+        s = self.sampling
+        return s.temperature <= 0 and s.logprobs is None and not (s.presence_penalty or s.frequency_penalty)
 
     @property
     def prefilled(self) -> bool:
@@ -137,15 +147,19 @@ class BlockPool:
     def write(self, slots, keys, values) -> None:
         """Store keys and values ((L, n, KV, hd) each, NumPy or pj.Arrays: the plans' outputs) at n (block, row)
         slots."""
-        if self._store is not None:  # (the ids contiguous: strided views took the prepared call's full path)
-            blocks, rows = np.array(slots, np.int64).reshape(-1, 2).T.copy()
+        blocks, rows = np.array(slots, np.int64).reshape(-1, 2).T
+        self.write_at(blocks.copy(), rows.copy(), keys, values)
+
+    def write_at(self, blocks: np.ndarray, rows: np.ndarray, keys, values) -> None:
+        """`write` at the slots (blocks[i], rows[i]): int64 arrays, contiguous (a strided view took the prepared
+        store's full path)."""
+        if self._store is not None:
             self.keys, self.values = self._store(self.keys, self.values, blocks, rows, keys, values)
             return
         # on the cpu one scatter of head rows a pool, into its (L * blocks * KV * block size, hd) view at the rows of
         # each (layer, slot, KV head), in the order of the stacked rows (a cpu plan's output: its buffer, not
         # converted): indexing the 5-d pools by (blocks, rows) took ~1.4x its time
-        per_slot = self.keys.shape[2] * self.block_size
-        at = (self._layer_rows + np.array([b * per_slot + r for b, r in slots], np.int64)[:, None]).ravel()
+        at = (self._layer_rows + (blocks * (self.keys.shape[2] * self.block_size) + rows)[:, None]).ravel()
         self._key_rows[at] = _buffer(keys).reshape(len(at), -1)
         self._value_rows[at] = _buffer(values).reshape(len(at), -1)
 
@@ -215,6 +229,11 @@ class Engine:
         default_tokens = (GPU_PREFILL_CHUNKS if on_device else CPU_PREFILL_CHUNKS) * prefill_chunk
         self.prefill_tokens = max(prefill_chunk, prefill_tokens or default_tokens)  # one chunk fits, at least
         self.table_width = -(-context // block_size)
+        # the block table of the running sequence at each row (Sequence.row), written at its admission, its
+        # unreserved entries its first block (masked: no position there is below its own): a step's tables are
+        # its rows' first entries, its KV slots read from them, no per-sequence lists
+        self.tables = np.zeros((max_batch, self.table_width), np.int64)
+        self.free_rows = list(range(max_batch - 1, -1, -1))
         self.pool = BlockPool(cfg, num_blocks or max_batch * self.table_width, block_size, self.dtype, device)
         # weights and RoPE tables where the plans run: copied once, not uploaded by every step
         self.params, (self.cos, self.sin) = params, llama.rope_tables(cfg, context, self.dtype)
@@ -290,7 +309,7 @@ class Engine:
             seq = next((s for s in queue if s.id == seq_id), None)
             if seq is not None:
                 queue.remove(seq)
-                self.pool.release(seq.blocks)
+                self._release(seq)
                 self.ended.append(Event(seq_id, None, "cancelled"))
 
     def step(self) -> list[Event]:
@@ -338,32 +357,41 @@ class Engine:
             if need > len(self.pool.free):
                 return  # first come, first served: the head waits for blocks
             seq = self.waiting.popleft()
-            seq.blocks = self.pool.allocate(need)
+            seq.blocks, seq.row = self.pool.allocate(need), self.free_rows.pop()
+            self.tables[seq.row] = seq.blocks[0]
+            self.tables[seq.row, :need] = seq.blocks
             self.running.append(seq)
 
-    def _table(self, seq: _Sequence, width: int) -> list[int]:
-        """The first `width` entries of its block table; blocks it has not reserved read as its first block
-        (masked: no position there is below its own)."""
-        return (seq.blocks + [seq.blocks[0]] * width)[:width]
+    def _release(self, seq: _Sequence) -> None:
+        """Give its blocks and its row back (a waiting sequence has neither)."""
+        self.pool.release(seq.blocks)
+        if seq.row >= 0:
+            self.free_rows.append(seq.row)
+            seq.row = -1
+
+    def _write(self, rows: np.ndarray, pos: np.ndarray, keys, values) -> None:
+        """Store a call's keys and values of positions `pos` of the sequences at `rows` of the tables."""
+        index, row = np.divmod(pos, self.pool.block_size)
+        self.pool.write_at(self.tables[rows, index], row, keys, values)
 
     def _prefill(self, chunks: list[tuple[_Sequence, int]]) -> list[Event]:
         """One prefill call over the (sequence, tokens) chunks (a prefilled sequence's chunk is its last generated
         token: a decode row); the next token of each sequence whose prompt it completes or that was prefilled."""
         block = self.pool.block_size
         width = max(1, max(-(-seq.cached // block) for seq, _ in chunks))
-        ids, pos, offset, table, slots, last = [], [], [], [], [], []
+        ids, pos, offset, rows, last = [], [], [], [], []
         for seq, size in chunks:
             ids += [seq.generated[-1]] if seq.prefilled else seq.prompt[seq.cached:seq.cached + size]
             pos += range(seq.cached, seq.cached + size)
             offset += range(size)
-            table += [self._table(seq, width)] * size
-            slots += [self.pool.slot(seq.blocks, p) for p in range(seq.cached, seq.cached + size)]
+            rows += [seq.row] * size
             last.append(len(ids) - 1)
+        rows, pos = np.array(rows, np.int64), np.array(pos, np.int64)
         logits, greedy, keys, values = self.prefill(
-            self.params, np.asarray(ids, np.int64), np.asarray(pos, np.int64), np.asarray(offset, np.int64),
-            np.asarray(table, np.int64), np.asarray(last, np.int64), max(size for _, size in chunks),
-            self.pool.keys, self.pool.values, self.cos, self.sin)
-        self.pool.write(slots, keys, values)
+            self.params, np.array(ids, np.int64), pos, np.array(offset, np.int64), self.tables[rows, :width],
+            np.array(last, np.int64), max(size for _, size in chunks), self.pool.keys, self.pool.values, self.cos,
+            self.sin)
+        self._write(rows, pos, keys, values)
         del values, keys  # (in this order: see _decode)
         for seq, size in chunks:
             seq.cached += size
@@ -372,12 +400,12 @@ class Engine:
 
     def _decode(self, batch: list[_Sequence]) -> list[Event]:
         pool, cached = self.pool, [s.cached for s in batch]
+        rows, pos = np.array([s.row for s in batch], np.int64), np.array(cached, np.int64)
         width = max(1, -(-max(cached) // pool.block_size))
-        table = np.array([self._table(s, width) for s in batch], np.int64)
-        logits, greedy, keys, values = self.decode(self.params, np.array([s.generated[-1] for s in batch], np.int64),
-                                                   np.array(cached, np.int64), table, pool.keys, pool.values,
-                                                   self.cos, self.sin)
-        pool.write([pool.slot(s.blocks, p) for s, p in zip(batch, cached)], keys, values)
+        ids = np.array([s.generated[-1] for s in batch], np.int64)
+        logits, greedy, keys, values = self.decode(self.params, ids, pos, self.tables[rows, :width], pool.keys,
+                                                   pool.values, self.cos, self.sin)
+        self._write(rows, pos, keys, values)
         # dropped in the reverse of the order the call allocated them (a tuple drops its last item first): a GPU's
         # memory pool hands out the block freed last first, so the next call's keys and values get the same memory
         # and its CUDA graph updates no kernel node for them (60 node updates a step at B=1, where they swapped)
@@ -390,30 +418,35 @@ class Engine:
         """The events of seqs[i] for each i in `rows`, from a call's logits (rows, vocab) and greedy tokens (rows,):
         the logits are read to the host only when one of those rows samples, is penalised or wants logprobs (a
         greedy row's token is its row's argmax, computed with the logits)."""
-        greedy = np.asarray(greedy)
-        if any(_needs_logits(seqs[i]) for i in rows):
+        tokens = np.asarray(greedy).tolist()
+        if any(not seqs[i].plain and _needs_logits(seqs[i]) for i in rows):
             logits = np.asarray(logits)
-            return [self._emit(seqs[i], int(greedy[i]), logits[i]) for i in rows]
-        return [self._emit(seqs[i], int(greedy[i])) for i in rows]
+        self.generated_tokens += len(rows)
+        return [self._emit(seqs[i], tokens[i]) if seqs[i].plain else self._emit(seqs[i], tokens[i], logits[i])
+                for i in rows]
 
     def _emit(self, seq: _Sequence, greedy: int, logits: np.ndarray | None = None) -> Event:
         """Its next token: `greedy` (its logits row's argmax) when its sampling is greedy and unpenalised, else
         sampled from its `logits` row (its penalties applied); end it on a stop id or at max_tokens (its blocks
         freed)."""
-        s, token, penalised = seq.sampling, greedy, _penalised(seq)
-        if s.temperature > 0 or penalised:
-            scores = logits.astype(np.float32, copy=penalised)  # (the plan's output row itself when not penalised)
-            if penalised:
-                seen, counts = np.unique(seq.generated, return_counts=True)
-                scores[seen] -= s.frequency_penalty * counts + s.presence_penalty
-            token = sample(scores, s.temperature, s.top_p, seq.rng)
-        seq.generated.append(token)
-        self.generated_tokens += 1
-        finish = "stop" if token in self.stop_ids else "length" if len(seq.generated) >= seq.max_tokens else None
+        token = greedy
+        if not seq.plain:
+            s, penalised = seq.sampling, _penalised(seq)
+            if s.temperature > 0 or penalised:
+                scores = logits.astype(np.float32, copy=penalised)  # (the plan's output row itself when unpenalised)
+                if penalised:
+                    seen, counts = np.unique(seq.generated, return_counts=True)
+                    scores[seen] -= s.frequency_penalty * counts + s.presence_penalty
+                token = sample(scores, s.temperature, s.top_p, seq.rng)
+        generated = seq.generated
+        generated.append(token)
+        finish = "stop" if token in self.stop_ids else "length" if len(generated) >= seq.max_tokens else None
         if finish is not None:
             self.running.remove(seq)
-            self.pool.release(seq.blocks)
-        return Event(seq.id, token, finish, None if s.logprobs is None else token_logprobs(logits, token, s.logprobs))
+            self._release(seq)
+        if seq.plain or seq.sampling.logprobs is None:
+            return Event(seq.id, token, finish)
+        return Event(seq.id, token, finish, token_logprobs(logits, token, seq.sampling.logprobs))
 
 
 def _penalised(seq: _Sequence) -> bool:
