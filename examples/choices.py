@@ -149,5 +149,8 @@ class SseWriter:
         self.write(self.events.event(choices, **extra))
 
     def piece(self, index: int, text: str, finish: str | None, logprobs: list):
-        payload = None if self.formats is None else self.formats[index].payload(logprobs)
+        if self.formats is None:
+            self.write(self.events.piece(index, text, finish))
+            return
+        payload = self.formats[index].payload(logprobs)
         self.send([api.completion_choice(index, text, finish, self.chat, True, logprobs=payload)])

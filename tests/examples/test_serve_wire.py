@@ -58,6 +58,18 @@ def test_chunk_events_are_the_envelopes_json_byte_for_byte(chat):
         assert json.loads(events.event(choices, **extra)[len(b"data: "):]) == envelope
 
 
+@pytest.mark.parametrize("chat", [False, True])
+def test_a_pieces_event_is_its_choices_event_byte_for_byte(chat):
+    """ChunkEvents.piece (a format made once a response) against event([completion_choice(...)]): texts with quotes,
+    escapes, % signs, characters beyond ASCII, none; every finish reason; a head with % signs."""
+    events = openai_api.ChunkEvents("cmpl-%d\"x", "smol%slm", chat, 1700000000)
+    for text in ('a "quoted" %s %% \u00e9\U0001f600 \\ \n\x01 text', " word", "", None):
+        for finish in (None, "stop", "length"):
+            for index in (0, 12):
+                want = events.event([openai_api.completion_choice(index, text, finish, chat, True)])
+                assert events.piece(index, text, finish) == want
+
+
 class Transport:
     """What SseWriter writes to: the bytes, and whether the connection is closing."""
 
