@@ -133,7 +133,8 @@ class BlockPool:
         return self.total - len(self.free)
 
     def allocate(self, n: int) -> list[int]:
-        taken, self.free = self.free[len(self.free) - n:][::-1], self.free[:len(self.free) - n]
+        taken = self.free[len(self.free) - n:][::-1]
+        del self.free[len(self.free) - n:]  # (in place: the free list is every block of the pool)
         return taken
 
     def release(self, blocks: list[int]) -> None:
@@ -319,9 +320,11 @@ class Engine:
         began = time.monotonic()
         events, self.ended = self.ended, []
         self._admit()
-        decoding = [s for s in self.running if s.prefilled]
+        decoding, prefilling = [], []
+        for seq in self.running:
+            (decoding if seq.prefilled else prefilling).append(seq)
         chunks, budget = [], self.prefill_tokens
-        for seq in (s for s in self.running if not s.prefilled):
+        for seq in prefilling:
             size = min(self.chunk, len(seq.prompt) - seq.cached)
             if size > budget:
                 break
