@@ -24,6 +24,7 @@ from collections import Counter
 
 from ..uop import Ops, UOp
 from ..uop.ops import ELEMENTWISE, MOVEMENT
+from .fusion_classes import local_classes
 from .lower import REALIZED
 from .read_axes import UNKNOWN, per_row, read_axes, reads_with_axes, uniform, walk_order
 
@@ -87,7 +88,8 @@ def choose_materialized(outputs: list[UOp], row_values: bool = False, walk: tupl
     projection added to it) are decided first as cut (`_guessed_cuts`): what reads them sees a buffer, so a
     block's decisions see that block only (not every block below it through the uncut stream). The guess stands if
     the decisions then materialise every guessed value (a fixed point); else the decisions are made again without
-    it."""
+    it. With the guess, a node's decision is kept by its local class (fusion_classes.py), its cost and its readers'
+    classes: each of a model's identical blocks is decided once."""
     graph, roots = walk or kernel_roots(outputs)
     readers_of = Counter(s for node in graph for s in set(node.src))
     decide = functools.partial(_decide, graph, set(roots), in_contractions, readers_of, row_values, operand_prologues)
@@ -132,14 +134,22 @@ def _decide(graph: list[UOp], is_root: set, in_contractions: frozenset, readers_
     realized_reads = _RealizedReads(cuts)  # node -> the computed nodes its expression reads
     shared = {n for n, k in readers_of.items() if k > 1 and n.op not in REALIZED} - cuts
     loads = functools.partial(_loads, memo={}, shared=shared, cuts=cuts)  # (its walks' memo: read_axes.walk_order)
+    classes = local_classes(graph, cuts) if cuts else None
+    decided: dict[tuple, bool] = {}  # a node's class, cost and readers' classes -> its decision (fusion_classes)
     for node in graph:  # parents first, so a node's readers are final when it is reached
         mine = readers.get(node, set())
-        if node in chosen or node.op in ELEMENTWISE and node not in never_chosen and node.shape and \
-                not _widening(node) and \
-                _worth_materialising(node, mine, cost, row_values, chosen, operand_prologues, realized_reads,
-                                     position) and \
-                not _recomputed_in_stream(node, mine, cost, streams, realized_reads, chosen, readers_of,
-                                          operand_prologues, position, loads):
+        choose = node in chosen
+        if not choose and node.op in ELEMENTWISE and node not in never_chosen and node.shape and not _widening(node):
+            key = classes and (classes.key(node), cost[node], frozenset([classes.key(r) for r in mine]))
+            choose = decided.get(key) if key else None
+            if choose is None:
+                choose = _worth_materialising(node, mine, cost, row_values, chosen, operand_prologues,
+                                              realized_reads, position) and \
+                    not _recomputed_in_stream(node, mine, cost, streams, realized_reads, chosen, readers_of,
+                                              operand_prologues, position, loads)
+                if key:
+                    decided[key] = choose
+        if choose:
             chosen.add(node)
             mine = set()
         elif node in cuts:
