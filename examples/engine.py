@@ -79,7 +79,7 @@ class _Sequence:
     prompt: list
     sampling: Sampling
     max_tokens: int
-    rng: np.random.Generator
+    rng: np.random.Generator | None  # its own generator when it samples (temperature > 0), else None
     blocks: list = attrs.field(factory=list)
     cached: int = 0  # positions written into its blocks
     generated: list = attrs.field(factory=list)
@@ -296,7 +296,7 @@ class Engine:
         if sampling.logprobs is not None and not 0 <= sampling.logprobs <= self.cfg.vocab:
             raise ValueError(f"logprobs is {sampling.logprobs}: between 0 and the vocabulary's {self.cfg.vocab}")
         seq = _Sequence(self.next_id, prompt, sampling, min(sampling.max_tokens, self.context - len(prompt)),
-                        np.random.default_rng(sampling.seed))
+                        np.random.default_rng(sampling.seed) if sampling.temperature > 0 else None)
         if seq.blocks_needed(self.pool.block_size) > self.pool.total:
             raise ValueError(f"the request needs {seq.blocks_needed(self.pool.block_size)} KV blocks, the pool has "
                              f"{self.pool.total}: send a shorter prompt or fewer max_tokens")
