@@ -144,6 +144,7 @@ def test_concurrent_greedy_requests_equal_each_alone_with_one_plan(device, param
     assert engine.decode.stats["traces"] == 1 and engine.prefill.stats["traces"] == 1
     assert engine.decode.stats["replays"] > 20
     assert engine.stats()["blocks_used"] == 0 and engine.stats()["generated_tokens"] == 2 * sum(map(len, together))
+    assert sorted(engine.free_rows) == list(range(engine.max_batch))  # every table row given back
 
 
 def test_a_target_whose_batch_kernels_differ_gets_two_decode_plans(params, monkeypatch):
@@ -481,9 +482,9 @@ def test_stop_id_ends_a_sequence_and_is_reported(params):
 
 
 def test_cancel_frees_blocks_and_reports_once(params):
-    """Requests cancelled while waiting, mid-prefill and while decoding, repeatedly: blocks_used returns to 0,
-    each live cancelled request gets one "cancelled" event, cancelling again or an ended id does nothing, and the
-    engine still gives the right tokens afterwards."""
+    """Requests cancelled while waiting, mid-prefill and while decoding, repeatedly: blocks_used returns to 0 and
+    every table row is free, each live cancelled request gets one "cancelled" event, cancelling again or an ended id
+    does nothing, and the engine still gives the right tokens afterwards."""
     engine = _engine(params)
     prompts = _prompts(6, seed=9)
     for steps_before in range(5):
@@ -493,7 +494,7 @@ def test_cancel_frees_blocks_and_reports_once(params):
         for i in ids:
             engine.cancel(i)
             engine.cancel(i)
-        assert engine.stats()["blocks_used"] == 0
+        assert engine.stats()["blocks_used"] == 0 and sorted(engine.free_rows) == list(range(engine.max_batch))
         events = engine.step()
         assert sorted(e.seq_id for e in events if e.finish == "cancelled") == ids
         assert all(e.token is None for e in events if e.finish == "cancelled")
