@@ -100,13 +100,16 @@ def choose_materialized(outputs: list[UOp], row_values: bool = False, walk: tupl
 
 def _guessed_cuts(graph: list[UOp], never_chosen: set, readers_of: Counter) -> frozenset:
     """The elementwise values read by several nodes that combine a reduction's result (through views and casts) with
-    other operands: a residual stream's values, which choose_materialized guesses materialised."""
+    a value several nodes read: a residual stream's values (each block's projection added to the stream value below,
+    which that block's norm reads too), which choose_materialized guesses materialised; not a bias added to a
+    projection, which its activation reads twice."""
     def of_reduction(s):
         while s.op in MOVEMENT or s.op is Ops.CAST:
             s = s.src[0]
         return s.op is Ops.REDUCE_AXIS
     return frozenset(n for n in graph if n.op in ELEMENTWISE and len(n.src) > 1 and n.shape and readers_of[n] > 1 and
-                     n not in never_chosen and any(map(of_reduction, n.src)))
+                     n not in never_chosen and any(map(of_reduction, n.src)) and
+                     any(readers_of[s] > 1 and not of_reduction(s) for s in n.src))
 
 
 def _decide(graph: list[UOp], is_root: set, in_contractions: frozenset, readers_of: Counter, row_values: bool,

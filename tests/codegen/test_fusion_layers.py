@@ -79,11 +79,14 @@ def test_guessed_cuts_not_materialised_decide_again_without_them(monkeypatch):
 
     def f(a, c):
         s = a.sum(axis=1, keepdims=True) + c   # cheap, read by two small kernels: recomputed in each
-        return s * 2, s * 3
+        return s * 2, s * 3, c * 4
     outputs = list(pj.trace(f, a, c).outputs)
     chosen, calls = _decided(monkeypatch, outputs)
     assert calls == [(1, False), (0, True)], calls
     assert not chosen and not _plain(outputs)
+    bias = pj.trace(lambda a, c: (lambda h: h * (h > 0))(a @ a.T + c[:, 0]), a, c).outputs   # (a bias a projection's
+    # activation reads twice: no stream value, nothing guessed)
+    assert _decided(monkeypatch, list(bias))[1] == [(0, True)]
     outputs = _traced(6, rows=16)   # (the lower blocks' sums, their stream short, are recomputed by their readers)
     chosen, calls = _decided(monkeypatch, outputs)
     assert calls == [(5, False), (0, True)], calls
