@@ -228,7 +228,8 @@ print(json.dumps({"stats": f.stats, "bits": np.asarray(out).view(np.uint16).toli
 
 
 def test_disk_cache_on_bfloat16(device, tmp_path, frozen_code):
-    env = {**os.environ, "PREPJIT_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(frozen_code)}
+    env = {**os.environ, "PREPJIT_CACHE_DIR": str(tmp_path / "cache"), "PREPJIT_CACHE": "1",
+           "PYTHONPATH": str(frozen_code)}
     runs = []
     for _ in range(2):
         out = subprocess.run([sys.executable, "-c", _CACHE_SCRIPT, device], env=env, cwd=frozen_code,
