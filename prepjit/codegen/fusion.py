@@ -35,6 +35,8 @@ MAX_KERNEL_COST = 4096  # and one this costly always: LLVM's time grows faster t
 ROW_VALUE_COST = 8     # a kept-dims value of reductions this cheap is recomputed where it is read
 STREAM_INLINE_COST = 16  # a value unpacked from integer data this cheap is recomputed by a streaming reader,
 STREAM_REUSE = 4         # one that uses each element it loads at most this many times (4-bit weights: twice)
+GROUP_RECOMPUTE_MAX = 1 << 24  # and, on a GPU, one a projection's work-groups evaluate at most this much in all (its
+# ops x _group_evaluations; more costs more than a launch: a 1B-sized decode's down projection, 2048 x 8192, 55 us)
 CONTRACTION_INLINE_COST = 64  # and one this cheap by a sum of products (q4_k's weight: 48; q8_0's 11)
 STREAM_OPERAND_COST = 24  # a float value this cheap is recomputed by the streaming kernels that read it
 OPERAND_MAX = 1 << 15  # a value that streaming kernels of several rows recompute holds at most this many elements
@@ -149,7 +151,7 @@ def _decide(graph: list[UOp], is_root: set, in_contractions: frozenset, readers_
                 choose = _worth_materialising(node, mine, cost, row_values, chosen, operand_prologues,
                                               realized_reads, position) and \
                     not _recomputed_in_stream(node, mine, cost, streams, realized_reads, chosen, readers_of,
-                                              operand_prologues, position, loads)
+                                              operand_prologues, row_values, position, loads)
                 if key:
                     decided[key] = choose
         if choose:
@@ -238,7 +240,8 @@ def _worth_materialising(node: UOp, readers: set, cost: dict, row_values: bool, 
 
 
 def _recomputed_in_stream(node: UOp, readers: set, cost: dict, streams: dict, realized_reads: _RealizedReads,
-                          chosen: set, readers_of: Counter, operand_prologues: bool, position: dict, loads) -> bool:
+                          chosen: set, readers_of: Counter, operand_prologues: bool, row_values: bool, position: dict,
+                          loads) -> bool:
     """Whether `node` is recomputed by the kernels reading it, which stream their operands, instead of materialised.
 
     A cheap value unpacked from integer data (a quantized weight's block scale: bytes joined, bitcast to float16,
@@ -258,7 +261,10 @@ def _recomputed_in_stream(node: UOp, readers: set, cost: dict, streams: dict, re
     reduction it reads (the norm's mean of squares) is then a prologue of the contraction's kernel
     (fused_reductions), and so is a row's one that the contraction reads one element per row (a batch row's mean of
     squares: its row's prologue); one that reads a row's reduction otherwise broadcast is not: it and its row's
-    reductions are one row kernel, where the contraction would leave them kernels of their own."""
+    reductions are one row kernel, where the contraction would leave them kernels of their own. On a GPU
+    (`row_values`) a projection's work-groups each compute such a value again (_group_evaluations): where that
+    repeats more than GROUP_RECOMPUTE_MAX in all (a large model's SiLU(gate) * up read by 2048 outputs over 8192), it
+    is materialised."""
     node_loads = realized_reads(node)
     unpacked = all(leaf.op is Ops.INPUT and leaf.dtype.is_int for leaf in node_loads)
     if unpacked:
@@ -281,7 +287,20 @@ def _recomputed_in_stream(node: UOp, readers: set, cost: dict, streams: dict, re
             STREAM_OPERAND_COST if streaming and (products or len(readers) == 1 or not shares) else -1
         if own > limit or rows > 1 and not unpacked and _elements(node) > OPERAND_MAX:
             return False
+        if row_values and not unpacked and own * _group_evaluations(node, r) > GROUP_RECOMPUTE_MAX:
+            return False
     return True
+
+
+def _group_evaluations(node: UOp, r: UOp) -> int:
+    """How many times a GPU's kernel computing `r` (a projection of static shape) evaluates `node`'s elements: its
+    work-groups of MATVEC_WARPS outputs compute an operand that fits SHARED_OPERAND_BYTES once each into local
+    memory (render_rows._shared_operands), a larger one each output's warp at every element it reads."""
+    from .row_plan import MATVEC_WARPS, SHARED_OPERAND_BYTES   # (row_plan imports fusion through block_split)
+    if not all(isinstance(d, int) for d in r.shape):
+        return 0
+    outputs, size = _elements(r), _elements(node)
+    return size * (outputs if size * node.dtype.itemsize > SHARED_OPERAND_BYTES else -(-outputs // MATVEC_WARPS))
 
 
 def _loads(r: UOp, memo: dict, shared: set, cuts: frozenset = frozenset()) -> dict[UOp, set]:

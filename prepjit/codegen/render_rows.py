@@ -17,7 +17,7 @@ depends on (a fused norm's mean of squares: uniform) is computed by the whole wo
 rows, once (its warps' partials combined through local memory after one barrier, in a fixed order, so every
 work-group has the same value), before the warps past the last row leave. So are a matvec's operand parts that no
 output depends on and that compute something (the normalised row, SiLU(gate) * up): into a local array of the row's
-length (up to SHARED_OPERAND_MAX; a warp's runs side by side, `_operand_at`), which every warp then reads,
+length (up to SHARED_OPERAND_BYTES in all; a warp's runs side by side, `_operand_at`), which every warp then reads,
 after one more barrier.
 
 A kernel with column reductions (a softmax's p @ V over its row's max and sum: softmax_contraction.py) computes the
@@ -42,10 +42,9 @@ from ..uop.uop import as_uop
 from .render_row_fold import array_at, declare, each_row, folds, render_shared, row_scopes
 from .render_row_values import CHEAP, bind_elements, largest_parts, reduce_elements, row_values, store_elements
 from .render_softmax_rows import fill_by_teams, loop_over, one_sum, score_team, sums_together
-from .row_plan import WARP, Rows, free_ranges, run_length, shuffles, warp_slices
+from .row_plan import SHARED_OPERAND_BYTES, WARP, Rows, free_ranges, run_length, shuffles, warp_slices
 from .softmax_contraction import SOFTMAX_ROW_MAX
 
-SHARED_OPERAND_MAX = 4096  # a matvec row's elements computed once per work-group into local memory (16 KB)
 UNROLLED_PASSES = 8       # a static row of at most this many runs per work-item is straight-line code, not a loop
 POSITIONS_IN_FLIGHT = 8   # positions of a column reduction's slice a work-item loads at once (straight-line code)
 
@@ -377,14 +376,18 @@ def _operands(u: UOp) -> list[UOp]:
 
 def _shared_operands(r, reduces: list[UOp]):
     """Compute once per work-group, into local memory, each row reduction's operands that no row depends on
-    (`_operands`; static ranges of at most SHARED_OPERAND_MAX elements), which every warp then reads (one barrier),
+    (`_operands`; static ranges, SHARED_OPERAND_BYTES in all), which every warp then reads (one barrier),
     instead of each warp computing them again at each element."""
+    room = SHARED_OPERAND_BYTES
     for u in reduces:
         ranges = list(u.src[1:])
         count = math.prod(x.src[0].vmax for x in ranges)
-        if not all(x.src[0].op is Ops.CONST for x in ranges) or count > SHARED_OPERAND_MAX:
+        operands = _operands(u)
+        size = count * sum(x.dtype.itemsize for x in operands)
+        if not all(x.src[0].op is Ops.CONST for x in ranges) or size > room:
             continue
-        r.row_operands[u] = [(x, _shared_operand(r, x, ranges, count)) for x in _operands(u)]
+        room -= size
+        r.row_operands[u] = [(x, _shared_operand(r, x, ranges, count)) for x in operands]
     if any(r.row_operands.values()):
         r.emit(r.d.barrier)
 

@@ -80,6 +80,7 @@ WARP_ROWS_MIN = 1024      # rows (at their most) from which rows of up to WARP_R
 MANY_OUTPUTS = 1 << 16    # reductions with more outputs than this (and no columns) run in a work-item each
 WARP_PER_OUTPUT = True    # matvec-shaped row kernels get a warp per output (False: a work-group per output, as before)
 MATVEC_WARPS = 4          # outputs (warps) a work-group of such a kernel packs (960 outputs: 240 groups, more SMs busy)
+SHARED_OPERAND_BYTES = 32 * 1024  # local memory for the computed operands a matvec's work-group computes once (render_rows)
 MATVEC_MIN_OUTPUTS = 256  # fewer outputs than this keep a work-group each (a warp each would leave the GPU idle)
 LOAD_BYTES = 16           # a matvec lane's run: this many bytes of the narrowest element its reductions load
 BATCH_CHUNK = 16          # rows of the batch a column's lanes in a batch row kernel loop over (64 rows: 4 chunks)
