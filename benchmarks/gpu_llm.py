@@ -1,10 +1,11 @@
 """SmolLM2-135M on a GPU in one call (issues 23 and 24): decode with 4-bit weights against prepjit's own bfloat16
 decode, and serving 64 concurrent greedy sequences through examples/engine.py against one stream.
 
-    python -m benchmarks.gpu_llm [--device cuda] [--quick] [--out FILE] [--layers N] [--streams N]
+    python -m benchmarks.gpu_llm [--device cuda] [--quick] [--out FILE] [--layers N] [--streams N] [--model M]
 
 The weights are random, of SmolLM2-135M's shapes (benchmarks/gpu_models.SMOLLM2; the model file stays off the GPU
-machine), stored the ways examples/models/llama.py reads them: bfloat16 floats, or q4_1 / q8_0 blocks made by
+machine; `--model tinyllama`: TinyLlama-1.1B's, whose decode moves 8x the bytes, so that its weights' size, not
+its ~130 launches, bounds a step), stored the ways examples/models/llama.py reads them: bfloat16 floats, or q4_1 / q8_0 blocks made by
 pj.quant.quantize ({kind: blocks}, a row of blocks per output feature, the token table too), which the plans
 dequantize inside the kernels that read them (the path of smollm2_generate.py --weights q4_1). Every row is one
 JSON line, printed and written to --out:
@@ -56,10 +57,11 @@ from examples.models import llama
 from examples.models.common import DTYPES, tree_cast
 
 from .gpu import median_us
-from .gpu_models import CONTEXT, POS, SMOLLM2, cosine
+from .gpu_models import CONTEXT, POS, SMOLLM2, TINYLLAMA, cosine
 from .serving_cases import PaddedBuckets
 
 SERVE_CONTEXT, BLOCK_SIZE = 256, 16
+MODELS = {"smollm2": SMOLLM2, "tinyllama": TINYLLAMA}
 COSINE_MIN = {"float32": 0.9999, "bfloat16": 0.995, "float16": 0.998}  # decode logits vs NumPy float32
 
 
@@ -344,8 +346,9 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions and new tokens, no padded buckets")
     parser.add_argument("--out", default="benchmarks/results/gpu-llm.jsonl", help="the JSON lines, one per row")
-    parser.add_argument("--layers", type=int, default=SMOLLM2.layers, help="keep the first N blocks (CPU tests)")
-    parser.add_argument("--vocab", type=int, default=SMOLLM2.vocab, help="a smaller vocabulary (CPU tests)")
+    parser.add_argument("--model", choices=tuple(MODELS), default="smollm2", help="the random weights' shapes")
+    parser.add_argument("--layers", type=int, default=None, help="keep the first N blocks (CPU tests)")
+    parser.add_argument("--vocab", type=int, default=None, help="a smaller vocabulary (CPU tests)")
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="bf16", help="compute dtype, KV cache included")
     parser.add_argument("--serve-weights", choices=("bf16", "f32", "q4_1", "q8_0"), default="bf16",
                         help="how the engine's weights are stored")
@@ -359,7 +362,8 @@ def main(argv=None) -> int:
     args.new_tokens = args.new_tokens or (8 if args.quick else 32)
     args.reps = args.reps or (5 if args.quick else 30)
     started = time.perf_counter()
-    cfg = attrs.evolve(SMOLLM2, layers=args.layers, vocab=args.vocab)
+    model = MODELS[args.model]
+    cfg = attrs.evolve(model, layers=args.layers or model.layers, vocab=args.vocab or model.vocab)
     params32 = llama.random_params(np.random.default_rng(0), cfg)
     meta = {"case": "meta", "command": "python -m benchmarks.gpu_llm " + " ".join(sys.argv[1:] if argv is None
                                                                                  else argv),

@@ -19,6 +19,8 @@ from examples.models import llama, minilm
 
 SMOLLM2 = llama.Config(layers=30, dim=576, ff=1536, heads=9, kv_heads=3, vocab=49152, context=8192,
                        rope_theta=1e5, eps=1e-5)
+TINYLLAMA = llama.Config(layers=22, dim=2048, ff=5632, heads=32, kv_heads=4, vocab=32000, context=2048,
+                         rope_theta=1e4, eps=1e-5)   # TinyLlama-1.1B's shapes: a decode its weights' bytes bound
 CONTEXT, POS = 512, 256
 
 

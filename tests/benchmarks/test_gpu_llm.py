@@ -43,6 +43,16 @@ def test_runs_every_row_and_its_checks_pass(device, tmp_path):
     assert rows["serve_padded_buckets"]["buckets"] == [1, 2] and rows["serve_padded_buckets"]["same_tokens"]
 
 
+def test_the_tinyllama_shapes_decode(tmp_path):
+    """--model tinyllama: TinyLlama-1.1B's block shapes (dim 2048, ff 5632, 32 / 4 heads), one block here."""
+    out = tmp_path / "rows.jsonl"
+    rc = gpu_llm.main(["--device", "cpu", "--model", "tinyllama", "--layers", "1", "--vocab", "512", "--only",
+                       "decode", "--reps", "1", "--out", str(out)])
+    rows = {row["case"]: row for row in map(json.loads, out.read_text().splitlines())}
+    assert rc == 0 and rows["meta"]["config"]["dim"] == 2048 and rows["meta"]["config"]["ff"] == 5632
+    assert all(rows[f"decode_{w}"]["same_argmax"] for w in ("bf16", "q4_1", "q8_0"))
+
+
 def test_a_decode_step_of_two_batch_ranges_is_one_plan_a_range():
     """On a GPU with tensor cores the engine's decode step is llama_paged.BatchRanges of two plans (B 1-31, 32-64):
     two traces and two plans are one a range, as long as nothing was traced or compiled after the warm-up."""
