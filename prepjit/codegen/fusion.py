@@ -104,14 +104,16 @@ def _guessed_cuts(graph: list[UOp], never_chosen: set, readers_of: Counter) -> f
     """The elementwise values read by several nodes that combine a reduction's result (through views and casts) with
     a value several nodes read: a residual stream's values (each block's projection added to the stream value below,
     which that block's norm reads too), which choose_materialized guesses materialised; not a bias added to a
-    projection, which its activation reads twice."""
+    projection, which its activation reads twice. A 16-bit value counts the readers of its float32 copy (a bfloat16
+    model's last stream value, which only the final norm's widening reads)."""
     def of_reduction(s):
         while s.op in MOVEMENT or s.op is Ops.CAST:
             s = s.src[0]
         return s.op is Ops.REDUCE_AXIS
-    return frozenset(n for n in graph if n.op in ELEMENTWISE and len(n.src) > 1 and n.shape and readers_of[n] > 1 and
-                     n not in never_chosen and any(map(of_reduction, n.src)) and
-                     any(readers_of[s] > 1 and not of_reduction(s) for s in n.src))
+    widened = {n.src[0]: readers_of[n] for n in graph if _widening(n)}  # a 16-bit value -> its float32 copy's readers
+    return frozenset(n for n in graph if n.op in ELEMENTWISE and len(n.src) > 1 and n.shape and
+                     (readers_of[n] > 1 or widened.get(n, 0) > 1) and n not in never_chosen and
+                     any(map(of_reduction, n.src)) and any(readers_of[s] > 1 and not of_reduction(s) for s in n.src))
 
 
 def _decide(graph: list[UOp], is_root: set, in_contractions: frozenset, readers_of: Counter, row_values: bool,

@@ -3,6 +3,7 @@ decisions see that block alone; the guess standing only where the decisions mate
 decided again as before."""
 from collections import Counter
 
+import ml_dtypes
 import numpy as np
 
 import prepjit as pj
@@ -10,6 +11,7 @@ import prepjit.numpy as pnp
 from prepjit.codegen import fusion
 from prepjit.codegen.fusion import choose_materialized, kernel_roots
 from prepjit.codegen.fusion_classes import local_classes
+from prepjit.uop import Ops
 
 
 def _blocks(x, ws):
@@ -126,3 +128,24 @@ def test_classes_tell_alike_values_from_values_reading_one_operand_twice():
         graph, _ = kernel_roots([a, b])
         classes = local_classes(graph, frozenset((a, b)))   # (a and b cut: each a region of its own)
         assert (classes.key(a) == classes.key(b)) is same
+
+
+def test_a_16_bit_streams_last_value_read_through_its_widened_copy_is_guessed_too():
+    rng = np.random.default_rng(0)
+    ws = [rng.random((64, 64), np.float32).astype(ml_dtypes.bfloat16) for _ in range(3)]
+
+    def normed(x):
+        h = x.astype(np.float32)   # (one reader: the widened copy, which the norm reads twice)
+        return h * (1 / pnp.sqrt((h * h).mean(axis=-1, keepdims=True) + 1e-6))
+
+    def f(x, *ws):
+        for w in ws:
+            x = x + (normed(x).astype(ml_dtypes.bfloat16) @ w)
+        return normed(x).sum(axis=-1)
+    outputs = list(pj.trace(f, rng.random((1, 64), np.float32).astype(ml_dtypes.bfloat16), *ws).outputs)
+    graph, roots, readers_of = _graph(outputs)
+    last = next(n for n in graph if n.op is Ops.ADD and n.dtype == ml_dtypes.bfloat16)
+    assert readers_of[last] == 1 and last in fusion._guessed_cuts(graph, roots, readers_of)
+    for options in ({"row_values": True}, {"operand_prologues": True}):
+        same = choose_materialized(outputs, **options) == _plain(outputs, **options)
+        assert same
