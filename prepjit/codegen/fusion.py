@@ -123,17 +123,27 @@ def _decide(graph: list[UOp], is_root: set, in_contractions: frozenset, readers_
     never_chosen = is_root | in_contractions  # kernel roots have buffers of their own
     places = _places(graph)
     position = {n: k for k, n in enumerate(graph)}  # (parents first: a node's operands come after it)
-    exprs: dict[UOp, set] = {}  # what a node's inlined expression evaluates: (node, view, is a load) terms
     cost: dict[UOp, int] = {}
     chosen: set[UOp] = set()
     loaded = set(cuts)  # what the expressions reading a node read as a load
+    classes = local_classes(graph, cuts) if cuts else None
+    costs: dict[tuple, tuple] = {}  # a node's class -> (its cost, whether the cost chooses it): alike nodes' exprs
+    # are left out, until a reader needs them (_Exprs)
+    exprs = _Exprs(cost, loaded, readers_of)  # what a node's inlined expression evaluates: (what, cost) terms
     for node in reversed(graph):  # children first: inline cost (its ops and loads), ignoring later cuts
-        exprs[node], cost[node] = _expression(node, exprs, cost, loaded, readers_of)
-        if node in cuts:  # its own decisions count the cuts below it inline, as the plain pass does (none cut yet)
-            cost[node] += sum(cost[t[0][1]] - 1 for t in exprs[node] if type(t[0]) is tuple and t[0][1] in cuts)
-        if node.op in ELEMENTWISE and node not in is_root and node.shape and (
-                cost[node] >= MAX_KERNEL_COST or places[node] >= 2 and cost[node] >= MAX_INLINE_COST):
-            chosen.add(node)  # read at several places, its expression would double with each (a concatenate chain)
+        key = classes.key(node) if classes and node not in cuts else None
+        known = costs.get(key) if key else None
+        if known is None:
+            cost[node] = exprs.compute(node)
+            if node in cuts:  # its own decisions count the cuts below it inline, as the plain pass does (none cut)
+                cost[node] += sum(cost[t[0][1]] - 1 for t in exprs[node] if type(t[0]) is tuple and t[0][1] in cuts)
+            known = cost[node], node.op in ELEMENTWISE and node not in is_root and node.shape and (
+                cost[node] >= MAX_KERNEL_COST or places[node] >= 2 and cost[node] >= MAX_INLINE_COST)
+            if key:
+                costs[key] = known
+        cost[node], first = known
+        if first:  # read at several places, its expression would double with each (a concatenate chain)
+            chosen.add(node)
             loaded.add(node)
             cost[node] = 1
     readers: dict[UOp, set] = {}  # node -> the kernel roots whose kernels compute it inline
@@ -141,7 +151,6 @@ def _decide(graph: list[UOp], is_root: set, in_contractions: frozenset, readers_
     realized_reads = _RealizedReads(cuts)  # node -> the computed nodes its expression reads
     shared = {n for n, k in readers_of.items() if k > 1 and n.op not in REALIZED} - cuts
     loads = functools.partial(_loads, memo={}, shared=shared, cuts=cuts)  # (its walks' memo: read_axes.walk_order)
-    classes = local_classes(graph, cuts) if cuts else None
     decided: dict[tuple, bool] = {}  # a node's class, cost and readers' classes -> its decision (fusion_classes)
     for node in graph:  # parents first, so a node's readers are final when it is reached
         mine = readers.get(node, set())
@@ -174,6 +183,31 @@ def _places(graph: list[UOp]) -> Counter:
     places = Counter(s for node in graph if node.op not in ELEMENTWISE for s in node.src)
     places.update({s for node in graph if node.op in ELEMENTWISE for s in node.src})
     return places
+
+
+class _Exprs(dict):
+    """node -> its expression's terms (_expression), the cost pass's; a node whose cost is known from an alike one
+    has none until a reader's expression needs it (`compute`, which computes what that needs first: an explicit
+    stack, a chain of elementwise ops may be long)."""
+
+    def __init__(self, cost: dict, loaded: set, readers_of: Counter):
+        super().__init__()
+        self.cost, self.loaded, self.readers_of = cost, loaded, readers_of
+
+    def compute(self, node: UOp) -> int:
+        """Computes node's terms (and those of the operands it reads them from, where left out); its cost."""
+        stack = [node]
+        while stack:
+            n = stack[-1]
+            missing = [s for s in n.src if s not in self and s.op not in REALIZED and s not in self.loaded] \
+                if n.op in ELEMENTWISE else []
+            if missing:
+                stack += missing
+                continue
+            stack.pop()
+            if n not in self or n is node:
+                self[n], total = _expression(n, self, self.cost, self.loaded, self.readers_of)
+        return total
 
 
 def _expression(node: UOp, exprs: dict, cost: dict, loaded: set, readers_of: Counter) -> tuple[set, int]:

@@ -149,3 +149,22 @@ def test_a_16_bit_streams_last_value_read_through_its_widened_copy_is_guessed_to
     for options in ({"row_values": True}, {"operand_prologues": True}):
         same = choose_materialized(outputs, **options) == _plain(outputs, **options)
         assert same
+
+
+def test_alike_blocks_costs_are_computed_once(monkeypatch):
+    computed = []
+    expression = fusion._expression
+
+    def counted(node, *args):
+        computed.append(node)
+        return expression(node, *args)
+    monkeypatch.setattr(fusion, "_expression", counted)
+    grown = {}
+    for blocks in (4, 12):
+        outputs = _traced(blocks, rows=16)
+        for decide in (choose_materialized, _plain):
+            computed.clear()
+            decide(outputs, operand_prologues=True)
+            grown[decide, blocks] = len(computed)
+    memo, plain = (grown[decide, 12] - grown[decide, 4] for decide in (choose_materialized, _plain))
+    assert 0 < 4 * memo < plain, grown   # (a block's stream value and what its cost reads, not every node of it)
