@@ -5,10 +5,10 @@ decode, and serving 64 concurrent greedy sequences through examples/engine.py ag
 
 The weights are random, of SmolLM2-135M's shapes (benchmarks/gpu_models.SMOLLM2; the model file stays off the GPU
 machine; `--model tinyllama`: TinyLlama-1.1B's, whose decode moves 8x the bytes, so that its weights' size, not
-its ~130 launches, bounds a step), stored the ways examples/models/llama.py reads them: bfloat16 floats, or q4_1 / q8_0 blocks made by
-pj.quant.quantize ({kind: blocks}, a row of blocks per output feature, the token table too), which the plans
-dequantize inside the kernels that read them (the path of smollm2_generate.py --weights q4_1). Every row is one
-JSON line, printed and written to --out:
+its ~130 launches, bounds a step), stored the ways examples/models/llama.py reads them: bfloat16 floats, or q4_1 /
+q8_0 blocks made by pj.quant.quantize ({kind: blocks}, a row of blocks per output feature, the token table too),
+which the plans dequantize inside the kernels that read them (the path of smollm2_generate.py --weights q4_1).
+Every row is one JSON line, printed and written to --out:
 
 - `decode_<weights>`: one decode step (llama.prepared's decode plan, position POS of a CONTEXT-token cache,
   computing in --dtype) with weights, KV cache and RoPE tables resident on the device: median ms of synchronised

@@ -51,6 +51,30 @@ def _decided(monkeypatch, outputs, **options) -> tuple[set, list]:
     return choose_materialized(outputs, **options), calls
 
 
+
+def _calls(monkeypatch, name: str) -> list:
+    """The nodes fusion.<name> is called on from now (its first argument each call), in order."""
+    calls, original = [], getattr(fusion, name)
+
+    def counted(*args):
+        calls.append(args[0])
+        return original(*args)
+    monkeypatch.setattr(fusion, name, counted)
+    return calls
+
+
+def _grown(calls: list) -> dict:
+    """(decide, blocks) -> (the calls recorded in `calls` while `decide` decides 4 and 12 blocks, its decisions), for
+    choose_materialized and the plain pass."""
+    grown = {}
+    for blocks in (4, 12):
+        outputs = _traced(blocks, rows=16)
+        for decide in (choose_materialized, _plain):
+            calls.clear()
+            chosen = decide(outputs, operand_prologues=True)
+            grown[decide, blocks] = len(calls), chosen
+    return grown
+
 def test_a_residual_streams_guessed_cuts_stand_with_the_plain_decisions(monkeypatch):
     for rows, options in ((1, {}), (1, {"row_values": True}), (1, {"operand_prologues": True}),
                           (16, {"operand_prologues": True})):
@@ -97,20 +121,8 @@ def test_guessed_cuts_not_materialised_decide_again_without_them(monkeypatch):
 
 
 def test_each_block_is_decided_once(monkeypatch):
-    computed = []
-    worth = fusion._worth_materialising
-
-    def counted(*args):
-        computed.append(args[0])
-        return worth(*args)
-    monkeypatch.setattr(fusion, "_worth_materialising", counted)
-    grown = {}
+    grown = _grown(_calls(monkeypatch, "_worth_materialising"))
     for blocks in (4, 12):
-        outputs = _traced(blocks, rows=16)
-        for decide in (choose_materialized, _plain):
-            computed.clear()
-            chosen = decide(outputs, operand_prologues=True)
-            grown[decide, blocks] = len(computed), chosen
         same = grown[choose_materialized, blocks][1] == grown[_plain, blocks][1]
         assert same
     counts = {k: n for k, (n, _) in grown.items()}
@@ -152,19 +164,6 @@ def test_a_16_bit_streams_last_value_read_through_its_widened_copy_is_guessed_to
 
 
 def test_alike_blocks_costs_are_computed_once(monkeypatch):
-    computed = []
-    expression = fusion._expression
-
-    def counted(node, *args):
-        computed.append(node)
-        return expression(node, *args)
-    monkeypatch.setattr(fusion, "_expression", counted)
-    grown = {}
-    for blocks in (4, 12):
-        outputs = _traced(blocks, rows=16)
-        for decide in (choose_materialized, _plain):
-            computed.clear()
-            decide(outputs, operand_prologues=True)
-            grown[decide, blocks] = len(computed)
+    grown = {k: n for k, (n, _) in _grown(_calls(monkeypatch, "_expression")).items()}
     memo, plain = (grown[decide, 12] - grown[decide, 4] for decide in (choose_materialized, _plain))
     assert 0 < 4 * memo < plain, grown   # (a block's stream value and what its cost reads, not every node of it)
