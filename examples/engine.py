@@ -422,11 +422,10 @@ class Engine:
         the logits are read to the host only when one of those rows samples, is penalised or wants logprobs (a
         greedy row's token is its row's argmax, computed with the logits)."""
         tokens = np.asarray(greedy).tolist()
-        if any(not seqs[i].plain and _needs_logits(seqs[i]) for i in rows):
-            logits = np.asarray(logits)
+        read = {i for i in rows if _needs_logits(seqs[i])}
+        host = np.asarray(logits) if read else None
         self.generated_tokens += len(rows)
-        return [self._emit(seqs[i], tokens[i]) if seqs[i].plain else self._emit(seqs[i], tokens[i], logits[i])
-                for i in rows]
+        return [self._emit(seqs[i], tokens[i], host[i] if i in read else None) for i in rows]
 
     def _emit(self, seq: _Sequence, greedy: int, logits: np.ndarray | None = None) -> Event:
         """Its next token: `greedy` (its logits row's argmax) when its sampling is greedy and unpenalised, else
@@ -441,13 +440,12 @@ class Engine:
                     seen, counts = np.unique(seq.generated, return_counts=True)
                     scores[seen] -= s.frequency_penalty * counts + s.presence_penalty
                 token = sample(scores, s.temperature, s.top_p, seq.rng)
-        generated = seq.generated
-        generated.append(token)
-        finish = "stop" if token in self.stop_ids else "length" if len(generated) >= seq.max_tokens else None
+        seq.generated.append(token)
+        finish = "stop" if token in self.stop_ids else "length" if len(seq.generated) >= seq.max_tokens else None
         if finish is not None:
             self.running.remove(seq)
             self._release(seq)
-        if seq.plain or seq.sampling.logprobs is None:
+        if seq.sampling.logprobs is None:
             return Event(seq.id, token, finish)
         return Event(seq.id, token, finish, token_logprobs(logits, token, seq.sampling.logprobs))
 
@@ -458,9 +456,10 @@ def _penalised(seq: _Sequence) -> bool:
 
 
 def _needs_logits(seq: _Sequence) -> bool:
-    """Whether its next token needs its logits row on the host: it samples, is penalised or wants logprobs."""
+    """Whether its next token needs its logits row on the host: it samples, is penalised or wants logprobs (never a
+    plain sequence)."""
     s = seq.sampling
-    return s.temperature > 0 or s.logprobs is not None or _penalised(seq)
+    return not seq.plain and (s.temperature > 0 or s.logprobs is not None or _penalised(seq))
 
 
 def token_logprobs(logits: np.ndarray, token: int, k: int) -> TokenLogprobs:
