@@ -22,14 +22,16 @@ from .render_c import render_c
 ELEMENTWISE_GROUP = 256   # threads per block of kernels that are not grouped reductions
 ITEMS_PER_THREAD = 4      # outputs per thread of those (a block's width apart: coalesced, more loads in flight)
 
-_HALF = c_helpers.HALF_TO_FLOAT.format(
+# float16 conversions through libdevice's functions (cvt instructions NVVM sees), not inline PTX: NVVM merges no loads
+# across an asm statement, so a run of quantized weights' bytes or float16 elements whose scales or elements were
+# widened by asm was loaded an element at a time (a q4_1 matvec's 32 elements: 68 loads of 1-2 bytes; now 10 of 4
+# bytes and 4 of 16, NVRTC 12.9, sm_90)
+_LIBDEVICE_HALF = """extern "C" __device__ float __nv_half2float(unsigned short);
+extern "C" __device__ unsigned short __nv_float2half_rn(float);"""
+_HALF = _LIBDEVICE_HALF + "\n" + c_helpers.HALF_TO_FLOAT.format(
     func="__device__ __forceinline__ ", u16="unsigned short", u32="unsigned", nan_float="__uint_as_float(nan)",
-    widen='asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));') + """
-__device__ __forceinline__ unsigned short pj_float_to_half(float f) {
-  unsigned short h;
-  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-  return h;
-}"""
+    widen="f = __nv_half2float(h);") + """
+__device__ __forceinline__ unsigned short pj_float_to_half(float f) { return __nv_float2half_rn(f); }"""
 _ROUND_HALF = "__device__ __forceinline__ float pj_round_half(float x) { return pj_half_to_float(pj_float_to_half(x)); }"
 
 

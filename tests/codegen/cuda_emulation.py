@@ -282,11 +282,16 @@ static void pj_launch(unsigned blocks, unsigned threads, void (*body)()) {
 """
 
 
-_PTX = {  # the float16 conversions the cuda dialect spells in PTX, in C++ (x86-64's F16C: nearest even); widening
-    # a NaN gives NVIDIA's canonical NaN (0x7fffffff, sign and payload dropped), as the PTX ISA says cvt does
+_PTX = {  # the float16 conversions the cuda dialect spells in PTX or takes from libdevice, in C++ (x86-64's F16C:
+    # nearest even); widening a NaN gives NVIDIA's canonical NaN (0x7fffffff, sign and payload dropped), as the PTX ISA
+    # says cvt does
     'asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));': "f = (h & 0x7fffu) > 0x7c00u ? __uint_as_float(0x7fffffffu) "
                                                       ": _cvtsh_ss(h);",
-    'asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));': "h = _cvtss_sh(f, 0);",
+    'extern "C" __device__ float __nv_half2float(unsigned short);':
+        "static float __nv_half2float(unsigned short h) "
+        "{ return (h & 0x7fffu) > 0x7c00u ? __uint_as_float(0x7fffffffu) : _cvtsh_ss(h); }",
+    'extern "C" __device__ unsigned short __nv_float2half_rn(float);':
+        "static unsigned short __nv_float2half_rn(float f) { return _cvtss_sh(f, 0); }",
 }
 
 
