@@ -67,9 +67,6 @@ class Dialect:
     # dimensions), and the format ({name}) of a tensor map parameter; None: none
     bulk_copies: dict | None = None
     tensor_map_param: str | None = None
-    # statements of pj_float_to_bfloat16 after its NaN test (x: the float, not a NaN): the target's own conversion to
-    # nearest even, returning the bits where it has one (c_helpers.BFLOAT16); "": the integer rounding alone
-    bfloat16_conversion: str = ""
     # defines `float pj_round_bfloat16_any(float)` (after c_helpers.BFLOAT16): pj_round_bfloat16's value, but a NaN
     # any NaN, in fewer instructions, for a renderer whose `exact_nan` is off (render_c.round_to); "": none
     round_bfloat16_any: str = ""

@@ -23,7 +23,7 @@ BFLOAT16 = """{func}float pj_bfloat16_to_float({u16} b) {{ return {bits_float}; 
 {func}{u16} pj_float_to_bfloat16(float x) {{
   {u32} u = {float_bits};
   if ((u & 0x7fffffffu) > 0x7f800000u) return ({u16})(((u >> 16) & 0x8000u) | 0x7fc0u);
-{conversion}  return ({u16})((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  return ({u16})((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }}
 {func}float pj_round_bfloat16(float x) {{ return pj_bfloat16_to_float(pj_float_to_bfloat16(x)); }}"""
 # a float16's bits widened to float: the target's conversion ({widen}: statements setting f from h), except a NaN,

@@ -176,7 +176,7 @@ class CStyleRenderer(KernelRenderer):
         u16, u32 = self.d.types[dtypes.uint16], self.d.types[dtypes.uint32]
         self.helpers.setdefault("pj_bfloat16", c_helpers.BFLOAT16.format(
             func=self.d.func, u16=u16, u32=u32, bits_float=self.d.bits_float.format(v=f"({u32})b << 16"),
-            float_bits=self.d.float_bits.format(v="x"), conversion=self.d.bfloat16_conversion))
+            float_bits=self.d.float_bits.format(v="x")))
         if odd:
             self.helpers.setdefault("pj_odd_float", c_helpers.ODD_FLOAT.format(
                 func=self.d.func, u32=u32, float_bits=self.d.float_bits.format(v="x"),

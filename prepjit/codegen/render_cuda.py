@@ -131,14 +131,6 @@ _WGMMA = {  # Hopper's warpgroup matrix instructions (PTX ISA, wgmma): operands 
 }}""",
 }
 
-# sm_80 on: cvt.rn.bf16.f32 rounds a float to bfloat16 to nearest even in one instruction (F2FP), the integer rounding's
-# bits for every float but a NaN (which pj_float_to_bfloat16 tests first: the quiet NaN of its sign, where the
-# instruction gives its canonical NaN); ~8 SASS instructions fewer a conversion. (The CPU emulation of the tests has no
-# __CUDA_ARCH__: the integer rounding.)
-_BFLOAT16_CONVERSION = """#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  { unsigned short h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x)); return h; }
-#endif
-"""
 # sm_80 on: a float rounded to bfloat16 (kept as a float) in one instruction where pj_round_bfloat16 takes ~8 (a NaN
 # test first, to give ml_dtypes' quiet NaN of its sign where the instruction gives its canonical NaN): the pair (x, 0)
 # packed (F2FP), whose 32 bits are x's bfloat16 widened (cvt.rn.bf16.f32 alone is an F2F, on the pipe of the
@@ -304,7 +296,6 @@ CUDA = Dialect(
     tensor_core_mma=_TENSOR_CORES, tile_array="__shared__ __align__(1024) {type} {name}[{n}]",
     dynamic_local=DYNAMIC_LOCAL,
     dynamic_tile_array="{type} (&{name})[{n}] = *({type} (*)[{n}])(pj_dynamic_local + {offset})",
-    bfloat16_conversion=_BFLOAT16_CONVERSION,
     round_bfloat16_any=_ROUND_BFLOAT16_ANY,
     fused_sums=True,
     kernel_entry=GRID_DEPENDENCY,
