@@ -16,6 +16,8 @@ from .registry import primitive
 
 
 def cast(x: Tracer, dtype) -> Tracer:
+    if x.uop.dtype is dtype:  # (the common case: a DType and the one it is)
+        return x
     dtype = to_dtype(dtype)
     if x.dtype == dtype:
         return x
@@ -43,13 +45,14 @@ def elementwise(op: Ops, *operands, dtype: DType | None = None, out_dtype: DType
     """Apply `op` to broadcast operands promoted to `dtype` (default: NumPy promotion)."""
     xs = [to_tracer(o) for o in operands]
     compute = dtype or result_dtype(*xs[-2:] if op is Ops.WHERE else xs)
-    shape = broadcast_shapes(*[x.uop.shape for x in xs])
+    shapes = [x.uop.shape for x in xs]
+    shape = shapes[0] if all(s == shapes[0] for s in shapes) else broadcast_shapes(*shapes)  # (mostly alike)
     srcs = []
     for i, x in enumerate(xs):
         if not (op is Ops.WHERE and i == 0):
             check_python_int_fits(x, compute)
             x = cast(x, compute)
-        srcs.append(broadcast_to(x, shape).uop)
+        srcs.append(x.uop if x.uop.shape == shape else broadcast_to(x, shape).uop)
     out = out_dtype or (dtypes.bool if op in (Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE) else compute)
     weak = all(x.weak for x in (xs[1:] if op is Ops.WHERE else xs))
     return Tracer(UOp(op, out, tuple(srcs)), weak=weak)
