@@ -255,6 +255,29 @@ def test_simplify_is_memoised_per_node():
         symbolic.symbolic_rules.rewrite = rewrite
 
 
+def test_a_dropped_expression_built_again_is_not_rewritten_again():
+    """A slice's clamped bound built for each of a model's layers and dropped after it: simplify keeps the last
+    expressions it rewrote alive (their memos with them), so building it again finds the same node, simplified."""
+    from prepjit.uop import symbolic
+    calls = []
+    rewrite = symbolic.symbolic_rules.rewrite
+
+    def counting(u):
+        calls.append(None)  # (not the node: that would keep it alive)
+        return rewrite(u)
+    symbolic.symbolic_rules.rewrite = counting
+    try:
+        pos = var("kept_pos", 0, 1023)
+        bounds = []
+        for _ in range(30):
+            bounds.append(simplify((UOp.const(0) + pos + 1).smax(0).smin(1024)))  # (each layer drops its nodes)
+            if len(bounds) == 1:
+                first = len(calls)
+        assert first > 0 and len(calls) == first and all(b is bounds[0] for b in bounds)
+    finally:
+        symbolic.symbolic_rules.rewrite = rewrite
+
+
 def test_canonical_order_does_not_depend_on_creation_order():
     p, q = var("ord_p", 0, 9), var("ord_q", 0, 9)
     first = q * 3 + p
