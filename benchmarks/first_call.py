@@ -134,6 +134,24 @@ choose_materialized 12.6 -> 4.6 ms a layer, the schedule 26.5 -> 17.8 (thread CP
 against f0a537c (/work/notes/s47_cold/ab.sh, worktrees, 10 alternated pairs a run, AMD EPYC 2 cores): on a quiet host
 (load 0.1-1.2) medians 2.19 -> 1.98 s (1.93-2.15), 10 of 10 pairs faster, pairwise -0.20 s; at load 0.6-1.6
 2.66 -> 2.59 and 2.64 -> 2.64 (pairwise -0.07 both, 8 and 7 of 10 faster).
+
+Per-op costs and simplify's kept expressions (581f167, de50d39; Intel Xeon 2 cores, AVX-512, another session's
+benchmarks running, load 2-3.5; scripts in /work/notes/s49_trace): a reduction's NumPy dtype and promote's answer
+found once per combination (np.mean of a one-element array, np.result_type: ~10 and ~2 us an op traced), elementwise
+without broadcasting where its operands' shapes are alike; simplify keeps the last 4096 expressions it rewrote alive,
+so an index expression built and dropped for each layer (a slice's clamped bounds x[l, :, :pos + 1], ~0.3 ms each
+before; a lowered kernel's indices and gates, the optimisation passes' and the proof's) is found simplified, not
+rewritten again: symbolic rewrites prefill 7517 -> 3215, decode 4811 -> 1051. The same kernels (sources and plan
+layout digests for f32, bf16 compute, bf16 and q4_0 weights). This process's thread CPU, 15 alternated fresh pairs
+against b89f5ab (abfirst.sh, stages in thread CPU): medians prefill 1.05 -> 0.86 s, decode 0.56 -> 0.48, process
+1.58 -> 1.42 (pairwise -0.21 s, 12 of 15 faster); prefill / decode tracing 0.150 / 0.124 -> 0.119 / 0.101,
+scheduling 0.246 / 0.251 -> 0.216 / 0.229, optimisation 0.114 / 0.041 -> 0.080 / 0.031, proof (prefill) 0.158 ->
+0.123. Wall, 5 alternated pairs (load 2.3-3.1): medians 3.91 -> 3.51 s, 5 of 5 faster, pairwise -0.26 s. Left per
+plan (thread CPU, prefill / decode): tracing 0.12 / 0.09 (UOp construction ~12% of it, the dequantization templates'
+substitution ~17%), scheduling 0.21 / 0.19: choose_materialized 0.07 / 0.05, canonical 0.03 / 0.03, the distinct
+kernels' lower_kernel (the stacking kernels 0.014 / 0.019 of it) 0.03 / 0.03, fused_reductions 0.03 / 0.03
+(_reductions_read's walks of each layer's kernels), local_classes 0.015, softmax_contractions 0.01; the bounds
+proof 0.10-0.15 (prefill's attention r_3_3_T_64_1 0.04, r_T_576 and r_3_3_T_T 0.025 each), not per layer.
 """
 from __future__ import annotations
 
