@@ -142,11 +142,12 @@ without broadcasting where its operands' shapes are alike; simplify keeps the la
 so an index expression built and dropped for each layer (a slice's clamped bounds x[l, :, :pos + 1], ~0.3 ms each
 before; a lowered kernel's indices and gates, the optimisation passes' and the proof's) is found simplified, not
 rewritten again: symbolic rewrites prefill 7517 -> 3215, decode 4811 -> 1051. The same kernels (sources and plan
-layout digests for f32, bf16 compute, bf16 and q4_0 weights). This process's thread CPU, 15 alternated fresh pairs
-against b89f5ab (abfirst.sh, stages in thread CPU): medians prefill 1.05 -> 0.86 s, decode 0.56 -> 0.48, process
-1.58 -> 1.42 (pairwise -0.21 s, 12 of 15 faster); prefill / decode tracing 0.150 / 0.124 -> 0.119 / 0.101,
-scheduling 0.246 / 0.251 -> 0.216 / 0.229, optimisation 0.114 / 0.041 -> 0.080 / 0.031, proof (prefill) 0.158 ->
-0.123. Wall, 5 alternated pairs (load 2.3-3.1): medians 3.91 -> 3.51 s, 5 of 5 faster, pairwise -0.26 s. Left per
+layout digests for f32, bf16 compute, bf16 and q4_0 weights). This process's thread CPU, 20 alternated fresh pairs
+against b89f5ab (abfirst.sh, stages in thread CPU): medians prefill 1.00 -> 0.87 s, decode 0.54 -> 0.48, process
+1.57 -> 1.42 (pairwise -0.11 s, 15 of 20 faster); prefill / decode tracing 0.140 / 0.126 -> 0.120 / 0.101,
+scheduling 0.260 / 0.251 -> 0.217 / 0.233, optimisation 0.114 / 0.041 -> 0.080 / 0.030, proof (prefill) 0.140 ->
+0.122. Wall (abwall.sh): 5 alternated pairs at load 2.3-3.1 medians 3.91 -> 3.51 s (5 of 5 faster); 12 pairs on a
+quieter host (load 1.1-1.4) 2.02 -> 1.87 s, pairwise -0.11 s, 9 of 12 faster, at most 2 s in 8 of 12 (6 before). Left per
 plan (thread CPU, prefill / decode): tracing 0.12 / 0.09 (UOp construction ~12% of it, the dequantization templates'
 substitution ~17%), scheduling 0.21 / 0.19: choose_materialized 0.07 / 0.05, canonical 0.03 / 0.03, the distinct
 kernels' lower_kernel (the stacking kernels 0.014 / 0.019 of it) 0.03 / 0.03, fused_reductions 0.03 / 0.03
