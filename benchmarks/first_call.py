@@ -147,12 +147,13 @@ against b89f5ab (abfirst.sh, stages in thread CPU): medians prefill 1.00 -> 0.87
 1.57 -> 1.42 (pairwise -0.11 s, 15 of 20 faster); prefill / decode tracing 0.140 / 0.126 -> 0.120 / 0.101,
 scheduling 0.260 / 0.251 -> 0.217 / 0.233, optimisation 0.114 / 0.041 -> 0.080 / 0.030, proof (prefill) 0.140 ->
 0.122. Wall (abwall.sh): 5 alternated pairs at load 2.3-3.1 medians 3.91 -> 3.51 s (5 of 5 faster); 12 pairs on a
-quieter host (load 1.1-1.4) 2.02 -> 1.87 s, pairwise -0.11 s, 9 of 12 faster, at most 2 s in 8 of 12 (6 before). Left per
-plan (thread CPU, prefill / decode): tracing 0.12 / 0.09 (UOp construction ~12% of it, the dequantization templates'
-substitution ~17%), scheduling 0.21 / 0.19: choose_materialized 0.07 / 0.05, canonical 0.03 / 0.03, the distinct
-kernels' lower_kernel (the stacking kernels 0.014 / 0.019 of it) 0.03 / 0.03, fused_reductions 0.03 / 0.03
-(_reductions_read's walks of each layer's kernels), local_classes 0.015, softmax_contractions 0.01; the bounds
-proof 0.10-0.15 (prefill's attention r_3_3_T_64_1 0.04, r_T_576 and r_3_3_T_T 0.025 each), not per layer.
+quieter host (load 1.1-1.4) 2.02 -> 1.87 s, pairwise -0.11 s, 9 of 12 faster, at most 2 s in 8 of 12 (6 before).
+Left per plan (thread CPU, prefill / decode): tracing 0.12 / 0.09 (UOp construction ~12% of it, the dequantization
+templates' substitution ~17%: its new nodes, ~2.3 us each, not the walk), scheduling 0.21 / 0.19: choose_materialized
+0.07 / 0.05, canonical 0.03 / 0.03, the distinct kernels' lower_kernel (the stacking kernels 0.014 / 0.019 of it)
+0.03 / 0.03, fused_reductions 0.03 / 0.03 (_reductions_read's walks of each layer's kernels), local_classes 0.015,
+softmax_contractions 0.01; the bounds proof 0.10-0.15 (prefill's attention r_3_3_T_64_1 0.04, r_T_576 and
+r_3_3_T_T 0.025 each), not per layer.
 """
 from __future__ import annotations
 
