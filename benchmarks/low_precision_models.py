@@ -10,12 +10,12 @@ every figure from a fresh process.
   against the same model in float32.
 
 The machine is shared and noisy: each round starts one process per figure, prepjit's and llama.cpp's in turn (the
-order rotated every round), and a case reports the median over ROUNDS. Where the cpu has AVX512_BF16, bfloat16
-contractions sum pairs of products with vdpbf16ps (Blocking.bf16_dot, codegen/optimize.py); the `-unpaired`
-figures are the same runs with PREPJIT_CPU set to the host's own CPU name, which leaves that pairing off (a
-PREPJIT_CPU's kernels never use AVX512_BF16: codegen/target.py) and nothing else of the CPU model changed. Where it
-has AMX_BF16 tiles, bfloat16 contractions run on them by default (codegen/amx.py) and the `-unpaired` figures are
-without tiles too.
+order rotated every round), and a case reports the median over ROUNDS. Where the cpu has AMX_BF16 tiles (and the
+process may use them), bfloat16 contractions run on them by default (codegen/amx.py); the `-unpaired` figures are
+the same runs with PREPJIT_CPU set to the host's own CPU name, which leaves the tiles off (a PREPJIT_CPU's kernels
+never use AVX512_BF16 nor AMX: codegen/target.py) and nothing else of the CPU model changed. Pairs of bfloat16
+products by vdpbf16ps (Blocking.bf16_dot, codegen/optimize.py) are a PREPJIT_TUNE candidate, off by default, so an
+AVX512_BF16 host without tiles runs the same kernels either way and gets no `-unpaired` figures.
 
 `python -m benchmarks.low_precision_models minilm DTYPE [--smoke]` is the MiniLM process: one JSON line.
 """
@@ -53,9 +53,12 @@ def threads() -> int:
 
 
 def pairs_bf16() -> bool:
-    """Whether prepjit's kernels here sum bfloat16 products in pairs (vdpbf16ps): else no `-unpaired` figures."""
+    """Whether prepjit's bfloat16 kernels here differ from PREPJIT_CPU's (AMX tiles, or vdpbf16ps pairs where they
+    become the default): else no `-unpaired` figures."""
+    from prepjit.codegen.optimize import DEFAULT_BLOCKING
     from prepjit.codegen.target import host_target
-    return host_target().bf16_dot
+    target = host_target()
+    return target.amx_bf16 or (target.bf16_dot and DEFAULT_BLOCKING.bf16_dot)
 
 
 def prepjit_env(paired: bool) -> dict:
