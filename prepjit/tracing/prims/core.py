@@ -78,6 +78,8 @@ def dims_equal(a: sint, b: sint) -> bool:
 
 
 def broadcast_shapes(*shapes: tuple) -> tuple:
+    if all(s == shapes[0] for s in shapes[1:]):  # (mostly alike: an elementwise op's operands)
+        return tuple(shapes[0])
     ndim = max(len(s) for s in shapes)
     out = []
     for dims in zip(*[(1,) * (ndim - len(s)) + tuple(s) for s in shapes]):

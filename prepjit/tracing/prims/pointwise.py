@@ -45,8 +45,7 @@ def elementwise(op: Ops, *operands, dtype: DType | None = None, out_dtype: DType
     """Apply `op` to broadcast operands promoted to `dtype` (default: NumPy promotion)."""
     xs = [to_tracer(o) for o in operands]
     compute = dtype or result_dtype(*xs[-2:] if op is Ops.WHERE else xs)
-    shapes = [x.uop.shape for x in xs]
-    shape = shapes[0] if all(s == shapes[0] for s in shapes) else broadcast_shapes(*shapes)  # (mostly alike)
+    shape = broadcast_shapes(*[x.uop.shape for x in xs])
     srcs = []
     for i, x in enumerate(xs):
         if not (op is Ops.WHERE and i == 0):
