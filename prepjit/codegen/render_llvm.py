@@ -120,6 +120,10 @@ class _Renderer(ReductionRendering, KernelRenderer, InlineMath):
         # unrolled it 4 times and a remainder around the inner loops' vectors (SmolLM2's prefill stacks of 30 layers'
         # K and V rows: 120 -> 40 ms of LLVM each, a pack 71 -> 51; the others' objects the same)
         self.var_loops_rolled, self.rolled = not reduces, set()
+        # A loop around a loop over a var's extent stays rolled too: LLVM unrolled a few constant steps (a softmax
+        # row's heads) or the parallel range into copies of the whole vectorised nest, whose own iterations are the
+        # work (SmolLM2's prefill softmax r_3_3_T_T ~100 -> ~40 ms of LLVM)
+        self.open_loops: list[str] = []  # the labels of the loops open where the renderer is, outermost first
         bound = _below(topo, lambda u: frozenset(u.src[1:]) if u.op is Ops.REDUCE else None)  # reductions' ranges
         for u in reduces:
             self.reduce_groups.setdefault((u.arg, u.dtype, u.src[1:]), []).append(u)
@@ -459,10 +463,13 @@ class _Renderer(ReductionRendering, KernelRenderer, InlineMath):
 
     # ---- loops ----
     def open_loop(self, r: UOp | None, start: str, end: str) -> tuple:
+        if not end.lstrip("-").isdigit():  # a var's extent: the loops around it stay rolled
+            self.rolled.update(self.open_loops)
         ptr = self.tmp("ctr")
         self.allocas.append(f"  {ptr} = alloca i64")
         self.emit(f"store i64 {start}, ptr {ptr}")
         label = self.tmp("L")[1:]
+        self.open_loops.append(label)
         self.emit(f"br label %{label}.cond")
         self.lines.append(f"{label}.cond:")
         cur = self.op(f"load i64, ptr {ptr}", "r")
@@ -476,6 +483,7 @@ class _Renderer(ReductionRendering, KernelRenderer, InlineMath):
         to its back edge."""
         ptr, label, cur = loop
         hints = hints or ((ROLLED,) if label in self.rolled else ())
+        self.open_loops.pop()
         self.scopes.pop()
         self.emit(f"store i64 {self.op(f'add i64 {cur}, 1')}, ptr {ptr}")
         if not hints:

@@ -119,9 +119,27 @@ def test_a_gathered_row_is_read_ungated_at_a_clamped_id():
 
 def test_a_var_loop_of_a_kernel_without_reductions_stays_rolled():
     """Its loops over a var's extent carry llvm.loop.unroll.disable (a copy or a stack is memory-bound: LLVM's
-    unrolling tripled their compile time); loops of constant extent are left to LLVM."""
+    unrolling tripled their compile time), and so does the parallel range around it; loops of constant extent are
+    left to LLVM."""
     ast, _ = kernel_of(lambda x: x * 2, np.ones((3, 5, 8), np.float32), vars={"n": (1, 64)},
                        shapes={"x": (3, "n", 8)})
-    assert render_llvm(ast).source.count("llvm.loop.unroll.disable") == 1
+    assert render_llvm(ast).source.count("llvm.loop.unroll.disable") == 2
     ast, _ = kernel_of(lambda x: x * 2, np.ones((3, 5, 8), np.float32))
     assert "llvm.loop.unroll.disable" not in render_llvm(ast).source
+
+
+def test_the_loops_around_a_var_loop_stay_rolled():
+    """A kernel with reductions leaves its loops over a var's extent to LLVM, but the loops around one (here the
+    parallel range and a loop of 4 steps around a sum over n) carry llvm.loop.unroll.disable: unrolled, each step
+    was a copy of the vectorised loop inside (a prefill softmax's heads: ~2.5x its LLVM time), whose iterations are
+    the work. Without a var, none does; the sums are NumPy's."""
+    def sum_kernel(**prepare_kwargs):
+        traced = pj.trace(pj.prepare(lambda a: a.sum(-1), **prepare_kwargs), x)
+        (red,) = [u for u in traced.outputs[0].toposort() if u.op is Ops.REDUCE_AXIS]
+        return render_llvm(lower_kernel(red, lambda n: n.op in REALIZED and n is not red)[0]).source
+    x = np.arange(3 * 4 * 37, dtype=np.float32).reshape(3, 4, 37) % 11
+    source = sum_kernel(vars={"n": (1, 64)}, shapes={"a": (3, 4, "n")})
+    assert source.count("llvm.loop.unroll.disable") == 2, source
+    assert "llvm.loop.unroll.disable" not in sum_kernel()
+    summed = pj.prepare(lambda a: a.sum(-1), vars={"n": (1, 64)}, shapes={"a": (3, 4, "n")})
+    np.testing.assert_array_equal(np.asarray(summed(x)), x.sum(-1))
