@@ -99,9 +99,10 @@ def kernel_maps(c: Contraction, staged: list) -> dict:
 def tensor_maps(ast: UOp) -> tuple:
     """The tensor maps a launched kernel takes as its last parameters, in order (none but for a tile of the bulk
     variant)."""
-    from .render_fragments_tma import bulk_staged   # (which renders these maps' copies)
     decided = launch_of(ast)
     if decided is None or decided[0] != "tile" or decided[-1] != BULK_VARIANT:
         return ()
+    from .render_fragments_tma import bulk_staged   # (which renders these maps' copies; imported here, where a
+    # kernel has maps: the cpu's first call needs none of its ~10 ms of imports)
     c = match_contraction(ast, tuple(decided[1:]))
     return tuple(m for m in kernel_maps(c, bulk_staged(c)).values() if m is not None)

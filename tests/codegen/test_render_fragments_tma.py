@@ -162,3 +162,23 @@ def _check_rounding_loops(source: str, loops: int):
                 assert q < 3072 or f"if (q0 + {e} < 3072)" in body and f"q0 + {e} < 3072 ? *v" in body
                 covered.update([("A", q) if q < 1024 else ("B", q - 1024)] if q < 3072 else [])
     assert covered == collections.Counter([("A", q) for q in range(1024)] + [("B", q) for q in range(2048)])
+
+
+def test_a_cpu_plan_loads_its_kernels_without_this_module():
+    """tensor_maps imports this module only for a kernel of the bulk variant (one with maps), so a cpu first call
+    does not pay its imports (~5 ms, this module and the warp-specialised renderer it builds on); the matmul is
+    NumPy's."""
+    import subprocess
+    import sys
+    import textwrap
+    script = textwrap.dedent("""
+        import sys
+        import numpy as np
+        import prepjit as pj
+        a, b = np.arange(12, dtype=np.float32).reshape(3, 4), np.arange(20, dtype=np.float32).reshape(4, 5)
+        np.testing.assert_array_equal(np.asarray(pj.prepare(lambda x, y: x @ y + 1, device="cpu")(a, b)), a @ b + 1)
+        print(sorted(m for m in sys.modules if m.startswith("prepjit.codegen.render_fragments")))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "render_fragments_tma" not in out.stdout, out.stdout
