@@ -297,7 +297,10 @@ class CStyleRenderer(KernelRenderer):
             return self.round_to(v, dst) if dst.narrow else v
         if src.itemsize == dst.itemsize and src.is_int and dst.is_int and src.kind == dst.kind:
             return v
-        out = self.let(dst, f"({t}){v}")
+        if self.d.narrow_int_to_float and src.is_int and src.itemsize <= 2 and self.d.ctype(dst) == "float":
+            out = self.let(dst, self.d.narrow_int_to_float[src.kind == "i"].format(v=v))
+        else:
+            out = self.let(dst, f"({t}){v}")
         return self.round_to(out, dst) if dst.narrow else out
 
     def bitcast(self, v: str, src: DType, dst: DType) -> str:
