@@ -209,3 +209,28 @@ def test_symbolic_rows_in_one_block_and_columns_in_one_block_plus_tail(rng):
     (kernel,) = f.plan(x, w).kernels  # the row blocks' range folds to one iteration: no loop the tail could share
     for target in (AVX512, AVX2):
         assert optimize(kernel.kernel.scheduled, "llvm", target) is kernel.kernel.scheduled
+
+
+def test_a_blocks_value_is_its_substitution_with_each_loads_index_simplified():
+    """optimize._instantiate (a register block's value at each of its offsets) in one walk gives what substituting
+    the offsets and then simplifying the index of each load of the result gives, for a gather (a load whose index
+    holds another load, left as substituted there) read at a shifted row: the same node, and simpler than the
+    substitution alone."""
+    from prepjit.codegen.lower import REALIZED, lower_kernel
+    from prepjit.codegen.optimize import _instantiate
+    from prepjit.uop import UOp, simplify
+    table, ids = np.arange(60, dtype=np.float32).reshape(5, 12), np.array([3, 1, 0, 4], np.int64)
+    traced = pj.trace(pj.prepare(lambda t, i: t[i] * 2 + t[i[::-1]]), table, ids)
+    ast, _ = lower_kernel(traced.outputs[0], lambda n: n.op in REALIZED)
+    value = ast.src[0].src[2]
+    row = next(u for u in ast.toposort() if u.op is Ops.RANGE and u.arg[0] == 0)
+    mapping = {row: UOp(Ops.ADD, row.dtype, (UOp(Ops.MUL, row.dtype, (row, UOp.const(1))), UOp.const(0)))}  # (row,
+    # built unsimplified: the loads' indices fold it)
+
+    def substituted_then_simplified(u):
+        u = u.substitute(mapping)
+        return u.substitute({ld: UOp(Ops.LOAD, ld.dtype, (ld.src[0], *(simplify(s) for s in ld.src[1:])), ld.arg)
+                             for ld in u.toposort() if ld.op is Ops.LOAD})
+    expected = substituted_then_simplified(value)
+    assert _instantiate(value, mapping, {}) is expected
+    assert expected is not value.substitute(mapping)
