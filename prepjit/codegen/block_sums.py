@@ -31,6 +31,8 @@ def block_sums(u: UOp, body: UOp, ranges: list[UOp]) -> UOp | None:
     None where no range is outside the runs or some term of the product has no factor constant over a run."""
     *outer, last = ranges
     end = last.src[0].arg
+    if body.op is Ops.MUL and body.arg is not None:   # ("tf32" / "bf16" allow tensor cores: a row kernel's is exact)
+        body = UOp(Ops.MUL, body.dtype, body.src)
     if not outer or (end > RUN_WEIGHTS and end % RUN_WEIGHTS):
         return None
     axis = max(r.arg[0] for r in body.toposort() if r.op is Ops.RANGE) + 1

@@ -208,6 +208,30 @@ def test_quantized_matvecs_split_their_range_at_the_blocks(kind, scales, operand
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
+@pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
+def test_a_bfloat16_models_matvec_sums_runs_exactly():
+    """A bfloat16 model's projection (examples/models/llama.linear: bfloat16 x @ a q4_1 weight under precision "bf16",
+    which allows tensor cores, rounded to bfloat16) sums runs on CUDA too: a row kernel multiplies exactly, so its
+    product is distributed over the block's scales as an exact one (block_sums.py); the emulated kernel equals NumPy's
+    float64 projection rounded to bfloat16 (the weights not rounded)."""
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((1, 576)).astype(ml_dtypes.bfloat16)
+    blocks = pj.quant.quantize(rng.standard_normal((OUTPUTS, 576)).astype(np.float32), "q4_1")
+
+    def fn(x, b):
+        return pnp.matmul(x, pj.quant.dequantize(b, "q4_1").T, precision="bf16").astype(ml_dtypes.bfloat16)
+    traced = pj.trace(fn, x, blocks)
+    (kern,) = schedule(list(traced.outputs), list(traced.inputs)).kernels
+    launched = CUDA_TARGET.launched(optimize(kern.ast, "cuda"))
+    assert gpu_launch.launch_of(launched) == ("rows", row_plan.WARP, row_plan.MATVEC_WARPS, 1)
+    assert [u for u in launched.toposort() if u.op is Ops.REDUCE and row_plan.run_sums(u)]
+    out = np.zeros(OUTPUTS, np.uint16)
+    cuda_emulation.run(render_cuda(launched), [out, x.view(np.uint16).ravel(), blocks.ravel()])
+    want = (x.astype(np.float64) @ pj.quant.dequantize(blocks, "q4_1").astype(np.float64).T).ravel()
+    np.testing.assert_allclose(out.view(ml_dtypes.bfloat16).astype(np.float64), want, rtol=2 ** -8,
+                               atol=1e-6 * np.abs(want).max())
+
+
 @pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
 def test_a_runs_sum_reads_the_shared_row_side_by_side(kind):
     """The normalised row a quantized matvec's runs' sums read (block_sums.py) is held in local memory laid over the
