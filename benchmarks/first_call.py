@@ -154,6 +154,34 @@ templates' substitution ~17%: its new nodes, ~2.3 us each, not the walk), schedu
 0.03 / 0.03, fused_reductions 0.03 / 0.03 (_reductions_read's walks of each layer's kernels), local_classes 0.015,
 softmax_contractions 0.01; the bounds proof 0.10-0.15 (prefill's attention r_3_3_T_64_1 0.04, r_T_576 and
 r_3_3_T_T 0.025 each), not per layer.
+
+Loops around var loops rolled, a block's value in one walk, no TMA renderer import on the cpu (f8f6432, b6beee1,
+2febdf5; Intel Xeon 2 cores, another session's tests at times at 100-180% CPU; scripts in /work/notes/s50_first): LLVM
+unrolled a prefill softmax's 3 heads, and the parallel range of the K/V stacks and of a pack, into copies of the
+vectorised var-length loops inside them: those 4 kernels' LLVM CPU 235-313 -> 137-183 ms (llvm_bench.py, min of 3, 3
+alternations), the other 29 objects identical, their run time at a 100-token prompt unchanged (pj.profile medians of
+15, 4 alternations) and the logits bit-identical. optimize._instantiate walks a block's value once: prefill
+optimisation 0.067-0.100 -> 0.058-0.069 s (parts.py), the same kernels (sources, layout and logits digests for f32,
+bf16 compute, q4_0 and bf16 weights). tensor_maps imports render_fragments_tma only for kernels with tensor maps
+(5-7 ms a cpu first call). Against 7d58768's tree, alternated fresh processes: the workers' CPU (their LLVM and their
+start) 12 pairs 1.595 -> 1.520 s, pairwise -0.14 s, 10 of 12 less (abfirst.sh), this process's stages the same
+within noise; the wall (abwall.sh) 30 pairs at load 0.8-1.4 medians 1.718 -> 1.683 s, pairwise -0.060 s (prefill
+-0.058, decode -0.006), 17 of 30 faster, at most 2 s in 25 -> 29 of 30; 31 pairs earlier while the other session's
+tests ran (load 0.7-1.6, runs 1.6-3.9 s) 2.005 -> 1.931 s, pairwise +0.042, 15 of 31 faster, at most 2 s in 14 -> 19:
+that load moves a run by 0.3-0.6 s, more than these ~0.06.
+Left (thread CPU on a quieter host): this process prefill ~0.85 s, decode ~0.46 (tracing 0.12 / 0.10, scheduling
+0.20 / 0.23, optimisation 0.08 / 0.03, proof 0.12 / 0.01, rendering ~0.08 / 0.03, loading 0.05 / 0.03); the workers
+~1.5 s: LLVM ~1.15 s for the 33 kernels, no pass dominating (InstCombine 14%, instruction selection 14%, loop
+vectorisation 9%, strength reduction 7%, SLP 5%, unrolling 4%), the largest a prefill projection with its weight
+tile (r_T_576, 105-146 ms), decode's attention r_3_3_64_1 (93-122), prefill's r_3_3_T_64_1 (81-98) and the
+embedding's gathered Q8_0 rows in a norm's prologue (r_1_960_1, r_T_576: 64-100 ms each, LLVM vectorising a
+576-step loop over 34-byte blocks with gathers: split into blocks of 32 it would be contiguous); and the start of
+each of the three compile processes, ~0.1 s of CPU each (Python ~20 ms, llvmlite's library 36-40 ms): the replay
+module's aside and the pool's two workers all start during prefill's serial phase, whose other core their ~0.35-0.4 s
+(those starts and the replay module's 60-100 ms of LLVM: an estimate) about fills; the aside adopted as a pool worker
+once its reply is read would save one start. Tried, not kept: a
+loop around a constant loop of 64 steps or more rolled too (only decode's stacks' objects change, -13 ms of LLVM);
+python -S for the workers (site's imports are llvmlite's too: no less CPU).
 """
 from __future__ import annotations
 
