@@ -163,8 +163,8 @@ alternations), the other 29 objects identical, their run time at a 100-token pro
 15, 4 alternations) and the logits bit-identical. optimize._instantiate walks a block's value once: prefill
 optimisation 0.067-0.100 -> 0.058-0.069 s (parts.py), the same kernels (sources, layout and logits digests for f32,
 bf16 compute, q4_0 and bf16 weights). tensor_maps imports render_fragments_tma only for kernels with tensor maps
-(5-7 ms a cpu first call). Against 7d58768's tree, alternated fresh processes: the workers' CPU (their LLVM and their
-start) 12 pairs 1.595 -> 1.520 s, pairwise -0.14 s, 10 of 12 less (abfirst.sh), this process's stages the same
+(5-7 ms a cpu first call). b6beee1's tree (with cd28990 and ae9bd61, GPU changes: the 33 cpu kernels' sources the
+same) against 7d58768's, alternated fresh processes: the workers' CPU (their LLVM and their start) 12 pairs 1.595 -> 1.520 s, pairwise -0.14 s, 10 of 12 less (abfirst.sh), this process's stages the same
 within noise; the wall (abwall.sh) 30 pairs at load 0.8-1.4 medians 1.718 -> 1.683 s, pairwise -0.060 s (prefill
 -0.058, decode -0.006), 17 of 30 faster, at most 2 s in 25 -> 29 of 30; 31 pairs earlier while the other session's
 tests ran (load 0.7-1.6, runs 1.6-3.9 s) 2.005 -> 1.931 s, pairwise +0.042, 15 of 31 faster, at most 2 s in 14 -> 19:
