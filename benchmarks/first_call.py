@@ -164,11 +164,12 @@ alternations), the other 29 objects identical, their run time at a 100-token pro
 optimisation 0.067-0.100 -> 0.058-0.069 s (parts.py), the same kernels (sources, layout and logits digests for f32,
 bf16 compute, q4_0 and bf16 weights). tensor_maps imports render_fragments_tma only for kernels with tensor maps
 (5-7 ms a cpu first call). b6beee1's tree (with cd28990 and ae9bd61, GPU changes: the 33 cpu kernels' sources the
-same) against 7d58768's, alternated fresh processes: the workers' CPU (their LLVM and their start) 12 pairs 1.595 -> 1.520 s, pairwise -0.14 s, 10 of 12 less (abfirst.sh), this process's stages the same
-within noise; the wall (abwall.sh) 30 pairs at load 0.8-1.4 medians 1.718 -> 1.683 s, pairwise -0.060 s (prefill
--0.058, decode -0.006), 17 of 30 faster, at most 2 s in 25 -> 29 of 30; 31 pairs earlier while the other session's
-tests ran (load 0.7-1.6, runs 1.6-3.9 s) 2.005 -> 1.931 s, pairwise +0.042, 15 of 31 faster, at most 2 s in 14 -> 19:
-that load moves a run by 0.3-0.6 s, more than these ~0.06.
+same) against 7d58768's, alternated fresh processes: the workers' CPU (their LLVM and their start) 12 pairs 1.595 ->
+1.520 s, pairwise -0.14 s, 10 of 12 less (abfirst.sh), this process's stages the same within noise; the wall
+(abwall.sh) 30 pairs at load 0.8-1.4 medians 1.718 -> 1.683 s, pairwise -0.060 s (prefill -0.058, decode -0.006), 17
+of 30 faster, at most 2 s in 25 -> 29 of 30; 31 pairs earlier while the other session's tests ran (load 0.7-1.6, runs
+1.6-3.9 s) 2.005 -> 1.931 s, pairwise +0.042, 15 of 31 faster, at most 2 s in 14 -> 19: that load moves a run by
+0.3-0.6 s, more than these ~0.06.
 Left (thread CPU on a quieter host): this process prefill ~0.85 s, decode ~0.46 (tracing 0.12 / 0.10, scheduling
 0.20 / 0.23, optimisation 0.08 / 0.03, proof 0.12 / 0.01, rendering ~0.08 / 0.03, loading 0.05 / 0.03); the workers
 ~1.5 s: LLVM ~1.15 s for the 33 kernels, no pass dominating (InstCombine 14%, instruction selection 14%, loop
