@@ -120,9 +120,8 @@ class _Renderer(ReductionRendering, KernelRenderer, InlineMath):
         # unrolled it 4 times and a remainder around the inner loops' vectors (SmolLM2's prefill stacks of 30 layers'
         # K and V rows: 120 -> 40 ms of LLVM each, a pack 71 -> 51; the others' objects the same)
         self.var_loops_rolled, self.rolled = not reduces, set()
-        # A loop around a loop over a var's extent stays rolled too: LLVM unrolled a few constant steps (a softmax
-        # row's heads) or the parallel range into copies of the whole vectorised nest, whose own iterations are the
-        # work (SmolLM2's prefill softmax r_3_3_T_T ~100 -> ~40 ms of LLVM)
+        # In any kernel a loop around a var's loop stays rolled: LLVM copied the vectorised nest inside (the work) for
+        # each of a few constant steps or parallel rows (SmolLM2's prefill softmax, 3 heads: ~100 -> ~40 ms of LLVM)
         self.open_loops: list[str] = []  # the labels of the loops open where the renderer is, outermost first
         bound = _below(topo, lambda u: frozenset(u.src[1:]) if u.op is Ops.REDUCE else None)  # reductions' ranges
         for u in reduces:
