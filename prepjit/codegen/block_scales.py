@@ -113,21 +113,17 @@ def _factored(body: UOp, ranges: list[UOp], lane: UOp):
     `ranges` and `lane`: the in-block ranges the longest run of the last ranges (at least one kept outside; none:
     the lanes alone) of which every term of the distributed product has a factor independent (a scale), or None."""
     for cut in range(1, len(ranges) + 1):
-        terms = scale_terms(body, set(ranges[cut:]) | {lane})
-        if terms is not None:
-            return ranges[:cut], ranges[cut:], terms
+        inner = set(ranges[cut:]) | {lane}
+        terms = _terms(body, inner)
+        if terms is None or len(terms) > MAX_TERMS or \
+                not all(any(f.op is not Ops.CONST for f in c) for c, _ in terms):
+            continue
+        out = []
+        for consts, parts in terms:
+            coef = _product([f for f in consts if not (f.op is Ops.CONST and f.arg == 1)])
+            out.append((coef, _product(parts) if parts else UOp.const(1.0, dtypes.float32)))
+        return ranges[:cut], ranges[cut:], out
     return None
-
-
-def scale_terms(body: UOp, inner: set) -> list[tuple[UOp, UOp]] | None:
-    """[(block constant, in-block product)] of `body` distributed over its float32 sums, each term's constant the
-    product of its factors independent of the `inner` ranges (a scale), or None where some term has none or there
-    are more than MAX_TERMS."""
-    terms = _terms(body, inner)
-    if terms is None or len(terms) > MAX_TERMS or not all(any(f.op is not Ops.CONST for f in c) for c, _ in terms):
-        return None
-    return [(_product([f for f in consts if not (f.op is Ops.CONST and f.arg == 1)]),
-             _product(parts) if parts else UOp.const(1.0, dtypes.float32)) for consts, parts in terms]
 
 
 def _terms(u: UOp, inner: set) -> list[tuple[list[UOp], list[UOp]]] | None:

@@ -51,7 +51,7 @@ def split_at_blocks(body: UOp, k: UOp, axis: int) -> tuple[UOp, list[UOp]]:
     while (block := _block(body, k)) is not None:
         kb = UOp(Ops.RANGE, dtypes.index, (UOp.const(const_end(k) // block),), (axis, "reduce"))
         kl = UOp(Ops.RANGE, dtypes.index, (UOp.const(block),), (axis + 1, "reduce"))
-        body, k, axis = simplified_indices(body.substitute({k: kb * block + kl})), kl, axis + 2
+        body, k, axis = _simplified_indices(body.substitute({k: kb * block + kl})), kl, axis + 2
         outer.append(kb)
     return body, [*outer, k]
 
@@ -68,7 +68,7 @@ def split_lanes(body: UOp, k: UOp, axis: int) -> tuple[UOp, list[UOp], UOp] | No
     if steps == lanes:
         return body.substitute({k: lane}), [], lane
     step = UOp(Ops.RANGE, dtypes.index, (UOp.const(steps // lanes),), (axis, "reduce"))
-    return simplified_indices(body.substitute({k: step * lanes + lane})), [step], lane
+    return _simplified_indices(body.substitute({k: step * lanes + lane})), [step], lane
 
 
 def _divisors(body: UOp, k: UOp) -> set[int]:
@@ -86,7 +86,7 @@ def _block(body: UOp, k: UOp) -> int | None:
     return max(inside)
 
 
-def simplified_indices(body: UOp) -> UOp:
+def _simplified_indices(body: UOp) -> UOp:
     """`body` with each of its index expressions (the largest ones: a load's index, a shift's amount) simplified."""
     roots = {s for u in body.toposort() if u.dtype != dtypes.index for s in u.src
              if s.dtype == dtypes.index and s.op not in (Ops.CONST, Ops.RANGE)}

@@ -70,9 +70,6 @@ class Dialect:
     # defines `float pj_round_bfloat16_any(float)` (after c_helpers.BFLOAT16): pj_round_bfloat16's value, but a NaN
     # any NaN, in fewer instructions, for a renderer whose `exact_nan` is off (render_c.round_to); "": none
     round_bfloat16_any: str = ""
-    # formats ({v}: a 32-bit integer) of an unsigned and a signed integer of at most 16 bits as a float32 by its bits
-    # (render_c.cast), where that beats the target's conversion instruction; None: the C cast
-    narrow_int_to_float: tuple[str, str] | None = None
     # whether a float32 / float64 reduction adds each product by fma() (render_c.accumulate): where the compiler
     # keeps it one instruction (CUDA); PoCL's work-group vectorizer leaves fma() scalar (an OpenCL sum of products
     # over neighbouring work-items' columns took 34 ms by fma(), 19 by a * b then + on this host's PoCL 3.0)

@@ -38,7 +38,7 @@ from .attention_tiles import attention_launch
 from .fused_reductions import FEW_VAR_ROWS   # a quantized contraction with a side of a var of at most this many: rows
 from .optimize import DEFAULT_BLOCKING, Blocking
 from .row_plan import (batch_plan, held_parts, loop_ranges, row_plan, share_batch_ranges, share_passes,
-                       split_matvec_blocks, summed_runs)
+                       split_matvec_blocks)
 from .softmax_contraction import MAX_ROWS_A_VALUE
 from .render_fragments import KINDS, minors
 from .render_tiles import FRAGMENT_THREADS, MIN_FILL, MIN_WARPS, _fill, fragment_kind, match_contraction, unpacks_blocks
@@ -86,7 +86,7 @@ def launch(ast: UOp, dialect, blocking: Blocking = DEFAULT_BLOCKING) -> UOp:
     if batch is not None and few_var_batch(batch):
         return _with_launch(share_batch_ranges(split, batch),
                             ("batch", batch.group, batch.pack, batch.run, batch.block))
-    shared = share_passes(summed_runs(split), dialect.items_per_thread, packed)
+    shared = share_passes(split, dialect.items_per_thread, packed)
     rows = row_plan(shared, dialect.items_per_thread, packed)
     if rows is not None:
         fold = (rows.folded,) if rows.folded > 1 else ()   # (a work-group's rows along a range: Rows.fold)

@@ -23,7 +23,6 @@ NumPy (x // 0 == x % 0 == 0), float -> int casts saturate with NaN -> 0, max/min
 """
 from __future__ import annotations
 
-import itertools
 import math
 import re
 from typing import Callable
@@ -109,7 +108,6 @@ class CStyleRenderer(KernelRenderer):
         self.items = decided[0] if kind == "items" else 1   # outputs per work-item of an elementwise launch
         self.row_elements: list[dict] = []   # a shared row's element scopes (render_rows.emit_rows)
         self.row_operands: dict = {}   # a row reduction -> [(its operand, the local array holding it)] (render_rows)
-        self.held_at: dict = {}   # such an array laid over more ranges than its reduction's -> its index (render_rows)
         self.long = dialect.ctype(dtypes.int64)
         self.aligned = False   # whether the kernel tells the compiler its buffers are ALIGN-byte aligned
         self.resident_groups = 1   # work-groups a multiprocessor should hold at once (render_fragments sets it)
@@ -299,10 +297,7 @@ class CStyleRenderer(KernelRenderer):
             return self.round_to(v, dst) if dst.narrow else v
         if src.itemsize == dst.itemsize and src.is_int and dst.is_int and src.kind == dst.kind:
             return v
-        if self.d.narrow_int_to_float and src.is_int and src.itemsize <= 2 and self.d.ctype(dst) == "float":
-            out = self.let(dst, self.d.narrow_int_to_float[src.kind == "i"].format(v=v))
-        else:
-            out = self.let(dst, f"({t}){v}")
+        out = self.let(dst, f"({t}){v}")
         return self.round_to(out, dst) if dst.narrow else out
 
     def bitcast(self, v: str, src: DType, dst: DType) -> str:
@@ -460,12 +455,6 @@ class CStyleRenderer(KernelRenderer):
         self.emit(f"{self.d.ctype(dt)} {acc} = {self.d.literal(_identity(u.arg, dt), dt)};")
         if self.rows is not None and u in self.rows.reduces:
             acc = reduce_together(self, u, acc)
-        elif all(r.arg[1] == "lane" for r in ranges):   # straight-line steps (block_sums.py): loads merge
-            for steps in itertools.product(*(range(r.src[0].arg) for r in ranges)):
-                self.open_block("", dict(zip(ranges, map(str, steps))))
-                self.scopes[-1].update(held_in_loop(self, u))
-                self.emit(f"{acc} = {self.accumulate(u, acc)};")
-                self.close_block()
         else:
             for r in ranges:
                 name = _range_name(r)

@@ -144,11 +144,6 @@ _ROUND_BFLOAT16_ANY = """float pj_round_bfloat16_any(float x) {
   return pj_round_bfloat16(x);
 #endif
 }"""
-# an integer of at most 16 bits as a float32, exactly, by its bits: 2^23 + x (2^23 + 2^22 + x signed: the float of those
-# bits, x in the mantissa of one binade) less the constant, a logic or integer add and an FADD at full rate, where the
-# conversion instruction (I2F) issues at a quarter of it or less: a 4-bit quantized matvec converts every weight
-_NARROW_INT_TO_FLOAT = ("(__uint_as_float(0x4b000000u | (unsigned)({v})) - 0x1p23f)",
-                        "(__uint_as_float(0x4b400000u + (unsigned)(int)({v})) - 0x1.8p23f)")
 _TENSOR_CORES = {  # Ampere's and Hopper's (sm_80 and newer) warp-wide matrix, matrix-load and async-copy instructions;
     # older GPUs get the same results from shuffles and plain copies (correct, not fast: no tensor cores there)
     "pj_widen_{kind}": """__device__ __forceinline__ float pj_widen_{kind}(unsigned bits) {
@@ -302,7 +297,6 @@ CUDA = Dialect(
     dynamic_local=DYNAMIC_LOCAL,
     dynamic_tile_array="{type} (&{name})[{n}] = *({type} (*)[{n}])(pj_dynamic_local + {offset})",
     round_bfloat16_any=_ROUND_BFLOAT16_ANY,
-    narrow_int_to_float=_NARROW_INT_TO_FLOAT,
     fused_sums=True,
     kernel_entry=GRID_DEPENDENCY,
 )

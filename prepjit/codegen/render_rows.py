@@ -37,13 +37,12 @@ from __future__ import annotations
 import itertools
 import math
 
-from ..uop import DType, Ops, UOp, dtypes, simplify, sym_prod
+from ..uop import DType, Ops, UOp, dtypes, sym_prod
 from ..uop.uop import as_uop
-from .lower import linear_index
 from .render_row_fold import array_at, declare, each_row, folds, render_shared, row_scopes
 from .render_row_values import CHEAP, bind_elements, largest_parts, reduce_elements, row_values, store_elements
 from .render_softmax_rows import fill_by_teams, loop_over, one_sum, score_team, sums_together
-from .row_plan import SHARED_OPERAND_BYTES, WARP, Rows, free_ranges, run_length, run_sums, shuffles, warp_slices
+from .row_plan import SHARED_OPERAND_BYTES, WARP, Rows, free_ranges, run_length, shuffles, warp_slices
 from .softmax_contraction import SOFTMAX_ROW_MAX
 
 UNROLLED_PASSES = 8       # a static row of at most this many runs per work-item is straight-line code, not a loop
@@ -56,7 +55,6 @@ def emit_rows(r, store: UOp):
     rows = r.rows
     count = as_uop(sym_prod(x.src[0] for x in rows.rows))
     if rows.pack > 1:   # a warp per row: the warp's lane is the row's work-item
-        r.aligned = True   # (a quantized run's straight-line sums merge their loads too: block_sums.py)
         r.emit(f"const int tid = {r.d.local_id};")
         r.emit(f"const {r.long} gid = {r.d.group_id} * {rows.pack} + tid / {WARP};")
         r.emit(f"const int lid = tid & {WARP - 1};")   # (not tid % WARP: NVRTC then merged no 16-byte loads)
@@ -366,9 +364,8 @@ def _column_total(r, u: UOp, acc: str) -> str:
 
 def _operands(u: UOp) -> list[UOp]:
     """The largest computed parts of the row reduction `u`'s operand that no row depends on (a normalised row,
-    SiLU(gate) * up): values of its ranges alone (and of its runs' sums' ranges: block_sums.py), each the same for
-    every output."""
-    mine = set(u.src[1:]) | {r for n in run_sums(u) for r in n.src[1:]}
+    SiLU(gate) * up): values of its range alone, each the same for every output."""
+    mine = set(u.src[1:])
 
     def part(x: UOp) -> bool:
         free = free_ranges(x)
@@ -380,34 +377,19 @@ def _operands(u: UOp) -> list[UOp]:
 def _shared_operands(r, reduces: list[UOp]):
     """Compute once per work-group, into local memory, each row reduction's operands that no row depends on
     (`_operands`; static ranges, SHARED_OPERAND_BYTES in all), which every warp then reads (one barrier),
-    instead of each warp computing them again at each element. An operand of a run's elements (block_sums.py) is
-    the run's sum's to read, at its `held_at` index (render_softmax_rows.held_in_loop)."""
+    instead of each warp computing them again at each element."""
     room = SHARED_OPERAND_BYTES
     for u in reduces:
-        ranges, runs = list(u.src[1:]), run_sums(u)
-        laid = {x: _operand_ranges(x, ranges, runs) for x in _operands(u)}
-        size = sum(math.prod(y.src[0].vmax for y in over) * x.dtype.itemsize for x, over in laid.items())
+        ranges = list(u.src[1:])
+        count = math.prod(x.src[0].vmax for x in ranges)
+        operands = _operands(u)
+        size = count * sum(x.dtype.itemsize for x in operands)
         if not all(x.src[0].op is Ops.CONST for x in ranges) or size > room:
             continue
         room -= size
-        for x, over in laid.items():
-            name = _shared_operand(r, x, over, math.prod(y.src[0].vmax for y in over))
-            if len(over) == len(ranges):
-                r.row_operands.setdefault(u, []).append((x, name))
-                continue
-            r.held_at[name] = simplify(linear_index(over, [y.src[0].arg for y in over]))
-            for n in runs:   # (a run's sum held itself computes its elements: before the barrier)
-                if n not in laid and x in n.src[0].toposort():
-                    r.row_operands.setdefault(n, []).append((x, name))
+        r.row_operands[u] = [(x, _shared_operand(r, x, ranges, count)) for x in operands]
     if any(r.row_operands.values()):
         r.emit(r.d.barrier)
-
-
-def _operand_ranges(x: UOp, ranges: list[UOp], runs: list[UOp]) -> list[UOp]:
-    """The ranges a shared operand `x` of a row reduction over `ranges` is laid over: those, or, for a value of a
-    run's element, the run's range first (a warp's lanes, each at its own run, read neighbouring words)."""
-    inner = [y for n in runs for y in n.src[1:] if y in free_ranges(x)]
-    return list(dict.fromkeys(inner)) + ranges
 
 
 def _shared_operand(r, x: UOp, ranges: list[UOp], count: int) -> str:

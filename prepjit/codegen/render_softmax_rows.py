@@ -31,11 +31,10 @@ SCORE_LANE_BYTES = 32   # bytes of the narrowest element a lane of a score's tea
 
 
 def held_in_loop(r, u: UOp) -> dict:
-    """The parts of the reduction `u`'s operand its row kernel holds in local memory (render_rows._nested_arrays, or
-    a run's sum's shared operands: at their `held_at` index), at the index its loop (open, its range bound in scope)
-    is at: bindings for the loop's scope."""
+    """The parts of the reduction `u`'s operand its row kernel holds in local memory (render_rows._nested_arrays), at
+    the index its loop (open, its range bound in scope) is at: bindings for the loop's scope."""
     held = r.row_operands.get(u, []) if r.rows is not None else []
-    return {y: array_at(r, y, name, r.value(r.held_at.get(name, u.src[1]))) for y, name in held}
+    return {y: array_at(r, y, name, r.value(u.src[1])) for y, name in held}
 
 
 def score_team(r, nested: list[UOp]) -> tuple[UOp, int, int] | None:

@@ -66,7 +66,6 @@ import attrs
 from ..uop import DType, Ops, UOp, sym_prod
 from ..uop.uop import as_uop
 from .block_split import split_at_blocks
-from .block_sums import block_sums
 
 REDUCE_GROUP = 256        # the largest work-group of a row kernel (a power of two, a multiple of WARP)
 GROUP_REDUCE_MIN = 256    # reductions of more iterations than this always get a work-group per row
@@ -182,8 +181,7 @@ def loop_ranges(ast: UOp) -> list[UOp]:  # a scatter's serial loops are work-ite
 
 
 def _length(u: UOp) -> int:
-    """The iterations of reduction `u`, its runs' sums' included (`run_sums`)."""
-    return math.prod(r.src[0].vmax for r in u.src[1:]) * max((_length(x) for x in run_sums(u)), default=1)
+    return math.prod(r.src[0].vmax for r in u.src[1:])
 
 
 def free_ranges(u: UOp) -> set:
@@ -195,11 +193,6 @@ def free_ranges(u: UOp) -> set:
 
 def _terms(idx: UOp) -> list[UOp]:
     return [t for x in idx.src for t in _terms(x)] if idx.op is Ops.ADD else [idx]
-
-
-def run_sums(u: UOp) -> list[UOp]:
-    """The sums of a quantized weight's runs nested in reduction `u` (block_sums.py: over a "lane" range)."""
-    return [x for x in u.src[0].toposort() if x.op is Ops.REDUCE and x.src[-1].arg[1] == "lane"]
 
 
 def _contiguous(u: UOp) -> bool:
@@ -250,8 +243,6 @@ def _matvec_run(hoisted: list, rows: tuple, cols: tuple, warp_rows: int) -> int 
         return None
     if not all(shuffles(u.dtype) and all(r.src[0].op is Ops.CONST for r in u.src[1:]) for u in hoisted):
         return None
-    if any(run_sums(u) for u in hoisted):
-        return 1   # (a lane takes a run's sum at a time)
     if not all(_contiguous(u) for u in hoisted if not free_ranges(u).isdisjoint(rows)):
         return None
     run = _load_run(hoisted)
@@ -283,17 +274,6 @@ def split_matvec_blocks(ast: UOp, warp_rows: int = 1) -> UOp:
         return ast
     out = ast.substitute(split)
     return out if _matvec_run(*_hoisted(out)[:3], warp_rows) is not None else ast
-
-
-def summed_runs(ast: UOp) -> UOp:
-    """`ast` (split at its quantized weight's blocks: `split_matvec_blocks`) with each row reduction over the blocks a
-    sum of its runs' sums, the blocks' scales factored out of them (block_sums.py), where the scales factor; a lane
-    then takes a run's sum at a time (`_matvec_run`)."""
-    hoisted, rows, _, _ = _hoisted(ast)
-    summed = {u: block_sums(u, u.src[0], list(u.src[1:])) for u in hoisted
-              if len(u.src) > 2 and not free_ranges(u).isdisjoint(rows)}
-    summed = {u: s for u, s in summed.items() if s is not None}
-    return ast.substitute(summed) if summed else ast
 
 
 def row_plan(ast: UOp, items: int = 1, warp_rows: int = 1) -> Rows | None:

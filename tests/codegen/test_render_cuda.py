@@ -3,7 +3,6 @@ dialect's spelling, and every op x dtype kernel that renders also compiles on ea
 (the cuda part needs pycuda and an NVIDIA GPU; it skips elsewhere)."""
 import re
 
-import ml_dtypes
 import numpy as np
 import pytest
 
@@ -434,23 +433,3 @@ def test_softmax_and_layernorm_of_computed_rows_are_one_row_kernel(fn, shapes):
     out = np.zeros(sched.buffers[k.buffers[0]].max_size, np.float32)
     cuda_emulation.run(src, [out] + [bufs[i] for i in k.buffers[1:]])
     np.testing.assert_allclose(out.reshape(shapes[0]), fn(*args), rtol=1e-5, atol=1e-6)
-
-
-@pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
-@pytest.mark.parametrize("source", [dtypes.uint8, dtypes.int8, dtypes.uint16, dtypes.int16])
-@pytest.mark.parametrize("target", [dtypes.float32, dtypes.bfloat16])
-def test_cuda_converts_a_narrow_integer_to_float_by_its_bits(source, target):
-    """An integer of at most 16 bits becomes a float32 by its bits (2^23 + x, less 2^23; signed 1.5 * 2^23), not by
-    the conversion instruction (I2F: a quarter of the rate or less, once for every weight of a 4-bit matvec): every
-    value equals NumPy's conversion (then rounded to bfloat16 where that is the target)."""
-    np_source = {dtypes.uint8: np.uint8, dtypes.int8: np.int8, dtypes.uint16: np.uint16, dtypes.int16: np.int16}[source]
-    x = np.arange(2 ** (8 * source.itemsize), dtype=np.int64).astype(np_source)
-    r = loop(UOp.const(len(x)))
-    src = render_cuda(kernel(UOp(Ops.CAST, target, (load(1, source, r),)), r))
-    assert "0x4b400000u" in src.source if source.kind == "i" else "0x4b000000u" in src.source
-    assert "(float)" not in src.source
-    out = np.zeros(len(x), np.float32 if target == dtypes.float32 else np.uint16)
-    cuda_emulation.run(src, [out, x])
-    want = x.astype(np.float32)
-    got = out if target == dtypes.float32 else out.view(ml_dtypes.bfloat16).astype(np.float32)
-    assert np.array_equal(got, want.astype(ml_dtypes.bfloat16).astype(np.float32) if target != dtypes.float32 else want)

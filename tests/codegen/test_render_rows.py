@@ -11,7 +11,7 @@ import pytest
 
 import prepjit as pj
 import prepjit.numpy as pnp
-from prepjit.codegen import block_sums, gpu_launch, render_rows, row_plan
+from prepjit.codegen import gpu_launch, row_plan
 from prepjit.codegen.optimize import optimize
 from prepjit.codegen.render_cuda import CUDA, render_cuda
 from prepjit.codegen.render_opencl import render_opencl
@@ -124,9 +124,8 @@ def test_rows_of_a_warp_combined_in_local_memory_get_a_work_group_each(dtype):
 @pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
 @pytest.mark.parametrize("kind", ["q8_0", "q4_0", "q4_1"])
 def test_quantized_matvecs_get_a_warp_per_output(kind):
-    """A normalised row times a dequantized weight (pj.quant) is a warp per output on CUDA, its lanes taking a block
-    at a time (row_plan.split_matvec_blocks: the block's scales factored out of its sums, which are straight-line
-    code: render_c.UNROLLED_STEPS), and its emulated kernel equals the cpu's."""
+    """A normalised row times a dequantized weight (pj.quant, 1-byte quants: lanes take runs of 16) is a warp per
+    output on CUDA, and its emulated kernel equals the cpu's."""
     rng = np.random.default_rng(4)
     x, g = rng.standard_normal((1, 576)).astype(np.float32), rng.standard_normal(576).astype(np.float32)
     blocks = pj.quant.quantize(rng.standard_normal((OUTPUTS, 576)).astype(np.float32), kind)
@@ -137,8 +136,7 @@ def test_quantized_matvecs_get_a_warp_per_output(kind):
     sched = schedule(list(traced.outputs), list(traced.inputs))
     (kern,) = sched.kernels
     launched = CUDA_TARGET.launched(optimize(kern.ast, "cuda"))
-    assert gpu_launch.launch_of(launched) == ("rows", row_plan.WARP, row_plan.MATVEC_WARPS, 1)
-    assert "for (long long" not in render_cuda(launched).source.split("return;")[1]   # the block's sums unrolled
+    assert gpu_launch.launch_of(launched) == ("rows", row_plan.WARP, row_plan.MATVEC_WARPS, 16)
     bufs = {i: np.ascontiguousarray(a).ravel() for i, a in zip(sched.inputs, (x, g, blocks))}
     out = np.zeros(OUTPUTS, np.float32)
     cuda_emulation.run(render_cuda(launched), [out] + [bufs[i] for i in kern.buffers[1:]])
@@ -181,11 +179,11 @@ def test_quantized_matvecs_compute_numpys_projection(device, kind, operand):
 
 @pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
 @pytest.mark.parametrize("operand", ["norm", "heads"])
-@pytest.mark.parametrize("kind, scales", [("q8_0", "d"), ("q4_1", "dm")])
-def test_quantized_matvecs_split_their_range_at_the_blocks(kind, scales, operand):
-    """The same projections are a warp per output on CUDA, the row reduction over the weight's blocks, each block's
-    sums nested in it over the in-block ranges (row_plan.split_matvec_blocks: the scales factored out, a lane takes a
-    block at a time, its loads a constant offset apart, no division or modulo left in any index). Before, the heads'
+@pytest.mark.parametrize("kind, inner", [("q8_0", (32,)), ("q4_1", (2, 16))])
+def test_quantized_matvecs_split_their_range_at_the_blocks(kind, inner, operand):
+    """The same projections are a warp per output on CUDA, the row reduction over ranges split at the weight's blocks
+    (row_plan.split_matvec_blocks: a lane's run of 16 stays in one block, its loads a constant offset apart, the
+    block's scale at one address for the run, no division or modulo left in any index). Before, the heads'
     projection (no load along the unsplit range) was a work-group of 160 per output and the norm's read each
     element's scale at (k // 32) * B. The emulated kernel equals NumPy's projection."""
     fn, args = _quantized_projection(kind, operand)
@@ -193,60 +191,16 @@ def test_quantized_matvecs_split_their_range_at_the_blocks(kind, scales, operand
     sched = schedule(list(traced.outputs), list(traced.inputs))
     (kern,) = sched.kernels
     launched = CUDA_TARGET.launched(optimize(kern.ast, "cuda"))
-    assert gpu_launch.launch_of(launched) == ("rows", row_plan.WARP, row_plan.MATVEC_WARPS, 1)
-    (matvec,) = [u for u in launched.toposort() if u.op is Ops.REDUCE and row_plan.run_sums(u)]
-    sums = [u for u in matvec.src[0].toposort() if u.op is Ops.REDUCE   # (q4_1: d's and m's, q8_0: d's)
-            and not row_plan.free_ranges(u).isdisjoint(matvec.src[1:])]
-    runs = {tuple(r.src[0].arg for r in u.src[1:]) for u in sums}
-    assert runs == {(block_sums.RUN_WEIGHTS,)} and len(sums) == len(scales)
-    assert math.prod(r.src[0].arg for r in matvec.src[1:]) * block_sums.RUN_WEIGHTS == 576   # (the heads': 3, 3, 2)
+    assert gpu_launch.launch_of(launched) == ("rows", row_plan.WARP, row_plan.MATVEC_WARPS, 16)
+    (matvec,) = [u for u in launched.toposort() if u.op is Ops.REDUCE and len(u.src) > 2]
+    ends = tuple(r.src[0].arg for r in matvec.src[1:])   # (the heads' split at 192 and 64 too: 3, 3, 2, ...)
+    assert ends[-len(inner):] == inner and math.prod(ends) == 576
     assert not [u for u in launched.toposort() if u.op in (Ops.IDIV, Ops.MOD)]
     bufs = {i: np.ascontiguousarray(a).ravel() for i, a in zip(sched.inputs, args)}
     out = np.zeros(OUTPUTS, np.float32)
     cuda_emulation.run(render_cuda(launched), [out] + [bufs[i] for i in kern.buffers[1:]])
     want = _numpy_projection(kind, operand, args)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
-
-
-@pytest.mark.skipif(not cuda_emulation.available(), reason="needs clang++ (the CPU emulation of CUDA kernels)")
-def test_a_bfloat16_models_matvec_sums_runs_exactly():
-    """A bfloat16 model's projection (examples/models/llama.linear: bfloat16 x @ a q4_1 weight under precision "bf16",
-    which allows tensor cores, rounded to bfloat16) sums runs on CUDA too: a row kernel multiplies exactly, so its
-    product is distributed over the block's scales as an exact one (block_sums.py); the emulated kernel equals NumPy's
-    float64 projection rounded to bfloat16 (the weights not rounded)."""
-    rng = np.random.default_rng(6)
-    x = rng.standard_normal((1, 576)).astype(ml_dtypes.bfloat16)
-    blocks = pj.quant.quantize(rng.standard_normal((OUTPUTS, 576)).astype(np.float32), "q4_1")
-
-    def fn(x, b):
-        return pnp.matmul(x, pj.quant.dequantize(b, "q4_1").T, precision="bf16").astype(ml_dtypes.bfloat16)
-    traced = pj.trace(fn, x, blocks)
-    (kern,) = schedule(list(traced.outputs), list(traced.inputs)).kernels
-    launched = CUDA_TARGET.launched(optimize(kern.ast, "cuda"))
-    assert gpu_launch.launch_of(launched) == ("rows", row_plan.WARP, row_plan.MATVEC_WARPS, 1)
-    assert [u for u in launched.toposort() if u.op is Ops.REDUCE and row_plan.run_sums(u)]
-    out = np.zeros(OUTPUTS, np.uint16)
-    cuda_emulation.run(render_cuda(launched), [out, x.view(np.uint16).ravel(), blocks.ravel()])
-    want = (x.astype(np.float64) @ pj.quant.dequantize(blocks, "q4_1").astype(np.float64).T).ravel()
-    np.testing.assert_allclose(out.view(ml_dtypes.bfloat16).astype(np.float64), want, rtol=2 ** -8,
-                               atol=1e-6 * np.abs(want).max())
-
-
-@pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
-def test_a_runs_sum_reads_the_shared_row_side_by_side(kind):
-    """The normalised row a quantized matvec's runs' sums read (block_sums.py) is held in local memory laid over the
-    run's range first, then the row reduction's (render_rows._operand_ranges): lane p at its run's step e reads word
-    e * runs + p, a warp's 32 lanes 32 neighbouring words (as the row lies, lanes 16 words apart: 16 in a bank); q4_1's
-    runs' sums of x (times the block's min), read by no row, held over the row reduction's ranges."""
-    fn, args = _quantized_projection(kind, "norm")
-    traced = pj.trace(fn, *args)
-    (kern,) = schedule(list(traced.outputs), list(traced.inputs)).kernels
-    launched = CUDA_TARGET.launched(optimize(kern.ast, "cuda"))
-    (matvec,) = [u for u in launched.toposort() if u.op is Ops.REDUCE and row_plan.run_sums(u)]
-    ranges, runs = list(matvec.src[1:]), row_plan.run_sums(matvec)
-    laid = {tuple(render_rows._operand_ranges(x, ranges, runs)) for x in render_rows._operands(matvec)}
-    (step,) = {r for n in runs for r in n.src[1:]}
-    assert laid == {(step, *ranges)} | ({tuple(ranges)} if kind == "q4_1" else set())
 
 
 def _places(source: str, flat: str, per: int, lanes: int, start: int = 0) -> list[list[int]]:
@@ -256,7 +210,7 @@ def _places(source: str, flat: str, per: int, lanes: int, start: int = 0) -> lis
     return [[eval(expr.replace("/", "//"), {flat: start + lane * per}) for lane in range(lanes)] for expr in found]
 
 
-@pytest.mark.parametrize("dtype, kind, per", [("bfloat16", None, 8)])
+@pytest.mark.parametrize("dtype, kind, per", [("bfloat16", None, 8), ("float32", "q4_1", 16), ("float32", "q8_0", 16)])
 def test_a_warps_reads_of_the_shared_operand_are_side_by_side(dtype, kind, per):
     """The normalised row a matvec's warps read from local memory (computed once per work-group) lies so that each
     load of a warp (its lanes each at element e of their run) reads 32 neighbouring words: no two lanes in one bank
