@@ -23,6 +23,7 @@ import attrs
 
 from ..uop import UOp
 from . import gpu_launch
+from .block_split import split_kernel_at_blocks
 from .buffer_select import with_buffer_selects
 from .kernel import KernelSource
 from .llvm_softmax import softmax_rows
@@ -88,7 +89,8 @@ def _llvm_passes(ast: UOp, blocking: Blocking) -> UOp:
     lowered = softmax_rows(ast, host_target())  # a softmax inside its contraction's kernel (llvm_softmax.py)
     if lowered is not None:
         return lowered
-    return with_buffer_selects(with_operand_prologue(ast, lambda main: optimize_with(main, "llvm", None, blocking)))
+    kernel = with_operand_prologue(ast, lambda main: optimize_with(main, "llvm", None, blocking))
+    return with_buffer_selects(split_kernel_at_blocks(kernel))
 
 
 LLVM = Target("llvm", work_groups=False, packs_contractions=True, passes=_llvm_passes,
