@@ -175,14 +175,25 @@ Left (thread CPU on a quieter host): this process prefill ~0.85 s, decode ~0.46 
 ~1.5 s: LLVM ~1.15 s for the 33 kernels, no pass dominating (InstCombine 14%, instruction selection 14%, loop
 vectorisation 9%, strength reduction 7%, SLP 5%, unrolling 4%), the largest a prefill projection with its weight
 tile (r_T_576, 105-146 ms), decode's attention r_3_3_64_1 (93-122), prefill's r_3_3_T_64_1 (81-98) and the
-embedding's gathered Q8_0 rows in a norm's prologue (r_1_960_1, r_T_576: 64-100 ms each, LLVM vectorising a
-576-step loop over 34-byte blocks with gathers: split into blocks of 32 it would be contiguous); and the start of
+embedding's gathered Q8_0 rows in a norm's prologue (r_1_960_1, r_T_576: 64-100 ms each; split since, below); and
+the start of
 each of the three compile processes, ~0.1 s of CPU each (Python ~20 ms, llvmlite's library 36-40 ms): the replay
 module's aside and the pool's two workers all start during prefill's serial phase, whose other core their ~0.35-0.4 s
 (those starts and the replay module's 60-100 ms of LLVM: an estimate) about fills; the aside adopted as a pool worker
 once its reply is read would save one start. Tried, not kept: a
 loop around a constant loop of 64 steps or more rolled too (only decode's stacks' objects change, -13 ms of LLVM);
 python -S for the workers (site's imports are llvmlite's too: no less CPU).
+
+Every loop of a cpu kernel split at the blocks it reads (51d2f6f, block_split.split_kernel_at_blocks; Intel Xeon 2
+cores, the lead's decode benchmarks running, load 3.8-4.8; scripts in /work/notes/s50_first2): the embedding's q8_0
+rows in a norm (prefill r_T_576, decode r_1_960_1's operand prologue) are read in loops over 18 blocks around
+contiguous loops of 32, not with gathers: their LLVM CPU 68-72 -> 22-38 ms each, the other 31 kernels' sources the
+same. The workers' CPU (abfirst.sh, 16 alternated fresh pairs against d7762bc) 1.320 -> 1.215 s, pairwise -0.105 s,
+15 of 16 less; this process's thread CPU the same (optimisation +2 ms a plan: the pass's walk). Run times the same
+within noise (the embedding's norm 190-250 -> 90-110 us in prefill); the logits differ by rounding only (the sum of
+squares reassociated: at most 3e-5, the same tokens). Left: decode's attention r_3_3_64_1 (~95 ms of LLVM) computes
+q's and the new k row's RoPE for each position inside its softmax lowering (llvm_softmax.py), which takes no operand
+prologue: operand_prologue.py, as it stands, would take the row's max and probabilities too.
 """
 from __future__ import annotations
 
