@@ -26,7 +26,8 @@ from .kernel import parallel_range
 from .optimize import const_end
 
 MAX_LANES = 32   # steps of the innermost range computed as one vector, at most (LLVM splits it into registers)
-MIN_BLOCK = 16   # steps of a block split_kernel_at_blocks splits a loop at, at least (a vector of float32 lanes)
+MIN_BLOCK = 32   # steps of a block split_kernel_at_blocks splits a loop at, at least: a block's halves of 16 nibbles
+                 # LLVM vectorises with shuffles as well (split, the q4_1 embedding rows: 15-17 -> 18 ms of LLVM)
 
 
 def split_blocks(ast: UOp) -> UOp:

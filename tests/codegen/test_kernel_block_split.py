@@ -62,10 +62,10 @@ def _range(n: int, axis: int, kind: str) -> UOp:
     return UOp(Ops.RANGE, dtypes.index, (UOp.const(n),), (axis, kind))
 
 
-@pytest.mark.parametrize("block, split", [(32, True), (8, False)])
-def test_a_sum_and_an_inner_loop_split_at_blocks_of_a_vector_at_least(block, split):
+@pytest.mark.parametrize("block, split", [(32, True), (16, False)])
+def test_a_sum_and_an_inner_loop_split_at_blocks_of_min_block_steps_at_least(block, split):
     """Over blocks of 32 steps, a row's sum and a loop inside the parallel one (rows) each become two ranges,
-    numbered in their place, no index divided any more; blocks of 8 (shorter than MIN_BLOCK) stay as they are."""
+    numbered in their place, no index divided any more; blocks of 16 (shorter than MIN_BLOCK) stay as they are."""
     i, k, j = _range(4, 0, "loop"), _range(64, 1, "reduce"), _range(64, 2, "loop")
     total = UOp(Ops.REDUCE, dtypes.float32, (_blocked_read(k, block, 64, i), k), Ops.ADD)
     stores = (*_kernel(i, total).src, *_kernel(i * 64 + j, _blocked_read(j, block, 64, i)).src)
