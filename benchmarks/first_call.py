@@ -184,16 +184,20 @@ once its reply is read would save one start. Tried, not kept: a
 loop around a constant loop of 64 steps or more rolled too (only decode's stacks' objects change, -13 ms of LLVM);
 python -S for the workers (site's imports are llvmlite's too: no less CPU).
 
-Every loop of a cpu kernel split at the blocks it reads (51d2f6f, block_split.split_kernel_at_blocks; Intel Xeon 2
+Every loop of a cpu kernel split at its blocks (51d2f6f, d805462: block_split.split_kernel_at_blocks; Intel Xeon 2
 cores, the lead's decode benchmarks running, load 3.8-4.8; scripts in /work/notes/s50_first2): the embedding's q8_0
 rows in a norm (prefill r_T_576, decode r_1_960_1's operand prologue) are read in loops over 18 blocks around
 contiguous loops of 32, not with gathers: their LLVM CPU 68-72 -> 22-38 ms each, the other 31 kernels' sources the
 same. The workers' CPU (abfirst.sh, 16 alternated fresh pairs against d7762bc) 1.320 -> 1.215 s, pairwise -0.105 s,
-15 of 16 less; this process's thread CPU the same (optimisation +2 ms a plan: the pass's walk). Run times the same
-within noise (the embedding's norm 190-250 -> 90-110 us in prefill); the logits differ by rounding only (the sum of
-squares reassociated: at most 3e-5, the same tokens). Left: decode's attention r_3_3_64_1 (~95 ms of LLVM) computes
-q's and the new k row's RoPE for each position inside its softmax lowering (llvm_softmax.py), which takes no operand
-prologue: operand_prologue.py, as it stands, would take the row's max and probabilities too.
+15 of 16 less; this process's thread CPU the same (optimisation +2 ms a plan: the pass's walk); the wall (abwall.sh,
+6 pairs once the host was quieter, load 1.0-1.2) medians 1.702 -> 1.625 s, pairwise -0.026 s, every run 1.58-1.87 s.
+Run times the same within noise (the embedding's norm 190-250 -> 90-110 us in prefill); the logits differ by rounding
+only (the sum of squares reassociated: at most 3e-5, the same tokens). Left: decode's attention r_3_3_64_1 (~95 ms of
+LLVM) computes q's and the new k row's RoPE for each position inside its softmax lowering (llvm_softmax.py), which
+takes no operand prologue: operand_prologue.py, as it stands, would take the row's max and probabilities too;
+restricted to operands without reductions (tried, not kept) it makes 6 arrays, q's and k's RoPE once for each of the
+max, sum and p @ V (llvm_softmax's _canonical merges those copies only after), the IR 55 -> 86 KB and its LLVM 96 ->
+210 ms.
 """
 from __future__ import annotations
 
