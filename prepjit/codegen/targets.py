@@ -5,7 +5,8 @@ class. (Runtime facts of a device, such as whether its memory is the host's, are
 
 `launched(ast, blocking)` is the kernel as it runs: on the cpu, blocked for this host's vector unit
 (optimize.py, matvec.py), a contraction's computed operands first computed once per call (operand_prologue.py),
-an elementwise kernel's selects between the same reads of different buffers one read of a select of buffers
+its other loops split at the blocks of the quantized values they read (block_split.split_kernel_at_blocks), an
+elementwise kernel's selects between the same reads of different buffers one read of a select of buffers
 (buffer_select.py);
 on a GPU, with its launch decided (gpu_launch.py: a tiled contraction, a row kernel or elementwise work-items), a
 row kernel's reductions stopping where the rest of a row is masked (row_bounds.py), an elementwise kernel's selects
