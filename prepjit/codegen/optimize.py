@@ -68,7 +68,8 @@ class Blocking:
     matvec_row_bytes: int | None = None        # bytes of columns per block of a one-row matvec (None: matvec.py's)
     # a GPU contraction's tiles: (rows, columns, splits), one of render_tiles.tile_candidates (None: the policy's)
     tile: tuple[int, int, int] | None = attrs.field(default=None, converter=_tile)
-    # bfloat16 products summed in pairs by vdpbf16ps where the target has it; else widened (one FMA a product).
+    # bfloat16 products summed in pairs by vdpbf16ps where the target has it; else widened (one FMA a product);
+    # a contraction reading its operands unpacked (packed copies hold them widened: packing.py).
     # Off by default, a PREPJIT_TUNE candidate: on a Xeon (model 167) a 512^2 bf16 matmul took 3.1 ms paired against
     # 2.5 widened (one thread) and MiniLM bf16 batch 32 ~10% longer paired; SmolLM2's bf16 decode the same either way.
     # There vdpbf16ps zmm issues at a quarter of vfmadd231ps zmm's rate (16 independent chains: 1.8 vs 7.2 G/s), so a

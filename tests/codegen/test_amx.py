@@ -8,6 +8,7 @@ import pytest
 
 import prepjit as pj
 import prepjit.numpy as pnp
+from prepjit.codegen import packing
 from prepjit.codegen.optimize import optimize
 from prepjit.codegen.render_llvm import render_llvm
 from prepjit.codegen.target import AMX_BF16, AVX2, AVX512_BF16, host_target
@@ -27,9 +28,11 @@ def _tiled(ast, target) -> bool:
 
 
 @pytest.mark.parametrize("m,k,n", [(64, 64, 64), (37, 128, 40), (100, 96, 48), (16, 32, 16)])
-def test_bfloat16_contraction_is_tiled_on_an_amx_target(rng, m, k, n):
+def test_bfloat16_contraction_is_tiled_on_an_amx_target(rng, m, k, n, monkeypatch):
     """On an AMX_BF16 target the blocked reduction pairs k in a "tile" range over blocks of 16 rows, rendered as
-    tdpbf16ps; on targets without tiles it is not (AVX512_BF16 keeps vdpbf16ps' choice, AVX2 widens)."""
+    tdpbf16ps; on targets without tiles it is not (AVX512_BF16 keeps vdpbf16ps' choice, AVX2 widens). The schedule
+    packs operands as an AMX host's does (16-bit panels for the tiles: packing.py), whatever this host is."""
+    monkeypatch.setattr(packing, "host_target", lambda: AMX_BF16)
     a, b = rng.standard_normal((m, k)).astype(bfloat16), rng.standard_normal((k, n)).astype(bfloat16)
     ast = _kernel(pj.prepare(lambda a, b: a @ b, device="cpu"), a, b)
     blocked = optimize(ast, "llvm", AMX_BF16)
