@@ -20,7 +20,7 @@ widened once by the copy, where every register block would widen its panel's val
 again, a zero extension and a shift each, beside one FMA; its row operand then gets a widened copy of its own in its
 order (`_widened_rows`) where the columns are packed. Only AMX tiles (amx.py) take their panels 16-bit, as stored.
 On an AVX512_BF16 Xeon without AMX (Emerald Rapids, KVM, 2 vCPUs) MiniLM batch 32 in bfloat16 went 484 -> 810-820
-sentences/s (float32: 806-880): its matmuls 103-131 -> 186-238 GFLOP/s. vdpbf16ps pairing (a PREPJIT_TUNE choice,
+sentences/s (float32: 806-880): its matmuls 98-131 -> 186-238 GFLOP/s. vdpbf16ps pairing (a PREPJIT_TUNE choice,
 optimize.Blocking.bf16_dot) so applies to contractions that read their 16-bit operands unpacked.
 
 The row operand `x` is packed too when it lies along the output's rows and across the reduction
@@ -132,13 +132,12 @@ def _pack_columns(ast: UOp, x: UOp, y: UOp, value: UOp, loops: list, j: UOp, i: 
     if not rows or reuse < least or reduce_size < MIN_REDUCE and not gathers or tail and not gathers:
         return None
     outer = [r for r in loops if r in y_ranges and r is not j]
-    vnni = narrow  # (on AMX tiles: one static reduce range, a multiple of 32)
-    inner = (simplify(reduces[0].src[0] // 2), UOp.const(width), UOp.const(2)) if vnni else \
+    inner = (simplify(reduces[0].src[0] // 2), UOp.const(width), UOp.const(2)) if narrow else \
         tuple(k.src[0] for k in reduces) + (UOp.const(width),)
     shape = tuple(r.src[0] for r in outer) + (simplify(j.src[0] // width),) + inner
     new = [UOp(Ops.RANGE, dtypes.index, (end,), (n, "loop")) for n, end in enumerate(shape)]
     panel = new[len(outer)]
-    if vnni:
+    if narrow:   # (AMX tiles' VNNI layout: one static reduce range, a multiple of 32)
         mapping = dict(zip(outer, new)) | {reduces[0]: new[-3] * 2 + new[-1], j: panel * width + new[-2]}
         read = (j // width, reduces[0] // 2, j % width, reduces[0] % 2)
     else:
