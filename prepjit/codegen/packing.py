@@ -144,17 +144,10 @@ def _pack_columns(ast: UOp, x: UOp, y: UOp, value: UOp, loops: list, j: UOp, i: 
         mapping = dict(zip(outer, new)) | dict(zip(reduces, new[len(outer) + 1:-1])) | {j: panel * width + new[-1]}
         read = (j // width, *reduces, j % width)
     stored, widen = _stored(y, narrow)
-    packed_value = stored.substitute(mapping)
-    pack_store = UOp(Ops.STORE, dtypes.bool, (UOp(Ops.DEFINE_GLOBAL, stored.dtype, (), 0),
-                                             simplify(linear_index(new, shape)), packed_value))
-    # named by what it packs, not by its contraction: two contractions packing one operand alike share one kernel
-    pack = UOp(Ops.SINK, dtypes.bool, (pack_store,), kernel_name("pack_", shape))
-    read_index = simplify(linear_index(tuple(outer) + read, shape))
-    packed_load = widen(UOp(Ops.LOAD, stored.dtype, (UOp(Ops.DEFINE_GLOBAL, stored.dtype, (), slot), read_index)))
+    packed_load = widen(_read_copy(stored.dtype, slot, tuple(outer) + read, shape))
     if tail:  # only the full panels are packed; the peeled tail's columns read `y` itself
         packed_load = UOp(Ops.WHERE, y.dtype, (in_full_blocks(j, width), packed_load, y))
-    contraction = ast.substitute({y: packed_load})
-    return contraction, (pack, tuple(s.arg if s.op is Ops.CONST else s for s in shape))
+    return ast.substitute({y: packed_load}), _copy(stored.substitute(mapping), new, shape)
 
 
 def _pack_rows(ast: UOp, x: UOp, loops: list, j: UOp, reduces: list, slot: int,
@@ -185,14 +178,8 @@ def _pack_rows(ast: UOp, x: UOp, loops: list, j: UOp, reduces: list, slot: int,
     step = UOp(Ops.RANGE, dtypes.index, (UOp.const(ROW_RUN),), (len(outer) + 1 + len(rows), "loop"))
     new = row_ranges + outer + [(run * ROW_RUN + step).smin(end - 1)]
     stored, widen = _stored(x, narrow)
-    packed_value = stored.substitute(dict(zip(rows + reduces, new)))
-    pack_store = UOp(Ops.STORE, dtypes.bool, (UOp(Ops.DEFINE_GLOBAL, stored.dtype, (), 0),
-                                             simplify(linear_index(new, shape)), packed_value))
-    pack = UOp(Ops.SINK, dtypes.bool, (pack_store,), kernel_name("pack_", shape))
-    read_index = simplify(linear_index(tuple(rows) + tuple(reduces), shape))
-    packed_load = UOp(Ops.LOAD, stored.dtype, (UOp(Ops.DEFINE_GLOBAL, stored.dtype, (), slot), read_index))
-    contraction = ast.substitute({x: widen(packed_load)})
-    return contraction, (pack, tuple(s.arg if s.op is Ops.CONST else s for s in shape))
+    packed_load = widen(_read_copy(stored.dtype, slot, tuple(rows) + tuple(reduces), shape))
+    return ast.substitute({x: packed_load}), _copy(stored.substitute(dict(zip(rows + reduces, new))), new, shape)
 
 
 def _widened_rows(ast: UOp, x: UOp, loops: list, j: UOp, reduces: list, slot: int) -> tuple[UOp, tuple] | None:
@@ -204,10 +191,19 @@ def _widened_rows(ast: UOp, x: UOp, loops: list, j: UOp, reduces: list, slot: in
         return None
     shape = tuple(r.src[0] for r in rows) + tuple(k.src[0] for k in reduces)
     new = [UOp(Ops.RANGE, dtypes.index, (end,), (n, "loop")) for n, end in enumerate(shape)]
-    copy = x.substitute(dict(zip(rows + reduces, new)))
-    pack_store = UOp(Ops.STORE, dtypes.bool, (UOp(Ops.DEFINE_GLOBAL, x.dtype, (), 0),
-                                             simplify(linear_index(new, shape)), copy))
-    pack = UOp(Ops.SINK, dtypes.bool, (pack_store,), kernel_name("pack_", shape))
-    read = UOp(Ops.LOAD, x.dtype, (UOp(Ops.DEFINE_GLOBAL, x.dtype, (), slot),
-                                   simplify(linear_index(tuple(rows) + tuple(reduces), shape))))
-    return ast.substitute({x: read}), (pack, tuple(s.arg if s.op is Ops.CONST else s for s in shape))
+    read = _read_copy(x.dtype, slot, tuple(rows) + tuple(reduces), shape)
+    return ast.substitute({x: read}), _copy(x.substitute(dict(zip(rows + reduces, new))), new, shape)
+
+
+def _copy(value: UOp, at: list, shape: tuple) -> tuple[UOp, tuple]:
+    """(the kernel storing `value` at `at` (its loops' index into `shape`) of its slot 0, the copy's shape): named by
+    what it packs, not by its contraction, so two contractions packing one operand alike share one kernel."""
+    store = UOp(Ops.STORE, dtypes.bool, (UOp(Ops.DEFINE_GLOBAL, value.dtype, (), 0),
+                                        simplify(linear_index(at, shape)), value))
+    return (UOp(Ops.SINK, dtypes.bool, (store,), kernel_name("pack_", shape)),
+            tuple(s.arg if s.op is Ops.CONST else s for s in shape))
+
+
+def _read_copy(dtype, slot: int, at: tuple, shape: tuple) -> UOp:
+    """A contraction's read of its copy (of `dtype`, in buffer `slot`) at `at` (its index into `shape`)."""
+    return UOp(Ops.LOAD, dtype, (UOp(Ops.DEFINE_GLOBAL, dtype, (), slot), simplify(linear_index(at, shape))))
