@@ -86,6 +86,20 @@ DOT, DOT_LANES, DOT_PAIRS = "llvm.x86.avx512bf16.dpbf16ps.512", 16, "<32 x bfloa
 PERMUTE, TABLE_ENTRIES = "llvm.x86.avx512.permvar.sf.512", 16
 
 
+def _nibble_of_byte(index: UOp) -> tuple[UOp, UOp | None] | None:
+    """(byte, shift or None) where a table's 4-bit index is a nibble of a uint8 value, (byte >> shift) & 15 (shift
+    below 8) or byte & 15: vpermps reads only the low 4 bits of each lane's index, so the byte widened to 32 bits
+    (once for both its nibbles) and shifted as 32-bit lanes is the index as it is, no byte shift or mask (q4_1 x
+    (576) @ W.T (3072, 576), one thread: a vgf2p8affineqb and a vpmovzxbd fewer a block, both on the shuffle port)."""
+    if index.op is Ops.AND and index.src[1].op is Ops.CONST and index.src[1].arg == TABLE_ENTRIES - 1:
+        index = index.src[0]
+    if index.dtype != dtypes.uint8:
+        return None
+    if index.op is Ops.SHR and index.src[1].vmax < 8:
+        return index.src[0], index.src[1]
+    return index, None
+
+
 class ReductionRendering(AMXRendering):
     """The reduction methods of render_llvm._Renderer."""
 
@@ -515,11 +529,19 @@ class ReductionRendering(AMXRendering):
 
     def look_up(self, u: UOp, table: UOp):
         """`u` (see lookup_tables) rendered in this scope as its table permuted by its 4-bit index."""
-        index = self.value(self.indices[u])
-        it = reg_type(self.indices[u].dtype)
         vi = f"<{self.width} x i32>"
-        if it != "i32":
-            index = self.op(f"{'zext' if it in ('i8', 'i16') else 'trunc'} <{self.width} x {it}> {index} to {vi}")
+        nibble = _nibble_of_byte(self.indices[u])
+        if nibble is not None:  # the byte widened once for both of its nibbles, shifted as 32-bit lanes
+            byte, shift = nibble
+            index = self.op(f"zext <{self.width} x i8> {self.vector(byte, self.value(byte))} to {vi}")
+            if shift is not None:
+                by = self.op(f"zext <{self.width} x i8> {self.vector(shift, self.value(shift))} to {vi}")
+                index = self.op(f"lshr {vi} {index}, {by}")
+        else:
+            index = self.value(self.indices[u])
+            it = reg_type(self.indices[u].dtype)
+            if it != "i32":
+                index = self.op(f"{'zext' if it in ('i8', 'i16') else 'trunc'} <{self.width} x {it}> {index} to {vi}")
         vt = f"<{self.width} x float>"
         self.scopes[-1][u] = self.call(PERMUTE, vt, [(vt, self.value(table)), (vi, index)])
 

@@ -142,8 +142,10 @@ def _run_rendered(kernel_ast, target, out_size, arrays):
 @pytest.mark.parametrize("kind", ["q4_0", "q4_1"])
 def test_a_4_bit_weight_is_looked_up_in_a_table_of_its_block(kind, rng, monkeypatch):
     """On AVX-512 a 4-bit weight's value (q4_1's d * q + m, q4_0's d * (q - 8)) is one permute (vpermps) of a 16-entry
-    table built once per block from the scales (one conversion of 16 lanes, not one per nibble half), and the sums
-    are bit for bit those of the kernel that computes each lane's value; AVX2 and 8-bit weights keep the arithmetic."""
+    table built once per block from the scales (one conversion of 16 lanes, not one per nibble half), indexed by the
+    block's bytes widened to 32-bit lanes and shifted there (vpermps reads an index's low 4 bits: no byte shift or
+    mask), and the sums are bit for bit those of the kernel that computes each lane's value; AVX2 and 8-bit weights
+    keep the arithmetic."""
     from prepjit.codegen.llvm_reductions import PERMUTE, ReductionRendering
     from prepjit.codegen.target import host_target
     blocks = _blocks(rng, kind, 64, 768)
@@ -152,6 +154,7 @@ def test_a_4_bit_weight_is_looked_up_in_a_table_of_its_block(kind, rng, monkeypa
     out = optimize(kernel.kernel.scheduled, "llvm", AVX512)
     ir = render_llvm(out, AVX512).source
     assert ir.count(f"call <16 x float> @{PERMUTE}(") == 2 and ir.count("itofp <16 x i8>") == 1
+    assert ir.count("lshr <16 x i32>") == 2 and "lshr <16 x i8>" not in ir and "and <16 x i8>" not in ir
     assert PERMUTE not in render_llvm(optimize(kernel.kernel.scheduled, "llvm", AVX2), AVX2).source
     (q8,) = _matvec("q8_0").plan(x, _blocks(rng, "q8_0", 64, 768)).kernels
     assert PERMUTE not in render_llvm(optimize(q8.kernel.scheduled, "llvm", AVX512), AVX512).source
