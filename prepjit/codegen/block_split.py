@@ -44,7 +44,7 @@ def split_blocks(ast: UOp) -> UOp:
         return ast
     axis = max(u.arg[0] for u in ast.toposort() if u.op is Ops.RANGE) + 1
     body, (*outer, k) = split_at_blocks(red.src[0], k, axis)
-    if not outer or _divisors(body, k):
+    if not outer or _divisors_by_range(body).get(k):
         return ast
     lanes = split_lanes(body, k, k.arg[0] + 1)
     if lanes is None:
@@ -70,13 +70,9 @@ def split_kernel_at_blocks(ast: UOp) -> UOp:
     (see `split_at_blocks`) where they have at least MIN_BLOCK steps, the new ranges numbered in place of the old
     (loops nest in their order); `ast` itself where none does."""
     while True:
-        prange, divisors = parallel_range(ast), {}
-        for u in ast.toposort():
-            if u.op in (Ops.IDIV, Ops.MOD) and u.src[1].op is Ops.CONST:
-                for r in u.src[0].toposort():
-                    if r.op is Ops.RANGE and r is not prange and r.arg[1] in ("loop", "serial", "reduce"):
-                        divisors.setdefault(r, set()).add(u.src[1].arg)
-        blocks = {r: _largest_block(d, const_end(r)) for r, d in divisors.items() if const_end(r) is not None}
+        prange = parallel_range(ast)
+        blocks = {r: _largest_block(d, const_end(r)) for r, d in _divisors_by_range(ast).items()
+                  if r is not prange and r.arg[1] in ("loop", "serial", "reduce") and const_end(r) is not None}
         found = next(((r, b) for r, b in sorted(blocks.items(), key=lambda rb: rb[0].arg[0])
                       if b is not None and b >= MIN_BLOCK), None)
         if found is None:
@@ -116,15 +112,20 @@ def split_lanes(body: UOp, k: UOp, axis: int) -> tuple[UOp, list[UOp], UOp] | No
     return _simplified_indices(body.substitute({k: step * lanes + lane})), [step], lane
 
 
-def _divisors(body: UOp, k: UOp) -> set[int]:
-    """The constants an expression of range `k` is divided by or taken modulo by in `body`."""
-    return {u.src[1].arg for u in body.toposort() if u.op in (Ops.IDIV, Ops.MOD) and u.src[1].op is Ops.CONST
-            and k in u.src[0].toposort()}
+def _divisors_by_range(body: UOp) -> dict[UOp, set[int]]:
+    """Each range of `body` -> the constants an expression of it is divided by or taken modulo by there."""
+    divisors: dict[UOp, set[int]] = {}
+    for u in body.toposort():
+        if u.op in (Ops.IDIV, Ops.MOD) and u.src[1].op is Ops.CONST:
+            for r in u.src[0].toposort():
+                if r.op is Ops.RANGE:
+                    divisors.setdefault(r, set()).add(u.src[1].arg)
+    return divisors
 
 
 def _block(body: UOp, k: UOp) -> int | None:
     """The largest divisor of `k` in `body` below its extent, when every such divisor divides the extent."""
-    return _largest_block(_divisors(body, k), const_end(k))
+    return _largest_block(_divisors_by_range(body).get(k, set()), const_end(k))
 
 
 def _largest_block(divisors: set[int], steps: int) -> int | None:
